@@ -1,0 +1,430 @@
+//! The catalogue of diagnostic codes: one row per code with its severity, a title and the
+//! long explanation `estc explain CODE` prints. `docs/diagnostics.md` is generated from
+//! this table (a test keeps the two in step).
+
+use super::Severity;
+
+/// Facts about one code.
+pub struct CodeInfo {
+    pub code: Code,
+    pub id: &'static str,
+    pub severity: Severity,
+    pub title: &'static str,
+    pub explanation: &'static str,
+}
+
+macro_rules! codes {
+    ($( $variant:ident = $id:literal, $sev:ident, $title:literal, $expl:literal; )*) => {
+        /// A diagnostic code. `E` codes are errors, `W` codes warnings.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Code { $($variant),* }
+
+        const TABLE: &[CodeInfo] = &[
+            $(CodeInfo { code: Code::$variant, id: $id, severity: Severity::$sev, title: $title, explanation: $expl }),*
+        ];
+    };
+}
+
+impl Code {
+    pub fn info(self) -> &'static CodeInfo {
+        &TABLE[self as usize]
+    }
+
+    pub fn id(self) -> &'static str {
+        self.info().id
+    }
+
+    pub fn all() -> &'static [CodeInfo] {
+        TABLE
+    }
+
+    /// Looks a code up by its id, case-insensitively (`e0401`, `E0401`).
+    pub fn from_id(id: &str) -> Option<Code> {
+        TABLE.iter().find(|c| c.id.eq_ignore_ascii_case(id.trim())).map(|c| c.code)
+    }
+}
+
+codes! {
+    SyntaxError = "E0101", Error, "syntax error",
+"The parser met a token it did not expect. The message says what it found and what
+could have come instead. The parser recovers at the next statement or item, so every
+syntax error of a file is reported in one run.
+
+    model m(features: f32[B, 4], labels: i32[B]) {
+      let x = dense(features 10)     // error: expected `,` or `)`
+    }
+
+Fix the text at the label; the help lists the tokens that would fit.";
+
+    UnexpectedEof = "E0102", Error, "unexpected end of file",
+"The file ended while a construct was still open, most often a `{`, `(` or `[` without
+its closing partner.
+
+    fn block(x) {
+      dense(x, 10)
+    // error: the file ends before the `}` of `block`
+
+Close the construct that the label points at.";
+
+    InvalidCharacter = "E0103", Error, "invalid character",
+"The lexer found text that is no token of est: a stray character such as `$` or `#`, a
+string without its closing quote on the same line, or a block comment without `*/`.
+
+    let x = 3 # comment      // error: `#` starts no token; comments start with `//`
+
+Remove the character, close the string, or write the comment with `//`.";
+
+    InvalidLiteral = "E0104", Error, "invalid literal",
+"A number does not fit its type (integers are 64-bit; floats must be finite), or a
+string contains an unknown escape. Known escapes are `\\n`, `\\t`, `\\\\`, `\\\"` and
+`\\{` (a literal brace in an interpolated string).
+
+    let n = 99999999999999999999   // error: too large for a 64-bit integer
+
+Write a smaller number or a valid escape.";
+
+    UnknownName = "E0201", Error, "unknown name",
+"A name is used that no `let`, parameter, item, import or the prelude defines. The
+help suggests a close name when there is one.
+
+    use std.nn.dense
+    model m(features: f32[B, 4], labels: i32[B]) {
+      let logits = dense(featurs, 3)   // error: unknown name `featurs`
+    }
+
+Correct the spelling, import the item with `use`, or define the name first.";
+
+    UnknownModule = "E0202", Error, "unknown module",
+"A `use` names a module that does not exist. `std.*` modules come with est (`std.nn`,
+`std.losses`, `std.metrics`, `std.optim`, `std.data`, `std.hooks`, `std.prim`); other
+paths name files relative to the importing file (`use lib.layers` reads
+`lib/layers.est`).
+
+    use std.layers.dense    // error: no module `std.layers`
+
+Use an existing module, or create the file.";
+
+    UnknownItem = "E0203", Error, "unknown item in module",
+"A `use` or a qualified name (`nn.dense`) names something the module does not define.
+
+    use std.nn.{dense, conv3d}   // error: `std.nn` has no item `conv3d`
+
+Check the module's items (the help lists close names) or import from the right module.";
+
+    DuplicateDefinition = "E0204", Error, "duplicate definition",
+"Two items of a module, two parameters of a function, two fields of a record or of a
+block, or two sections of a model have the same name. Each must be unique.
+
+    fn block(x) { x }
+    fn block(x) { x }      // error: `block` is defined twice
+
+Rename or remove one of them.";
+
+    UnknownField = "E0205", Error, "unknown field",
+"A field is read that the value does not have: a `params` field that is not declared,
+a record field that is not there, or a property a tensor does not have (tensors have
+`shape`, `dtype` and `rank`).
+
+    params { batch_size: int = 32 }
+    ... batch(params.batchsize)    // error: `params` has no field `batchsize`
+
+Declare the field or correct its name.";
+
+    TensorLoopBound = "E0301", Error, "loop bound depends on a tensor",
+"`for` loops are unrolled when the program is compiled, so what they iterate over must
+be static: a list, a range of static integers, or a params field. A tensor's value is
+only known when the model runs.
+
+    for i in 0..argmax(logits, 1) { ... }   // error: the bound is a tensor
+
+Iterate over a static value. To choose between tensors elementwise, use
+`where(cond, a, b)`; to repeat a layer, loop over a static count such as a params field.";
+
+    TensorCondition = "E0302", Error, "condition depends on a tensor",
+"`if` is resolved when the program is compiled, so its condition must be static: it
+may depend on `mode`, `target`, params and other static values, but not on a tensor.
+
+    if reduce_mean(x) > 0.0 { x = relu(x) }    // error: the condition is a tensor
+
+Use `where(cond, a, b)` to choose elementwise between two tensors of the same shape.";
+
+    WrongArity = "E0303", Error, "wrong number of arguments",
+"A function is called with too many positional arguments, or without a required one.
+The help shows the function's signature.
+
+    fn block(x, units: int) { dense(x, units) }
+    ... block(x)          // error: missing argument `units`
+
+Pass every parameter that has no default, and no more than the function takes.";
+
+    UnknownArgument = "E0304", Error, "unknown named argument",
+"A named argument does not match any parameter of the called function, or names a
+parameter that was already given positionally.
+
+    conv2d(x, filter: 32, kernel: [5, 5])   // error: no parameter `filter` (did you mean `filters`?)
+
+Use the parameter names of the function's signature.";
+
+    TypeMismatch = "E0305", Error, "wrong kind of value",
+"A static value of the wrong kind is used: a string where an integer is expected, a
+tensor where a static value is needed (such as a shape or a layer width), or a value
+that is not callable is called.
+
+    dense(x, units: \"ten\")    // error: expected an integer, found a string
+
+Pass a value of the expected kind; the label says which one.";
+
+    InvalidParamOverride = "E0306", Error, "invalid params override",
+"A `--param key=value` or a `--params FILE.yaml` entry names a field that the `params`
+block does not declare, or gives a value that does not parse as the field's type.
+
+    estc check model.est --param learning_rat=0.1   // error: no params field `learning_rat`
+
+Override declared fields only, with values of their declared type (`int`, `float`,
+`bool`, `string`, or a list such as `[128, 64]`).";
+
+    RecursionLimit = "E0307", Error, "recursion too deep",
+"Functions are inlined when the program is compiled; a function that calls itself
+without a static base case never finishes inlining. est stops at 256 nested calls.
+
+    fn f(x) { f(x) }     // error: recursion too deep
+
+Give the recursion a static base case (`if n == 0 { ... }`) or use a `for` loop.";
+
+    StaticEvalError = "E0308", Error, "static evaluation failed",
+"A static computation failed while the program was being compiled: a division by zero,
+an index out of range, an integer overflow, a negative or empty range, or a value
+out of its allowed range (for example a dropout rate outside [0, 1)).
+
+    let widths = [256, 128]
+    let w = widths[2]        // error: index 2 is out of range for a list of 2
+
+Fix the static values involved; the label shows the computation.";
+
+    AssignUndefined = "E0309", Error, "assignment to an undefined name",
+"`name = value` updates a variable that an enclosing `let` introduced. Assigning a
+name that does not exist yet is an error (it is usually a missing `let` or a typo).
+
+    for u in [64, 64] { y = dense(x, u) }   // error: `y` is not defined
+
+Introduce the variable with `let` first, or fix the name.";
+
+    MisplacedStatement = "E0310", Error, "statement in the wrong place",
+"Some statements belong to one place only: `train`, `eval` and `predict` sections to
+the top level of a model body; `minimize` to a train section; `metric` to train and
+eval sections; a section appears at most once per model.
+
+    fn block(x) { train { minimize x with sgd(lr: 0.1) } }   // error: a section outside a model
+
+Move the statement where it belongs.";
+
+    ShapeMismatch = "E0401", Error, "shape mismatch",
+"The shapes of the operands do not fit the operation: elementwise operations need
+shapes that broadcast (equal, or 1, aligned from the right), `matmul` needs the inner
+dimensions to agree, and so on. Both operands are labelled with their types.
+
+    let y = x + bias     // error: f32[32, 10] and f32[5] do not broadcast
+
+Reshape, transpose or slice one operand, or fix the layer sizes.";
+
+    DtypeMismatch = "E0402", Error, "dtype mismatch",
+"The operands have different dtypes, or the operation does not accept this dtype.
+est never converts dtypes implicitly; static numbers adopt the dtype of the tensor
+they meet.
+
+    let y = cast(labels, f32) + labels     // error: f32 and i32
+
+Convert one side with `cast(x, dtype)`.";
+
+    Int64 = "E0403", Error, "64-bit integers are not supported",
+"`i64` tensors are not supported: neither the wafer nor the host backend keeps 64-bit
+integers, except for the global step counter. Integer features read from records are
+narrowed to i32 at `parse`, with a range check.
+
+    model m(features: f32[B, 4], labels: i64[B])    // error: i64
+
+Use `i32`, or `cast(x, i32)`.";
+
+    InvalidShape = "E0404", Error, "invalid shape",
+"A shape argument is not valid: a `reshape` that changes the number of elements, a
+negative or zero dimension, more than one `-1`, or a shape that is not a list of
+integers.
+
+    reshape(x, [B, 27, 28, 1])     // error: 784 elements cannot become 756
+
+Make the element counts agree.";
+
+    InvalidAxis = "E0405", Error, "invalid axis",
+"An axis argument is out of range for the tensor's rank (axes count from 0, negative
+axes from the end), or is given twice.
+
+    argmax(logits, 2)     // error: axis 2 of a rank-2 tensor
+
+Use an axis in `-rank..rank`.";
+
+    UnboundDimension = "E0406", Error, "dimension cannot be determined",
+"A named dimension in a model's signature (such as `B` in `f32[B, 784]`) is bound by
+the input pipeline's element shapes. When the pipeline does not determine it (for
+example after `decode_raw` without a length), the model's signature must give it.
+
+    input raw() { text(\"x.txt\") |> map |l| (decode_raw(l, u8), 0) |> batch(8, drop_remainder: true) }
+    model m(features: f32[B, N], ...)     // error: N is not determined
+
+Write the dimension as a number in the signature, or give the length to the pipeline.";
+
+    InputModelMismatch = "E0407", Error, "input does not match the model",
+"The input pipeline's (features, labels) do not have the dtypes and shapes the model's
+parameters declare. Both the model parameter and the pipeline are labelled.
+
+    input d() { ... |> batch(32, drop_remainder: true) }   // yields f32[32, 64]
+    model m(features: f32[B, 784], labels: i32[B])        // error: 64 vs 784
+
+Change the model's signature or the pipeline so that they agree.";
+
+    InputNotDataset = "E0501", Error, "input does not produce a dataset of (features, labels)",
+"An `input` must end in a dataset whose elements are pairs `(features, labels)`, with
+features a tensor and labels a tensor. It may not return another value, and its elements
+may not be records or single tensors.
+
+    input d() { range(100) |> batch(10, drop_remainder: true) }   // error: elements are i32[10]
+
+End the pipeline with a `map` that makes pairs: `|> map |r| (r.x, r.y)`.";
+
+    BatchNotFixed = "E0502", Error, "batch size is not fixed",
+"Every step must see the same batch size, because every tensor has a static shape. A
+`batch` without `drop_remainder: true` makes the last batch of an epoch smaller. The
+wafer target requires a fixed batch for every input; the host target requires it for the
+train input.
+
+    |> batch(params.batch_size)     // error: no drop_remainder
+
+Write `batch(n, drop_remainder: true)`.";
+
+    NoRepeat = "E0503", Error, "training input would run out",
+"Training runs for a number of steps, not epochs. A train input without `repeat` ends
+after one pass over its data, before the steps are done. On the wafer this is an error;
+on the host it is a warning of the same code's family (training would stop early).
+
+    input d() { csv(\"x.csv\") |> batch(32, drop_remainder: true) }   // no repeat
+
+Add `|> repeat` (before `batch`) so the input provides samples for every step.";
+
+    IdenticalShuffle = "W0504", Warning, "input workers shuffle identically",
+"Several input workers (`input_workers` > 1) each shuffle their copy of the data. With a
+fixed `shuffle(..., seed: n)` every worker produces the same order, so the model sees
+each batch several times and others never.
+
+    config { input_workers = 4 }   with   |> shuffle(1000, seed: 7)    // warning
+
+Drop the seed: est derives a different seed for each worker from the run's
+`random_seed` and the worker index, which is still deterministic.";
+
+    ShardDivisibility = "E0505", Error, "global batch is not divisible by num_shards",
+"With `num_shards = N`, the step is replicated over N shards and each reads
+`params.batch_size / N` examples: inside `input` and `model`, `params.batch_size` is the
+per-shard batch. The global batch must therefore be a multiple of N.
+
+    params { batch_size: int = 100 }   config { num_shards = 3 }    // error
+
+Choose a batch size divisible by the number of shards.";
+
+    CheckpointSteps = "E0506", Error, "invalid save_checkpoint_steps",
+"Checkpoints are written at loop boundaries, every `iterations_per_loop` steps, so
+`save_checkpoint_steps` must be a multiple of `iterations_per_loop`. On the wafer, saving
+is expensive compared to a step, and the interval has a lower bound of 100 steps.
+
+    config { iterations_per_loop = 100  save_checkpoint_steps = 250 }   // error
+
+Use a multiple of `iterations_per_loop` (and at least 100 on the wafer).";
+
+    UnsupportedConfig = "E0507", Error, "unsupported config key",
+"Some RunConfig keys of TensorFlow's Estimator are not supported by est:
+`save_checkpoint_secs`, `train_distribute`, `device_fn`, `protocol`, `eval_distribute`,
+`experimental_distribute` and `experimental_max_worker_delay_secs`.
+
+    config { save_checkpoint_secs = 600 }     // error
+
+Use `save_checkpoint_steps` instead of seconds, and `num_shards` for distribution.";
+
+    UnknownConfig = "E0508", Error, "unknown estimator field or config key",
+"An estimator field or a `config` key is not one est knows. Estimator fields: `model`,
+`train_input`, `eval_input`, `predict_input`, `model_dir`, `train_steps`, `eval_steps`,
+`hooks`, `config`. Config keys: `iterations_per_loop`, `num_shards`,
+`save_checkpoint_steps`, `save_summary_steps`, `keep_checkpoint_max`, `random_seed`,
+`input_workers`, `log_step_count_steps`.
+
+    config { iteration_per_loop = 100 }   // error: did you mean `iterations_per_loop`?
+
+Correct the key.";
+
+    WaferTrainingExtras = "E0509", Error, "hooks or metrics in a wafer training run",
+"A training run on the wafer cannot run user hooks (the host does not see the step's
+tensors between iterations) nor compute metrics (the train graph returns only the loss).
+On the host both are allowed.
+
+    train { minimize loss with sgd(lr: 0.1)  metric acc = accuracy(labels, argmax(logits, 1)) }
+    // error with --target wafer
+
+Move metrics to the `eval` section and drop hooks for wafer training, or train on host.";
+
+    InvalidEstimator = "E0510", Error, "invalid estimator",
+"An estimator lacks a required field (`model`, `train_input`), or a field has the wrong
+kind of value: `model` must name a model, inputs must be calls of `input` items,
+step counts must be positive integers.
+
+    estimator e { train_input = digits(\"train\") }    // error: no `model`
+
+Add the missing field or give it a value of the right kind.";
+
+    InvalidModel = "E0511", Error, "invalid model",
+"A model must say how it trains: a `train` section with one `minimize loss with
+optimizer`, where the loss is a scalar floating-point tensor and the optimizer is a call
+of one of `std.optim`'s optimizers. A metric must be made by a `std.metrics` function,
+and a prediction must be a tensor whose first dimension is the batch.
+
+    train { minimize logits with sgd(lr: 0.1) }    // error: the loss is f32[32, 10], not a scalar
+
+Reduce the loss to a scalar (for example with a loss function from `std.losses`).";
+
+    LabelsInPredict = "E0512", Error, "labels used in predict mode",
+"In predict mode there are no labels: the input provides features only. A prediction
+that depends on `labels` cannot be computed.
+
+    predict { wrong = labels }     // error
+
+Compute predictions from the features only.";
+
+    UnsupportedOp = "E0601", Error, "operation not supported on the target",
+"The chosen target cannot run this operation. The host runs every operation; the wafer
+runs a declared list (matmul, convolution, elementwise, reductions, pooling, softmax,
+random numbers, and their gradients). The label points at the expression that makes it.
+
+    let e = gather(table, ids)     // error with --target wafer: gather is not supported
+
+Express the computation with supported operations, or use the host target.";
+
+    UnusedValue = "W0701", Warning, "unused value",
+"A `let` binding, a parameter or an import is never used in any mode. Names starting
+with `_` are exempt.
+
+    let h = dense(x, 64)     // warning: `h` is never used
+
+Remove it, use it, or prefix its name with `_`.";
+
+    ShadowedItem = "W0702", Warning, "local shadows an item",
+"A local binding has the name of a function, import or built-in that is visible at that
+point, so the function cannot be called by that name afterwards. (Rebinding a local
+with `let` is normal and not warned about.)
+
+    let relu = 3      // warning: shadows the function `relu`
+
+Rename the local.";
+
+    UnusedModel = "W0703", Warning, "model is not used by any estimator",
+"Models are checked through the estimators that use them, because the input pipeline
+determines their batch size. A model that no estimator names is not checked.
+
+    model spare(features: f32[B, 4], labels: i32[B]) { ... }    // warning
+
+Add an estimator that uses it, or remove it.";
+}

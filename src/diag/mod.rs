@@ -1,0 +1,158 @@
+//! Diagnostics: every problem a user can cause is a `Diag` with a unique code, a primary
+//! span and label, secondary labels, and a help line. Stages push them into a `Diags`
+//! sink and go on, so one run reports every independent problem.
+
+mod codes;
+pub mod render;
+
+pub use codes::{Code, CodeInfo};
+
+use crate::span::Span;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+impl Severity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        }
+    }
+}
+
+/// A span with a short text that says what is there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Label {
+    pub span: Span,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Diag {
+    pub code: Code,
+    pub message: String,
+    pub primary: Label,
+    pub secondary: Vec<Label>,
+    pub help: Option<String>,
+}
+
+impl Diag {
+    pub fn new(code: Code, span: Span, message: impl Into<String>) -> Diag {
+        Diag {
+            code,
+            message: message.into(),
+            primary: Label { span, text: String::new() },
+            secondary: Vec::new(),
+            help: None,
+        }
+    }
+
+    pub fn severity(&self) -> Severity {
+        self.code.info().severity
+    }
+
+    /// The text under the primary span.
+    pub fn label(mut self, text: impl Into<String>) -> Diag {
+        self.primary.text = text.into();
+        self
+    }
+
+    /// Another span involved, with what it is.
+    pub fn with(mut self, span: Span, text: impl Into<String>) -> Diag {
+        self.secondary.push(Label { span, text: text.into() });
+        self
+    }
+
+    pub fn help(mut self, text: impl Into<String>) -> Diag {
+        self.help = Some(text.into());
+        self
+    }
+}
+
+/// Where stages put what they found. Keeps the first of identical diagnostics (a
+/// function inlined many times, or a model elaborated for three modes, must report a
+/// problem once).
+#[derive(Debug, Default, Clone)]
+pub struct Diags {
+    list: Vec<Diag>,
+    seen: rustc_hash::FxHashSet<(Code, Span, String)>,
+}
+
+impl Diags {
+    pub fn push(&mut self, d: Diag) {
+        if self.seen.insert((d.code, d.primary.span, d.message.clone())) {
+            self.list.push(d);
+        }
+    }
+
+    pub fn extend(&mut self, ds: impl IntoIterator<Item = Diag>) {
+        for d in ds {
+            self.push(d);
+        }
+    }
+
+    pub fn has_errors(&self) -> bool {
+        self.list.iter().any(|d| d.severity() == Severity::Error)
+    }
+
+    pub fn error_count(&self) -> usize {
+        self.list.iter().filter(|d| d.severity() == Severity::Error).count()
+    }
+
+    pub fn warning_count(&self) -> usize {
+        self.list.len() - self.error_count()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Diag> {
+        self.list.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The diagnostics in source order (file, then position), for stable output.
+    pub fn sorted(&self) -> Vec<Diag> {
+        let mut v = self.list.clone();
+        v.sort_by(|a, b| {
+            (a.primary.span.file, a.primary.span.lo, a.code).cmp(&(b.primary.span.file, b.primary.span.lo, b.code))
+        });
+        v
+    }
+}
+
+/// "did you mean `x`?" for the closest of `candidates`, if any is close enough.
+pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut best: Option<(usize, &str)> = None;
+    for c in candidates {
+        let d = edit_distance(name, c);
+        let limit = (name.chars().count().max(c.chars().count()) / 3).max(1);
+        if d <= limit && best.is_none_or(|(bd, bc)| d < bd || (d == bd && c < bc)) {
+            best = Some((d, c));
+        }
+    }
+    best.map(|(_, c)| format!("did you mean `{c}`?"))
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}

@@ -1,0 +1,176 @@
+//! The parser's entry points. `parse` never fails: it returns a tree (with `Error`
+//! nodes where text did not parse) and a diagnostic for every syntax error, all mapped
+//! from lalrpop's error type here, in one place.
+
+use super::ast::{Expr, ExprKind, Module};
+use super::lexer::{self, Tok};
+use crate::diag::{Code, Diag};
+use crate::span::{FileId, Span};
+use lalrpop_util::{lalrpop_mod, ErrorRecovery, ParseError};
+use std::convert::Infallible;
+
+lalrpop_mod!(
+    #[allow(clippy::all, clippy::pedantic, unused_parens, dead_code)]
+    grammar,
+    "/est.rs"
+);
+
+/// A literal the grammar accepted as a token but whose value is invalid.
+#[derive(Debug, Clone, Copy)]
+pub enum LiteralError {
+    Int(Span),
+    Float(Span),
+    /// A string with an unknown escape at the given byte offset inside the token.
+    Escape(Span, usize),
+}
+
+/// Parses one file. Never fails.
+pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diag>) {
+    let mut recovered = Vec::new();
+    let mut literals = Vec::new();
+    let result = grammar::ModuleParser::new().parse(file, &mut recovered, &mut literals, lexer::tokens(src));
+    let mut diags = Vec::new();
+    let module = match result {
+        Ok(m) => m,
+        Err(e) => {
+            diags.push(parse_error(file, src, e));
+            Module::default()
+        }
+    };
+    let mut all: Vec<Diag> = recovered.into_iter().map(|r| recovery(file, src, r)).collect();
+    all.extend(diags);
+    all.extend(literals.into_iter().map(literal_error));
+    (module, all)
+}
+
+/// Parses a lone expression (used for `--param` values). Never fails.
+pub fn parse_expr(file: FileId, src: &str) -> (Expr, Vec<Diag>) {
+    let mut recovered = Vec::new();
+    let mut literals = Vec::new();
+    let result = grammar::ExprParser::new().parse(file, &mut recovered, &mut literals, lexer::tokens(src));
+    let mut all: Vec<Diag> = recovered.into_iter().map(|r| recovery(file, src, r)).collect();
+    let expr = match result {
+        Ok(e) => e,
+        Err(e) => {
+            all.push(parse_error(file, src, e));
+            Expr::new(ExprKind::Error, Span::new(file, 0, src.len()))
+        }
+    };
+    all.extend(literals.into_iter().map(literal_error));
+    (expr, all)
+}
+
+fn recovery(file: FileId, src: &str, r: ErrorRecovery<usize, Tok<'_>, Infallible>) -> Diag {
+    parse_error(file, src, r.error)
+}
+
+fn parse_error(file: FileId, src: &str, e: ParseError<usize, Tok<'_>, Infallible>) -> Diag {
+    match e {
+        ParseError::InvalidToken { location } => {
+            Diag::new(Code::InvalidCharacter, Span::new(file, location, location + 1), "invalid character")
+                .label("no token starts here")
+        }
+        ParseError::UnrecognizedEof { location, expected } => {
+            let at = location.min(src.len());
+            Diag::new(Code::UnexpectedEof, Span::new(file, at, at), "unexpected end of file")
+                .label("the file ends here")
+                .help(expected_help(&expected))
+        }
+        ParseError::UnrecognizedToken { token: (lo, Tok::Error, hi), .. } => invalid_char(file, src, lo, hi),
+        ParseError::UnrecognizedToken { token: (lo, tok, hi), expected } => Diag::new(
+            Code::SyntaxError,
+            Span::new(file, lo, hi),
+            format!("unexpected {}", tok.describe()),
+        )
+        .label("unexpected here")
+        .help(expected_help(&expected)),
+        ParseError::ExtraToken { token: (lo, tok, hi) } => {
+            Diag::new(Code::SyntaxError, Span::new(file, lo, hi), format!("unexpected {}", tok.describe()))
+                .label("expected the end of the file")
+        }
+        ParseError::User { error } => match error {},
+    }
+}
+
+fn invalid_char(file: FileId, src: &str, lo: usize, hi: usize) -> Diag {
+    let text = src.get(lo..hi).unwrap_or("");
+    let help = if text.starts_with('"') {
+        "strings end with `\"` on the same line"
+    } else if text.starts_with("/*") {
+        "close the block comment with `*/`"
+    } else if text.starts_with('#') {
+        "comments start with `//`"
+    } else {
+        "remove this character"
+    };
+    let shown: String = text.chars().take(12).collect();
+    Diag::new(Code::InvalidCharacter, Span::new(file, lo, hi), format!("invalid character `{shown}`"))
+        .label("no token starts here")
+        .help(help)
+}
+
+/// "expected one of `,`, `)`", with lalrpop's token names made readable.
+fn expected_help(expected: &[String]) -> String {
+    let mut names: Vec<String> = expected.iter().map(|e| readable_token(e)).collect();
+    names.sort();
+    names.dedup();
+    match names.len() {
+        0 => "the construct is not complete".to_string(),
+        1 => format!("expected {}", names[0]),
+        n if n <= 8 => format!("expected one of {}", names.join(", ")),
+        _ => format!("expected one of {}, …", names[..8].join(", ")),
+    }
+}
+
+fn readable_token(t: &str) -> String {
+    match t {
+        "IdentTok" => "a name".to_string(),
+        "IntTok" => "an integer".to_string(),
+        "FloatTok" => "a float".to_string(),
+        "StrTok" => "a string".to_string(),
+        "ErrorTok" => "a character".to_string(),
+        quoted => format!("`{}`", quoted.trim_matches('"')),
+    }
+}
+
+fn literal_error(e: LiteralError) -> Diag {
+    match e {
+        LiteralError::Int(span) => Diag::new(Code::InvalidLiteral, span, "integer literal too large")
+            .label("does not fit in 64 bits")
+            .help("integers range from -9223372036854775808 to 9223372036854775807"),
+        LiteralError::Float(span) => Diag::new(Code::InvalidLiteral, span, "float literal out of range")
+            .label("not a finite number")
+            .help("write a smaller number"),
+        LiteralError::Escape(span, at) => {
+            let s = Span { lo: span.lo + at as u32, hi: span.lo + at as u32 + 2, ..span };
+            Diag::new(Code::InvalidLiteral, s, "unknown escape in string")
+                .label("unknown escape")
+                .help("known escapes are \\n, \\t, \\\\, \\\", \\{ and \\}")
+        }
+    }
+}
+
+/// The value of a string token (with its quotes): escapes resolved. On an unknown escape,
+/// the byte offset of its backslash within the token.
+pub fn unescape(token: &str) -> Result<String, usize> {
+    let inner = &token[1..token.len() - 1];
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.char_indices();
+    while let Some((i, c)) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next().map(|(_, e)| e) {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('\\') => out.push('\\'),
+            Some('"') => out.push('"'),
+            // Kept escaped so that interpolation sees a literal brace.
+            Some('{') => out.push_str("\\{"),
+            Some('}') => out.push_str("\\}"),
+            _ => return Err(i + 1),
+        }
+    }
+    Ok(out)
+}
