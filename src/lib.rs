@@ -1,5 +1,111 @@
-//! est: a compiler for declarative machine-learning programs.
+//! est: a compiler for declarative machine-learning programs (a model, its input
+//! pipeline and its run configuration). One pipeline serves the CLI, the language
+//! server, the embedding API and the tests:
+//!
+//! ```text
+//! text -> tokens -> AST -> resolve -> elaborate (per estimator, mode, target) -> passes
+//! ```
+//!
+//! `check` runs all of it and returns every diagnostic and the checked graphs.
 
 pub mod diag;
+pub mod elab;
+pub mod ir;
+pub mod passes;
+pub mod program;
+pub mod resolve;
 pub mod span;
 pub mod syntax;
+
+use diag::Diag;
+use elab::{Compiled, ElabOptions, EstimatorInfo, Target};
+use passes::PassCtx;
+pub use program::Program;
+use syntax::ast::SectionKind;
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    pub target: Target,
+    pub modes: Vec<SectionKind>,
+    /// Only this estimator (all when `None`).
+    pub estimator: Option<String>,
+    /// `--config key=value` overrides of the estimators' config blocks.
+    pub config: Vec<(String, i64)>,
+    /// Run the IR verifier between passes (always on in debug builds).
+    pub verify: bool,
+}
+
+impl Default for CheckOptions {
+    fn default() -> CheckOptions {
+        CheckOptions {
+            target: Target::Host,
+            modes: vec![SectionKind::Train, SectionKind::Eval, SectionKind::Predict],
+            estimator: None,
+            config: Vec::new(),
+            verify: cfg!(debug_assertions),
+        }
+    }
+}
+
+/// The result of checking a program.
+#[derive(Debug)]
+pub struct Checked {
+    /// Every diagnostic, in source order.
+    pub diags: Vec<Diag>,
+    pub estimators: Vec<EstimatorInfo>,
+    /// The graph of each (estimator, mode), after all passes.
+    pub graphs: Vec<Compiled>,
+    /// A pass that broke the IR's invariants (a compiler bug), if any.
+    pub bug: Option<passes::PassBug>,
+}
+
+impl Checked {
+    pub fn has_errors(&self) -> bool {
+        self.diags.iter().any(|d| d.severity() == diag::Severity::Error)
+    }
+}
+
+/// Runs the front end on a loaded program: resolution, elaboration of every selected
+/// estimator and mode for the target, and the passes on every graph.
+pub fn check(program: &Program, opts: &CheckOptions) -> Checked {
+    let mut diags = program.diags.clone();
+    diags.extend(resolve::resolve(program).iter().cloned());
+    let eopts = ElabOptions {
+        target: opts.target,
+        modes: opts.modes.clone(),
+        estimator: opts.estimator.clone(),
+        config: opts.config.clone(),
+    };
+    let (estimators, mut graphs, elab_diags) = elab::elaborate(program, &eopts);
+    diags.extend(elab_diags.iter().cloned());
+    let ctx = PassCtx { target: opts.target };
+    let mut bug = None;
+    for c in &mut graphs {
+        if let Err(b) = passes::run(&mut c.graph, &ctx, &mut diags, opts.verify) {
+            bug.get_or_insert(b);
+        }
+        if opts.verify {
+            for g in c.input.iter().flat_map(|d| d.stages.iter()).filter_map(stage_graph) {
+                if let Err(message) = passes::verify(g) {
+                    bug.get_or_insert(passes::PassBug { pass: "elaborate (pipeline)", message });
+                }
+            }
+        }
+    }
+    Checked { diags: diags.sorted(), estimators, graphs, bug }
+}
+
+fn stage_graph(s: &elab::data::Stage) -> Option<&ir::Graph> {
+    match &s.kind {
+        elab::data::StageKind::Map { graph, .. } | elab::data::StageKind::Filter { graph } => Some(graph),
+        _ => None,
+    }
+}
+
+/// Loads and checks the program in a string (for tests and tools).
+pub fn check_source(name: &str, text: &str, opts: &CheckOptions) -> (Program, Checked) {
+    let p = Program::from_source(name, text, None);
+    let c = check(&p, opts);
+    (p, c)
+}

@@ -1,1 +1,7 @@
-fn main() {}
+//! `estc`, the command-line driver.
+
+mod cli;
+
+fn main() {
+    std::process::exit(cli::main());
+}

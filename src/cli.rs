@@ -1,0 +1,315 @@
+//! The command line: argument parsing, output formats and exit codes (0 clean, 1
+//! errors in the program, 2 usage or I/O errors). Everything else is the library's.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use est::diag::{render, Code, Diag};
+use est::elab::Target;
+use est::syntax::ast::SectionKind;
+use est::{CheckOptions, Program};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "estc", version, about = "The est compiler: checks, trains, evaluates and exports declarative ML programs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a program: parse, resolve, elaborate every estimator for every mode and run
+    /// every static rule, without running the model.
+    Check(CheckArgs),
+    /// Explain a diagnostic code (such as E0401) at length, with an example.
+    Explain(ExplainArgs),
+}
+
+#[derive(Parser)]
+struct CheckArgs {
+    /// The program's root file.
+    file: PathBuf,
+    /// The target whose rules to check.
+    #[arg(long, value_enum, default_value_t = TargetArg::Host)]
+    target: TargetArg,
+    /// The modes to elaborate.
+    #[arg(long, value_enum, default_value_t = ModeArg::All)]
+    mode: ModeArg,
+    /// Only this estimator (default: all of them).
+    #[arg(long)]
+    estimator: Option<String>,
+    /// Override a params field: `--param learning_rate=0.01` (the value is est syntax).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    params: Vec<String>,
+    /// Override params fields from a YAML file of `key: value` lines.
+    #[arg(long = "params", value_name = "FILE")]
+    params_file: Option<PathBuf>,
+    /// Override an estimator config key: `--config num_shards=2`.
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    config: Vec<String>,
+    /// Print a stage instead of the diagnostics summary.
+    #[arg(long, value_enum)]
+    emit: Option<Emit>,
+    /// How to print diagnostics.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+    message_format: MessageFormat,
+    /// Colour in human output.
+    #[arg(long, value_enum, default_value_t = Color::Auto)]
+    color: Color,
+}
+
+#[derive(Parser)]
+struct ExplainArgs {
+    /// The code, such as E0401 or W0701.
+    code: Option<String>,
+    /// List every code with its title.
+    #[arg(long)]
+    list: bool,
+    /// Print the whole catalogue as Markdown (this is docs/diagnostics.md).
+    #[arg(long)]
+    markdown: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TargetArg {
+    Host,
+    Wafer,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum ModeArg {
+    Train,
+    Eval,
+    Predict,
+    All,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Emit {
+    Tokens,
+    Ast,
+    Ir,
+    IrDot,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum MessageFormat {
+    Human,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Color {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Runs the CLI and returns the exit status.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    match cli.command {
+        Command::Check(a) => check(a),
+        Command::Explain(a) => explain(a),
+    }
+}
+
+fn usage(msg: &str) -> i32 {
+    eprintln!("error: {msg}");
+    2
+}
+
+fn check(a: CheckArgs) -> i32 {
+    let mut program = match Program::load(&a.file) {
+        Ok(p) => p,
+        Err(e) => return usage(&e.0),
+    };
+    if let Some(f) = &a.params_file {
+        if let Err(e) = add_params_file(&mut program, f) {
+            return usage(&e);
+        }
+    }
+    for kv in &a.params {
+        let Some((k, v)) = kv.split_once('=') else {
+            return usage(&format!("--param takes KEY=VALUE, found `{kv}`"));
+        };
+        program.add_override(k.trim(), v.trim(), &format!("--param {}", k.trim()));
+    }
+    let mut config = Vec::new();
+    for kv in &a.config {
+        let parsed = kv.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().replace('_', "").parse::<i64>().ok()?)));
+        match parsed {
+            Some(p) => config.push(p),
+            None => return usage(&format!("--config takes KEY=INTEGER, found `{kv}`")),
+        }
+    }
+    if let Some(Emit::Tokens | Emit::Ast) = a.emit {
+        return emit_syntax(&program, a.emit);
+    }
+    let opts = CheckOptions {
+        target: match a.target {
+            TargetArg::Host => Target::Host,
+            TargetArg::Wafer => Target::Wafer,
+        },
+        modes: match a.mode {
+            ModeArg::Train => vec![SectionKind::Train],
+            ModeArg::Eval => vec![SectionKind::Eval],
+            ModeArg::Predict => vec![SectionKind::Predict],
+            ModeArg::All => vec![SectionKind::Train, SectionKind::Eval, SectionKind::Predict],
+        },
+        estimator: a.estimator.clone(),
+        config,
+        verify: true,
+    };
+    let checked = est::check(&program, &opts);
+    if let Some(b) = &checked.bug {
+        eprintln!("internal compiler error: pass `{}` broke the IR: {}", b.pass, b.message);
+        return 2;
+    }
+    let mut out = std::io::stdout().lock();
+    match a.emit {
+        Some(Emit::Ir) => {
+            for c in &checked.graphs {
+                let _ = write!(out, "{}", est::ir::dump_text(&c.graph, &graph_title(c)));
+            }
+        }
+        Some(Emit::IrDot) => {
+            for c in &checked.graphs {
+                let _ = write!(out, "{}", est::ir::dump_dot(&c.graph, &graph_title(c)));
+            }
+        }
+        _ => {}
+    }
+    report(&program, &checked.diags, a.message_format, a.color, a.emit.is_none(), checked.graphs.len())
+}
+
+fn graph_title(c: &est::elab::Compiled) -> String {
+    format!("{}/{}/{}", c.estimator, c.mode.name(), c.target.name())
+}
+
+/// Prints the diagnostics and a summary; returns the exit status.
+fn report(program: &Program, diags: &[Diag], format: MessageFormat, color: Color, summary: bool, graphs: usize) -> i32 {
+    let errors = diags.iter().filter(|d| d.severity() == est::diag::Severity::Error).count();
+    let warnings = diags.len() - errors;
+    if format == MessageFormat::Json {
+        let mut out = std::io::stdout().lock();
+        for d in diags {
+            let _ = writeln!(out, "{}", render::to_json(d, &program.sources));
+        }
+    } else {
+        let stderr = std::io::stderr();
+        let color = match color {
+            Color::Always => true,
+            Color::Never => false,
+            Color::Auto => stderr.is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+        };
+        let width = if stderr.is_terminal() { 120 } else { 100 };
+        let mut err = stderr.lock();
+        let _ = write!(err, "{}", render::render_all(diags, &program.sources, render::Style { color, width }));
+        if summary {
+            let name = &program.root_module().path;
+            let _ = name;
+            let file = &program.sources.get(program.root_module().file).name;
+            let _ = match (errors, warnings) {
+                (0, 0) => writeln!(err, "{file}: ok ({graphs} graphs checked)"),
+                (0, w) => writeln!(err, "{file}: ok with {w} warning{} ({graphs} graphs checked)", plural(w)),
+                (e, w) => writeln!(err, "{file}: {e} error{}, {w} warning{}", plural(e), plural(w)),
+            };
+        }
+    }
+    i32::from(errors > 0)
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+fn emit_syntax(program: &Program, emit: Option<Emit>) -> i32 {
+    let root = program.root_module();
+    let file = program.sources.get(root.file);
+    let mut out = std::io::stdout().lock();
+    match emit {
+        Some(Emit::Tokens) => {
+            for (lo, tok, hi) in est::syntax::lexer::lex(&file.text) {
+                let (line, col) = file.line_col(lo);
+                let _ = writeln!(out, "{line}:{col} {:?} {:?}", tok, &file.text[lo..hi]);
+            }
+        }
+        _ => {
+            let _ = writeln!(out, "{:#?}", root.ast);
+        }
+    }
+    let errors = program.diags.iter().filter(|d| d.severity() == est::diag::Severity::Error).count();
+    if errors > 0 {
+        let _ = write!(std::io::stderr(), "{}", render::render_all(&program.diags.sorted(), &program.sources, render::Style::plain()));
+    }
+    i32::from(errors > 0)
+}
+
+/// Reads a YAML file of `key: value` pairs as params overrides. Each value is written
+/// as est syntax and parsed like a `--param`.
+fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| format!("{}: invalid YAML: {e}", path.display()))?;
+    let serde_yaml::Value::Mapping(map) = yaml else {
+        return Err(format!("{}: expected a mapping of params fields to values", path.display()));
+    };
+    for (k, v) in map {
+        let key = match k {
+            serde_yaml::Value::String(s) => s,
+            other => return Err(format!("{}: keys must be strings, found {other:?}", path.display())),
+        };
+        let value = yaml_to_est(&v).ok_or_else(|| format!("{}: the value of `{key}` is not a number, bool, string or list", path.display()))?;
+        program.add_override(&key, &value, &format!("{}: {key}", path.display()));
+    }
+    Ok(())
+}
+
+fn yaml_to_est(v: &serde_yaml::Value) -> Option<String> {
+    Some(match v {
+        serde_yaml::Value::Bool(b) => b.to_string(),
+        serde_yaml::Value::Number(n) => {
+            let s = n.to_string();
+            if n.is_f64() && !s.contains(['.', 'e', 'E']) && !s.contains("inf") && !s.contains("NaN") {
+                format!("{s}.0")
+            } else {
+                s
+            }
+        }
+        serde_yaml::Value::String(s) => serde_json::to_string(s).ok()?,
+        serde_yaml::Value::Sequence(xs) => format!("[{}]", xs.iter().map(yaml_to_est).collect::<Option<Vec<_>>>()?.join(", ")),
+        _ => return None,
+    })
+}
+
+fn explain(a: ExplainArgs) -> i32 {
+    if a.markdown {
+        print!("{}", est::diag::catalogue_markdown());
+        return 0;
+    }
+    if a.list || a.code.is_none() {
+        for c in Code::all() {
+            println!("{}  {:<8} {}", c.id, c.severity.name(), c.title);
+        }
+        return 0;
+    }
+    let code = a.code.unwrap_or_default();
+    match Code::from_id(&code) {
+        Some(c) => {
+            let info = c.info();
+            println!("{} ({}): {}\n\n{}", info.id, info.severity.name(), info.title, info.explanation);
+            0
+        }
+        None => usage(&format!("no diagnostic code `{code}`; `estc explain --list` lists them")),
+    }
+}

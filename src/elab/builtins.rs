@@ -1,0 +1,741 @@
+//! The functions the compiler implements: the `extern fn`s of `std.prim` (tensor
+//! primitives), `std.optim` (optimisers), `std.metrics` (metric reducers) and
+//! `std.hooks`. Their signatures, defaults and docs live in the `.est` files; here each
+//! one checks its static arguments and makes nodes or values.
+
+use super::value::{HookVal, MetricVal, OptimizerVal, Value};
+use super::Elab;
+use crate::diag::{Code, Diag};
+use crate::ir::{BinaryOp, DType, Init, NodeIndex, Op, Padding, ReduceOp, TensorType, UnaryOp};
+use crate::span::Span;
+use crate::syntax::ast::Param;
+use std::rc::Rc;
+
+/// The arguments of a builtin call, by parameter name.
+pub(super) struct Args<'p> {
+    params: &'p [Param],
+    vals: Vec<(Value<'p>, Span)>,
+    pub call: Span,
+}
+
+impl<'p> Args<'p> {
+    pub(super) fn get(&self, name: &str) -> (Value<'p>, Span) {
+        match self.params.iter().position(|p| p.name.name == name) {
+            Some(i) => self.vals[i].clone(),
+            None => (Value::Error, self.call),
+        }
+    }
+}
+
+fn scalar(d: DType) -> TensorType {
+    TensorType::scalar(d)
+}
+
+impl<'p> Elab<'p> {
+    pub(super) fn builtin(&mut self, name: &str, params: &'p [Param], vals: Vec<(Value<'p>, Span)>, call: Span) -> Value<'p> {
+        let a = Args { params, vals, call };
+        if a.vals.iter().any(|(v, _)| matches!(v, Value::Error)) {
+            return Value::Error;
+        }
+        if let Some((v, _)) = a.vals.iter().find(|(v, _)| matches!(v, Value::Absent(_))) {
+            return v.clone();
+        }
+        if let Some(u) = unary_op(name) {
+            return self.b_unary(u, &a);
+        }
+        match name {
+            "maximum" | "minimum" | "pow" => self.b_binary(name, &a),
+            "where" => self.b_where(&a),
+            "cast" => self.b_cast(&a),
+            "reshape" => self.b_reshape(&a),
+            "transpose" => self.b_transpose(&a),
+            "broadcast_to" => self.b_broadcast(&a),
+            "expand_dims" | "squeeze" => self.b_expand_squeeze(name, &a),
+            "concat" => self.b_concat(&a),
+            "slice" => self.b_slice(&a),
+            "matmul" => self.b_matmul(&a),
+            "reduce_sum" | "reduce_mean" | "reduce_max" | "reduce_min" | "reduce_prod" => self.b_reduce(name, &a),
+            "argmax" | "argmin" => self.b_argmax(name, &a),
+            "softmax" | "log_softmax" => self.b_softmax(name, &a),
+            "one_hot" => self.b_one_hot(&a),
+            "gather" => self.b_gather(&a),
+            "conv" => self.b_conv(&a),
+            "max_pool" | "avg_pool" => self.b_pool(name, &a),
+            "random_uniform" | "random_normal" => self.b_random(name, &a),
+            "variable" => self.b_variable(&a),
+            "zeros" | "ones" | "fill" => self.b_fill(name, &a),
+            "decode_raw" => self.b_decode_raw(&a),
+            "shape" => self.b_shape(&a),
+            "len" => self.b_len(&a),
+            "pair" => {
+                let (v, s) = a.get("x");
+                match self.pair(&v, s) {
+                    Some([x, y]) => Value::List(Rc::new(vec![Value::Int(x as i64), Value::Int(y as i64)])),
+                    None => Value::Error,
+                }
+            }
+            "float" | "int" => self.b_convert(name, &a),
+            "assign" => self.b_assign(&a),
+            "init_normal" | "init_truncated_normal" | "init_uniform" | "init_constant" => self.b_init(name, &a),
+            "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" => self.b_optimizer(name, &a),
+            "clip_by_global_norm" => self.b_clip(&a),
+            "accuracy" | "mean" | "precision" | "recall" | "auc" => self.b_metric(name, &a),
+            "logging_hook" | "stop_at_step_hook" | "nan_hook" => self.b_hook(name, &a),
+            _ => self.data_builtin(name, &a),
+        }
+    }
+
+    /// A tensor argument. Static numbers become f32 constants.
+    fn tensor_arg(&mut self, a: &Args<'p>, name: &str) -> Option<(NodeIndex, Span)> {
+        let (v, s) = a.get(name);
+        let n = self.operand(&v, s, None)?;
+        Some((n, s))
+    }
+
+    fn int_arg(&mut self, a: &Args<'p>, name: &str) -> Option<i64> {
+        let (v, s) = a.get(name);
+        self.as_int(&v, s)
+    }
+
+    fn float_arg(&mut self, a: &Args<'p>, name: &str) -> Option<f64> {
+        let (v, s) = a.get(name);
+        self.as_float(&v, s)
+    }
+
+    fn dtype_arg(&mut self, a: &Args<'p>, name: &str) -> Option<DType> {
+        match a.get(name) {
+            (Value::DType(DType::I64), s) => {
+                self.int64_type(s);
+                None
+            }
+            (Value::DType(d), _) => Some(d),
+            (v, s) => {
+                self.expected("a dtype (f32, i32, ...)", &v, s);
+                None
+            }
+        }
+    }
+
+    /// An axis, negative counting from the end, checked against `rank`.
+    fn axis(&mut self, v: &Value<'p>, s: Span, rank: usize) -> Option<usize> {
+        let i = self.as_int(v, s)?;
+        let r = rank as i64;
+        let j = if i < 0 { i + r } else { i };
+        if (0..r).contains(&j) {
+            Some(j as usize)
+        } else {
+            self.diags.push(
+                Diag::new(Code::InvalidAxis, self.site(s), format!("axis {i} is out of range for a tensor of rank {rank}"))
+                    .label("out of range")
+                    .help(format!("axes run from {} to {}", -r, r - 1)),
+            );
+            None
+        }
+    }
+
+    /// A list of static integers (`[2, 2]`), or one integer repeated `n` times.
+    fn ints(&mut self, v: &Value<'p>, s: Span, n: Option<usize>) -> Option<Vec<i64>> {
+        match v {
+            Value::Int(i) => Some(vec![*i; n.unwrap_or(1)]),
+            Value::List(xs) | Value::Tuple(xs) => {
+                let mut out = Vec::with_capacity(xs.len());
+                for x in xs.iter() {
+                    out.push(self.as_int(x, s)?);
+                }
+                if let Some(n) = n {
+                    if out.len() != n {
+                        self.diags.push(
+                            Diag::new(Code::InvalidShape, self.site(s), format!("expected {n} integers, found {}", out.len()))
+                                .label("wrong length")
+                                .help(format!("give one integer, or a list of {n}")),
+                        );
+                        return None;
+                    }
+                }
+                Some(out)
+            }
+            other => {
+                self.expected("a list of integers", &other.clone(), s);
+                None
+            }
+        }
+    }
+
+    fn pair(&mut self, v: &Value<'p>, s: Span) -> Option<[usize; 2]> {
+        let xs = self.ints(v, s, Some(2))?;
+        if xs.iter().any(|&x| x <= 0) {
+            self.diags.push(
+                Diag::new(Code::InvalidShape, self.site(s), "window sizes, strides and dilations must be positive")
+                    .label("not positive")
+                    .help("use integers of 1 or more"),
+            );
+            return None;
+        }
+        Some([xs[0] as usize, xs[1] as usize])
+    }
+
+    /// A shape: a list of positive integers.
+    fn shape_arg(&mut self, v: &Value<'p>, s: Span) -> Option<Vec<usize>> {
+        let xs = self.ints(v, s, None)?;
+        if matches!(v, Value::Int(_)) {
+            self.expected("a shape (a list of integers)", v, s);
+            return None;
+        }
+        let mut out = Vec::with_capacity(xs.len());
+        for x in xs {
+            out.push(self.as_dim(&Value::Int(x), s)?);
+        }
+        Some(out)
+    }
+
+    fn b_unary(&mut self, u: UnaryOp, a: &Args<'p>) -> Value<'p> {
+        let (v, s) = a.get("x");
+        if let Some(x) = static_unary(u, &v) {
+            return Value::Float(x);
+        }
+        let Some(x) = self.operand(&v, s, None) else { return Value::Error };
+        self.op(Op::Unary(u), &[(x, s)], scalar(DType::F32), a.call)
+    }
+
+    fn b_binary(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let ((va, sa), (vb, sb)) = (a.get("a"), a.get("b"));
+        if let (Some(x), Some(y)) = (static_num(&va), static_num(&vb)) {
+            let r = match name {
+                "maximum" => x.max(y),
+                "minimum" => x.min(y),
+                _ => x.powf(y),
+            };
+            return match (&va, &vb, name) {
+                (Value::Int(_), Value::Int(_), "maximum" | "minimum") => Value::Int(r as i64),
+                _ => Value::Float(r),
+            };
+        }
+        let like = [&va, &vb].iter().find_map(|v| match v {
+            Value::Tensor(n) => Some(self.graph.ty(*n).dtype),
+            _ => None,
+        });
+        let (Some(x), Some(y)) = (self.operand(&va, sa, like), self.operand(&vb, sb, like)) else { return Value::Error };
+        let op = match name {
+            "maximum" => BinaryOp::Max,
+            "minimum" => BinaryOp::Min,
+            _ => BinaryOp::Pow,
+        };
+        self.op(Op::Binary(op), &[(x, sa), (y, sb)], scalar(DType::F32), a.call)
+    }
+
+    fn b_where(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (vc, sc) = a.get("cond");
+        let ((va, sa), (vb, sb)) = (a.get("a"), a.get("b"));
+        let like = [&va, &vb].iter().find_map(|v| match v {
+            Value::Tensor(n) => Some(self.graph.ty(*n).dtype),
+            _ => None,
+        });
+        let (Some(c), Some(x), Some(y)) = (self.operand(&vc, sc, Some(DType::Bool)), self.operand(&va, sa, like), self.operand(&vb, sb, like)) else {
+            return Value::Error;
+        };
+        self.op(Op::Select, &[(c, sc), (x, sa), (y, sb)], scalar(DType::F32), a.call)
+    }
+
+    fn b_cast(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let Some((x, s)) = self.tensor_arg(a, "x") else { return Value::Error };
+        self.op(Op::Cast, &[(x, s)], scalar(d), a.call)
+    }
+
+    fn b_reshape(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let (vs, ss) = a.get("shape");
+        let Some(dims) = self.ints(&vs, ss, None) else { return Value::Error };
+        let ty = self.graph.ty(x).clone();
+        let known: i64 = dims.iter().filter(|&&d| d != -1).product();
+        let holes = dims.iter().filter(|&&d| d == -1).count();
+        let bad = dims.iter().any(|&d| d == 0 || d < -1) || holes > 1 || (holes == 1 && (known == 0 || ty.elements() as i64 % known != 0));
+        if bad {
+            return self.error(
+                Diag::new(Code::InvalidShape, self.site(ss), format!("{dims:?} is not a valid shape for {ty}"))
+                    .label("invalid shape")
+                    .help("dimensions are positive; at most one may be -1 (inferred), and the element count must match"),
+            );
+        }
+        let shape: Vec<usize> = dims.iter().map(|&d| if d == -1 { (ty.elements() as i64 / known) as usize } else { d as usize }).collect();
+        self.op(Op::Reshape, &[(x, sx)], TensorType::new(ty.dtype, shape), a.call)
+    }
+
+    fn b_transpose(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let rank = self.graph.ty(x).rank();
+        let perm = match a.get("perm") {
+            (Value::None, _) => (0..rank).rev().collect(),
+            (v, s) => match self.ints(&v, s, None) {
+                Some(p) => p.iter().map(|&i| i.max(0) as usize).collect(),
+                None => return Value::Error,
+            },
+        };
+        self.op(Op::Transpose { perm }, &[(x, sx)], scalar(DType::F32), a.call)
+    }
+
+    fn b_broadcast(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let (vs, ss) = a.get("shape");
+        let Some(shape) = self.shape_arg(&vs, ss) else { return Value::Error };
+        let d = self.graph.ty(x).dtype;
+        self.op(Op::BroadcastTo, &[(x, sx)], TensorType::new(d, shape), a.call)
+    }
+
+    fn b_expand_squeeze(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let ty = self.graph.ty(x).clone();
+        let (va, sa) = a.get("axis");
+        let mut shape = ty.shape.clone();
+        if name == "expand_dims" {
+            let Some(ax) = self.axis(&va, sa, ty.rank() + 1) else { return Value::Error };
+            shape.insert(ax, 1);
+        } else {
+            let Some(ax) = self.axis(&va, sa, ty.rank()) else { return Value::Error };
+            if shape[ax] != 1 {
+                return self.error(
+                    Diag::new(Code::InvalidShape, self.site(sa), format!("axis {ax} of {ty} has size {}, not 1", shape[ax]))
+                        .label("cannot squeeze")
+                        .help("squeeze removes an axis of size 1"),
+                );
+            }
+            shape.remove(ax);
+        }
+        self.op(Op::Reshape, &[(x, sx)], TensorType::new(ty.dtype, shape), a.call)
+    }
+
+    fn b_concat(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (vx, sx) = a.get("xs");
+        let Value::List(xs) = vx else { return self.expected("a list of tensors", &vx, sx) };
+        let mut ops = Vec::with_capacity(xs.len());
+        for x in xs.iter() {
+            let Some(n) = self.operand(x, sx, None) else { return Value::Error };
+            ops.push((n, sx));
+        }
+        if ops.is_empty() {
+            return self.error(Diag::new(Code::InvalidShape, self.site(sx), "concat of an empty list").label("no tensors").help("pass at least one tensor"));
+        }
+        let rank = self.graph.ty(ops[0].0).rank();
+        let (va, sa) = a.get("axis");
+        let Some(axis) = self.axis(&va, sa, rank) else { return Value::Error };
+        self.op(Op::Concat { axis }, &ops, scalar(DType::F32), a.call)
+    }
+
+    fn b_slice(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let rank = self.graph.ty(x).rank();
+        let (va, sa) = a.get("axis");
+        let Some(axis) = self.axis(&va, sa, rank) else { return Value::Error };
+        let (Some(start), Some(end)) = (self.int_arg(a, "start"), self.int_arg(a, "end")) else { return Value::Error };
+        if start < 0 || end < 0 {
+            return self.error(Diag::new(Code::InvalidShape, self.site(a.call), "slice bounds must not be negative").label("negative bound").help("give start and end as 0-based positions"));
+        }
+        self.op(Op::Slice { axis, start: start as usize, end: end as usize }, &[(x, sx)], scalar(DType::F32), a.call)
+    }
+
+    fn b_matmul(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (Some(x), Some(y)) = (self.tensor_arg(a, "a"), self.tensor_arg(a, "b")) else { return Value::Error };
+        self.op(Op::MatMul, &[x, y], scalar(DType::F32), a.call)
+    }
+
+    fn b_reduce(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let rank = self.graph.ty(x).rank();
+        let (va, sa) = a.get("axis");
+        let axes: Vec<usize> = match &va {
+            Value::None => (0..rank).collect(),
+            Value::Int(_) => match self.axis(&va, sa, rank) {
+                Some(ax) => vec![ax],
+                None => return Value::Error,
+            },
+            Value::List(xs) => {
+                let mut v = Vec::new();
+                for x in xs.iter() {
+                    let Some(ax) = self.axis(x, sa, rank) else { return Value::Error };
+                    v.push(ax);
+                }
+                v
+            }
+            other => return self.expected("an axis, a list of axes or `none`", &other.clone(), sa),
+        };
+        let (vk, sk) = a.get("keep_dims");
+        let Value::Bool(keep_dims) = vk else { return self.expected("bool", &vk, sk) };
+        let op = match name {
+            "reduce_sum" => ReduceOp::Sum,
+            "reduce_mean" => ReduceOp::Mean,
+            "reduce_max" => ReduceOp::Max,
+            "reduce_min" => ReduceOp::Min,
+            _ => ReduceOp::Prod,
+        };
+        self.op(Op::Reduce { op, axes, keep_dims }, &[(x, sx)], scalar(DType::F32), a.call)
+    }
+
+    fn b_argmax(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let rank = self.graph.ty(x).rank();
+        let (va, sa) = a.get("axis");
+        let Some(axis) = self.axis(&va, sa, rank) else { return Value::Error };
+        let op = if name == "argmax" { Op::ArgMax { axis } } else { Op::ArgMin { axis } };
+        self.op(op, &[(x, sx)], scalar(DType::I32), a.call)
+    }
+
+    fn b_softmax(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let rank = self.graph.ty(x).rank();
+        let (va, sa) = a.get("axis");
+        let Some(axis) = self.axis(&va, sa, rank) else { return Value::Error };
+        let op = if name == "softmax" { Op::Softmax { axis } } else { Op::LogSoftmax { axis } };
+        self.op(op, &[(x, sx)], scalar(DType::F32), a.call)
+    }
+
+    fn b_one_hot(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "indices") else { return Value::Error };
+        let (vd, sd) = a.get("depth");
+        let Some(depth) = self.as_dim(&vd, sd) else { return Value::Error };
+        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        self.op(Op::OneHot { depth }, &[(x, sx)], scalar(d), a.call)
+    }
+
+    fn b_gather(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (Some(t), Some(i)) = (self.tensor_arg(a, "table"), self.tensor_arg(a, "indices")) else { return Value::Error };
+        self.op(Op::Gather, &[t, i], scalar(DType::F32), a.call)
+    }
+
+    fn padding_arg(&mut self, a: &Args<'p>) -> Option<Padding> {
+        match a.get("padding") {
+            (Value::Padding(p), _) => Some(p),
+            (v, s) => {
+                self.expected("`same` or `valid`", &v, s);
+                None
+            }
+        }
+    }
+
+    fn b_conv(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (Some(x), Some(w)) = (self.tensor_arg(a, "x"), self.tensor_arg(a, "filter")) else { return Value::Error };
+        let ((vs, ss), (vd, sd)) = (a.get("strides"), a.get("dilation"));
+        let (Some(strides), Some(dilation), Some(padding)) = (self.pair(&vs, ss), self.pair(&vd, sd), self.padding_arg(a)) else {
+            return Value::Error;
+        };
+        self.op(Op::Conv2d { strides, padding, dilation }, &[x, w], scalar(DType::F32), a.call)
+    }
+
+    fn b_pool(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let Some(x) = self.tensor_arg(a, "x") else { return Value::Error };
+        let (vw, sw) = a.get("window");
+        let Some(window) = self.pair(&vw, sw) else { return Value::Error };
+        let strides = match a.get("strides") {
+            (Value::None, _) => window,
+            (v, s) => match self.pair(&v, s) {
+                Some(p) => p,
+                None => return Value::Error,
+            },
+        };
+        let Some(padding) = self.padding_arg(a) else { return Value::Error };
+        let op = if name == "max_pool" { Op::MaxPool2d { window, strides, padding } } else { Op::AvgPool2d { window, strides, padding } };
+        self.op(op, &[x], scalar(DType::F32), a.call)
+    }
+
+    fn b_random(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let (vs, ss) = a.get("shape");
+        let Some(shape) = self.shape_arg(&vs, ss) else { return Value::Error };
+        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let stream = self.random_stream();
+        let op = if name == "random_uniform" { Op::RandomUniform { stream } } else { Op::RandomNormal { stream } };
+        self.op(op, &[], TensorType::new(d, shape), a.call)
+    }
+
+    fn b_variable(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (vn, sn) = a.get("name");
+        let Value::Str(local) = vn else { return self.expected("a string", &vn, sn) };
+        let (vs, ss) = a.get("shape");
+        let Some(shape) = self.shape_arg(&vs, ss) else { return Value::Error };
+        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let (vt, st) = a.get("trainable");
+        let Value::Bool(trainable) = vt else { return self.expected("bool", &vt, st) };
+        let (vi, si) = a.get("init");
+        let init = match &vi {
+            Value::Init(i) => i.clone(),
+            Value::Float(_) | Value::Int(_) => Init::Constant { bits: (static_num(&vi).unwrap_or(0.0) as f32).to_bits() },
+            Value::Str(s) => match init_by_name(s) {
+                Some(i) => i,
+                None => {
+                    return self.error(
+                        Diag::new(Code::TypeMismatch, self.site(si), format!("unknown initialiser \"{s}\""))
+                            .label("not an initialiser")
+                            .help("use \"zeros\", \"ones\", \"glorot_uniform\", \"glorot_normal\", \"he_uniform\", \"he_normal\", \"lecun_normal\", a number, or init_normal(stddev) / init_uniform(lo, hi) / init_truncated_normal(stddev)"),
+                    )
+                }
+            },
+            other => return self.expected("an initialiser", &other.clone(), si),
+        };
+        let name = self.variable_name(&local);
+        if self.variables.contains_key(&name) {
+            return self.error(
+                Diag::new(Code::DuplicateDefinition, self.site(sn), format!("variable `{name}` is made twice"))
+                    .label("second variable with this name in the same function call")
+                    .help("give each variable of a function a different name"),
+            );
+        }
+        let site = self.site(a.call);
+        let n = self.graph.add(Op::Variable { name: name.clone(), init, trainable }, &[], TensorType::new(d, shape), site);
+        self.variables.insert(name, n);
+        Value::Tensor(n)
+    }
+
+    fn b_fill(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let (vs, ss) = a.get("shape");
+        let Some(shape) = self.shape_arg(&vs, ss) else { return Value::Error };
+        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let v = match name {
+            "zeros" => 0.0,
+            "ones" => 1.0,
+            _ => match self.float_arg(a, "value") {
+                Some(v) => v,
+                None => return Value::Error,
+            },
+        };
+        let site = self.site(a.call);
+        Value::Tensor(self.graph.add(Op::Const { bits: v.to_bits() }, &[], TensorType::new(d, shape), site))
+    }
+
+    fn b_decode_raw(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "bytes") else { return Value::Error };
+        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let len = match a.get("length") {
+            (Value::None, _) => super::datasets::UNKNOWN_DIM,
+            (v, s) => match self.as_dim(&v, s) {
+                Some(n) => n,
+                None => return Value::Error,
+            },
+        };
+        let mut shape = self.graph.ty(x).shape.clone();
+        shape.push(len);
+        self.op(Op::DecodeRaw, &[(x, sx)], TensorType::new(d, shape), a.call)
+    }
+
+    fn b_shape(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (v, s) = a.get("x");
+        match v {
+            Value::Tensor(n) => Value::List(Rc::new(self.graph.ty(n).shape.iter().map(|&d| Value::Int(d as i64)).collect())),
+            other => self.expected("a tensor", &other, s),
+        }
+    }
+
+    fn b_len(&mut self, a: &Args<'p>) -> Value<'p> {
+        match a.get("xs") {
+            (Value::List(xs) | Value::Tuple(xs), _) => Value::Int(xs.len() as i64),
+            (Value::Str(s), _) => Value::Int(s.chars().count() as i64),
+            (other, s) => self.expected("a list or a string", &other, s),
+        }
+    }
+
+    fn b_convert(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let (v, s) = a.get("x");
+        match (name, &v) {
+            ("float", Value::Int(i)) => Value::Float(*i as f64),
+            ("float", Value::Float(_)) | ("int", Value::Int(_)) => v,
+            ("int", Value::Float(f)) => Value::Int(f.trunc() as i64),
+            ("float" | "int", Value::Str(t)) => match (name, t.trim().parse::<f64>()) {
+                ("float", Ok(f)) => Value::Float(f),
+                ("int", Ok(f)) if f.fract() == 0.0 => Value::Int(f as i64),
+                _ => self.error(Diag::new(Code::StaticEvalError, self.site(s), format!("\"{t}\" is not a number")).label("not a number").help("convert strings that hold numbers")),
+            },
+            _ => self.expected("a static number", &v, s),
+        }
+    }
+
+    fn b_assign(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (vv, sv) = a.get("variable");
+        let Value::Tensor(var) = vv else { return self.expected("a variable", &vv, sv) };
+        let Op::Variable { name, trainable, .. } = self.graph.node(var).op.clone() else {
+            return self.error(Diag::new(Code::TypeMismatch, self.site(sv), "`assign` needs a variable").label("not a variable").help("assign to a value made by `variable(...)`"));
+        };
+        if trainable {
+            return self.error(
+                Diag::new(Code::TypeMismatch, self.site(sv), format!("`{name}` is trainable; only the optimiser updates it"))
+                    .label("trainable variable")
+                    .help("make it with `trainable: false` to update it with `assign`"),
+            );
+        }
+        let Some((x, sx)) = self.tensor_arg(a, "value") else { return Value::Error };
+        let (want, got) = (self.graph.ty(var).clone(), self.graph.ty(x).clone());
+        if want != got {
+            return self.error(
+                Diag::new(Code::ShapeMismatch, self.site(sx), format!("cannot assign {got} to `{name}` of type {want}"))
+                    .label(format!("this is {got}"))
+                    .help("the new value must have the variable's shape and dtype"),
+            );
+        }
+        if self.mode == crate::syntax::ast::SectionKind::Train {
+            self.updates.push((name, x));
+        }
+        Value::None
+    }
+
+    fn b_init(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let bits = |v: f64| (v as f32).to_bits();
+        Value::Init(match name {
+            "init_normal" => Init::Normal { stddev_bits: bits(self.float_arg(a, "stddev").unwrap_or(0.0)) },
+            "init_truncated_normal" => Init::TruncatedNormal { stddev_bits: bits(self.float_arg(a, "stddev").unwrap_or(0.0)) },
+            "init_uniform" => {
+                let (lo, hi) = (self.float_arg(a, "lo").unwrap_or(0.0), self.float_arg(a, "hi").unwrap_or(0.0));
+                Init::Uniform { lo_bits: bits(lo), hi_bits: bits(hi) }
+            }
+            _ => Init::Constant { bits: bits(self.float_arg(a, "value").unwrap_or(0.0)) },
+        })
+    }
+
+    fn b_optimizer(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let (lr, slr) = a.get("lr");
+        match &lr {
+            Value::Float(_) | Value::Int(_) => {}
+            Value::Tensor(n) if self.graph.ty(*n).rank() == 0 && self.graph.ty(*n).dtype.is_float() => {}
+            other => return self.expected("a learning rate (a float, or a scalar float tensor such as a schedule)", &other.clone(), slr),
+        }
+        let keys: &[&'static str] = match name {
+            "sgd" => &[],
+            "momentum" => &["momentum", "nesterov"],
+            "adam" => &["beta1", "beta2", "epsilon"],
+            "adamw" => &["weight_decay", "beta1", "beta2", "epsilon"],
+            _ => &["rho", "momentum", "epsilon"],
+        };
+        let mut hyper = Vec::new();
+        for &k in keys {
+            let v = match a.get(k) {
+                (Value::Bool(b), _) => f64::from(u8::from(b)),
+                (v, s) => match self.as_float(&v, s) {
+                    Some(f) => f,
+                    None => return Value::Error,
+                },
+            };
+            hyper.push((k, v));
+        }
+        let kind = match name {
+            "sgd" => "sgd",
+            "momentum" => "momentum",
+            "adam" => "adam",
+            "adamw" => "adamw",
+            _ => "rmsprop",
+        };
+        Value::Optimizer(Rc::new(OptimizerVal { kind, lr, hyper, clip_global_norm: None, span: self.site(a.call) }))
+    }
+
+    fn b_clip(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (v, s) = a.get("optimizer");
+        let Value::Optimizer(o) = v else { return self.expected("an optimizer", &v, s) };
+        let Some(norm) = self.float_arg(a, "norm") else { return Value::Error };
+        if norm <= 0.0 {
+            return self.error(Diag::new(Code::StaticEvalError, self.site(a.call), "the clipping norm must be positive").label(format!("{norm}")).help("use a norm above 0"));
+        }
+        let mut o = (*o).clone();
+        o.clip_global_norm = Some(norm);
+        Value::Optimizer(Rc::new(o))
+    }
+
+    fn b_metric(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let names: &[&'static str] = match name {
+            "mean" => &["values"],
+            "auc" => &["labels", "scores"],
+            _ => &["labels", "predictions"],
+        };
+        let mut args = Vec::new();
+        for &n in names {
+            let (v, s) = a.get(n);
+            let Value::Tensor(t) = v else { return self.expected("a tensor", &v, s) };
+            args.push((n, t, s));
+        }
+        if args.len() == 2 {
+            let (t0, t1) = (self.graph.ty(args[0].1).clone(), self.graph.ty(args[1].1).clone());
+            if t0.shape != t1.shape {
+                return self.error(
+                    Diag::new(Code::ShapeMismatch, self.site(a.call), format!("`{name}` needs {} and {} of the same shape", args[0].0, args[1].0))
+                        .label(format!("{t0} and {t1}"))
+                        .with(self.site(args[0].2), format!("this is {t0}"))
+                        .with(self.site(args[1].2), format!("this is {t1}"))
+                        .help("for classes, compare labels with `argmax(logits, 1)`"),
+                );
+            }
+        }
+        let reducer = match name {
+            "accuracy" => "accuracy",
+            "mean" => "mean",
+            "precision" => "precision",
+            "recall" => "recall",
+            _ => "auc",
+        };
+        Value::Metric(Rc::new(MetricVal { reducer, args: args.into_iter().map(|(n, t, _)| (n, t)).collect(), span: self.site(a.call) }))
+    }
+
+    fn b_hook(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let (kind, keys): (&'static str, &[&'static str]) = match name {
+            "logging_hook" => ("logging", &["every_n_steps"]),
+            "stop_at_step_hook" => ("stop_at_step", &["last_step"]),
+            _ => ("nan", &[]),
+        };
+        let mut args = Vec::new();
+        for &k in keys {
+            let Some(v) = self.int_arg(a, k) else { return Value::Error };
+            args.push((k, v));
+        }
+        Value::Hook(Rc::new(HookVal { kind, args, span: self.site(a.call) }))
+    }
+}
+
+fn unary_op(name: &str) -> Option<UnaryOp> {
+    Some(match name {
+        "relu" => UnaryOp::Relu,
+        "sigmoid" => UnaryOp::Sigmoid,
+        "tanh" => UnaryOp::Tanh,
+        "exp" => UnaryOp::Exp,
+        "log" => UnaryOp::Log,
+        "sqrt" => UnaryOp::Sqrt,
+        "rsqrt" => UnaryOp::Rsqrt,
+        "abs" => UnaryOp::Abs,
+        "square" => UnaryOp::Square,
+        "floor" => UnaryOp::Floor,
+        "sign" => UnaryOp::Sign,
+        _ => return None,
+    })
+}
+
+fn static_num(v: &Value<'_>) -> Option<f64> {
+    match v {
+        Value::Int(i) => Some(*i as f64),
+        Value::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
+/// Unary math on a static number, so schedules and shapes can use it statically.
+fn static_unary(u: UnaryOp, v: &Value<'_>) -> Option<f64> {
+    let x = static_num(v)?;
+    Some(match u {
+        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Square => x * x,
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Sign => x.signum(),
+        UnaryOp::Neg => -x,
+        UnaryOp::Not => return None,
+    })
+}
+
+fn init_by_name(s: &str) -> Option<Init> {
+    Some(match s {
+        "zeros" => Init::Zeros,
+        "ones" => Init::Ones,
+        "glorot_uniform" => Init::GlorotUniform,
+        "glorot_normal" => Init::GlorotNormal,
+        "he_uniform" => Init::HeUniform,
+        "he_normal" => Init::HeNormal,
+        "lecun_normal" => Init::LecunNormal,
+        _ => return None,
+    })
+}

@@ -1,0 +1,393 @@
+//! The `std.data` builtins: sources and transforms that build a `Dataset` value, and the
+//! compilation of `map` and `filter` closures into small graphs of their own.
+
+use super::builtins::Args;
+use super::data::{Dataset, Elem, PngLabels, Stage, StageKind};
+use super::expr::ArgVal;
+use super::value::Value;
+use super::Elab;
+use crate::diag::{Code, Diag};
+use crate::ir::{DType, Graph, Op, Output, Role, TensorType};
+use crate::program::ModId;
+use crate::span::Span;
+use crate::syntax::ast::ItemKind;
+use std::rc::Rc;
+
+/// A dimension the pipeline does not determine (the length of `decode_raw` without a
+/// `length`), in the graphs of `map` closures. The model's signature resolves it.
+pub const UNKNOWN_DIM: usize = 1 << 31;
+
+impl<'p> Elab<'p> {
+    /// Calls an `input` item: binds its arguments and evaluates its body.
+    pub(super) fn call_input(&mut self, m: ModId, i: usize, args: Vec<ArgVal<'p>>, span: Span) -> Value<'p> {
+        let p = self.p;
+        let ItemKind::Input(f) = &p.item(m, i).kind else { return Value::Error };
+        let Some(slots) = self.bind_args(&f.params, &f.name.name, args, span) else { return Value::Error };
+        self.in_frame(m, Vec::new(), span, |el| {
+            for (param, slot) in f.params.iter().zip(slots) {
+                let (v, s) = match slot {
+                    Some(x) => x,
+                    None => match &param.default {
+                        Some(d) => (el.expr(d), d.span),
+                        None => (Value::Error, span),
+                    },
+                };
+                let v = match &param.ty {
+                    Some(t) => el.check_annotation(v, s, t),
+                    None => v,
+                };
+                el.bind(&param.name.name, v);
+            }
+            match &f.body {
+                Some(b) => el.block(b),
+                None => Value::Error,
+            }
+        })
+    }
+
+    pub(super) fn data_builtin(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let call = self.site(a.call);
+        let source = |kind: StageKind, elem: Elem| Value::Dataset(Rc::new(Dataset { stages: vec![Stage { kind, span: call, elem }] }));
+        match name {
+            "tfrecord" => match self.paths(a, "paths") {
+                Some(paths) => source(StageKind::TfRecord { paths }, Elem::scalar(DType::Bytes)),
+                None => Value::Error,
+            },
+            "text" => match self.string(a, "path") {
+                Some(path) => source(StageKind::Text { path }, Elem::scalar(DType::Bytes)),
+                None => Value::Error,
+            },
+            "range" => match self.int_nonneg(a, "n") {
+                Some(n) => source(StageKind::Range { n: n as i64 }, Elem::scalar(DType::I32)),
+                None => Value::Error,
+            },
+            "csv" | "tsv" => self.csv(name, a),
+            "png" => self.png(a),
+            "npy" => self.npy(a),
+            _ => self.transform(name, a),
+        }
+    }
+
+    fn string(&mut self, a: &Args<'p>, name: &str) -> Option<String> {
+        match a.get(name) {
+            (Value::Str(s), _) => Some(s.to_string()),
+            (v, s) => {
+                self.expected("a string", &v, s);
+                None
+            }
+        }
+    }
+
+    fn paths(&mut self, a: &Args<'p>, name: &str) -> Option<Vec<String>> {
+        match a.get(name) {
+            (Value::Str(s), _) => Some(vec![s.to_string()]),
+            (Value::List(xs), s) => xs
+                .iter()
+                .map(|x| match x {
+                    Value::Str(p) => Some(p.to_string()),
+                    other => {
+                        self.expected("a string", &other.clone(), s);
+                        None
+                    }
+                })
+                .collect(),
+            (v, s) => {
+                self.expected("a path or a list of paths", &v, s);
+                None
+            }
+        }
+    }
+
+    fn int_nonneg(&mut self, a: &Args<'p>, name: &str) -> Option<usize> {
+        let (v, s) = a.get(name);
+        let i = self.as_int(&v, s)?;
+        if i < 0 {
+            self.diags.push(Diag::new(Code::StaticEvalError, self.site(s), format!("`{name}` must not be negative")).label(format!("{i}")).help("use 0 or more"));
+            return None;
+        }
+        Some(i as usize)
+    }
+
+    fn int_pos(&mut self, a: &Args<'p>, name: &str) -> Option<usize> {
+        let (v, s) = a.get(name);
+        self.as_dim(&v, s)
+    }
+
+    /// A type for a column or feature: a dtype (a scalar) or a tensor type (`f32[64]`).
+    fn feature_type(&mut self, v: &Value<'p>, s: Span) -> Option<(DType, Vec<usize>)> {
+        let (d, dims) = match v {
+            Value::DType(d) => (*d, Vec::new()),
+            Value::Type(t) => (t.dtype, t.dims.iter().map(|d| d.unwrap_or(1)).collect()),
+            other => {
+                self.expected("a dtype or a tensor type such as `f32[64]`", &other.clone(), s);
+                return None;
+            }
+        };
+        if d == DType::I64 {
+            self.int64_type(s);
+            return None;
+        }
+        Some((d, dims))
+    }
+
+    fn schema(&mut self, a: &Args<'p>, name: &str) -> Option<Vec<(String, DType, Vec<usize>)>> {
+        let (v, s) = a.get(name);
+        let Value::Record(fs) = v else {
+            self.expected("a record of types, such as `{ image: bytes, label: i32 }`", &v, s);
+            return None;
+        };
+        let mut out = Vec::new();
+        for (k, t) in fs.iter() {
+            let (d, dims) = self.feature_type(t, s)?;
+            out.push((k.clone(), d, dims));
+        }
+        Some(out)
+    }
+
+    fn record_elem(schema: &[(String, DType, Vec<usize>)]) -> Elem {
+        Elem::Record(schema.iter().map(|(k, d, dims)| (k.clone(), Elem::Tensor { dtype: *d, dims: dims.iter().map(|&x| Some(x)).collect() })).collect())
+    }
+
+    fn csv(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let (Some(path), Some(schema)) = (self.string(a, "path"), self.schema(a, "columns")) else { return Value::Error };
+        let (vh, sh) = a.get("header");
+        let Value::Bool(header) = vh else { return self.expected("bool", &vh, sh) };
+        let mut columns = Vec::new();
+        for (k, d, dims) in &schema {
+            if dims.len() > 1 || *d == DType::Bytes && !dims.is_empty() {
+                return self.error(
+                    Diag::new(Code::InvalidShape, self.site(a.get("columns").1), format!("column `{k}` must be a scalar or a vector"))
+                        .label("a CSV column group is one value or a run of values")
+                        .help("write `f32` for one value or `f32[n]` for n consecutive values"),
+                );
+            }
+            columns.push((k.clone(), *d, dims.first().copied().unwrap_or(1)));
+        }
+        let elem = Self::record_elem(&schema);
+        let delimiter = if name == "tsv" { b'\t' } else { b',' };
+        let call = self.site(a.call);
+        Value::Dataset(Rc::new(Dataset { stages: vec![Stage { kind: StageKind::Csv { path, header, columns, delimiter }, span: call, elem }] }))
+    }
+
+    fn png(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some(pattern) = self.string(a, "pattern") else { return Value::Error };
+        let (Some(height), Some(width), Some(channels)) = (self.int_pos(a, "height"), self.int_pos(a, "width"), self.int_pos(a, "channels")) else {
+            return Value::Error;
+        };
+        if ![1, 2, 3, 4].contains(&channels) {
+            return self.error(Diag::new(Code::StaticEvalError, self.site(a.get("channels").1), format!("{channels} channels")).label("not 1, 2, 3 or 4").help("PNG images have 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels"));
+        }
+        let Some(dtype) = self.dtype_arg_pub(a, "dtype") else { return Value::Error };
+        let labels = match a.get("labels") {
+            (Value::Str(s), _) if &*s == "folder" => PngLabels::Folder,
+            (Value::Str(s), _) => PngLabels::Csv(s.to_string()),
+            (v, s) => return self.expected("\"folder\" or the path of a CSV", &v, s),
+        };
+        let elem = Elem::Tuple(vec![Elem::Tensor { dtype, dims: vec![Some(height), Some(width), Some(channels)] }, Elem::scalar(DType::I32)]);
+        let call = self.site(a.call);
+        Value::Dataset(Rc::new(Dataset { stages: vec![Stage { kind: StageKind::Png { pattern, channels, height, width, dtype, labels }, span: call, elem }] }))
+    }
+
+    fn npy(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some(path) = self.string(a, "path") else { return Value::Error };
+        let (v, s) = a.get("element");
+        let Some((dtype, dims)) = self.feature_type(&v, s) else { return Value::Error };
+        let elem = Elem::Tensor { dtype, dims: dims.iter().map(|&d| Some(d)).collect() };
+        let call = self.site(a.call);
+        Value::Dataset(Rc::new(Dataset { stages: vec![Stage { kind: StageKind::Npy { path, dtype, dims }, span: call, elem }] }))
+    }
+
+    pub(super) fn dtype_arg_pub(&mut self, a: &Args<'p>, name: &str) -> Option<DType> {
+        match a.get(name) {
+            (Value::DType(DType::I64), s) => {
+                self.int64_type(s);
+                None
+            }
+            (Value::DType(d), _) => Some(d),
+            (v, s) => {
+                self.expected("a dtype", &v, s);
+                None
+            }
+        }
+    }
+
+    fn transform(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let (vd, sd) = a.get("ds");
+        let Value::Dataset(ds) = vd else {
+            return self.error(
+                Diag::new(Code::TypeMismatch, self.site(sd), format!("`{name}` needs a dataset, found {}", vd.kind()))
+                    .label(vd.kind())
+                    .help(format!("apply it to a dataset: `source(...) |> {name}(...)`")),
+            );
+        };
+        let before = ds.elem().clone();
+        let (kind, elem) = match name {
+            "parse" => {
+                if before != Elem::scalar(DType::Bytes) {
+                    return self.error(
+                        Diag::new(Code::TypeMismatch, self.site(a.call), format!("`parse` reads serialized records, but the elements are {before}"))
+                            .label("not bytes")
+                            .help("apply `parse` to a `tfrecord(...)` source"),
+                    );
+                }
+                let Some(features) = self.schema(a, "features") else { return Value::Error };
+                let elem = Self::record_elem(&features);
+                (StageKind::Parse { features }, elem)
+            }
+            "map" | "filter" => {
+                let (vf, sf) = a.get("f");
+                let Some((graph, out)) = self.compile_closure(&vf, sf, &before, a.call) else { return Value::Error };
+                if name == "filter" {
+                    if out != Elem::scalar(DType::Bool) {
+                        return self.error(
+                            Diag::new(Code::TypeMismatch, self.site(sf), format!("a `filter` closure must return a bool scalar, this returns {out}"))
+                                .label("the predicate")
+                                .help("compare something, e.g. `|r| r.label < 5`"),
+                        );
+                    }
+                    (StageKind::Filter { graph: Box::new(graph) }, before)
+                } else {
+                    let Some(parallel) = self.int_nonneg(a, "parallel") else { return Value::Error };
+                    (StageKind::Map { graph: Box::new(graph), parallel }, out)
+                }
+            }
+            "shuffle" => {
+                let Some(buffer) = self.int_pos(a, "buffer") else { return Value::Error };
+                let seed = match a.get("seed") {
+                    (Value::None, _) => None,
+                    (v, s) => match self.as_int(&v, s) {
+                        Some(x) => Some(x),
+                        None => return Value::Error,
+                    },
+                };
+                (StageKind::Shuffle { buffer, seed }, before)
+            }
+            "repeat" => {
+                let count = match a.get("count") {
+                    (Value::None, _) => None,
+                    _ => match self.int_pos(a, "count") {
+                        Some(c) => Some(c),
+                        None => return Value::Error,
+                    },
+                };
+                (StageKind::Repeat { count }, before)
+            }
+            "batch" | "padded_batch" => {
+                let Some(size) = self.int_pos(a, "size") else { return Value::Error };
+                let (vr, sr) = a.get("drop_remainder");
+                let Value::Bool(drop_remainder) = vr else { return self.expected("bool", &vr, sr) };
+                (StageKind::Batch { size, drop_remainder, padded: name == "padded_batch" }, before.batched(Some(size)))
+            }
+            "cache" => {
+                let id = match a.get("id") {
+                    (Value::None, _) => None,
+                    _ => match self.string(a, "id") {
+                        Some(s) => Some(s),
+                        None => return Value::Error,
+                    },
+                };
+                let version = match a.get("version") {
+                    (Value::None, _) => None,
+                    _ => match self.string(a, "version") {
+                        Some(s) => Some(s),
+                        None => return Value::Error,
+                    },
+                };
+                (StageKind::Cache { id, version }, before)
+            }
+            "prefetch" => match self.int_pos(a, "n") {
+                Some(n) => (StageKind::Prefetch { n }, before),
+                None => return Value::Error,
+            },
+            "shard" => {
+                let (Some(n), Some(index)) = (self.int_pos(a, "n"), self.int_nonneg(a, "index")) else { return Value::Error };
+                if index >= n {
+                    return self.error(Diag::new(Code::StaticEvalError, self.site(a.get("index").1), format!("shard index {index} is not below the shard count {n}")).label("out of range").help(format!("use an index from 0 to {}", n - 1)));
+                }
+                (StageKind::Shard { n, index }, before)
+            }
+            "interleave" => match self.int_pos(a, "cycle_length") {
+                Some(cycle_length) => (StageKind::Interleave { cycle_length }, before),
+                None => return Value::Error,
+            },
+            "take" | "skip" => match self.int_nonneg(a, "n") {
+                Some(n) if name == "take" => (StageKind::Take { n }, before),
+                Some(n) => (StageKind::Skip { n }, before),
+                None => return Value::Error,
+            },
+            "zip" => {
+                let (vo, so) = a.get("other");
+                let Value::Dataset(other) = vo else { return self.expected("a dataset", &vo, so) };
+                let elem = Elem::Tuple(vec![before, other.elem().clone()]);
+                (StageKind::Zip { other: Box::new((*other).clone()) }, elem)
+            }
+            _ => {
+                return self.error(
+                    Diag::new(Code::UnknownName, self.site(a.call), format!("`{name}` has no implementation"))
+                        .label("extern function without a builtin")
+                        .help("only the standard library may declare `extern fn`s, and only those the compiler implements"),
+                )
+            }
+        };
+        let stage = Stage { kind, span: self.site(a.call), elem };
+        Value::Dataset(Rc::new(ds.with(stage)))
+    }
+
+    /// Compiles a `map` or `filter` closure over one element into its own graph. The
+    /// element's tensors are the graph's inputs; the result's are its outputs.
+    fn compile_closure(&mut self, f: &Value<'p>, fs: Span, elem: &Elem, call: Span) -> Option<(Graph, Elem)> {
+        if !matches!(f, Value::Closure(_) | Value::Func(..)) {
+            self.expected("a closure such as `|r| r.x`", f, fs);
+            return None;
+        }
+        let outer = std::mem::take(&mut self.graph);
+        let arg = self.elem_value(elem, "", fs);
+        let result = self.call(f.clone(), fs, vec![ArgVal { name: None, value: arg, span: fs }], call);
+        let out = self.value_elem(&result, "", fs);
+        let graph = std::mem::replace(&mut self.graph, outer);
+        out.map(|e| (graph, e))
+    }
+
+    fn elem_value(&mut self, e: &Elem, path: &str, span: Span) -> Value<'p> {
+        match e {
+            Elem::Tensor { dtype, dims } => {
+                let shape = dims.iter().map(|d| d.unwrap_or(UNKNOWN_DIM)).collect();
+                let name = if path.is_empty() { "element".to_string() } else { path.to_string() };
+                let site = self.site(span);
+                Value::Tensor(self.graph.add(Op::Input { name }, &[], TensorType::new(*dtype, shape), site))
+            }
+            Elem::Tuple(xs) => Value::Tuple(Rc::new(xs.iter().enumerate().map(|(i, x)| self.elem_value(x, &join(path, &i.to_string()), span)).collect())),
+            Elem::Record(fs) => Value::Record(Rc::new(fs.iter().map(|(k, x)| (k.clone(), self.elem_value(x, &join(path, k), span))).collect())),
+        }
+    }
+
+    fn value_elem(&mut self, v: &Value<'p>, path: &str, span: Span) -> Option<Elem> {
+        match v {
+            Value::Tensor(n) => {
+                let ty = self.graph.ty(*n).clone();
+                let name = if path.is_empty() { "element".to_string() } else { path.to_string() };
+                self.graph.outputs.push(Output { name, role: Role::Element, node: *n });
+                Some(Elem::Tensor { dtype: ty.dtype, dims: ty.shape.iter().map(|&d| (d != UNKNOWN_DIM).then_some(d)).collect() })
+            }
+            Value::Int(_) | Value::Float(_) | Value::Bool(_) => {
+                let n = self.operand(v, span, None)?;
+                self.value_elem(&Value::Tensor(n), path, span)
+            }
+            Value::Tuple(xs) => xs.iter().enumerate().map(|(i, x)| self.value_elem(x, &join(path, &i.to_string()), span)).collect::<Option<Vec<_>>>().map(Elem::Tuple),
+            Value::Record(fs) => fs.iter().map(|(k, x)| Some((k.clone(), self.value_elem(x, &join(path, k), span)?))).collect::<Option<Vec<_>>>().map(Elem::Record),
+            Value::Error => None,
+            other => {
+                self.expected("tensors (in a tuple or record)", &other.clone(), span);
+                None
+            }
+        }
+    }
+}
+
+fn join(path: &str, k: &str) -> String {
+    if path.is_empty() {
+        k.to_string()
+    } else {
+        format!("{path}.{k}")
+    }
+}

@@ -1,0 +1,596 @@
+//! Elaboration of estimators: params (with overrides), the `config` block and its rules,
+//! the inputs of each mode with the wafer Estimator's input rules, and the model graph
+//! of each mode. This is the entry point of elaboration.
+
+use super::data::{Dataset, Elem, StageKind};
+use super::value::{HookVal, Target, Value};
+use super::Elab;
+use crate::diag::{did_you_mean, Code, Diag, Diags};
+use crate::ir::Graph;
+use crate::program::{ModId, Program};
+use crate::span::Span;
+use crate::syntax::ast::*;
+use std::rc::Rc;
+
+/// A `--param key=value` (or a params-file entry), parsed.
+#[derive(Debug, Clone)]
+pub struct ParamOverride {
+    pub key: String,
+    pub value: Expr,
+}
+
+#[derive(Debug, Clone)]
+pub struct ElabOptions {
+    pub target: Target,
+    pub modes: Vec<SectionKind>,
+    /// Only this estimator, or all of them.
+    pub estimator: Option<String>,
+    /// Overrides of `config` keys (`--config key=value`), applied after the block.
+    pub config: Vec<(String, i64)>,
+}
+
+/// The run configuration of an estimator, with defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub iterations_per_loop: i64,
+    pub num_shards: i64,
+    pub save_checkpoint_steps: i64,
+    pub save_summary_steps: i64,
+    pub keep_checkpoint_max: i64,
+    pub random_seed: Option<i64>,
+    pub input_workers: i64,
+    pub log_step_count_steps: i64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            iterations_per_loop: 100,
+            num_shards: 1,
+            save_checkpoint_steps: 1000,
+            save_summary_steps: 100,
+            keep_checkpoint_max: 5,
+            random_seed: None,
+            input_workers: 1,
+            log_step_count_steps: 100,
+        }
+    }
+}
+
+const CONFIG_KEYS: &[&str] = &[
+    "iterations_per_loop", "num_shards", "save_checkpoint_steps", "save_summary_steps", "keep_checkpoint_max", "random_seed",
+    "input_workers", "log_step_count_steps",
+];
+
+const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
+    ("save_checkpoint_secs", "use `save_checkpoint_steps`: checkpoints are taken at step boundaries"),
+    ("train_distribute", "use `num_shards` to replicate the step over shards"),
+    ("device_fn", "placement is the compiler's job; choose a target with `--target`"),
+    ("protocol", "est chooses its own transport"),
+    ("eval_distribute", "use `num_shards` to replicate the step over shards"),
+    ("experimental_distribute", "use `num_shards` to replicate the step over shards"),
+    ("experimental_max_worker_delay_secs", "shards run synchronously; there is no worker delay"),
+];
+
+const FIELDS: &[&str] = &["model", "train_input", "eval_input", "predict_input", "model_dir", "train_steps", "eval_steps", "hooks", "config"];
+
+/// What `estc` needs to run an estimator, besides its graphs.
+#[derive(Debug, Clone)]
+pub struct EstimatorInfo {
+    pub name: String,
+    pub span: Span,
+    pub model: Option<String>,
+    pub model_dir: Option<String>,
+    pub train_steps: Option<i64>,
+    pub eval_steps: Option<i64>,
+    pub config: Config,
+    pub hooks: Vec<HookVal>,
+    /// The params as the model sees them (per-shard batch size).
+    pub params: Vec<(String, String)>,
+}
+
+/// The graph of one (estimator, mode, target), with the input that feeds it.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub estimator: String,
+    pub mode: SectionKind,
+    pub target: Target,
+    pub graph: Graph,
+    pub input: Option<Dataset>,
+}
+
+/// Elaborates the program's estimators for the given modes and target.
+pub fn elaborate(p: &Program, opts: &ElabOptions) -> (Vec<EstimatorInfo>, Vec<Compiled>, Diags) {
+    let mut diags = Diags::default();
+    let mut infos = Vec::new();
+    let mut out = Vec::new();
+    let root = p.root_module();
+    let estimators: Vec<&EstimatorItem> = root
+        .ast
+        .items
+        .iter()
+        .filter_map(|i| match &i.kind {
+            ItemKind::Estimator(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    if let Some(want) = &opts.estimator {
+        if !estimators.iter().any(|e| &e.name.name == want) {
+            let names: Vec<&str> = estimators.iter().map(|e| e.name.name.as_str()).collect();
+            let span = crate::span::Span::new(root.file, 0, 0);
+            let mut d = Diag::new(Code::InvalidEstimator, span, format!("no estimator named `{want}`")).label("in this file");
+            d = match did_you_mean(want, names.iter().copied()) {
+                Some(h) => d.help(h),
+                None => d.help(format!("the estimators are: {}", if names.is_empty() { "none".to_string() } else { names.join(", ") })),
+            };
+            diags.push(d);
+        }
+    }
+    let mut used_models = Vec::new();
+    for e in &estimators {
+        if opts.estimator.as_ref().is_some_and(|w| *w != e.name.name) {
+            continue;
+        }
+        let (info, compiled, ds) = estimator(p, e, opts);
+        diags.extend(ds.iter().cloned());
+        used_models.extend(info.model.clone());
+        infos.push(info);
+        out.extend(compiled);
+    }
+    if opts.estimator.is_none() {
+        for item in &root.ast.items {
+            if let ItemKind::Model(f) = &item.kind {
+                if !estimators.iter().any(|e| field(e, "model").is_some_and(|x| matches!(&x.kind, ExprKind::Name(n) if *n == f.name.name))) {
+                    diags.push(
+                        Diag::new(Code::UnusedModel, f.name.span, format!("model `{}` is not used by any estimator", f.name.name))
+                            .label("not checked")
+                            .help(format!("add `estimator e {{ model = {} train_input = ... }}` to check it", f.name.name)),
+                    );
+                }
+            }
+        }
+    }
+    (infos, out, diags)
+}
+
+fn field<'a>(e: &'a EstimatorItem, name: &str) -> Option<&'a Expr> {
+    e.fields.iter().find_map(|f| match &f.value {
+        FieldValue::Expr(x) if f.name.name == name => Some(x),
+        _ => None,
+    })
+}
+
+fn estimator<'p>(p: &'p Program, e: &'p EstimatorItem, opts: &ElabOptions) -> (EstimatorInfo, Vec<Compiled>, Diags) {
+    let mut el = Elab::new(p, SectionKind::Train, opts.target);
+    let global = params(&mut el);
+    el.params = global.clone();
+    check_fields(&mut el, e);
+    let (config, config_spans) = config(&mut el, e, opts);
+    rules_of_config(&mut el, e, &config, &config_spans, &global);
+    let per_shard = per_shard_params(&global, config.num_shards);
+    el.params = per_shard.clone();
+    let model_dir = field(e, "model_dir").and_then(|x| match el.expr(x) {
+        Value::Str(s) => Some(s.to_string()),
+        Value::Error => None,
+        other => {
+            el.expected("a string", &other, x.span);
+            None
+        }
+    });
+    let train_steps = steps(&mut el, e, "train_steps");
+    let eval_steps = steps(&mut el, e, "eval_steps");
+    let hooks = hooks(&mut el, e);
+    let model = model_ref(&mut el, e);
+    let mut diags = std::mem::take(&mut el.diags);
+    let mut compiled = Vec::new();
+    for &mode in &opts.modes {
+        let input_field = match mode {
+            SectionKind::Train => "train_input",
+            SectionKind::Eval => "eval_input",
+            SectionKind::Predict => {
+                if field(e, "predict_input").is_some() {
+                    "predict_input"
+                } else {
+                    "eval_input"
+                }
+            }
+        };
+        let Some(input_expr) = field(e, input_field) else {
+            if mode == SectionKind::Train {
+                diags.push(
+                    Diag::new(Code::InvalidEstimator, e.name.span, format!("estimator `{}` has no `train_input`", e.name.name))
+                        .label("nothing to train on")
+                        .help("add `train_input = my_input(...)`"),
+                );
+            }
+            continue;
+        };
+        let mut el = Elab::new(p, mode, opts.target);
+        el.params = per_shard.clone();
+        if mode == SectionKind::Train && opts.target == Target::Wafer && !hooks.is_empty() {
+            for h in &hooks {
+                el.diags.push(
+                    Diag::new(Code::WaferTrainingExtras, h.span, format!("hook `{}` in a wafer training run", h.kind))
+                        .label("user hooks do not run while training on the wafer")
+                        .help("drop the hook for wafer training, or train on the host (`--target host`)"),
+                );
+            }
+        }
+        let input = el.expr(input_expr);
+        let dataset = match input {
+            Value::Dataset(d) => Some(d),
+            Value::Error => None,
+            other => {
+                el.diags.push(
+                    Diag::new(Code::InputNotDataset, input_expr.span, format!("`{input_field}` must be a dataset, found {}", other.kind()))
+                        .label(other.kind())
+                        .help("name an `input` item: `train_input = my_input(\"train\")`"),
+                );
+                None
+            }
+        };
+        let mut graph_input = None;
+        if let (Some(ds), Some((mm, mi))) = (dataset, model) {
+            if let Some((features, labels)) = input_rules(&mut el, &ds, mode, &config, input_expr.span) {
+                let labels = if mode == SectionKind::Predict { None } else { labels };
+                if mode != SectionKind::Predict && labels.is_none() {
+                    el.diags.push(
+                        Diag::new(Code::InputNotDataset, input_expr.span, format!("the {input_field} yields features only, but {} needs labels", mode.name()))
+                            .label("no labels")
+                            .help("make the elements `(features, labels)` pairs with a `map`"),
+                    );
+                } else {
+                    el.elaborate_model(mm, mi, &features, labels.as_ref(), input_expr.span);
+                }
+            }
+            graph_input = Some((*ds).clone());
+        }
+        diags.extend(el.diags.iter().cloned());
+        compiled.push(Compiled { estimator: e.name.name.clone(), mode, target: opts.target, graph: el.graph, input: graph_input });
+    }
+    let params_shown = match &per_shard {
+        Value::Record(fs) => fs.iter().map(|(k, v)| (k.clone(), super::value::show(v))).collect(),
+        _ => Vec::new(),
+    };
+    let info = EstimatorInfo {
+        name: e.name.name.clone(),
+        span: e.name.span,
+        model: field(e, "model").and_then(|x| match &x.kind {
+            ExprKind::Name(n) => Some(n.clone()),
+            _ => None,
+        }),
+        model_dir,
+        train_steps,
+        eval_steps,
+        config,
+        hooks,
+        params: params_shown,
+    };
+    (info, compiled, diags)
+}
+
+/// The params record: declared defaults, then overrides, each checked against its type.
+fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
+    let p = el.p;
+    let mut fields: Vec<(String, Value<'p>)> = Vec::new();
+    let mut decls: Vec<&'p ParamField> = Vec::new();
+    for item in &p.root_module().ast.items {
+        if let ItemKind::Params(fs) = &item.kind {
+            for f in fs {
+                if decls.iter().any(|d| d.name.name == f.name.name) {
+                    continue;
+                }
+                let v = el.expr(&f.default);
+                let v = check_static_type(el, v, f.default.span, &f.ty);
+                fields.push((f.name.name.clone(), v));
+                decls.push(f);
+            }
+        }
+    }
+    for o in &p.overrides {
+        let Some(i) = decls.iter().position(|d| d.name.name == o.key) else {
+            let names = decls.iter().map(|d| d.name.name.as_str());
+            let mut d = Diag::new(Code::InvalidParamOverride, o.value.span, format!("no params field `{}`", o.key)).label("overridden here");
+            d = match did_you_mean(&o.key, names) {
+                Some(h) => d.help(h),
+                None => d.help("override fields declared in the program's `params` block"),
+            };
+            el.diags.push(d);
+            continue;
+        };
+        let v = el.expr(&o.value);
+        let before = el.diags.len();
+        let v = check_static_type(el, v, o.value.span, &decls[i].ty);
+        if el.diags.len() > before {
+            let last = el.diags.sorted().into_iter().find(|d| d.primary.span == o.value.span);
+            if let Some(mut d) = last {
+                d.code = Code::InvalidParamOverride;
+                d.message = format!("bad override of `{}`: {}", o.key, d.message);
+                d = d.with(decls[i].ty.span(), "declared type");
+                el.diags.push(d);
+            }
+        }
+        fields[i].1 = v;
+    }
+    Value::Record(Rc::new(fields))
+}
+
+/// Checks a params value against its declared static type (`int`, `[int]`, ...).
+fn check_static_type<'p>(el: &mut Elab<'p>, v: Value<'p>, span: Span, ty: &'p TypeExpr) -> Value<'p> {
+    if let TypeExpr::List { elem, .. } = ty {
+        return match v {
+            Value::List(xs) => {
+                let checked: Vec<Value<'p>> = xs.iter().map(|x| check_static_type(el, x.clone(), span, elem)).collect();
+                Value::List(Rc::new(checked))
+            }
+            Value::Error => Value::Error,
+            other => el.expected("a list", &other, span),
+        };
+    }
+    el.check_annotation(v, span, ty)
+}
+
+/// `params.batch_size` as the input and model see it: the per-shard batch.
+fn per_shard_params<'p>(global: &Value<'p>, shards: i64) -> Value<'p> {
+    match global {
+        Value::Record(fs) if shards > 1 => Value::Record(Rc::new(
+            fs.iter()
+                .map(|(k, v)| match (k.as_str(), v) {
+                    ("batch_size", Value::Int(b)) => (k.clone(), Value::Int(b / shards)),
+                    _ => (k.clone(), v.clone()),
+                })
+                .collect(),
+        )),
+        other => other.clone(),
+    }
+}
+
+fn check_fields<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) {
+    for f in &e.fields {
+        if FIELDS.contains(&f.name.name.as_str()) {
+            if f.name.name == "config" && !matches!(f.value, FieldValue::Block(..)) {
+                el.diags.push(Diag::new(Code::InvalidEstimator, f.name.span, "`config` is a block").label("not a block").help("write `config { key = value ... }`"));
+            }
+            continue;
+        }
+        let mut d = Diag::new(Code::UnknownConfig, f.name.span, format!("unknown estimator field `{}`", f.name.name)).label("unknown field");
+        d = match did_you_mean(&f.name.name, FIELDS.iter().copied()) {
+            Some(h) => d.help(h),
+            None => d.help(format!("estimator fields: {}", FIELDS.join(", "))),
+        };
+        el.diags.push(d);
+    }
+    if field(e, "model").is_none() {
+        el.diags.push(
+            Diag::new(Code::InvalidEstimator, e.name.span, format!("estimator `{}` has no `model`", e.name.name))
+                .label("no model")
+                .help("add `model = my_model`"),
+        );
+    }
+}
+
+/// Config keys with where they were set.
+type ConfigSpans = Vec<(String, Span)>;
+
+fn config<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem, opts: &ElabOptions) -> (Config, ConfigSpans) {
+    let mut c = Config::default();
+    let mut spans = Vec::new();
+    let entries: Vec<&Field> = e
+        .fields
+        .iter()
+        .filter_map(|f| match &f.value {
+            FieldValue::Block(fs, _) if f.name.name == "config" => Some(fs.iter()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut values: Vec<(String, i64)> = Vec::new();
+    for f in entries {
+        let key = f.name.name.as_str();
+        if let Some((_, help)) = UNSUPPORTED_KEYS.iter().find(|(k, _)| *k == key) {
+            el.diags.push(Diag::new(Code::UnsupportedConfig, f.name.span, format!("`{key}` is not supported")).label("unsupported config key").help(*help));
+            continue;
+        }
+        if !CONFIG_KEYS.contains(&key) {
+            let mut d = Diag::new(Code::UnknownConfig, f.name.span, format!("unknown config key `{key}`")).label("unknown key");
+            d = match did_you_mean(key, CONFIG_KEYS.iter().copied()) {
+                Some(h) => d.help(h),
+                None => d.help(format!("config keys: {}", CONFIG_KEYS.join(", "))),
+            };
+            el.diags.push(d);
+            continue;
+        }
+        let FieldValue::Expr(x) = &f.value else { continue };
+        let v = el.expr(x);
+        let Some(i) = el.as_int(&v, x.span) else { continue };
+        let min = if key == "random_seed" { 0 } else { 1 };
+        if i < min {
+            el.diags.push(
+                Diag::new(Code::InvalidEstimator, x.span, format!("`{key}` must be at least {min}"))
+                    .label(format!("{i}"))
+                    .help(format!("use {min} or more")),
+            );
+            continue;
+        }
+        values.push((key.to_string(), i));
+        spans.push((key.to_string(), f.name.span.to(x.span)));
+    }
+    values.extend(opts.config.iter().cloned());
+    for (key, i) in values {
+        match key.as_str() {
+            "iterations_per_loop" => c.iterations_per_loop = i,
+            "num_shards" => c.num_shards = i,
+            "save_checkpoint_steps" => c.save_checkpoint_steps = i,
+            "save_summary_steps" => c.save_summary_steps = i,
+            "keep_checkpoint_max" => c.keep_checkpoint_max = i,
+            "random_seed" => c.random_seed = Some(i),
+            "input_workers" => c.input_workers = i,
+            _ => c.log_step_count_steps = i,
+        }
+    }
+    (c, spans)
+}
+
+fn span_of(spans: &ConfigSpans, key: &str, fallback: Span) -> Span {
+    spans.iter().find(|(k, _)| k == key).map_or(fallback, |(_, s)| *s)
+}
+
+fn rules_of_config(el: &mut Elab<'_>, e: &EstimatorItem, c: &Config, spans: &ConfigSpans, global: &Value<'_>) {
+    let ckpt = span_of(spans, "save_checkpoint_steps", e.name.span);
+    if c.save_checkpoint_steps % c.iterations_per_loop != 0 {
+        el.diags.push(
+            Diag::new(Code::CheckpointSteps, ckpt, format!("save_checkpoint_steps = {} is not a multiple of iterations_per_loop = {}", c.save_checkpoint_steps, c.iterations_per_loop))
+                .label("checkpoints are taken at loop boundaries")
+                .with(span_of(spans, "iterations_per_loop", e.name.span), "the loop length")
+                .help(format!("use a multiple of {}, such as {}", c.iterations_per_loop, (c.save_checkpoint_steps / c.iterations_per_loop).max(1) * c.iterations_per_loop)),
+        );
+    }
+    if el.target == Target::Wafer && c.save_checkpoint_steps < WAFER_MIN_CHECKPOINT_STEPS {
+        el.diags.push(
+            Diag::new(Code::CheckpointSteps, ckpt, format!("save_checkpoint_steps = {} is below the wafer's lower bound of {WAFER_MIN_CHECKPOINT_STEPS}", c.save_checkpoint_steps))
+                .label("checkpoints this frequent stall the wafer")
+                .help(format!("save every {WAFER_MIN_CHECKPOINT_STEPS} steps or more on the wafer")),
+        );
+    }
+    if c.num_shards > 1 {
+        let p = el.p;
+        let batch = match global {
+            Value::Record(fs) => fs.iter().find_map(|(k, v)| match v {
+                Value::Int(b) if k == "batch_size" => Some(*b),
+                _ => None,
+            }),
+            _ => None,
+        };
+        if let Some(b) = batch {
+            if b % c.num_shards != 0 {
+                let decl = p.root_module().ast.items.iter().find_map(|i| match &i.kind {
+                    ItemKind::Params(fs) => fs.iter().find(|f| f.name.name == "batch_size").map(|f| f.name.span.to(f.default.span)),
+                    _ => None,
+                });
+                let mut d = Diag::new(Code::ShardDivisibility, span_of(spans, "num_shards", e.name.span), format!("the global batch of {b} is not divisible by num_shards = {}", c.num_shards))
+                    .label(format!("{} shards", c.num_shards))
+                    .help(format!("each shard reads params.batch_size / num_shards examples; use a batch size divisible by {}, such as {}", c.num_shards, (b / c.num_shards).max(1) * c.num_shards));
+                if let Some(s) = decl {
+                    d = d.with(s, format!("global batch {b}"));
+                }
+                el.diags.push(d);
+            }
+        }
+    }
+}
+
+/// The wafer's lower bound on `save_checkpoint_steps`.
+pub const WAFER_MIN_CHECKPOINT_STEPS: i64 = 100;
+
+fn steps<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem, name: &str) -> Option<i64> {
+    let x = field(e, name)?;
+    let v = el.expr(x);
+    let i = el.as_int(&v, x.span)?;
+    if i <= 0 {
+        el.diags.push(Diag::new(Code::InvalidEstimator, x.span, format!("`{name}` must be positive")).label(format!("{i}")).help("give a number of steps of 1 or more"));
+        return None;
+    }
+    Some(i)
+}
+
+fn hooks<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Vec<HookVal> {
+    let Some(x) = field(e, "hooks") else { return Vec::new() };
+    match el.expr(x) {
+        Value::List(xs) => xs
+            .iter()
+            .filter_map(|h| match h {
+                Value::Hook(h) => Some((**h).clone()),
+                Value::Error => None,
+                other => {
+                    el.expected("a hook (from std.hooks)", other, x.span);
+                    None
+                }
+            })
+            .collect(),
+        Value::Error => Vec::new(),
+        other => {
+            el.expected("a list of hooks", &other, x.span);
+            Vec::new()
+        }
+    }
+}
+
+fn model_ref<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<(ModId, usize)> {
+    let x = field(e, "model")?;
+    match el.expr(x) {
+        Value::ModelFn(m, i) => Some((m, i)),
+        Value::Error => None,
+        other => {
+            el.diags.push(
+                Diag::new(Code::InvalidEstimator, x.span, format!("`model` must name a model, found {}", other.kind()))
+                    .label(other.kind())
+                    .help("name a `model` item: `model = my_model`"),
+            );
+            None
+        }
+    }
+}
+
+/// The wafer Estimator's input rules. Returns the element types of features and
+/// labels (labels absent when the elements are features only).
+fn input_rules(el: &mut Elab<'_>, ds: &Dataset, mode: SectionKind, c: &Config, at: Span) -> Option<(Elem, Option<Elem>)> {
+    let elem = ds.elem().clone();
+    let (features, labels) = match &elem {
+        Elem::Tuple(xs) if xs.len() == 2 && xs.iter().all(|x| matches!(x, Elem::Tensor { .. })) => (xs[0].clone(), Some(xs[1].clone())),
+        Elem::Tensor { .. } if mode == SectionKind::Predict => (elem.clone(), None),
+        _ => {
+            el.diags.push(
+                Diag::new(Code::InputNotDataset, at, format!("the input's elements are {elem}, not (features, labels)"))
+                    .label("this input")
+                    .with(ds.stages[ds.stages.len() - 1].span, "the pipeline ends here")
+                    .help("end the pipeline with a map to pairs of tensors: `|> map |r| (r.x, r.y)`"),
+            );
+            return None;
+        }
+    };
+    let wafer = el.target == Target::Wafer;
+    match ds.batch() {
+        None => {
+            el.diags.push(
+                Diag::new(Code::BatchNotFixed, at, "the input does not batch its elements")
+                    .label("no `batch` in this pipeline")
+                    .with(ds.stages[ds.stages.len() - 1].span, "the pipeline ends here")
+                    .help("add `|> batch(params.batch_size, drop_remainder: true)`"),
+            );
+            return None;
+        }
+        Some(b) => {
+            if let StageKind::Batch { drop_remainder: false, .. } = b.kind {
+                if wafer || mode == SectionKind::Train {
+                    let why = if wafer { "the wafer needs the same batch size at every step" } else { "the train graph has a static batch size" };
+                    el.diags.push(
+                        Diag::new(Code::BatchNotFixed, b.span, "batch size is not fixed: the last batch may be smaller")
+                            .label(why)
+                            .with(at, "used here")
+                            .help("write `batch(n, drop_remainder: true)`"),
+                    );
+                }
+            }
+        }
+    }
+    if mode == SectionKind::Train && wafer && !ds.repeats_forever() {
+        el.diags.push(
+            Diag::new(Code::NoRepeat, at, "the train input has no `repeat`: it would run out before the steps are done")
+                .label("ends after one pass")
+                .with(ds.stages[ds.stages.len() - 1].span, "the pipeline ends here")
+                .help("training runs for steps, not epochs: add `|> repeat` before `batch`"),
+        );
+    }
+    if mode == SectionKind::Train && c.input_workers > 1 {
+        for s in ds.shuffles() {
+            if let StageKind::Shuffle { seed: Some(seed), .. } = s.kind {
+                el.diags.push(
+                    Diag::new(Code::IdenticalShuffle, s.span, format!("{} input workers all shuffle with seed {seed}", c.input_workers))
+                        .label("fixed seed")
+                        .help("drop the seed: each worker then shuffles with a seed derived from `random_seed` and its index"),
+                );
+            }
+        }
+    }
+    Some((features, labels))
+}

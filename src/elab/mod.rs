@@ -1,0 +1,192 @@
+//! Elaboration: evaluates everything static (params, mode, target, lists, functions)
+//! and builds the IR graph of one (estimator, mode, target). Loops are unrolled, `if`s
+//! resolved and functions inlined as they are met; only tensor operations become nodes.
+//!
+//! Errors are values: a failed expression reports a diagnostic and yields
+//! `Value::Error`, which later operations pass on silently.
+
+mod builtins;
+pub mod data;
+mod datasets;
+mod estimator;
+mod expr;
+mod model;
+mod tensor;
+pub mod value;
+
+pub use estimator::{elaborate, Compiled, Config, ElabOptions, EstimatorInfo, ParamOverride};
+pub use value::{Target, Value};
+
+use crate::diag::{Code, Diag, Diags};
+use crate::ir::{Graph, NodeIndex};
+use crate::program::{ModId, Program};
+use crate::span::Span;
+use crate::syntax::ast::SectionKind;
+use rustc_hash::FxHashMap;
+
+/// Inlining deeper than this is reported as unbounded recursion.
+const MAX_DEPTH: usize = 256;
+
+/// A local binding.
+struct Local<'p> {
+    name: String,
+    value: Value<'p>,
+}
+
+/// The state of one elaboration: the graph being built and where evaluation is.
+pub(crate) struct Elab<'p> {
+    pub p: &'p Program,
+    pub diags: Diags,
+    pub graph: Graph,
+    pub mode: SectionKind,
+    pub target: Target,
+    pub params: Value<'p>,
+    /// Local scopes of the function being evaluated (innermost last).
+    scopes: Vec<Vec<Local<'p>>>,
+    /// Scopes of the callers, saved while a function body runs.
+    saved: Vec<Vec<Vec<Local<'p>>>>,
+    module: ModId,
+    /// The innermost call site in user code, for spans of nodes made inside `std`.
+    call_sites: Vec<Span>,
+    depth: usize,
+    /// Variable-name scopes (`block_1/dense`), with per-scope call counters.
+    name_scopes: Vec<String>,
+    name_counts: FxHashMap<(String, String), usize>,
+    /// Variables made so far, by full name.
+    variables: FxHashMap<String, NodeIndex>,
+    /// Pending assignments to non-trainable variables (batch-norm moving averages).
+    pub updates: Vec<(String, NodeIndex)>,
+    random_count: u64,
+}
+
+impl<'p> Elab<'p> {
+    pub fn new(p: &'p Program, mode: SectionKind, target: Target) -> Elab<'p> {
+        Elab {
+            p,
+            diags: Diags::default(),
+            graph: Graph::new(),
+            mode,
+            target,
+            params: Value::Record(Default::default()),
+            scopes: vec![Vec::new()],
+            saved: Vec::new(),
+            module: p.root,
+            call_sites: Vec::new(),
+            depth: 0,
+            name_scopes: Vec::new(),
+            name_counts: FxHashMap::default(),
+            variables: FxHashMap::default(),
+            updates: Vec::new(),
+            random_count: 0,
+        }
+    }
+
+    pub fn error(&mut self, d: Diag) -> Value<'p> {
+        self.diags.push(d);
+        Value::Error
+    }
+
+    /// The span to attach to a node or diagnostic: `span` itself in user code, the
+    /// user's call site when `span` is inside the standard library.
+    pub fn site(&self, span: Span) -> Span {
+        if self.p.is_std_file(span.file) {
+            self.call_sites.last().copied().unwrap_or(span)
+        } else {
+            span
+        }
+    }
+
+    fn push_scope(&mut self) {
+        self.scopes.push(Vec::new());
+    }
+
+    fn pop_scope(&mut self) {
+        self.scopes.pop();
+    }
+
+    pub fn bind(&mut self, name: &str, value: Value<'p>) {
+        if let Some(s) = self.scopes.last_mut() {
+            s.push(Local { name: name.to_string(), value });
+        }
+    }
+
+    fn local(&self, name: &str) -> Option<&Value<'p>> {
+        self.scopes.iter().rev().find_map(|s| s.iter().rev().find(|l| l.name == name).map(|l| &l.value))
+    }
+
+    /// Updates the innermost binding of `name`. False if there is none.
+    fn assign(&mut self, name: &str, value: Value<'p>) -> bool {
+        for s in self.scopes.iter_mut().rev() {
+            if let Some(l) = s.iter_mut().rev().find(|l| l.name == name) {
+                l.value = value;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Every visible local, innermost last (for closures to capture).
+    fn capture(&self) -> Vec<(String, Value<'p>)> {
+        self.scopes.iter().flatten().map(|l| (l.name.clone(), l.value.clone())).collect()
+    }
+
+    /// Runs `f` in a fresh function frame of module `m` whose locals are `locals`.
+    fn in_frame<T>(&mut self, m: ModId, locals: Vec<(String, Value<'p>)>, call: Span, f: impl FnOnce(&mut Self) -> T) -> T {
+        let frame = locals.into_iter().map(|(name, value)| Local { name, value }).collect();
+        let outer = std::mem::replace(&mut self.scopes, vec![frame]);
+        self.saved.push(outer);
+        let prev_module = std::mem::replace(&mut self.module, m);
+        let user_call = !self.p.is_std_file(call.file);
+        if user_call {
+            self.call_sites.push(call);
+        }
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        if user_call {
+            self.call_sites.pop();
+        }
+        self.module = prev_module;
+        self.scopes = self.saved.pop().unwrap_or_default();
+        r
+    }
+
+    /// Enters a variable-name scope for a call of `name` (`dense`, `dense_1`, ...).
+    fn enter_name_scope(&mut self, name: &str) {
+        let parent = self.name_scopes.join("/");
+        let count = self.name_counts.entry((parent, name.to_string())).or_insert(0);
+        let scoped = if *count == 0 { name.to_string() } else { format!("{name}_{count}") };
+        *count += 1;
+        self.name_scopes.push(scoped);
+    }
+
+    fn leave_name_scope(&mut self) {
+        self.name_scopes.pop();
+    }
+
+    /// The full name of a variable made in the current name scope.
+    pub fn variable_name(&self, name: &str) -> String {
+        if self.name_scopes.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{name}", self.name_scopes.join("/"))
+        }
+    }
+
+    /// A stable identity for the next random op: its name scope and position, so that
+    /// the same op gets the same stream in every mode and every run.
+    pub fn random_stream(&mut self) -> u64 {
+        self.random_count += 1;
+        let key = format!("{}#{}", self.name_scopes.join("/"), self.random_count);
+        // FNV-1a: stable across platforms and versions, unlike the std hasher.
+        key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    }
+
+    pub fn recursion_error(&mut self, span: Span) -> Value<'p> {
+        self.error(
+            Diag::new(Code::RecursionLimit, self.site(span), "recursion too deep")
+                .label(format!("more than {MAX_DEPTH} nested calls"))
+                .help("give the recursion a static base case, or use a `for` loop"),
+        )
+    }
+}

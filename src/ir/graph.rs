@@ -1,0 +1,156 @@
+//! The IR graph: a `StableDiGraph` of nodes (op, concrete type, source span); an edge
+//! runs from an operand to its user and carries the operand's index. Beside the nodes,
+//! a graph lists what the program reads from it: outputs, metrics and the optimiser.
+
+use super::{Op, TensorType};
+use crate::span::Span;
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::{EdgeRef, NodeIndexable};
+use petgraph::Direction;
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub op: Op,
+    pub ty: TensorType,
+    /// Where in the user's program this node comes from (the call site in user code
+    /// when the op was made inside a standard-library function).
+    pub span: Span,
+}
+
+/// What an output of the graph is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Loss,
+    LearningRate,
+    Prediction,
+    /// One argument of a metric (see `Graph::metrics`).
+    MetricInput,
+    /// The new value of a non-trainable variable after a train step (named by it).
+    Update,
+    /// A tensor of a dataset element, in the graph of a `map` or `filter` closure.
+    Element,
+}
+
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub name: String,
+    pub role: Role,
+    pub node: NodeIndex,
+}
+
+/// A metric: a reducer (accuracy, mean, auc, ...) over some outputs.
+#[derive(Debug, Clone)]
+pub struct Metric {
+    pub name: String,
+    pub reducer: String,
+    /// Indices into `Graph::outputs`.
+    pub args: Vec<usize>,
+    pub span: Span,
+}
+
+/// The optimiser of a train graph; its learning rate is the `LearningRate` output.
+#[derive(Debug, Clone)]
+pub struct Optimizer {
+    pub kind: String,
+    pub hyper: Vec<(String, f64)>,
+    pub clip_global_norm: Option<f64>,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Graph {
+    pub g: StableDiGraph<Node, u32>,
+    pub outputs: Vec<Output>,
+    pub metrics: Vec<Metric>,
+    pub optimizer: Option<Optimizer>,
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    /// Adds a node with its operands, in order.
+    pub fn add(&mut self, op: Op, operands: &[NodeIndex], ty: TensorType, span: Span) -> NodeIndex {
+        let n = self.g.add_node(Node { op, ty, span });
+        for (i, &o) in operands.iter().enumerate() {
+            self.g.add_edge(o, n, i as u32);
+        }
+        n
+    }
+
+    pub fn node(&self, n: NodeIndex) -> &Node {
+        &self.g[n]
+    }
+
+    pub fn ty(&self, n: NodeIndex) -> &TensorType {
+        &self.g[n].ty
+    }
+
+    /// The operands of `n`, in operand order.
+    pub fn operands(&self, n: NodeIndex) -> Vec<NodeIndex> {
+        let mut v: Vec<(u32, NodeIndex)> =
+            self.g.edges_directed(n, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
+        v.sort_unstable_by_key(|(i, _)| *i);
+        v.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// The nodes that use `n`.
+    pub fn users(&self, n: NodeIndex) -> Vec<NodeIndex> {
+        let mut v: Vec<NodeIndex> = self.g.neighbors_directed(n, Direction::Outgoing).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Makes every use of `old` a use of `new` (operand indices kept), in the graph and
+    /// in the outputs. `old` stays, without users.
+    pub fn replace_uses(&mut self, old: NodeIndex, new: NodeIndex) {
+        let uses: Vec<(NodeIndex, u32, petgraph::stable_graph::EdgeIndex)> =
+            self.g.edges_directed(old, Direction::Outgoing).map(|e| (e.target(), *e.weight(), e.id())).collect();
+        for (user, idx, e) in uses {
+            self.g.remove_edge(e);
+            self.g.add_edge(new, user, idx);
+        }
+        for o in &mut self.outputs {
+            if o.node == old {
+                o.node = new;
+            }
+        }
+    }
+
+    /// The nodes the program reads: outputs (losses, predictions, metric inputs, the
+    /// learning rate) and every variable (they are saved in checkpoints).
+    pub fn roots(&self) -> Vec<NodeIndex> {
+        let mut r: Vec<NodeIndex> = self.outputs.iter().map(|o| o.node).collect();
+        r.extend(self.g.node_indices().filter(|&n| matches!(self.g[n].op, Op::Variable { .. })));
+        r
+    }
+
+    /// The nodes in an order where every operand comes before its users; ties broken by
+    /// index, so the order is deterministic.
+    pub fn topo_order(&self) -> Vec<NodeIndex> {
+        let mut indeg: Vec<usize> = vec![0; self.g.node_bound()];
+        for n in self.g.node_indices() {
+            indeg[n.index()] = self.g.edges_directed(n, Direction::Incoming).count();
+        }
+        let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<NodeIndex>> =
+            self.g.node_indices().filter(|n| indeg[n.index()] == 0).map(std::cmp::Reverse).collect();
+        let mut order = Vec::with_capacity(self.g.node_count());
+        while let Some(std::cmp::Reverse(n)) = ready.pop() {
+            order.push(n);
+            for e in self.g.edges_directed(n, Direction::Outgoing) {
+                let t = e.target();
+                indeg[t.index()] -= 1;
+                if indeg[t.index()] == 0 {
+                    ready.push(std::cmp::Reverse(t));
+                }
+            }
+        }
+        order
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.g.node_count()
+    }
+}

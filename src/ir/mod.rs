@@ -1,0 +1,16 @@
+//! The IR: a static dataflow graph per (mode, target). It holds no control flow: loops
+//! were unrolled and conditions resolved by elaboration; every node has a concrete shape
+//! and dtype.
+
+mod dump;
+mod graph;
+mod infer;
+mod op;
+mod types;
+
+pub use dump::{dump_dot, dump_text};
+pub use graph::{Graph, Metric, Node, Optimizer, Output, Role};
+pub use infer::{arity, infer, window_out, InferError};
+pub use op::{fmt_f64, padding_name, BinaryOp, Init, Op, Padding, ReduceOp, UnaryOp};
+pub use petgraph::stable_graph::NodeIndex;
+pub use types::{broadcast, DType, Shape, TensorType};

@@ -1,0 +1,269 @@
+//! The operations of the IR: a plain enum (no trait objects), `Eq + Hash` so that CSE can
+//! hash nodes. Float attributes are stored as bit patterns to keep `Eq` lawful. Shapes
+//! that an op produces (reshape, broadcast, random) are the node's type, not the op's.
+
+
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// A value fed by the input pipeline: `features` or `labels`.
+    Input { name: String },
+    /// A trainable weight (or non-trainable state), created with its initialiser.
+    Variable { name: String, init: Init, trainable: bool },
+    /// A constant: one value (f64 bits) splatted over the node's shape.
+    Const { bits: u64 },
+    /// The global step counter, the one i64 value.
+    GlobalStep,
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`, elementwise with broadcasting.
+    Select,
+    Cast,
+    Reduce { op: ReduceOp, axes: Vec<usize>, keep_dims: bool },
+    ArgMax { axis: usize },
+    ArgMin { axis: usize },
+    /// Matrix product over the last two axes (batched over leading ones).
+    MatMul,
+    Transpose { perm: Vec<usize> },
+    Reshape,
+    BroadcastTo,
+    Concat { axis: usize },
+    Slice { axis: usize, start: usize, end: usize },
+    OneHot { depth: usize },
+    /// Rows of a table (operand 0) picked by indices (operand 1): embedding lookup.
+    Gather,
+    /// NHWC input, HWIO filter.
+    Conv2d { strides: [usize; 2], padding: Padding, dilation: [usize; 2] },
+    MaxPool2d { window: [usize; 2], strides: [usize; 2], padding: Padding },
+    AvgPool2d { window: [usize; 2], strides: [usize; 2], padding: Padding },
+    Softmax { axis: usize },
+    LogSoftmax { axis: usize },
+    /// Uniform in [0, 1) or standard normal, from a counter-based generator keyed by
+    /// the run seed, `stream` (the op's stable identity) and the global step.
+    RandomUniform { stream: u64 },
+    RandomNormal { stream: u64 },
+    /// Reinterpret a byte string as a vector of `dtype` (input pipelines).
+    DecodeRaw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Not,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Square,
+    Tanh,
+    Sigmoid,
+    Relu,
+    Floor,
+    Sign,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Pow,
+    Max,
+    Min,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    And,
+    Or,
+}
+
+impl BinaryOp {
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+    }
+
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Padding {
+    Same,
+    Valid,
+}
+
+/// How a variable starts. Scales are f32 bit patterns.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Init {
+    Zeros,
+    Ones,
+    Constant { bits: u32 },
+    GlorotUniform,
+    GlorotNormal,
+    HeUniform,
+    HeNormal,
+    LecunNormal,
+    Uniform { lo_bits: u32, hi_bits: u32 },
+    Normal { stddev_bits: u32 },
+    TruncatedNormal { stddev_bits: u32 },
+}
+
+impl Init {
+    pub fn describe(&self) -> String {
+        match self {
+            Init::Zeros => "zeros".into(),
+            Init::Ones => "ones".into(),
+            Init::Constant { bits } => format!("constant({})", f32::from_bits(*bits)),
+            Init::GlorotUniform => "glorot_uniform".into(),
+            Init::GlorotNormal => "glorot_normal".into(),
+            Init::HeUniform => "he_uniform".into(),
+            Init::HeNormal => "he_normal".into(),
+            Init::LecunNormal => "lecun_normal".into(),
+            Init::Uniform { lo_bits, hi_bits } => {
+                format!("uniform({}, {})", f32::from_bits(*lo_bits), f32::from_bits(*hi_bits))
+            }
+            Init::Normal { stddev_bits } => format!("normal({})", f32::from_bits(*stddev_bits)),
+            Init::TruncatedNormal { stddev_bits } => format!("truncated_normal({})", f32::from_bits(*stddev_bits)),
+        }
+    }
+}
+
+impl Op {
+    /// The op's name as dumps and diagnostics show it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Variable { .. } => "variable",
+            Op::Const { .. } => "const",
+            Op::GlobalStep => "global_step",
+            Op::Unary(u) => match u {
+                UnaryOp::Neg => "neg",
+                UnaryOp::Not => "not",
+                UnaryOp::Abs => "abs",
+                UnaryOp::Exp => "exp",
+                UnaryOp::Log => "log",
+                UnaryOp::Sqrt => "sqrt",
+                UnaryOp::Rsqrt => "rsqrt",
+                UnaryOp::Square => "square",
+                UnaryOp::Tanh => "tanh",
+                UnaryOp::Sigmoid => "sigmoid",
+                UnaryOp::Relu => "relu",
+                UnaryOp::Floor => "floor",
+                UnaryOp::Sign => "sign",
+            },
+            Op::Binary(b) => match b {
+                BinaryOp::Add => "add",
+                BinaryOp::Sub => "sub",
+                BinaryOp::Mul => "mul",
+                BinaryOp::Div => "div",
+                BinaryOp::Rem => "rem",
+                BinaryOp::Pow => "pow",
+                BinaryOp::Max => "maximum",
+                BinaryOp::Min => "minimum",
+                BinaryOp::Eq => "eq",
+                BinaryOp::Ne => "ne",
+                BinaryOp::Lt => "lt",
+                BinaryOp::Le => "le",
+                BinaryOp::Gt => "gt",
+                BinaryOp::Ge => "ge",
+                BinaryOp::And => "and",
+                BinaryOp::Or => "or",
+            },
+            Op::Select => "select",
+            Op::Cast => "cast",
+            Op::Reduce { op, .. } => match op {
+                ReduceOp::Sum => "reduce_sum",
+                ReduceOp::Mean => "reduce_mean",
+                ReduceOp::Max => "reduce_max",
+                ReduceOp::Min => "reduce_min",
+                ReduceOp::Prod => "reduce_prod",
+            },
+            Op::ArgMax { .. } => "argmax",
+            Op::ArgMin { .. } => "argmin",
+            Op::MatMul => "matmul",
+            Op::Transpose { .. } => "transpose",
+            Op::Reshape => "reshape",
+            Op::BroadcastTo => "broadcast_to",
+            Op::Concat { .. } => "concat",
+            Op::Slice { .. } => "slice",
+            Op::OneHot { .. } => "one_hot",
+            Op::Gather => "gather",
+            Op::Conv2d { .. } => "conv2d",
+            Op::MaxPool2d { .. } => "max_pool2d",
+            Op::AvgPool2d { .. } => "avg_pool2d",
+            Op::Softmax { .. } => "softmax",
+            Op::LogSoftmax { .. } => "log_softmax",
+            Op::RandomUniform { .. } => "random_uniform",
+            Op::RandomNormal { .. } => "random_normal",
+            Op::DecodeRaw => "decode_raw",
+        }
+    }
+
+    /// The op's attributes for dumps, e.g. `axes=[1] keep_dims=false`.
+    pub fn attrs(&self) -> String {
+        match self {
+            Op::Input { name } => format!("\"{name}\""),
+            Op::Variable { name, init, trainable } => {
+                format!("\"{name}\" init={}{}", init.describe(), if *trainable { "" } else { " frozen" })
+            }
+            Op::Const { bits } => fmt_f64(f64::from_bits(*bits)),
+            Op::Reduce { axes, keep_dims, .. } => format!("axes={axes:?} keep_dims={keep_dims}"),
+            Op::ArgMax { axis } | Op::ArgMin { axis } | Op::Concat { axis } => format!("axis={axis}"),
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => format!("axis={axis}"),
+            Op::Transpose { perm } => format!("perm={perm:?}"),
+            Op::Slice { axis, start, end } => format!("axis={axis} {start}..{end}"),
+            Op::OneHot { depth } => format!("depth={depth}"),
+            Op::Conv2d { strides, padding, dilation } => {
+                format!("strides={strides:?} padding={} dilation={dilation:?}", padding_name(*padding))
+            }
+            Op::MaxPool2d { window, strides, padding } | Op::AvgPool2d { window, strides, padding } => {
+                format!("window={window:?} strides={strides:?} padding={}", padding_name(*padding))
+            }
+            Op::RandomUniform { stream } | Op::RandomNormal { stream } => format!("stream={stream:#x}"),
+            _ => String::new(),
+        }
+    }
+
+    /// Ops with no operands whose value comes from outside the graph or from state.
+    pub fn is_source(&self) -> bool {
+        matches!(self, Op::Input { .. } | Op::Variable { .. } | Op::GlobalStep)
+    }
+
+    /// Ops that must not be merged or folded: they read state or make random numbers.
+    pub fn is_stateful(&self) -> bool {
+        self.is_source() || matches!(self, Op::RandomUniform { .. } | Op::RandomNormal { .. })
+    }
+}
+
+pub fn padding_name(p: Padding) -> &'static str {
+    match p {
+        Padding::Same => "same",
+        Padding::Valid => "valid",
+    }
+}
+
+/// A float printed so that it reads back exactly and integers look like floats (`2.0`).
+pub fn fmt_f64(v: f64) -> String {
+    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.1}")
+    } else {
+        format!("{v}")
+    }
+}
+

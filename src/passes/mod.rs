@@ -1,0 +1,78 @@
+//! The passes over an IR graph, in order. Each lives in its own file; `PIPELINE` lists
+//! them, and `run` applies them with the verifier between every two in tests and debug
+//! builds. Checks come first, so diagnostics never depend on the optimisations.
+
+mod const_fold;
+mod cse;
+mod dce;
+mod int64;
+mod shape_infer;
+mod target_ops;
+mod verify;
+
+pub use target_ops::{supported, WAFER_OPS};
+pub use verify::verify;
+
+use crate::diag::Diags;
+use crate::elab::Target;
+use crate::ir::Graph;
+
+/// What passes may need to know besides the graph.
+#[derive(Debug, Clone, Copy)]
+pub struct PassCtx {
+    pub target: Target,
+}
+
+pub struct Pass {
+    pub name: &'static str,
+    pub run: fn(&mut Graph, &PassCtx, &mut Diags),
+}
+
+/// The passes, in the order they run.
+pub const PIPELINE: &[Pass] = &[
+    // Re-derives every node's type from its operands (the elaborator's types must agree).
+    Pass { name: "shape_infer", run: shape_infer::run },
+    // i64 anywhere but the global step.
+    Pass { name: "int64", run: int64::run },
+    // Ops the target cannot run.
+    Pass { name: "target_ops", run: target_ops::run },
+    // Elementwise ops on constants become constants.
+    Pass { name: "const_fold", run: const_fold::run },
+    // Identical pure nodes become one.
+    Pass { name: "cse", run: cse::run },
+    // Nodes nothing reads are removed.
+    Pass { name: "dce", run: dce::run },
+];
+
+/// A pass broke an invariant of the IR: a compiler bug, reported with the pass's name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PassBug {
+    pub pass: &'static str,
+    pub message: String,
+}
+
+/// Runs the whole pipeline. With `check`, the verifier runs before the first pass and
+/// after each one; a failure names the pass that broke the graph.
+pub fn run(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags, check: bool) -> Result<(), PassBug> {
+    if check {
+        verify(g).map_err(|message| PassBug { pass: "elaborate", message })?;
+    }
+    for pass in PIPELINE {
+        (pass.run)(g, ctx, diags);
+        if check {
+            verify(g).map_err(|message| PassBug { pass: pass.name, message })?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the pipeline up to and including the pass named `last` (for `--emit ir` dumps
+/// after a given pass, and for tests).
+pub fn run_until(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags, last: &str) {
+    for pass in PIPELINE {
+        (pass.run)(g, ctx, diags);
+        if pass.name == last {
+            break;
+        }
+    }
+}

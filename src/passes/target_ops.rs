@@ -1,0 +1,39 @@
+//! The per-target op table. The host (and the interpreter) run every op; the wafer runs
+//! what a layer-pipelined wafer can: matmul, convolution, elementwise ops, reductions,
+//! pooling, softmax and random numbers (their gradients are made of the same ops).
+
+use super::PassCtx;
+use crate::diag::{Code, Diag, Diags};
+use crate::elab::Target;
+use crate::ir::{Graph, Op};
+
+/// The op names the wafer supports.
+pub const WAFER_OPS: &[&str] = &[
+    "input", "variable", "const", "global_step", "neg", "not", "abs", "exp", "log", "sqrt", "rsqrt", "square", "tanh",
+    "sigmoid", "relu", "floor", "sign", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
+    "gt", "ge", "and", "or", "select", "cast", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "argmax",
+    "argmin", "matmul", "transpose", "reshape", "broadcast_to", "one_hot", "conv2d", "max_pool2d", "avg_pool2d",
+    "softmax", "log_softmax", "random_uniform", "random_normal",
+];
+
+/// Whether `target` can run `op`.
+pub fn supported(op: &Op, target: Target) -> bool {
+    match target {
+        Target::Host | Target::Interp => true,
+        Target::Wafer => WAFER_OPS.contains(&op.name()),
+    }
+}
+
+pub fn run(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags) {
+    for n in g.topo_order() {
+        let node = g.node(n);
+        if supported(&node.op, ctx.target) {
+            continue;
+        }
+        diags.push(
+            Diag::new(Code::UnsupportedOp, node.span, format!("`{}` is not supported on the {} target", node.op.name(), ctx.target.name()))
+                .label(format!("makes a {}", node.op.name()))
+                .help(format!("the wafer runs: matmul, convolution, elementwise ops, reductions, pooling, softmax and random numbers; express `{}` with those or use `--target host`", node.op.name())),
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! A program: the root file and every module it imports, transitively, parsed. `std.*`
+//! modules are the files of `stdlib/`, embedded in the binary; other module paths name
+//! files relative to the importing file (`use lib.layers` reads `lib/layers.est`).
+
+use crate::diag::{did_you_mean, Code, Diag, Diags};
+use crate::span::{FileId, SourceFile, SourceMap, Span};
+use crate::syntax::ast::{self, ItemKind};
+use rustc_hash::FxHashMap;
+use std::path::{Path, PathBuf};
+
+/// The standard library, embedded: (module path, file name, text).
+pub const STDLIB: &[(&str, &str, &str)] = &[
+    ("std.prim", "stdlib/prim.est", include_str!("../stdlib/prim.est")),
+    ("std.data", "stdlib/data.est", include_str!("../stdlib/data.est")),
+    ("std.optim", "stdlib/optim.est", include_str!("../stdlib/optim.est")),
+    ("std.nn", "stdlib/nn.est", include_str!("../stdlib/nn.est")),
+    ("std.losses", "stdlib/losses.est", include_str!("../stdlib/losses.est")),
+    ("std.metrics", "stdlib/metrics.est", include_str!("../stdlib/metrics.est")),
+    ("std.hooks", "stdlib/hooks.est", include_str!("../stdlib/hooks.est")),
+];
+
+/// Modules whose items every module sees without `use`.
+pub const PRELUDE: &[&str] = &["std.prim", "std.data", "std.optim"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModId(pub u32);
+
+/// What a name at module level refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Def {
+    /// Item number `usize` of a module.
+    Item(ModId, usize),
+    Module(ModId),
+}
+
+#[derive(Debug)]
+pub struct Module {
+    pub path: String,
+    pub file: FileId,
+    pub ast: ast::Module,
+    pub is_std: bool,
+    /// The module's own named items.
+    pub items: FxHashMap<String, usize>,
+    /// Names brought in by `use`, with the span of the `use` and whether it is `pub`.
+    pub imports: FxHashMap<String, (Def, Span, bool)>,
+    /// Directory that relative imports of this module start from.
+    dir: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+pub struct Program {
+    pub sources: SourceMap,
+    pub modules: Vec<Module>,
+    pub root: ModId,
+    pub diags: Diags,
+    /// `--param` and params-file overrides, parsed (see `add_override`).
+    pub overrides: Vec<crate::elab::ParamOverride>,
+}
+
+/// An error before any diagnostics: the root file cannot be read.
+#[derive(Debug)]
+pub struct LoadError(pub String);
+
+impl Program {
+    /// Loads the program rooted at `path`.
+    pub fn load(path: &Path) -> Result<Program, LoadError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| LoadError(format!("cannot read {}: {e}", path.display())))?;
+        let dir = path.parent().map(Path::to_path_buf);
+        Ok(Program::build(&path.display().to_string(), &text, dir))
+    }
+
+    /// Loads a program from text; relative imports are resolved from `dir`, if given.
+    pub fn from_source(name: &str, text: &str, dir: Option<PathBuf>) -> Program {
+        Program::build(name, text, dir)
+    }
+
+    fn build(name: &str, text: &str, dir: Option<PathBuf>) -> Program {
+        let mut p =
+            Program {
+            sources: SourceMap::default(),
+            modules: Vec::new(),
+            root: ModId(0),
+            diags: Diags::default(),
+            overrides: Vec::new(),
+        };
+        let mut by_path: FxHashMap<String, ModId> = FxHashMap::default();
+        p.root = p.add_module("main".to_string(), name, text, false, dir);
+        by_path.insert("main".into(), p.root);
+        for prelude in PRELUDE {
+            p.module_by_path(prelude, &mut by_path);
+        }
+        let mut next = 0;
+        while next < p.modules.len() {
+            p.resolve_imports(ModId(next as u32), &mut by_path);
+            next += 1;
+        }
+        p
+    }
+
+    fn add_module(&mut self, path: String, name: &str, text: &str, is_std: bool, dir: Option<PathBuf>) -> ModId {
+        let file = self.sources.add(SourceFile::new(name, text));
+        let (ast, diags) = crate::syntax::parse(file, text);
+        self.diags.extend(diags);
+        let mut items: FxHashMap<String, usize> = FxHashMap::default();
+        let mut estimators: FxHashMap<String, usize> = FxHashMap::default();
+        for (i, item) in ast.items.iter().enumerate() {
+            let Some(n) = item.name() else { continue };
+            // Estimators are run by name, never referred to: they have their own namespace.
+            let names = if matches!(item.kind, ItemKind::Estimator(_)) { &mut estimators } else { &mut items };
+            if let Some(&prev) = names.get(&n.name) {
+                let prev_span = ast.items[prev].name().map_or(item.span, |p| p.span);
+                self.diags.push(
+                    Diag::new(Code::DuplicateDefinition, n.span, format!("`{}` is defined twice", n.name))
+                        .label("second definition")
+                        .with(prev_span, "first definition")
+                        .help("rename or remove one of them"),
+                );
+            } else {
+                names.insert(n.name.clone(), i);
+            }
+        }
+        self.modules.push(Module { path, file, ast, is_std, items, imports: FxHashMap::default(), dir });
+        ModId(self.modules.len() as u32 - 1)
+    }
+
+    /// Finds or loads the module with a dotted path. `None` if there is no such module.
+    fn module_by_path(&mut self, path: &str, by_path: &mut FxHashMap<String, ModId>) -> Option<ModId> {
+        self.module_from(path, None, by_path)
+    }
+
+    fn module_from(&mut self, path: &str, from: Option<ModId>, by_path: &mut FxHashMap<String, ModId>) -> Option<ModId> {
+        if let Some(&m) = by_path.get(path) {
+            return Some(m);
+        }
+        if let Some((_, file, text)) = STDLIB.iter().find(|(p, _, _)| *p == path) {
+            let m = self.add_module(path.to_string(), file, text, true, None);
+            by_path.insert(path.to_string(), m);
+            return Some(m);
+        }
+        if path.starts_with("std.") || path == "std" {
+            return None;
+        }
+        let dir = from.and_then(|f| self.modules[f.0 as usize].dir.clone())?;
+        let file = dir.join(path.replace('.', "/")).with_extension("est");
+        let text = std::fs::read_to_string(&file).ok()?;
+        let m = self.add_module(path.to_string(), &file.display().to_string(), &text, false, file.parent().map(Path::to_path_buf));
+        by_path.insert(path.to_string(), m);
+        Some(m)
+    }
+
+    fn resolve_imports(&mut self, m: ModId, by_path: &mut FxHashMap<String, ModId>) {
+        let uses: Vec<ast::UseItem> = self.modules[m.0 as usize]
+            .ast
+            .items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                ItemKind::Use(u) => Some(u.clone()),
+                _ => None,
+            })
+            .collect();
+        for u in uses {
+            self.resolve_use(m, &u, by_path);
+        }
+    }
+
+    fn resolve_use(&mut self, m: ModId, u: &ast::UseItem, by_path: &mut FxHashMap<String, ModId>) {
+        let full: Vec<&str> = u.path.iter().map(|i| i.name.as_str()).collect();
+        let path_span = u.path[0].span.to(u.path[u.path.len() - 1].span);
+        match &u.names {
+            Some(names) => {
+                let Some(target) = self.module_from(&full.join("."), Some(m), by_path) else {
+                    self.unknown_module(&full.join("."), path_span);
+                    return;
+                };
+                for n in names {
+                    if let Some(def) = self.member_or_report(target, &n.name, n.span) {
+                        self.bind_import(m, n, def, u.public);
+                    }
+                }
+            }
+            None => {
+                let alias = u.alias.as_ref().unwrap_or(&u.path[u.path.len() - 1]);
+                if let Some(target) = self.module_from(&full.join("."), Some(m), by_path) {
+                    self.bind_import(m, alias, Def::Module(target), u.public);
+                    return;
+                }
+                if full.len() < 2 {
+                    self.unknown_module(&full.join("."), path_span);
+                    return;
+                }
+                let parent = full[..full.len() - 1].join(".");
+                let Some(target) = self.module_from(&parent, Some(m), by_path) else {
+                    self.unknown_module(&parent, u.path[0].span.to(u.path[u.path.len() - 2].span));
+                    return;
+                };
+                let last = &u.path[u.path.len() - 1];
+                if let Some(def) = self.member_or_report(target, &last.name, last.span) {
+                    self.bind_import(m, alias, def, u.public);
+                }
+            }
+        }
+    }
+
+    fn bind_import(&mut self, m: ModId, name: &ast::Ident, def: Def, public: bool) {
+        let module = &mut self.modules[m.0 as usize];
+        if let Some(&i) = module.items.get(&name.name) {
+            let item_span = module.ast.items[i].name().map_or(name.span, |n| n.span);
+            self.diags.push(
+                Diag::new(Code::DuplicateDefinition, name.span, format!("`{}` is imported and also defined here", name.name))
+                    .label("imported here")
+                    .with(item_span, "defined here")
+                    .help("import it under another name with `as`, or rename the item"),
+            );
+            return;
+        }
+        if let Some((prev, prev_span, _)) = module.imports.get(&name.name) {
+            if *prev != def {
+                let prev_span = *prev_span;
+                self.diags.push(
+                    Diag::new(Code::DuplicateDefinition, name.span, format!("`{}` is imported twice", name.name))
+                        .label("second import")
+                        .with(prev_span, "first import")
+                        .help("import one of them under another name with `as`"),
+                );
+            }
+            return;
+        }
+        module.imports.insert(name.name.clone(), (def, name.span, public));
+    }
+
+    fn unknown_module(&mut self, path: &str, span: Span) {
+        let std_names = STDLIB.iter().map(|(p, _, _)| *p);
+        let mut d = Diag::new(Code::UnknownModule, span, format!("no module `{path}`")).label("not found");
+        d = match did_you_mean(path, std_names) {
+            Some(h) => d.help(h),
+            None => d.help("std modules: std.nn, std.losses, std.metrics, std.optim, std.data, std.hooks, std.prim; other paths are files relative to this one"),
+        };
+        self.diags.push(d);
+    }
+
+    fn member_or_report(&mut self, m: ModId, name: &str, span: Span) -> Option<Def> {
+        if let Some(d) = self.member(m, name) {
+            return Some(d);
+        }
+        let module = &self.modules[m.0 as usize];
+        let mut names: Vec<&str> = module.items.keys().map(String::as_str).collect();
+        names.extend(module.imports.iter().filter(|(_, (_, _, p))| *p).map(|(k, _)| k.as_str()));
+        let mut d = Diag::new(Code::UnknownItem, span, format!("`{}` has no item `{name}`", module.path)).label("not found");
+        if let Some(h) = did_you_mean(name, names) {
+            d = d.help(h);
+        } else {
+            d = d.help(format!("see `{}` for its items", module.path));
+        }
+        self.diags.push(d);
+        None
+    }
+
+    /// A module's public member: its items and its `pub use` imports.
+    pub fn member(&self, m: ModId, name: &str) -> Option<Def> {
+        let module = &self.modules[m.0 as usize];
+        if let Some(&i) = module.items.get(name) {
+            return Some(Def::Item(m, i));
+        }
+        match module.imports.get(name) {
+            Some((def, _, true)) => Some(*def),
+            _ => None,
+        }
+    }
+
+    /// What a name means at the top level of module `m`: its items, its imports, then
+    /// the prelude.
+    pub fn lookup(&self, m: ModId, name: &str) -> Option<Def> {
+        let module = &self.modules[m.0 as usize];
+        if let Some(&i) = module.items.get(name) {
+            return Some(Def::Item(m, i));
+        }
+        if let Some((def, _, _)) = module.imports.get(name) {
+            return Some(*def);
+        }
+        PRELUDE.iter().find_map(|p| {
+            let pm = self.modules.iter().position(|x| x.path == *p)?;
+            self.member(ModId(pm as u32), name)
+        })
+    }
+
+    /// Adds a params override: `value` is est source (`0.1`, `[128, 64]`, `"adam"`),
+    /// kept as a file of its own named `origin` so diagnostics can point into it.
+    pub fn add_override(&mut self, key: &str, value: &str, origin: &str) {
+        let file = self.sources.add(SourceFile::new(origin, value));
+        let (expr, diags) = crate::syntax::parse_expr(file, value);
+        self.diags.extend(diags);
+        self.overrides.push(crate::elab::ParamOverride { key: key.to_string(), value: expr });
+    }
+
+    pub fn module(&self, m: ModId) -> &Module {
+        &self.modules[m.0 as usize]
+    }
+
+    pub fn item(&self, m: ModId, i: usize) -> &ast::Item {
+        &self.modules[m.0 as usize].ast.items[i]
+    }
+
+    pub fn is_std_file(&self, f: FileId) -> bool {
+        self.modules.iter().any(|m| m.file == f && m.is_std)
+    }
+
+    pub fn root_module(&self) -> &Module {
+        self.module(self.root)
+    }
+}

@@ -1,0 +1,429 @@
+//! Name resolution: walks every body of every module once, whatever the mode or target,
+//! and reports unknown names, assignments to undefined names, unused bindings and
+//! imports, and locals that shadow items. Elaboration later looks names up the same way
+//! (locals, module items, imports, prelude, built-in values) and can rely on them.
+
+use crate::diag::{did_you_mean, Code, Diag, Diags};
+use crate::program::{Def, ModId, Program};
+use crate::span::Span;
+use crate::syntax::ast::*;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+/// Names that exist everywhere without an item behind them.
+pub const BUILTIN_VALUES: &[&str] = &[
+    "params", "mode", "target", "global_step", "train", "eval", "predict", "host", "wafer", "interp", "none", "f32",
+    "f16", "bf16", "i32", "u8", "bool", "i64", "bytes", "int", "float", "string", "same", "valid",
+];
+
+struct Binding {
+    name: String,
+    span: Span,
+    used: bool,
+    /// Warn when unused (lets and fn parameters in user files).
+    warn_unused: bool,
+}
+
+struct Resolver<'p> {
+    p: &'p Program,
+    m: ModId,
+    user: bool,
+    scopes: Vec<Vec<Binding>>,
+    diags: Diags,
+    used_imports: FxHashSet<String>,
+    params_fields: FxHashSet<String>,
+}
+
+/// Runs name resolution over the whole program.
+pub fn resolve(p: &Program) -> Diags {
+    let params_fields: FxHashSet<String> = p
+        .root_module()
+        .ast
+        .items
+        .iter()
+        .filter_map(|i| match &i.kind {
+            ItemKind::Params(f) => Some(f.iter().map(|f| f.name.name.clone())),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut all = Diags::default();
+    for (i, module) in p.modules.iter().enumerate() {
+        let mut r = Resolver {
+            p,
+            m: ModId(i as u32),
+            user: !module.is_std,
+            scopes: Vec::new(),
+            diags: Diags::default(),
+            used_imports: FxHashSet::default(),
+            params_fields: params_fields.clone(),
+        };
+        r.module(&module.ast);
+        if r.user {
+            r.unused_imports();
+        }
+        all.extend(r.diags.iter().cloned());
+    }
+    all
+}
+
+impl<'p> Resolver<'p> {
+    fn module(&mut self, m: &Module) {
+        let mut params_seen: FxHashMap<String, Span> = FxHashMap::default();
+        for item in &m.items {
+            match &item.kind {
+                ItemKind::Fn(f) | ItemKind::Input(f) => self.function(f, false),
+                ItemKind::Model(f) => self.function(f, true),
+                ItemKind::Estimator(e) => self.fields(&e.fields),
+                ItemKind::Params(fields) => {
+                    for f in fields {
+                        if let Some(prev) = params_seen.insert(f.name.name.clone(), f.name.span) {
+                            self.diags.push(
+                                Diag::new(Code::DuplicateDefinition, f.name.span, format!("params field `{}` is declared twice", f.name.name))
+                                    .label("second declaration")
+                                    .with(prev, "first declaration")
+                                    .help("remove one of them"),
+                            );
+                        }
+                        self.expr(&f.default);
+                    }
+                }
+                ItemKind::Use(_) | ItemKind::Error => {}
+            }
+        }
+    }
+
+    fn fields(&mut self, fields: &[Field]) {
+        let mut seen: FxHashMap<&str, Span> = FxHashMap::default();
+        for f in fields {
+            if let Some(prev) = seen.insert(&f.name.name, f.name.span) {
+                self.diags.push(
+                    Diag::new(Code::DuplicateDefinition, f.name.span, format!("`{}` is set twice", f.name.name))
+                        .label("second setting")
+                        .with(prev, "first setting")
+                        .help("remove one of them"),
+                );
+            }
+            match &f.value {
+                FieldValue::Expr(e) => self.expr(e),
+                FieldValue::Block(inner, _) => self.fields(inner),
+            }
+        }
+    }
+
+    fn function(&mut self, f: &FnItem, is_model: bool) {
+        self.scopes.push(Vec::new());
+        let mut seen: FxHashMap<&str, Span> = FxHashMap::default();
+        for p in &f.params {
+            if let Some(prev) = seen.insert(&p.name.name, p.name.span) {
+                self.diags.push(
+                    Diag::new(Code::DuplicateDefinition, p.name.span, format!("parameter `{}` is declared twice", p.name.name))
+                        .label("second declaration")
+                        .with(prev, "first declaration")
+                        .help("rename one of them"),
+                );
+            }
+            if let Some(d) = &p.default {
+                self.expr(d);
+            }
+            if let Some(t) = &p.ty {
+                self.type_dims(t);
+            }
+        }
+        for p in &f.params {
+            let warn = self.user && f.body.is_some() && !is_model;
+            self.bind(&p.name, warn);
+        }
+        if let Some(b) = &f.body {
+            self.block(b);
+        }
+        self.pop_scope();
+    }
+
+    /// Dimension names in a parameter's type: known names are uses; unknown ones are
+    /// named dimensions, bound for the body.
+    fn type_dims(&mut self, t: &TypeExpr) {
+        match t {
+            TypeExpr::Named { dims: Some(dims), .. } => {
+                for d in dims {
+                    match &d.kind {
+                        ExprKind::Name(n) if !self.known(n) => {
+                            let id = Ident { name: n.clone(), span: d.span };
+                            self.bind(&id, false);
+                        }
+                        _ => self.expr(d),
+                    }
+                }
+            }
+            TypeExpr::Named { dims: None, name, .. } => self.use_name(&name.name, name.span),
+            TypeExpr::List { elem, .. } => self.type_dims(elem),
+        }
+    }
+
+    fn block(&mut self, b: &Block) {
+        self.scopes.push(Vec::new());
+        for s in &b.stmts {
+            self.stmt(s);
+        }
+        if let Some(t) = &b.tail {
+            self.expr(t);
+        }
+        self.pop_scope();
+    }
+
+    fn stmt(&mut self, s: &Stmt) {
+        match &s.kind {
+            StmtKind::Let { name, ty, value } => {
+                if let Some(t) = ty {
+                    self.type_dims(t);
+                }
+                self.expr(value);
+                self.shadow_check(name);
+                self.bind(name, self.user);
+            }
+            StmtKind::Assign { name, value } => {
+                self.expr(value);
+                if !self.assign(name) {
+                    let d = Diag::new(Code::AssignUndefined, name.span, format!("`{}` is not defined", name.name))
+                        .label("assigned here")
+                        .help(format!("introduce it first with `let {} = ...`", name.name));
+                    self.diags.push(d);
+                }
+            }
+            StmtKind::For { var, iter, body } => {
+                self.expr(iter);
+                self.scopes.push(Vec::new());
+                self.bind(var, false);
+                self.block(body);
+                self.pop_scope();
+            }
+            StmtKind::If(i) => self.if_stmt(i),
+            StmtKind::Section { kind, body, .. } => self.section(*kind, body),
+            StmtKind::Minimize { loss, optimizer } => {
+                self.expr(loss);
+                self.expr(optimizer);
+            }
+            StmtKind::Metric { value, .. } => self.expr(value),
+            StmtKind::Expr(e) => self.expr(e),
+            StmtKind::Error => {}
+        }
+    }
+
+    /// In a predict section, `name = value` names a prediction rather than assigning.
+    fn section(&mut self, kind: SectionKind, body: &Block) {
+        self.scopes.push(Vec::new());
+        for s in &body.stmts {
+            match (&s.kind, kind) {
+                (StmtKind::Assign { value, .. }, SectionKind::Predict) => self.expr(value),
+                _ => self.stmt(s),
+            }
+        }
+        if let Some(t) = &body.tail {
+            self.expr(t);
+        }
+        self.pop_scope();
+    }
+
+    fn if_stmt(&mut self, i: &IfStmt) {
+        self.expr(&i.cond);
+        self.block(&i.then);
+        match &i.otherwise {
+            Some(Else::Block(b)) => self.block(b),
+            Some(Else::If(inner, _)) => self.if_stmt(inner),
+            None => {}
+        }
+    }
+
+    fn expr(&mut self, e: &Expr) {
+        match &e.kind {
+            ExprKind::Name(n) => self.use_name(n, e.span),
+            ExprKind::List(xs) | ExprKind::Tuple(xs) => xs.iter().for_each(|x| self.expr(x)),
+            ExprKind::Record(fs) => fs.iter().for_each(|(_, x)| self.expr(x)),
+            ExprKind::Field(base, f) => {
+                self.expr(base);
+                self.field(base, f);
+            }
+            ExprKind::Index(base, ix) => {
+                self.expr(base);
+                ix.iter().for_each(|x| self.expr(x));
+            }
+            ExprKind::Call { callee, args, .. } => {
+                self.expr(callee);
+                args.iter().for_each(|a| self.expr(&a.value));
+            }
+            ExprKind::Unary(_, x) => self.expr(x),
+            ExprKind::Binary(_, a, b) | ExprKind::Range(a, b) => {
+                self.expr(a);
+                self.expr(b);
+            }
+            ExprKind::Closure { params, body } => {
+                self.scopes.push(Vec::new());
+                for p in params {
+                    self.bind(p, false);
+                }
+                self.expr(body);
+                self.pop_scope();
+            }
+            ExprKind::If(i) => self.if_stmt(i),
+            ExprKind::Str(s) => {
+                for name in interpolated_names(s) {
+                    self.use_name(name, e.span);
+                }
+            }
+            ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::Error => {}
+        }
+    }
+
+    /// `params.x` must name a declared field; `module.item` an existing item.
+    fn field(&mut self, base: &Expr, f: &Ident) {
+        let ExprKind::Name(n) = &base.kind else { return };
+        if self.local(n) {
+            return;
+        }
+        if n == "params" && self.p.lookup(self.m, "params").is_none() {
+            if !self.params_fields.contains(&f.name) {
+                let mut d = Diag::new(Code::UnknownField, f.span, format!("`params` has no field `{}`", f.name))
+                    .label("not declared");
+                d = match did_you_mean(&f.name, self.params_fields.iter().map(String::as_str)) {
+                    Some(h) => d.help(h),
+                    None => d.help(format!("declare it in the `params` block: `{}: int = ...`", f.name)),
+                };
+                self.diags.push(d);
+            }
+            return;
+        }
+        if let Some(Def::Module(m)) = self.p.lookup(self.m, n) {
+            if self.p.member(m, &f.name).is_none() {
+                let module = self.p.module(m);
+                let mut d = Diag::new(Code::UnknownItem, f.span, format!("`{}` has no item `{}`", module.path, f.name))
+                    .label("not found");
+                if let Some(h) = did_you_mean(&f.name, module.items.keys().map(String::as_str)) {
+                    d = d.help(h);
+                }
+                self.diags.push(d);
+            }
+        }
+    }
+
+    fn known(&self, n: &str) -> bool {
+        self.local(n) || self.p.lookup(self.m, n).is_some() || BUILTIN_VALUES.contains(&n)
+    }
+
+    fn local(&self, n: &str) -> bool {
+        self.scopes.iter().rev().any(|s| s.iter().any(|b| b.name == n))
+    }
+
+    fn use_name(&mut self, n: &str, span: Span) {
+        for scope in self.scopes.iter_mut().rev() {
+            if let Some(b) = scope.iter_mut().rev().find(|b| b.name == n) {
+                b.used = true;
+                return;
+            }
+        }
+        if self.p.lookup(self.m, n).is_some() {
+            if self.p.module(self.m).imports.contains_key(n) {
+                self.used_imports.insert(n.to_string());
+            }
+            return;
+        }
+        if BUILTIN_VALUES.contains(&n) {
+            return;
+        }
+        let mut d = Diag::new(Code::UnknownName, span, format!("unknown name `{n}`")).label("not defined");
+        let candidates = self.candidates();
+        d = match did_you_mean(n, candidates.iter().map(String::as_str)) {
+            Some(h) => d.help(h),
+            None => d.help("define it with `let`, or import it with `use`"),
+        };
+        self.diags.push(d);
+    }
+
+    fn candidates(&self) -> Vec<String> {
+        let mut c: Vec<String> = self.scopes.iter().flatten().map(|b| b.name.clone()).collect();
+        let module = self.p.module(self.m);
+        c.extend(module.items.keys().cloned());
+        c.extend(module.imports.keys().cloned());
+        for pm in crate::program::PRELUDE {
+            if let Some(m) = self.p.modules.iter().find(|m| m.path == *pm) {
+                c.extend(m.items.keys().cloned());
+            }
+        }
+        c.extend(BUILTIN_VALUES.iter().map(|s| s.to_string()));
+        c
+    }
+
+    /// Marks an assignment target. False if no local has that name.
+    fn assign(&mut self, name: &Ident) -> bool {
+        self.scopes.iter().rev().any(|s| s.iter().any(|b| b.name == name.name))
+    }
+
+    fn bind(&mut self, name: &Ident, warn_unused: bool) {
+        let warn = warn_unused && !name.name.starts_with('_');
+        if let Some(scope) = self.scopes.last_mut() {
+            scope.push(Binding { name: name.name.clone(), span: name.span, used: false, warn_unused: warn });
+        }
+    }
+
+    fn shadow_check(&mut self, name: &Ident) {
+        if !self.user || self.local(&name.name) {
+            return;
+        }
+        if let Some(Def::Item(m, i)) = self.p.lookup(self.m, &name.name) {
+            let item = self.p.item(m, i);
+            if matches!(item.kind, ItemKind::Fn(_)) {
+                self.diags.push(
+                    Diag::new(Code::ShadowedItem, name.span, format!("`{}` shadows the function `{}`", name.name, name.name))
+                        .label("this local")
+                        .help(format!("rename the local; after this line `{}(...)` would not call the function", name.name)),
+                );
+            }
+        }
+    }
+
+    fn pop_scope(&mut self) {
+        let Some(scope) = self.scopes.pop() else { return };
+        for b in &scope {
+            if b.warn_unused && !b.used {
+                self.diags.push(
+                    Diag::new(Code::UnusedValue, b.span, format!("`{}` is never used", b.name))
+                        .label("defined here")
+                        .help(format!("remove it, or name it `_{}` to keep it", b.name)),
+                );
+            }
+        }
+    }
+
+    fn unused_imports(&mut self) {
+        let module = self.p.module(self.m);
+        let mut unused: Vec<(&String, Span)> = module
+            .imports
+            .iter()
+            .filter(|(n, (_, _, public))| !public && !self.used_imports.contains(*n))
+            .map(|(n, (_, s, _))| (n, *s))
+            .collect();
+        unused.sort_by_key(|(_, s)| *s);
+        for (n, s) in unused {
+            self.diags.push(
+                Diag::new(Code::UnusedValue, s, format!("import `{n}` is never used"))
+                    .label("imported here")
+                    .help("remove it from the `use`"),
+            );
+        }
+    }
+}
+
+/// The first names of the `{name.field}` interpolations of a string literal.
+pub fn interpolated_names(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while let Some(i) = rest.find(['{', '\\']) {
+        if rest[i..].starts_with('\\') {
+            rest = rest.get(i + 2..).unwrap_or("");
+            continue;
+        }
+        let Some(j) = rest[i..].find('}') else { break };
+        let path = &rest[i + 1..i + j];
+        out.push(path.split('.').next().unwrap_or("").trim());
+        rest = &rest[i + j + 1..];
+    }
+    out
+}
