@@ -10,7 +10,11 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "estc", version, about = "The est compiler: checks, trains, evaluates and exports declarative ML programs")]
+#[command(
+    name = "estc",
+    version,
+    about = "The est compiler: checks, trains, evaluates and exports declarative ML programs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -143,7 +147,12 @@ fn check(a: CheckArgs) -> i32 {
     }
     let mut config = Vec::new();
     for kv in &a.config {
-        let parsed = kv.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().replace('_', "").parse::<i64>().ok()?)));
+        let parsed = kv.split_once('=').and_then(|(k, v)| {
+            Some((
+                k.trim().to_string(),
+                v.trim().replace('_', "").parse::<i64>().ok()?,
+            ))
+        });
         match parsed {
             Some(p) => config.push(p),
             None => return usage(&format!("--config takes KEY=INTEGER, found `{kv}`")),
@@ -169,7 +178,10 @@ fn check(a: CheckArgs) -> i32 {
     };
     let checked = est::check(&program, &opts);
     if let Some(b) = &checked.bug {
-        eprintln!("internal compiler error: pass `{}` broke the IR: {}", b.pass, b.message);
+        eprintln!(
+            "internal compiler error: pass `{}` broke the IR: {}",
+            b.pass, b.message
+        );
         return 2;
     }
     let mut out = std::io::stdout().lock();
@@ -186,7 +198,14 @@ fn check(a: CheckArgs) -> i32 {
         }
         _ => {}
     }
-    report(&program, &checked.diags, a.message_format, a.color, a.emit.is_none(), checked.graphs.len())
+    report(
+        &program,
+        &checked.diags,
+        a.message_format,
+        a.color,
+        a.emit.is_none(),
+        checked.graphs.len(),
+    )
 }
 
 fn graph_title(c: &est::elab::Compiled) -> String {
@@ -194,8 +213,18 @@ fn graph_title(c: &est::elab::Compiled) -> String {
 }
 
 /// Prints the diagnostics and a summary; returns the exit status.
-fn report(program: &Program, diags: &[Diag], format: MessageFormat, color: Color, summary: bool, graphs: usize) -> i32 {
-    let errors = diags.iter().filter(|d| d.severity() == est::diag::Severity::Error).count();
+fn report(
+    program: &Program,
+    diags: &[Diag],
+    format: MessageFormat,
+    color: Color,
+    summary: bool,
+    graphs: usize,
+) -> i32 {
+    let errors = diags
+        .iter()
+        .filter(|d| d.severity() == est::diag::Severity::Error)
+        .count();
     let warnings = diags.len() - errors;
     if format == MessageFormat::Json {
         let mut out = std::io::stdout().lock();
@@ -211,15 +240,28 @@ fn report(program: &Program, diags: &[Diag], format: MessageFormat, color: Color
         };
         let width = if stderr.is_terminal() { 120 } else { 100 };
         let mut err = stderr.lock();
-        let _ = write!(err, "{}", render::render_all(diags, &program.sources, render::Style { color, width }));
+        let _ = write!(
+            err,
+            "{}",
+            render::render_all(diags, &program.sources, render::Style { color, width })
+        );
         if summary {
             let name = &program.root_module().path;
             let _ = name;
             let file = &program.sources.get(program.root_module().file).name;
             let _ = match (errors, warnings) {
                 (0, 0) => writeln!(err, "{file}: ok ({graphs} graphs checked)"),
-                (0, w) => writeln!(err, "{file}: ok with {w} warning{} ({graphs} graphs checked)", plural(w)),
-                (e, w) => writeln!(err, "{file}: {e} error{}, {w} warning{}", plural(e), plural(w)),
+                (0, w) => writeln!(
+                    err,
+                    "{file}: ok with {w} warning{} ({graphs} graphs checked)",
+                    plural(w)
+                ),
+                (e, w) => writeln!(
+                    err,
+                    "{file}: {e} error{}, {w} warning{}",
+                    plural(e),
+                    plural(w)
+                ),
             };
         }
     }
@@ -249,9 +291,21 @@ fn emit_syntax(program: &Program, emit: Option<Emit>) -> i32 {
             let _ = writeln!(out, "{:#?}", root.ast);
         }
     }
-    let errors = program.diags.iter().filter(|d| d.severity() == est::diag::Severity::Error).count();
+    let errors = program
+        .diags
+        .iter()
+        .filter(|d| d.severity() == est::diag::Severity::Error)
+        .count();
     if errors > 0 {
-        let _ = write!(std::io::stderr(), "{}", render::render_all(&program.diags.sorted(), &program.sources, render::Style::plain()));
+        let _ = write!(
+            std::io::stderr(),
+            "{}",
+            render::render_all(
+                &program.diags.sorted(),
+                &program.sources,
+                render::Style::plain()
+            )
+        );
     }
     i32::from(errors > 0)
 }
@@ -259,17 +313,32 @@ fn emit_syntax(program: &Program, emit: Option<Emit>) -> i32 {
 /// Reads a YAML file of `key: value` pairs as params overrides. Each value is written
 /// as est syntax and parsed like a `--param`.
 fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let yaml: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| format!("{}: invalid YAML: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&text)
+        .map_err(|e| format!("{}: invalid YAML: {e}", path.display()))?;
     let serde_yaml::Value::Mapping(map) = yaml else {
-        return Err(format!("{}: expected a mapping of params fields to values", path.display()));
+        return Err(format!(
+            "{}: expected a mapping of params fields to values",
+            path.display()
+        ));
     };
     for (k, v) in map {
         let key = match k {
             serde_yaml::Value::String(s) => s,
-            other => return Err(format!("{}: keys must be strings, found {other:?}", path.display())),
+            other => {
+                return Err(format!(
+                    "{}: keys must be strings, found {other:?}",
+                    path.display()
+                ))
+            }
         };
-        let value = yaml_to_est(&v).ok_or_else(|| format!("{}: the value of `{key}` is not a number, bool, string or list", path.display()))?;
+        let value = yaml_to_est(&v).ok_or_else(|| {
+            format!(
+                "{}: the value of `{key}` is not a number, bool, string or list",
+                path.display()
+            )
+        })?;
         program.add_override(&key, &value, &format!("{}: {key}", path.display()));
     }
     Ok(())
@@ -280,14 +349,24 @@ fn yaml_to_est(v: &serde_yaml::Value) -> Option<String> {
         serde_yaml::Value::Bool(b) => b.to_string(),
         serde_yaml::Value::Number(n) => {
             let s = n.to_string();
-            if n.is_f64() && !s.contains(['.', 'e', 'E']) && !s.contains("inf") && !s.contains("NaN") {
+            if n.is_f64()
+                && !s.contains(['.', 'e', 'E'])
+                && !s.contains("inf")
+                && !s.contains("NaN")
+            {
                 format!("{s}.0")
             } else {
                 s
             }
         }
         serde_yaml::Value::String(s) => serde_json::to_string(s).ok()?,
-        serde_yaml::Value::Sequence(xs) => format!("[{}]", xs.iter().map(yaml_to_est).collect::<Option<Vec<_>>>()?.join(", ")),
+        serde_yaml::Value::Sequence(xs) => format!(
+            "[{}]",
+            xs.iter()
+                .map(yaml_to_est)
+                .collect::<Option<Vec<_>>>()?
+                .join(", ")
+        ),
         _ => return None,
     })
 }
@@ -307,9 +386,17 @@ fn explain(a: ExplainArgs) -> i32 {
     match Code::from_id(&code) {
         Some(c) => {
             let info = c.info();
-            println!("{} ({}): {}\n\n{}", info.id, info.severity.name(), info.title, info.explanation);
+            println!(
+                "{} ({}): {}\n\n{}",
+                info.id,
+                info.severity.name(),
+                info.title,
+                info.explanation
+            );
             0
         }
-        None => usage(&format!("no diagnostic code `{code}`; `estc explain --list` lists them")),
+        None => usage(&format!(
+            "no diagnostic code `{code}`; `estc explain --list` lists them"
+        )),
     }
 }

@@ -62,7 +62,9 @@ pub struct Checked {
 
 impl Checked {
     pub fn has_errors(&self) -> bool {
-        self.diags.iter().any(|d| d.severity() == diag::Severity::Error)
+        self.diags
+            .iter()
+            .any(|d| d.severity() == diag::Severity::Error)
     }
 }
 
@@ -79,26 +81,43 @@ pub fn check(program: &Program, opts: &CheckOptions) -> Checked {
     };
     let (estimators, mut graphs, elab_diags) = elab::elaborate(program, &eopts);
     diags.extend(elab_diags.iter().cloned());
-    let ctx = PassCtx { target: opts.target };
+    let ctx = PassCtx {
+        target: opts.target,
+    };
     let mut bug = None;
     for c in &mut graphs {
         if let Err(b) = passes::run(&mut c.graph, &ctx, &mut diags, opts.verify) {
             bug.get_or_insert(b);
         }
         if opts.verify {
-            for g in c.input.iter().flat_map(|d| d.stages.iter()).filter_map(stage_graph) {
+            for g in c
+                .input
+                .iter()
+                .flat_map(|d| d.stages.iter())
+                .filter_map(stage_graph)
+            {
                 if let Err(message) = passes::verify(g) {
-                    bug.get_or_insert(passes::PassBug { pass: "elaborate (pipeline)", message });
+                    bug.get_or_insert(passes::PassBug {
+                        pass: "elaborate (pipeline)",
+                        message,
+                    });
                 }
             }
         }
     }
-    Checked { diags: diags.sorted(), estimators, graphs, bug }
+    Checked {
+        diags: diags.sorted(),
+        estimators,
+        graphs,
+        bug,
+    }
 }
 
 fn stage_graph(s: &elab::data::Stage) -> Option<&ir::Graph> {
     match &s.kind {
-        elab::data::StageKind::Map { graph, .. } | elab::data::StageKind::Filter { graph } => Some(graph),
+        elab::data::StageKind::Map { graph, .. } | elab::data::StageKind::Filter { graph } => {
+            Some(graph)
+        }
         _ => None,
     }
 }

@@ -10,13 +10,37 @@ use std::path::{Path, PathBuf};
 
 /// The standard library, embedded: (module path, file name, text).
 pub const STDLIB: &[(&str, &str, &str)] = &[
-    ("std.prim", "stdlib/prim.est", include_str!("../stdlib/prim.est")),
-    ("std.data", "stdlib/data.est", include_str!("../stdlib/data.est")),
-    ("std.optim", "stdlib/optim.est", include_str!("../stdlib/optim.est")),
+    (
+        "std.prim",
+        "stdlib/prim.est",
+        include_str!("../stdlib/prim.est"),
+    ),
+    (
+        "std.data",
+        "stdlib/data.est",
+        include_str!("../stdlib/data.est"),
+    ),
+    (
+        "std.optim",
+        "stdlib/optim.est",
+        include_str!("../stdlib/optim.est"),
+    ),
     ("std.nn", "stdlib/nn.est", include_str!("../stdlib/nn.est")),
-    ("std.losses", "stdlib/losses.est", include_str!("../stdlib/losses.est")),
-    ("std.metrics", "stdlib/metrics.est", include_str!("../stdlib/metrics.est")),
-    ("std.hooks", "stdlib/hooks.est", include_str!("../stdlib/hooks.est")),
+    (
+        "std.losses",
+        "stdlib/losses.est",
+        include_str!("../stdlib/losses.est"),
+    ),
+    (
+        "std.metrics",
+        "stdlib/metrics.est",
+        include_str!("../stdlib/metrics.est"),
+    ),
+    (
+        "std.hooks",
+        "stdlib/hooks.est",
+        include_str!("../stdlib/hooks.est"),
+    ),
 ];
 
 /// Modules whose items every module sees without `use`.
@@ -64,8 +88,8 @@ pub struct LoadError(pub String);
 impl Program {
     /// Loads the program rooted at `path`.
     pub fn load(path: &Path) -> Result<Program, LoadError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| LoadError(format!("cannot read {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| LoadError(format!("cannot read {}: {e}", path.display())))?;
         let dir = path.parent().map(Path::to_path_buf);
         Ok(Program::build(&path.display().to_string(), &text, dir))
     }
@@ -76,8 +100,7 @@ impl Program {
     }
 
     fn build(name: &str, text: &str, dir: Option<PathBuf>) -> Program {
-        let mut p =
-            Program {
+        let mut p = Program {
             sources: SourceMap::default(),
             modules: Vec::new(),
             root: ModId(0),
@@ -98,7 +121,14 @@ impl Program {
         p
     }
 
-    fn add_module(&mut self, path: String, name: &str, text: &str, is_std: bool, dir: Option<PathBuf>) -> ModId {
+    fn add_module(
+        &mut self,
+        path: String,
+        name: &str,
+        text: &str,
+        is_std: bool,
+        dir: Option<PathBuf>,
+    ) -> ModId {
         let file = self.sources.add(SourceFile::new(name, text));
         let (ast, diags) = crate::syntax::parse(file, text);
         self.diags.extend(diags);
@@ -107,29 +137,54 @@ impl Program {
         for (i, item) in ast.items.iter().enumerate() {
             let Some(n) = item.name() else { continue };
             // Estimators are run by name, never referred to: they have their own namespace.
-            let names = if matches!(item.kind, ItemKind::Estimator(_)) { &mut estimators } else { &mut items };
+            let names = if matches!(item.kind, ItemKind::Estimator(_)) {
+                &mut estimators
+            } else {
+                &mut items
+            };
             if let Some(&prev) = names.get(&n.name) {
                 let prev_span = ast.items[prev].name().map_or(item.span, |p| p.span);
                 self.diags.push(
-                    Diag::new(Code::DuplicateDefinition, n.span, format!("`{}` is defined twice", n.name))
-                        .label("second definition")
-                        .with(prev_span, "first definition")
-                        .help("rename or remove one of them"),
+                    Diag::new(
+                        Code::DuplicateDefinition,
+                        n.span,
+                        format!("`{}` is defined twice", n.name),
+                    )
+                    .label("second definition")
+                    .with(prev_span, "first definition")
+                    .help("rename or remove one of them"),
                 );
             } else {
                 names.insert(n.name.clone(), i);
             }
         }
-        self.modules.push(Module { path, file, ast, is_std, items, imports: FxHashMap::default(), dir });
+        self.modules.push(Module {
+            path,
+            file,
+            ast,
+            is_std,
+            items,
+            imports: FxHashMap::default(),
+            dir,
+        });
         ModId(self.modules.len() as u32 - 1)
     }
 
     /// Finds or loads the module with a dotted path. `None` if there is no such module.
-    fn module_by_path(&mut self, path: &str, by_path: &mut FxHashMap<String, ModId>) -> Option<ModId> {
+    fn module_by_path(
+        &mut self,
+        path: &str,
+        by_path: &mut FxHashMap<String, ModId>,
+    ) -> Option<ModId> {
         self.module_from(path, None, by_path)
     }
 
-    fn module_from(&mut self, path: &str, from: Option<ModId>, by_path: &mut FxHashMap<String, ModId>) -> Option<ModId> {
+    fn module_from(
+        &mut self,
+        path: &str,
+        from: Option<ModId>,
+        by_path: &mut FxHashMap<String, ModId>,
+    ) -> Option<ModId> {
         if let Some(&m) = by_path.get(path) {
             return Some(m);
         }
@@ -144,7 +199,13 @@ impl Program {
         let dir = from.and_then(|f| self.modules[f.0 as usize].dir.clone())?;
         let file = dir.join(path.replace('.', "/")).with_extension("est");
         let text = std::fs::read_to_string(&file).ok()?;
-        let m = self.add_module(path.to_string(), &file.display().to_string(), &text, false, file.parent().map(Path::to_path_buf));
+        let m = self.add_module(
+            path.to_string(),
+            &file.display().to_string(),
+            &text,
+            false,
+            file.parent().map(Path::to_path_buf),
+        );
         by_path.insert(path.to_string(), m);
         Some(m)
     }
@@ -207,10 +268,14 @@ impl Program {
         if let Some(&i) = module.items.get(&name.name) {
             let item_span = module.ast.items[i].name().map_or(name.span, |n| n.span);
             self.diags.push(
-                Diag::new(Code::DuplicateDefinition, name.span, format!("`{}` is imported and also defined here", name.name))
-                    .label("imported here")
-                    .with(item_span, "defined here")
-                    .help("import it under another name with `as`, or rename the item"),
+                Diag::new(
+                    Code::DuplicateDefinition,
+                    name.span,
+                    format!("`{}` is imported and also defined here", name.name),
+                )
+                .label("imported here")
+                .with(item_span, "defined here")
+                .help("import it under another name with `as`, or rename the item"),
             );
             return;
         }
@@ -218,20 +283,27 @@ impl Program {
             if *prev != def {
                 let prev_span = *prev_span;
                 self.diags.push(
-                    Diag::new(Code::DuplicateDefinition, name.span, format!("`{}` is imported twice", name.name))
-                        .label("second import")
-                        .with(prev_span, "first import")
-                        .help("import one of them under another name with `as`"),
+                    Diag::new(
+                        Code::DuplicateDefinition,
+                        name.span,
+                        format!("`{}` is imported twice", name.name),
+                    )
+                    .label("second import")
+                    .with(prev_span, "first import")
+                    .help("import one of them under another name with `as`"),
                 );
             }
             return;
         }
-        module.imports.insert(name.name.clone(), (def, name.span, public));
+        module
+            .imports
+            .insert(name.name.clone(), (def, name.span, public));
     }
 
     fn unknown_module(&mut self, path: &str, span: Span) {
         let std_names = STDLIB.iter().map(|(p, _, _)| *p);
-        let mut d = Diag::new(Code::UnknownModule, span, format!("no module `{path}`")).label("not found");
+        let mut d =
+            Diag::new(Code::UnknownModule, span, format!("no module `{path}`")).label("not found");
         d = match did_you_mean(path, std_names) {
             Some(h) => d.help(h),
             None => d.help("std modules: std.nn, std.losses, std.metrics, std.optim, std.data, std.hooks, std.prim; other paths are files relative to this one"),
@@ -245,8 +317,19 @@ impl Program {
         }
         let module = &self.modules[m.0 as usize];
         let mut names: Vec<&str> = module.items.keys().map(String::as_str).collect();
-        names.extend(module.imports.iter().filter(|(_, (_, _, p))| *p).map(|(k, _)| k.as_str()));
-        let mut d = Diag::new(Code::UnknownItem, span, format!("`{}` has no item `{name}`", module.path)).label("not found");
+        names.extend(
+            module
+                .imports
+                .iter()
+                .filter(|(_, (_, _, p))| *p)
+                .map(|(k, _)| k.as_str()),
+        );
+        let mut d = Diag::new(
+            Code::UnknownItem,
+            span,
+            format!("`{}` has no item `{name}`", module.path),
+        )
+        .label("not found");
         if let Some(h) = did_you_mean(name, names) {
             d = d.help(h);
         } else {
@@ -290,7 +373,10 @@ impl Program {
         let file = self.sources.add(SourceFile::new(origin, value));
         let (expr, diags) = crate::syntax::parse_expr(file, value);
         self.diags.extend(diags);
-        self.overrides.push(crate::elab::ParamOverride { key: key.to_string(), value: expr });
+        self.overrides.push(crate::elab::ParamOverride {
+            key: key.to_string(),
+            value: expr,
+        });
     }
 
     pub fn module(&self, m: ModId) -> &Module {

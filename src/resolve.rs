@@ -11,8 +11,30 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 /// Names that exist everywhere without an item behind them.
 pub const BUILTIN_VALUES: &[&str] = &[
-    "params", "mode", "target", "global_step", "train", "eval", "predict", "host", "wafer", "interp", "none", "f32",
-    "f16", "bf16", "i32", "u8", "bool", "i64", "bytes", "int", "float", "string", "same", "valid",
+    "params",
+    "mode",
+    "target",
+    "global_step",
+    "train",
+    "eval",
+    "predict",
+    "host",
+    "wafer",
+    "interp",
+    "none",
+    "f32",
+    "f16",
+    "bf16",
+    "i32",
+    "u8",
+    "bool",
+    "i64",
+    "bytes",
+    "int",
+    "float",
+    "string",
+    "same",
+    "valid",
 ];
 
 struct Binding {
@@ -78,10 +100,14 @@ impl<'p> Resolver<'p> {
                     for f in fields {
                         if let Some(prev) = params_seen.insert(f.name.name.clone(), f.name.span) {
                             self.diags.push(
-                                Diag::new(Code::DuplicateDefinition, f.name.span, format!("params field `{}` is declared twice", f.name.name))
-                                    .label("second declaration")
-                                    .with(prev, "first declaration")
-                                    .help("remove one of them"),
+                                Diag::new(
+                                    Code::DuplicateDefinition,
+                                    f.name.span,
+                                    format!("params field `{}` is declared twice", f.name.name),
+                                )
+                                .label("second declaration")
+                                .with(prev, "first declaration")
+                                .help("remove one of them"),
                             );
                         }
                         self.expr(&f.default);
@@ -97,10 +123,14 @@ impl<'p> Resolver<'p> {
         for f in fields {
             if let Some(prev) = seen.insert(&f.name.name, f.name.span) {
                 self.diags.push(
-                    Diag::new(Code::DuplicateDefinition, f.name.span, format!("`{}` is set twice", f.name.name))
-                        .label("second setting")
-                        .with(prev, "first setting")
-                        .help("remove one of them"),
+                    Diag::new(
+                        Code::DuplicateDefinition,
+                        f.name.span,
+                        format!("`{}` is set twice", f.name.name),
+                    )
+                    .label("second setting")
+                    .with(prev, "first setting")
+                    .help("remove one of them"),
                 );
             }
             match &f.value {
@@ -116,10 +146,14 @@ impl<'p> Resolver<'p> {
         for p in &f.params {
             if let Some(prev) = seen.insert(&p.name.name, p.name.span) {
                 self.diags.push(
-                    Diag::new(Code::DuplicateDefinition, p.name.span, format!("parameter `{}` is declared twice", p.name.name))
-                        .label("second declaration")
-                        .with(prev, "first declaration")
-                        .help("rename one of them"),
+                    Diag::new(
+                        Code::DuplicateDefinition,
+                        p.name.span,
+                        format!("parameter `{}` is declared twice", p.name.name),
+                    )
+                    .label("second declaration")
+                    .with(prev, "first declaration")
+                    .help("rename one of them"),
                 );
             }
             if let Some(d) = &p.default {
@@ -143,18 +177,25 @@ impl<'p> Resolver<'p> {
     /// named dimensions, bound for the body.
     fn type_dims(&mut self, t: &TypeExpr) {
         match t {
-            TypeExpr::Named { dims: Some(dims), .. } => {
+            TypeExpr::Named {
+                dims: Some(dims), ..
+            } => {
                 for d in dims {
                     match &d.kind {
                         ExprKind::Name(n) if !self.known(n) => {
-                            let id = Ident { name: n.clone(), span: d.span };
+                            let id = Ident {
+                                name: n.clone(),
+                                span: d.span,
+                            };
                             self.bind(&id, false);
                         }
                         _ => self.expr(d),
                     }
                 }
             }
-            TypeExpr::Named { dims: None, name, .. } => self.use_name(&name.name, name.span),
+            TypeExpr::Named {
+                dims: None, name, ..
+            } => self.use_name(&name.name, name.span),
             TypeExpr::List { elem, .. } => self.type_dims(elem),
         }
     }
@@ -183,9 +224,13 @@ impl<'p> Resolver<'p> {
             StmtKind::Assign { name, value } => {
                 self.expr(value);
                 if !self.assign(name) {
-                    let d = Diag::new(Code::AssignUndefined, name.span, format!("`{}` is not defined", name.name))
-                        .label("assigned here")
-                        .help(format!("introduce it first with `let {} = ...`", name.name));
+                    let d = Diag::new(
+                        Code::AssignUndefined,
+                        name.span,
+                        format!("`{}` is not defined", name.name),
+                    )
+                    .label("assigned here")
+                    .help(format!("introduce it first with `let {} = ...`", name.name));
                     self.diags.push(d);
                 }
             }
@@ -275,17 +320,26 @@ impl<'p> Resolver<'p> {
 
     /// `params.x` must name a declared field; `module.item` an existing item.
     fn field(&mut self, base: &Expr, f: &Ident) {
-        let ExprKind::Name(n) = &base.kind else { return };
+        let ExprKind::Name(n) = &base.kind else {
+            return;
+        };
         if self.local(n) {
             return;
         }
         if n == "params" && self.p.lookup(self.m, "params").is_none() {
             if !self.params_fields.contains(&f.name) {
-                let mut d = Diag::new(Code::UnknownField, f.span, format!("`params` has no field `{}`", f.name))
-                    .label("not declared");
+                let mut d = Diag::new(
+                    Code::UnknownField,
+                    f.span,
+                    format!("`params` has no field `{}`", f.name),
+                )
+                .label("not declared");
                 d = match did_you_mean(&f.name, self.params_fields.iter().map(String::as_str)) {
                     Some(h) => d.help(h),
-                    None => d.help(format!("declare it in the `params` block: `{}: int = ...`", f.name)),
+                    None => d.help(format!(
+                        "declare it in the `params` block: `{}: int = ...`",
+                        f.name
+                    )),
                 };
                 self.diags.push(d);
             }
@@ -294,8 +348,12 @@ impl<'p> Resolver<'p> {
         if let Some(Def::Module(m)) = self.p.lookup(self.m, n) {
             if self.p.member(m, &f.name).is_none() {
                 let module = self.p.module(m);
-                let mut d = Diag::new(Code::UnknownItem, f.span, format!("`{}` has no item `{}`", module.path, f.name))
-                    .label("not found");
+                let mut d = Diag::new(
+                    Code::UnknownItem,
+                    f.span,
+                    format!("`{}` has no item `{}`", module.path, f.name),
+                )
+                .label("not found");
                 if let Some(h) = did_you_mean(&f.name, module.items.keys().map(String::as_str)) {
                     d = d.help(h);
                 }
@@ -309,7 +367,10 @@ impl<'p> Resolver<'p> {
     }
 
     fn local(&self, n: &str) -> bool {
-        self.scopes.iter().rev().any(|s| s.iter().any(|b| b.name == n))
+        self.scopes
+            .iter()
+            .rev()
+            .any(|s| s.iter().any(|b| b.name == n))
     }
 
     fn use_name(&mut self, n: &str, span: Span) {
@@ -328,7 +389,8 @@ impl<'p> Resolver<'p> {
         if BUILTIN_VALUES.contains(&n) {
             return;
         }
-        let mut d = Diag::new(Code::UnknownName, span, format!("unknown name `{n}`")).label("not defined");
+        let mut d =
+            Diag::new(Code::UnknownName, span, format!("unknown name `{n}`")).label("not defined");
         let candidates = self.candidates();
         d = match did_you_mean(n, candidates.iter().map(String::as_str)) {
             Some(h) => d.help(h),
@@ -338,7 +400,12 @@ impl<'p> Resolver<'p> {
     }
 
     fn candidates(&self) -> Vec<String> {
-        let mut c: Vec<String> = self.scopes.iter().flatten().map(|b| b.name.clone()).collect();
+        let mut c: Vec<String> = self
+            .scopes
+            .iter()
+            .flatten()
+            .map(|b| b.name.clone())
+            .collect();
         let module = self.p.module(self.m);
         c.extend(module.items.keys().cloned());
         c.extend(module.imports.keys().cloned());
@@ -353,13 +420,21 @@ impl<'p> Resolver<'p> {
 
     /// Marks an assignment target. False if no local has that name.
     fn assign(&mut self, name: &Ident) -> bool {
-        self.scopes.iter().rev().any(|s| s.iter().any(|b| b.name == name.name))
+        self.scopes
+            .iter()
+            .rev()
+            .any(|s| s.iter().any(|b| b.name == name.name))
     }
 
     fn bind(&mut self, name: &Ident, warn_unused: bool) {
         let warn = warn_unused && !name.name.starts_with('_');
         if let Some(scope) = self.scopes.last_mut() {
-            scope.push(Binding { name: name.name.clone(), span: name.span, used: false, warn_unused: warn });
+            scope.push(Binding {
+                name: name.name.clone(),
+                span: name.span,
+                used: false,
+                warn_unused: warn,
+            });
         }
     }
 
@@ -371,22 +446,35 @@ impl<'p> Resolver<'p> {
             let item = self.p.item(m, i);
             if matches!(item.kind, ItemKind::Fn(_)) {
                 self.diags.push(
-                    Diag::new(Code::ShadowedItem, name.span, format!("`{}` shadows the function `{}`", name.name, name.name))
-                        .label("this local")
-                        .help(format!("rename the local; after this line `{}(...)` would not call the function", name.name)),
+                    Diag::new(
+                        Code::ShadowedItem,
+                        name.span,
+                        format!("`{}` shadows the function `{}`", name.name, name.name),
+                    )
+                    .label("this local")
+                    .help(format!(
+                        "rename the local; after this line `{}(...)` would not call the function",
+                        name.name
+                    )),
                 );
             }
         }
     }
 
     fn pop_scope(&mut self) {
-        let Some(scope) = self.scopes.pop() else { return };
+        let Some(scope) = self.scopes.pop() else {
+            return;
+        };
         for b in &scope {
             if b.warn_unused && !b.used {
                 self.diags.push(
-                    Diag::new(Code::UnusedValue, b.span, format!("`{}` is never used", b.name))
-                        .label("defined here")
-                        .help(format!("remove it, or name it `_{}` to keep it", b.name)),
+                    Diag::new(
+                        Code::UnusedValue,
+                        b.span,
+                        format!("`{}` is never used", b.name),
+                    )
+                    .label("defined here")
+                    .help(format!("remove it, or name it `_{}` to keep it", b.name)),
                 );
             }
         }

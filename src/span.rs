@@ -17,12 +17,20 @@ pub struct Span {
 
 impl Span {
     pub fn new(file: FileId, lo: usize, hi: usize) -> Span {
-        Span { file, lo: lo as u32, hi: hi as u32 }
+        Span {
+            file,
+            lo: lo as u32,
+            hi: hi as u32,
+        }
     }
 
     /// The smallest span covering both (in the file of `self`).
     pub fn to(self, other: Span) -> Span {
-        Span { file: self.file, lo: self.lo.min(other.lo), hi: self.hi.max(other.hi) }
+        Span {
+            file: self.file,
+            lo: self.lo.min(other.lo),
+            hi: self.hi.max(other.hi),
+        }
     }
 
     pub fn len(self) -> usize {
@@ -48,7 +56,11 @@ impl SourceFile {
         let text: Arc<str> = text.into();
         let mut line_starts = vec![0];
         line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
-        SourceFile { name: name.into(), text, line_starts }
+        SourceFile {
+            name: name.into(),
+            text,
+            line_starts,
+        }
     }
 
     /// 1-based line and column (in characters) of a byte offset.
@@ -59,7 +71,10 @@ impl SourceFile {
             Err(i) => i - 1,
         };
         let start = self.line_starts[line];
-        let col = self.text.get(start..offset).map_or(offset - start, |s| s.chars().count());
+        let col = self
+            .text
+            .get(start..offset)
+            .map_or(offset - start, |s| s.chars().count());
         (line + 1, col + 1)
     }
 }
@@ -86,6 +101,9 @@ impl SourceMap {
     }
 
     pub fn files(&self) -> impl Iterator<Item = (FileId, &SourceFile)> {
-        self.files.iter().enumerate().map(|(i, f)| (FileId(i as u32), f))
+        self.files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (FileId(i as u32), f))
     }
 }

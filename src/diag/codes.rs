@@ -40,7 +40,10 @@ impl Code {
 
     /// Looks a code up by its id, case-insensitively (`e0401`, `E0401`).
     pub fn from_id(id: &str) -> Option<Code> {
-        TABLE.iter().find(|c| c.id.eq_ignore_ascii_case(id.trim())).map(|c| c.code)
+        TABLE
+            .iter()
+            .find(|c| c.id.eq_ignore_ascii_case(id.trim()))
+            .map(|c| c.code)
     }
 }
 

@@ -45,7 +45,10 @@ impl Diag {
         Diag {
             code,
             message: message.into(),
-            primary: Label { span, text: String::new() },
+            primary: Label {
+                span,
+                text: String::new(),
+            },
             secondary: Vec::new(),
             help: None,
         }
@@ -63,7 +66,10 @@ impl Diag {
 
     /// Another span involved, with what it is.
     pub fn with(mut self, span: Span, text: impl Into<String>) -> Diag {
-        self.secondary.push(Label { span, text: text.into() });
+        self.secondary.push(Label {
+            span,
+            text: text.into(),
+        });
         self
     }
 
@@ -84,7 +90,10 @@ pub struct Diags {
 
 impl Diags {
     pub fn push(&mut self, d: Diag) {
-        if self.seen.insert((d.code, d.primary.span, d.message.clone())) {
+        if self
+            .seen
+            .insert((d.code, d.primary.span, d.message.clone()))
+        {
             self.list.push(d);
         }
     }
@@ -100,7 +109,10 @@ impl Diags {
     }
 
     pub fn error_count(&self) -> usize {
-        self.list.iter().filter(|d| d.severity() == Severity::Error).count()
+        self.list
+            .iter()
+            .filter(|d| d.severity() == Severity::Error)
+            .count()
     }
 
     pub fn warning_count(&self) -> usize {
@@ -123,14 +135,21 @@ impl Diags {
     pub fn sorted(&self) -> Vec<Diag> {
         let mut v = self.list.clone();
         v.sort_by(|a, b| {
-            (a.primary.span.file, a.primary.span.lo, a.code).cmp(&(b.primary.span.file, b.primary.span.lo, b.code))
+            (a.primary.span.file, a.primary.span.lo, a.code).cmp(&(
+                b.primary.span.file,
+                b.primary.span.lo,
+                b.code,
+            ))
         });
         v
     }
 }
 
 /// "did you mean `x`?" for the closest of `candidates`, if any is close enough.
-pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
+pub fn did_you_mean<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<String> {
     let mut best: Option<(usize, &str)> = None;
     for c in candidates {
         let d = edit_distance(name, c);
@@ -167,10 +186,22 @@ pub fn catalogue_markdown() -> String {
          in step with the compiler.\n\n| code | severity | title |\n| --- | --- | --- |\n",
     );
     for c in Code::all() {
-        out.push_str(&format!("| [{}](#{}) | {} | {} |\n", c.id, c.id.to_lowercase(), c.severity.name(), c.title));
+        out.push_str(&format!(
+            "| [{}](#{}) | {} | {} |\n",
+            c.id,
+            c.id.to_lowercase(),
+            c.severity.name(),
+            c.title
+        ));
     }
     for c in Code::all() {
-        out.push_str(&format!("\n## {}\n\n**{}** ({})\n\n```text\n{}\n```\n", c.id, c.title, c.severity.name(), c.explanation));
+        out.push_str(&format!(
+            "\n## {}\n\n**{}** ({})\n\n```text\n{}\n```\n",
+            c.id,
+            c.title,
+            c.severity.name(),
+            c.explanation
+        ));
     }
     out
 }

@@ -16,18 +16,30 @@ pub struct Style {
 impl Style {
     /// The style of snapshot tests: no colour, 100 columns.
     pub fn plain() -> Style {
-        Style { color: false, width: 100 }
+        Style {
+            color: false,
+            width: 100,
+        }
     }
 }
 
 /// Renders one diagnostic as a miette report.
 pub fn render(diag: &Diag, sources: &SourceMap, style: Style) -> String {
-    let theme = if style.color { GraphicalTheme::unicode() } else { GraphicalTheme::unicode_nocolor() };
+    let theme = if style.color {
+        GraphicalTheme::unicode()
+    } else {
+        GraphicalTheme::unicode_nocolor()
+    };
     let handler = GraphicalReportHandler::new_themed(theme).with_width(style.width);
     let report = Report::new(diag, sources);
     let mut out = String::new();
     if handler.render_report(&mut out, &report).is_err() {
-        out = format!("{}[{}]: {}\n", diag.severity().name(), diag.code.id(), diag.message);
+        out = format!(
+            "{}[{}]: {}\n",
+            diag.severity().name(),
+            diag.code.id(),
+            diag.message
+        );
     }
     out
 }
@@ -48,9 +60,17 @@ pub fn to_json(diag: &Diag, sources: &SourceMap) -> serde_json::Value {
     obj.insert("code".into(), diag.code.id().into());
     obj.insert("severity".into(), diag.severity().name().into());
     obj.insert("message".into(), diag.message.clone().into());
-    obj.insert("help".into(), diag.help.clone().map_or(serde_json::Value::Null, Into::into));
-    let related: Vec<serde_json::Value> =
-        diag.secondary.iter().map(|l| serde_json::Value::Object(location_json(l, sources))).collect();
+    obj.insert(
+        "help".into(),
+        diag.help
+            .clone()
+            .map_or(serde_json::Value::Null, Into::into),
+    );
+    let related: Vec<serde_json::Value> = diag
+        .secondary
+        .iter()
+        .map(|l| serde_json::Value::Object(location_json(l, sources)))
+        .collect();
     obj.insert("related".into(), related.into());
     serde_json::Value::Object(obj)
 }
@@ -88,29 +108,57 @@ struct Report {
 impl Report {
     fn new(diag: &Diag, sources: &SourceMap) -> Report {
         let file = diag.primary.span.file;
-        let mut report = Report::at(&diag.primary, sources, diag.code.id(), diag.severity(), diag.message.clone());
+        let mut report = Report::at(
+            &diag.primary,
+            sources,
+            diag.code.id(),
+            diag.severity(),
+            diag.message.clone(),
+        );
         report.help = diag.help.clone();
         for l in &diag.secondary {
             if l.span.file == file {
-                report.labels.push(LabeledSpan::new_with_span(Some(l.text.clone()), source_span(l.span)));
+                report.labels.push(LabeledSpan::new_with_span(
+                    Some(l.text.clone()),
+                    source_span(l.span),
+                ));
             } else {
-                let note = if l.text.is_empty() { "related".to_string() } else { l.text.clone() };
-                report.related.push(Report::at(l, sources, "", Severity::Warning, note));
+                let note = if l.text.is_empty() {
+                    "related".to_string()
+                } else {
+                    l.text.clone()
+                };
+                report
+                    .related
+                    .push(Report::at(l, sources, "", Severity::Warning, note));
             }
         }
         report
     }
 
-    fn at(label: &Label, sources: &SourceMap, code: &'static str, severity: Severity, message: String) -> Report {
+    fn at(
+        label: &Label,
+        sources: &SourceMap,
+        code: &'static str,
+        severity: Severity,
+        message: String,
+    ) -> Report {
         let f = sources.get(label.span.file);
-        let text = if label.text.is_empty() { None } else { Some(label.text.clone()) };
+        let text = if label.text.is_empty() {
+            None
+        } else {
+            Some(label.text.clone())
+        };
         Report {
             code,
             severity,
             message,
             help: None,
             source: NamedSource::new(f.name.clone(), f.text.to_string()),
-            labels: vec![LabeledSpan::new_primary_with_span(text, source_span(label.span))],
+            labels: vec![LabeledSpan::new_primary_with_span(
+                text,
+                source_span(label.span),
+            )],
             related: Vec::new(),
         }
     }
@@ -147,7 +195,9 @@ impl miette::Diagnostic for Report {
     }
 
     fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
-        self.help.as_ref().map(|h| Box::new(h) as Box<dyn fmt::Display>)
+        self.help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
     }
 
     fn source_code(&self) -> Option<&dyn miette::SourceCode> {
@@ -162,7 +212,9 @@ impl miette::Diagnostic for Report {
         if self.related.is_empty() {
             None
         } else {
-            Some(Box::new(self.related.iter().map(|r| r as &dyn miette::Diagnostic)))
+            Some(Box::new(
+                self.related.iter().map(|r| r as &dyn miette::Diagnostic),
+            ))
         }
     }
 }

@@ -32,7 +32,13 @@ fn scalar(d: DType) -> TensorType {
 }
 
 impl<'p> Elab<'p> {
-    pub(super) fn builtin(&mut self, name: &str, params: &'p [Param], vals: Vec<(Value<'p>, Span)>, call: Span) -> Value<'p> {
+    pub(super) fn builtin(
+        &mut self,
+        name: &str,
+        params: &'p [Param],
+        vals: Vec<(Value<'p>, Span)>,
+        call: Span,
+    ) -> Value<'p> {
         let a = Args { params, vals, call };
         if a.vals.iter().any(|(v, _)| matches!(v, Value::Error)) {
             return Value::Error;
@@ -54,7 +60,9 @@ impl<'p> Elab<'p> {
             "concat" => self.b_concat(&a),
             "slice" => self.b_slice(&a),
             "matmul" => self.b_matmul(&a),
-            "reduce_sum" | "reduce_mean" | "reduce_max" | "reduce_min" | "reduce_prod" => self.b_reduce(name, &a),
+            "reduce_sum" | "reduce_mean" | "reduce_max" | "reduce_min" | "reduce_prod" => {
+                self.b_reduce(name, &a)
+            }
             "argmax" | "argmin" => self.b_argmax(name, &a),
             "softmax" | "log_softmax" => self.b_softmax(name, &a),
             "one_hot" => self.b_one_hot(&a),
@@ -70,13 +78,17 @@ impl<'p> Elab<'p> {
             "pair" => {
                 let (v, s) = a.get("x");
                 match self.pair(&v, s) {
-                    Some([x, y]) => Value::List(Rc::new(vec![Value::Int(x as i64), Value::Int(y as i64)])),
+                    Some([x, y]) => {
+                        Value::List(Rc::new(vec![Value::Int(x as i64), Value::Int(y as i64)]))
+                    }
                     None => Value::Error,
                 }
             }
             "float" | "int" => self.b_convert(name, &a),
             "assign" => self.b_assign(&a),
-            "init_normal" | "init_truncated_normal" | "init_uniform" | "init_constant" => self.b_init(name, &a),
+            "init_normal" | "init_truncated_normal" | "init_uniform" | "init_constant" => {
+                self.b_init(name, &a)
+            }
             "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" => self.b_optimizer(name, &a),
             "clip_by_global_norm" => self.b_clip(&a),
             "accuracy" | "mean" | "precision" | "recall" | "auc" => self.b_metric(name, &a),
@@ -125,9 +137,13 @@ impl<'p> Elab<'p> {
             Some(j as usize)
         } else {
             self.diags.push(
-                Diag::new(Code::InvalidAxis, self.site(s), format!("axis {i} is out of range for a tensor of rank {rank}"))
-                    .label("out of range")
-                    .help(format!("axes run from {} to {}", -r, r - 1)),
+                Diag::new(
+                    Code::InvalidAxis,
+                    self.site(s),
+                    format!("axis {i} is out of range for a tensor of rank {rank}"),
+                )
+                .label("out of range")
+                .help(format!("axes run from {} to {}", -r, r - 1)),
             );
             None
         }
@@ -145,9 +161,13 @@ impl<'p> Elab<'p> {
                 if let Some(n) = n {
                     if out.len() != n {
                         self.diags.push(
-                            Diag::new(Code::InvalidShape, self.site(s), format!("expected {n} integers, found {}", out.len()))
-                                .label("wrong length")
-                                .help(format!("give one integer, or a list of {n}")),
+                            Diag::new(
+                                Code::InvalidShape,
+                                self.site(s),
+                                format!("expected {n} integers, found {}", out.len()),
+                            )
+                            .label("wrong length")
+                            .help(format!("give one integer, or a list of {n}")),
                         );
                         return None;
                     }
@@ -165,9 +185,13 @@ impl<'p> Elab<'p> {
         let xs = self.ints(v, s, Some(2))?;
         if xs.iter().any(|&x| x <= 0) {
             self.diags.push(
-                Diag::new(Code::InvalidShape, self.site(s), "window sizes, strides and dilations must be positive")
-                    .label("not positive")
-                    .help("use integers of 1 or more"),
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(s),
+                    "window sizes, strides and dilations must be positive",
+                )
+                .label("not positive")
+                .help("use integers of 1 or more"),
             );
             return None;
         }
@@ -193,7 +217,9 @@ impl<'p> Elab<'p> {
         if let Some(x) = static_unary(u, &v) {
             return Value::Float(x);
         }
-        let Some(x) = self.operand(&v, s, None) else { return Value::Error };
+        let Some(x) = self.operand(&v, s, None) else {
+            return Value::Error;
+        };
         self.op(Op::Unary(u), &[(x, s)], scalar(DType::F32), a.call)
     }
 
@@ -214,13 +240,20 @@ impl<'p> Elab<'p> {
             Value::Tensor(n) => Some(self.graph.ty(*n).dtype),
             _ => None,
         });
-        let (Some(x), Some(y)) = (self.operand(&va, sa, like), self.operand(&vb, sb, like)) else { return Value::Error };
+        let (Some(x), Some(y)) = (self.operand(&va, sa, like), self.operand(&vb, sb, like)) else {
+            return Value::Error;
+        };
         let op = match name {
             "maximum" => BinaryOp::Max,
             "minimum" => BinaryOp::Min,
             _ => BinaryOp::Pow,
         };
-        self.op(Op::Binary(op), &[(x, sa), (y, sb)], scalar(DType::F32), a.call)
+        self.op(
+            Op::Binary(op),
+            &[(x, sa), (y, sb)],
+            scalar(DType::F32),
+            a.call,
+        )
     }
 
     fn b_where(&mut self, a: &Args<'p>) -> Value<'p> {
@@ -230,26 +263,45 @@ impl<'p> Elab<'p> {
             Value::Tensor(n) => Some(self.graph.ty(*n).dtype),
             _ => None,
         });
-        let (Some(c), Some(x), Some(y)) = (self.operand(&vc, sc, Some(DType::Bool)), self.operand(&va, sa, like), self.operand(&vb, sb, like)) else {
+        let (Some(c), Some(x), Some(y)) = (
+            self.operand(&vc, sc, Some(DType::Bool)),
+            self.operand(&va, sa, like),
+            self.operand(&vb, sb, like),
+        ) else {
             return Value::Error;
         };
-        self.op(Op::Select, &[(c, sc), (x, sa), (y, sb)], scalar(DType::F32), a.call)
+        self.op(
+            Op::Select,
+            &[(c, sc), (x, sa), (y, sb)],
+            scalar(DType::F32),
+            a.call,
+        )
     }
 
     fn b_cast(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
-        let Some((x, s)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some(d) = self.dtype_arg(a, "dtype") else {
+            return Value::Error;
+        };
+        let Some((x, s)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         self.op(Op::Cast, &[(x, s)], scalar(d), a.call)
     }
 
     fn b_reshape(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let (vs, ss) = a.get("shape");
-        let Some(dims) = self.ints(&vs, ss, None) else { return Value::Error };
+        let Some(dims) = self.ints(&vs, ss, None) else {
+            return Value::Error;
+        };
         let ty = self.graph.ty(x).clone();
         let known: i64 = dims.iter().filter(|&&d| d != -1).product();
         let holes = dims.iter().filter(|&&d| d == -1).count();
-        let bad = dims.iter().any(|&d| d == 0 || d < -1) || holes > 1 || (holes == 1 && (known == 0 || ty.elements() as i64 % known != 0));
+        let bad = dims.iter().any(|&d| d == 0 || d < -1)
+            || holes > 1
+            || (holes == 1 && (known == 0 || ty.elements() as i64 % known != 0));
         if bad {
             return self.error(
                 Diag::new(Code::InvalidShape, self.site(ss), format!("{dims:?} is not a valid shape for {ty}"))
@@ -257,12 +309,28 @@ impl<'p> Elab<'p> {
                     .help("dimensions are positive; at most one may be -1 (inferred), and the element count must match"),
             );
         }
-        let shape: Vec<usize> = dims.iter().map(|&d| if d == -1 { (ty.elements() as i64 / known) as usize } else { d as usize }).collect();
-        self.op(Op::Reshape, &[(x, sx)], TensorType::new(ty.dtype, shape), a.call)
+        let shape: Vec<usize> = dims
+            .iter()
+            .map(|&d| {
+                if d == -1 {
+                    (ty.elements() as i64 / known) as usize
+                } else {
+                    d as usize
+                }
+            })
+            .collect();
+        self.op(
+            Op::Reshape,
+            &[(x, sx)],
+            TensorType::new(ty.dtype, shape),
+            a.call,
+        )
     }
 
     fn b_transpose(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let rank = self.graph.ty(x).rank();
         let perm = match a.get("perm") {
             (Value::None, _) => (0..rank).rev().collect(),
@@ -271,75 +339,141 @@ impl<'p> Elab<'p> {
                 None => return Value::Error,
             },
         };
-        self.op(Op::Transpose { perm }, &[(x, sx)], scalar(DType::F32), a.call)
+        self.op(
+            Op::Transpose { perm },
+            &[(x, sx)],
+            scalar(DType::F32),
+            a.call,
+        )
     }
 
     fn b_broadcast(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let (vs, ss) = a.get("shape");
-        let Some(shape) = self.shape_arg(&vs, ss) else { return Value::Error };
+        let Some(shape) = self.shape_arg(&vs, ss) else {
+            return Value::Error;
+        };
         let d = self.graph.ty(x).dtype;
-        self.op(Op::BroadcastTo, &[(x, sx)], TensorType::new(d, shape), a.call)
+        self.op(
+            Op::BroadcastTo,
+            &[(x, sx)],
+            TensorType::new(d, shape),
+            a.call,
+        )
     }
 
     fn b_expand_squeeze(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let ty = self.graph.ty(x).clone();
         let (va, sa) = a.get("axis");
         let mut shape = ty.shape.clone();
         if name == "expand_dims" {
-            let Some(ax) = self.axis(&va, sa, ty.rank() + 1) else { return Value::Error };
+            let Some(ax) = self.axis(&va, sa, ty.rank() + 1) else {
+                return Value::Error;
+            };
             shape.insert(ax, 1);
         } else {
-            let Some(ax) = self.axis(&va, sa, ty.rank()) else { return Value::Error };
+            let Some(ax) = self.axis(&va, sa, ty.rank()) else {
+                return Value::Error;
+            };
             if shape[ax] != 1 {
                 return self.error(
-                    Diag::new(Code::InvalidShape, self.site(sa), format!("axis {ax} of {ty} has size {}, not 1", shape[ax]))
-                        .label("cannot squeeze")
-                        .help("squeeze removes an axis of size 1"),
+                    Diag::new(
+                        Code::InvalidShape,
+                        self.site(sa),
+                        format!("axis {ax} of {ty} has size {}, not 1", shape[ax]),
+                    )
+                    .label("cannot squeeze")
+                    .help("squeeze removes an axis of size 1"),
                 );
             }
             shape.remove(ax);
         }
-        self.op(Op::Reshape, &[(x, sx)], TensorType::new(ty.dtype, shape), a.call)
+        self.op(
+            Op::Reshape,
+            &[(x, sx)],
+            TensorType::new(ty.dtype, shape),
+            a.call,
+        )
     }
 
     fn b_concat(&mut self, a: &Args<'p>) -> Value<'p> {
         let (vx, sx) = a.get("xs");
-        let Value::List(xs) = vx else { return self.expected("a list of tensors", &vx, sx) };
+        let Value::List(xs) = vx else {
+            return self.expected("a list of tensors", &vx, sx);
+        };
         let mut ops = Vec::with_capacity(xs.len());
         for x in xs.iter() {
-            let Some(n) = self.operand(x, sx, None) else { return Value::Error };
+            let Some(n) = self.operand(x, sx, None) else {
+                return Value::Error;
+            };
             ops.push((n, sx));
         }
         if ops.is_empty() {
-            return self.error(Diag::new(Code::InvalidShape, self.site(sx), "concat of an empty list").label("no tensors").help("pass at least one tensor"));
+            return self.error(
+                Diag::new(Code::InvalidShape, self.site(sx), "concat of an empty list")
+                    .label("no tensors")
+                    .help("pass at least one tensor"),
+            );
         }
         let rank = self.graph.ty(ops[0].0).rank();
         let (va, sa) = a.get("axis");
-        let Some(axis) = self.axis(&va, sa, rank) else { return Value::Error };
+        let Some(axis) = self.axis(&va, sa, rank) else {
+            return Value::Error;
+        };
         self.op(Op::Concat { axis }, &ops, scalar(DType::F32), a.call)
     }
 
     fn b_slice(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let rank = self.graph.ty(x).rank();
         let (va, sa) = a.get("axis");
-        let Some(axis) = self.axis(&va, sa, rank) else { return Value::Error };
-        let (Some(start), Some(end)) = (self.int_arg(a, "start"), self.int_arg(a, "end")) else { return Value::Error };
+        let Some(axis) = self.axis(&va, sa, rank) else {
+            return Value::Error;
+        };
+        let (Some(start), Some(end)) = (self.int_arg(a, "start"), self.int_arg(a, "end")) else {
+            return Value::Error;
+        };
         if start < 0 || end < 0 {
-            return self.error(Diag::new(Code::InvalidShape, self.site(a.call), "slice bounds must not be negative").label("negative bound").help("give start and end as 0-based positions"));
+            return self.error(
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(a.call),
+                    "slice bounds must not be negative",
+                )
+                .label("negative bound")
+                .help("give start and end as 0-based positions"),
+            );
         }
-        self.op(Op::Slice { axis, start: start as usize, end: end as usize }, &[(x, sx)], scalar(DType::F32), a.call)
+        self.op(
+            Op::Slice {
+                axis,
+                start: start as usize,
+                end: end as usize,
+            },
+            &[(x, sx)],
+            scalar(DType::F32),
+            a.call,
+        )
     }
 
     fn b_matmul(&mut self, a: &Args<'p>) -> Value<'p> {
-        let (Some(x), Some(y)) = (self.tensor_arg(a, "a"), self.tensor_arg(a, "b")) else { return Value::Error };
+        let (Some(x), Some(y)) = (self.tensor_arg(a, "a"), self.tensor_arg(a, "b")) else {
+            return Value::Error;
+        };
         self.op(Op::MatMul, &[x, y], scalar(DType::F32), a.call)
     }
 
     fn b_reduce(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let rank = self.graph.ty(x).rank();
         let (va, sa) = a.get("axis");
         let axes: Vec<usize> = match &va {
@@ -351,7 +485,9 @@ impl<'p> Elab<'p> {
             Value::List(xs) => {
                 let mut v = Vec::new();
                 for x in xs.iter() {
-                    let Some(ax) = self.axis(x, sa, rank) else { return Value::Error };
+                    let Some(ax) = self.axis(x, sa, rank) else {
+                        return Value::Error;
+                    };
                     v.push(ax);
                 }
                 v
@@ -359,7 +495,9 @@ impl<'p> Elab<'p> {
             other => return self.expected("an axis, a list of axes or `none`", &other.clone(), sa),
         };
         let (vk, sk) = a.get("keep_dims");
-        let Value::Bool(keep_dims) = vk else { return self.expected("bool", &vk, sk) };
+        let Value::Bool(keep_dims) = vk else {
+            return self.expected("bool", &vk, sk);
+        };
         let op = match name {
             "reduce_sum" => ReduceOp::Sum,
             "reduce_mean" => ReduceOp::Mean,
@@ -367,37 +505,71 @@ impl<'p> Elab<'p> {
             "reduce_min" => ReduceOp::Min,
             _ => ReduceOp::Prod,
         };
-        self.op(Op::Reduce { op, axes, keep_dims }, &[(x, sx)], scalar(DType::F32), a.call)
+        self.op(
+            Op::Reduce {
+                op,
+                axes,
+                keep_dims,
+            },
+            &[(x, sx)],
+            scalar(DType::F32),
+            a.call,
+        )
     }
 
     fn b_argmax(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let rank = self.graph.ty(x).rank();
         let (va, sa) = a.get("axis");
-        let Some(axis) = self.axis(&va, sa, rank) else { return Value::Error };
-        let op = if name == "argmax" { Op::ArgMax { axis } } else { Op::ArgMin { axis } };
+        let Some(axis) = self.axis(&va, sa, rank) else {
+            return Value::Error;
+        };
+        let op = if name == "argmax" {
+            Op::ArgMax { axis }
+        } else {
+            Op::ArgMin { axis }
+        };
         self.op(op, &[(x, sx)], scalar(DType::I32), a.call)
     }
 
     fn b_softmax(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let rank = self.graph.ty(x).rank();
         let (va, sa) = a.get("axis");
-        let Some(axis) = self.axis(&va, sa, rank) else { return Value::Error };
-        let op = if name == "softmax" { Op::Softmax { axis } } else { Op::LogSoftmax { axis } };
+        let Some(axis) = self.axis(&va, sa, rank) else {
+            return Value::Error;
+        };
+        let op = if name == "softmax" {
+            Op::Softmax { axis }
+        } else {
+            Op::LogSoftmax { axis }
+        };
         self.op(op, &[(x, sx)], scalar(DType::F32), a.call)
     }
 
     fn b_one_hot(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "indices") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "indices") else {
+            return Value::Error;
+        };
         let (vd, sd) = a.get("depth");
-        let Some(depth) = self.as_dim(&vd, sd) else { return Value::Error };
-        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let Some(depth) = self.as_dim(&vd, sd) else {
+            return Value::Error;
+        };
+        let Some(d) = self.dtype_arg(a, "dtype") else {
+            return Value::Error;
+        };
         self.op(Op::OneHot { depth }, &[(x, sx)], scalar(d), a.call)
     }
 
     fn b_gather(&mut self, a: &Args<'p>) -> Value<'p> {
-        let (Some(t), Some(i)) = (self.tensor_arg(a, "table"), self.tensor_arg(a, "indices")) else { return Value::Error };
+        let (Some(t), Some(i)) = (self.tensor_arg(a, "table"), self.tensor_arg(a, "indices"))
+        else {
+            return Value::Error;
+        };
         self.op(Op::Gather, &[t, i], scalar(DType::F32), a.call)
     }
 
@@ -412,18 +584,35 @@ impl<'p> Elab<'p> {
     }
 
     fn b_conv(&mut self, a: &Args<'p>) -> Value<'p> {
-        let (Some(x), Some(w)) = (self.tensor_arg(a, "x"), self.tensor_arg(a, "filter")) else { return Value::Error };
-        let ((vs, ss), (vd, sd)) = (a.get("strides"), a.get("dilation"));
-        let (Some(strides), Some(dilation), Some(padding)) = (self.pair(&vs, ss), self.pair(&vd, sd), self.padding_arg(a)) else {
+        let (Some(x), Some(w)) = (self.tensor_arg(a, "x"), self.tensor_arg(a, "filter")) else {
             return Value::Error;
         };
-        self.op(Op::Conv2d { strides, padding, dilation }, &[x, w], scalar(DType::F32), a.call)
+        let ((vs, ss), (vd, sd)) = (a.get("strides"), a.get("dilation"));
+        let (Some(strides), Some(dilation), Some(padding)) =
+            (self.pair(&vs, ss), self.pair(&vd, sd), self.padding_arg(a))
+        else {
+            return Value::Error;
+        };
+        self.op(
+            Op::Conv2d {
+                strides,
+                padding,
+                dilation,
+            },
+            &[x, w],
+            scalar(DType::F32),
+            a.call,
+        )
     }
 
     fn b_pool(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
-        let Some(x) = self.tensor_arg(a, "x") else { return Value::Error };
+        let Some(x) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
         let (vw, sw) = a.get("window");
-        let Some(window) = self.pair(&vw, sw) else { return Value::Error };
+        let Some(window) = self.pair(&vw, sw) else {
+            return Value::Error;
+        };
         let strides = match a.get("strides") {
             (Value::None, _) => window,
             (v, s) => match self.pair(&v, s) {
@@ -431,28 +620,58 @@ impl<'p> Elab<'p> {
                 None => return Value::Error,
             },
         };
-        let Some(padding) = self.padding_arg(a) else { return Value::Error };
-        let op = if name == "max_pool" { Op::MaxPool2d { window, strides, padding } } else { Op::AvgPool2d { window, strides, padding } };
+        let Some(padding) = self.padding_arg(a) else {
+            return Value::Error;
+        };
+        let op = if name == "max_pool" {
+            Op::MaxPool2d {
+                window,
+                strides,
+                padding,
+            }
+        } else {
+            Op::AvgPool2d {
+                window,
+                strides,
+                padding,
+            }
+        };
         self.op(op, &[x], scalar(DType::F32), a.call)
     }
 
     fn b_random(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
         let (vs, ss) = a.get("shape");
-        let Some(shape) = self.shape_arg(&vs, ss) else { return Value::Error };
-        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let Some(shape) = self.shape_arg(&vs, ss) else {
+            return Value::Error;
+        };
+        let Some(d) = self.dtype_arg(a, "dtype") else {
+            return Value::Error;
+        };
         let stream = self.random_stream();
-        let op = if name == "random_uniform" { Op::RandomUniform { stream } } else { Op::RandomNormal { stream } };
+        let op = if name == "random_uniform" {
+            Op::RandomUniform { stream }
+        } else {
+            Op::RandomNormal { stream }
+        };
         self.op(op, &[], TensorType::new(d, shape), a.call)
     }
 
     fn b_variable(&mut self, a: &Args<'p>) -> Value<'p> {
         let (vn, sn) = a.get("name");
-        let Value::Str(local) = vn else { return self.expected("a string", &vn, sn) };
+        let Value::Str(local) = vn else {
+            return self.expected("a string", &vn, sn);
+        };
         let (vs, ss) = a.get("shape");
-        let Some(shape) = self.shape_arg(&vs, ss) else { return Value::Error };
-        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let Some(shape) = self.shape_arg(&vs, ss) else {
+            return Value::Error;
+        };
+        let Some(d) = self.dtype_arg(a, "dtype") else {
+            return Value::Error;
+        };
         let (vt, st) = a.get("trainable");
-        let Value::Bool(trainable) = vt else { return self.expected("bool", &vt, st) };
+        let Value::Bool(trainable) = vt else {
+            return self.expected("bool", &vt, st);
+        };
         let (vi, si) = a.get("init");
         let init = match &vi {
             Value::Init(i) => i.clone(),
@@ -472,21 +691,38 @@ impl<'p> Elab<'p> {
         let name = self.variable_name(&local);
         if self.variables.contains_key(&name) {
             return self.error(
-                Diag::new(Code::DuplicateDefinition, self.site(sn), format!("variable `{name}` is made twice"))
-                    .label("second variable with this name in the same function call")
-                    .help("give each variable of a function a different name"),
+                Diag::new(
+                    Code::DuplicateDefinition,
+                    self.site(sn),
+                    format!("variable `{name}` is made twice"),
+                )
+                .label("second variable with this name in the same function call")
+                .help("give each variable of a function a different name"),
             );
         }
         let site = self.site(a.call);
-        let n = self.graph.add(Op::Variable { name: name.clone(), init, trainable }, &[], TensorType::new(d, shape), site);
+        let n = self.graph.add(
+            Op::Variable {
+                name: name.clone(),
+                init,
+                trainable,
+            },
+            &[],
+            TensorType::new(d, shape),
+            site,
+        );
         self.variables.insert(name, n);
         Value::Tensor(n)
     }
 
     fn b_fill(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
         let (vs, ss) = a.get("shape");
-        let Some(shape) = self.shape_arg(&vs, ss) else { return Value::Error };
-        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let Some(shape) = self.shape_arg(&vs, ss) else {
+            return Value::Error;
+        };
+        let Some(d) = self.dtype_arg(a, "dtype") else {
+            return Value::Error;
+        };
         let v = match name {
             "zeros" => 0.0,
             "ones" => 1.0,
@@ -496,12 +732,21 @@ impl<'p> Elab<'p> {
             },
         };
         let site = self.site(a.call);
-        Value::Tensor(self.graph.add(Op::Const { bits: v.to_bits() }, &[], TensorType::new(d, shape), site))
+        Value::Tensor(self.graph.add(
+            Op::Const { bits: v.to_bits() },
+            &[],
+            TensorType::new(d, shape),
+            site,
+        ))
     }
 
     fn b_decode_raw(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "bytes") else { return Value::Error };
-        let Some(d) = self.dtype_arg(a, "dtype") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "bytes") else {
+            return Value::Error;
+        };
+        let Some(d) = self.dtype_arg(a, "dtype") else {
+            return Value::Error;
+        };
         let len = match a.get("length") {
             (Value::None, _) => super::datasets::UNKNOWN_DIM,
             (v, s) => match self.as_dim(&v, s) {
@@ -517,7 +762,14 @@ impl<'p> Elab<'p> {
     fn b_shape(&mut self, a: &Args<'p>) -> Value<'p> {
         let (v, s) = a.get("x");
         match v {
-            Value::Tensor(n) => Value::List(Rc::new(self.graph.ty(n).shape.iter().map(|&d| Value::Int(d as i64)).collect())),
+            Value::Tensor(n) => Value::List(Rc::new(
+                self.graph
+                    .ty(n)
+                    .shape
+                    .iter()
+                    .map(|&d| Value::Int(d as i64))
+                    .collect(),
+            )),
             other => self.expected("a tensor", &other, s),
         }
     }
@@ -539,7 +791,15 @@ impl<'p> Elab<'p> {
             ("float" | "int", Value::Str(t)) => match (name, t.trim().parse::<f64>()) {
                 ("float", Ok(f)) => Value::Float(f),
                 ("int", Ok(f)) if f.fract() == 0.0 => Value::Int(f as i64),
-                _ => self.error(Diag::new(Code::StaticEvalError, self.site(s), format!("\"{t}\" is not a number")).label("not a number").help("convert strings that hold numbers")),
+                _ => self.error(
+                    Diag::new(
+                        Code::StaticEvalError,
+                        self.site(s),
+                        format!("\"{t}\" is not a number"),
+                    )
+                    .label("not a number")
+                    .help("convert strings that hold numbers"),
+                ),
             },
             _ => self.expected("a static number", &v, s),
         }
@@ -547,24 +807,47 @@ impl<'p> Elab<'p> {
 
     fn b_assign(&mut self, a: &Args<'p>) -> Value<'p> {
         let (vv, sv) = a.get("variable");
-        let Value::Tensor(var) = vv else { return self.expected("a variable", &vv, sv) };
-        let Op::Variable { name, trainable, .. } = self.graph.node(var).op.clone() else {
-            return self.error(Diag::new(Code::TypeMismatch, self.site(sv), "`assign` needs a variable").label("not a variable").help("assign to a value made by `variable(...)`"));
+        let Value::Tensor(var) = vv else {
+            return self.expected("a variable", &vv, sv);
+        };
+        let Op::Variable {
+            name, trainable, ..
+        } = self.graph.node(var).op.clone()
+        else {
+            return self.error(
+                Diag::new(
+                    Code::TypeMismatch,
+                    self.site(sv),
+                    "`assign` needs a variable",
+                )
+                .label("not a variable")
+                .help("assign to a value made by `variable(...)`"),
+            );
         };
         if trainable {
             return self.error(
-                Diag::new(Code::TypeMismatch, self.site(sv), format!("`{name}` is trainable; only the optimiser updates it"))
-                    .label("trainable variable")
-                    .help("make it with `trainable: false` to update it with `assign`"),
+                Diag::new(
+                    Code::TypeMismatch,
+                    self.site(sv),
+                    format!("`{name}` is trainable; only the optimiser updates it"),
+                )
+                .label("trainable variable")
+                .help("make it with `trainable: false` to update it with `assign`"),
             );
         }
-        let Some((x, sx)) = self.tensor_arg(a, "value") else { return Value::Error };
+        let Some((x, sx)) = self.tensor_arg(a, "value") else {
+            return Value::Error;
+        };
         let (want, got) = (self.graph.ty(var).clone(), self.graph.ty(x).clone());
         if want != got {
             return self.error(
-                Diag::new(Code::ShapeMismatch, self.site(sx), format!("cannot assign {got} to `{name}` of type {want}"))
-                    .label(format!("this is {got}"))
-                    .help("the new value must have the variable's shape and dtype"),
+                Diag::new(
+                    Code::ShapeMismatch,
+                    self.site(sx),
+                    format!("cannot assign {got} to `{name}` of type {want}"),
+                )
+                .label(format!("this is {got}"))
+                .help("the new value must have the variable's shape and dtype"),
             );
         }
         if self.mode == crate::syntax::ast::SectionKind::Train {
@@ -576,13 +859,25 @@ impl<'p> Elab<'p> {
     fn b_init(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
         let bits = |v: f64| (v as f32).to_bits();
         Value::Init(match name {
-            "init_normal" => Init::Normal { stddev_bits: bits(self.float_arg(a, "stddev").unwrap_or(0.0)) },
-            "init_truncated_normal" => Init::TruncatedNormal { stddev_bits: bits(self.float_arg(a, "stddev").unwrap_or(0.0)) },
+            "init_normal" => Init::Normal {
+                stddev_bits: bits(self.float_arg(a, "stddev").unwrap_or(0.0)),
+            },
+            "init_truncated_normal" => Init::TruncatedNormal {
+                stddev_bits: bits(self.float_arg(a, "stddev").unwrap_or(0.0)),
+            },
             "init_uniform" => {
-                let (lo, hi) = (self.float_arg(a, "lo").unwrap_or(0.0), self.float_arg(a, "hi").unwrap_or(0.0));
-                Init::Uniform { lo_bits: bits(lo), hi_bits: bits(hi) }
+                let (lo, hi) = (
+                    self.float_arg(a, "lo").unwrap_or(0.0),
+                    self.float_arg(a, "hi").unwrap_or(0.0),
+                );
+                Init::Uniform {
+                    lo_bits: bits(lo),
+                    hi_bits: bits(hi),
+                }
             }
-            _ => Init::Constant { bits: bits(self.float_arg(a, "value").unwrap_or(0.0)) },
+            _ => Init::Constant {
+                bits: bits(self.float_arg(a, "value").unwrap_or(0.0)),
+            },
         })
     }
 
@@ -590,8 +885,15 @@ impl<'p> Elab<'p> {
         let (lr, slr) = a.get("lr");
         match &lr {
             Value::Float(_) | Value::Int(_) => {}
-            Value::Tensor(n) if self.graph.ty(*n).rank() == 0 && self.graph.ty(*n).dtype.is_float() => {}
-            other => return self.expected("a learning rate (a float, or a scalar float tensor such as a schedule)", &other.clone(), slr),
+            Value::Tensor(n)
+                if self.graph.ty(*n).rank() == 0 && self.graph.ty(*n).dtype.is_float() => {}
+            other => {
+                return self.expected(
+                    "a learning rate (a float, or a scalar float tensor such as a schedule)",
+                    &other.clone(),
+                    slr,
+                )
+            }
         }
         let keys: &[&'static str] = match name {
             "sgd" => &[],
@@ -618,15 +920,33 @@ impl<'p> Elab<'p> {
             "adamw" => "adamw",
             _ => "rmsprop",
         };
-        Value::Optimizer(Rc::new(OptimizerVal { kind, lr, hyper, clip_global_norm: None, span: self.site(a.call) }))
+        Value::Optimizer(Rc::new(OptimizerVal {
+            kind,
+            lr,
+            hyper,
+            clip_global_norm: None,
+            span: self.site(a.call),
+        }))
     }
 
     fn b_clip(&mut self, a: &Args<'p>) -> Value<'p> {
         let (v, s) = a.get("optimizer");
-        let Value::Optimizer(o) = v else { return self.expected("an optimizer", &v, s) };
-        let Some(norm) = self.float_arg(a, "norm") else { return Value::Error };
+        let Value::Optimizer(o) = v else {
+            return self.expected("an optimizer", &v, s);
+        };
+        let Some(norm) = self.float_arg(a, "norm") else {
+            return Value::Error;
+        };
         if norm <= 0.0 {
-            return self.error(Diag::new(Code::StaticEvalError, self.site(a.call), "the clipping norm must be positive").label(format!("{norm}")).help("use a norm above 0"));
+            return self.error(
+                Diag::new(
+                    Code::StaticEvalError,
+                    self.site(a.call),
+                    "the clipping norm must be positive",
+                )
+                .label(format!("{norm}"))
+                .help("use a norm above 0"),
+            );
         }
         let mut o = (*o).clone();
         o.clip_global_norm = Some(norm);
@@ -642,18 +962,30 @@ impl<'p> Elab<'p> {
         let mut args = Vec::new();
         for &n in names {
             let (v, s) = a.get(n);
-            let Value::Tensor(t) = v else { return self.expected("a tensor", &v, s) };
+            let Value::Tensor(t) = v else {
+                return self.expected("a tensor", &v, s);
+            };
             args.push((n, t, s));
         }
         if args.len() == 2 {
-            let (t0, t1) = (self.graph.ty(args[0].1).clone(), self.graph.ty(args[1].1).clone());
+            let (t0, t1) = (
+                self.graph.ty(args[0].1).clone(),
+                self.graph.ty(args[1].1).clone(),
+            );
             if t0.shape != t1.shape {
                 return self.error(
-                    Diag::new(Code::ShapeMismatch, self.site(a.call), format!("`{name}` needs {} and {} of the same shape", args[0].0, args[1].0))
-                        .label(format!("{t0} and {t1}"))
-                        .with(self.site(args[0].2), format!("this is {t0}"))
-                        .with(self.site(args[1].2), format!("this is {t1}"))
-                        .help("for classes, compare labels with `argmax(logits, 1)`"),
+                    Diag::new(
+                        Code::ShapeMismatch,
+                        self.site(a.call),
+                        format!(
+                            "`{name}` needs {} and {} of the same shape",
+                            args[0].0, args[1].0
+                        ),
+                    )
+                    .label(format!("{t0} and {t1}"))
+                    .with(self.site(args[0].2), format!("this is {t0}"))
+                    .with(self.site(args[1].2), format!("this is {t1}"))
+                    .help("for classes, compare labels with `argmax(logits, 1)`"),
                 );
             }
         }
@@ -664,7 +996,11 @@ impl<'p> Elab<'p> {
             "recall" => "recall",
             _ => "auc",
         };
-        Value::Metric(Rc::new(MetricVal { reducer, args: args.into_iter().map(|(n, t, _)| (n, t)).collect(), span: self.site(a.call) }))
+        Value::Metric(Rc::new(MetricVal {
+            reducer,
+            args: args.into_iter().map(|(n, t, _)| (n, t)).collect(),
+            span: self.site(a.call),
+        }))
     }
 
     fn b_hook(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
@@ -675,10 +1011,16 @@ impl<'p> Elab<'p> {
         };
         let mut args = Vec::new();
         for &k in keys {
-            let Some(v) = self.int_arg(a, k) else { return Value::Error };
+            let Some(v) = self.int_arg(a, k) else {
+                return Value::Error;
+            };
             args.push((k, v));
         }
-        Value::Hook(Rc::new(HookVal { kind, args, span: self.site(a.call) }))
+        Value::Hook(Rc::new(HookVal {
+            kind,
+            args,
+            span: self.site(a.call),
+        }))
     }
 }
 

@@ -10,14 +10,20 @@ use std::fmt;
 /// tuples and records.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Elem {
-    Tensor { dtype: DType, dims: Vec<Option<usize>> },
+    Tensor {
+        dtype: DType,
+        dims: Vec<Option<usize>>,
+    },
     Tuple(Vec<Elem>),
     Record(Vec<(String, Elem)>),
 }
 
 impl Elem {
     pub fn scalar(dtype: DType) -> Elem {
-        Elem::Tensor { dtype, dims: Vec::new() }
+        Elem::Tensor {
+            dtype,
+            dims: Vec::new(),
+        }
     }
 
     /// The element with a leading batch dimension on every tensor.
@@ -26,10 +32,15 @@ impl Elem {
             Elem::Tensor { dtype, dims } => {
                 let mut d = vec![n];
                 d.extend(dims.iter().copied());
-                Elem::Tensor { dtype: *dtype, dims: d }
+                Elem::Tensor {
+                    dtype: *dtype,
+                    dims: d,
+                }
             }
             Elem::Tuple(xs) => Elem::Tuple(xs.iter().map(|x| x.batched(n)).collect()),
-            Elem::Record(fs) => Elem::Record(fs.iter().map(|(k, x)| (k.clone(), x.batched(n))).collect()),
+            Elem::Record(fs) => {
+                Elem::Record(fs.iter().map(|(k, x)| (k.clone(), x.batched(n))).collect())
+            }
         }
     }
 }
@@ -38,7 +49,10 @@ impl fmt::Display for Elem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Elem::Tensor { dtype, dims } => {
-                let d: Vec<String> = dims.iter().map(|d| d.map_or("?".to_string(), |v| v.to_string())).collect();
+                let d: Vec<String> = dims
+                    .iter()
+                    .map(|d| d.map_or("?".to_string(), |v| v.to_string()))
+                    .collect();
                 write!(f, "{dtype}[{}]", d.join(", "))
             }
             Elem::Tuple(xs) => {
@@ -66,35 +80,91 @@ pub enum PngLabels {
 /// stream of the stage before it.
 #[derive(Debug, Clone)]
 pub enum StageKind {
-    TfRecord { paths: Vec<String> },
-    Csv { path: String, header: bool, columns: Vec<(String, DType, usize)>, delimiter: u8 },
-    Text { path: String },
-    Png { pattern: String, channels: usize, height: usize, width: usize, dtype: DType, labels: PngLabels },
-    Npy { path: String, dtype: DType, dims: Vec<usize> },
-    Range { n: i64 },
+    TfRecord {
+        paths: Vec<String>,
+    },
+    Csv {
+        path: String,
+        header: bool,
+        columns: Vec<(String, DType, usize)>,
+        delimiter: u8,
+    },
+    Text {
+        path: String,
+    },
+    Png {
+        pattern: String,
+        channels: usize,
+        height: usize,
+        width: usize,
+        dtype: DType,
+        labels: PngLabels,
+    },
+    Npy {
+        path: String,
+        dtype: DType,
+        dims: Vec<usize>,
+    },
+    Range {
+        n: i64,
+    },
     /// Parse serialized `tf.Example`s into the named features.
-    Parse { features: Vec<(String, DType, Vec<usize>)> },
+    Parse {
+        features: Vec<(String, DType, Vec<usize>)>,
+    },
     /// The closure compiled to a graph: its inputs are the element's tensors (named by
     /// their path, e.g. `0`, `r.image_raw`), its outputs the new element's.
-    Map { graph: Box<Graph>, parallel: usize },
-    Filter { graph: Box<Graph> },
-    Shuffle { buffer: usize, seed: Option<i64> },
-    Repeat { count: Option<usize> },
-    Batch { size: usize, drop_remainder: bool, padded: bool },
-    Cache { id: Option<String>, version: Option<String> },
-    Prefetch { n: usize },
-    Shard { n: usize, index: usize },
-    Interleave { cycle_length: usize },
-    Take { n: usize },
-    Skip { n: usize },
-    Zip { other: Box<Dataset> },
+    Map {
+        graph: Box<Graph>,
+        parallel: usize,
+    },
+    Filter {
+        graph: Box<Graph>,
+    },
+    Shuffle {
+        buffer: usize,
+        seed: Option<i64>,
+    },
+    Repeat {
+        count: Option<usize>,
+    },
+    Batch {
+        size: usize,
+        drop_remainder: bool,
+        padded: bool,
+    },
+    Cache {
+        id: Option<String>,
+        version: Option<String>,
+    },
+    Prefetch {
+        n: usize,
+    },
+    Shard {
+        n: usize,
+        index: usize,
+    },
+    Interleave {
+        cycle_length: usize,
+    },
+    Take {
+        n: usize,
+    },
+    Skip {
+        n: usize,
+    },
+    Zip {
+        other: Box<Dataset>,
+    },
 }
 
 impl StageKind {
     pub fn name(&self) -> &'static str {
         match self {
             StageKind::TfRecord { .. } => "tfrecord",
-            StageKind::Csv { delimiter: b'\t', .. } => "tsv",
+            StageKind::Csv {
+                delimiter: b'\t', ..
+            } => "tsv",
             StageKind::Csv { .. } => "csv",
             StageKind::Text { .. } => "text",
             StageKind::Png { .. } => "png",
@@ -144,16 +214,23 @@ impl Dataset {
 
     /// The last `batch` stage, if any.
     pub fn batch(&self) -> Option<&Stage> {
-        self.stages.iter().rev().find(|s| matches!(s.kind, StageKind::Batch { .. }))
+        self.stages
+            .iter()
+            .rev()
+            .find(|s| matches!(s.kind, StageKind::Batch { .. }))
     }
 
     /// Whether the dataset repeats forever.
     pub fn repeats_forever(&self) -> bool {
-        self.stages.iter().any(|s| matches!(s.kind, StageKind::Repeat { count: None }))
+        self.stages
+            .iter()
+            .any(|s| matches!(s.kind, StageKind::Repeat { count: None }))
     }
 
     pub fn shuffles(&self) -> impl Iterator<Item = &Stage> {
-        self.stages.iter().filter(|s| matches!(s.kind, StageKind::Shuffle { .. }))
+        self.stages
+            .iter()
+            .filter(|s| matches!(s.kind, StageKind::Shuffle { .. }))
     }
 
     pub fn with(&self, stage: Stage) -> Dataset {

@@ -19,10 +19,20 @@ pub const UNKNOWN_DIM: usize = 1 << 31;
 
 impl<'p> Elab<'p> {
     /// Calls an `input` item: binds its arguments and evaluates its body.
-    pub(super) fn call_input(&mut self, m: ModId, i: usize, args: Vec<ArgVal<'p>>, span: Span) -> Value<'p> {
+    pub(super) fn call_input(
+        &mut self,
+        m: ModId,
+        i: usize,
+        args: Vec<ArgVal<'p>>,
+        span: Span,
+    ) -> Value<'p> {
         let p = self.p;
-        let ItemKind::Input(f) = &p.item(m, i).kind else { return Value::Error };
-        let Some(slots) = self.bind_args(&f.params, &f.name.name, args, span) else { return Value::Error };
+        let ItemKind::Input(f) = &p.item(m, i).kind else {
+            return Value::Error;
+        };
+        let Some(slots) = self.bind_args(&f.params, &f.name.name, args, span) else {
+            return Value::Error;
+        };
         self.in_frame(m, Vec::new(), span, |el| {
             for (param, slot) in f.params.iter().zip(slots) {
                 let (v, s) = match slot {
@@ -47,7 +57,15 @@ impl<'p> Elab<'p> {
 
     pub(super) fn data_builtin(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
         let call = self.site(a.call);
-        let source = |kind: StageKind, elem: Elem| Value::Dataset(Rc::new(Dataset { stages: vec![Stage { kind, span: call, elem }] }));
+        let source = |kind: StageKind, elem: Elem| {
+            Value::Dataset(Rc::new(Dataset {
+                stages: vec![Stage {
+                    kind,
+                    span: call,
+                    elem,
+                }],
+            }))
+        };
         match name {
             "tfrecord" => match self.paths(a, "paths") {
                 Some(paths) => source(StageKind::TfRecord { paths }, Elem::scalar(DType::Bytes)),
@@ -102,7 +120,15 @@ impl<'p> Elab<'p> {
         let (v, s) = a.get(name);
         let i = self.as_int(&v, s)?;
         if i < 0 {
-            self.diags.push(Diag::new(Code::StaticEvalError, self.site(s), format!("`{name}` must not be negative")).label(format!("{i}")).help("use 0 or more"));
+            self.diags.push(
+                Diag::new(
+                    Code::StaticEvalError,
+                    self.site(s),
+                    format!("`{name}` must not be negative"),
+                )
+                .label(format!("{i}"))
+                .help("use 0 or more"),
+            );
             return None;
         }
         Some(i as usize)
@@ -119,7 +145,11 @@ impl<'p> Elab<'p> {
             Value::DType(d) => (*d, Vec::new()),
             Value::Type(t) => (t.dtype, t.dims.iter().map(|d| d.unwrap_or(1)).collect()),
             other => {
-                self.expected("a dtype or a tensor type such as `f32[64]`", &other.clone(), s);
+                self.expected(
+                    "a dtype or a tensor type such as `f32[64]`",
+                    &other.clone(),
+                    s,
+                );
                 return None;
             }
         };
@@ -133,7 +163,11 @@ impl<'p> Elab<'p> {
     fn schema(&mut self, a: &Args<'p>, name: &str) -> Option<Vec<(String, DType, Vec<usize>)>> {
         let (v, s) = a.get(name);
         let Value::Record(fs) = v else {
-            self.expected("a record of types, such as `{ image: bytes, label: i32 }`", &v, s);
+            self.expected(
+                "a record of types, such as `{ image: bytes, label: i32 }`",
+                &v,
+                s,
+            );
             return None;
         };
         let mut out = Vec::new();
@@ -145,20 +179,41 @@ impl<'p> Elab<'p> {
     }
 
     fn record_elem(schema: &[(String, DType, Vec<usize>)]) -> Elem {
-        Elem::Record(schema.iter().map(|(k, d, dims)| (k.clone(), Elem::Tensor { dtype: *d, dims: dims.iter().map(|&x| Some(x)).collect() })).collect())
+        Elem::Record(
+            schema
+                .iter()
+                .map(|(k, d, dims)| {
+                    (
+                        k.clone(),
+                        Elem::Tensor {
+                            dtype: *d,
+                            dims: dims.iter().map(|&x| Some(x)).collect(),
+                        },
+                    )
+                })
+                .collect(),
+        )
     }
 
     fn csv(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
-        let (Some(path), Some(schema)) = (self.string(a, "path"), self.schema(a, "columns")) else { return Value::Error };
+        let (Some(path), Some(schema)) = (self.string(a, "path"), self.schema(a, "columns")) else {
+            return Value::Error;
+        };
         let (vh, sh) = a.get("header");
-        let Value::Bool(header) = vh else { return self.expected("bool", &vh, sh) };
+        let Value::Bool(header) = vh else {
+            return self.expected("bool", &vh, sh);
+        };
         let mut columns = Vec::new();
         for (k, d, dims) in &schema {
             if dims.len() > 1 || *d == DType::Bytes && !dims.is_empty() {
                 return self.error(
-                    Diag::new(Code::InvalidShape, self.site(a.get("columns").1), format!("column `{k}` must be a scalar or a vector"))
-                        .label("a CSV column group is one value or a run of values")
-                        .help("write `f32` for one value or `f32[n]` for n consecutive values"),
+                    Diag::new(
+                        Code::InvalidShape,
+                        self.site(a.get("columns").1),
+                        format!("column `{k}` must be a scalar or a vector"),
+                    )
+                    .label("a CSV column group is one value or a run of values")
+                    .help("write `f32` for one value or `f32[n]` for n consecutive values"),
                 );
             }
             columns.push((k.clone(), *d, dims.first().copied().unwrap_or(1)));
@@ -166,35 +221,94 @@ impl<'p> Elab<'p> {
         let elem = Self::record_elem(&schema);
         let delimiter = if name == "tsv" { b'\t' } else { b',' };
         let call = self.site(a.call);
-        Value::Dataset(Rc::new(Dataset { stages: vec![Stage { kind: StageKind::Csv { path, header, columns, delimiter }, span: call, elem }] }))
+        Value::Dataset(Rc::new(Dataset {
+            stages: vec![Stage {
+                kind: StageKind::Csv {
+                    path,
+                    header,
+                    columns,
+                    delimiter,
+                },
+                span: call,
+                elem,
+            }],
+        }))
     }
 
     fn png(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some(pattern) = self.string(a, "pattern") else { return Value::Error };
-        let (Some(height), Some(width), Some(channels)) = (self.int_pos(a, "height"), self.int_pos(a, "width"), self.int_pos(a, "channels")) else {
+        let Some(pattern) = self.string(a, "pattern") else {
+            return Value::Error;
+        };
+        let (Some(height), Some(width), Some(channels)) = (
+            self.int_pos(a, "height"),
+            self.int_pos(a, "width"),
+            self.int_pos(a, "channels"),
+        ) else {
             return Value::Error;
         };
         if ![1, 2, 3, 4].contains(&channels) {
-            return self.error(Diag::new(Code::StaticEvalError, self.site(a.get("channels").1), format!("{channels} channels")).label("not 1, 2, 3 or 4").help("PNG images have 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels"));
+            return self.error(
+                Diag::new(
+                    Code::StaticEvalError,
+                    self.site(a.get("channels").1),
+                    format!("{channels} channels"),
+                )
+                .label("not 1, 2, 3 or 4")
+                .help("PNG images have 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels"),
+            );
         }
-        let Some(dtype) = self.dtype_arg_pub(a, "dtype") else { return Value::Error };
+        let Some(dtype) = self.dtype_arg_pub(a, "dtype") else {
+            return Value::Error;
+        };
         let labels = match a.get("labels") {
             (Value::Str(s), _) if &*s == "folder" => PngLabels::Folder,
             (Value::Str(s), _) => PngLabels::Csv(s.to_string()),
             (v, s) => return self.expected("\"folder\" or the path of a CSV", &v, s),
         };
-        let elem = Elem::Tuple(vec![Elem::Tensor { dtype, dims: vec![Some(height), Some(width), Some(channels)] }, Elem::scalar(DType::I32)]);
+        let elem = Elem::Tuple(vec![
+            Elem::Tensor {
+                dtype,
+                dims: vec![Some(height), Some(width), Some(channels)],
+            },
+            Elem::scalar(DType::I32),
+        ]);
         let call = self.site(a.call);
-        Value::Dataset(Rc::new(Dataset { stages: vec![Stage { kind: StageKind::Png { pattern, channels, height, width, dtype, labels }, span: call, elem }] }))
+        Value::Dataset(Rc::new(Dataset {
+            stages: vec![Stage {
+                kind: StageKind::Png {
+                    pattern,
+                    channels,
+                    height,
+                    width,
+                    dtype,
+                    labels,
+                },
+                span: call,
+                elem,
+            }],
+        }))
     }
 
     fn npy(&mut self, a: &Args<'p>) -> Value<'p> {
-        let Some(path) = self.string(a, "path") else { return Value::Error };
+        let Some(path) = self.string(a, "path") else {
+            return Value::Error;
+        };
         let (v, s) = a.get("element");
-        let Some((dtype, dims)) = self.feature_type(&v, s) else { return Value::Error };
-        let elem = Elem::Tensor { dtype, dims: dims.iter().map(|&d| Some(d)).collect() };
+        let Some((dtype, dims)) = self.feature_type(&v, s) else {
+            return Value::Error;
+        };
+        let elem = Elem::Tensor {
+            dtype,
+            dims: dims.iter().map(|&d| Some(d)).collect(),
+        };
         let call = self.site(a.call);
-        Value::Dataset(Rc::new(Dataset { stages: vec![Stage { kind: StageKind::Npy { path, dtype, dims }, span: call, elem }] }))
+        Value::Dataset(Rc::new(Dataset {
+            stages: vec![Stage {
+                kind: StageKind::Npy { path, dtype, dims },
+                span: call,
+                elem,
+            }],
+        }))
     }
 
     pub(super) fn dtype_arg_pub(&mut self, a: &Args<'p>, name: &str) -> Option<DType> {
@@ -215,9 +329,15 @@ impl<'p> Elab<'p> {
         let (vd, sd) = a.get("ds");
         let Value::Dataset(ds) = vd else {
             return self.error(
-                Diag::new(Code::TypeMismatch, self.site(sd), format!("`{name}` needs a dataset, found {}", vd.kind()))
-                    .label(vd.kind())
-                    .help(format!("apply it to a dataset: `source(...) |> {name}(...)`")),
+                Diag::new(
+                    Code::TypeMismatch,
+                    self.site(sd),
+                    format!("`{name}` needs a dataset, found {}", vd.kind()),
+                )
+                .label(vd.kind())
+                .help(format!(
+                    "apply it to a dataset: `source(...) |> {name}(...)`"
+                )),
             );
         };
         let before = ds.elem().clone();
@@ -329,20 +449,39 @@ impl<'p> Elab<'p> {
                 )
             }
         };
-        let stage = Stage { kind, span: self.site(a.call), elem };
+        let stage = Stage {
+            kind,
+            span: self.site(a.call),
+            elem,
+        };
         Value::Dataset(Rc::new(ds.with(stage)))
     }
 
     /// Compiles a `map` or `filter` closure over one element into its own graph. The
     /// element's tensors are the graph's inputs; the result's are its outputs.
-    fn compile_closure(&mut self, f: &Value<'p>, fs: Span, elem: &Elem, call: Span) -> Option<(Graph, Elem)> {
+    fn compile_closure(
+        &mut self,
+        f: &Value<'p>,
+        fs: Span,
+        elem: &Elem,
+        call: Span,
+    ) -> Option<(Graph, Elem)> {
         if !matches!(f, Value::Closure(_) | Value::Func(..)) {
             self.expected("a closure such as `|r| r.x`", f, fs);
             return None;
         }
         let outer = std::mem::take(&mut self.graph);
         let arg = self.elem_value(elem, "", fs);
-        let result = self.call(f.clone(), fs, vec![ArgVal { name: None, value: arg, span: fs }], call);
+        let result = self.call(
+            f.clone(),
+            fs,
+            vec![ArgVal {
+                name: None,
+                value: arg,
+                span: fs,
+            }],
+            call,
+        );
         let out = self.value_elem(&result, "", fs);
         let graph = std::mem::replace(&mut self.graph, outer);
         out.map(|e| (graph, e))
@@ -352,12 +491,30 @@ impl<'p> Elab<'p> {
         match e {
             Elem::Tensor { dtype, dims } => {
                 let shape = dims.iter().map(|d| d.unwrap_or(UNKNOWN_DIM)).collect();
-                let name = if path.is_empty() { "element".to_string() } else { path.to_string() };
+                let name = if path.is_empty() {
+                    "element".to_string()
+                } else {
+                    path.to_string()
+                };
                 let site = self.site(span);
-                Value::Tensor(self.graph.add(Op::Input { name }, &[], TensorType::new(*dtype, shape), site))
+                Value::Tensor(self.graph.add(
+                    Op::Input { name },
+                    &[],
+                    TensorType::new(*dtype, shape),
+                    site,
+                ))
             }
-            Elem::Tuple(xs) => Value::Tuple(Rc::new(xs.iter().enumerate().map(|(i, x)| self.elem_value(x, &join(path, &i.to_string()), span)).collect())),
-            Elem::Record(fs) => Value::Record(Rc::new(fs.iter().map(|(k, x)| (k.clone(), self.elem_value(x, &join(path, k), span))).collect())),
+            Elem::Tuple(xs) => Value::Tuple(Rc::new(
+                xs.iter()
+                    .enumerate()
+                    .map(|(i, x)| self.elem_value(x, &join(path, &i.to_string()), span))
+                    .collect(),
+            )),
+            Elem::Record(fs) => Value::Record(Rc::new(
+                fs.iter()
+                    .map(|(k, x)| (k.clone(), self.elem_value(x, &join(path, k), span)))
+                    .collect(),
+            )),
         }
     }
 
@@ -365,16 +522,40 @@ impl<'p> Elab<'p> {
         match v {
             Value::Tensor(n) => {
                 let ty = self.graph.ty(*n).clone();
-                let name = if path.is_empty() { "element".to_string() } else { path.to_string() };
-                self.graph.outputs.push(Output { name, role: Role::Element, node: *n });
-                Some(Elem::Tensor { dtype: ty.dtype, dims: ty.shape.iter().map(|&d| (d != UNKNOWN_DIM).then_some(d)).collect() })
+                let name = if path.is_empty() {
+                    "element".to_string()
+                } else {
+                    path.to_string()
+                };
+                self.graph.outputs.push(Output {
+                    name,
+                    role: Role::Element,
+                    node: *n,
+                });
+                Some(Elem::Tensor {
+                    dtype: ty.dtype,
+                    dims: ty
+                        .shape
+                        .iter()
+                        .map(|&d| (d != UNKNOWN_DIM).then_some(d))
+                        .collect(),
+                })
             }
             Value::Int(_) | Value::Float(_) | Value::Bool(_) => {
                 let n = self.operand(v, span, None)?;
                 self.value_elem(&Value::Tensor(n), path, span)
             }
-            Value::Tuple(xs) => xs.iter().enumerate().map(|(i, x)| self.value_elem(x, &join(path, &i.to_string()), span)).collect::<Option<Vec<_>>>().map(Elem::Tuple),
-            Value::Record(fs) => fs.iter().map(|(k, x)| Some((k.clone(), self.value_elem(x, &join(path, k), span)?))).collect::<Option<Vec<_>>>().map(Elem::Record),
+            Value::Tuple(xs) => xs
+                .iter()
+                .enumerate()
+                .map(|(i, x)| self.value_elem(x, &join(path, &i.to_string()), span))
+                .collect::<Option<Vec<_>>>()
+                .map(Elem::Tuple),
+            Value::Record(fs) => fs
+                .iter()
+                .map(|(k, x)| Some((k.clone(), self.value_elem(x, &join(path, k), span)?)))
+                .collect::<Option<Vec<_>>>()
+                .map(Elem::Record),
             Value::Error => None,
             other => {
                 self.expected("tensors (in a tuple or record)", &other.clone(), span);

@@ -58,21 +58,55 @@ impl Default for Config {
 }
 
 const CONFIG_KEYS: &[&str] = &[
-    "iterations_per_loop", "num_shards", "save_checkpoint_steps", "save_summary_steps", "keep_checkpoint_max", "random_seed",
-    "input_workers", "log_step_count_steps",
+    "iterations_per_loop",
+    "num_shards",
+    "save_checkpoint_steps",
+    "save_summary_steps",
+    "keep_checkpoint_max",
+    "random_seed",
+    "input_workers",
+    "log_step_count_steps",
 ];
 
 const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
-    ("save_checkpoint_secs", "use `save_checkpoint_steps`: checkpoints are taken at step boundaries"),
-    ("train_distribute", "use `num_shards` to replicate the step over shards"),
-    ("device_fn", "placement is the compiler's job; choose a target with `--target`"),
+    (
+        "save_checkpoint_secs",
+        "use `save_checkpoint_steps`: checkpoints are taken at step boundaries",
+    ),
+    (
+        "train_distribute",
+        "use `num_shards` to replicate the step over shards",
+    ),
+    (
+        "device_fn",
+        "placement is the compiler's job; choose a target with `--target`",
+    ),
     ("protocol", "est chooses its own transport"),
-    ("eval_distribute", "use `num_shards` to replicate the step over shards"),
-    ("experimental_distribute", "use `num_shards` to replicate the step over shards"),
-    ("experimental_max_worker_delay_secs", "shards run synchronously; there is no worker delay"),
+    (
+        "eval_distribute",
+        "use `num_shards` to replicate the step over shards",
+    ),
+    (
+        "experimental_distribute",
+        "use `num_shards` to replicate the step over shards",
+    ),
+    (
+        "experimental_max_worker_delay_secs",
+        "shards run synchronously; there is no worker delay",
+    ),
 ];
 
-const FIELDS: &[&str] = &["model", "train_input", "eval_input", "predict_input", "model_dir", "train_steps", "eval_steps", "hooks", "config"];
+const FIELDS: &[&str] = &[
+    "model",
+    "train_input",
+    "eval_input",
+    "predict_input",
+    "model_dir",
+    "train_steps",
+    "eval_steps",
+    "hooks",
+    "config",
+];
 
 /// What `estc` needs to run an estimator, besides its graphs.
 #[derive(Debug, Clone)]
@@ -118,10 +152,22 @@ pub fn elaborate(p: &Program, opts: &ElabOptions) -> (Vec<EstimatorInfo>, Vec<Co
         if !estimators.iter().any(|e| &e.name.name == want) {
             let names: Vec<&str> = estimators.iter().map(|e| e.name.name.as_str()).collect();
             let span = crate::span::Span::new(root.file, 0, 0);
-            let mut d = Diag::new(Code::InvalidEstimator, span, format!("no estimator named `{want}`")).label("in this file");
+            let mut d = Diag::new(
+                Code::InvalidEstimator,
+                span,
+                format!("no estimator named `{want}`"),
+            )
+            .label("in this file");
             d = match did_you_mean(want, names.iter().copied()) {
                 Some(h) => d.help(h),
-                None => d.help(format!("the estimators are: {}", if names.is_empty() { "none".to_string() } else { names.join(", ") })),
+                None => d.help(format!(
+                    "the estimators are: {}",
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                )),
             };
             diags.push(d);
         }
@@ -140,11 +186,21 @@ pub fn elaborate(p: &Program, opts: &ElabOptions) -> (Vec<EstimatorInfo>, Vec<Co
     if opts.estimator.is_none() {
         for item in &root.ast.items {
             if let ItemKind::Model(f) = &item.kind {
-                if !estimators.iter().any(|e| field(e, "model").is_some_and(|x| matches!(&x.kind, ExprKind::Name(n) if *n == f.name.name))) {
+                if !estimators.iter().any(|e| {
+                    field(e, "model")
+                        .is_some_and(|x| matches!(&x.kind, ExprKind::Name(n) if *n == f.name.name))
+                }) {
                     diags.push(
-                        Diag::new(Code::UnusedModel, f.name.span, format!("model `{}` is not used by any estimator", f.name.name))
-                            .label("not checked")
-                            .help(format!("add `estimator e {{ model = {} train_input = ... }}` to check it", f.name.name)),
+                        Diag::new(
+                            Code::UnusedModel,
+                            f.name.span,
+                            format!("model `{}` is not used by any estimator", f.name.name),
+                        )
+                        .label("not checked")
+                        .help(format!(
+                            "add `estimator e {{ model = {} train_input = ... }}` to check it",
+                            f.name.name
+                        )),
                     );
                 }
             }
@@ -160,7 +216,11 @@ fn field<'a>(e: &'a EstimatorItem, name: &str) -> Option<&'a Expr> {
     })
 }
 
-fn estimator<'p>(p: &'p Program, e: &'p EstimatorItem, opts: &ElabOptions) -> (EstimatorInfo, Vec<Compiled>, Diags) {
+fn estimator<'p>(
+    p: &'p Program,
+    e: &'p EstimatorItem,
+    opts: &ElabOptions,
+) -> (EstimatorInfo, Vec<Compiled>, Diags) {
     let mut el = Elab::new(p, SectionKind::Train, opts.target);
     let global = params(&mut el);
     el.params = global.clone();
@@ -184,23 +244,25 @@ fn estimator<'p>(p: &'p Program, e: &'p EstimatorItem, opts: &ElabOptions) -> (E
     let mut diags = std::mem::take(&mut el.diags);
     let mut compiled = Vec::new();
     for &mode in &opts.modes {
-        let input_field = match mode {
-            SectionKind::Train => "train_input",
-            SectionKind::Eval => "eval_input",
-            SectionKind::Predict => {
-                if field(e, "predict_input").is_some() {
-                    "predict_input"
-                } else {
-                    "eval_input"
-                }
-            }
+        // Eval falls back to the train input, predict to the eval and then the train
+        // input, so that every mode's graph is checked.
+        let candidates: &[&str] = match mode {
+            SectionKind::Train => &["train_input"],
+            SectionKind::Eval => &["eval_input", "train_input"],
+            SectionKind::Predict => &["predict_input", "eval_input", "train_input"],
         };
-        let Some(input_expr) = field(e, input_field) else {
+        let Some((input_field, input_expr)) =
+            candidates.iter().find_map(|f| field(e, f).map(|x| (*f, x)))
+        else {
             if mode == SectionKind::Train {
                 diags.push(
-                    Diag::new(Code::InvalidEstimator, e.name.span, format!("estimator `{}` has no `train_input`", e.name.name))
-                        .label("nothing to train on")
-                        .help("add `train_input = my_input(...)`"),
+                    Diag::new(
+                        Code::InvalidEstimator,
+                        e.name.span,
+                        format!("estimator `{}` has no `train_input`", e.name.name),
+                    )
+                    .label("nothing to train on")
+                    .help("add `train_input = my_input(...)`"),
                 );
             }
             continue;
@@ -210,9 +272,15 @@ fn estimator<'p>(p: &'p Program, e: &'p EstimatorItem, opts: &ElabOptions) -> (E
         if mode == SectionKind::Train && opts.target == Target::Wafer && !hooks.is_empty() {
             for h in &hooks {
                 el.diags.push(
-                    Diag::new(Code::WaferTrainingExtras, h.span, format!("hook `{}` in a wafer training run", h.kind))
-                        .label("user hooks do not run while training on the wafer")
-                        .help("drop the hook for wafer training, or train on the host (`--target host`)"),
+                    Diag::new(
+                        Code::WaferTrainingExtras,
+                        h.span,
+                        format!("hook `{}` in a wafer training run", h.kind),
+                    )
+                    .label("user hooks do not run while training on the wafer")
+                    .help(
+                        "drop the hook for wafer training, or train on the host (`--target host`)",
+                    ),
                 );
             }
         }
@@ -222,22 +290,39 @@ fn estimator<'p>(p: &'p Program, e: &'p EstimatorItem, opts: &ElabOptions) -> (E
             Value::Error => None,
             other => {
                 el.diags.push(
-                    Diag::new(Code::InputNotDataset, input_expr.span, format!("`{input_field}` must be a dataset, found {}", other.kind()))
-                        .label(other.kind())
-                        .help("name an `input` item: `train_input = my_input(\"train\")`"),
+                    Diag::new(
+                        Code::InputNotDataset,
+                        input_expr.span,
+                        format!("`{input_field}` must be a dataset, found {}", other.kind()),
+                    )
+                    .label(other.kind())
+                    .help("name an `input` item: `train_input = my_input(\"train\")`"),
                 );
                 None
             }
         };
         let mut graph_input = None;
         if let (Some(ds), Some((mm, mi))) = (dataset, model) {
-            if let Some((features, labels)) = input_rules(&mut el, &ds, mode, &config, input_expr.span) {
-                let labels = if mode == SectionKind::Predict { None } else { labels };
+            if let Some((features, labels)) =
+                input_rules(&mut el, &ds, mode, &config, input_expr.span)
+            {
+                let labels = if mode == SectionKind::Predict {
+                    None
+                } else {
+                    labels
+                };
                 if mode != SectionKind::Predict && labels.is_none() {
                     el.diags.push(
-                        Diag::new(Code::InputNotDataset, input_expr.span, format!("the {input_field} yields features only, but {} needs labels", mode.name()))
-                            .label("no labels")
-                            .help("make the elements `(features, labels)` pairs with a `map`"),
+                        Diag::new(
+                            Code::InputNotDataset,
+                            input_expr.span,
+                            format!(
+                                "the {input_field} yields features only, but {} needs labels",
+                                mode.name()
+                            ),
+                        )
+                        .label("no labels")
+                        .help("make the elements `(features, labels)` pairs with a `map`"),
                     );
                 } else {
                     el.elaborate_model(mm, mi, &features, labels.as_ref(), input_expr.span);
@@ -246,10 +331,19 @@ fn estimator<'p>(p: &'p Program, e: &'p EstimatorItem, opts: &ElabOptions) -> (E
             graph_input = Some((*ds).clone());
         }
         diags.extend(el.diags.iter().cloned());
-        compiled.push(Compiled { estimator: e.name.name.clone(), mode, target: opts.target, graph: el.graph, input: graph_input });
+        compiled.push(Compiled {
+            estimator: e.name.name.clone(),
+            mode,
+            target: opts.target,
+            graph: el.graph,
+            input: graph_input,
+        });
     }
     let params_shown = match &per_shard {
-        Value::Record(fs) => fs.iter().map(|(k, v)| (k.clone(), super::value::show(v))).collect(),
+        Value::Record(fs) => fs
+            .iter()
+            .map(|(k, v)| (k.clone(), super::value::show(v)))
+            .collect(),
         _ => Vec::new(),
     };
     let info = EstimatorInfo {
@@ -290,7 +384,12 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
     for o in &p.overrides {
         let Some(i) = decls.iter().position(|d| d.name.name == o.key) else {
             let names = decls.iter().map(|d| d.name.name.as_str());
-            let mut d = Diag::new(Code::InvalidParamOverride, o.value.span, format!("no params field `{}`", o.key)).label("overridden here");
+            let mut d = Diag::new(
+                Code::InvalidParamOverride,
+                o.value.span,
+                format!("no params field `{}`", o.key),
+            )
+            .label("overridden here");
             d = match did_you_mean(&o.key, names) {
                 Some(h) => d.help(h),
                 None => d.help("override fields declared in the program's `params` block"),
@@ -302,7 +401,11 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
         let before = el.diags.len();
         let v = check_static_type(el, v, o.value.span, &decls[i].ty);
         if el.diags.len() > before {
-            let last = el.diags.sorted().into_iter().find(|d| d.primary.span == o.value.span);
+            let last = el
+                .diags
+                .sorted()
+                .into_iter()
+                .find(|d| d.primary.span == o.value.span);
             if let Some(mut d) = last {
                 d.code = Code::InvalidParamOverride;
                 d.message = format!("bad override of `{}`: {}", o.key, d.message);
@@ -316,11 +419,19 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
 }
 
 /// Checks a params value against its declared static type (`int`, `[int]`, ...).
-fn check_static_type<'p>(el: &mut Elab<'p>, v: Value<'p>, span: Span, ty: &'p TypeExpr) -> Value<'p> {
+fn check_static_type<'p>(
+    el: &mut Elab<'p>,
+    v: Value<'p>,
+    span: Span,
+    ty: &'p TypeExpr,
+) -> Value<'p> {
     if let TypeExpr::List { elem, .. } = ty {
         return match v {
             Value::List(xs) => {
-                let checked: Vec<Value<'p>> = xs.iter().map(|x| check_static_type(el, x.clone(), span, elem)).collect();
+                let checked: Vec<Value<'p>> = xs
+                    .iter()
+                    .map(|x| check_static_type(el, x.clone(), span, elem))
+                    .collect();
                 Value::List(Rc::new(checked))
             }
             Value::Error => Value::Error,
@@ -349,11 +460,20 @@ fn check_fields<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) {
     for f in &e.fields {
         if FIELDS.contains(&f.name.name.as_str()) {
             if f.name.name == "config" && !matches!(f.value, FieldValue::Block(..)) {
-                el.diags.push(Diag::new(Code::InvalidEstimator, f.name.span, "`config` is a block").label("not a block").help("write `config { key = value ... }`"));
+                el.diags.push(
+                    Diag::new(Code::InvalidEstimator, f.name.span, "`config` is a block")
+                        .label("not a block")
+                        .help("write `config { key = value ... }`"),
+                );
             }
             continue;
         }
-        let mut d = Diag::new(Code::UnknownConfig, f.name.span, format!("unknown estimator field `{}`", f.name.name)).label("unknown field");
+        let mut d = Diag::new(
+            Code::UnknownConfig,
+            f.name.span,
+            format!("unknown estimator field `{}`", f.name.name),
+        )
+        .label("unknown field");
         d = match did_you_mean(&f.name.name, FIELDS.iter().copied()) {
             Some(h) => d.help(h),
             None => d.help(format!("estimator fields: {}", FIELDS.join(", "))),
@@ -362,9 +482,13 @@ fn check_fields<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) {
     }
     if field(e, "model").is_none() {
         el.diags.push(
-            Diag::new(Code::InvalidEstimator, e.name.span, format!("estimator `{}` has no `model`", e.name.name))
-                .label("no model")
-                .help("add `model = my_model`"),
+            Diag::new(
+                Code::InvalidEstimator,
+                e.name.span,
+                format!("estimator `{}` has no `model`", e.name.name),
+            )
+            .label("no model")
+            .help("add `model = my_model`"),
         );
     }
 }
@@ -372,7 +496,11 @@ fn check_fields<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) {
 /// Config keys with where they were set.
 type ConfigSpans = Vec<(String, Span)>;
 
-fn config<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem, opts: &ElabOptions) -> (Config, ConfigSpans) {
+fn config<'p>(
+    el: &mut Elab<'p>,
+    e: &'p EstimatorItem,
+    opts: &ElabOptions,
+) -> (Config, ConfigSpans) {
     let mut c = Config::default();
     let mut spans = Vec::new();
     let entries: Vec<&Field> = e
@@ -388,11 +516,24 @@ fn config<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem, opts: &ElabOptions) -> (C
     for f in entries {
         let key = f.name.name.as_str();
         if let Some((_, help)) = UNSUPPORTED_KEYS.iter().find(|(k, _)| *k == key) {
-            el.diags.push(Diag::new(Code::UnsupportedConfig, f.name.span, format!("`{key}` is not supported")).label("unsupported config key").help(*help));
+            el.diags.push(
+                Diag::new(
+                    Code::UnsupportedConfig,
+                    f.name.span,
+                    format!("`{key}` is not supported"),
+                )
+                .label("unsupported config key")
+                .help(*help),
+            );
             continue;
         }
         if !CONFIG_KEYS.contains(&key) {
-            let mut d = Diag::new(Code::UnknownConfig, f.name.span, format!("unknown config key `{key}`")).label("unknown key");
+            let mut d = Diag::new(
+                Code::UnknownConfig,
+                f.name.span,
+                format!("unknown config key `{key}`"),
+            )
+            .label("unknown key");
             d = match did_you_mean(key, CONFIG_KEYS.iter().copied()) {
                 Some(h) => d.help(h),
                 None => d.help(format!("config keys: {}", CONFIG_KEYS.join(", "))),
@@ -400,15 +541,23 @@ fn config<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem, opts: &ElabOptions) -> (C
             el.diags.push(d);
             continue;
         }
-        let FieldValue::Expr(x) = &f.value else { continue };
+        let FieldValue::Expr(x) = &f.value else {
+            continue;
+        };
         let v = el.expr(x);
-        let Some(i) = el.as_int(&v, x.span) else { continue };
+        let Some(i) = el.as_int(&v, x.span) else {
+            continue;
+        };
         let min = if key == "random_seed" { 0 } else { 1 };
         if i < min {
             el.diags.push(
-                Diag::new(Code::InvalidEstimator, x.span, format!("`{key}` must be at least {min}"))
-                    .label(format!("{i}"))
-                    .help(format!("use {min} or more")),
+                Diag::new(
+                    Code::InvalidEstimator,
+                    x.span,
+                    format!("`{key}` must be at least {min}"),
+                )
+                .label(format!("{i}"))
+                .help(format!("use {min} or more")),
             );
             continue;
         }
@@ -432,17 +581,40 @@ fn config<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem, opts: &ElabOptions) -> (C
 }
 
 fn span_of(spans: &ConfigSpans, key: &str, fallback: Span) -> Span {
-    spans.iter().find(|(k, _)| k == key).map_or(fallback, |(_, s)| *s)
+    spans
+        .iter()
+        .find(|(k, _)| k == key)
+        .map_or(fallback, |(_, s)| *s)
 }
 
-fn rules_of_config(el: &mut Elab<'_>, e: &EstimatorItem, c: &Config, spans: &ConfigSpans, global: &Value<'_>) {
+fn rules_of_config(
+    el: &mut Elab<'_>,
+    e: &EstimatorItem,
+    c: &Config,
+    spans: &ConfigSpans,
+    global: &Value<'_>,
+) {
     let ckpt = span_of(spans, "save_checkpoint_steps", e.name.span);
     if c.save_checkpoint_steps % c.iterations_per_loop != 0 {
         el.diags.push(
-            Diag::new(Code::CheckpointSteps, ckpt, format!("save_checkpoint_steps = {} is not a multiple of iterations_per_loop = {}", c.save_checkpoint_steps, c.iterations_per_loop))
-                .label("checkpoints are taken at loop boundaries")
-                .with(span_of(spans, "iterations_per_loop", e.name.span), "the loop length")
-                .help(format!("use a multiple of {}, such as {}", c.iterations_per_loop, (c.save_checkpoint_steps / c.iterations_per_loop).max(1) * c.iterations_per_loop)),
+            Diag::new(
+                Code::CheckpointSteps,
+                ckpt,
+                format!(
+                    "save_checkpoint_steps = {} is not a multiple of iterations_per_loop = {}",
+                    c.save_checkpoint_steps, c.iterations_per_loop
+                ),
+            )
+            .label("checkpoints are taken at loop boundaries")
+            .with(
+                span_of(spans, "iterations_per_loop", e.name.span),
+                "the loop length",
+            )
+            .help(format!(
+                "use a multiple of {}, such as {}",
+                c.iterations_per_loop,
+                (c.save_checkpoint_steps / c.iterations_per_loop).max(1) * c.iterations_per_loop
+            )),
         );
     }
     if el.target == Target::Wafer && c.save_checkpoint_steps < WAFER_MIN_CHECKPOINT_STEPS {
@@ -463,10 +635,18 @@ fn rules_of_config(el: &mut Elab<'_>, e: &EstimatorItem, c: &Config, spans: &Con
         };
         if let Some(b) = batch {
             if b % c.num_shards != 0 {
-                let decl = p.root_module().ast.items.iter().find_map(|i| match &i.kind {
-                    ItemKind::Params(fs) => fs.iter().find(|f| f.name.name == "batch_size").map(|f| f.name.span.to(f.default.span)),
-                    _ => None,
-                });
+                let decl = p
+                    .root_module()
+                    .ast
+                    .items
+                    .iter()
+                    .find_map(|i| match &i.kind {
+                        ItemKind::Params(fs) => fs
+                            .iter()
+                            .find(|f| f.name.name == "batch_size")
+                            .map(|f| f.name.span.to(f.default.span)),
+                        _ => None,
+                    });
                 let mut d = Diag::new(Code::ShardDivisibility, span_of(spans, "num_shards", e.name.span), format!("the global batch of {b} is not divisible by num_shards = {}", c.num_shards))
                     .label(format!("{} shards", c.num_shards))
                     .help(format!("each shard reads params.batch_size / num_shards examples; use a batch size divisible by {}, such as {}", c.num_shards, (b / c.num_shards).max(1) * c.num_shards));
@@ -487,14 +667,24 @@ fn steps<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem, name: &str) -> Option<i64>
     let v = el.expr(x);
     let i = el.as_int(&v, x.span)?;
     if i <= 0 {
-        el.diags.push(Diag::new(Code::InvalidEstimator, x.span, format!("`{name}` must be positive")).label(format!("{i}")).help("give a number of steps of 1 or more"));
+        el.diags.push(
+            Diag::new(
+                Code::InvalidEstimator,
+                x.span,
+                format!("`{name}` must be positive"),
+            )
+            .label(format!("{i}"))
+            .help("give a number of steps of 1 or more"),
+        );
         return None;
     }
     Some(i)
 }
 
 fn hooks<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Vec<HookVal> {
-    let Some(x) = field(e, "hooks") else { return Vec::new() };
+    let Some(x) = field(e, "hooks") else {
+        return Vec::new();
+    };
     match el.expr(x) {
         Value::List(xs) => xs
             .iter()
@@ -522,9 +712,13 @@ fn model_ref<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<(ModId, usiz
         Value::Error => None,
         other => {
             el.diags.push(
-                Diag::new(Code::InvalidEstimator, x.span, format!("`model` must name a model, found {}", other.kind()))
-                    .label(other.kind())
-                    .help("name a `model` item: `model = my_model`"),
+                Diag::new(
+                    Code::InvalidEstimator,
+                    x.span,
+                    format!("`model` must name a model, found {}", other.kind()),
+                )
+                .label(other.kind())
+                .help("name a `model` item: `model = my_model`"),
             );
             None
         }
@@ -533,17 +727,32 @@ fn model_ref<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<(ModId, usiz
 
 /// The wafer Estimator's input rules. Returns the element types of features and
 /// labels (labels absent when the elements are features only).
-fn input_rules(el: &mut Elab<'_>, ds: &Dataset, mode: SectionKind, c: &Config, at: Span) -> Option<(Elem, Option<Elem>)> {
+fn input_rules(
+    el: &mut Elab<'_>,
+    ds: &Dataset,
+    mode: SectionKind,
+    c: &Config,
+    at: Span,
+) -> Option<(Elem, Option<Elem>)> {
     let elem = ds.elem().clone();
     let (features, labels) = match &elem {
-        Elem::Tuple(xs) if xs.len() == 2 && xs.iter().all(|x| matches!(x, Elem::Tensor { .. })) => (xs[0].clone(), Some(xs[1].clone())),
+        Elem::Tuple(xs) if xs.len() == 2 && xs.iter().all(|x| matches!(x, Elem::Tensor { .. })) => {
+            (xs[0].clone(), Some(xs[1].clone()))
+        }
         Elem::Tensor { .. } if mode == SectionKind::Predict => (elem.clone(), None),
         _ => {
             el.diags.push(
-                Diag::new(Code::InputNotDataset, at, format!("the input's elements are {elem}, not (features, labels)"))
-                    .label("this input")
-                    .with(ds.stages[ds.stages.len() - 1].span, "the pipeline ends here")
-                    .help("end the pipeline with a map to pairs of tensors: `|> map |r| (r.x, r.y)`"),
+                Diag::new(
+                    Code::InputNotDataset,
+                    at,
+                    format!("the input's elements are {elem}, not (features, labels)"),
+                )
+                .label("this input")
+                .with(
+                    ds.stages[ds.stages.len() - 1].span,
+                    "the pipeline ends here",
+                )
+                .help("end the pipeline with a map to pairs of tensors: `|> map |r| (r.x, r.y)`"),
             );
             return None;
         }
@@ -552,22 +761,41 @@ fn input_rules(el: &mut Elab<'_>, ds: &Dataset, mode: SectionKind, c: &Config, a
     match ds.batch() {
         None => {
             el.diags.push(
-                Diag::new(Code::BatchNotFixed, at, "the input does not batch its elements")
-                    .label("no `batch` in this pipeline")
-                    .with(ds.stages[ds.stages.len() - 1].span, "the pipeline ends here")
-                    .help("add `|> batch(params.batch_size, drop_remainder: true)`"),
+                Diag::new(
+                    Code::BatchNotFixed,
+                    at,
+                    "the input does not batch its elements",
+                )
+                .label("no `batch` in this pipeline")
+                .with(
+                    ds.stages[ds.stages.len() - 1].span,
+                    "the pipeline ends here",
+                )
+                .help("add `|> batch(params.batch_size, drop_remainder: true)`"),
             );
             return None;
         }
         Some(b) => {
-            if let StageKind::Batch { drop_remainder: false, .. } = b.kind {
+            if let StageKind::Batch {
+                drop_remainder: false,
+                ..
+            } = b.kind
+            {
                 if wafer || mode == SectionKind::Train {
-                    let why = if wafer { "the wafer needs the same batch size at every step" } else { "the train graph has a static batch size" };
+                    let why = if wafer {
+                        "the wafer needs the same batch size at every step"
+                    } else {
+                        "the train graph has a static batch size"
+                    };
                     el.diags.push(
-                        Diag::new(Code::BatchNotFixed, b.span, "batch size is not fixed: the last batch may be smaller")
-                            .label(why)
-                            .with(at, "used here")
-                            .help("write `batch(n, drop_remainder: true)`"),
+                        Diag::new(
+                            Code::BatchNotFixed,
+                            b.span,
+                            "batch size is not fixed: the last batch may be smaller",
+                        )
+                        .label(why)
+                        .with(at, "used here")
+                        .help("write `batch(n, drop_remainder: true)`"),
                     );
                 }
             }
@@ -575,15 +803,25 @@ fn input_rules(el: &mut Elab<'_>, ds: &Dataset, mode: SectionKind, c: &Config, a
     }
     if mode == SectionKind::Train && wafer && !ds.repeats_forever() {
         el.diags.push(
-            Diag::new(Code::NoRepeat, at, "the train input has no `repeat`: it would run out before the steps are done")
-                .label("ends after one pass")
-                .with(ds.stages[ds.stages.len() - 1].span, "the pipeline ends here")
-                .help("training runs for steps, not epochs: add `|> repeat` before `batch`"),
+            Diag::new(
+                Code::NoRepeat,
+                at,
+                "the train input has no `repeat`: it would run out before the steps are done",
+            )
+            .label("ends after one pass")
+            .with(
+                ds.stages[ds.stages.len() - 1].span,
+                "the pipeline ends here",
+            )
+            .help("training runs for steps, not epochs: add `|> repeat` before `batch`"),
         );
     }
     if mode == SectionKind::Train && c.input_workers > 1 {
         for s in ds.shuffles() {
-            if let StageKind::Shuffle { seed: Some(seed), .. } = s.kind {
+            if let StageKind::Shuffle {
+                seed: Some(seed), ..
+            } = s.kind
+            {
                 el.diags.push(
                     Diag::new(Code::IdenticalShuffle, s.span, format!("{} input workers all shuffle with seed {seed}", c.input_workers))
                         .label("fixed seed")

@@ -34,12 +34,20 @@ impl<'p> Elab<'p> {
             }
             ExprKind::Index(base, ix) => {
                 let b = self.expr(base);
-                let ix: Vec<(Value<'p>, Span)> = ix.iter().map(|x| (self.expr(x), x.span)).collect();
+                let ix: Vec<(Value<'p>, Span)> =
+                    ix.iter().map(|x| (self.expr(x), x.span)).collect();
                 self.index(b, base.span, ix, e.span)
             }
             ExprKind::Call { callee, args, .. } => {
                 let f = self.expr(callee);
-                let args = args.iter().map(|a| ArgVal { name: a.name.as_ref(), value: self.expr(&a.value), span: a.value.span }).collect();
+                let args = args
+                    .iter()
+                    .map(|a| ArgVal {
+                        name: a.name.as_ref(),
+                        value: self.expr(&a.value),
+                        span: a.value.span,
+                    })
+                    .collect();
                 self.call(f, callee.span, args, e.span)
             }
             ExprKind::Unary(op, x) => {
@@ -68,9 +76,13 @@ impl<'p> Elab<'p> {
             let v = self.expr(x);
             if out.iter().any(|(n, _)| *n == k.name) {
                 self.diags.push(
-                    Diag::new(Code::DuplicateDefinition, k.span, format!("field `{}` is given twice", k.name))
-                        .label("second time")
-                        .help("remove one of them"),
+                    Diag::new(
+                        Code::DuplicateDefinition,
+                        k.span,
+                        format!("field `{}` is given twice", k.name),
+                    )
+                    .label("second time")
+                    .help("remove one of them"),
                 );
                 continue;
             }
@@ -103,9 +115,13 @@ impl<'p> Elab<'p> {
                 ItemKind::Input(_) => Value::InputFn(m, i),
                 ItemKind::Model(_) => Value::ModelFn(m, i),
                 _ => self.error(
-                    Diag::new(Code::TypeMismatch, self.site(span), format!("`{n}` is an estimator, not a value"))
-                        .label("used as a value")
-                        .help("estimators are run by `estc`, not used in expressions"),
+                    Diag::new(
+                        Code::TypeMismatch,
+                        self.site(span),
+                        format!("`{n}` is an estimator, not a value"),
+                    )
+                    .label("used as a value")
+                    .help("estimators are run by `estc`, not used in expressions"),
                 ),
             },
             Some(Def::Module(m)) => Value::Module(m),
@@ -147,8 +163,19 @@ impl<'p> Elab<'p> {
                     return v.clone();
                 }
                 let names: Vec<&str> = fs.iter().map(|(k, _)| k.as_str()).collect();
-                let mut d = Diag::new(Code::UnknownField, self.site(f.span), format!("no field `{}`", f.name))
-                    .label(format!("the record has fields {}", if names.is_empty() { "none".to_string() } else { names.join(", ") }));
+                let mut d = Diag::new(
+                    Code::UnknownField,
+                    self.site(f.span),
+                    format!("no field `{}`", f.name),
+                )
+                .label(format!(
+                    "the record has fields {}",
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ));
                 if let Some(h) = did_you_mean(&f.name, names.iter().copied()) {
                     d = d.help(h);
                 }
@@ -157,7 +184,12 @@ impl<'p> Elab<'p> {
             Value::Module(m) => match self.p.member(*m, &f.name) {
                 Some(Def::Item(m2, i)) => {
                     let saved = std::mem::replace(&mut self.module, m2);
-                    let name = self.p.item(m2, i).name().map(|n| n.name.clone()).unwrap_or_default();
+                    let name = self
+                        .p
+                        .item(m2, i)
+                        .name()
+                        .map(|n| n.name.clone())
+                        .unwrap_or_default();
                     let v = self.name(&name, span);
                     self.module = saved;
                     v
@@ -168,13 +200,19 @@ impl<'p> Elab<'p> {
             Value::Tensor(n) => {
                 let ty = self.graph.ty(*n).clone();
                 match f.name.as_str() {
-                    "shape" => Value::List(Rc::new(ty.shape.iter().map(|&d| Value::Int(d as i64)).collect())),
+                    "shape" => Value::List(Rc::new(
+                        ty.shape.iter().map(|&d| Value::Int(d as i64)).collect(),
+                    )),
                     "dtype" => Value::DType(ty.dtype),
                     "rank" => Value::Int(ty.rank() as i64),
                     _ => self.error(
-                        Diag::new(Code::UnknownField, self.site(f.span), format!("tensors have no field `{}`", f.name))
-                            .label(format!("a tensor of type {ty}"))
-                            .help("tensors have `shape`, `dtype` and `rank`"),
+                        Diag::new(
+                            Code::UnknownField,
+                            self.site(f.span),
+                            format!("tensors have no field `{}`", f.name),
+                        )
+                        .label(format!("a tensor of type {ty}"))
+                        .help("tensors have `shape`, `dtype` and `rank`"),
                     ),
                 }
             }
@@ -196,44 +234,77 @@ impl<'p> Elab<'p> {
         )
     }
 
-    fn index(&mut self, base: Value<'p>, base_span: Span, ix: Vec<(Value<'p>, Span)>, span: Span) -> Value<'p> {
+    fn index(
+        &mut self,
+        base: Value<'p>,
+        base_span: Span,
+        ix: Vec<(Value<'p>, Span)>,
+        span: Span,
+    ) -> Value<'p> {
         match &base {
             Value::DType(d) => self.tensor_type(*d, ix),
             Value::List(xs) | Value::Tuple(xs) => {
                 if ix.len() != 1 {
                     return self.error(
-                        Diag::new(Code::TypeMismatch, self.site(span), "a list takes one index")
-                            .label(format!("{} indices", ix.len()))
-                            .help("write `list[i]`"),
+                        Diag::new(
+                            Code::TypeMismatch,
+                            self.site(span),
+                            "a list takes one index",
+                        )
+                        .label(format!("{} indices", ix.len()))
+                        .help("write `list[i]`"),
                     );
                 }
                 let (v, s) = &ix[0];
-                let Some(i) = self.as_int(v, *s) else { return Value::Error };
+                let Some(i) = self.as_int(v, *s) else {
+                    return Value::Error;
+                };
                 let len = xs.len() as i64;
                 let j = if i < 0 { i + len } else { i };
                 if (0..len).contains(&j) {
                     xs[j as usize].clone()
                 } else {
                     self.error(
-                        Diag::new(Code::StaticEvalError, self.site(*s), format!("index {i} is out of range for a list of {len}"))
-                            .label("out of range")
-                            .with(self.site(base_span), format!("this list has {len} elements"))
-                            .help(format!("indices run from {} to {}", -len, len - 1)),
+                        Diag::new(
+                            Code::StaticEvalError,
+                            self.site(*s),
+                            format!("index {i} is out of range for a list of {len}"),
+                        )
+                        .label("out of range")
+                        .with(
+                            self.site(base_span),
+                            format!("this list has {len} elements"),
+                        )
+                        .help(format!(
+                            "indices run from {} to {}",
+                            -len,
+                            len - 1
+                        )),
                     )
                 }
             }
             Value::Tensor(_) => self.error(
-                Diag::new(Code::TypeMismatch, self.site(span), "tensors cannot be indexed with `[]`")
-                    .label("indexing a tensor")
-                    .help("use `slice(x, axis, start, end)`, `gather(x, indices)` or `reshape`"),
+                Diag::new(
+                    Code::TypeMismatch,
+                    self.site(span),
+                    "tensors cannot be indexed with `[]`",
+                )
+                .label("indexing a tensor")
+                .help("use `slice(x, axis, start, end)`, `gather(x, indices)` or `reshape`"),
             ),
             Value::Error | Value::Absent(_) => base,
             other => {
                 let kind = other.kind();
                 self.error(
-                    Diag::new(Code::TypeMismatch, self.site(base_span), format!("{kind} cannot be indexed"))
-                        .label(kind)
-                        .help("lists, tuples and dtypes (for tensor types such as `f32[64]`) take `[]`"),
+                    Diag::new(
+                        Code::TypeMismatch,
+                        self.site(base_span),
+                        format!("{kind} cannot be indexed"),
+                    )
+                    .label(kind)
+                    .help(
+                        "lists, tuples and dtypes (for tensor types such as `f32[64]`) take `[]`",
+                    ),
                 )
             }
         }
@@ -261,12 +332,18 @@ impl<'p> Elab<'p> {
                 );
             }
         }
-        let (Some(lo), Some(hi)) = (self.as_int(&a, sa), self.as_int(&b, sb)) else { return Value::Error };
+        let (Some(lo), Some(hi)) = (self.as_int(&a, sa), self.as_int(&b, sb)) else {
+            return Value::Error;
+        };
         if hi - lo > 1_000_000 {
             return self.error(
-                Diag::new(Code::StaticEvalError, self.site(sa.to(sb)), format!("range {lo}..{hi} is too long to unroll"))
-                    .label(format!("{} elements", hi - lo))
-                    .help("ranges are unrolled at compile time; keep them under 1,000,000 elements"),
+                Diag::new(
+                    Code::StaticEvalError,
+                    self.site(sa.to(sb)),
+                    format!("range {lo}..{hi} is too long to unroll"),
+                )
+                .label(format!("{} elements", hi - lo))
+                .help("ranges are unrolled at compile time; keep them under 1,000,000 elements"),
             );
         }
         Value::List(Rc::new((lo..hi.max(lo)).map(Value::Int).collect()))
@@ -321,32 +398,48 @@ impl<'p> Elab<'p> {
             StmtKind::Expr(e) => {
                 if !matches!(e.kind, ExprKind::Call { .. } | ExprKind::Error) {
                     self.diags.push(
-                        Diag::new(Code::MisplacedStatement, self.site(e.span), "this value is not used")
-                            .label("computed and dropped")
-                            .help("bind it with `let`, or make it the last expression of the block"),
+                        Diag::new(
+                            Code::MisplacedStatement,
+                            self.site(e.span),
+                            "this value is not used",
+                        )
+                        .label("computed and dropped")
+                        .help("bind it with `let`, or make it the last expression of the block"),
                     );
                 }
                 self.expr(e);
             }
             StmtKind::Section { kind, kw_span, .. } => {
                 self.diags.push(
-                    Diag::new(Code::MisplacedStatement, self.site(*kw_span), format!("a `{}` section outside a model body", kind.name()))
-                        .label("not at the top level of a model")
-                        .help("sections belong directly in a `model` body, once each"),
+                    Diag::new(
+                        Code::MisplacedStatement,
+                        self.site(*kw_span),
+                        format!("a `{}` section outside a model body", kind.name()),
+                    )
+                    .label("not at the top level of a model")
+                    .help("sections belong directly in a `model` body, once each"),
                 );
             }
             StmtKind::Minimize { .. } => {
                 self.diags.push(
-                    Diag::new(Code::MisplacedStatement, self.site(s.span), "`minimize` outside a train section")
-                        .label("here")
-                        .help("write it in the model's `train { ... }` section"),
+                    Diag::new(
+                        Code::MisplacedStatement,
+                        self.site(s.span),
+                        "`minimize` outside a train section",
+                    )
+                    .label("here")
+                    .help("write it in the model's `train { ... }` section"),
                 );
             }
             StmtKind::Metric { .. } => {
                 self.diags.push(
-                    Diag::new(Code::MisplacedStatement, self.site(s.span), "`metric` outside an eval or train section")
-                        .label("here")
-                        .help("write metrics in the model's `eval { ... }` section"),
+                    Diag::new(
+                        Code::MisplacedStatement,
+                        self.site(s.span),
+                        "`metric` outside an eval or train section",
+                    )
+                    .label("here")
+                    .help("write metrics in the model's `eval { ... }` section"),
                 );
             }
             StmtKind::Error => {}
@@ -369,9 +462,13 @@ impl<'p> Elab<'p> {
             other => {
                 let kind = other.kind();
                 self.diags.push(
-                    Diag::new(Code::TypeMismatch, self.site(iter.span), format!("cannot iterate over {kind}"))
-                        .label(kind)
-                        .help("iterate over a list (`[64, 32]`) or a range (`0..n`)"),
+                    Diag::new(
+                        Code::TypeMismatch,
+                        self.site(iter.span),
+                        format!("cannot iterate over {kind}"),
+                    )
+                    .label(kind)
+                    .help("iterate over a list (`[64, 32]`) or a range (`0..n`)"),
                 );
                 return;
             }
@@ -396,7 +493,8 @@ impl<'p> Elab<'p> {
                         .help("`if` is resolved at compile time from static values (mode, target, params); to choose elementwise between tensors use `where(cond, a, b)`"),
                 )
             }
-            Value::Error | Value::Absent(_) => return Value::Error,
+            Value::Error => return Value::Error,
+            Value::Absent(s) => return Value::Absent(s),
             other => {
                 let kind = other.kind();
                 return self.error(
@@ -419,7 +517,13 @@ impl<'p> Elab<'p> {
 
     // ------------------------------------------------------------ calls
 
-    pub fn call(&mut self, f: Value<'p>, f_span: Span, args: Vec<ArgVal<'p>>, span: Span) -> Value<'p> {
+    pub fn call(
+        &mut self,
+        f: Value<'p>,
+        f_span: Span,
+        args: Vec<ArgVal<'p>>,
+        span: Span,
+    ) -> Value<'p> {
         if self.depth >= MAX_DEPTH {
             return self.recursion_error(span);
         }
@@ -429,16 +533,24 @@ impl<'p> Elab<'p> {
             Value::Closure(c) => self.call_closure(&c, args, span),
             Value::Error => Value::Error,
             Value::ModelFn(..) => self.error(
-                Diag::new(Code::TypeMismatch, self.site(f_span), "models cannot be called")
-                    .label("a model")
-                    .help("name the model in an estimator: `model = my_model`"),
+                Diag::new(
+                    Code::TypeMismatch,
+                    self.site(f_span),
+                    "models cannot be called",
+                )
+                .label("a model")
+                .help("name the model in an estimator: `model = my_model`"),
             ),
             other => {
                 let kind = other.kind();
                 self.error(
-                    Diag::new(Code::TypeMismatch, self.site(f_span), format!("{kind} is not callable"))
-                        .label(kind)
-                        .help("only functions, inputs and closures can be called"),
+                    Diag::new(
+                        Code::TypeMismatch,
+                        self.site(f_span),
+                        format!("{kind} is not callable"),
+                    )
+                    .label(kind)
+                    .help("only functions, inputs and closures can be called"),
                 )
             }
         }
@@ -446,7 +558,13 @@ impl<'p> Elab<'p> {
 
     /// Matches arguments to parameters: positional first, then named; missing ones take
     /// their defaults (evaluated in the callee's frame). `None` after reporting an error.
-    pub fn bind_args(&mut self, params: &'p [Param], fname: &str, args: Vec<ArgVal<'p>>, span: Span) -> Option<Vec<Option<(Value<'p>, Span)>>> {
+    pub fn bind_args(
+        &mut self,
+        params: &'p [Param],
+        fname: &str,
+        args: Vec<ArgVal<'p>>,
+        span: Span,
+    ) -> Option<Vec<Option<(Value<'p>, Span)>>> {
         let mut slots: Vec<Option<(Value<'p>, Span)>> = vec![None; params.len()];
         let mut ok = true;
         let mut pos = 0;
@@ -455,9 +573,17 @@ impl<'p> Elab<'p> {
                 None => {
                     if pos >= params.len() {
                         self.diags.push(
-                            Diag::new(Code::WrongArity, self.site(a.span), format!("`{fname}` takes {} argument{}", params.len(), if params.len() == 1 { "" } else { "s" }))
-                                .label("one too many")
-                                .help(format!("the signature is {}", signature(fname, params))),
+                            Diag::new(
+                                Code::WrongArity,
+                                self.site(a.span),
+                                format!(
+                                    "`{fname}` takes {} argument{}",
+                                    params.len(),
+                                    if params.len() == 1 { "" } else { "s" }
+                                ),
+                            )
+                            .label("one too many")
+                            .help(format!("the signature is {}", signature(fname, params))),
                         );
                         ok = false;
                         continue;
@@ -469,18 +595,31 @@ impl<'p> Elab<'p> {
                     Some(i) if slots[i].is_none() => slots[i] = Some((a.value, a.span)),
                     Some(_) => {
                         self.diags.push(
-                            Diag::new(Code::UnknownArgument, self.site(n.span), format!("argument `{}` is given twice", n.name))
-                                .label("already given")
-                                .help(format!("the signature is {}", signature(fname, params))),
+                            Diag::new(
+                                Code::UnknownArgument,
+                                self.site(n.span),
+                                format!("argument `{}` is given twice", n.name),
+                            )
+                            .label("already given")
+                            .help(format!("the signature is {}", signature(fname, params))),
                         );
                         ok = false;
                     }
                     None => {
-                        let mut d = Diag::new(Code::UnknownArgument, self.site(n.span), format!("`{fname}` has no parameter `{}`", n.name))
-                            .label("unknown parameter");
-                        d = match did_you_mean(&n.name, params.iter().map(|p| p.name.name.as_str())) {
-                            Some(h) => d.help(format!("{h} the signature is {}", signature(fname, params))),
-                            None => d.help(format!("the signature is {}", signature(fname, params))),
+                        let mut d = Diag::new(
+                            Code::UnknownArgument,
+                            self.site(n.span),
+                            format!("`{fname}` has no parameter `{}`", n.name),
+                        )
+                        .label("unknown parameter");
+                        d = match did_you_mean(&n.name, params.iter().map(|p| p.name.name.as_str()))
+                        {
+                            Some(h) => {
+                                d.help(format!("{h} the signature is {}", signature(fname, params)))
+                            }
+                            None => {
+                                d.help(format!("the signature is {}", signature(fname, params)))
+                            }
                         };
                         self.diags.push(d);
                         ok = false;
@@ -491,10 +630,14 @@ impl<'p> Elab<'p> {
         for (i, p) in params.iter().enumerate() {
             if slots[i].is_none() && p.default.is_none() {
                 self.diags.push(
-                    Diag::new(Code::WrongArity, self.site(span), format!("missing argument `{}` of `{fname}`", p.name.name))
-                        .label(format!("`{}` not given", p.name.name))
-                        .with(p.name.span, "declared here")
-                        .help(format!("the signature is {}", signature(fname, params))),
+                    Diag::new(
+                        Code::WrongArity,
+                        self.site(span),
+                        format!("missing argument `{}` of `{fname}`", p.name.name),
+                    )
+                    .label(format!("`{}` not given", p.name.name))
+                    .with(p.name.span, "declared here")
+                    .help(format!("the signature is {}", signature(fname, params))),
                 );
                 ok = false;
             }
@@ -502,10 +645,24 @@ impl<'p> Elab<'p> {
         ok.then_some(slots)
     }
 
-    fn call_item(&mut self, m: crate::program::ModId, i: usize, args: Vec<ArgVal<'p>>, span: Span) -> Value<'p> {
+    fn call_item(
+        &mut self,
+        m: crate::program::ModId,
+        i: usize,
+        args: Vec<ArgVal<'p>>,
+        span: Span,
+    ) -> Value<'p> {
         let p = self.p;
-        let ItemKind::Fn(f) = &p.item(m, i).kind else { return Value::Error };
-        let Some(slots) = self.bind_args(&f.params, &f.name.name, args, span) else { return Value::Error };
+        let ItemKind::Fn(f) = &p.item(m, i).kind else {
+            return Value::Error;
+        };
+        // In predict mode, whatever is computed from the labels is absent too.
+        if let Some(a) = args.iter().find(|a| matches!(a.value, Value::Absent(_))) {
+            return a.value.clone();
+        }
+        let Some(slots) = self.bind_args(&f.params, &f.name.name, args, span) else {
+            return Value::Error;
+        };
         let name = f.name.name.clone();
         self.in_frame(m, Vec::new(), span, |el| {
             let mut bound = Vec::with_capacity(slots.len());
@@ -536,17 +693,35 @@ impl<'p> Elab<'p> {
         })
     }
 
-    pub fn call_closure(&mut self, c: &Closure<'p>, args: Vec<ArgVal<'p>>, span: Span) -> Value<'p> {
+    pub fn call_closure(
+        &mut self,
+        c: &Closure<'p>,
+        args: Vec<ArgVal<'p>>,
+        span: Span,
+    ) -> Value<'p> {
         if args.len() != c.params.len() || args.iter().any(|a| a.name.is_some()) {
             return self.error(
-                Diag::new(Code::WrongArity, self.site(span), format!("the closure takes {} positional argument{}", c.params.len(), if c.params.len() == 1 { "" } else { "s" }))
-                    .label(format!("called with {}", args.len()))
-                    .with(c.body.span, "the closure")
-                    .help("pass one positional argument per closure parameter"),
+                Diag::new(
+                    Code::WrongArity,
+                    self.site(span),
+                    format!(
+                        "the closure takes {} positional argument{}",
+                        c.params.len(),
+                        if c.params.len() == 1 { "" } else { "s" }
+                    ),
+                )
+                .label(format!("called with {}", args.len()))
+                .with(c.body.span, "the closure")
+                .help("pass one positional argument per closure parameter"),
             );
         }
         let mut locals = c.env.clone();
-        locals.extend(c.params.iter().zip(args).map(|(p, a)| (p.name.clone(), a.value)));
+        locals.extend(
+            c.params
+                .iter()
+                .zip(args)
+                .map(|(p, a)| (p.name.clone(), a.value)),
+        );
         self.in_frame(c.module, locals, span, |el| el.expr(c.body))
     }
 
@@ -557,19 +732,34 @@ impl<'p> Elab<'p> {
             return v;
         }
         match t {
-            TypeExpr::Named { name, dims: None, .. } => match (name.name.as_str(), &v) {
-                ("int", Value::Int(_)) | ("bool", Value::Bool(_)) | ("string", Value::Str(_)) | ("float", Value::Float(_)) => v,
+            TypeExpr::Named {
+                name, dims: None, ..
+            } => match (name.name.as_str(), &v) {
+                ("int", Value::Int(_))
+                | ("bool", Value::Bool(_))
+                | ("string", Value::Str(_))
+                | ("float", Value::Float(_)) => v,
                 ("float", Value::Int(i)) => Value::Float(*i as f64),
-                ("int" | "bool" | "string" | "float", _) => self.expected(name.name.as_str(), &v, span),
+                ("int" | "bool" | "string" | "float", _) => {
+                    self.expected(name.name.as_str(), &v, span)
+                }
                 ("i64", _) => self.int64_type(t.span()),
                 _ => v,
             },
-            TypeExpr::Named { name, dims: Some(dims), .. } => {
-                let Some(dtype) = DType::from_name(&name.name) else { return v };
+            TypeExpr::Named {
+                name,
+                dims: Some(dims),
+                ..
+            } => {
+                let Some(dtype) = DType::from_name(&name.name) else {
+                    return v;
+                };
                 if dtype == DType::I64 {
                     return self.int64_type(t.span());
                 }
-                let Value::Tensor(n) = v else { return self.expected(&format!("a tensor {}", name.name), &v, span) };
+                let Value::Tensor(n) = v else {
+                    return self.expected(&format!("a tensor {}", name.name), &v, span);
+                };
                 let ty = self.graph.ty(n).clone();
                 let mut ok = ty.dtype == dtype && ty.rank() == dims.len();
                 if ok {
@@ -590,10 +780,17 @@ impl<'p> Elab<'p> {
                     v
                 } else {
                     self.error(
-                        Diag::new(Code::ShapeMismatch, self.site(span), format!("expected a tensor of type {}, found {ty}", self.p.sources.text(t.span())))
-                            .label(format!("this is {ty}"))
-                            .with(self.site(t.span()), "declared here")
-                            .help("fix the declared type or the value"),
+                        Diag::new(
+                            Code::ShapeMismatch,
+                            self.site(span),
+                            format!(
+                                "expected a tensor of type {}, found {ty}",
+                                self.p.sources.text(t.span())
+                            ),
+                        )
+                        .label(format!("this is {ty}"))
+                        .with(self.site(t.span()), "declared here")
+                        .help("fix the declared type or the value"),
                     )
                 }
             }
@@ -613,17 +810,25 @@ impl<'p> Elab<'p> {
             w => w,
         };
         self.error(
-            Diag::new(Code::TypeMismatch, self.site(span), format!("expected {what}, found {}", v.kind()))
-                .label(v.kind())
-                .help(format!("pass {what} here")),
+            Diag::new(
+                Code::TypeMismatch,
+                self.site(span),
+                format!("expected {what}, found {}", v.kind()),
+            )
+            .label(v.kind())
+            .help(format!("pass {what} here")),
         )
     }
 
     pub fn int64_type(&mut self, span: Span) -> Value<'p> {
         self.error(
-            Diag::new(Code::Int64, self.site(span), "64-bit integers are not supported")
-                .label("i64")
-                .help("use `i32`; integer features read from records are narrowed to i32 at `parse`"),
+            Diag::new(
+                Code::Int64,
+                self.site(span),
+                "64-bit integers are not supported",
+            )
+            .label("i64")
+            .help("use `i32`; integer features read from records are narrowed to i32 at `parse`"),
         )
     }
 
@@ -633,9 +838,15 @@ impl<'p> Elab<'p> {
             Value::Error | Value::Absent(_) => None,
             Value::Tensor(_) => {
                 self.diags.push(
-                    Diag::new(Code::TypeMismatch, self.site(span), "expected a static integer, found a tensor")
-                        .label("a tensor: its value is only known when the model runs")
-                        .help("shapes, sizes and counts must be static: use a literal or a params field"),
+                    Diag::new(
+                        Code::TypeMismatch,
+                        self.site(span),
+                        "expected a static integer, found a tensor",
+                    )
+                    .label("a tensor: its value is only known when the model runs")
+                    .help(
+                        "shapes, sizes and counts must be static: use a literal or a params field",
+                    ),
                 );
                 None
             }
@@ -651,9 +862,13 @@ impl<'p> Elab<'p> {
         let i = self.as_int(v, span)?;
         if i <= 0 {
             self.diags.push(
-                Diag::new(Code::InvalidShape, self.site(span), format!("dimension {i} is not positive"))
-                    .label("must be 1 or more")
-                    .help("every dimension of a tensor is a positive integer"),
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(span),
+                    format!("dimension {i} is not positive"),
+                )
+                .label("must be 1 or more")
+                .help("every dimension of a tensor is a positive integer"),
             );
             return None;
         }
@@ -688,22 +903,36 @@ impl<'p> Elab<'p> {
             }
             let Some(j) = rest[i..].find('}') else {
                 return self.error(
-                    Diag::new(Code::InvalidLiteral, self.site(span), "unclosed `{` in string")
-                        .label("interpolation without `}`")
-                        .help("close it with `}`, or write `\\{` for a literal brace"),
+                    Diag::new(
+                        Code::InvalidLiteral,
+                        self.site(span),
+                        "unclosed `{` in string",
+                    )
+                    .label("interpolation without `}`")
+                    .help("close it with `}`, or write `\\{` for a literal brace"),
                 );
             };
             let path = &rest[i + 1..i + j];
             let mut parts = path.split('.').map(str::trim);
             let first = parts.next().unwrap_or("");
-            let mut v = if self.local(first).is_some() || self.p.lookup(self.module, first).is_some() || crate::resolve::BUILTIN_VALUES.contains(&first) {
+            let mut v = if self.local(first).is_some()
+                || self.p.lookup(self.module, first).is_some()
+                || crate::resolve::BUILTIN_VALUES.contains(&first)
+            {
                 self.name(first, span)
             } else {
                 // Name resolution reported it.
                 return Value::Error;
             };
             for p in parts {
-                v = self.field(v, &Ident { name: p.to_string(), span }, span);
+                v = self.field(
+                    v,
+                    &Ident {
+                        name: p.to_string(),
+                        span,
+                    },
+                    span,
+                );
             }
             if v.is_poison() {
                 return v;
@@ -725,7 +954,10 @@ pub fn signature(name: &str, params: &[Param]) -> String {
         .iter()
         .map(|p| {
             let mut s = p.name.name.clone();
-            if let Some(TypeExpr::Named { name, dims: None, .. }) = &p.ty {
+            if let Some(TypeExpr::Named {
+                name, dims: None, ..
+            }) = &p.ty
+            {
                 s.push_str(&format!(": {}", name.name));
             }
             if p.default.is_some() {

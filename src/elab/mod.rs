@@ -106,12 +106,18 @@ impl<'p> Elab<'p> {
 
     pub fn bind(&mut self, name: &str, value: Value<'p>) {
         if let Some(s) = self.scopes.last_mut() {
-            s.push(Local { name: name.to_string(), value });
+            s.push(Local {
+                name: name.to_string(),
+                value,
+            });
         }
     }
 
     fn local(&self, name: &str) -> Option<&Value<'p>> {
-        self.scopes.iter().rev().find_map(|s| s.iter().rev().find(|l| l.name == name).map(|l| &l.value))
+        self.scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.iter().rev().find(|l| l.name == name).map(|l| &l.value))
     }
 
     /// Updates the innermost binding of `name`. False if there is none.
@@ -127,12 +133,25 @@ impl<'p> Elab<'p> {
 
     /// Every visible local, innermost last (for closures to capture).
     fn capture(&self) -> Vec<(String, Value<'p>)> {
-        self.scopes.iter().flatten().map(|l| (l.name.clone(), l.value.clone())).collect()
+        self.scopes
+            .iter()
+            .flatten()
+            .map(|l| (l.name.clone(), l.value.clone()))
+            .collect()
     }
 
     /// Runs `f` in a fresh function frame of module `m` whose locals are `locals`.
-    fn in_frame<T>(&mut self, m: ModId, locals: Vec<(String, Value<'p>)>, call: Span, f: impl FnOnce(&mut Self) -> T) -> T {
-        let frame = locals.into_iter().map(|(name, value)| Local { name, value }).collect();
+    fn in_frame<T>(
+        &mut self,
+        m: ModId,
+        locals: Vec<(String, Value<'p>)>,
+        call: Span,
+        f: impl FnOnce(&mut Self) -> T,
+    ) -> T {
+        let frame = locals
+            .into_iter()
+            .map(|(name, value)| Local { name, value })
+            .collect();
         let outer = std::mem::replace(&mut self.scopes, vec![frame]);
         self.saved.push(outer);
         let prev_module = std::mem::replace(&mut self.module, m);
@@ -154,8 +173,15 @@ impl<'p> Elab<'p> {
     /// Enters a variable-name scope for a call of `name` (`dense`, `dense_1`, ...).
     fn enter_name_scope(&mut self, name: &str) {
         let parent = self.name_scopes.join("/");
-        let count = self.name_counts.entry((parent, name.to_string())).or_insert(0);
-        let scoped = if *count == 0 { name.to_string() } else { format!("{name}_{count}") };
+        let count = self
+            .name_counts
+            .entry((parent, name.to_string()))
+            .or_insert(0);
+        let scoped = if *count == 0 {
+            name.to_string()
+        } else {
+            format!("{name}_{count}")
+        };
         *count += 1;
         self.name_scopes.push(scoped);
     }
@@ -179,7 +205,9 @@ impl<'p> Elab<'p> {
         self.random_count += 1;
         let key = format!("{}#{}", self.name_scopes.join("/"), self.random_count);
         // FNV-1a: stable across platforms and versions, unlike the std hasher.
-        key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+        key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
     }
 
     pub fn recursion_error(&mut self, span: Span) -> Value<'p> {

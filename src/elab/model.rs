@@ -25,15 +25,28 @@ impl<'p> Elab<'p> {
     /// Elaborates model item `i` of module `m` with features (and labels, unless in
     /// predict mode) of the given element types. `input_span` is where the input was
     /// named, for diagnostics about the binding.
-    pub(super) fn elaborate_model(&mut self, m: ModId, i: usize, features: &Elem, labels: Option<&Elem>, input_span: Span) {
+    pub(super) fn elaborate_model(
+        &mut self,
+        m: ModId,
+        i: usize,
+        features: &Elem,
+        labels: Option<&Elem>,
+        input_span: Span,
+    ) {
         let p = self.p;
-        let ItemKind::Model(f) = &p.item(m, i).kind else { return };
+        let ItemKind::Model(f) = &p.item(m, i).kind else {
+            return;
+        };
         let Some(body) = &f.body else { return };
         if f.params.is_empty() || f.params.len() > 2 {
             self.diags.push(
-                Diag::new(Code::InvalidModel, f.name.span, format!("model `{}` must take (features, labels)", f.name.name))
-                    .label(format!("{} parameters", f.params.len()))
-                    .help("declare `model m(features: f32[B, n], labels: i32[B])`"),
+                Diag::new(
+                    Code::InvalidModel,
+                    f.name.span,
+                    format!("model `{}` must take (features, labels)", f.name.name),
+                )
+                .label(format!("{} parameters", f.params.len()))
+                .help("declare `model m(features: f32[B, n], labels: i32[B])`"),
             );
             return;
         }
@@ -64,21 +77,46 @@ impl<'p> Elab<'p> {
 
     /// Binds one model parameter to the input's element type, unifying named
     /// dimensions. Returns the input tensor, or `None` after a diagnostic.
-    fn bind_param(&mut self, m: ModId, param: &'p Param, e: &Elem, dims: &mut FxHashMap<String, usize>, input_span: Span) -> Option<Value<'p>> {
+    fn bind_param(
+        &mut self,
+        m: ModId,
+        param: &'p Param,
+        e: &Elem,
+        dims: &mut FxHashMap<String, usize>,
+        input_span: Span,
+    ) -> Option<Value<'p>> {
         let Elem::Tensor { dtype, dims: edims } = e else {
             self.diags.push(
-                Diag::new(Code::InputNotDataset, input_span, format!("`{}` must be a tensor, but the input yields {e}", param.name.name))
-                    .label("the input")
-                    .with(param.name.span, "the model parameter")
-                    .help("make the input's elements `(features, labels)` pairs of tensors with a `map`"),
+                Diag::new(
+                    Code::InputNotDataset,
+                    input_span,
+                    format!(
+                        "`{}` must be a tensor, but the input yields {e}",
+                        param.name.name
+                    ),
+                )
+                .label("the input")
+                .with(param.name.span, "the model parameter")
+                .help(
+                    "make the input's elements `(features, labels)` pairs of tensors with a `map`",
+                ),
             );
             return None;
         };
-        let Some(TypeExpr::Named { name, dims: Some(tdims), span }) = &param.ty else {
+        let Some(TypeExpr::Named {
+            name,
+            dims: Some(tdims),
+            span,
+        }) = &param.ty
+        else {
             self.diags.push(
-                Diag::new(Code::InvalidModel, param.name.span, format!("model parameter `{}` needs a tensor type", param.name.name))
-                    .label("no type")
-                    .help(format!("declare it, e.g. `{}: {e}`", param.name.name)),
+                Diag::new(
+                    Code::InvalidModel,
+                    param.name.span,
+                    format!("model parameter `{}` needs a tensor type", param.name.name),
+                )
+                .label("no type")
+                .help(format!("declare it, e.g. `{}: {e}`", param.name.name)),
             );
             return None;
         };
@@ -89,21 +127,38 @@ impl<'p> Elab<'p> {
         }
         let mismatch = |el: &mut Self, why: String| {
             el.diags.push(
-                Diag::new(Code::InputModelMismatch, *span, format!("the input yields {e} for `{}`, but the model declares {}", param.name.name, el.p.sources.text(*span)))
-                    .label(why)
-                    .with(input_span, format!("this input yields {e}"))
-                    .help("change the model's signature or the input pipeline so that they agree"),
+                Diag::new(
+                    Code::InputModelMismatch,
+                    *span,
+                    format!(
+                        "the input yields {e} for `{}`, but the model declares {}",
+                        param.name.name,
+                        el.p.sources.text(*span)
+                    ),
+                )
+                .label(why)
+                .with(input_span, format!("this input yields {e}"))
+                .help("change the model's signature or the input pipeline so that they agree"),
             );
         };
         if declared != Some(*dtype) || tdims.len() != edims.len() {
-            let why = if declared != Some(*dtype) { format!("dtype {} vs {dtype}", name.name) } else { format!("rank {} vs {}", tdims.len(), edims.len()) };
+            let why = if declared != Some(*dtype) {
+                format!("dtype {} vs {dtype}", name.name)
+            } else {
+                format!("rank {} vs {}", tdims.len(), edims.len())
+            };
             mismatch(self, why);
             return None;
         }
         let mut shape = Vec::with_capacity(edims.len());
         for (dexpr, ed) in tdims.iter().zip(edims) {
             let named = match &dexpr.kind {
-                ExprKind::Name(n) if self.p.lookup(m, n).is_none() && !crate::resolve::BUILTIN_VALUES.contains(&n.as_str()) => Some(n.clone()),
+                ExprKind::Name(n)
+                    if self.p.lookup(m, n).is_none()
+                        && !crate::resolve::BUILTIN_VALUES.contains(&n.as_str()) =>
+                {
+                    Some(n.clone())
+                }
                 _ => None,
             };
             let want = match &named {
@@ -136,7 +191,14 @@ impl<'p> Elab<'p> {
             shape.push(size);
         }
         let site = param.name.span;
-        let node = self.graph.add(Op::Input { name: param.name.name.clone() }, &[], TensorType::new(*dtype, shape), site);
+        let node = self.graph.add(
+            Op::Input {
+                name: param.name.name.clone(),
+            },
+            &[],
+            TensorType::new(*dtype, shape),
+            site,
+        );
         Some(Value::Tensor(node))
     }
 
@@ -144,16 +206,25 @@ impl<'p> Elab<'p> {
         let mut out = Sections::default();
         let mut seen: FxHashMap<SectionKind, Span> = FxHashMap::default();
         for s in &body.stmts {
-            let StmtKind::Section { kind, kw_span, body } = &s.kind else {
+            let StmtKind::Section {
+                kind,
+                kw_span,
+                body,
+            } = &s.kind
+            else {
                 self.stmt(s);
                 continue;
             };
             if let Some(prev) = seen.insert(*kind, *kw_span) {
                 self.diags.push(
-                    Diag::new(Code::MisplacedStatement, *kw_span, format!("a second `{}` section", kind.name()))
-                        .label("second section")
-                        .with(prev, "first section")
-                        .help("merge the two sections"),
+                    Diag::new(
+                        Code::MisplacedStatement,
+                        *kw_span,
+                        format!("a second `{}` section", kind.name()),
+                    )
+                    .label("second section")
+                    .with(prev, "first section")
+                    .help("merge the two sections"),
                 );
                 continue;
             }
@@ -164,16 +235,21 @@ impl<'p> Elab<'p> {
         }
         if let Some(t) = &body.tail {
             self.diags.push(
-                Diag::new(Code::MisplacedStatement, t.span, "a model body has no value")
-                    .label("this value is not used")
-                    .help("bind it with `let` and use it in a section"),
+                Diag::new(
+                    Code::MisplacedStatement,
+                    t.span,
+                    "a model body has no value",
+                )
+                .label("this value is not used")
+                .help("bind it with `let` and use it in a section"),
             );
         }
         out
     }
 
     fn section(&mut self, kind: SectionKind, body: &'p Block, out: &mut Sections<'p>) {
-        let active = kind == self.mode || (kind == SectionKind::Train && self.mode == SectionKind::Eval);
+        let active =
+            kind == self.mode || (kind == SectionKind::Train && self.mode == SectionKind::Eval);
         if !active {
             return;
         }
@@ -188,7 +264,11 @@ impl<'p> Elab<'p> {
                         continue;
                     }
                     let l = self.expr(loss);
-                    let o = if loss_only { Value::None } else { self.expr(optimizer) };
+                    let o = if loss_only {
+                        Value::None
+                    } else {
+                        self.expr(optimizer)
+                    };
                     if let Some((_, prev, _, _)) = &out.minimize {
                         self.diags.push(
                             Diag::new(Code::InvalidModel, s.span, "a second `minimize`")
@@ -209,16 +289,21 @@ impl<'p> Elab<'p> {
                 }
                 StmtKind::Assign { name, value } if kind == SectionKind::Predict => {
                     let v = self.expr(value);
-                    out.predictions.push((name.name.clone(), v, name.span.to(value.span)));
+                    out.predictions
+                        .push((name.name.clone(), v, name.span.to(value.span)));
                 }
                 _ => self.stmt(s),
             }
         }
         if let Some(t) = &body.tail {
             self.diags.push(
-                Diag::new(Code::MisplacedStatement, t.span, format!("a `{}` section has no value", kind.name()))
-                    .label("this value is not used")
-                    .help("use `minimize`, `metric` or `name = value` statements"),
+                Diag::new(
+                    Code::MisplacedStatement,
+                    t.span,
+                    format!("a `{}` section has no value", kind.name()),
+                )
+                .label("this value is not used")
+                .help("use `minimize`, `metric` or `name = value` statements"),
             );
         }
         self.pop_scope();
@@ -230,14 +315,22 @@ impl<'p> Elab<'p> {
                 match s.minimize {
                     Some((loss, ls, opt, os)) => {
                         if let Some(l) = self.loss_node(loss, ls) {
-                            self.graph.outputs.push(Output { name: "loss".into(), role: Role::Loss, node: l });
+                            self.graph.outputs.push(Output {
+                                name: "loss".into(),
+                                role: Role::Loss,
+                                node: l,
+                            });
                         }
                         self.optimizer(opt, os);
                     }
                     None => self.diags.push(
-                        Diag::new(Code::InvalidModel, model_span, format!("model `{}` does not say how it trains", f.name.name))
-                            .label("no `minimize` in a train section")
-                            .help("add `train { minimize loss with sgd(lr: 0.01) }`"),
+                        Diag::new(
+                            Code::InvalidModel,
+                            model_span,
+                            format!("model `{}` does not say how it trains", f.name.name),
+                        )
+                        .label("no `minimize` in a train section")
+                        .help("add `train { minimize loss with sgd(lr: 0.01) }`"),
                     ),
                 }
                 if self.target == super::Target::Wafer {
@@ -251,13 +344,21 @@ impl<'p> Elab<'p> {
                 }
                 self.metrics(s.metrics);
                 for (name, value) in std::mem::take(&mut self.updates) {
-                    self.graph.outputs.push(Output { name, role: Role::Update, node: value });
+                    self.graph.outputs.push(Output {
+                        name,
+                        role: Role::Update,
+                        node: value,
+                    });
                 }
             }
             SectionKind::Eval => {
                 if let Some((loss, ls, _, _)) = s.minimize {
                     if let Some(l) = self.loss_node(loss, ls) {
-                        self.graph.outputs.push(Output { name: "loss".into(), role: Role::Loss, node: l });
+                        self.graph.outputs.push(Output {
+                            name: "loss".into(),
+                            role: Role::Loss,
+                            node: l,
+                        });
                     }
                 }
                 self.metrics(s.metrics);
@@ -265,9 +366,13 @@ impl<'p> Elab<'p> {
             SectionKind::Predict => {
                 if !s.has_predict {
                     self.diags.push(
-                        Diag::new(Code::InvalidModel, model_span, format!("model `{}` has no predict section", f.name.name))
-                            .label("nothing to predict")
-                            .help("add `predict { classes = argmax(logits, 1) }`"),
+                        Diag::new(
+                            Code::InvalidModel,
+                            model_span,
+                            format!("model `{}` has no predict section", f.name.name),
+                        )
+                        .label("nothing to predict")
+                        .help("add `predict { classes = argmax(logits, 1) }`"),
                     );
                 }
                 for (name, v, span) in s.predictions {
@@ -305,9 +410,13 @@ impl<'p> Elab<'p> {
             Value::Error => return,
             other => {
                 self.diags.push(
-                    Diag::new(Code::InvalidModel, span, format!("expected an optimizer, found {}", other.kind()))
-                        .label(other.kind())
-                        .help("use one of std.optim's: sgd, momentum, adam, adamw, rmsprop"),
+                    Diag::new(
+                        Code::InvalidModel,
+                        span,
+                        format!("expected an optimizer, found {}", other.kind()),
+                    )
+                    .label(other.kind())
+                    .help("use one of std.optim's: sgd, momentum, adam, adamw, rmsprop"),
                 );
                 return;
             }
@@ -323,7 +432,11 @@ impl<'p> Elab<'p> {
                 self.constant(x, crate::ir::DType::F32, span)
             }
         };
-        self.graph.outputs.push(Output { name: "learning_rate".into(), role: Role::LearningRate, node: lr });
+        self.graph.outputs.push(Output {
+            name: "learning_rate".into(),
+            role: Role::LearningRate,
+            node: lr,
+        });
         self.graph.optimizer = Some(Optimizer {
             kind: o.kind.to_string(),
             hyper: o.hyper.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
@@ -340,9 +453,15 @@ impl<'p> Elab<'p> {
                 Value::Absent(_) => continue,
                 other => {
                     self.diags.push(
-                        Diag::new(Code::InvalidModel, span, format!("metric `{name}` is {}, not a metric", other.kind()))
-                            .label(other.kind())
-                            .help("make metrics with std.metrics: accuracy, mean, precision, recall, auc"),
+                        Diag::new(
+                            Code::InvalidModel,
+                            span,
+                            format!("metric `{name}` is {}, not a metric", other.kind()),
+                        )
+                        .label(other.kind())
+                        .help(
+                            "make metrics with std.metrics: accuracy, mean, precision, recall, auc",
+                        ),
                     );
                     continue;
                 }
@@ -350,27 +469,48 @@ impl<'p> Elab<'p> {
             let mut args = Vec::new();
             for (arg, node) in &m.args {
                 args.push(self.graph.outputs.len());
-                self.graph.outputs.push(Output { name: format!("{name}.{arg}"), role: Role::MetricInput, node: *node });
+                self.graph.outputs.push(Output {
+                    name: format!("{name}.{arg}"),
+                    role: Role::MetricInput,
+                    node: *node,
+                });
             }
-            self.graph.metrics.push(Metric { name, reducer: m.reducer.to_string(), args, span });
+            self.graph.metrics.push(Metric {
+                name,
+                reducer: m.reducer.to_string(),
+                args,
+                span,
+            });
         }
     }
 
     fn prediction(&mut self, name: String, v: Value<'p>, span: Span) {
         match v {
-            Value::Tensor(n) => self.graph.outputs.push(Output { name, role: Role::Prediction, node: n }),
+            Value::Tensor(n) => self.graph.outputs.push(Output {
+                name,
+                role: Role::Prediction,
+                node: n,
+            }),
             Value::Absent(labels) => self.diags.push(
-                Diag::new(Code::LabelsInPredict, span, format!("prediction `{name}` depends on the labels"))
-                    .label("needs labels")
-                    .with(labels, "labels are absent in predict mode")
-                    .help("compute predictions from the features only"),
+                Diag::new(
+                    Code::LabelsInPredict,
+                    span,
+                    format!("prediction `{name}` depends on the labels"),
+                )
+                .label("needs labels")
+                .with(labels, "labels are absent in predict mode")
+                .help("compute predictions from the features only"),
             ),
             Value::Error => {}
             other => {
                 self.diags.push(
-                    Diag::new(Code::InvalidModel, span, format!("prediction `{name}` is {}, not a tensor", other.kind()))
-                        .label(other.kind())
-                        .help("predictions are tensors computed from the features"),
+                    Diag::new(
+                        Code::InvalidModel,
+                        span,
+                        format!("prediction `{name}` is {}, not a tensor", other.kind()),
+                    )
+                    .label(other.kind())
+                    .help("predictions are tensors computed from the features"),
                 );
             }
         }

@@ -13,7 +13,13 @@ use std::rc::Rc;
 impl<'p> Elab<'p> {
     /// Adds a node. `declared` is the result type for ops that take it from the node
     /// (see `ir::infer`); other ops pass any type (it is replaced by the inferred one).
-    pub fn op(&mut self, op: Op, args: &[(NodeIndex, Span)], declared: TensorType, span: Span) -> Value<'p> {
+    pub fn op(
+        &mut self,
+        op: Op,
+        args: &[(NodeIndex, Span)],
+        declared: TensorType,
+        span: Span,
+    ) -> Value<'p> {
         let tys: Vec<&TensorType> = args.iter().map(|(n, _)| self.graph.ty(*n)).collect();
         match ir::infer(&op, &tys, &declared) {
             Ok(ty) => {
@@ -22,7 +28,8 @@ impl<'p> Elab<'p> {
                 Value::Tensor(self.graph.add(op, &operands, ty, site))
             }
             Err(e) => {
-                let mut d = Diag::new(e.code, self.site(span), e.message).label(format!("in this {}", op.name()));
+                let mut d = Diag::new(e.code, self.site(span), e.message)
+                    .label(format!("in this {}", op.name()));
                 for (n, s) in args {
                     let site = self.site(*s);
                     if site != self.site(span) {
@@ -40,13 +47,25 @@ impl<'p> Elab<'p> {
     /// A scalar constant of `dtype`.
     pub fn constant(&mut self, v: f64, dtype: DType, span: Span) -> NodeIndex {
         let site = self.site(span);
-        self.graph.add(Op::Const { bits: v.to_bits() }, &[], TensorType::scalar(dtype), site)
+        self.graph.add(
+            Op::Const { bits: v.to_bits() },
+            &[],
+            TensorType::scalar(dtype),
+            site,
+        )
     }
 
     pub fn global_step(&mut self, span: Span) -> Value<'p> {
         let site = self.site(span);
-        let existing = self.graph.g.node_indices().find(|&n| matches!(self.graph.node(n).op, Op::GlobalStep));
-        Value::Tensor(existing.unwrap_or_else(|| self.graph.add(Op::GlobalStep, &[], TensorType::scalar(DType::I64), site)))
+        let existing = self
+            .graph
+            .g
+            .node_indices()
+            .find(|&n| matches!(self.graph.node(n).op, Op::GlobalStep));
+        Value::Tensor(existing.unwrap_or_else(|| {
+            self.graph
+                .add(Op::GlobalStep, &[], TensorType::scalar(DType::I64), site)
+        }))
     }
 
     /// A value as a tensor operand: tensors as they are, static numbers as constants of
@@ -59,9 +78,15 @@ impl<'p> Elab<'p> {
                 let d = like.unwrap_or(DType::F32);
                 if !d.is_float() {
                     self.diags.push(
-                        Diag::new(Code::DtypeMismatch, self.site(span), format!("a float cannot combine with a {d} tensor"))
-                            .label("a float")
-                            .help(format!("cast the tensor with `cast(x, f32)`, or write an integer for {d}")),
+                        Diag::new(
+                            Code::DtypeMismatch,
+                            self.site(span),
+                            format!("a float cannot combine with a {d} tensor"),
+                        )
+                        .label("a float")
+                        .help(format!(
+                            "cast the tensor with `cast(x, f32)`, or write an integer for {d}"
+                        )),
                     );
                     return None;
                 }
@@ -76,7 +101,13 @@ impl<'p> Elab<'p> {
         }
     }
 
-    pub fn binary(&mut self, op: BinOp, a: (Value<'p>, Span), b: (Value<'p>, Span), span: Span) -> Value<'p> {
+    pub fn binary(
+        &mut self,
+        op: BinOp,
+        a: (Value<'p>, Span),
+        b: (Value<'p>, Span),
+        span: Span,
+    ) -> Value<'p> {
         let (va, sa) = a;
         let (vb, sb) = b;
         if let Value::Absent(s) = va {
@@ -94,12 +125,21 @@ impl<'p> Elab<'p> {
         self.static_binary(op, (&va, sa), (&vb, sb), span)
     }
 
-    fn tensor_binary(&mut self, op: BinOp, a: (&Value<'p>, Span), b: (&Value<'p>, Span), span: Span) -> Value<'p> {
+    fn tensor_binary(
+        &mut self,
+        op: BinOp,
+        a: (&Value<'p>, Span),
+        b: (&Value<'p>, Span),
+        span: Span,
+    ) -> Value<'p> {
         let like = match (a.0, b.0) {
             (Value::Tensor(n), _) | (_, Value::Tensor(n)) => Some(self.graph.ty(*n).dtype),
             _ => None,
         };
-        let (Some(x), Some(y)) = (self.operand(a.0, a.1, like), self.operand(b.0, b.1, like)) else { return Value::Error };
+        let (Some(x), Some(y)) = (self.operand(a.0, a.1, like), self.operand(b.0, b.1, like))
+        else {
+            return Value::Error;
+        };
         let bop = match op {
             BinOp::Add => BinaryOp::Add,
             BinOp::Sub => BinaryOp::Sub,
@@ -115,10 +155,21 @@ impl<'p> Elab<'p> {
             BinOp::And => BinaryOp::And,
             BinOp::Or => BinaryOp::Or,
         };
-        self.op(Op::Binary(bop), &[(x, a.1), (y, b.1)], TensorType::scalar(DType::F32), span)
+        self.op(
+            Op::Binary(bop),
+            &[(x, a.1), (y, b.1)],
+            TensorType::scalar(DType::F32),
+            span,
+        )
     }
 
-    fn static_binary(&mut self, op: BinOp, a: (&Value<'p>, Span), b: (&Value<'p>, Span), span: Span) -> Value<'p> {
+    fn static_binary(
+        &mut self,
+        op: BinOp,
+        a: (&Value<'p>, Span),
+        b: (&Value<'p>, Span),
+        span: Span,
+    ) -> Value<'p> {
         use Value::*;
         let r = match (op, a.0, b.0) {
             (BinOp::Eq, x, y) => x.static_eq(y).map(Bool),
@@ -131,18 +182,31 @@ impl<'p> Elab<'p> {
                 float_op(op, x, y)
             }
             (BinOp::Add, Str(x), Str(y)) => Some(Str(Rc::from(format!("{x}{y}").as_str()))),
-            (BinOp::Add, List(x), List(y)) => Some(List(Rc::new(x.iter().chain(y.iter()).cloned().collect()))),
-            (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge, Str(x), Str(y)) => Some(Bool(cmp(op, x.cmp(y)))),
+            (BinOp::Add, List(x), List(y)) => {
+                Some(List(Rc::new(x.iter().chain(y.iter()).cloned().collect())))
+            }
+            (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge, Str(x), Str(y)) => {
+                Some(Bool(cmp(op, x.cmp(y))))
+            }
             _ => Option::None,
         };
         match r {
             Some(v) => v,
             Option::None => self.error(
-                Diag::new(Code::TypeMismatch, self.site(span), format!("`{}` cannot combine {} and {}", op.symbol(), a.0.kind(), b.0.kind()))
-                    .label("here")
-                    .with(self.site(a.1), a.0.kind())
-                    .with(self.site(b.1), b.0.kind())
-                    .help("arithmetic works on numbers and tensors; `+` also joins strings and lists"),
+                Diag::new(
+                    Code::TypeMismatch,
+                    self.site(span),
+                    format!(
+                        "`{}` cannot combine {} and {}",
+                        op.symbol(),
+                        a.0.kind(),
+                        b.0.kind()
+                    ),
+                )
+                .label("here")
+                .with(self.site(a.1), a.0.kind())
+                .with(self.site(b.1), b.0.kind())
+                .help("arithmetic works on numbers and tensors; `+` also joins strings and lists"),
             ),
         }
     }
@@ -157,11 +221,19 @@ impl<'p> Elab<'p> {
             _ => float_op(op, x as f64, y as f64),
         };
         r.unwrap_or_else(|| {
-            let what = if y == 0 && matches!(op, BinOp::Div | BinOp::Rem) { "division by zero" } else { "integer overflow" };
+            let what = if y == 0 && matches!(op, BinOp::Div | BinOp::Rem) {
+                "division by zero"
+            } else {
+                "integer overflow"
+            };
             self.error(
-                Diag::new(Code::StaticEvalError, self.site(span), format!("{what} in `{x} {} {y}`", op.symbol()))
-                    .label(what)
-                    .help("fix the static values involved"),
+                Diag::new(
+                    Code::StaticEvalError,
+                    self.site(span),
+                    format!("{what} in `{x} {} {y}`", op.symbol()),
+                )
+                .label(what)
+                .help("fix the static values involved"),
             )
         })
     }
@@ -174,18 +246,36 @@ impl<'p> Elab<'p> {
             (AstUnary::Not, Value::Bool(b)) => Value::Bool(!b),
             (AstUnary::Neg, Value::Tensor(n)) => {
                 let n = *n;
-                self.op(Op::Unary(UnaryOp::Neg), &[(n, span)], TensorType::scalar(DType::F32), span)
+                self.op(
+                    Op::Unary(UnaryOp::Neg),
+                    &[(n, span)],
+                    TensorType::scalar(DType::F32),
+                    span,
+                )
             }
             (AstUnary::Not, Value::Tensor(n)) => {
                 let n = *n;
-                self.op(Op::Unary(UnaryOp::Not), &[(n, span)], TensorType::scalar(DType::Bool), span)
+                self.op(
+                    Op::Unary(UnaryOp::Not),
+                    &[(n, span)],
+                    TensorType::scalar(DType::Bool),
+                    span,
+                )
             }
             _ => {
                 let sym = if op == AstUnary::Neg { "-" } else { "!" };
                 self.error(
-                    Diag::new(Code::TypeMismatch, self.site(span), format!("`{sym}` cannot apply to {}", v.kind()))
-                        .label(v.kind())
-                        .help(if op == AstUnary::Neg { "negate numbers or tensors" } else { "`!` negates bools" }),
+                    Diag::new(
+                        Code::TypeMismatch,
+                        self.site(span),
+                        format!("`{sym}` cannot apply to {}", v.kind()),
+                    )
+                    .label(v.kind())
+                    .help(if op == AstUnary::Neg {
+                        "negate numbers or tensors"
+                    } else {
+                        "`!` negates bools"
+                    }),
                 )
             }
         }

@@ -171,7 +171,9 @@ impl Value<'_> {
         Some(match (self, other) {
             (Value::Int(a), Value::Int(b)) => a == b,
             (Value::Float(a), Value::Float(b)) => a == b,
-            (Value::Int(a), Value::Float(b)) | (Value::Float(b), Value::Int(a)) => (*a as f64) == *b,
+            (Value::Int(a), Value::Float(b)) | (Value::Float(b), Value::Int(a)) => {
+                (*a as f64) == *b
+            }
             (Value::Bool(a), Value::Bool(b)) => a == b,
             (Value::Str(a), Value::Str(b)) => a == b,
             (Value::None, Value::None) => true,
@@ -208,7 +210,13 @@ pub fn show(v: &Value<'_>) -> String {
         Value::List(xs) => format!("[{}]", xs.iter().map(show).collect::<Vec<_>>().join(", ")),
         Value::Tuple(xs) => format!("({})", xs.iter().map(show).collect::<Vec<_>>().join(", ")),
         Value::Record(fs) => {
-            format!("{{{}}}", fs.iter().map(|(k, v)| format!("{k}: {}", show(v))).collect::<Vec<_>>().join(", "))
+            format!(
+                "{{{}}}",
+                fs.iter()
+                    .map(|(k, v)| format!("{k}: {}", show(v)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         }
         Value::None => "none".into(),
         Value::DType(d) => d.name().into(),

@@ -29,7 +29,11 @@ pub fn dump_text(g: &Graph, title: &str) -> String {
     let mut out = format!("graph {title} {{\n");
     for n in order {
         let node = g.node(n);
-        let operands: Vec<String> = g.operands(n).iter().map(|o| format!("%{}", num[o])).collect();
+        let operands: Vec<String> = g
+            .operands(n)
+            .iter()
+            .map(|o| format!("%{}", num[o]))
+            .collect();
         let mut line = format!("  %{} = {}", num[&n], node.op.name());
         let attrs = node.op.attrs();
         if !attrs.is_empty() {
@@ -41,16 +45,41 @@ pub fn dump_text(g: &Graph, title: &str) -> String {
         let _ = writeln!(out, "{line} : {}", node.ty);
     }
     for o in &g.outputs {
-        let _ = writeln!(out, "  output {} {} = %{}", role_name(&o.role), o.name, num[&o.node]);
+        let _ = writeln!(
+            out,
+            "  output {} {} = %{}",
+            role_name(&o.role),
+            o.name,
+            num[&o.node]
+        );
     }
     for m in &g.metrics {
         let args: Vec<&str> = m.args.iter().map(|&i| g.outputs[i].name.as_str()).collect();
-        let _ = writeln!(out, "  metric {} = {}({})", m.name, m.reducer, args.join(", "));
+        let _ = writeln!(
+            out,
+            "  metric {} = {}({})",
+            m.name,
+            m.reducer,
+            args.join(", ")
+        );
     }
     if let Some(opt) = &g.optimizer {
-        let hyper: Vec<String> = opt.hyper.iter().map(|(k, v)| format!("{k}={}", super::fmt_f64(*v))).collect();
-        let clip = opt.clip_global_norm.map(|c| format!(" clip_global_norm={}", super::fmt_f64(c))).unwrap_or_default();
-        let _ = writeln!(out, "  optimizer {}({}){}", opt.kind, hyper.join(", "), clip);
+        let hyper: Vec<String> = opt
+            .hyper
+            .iter()
+            .map(|(k, v)| format!("{k}={}", super::fmt_f64(*v)))
+            .collect();
+        let clip = opt
+            .clip_global_norm
+            .map(|c| format!(" clip_global_norm={}", super::fmt_f64(c)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  optimizer {}({}){}",
+            opt.kind,
+            hyper.join(", "),
+            clip
+        );
     }
     out.push_str("}\n");
     out
@@ -59,11 +88,18 @@ pub fn dump_text(g: &Graph, title: &str) -> String {
 /// The GraphViz dump.
 pub fn dump_dot(g: &Graph, title: &str) -> String {
     let (order, num) = numbering(g);
-    let mut out = format!("digraph \"{}\" {{\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n", title);
+    let mut out = format!(
+        "digraph \"{}\" {{\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n",
+        title
+    );
     for n in &order {
         let node = g.node(*n);
         let attrs = node.op.attrs().replace('"', "\\\"");
-        let shape = if node.op.is_source() { ", style=rounded" } else { "" };
+        let shape = if node.op.is_source() {
+            ", style=rounded"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
             "  n{} [label=\"%{} {}{}{}\\n{}\"{}];",
@@ -82,7 +118,12 @@ pub fn dump_dot(g: &Graph, title: &str) -> String {
         }
     }
     for (i, o) in g.outputs.iter().enumerate() {
-        let _ = writeln!(out, "  out{i} [label=\"{} {}\", shape=ellipse];", role_name(&o.role), o.name);
+        let _ = writeln!(
+            out,
+            "  out{i} [label=\"{} {}\", shape=ellipse];",
+            role_name(&o.role),
+            o.name
+        );
         let _ = writeln!(out, "  n{} -> out{i};", num[&o.node]);
     }
     out.push_str("}\n");

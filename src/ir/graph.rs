@@ -89,8 +89,11 @@ impl Graph {
 
     /// The operands of `n`, in operand order.
     pub fn operands(&self, n: NodeIndex) -> Vec<NodeIndex> {
-        let mut v: Vec<(u32, NodeIndex)> =
-            self.g.edges_directed(n, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
+        let mut v: Vec<(u32, NodeIndex)> = self
+            .g
+            .edges_directed(n, Direction::Incoming)
+            .map(|e| (*e.weight(), e.source()))
+            .collect();
         v.sort_unstable_by_key(|(i, _)| *i);
         v.into_iter().map(|(_, s)| s).collect()
     }
@@ -106,8 +109,11 @@ impl Graph {
     /// Makes every use of `old` a use of `new` (operand indices kept), in the graph and
     /// in the outputs. `old` stays, without users.
     pub fn replace_uses(&mut self, old: NodeIndex, new: NodeIndex) {
-        let uses: Vec<(NodeIndex, u32, petgraph::stable_graph::EdgeIndex)> =
-            self.g.edges_directed(old, Direction::Outgoing).map(|e| (e.target(), *e.weight(), e.id())).collect();
+        let uses: Vec<(NodeIndex, u32, petgraph::stable_graph::EdgeIndex)> = self
+            .g
+            .edges_directed(old, Direction::Outgoing)
+            .map(|e| (e.target(), *e.weight(), e.id()))
+            .collect();
         for (user, idx, e) in uses {
             self.g.remove_edge(e);
             self.g.add_edge(new, user, idx);
@@ -123,7 +129,11 @@ impl Graph {
     /// learning rate) and every variable (they are saved in checkpoints).
     pub fn roots(&self) -> Vec<NodeIndex> {
         let mut r: Vec<NodeIndex> = self.outputs.iter().map(|o| o.node).collect();
-        r.extend(self.g.node_indices().filter(|&n| matches!(self.g[n].op, Op::Variable { .. })));
+        r.extend(
+            self.g
+                .node_indices()
+                .filter(|&n| matches!(self.g[n].op, Op::Variable { .. })),
+        );
         r
     }
 
@@ -134,8 +144,12 @@ impl Graph {
         for n in self.g.node_indices() {
             indeg[n.index()] = self.g.edges_directed(n, Direction::Incoming).count();
         }
-        let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<NodeIndex>> =
-            self.g.node_indices().filter(|n| indeg[n.index()] == 0).map(std::cmp::Reverse).collect();
+        let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<NodeIndex>> = self
+            .g
+            .node_indices()
+            .filter(|n| indeg[n.index()] == 0)
+            .map(std::cmp::Reverse)
+            .collect();
         let mut order = Vec::with_capacity(self.g.node_count());
         while let Some(std::cmp::Reverse(n)) = ready.pop() {
             order.push(n);

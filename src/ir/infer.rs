@@ -14,7 +14,11 @@ pub struct InferError {
 }
 
 fn err(code: Code, message: impl Into<String>) -> InferError {
-    InferError { code, message: message.into(), help: None }
+    InferError {
+        code,
+        message: message.into(),
+        help: None,
+    }
 }
 
 impl InferError {
@@ -37,14 +41,24 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
             if declared.dtype.is_float() {
                 Ok(declared.clone())
             } else {
-                Err(err(Code::DtypeMismatch, format!("random numbers must be a float type, not {}", declared.dtype)))
+                Err(err(
+                    Code::DtypeMismatch,
+                    format!(
+                        "random numbers must be a float type, not {}",
+                        declared.dtype
+                    ),
+                ))
             }
         }
         Op::Unary(u) => unary(*u, args[0]),
         Op::Binary(b) => binary(*b, args[0], args[1]),
         Op::Select => select(args[0], args[1], args[2]),
         Op::Cast => Ok(TensorType::new(declared.dtype, args[0].shape.clone())),
-        Op::Reduce { op, axes, keep_dims } => reduce(*op, axes, *keep_dims, args[0]),
+        Op::Reduce {
+            op,
+            axes,
+            keep_dims,
+        } => reduce(*op, axes, *keep_dims, args[0]),
         Op::ArgMax { axis } | Op::ArgMin { axis } => arg_reduce(*axis, args[0]),
         Op::MatMul => matmul(args[0], args[1]),
         Op::Transpose { perm } => transpose(perm, args[0]),
@@ -54,10 +68,21 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
         Op::Slice { axis, start, end } => slice(*axis, *start, *end, args[0]),
         Op::OneHot { depth } => one_hot(*depth, args[0], declared),
         Op::Gather => gather(args[0], args[1]),
-        Op::Conv2d { strides, padding, dilation } => conv2d(args[0], args[1], *strides, *padding, *dilation),
-        Op::MaxPool2d { window, strides, padding } | Op::AvgPool2d { window, strides, padding } => {
-            pool(args[0], *window, *strides, *padding)
+        Op::Conv2d {
+            strides,
+            padding,
+            dilation,
+        } => conv2d(args[0], args[1], *strides, *padding, *dilation),
+        Op::MaxPool2d {
+            window,
+            strides,
+            padding,
         }
+        | Op::AvgPool2d {
+            window,
+            strides,
+            padding,
+        } => pool(args[0], *window, *strides, *padding),
         Op::Softmax { axis } | Op::LogSoftmax { axis } => {
             need_float(op.name(), args[0])?;
             need_axis(*axis, args[0])?;
@@ -65,7 +90,10 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
         }
         Op::DecodeRaw => {
             if args[0].dtype != DType::Bytes {
-                return Err(err(Code::DtypeMismatch, format!("decode_raw reads bytes, not {}", args[0].dtype)));
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!("decode_raw reads bytes, not {}", args[0].dtype),
+                ));
             }
             Ok(declared.clone())
         }
@@ -88,8 +116,11 @@ fn need_float(what: &str, t: &TensorType) -> Result<(), InferError> {
     if t.dtype.is_float() {
         Ok(())
     } else {
-        Err(err(Code::DtypeMismatch, format!("{what} needs a float tensor, found {t}"))
-            .help("convert it with `cast(x, f32)`"))
+        Err(err(
+            Code::DtypeMismatch,
+            format!("{what} needs a float tensor, found {t}"),
+        )
+        .help("convert it with `cast(x, f32)`"))
     }
 }
 
@@ -97,7 +128,10 @@ fn need_axis(axis: usize, t: &TensorType) -> Result<(), InferError> {
     if axis < t.rank() {
         Ok(())
     } else {
-        Err(err(Code::InvalidAxis, format!("axis {axis} is out of range for {t} (rank {})", t.rank())))
+        Err(err(
+            Code::InvalidAxis,
+            format!("axis {axis} is out of range for {t} (rank {})", t.rank()),
+        ))
     }
 }
 
@@ -105,12 +139,18 @@ fn unary(u: UnaryOp, a: &TensorType) -> R {
     match u {
         UnaryOp::Not => {
             if a.dtype != DType::Bool {
-                return Err(err(Code::DtypeMismatch, format!("`!` needs a bool tensor, found {a}")));
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!("`!` needs a bool tensor, found {a}"),
+                ));
             }
         }
         UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Square => {
             if !a.dtype.is_numeric() {
-                return Err(err(Code::DtypeMismatch, format!("expected a numeric tensor, found {a}")));
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!("expected a numeric tensor, found {a}"),
+                ));
             }
         }
         _ => need_float(&format!("{u:?}").to_lowercase(), a)?,
@@ -120,20 +160,36 @@ fn unary(u: UnaryOp, a: &TensorType) -> R {
 
 fn binary(b: BinaryOp, x: &TensorType, y: &TensorType) -> R {
     if x.dtype != y.dtype {
-        return Err(err(Code::DtypeMismatch, format!("operands have different dtypes: {} and {}", x.dtype, y.dtype))
-            .help("convert one side with `cast(x, dtype)`"));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!(
+                "operands have different dtypes: {} and {}",
+                x.dtype, y.dtype
+            ),
+        )
+        .help("convert one side with `cast(x, dtype)`"));
     }
     if b.is_logical() && x.dtype != DType::Bool {
-        return Err(err(Code::DtypeMismatch, format!("`{}` needs bool tensors, found {}", b_sym(b), x.dtype)));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!("`{}` needs bool tensors, found {}", b_sym(b), x.dtype),
+        ));
     }
     if !b.is_logical() && !b.is_comparison() && !x.dtype.is_numeric() {
-        return Err(err(Code::DtypeMismatch, format!("arithmetic needs numeric tensors, found {}", x.dtype)));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!("arithmetic needs numeric tensors, found {}", x.dtype),
+        ));
     }
     let shape = broadcast(&x.shape, &y.shape).ok_or_else(|| {
         err(Code::ShapeMismatch, format!("shapes {x} and {y} do not broadcast"))
             .help("dimensions must be equal or 1, aligned from the right; reshape or transpose one operand")
     })?;
-    let dtype = if b.is_comparison() { DType::Bool } else { x.dtype };
+    let dtype = if b.is_comparison() {
+        DType::Bool
+    } else {
+        x.dtype
+    };
     Ok(TensorType::new(dtype, shape))
 }
 
@@ -146,24 +202,44 @@ fn b_sym(b: BinaryOp) -> &'static str {
 
 fn select(c: &TensorType, a: &TensorType, b: &TensorType) -> R {
     if c.dtype != DType::Bool {
-        return Err(err(Code::DtypeMismatch, format!("the condition of `where` must be bool, found {c}")));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!("the condition of `where` must be bool, found {c}"),
+        ));
     }
     if a.dtype != b.dtype {
-        return Err(err(Code::DtypeMismatch, format!("the branches of `where` differ in dtype: {} and {}", a.dtype, b.dtype)));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!(
+                "the branches of `where` differ in dtype: {} and {}",
+                a.dtype, b.dtype
+            ),
+        ));
     }
     let s = broadcast(&a.shape, &b.shape)
         .and_then(|s| broadcast(&c.shape, &s))
-        .ok_or_else(|| err(Code::ShapeMismatch, format!("shapes {c}, {a} and {b} do not broadcast")))?;
+        .ok_or_else(|| {
+            err(
+                Code::ShapeMismatch,
+                format!("shapes {c}, {a} and {b} do not broadcast"),
+            )
+        })?;
     Ok(TensorType::new(a.dtype, s))
 }
 
 fn reduce(op: ReduceOp, axes: &[usize], keep: bool, a: &TensorType) -> R {
     if !a.dtype.is_numeric() {
-        return Err(err(Code::DtypeMismatch, format!("reductions need a numeric tensor, found {a}")));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!("reductions need a numeric tensor, found {a}"),
+        ));
     }
     if op == ReduceOp::Mean && !a.dtype.is_float() {
-        return Err(err(Code::DtypeMismatch, format!("reduce_mean needs a float tensor, found {a}"))
-            .help("convert it with `cast(x, f32)`"));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!("reduce_mean needs a float tensor, found {a}"),
+        )
+        .help("convert it with `cast(x, f32)`"));
     }
     for (i, &ax) in axes.iter().enumerate() {
         need_axis(ax, a)?;
@@ -175,7 +251,15 @@ fn reduce(op: ReduceOp, axes: &[usize], keep: bool, a: &TensorType) -> R {
         .shape
         .iter()
         .enumerate()
-        .filter_map(|(i, &d)| if !axes.contains(&i) { Some(d) } else if keep { Some(1) } else { None })
+        .filter_map(|(i, &d)| {
+            if !axes.contains(&i) {
+                Some(d)
+            } else if keep {
+                Some(1)
+            } else {
+                None
+            }
+        })
         .collect();
     Ok(TensorType::new(a.dtype, shape))
 }
@@ -189,22 +273,43 @@ fn arg_reduce(axis: usize, a: &TensorType) -> R {
 
 fn matmul(a: &TensorType, b: &TensorType) -> R {
     if a.dtype != b.dtype {
-        return Err(err(Code::DtypeMismatch, format!("matmul operands differ in dtype: {} and {}", a.dtype, b.dtype)));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!(
+                "matmul operands differ in dtype: {} and {}",
+                a.dtype, b.dtype
+            ),
+        ));
     }
     if !a.dtype.is_numeric() {
-        return Err(err(Code::DtypeMismatch, format!("matmul needs numeric tensors, found {a}")));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!("matmul needs numeric tensors, found {a}"),
+        ));
     }
     if a.rank() < 2 || b.rank() < 2 {
-        return Err(err(Code::ShapeMismatch, format!("matmul needs operands of rank 2 or more, found {a} and {b}")));
+        return Err(err(
+            Code::ShapeMismatch,
+            format!("matmul needs operands of rank 2 or more, found {a} and {b}"),
+        ));
     }
     let (m, k1) = (a.shape[a.rank() - 2], a.shape[a.rank() - 1]);
     let (k2, n) = (b.shape[b.rank() - 2], b.shape[b.rank() - 1]);
     if k1 != k2 {
-        return Err(err(Code::ShapeMismatch, format!("matmul inner dimensions differ: {a} times {b} ({k1} vs {k2})"))
-            .help("the last dimension of the left operand must equal the second-to-last of the right"));
+        return Err(err(
+            Code::ShapeMismatch,
+            format!("matmul inner dimensions differ: {a} times {b} ({k1} vs {k2})"),
+        )
+        .help(
+            "the last dimension of the left operand must equal the second-to-last of the right",
+        ));
     }
-    let batch = broadcast(&a.shape[..a.rank() - 2], &b.shape[..b.rank() - 2])
-        .ok_or_else(|| err(Code::ShapeMismatch, format!("matmul batch dimensions of {a} and {b} do not broadcast")))?;
+    let batch = broadcast(&a.shape[..a.rank() - 2], &b.shape[..b.rank() - 2]).ok_or_else(|| {
+        err(
+            Code::ShapeMismatch,
+            format!("matmul batch dimensions of {a} and {b} do not broadcast"),
+        )
+    })?;
     let mut shape = batch;
     shape.extend([m, n]);
     Ok(TensorType::new(a.dtype, shape))
@@ -212,17 +317,32 @@ fn matmul(a: &TensorType, b: &TensorType) -> R {
 
 fn transpose(perm: &[usize], a: &TensorType) -> R {
     let mut seen = vec![false; a.rank()];
-    if perm.len() != a.rank() || perm.iter().any(|&p| p >= a.rank() || std::mem::replace(&mut seen[p], true)) {
-        return Err(err(Code::InvalidAxis, format!("{perm:?} is not a permutation of the axes of {a}")));
+    if perm.len() != a.rank()
+        || perm
+            .iter()
+            .any(|&p| p >= a.rank() || std::mem::replace(&mut seen[p], true))
+    {
+        return Err(err(
+            Code::InvalidAxis,
+            format!("{perm:?} is not a permutation of the axes of {a}"),
+        ));
     }
-    Ok(TensorType::new(a.dtype, perm.iter().map(|&p| a.shape[p]).collect()))
+    Ok(TensorType::new(
+        a.dtype,
+        perm.iter().map(|&p| a.shape[p]).collect(),
+    ))
 }
 
 fn reshape(a: &TensorType, to: &TensorType) -> R {
     if a.elements() != to.elements() {
         return Err(err(
             Code::InvalidShape,
-            format!("cannot reshape {a} ({} elements) to {:?} ({} elements)", a.elements(), to.shape, to.elements()),
+            format!(
+                "cannot reshape {a} ({} elements) to {:?} ({} elements)",
+                a.elements(),
+                to.shape,
+                to.elements()
+            ),
         )
         .help("the new shape must have as many elements as the old one"));
     }
@@ -232,7 +352,10 @@ fn reshape(a: &TensorType, to: &TensorType) -> R {
 fn broadcast_to(a: &TensorType, to: &TensorType) -> R {
     match broadcast(&a.shape, &to.shape) {
         Some(s) if s == to.shape => Ok(TensorType::new(a.dtype, to.shape.clone())),
-        _ => Err(err(Code::ShapeMismatch, format!("{a} cannot be broadcast to {:?}", to.shape))),
+        _ => Err(err(
+            Code::ShapeMismatch,
+            format!("{a} cannot be broadcast to {:?}", to.shape),
+        )),
     }
 }
 
@@ -244,11 +367,21 @@ fn concat(axis: usize, args: &[&TensorType]) -> R {
     let mut shape = first.shape.clone();
     for t in &args[1..] {
         if t.dtype != first.dtype {
-            return Err(err(Code::DtypeMismatch, format!("concat operands differ in dtype: {} and {}", first.dtype, t.dtype)));
+            return Err(err(
+                Code::DtypeMismatch,
+                format!(
+                    "concat operands differ in dtype: {} and {}",
+                    first.dtype, t.dtype
+                ),
+            ));
         }
-        let same_rest = t.rank() == first.rank() && (0..t.rank()).all(|i| i == axis || t.shape[i] == first.shape[i]);
+        let same_rest = t.rank() == first.rank()
+            && (0..t.rank()).all(|i| i == axis || t.shape[i] == first.shape[i]);
         if !same_rest {
-            return Err(err(Code::ShapeMismatch, format!("cannot concatenate {first} and {t} along axis {axis}")));
+            return Err(err(
+                Code::ShapeMismatch,
+                format!("cannot concatenate {first} and {t} along axis {axis}"),
+            ));
         }
         shape[axis] += t.shape[axis];
     }
@@ -258,7 +391,10 @@ fn concat(axis: usize, args: &[&TensorType]) -> R {
 fn slice(axis: usize, start: usize, end: usize, a: &TensorType) -> R {
     need_axis(axis, a)?;
     if start >= end || end > a.shape[axis] {
-        return Err(err(Code::InvalidShape, format!("slice {start}..{end} is out of range for axis {axis} of {a}")));
+        return Err(err(
+            Code::InvalidShape,
+            format!("slice {start}..{end} is out of range for axis {axis} of {a}"),
+        ));
     }
     let mut shape = a.shape.clone();
     shape[axis] = end - start;
@@ -267,7 +403,10 @@ fn slice(axis: usize, start: usize, end: usize, a: &TensorType) -> R {
 
 fn one_hot(depth: usize, a: &TensorType, declared: &TensorType) -> R {
     if !matches!(a.dtype, DType::I32 | DType::U8) {
-        return Err(err(Code::DtypeMismatch, format!("one_hot needs integer indices, found {a}")));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!("one_hot needs integer indices, found {a}"),
+        ));
     }
     let mut shape = a.shape.clone();
     shape.push(depth);
@@ -276,10 +415,16 @@ fn one_hot(depth: usize, a: &TensorType, declared: &TensorType) -> R {
 
 fn gather(table: &TensorType, idx: &TensorType) -> R {
     if idx.dtype != DType::I32 {
-        return Err(err(Code::DtypeMismatch, format!("gather needs i32 indices, found {idx}")));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!("gather needs i32 indices, found {idx}"),
+        ));
     }
     if table.rank() < 1 {
-        return Err(err(Code::ShapeMismatch, format!("gather needs a table of rank 1 or more, found {table}")));
+        return Err(err(
+            Code::ShapeMismatch,
+            format!("gather needs a table of rank 1 or more, found {table}"),
+        ));
     }
     let mut shape = idx.shape.clone();
     shape.extend_from_slice(&table.shape[1..]);
@@ -297,26 +442,50 @@ pub fn window_out(len: usize, window: usize, stride: usize, padding: Padding) ->
     }
 }
 
-fn conv2d(x: &TensorType, w: &TensorType, strides: [usize; 2], padding: Padding, dilation: [usize; 2]) -> R {
+fn conv2d(
+    x: &TensorType,
+    w: &TensorType,
+    strides: [usize; 2],
+    padding: Padding,
+    dilation: [usize; 2],
+) -> R {
     need_float("conv2d", x)?;
     if x.dtype != w.dtype {
-        return Err(err(Code::DtypeMismatch, format!("conv2d input and filter differ in dtype: {} and {}", x.dtype, w.dtype)));
+        return Err(err(
+            Code::DtypeMismatch,
+            format!(
+                "conv2d input and filter differ in dtype: {} and {}",
+                x.dtype, w.dtype
+            ),
+        ));
     }
     if x.rank() != 4 || w.rank() != 4 {
-        return Err(err(Code::ShapeMismatch, format!("conv2d needs an NHWC input and an HWIO filter, found {x} and {w}"))
-            .help("reshape the input to [batch, height, width, channels]"));
+        return Err(err(
+            Code::ShapeMismatch,
+            format!("conv2d needs an NHWC input and an HWIO filter, found {x} and {w}"),
+        )
+        .help("reshape the input to [batch, height, width, channels]"));
     }
     if x.shape[3] != w.shape[2] {
         return Err(err(
             Code::ShapeMismatch,
-            format!("conv2d input has {} channels but the filter expects {}", x.shape[3], w.shape[2]),
+            format!(
+                "conv2d input has {} channels but the filter expects {}",
+                x.shape[3], w.shape[2]
+            ),
         ));
     }
     let mut out = vec![x.shape[0]];
     for i in 0..2 {
         let k = (w.shape[i] - 1) * dilation[i] + 1;
         let o = window_out(x.shape[1 + i], k, strides[i], padding).ok_or_else(|| {
-            err(Code::ShapeMismatch, format!("conv2d window {k} is larger than the input {} with valid padding", x.shape[1 + i]))
+            err(
+                Code::ShapeMismatch,
+                format!(
+                    "conv2d window {k} is larger than the input {} with valid padding",
+                    x.shape[1 + i]
+                ),
+            )
         })?;
         out.push(o);
     }
@@ -327,12 +496,22 @@ fn conv2d(x: &TensorType, w: &TensorType, strides: [usize; 2], padding: Padding,
 fn pool(x: &TensorType, window: [usize; 2], strides: [usize; 2], padding: Padding) -> R {
     need_float("pooling", x)?;
     if x.rank() != 4 {
-        return Err(err(Code::ShapeMismatch, format!("pooling needs an NHWC input, found {x}")));
+        return Err(err(
+            Code::ShapeMismatch,
+            format!("pooling needs an NHWC input, found {x}"),
+        ));
     }
     let mut out = vec![x.shape[0]];
     for i in 0..2 {
         let o = window_out(x.shape[1 + i], window[i], strides[i], padding).ok_or_else(|| {
-            err(Code::ShapeMismatch, format!("pooling window {} does not fit the input {}", window[i], x.shape[1 + i]))
+            err(
+                Code::ShapeMismatch,
+                format!(
+                    "pooling window {} does not fit the input {}",
+                    window[i],
+                    x.shape[1 + i]
+                ),
+            )
         })?;
         out.push(o);
     }

@@ -2,16 +2,22 @@
 //! hash nodes. Float attributes are stored as bit patterns to keep `Eq` lawful. Shapes
 //! that an op produces (reshape, broadcast, random) are the node's type, not the op's.
 
-
-
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Op {
     /// A value fed by the input pipeline: `features` or `labels`.
-    Input { name: String },
+    Input {
+        name: String,
+    },
     /// A trainable weight (or non-trainable state), created with its initialiser.
-    Variable { name: String, init: Init, trainable: bool },
+    Variable {
+        name: String,
+        init: Init,
+        trainable: bool,
+    },
     /// A constant: one value (f64 bits) splatted over the node's shape.
-    Const { bits: u64 },
+    Const {
+        bits: u64,
+    },
     /// The global step counter, the one i64 value.
     GlobalStep,
     Unary(UnaryOp),
@@ -19,29 +25,67 @@ pub enum Op {
     /// `where(cond, a, b)`, elementwise with broadcasting.
     Select,
     Cast,
-    Reduce { op: ReduceOp, axes: Vec<usize>, keep_dims: bool },
-    ArgMax { axis: usize },
-    ArgMin { axis: usize },
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<usize>,
+        keep_dims: bool,
+    },
+    ArgMax {
+        axis: usize,
+    },
+    ArgMin {
+        axis: usize,
+    },
     /// Matrix product over the last two axes (batched over leading ones).
     MatMul,
-    Transpose { perm: Vec<usize> },
+    Transpose {
+        perm: Vec<usize>,
+    },
     Reshape,
     BroadcastTo,
-    Concat { axis: usize },
-    Slice { axis: usize, start: usize, end: usize },
-    OneHot { depth: usize },
+    Concat {
+        axis: usize,
+    },
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+    },
+    OneHot {
+        depth: usize,
+    },
     /// Rows of a table (operand 0) picked by indices (operand 1): embedding lookup.
     Gather,
     /// NHWC input, HWIO filter.
-    Conv2d { strides: [usize; 2], padding: Padding, dilation: [usize; 2] },
-    MaxPool2d { window: [usize; 2], strides: [usize; 2], padding: Padding },
-    AvgPool2d { window: [usize; 2], strides: [usize; 2], padding: Padding },
-    Softmax { axis: usize },
-    LogSoftmax { axis: usize },
+    Conv2d {
+        strides: [usize; 2],
+        padding: Padding,
+        dilation: [usize; 2],
+    },
+    MaxPool2d {
+        window: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
+    AvgPool2d {
+        window: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
+    Softmax {
+        axis: usize,
+    },
+    LogSoftmax {
+        axis: usize,
+    },
     /// Uniform in [0, 1) or standard normal, from a counter-based generator keyed by
     /// the run seed, `stream` (the op's stable identity) and the global step.
-    RandomUniform { stream: u64 },
-    RandomNormal { stream: u64 },
+    RandomUniform {
+        stream: u64,
+    },
+    RandomNormal {
+        stream: u64,
+    },
     /// Reinterpret a byte string as a vector of `dtype` (input pipelines).
     DecodeRaw,
 }
@@ -85,7 +129,10 @@ pub enum BinaryOp {
 
 impl BinaryOp {
     pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
     }
 
     pub fn is_logical(self) -> bool {
@@ -136,10 +183,16 @@ impl Init {
             Init::HeNormal => "he_normal".into(),
             Init::LecunNormal => "lecun_normal".into(),
             Init::Uniform { lo_bits, hi_bits } => {
-                format!("uniform({}, {})", f32::from_bits(*lo_bits), f32::from_bits(*hi_bits))
+                format!(
+                    "uniform({}, {})",
+                    f32::from_bits(*lo_bits),
+                    f32::from_bits(*hi_bits)
+                )
             }
             Init::Normal { stddev_bits } => format!("normal({})", f32::from_bits(*stddev_bits)),
-            Init::TruncatedNormal { stddev_bits } => format!("truncated_normal({})", f32::from_bits(*stddev_bits)),
+            Init::TruncatedNormal { stddev_bits } => {
+                format!("truncated_normal({})", f32::from_bits(*stddev_bits))
+            }
         }
     }
 }
@@ -219,30 +272,66 @@ impl Op {
     pub fn attrs(&self) -> String {
         match self {
             Op::Input { name } => format!("\"{name}\""),
-            Op::Variable { name, init, trainable } => {
-                format!("\"{name}\" init={}{}", init.describe(), if *trainable { "" } else { " frozen" })
+            Op::Variable {
+                name,
+                init,
+                trainable,
+            } => {
+                format!(
+                    "\"{name}\" init={}{}",
+                    init.describe(),
+                    if *trainable { "" } else { " frozen" }
+                )
             }
             Op::Const { bits } => fmt_f64(f64::from_bits(*bits)),
-            Op::Reduce { axes, keep_dims, .. } => format!("axes={axes:?} keep_dims={keep_dims}"),
-            Op::ArgMax { axis } | Op::ArgMin { axis } | Op::Concat { axis } => format!("axis={axis}"),
+            Op::Reduce {
+                axes, keep_dims, ..
+            } => format!("axes={axes:?} keep_dims={keep_dims}"),
+            Op::ArgMax { axis } | Op::ArgMin { axis } | Op::Concat { axis } => {
+                format!("axis={axis}")
+            }
             Op::Softmax { axis } | Op::LogSoftmax { axis } => format!("axis={axis}"),
             Op::Transpose { perm } => format!("perm={perm:?}"),
             Op::Slice { axis, start, end } => format!("axis={axis} {start}..{end}"),
             Op::OneHot { depth } => format!("depth={depth}"),
-            Op::Conv2d { strides, padding, dilation } => {
-                format!("strides={strides:?} padding={} dilation={dilation:?}", padding_name(*padding))
+            Op::Conv2d {
+                strides,
+                padding,
+                dilation,
+            } => {
+                format!(
+                    "strides={strides:?} padding={} dilation={dilation:?}",
+                    padding_name(*padding)
+                )
             }
-            Op::MaxPool2d { window, strides, padding } | Op::AvgPool2d { window, strides, padding } => {
-                format!("window={window:?} strides={strides:?} padding={}", padding_name(*padding))
+            Op::MaxPool2d {
+                window,
+                strides,
+                padding,
             }
-            Op::RandomUniform { stream } | Op::RandomNormal { stream } => format!("stream={stream:#x}"),
+            | Op::AvgPool2d {
+                window,
+                strides,
+                padding,
+            } => {
+                format!(
+                    "window={window:?} strides={strides:?} padding={}",
+                    padding_name(*padding)
+                )
+            }
+            Op::RandomUniform { stream } | Op::RandomNormal { stream } => {
+                format!("stream={stream:#x}")
+            }
             _ => String::new(),
         }
     }
 
     /// Ops with no operands whose value comes from outside the graph or from state.
     pub fn is_source(&self) -> bool {
-        matches!(self, Op::Input { .. } | Op::Variable { .. } | Op::GlobalStep)
+        matches!(
+            self,
+            Op::Input { .. } | Op::Variable { .. } | Op::GlobalStep
+        )
     }
 
     /// Ops that must not be merged or folded: they read state or make random numbers.
@@ -266,4 +355,3 @@ pub fn fmt_f64(v: f64) -> String {
         format!("{v}")
     }
 }
-

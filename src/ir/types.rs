@@ -17,8 +17,16 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 8] =
-        [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U8, DType::Bool, DType::I64, DType::Bytes];
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+        DType::I64,
+        DType::Bytes,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -72,7 +80,10 @@ impl TensorType {
     }
 
     pub fn scalar(dtype: DType) -> TensorType {
-        TensorType { dtype, shape: Vec::new() }
+        TensorType {
+            dtype,
+            shape: Vec::new(),
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -103,8 +114,16 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Shape> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i < n - a.len() { 1 } else { a[i - (n - a.len())] };
-        let db = if i < n - b.len() { 1 } else { b[i - (n - b.len())] };
+        let da = if i < n - a.len() {
+            1
+        } else {
+            a[i - (n - a.len())]
+        };
+        let db = if i < n - b.len() {
+            1
+        } else {
+            b[i - (n - b.len())]
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,

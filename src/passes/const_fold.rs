@@ -14,10 +14,21 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, _diags: &mut Diags) {
         if ops.is_empty() {
             continue;
         }
-        let Some(vals) = ops.iter().map(|&o| const_value(g, o)).collect::<Option<Vec<f64>>>() else { continue };
-        let Some(v) = fold(&g.node(n).op, &vals) else { continue };
+        let Some(vals) = ops
+            .iter()
+            .map(|&o| const_value(g, o))
+            .collect::<Option<Vec<f64>>>()
+        else {
+            continue;
+        };
+        let Some(v) = fold(&g.node(n).op, &vals) else {
+            continue;
+        };
         let v = round_to(v, g.ty(n).dtype);
-        let incoming: Vec<_> = g.g.edges_directed(n, Direction::Incoming).map(|e| e.id()).collect();
+        let incoming: Vec<_> =
+            g.g.edges_directed(n, Direction::Incoming)
+                .map(|e| e.id())
+                .collect();
         for e in incoming {
             g.g.remove_edge(e);
         }
@@ -100,8 +111,18 @@ fn round_to(v: f64, d: DType) -> f64 {
     match d {
         DType::F32 | DType::F16 | DType::BF16 => f64::from(v as f32),
         DType::I32 => f64::from(if v.is_finite() { v.trunc() as i32 } else { 0 }),
-        DType::U8 => f64::from(if v.is_finite() { v.trunc() as i64 as u8 } else { 0 }),
-        DType::I64 => if v.is_finite() { v.trunc() } else { 0.0 },
+        DType::U8 => f64::from(if v.is_finite() {
+            v.trunc() as i64 as u8
+        } else {
+            0
+        }),
+        DType::I64 => {
+            if v.is_finite() {
+                v.trunc()
+            } else {
+                0.0
+            }
+        }
         DType::Bool => f64::from(u8::from(v != 0.0)),
         DType::Bytes => v,
     }

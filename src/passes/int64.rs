@@ -13,9 +13,13 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
             continue;
         }
         diags.push(
-            Diag::new(Code::Int64, node.span, format!("this {} makes an i64 tensor", node.op.name()))
-                .label(format!("{}", node.ty))
-                .help("only the global step may be i64; cast to i32 (or to f32 for the global step)"),
+            Diag::new(
+                Code::Int64,
+                node.span,
+                format!("this {} makes an i64 tensor", node.op.name()),
+            )
+            .label(format!("{}", node.ty))
+            .help("only the global step may be i64; cast to i32 (or to f32 for the global step)"),
         );
     }
 }

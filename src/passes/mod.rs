@@ -31,17 +31,35 @@ pub struct Pass {
 /// The passes, in the order they run.
 pub const PIPELINE: &[Pass] = &[
     // Re-derives every node's type from its operands (the elaborator's types must agree).
-    Pass { name: "shape_infer", run: shape_infer::run },
+    Pass {
+        name: "shape_infer",
+        run: shape_infer::run,
+    },
     // i64 anywhere but the global step.
-    Pass { name: "int64", run: int64::run },
+    Pass {
+        name: "int64",
+        run: int64::run,
+    },
     // Ops the target cannot run.
-    Pass { name: "target_ops", run: target_ops::run },
+    Pass {
+        name: "target_ops",
+        run: target_ops::run,
+    },
     // Elementwise ops on constants become constants.
-    Pass { name: "const_fold", run: const_fold::run },
+    Pass {
+        name: "const_fold",
+        run: const_fold::run,
+    },
     // Identical pure nodes become one.
-    Pass { name: "cse", run: cse::run },
+    Pass {
+        name: "cse",
+        run: cse::run,
+    },
     // Nodes nothing reads are removed.
-    Pass { name: "dce", run: dce::run },
+    Pass {
+        name: "dce",
+        run: dce::run,
+    },
 ];
 
 /// A pass broke an invariant of the IR: a compiler bug, reported with the pass's name.
@@ -55,12 +73,18 @@ pub struct PassBug {
 /// after each one; a failure names the pass that broke the graph.
 pub fn run(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags, check: bool) -> Result<(), PassBug> {
     if check {
-        verify(g).map_err(|message| PassBug { pass: "elaborate", message })?;
+        verify(g).map_err(|message| PassBug {
+            pass: "elaborate",
+            message,
+        })?;
     }
     for pass in PIPELINE {
         (pass.run)(g, ctx, diags);
         if check {
-            verify(g).map_err(|message| PassBug { pass: pass.name, message })?;
+            verify(g).map_err(|message| PassBug {
+                pass: pass.name,
+                message,
+            })?;
         }
     }
     Ok(())

@@ -15,7 +15,8 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
         match infer(&node.op, &tys, &node.ty) {
             Ok(t) => g.g[n].ty = t,
             Err(e) => {
-                let mut d = Diag::new(e.code, node.span, e.message).label(format!("in this {}", node.op.name()));
+                let mut d = Diag::new(e.code, node.span, e.message)
+                    .label(format!("in this {}", node.op.name()));
                 if let Some(h) = e.help {
                     d = d.help(h);
                 }

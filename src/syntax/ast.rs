@@ -102,8 +102,15 @@ pub enum FieldValue {
 /// A type as written: `int`, `[int]`, `f32[B, 784]`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TypeExpr {
-    Named { name: Ident, dims: Option<Vec<Expr>>, span: Span },
-    List { elem: Box<TypeExpr>, span: Span },
+    Named {
+        name: Ident,
+        dims: Option<Vec<Expr>>,
+        span: Span,
+    },
+    List {
+        elem: Box<TypeExpr>,
+        span: Span,
+    },
 }
 
 impl TypeExpr {
@@ -134,7 +141,10 @@ impl Block {
     /// The last element, if it is an expression, is the block's value; an expression
     /// anywhere else becomes an `Expr` statement (which the checker reports as unused).
     pub fn from_elems(elems: Vec<BlockElem>, span: Span) -> Block {
-        let mut elems: Vec<BlockElem> = elems.into_iter().filter(|e| !matches!(e, BlockElem::Semi)).collect();
+        let mut elems: Vec<BlockElem> = elems
+            .into_iter()
+            .filter(|e| !matches!(e, BlockElem::Semi))
+            .collect();
         let tail = match elems.last() {
             Some(BlockElem::Expr(_)) => match elems.pop() {
                 Some(BlockElem::Expr(e)) => Some(Box::new(e)),
@@ -146,7 +156,10 @@ impl Block {
             .into_iter()
             .filter_map(|e| match e {
                 BlockElem::Stmt(s) => Some(s),
-                BlockElem::Expr(e) => Some(Stmt { span: e.span, kind: StmtKind::Expr(e) }),
+                BlockElem::Expr(e) => Some(Stmt {
+                    span: e.span,
+                    kind: StmtKind::Expr(e),
+                }),
                 BlockElem::Semi => None,
             })
             .collect();
@@ -162,16 +175,37 @@ pub struct Stmt {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum StmtKind {
-    Let { name: Ident, ty: Option<TypeExpr>, value: Expr },
-    Assign { name: Ident, value: Expr },
-    For { var: Ident, iter: Expr, body: Block },
+    Let {
+        name: Ident,
+        ty: Option<TypeExpr>,
+        value: Expr,
+    },
+    Assign {
+        name: Ident,
+        value: Expr,
+    },
+    For {
+        var: Ident,
+        iter: Expr,
+        body: Block,
+    },
     If(IfStmt),
     /// `train { ... }`, `eval { ... }`, `predict { ... }` in a model body.
-    Section { kind: SectionKind, kw_span: Span, body: Block },
+    Section {
+        kind: SectionKind,
+        kw_span: Span,
+        body: Block,
+    },
     /// `minimize loss with optimizer` in a train section.
-    Minimize { loss: Expr, optimizer: Expr },
+    Minimize {
+        loss: Expr,
+        optimizer: Expr,
+    },
     /// `metric name = expr` in an eval or train section.
-    Metric { name: Ident, value: Expr },
+    Metric {
+        name: Ident,
+        value: Expr,
+    },
     /// An expression whose value nothing uses (not the last of its block).
     Expr(Expr),
     Error,
@@ -226,11 +260,18 @@ pub enum ExprKind {
     Field(Box<Expr>, Ident),
     /// `x[i]`, and `f32[B, 784]` (a tensor type, as a static value).
     Index(Box<Expr>, Vec<Expr>),
-    Call { callee: Box<Expr>, args: Vec<Arg>, piped: bool },
+    Call {
+        callee: Box<Expr>,
+        args: Vec<Arg>,
+        piped: bool,
+    },
     Unary(UnaryOp, Box<Expr>),
     Binary(BinOp, Box<Expr>, Box<Expr>),
     Range(Box<Expr>, Box<Expr>),
-    Closure { params: Vec<Ident>, body: Box<Expr> },
+    Closure {
+        params: Vec<Ident>,
+        body: Box<Expr>,
+    },
     If(Box<IfStmt>),
     Error,
 }

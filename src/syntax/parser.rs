@@ -28,7 +28,8 @@ pub enum LiteralError {
 pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diag>) {
     let mut recovered = Vec::new();
     let mut literals = Vec::new();
-    let result = grammar::ModuleParser::new().parse(file, &mut recovered, &mut literals, lexer::tokens(src));
+    let result =
+        grammar::ModuleParser::new().parse(file, &mut recovered, &mut literals, lexer::tokens(src));
     let mut diags = Vec::new();
     let module = match result {
         Ok(m) => m,
@@ -37,7 +38,10 @@ pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diag>) {
             Module::default()
         }
     };
-    let mut all: Vec<Diag> = recovered.into_iter().map(|r| recovery(file, src, r)).collect();
+    let mut all: Vec<Diag> = recovered
+        .into_iter()
+        .map(|r| recovery(file, src, r))
+        .collect();
     all.extend(diags);
     all.extend(literals.into_iter().map(literal_error));
     (module, all)
@@ -47,8 +51,12 @@ pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diag>) {
 pub fn parse_expr(file: FileId, src: &str) -> (Expr, Vec<Diag>) {
     let mut recovered = Vec::new();
     let mut literals = Vec::new();
-    let result = grammar::ExprParser::new().parse(file, &mut recovered, &mut literals, lexer::tokens(src));
-    let mut all: Vec<Diag> = recovered.into_iter().map(|r| recovery(file, src, r)).collect();
+    let result =
+        grammar::ExprParser::new().parse(file, &mut recovered, &mut literals, lexer::tokens(src));
+    let mut all: Vec<Diag> = recovered
+        .into_iter()
+        .map(|r| recovery(file, src, r))
+        .collect();
     let expr = match result {
         Ok(e) => e,
         Err(e) => {
@@ -66,28 +74,44 @@ fn recovery(file: FileId, src: &str, r: ErrorRecovery<usize, Tok<'_>, Infallible
 
 fn parse_error(file: FileId, src: &str, e: ParseError<usize, Tok<'_>, Infallible>) -> Diag {
     match e {
-        ParseError::InvalidToken { location } => {
-            Diag::new(Code::InvalidCharacter, Span::new(file, location, location + 1), "invalid character")
-                .label("no token starts here")
-        }
+        ParseError::InvalidToken { location } => Diag::new(
+            Code::InvalidCharacter,
+            Span::new(file, location, location + 1),
+            "invalid character",
+        )
+        .label("no token starts here"),
         ParseError::UnrecognizedEof { location, expected } => {
             let at = location.min(src.len());
-            Diag::new(Code::UnexpectedEof, Span::new(file, at, at), "unexpected end of file")
-                .label("the file ends here")
-                .help(expected_help(&expected))
+            Diag::new(
+                Code::UnexpectedEof,
+                Span::new(file, at, at),
+                "unexpected end of file",
+            )
+            .label("the file ends here")
+            .help(expected_help(&expected))
         }
-        ParseError::UnrecognizedToken { token: (lo, Tok::Error, hi), .. } => invalid_char(file, src, lo, hi),
-        ParseError::UnrecognizedToken { token: (lo, tok, hi), expected } => Diag::new(
+        ParseError::UnrecognizedToken {
+            token: (lo, Tok::Error, hi),
+            ..
+        } => invalid_char(file, src, lo, hi),
+        ParseError::UnrecognizedToken {
+            token: (lo, tok, hi),
+            expected,
+        } => Diag::new(
             Code::SyntaxError,
             Span::new(file, lo, hi),
             format!("unexpected {}", tok.describe()),
         )
         .label("unexpected here")
         .help(expected_help(&expected)),
-        ParseError::ExtraToken { token: (lo, tok, hi) } => {
-            Diag::new(Code::SyntaxError, Span::new(file, lo, hi), format!("unexpected {}", tok.describe()))
-                .label("expected the end of the file")
-        }
+        ParseError::ExtraToken {
+            token: (lo, tok, hi),
+        } => Diag::new(
+            Code::SyntaxError,
+            Span::new(file, lo, hi),
+            format!("unexpected {}", tok.describe()),
+        )
+        .label("expected the end of the file"),
         ParseError::User { error } => match error {},
     }
 }
@@ -104,9 +128,13 @@ fn invalid_char(file: FileId, src: &str, lo: usize, hi: usize) -> Diag {
         "remove this character"
     };
     let shown: String = text.chars().take(12).collect();
-    Diag::new(Code::InvalidCharacter, Span::new(file, lo, hi), format!("invalid character `{shown}`"))
-        .label("no token starts here")
-        .help(help)
+    Diag::new(
+        Code::InvalidCharacter,
+        Span::new(file, lo, hi),
+        format!("invalid character `{shown}`"),
+    )
+    .label("no token starts here")
+    .help(help)
 }
 
 /// "expected one of `,`, `)`", with lalrpop's token names made readable.
@@ -135,14 +163,22 @@ fn readable_token(t: &str) -> String {
 
 fn literal_error(e: LiteralError) -> Diag {
     match e {
-        LiteralError::Int(span) => Diag::new(Code::InvalidLiteral, span, "integer literal too large")
-            .label("does not fit in 64 bits")
-            .help("integers range from -9223372036854775808 to 9223372036854775807"),
-        LiteralError::Float(span) => Diag::new(Code::InvalidLiteral, span, "float literal out of range")
-            .label("not a finite number")
-            .help("write a smaller number"),
+        LiteralError::Int(span) => {
+            Diag::new(Code::InvalidLiteral, span, "integer literal too large")
+                .label("does not fit in 64 bits")
+                .help("integers range from -9223372036854775808 to 9223372036854775807")
+        }
+        LiteralError::Float(span) => {
+            Diag::new(Code::InvalidLiteral, span, "float literal out of range")
+                .label("not a finite number")
+                .help("write a smaller number")
+        }
         LiteralError::Escape(span, at) => {
-            let s = Span { lo: span.lo + at as u32, hi: span.lo + at as u32 + 2, ..span };
+            let s = Span {
+                lo: span.lo + at as u32,
+                hi: span.lo + at as u32 + 2,
+                ..span
+            };
             Diag::new(Code::InvalidLiteral, s, "unknown escape in string")
                 .label("unknown escape")
                 .help("known escapes are \\n, \\t, \\\\, \\\", \\{ and \\}")

@@ -1,0 +1,238 @@
+//! The `estc` binary: exit statuses, output formats, `explain`, overrides and dumps.
+
+use std::process::{Command, Output};
+
+fn estc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_estc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("estc runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn scratch(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("estc-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p.to_string_lossy().into_owned()
+}
+
+const BROKEN: &str = "use std.nn.dense
+params { batch_size: int = 8 }
+input d() { range(16) |> map |i| (fill([4], 1.0), i) |> repeat |> batch(params.batch_size, drop_remainder: true) }
+model m(features: f32[B, 4], labels: i32[B]) {
+  let h = dense(featurs, 3)
+  let loss = reduce_mean(features + fill([5], 1.0))
+  train { minimize loss with sgd(lr: 0.1) }
+  predict { y = h }
+}
+estimator e { model = m  train_input = d() }
+";
+
+#[test]
+fn exit_statuses() {
+    let ok = estc(&["check", "examples/mnist_cnn.est"]);
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    assert!(stderr(&ok).contains("ok (3 graphs checked)"));
+    let bad = estc(&["check", &scratch("broken.est", BROKEN)]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("2 errors"), "{}", stderr(&bad));
+    let missing = estc(&["check", "no/such/file.est"]);
+    assert_eq!(missing.status.code(), Some(2));
+    let usage = estc(&["check", "examples/mnist_cnn.est", "--target", "gpu"]);
+    assert_eq!(usage.status.code(), Some(2));
+    let bad_param = estc(&["check", "examples/mnist_cnn.est", "--param", "novalue"]);
+    assert_eq!(bad_param.status.code(), Some(2));
+}
+
+#[test]
+fn json_diagnostics_have_every_field() {
+    let out = estc(&[
+        "check",
+        &scratch("broken_json.est", BROKEN),
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", stdout(&out));
+    let unknown = lines
+        .iter()
+        .find(|d| d["code"] == "E0201")
+        .expect("unknown name reported");
+    assert_eq!(unknown["severity"], "error");
+    assert_eq!(unknown["line"], 5);
+    assert_eq!(unknown["column"], 17);
+    assert_eq!(unknown["end_line"], 5);
+    assert_eq!(unknown["end_column"], 24);
+    assert!(unknown["help"]
+        .as_str()
+        .is_some_and(|h| h.contains("features")));
+    let shape = lines
+        .iter()
+        .find(|d| d["code"] == "E0401")
+        .expect("shape mismatch reported");
+    let related = shape["related"].as_array().expect("related spans");
+    assert_eq!(related.len(), 2, "both operands are labelled: {shape}");
+    assert!(related
+        .iter()
+        .any(|r| r["label"].as_str().is_some_and(|l| l.contains("f32[8, 4]"))));
+    assert!(related
+        .iter()
+        .any(|r| r["label"].as_str().is_some_and(|l| l.contains("f32[5]"))));
+    for field in ["file", "message", "label", "column", "end_column"] {
+        assert!(!shape[field].is_null(), "missing {field}");
+    }
+}
+
+#[test]
+fn explain_prints_the_catalogue_entry() {
+    let out = estc(&["explain", "e0401"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).starts_with("E0401 (error): shape mismatch"));
+    assert_eq!(estc(&["explain", "E9999"]).status.code(), Some(2));
+    let list = estc(&["explain", "--list"]);
+    assert_eq!(stdout(&list).lines().count(), est::diag::Code::all().len());
+}
+
+#[test]
+fn diagnostics_catalogue_doc_is_current() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/diagnostics.md"))
+        .expect("docs/diagnostics.md");
+    assert!(
+        doc == est::diag::catalogue_markdown(),
+        "docs/diagnostics.md is stale: run `estc explain --markdown > docs/diagnostics.md`"
+    );
+}
+
+#[test]
+fn param_overrides_reach_the_graph() {
+    let out = estc(&[
+        "check",
+        "examples/fc_mnist.est",
+        "--mode",
+        "train",
+        "--emit",
+        "ir",
+        "--param",
+        "hidden=[64]",
+        "--param",
+        "batch_size=32",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ir = stdout(&out);
+    assert!(ir.contains("input \"features\" : f32[32, 784]"), "{ir}");
+    assert!(
+        ir.contains("variable \"dense/kernel\" init=glorot_uniform : f32[784, 64]"),
+        "{ir}"
+    );
+    assert!(!ir.contains("dense_2"), "{ir}");
+    let bad = estc(&[
+        "check",
+        "examples/fc_mnist.est",
+        "--param",
+        "hiden=[64]",
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stdout(&bad).contains("\"code\":\"E0306\""),
+        "{}",
+        stdout(&bad)
+    );
+    let yaml = scratch(
+        "params.yaml",
+        "batch_size: 64\nlearning_rate: 0.5\nhidden: [32, 16]\n",
+    );
+    let out = estc(&[
+        "check",
+        "examples/fc_mnist.est",
+        "--mode",
+        "train",
+        "--emit",
+        "ir",
+        "--params",
+        &yaml,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("f32[64, 784]") && stdout(&out).contains("f32[32, 16]"));
+}
+
+#[test]
+fn shards_divide_the_batch() {
+    let out = estc(&[
+        "check",
+        "examples/mnist_cnn.est",
+        "--mode",
+        "train",
+        "--emit",
+        "ir",
+        "--config",
+        "num_shards=4",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("input \"features\" : f32[32, 784]"));
+    let bad = estc(&[
+        "check",
+        "examples/mnist_cnn.est",
+        "--config",
+        "num_shards=3",
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stdout(&bad).contains("E0505"));
+}
+
+#[test]
+fn dumps_are_deterministic() {
+    for emit in ["tokens", "ast", "ir", "ir-dot"] {
+        let a = estc(&["check", "examples/mnist_cnn.est", "--emit", emit]);
+        let b = estc(&["check", "examples/mnist_cnn.est", "--emit", emit]);
+        assert_eq!(a.status.code(), Some(0), "{emit}: {}", stderr(&a));
+        assert!(!a.stdout.is_empty(), "{emit} printed nothing");
+        assert_eq!(a.stdout, b.stdout, "{emit} differs between runs");
+    }
+    let dot = stdout(&estc(&[
+        "check",
+        "examples/linear_regression.est",
+        "--mode",
+        "predict",
+        "--emit",
+        "ir-dot",
+    ]));
+    assert!(dot.starts_with("digraph \"linear_regression/predict/host\""));
+    assert!(dot.contains("->"));
+}
+
+#[test]
+fn help_is_complete() {
+    let top = stdout(&estc(&["--help"]));
+    assert!(top.contains("check") && top.contains("explain"));
+    let check = stdout(&estc(&["check", "--help"]));
+    for opt in [
+        "--target",
+        "--mode",
+        "--param",
+        "--params",
+        "--config",
+        "--emit",
+        "--message-format",
+        "--estimator",
+    ] {
+        assert!(check.contains(opt), "check --help lacks {opt}");
+    }
+}

@@ -1,0 +1,91 @@
+//! Helpers shared by the data-driven test suites: reading a test file's directives and
+//! checking it the way `estc check` would.
+
+#![allow(dead_code)]
+
+use est::elab::Target;
+use est::syntax::ast::SectionKind;
+use est::{check, CheckOptions, Checked, Program};
+use std::path::Path;
+
+/// `// target: wafer`, `// mode: train`, `// param: k=v` lines at the top of a file.
+pub struct Directives {
+    pub targets: Vec<Target>,
+    pub modes: Vec<SectionKind>,
+    pub params: Vec<(String, String)>,
+}
+
+pub fn directives(text: &str) -> Directives {
+    let mut d = Directives {
+        targets: Vec::new(),
+        modes: Vec::new(),
+        params: Vec::new(),
+    };
+    for line in text
+        .lines()
+        .take_while(|l| l.trim_start().starts_with("//"))
+    {
+        let line = line.trim_start().trim_start_matches('/').trim();
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let v = v.trim();
+        match k.trim() {
+            "target" => d.targets.push(if v == "wafer" {
+                Target::Wafer
+            } else {
+                Target::Host
+            }),
+            "mode" => d.modes.push(match v {
+                "train" => SectionKind::Train,
+                "eval" => SectionKind::Eval,
+                _ => SectionKind::Predict,
+            }),
+            "param" => {
+                if let Some((pk, pv)) = v.split_once('=') {
+                    d.params
+                        .push((pk.trim().to_string(), pv.trim().to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+    if d.targets.is_empty() {
+        d.targets.push(Target::Host);
+    }
+    if d.modes.is_empty() {
+        d.modes = vec![SectionKind::Train, SectionKind::Eval, SectionKind::Predict];
+    }
+    d
+}
+
+/// Loads `path` under the display name `name` and checks it for one target.
+pub fn check_file(path: &Path, name: &str, target: Target, d: &Directives) -> (Program, Checked) {
+    let text = std::fs::read_to_string(path).expect("test file is readable");
+    let mut program = Program::from_source(name, &text, path.parent().map(Path::to_path_buf));
+    for (k, v) in &d.params {
+        program.add_override(k, v, &format!("--param {k}"));
+    }
+    let opts = CheckOptions {
+        target,
+        modes: d.modes.clone(),
+        verify: true,
+        ..CheckOptions::default()
+    };
+    let checked = check(&program, &opts);
+    assert!(
+        checked.bug.is_none(),
+        "{name}: compiler bug: {:?}",
+        checked.bug
+    );
+    (program, checked)
+}
+
+/// The path of `path` relative to the crate, with `/` separators (stable in snapshots).
+pub fn rel(path: &Path) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .replace('\\', "/")
+}

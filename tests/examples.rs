@@ -1,0 +1,88 @@
+//! Every program in `examples/` checks with no diagnostic at all on both targets, and the
+//! standard library (`stdlib/`, loaded by every program) is free of diagnostics.
+
+mod common;
+
+use est::elab::Target;
+
+fn example_files() -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .expect("examples/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "est"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn examples_check_clean_on_both_targets() {
+    let files = example_files();
+    let names: Vec<String> = files.iter().map(|p| common::rel(p)).collect();
+    for want in ["mnist_cnn", "fc_mnist", "digits_mlp", "linear_regression"] {
+        assert!(
+            names.iter().any(|n| n.contains(want)),
+            "examples/{want}.est is missing"
+        );
+    }
+    for path in &files {
+        let name = common::rel(path);
+        let d = common::directives("");
+        for target in [Target::Host, Target::Wafer] {
+            let (_, checked) = common::check_file(path, &name, target, &d);
+            let found: Vec<String> = checked
+                .diags
+                .iter()
+                .map(|x| format!("{}: {}", x.code.id(), x.message))
+                .collect();
+            assert!(found.is_empty(), "{name} on {}: {found:?}", target.name());
+            assert_eq!(checked.graphs.len(), 3, "{name}: a graph per mode");
+        }
+    }
+}
+
+#[test]
+fn stdlib_is_clean() {
+    let text = "use std.nn\nuse std.losses\nuse std.metrics\nuse std.hooks\nuse std.optim\nuse std.data\nuse std.prim\n";
+    let program = est::Program::from_source("all_std.est", text, None);
+    let resolved = est::resolve::resolve(&program);
+    let in_std: Vec<String> = program
+        .diags
+        .iter()
+        .chain(resolved.iter())
+        .filter(|d| program.is_std_file(d.primary.span.file))
+        .map(|d| {
+            format!(
+                "{}: {} at {}",
+                d.code.id(),
+                d.message,
+                program.sources.get(d.primary.span.file).name
+            )
+        })
+        .collect();
+    assert!(in_std.is_empty(), "{in_std:?}");
+    assert_eq!(
+        program.modules.iter().filter(|m| m.is_std).count(),
+        est::program::STDLIB.len()
+    );
+}
+
+#[test]
+fn mnist_cnn_graph_has_the_expected_shapes() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/mnist_cnn.est");
+    let d = common::directives("");
+    let (_, checked) = common::check_file(&path, "mnist_cnn.est", Target::Host, &d);
+    let train = &checked.graphs[0];
+    let dump = est::ir::dump_text(&train.graph, "t");
+    for line in [
+        "input \"features\" : f32[128, 784]",
+        "conv2d strides=[1, 1] padding=same dilation=[1, 1] (%2, %3) : f32[128, 28, 28, 32]",
+        "max_pool2d window=[2, 2] strides=[2, 2] padding=valid (%13) : f32[128, 7, 7, 64]",
+        "variable \"block_1/dense/kernel\" init=glorot_uniform : f32[256, 256]",
+        "output learning_rate learning_rate",
+    ] {
+        assert!(dump.contains(line), "missing `{line}` in\n{dump}");
+    }
+}
