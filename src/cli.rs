@@ -147,15 +147,9 @@ fn check(a: CheckArgs) -> i32 {
     }
     let mut config = Vec::new();
     for kv in &a.config {
-        let parsed = kv.split_once('=').and_then(|(k, v)| {
-            Some((
-                k.trim().to_string(),
-                v.trim().replace('_', "").parse::<i64>().ok()?,
-            ))
-        });
-        match parsed {
-            Some(p) => config.push(p),
-            None => return usage(&format!("--config takes KEY=INTEGER, found `{kv}`")),
+        match config_override(kv) {
+            Ok(p) => config.push(p),
+            Err(e) => return usage(&e),
         }
     }
     if let Some(Emit::Tokens | Emit::Ast) = a.emit {
@@ -208,6 +202,32 @@ fn check(a: CheckArgs) -> i32 {
     )
 }
 
+/// `--config key=value`: a known key and an integer in its range.
+fn config_override(kv: &str) -> Result<(String, i64), String> {
+    let Some((k, v)) = kv.split_once('=') else {
+        return Err(format!("--config takes KEY=INTEGER, found `{kv}`"));
+    };
+    let key = k.trim();
+    if !est::elab::CONFIG_KEYS.contains(&key) {
+        return Err(format!(
+            "--config: unknown key `{key}`; config keys: {}",
+            est::elab::CONFIG_KEYS.join(", ")
+        ));
+    }
+    let value: i64 = v
+        .trim()
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("--config {key}: `{}` is not an integer", v.trim()))?;
+    let min = if key == "random_seed" { 0 } else { 1 };
+    if value < min {
+        return Err(format!(
+            "--config {key}: must be at least {min}, found {value}"
+        ));
+    }
+    Ok((key.to_string(), value))
+}
+
 fn graph_title(c: &est::elab::Compiled) -> String {
     format!("{}/{}/{}", c.estimator, c.mode.name(), c.target.name())
 }
@@ -246,15 +266,14 @@ fn report(
             render::render_all(diags, &program.sources, render::Style { color, width })
         );
         if summary {
-            let name = &program.root_module().path;
-            let _ = name;
             let file = &program.sources.get(program.root_module().file).name;
             let _ = match (errors, warnings) {
-                (0, 0) => writeln!(err, "{file}: ok ({graphs} graphs checked)"),
+                (0, 0) => writeln!(err, "{file}: ok ({graphs} graph{} checked)", plural(graphs)),
                 (0, w) => writeln!(
                     err,
-                    "{file}: ok with {w} warning{} ({graphs} graphs checked)",
-                    plural(w)
+                    "{file}: ok with {w} warning{} ({graphs} graph{} checked)",
+                    plural(w),
+                    plural(graphs)
                 ),
                 (e, w) => writeln!(
                     err,

@@ -71,6 +71,24 @@ impl Checked {
 /// Runs the front end on a loaded program: resolution, elaboration of every selected
 /// estimator and mode for the target, and the passes on every graph.
 pub fn check(program: &Program, opts: &CheckOptions) -> Checked {
+    // Elaboration recurses through the program (and inlines up to 256 nested calls), so
+    // it runs on a thread with a stack large enough for any program the parser accepts.
+    std::thread::scope(|s| {
+        let worker = std::thread::Builder::new()
+            .stack_size(STACK_SIZE)
+            .spawn_scoped(s, || check_on_this_thread(program, opts));
+        match worker.map(|h| h.join()) {
+            Ok(Ok(checked)) => checked,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(_) => check_on_this_thread(program, opts),
+        }
+    })
+}
+
+/// The stack of the thread `check` runs on.
+const STACK_SIZE: usize = 512 << 20;
+
+fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
     let mut diags = program.diags.clone();
     diags.extend(resolve::resolve(program).iter().cloned());
     let eopts = ElabOptions {

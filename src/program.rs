@@ -65,6 +65,9 @@ pub struct Module {
     pub is_std: bool,
     /// The module's own named items.
     pub items: FxHashMap<String, usize>,
+    /// Every name a `use` of this module introduces, whether or not it resolved (uses
+    /// of a failed import are not reported again).
+    pub import_names: rustc_hash::FxHashSet<String>,
     /// Names brought in by `use`, with the span of the `use` and whether it is `pub`.
     pub imports: FxHashMap<String, (Def, Span, bool)>,
     /// Directory that relative imports of this module start from.
@@ -79,6 +82,14 @@ pub struct Program {
     pub diags: Diags,
     /// `--param` and params-file overrides, parsed (see `add_override`).
     pub overrides: Vec<crate::elab::ParamOverride>,
+    /// False during the quiet rounds of import resolution.
+    reporting: bool,
+}
+
+/// The cache key of a module file: its canonical path.
+fn file_key(f: &Path) -> String {
+    let canon = std::fs::canonicalize(f).unwrap_or_else(|_| f.to_path_buf());
+    format!("file:{}", canon.display())
 }
 
 /// An error before any diagnostics: the root file cannot be read.
@@ -91,34 +102,68 @@ impl Program {
         let text = std::fs::read_to_string(path)
             .map_err(|e| LoadError(format!("cannot read {}: {e}", path.display())))?;
         let dir = path.parent().map(Path::to_path_buf);
-        Ok(Program::build(&path.display().to_string(), &text, dir))
+        Ok(Program::build(
+            &path.display().to_string(),
+            &text,
+            dir,
+            Some(path.to_path_buf()),
+        ))
     }
 
     /// Loads a program from text; relative imports are resolved from `dir`, if given.
     pub fn from_source(name: &str, text: &str, dir: Option<PathBuf>) -> Program {
-        Program::build(name, text, dir)
+        Program::build(name, text, dir, None)
     }
 
-    fn build(name: &str, text: &str, dir: Option<PathBuf>) -> Program {
+    fn build(name: &str, text: &str, dir: Option<PathBuf>, root_file: Option<PathBuf>) -> Program {
         let mut p = Program {
             sources: SourceMap::default(),
             modules: Vec::new(),
             root: ModId(0),
             diags: Diags::default(),
             overrides: Vec::new(),
+            reporting: true,
         };
         let mut by_path: FxHashMap<String, ModId> = FxHashMap::default();
+        let root_key = match &root_file {
+            Some(f) => file_key(f),
+            None => "main".to_string(),
+        };
         p.root = p.add_module("main".to_string(), name, text, false, dir);
-        by_path.insert("main".into(), p.root);
+        by_path.insert(root_key, p.root);
         for prelude in PRELUDE {
             p.module_by_path(prelude, &mut by_path);
         }
-        let mut next = 0;
-        while next < p.modules.len() {
-            p.resolve_imports(ModId(next as u32), &mut by_path);
-            next += 1;
+        // Imports may name items that other modules re-export with `pub use`: resolve
+        // every module's imports until nothing changes, quietly, then once more,
+        // reporting what still does not resolve.
+        p.reporting = false;
+        let mut last = (0, 0);
+        for _ in 0..64 {
+            for m in 0..p.modules.len() {
+                p.resolve_imports(ModId(m as u32), &mut by_path);
+            }
+            let now = (
+                p.modules.len(),
+                p.modules.iter().map(|m| m.imports.len()).sum::<usize>(),
+            );
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        p.reporting = true;
+        for m in 0..p.modules.len() {
+            p.resolve_imports(ModId(m as u32), &mut by_path);
         }
         p
+    }
+
+    /// Reports a diagnostic of module loading, unless in a quiet round.
+    fn report(&mut self, d: Diag) {
+        if self.reporting {
+            self.diags.push(d);
+        }
     }
 
     fn add_module(
@@ -158,10 +203,28 @@ impl Program {
                 names.insert(n.name.clone(), i);
             }
         }
+        let import_names = ast
+            .items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                ItemKind::Use(u) => Some(u),
+                _ => None,
+            })
+            .flat_map(|u| match (&u.names, &u.alias) {
+                (Some(ns), _) => ns.iter().map(|n| n.name.clone()).collect::<Vec<_>>(),
+                (None, Some(a)) => vec![a.name.clone()],
+                (None, None) => u
+                    .path
+                    .last()
+                    .map(|n| vec![n.name.clone()])
+                    .unwrap_or_default(),
+            })
+            .collect();
         self.modules.push(Module {
             path,
             file,
             ast,
+            import_names,
             is_std,
             items,
             imports: FxHashMap::default(),
@@ -198,6 +261,10 @@ impl Program {
         }
         let dir = from.and_then(|f| self.modules[f.0 as usize].dir.clone())?;
         let file = dir.join(path.replace('.', "/")).with_extension("est");
+        let key = file_key(&file);
+        if let Some(&m) = by_path.get(&key) {
+            return Some(m);
+        }
         let text = std::fs::read_to_string(&file).ok()?;
         let m = self.add_module(
             path.to_string(),
@@ -206,7 +273,7 @@ impl Program {
             false,
             file.parent().map(Path::to_path_buf),
         );
-        by_path.insert(path.to_string(), m);
+        by_path.insert(key, m);
         Some(m)
     }
 
@@ -267,7 +334,7 @@ impl Program {
         let module = &mut self.modules[m.0 as usize];
         if let Some(&i) = module.items.get(&name.name) {
             let item_span = module.ast.items[i].name().map_or(name.span, |n| n.span);
-            self.diags.push(
+            self.report(
                 Diag::new(
                     Code::DuplicateDefinition,
                     name.span,
@@ -282,7 +349,7 @@ impl Program {
         if let Some((prev, prev_span, _)) = module.imports.get(&name.name) {
             if *prev != def {
                 let prev_span = *prev_span;
-                self.diags.push(
+                self.report(
                     Diag::new(
                         Code::DuplicateDefinition,
                         name.span,
@@ -308,7 +375,7 @@ impl Program {
             Some(h) => d.help(h),
             None => d.help("std modules: std.nn, std.losses, std.metrics, std.optim, std.data, std.hooks, std.prim; other paths are files relative to this one"),
         };
-        self.diags.push(d);
+        self.report(d);
     }
 
     fn member_or_report(&mut self, m: ModId, name: &str, span: Span) -> Option<Def> {
@@ -335,7 +402,7 @@ impl Program {
         } else {
             d = d.help(format!("see `{}` for its items", module.path));
         }
-        self.diags.push(d);
+        self.report(d);
         None
     }
 
@@ -372,7 +439,12 @@ impl Program {
     pub fn add_override(&mut self, key: &str, value: &str, origin: &str) {
         let file = self.sources.add(SourceFile::new(origin, value));
         let (expr, diags) = crate::syntax::parse_expr(file, value);
-        self.diags.extend(diags);
+        // However the value fails to parse, the problem is a bad override.
+        self.diags.extend(diags.into_iter().map(|mut d| {
+            d.message = format!("bad override of `{key}`: {}", d.message);
+            d.code = Code::InvalidParamOverride;
+            d
+        }));
         self.overrides.push(crate::elab::ParamOverride {
             key: key.to_string(),
             value: expr,

@@ -10,6 +10,9 @@ use crate::syntax::ast::*;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 /// Names that exist everywhere without an item behind them.
+/// The names of static types.
+const STATIC_TYPES: &[&str] = &["int", "float", "bool", "string"];
+
 pub const BUILTIN_VALUES: &[&str] = &[
     "params",
     "mode",
@@ -80,7 +83,12 @@ pub fn resolve(p: &Program) -> Diags {
             params_fields: params_fields.clone(),
         };
         r.module(&module.ast);
-        if r.user {
+        // After a syntax error, items are missing and their imports look unused.
+        let parse_failed = p
+            .diags
+            .iter()
+            .any(|d| d.primary.span.file == module.file && d.code.id().starts_with("E01"));
+        if r.user && !parse_failed {
             r.unused_imports();
         }
         all.extend(r.diags.iter().cloned());
@@ -91,9 +99,42 @@ pub fn resolve(p: &Program) -> Diags {
 impl<'p> Resolver<'p> {
     fn module(&mut self, m: &Module) {
         let mut params_seen: FxHashMap<String, Span> = FxHashMap::default();
+        let mut params_block: Option<Span> = None;
         for item in &m.items {
+            if let ItemKind::Params(_) = item.kind {
+                if let Some(prev) = params_block.replace(item.span) {
+                    self.diags.push(
+                        Diag::new(
+                            Code::DuplicateDefinition,
+                            Span {
+                                hi: item.span.lo + 6,
+                                ..item.span
+                            },
+                            "a second `params` block",
+                        )
+                        .label("second block")
+                        .with(
+                            Span {
+                                hi: prev.lo + 6,
+                                ..prev
+                            },
+                            "first block",
+                        )
+                        .help("a program has one params dictionary: merge the blocks"),
+                    );
+                }
+            }
             match &item.kind {
-                ItemKind::Fn(f) | ItemKind::Input(f) => self.function(f, false),
+                ItemKind::Fn(f) | ItemKind::Input(f) => {
+                    if f.body.is_none() && self.user {
+                        self.diags.push(
+                            Diag::new(Code::MisplacedStatement, f.name.span, format!("`extern fn {}` outside the standard library", f.name.name))
+                                .label("no body")
+                                .help("extern functions are implemented by the compiler; give this function a body"),
+                        );
+                    }
+                    self.function(f, false)
+                }
                 ItemKind::Model(f) => self.function(f, true),
                 ItemKind::Estimator(e) => self.fields(&e.fields),
                 ItemKind::Params(fields) => {
@@ -110,6 +151,7 @@ impl<'p> Resolver<'p> {
                                 .help("remove one of them"),
                             );
                         }
+                        self.type_name(&f.ty, true);
                         self.expr(&f.default);
                     }
                 }
@@ -193,11 +235,59 @@ impl<'p> Resolver<'p> {
                     }
                 }
             }
-            TypeExpr::Named {
-                dims: None, name, ..
-            } => self.use_name(&name.name, name.span),
+            TypeExpr::Named { dims: None, .. } => {}
             TypeExpr::List { elem, .. } => self.type_dims(elem),
         }
+        self.type_name(t, false);
+    }
+
+    /// The name of a type must be a static type (`int`, `float`, `bool`, `string`) or,
+    /// unless `static_only`, a dtype (`f32[B, 10]`).
+    fn type_name(&mut self, t: &TypeExpr, static_only: bool) {
+        let TypeExpr::Named { name, dims, span } = t else {
+            if let TypeExpr::List { elem, .. } = t {
+                self.type_name(elem, static_only);
+            }
+            return;
+        };
+        let is_static = STATIC_TYPES.contains(&name.name.as_str());
+        let is_dtype =
+            crate::ir::DType::from_name(&name.name).is_some_and(|d| d != crate::ir::DType::Bytes);
+        if (is_static && dims.is_none()) || (is_dtype && !static_only) {
+            return;
+        }
+        if is_dtype || is_static {
+            let what = if static_only {
+                "params fields are static: int, float, bool, string, or lists of them"
+            } else {
+                "static types take no dimensions"
+            };
+            self.diags.push(
+                Diag::new(
+                    Code::TypeMismatch,
+                    *span,
+                    format!("`{}` is not allowed here", self.p.sources.text(*span)),
+                )
+                .label("not a valid type here")
+                .help(what),
+            );
+            return;
+        }
+        let mut names: Vec<&str> = STATIC_TYPES.to_vec();
+        if !static_only {
+            names.extend(["f32", "f16", "bf16", "i32", "u8", "bool"]);
+        }
+        let mut d = Diag::new(
+            Code::UnknownName,
+            name.span,
+            format!("unknown type `{}`", name.name),
+        )
+        .label("not a type");
+        d = match did_you_mean(&name.name, names.iter().copied()) {
+            Some(h) => d.help(h),
+            None => d.help(format!("types are {}", names.join(", "))),
+        };
+        self.diags.push(d);
     }
 
     fn block(&mut self, b: &Block) {
@@ -337,7 +427,7 @@ impl<'p> Resolver<'p> {
                 d = match did_you_mean(&f.name, self.params_fields.iter().map(String::as_str)) {
                     Some(h) => d.help(h),
                     None => d.help(format!(
-                        "declare it in the `params` block: `{}: int = ...`",
+                        "declare it in the `params` block: `{}: type = default`",
                         f.name
                     )),
                 };
@@ -386,7 +476,8 @@ impl<'p> Resolver<'p> {
             }
             return;
         }
-        if BUILTIN_VALUES.contains(&n) {
+        if BUILTIN_VALUES.contains(&n) || self.p.module(self.m).import_names.contains(n) {
+            // (A name of a failed import: the import was reported.)
             return;
         }
         let mut d =
@@ -442,23 +533,29 @@ impl<'p> Resolver<'p> {
         if !self.user || self.local(&name.name) {
             return;
         }
-        if let Some(Def::Item(m, i)) = self.p.lookup(self.m, &name.name) {
-            let item = self.p.item(m, i);
-            if matches!(item.kind, ItemKind::Fn(_)) {
-                self.diags.push(
-                    Diag::new(
-                        Code::ShadowedItem,
-                        name.span,
-                        format!("`{}` shadows the function `{}`", name.name, name.name),
-                    )
-                    .label("this local")
-                    .help(format!(
-                        "rename the local; after this line `{}(...)` would not call the function",
-                        name.name
-                    )),
-                );
-            }
-        }
+        let what = match self.p.lookup(self.m, &name.name) {
+            Some(Def::Item(m, i)) => match self.p.item(m, i).kind {
+                ItemKind::Fn(_) => "the function",
+                ItemKind::Input(_) => "the input",
+                ItemKind::Model(_) => "the model",
+                _ => return,
+            },
+            Some(Def::Module(_)) => "the module",
+            None if BUILTIN_VALUES.contains(&name.name.as_str()) => "the built-in",
+            None => return,
+        };
+        self.diags.push(
+            Diag::new(
+                Code::ShadowedItem,
+                name.span,
+                format!("`{}` shadows {what} `{}`", name.name, name.name),
+            )
+            .label("this local")
+            .help(format!(
+                "rename the local; after this line `{}` no longer means {what}",
+                name.name
+            )),
+        );
     }
 
     fn pop_scope(&mut self) {
@@ -510,7 +607,10 @@ pub fn interpolated_names(s: &str) -> Vec<&str> {
         }
         let Some(j) = rest[i..].find('}') else { break };
         let path = &rest[i + 1..i + j];
-        out.push(path.split('.').next().unwrap_or("").trim());
+        let first = path.split('.').next().unwrap_or("").trim();
+        if !first.is_empty() {
+            out.push(first);
+        }
         rest = &rest[i + j + 1..];
     }
     out

@@ -71,7 +71,8 @@ Close the construct that the label points at.";
 
     InvalidCharacter = "E0103", Error, "invalid character",
 "The lexer found text that is no token of est: a stray character such as `$` or `#`, a
-string without its closing quote on the same line, or a block comment without `*/`.
+string without its closing quote on the same line, or a block comment `/*` without its
+`*/`.
 
     let x = 3 # comment      // error: `#` starts no token; comments start with `//`
 
@@ -115,8 +116,10 @@ Use an existing module, or create the file.";
 Check the module's items (the help lists close names) or import from the right module.";
 
     DuplicateDefinition = "E0204", Error, "duplicate definition",
-"Two items of a module, two parameters of a function, two fields of a record or of a
-block, or two sections of a model have the same name. Each must be unique.
+"Two items of a module, two parameters of a function, two fields of a record, of a
+`params` block or of an estimator, or two variables of one function call have the same
+name; or a program has two `params` blocks. Each must be unique. (Two sections of one
+kind in a model are E0310.)
 
     fn block(x) { x }
     fn block(x) { x }      // error: `block` is defined twice
@@ -196,8 +199,9 @@ Give the recursion a static base case (`if n == 0 { ... }`) or use a `for` loop.
 
     StaticEvalError = "E0308", Error, "static evaluation failed",
 "A static computation failed while the program was being compiled: a division by zero,
-an index out of range, an integer overflow, a negative or empty range, or a value
-out of its allowed range (for example a dropout rate outside [0, 1)).
+an index out of range, an integer overflow, a range that runs backwards (`3..1`), a
+count that must be positive (`shuffle(0)`), or a value a library function refuses (for
+example a dropout rate outside [0, 1), reported by `static_assert`).
 
     let widths = [256, 128]
     let w = widths[2]        // error: index 2 is out of range for a list of 2
@@ -305,8 +309,9 @@ Write `batch(n, drop_remainder: true)`.";
 
     NoRepeat = "E0503", Error, "training input would run out",
 "Training runs for a number of steps, not epochs. A train input without `repeat` ends
-after one pass over its data, before the steps are done. On the wafer this is an error;
-on the host it is a warning of the same code's family (training would stop early).
+after one pass over its data, before the steps are done. The wafer needs samples for
+every step, so this is an error there; on the host training simply stops when the input
+ends, and nothing is reported.
 
     input d() { csv(\"x.csv\") |> batch(32, drop_remainder: true) }   // no repeat
 
@@ -415,9 +420,9 @@ with `_` are exempt.
 Remove it, use it, or prefix its name with `_`.";
 
     ShadowedItem = "W0702", Warning, "local shadows an item",
-"A local binding has the name of a function, import or built-in that is visible at that
-point, so the function cannot be called by that name afterwards. (Rebinding a local
-with `let` is normal and not warned about.)
+"A `let` gives a local the name of a function, input, model, imported module or
+built-in (`mode`, `params`, `f32`, ...) that is visible there, so that name no longer
+means the item afterwards. (Rebinding a local with `let` is normal and not warned about.)
 
     let relu = 3      // warning: shadows the function `relu`
 

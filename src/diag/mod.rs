@@ -79,21 +79,18 @@ impl Diag {
     }
 }
 
-/// Where stages put what they found. Keeps the first of identical diagnostics (a
+/// Where stages put what they found. Keeps the first diagnostic of a code at a span (a
 /// function inlined many times, or a model elaborated for three modes, must report a
-/// problem once).
+/// problem once; and two stages that notice the same problem report it once).
 #[derive(Debug, Default, Clone)]
 pub struct Diags {
     list: Vec<Diag>,
-    seen: rustc_hash::FxHashSet<(Code, Span, String)>,
+    seen: rustc_hash::FxHashSet<(Code, Span)>,
 }
 
 impl Diags {
     pub fn push(&mut self, d: Diag) {
-        if self
-            .seen
-            .insert((d.code, d.primary.span, d.message.clone()))
-        {
+        if self.seen.insert((d.code, d.primary.span)) {
             self.list.push(d);
         }
     }

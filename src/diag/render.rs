@@ -103,6 +103,8 @@ struct Report {
     source: NamedSource<String>,
     labels: Vec<LabeledSpan>,
     related: Vec<Report>,
+    /// A related location in another file: drawn as advice, with its label as message.
+    advice: bool,
 }
 
 impl Report {
@@ -128,9 +130,9 @@ impl Report {
                 } else {
                     l.text.clone()
                 };
-                report
-                    .related
-                    .push(Report::at(l, sources, "", Severity::Warning, note));
+                let mut r = Report::at(l, sources, "", Severity::Warning, note);
+                r.advice = true;
+                report.related.push(r);
             }
         }
         report
@@ -160,6 +162,7 @@ impl Report {
                 source_span(label.span),
             )],
             related: Vec::new(),
+            advice: false,
         }
     }
 }
@@ -188,6 +191,9 @@ impl miette::Diagnostic for Report {
     }
 
     fn severity(&self) -> Option<miette::Severity> {
+        if self.advice {
+            return Some(miette::Severity::Advice);
+        }
         Some(match self.severity {
             Severity::Error => miette::Severity::Error,
             Severity::Warning => miette::Severity::Warning,

@@ -27,6 +27,9 @@ impl<'p> Args<'p> {
     }
 }
 
+/// The most elements a tensor made from a static shape may have.
+const MAX_ELEMENTS: usize = 1 << 40;
+
 fn scalar(d: DType) -> TensorType {
     TensorType::scalar(d)
 }
@@ -75,6 +78,7 @@ impl<'p> Elab<'p> {
             "decode_raw" => self.b_decode_raw(&a),
             "shape" => self.b_shape(&a),
             "len" => self.b_len(&a),
+            "static_assert" => self.b_static_assert(&a),
             "pair" => {
                 let (v, s) = a.get("x");
                 match self.pair(&v, s) {
@@ -209,13 +213,33 @@ impl<'p> Elab<'p> {
         for x in xs {
             out.push(self.as_dim(&Value::Int(x), s)?);
         }
+        let elements = out.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if elements.is_none_or(|e| e > MAX_ELEMENTS) {
+            self.diags.push(
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(s),
+                    format!("a tensor of shape {out:?} is too large"),
+                )
+                .label("more than 2^40 elements")
+                .help("tensors hold at most 2^40 elements"),
+            );
+            return None;
+        }
         Some(out)
     }
 
     fn b_unary(&mut self, u: UnaryOp, a: &Args<'p>) -> Value<'p> {
         let (v, s) = a.get("x");
         if let Some(x) = static_unary(u, &v) {
-            return Value::Float(x);
+            let keeps_ints = matches!(
+                u,
+                UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Square | UnaryOp::Relu | UnaryOp::Floor
+            );
+            return match v {
+                Value::Int(_) if keeps_ints && x.abs() < 9.0e15 => Value::Int(x as i64),
+                _ => Value::Float(x),
+            };
         }
         let Some(x) = self.operand(&v, s, None) else {
             return Value::Error;
@@ -297,7 +321,11 @@ impl<'p> Elab<'p> {
             return Value::Error;
         };
         let ty = self.graph.ty(x).clone();
-        let known: i64 = dims.iter().filter(|&&d| d != -1).product();
+        let known: i64 = dims
+            .iter()
+            .filter(|&&d| d != -1)
+            .try_fold(1i64, |a, &d| a.checked_mul(d))
+            .unwrap_or(0);
         let holes = dims.iter().filter(|&&d| d == -1).count();
         let bad = dims.iter().any(|&d| d == 0 || d < -1)
             || holes > 1
@@ -334,10 +362,17 @@ impl<'p> Elab<'p> {
         let rank = self.graph.ty(x).rank();
         let perm = match a.get("perm") {
             (Value::None, _) => (0..rank).rev().collect(),
-            (v, s) => match self.ints(&v, s, None) {
-                Some(p) => p.iter().map(|&i| i.max(0) as usize).collect(),
-                None => return Value::Error,
-            },
+            (Value::List(xs), s) => {
+                let mut p = Vec::with_capacity(xs.len());
+                for x in xs.iter() {
+                    let Some(ax) = self.axis(x, s, rank) else {
+                        return Value::Error;
+                    };
+                    p.push(ax);
+                }
+                p
+            }
+            (v, s) => return self.expected("a list of axes", &v, s),
         };
         self.op(
             Op::Transpose { perm },
@@ -774,6 +809,28 @@ impl<'p> Elab<'p> {
         }
     }
 
+    /// A static check a library function makes of its arguments, reported at the user's
+    /// call site.
+    fn b_static_assert(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (c, sc) = a.get("cond");
+        let (m, _) = a.get("message");
+        match c {
+            Value::Bool(true) => Value::None,
+            Value::Bool(false) => {
+                let msg = match m {
+                    Value::Str(s) => s.to_string(),
+                    other => super::value::show(&other),
+                };
+                self.error(
+                    Diag::new(Code::StaticEvalError, self.site(a.call), msg.clone())
+                        .label("the arguments do not satisfy this function")
+                        .help(msg),
+                )
+            }
+            other => self.expected("a static bool", &other, sc),
+        }
+    }
+
     fn b_len(&mut self, a: &Args<'p>) -> Value<'p> {
         match a.get("xs") {
             (Value::List(xs) | Value::Tuple(xs), _) => Value::Int(xs.len() as i64),
@@ -1005,9 +1062,9 @@ impl<'p> Elab<'p> {
 
     fn b_hook(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
         let (kind, keys): (&'static str, &[&'static str]) = match name {
-            "logging_hook" => ("logging", &["every_n_steps"]),
-            "stop_at_step_hook" => ("stop_at_step", &["last_step"]),
-            _ => ("nan", &[]),
+            "logging_hook" => ("logging_hook", &["every_n_steps"]),
+            "stop_at_step_hook" => ("stop_at_step_hook", &["last_step"]),
+            _ => ("nan_hook", &[]),
         };
         let mut args = Vec::new();
         for &k in keys {

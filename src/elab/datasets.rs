@@ -136,7 +136,20 @@ impl<'p> Elab<'p> {
 
     fn int_pos(&mut self, a: &Args<'p>, name: &str) -> Option<usize> {
         let (v, s) = a.get(name);
-        self.as_dim(&v, s)
+        let i = self.as_int(&v, s)?;
+        if i <= 0 {
+            self.diags.push(
+                Diag::new(
+                    Code::StaticEvalError,
+                    self.site(s),
+                    format!("`{name}` must be positive"),
+                )
+                .label(format!("{i}"))
+                .help("use 1 or more"),
+            );
+            return None;
+        }
+        Some(i as usize)
     }
 
     /// A type for a column or feature: a dtype (a scalar) or a tensor type (`f32[64]`).

@@ -57,7 +57,8 @@ impl Default for Config {
     }
 }
 
-const CONFIG_KEYS: &[&str] = &[
+/// The keys of the `config` block of an estimator.
+pub const CONFIG_KEYS: &[&str] = &[
     "iterations_per_loop",
     "num_shards",
     "save_checkpoint_steps",
@@ -183,7 +184,12 @@ pub fn elaborate(p: &Program, opts: &ElabOptions) -> (Vec<EstimatorInfo>, Vec<Co
         infos.push(info);
         out.extend(compiled);
     }
-    if opts.estimator.is_none() {
+    // After a syntax error an estimator may be missing: do not call its model unused.
+    let parse_failed = p
+        .diags
+        .iter()
+        .any(|d| d.primary.span.file == root.file && d.code.id().starts_with("E01"));
+    if opts.estimator.is_none() && !parse_failed {
         for item in &root.ast.items {
             if let ItemKind::Model(f) = &item.kind {
                 if !estimators.iter().any(|e| {
@@ -374,6 +380,8 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
                 if decls.iter().any(|d| d.name.name == f.name.name) {
                     continue;
                 }
+                // A default may use the fields declared before it.
+                el.params = Value::Record(Rc::new(fields.clone()));
                 let v = el.expr(&f.default);
                 let v = check_static_type(el, v, f.default.span, &f.ty);
                 fields.push((f.name.name.clone(), v));
@@ -397,25 +405,79 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
             el.diags.push(d);
             continue;
         };
-        let v = el.expr(&o.value);
-        let before = el.diags.len();
-        let v = check_static_type(el, v, o.value.span, &decls[i].ty);
-        if el.diags.len() > before {
-            let last = el
-                .diags
-                .sorted()
-                .into_iter()
-                .find(|d| d.primary.span == o.value.span);
-            if let Some(mut d) = last {
-                d.code = Code::InvalidParamOverride;
-                d.message = format!("bad override of `{}`: {}", o.key, d.message);
-                d = d.with(decls[i].ty.span(), "declared type");
-                el.diags.push(d);
-            }
+        let ty = &decls[i].ty;
+        let ty_text = p.sources.text(ty.span());
+        let v = if is_literal(&o.value) {
+            el.expr(&o.value)
+        } else {
+            Value::Error
+        };
+        match conforms(&v, ty) {
+            Some(v) => fields[i].1 = v,
+            None => el.diags.push(
+                Diag::new(
+                    Code::InvalidParamOverride,
+                    o.value.span,
+                    format!(
+                        "`{}` is not a value of `{}`'s type, {ty_text}",
+                        p.sources.text(o.value.span),
+                        o.key
+                    ),
+                )
+                .label(format!("expected {ty_text}"))
+                .with(ty.span(), "declared here")
+                .help(format!("give a literal {ty_text}, e.g. {}", example_of(ty))),
+            ),
         }
-        fields[i].1 = v;
     }
     Value::Record(Rc::new(fields))
+}
+
+/// Override values are literals: numbers (possibly negative), strings, bools, lists.
+fn is_literal(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Str(_) | ExprKind::Bool(_) => true,
+        ExprKind::Unary(UnaryOp::Neg, x) => matches!(x.kind, ExprKind::Int(_) | ExprKind::Float(_)),
+        ExprKind::List(xs) => xs.iter().all(is_literal),
+        _ => false,
+    }
+}
+
+/// The value converted to a params field's static type, if it is one.
+fn conforms<'p>(v: &Value<'p>, ty: &TypeExpr) -> Option<Value<'p>> {
+    match (ty, v) {
+        (TypeExpr::List { elem, .. }, Value::List(xs)) => xs
+            .iter()
+            .map(|x| conforms(x, elem))
+            .collect::<Option<Vec<_>>>()
+            .map(|xs| Value::List(Rc::new(xs))),
+        (
+            TypeExpr::Named {
+                name, dims: None, ..
+            },
+            _,
+        ) => match (name.name.as_str(), v) {
+            ("int", Value::Int(_))
+            | ("float", Value::Float(_))
+            | ("bool", Value::Bool(_))
+            | ("string", Value::Str(_)) => Some(v.clone()),
+            ("float", Value::Int(i)) => Some(Value::Float(*i as f64)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn example_of(ty: &TypeExpr) -> String {
+    match ty {
+        TypeExpr::List { elem, .. } => format!("[{}, {}]", example_of(elem), example_of(elem)),
+        TypeExpr::Named { name, .. } => match name.name.as_str() {
+            "int" => "32".into(),
+            "float" => "0.5".into(),
+            "bool" => "true".into(),
+            _ => "\"text\"".into(),
+        },
+    }
 }
 
 /// Checks a params value against its declared static type (`int`, `[int]`, ...).
@@ -595,7 +657,7 @@ fn rules_of_config(
     global: &Value<'_>,
 ) {
     let ckpt = span_of(spans, "save_checkpoint_steps", e.name.span);
-    if c.save_checkpoint_steps % c.iterations_per_loop != 0 {
+    if c.iterations_per_loop > 0 && c.save_checkpoint_steps % c.iterations_per_loop != 0 {
         el.diags.push(
             Diag::new(
                 Code::CheckpointSteps,

@@ -335,18 +335,25 @@ impl<'p> Elab<'p> {
         let (Some(lo), Some(hi)) = (self.as_int(&a, sa), self.as_int(&b, sb)) else {
             return Value::Error;
         };
-        if hi - lo > 1_000_000 {
+        if hi.saturating_sub(lo) > 1_000_000 {
             return self.error(
                 Diag::new(
                     Code::StaticEvalError,
                     self.site(sa.to(sb)),
                     format!("range {lo}..{hi} is too long to unroll"),
                 )
-                .label(format!("{} elements", hi - lo))
+                .label(format!("{} elements", hi.saturating_sub(lo)))
                 .help("ranges are unrolled at compile time; keep them under 1,000,000 elements"),
             );
         }
-        Value::List(Rc::new((lo..hi.max(lo)).map(Value::Int).collect()))
+        if lo > hi {
+            return self.error(
+                Diag::new(Code::StaticEvalError, self.site(sa.to(sb)), format!("range {lo}..{hi} runs backwards"))
+                    .label("the start is after the end")
+                    .help("ranges count up: write `lo..hi` with lo <= hi (an empty range `n..n` is allowed)"),
+            );
+        }
+        Value::List(Rc::new((lo..hi).map(Value::Int).collect()))
     }
 
     // ------------------------------------------------------------ statements
@@ -396,18 +403,20 @@ impl<'p> Elab<'p> {
                 self.if_value(i);
             }
             StmtKind::Expr(e) => {
-                if !matches!(e.kind, ExprKind::Call { .. } | ExprKind::Error) {
+                // A call made for its effect (`assign`, `static_assert`) returns `none`;
+                // any other value in statement position is dropped by mistake.
+                let v = self.expr(e);
+                if !matches!(v, Value::None | Value::Error | Value::Absent(_)) {
                     self.diags.push(
                         Diag::new(
                             Code::MisplacedStatement,
                             self.site(e.span),
                             "this value is not used",
                         )
-                        .label("computed and dropped")
+                        .label(format!("computes {} and drops it", v.kind()))
                         .help("bind it with `let`, or make it the last expression of the block"),
                     );
                 }
-                self.expr(e);
             }
             StmtKind::Section { kind, kw_span, .. } => {
                 self.diags.push(
@@ -568,8 +577,25 @@ impl<'p> Elab<'p> {
         let mut slots: Vec<Option<(Value<'p>, Span)>> = vec![None; params.len()];
         let mut ok = true;
         let mut pos = 0;
+        let mut named_seen = false;
+        let mut misnamed = false;
         for a in args {
             match a.name {
+                None if named_seen => {
+                    self.diags.push(
+                        Diag::new(
+                            Code::WrongArity,
+                            self.site(a.span),
+                            "a positional argument after a named one",
+                        )
+                        .label("positional")
+                        .help(format!(
+                            "name it too; the signature is {}",
+                            signature(fname, params)
+                        )),
+                    );
+                    ok = false;
+                }
                 None => {
                     if pos >= params.len() {
                         self.diags.push(
@@ -591,7 +617,11 @@ impl<'p> Elab<'p> {
                     slots[pos] = Some((a.value, a.span));
                     pos += 1;
                 }
-                Some(n) => match params.iter().position(|p| p.name.name == n.name) {
+                Some(n) => match params
+                    .iter()
+                    .position(|p| p.name.name == n.name)
+                    .inspect(|_| named_seen = true)
+                {
                     Some(i) if slots[i].is_none() => slots[i] = Some((a.value, a.span)),
                     Some(_) => {
                         self.diags.push(
@@ -623,12 +653,14 @@ impl<'p> Elab<'p> {
                         };
                         self.diags.push(d);
                         ok = false;
+                        misnamed = true;
                     }
                 },
             }
         }
+        // A misspelled named argument usually is the missing one: report it once.
         for (i, p) in params.iter().enumerate() {
-            if slots[i].is_none() && p.default.is_none() {
+            if slots[i].is_none() && p.default.is_none() && !misnamed {
                 self.diags.push(
                     Diag::new(
                         Code::WrongArity,
@@ -872,6 +904,18 @@ impl<'p> Elab<'p> {
             );
             return None;
         }
+        if i >= crate::elab::datasets::UNKNOWN_DIM as i64 {
+            self.diags.push(
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(span),
+                    format!("dimension {i} is too large"),
+                )
+                .label("above 2^31 - 1")
+                .help("dimensions are below 2^31"),
+            );
+            return None;
+        }
         Some(i as usize)
     }
 
@@ -915,6 +959,19 @@ impl<'p> Elab<'p> {
             let path = &rest[i + 1..i + j];
             let mut parts = path.split('.').map(str::trim);
             let first = parts.next().unwrap_or("");
+            if first.is_empty() {
+                return self.error(
+                    Diag::new(
+                        Code::InvalidLiteral,
+                        self.site(span),
+                        "empty interpolation `{}` in string",
+                    )
+                    .label("nothing between the braces")
+                    .help(
+                        "name a static value, as in `{split}`, or write `\\{` for a literal brace",
+                    ),
+                );
+            }
             let mut v = if self.local(first).is_some()
                 || self.p.lookup(self.module, first).is_some()
                 || crate::resolve::BUILTIN_VALUES.contains(&first)
@@ -937,10 +994,25 @@ impl<'p> Elab<'p> {
             if v.is_poison() {
                 return v;
             }
-            out.push_str(&match &v {
+            let shown = match &v {
                 Value::Str(s) => s.to_string(),
-                other => super::value::show(other),
-            });
+                Value::Int(_)
+                | Value::Float(_)
+                | Value::Bool(_)
+                | Value::List(_)
+                | Value::DType(_)
+                | Value::Mode(_)
+                | Value::Target(_) => super::value::show(&v),
+                other => {
+                    let kind = other.kind();
+                    return self.error(
+                        Diag::new(Code::TypeMismatch, self.site(span), format!("cannot interpolate {kind} into a string"))
+                            .label(format!("`{{{path}}}` is {kind}"))
+                            .help("interpolate static values: strings, numbers, bools, lists, dtypes, `mode` or `target`"),
+                    );
+                }
+            };
+            out.push_str(&shown);
             rest = &rest[i + j + 1..];
         }
         out.push_str(rest);

@@ -14,7 +14,9 @@ mod model;
 mod tensor;
 pub mod value;
 
-pub use estimator::{elaborate, Compiled, Config, ElabOptions, EstimatorInfo, ParamOverride};
+pub use estimator::{
+    elaborate, Compiled, Config, ElabOptions, EstimatorInfo, ParamOverride, CONFIG_KEYS,
+};
 pub use value::{Target, Value};
 
 use crate::diag::{Code, Diag, Diags};
@@ -57,6 +59,8 @@ pub(crate) struct Elab<'p> {
     /// Pending assignments to non-trainable variables (batch-norm moving averages).
     pub updates: Vec<(String, NodeIndex)>,
     random_count: u64,
+    /// Set once unbounded recursion has been reported, so it is reported once.
+    recursion_reported: bool,
 }
 
 impl<'p> Elab<'p> {
@@ -78,6 +82,7 @@ impl<'p> Elab<'p> {
             variables: FxHashMap::default(),
             updates: Vec::new(),
             random_count: 0,
+            recursion_reported: false,
         }
     }
 
@@ -211,6 +216,9 @@ impl<'p> Elab<'p> {
     }
 
     pub fn recursion_error(&mut self, span: Span) -> Value<'p> {
+        if std::mem::replace(&mut self.recursion_reported, true) {
+            return Value::Error;
+        }
         self.error(
             Diag::new(Code::RecursionLimit, self.site(span), "recursion too deep")
                 .label(format!("more than {MAX_DEPTH} nested calls"))

@@ -364,22 +364,21 @@ impl<'p> Elab<'p> {
                 self.metrics(s.metrics);
             }
             SectionKind::Predict => {
-                if !s.has_predict {
-                    self.diags.push(
-                        Diag::new(
-                            Code::InvalidModel,
-                            model_span,
-                            format!("model `{}` has no predict section", f.name.name),
-                        )
-                        .label("nothing to predict")
-                        .help("add `predict { classes = argmax(logits, 1) }`"),
-                    );
-                }
                 for (name, v, span) in s.predictions {
                     self.prediction(name, v, span);
                 }
             }
         }
+    }
+
+    /// The batch size: the first dimension of the features, the model's first input.
+    fn batch_size(&self) -> Option<usize> {
+        let first = self
+            .graph
+            .g
+            .node_indices()
+            .find(|&n| matches!(self.graph.node(n).op, Op::Input { .. }))?;
+        self.graph.ty(first).shape.first().copied()
     }
 
     fn loss_node(&mut self, loss: Value<'p>, span: Span) -> Option<NodeIndex> {
@@ -486,11 +485,25 @@ impl<'p> Elab<'p> {
 
     fn prediction(&mut self, name: String, v: Value<'p>, span: Span) {
         match v {
-            Value::Tensor(n) => self.graph.outputs.push(Output {
-                name,
-                role: Role::Prediction,
-                node: n,
-            }),
+            Value::Tensor(n) => {
+                let ty = self.graph.ty(n).clone();
+                let batch = self.batch_size();
+                if let Some(b) = batch {
+                    if ty.shape.first() != Some(&b) {
+                        self.diags.push(
+                            Diag::new(Code::InvalidModel, span, format!("prediction `{name}` is {ty}: its first dimension is not the batch ({b})"))
+                                .label(format!("this is {ty}"))
+                                .help("predictions have one row per example; keep the batch dimension (reduce over the other axes only)"),
+                        );
+                        return;
+                    }
+                }
+                self.graph.outputs.push(Output {
+                    name,
+                    role: Role::Prediction,
+                    node: n,
+                })
+            }
             Value::Absent(labels) => self.diags.push(
                 Diag::new(
                     Code::LabelsInPredict,

@@ -119,6 +119,13 @@ impl<'p> Elab<'p> {
         if matches!(va, Value::Error) || matches!(vb, Value::Error) {
             return Value::Error;
         }
+        // `x == none` asks whether an optional argument was given, whatever `x` is.
+        if matches!(op, BinOp::Eq | BinOp::Ne)
+            && (matches!(va, Value::None) || matches!(vb, Value::None))
+        {
+            let same = matches!(va, Value::None) && matches!(vb, Value::None);
+            return Value::Bool(same == (op == BinOp::Eq));
+        }
         if matches!(va, Value::Tensor(_)) || matches!(vb, Value::Tensor(_)) {
             return self.tensor_binary(op, (&va, sa), (&vb, sb), span);
         }
@@ -155,12 +162,41 @@ impl<'p> Elab<'p> {
             BinOp::And => BinaryOp::And,
             BinOp::Or => BinaryOp::Or,
         };
+        let at = self.operator_span(a.1, b.1).unwrap_or(span);
         self.op(
             Op::Binary(bop),
             &[(x, a.1), (y, b.1)],
             TensorType::scalar(DType::F32),
-            span,
+            at,
         )
+    }
+
+    /// The operator between two operands (`+` in `a + b`), so that a diagnostic's labels
+    /// on the operator and on each operand do not overlap.
+    fn operator_span(&self, a: Span, b: Span) -> Option<Span> {
+        if a.file != b.file || a.hi >= b.lo || self.p.is_std_file(a.file) {
+            return None;
+        }
+        let gap = self.p.sources.text(Span {
+            lo: a.hi,
+            hi: b.lo,
+            ..a
+        });
+        // Parentheses around an operand are not the operator.
+        let op = gap
+            .trim()
+            .trim_start_matches(')')
+            .trim_end_matches('(')
+            .trim();
+        if op.is_empty() || op.len() > 2 {
+            return None;
+        }
+        let lo = a.hi + gap.find(op)? as u32;
+        Some(Span {
+            lo,
+            hi: lo + op.len() as u32,
+            ..a
+        })
     }
 
     fn static_binary(
@@ -241,7 +277,18 @@ impl<'p> Elab<'p> {
     pub fn unary(&mut self, op: AstUnary, v: Value<'p>, span: Span) -> Value<'p> {
         match (op, &v) {
             (_, Value::Error | Value::Absent(_)) => v,
-            (AstUnary::Neg, Value::Int(i)) => Value::Int(i.wrapping_neg()),
+            (AstUnary::Neg, Value::Int(i)) => match i.checked_neg() {
+                Some(n) => Value::Int(n),
+                None => self.error(
+                    Diag::new(
+                        Code::StaticEvalError,
+                        self.site(span),
+                        format!("integer overflow in `-{i}`"),
+                    )
+                    .label("integer overflow")
+                    .help("fix the static values involved"),
+                ),
+            },
             (AstUnary::Neg, Value::Float(f)) => Value::Float(-f),
             (AstUnary::Not, Value::Bool(b)) => Value::Bool(!b),
             (AstUnary::Neg, Value::Tensor(n)) => {

@@ -477,7 +477,9 @@ fn conv2d(
     }
     let mut out = vec![x.shape[0]];
     for i in 0..2 {
-        let k = (w.shape[i] - 1) * dilation[i] + 1;
+        let k = (w.shape[i] - 1)
+            .saturating_mul(dilation[i])
+            .saturating_add(1);
         let o = window_out(x.shape[1 + i], k, strides[i], padding).ok_or_else(|| {
             err(
                 Code::ShapeMismatch,

@@ -9,6 +9,7 @@ use logos::Logos;
 #[logos(skip r"[ \t\r\n\f]+")]
 #[logos(skip(r"//[^\n]*", allow_greedy = true))]
 #[logos(skip r"/\*([^*]|\*+[^*/])*\*+/")]
+#[logos(skip "\u{feff}")]
 pub enum Tok<'s> {
     #[token("use")]
     Use,
@@ -126,6 +127,7 @@ pub enum Tok<'s> {
 
     /// Anything the lexer does not recognise: a stray character, an unterminated string
     /// or block comment. The parser turns it into a diagnostic.
+    #[regex(r"/\*([^*]|\*+[^*/])*\**", allow_greedy = true)]
     Error,
 }
 

@@ -1,6 +1,7 @@
 //! Syntax: the lexer, the generated parser and the AST.
 
 pub mod ast;
+pub mod depth;
 pub mod lexer;
 pub mod parser;
 

@@ -31,13 +31,14 @@ pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diag>) {
     let result =
         grammar::ModuleParser::new().parse(file, &mut recovered, &mut literals, lexer::tokens(src));
     let mut diags = Vec::new();
-    let module = match result {
+    let mut module = match result {
         Ok(m) => m,
         Err(e) => {
             diags.push(parse_error(file, src, e));
             Module::default()
         }
     };
+    super::depth::limit(&mut module, &mut diags);
     let mut all: Vec<Diag> = recovered
         .into_iter()
         .map(|r| recovery(file, src, r))
@@ -82,13 +83,20 @@ fn parse_error(file: FileId, src: &str, e: ParseError<usize, Tok<'_>, Infallible
         .label("no token starts here"),
         ParseError::UnrecognizedEof { location, expected } => {
             let at = location.min(src.len());
-            Diag::new(
+            let mut d = Diag::new(
                 Code::UnexpectedEof,
                 Span::new(file, at, at),
                 "unexpected end of file",
             )
             .label("the file ends here")
-            .help(expected_help(&expected))
+            .help(expected_help(&expected));
+            if let Some((lo, open)) = unclosed(src) {
+                d = d.with(
+                    Span::new(file, lo, lo + 1),
+                    format!("this `{open}` is not closed"),
+                );
+            }
+            d
         }
         ParseError::UnrecognizedToken {
             token: (lo, Tok::Error, hi),
@@ -114,6 +122,23 @@ fn parse_error(file: FileId, src: &str, e: ParseError<usize, Tok<'_>, Infallible
         .label("expected the end of the file"),
         ParseError::User { error } => match error {},
     }
+}
+
+/// The innermost bracket still open at the end of the text, if any.
+fn unclosed(src: &str) -> Option<(usize, char)> {
+    let mut open: Vec<(usize, char)> = Vec::new();
+    for (lo, tok, _) in lexer::lex(src) {
+        match tok {
+            Tok::LBrace => open.push((lo, '{')),
+            Tok::LParen => open.push((lo, '(')),
+            Tok::LBracket => open.push((lo, '[')),
+            Tok::RBrace | Tok::RParen | Tok::RBracket => {
+                open.pop();
+            }
+            _ => {}
+        }
+    }
+    open.pop()
 }
 
 fn invalid_char(file: FileId, src: &str, lo: usize, hi: usize) -> Diag {
