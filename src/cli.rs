@@ -168,7 +168,7 @@ fn check(a: CheckArgs) -> i32 {
         },
         estimator: a.estimator.clone(),
         config,
-        verify: true,
+        verify: cfg!(debug_assertions),
     };
     let checked = est::check(&program, &opts);
     if let Some(b) = &checked.bug {

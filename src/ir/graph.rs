@@ -5,7 +5,7 @@
 use super::{Op, TensorType};
 use crate::span::Span;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
-use petgraph::visit::{EdgeRef, NodeIndexable};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 use petgraph::Direction;
 
 #[derive(Debug, Clone)]
@@ -140,6 +140,15 @@ impl Graph {
     /// The nodes in an order where every operand comes before its users; ties broken by
     /// index, so the order is deterministic.
     pub fn topo_order(&self) -> Vec<NodeIndex> {
+        // Elaboration adds operands before their users and the passes keep that, so index
+        // order is usually topological already: a linear check avoids the heap.
+        if self.g.edge_references().all(|e| e.source() < e.target()) {
+            return self.g.node_indices().collect();
+        }
+        self.topo_order_kahn()
+    }
+
+    fn topo_order_kahn(&self) -> Vec<NodeIndex> {
         let mut indeg: Vec<usize> = vec![0; self.g.node_bound()];
         for n in self.g.node_indices() {
             indeg[n.index()] = self.g.edges_directed(n, Direction::Incoming).count();

@@ -4,24 +4,34 @@
 
 use super::PassCtx;
 use crate::diag::Diags;
-use crate::ir::{Graph, NodeIndex, Op, TensorType};
-use rustc_hash::FxHashMap;
+use crate::ir::{Graph, NodeIndex};
+use rustc_hash::{FxHashMap, FxHasher};
+use std::hash::{Hash, Hasher};
 
 pub fn run(g: &mut Graph, _ctx: &PassCtx, _diags: &mut Diags) {
-    let mut seen: FxHashMap<(Op, Vec<NodeIndex>, TensorType), NodeIndex> = FxHashMap::default();
+    // Buckets of candidate nodes by the hash of (op, operands, type); equal keys are
+    // confirmed by comparison, so the map never clones an op or a type.
+    let mut seen: FxHashMap<u64, Vec<NodeIndex>> = FxHashMap::default();
     for n in g.topo_order() {
         if g.node(n).op.is_stateful() {
             continue;
         }
-        let key = (g.node(n).op.clone(), g.operands(n), g.ty(n).clone());
-        match seen.get(&key) {
-            Some(&canon) => {
+        let operands = g.operands(n);
+        let mut h = FxHasher::default();
+        g.node(n).op.hash(&mut h);
+        operands.hash(&mut h);
+        g.ty(n).hash(&mut h);
+        let bucket = seen.entry(h.finish()).or_default();
+        let same = bucket.iter().copied().find(|&c| {
+            let (a, b) = (g.node(c), g.node(n));
+            a.op == b.op && a.ty == b.ty && g.operands(c) == operands
+        });
+        match same {
+            Some(canon) => {
                 g.replace_uses(n, canon);
                 g.g.remove_node(n);
             }
-            None => {
-                seen.insert(key, n);
-            }
+            None => bucket.push(n),
         }
     }
 }

@@ -78,8 +78,18 @@ pub fn run(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags, check: bool) -> Resu
             message,
         })?;
     }
+    let timing = std::env::var_os("EST_TIME_PASSES").is_some();
     for pass in PIPELINE {
+        let t = std::time::Instant::now();
         (pass.run)(g, ctx, diags);
+        if timing {
+            eprintln!(
+                "pass {:<12} {:>9.3} ms  {} nodes",
+                pass.name,
+                t.elapsed().as_secs_f64() * 1e3,
+                g.node_count()
+            );
+        }
         if check {
             verify(g).map_err(|message| PassBug {
                 pass: pass.name,
