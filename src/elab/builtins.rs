@@ -66,8 +66,10 @@ impl<'p> Elab<'p> {
             "reduce_sum" | "reduce_mean" | "reduce_max" | "reduce_min" | "reduce_prod" => {
                 self.b_reduce(name, &a)
             }
-            "argmax" | "argmin" => self.b_argmax(name, &a),
-            "softmax" | "log_softmax" => self.b_softmax(name, &a),
+            "argmax" => self.b_axis_op(&a, |axis| Op::ArgMax { axis }, DType::I32),
+            "argmin" => self.b_axis_op(&a, |axis| Op::ArgMin { axis }, DType::I32),
+            "softmax" => self.b_axis_op(&a, |axis| Op::Softmax { axis }, DType::F32),
+            "log_softmax" => self.b_axis_op(&a, |axis| Op::LogSoftmax { axis }, DType::F32),
             "one_hot" => self.b_one_hot(&a),
             "gather" => self.b_gather(&a),
             "conv" => self.b_conv(&a),
@@ -118,7 +120,7 @@ impl<'p> Elab<'p> {
         self.as_float(&v, s)
     }
 
-    fn dtype_arg(&mut self, a: &Args<'p>, name: &str) -> Option<DType> {
+    pub(super) fn dtype_arg(&mut self, a: &Args<'p>, name: &str) -> Option<DType> {
         match a.get(name) {
             (Value::DType(DType::I64), s) => {
                 self.int64_type(s);
@@ -552,7 +554,8 @@ impl<'p> Elab<'p> {
         )
     }
 
-    fn b_argmax(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+    /// Ops with one tensor operand and an axis (argmax, softmax, ...).
+    fn b_axis_op(&mut self, a: &Args<'p>, make: fn(usize) -> Op, dtype: DType) -> Value<'p> {
         let Some((x, sx)) = self.tensor_arg(a, "x") else {
             return Value::Error;
         };
@@ -561,29 +564,7 @@ impl<'p> Elab<'p> {
         let Some(axis) = self.axis(&va, sa, rank) else {
             return Value::Error;
         };
-        let op = if name == "argmax" {
-            Op::ArgMax { axis }
-        } else {
-            Op::ArgMin { axis }
-        };
-        self.op(op, &[(x, sx)], scalar(DType::I32), a.call)
-    }
-
-    fn b_softmax(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
-        let Some((x, sx)) = self.tensor_arg(a, "x") else {
-            return Value::Error;
-        };
-        let rank = self.graph.ty(x).rank();
-        let (va, sa) = a.get("axis");
-        let Some(axis) = self.axis(&va, sa, rank) else {
-            return Value::Error;
-        };
-        let op = if name == "softmax" {
-            Op::Softmax { axis }
-        } else {
-            Op::LogSoftmax { axis }
-        };
-        self.op(op, &[(x, sx)], scalar(DType::F32), a.call)
+        self.op(make(axis), &[(x, sx)], scalar(dtype), a.call)
     }
 
     fn b_one_hot(&mut self, a: &Args<'p>) -> Value<'p> {

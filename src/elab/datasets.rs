@@ -34,20 +34,7 @@ impl<'p> Elab<'p> {
             return Value::Error;
         };
         self.in_frame(m, Vec::new(), span, |el| {
-            for (param, slot) in f.params.iter().zip(slots) {
-                let (v, s) = match slot {
-                    Some(x) => x,
-                    None => match &param.default {
-                        Some(d) => (el.expr(d), d.span),
-                        None => (Value::Error, span),
-                    },
-                };
-                let v = match &param.ty {
-                    Some(t) => el.check_annotation(v, s, t),
-                    None => v,
-                };
-                el.bind(&param.name.name, v);
-            }
+            el.bind_params(&f.params, slots, span);
             match &f.body {
                 Some(b) => el.block(b),
                 None => Value::Error,
@@ -270,7 +257,7 @@ impl<'p> Elab<'p> {
                 .help("PNG images have 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels"),
             );
         }
-        let Some(dtype) = self.dtype_arg_pub(a, "dtype") else {
+        let Some(dtype) = self.dtype_arg(a, "dtype") else {
             return Value::Error;
         };
         let labels = match a.get("labels") {
@@ -322,20 +309,6 @@ impl<'p> Elab<'p> {
                 elem,
             }],
         }))
-    }
-
-    pub(super) fn dtype_arg_pub(&mut self, a: &Args<'p>, name: &str) -> Option<DType> {
-        match a.get(name) {
-            (Value::DType(DType::I64), s) => {
-                self.int64_type(s);
-                None
-            }
-            (Value::DType(d), _) => Some(d),
-            (v, s) => {
-                self.expected("a dtype", &v, s);
-                None
-            }
-        }
     }
 
     fn transform(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {

@@ -697,22 +697,7 @@ impl<'p> Elab<'p> {
         };
         let name = f.name.name.clone();
         self.in_frame(m, Vec::new(), span, |el| {
-            let mut bound = Vec::with_capacity(slots.len());
-            for (param, slot) in f.params.iter().zip(slots) {
-                let (v, s) = match slot {
-                    Some(x) => x,
-                    None => match &param.default {
-                        Some(d) => (el.expr(d), d.span),
-                        None => (Value::Error, span),
-                    },
-                };
-                let v = match &param.ty {
-                    Some(t) => el.check_annotation(v, s, t),
-                    None => v,
-                };
-                el.bind(&param.name.name, v.clone());
-                bound.push((v, s));
-            }
+            let bound = el.bind_params(&f.params, slots, span);
             match &f.body {
                 None => el.builtin(&name, &f.params, bound, span),
                 Some(body) => {
@@ -723,6 +708,33 @@ impl<'p> Elab<'p> {
                 }
             }
         })
+    }
+
+    /// Binds a function's parameters in the current (callee's) frame: the matched
+    /// arguments, or the defaults, checked against their annotations.
+    pub(super) fn bind_params(
+        &mut self,
+        params: &'p [Param],
+        slots: Vec<Option<(Value<'p>, Span)>>,
+        span: Span,
+    ) -> Vec<(Value<'p>, Span)> {
+        let mut bound = Vec::with_capacity(slots.len());
+        for (param, slot) in params.iter().zip(slots) {
+            let (v, s) = match slot {
+                Some(x) => x,
+                None => match &param.default {
+                    Some(d) => (self.expr(d), d.span),
+                    None => (Value::Error, span),
+                },
+            };
+            let v = match &param.ty {
+                Some(t) => self.check_annotation(v, s, t),
+                None => v,
+            };
+            self.bind(&param.name.name, v.clone());
+            bound.push((v, s));
+        }
+        bound
     }
 
     pub fn call_closure(
