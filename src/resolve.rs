@@ -155,7 +155,7 @@ impl<'p> Resolver<'p> {
                         self.expr(&f.default);
                     }
                 }
-                ItemKind::Use(_) | ItemKind::Error => {}
+                ItemKind::Use(_) | ItemKind::Error(_) => {}
             }
         }
     }

@@ -114,6 +114,8 @@ impl<'p> Elab<'p> {
                 ItemKind::Fn(_) => Value::Func(m, i),
                 ItemKind::Input(_) => Value::InputFn(m, i),
                 ItemKind::Model(_) => Value::ModelFn(m, i),
+                // An item that did not parse: already reported.
+                ItemKind::Error(_) => Value::Error,
                 _ => self.error(
                     Diag::new(
                         Code::TypeMismatch,

@@ -31,8 +31,9 @@ pub enum ItemKind {
     Input(FnItem),
     Model(FnItem),
     Estimator(EstimatorItem),
-    /// A part of the file that did not parse; its diagnostic was already reported.
-    Error,
+    /// A part of the file that did not parse; its diagnostic was already reported. When
+    /// it began like an item, its name is kept so that uses of it are not reported too.
+    Error(Option<Ident>),
 }
 
 impl Item {
@@ -41,6 +42,7 @@ impl Item {
         match &self.kind {
             ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f) => Some(&f.name),
             ItemKind::Estimator(e) => Some(&e.name),
+            ItemKind::Error(name) => name.as_ref(),
             _ => None,
         }
     }

@@ -106,7 +106,7 @@ fn roots(item: &Item) -> Vec<Node<'_>> {
             }
             v
         }
-        ItemKind::Use(_) | ItemKind::Error => Vec::new(),
+        ItemKind::Use(_) | ItemKind::Error(_) => Vec::new(),
     }
 }
 
@@ -143,7 +143,8 @@ pub fn limit(module: &mut Module, diags: &mut Vec<Diag>) {
                 ))
                 .help("split the expression with `let` bindings or helper functions"),
             );
-            removed.push(std::mem::replace(&mut item.kind, ItemKind::Error));
+            let name = item.name().cloned();
+            removed.push(std::mem::replace(&mut item.kind, ItemKind::Error(name)));
         }
     }
     if !removed.is_empty() {

@@ -2,7 +2,7 @@
 //! nodes where text did not parse) and a diagnostic for every syntax error, all mapped
 //! from lalrpop's error type here, in one place.
 
-use super::ast::{Expr, ExprKind, Module};
+use super::ast::{Expr, ExprKind, Ident, ItemKind, Module};
 use super::lexer::{self, Tok};
 use crate::diag::{Code, Diag};
 use crate::span::{FileId, Span};
@@ -39,6 +39,7 @@ pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diag>) {
         }
     };
     super::depth::limit(&mut module, &mut diags);
+    name_broken_items(&mut module, file, src);
     let mut all: Vec<Diag> = recovered
         .into_iter()
         .map(|r| recovery(file, src, r))
@@ -46,6 +47,31 @@ pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diag>) {
     all.extend(diags);
     all.extend(literals.into_iter().map(literal_error));
     (module, all)
+}
+
+/// Gives an item that failed to parse the name it was declared with (`model m ...`), so
+/// that later stages know the name exists and do not report its uses as unknown.
+fn name_broken_items(module: &mut Module, file: FileId, src: &str) {
+    for item in &mut module.items {
+        let ItemKind::Error(name) = &mut item.kind else {
+            continue;
+        };
+        let text = src
+            .get(item.span.lo as usize..item.span.hi as usize)
+            .unwrap_or("");
+        let toks = lexer::lex(text);
+        // (Estimators are never referred to by name, and have a namespace of their own.)
+        let kw = toks
+            .iter()
+            .position(|(_, t, _)| matches!(t, Tok::Fn | Tok::Input | Tok::Model));
+        if let Some((lo, Tok::Ident(n), hi)) = kw.and_then(|k| toks.get(k + 1)) {
+            let base = item.span.lo as usize;
+            *name = Some(Ident {
+                name: n.to_string(),
+                span: Span::new(file, base + lo, base + hi),
+            });
+        }
+    }
 }
 
 /// Parses a lone expression (used for `--param` values). Never fails.
