@@ -5,6 +5,9 @@
 //!
 //! Run: `cargo bench --bench check` (or `make bench`). `EST_BENCH_SIZES=10000,100000`
 //! chooses the sizes; `EST_BENCH_RUNS` the runs per size (median reported).
+//!
+//! Wall time per node rises with size as the graph outgrows the caches; the work done is
+//! linear, which instruction counts show (HACKING.md: `valgrind --tool=callgrind`).
 
 use est::syntax::ast::SectionKind;
 use est::{check, CheckOptions, Program};
@@ -52,41 +55,52 @@ fn program(layers: usize) -> Program {
     p
 }
 
+/// One measurement of each kind, each with nothing else alive (a large graph left over
+/// from the previous measurement would skew the next one's memory behaviour).
 fn run_once(layers: usize) -> Run {
-    let opts_all = CheckOptions {
-        verify: false,
-        ..CheckOptions::default()
+    let nodes_elaborated = {
+        // Elaboration alone, without passes, gives the node count before CSE and DCE.
+        let p = program(layers);
+        let eopts = est::elab::ElabOptions {
+            target: est::elab::Target::Host,
+            modes: vec![SectionKind::Train],
+            estimator: None,
+            config: Vec::new(),
+        };
+        let (_, graphs, _) = est::elab::elaborate(&p, &eopts);
+        graphs[0].graph.node_count()
     };
     let opts_train = CheckOptions {
         modes: vec![SectionKind::Train],
         verify: false,
         ..CheckOptions::default()
     };
-    let t = Instant::now();
-    let p = program(layers);
-    let checked = check(&p, &opts_all);
-    let all_modes = t.elapsed();
-    assert!(
-        !checked.has_errors(),
-        "the generated program must check clean"
-    );
-    let t = Instant::now();
-    let p = program(layers);
-    let train = check(&p, &opts_train);
-    let train_only = t.elapsed();
-    // Elaboration alone, without passes, gives the node count before CSE and DCE.
-    let (_, graphs, _) = est::elab::elaborate(
-        &p,
-        &est::elab::ElabOptions {
-            target: est::elab::Target::Host,
-            modes: vec![SectionKind::Train],
-            estimator: None,
-            config: Vec::new(),
-        },
-    );
+    let (train_only, nodes_after) = {
+        let t = Instant::now();
+        let p = program(layers);
+        let checked = check(&p, &opts_train);
+        let elapsed = t.elapsed();
+        assert!(
+            !checked.has_errors(),
+            "the generated program must check clean"
+        );
+        (elapsed, checked.graphs[0].graph.node_count())
+    };
+    let opts_all = CheckOptions {
+        verify: false,
+        ..CheckOptions::default()
+    };
+    let all_modes = {
+        let t = Instant::now();
+        let p = program(layers);
+        let checked = check(&p, &opts_all);
+        let elapsed = t.elapsed();
+        assert_eq!(checked.graphs.len(), 3);
+        elapsed
+    };
     Run {
-        nodes_elaborated: graphs[0].graph.node_count(),
-        nodes_after: train.graphs[0].graph.node_count(),
+        nodes_elaborated,
+        nodes_after,
         all_modes,
         train_only,
     }

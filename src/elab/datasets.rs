@@ -476,7 +476,7 @@ impl<'p> Elab<'p> {
     fn elem_value(&mut self, e: &Elem, path: &str, span: Span) -> Value<'p> {
         match e {
             Elem::Tensor { dtype, dims } => {
-                let shape = dims.iter().map(|d| d.unwrap_or(UNKNOWN_DIM)).collect();
+                let shape: Vec<usize> = dims.iter().map(|d| d.unwrap_or(UNKNOWN_DIM)).collect();
                 let name = if path.is_empty() {
                     "element".to_string()
                 } else {

@@ -8,6 +8,9 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 use petgraph::Direction;
 
+/// A node's operands, in order.
+pub type Operands = smallvec::SmallVec<[NodeIndex; 4]>;
+
 #[derive(Debug, Clone)]
 pub struct Node {
     pub op: Op,
@@ -87,9 +90,10 @@ impl Graph {
         &self.g[n].ty
     }
 
-    /// The operands of `n`, in operand order.
-    pub fn operands(&self, n: NodeIndex) -> Vec<NodeIndex> {
-        let mut v: Vec<(u32, NodeIndex)> = self
+    /// The operands of `n`, in operand order (inline up to four: no allocation for
+    /// almost every op).
+    pub fn operands(&self, n: NodeIndex) -> Operands {
+        let mut v: smallvec::SmallVec<[(u32, NodeIndex); 4]> = self
             .g
             .edges_directed(n, Direction::Incoming)
             .map(|e| (*e.weight(), e.source()))

@@ -247,7 +247,7 @@ fn reduce(op: ReduceOp, axes: &[usize], keep: bool, a: &TensorType) -> R {
             return Err(err(Code::InvalidAxis, format!("axis {ax} is given twice")));
         }
     }
-    let shape = a
+    let shape: Vec<usize> = a
         .shape
         .iter()
         .enumerate()
@@ -329,7 +329,7 @@ fn transpose(perm: &[usize], a: &TensorType) -> R {
     }
     Ok(TensorType::new(
         a.dtype,
-        perm.iter().map(|&p| a.shape[p]).collect(),
+        perm.iter().map(|&p| a.shape[p]).collect::<Vec<usize>>(),
     ))
 }
 

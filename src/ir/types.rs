@@ -64,8 +64,9 @@ impl fmt::Display for DType {
     }
 }
 
-/// A concrete shape: every dimension is known.
-pub type Shape = Vec<usize>;
+/// A concrete shape: every dimension is known. Stored inline up to rank 4, so that a
+/// node's type needs no allocation of its own (graphs reach millions of nodes).
+pub type Shape = smallvec::SmallVec<[usize; 4]>;
 
 /// The type of an IR value: a dtype and a concrete shape.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -75,14 +76,17 @@ pub struct TensorType {
 }
 
 impl TensorType {
-    pub fn new(dtype: DType, shape: Shape) -> TensorType {
-        TensorType { dtype, shape }
+    pub fn new(dtype: DType, shape: impl Into<Shape>) -> TensorType {
+        TensorType {
+            dtype,
+            shape: shape.into(),
+        }
     }
 
     pub fn scalar(dtype: DType) -> TensorType {
         TensorType {
             dtype,
-            shape: Vec::new(),
+            shape: Shape::new(),
         }
     }
 
@@ -112,7 +116,7 @@ impl fmt::Display for TensorType {
 /// Numpy broadcasting of two shapes, aligned from the right. `None` if they do not fit.
 pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Shape> {
     let n = a.len().max(b.len());
-    let mut out = vec![0; n];
+    let mut out: Shape = smallvec::smallvec![0; n];
     for i in 0..n {
         let da = if i < n - a.len() {
             1
