@@ -86,3 +86,33 @@ fn mnist_cnn_graph_has_the_expected_shapes() {
         assert!(dump.contains(line), "missing `{line}` in\n{dump}");
     }
 }
+
+/// `decode_raw` without a length leaves the pipeline's feature length open; the model's
+/// `f32[B, 784]` fixes it, and the `map` graph then has concrete shapes throughout.
+#[test]
+fn pipeline_graphs_get_the_length_the_model_binds() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/mnist_cnn.est");
+    let d = common::directives("");
+    let (_, checked) = common::check_file(&path, "mnist_cnn.est", Target::Host, &d);
+    let input = checked.graphs[0]
+        .input
+        .as_ref()
+        .expect("the train graph has its input");
+    let map = input
+        .stages
+        .iter()
+        .find_map(|s| match &s.kind {
+            est::elab::data::StageKind::Map { graph, .. } => Some(graph),
+            _ => None,
+        })
+        .expect("a map stage");
+    let dump = est::ir::dump_text(map, "map");
+    assert!(dump.contains("decode_raw (%0) : u8[784]"), "{dump}");
+    assert!(dump.contains("output element 0 ="), "{dump}");
+    assert!(
+        !dump.contains("2147483648"),
+        "an unknown length is left in:\n{dump}"
+    );
+    assert!(est::passes::verify(map).is_ok());
+    assert_eq!(input.elem().to_string(), "(f32[128, 784], i32[128])");
+}

@@ -309,6 +309,7 @@ fn estimator<'p>(
         };
         let mut graph_input = None;
         if let (Some(ds), Some((mm, mi))) = (dataset, model) {
+            let mut ds = (*ds).clone();
             if let Some((features, labels)) =
                 input_rules(&mut el, &ds, mode, &config, input_expr.span)
             {
@@ -332,9 +333,12 @@ fn estimator<'p>(
                     );
                 } else {
                     el.elaborate_model(mm, mi, &features, labels.as_ref(), input_expr.span);
+                    if let Some(size) = bound_unknown_dim(&el.graph, &features) {
+                        resolve_unknown_dim(&mut ds, size);
+                    }
                 }
             }
-            graph_input = Some((*ds).clone());
+            graph_input = Some(ds);
         }
         diags.extend(el.diags.iter().cloned());
         compiled.push(Compiled {
@@ -893,4 +897,56 @@ fn input_rules(
         }
     }
     Some((features, labels))
+}
+
+/// The size the model's signature gave the dimensions the pipeline left unknown (the
+/// length of `decode_raw` without `length`), if they all got one size.
+fn bound_unknown_dim(g: &crate::ir::Graph, features: &Elem) -> Option<usize> {
+    let Elem::Tensor { dims, .. } = features else {
+        return None;
+    };
+    let input =
+        g.g.node_indices()
+            .find(|&n| matches!(g.node(n).op, crate::ir::Op::Input { .. }))?;
+    let bound = &g.ty(input).shape;
+    let mut sizes = dims
+        .iter()
+        .zip(bound.iter())
+        .filter(|(d, _)| d.is_none())
+        .map(|(_, &b)| b);
+    let first = sizes.next()?;
+    sizes.all(|s| s == first).then_some(first)
+}
+
+/// Gives the unknown dimension its bound size everywhere in the pipeline: in the element
+/// types of the stages and in the graphs of `map` and `filter` closures, so that every
+/// node of those graphs has a concrete shape too.
+fn resolve_unknown_dim(ds: &mut Dataset, size: usize) {
+    use super::datasets::UNKNOWN_DIM;
+    fn fix_elem(e: &mut Elem, size: usize) {
+        match e {
+            Elem::Tensor { dims, .. } => dims
+                .iter_mut()
+                .filter(|d| d.is_none())
+                .for_each(|d| *d = Some(size)),
+            Elem::Tuple(xs) => xs.iter_mut().for_each(|x| fix_elem(x, size)),
+            Elem::Record(fs) => fs.iter_mut().for_each(|(_, x)| fix_elem(x, size)),
+        }
+    }
+    for stage in &mut ds.stages {
+        fix_elem(&mut stage.elem, size);
+        if let StageKind::Map { graph, .. } | StageKind::Filter { graph } = &mut stage.kind {
+            let nodes: Vec<_> = graph.g.node_indices().collect();
+            for n in nodes {
+                for d in graph.g[n]
+                    .ty
+                    .shape
+                    .iter_mut()
+                    .filter(|d| **d == UNKNOWN_DIM)
+                {
+                    *d = size;
+                }
+            }
+        }
+    }
 }
