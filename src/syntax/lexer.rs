@@ -128,6 +128,7 @@ pub enum Tok<'s> {
     /// Anything the lexer does not recognise: a stray character, an unterminated string
     /// or block comment. The parser turns it into a diagnostic.
     #[regex(r"/\*([^*]|\*+[^*/])*\**", allow_greedy = true)]
+    #[regex(r"[0-9][0-9_]*(\.[0-9][0-9_]*)?[A-Za-z_][A-Za-z0-9_]*", priority = 1)]
     Error,
 }
 

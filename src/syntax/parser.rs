@@ -169,6 +169,11 @@ fn unclosed(src: &str) -> Option<(usize, char)> {
 
 fn invalid_char(file: FileId, src: &str, lo: usize, hi: usize) -> Diag {
     let text = src.get(lo..hi).unwrap_or("");
+    if text.starts_with(|c: char| c.is_ascii_digit()) {
+        return Diag::new(Code::InvalidLiteral, Span::new(file, lo, hi), format!("invalid number `{text}`"))
+            .label("a number followed by letters")
+            .help("numbers are decimal, such as `16`, `1_000`, `0.5` or `1e-3`; put a space or an operator between a number and a name");
+    }
     let help = if text.starts_with('"') {
         "strings end with `\"` on the same line"
     } else if text.starts_with("/*") {
@@ -178,7 +183,10 @@ fn invalid_char(file: FileId, src: &str, lo: usize, hi: usize) -> Diag {
     } else {
         "remove this character"
     };
-    let shown: String = text.chars().take(12).collect();
+    let mut shown: String = text.chars().take(12).collect();
+    if text.chars().count() > 12 {
+        shown.push('…');
+    }
     Diag::new(
         Code::InvalidCharacter,
         Span::new(file, lo, hi),
