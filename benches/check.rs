@@ -66,6 +66,7 @@ fn run_once(layers: usize) -> Run {
             modes: vec![SectionKind::Train],
             estimator: None,
             config: Vec::new(),
+            max_steps: est::elab::MAX_STEPS,
         };
         let (_, graphs, _) = est::elab::elaborate(&p, &eopts);
         graphs[0].graph.node_count()

@@ -169,6 +169,7 @@ fn check(a: CheckArgs) -> i32 {
         estimator: a.estimator.clone(),
         config,
         verify: cfg!(debug_assertions),
+        max_steps: est::elab::MAX_STEPS,
     };
     let checked = est::check(&program, &opts);
     if let Some(b) = &checked.bug {

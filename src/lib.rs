@@ -34,6 +34,8 @@ pub struct CheckOptions {
     pub config: Vec<(String, i64)>,
     /// Run the IR verifier between passes (always on in debug builds).
     pub verify: bool,
+    /// How many steps elaboration may take before it stops with E0308.
+    pub max_steps: u64,
 }
 
 impl Default for CheckOptions {
@@ -44,6 +46,7 @@ impl Default for CheckOptions {
             estimator: None,
             config: Vec::new(),
             verify: cfg!(debug_assertions),
+            max_steps: elab::MAX_STEPS,
         }
     }
 }
@@ -96,6 +99,7 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
         modes: opts.modes.clone(),
         estimator: opts.estimator.clone(),
         config: opts.config.clone(),
+        max_steps: opts.max_steps,
     };
     let t = std::time::Instant::now();
     let (estimators, mut graphs, elab_diags) = elab::elaborate(program, &eopts);

@@ -79,9 +79,11 @@ const TOKENS: &[&str] = &[
 fn run(text: &str) {
     for target in [Target::Host, Target::Wafer] {
         let program = Program::from_source("prop.est", text, None);
+        // A small step budget keeps every case fast; the budget itself is under test.
         let opts = CheckOptions {
             target,
             verify: true,
+            max_steps: 200_000,
             ..CheckOptions::default()
         };
         let checked = check(&program, &opts);

@@ -12,7 +12,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let program = Program::from_source("fuzz.est", text, None);
     for target in [Target::Host, Target::Wafer] {
-        let opts = CheckOptions { target, verify: true, ..CheckOptions::default() };
+        // A small step budget keeps every input fast; the budget itself is under test.
+        let opts = CheckOptions { target, verify: true, max_steps: 200_000, ..CheckOptions::default() };
         let checked = check(&program, &opts);
         assert!(checked.bug.is_none(), "{:?}", checked.bug);
     }

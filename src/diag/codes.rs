@@ -200,8 +200,9 @@ Give the recursion a static base case (`if n == 0 { ... }`) or use a `for` loop.
     StaticEvalError = "E0308", Error, "static evaluation failed",
 "A static computation failed while the program was being compiled: a division by zero,
 an index out of range, an integer overflow, a range that runs backwards (`3..1`), a
-count that must be positive (`shuffle(0)`), or a value a library function refuses (for
-example a dropout rate outside [0, 1), reported by `static_assert`).
+count that must be positive (`shuffle(0)`), a value a library function refuses (for
+example a dropout rate outside [0, 1), reported by `static_assert`), or an elaboration
+that unrolls too far (more than 20 million steps: graphs of several million nodes).
 
     let widths = [256, 128]
     let w = widths[2]        // error: index 2 is out of range for a list of 2

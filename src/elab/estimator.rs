@@ -27,6 +27,8 @@ pub struct ElabOptions {
     pub estimator: Option<String>,
     /// Overrides of `config` keys (`--config key=value`), applied after the block.
     pub config: Vec<(String, i64)>,
+    /// The step budget of each elaboration (see `MAX_STEPS`).
+    pub max_steps: u64,
 }
 
 /// The run configuration of an estimator, with defaults.
@@ -228,6 +230,7 @@ fn estimator<'p>(
     opts: &ElabOptions,
 ) -> (EstimatorInfo, Vec<Compiled>, Diags) {
     let mut el = Elab::new(p, SectionKind::Train, opts.target);
+    el.max_steps = opts.max_steps;
     let global = params(&mut el);
     el.params = global.clone();
     check_fields(&mut el, e);
@@ -274,6 +277,7 @@ fn estimator<'p>(
             continue;
         };
         let mut el = Elab::new(p, mode, opts.target);
+        el.max_steps = opts.max_steps;
         el.params = per_shard.clone();
         if mode == SectionKind::Train && opts.target == Target::Wafer && !hooks.is_empty() {
             for h in &hooks {
@@ -339,6 +343,9 @@ fn estimator<'p>(
                 }
             }
             graph_input = Some(ds);
+        }
+        if std::env::var_os("EST_TIME_PASSES").is_some() {
+            eprintln!("elaborate {:<7}  {} steps", mode.name(), el.steps);
         }
         diags.extend(el.diags.iter().cloned());
         compiled.push(Compiled {

@@ -19,6 +19,9 @@ pub struct ArgVal<'p> {
 
 impl<'p> Elab<'p> {
     pub fn expr(&mut self, e: &'p Expr) -> Value<'p> {
+        if !self.step(e.span) {
+            return Value::Error;
+        }
         match &e.kind {
             ExprKind::Int(i) => Value::Int(*i),
             ExprKind::Float(f) => Value::Float(*f),
@@ -485,6 +488,9 @@ impl<'p> Elab<'p> {
             }
         };
         for v in items.iter() {
+            if !self.step(iter.span) {
+                return;
+            }
             self.push_scope();
             self.bind(&var.name, v.clone());
             self.block(body);

@@ -13,6 +13,8 @@ pub struct Directives {
     pub targets: Vec<Target>,
     pub modes: Vec<SectionKind>,
     pub params: Vec<(String, String)>,
+    /// `// max_steps: N`, the elaboration budget (to test it without waiting).
+    pub max_steps: Option<u64>,
 }
 
 pub fn directives(text: &str) -> Directives {
@@ -20,6 +22,7 @@ pub fn directives(text: &str) -> Directives {
         targets: Vec::new(),
         modes: Vec::new(),
         params: Vec::new(),
+        max_steps: None,
     };
     for line in text
         .lines()
@@ -41,6 +44,7 @@ pub fn directives(text: &str) -> Directives {
                 "eval" => SectionKind::Eval,
                 _ => SectionKind::Predict,
             }),
+            "max_steps" => d.max_steps = v.parse().ok(),
             "param" => {
                 if let Some((pk, pv)) = v.split_once('=') {
                     d.params
@@ -66,12 +70,15 @@ pub fn check_file(path: &Path, name: &str, target: Target, d: &Directives) -> (P
     for (k, v) in &d.params {
         program.add_override(k, v, &format!("--param {k}"));
     }
-    let opts = CheckOptions {
+    let mut opts = CheckOptions {
         target,
         modes: d.modes.clone(),
         verify: true,
         ..CheckOptions::default()
     };
+    if let Some(m) = d.max_steps {
+        opts.max_steps = m;
+    }
     let checked = check(&program, &opts);
     assert!(
         checked.bug.is_none(),
