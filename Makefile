@@ -47,7 +47,8 @@ bench: setup
 
 # Fuzz the parser and the checker (needs the nightly toolchain and cargo-fuzz).
 fuzz:
-	cd fuzz && $(CARGO) +nightly fuzz run check -- -max_total_time=$${FUZZ_SECS:-600}
+	mkdir -p fuzz/corpus/check
+	cd fuzz && $(CARGO) +nightly fuzz run check corpus/check seeds -- -max_total_time=$${FUZZ_SECS:-600} -timeout=10
 
 # Regenerate the diagnostics catalogue from the compiler's table.
 docs: build
