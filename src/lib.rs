@@ -150,10 +150,3 @@ fn stage_graph(s: &elab::data::Stage) -> Option<&ir::Graph> {
         _ => None,
     }
 }
-
-/// Loads and checks the program in a string (for tests and tools).
-pub fn check_source(name: &str, text: &str, opts: &CheckOptions) -> (Program, Checked) {
-    let p = Program::from_source(name, text, None);
-    let c = check(&p, opts);
-    (p, c)
-}

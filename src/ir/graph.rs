@@ -102,14 +102,6 @@ impl Graph {
         v.into_iter().map(|(_, s)| s).collect()
     }
 
-    /// The nodes that use `n`.
-    pub fn users(&self, n: NodeIndex) -> Vec<NodeIndex> {
-        let mut v: Vec<NodeIndex> = self.g.neighbors_directed(n, Direction::Outgoing).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    }
-
     /// Makes every use of `old` a use of `new` (operand indices kept), in the graph and
     /// in the outputs. `old` stays, without users.
     pub fn replace_uses(&mut self, old: NodeIndex, new: NodeIndex) {

@@ -99,14 +99,3 @@ pub fn run(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags, check: bool) -> Resu
     }
     Ok(())
 }
-
-/// Runs the pipeline up to and including the pass named `last` (for `--emit ir` dumps
-/// after a given pass, and for tests).
-pub fn run_until(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags, last: &str) {
-    for pass in PIPELINE {
-        (pass.run)(g, ctx, diags);
-        if pass.name == last {
-            break;
-        }
-    }
-}
