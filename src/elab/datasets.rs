@@ -457,6 +457,7 @@ impl<'p> Elab<'p> {
             return None;
         }
         let outer = std::mem::take(&mut self.graph);
+        let outer_step = self.global_step_node.take();
         let arg = self.elem_value(elem, "", fs);
         let result = self.call(
             f.clone(),
@@ -470,6 +471,7 @@ impl<'p> Elab<'p> {
         );
         let out = self.value_elem(&result, "", fs);
         let graph = std::mem::replace(&mut self.graph, outer);
+        self.global_step_node = outer_step;
         out.map(|e| (graph, e))
     }
 

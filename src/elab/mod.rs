@@ -70,6 +70,8 @@ pub(crate) struct Elab<'p> {
     /// Steps of elaboration so far, and whether elaboration was stopped.
     steps: u64,
     aborted: bool,
+    /// The graph's one global-step node, once made.
+    global_step_node: Option<NodeIndex>,
     pub max_steps: u64,
 }
 
@@ -95,6 +97,7 @@ impl<'p> Elab<'p> {
             recursion_reported: false,
             steps: 0,
             aborted: false,
+            global_step_node: None,
             max_steps: MAX_STEPS,
         }
     }

@@ -57,15 +57,14 @@ impl<'p> Elab<'p> {
 
     pub fn global_step(&mut self, span: Span) -> Value<'p> {
         let site = self.site(span);
-        let existing = self
-            .graph
-            .g
-            .node_indices()
-            .find(|&n| matches!(self.graph.node(n).op, Op::GlobalStep));
-        Value::Tensor(existing.unwrap_or_else(|| {
-            self.graph
-                .add(Op::GlobalStep, &[], TensorType::scalar(DType::I64), site)
-        }))
+        let node = match self.global_step_node {
+            Some(n) => n,
+            None => self
+                .graph
+                .add(Op::GlobalStep, &[], TensorType::scalar(DType::I64), site),
+        };
+        self.global_step_node = Some(node);
+        Value::Tensor(node)
     }
 
     /// A value as a tensor operand: tensors as they are, static numbers as constants of
