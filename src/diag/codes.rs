@@ -436,4 +436,49 @@ determines their batch size. A model that no estimator names is not checked.
     model spare(features: f32[B, 4], labels: i32[B]) { ... }    // warning
 
 Add an estimator that uses it, or remove it.";
+    NoGradient = "E0801", Error, "no gradient on a path to the loss",
+"Training needs the gradient of the loss with respect to every trainable variable.
+Autodiff found an op between a variable and the loss that has no gradient: `argmax`,
+`argmin`, a comparison, `floor`, `sign` or a cast to an integer type. The optimiser
+would never see that path.
+
+    let classes = cast(argmax(logits, 1), f32)
+    let loss = reduce_mean(classes - cast(labels, f32))   // error: argmax has no gradient
+
+Compute the loss from differentiable ops (e.g. `softmax_cross_entropy` on the logits).";
+    CheckpointMismatch = "E0901", Error, "checkpoint does not fit the program",
+"`model_dir` holds a checkpoint whose variables differ from the program's: a variable is
+missing, extra, or has another shape or dtype. The message names each one. est refuses
+to resume from it rather than train a model that silently started from scratch.
+
+Use a fresh `--model-dir`, or restore the program the checkpoint was written by.";
+    NonFiniteLoss = "E0902", Error, "the loss is NaN or infinite",
+"Training stopped because the loss of a step was NaN or infinite. The message names the
+step and the last checkpoint, which is intact: nothing after it was saved.
+
+Lower the learning rate, clip gradients (`clip_by_global_norm`), or check the input for
+NaN values; then resume from the checkpoint.";
+    HooksOnWafer = "E0903", Error, "user hooks on the wafer",
+"On the wafer a loop of `iterations_per_loop` steps runs on the device without a round
+trip to the host, so a hook cannot run between steps (the TPU Estimator refuses hooks
+for the same reason). Register hooks with the interp or host targets, or use summaries
+and checkpoints, which run at loop boundaries.";
+    RunIo = "E0904", Error, "cannot read or write run files",
+"A file the run needs could not be read or written: a data file of the input pipeline,
+a checkpoint, a summary or a prediction output. The message names the file and the
+operating system's reason. Nothing already saved is touched.";
+    BadData = "E0905", Error, "bad input data",
+"The input pipeline read a record it cannot use: a CSV row with the wrong number of
+fields, a value that does not parse as the column's type, a byte string of the wrong
+length for `decode_raw`. The message names the file and the record.";
+    RunFailed = "E0906", Error, "an op failed at run time",
+"An op met a value it cannot compute with: an index out of range in `gather`, an integer
+division by zero. The message names the op and where it comes from in the program.";
+    EndlessEval = "E0907", Error, "evaluation would never end",
+"The eval input repeats forever and no number of eval steps is given, so evaluation
+would never end. Give `eval_steps` in the estimator (or `--steps` on the command line),
+or remove the `repeat` from the eval input.";
+    NoRuntime = "E0908", Error, "target cannot run programs yet",
+"`estc train`, `eval` and `predict` run on the reference interpreter (`--target interp`).
+The host (LLVM) and wafer backends check programs but do not execute them yet.";
 }

@@ -20,6 +20,7 @@ fn role_name(r: &Role) -> &'static str {
         Role::MetricInput => "metric_input",
         Role::Update => "update",
         Role::Element => "element",
+        Role::NextStep => "next_step",
     }
 }
 

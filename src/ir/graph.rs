@@ -32,6 +32,8 @@ pub enum Role {
     Update,
     /// A tensor of a dataset element, in the graph of a `map` or `filter` closure.
     Element,
+    /// The global step after a train step (made by autodiff: the step plus one).
+    NextStep,
 }
 
 #[derive(Debug, Clone)]

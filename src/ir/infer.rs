@@ -97,6 +97,32 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
             }
             Ok(declared.clone())
         }
+        Op::Conv2dBackpropInput { .. }
+        | Op::Conv2dBackpropFilter { .. }
+        | Op::AvgPool2dGrad { .. }
+        | Op::ScatterAdd => {
+            let dy = args[args.len() - 1];
+            if dy.dtype != declared.dtype || !dy.dtype.is_float() {
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!("{} of {dy} cannot make {declared}", op.name()),
+                ));
+            }
+            Ok(declared.clone())
+        }
+        Op::MaxPool2dGrad { .. } => {
+            if args[0].dtype != args[1].dtype {
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!("max_pool2d_grad of {} and {}", args[0], args[1]),
+                ));
+            }
+            Ok(args[0].clone())
+        }
+        Op::CrossShardMean => {
+            need_float(op.name(), args[0])?;
+            Ok(args[0].clone())
+        }
     }
 }
 
@@ -106,6 +132,10 @@ pub fn arity(op: &Op) -> usize {
         Op::Input { .. } | Op::Variable { .. } | Op::Const { .. } | Op::GlobalStep => 0,
         Op::RandomUniform { .. } | Op::RandomNormal { .. } => 0,
         Op::Binary(_) | Op::MatMul | Op::Gather | Op::Conv2d { .. } => 2,
+        Op::Conv2dBackpropInput { .. }
+        | Op::Conv2dBackpropFilter { .. }
+        | Op::MaxPool2dGrad { .. }
+        | Op::ScatterAdd => 2,
         Op::Select => 3,
         Op::Concat { .. } => usize::MAX,
         _ => 1,

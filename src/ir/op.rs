@@ -88,6 +88,38 @@ pub enum Op {
     },
     /// Reinterpret a byte string as a vector of `dtype` (input pipelines).
     DecodeRaw,
+    /// Gradients made by autodiff. The gradient of conv2d's input: operands (dy, filter),
+    /// result shaped like the input (the node's type).
+    Conv2dBackpropInput {
+        strides: [usize; 2],
+        padding: Padding,
+        dilation: [usize; 2],
+    },
+    /// The gradient of conv2d's filter: operands (x, dy), result shaped like the filter.
+    Conv2dBackpropFilter {
+        strides: [usize; 2],
+        padding: Padding,
+        dilation: [usize; 2],
+    },
+    /// The gradient of max pooling: operands (x, dy); dy goes to the first maximum of
+    /// each window.
+    MaxPool2dGrad {
+        window: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
+    /// The gradient of average pooling: operand dy, result shaped like the input.
+    AvgPool2dGrad {
+        window: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
+    /// The gradient of gather: operands (indices, dy), rows of dy added into a zero table
+    /// (the node's type).
+    ScatterAdd,
+    /// The mean of a value over the shards of a replicated step (the cross-shard
+    /// optimiser averages gradients with it); the identity with one shard.
+    CrossShardMean,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -265,6 +297,12 @@ impl Op {
             Op::RandomUniform { .. } => "random_uniform",
             Op::RandomNormal { .. } => "random_normal",
             Op::DecodeRaw => "decode_raw",
+            Op::Conv2dBackpropInput { .. } => "conv2d_backprop_input",
+            Op::Conv2dBackpropFilter { .. } => "conv2d_backprop_filter",
+            Op::MaxPool2dGrad { .. } => "max_pool2d_grad",
+            Op::AvgPool2dGrad { .. } => "avg_pool2d_grad",
+            Op::ScatterAdd => "scatter_add",
+            Op::CrossShardMean => "cross_shard_mean",
         }
     }
 
@@ -298,6 +336,16 @@ impl Op {
                 strides,
                 padding,
                 dilation,
+            }
+            | Op::Conv2dBackpropInput {
+                strides,
+                padding,
+                dilation,
+            }
+            | Op::Conv2dBackpropFilter {
+                strides,
+                padding,
+                dilation,
             } => {
                 format!(
                     "strides={strides:?} padding={} dilation={dilation:?}",
@@ -310,6 +358,16 @@ impl Op {
                 padding,
             }
             | Op::AvgPool2d {
+                window,
+                strides,
+                padding,
+            }
+            | Op::MaxPool2dGrad {
+                window,
+                strides,
+                padding,
+            }
+            | Op::AvgPool2dGrad {
                 window,
                 strides,
                 padding,

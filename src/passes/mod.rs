@@ -2,6 +2,7 @@
 //! them, and `run` applies them with the verifier between every two in tests and debug
 //! builds. Checks come first, so diagnostics never depend on the optimisations.
 
+mod autodiff;
 mod const_fold;
 mod cse;
 mod dce;
@@ -39,6 +40,11 @@ pub const PIPELINE: &[Pass] = &[
     Pass {
         name: "int64",
         run: int64::run,
+    },
+    // The train step: gradients of the loss, the optimiser's updates, the step increment.
+    Pass {
+        name: "autodiff",
+        run: autodiff::run,
     },
     // Ops the target cannot run.
     Pass {

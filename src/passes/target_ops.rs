@@ -61,6 +61,11 @@ pub const WAFER_OPS: &[&str] = &[
     "log_softmax",
     "random_uniform",
     "random_normal",
+    "conv2d_backprop_input",
+    "conv2d_backprop_filter",
+    "max_pool2d_grad",
+    "avg_pool2d_grad",
+    "cross_shard_mean",
 ];
 
 /// Whether `target` can run `op`.

@@ -1,0 +1,811 @@
+//! Reverse-mode automatic differentiation: turns the forward graph of a train section
+//! into the whole train step. It adds, to the same graph,
+//!
+//! - the backward pass: the gradient of the loss with respect to every trainable
+//!   variable, built from the adjoint of each op (vector-Jacobian products made of IR
+//!   ops, so every backend runs them like any other op);
+//! - `cross_shard_mean` of each gradient (the cross-shard optimiser: the identity with
+//!   one shard, the mean over shards when the step is replicated);
+//! - global-norm clipping, when the optimiser asks for it;
+//! - the optimiser's update rule, with its slot variables (`<var>/momentum`, ...), as
+//!   `update` outputs named by the variable they replace;
+//! - the global step plus one, as the `next_step` output.
+//!
+//! Gradients flow through float tensors only. A float value that depends on a
+//! trainable variable and reaches the loss through an op without a gradient (`argmax`,
+//! a comparison, `floor`, a cast to an integer) is E0801: the optimiser would never
+//! see that path.
+
+use super::PassCtx;
+use crate::diag::{Code, Diag, Diags};
+use crate::ir::{
+    infer, BinaryOp, DType, Graph, Init, Op, Optimizer, Output, ReduceOp, Role, Shape, TensorType,
+    UnaryOp,
+};
+use crate::span::Span;
+use petgraph::stable_graph::NodeIndex;
+use petgraph::visit::{EdgeRef, NodeIndexable};
+use petgraph::Direction;
+use rustc_hash::FxHashMap;
+
+pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
+    let Some(opt) = g.optimizer.clone() else {
+        return;
+    };
+    if g.outputs.iter().any(|o| o.role == Role::NextStep) {
+        return; // already differentiated
+    }
+    let Some(loss) = g.outputs.iter().find(|o| o.role == Role::Loss).map(|o| o.node) else {
+        return;
+    };
+    let Some(lr) = g
+        .outputs
+        .iter()
+        .find(|o| o.role == Role::LearningRate)
+        .map(|o| o.node)
+    else {
+        return;
+    };
+    if !g.ty(loss).dtype.is_float() {
+        return; // reported by the front end
+    }
+    let mut ad = Ad { g, diags };
+    let Some(grads) = ad.backward(loss) else {
+        return;
+    };
+    ad.apply(&opt, lr, grads);
+}
+
+struct Ad<'a> {
+    g: &'a mut Graph,
+    diags: &'a mut Diags,
+}
+
+impl Ad<'_> {
+    /// Adds a node whose type inference gives (`declared` for ops whose shape or dtype
+    /// is an attribute).
+    fn mk(&mut self, op: Op, args: &[NodeIndex], declared: TensorType, span: Span) -> NodeIndex {
+        let tys: Vec<&TensorType> = args.iter().map(|&a| self.g.ty(a)).collect();
+        let ty = infer(&op, &tys, &declared).unwrap_or(declared);
+        self.g.add(op, args, ty, span)
+    }
+
+    fn ty(&self, n: NodeIndex) -> TensorType {
+        self.g.ty(n).clone()
+    }
+
+    fn konst(&mut self, v: f64, dtype: DType, span: Span) -> NodeIndex {
+        self.g.add(
+            Op::Const { bits: v.to_bits() },
+            &[],
+            TensorType::scalar(dtype),
+            span,
+        )
+    }
+
+    fn zeros(&mut self, ty: TensorType, span: Span) -> NodeIndex {
+        self.g.add(Op::Const { bits: 0f64.to_bits() }, &[], ty, span)
+    }
+
+    fn un(&mut self, u: UnaryOp, a: NodeIndex, span: Span) -> NodeIndex {
+        let t = self.ty(a);
+        self.mk(Op::Unary(u), &[a], t, span)
+    }
+
+    fn bin(&mut self, b: BinaryOp, x: NodeIndex, y: NodeIndex, span: Span) -> NodeIndex {
+        let t = self.ty(x);
+        self.mk(Op::Binary(b), &[x, y], t, span)
+    }
+
+    fn scale(&mut self, x: NodeIndex, v: f64, span: Span) -> NodeIndex {
+        let c = self.konst(v, self.g.ty(x).dtype, span);
+        self.bin(BinaryOp::Mul, x, c, span)
+    }
+
+    fn reshape(&mut self, x: NodeIndex, shape: &[usize], span: Span) -> NodeIndex {
+        if self.g.ty(x).shape.as_slice() == shape {
+            return x;
+        }
+        let t = TensorType::new(self.g.ty(x).dtype, Shape::from_slice(shape));
+        self.mk(Op::Reshape, &[x], t, span)
+    }
+
+    fn broadcast_to(&mut self, x: NodeIndex, shape: &[usize], span: Span) -> NodeIndex {
+        if self.g.ty(x).shape.as_slice() == shape {
+            return x;
+        }
+        let t = TensorType::new(self.g.ty(x).dtype, Shape::from_slice(shape));
+        self.mk(Op::BroadcastTo, &[x], t, span)
+    }
+
+    fn reduce(&mut self, op: ReduceOp, x: NodeIndex, axes: Vec<usize>, keep: bool, span: Span) -> NodeIndex {
+        if axes.is_empty() {
+            return x;
+        }
+        let t = self.ty(x);
+        self.mk(
+            Op::Reduce {
+                op,
+                axes,
+                keep_dims: keep,
+            },
+            &[x],
+            t,
+            span,
+        )
+    }
+
+    fn select(&mut self, c: NodeIndex, a: NodeIndex, b: NodeIndex, span: Span) -> NodeIndex {
+        let t = self.ty(a);
+        self.mk(Op::Select, &[c, a, b], t, span)
+    }
+
+    fn cast(&mut self, x: NodeIndex, dtype: DType, span: Span) -> NodeIndex {
+        if self.g.ty(x).dtype == dtype {
+            return x;
+        }
+        let t = TensorType::new(dtype, self.g.ty(x).shape.clone());
+        self.mk(Op::Cast, &[x], t, span)
+    }
+
+    /// Sums `dy` down to `shape`: the adjoint of numpy broadcasting.
+    fn unbroadcast(&mut self, dy: NodeIndex, shape: &[usize], span: Span) -> NodeIndex {
+        let dshape = self.g.ty(dy).shape.clone();
+        if dshape.as_slice() == shape {
+            return dy;
+        }
+        let lead = dshape.len() - shape.len();
+        let mut axes: Vec<usize> = (0..lead).collect();
+        for (i, &d) in shape.iter().enumerate() {
+            if d == 1 && dshape[lead + i] != 1 {
+                axes.push(lead + i);
+            }
+        }
+        let s = self.reduce(ReduceOp::Sum, dy, axes, false, span);
+        self.reshape(s, shape, span)
+    }
+
+    /// The gradients of `loss` with respect to the trainable variables it depends on,
+    /// in node order; `None` after a diagnostic.
+    fn backward(&mut self, loss: NodeIndex) -> Option<Vec<(NodeIndex, NodeIndex)>> {
+        let bound = self.g.g.node_bound();
+        // Which nodes reach the loss (not counting the condition of a `select`, which
+        // picks values but carries no gradient), and which depend on a trainable
+        // variable.
+        let mut reaches = vec![false; bound];
+        let mut stack = vec![loss];
+        while let Some(n) = stack.pop() {
+            if std::mem::replace(&mut reaches[n.index()], true) {
+                continue;
+            }
+            let select = matches!(self.g.node(n).op, Op::Select);
+            for e in self.g.g.edges_directed(n, Direction::Incoming) {
+                if !(select && *e.weight() == 0) {
+                    stack.push(e.source());
+                }
+            }
+        }
+        let order = self.g.topo_order();
+        let mut depends = vec![false; bound];
+        for &n in &order {
+            depends[n.index()] = match &self.g.node(n).op {
+                Op::Variable { trainable, .. } => *trainable,
+                _ => self
+                    .g
+                    .g
+                    .neighbors_directed(n, Direction::Incoming)
+                    .any(|o| depends[o.index()]),
+            };
+        }
+        let live = |n: NodeIndex| reaches[n.index()] && depends[n.index()];
+        // A value with a path to the loss but no gradient along it.
+        let mut ok = true;
+        for &n in &order {
+            if !live(n) || self.g.ty(n).dtype.is_float() && has_gradient(&self.g.node(n).op) {
+                continue;
+            }
+            let ops = self.g.operands(n);
+            let cut = ops
+                .iter()
+                .any(|&o| live(o) && self.g.ty(o).dtype.is_float());
+            if cut && !matches!(self.g.node(n).op, Op::Variable { .. }) {
+                let node = self.g.node(n);
+                self.diags.push(
+                    Diag::new(
+                        Code::NoGradient,
+                        node.span,
+                        format!(
+                            "`{}` has no gradient, but it lies between a trainable variable and the loss",
+                            node.op.name()
+                        ),
+                    )
+                    .label(format!("`{}` makes {}", node.op.name(), node.ty))
+                    .help("compute the loss from differentiable ops, or cut the path on purpose with a value that does not depend on the variables"),
+                );
+                ok = false;
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let span = self.g.node(loss).span;
+        let mut adj: FxHashMap<NodeIndex, NodeIndex> = FxHashMap::default();
+        let one = self.g.add(
+            Op::Const {
+                bits: 1f64.to_bits(),
+            },
+            &[],
+            self.ty(loss),
+            span,
+        );
+        adj.insert(loss, one);
+        let mut grads = Vec::new();
+        for &n in order.iter().rev() {
+            if !live(n) {
+                continue;
+            }
+            let Some(&dy) = adj.get(&n) else { continue };
+            if let Op::Variable {
+                trainable: true, ..
+            } = self.g.node(n).op
+            {
+                grads.push((n, dy));
+                continue;
+            }
+            let ops = self.g.operands(n);
+            for (i, &o) in ops.iter().enumerate() {
+                if !live(o) || !self.g.ty(o).dtype.is_float() {
+                    continue;
+                }
+                if matches!(self.g.node(n).op, Op::Select) && i == 0 {
+                    continue;
+                }
+                let Some(d) = self.vjp(n, i, dy) else { continue };
+                let d = match adj.get(&o) {
+                    Some(&prev) => self.bin(BinaryOp::Add, prev, d, span),
+                    None => d,
+                };
+                adj.insert(o, d);
+            }
+        }
+        grads.sort_by_key(|(v, _)| *v);
+        Some(grads)
+    }
+
+    /// The contribution of `n`'s adjoint `dy` to the adjoint of its operand `i`.
+    fn vjp(&mut self, n: NodeIndex, i: usize, dy: NodeIndex) -> Option<NodeIndex> {
+        let node = self.g.node(n).clone();
+        let sp = node.span;
+        let ops = self.g.operands(n);
+        let x = ops[i];
+        let xs = self.g.ty(x).shape.clone();
+        let y = n;
+        let d = match &node.op {
+            Op::Unary(u) => match u {
+                UnaryOp::Neg => self.un(UnaryOp::Neg, dy, sp),
+                UnaryOp::Abs => {
+                    let s = self.un(UnaryOp::Sign, x, sp);
+                    self.bin(BinaryOp::Mul, dy, s, sp)
+                }
+                UnaryOp::Exp => self.bin(BinaryOp::Mul, dy, y, sp),
+                UnaryOp::Log => self.bin(BinaryOp::Div, dy, x, sp),
+                UnaryOp::Sqrt => {
+                    let t = self.scale(y, 2.0, sp);
+                    self.bin(BinaryOp::Div, dy, t, sp)
+                }
+                UnaryOp::Rsqrt => {
+                    // d/dx x^-1/2 = -1/2 y^3
+                    let y2 = self.bin(BinaryOp::Mul, y, y, sp);
+                    let y3 = self.bin(BinaryOp::Mul, y2, y, sp);
+                    let t = self.scale(y3, -0.5, sp);
+                    self.bin(BinaryOp::Mul, dy, t, sp)
+                }
+                UnaryOp::Square => {
+                    let t = self.scale(x, 2.0, sp);
+                    self.bin(BinaryOp::Mul, dy, t, sp)
+                }
+                UnaryOp::Tanh => {
+                    let y2 = self.bin(BinaryOp::Mul, y, y, sp);
+                    let one = self.konst(1.0, node.ty.dtype, sp);
+                    let t = self.bin(BinaryOp::Sub, one, y2, sp);
+                    self.bin(BinaryOp::Mul, dy, t, sp)
+                }
+                UnaryOp::Sigmoid => {
+                    let one = self.konst(1.0, node.ty.dtype, sp);
+                    let t = self.bin(BinaryOp::Sub, one, y, sp);
+                    let t = self.bin(BinaryOp::Mul, y, t, sp);
+                    self.bin(BinaryOp::Mul, dy, t, sp)
+                }
+                UnaryOp::Relu => {
+                    let zero = self.konst(0.0, node.ty.dtype, sp);
+                    let pos = self.mk(
+                        Op::Binary(BinaryOp::Gt),
+                        &[x, zero],
+                        TensorType::new(DType::Bool, xs.clone()),
+                        sp,
+                    );
+                    let z = self.zeros(self.ty(dy), sp);
+                    self.select(pos, dy, z, sp)
+                }
+                UnaryOp::Sign => return None, // zero almost everywhere
+                UnaryOp::Floor | UnaryOp::Not => return None,
+            },
+            Op::Binary(b) => {
+                let (a0, a1) = (ops[0], ops[1]);
+                let d = match b {
+                    BinaryOp::Add => dy,
+                    BinaryOp::Sub if i == 0 => dy,
+                    BinaryOp::Sub => self.un(UnaryOp::Neg, dy, sp),
+                    BinaryOp::Mul => {
+                        let other = ops[1 - i];
+                        self.bin(BinaryOp::Mul, dy, other, sp)
+                    }
+                    BinaryOp::Div if i == 0 => self.bin(BinaryOp::Div, dy, a1, sp),
+                    BinaryOp::Div => {
+                        // -dy * y / b
+                        let t = self.bin(BinaryOp::Mul, dy, y, sp);
+                        let t = self.bin(BinaryOp::Div, t, a1, sp);
+                        self.un(UnaryOp::Neg, t, sp)
+                    }
+                    BinaryOp::Pow if i == 0 => {
+                        // dy * b * a^(b - 1)
+                        let one = self.konst(1.0, node.ty.dtype, sp);
+                        let bm1 = self.bin(BinaryOp::Sub, a1, one, sp);
+                        let p = self.bin(BinaryOp::Pow, a0, bm1, sp);
+                        let t = self.bin(BinaryOp::Mul, p, a1, sp);
+                        self.bin(BinaryOp::Mul, dy, t, sp)
+                    }
+                    BinaryOp::Pow => {
+                        // dy * ln(a) * y
+                        let l = self.un(UnaryOp::Log, a0, sp);
+                        let t = self.bin(BinaryOp::Mul, l, y, sp);
+                        self.bin(BinaryOp::Mul, dy, t, sp)
+                    }
+                    BinaryOp::Max | BinaryOp::Min => {
+                        let cmp = match (b, i) {
+                            (BinaryOp::Max, 0) => BinaryOp::Ge,
+                            (BinaryOp::Max, _) => BinaryOp::Lt,
+                            (_, 0) => BinaryOp::Le,
+                            _ => BinaryOp::Gt,
+                        };
+                        let shape = node.ty.shape.clone();
+                        let c = self.mk(
+                            Op::Binary(cmp),
+                            &[a0, a1],
+                            TensorType::new(DType::Bool, shape),
+                            sp,
+                        );
+                        let z = self.zeros(self.ty(dy), sp);
+                        self.select(c, dy, z, sp)
+                    }
+                    BinaryOp::Rem if i == 0 => dy,
+                    BinaryOp::Rem => {
+                        let q = self.bin(BinaryOp::Div, a0, a1, sp);
+                        let q = self.un(UnaryOp::Floor, q, sp);
+                        let t = self.bin(BinaryOp::Mul, dy, q, sp);
+                        self.un(UnaryOp::Neg, t, sp)
+                    }
+                    _ => return None,
+                };
+                self.unbroadcast(d, &xs, sp)
+            }
+            Op::Select => {
+                let z = self.zeros(self.ty(dy), sp);
+                let d = if i == 1 {
+                    self.select(ops[0], dy, z, sp)
+                } else {
+                    self.select(ops[0], z, dy, sp)
+                };
+                self.unbroadcast(d, &xs, sp)
+            }
+            Op::Cast => {
+                let dt = self.g.ty(x).dtype;
+                self.cast(dy, dt, sp)
+            }
+            Op::CrossShardMean => dy,
+            Op::Reduce { op, axes, .. } => {
+                let mut kept = xs.clone();
+                for &a in axes {
+                    kept[a] = 1;
+                }
+                let dyk = self.reshape(dy, &kept, sp);
+                match op {
+                    ReduceOp::Sum => self.broadcast_to(dyk, &xs, sp),
+                    ReduceOp::Mean => {
+                        let count: usize = axes.iter().map(|&a| xs[a]).product();
+                        let t = self.broadcast_to(dyk, &xs, sp);
+                        self.scale(t, 1.0 / count.max(1) as f64, sp)
+                    }
+                    ReduceOp::Prod => {
+                        let yk = self.reshape(y, &kept, sp);
+                        let t = self.bin(BinaryOp::Mul, dyk, yk, sp);
+                        let t = self.broadcast_to(t, &xs, sp);
+                        self.bin(BinaryOp::Div, t, x, sp)
+                    }
+                    ReduceOp::Max | ReduceOp::Min => {
+                        // Shared equally among the positions that attain the extremum.
+                        let yk = self.reshape(y, &kept, sp);
+                        let eq = self.mk(
+                            Op::Binary(BinaryOp::Eq),
+                            &[x, yk],
+                            TensorType::new(DType::Bool, xs.clone()),
+                            sp,
+                        );
+                        let mask = self.cast(eq, node.ty.dtype, sp);
+                        let count = self.reduce(ReduceOp::Sum, mask, axes.clone(), true, sp);
+                        let share = self.bin(BinaryOp::Div, dyk, count, sp);
+                        self.bin(BinaryOp::Mul, mask, share, sp)
+                    }
+                }
+            }
+            Op::MatMul => {
+                let (a, b) = (ops[0], ops[1]);
+                let d = if i == 0 {
+                    let bt = self.swap_last(b, sp);
+                    let t = self.ty(dy);
+                    self.mk(Op::MatMul, &[dy, bt], t, sp)
+                } else {
+                    let at = self.swap_last(a, sp);
+                    let t = self.ty(dy);
+                    self.mk(Op::MatMul, &[at, dy], t, sp)
+                };
+                self.unbroadcast(d, &xs, sp)
+            }
+            Op::Transpose { perm } => {
+                let mut inv = vec![0; perm.len()];
+                for (k, &p) in perm.iter().enumerate() {
+                    inv[p] = k;
+                }
+                let t = self.ty(x);
+                self.mk(Op::Transpose { perm: inv }, &[dy], t, sp)
+            }
+            Op::Reshape => self.reshape(dy, &xs, sp),
+            Op::BroadcastTo => self.unbroadcast(dy, &xs, sp),
+            Op::Concat { axis } => {
+                let start: usize = ops[..i].iter().map(|&o| self.g.ty(o).shape[*axis]).sum();
+                let end = start + xs[*axis];
+                let t = self.ty(x);
+                self.mk(
+                    Op::Slice {
+                        axis: *axis,
+                        start,
+                        end,
+                    },
+                    &[dy],
+                    t,
+                    sp,
+                )
+            }
+            Op::Slice { axis, start, end } => {
+                let mut parts = Vec::new();
+                let dt = node.ty.dtype;
+                if *start > 0 {
+                    let mut s = xs.clone();
+                    s[*axis] = *start;
+                    parts.push(self.zeros(TensorType::new(dt, s), sp));
+                }
+                parts.push(dy);
+                if *end < xs[*axis] {
+                    let mut s = xs.clone();
+                    s[*axis] = xs[*axis] - end;
+                    parts.push(self.zeros(TensorType::new(dt, s), sp));
+                }
+                if parts.len() == 1 {
+                    dy
+                } else {
+                    let t = self.ty(x);
+                    self.mk(Op::Concat { axis: *axis }, &parts, t, sp)
+                }
+            }
+            Op::Gather => {
+                let t = self.ty(x);
+                self.mk(Op::ScatterAdd, &[ops[1], dy], t, sp)
+            }
+            Op::Conv2d {
+                strides,
+                padding,
+                dilation,
+            } => {
+                let t = self.ty(x);
+                if i == 0 {
+                    let op = Op::Conv2dBackpropInput {
+                        strides: *strides,
+                        padding: *padding,
+                        dilation: *dilation,
+                    };
+                    self.mk(op, &[dy, ops[1]], t, sp)
+                } else {
+                    let op = Op::Conv2dBackpropFilter {
+                        strides: *strides,
+                        padding: *padding,
+                        dilation: *dilation,
+                    };
+                    self.mk(op, &[ops[0], dy], t, sp)
+                }
+            }
+            Op::MaxPool2d {
+                window,
+                strides,
+                padding,
+            } => {
+                let op = Op::MaxPool2dGrad {
+                    window: *window,
+                    strides: *strides,
+                    padding: *padding,
+                };
+                let t = self.ty(x);
+                self.mk(op, &[x, dy], t, sp)
+            }
+            Op::AvgPool2d {
+                window,
+                strides,
+                padding,
+            } => {
+                let op = Op::AvgPool2dGrad {
+                    window: *window,
+                    strides: *strides,
+                    padding: *padding,
+                };
+                let t = self.ty(x);
+                self.mk(op, &[dy], t, sp)
+            }
+            Op::Softmax { axis } => {
+                // y * (dy - sum(dy * y))
+                let p = self.bin(BinaryOp::Mul, dy, y, sp);
+                let s = self.reduce(ReduceOp::Sum, p, vec![*axis], true, sp);
+                let t = self.bin(BinaryOp::Sub, dy, s, sp);
+                self.bin(BinaryOp::Mul, y, t, sp)
+            }
+            Op::LogSoftmax { axis } => {
+                // dy - softmax(x) * sum(dy)
+                let s = self.reduce(ReduceOp::Sum, dy, vec![*axis], true, sp);
+                let e = self.un(UnaryOp::Exp, y, sp);
+                let t = self.bin(BinaryOp::Mul, e, s, sp);
+                self.bin(BinaryOp::Sub, dy, t, sp)
+            }
+            _ => return None,
+        };
+        Some(d)
+    }
+
+    /// `x` with its last two axes swapped.
+    fn swap_last(&mut self, x: NodeIndex, sp: Span) -> NodeIndex {
+        let r = self.g.ty(x).rank();
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 2, r - 1);
+        let t = self.ty(x);
+        self.mk(Op::Transpose { perm }, &[x], t, sp)
+    }
+
+    /// Averages the gradients across shards, clips them, and adds the optimiser's
+    /// update of every variable and slot, and the step increment, as outputs.
+    fn apply(&mut self, opt: &Optimizer, lr: NodeIndex, grads: Vec<(NodeIndex, NodeIndex)>) {
+        let sp = opt.span;
+        let mut gs: Vec<(NodeIndex, NodeIndex)> = grads
+            .into_iter()
+            .map(|(v, d)| {
+                let t = self.ty(d);
+                let m = self.mk(Op::CrossShardMean, &[d], t, sp);
+                (v, m)
+            })
+            .collect();
+        if let Some(clip) = opt.clip_global_norm {
+            // g * clip / max(norm, clip), norm = sqrt(sum of all squares)
+            let mut total: Option<NodeIndex> = None;
+            for &(_, d) in &gs {
+                let sq = self.un(UnaryOp::Square, d, sp);
+                let r = self.g.ty(sq).rank();
+                let s = self.reduce(ReduceOp::Sum, sq, (0..r).collect(), false, sp);
+                let s = self.cast(s, DType::F32, sp);
+                total = Some(match total {
+                    Some(t) => self.bin(BinaryOp::Add, t, s, sp),
+                    None => s,
+                });
+            }
+            if let Some(total) = total {
+                let norm = self.un(UnaryOp::Sqrt, total, sp);
+                let c = self.konst(clip, DType::F32, sp);
+                let m = self.bin(BinaryOp::Max, norm, c, sp);
+                let scale = self.bin(BinaryOp::Div, c, m, sp);
+                for (_, d) in gs.iter_mut() {
+                    let dt = self.g.ty(*d).dtype;
+                    let s = self.cast(scale, dt, sp);
+                    *d = self.bin(BinaryOp::Mul, *d, s, sp);
+                }
+            }
+        }
+        let step = self.global_step(sp);
+        let hyper = |k: &str, default: f64| {
+            opt.hyper
+                .iter()
+                .find(|(n, _)| n == k)
+                .map_or(default, |(_, v)| *v)
+        };
+        let mut updates: Vec<(String, NodeIndex)> = Vec::new();
+        for (v, grad) in gs {
+            let Op::Variable { name, .. } = self.g.node(v).op.clone() else {
+                continue;
+            };
+            let dt = self.g.ty(v).dtype;
+            let vt = self.ty(v);
+            let lr_v = self.cast(lr, dt, sp);
+            let lr_v = self.reshape(lr_v, &[], sp);
+            let k = |ad: &mut Self, x: f64| ad.konst(x, dt, sp);
+            let new_w = match opt.kind.as_str() {
+                "momentum" => {
+                    let mom = hyper("momentum", 0.9);
+                    let nesterov = hyper("nesterov", 0.0) != 0.0;
+                    let slot = self.slot(&name, "momentum", &vt, sp);
+                    let km = k(self, mom);
+                    let mv = self.bin(BinaryOp::Mul, slot, km, sp);
+                    let nv = self.bin(BinaryOp::Add, mv, grad, sp);
+                    updates.push((format!("{name}/momentum"), nv));
+                    let step_dir = if nesterov {
+                        let t = self.bin(BinaryOp::Mul, nv, km, sp);
+                        self.bin(BinaryOp::Add, grad, t, sp)
+                    } else {
+                        nv
+                    };
+                    let t = self.bin(BinaryOp::Mul, step_dir, lr_v, sp);
+                    self.bin(BinaryOp::Sub, v, t, sp)
+                }
+                "adam" | "adamw" => {
+                    let (b1, b2) = (hyper("beta1", 0.9), hyper("beta2", 0.999));
+                    let eps = hyper("epsilon", 1e-7);
+                    let w = if opt.kind == "adamw" {
+                        let wd = hyper("weight_decay", 0.01);
+                        // w * (1 - lr * wd), as PyTorch's AdamW
+                        let kwd = k(self, wd);
+                        let t = self.bin(BinaryOp::Mul, lr_v, kwd, sp);
+                        let one = k(self, 1.0);
+                        let f = self.bin(BinaryOp::Sub, one, t, sp);
+                        self.bin(BinaryOp::Mul, v, f, sp)
+                    } else {
+                        v
+                    };
+                    let m = self.slot(&name, "adam_m", &vt, sp);
+                    let s = self.slot(&name, "adam_v", &vt, sp);
+                    let kb1 = k(self, b1);
+                    let k1b1 = k(self, 1.0 - b1);
+                    let t0 = self.bin(BinaryOp::Mul, m, kb1, sp);
+                    let t1 = self.bin(BinaryOp::Mul, grad, k1b1, sp);
+                    let nm = self.bin(BinaryOp::Add, t0, t1, sp);
+                    let kb2 = k(self, b2);
+                    let k1b2 = k(self, 1.0 - b2);
+                    let g2 = self.un(UnaryOp::Square, grad, sp);
+                    let t0 = self.bin(BinaryOp::Mul, s, kb2, sp);
+                    let t1 = self.bin(BinaryOp::Mul, g2, k1b2, sp);
+                    let ns = self.bin(BinaryOp::Add, t0, t1, sp);
+                    updates.push((format!("{name}/adam_m"), nm));
+                    updates.push((format!("{name}/adam_v"), ns));
+                    // bias corrections 1 - beta^t with t = step + 1
+                    let t = self.cast(step, DType::F32, sp);
+                    let one32 = self.konst(1.0, DType::F32, sp);
+                    let t = self.bin(BinaryOp::Add, t, one32, sp);
+                    let c1 = self.bias_correction(b1, t, sp);
+                    let c2 = self.bias_correction(b2, t, sp);
+                    let c1 = self.cast(c1, dt, sp);
+                    let c2 = self.cast(c2, dt, sp);
+                    let mh = self.bin(BinaryOp::Div, nm, c1, sp);
+                    let vh = self.bin(BinaryOp::Div, ns, c2, sp);
+                    let r = self.un(UnaryOp::Sqrt, vh, sp);
+                    let keps = k(self, eps);
+                    let den = self.bin(BinaryOp::Add, r, keps, sp);
+                    let q = self.bin(BinaryOp::Div, mh, den, sp);
+                    let t = self.bin(BinaryOp::Mul, q, lr_v, sp);
+                    self.bin(BinaryOp::Sub, w, t, sp)
+                }
+                "rmsprop" => {
+                    let rho = hyper("rho", 0.9);
+                    let mom = hyper("momentum", 0.0);
+                    let eps = hyper("epsilon", 1e-7);
+                    let ms = self.slot(&name, "rms", &vt, sp);
+                    let krho = k(self, rho);
+                    let k1rho = k(self, 1.0 - rho);
+                    let g2 = self.un(UnaryOp::Square, grad, sp);
+                    let t0 = self.bin(BinaryOp::Mul, ms, krho, sp);
+                    let t1 = self.bin(BinaryOp::Mul, g2, k1rho, sp);
+                    let nms = self.bin(BinaryOp::Add, t0, t1, sp);
+                    updates.push((format!("{name}/rms"), nms));
+                    let r = self.un(UnaryOp::Sqrt, nms, sp);
+                    let keps = k(self, eps);
+                    let den = self.bin(BinaryOp::Add, r, keps, sp);
+                    let q = self.bin(BinaryOp::Div, grad, den, sp);
+                    let dir = if mom > 0.0 {
+                        let buf = self.slot(&name, "rms_momentum", &vt, sp);
+                        let km = k(self, mom);
+                        let t = self.bin(BinaryOp::Mul, buf, km, sp);
+                        let nb = self.bin(BinaryOp::Add, t, q, sp);
+                        updates.push((format!("{name}/rms_momentum"), nb));
+                        nb
+                    } else {
+                        q
+                    };
+                    let t = self.bin(BinaryOp::Mul, dir, lr_v, sp);
+                    self.bin(BinaryOp::Sub, v, t, sp)
+                }
+                _ => {
+                    let t = self.bin(BinaryOp::Mul, grad, lr_v, sp);
+                    self.bin(BinaryOp::Sub, v, t, sp)
+                }
+            };
+            updates.push((name, new_w));
+        }
+        for (name, node) in updates {
+            self.g.outputs.push(Output {
+                name,
+                role: Role::Update,
+                node,
+            });
+        }
+        let one = self.konst(1.0, DType::I64, sp);
+        let next = self.g.add(
+            Op::Binary(BinaryOp::Add),
+            &[step, one],
+            TensorType::scalar(DType::I64),
+            sp,
+        );
+        self.g.outputs.push(Output {
+            name: "global_step".into(),
+            role: Role::NextStep,
+            node: next,
+        });
+    }
+
+    /// 1 - beta^t, as an f32 scalar.
+    fn bias_correction(&mut self, beta: f64, t: NodeIndex, sp: Span) -> NodeIndex {
+        let kb = self.konst(beta, DType::F32, sp);
+        let p = self.bin(BinaryOp::Pow, kb, t, sp);
+        let one = self.konst(1.0, DType::F32, sp);
+        self.bin(BinaryOp::Sub, one, p, sp)
+    }
+
+    fn global_step(&mut self, sp: Span) -> NodeIndex {
+        let existing = self
+            .g
+            .g
+            .node_indices()
+            .find(|&n| matches!(self.g.node(n).op, Op::GlobalStep));
+        existing.unwrap_or_else(|| {
+            self.g
+                .add(Op::GlobalStep, &[], TensorType::scalar(DType::I64), sp)
+        })
+    }
+
+    /// A slot variable of the optimiser (zeros, not trainable), `<var>/<slot>`.
+    fn slot(&mut self, var: &str, slot: &str, ty: &TensorType, sp: Span) -> NodeIndex {
+        self.g.add(
+            Op::Variable {
+                name: format!("{var}/{slot}"),
+                init: Init::Zeros,
+                trainable: false,
+            },
+            &[],
+            ty.clone(),
+            sp,
+        )
+    }
+}
+
+/// Whether gradients flow through `op` to its float operands.
+fn has_gradient(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Unary(UnaryOp::Floor | UnaryOp::Sign | UnaryOp::Not)
+            | Op::ArgMax { .. }
+            | Op::ArgMin { .. }
+            | Op::RandomUniform { .. }
+            | Op::RandomNormal { .. }
+            | Op::DecodeRaw
+            | Op::Binary(
+                BinaryOp::Eq
+                    | BinaryOp::Ne
+                    | BinaryOp::Lt
+                    | BinaryOp::Le
+                    | BinaryOp::Gt
+                    | BinaryOp::Ge
+                    | BinaryOp::And
+                    | BinaryOp::Or
+            )
+    )
+}
