@@ -1,6 +1,8 @@
 //! The command line: argument parsing, output formats and exit codes (0 clean, 1
 //! errors in the program, 2 usage or I/O errors). Everything else is the library's.
 
+mod run;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use est::diag::{render, Code, Diag};
 use est::elab::Target;
@@ -25,8 +27,65 @@ enum Command {
     /// Check a program: parse, resolve, elaborate every estimator for every mode and run
     /// every static rule, without running the model.
     Check(CheckArgs),
+    /// Train an estimator: restore the latest checkpoint of its model_dir (or initialise),
+    /// then run loops of steps with checkpoints and summaries.
+    Train(RunArgs),
+    /// Evaluate the latest checkpoint over the eval input and print its metrics.
+    Eval(RunArgs),
+    /// Write predictions of the latest checkpoint (JSON lines and one .npy per output).
+    Predict(RunArgs),
     /// Explain a diagnostic code (such as E0401) at length, with an example.
     Explain(ExplainArgs),
+}
+
+#[derive(Parser)]
+struct RunArgs {
+    /// The program's root file.
+    file: PathBuf,
+    /// The estimator to run (needed when the program has several).
+    #[arg(long)]
+    estimator: Option<String>,
+    /// Where to run: the reference interpreter.
+    #[arg(long, value_enum, default_value_t = RunTarget::Interp)]
+    target: RunTarget,
+    /// Overrides the estimator's model_dir.
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// Steps to add to the global step (train), or batches to run (eval, predict).
+    #[arg(long, conflicts_with = "max_steps")]
+    steps: Option<u64>,
+    /// Train up to this global step (a total, as the Estimator API's max_steps).
+    #[arg(long)]
+    max_steps: Option<u64>,
+    /// Override a params field: `--param learning_rate=0.01` (the value is est syntax).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    params: Vec<String>,
+    /// Override params fields from a YAML file of `key: value` lines.
+    #[arg(long = "params", value_name = "FILE")]
+    params_file: Option<PathBuf>,
+    /// Override an estimator config key: `--config num_shards=2`.
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    config: Vec<String>,
+    /// One train step, one checkpoint save and restore, one eval step, in a temporary
+    /// directory: finds errors in seconds.
+    #[arg(long)]
+    smoke: bool,
+    /// Where predict writes (default: MODEL_DIR/predictions).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// How to print diagnostics and results.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+    message_format: MessageFormat,
+    /// Colour in human output.
+    #[arg(long, value_enum, default_value_t = Color::Auto)]
+    color: Color,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum RunTarget {
+    Interp,
+    Host,
+    Wafer,
 }
 
 #[derive(Parser)]
@@ -120,6 +179,9 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Command::Check(a) => check(a),
+        Command::Train(a) => run::run(a, SectionKind::Train),
+        Command::Eval(a) => run::run(a, SectionKind::Eval),
+        Command::Predict(a) => run::run(a, SectionKind::Predict),
         Command::Explain(a) => explain(a),
     }
 }
@@ -129,29 +191,43 @@ fn usage(msg: &str) -> i32 {
     2
 }
 
-fn check(a: CheckArgs) -> i32 {
-    let mut program = match Program::load(&a.file) {
+/// Loads a program with its `--param`/`--params` overrides and parses `--config`.
+fn load(
+    file: &std::path::Path,
+    params: &[String],
+    params_file: Option<&PathBuf>,
+    config_kv: &[String],
+) -> Result<(Program, Vec<(String, i64)>), i32> {
+    let mut program = match Program::load(file) {
         Ok(p) => p,
-        Err(e) => return usage(&e.0),
+        Err(e) => return Err(usage(&e.0)),
     };
-    if let Some(f) = &a.params_file {
+    if let Some(f) = params_file {
         if let Err(e) = add_params_file(&mut program, f) {
-            return usage(&e);
+            return Err(usage(&e));
         }
     }
-    for kv in &a.params {
+    for kv in params {
         let Some((k, v)) = kv.split_once('=') else {
-            return usage(&format!("--param takes KEY=VALUE, found `{kv}`"));
+            return Err(usage(&format!("--param takes KEY=VALUE, found `{kv}`")));
         };
         program.add_override(k.trim(), v.trim(), &format!("--param {}", k.trim()));
     }
     let mut config = Vec::new();
-    for kv in &a.config {
+    for kv in config_kv {
         match config_override(kv) {
             Ok(p) => config.push(p),
-            Err(e) => return usage(&e),
+            Err(e) => return Err(usage(&e)),
         }
     }
+    Ok((program, config))
+}
+
+fn check(a: CheckArgs) -> i32 {
+    let (program, config) = match load(&a.file, &a.params, a.params_file.as_ref(), &a.config) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
     if let Some(Emit::Tokens | Emit::Ast) = a.emit {
         return emit_syntax(&program, a.emit);
     }
@@ -231,6 +307,11 @@ fn config_override(kv: &str) -> Result<(String, i64), String> {
 
 fn graph_title(c: &est::elab::Compiled) -> String {
     format!("{}/{}/{}", c.estimator, c.mode.name(), c.target.name())
+}
+
+/// Prints diagnostics (human or JSON) without a summary; returns the exit status.
+fn print_diags(program: &Program, diags: &[Diag], format: MessageFormat, color: Color) -> i32 {
+    report(program, diags, format, color, false, 0)
 }
 
 /// Prints the diagnostics and a summary; returns the exit status.

@@ -10,10 +10,12 @@
 
 pub mod diag;
 pub mod elab;
+pub mod interp;
 pub mod ir;
 pub mod passes;
 pub mod program;
 pub mod resolve;
+pub mod runtime;
 pub mod span;
 pub mod syntax;
 

@@ -1,0 +1,208 @@
+//! `estc train`, `eval` and `predict`: the runtime behind a progress bar (on a terminal)
+//! or plain log lines (otherwise), and a final summary.
+
+use super::{load, print_diags, MessageFormat, RunArgs, RunTarget};
+use est::elab::Target;
+use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
+use est::syntax::ast::SectionKind;
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
+    let (program, config) = match load(&a.file, &a.params, a.params_file.as_ref(), &a.config) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let opts = RunOptions {
+        estimator: a.estimator.clone(),
+        target: match a.target {
+            RunTarget::Interp => Target::Interp,
+            RunTarget::Host => Target::Host,
+            RunTarget::Wafer => Target::Wafer,
+        },
+        config,
+        model_dir: a.model_dir.clone(),
+        data_dir: None,
+    };
+    let json = a.message_format == MessageFormat::Json;
+    let mut est = match Estimator::new(&program, &opts) {
+        Ok(e) => e,
+        Err(f) => return print_diags(&program, &f.diags, a.message_format, a.color),
+    };
+    if !json {
+        est.log = Some(Box::new(|s: &str| eprintln!("{s}")));
+    }
+    let result = if a.smoke {
+        est.smoke().map(|lines| {
+            for l in &lines {
+                println!("smoke: {l}");
+            }
+            println!("smoke: ok");
+        })
+    } else {
+        match mode {
+            SectionKind::Train => train(&mut est, &a, json),
+            SectionKind::Eval => eval(&mut est, &a, json),
+            SectionKind::Predict => predict(&mut est, &a, json),
+        }
+    };
+    match result {
+        Ok(()) => 0,
+        Err(f) => print_diags(&program, &f.diags, a.message_format, a.color).max(1),
+    }
+}
+
+type Res = Result<(), est::runtime::RunFailure>;
+
+fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
+    let steps = match (a.steps, a.max_steps) {
+        (Some(n), _) => Steps::Add(n),
+        (_, Some(n)) => Steps::Max(n),
+        _ => Steps::Default,
+    };
+    if !json {
+        let every = est.info.config.log_step_count_steps.max(1);
+        est.add_hook(Box::new(Progress::new(every)))?;
+    }
+    let r = est.train(steps)?;
+    if json {
+        let v = serde_json::json!({
+            "global_step": r.global_step,
+            "start_step": r.start_step,
+            "loss": r.final_loss,
+            "steps_per_sec": r.steps_per_sec,
+            "seconds": r.seconds,
+            "stopped_early": r.stopped_early,
+            "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
+        });
+        println!("{v}");
+    } else {
+        if let Some(why) = &r.stopped_early {
+            eprintln!("stopped early: {why}");
+        }
+        if r.global_step == r.start_step {
+            println!("nothing to do: global step {} is already at the last step", r.global_step);
+        } else {
+            println!(
+                "trained {} steps (global step {} -> {}) in {:.1} s, {:.1} steps/sec; final loss {:.6}",
+                r.global_step - r.start_step,
+                r.start_step,
+                r.global_step,
+                r.seconds,
+                r.steps_per_sec,
+                r.final_loss
+            );
+        }
+        if let Some(p) = &r.checkpoint {
+            println!("checkpoint: {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+fn eval(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
+    let r = est.evaluate(a.steps)?;
+    if json {
+        let mut m = serde_json::Map::new();
+        for (k, v) in &r.metrics {
+            m.insert(k.clone(), serde_json::json!(v));
+        }
+        m.insert("loss".into(), serde_json::json!(r.loss));
+        m.insert("global_step".into(), serde_json::json!(r.global_step));
+        m.insert("steps".into(), serde_json::json!(r.steps));
+        println!("{}", serde_json::Value::Object(m));
+    } else {
+        println!("eval at global step {} over {} batches:", r.global_step, r.steps);
+        for (k, v) in &r.metrics {
+            println!("  {k} = {v:.4}");
+        }
+        println!("  loss = {:.6}", r.loss);
+    }
+    Ok(())
+}
+
+fn predict(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
+    let out = a.output.clone().unwrap_or_else(|| est.model_dir.join("predictions"));
+    let r = est.predict(&out, a.steps)?;
+    if json {
+        let files: Vec<String> = r.files.iter().map(|p| p.display().to_string()).collect();
+        println!("{}", serde_json::json!({"examples": r.examples, "files": files}));
+    } else {
+        println!("{} predictions written:", r.examples);
+        for f in &r.files {
+            println!("  {}", f.display());
+        }
+    }
+    Ok(())
+}
+
+/// The progress display: a bar redrawn in place on a terminal, a log line every
+/// `every` steps otherwise.
+struct Progress {
+    every: i64,
+    tty: bool,
+    start: Instant,
+    first: i64,
+    last: i64,
+    drawn: Instant,
+}
+
+impl Progress {
+    fn new(every: i64) -> Progress {
+        Progress {
+            every,
+            tty: std::io::stderr().is_terminal(),
+            start: Instant::now(),
+            first: 0,
+            last: 0,
+            drawn: Instant::now(),
+        }
+    }
+}
+
+impl RunHook for Progress {
+    fn begin(&mut self, global_step: i64, last_step: i64) {
+        self.first = global_step;
+        self.last = last_step;
+        self.start = Instant::now();
+    }
+
+    fn after_step(&mut self, i: &StepInfo) -> Action {
+        let done = i.global_step - self.first;
+        let total = (self.last - self.first).max(1);
+        let secs = self.start.elapsed().as_secs_f64();
+        let rate = done as f64 / secs.max(1e-9);
+        let eta = (self.last - i.global_step) as f64 / rate.max(1e-9);
+        if self.tty {
+            if self.drawn.elapsed().as_millis() < 100 && i.global_step != self.last {
+                return Action::Continue;
+            }
+            self.drawn = Instant::now();
+            let width = 30usize;
+            let filled = (width as i64 * done / total) as usize;
+            let bar: String = "#".repeat(filled.min(width)) + &"-".repeat(width - filled.min(width));
+            let mut e = std::io::stderr().lock();
+            let _ = write!(
+                e,
+                "\r[{bar}] step {}/{} loss {:.4} {:.1} steps/s ETA {:.0}s   ",
+                i.global_step, self.last, i.loss, rate, eta
+            );
+            if i.global_step == self.last {
+                let _ = writeln!(e);
+            }
+        } else if i.global_step % self.every == 0 || i.global_step == self.last {
+            eprintln!(
+                "step {}/{}: loss = {:.6}, lr = {:.6}, {:.1} steps/sec, ETA {:.0} s",
+                i.global_step, self.last, i.loss, i.learning_rate, rate, eta
+            );
+        }
+        Action::Continue
+    }
+
+    fn end(&mut self, _global_step: i64) {
+        if self.tty {
+            let _ = std::io::stderr().flush();
+        }
+    }
+}
+

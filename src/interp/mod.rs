@@ -1,0 +1,191 @@
+//! The reference interpreter (`--target interp`): runs any IR graph with ndarray. It is
+//! the numerical oracle the host and wafer backends are tested against, so every kernel
+//! is written plainly (see `ops`); matmul and convolution go through a GEMM.
+//!
+//! A `Plan` fixes, once per graph, which nodes to compute for the wanted values and
+//! when each intermediate value can be dropped; `execute` runs it.
+
+pub mod ops;
+pub mod rng;
+pub mod tensor;
+
+use crate::ir::{Graph, Op};
+use crate::span::Span;
+pub use ops::OpEnv;
+use petgraph::stable_graph::NodeIndex;
+use petgraph::visit::NodeIndexable;
+use rustc_hash::{FxHashMap, FxHashSet};
+pub use tensor::{Data, Tensor};
+
+/// An op that failed on the values it met (an index out of range, a division by zero).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunError {
+    pub span: Span,
+    pub op: &'static str,
+    pub message: String,
+}
+
+/// The nodes to compute, in order, with their operands and what to drop after each.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    steps: Vec<PlanStep>,
+    bound: usize,
+}
+
+#[derive(Debug, Clone)]
+struct PlanStep {
+    node: NodeIndex,
+    operands: crate::ir::Operands,
+    /// Values no later step reads (and that are not wanted).
+    free: Vec<NodeIndex>,
+}
+
+impl Plan {
+    /// A plan computing `targets`, given the values of `provided` nodes from outside.
+    pub fn new(g: &Graph, targets: &[NodeIndex], provided: &FxHashSet<NodeIndex>) -> Plan {
+        let bound = g.g.node_bound();
+        let mut need = vec![false; bound];
+        let mut stack: Vec<NodeIndex> = targets.to_vec();
+        while let Some(n) = stack.pop() {
+            if std::mem::replace(&mut need[n.index()], true) || provided.contains(&n) {
+                continue;
+            }
+            stack.extend(g.operands(n));
+        }
+        let order: Vec<NodeIndex> = g
+            .topo_order()
+            .into_iter()
+            .filter(|n| need[n.index()] && !provided.contains(n))
+            .collect();
+        let keep: FxHashSet<NodeIndex> = targets.iter().copied().collect();
+        let mut last = vec![usize::MAX; bound];
+        let mut steps: Vec<PlanStep> = order
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let operands = g.operands(n);
+                for &o in &operands {
+                    last[o.index()] = i;
+                }
+                PlanStep {
+                    node: n,
+                    operands,
+                    free: Vec::new(),
+                }
+            })
+            .collect();
+        for n in 0..bound {
+            let i = last[n];
+            let n = NodeIndex::new(n);
+            if i != usize::MAX && !keep.contains(&n) && !provided.contains(&n) {
+                steps[i].free.push(n);
+            }
+        }
+        Plan { steps, bound }
+    }
+
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}
+
+/// Where sources get their values.
+pub struct Env<'a> {
+    /// Inputs by name (`features`, `labels`, or an element path in a pipeline graph).
+    pub feeds: &'a FxHashMap<String, Tensor>,
+    /// Variables by name.
+    pub vars: &'a FxHashMap<String, Tensor>,
+    pub op: OpEnv,
+}
+
+/// The values of a graph's nodes, by node index.
+#[derive(Debug, Clone, Default)]
+pub struct Values {
+    v: Vec<Option<Tensor>>,
+}
+
+impl Values {
+    pub fn new(bound: usize) -> Values {
+        Values {
+            v: vec![None; bound],
+        }
+    }
+
+    pub fn get(&self, n: NodeIndex) -> Option<&Tensor> {
+        self.v.get(n.index()).and_then(|x| x.as_ref())
+    }
+
+    pub fn set(&mut self, n: NodeIndex, t: Tensor) {
+        if self.v.len() <= n.index() {
+            self.v.resize(n.index() + 1, None);
+        }
+        self.v[n.index()] = Some(t);
+    }
+
+    pub fn take(&mut self, n: NodeIndex) -> Option<Tensor> {
+        self.v.get_mut(n.index()).and_then(|x| x.take())
+    }
+}
+
+/// Runs `plan` over `g`. `values` holds the provided nodes' values on entry and the
+/// targets' on return.
+pub fn execute(g: &Graph, plan: &Plan, env: &Env, values: &mut Values) -> Result<(), RunError> {
+    if values.v.len() < plan.bound {
+        values.v.resize(plan.bound, None);
+    }
+    for step in &plan.steps {
+        let node = g.node(step.node);
+        let fail = |message: String| RunError {
+            span: node.span,
+            op: node.op.name(),
+            message,
+        };
+        let t = match &node.op {
+            Op::Input { name } => env
+                .feeds
+                .get(name)
+                .cloned()
+                .ok_or_else(|| fail(format!("input `{name}` was not fed")))?,
+            Op::Variable { name, .. } => env
+                .vars
+                .get(name)
+                .cloned()
+                .ok_or_else(|| fail(format!("variable `{name}` has no value")))?,
+            op => {
+                let args: smallvec::SmallVec<[&Tensor; 4]> = step
+                    .operands
+                    .iter()
+                    .map(|&o| values.v[o.index()].as_ref().expect("operand computed"))
+                    .collect();
+                ops::eval(op, &args, &node.ty, &env.op).map_err(fail)?
+            }
+        };
+        values.v[step.node.index()] = Some(t);
+        for &f in &step.free {
+            values.v[f.index()] = None;
+        }
+    }
+    Ok(())
+}
+
+/// Runs a whole graph for its outputs, by name: a convenience for tests and tools.
+pub fn run_outputs(
+    g: &Graph,
+    feeds: &FxHashMap<String, Tensor>,
+    vars: &FxHashMap<String, Tensor>,
+    op: OpEnv,
+) -> Result<Vec<(String, Tensor)>, RunError> {
+    let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
+    let plan = Plan::new(g, &targets, &FxHashSet::default());
+    let mut values = Values::new(g.g.node_bound());
+    execute(g, &plan, &Env { feeds, vars, op }, &mut values)?;
+    Ok(g
+        .outputs
+        .iter()
+        .map(|o| (o.name.clone(), values.get(o.node).cloned().expect("target")))
+        .collect())
+}

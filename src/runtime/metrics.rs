@@ -1,0 +1,153 @@
+//! Metrics as reducers: each accumulates per batch, the shards' reducers are merged, and
+//! the result is computed once at the end, so metrics such as AUC are exact under
+//! sharded evaluation. Custom metrics implement `Reducer` and are registered by name
+//! (`Estimator::register_reducer`); a program uses them with `std.metrics.reducer`.
+
+use crate::interp::Tensor;
+use std::any::Any;
+use std::sync::Arc;
+
+pub trait Reducer: Send {
+    /// Adds one batch; `args` are the metric's arguments in order.
+    fn accumulate(&mut self, args: &[&Tensor]);
+    /// Adds the state of another reducer of the same kind (another shard's).
+    fn merge(&mut self, other: &dyn Reducer);
+    /// The metric's value.
+    fn result(&self) -> f64;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Makes a fresh reducer.
+pub type ReducerFactory = Arc<dyn Fn() -> Box<dyn Reducer> + Send + Sync>;
+
+/// The built-in reducers by name.
+pub fn builtin(name: &str) -> Option<ReducerFactory> {
+    Some(match name {
+        "accuracy" => Arc::new(|| Box::new(Ratio::new(RatioKind::Accuracy)) as Box<dyn Reducer>),
+        "precision" => Arc::new(|| Box::new(Ratio::new(RatioKind::Precision)) as Box<dyn Reducer>),
+        "recall" => Arc::new(|| Box::new(Ratio::new(RatioKind::Recall)) as Box<dyn Reducer>),
+        "mean" => Arc::new(|| Box::new(Ratio::new(RatioKind::Mean)) as Box<dyn Reducer>),
+        "auc" => Arc::new(|| Box::new(Auc::default()) as Box<dyn Reducer>),
+        _ => return None,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RatioKind {
+    Accuracy,
+    Precision,
+    Recall,
+    Mean,
+}
+
+/// A metric that is a sum over a count: accuracy, precision, recall, mean.
+#[derive(Debug, Clone)]
+struct Ratio {
+    kind: RatioKind,
+    num: f64,
+    den: f64,
+}
+
+impl Ratio {
+    fn new(kind: RatioKind) -> Ratio {
+        Ratio { kind, num: 0.0, den: 0.0 }
+    }
+}
+
+impl Reducer for Ratio {
+    fn accumulate(&mut self, args: &[&Tensor]) {
+        if self.kind == RatioKind::Mean {
+            for v in args[0].to_f64() {
+                self.num += v;
+                self.den += 1.0;
+            }
+            return;
+        }
+        let labels = args[0].to_f64();
+        let preds = args[1].to_f64();
+        for (l, p) in labels.into_iter().zip(preds) {
+            match self.kind {
+                RatioKind::Accuracy => {
+                    self.den += 1.0;
+                    self.num += f64::from(u8::from(l == p));
+                }
+                RatioKind::Precision if p != 0.0 => {
+                    self.den += 1.0;
+                    self.num += f64::from(u8::from(l != 0.0));
+                }
+                RatioKind::Recall if l != 0.0 => {
+                    self.den += 1.0;
+                    self.num += f64::from(u8::from(p != 0.0));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn merge(&mut self, other: &dyn Reducer) {
+        if let Some(o) = other.as_any().downcast_ref::<Ratio>() {
+            self.num += o.num;
+            self.den += o.den;
+        }
+    }
+
+    fn result(&self) -> f64 {
+        if self.den == 0.0 {
+            0.0
+        } else {
+            self.num / self.den
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Exact ROC AUC: keeps every (score, label) and ranks them at the end (ties count
+/// half, as in the Mann-Whitney statistic).
+#[derive(Debug, Clone, Default)]
+pub struct Auc {
+    pairs: Vec<(f64, bool)>,
+}
+
+impl Reducer for Auc {
+    fn accumulate(&mut self, args: &[&Tensor]) {
+        let labels = args[0].to_f64();
+        let scores = args[1].to_f64();
+        self.pairs.extend(scores.into_iter().zip(labels.into_iter().map(|l| l != 0.0)));
+    }
+
+    fn merge(&mut self, other: &dyn Reducer) {
+        if let Some(o) = other.as_any().downcast_ref::<Auc>() {
+            self.pairs.extend(&o.pairs);
+        }
+    }
+
+    fn result(&self) -> f64 {
+        let mut p = self.pairs.clone();
+        p.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let pos = p.iter().filter(|x| x.1).count() as f64;
+        let neg = p.len() as f64 - pos;
+        if pos == 0.0 || neg == 0.0 {
+            return 0.0;
+        }
+        // Sum of the ranks of the positives, with tied scores sharing their mean rank.
+        let mut rank_sum = 0.0;
+        let mut i = 0;
+        while i < p.len() {
+            let mut j = i;
+            while j < p.len() && p[j].0 == p[i].0 {
+                j += 1;
+            }
+            let mean_rank = (i + 1 + j) as f64 / 2.0;
+            rank_sum += mean_rank * p[i..j].iter().filter(|x| x.1).count() as f64;
+            i = j;
+        }
+        (rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

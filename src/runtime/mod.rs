@@ -1,0 +1,967 @@
+//! The Estimator runtime: train, evaluate and predict a checked program on the reference
+//! interpreter, with everything around the loop: the input pipeline, loops of
+//! `iterations_per_loop` steps, checkpoints and exact resume, TensorBoard summaries,
+//! metrics as reducers, replicated steps over `num_shards`, hooks, smoke runs and
+//! numerical health.
+//!
+//! ```text
+//! Estimator::new(program, options)      check, pick the estimator, find model_dir
+//!   .train(Steps::Max(n))               restore or initialise, then loops of steps
+//!   .evaluate(None)                     metrics over the eval input
+//!   .predict(out_dir)                   predictions as JSON lines and .npy files
+//! ```
+//!
+//! A train step is the autodiff'd train graph run in two phases: every shard computes
+//! its loss and gradients (phase A) on its own batch, the runtime averages what feeds
+//! each `cross_shard_mean`, and phase B applies the optimiser once.
+
+pub mod checkpoint;
+pub mod hooks;
+pub mod metrics;
+pub mod pipeline;
+pub mod records;
+pub mod summary;
+
+use crate::diag::{Code, Diag};
+use crate::elab::data::Dataset;
+use crate::elab::{Compiled, EstimatorInfo, Target};
+use crate::interp::{self, rng, tensor::Arr, Env, OpEnv, Plan, Tensor, Values};
+use crate::ir::{Graph, Op, Role, TensorType};
+use crate::span::Span;
+use crate::syntax::ast::SectionKind;
+use crate::Program;
+pub use hooks::{Action, RunHook, StepInfo};
+pub use metrics::{Reducer, ReducerFactory};
+use petgraph::stable_graph::NodeIndex;
+use petgraph::visit::NodeIndexable;
+use pipeline::{PipeCtx, Pipeline};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// How to build an `Estimator`.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The estimator to run; may be left out when the program has one.
+    pub estimator: Option<String>,
+    pub target: Target,
+    /// `--config key=value` overrides.
+    pub config: Vec<(String, i64)>,
+    /// Overrides the estimator's `model_dir`.
+    pub model_dir: Option<PathBuf>,
+    /// Where relative data paths start (default: the directory of the program's file).
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions {
+            estimator: None,
+            target: Target::Interp,
+            config: Vec::new(),
+            model_dir: None,
+            data_dir: None,
+        }
+    }
+}
+
+/// Why a run could not go on: diagnostics, with spans into the program.
+#[derive(Debug)]
+pub struct RunFailure {
+    pub diags: Vec<Diag>,
+}
+
+impl From<Diag> for RunFailure {
+    fn from(d: Diag) -> RunFailure {
+        RunFailure { diags: vec![d] }
+    }
+}
+
+type Res<T> = Result<T, RunFailure>;
+
+/// How many steps to train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steps {
+    /// The estimator's `train_steps` (a total, like `max_steps`).
+    Default,
+    /// This many more steps (`--steps`).
+    Add(u64),
+    /// Up to this global step (`--max-steps`).
+    Max(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    pub start_step: i64,
+    pub global_step: i64,
+    pub final_loss: f64,
+    pub steps_per_sec: f64,
+    pub seconds: f64,
+    /// Why training ended before its last step, if it did.
+    pub stopped_early: Option<String>,
+    pub checkpoint: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct EvalReport {
+    pub global_step: i64,
+    pub steps: u64,
+    pub loss: f64,
+    /// Metric name and value, in program order.
+    pub metrics: Vec<(String, f64)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PredictReport {
+    pub examples: u64,
+    pub files: Vec<PathBuf>,
+}
+
+/// The two phases of a replicated train step.
+struct TrainPlan {
+    a: Plan,
+    b: Plan,
+    a_targets: Vec<NodeIndex>,
+    /// (cross_shard_mean node, its operand)
+    cross: Vec<(NodeIndex, NodeIndex)>,
+    loss: NodeIndex,
+    lr: NodeIndex,
+    /// Variable updates, by variable name, and whether phase A makes them.
+    updates: Vec<(String, NodeIndex, bool)>,
+    next_step: Option<NodeIndex>,
+}
+
+/// A program's estimator, ready to run.
+pub struct Estimator {
+    pub info: EstimatorInfo,
+    pub model_dir: PathBuf,
+    base: PathBuf,
+    program_hash: String,
+    graphs: Vec<Compiled>,
+    target: Target,
+    vars: FxHashMap<String, Tensor>,
+    step: i64,
+    seed: u64,
+    input_position: u64,
+    ready: bool,
+    hooks: Vec<Box<dyn RunHook>>,
+    reducers: FxHashMap<String, ReducerFactory>,
+    train_plan: Option<TrainPlan>,
+    last_checkpoint: Option<PathBuf>,
+    /// Log lines (restores, checkpoints, summaries) go here; `None` is silent.
+    pub log: Option<Box<dyn FnMut(&str) + Send>>,
+}
+
+fn fnv(text: &[u8], mut h: u64) -> u64 {
+    for &b in text {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+impl Estimator {
+    /// Checks the program for the target and prepares its estimator.
+    pub fn new(program: &Program, opts: &RunOptions) -> Res<Estimator> {
+        let copts = crate::CheckOptions {
+            target: opts.target,
+            estimator: opts.estimator.clone(),
+            config: opts.config.clone(),
+            ..Default::default()
+        };
+        let checked = crate::check(program, &copts);
+        if checked.has_errors() {
+            return Err(RunFailure {
+                diags: checked.diags,
+            });
+        }
+        let root_file = program.sources.get(program.root_module().file);
+        let root_span = Span {
+            file: program.root_module().file,
+            lo: 0,
+            hi: 0,
+        };
+        let info = match (&opts.estimator, checked.estimators.as_slice()) {
+            (_, [one]) => one.clone(),
+            (Some(name), all) => all
+                .iter()
+                .find(|e| &e.name == name)
+                .cloned()
+                .ok_or_else(|| Diag::new(Code::UnknownName, root_span, format!("no estimator `{name}`")).label("in this program"))?,
+            (None, []) => {
+                return Err(Diag::new(Code::UnknownName, root_span, "the program has no estimator")
+                    .label("in this program")
+                    .help("add an `estimator` item naming the model and its inputs")
+                    .into())
+            }
+            (None, all) => {
+                let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
+                return Err(Diag::new(
+                    Code::UnknownName,
+                    all[0].span,
+                    format!("the program has {} estimators; choose one", all.len()),
+                )
+                .label("one of them")
+                .help(format!("pass `--estimator NAME` with one of: {}", names.join(", ")))
+                .into());
+            }
+        };
+        if opts.target != Target::Interp {
+            return Err(Diag::new(
+                Code::NoRuntime,
+                info.span,
+                format!("the {} target cannot run programs yet", opts.target.name()),
+            )
+            .label("this estimator")
+            .help("run it with `--target interp`")
+            .into());
+        }
+        let base = opts.data_dir.clone().unwrap_or_else(|| {
+            Path::new(&root_file.name)
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
+        });
+        let model_dir = opts
+            .model_dir
+            .clone()
+            .or_else(|| info.model_dir.as_ref().map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(format!("runs/{}", info.name)));
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for (_, f) in program.sources.files() {
+            h = fnv(f.text.as_bytes(), h);
+        }
+        for (k, v) in &info.params {
+            h = fnv(format!("{k}={v}").as_bytes(), h);
+        }
+        let graphs = checked
+            .graphs
+            .into_iter()
+            .filter(|c| c.estimator == info.name)
+            .collect();
+        Ok(Estimator {
+            seed: info.config.random_seed.map_or_else(fresh_seed, |s| s as u64),
+            info,
+            model_dir,
+            base: if base.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                base
+            },
+            program_hash: format!("{h:016x}"),
+            graphs,
+            target: opts.target,
+            vars: FxHashMap::default(),
+            step: 0,
+            input_position: 0,
+            ready: false,
+            hooks: Vec::new(),
+            reducers: FxHashMap::default(),
+            train_plan: None,
+            last_checkpoint: None,
+            log: None,
+        })
+    }
+
+    fn say(&mut self, s: &str) {
+        if let Some(l) = &mut self.log {
+            l(s);
+        }
+    }
+
+    pub fn global_step(&self) -> i64 {
+        self.step
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The current value of every variable (weights and optimiser slots).
+    pub fn variables(&self) -> &FxHashMap<String, Tensor> {
+        &self.vars
+    }
+
+    pub fn graph(&self, mode: SectionKind) -> Option<&Graph> {
+        self.compiled(mode).map(|c| &c.graph)
+    }
+
+    fn compiled(&self, mode: SectionKind) -> Option<&Compiled> {
+        self.graphs.iter().find(|c| c.mode == mode)
+    }
+
+    /// Registers a user hook. The wafer runs whole loops on the device and refuses them.
+    pub fn add_hook(&mut self, hook: Box<dyn RunHook>) -> Res<()> {
+        if self.target == Target::Wafer {
+            return Err(Diag::new(Code::HooksOnWafer, self.info.span, "the wafer target does not run user hooks")
+                .label("this estimator")
+                .help("use --target interp or host to run hooks, or rely on summaries and checkpoints at loop boundaries")
+                .into());
+        }
+        self.hooks.push(hook);
+        Ok(())
+    }
+
+    /// Registers a custom reducer for `std.metrics.reducer(name, ...)` metrics.
+    pub fn register_reducer(&mut self, name: &str, f: ReducerFactory) {
+        self.reducers.insert(name.to_string(), f);
+    }
+
+    fn reducer(&self, name: &str, span: Span) -> Res<Box<dyn Reducer>> {
+        let f = self
+            .reducers
+            .get(name)
+            .cloned()
+            .or_else(|| metrics::builtin(name))
+            .ok_or_else(|| {
+                Diag::new(Code::UnknownName, span, format!("no reducer named `{name}` is registered"))
+                    .label("this metric")
+                    .help("register it with `Estimator::register_reducer` before evaluating")
+            })?;
+        Ok(f())
+    }
+
+    /// Every variable of every graph, with its initialiser and type.
+    fn all_variables(&self) -> Vec<(String, crate::ir::Init, TensorType)> {
+        let mut seen = FxHashSet::default();
+        let mut out = Vec::new();
+        for c in &self.graphs {
+            for n in c.graph.g.node_indices() {
+                let node = c.graph.node(n);
+                if let Op::Variable { name, init, .. } = &node.op {
+                    if seen.insert(name.clone()) {
+                        out.push((name.clone(), init.clone(), node.ty.clone()));
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Restores the latest checkpoint of `model_dir`, or initialises every variable.
+    pub fn restore_or_init(&mut self) -> Res<()> {
+        if self.ready {
+            return Ok(());
+        }
+        let want: Vec<(String, TensorType)> = self
+            .all_variables()
+            .into_iter()
+            .map(|(n, _, t)| (n, t))
+            .collect();
+        if let Some(found) = checkpoint::latest(&self.model_dir) {
+            let (meta, vars) = checkpoint::load(&found).map_err(|m| self.io_diag(m))?;
+            let bad = checkpoint::mismatches(&want, &vars);
+            if !bad.is_empty() {
+                let mut d = Diag::new(
+                    Code::CheckpointMismatch,
+                    self.info.span,
+                    format!(
+                        "the checkpoint {} does not fit this program: {}",
+                        found.tensors.display(),
+                        bad.join("; ")
+                    ),
+                )
+                .label("this estimator's model_dir")
+                .help("use a fresh --model-dir, or the program that wrote the checkpoint");
+                if meta.program_hash != self.program_hash {
+                    d = d.help("the checkpoint was written by another version of the program; use a fresh --model-dir, or restore that program");
+                }
+                return Err(d.into());
+            }
+            self.vars = vars;
+            self.step = meta.global_step;
+            self.seed = meta.seed;
+            self.input_position = meta.input_position;
+            self.last_checkpoint = Some(found.tensors.clone());
+            let msg = format!("restored {} (global step {})", found.tensors.display(), meta.global_step);
+            self.say(&msg);
+            for h in &mut self.hooks {
+                h.checkpoint_loaded(meta.global_step, &found.tensors);
+            }
+        } else {
+            self.init_variables();
+        }
+        self.ready = true;
+        Ok(())
+    }
+
+    fn init_variables(&mut self) {
+        self.vars.clear();
+        for (name, init, ty) in self.all_variables() {
+            let v = rng::init_values(&init, &name, &ty, self.seed);
+            let t = Tensor::from_f64(&ty, v.into_iter().map(f64::from).collect());
+            self.vars.insert(name, t);
+        }
+        self.step = 0;
+        self.input_position = 0;
+    }
+
+    fn io_diag(&self, m: String) -> Diag {
+        Diag::new(Code::RunIo, self.info.span, m).label("this estimator")
+    }
+
+    /// Saves a checkpoint of the current state.
+    pub fn save_checkpoint(&mut self) -> Res<PathBuf> {
+        let meta = checkpoint::Meta {
+            global_step: self.step,
+            seed: self.seed,
+            input_position: self.input_position,
+            program_hash: self.program_hash.clone(),
+            variables: {
+                let mut v: Vec<String> = self.vars.iter().map(|(k, t)| format!("{k}: {}", t.ty())).collect();
+                v.sort();
+                v
+            },
+        };
+        let keep = self.info.config.keep_checkpoint_max.max(1) as usize;
+        let p = checkpoint::save(&self.model_dir, &self.vars, &meta, keep)
+            .map_err(|e| self.io_diag(format!("cannot write a checkpoint in {}: {e}", self.model_dir.display())))?;
+        self.last_checkpoint = Some(p.clone());
+        for h in &mut self.hooks {
+            h.checkpoint_saved(self.step, &p);
+        }
+        let msg = format!("saved {} (global step {})", p.display(), self.step);
+        self.say(&msg);
+        Ok(p)
+    }
+
+    fn input(&self, mode: SectionKind) -> Res<(Compiled, Dataset)> {
+        let c = self.compiled(mode).cloned().ok_or_else(|| {
+            Diag::new(Code::InvalidEstimator, self.info.span, format!("the model has no {} section", mode_name(mode)))
+                .label("this estimator")
+        })?;
+        let ds = c.input.clone().ok_or_else(|| {
+            Diag::new(Code::InvalidEstimator, self.info.span, format!("the estimator has no input for {}", mode_name(mode)))
+                .label("this estimator")
+        })?;
+        Ok((c, ds))
+    }
+
+    fn pipe_ctx(&self) -> std::rc::Rc<PipeCtx> {
+        PipeCtx::new(self.seed, &self.base)
+    }
+
+    fn plan_train(g: &Graph) -> TrainPlan {
+        let out = |r: Role| g.outputs.iter().find(|o| o.role == r).map(|o| o.node);
+        let loss = out(Role::Loss).expect("a train graph has a loss");
+        let lr = out(Role::LearningRate).expect("a train graph has a learning rate");
+        let next_step = out(Role::NextStep);
+        let cross: Vec<(NodeIndex, NodeIndex)> = g
+            .g
+            .node_indices()
+            .filter(|&n| matches!(g.node(n).op, Op::CrossShardMean))
+            .map(|n| (n, g.operands(n)[0]))
+            .collect();
+        let mut after = vec![false; g.g.node_bound()];
+        for n in g.topo_order() {
+            after[n.index()] = matches!(g.node(n).op, Op::CrossShardMean)
+                || g.operands(n).iter().any(|o| after[o.index()]);
+        }
+        let updates: Vec<(String, NodeIndex, bool)> = g
+            .outputs
+            .iter()
+            .filter(|o| o.role == Role::Update)
+            .map(|o| (o.name.clone(), o.node, !after[o.node.index()]))
+            .collect();
+        let mut a_targets: Vec<NodeIndex> = cross.iter().map(|c| c.1).collect();
+        a_targets.push(loss);
+        a_targets.push(lr);
+        a_targets.extend(updates.iter().filter(|u| u.2).map(|u| u.1));
+        let a = Plan::new(g, &a_targets, &FxHashSet::default());
+        let mut provided: FxHashSet<NodeIndex> = a_targets.iter().copied().collect();
+        provided.extend(cross.iter().map(|c| c.0));
+        let mut b_targets: Vec<NodeIndex> = updates.iter().filter(|u| !u.2).map(|u| u.1).collect();
+        b_targets.extend(next_step);
+        let b = Plan::new(g, &b_targets, &provided);
+        TrainPlan {
+            a,
+            b,
+            a_targets,
+            cross,
+            loss,
+            lr,
+            updates,
+            next_step,
+        }
+    }
+
+    /// The model's input names in order (features, then labels).
+    fn input_names(g: &Graph) -> Vec<String> {
+        let mut v: Vec<(NodeIndex, String)> = g
+            .g
+            .node_indices()
+            .filter_map(|n| match &g.node(n).op {
+                Op::Input { name } => Some((n, name.clone())),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|x| x.1).collect()
+    }
+
+    fn feeds(names: &[String], batch: pipeline::Element) -> FxHashMap<String, Tensor> {
+        names.iter().cloned().zip(batch).collect()
+    }
+
+    /// Pulls one batch per shard; `None` when the input has ended.
+    fn next_batches(&mut self, pipe: &mut Pipeline, shards: usize) -> Res<Option<Vec<pipeline::Element>>> {
+        let mut out = Vec::with_capacity(shards);
+        for _ in 0..shards {
+            match pipe.next_element()? {
+                Some(e) => out.push(e),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Trains: restores or initialises, then runs loops of steps until the last step,
+    /// the end of the input, or a hook's request to stop.
+    pub fn train(&mut self, steps: Steps) -> Res<TrainReport> {
+        self.restore_or_init()?;
+        let (c, ds) = self.input(SectionKind::Train)?;
+        let last = match steps {
+            Steps::Default => self.info.train_steps.unwrap_or(self.step + 1000),
+            Steps::Add(n) => self.step + n as i64,
+            Steps::Max(n) => n as i64,
+        };
+        let start = self.step;
+        let cfg = self.info.config.clone();
+        let shards = cfg.num_shards.max(1) as usize;
+        if self.train_plan.is_none() {
+            self.train_plan = Some(Self::plan_train(&c.graph));
+        }
+        let names = Self::input_names(&c.graph);
+        let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
+        pipe.skip_to(self.input_position)?;
+        let mut summaries = None;
+        for h in &mut self.hooks {
+            h.begin(start, last);
+        }
+        let t0 = Instant::now();
+        let mut loop_t = Instant::now();
+        let mut loop_start = self.step;
+        let mut final_loss = f64::NAN;
+        let mut lr = 0.0;
+        let mut stopped = None;
+        let ipl = cfg.iterations_per_loop.max(1);
+        while self.step < last && stopped.is_none() {
+            // One loop: up to `iterations_per_loop` steps without a round trip.
+            let loop_end = (self.step + ipl).min(last);
+            while self.step < loop_end {
+                for h in &mut self.hooks {
+                    h.before_step(self.step);
+                }
+                let Some(batches) = self.next_batches(&mut pipe, shards)? else {
+                    stopped = Some(format!("the train input ended at global step {}", self.step));
+                    break;
+                };
+                let (loss, rate) = self.train_step(&c.graph, &names, batches)?;
+                self.input_position = pipe.position;
+                final_loss = loss;
+                lr = rate;
+                let info = StepInfo {
+                    global_step: self.step,
+                    loss,
+                    learning_rate: rate,
+                    last_step: last,
+                    steps_per_sec: (self.step - start) as f64 / t0.elapsed().as_secs_f64().max(1e-9),
+                };
+                let mut stop = false;
+                for h in &mut self.hooks {
+                    stop |= h.after_step(&info) == Action::Stop;
+                }
+                if stop {
+                    stopped = Some(format!("a hook stopped training at global step {}", self.step));
+                    break;
+                }
+            }
+            // Loop boundary: summaries and checkpoints.
+            let secs = loop_t.elapsed().as_secs_f64().max(1e-9);
+            let rate = (self.step - loop_start) as f64 / secs;
+            loop_t = Instant::now();
+            let crossed = |every: i64, from: i64, to: i64| every > 0 && to / every > from / every;
+            if crossed(cfg.save_summary_steps, loop_start, self.step) || self.step == last {
+                let w = match &mut summaries {
+                    Some(w) => w,
+                    None => summaries.insert(
+                        summary::EventWriter::create(&self.model_dir)
+                            .map_err(|e| self.io_diag(format!("cannot write summaries in {}: {e}", self.model_dir.display())))?,
+                    ),
+                };
+                w.scalars(
+                    self.step,
+                    &[("loss", final_loss as f32), ("learning_rate", lr as f32), ("global_step/sec", rate as f32)],
+                )
+                .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
+            }
+            let at_end = self.step >= last || stopped.is_some();
+            if (crossed(cfg.save_checkpoint_steps, loop_start, self.step) || at_end) && self.step > start {
+                self.save_checkpoint()?;
+            }
+            loop_start = self.step;
+        }
+        for h in &mut self.hooks {
+            h.end(self.step);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        Ok(TrainReport {
+            start_step: start,
+            global_step: self.step,
+            final_loss,
+            steps_per_sec: (self.step - start) as f64 / secs.max(1e-9),
+            seconds: secs,
+            stopped_early: stopped,
+            checkpoint: self.last_checkpoint.clone(),
+        })
+    }
+
+    /// One replicated train step; returns (mean loss, learning rate).
+    fn train_step(&mut self, g: &Graph, names: &[String], batches: Vec<pipeline::Element>) -> Res<(f64, f64)> {
+        let plan = self.train_plan.as_ref().expect("planned");
+        let n = batches.len();
+        let vars = &self.vars;
+        let step = self.step;
+        let seed = self.seed;
+        let run_a = |shard: usize, batch: pipeline::Element| -> Result<Values, interp::RunError> {
+            let feeds = Self::feeds(names, batch);
+            let env = Env {
+                feeds: &feeds,
+                vars,
+                op: OpEnv { step, seed, shard },
+            };
+            let mut values = Values::new(g.g.node_bound());
+            interp::execute(g, &plan.a, &env, &mut values)?;
+            Ok(values)
+        };
+        let results: Vec<Result<Values, interp::RunError>> = if n == 1 {
+            vec![run_a(0, batches.into_iter().next().expect("one batch"))]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = batches
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        let run_a = &run_a;
+                        s.spawn(move || run_a(i, b))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("shard thread")).collect()
+            })
+        };
+        let mut shard_values = Vec::with_capacity(n);
+        for r in results {
+            shard_values.push(r.map_err(run_diag)?);
+        }
+        // Combine: the mean over shards of every phase-A target, then phase B once.
+        let mut values = shard_values.swap_remove(0);
+        if !shard_values.is_empty() {
+            for &t in &plan.a_targets {
+                let mut acc = values.get(t).expect("target").f().to_owned();
+                for sv in &shard_values {
+                    acc += sv.get(t).expect("target").f();
+                }
+                acc.mapv_inplace(|x| x / n as f32);
+                let dtype = values.get(t).expect("target").dtype;
+                values.set(t, Tensor::float(dtype, acc.into_shared()));
+            }
+        }
+        for &(cross, operand) in &plan.cross {
+            let v = values.get(operand).expect("gradient").clone();
+            values.set(cross, v);
+        }
+        let loss_t = values.get(plan.loss).expect("loss");
+        let loss = loss_t.scalar();
+        let lr = values.get(plan.lr).expect("lr").scalar();
+        if loss_t.has_non_finite() {
+            let last = self
+                .last_checkpoint
+                .as_ref()
+                .map_or("no checkpoint has been saved yet".to_string(), |p| format!("the last checkpoint, {}, is intact", p.display()));
+            let span = g.node(plan.loss).span;
+            return Err(Diag::new(
+                Code::NonFiniteLoss,
+                span,
+                format!("the loss is {loss} at global step {}; training stopped and {last}", self.step + 1),
+            )
+            .label("this loss")
+            .help("lower the learning rate or clip gradients, then resume from the checkpoint")
+            .into());
+        }
+        let env_feeds = FxHashMap::default();
+        let env = Env {
+            feeds: &env_feeds,
+            vars: &self.vars,
+            op: OpEnv {
+                step: self.step,
+                seed: self.seed,
+                shard: 0,
+            },
+        };
+        interp::execute(g, &plan.b, &env, &mut values).map_err(run_diag)?;
+        for (name, node, _) in &plan.updates {
+            let v = values.get(*node).expect("update").clone();
+            self.vars.insert(name.clone(), v);
+        }
+        self.step = match plan.next_step {
+            Some(n) => values.get(n).expect("next step").scalar() as i64,
+            None => self.step + 1,
+        };
+        Ok((loss, lr))
+    }
+
+    /// Evaluates the latest state: metrics over `steps` batches or the whole input.
+    pub fn evaluate(&mut self, steps: Option<u64>) -> Res<EvalReport> {
+        self.restore_or_init()?;
+        let (c, ds) = self.input(SectionKind::Eval)?;
+        let steps = steps.or(self.info.eval_steps.map(|s| s as u64));
+        if steps.is_none() && ds.repeats_forever() {
+            return Err(Diag::new(Code::EndlessEval, ds.span(), "the eval input repeats forever and no eval steps are given")
+                .label("this input never ends")
+                .help("set `eval_steps` in the estimator or pass --steps N, or remove `repeat` from the eval input")
+                .into());
+        }
+        let g = &c.graph;
+        let shards = self.info.config.num_shards.max(1) as usize;
+        let names = Self::input_names(g);
+        let loss_node = g.outputs.iter().find(|o| o.role == Role::Loss).map(|o| o.node);
+        let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
+        let plan = Plan::new(g, &targets, &FxHashSet::default());
+        let mut reducers: Vec<Vec<Box<dyn Reducer>>> = Vec::new();
+        for _ in 0..shards {
+            let mut rs = Vec::new();
+            for m in &g.metrics {
+                rs.push(self.reducer(&m.reducer, m.span)?);
+            }
+            reducers.push(rs);
+        }
+        let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
+        let (mut loss_sum, mut count) = (0.0, 0u64);
+        while steps.is_none_or(|s| count < s) {
+            let Some(batches) = self.next_batches(&mut pipe, shards)? else { break };
+            for (shard, batch) in batches.into_iter().enumerate() {
+                let feeds = Self::feeds(&names, batch);
+                let env = Env {
+                    feeds: &feeds,
+                    vars: &self.vars,
+                    op: OpEnv {
+                        step: self.step,
+                        seed: self.seed,
+                        shard,
+                    },
+                };
+                let mut values = Values::new(g.g.node_bound());
+                interp::execute(g, &plan, &env, &mut values).map_err(run_diag)?;
+                if let Some(l) = loss_node {
+                    loss_sum += values.get(l).expect("loss").scalar();
+                }
+                for (m, r) in g.metrics.iter().zip(reducers[shard].iter_mut()) {
+                    let args: Vec<&Tensor> = m
+                        .args
+                        .iter()
+                        .map(|&i| values.get(g.outputs[i].node).expect("metric input"))
+                        .collect();
+                    r.accumulate(&args);
+                }
+            }
+            count += 1;
+        }
+        // Reduce across shards.
+        let mut first = reducers.remove(0);
+        for other in &reducers {
+            for (r, o) in first.iter_mut().zip(other) {
+                r.merge(o.as_ref());
+            }
+        }
+        let metrics: Vec<(String, f64)> = g.metrics.iter().zip(&first).map(|(m, r)| (m.name.clone(), r.result())).collect();
+        let loss = loss_sum / (count.max(1) * shards as u64) as f64;
+        let dir = self.model_dir.join("eval");
+        let mut w = summary::EventWriter::create(&dir)
+            .map_err(|e| self.io_diag(format!("cannot write summaries in {}: {e}", dir.display())))?;
+        let mut scalars: Vec<(&str, f32)> = metrics.iter().map(|(k, v)| (k.as_str(), *v as f32)).collect();
+        scalars.push(("loss", loss as f32));
+        w.scalars(self.step, &scalars)
+            .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
+        Ok(EvalReport {
+            global_step: self.step,
+            steps: count,
+            loss,
+            metrics,
+        })
+    }
+
+    /// Runs the predict section over the predict input and writes `predictions.jsonl`
+    /// (one object per example) and one `.npy` per output into `out`.
+    pub fn predict(&mut self, out: &Path, steps: Option<u64>) -> Res<PredictReport> {
+        self.restore_or_init()?;
+        let (c, ds) = self.input(SectionKind::Predict)?;
+        if steps.is_none() && ds.repeats_forever() {
+            return Err(Diag::new(Code::EndlessEval, ds.span(), "the predict input repeats forever and no step count is given")
+                .label("this input never ends")
+                .help("pass --steps N, or remove `repeat` from the predict input")
+                .into());
+        }
+        let g = &c.graph;
+        let names = Self::input_names(g);
+        let outs: Vec<(String, NodeIndex)> = g
+            .outputs
+            .iter()
+            .filter(|o| o.role == Role::Prediction)
+            .map(|o| (o.name.clone(), o.node))
+            .collect();
+        let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
+        let plan = Plan::new(g, &targets, &FxHashSet::default());
+        let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
+        std::fs::create_dir_all(out).map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
+        let mut lines = String::new();
+        let mut acc: Vec<Vec<Tensor>> = vec![Vec::new(); outs.len()];
+        let mut examples = 0u64;
+        let mut count = 0u64;
+        while steps.is_none_or(|s| count < s) {
+            let Some(mut batch) = pipe.next_element()? else { break };
+            batch.truncate(names.len());
+            let feeds = Self::feeds(&names, batch);
+            let env = Env {
+                feeds: &feeds,
+                vars: &self.vars,
+                op: OpEnv {
+                    step: self.step,
+                    seed: self.seed,
+                    shard: 0,
+                },
+            };
+            let mut values = Values::new(g.g.node_bound());
+            interp::execute(g, &plan, &env, &mut values).map_err(run_diag)?;
+            let vals: Vec<Tensor> = outs.iter().map(|o| values.get(o.1).expect("prediction").clone()).collect();
+            let rows = vals.first().map_or(0, |t| t.shape().first().copied().unwrap_or(1));
+            for r in 0..rows {
+                let mut obj = serde_json::Map::new();
+                for ((name, _), t) in outs.iter().zip(&vals) {
+                    obj.insert(name.clone(), row(t, r).to_json());
+                }
+                lines.push_str(&serde_json::Value::Object(obj).to_string());
+                lines.push('\n');
+            }
+            examples += rows as u64;
+            for (a, t) in acc.iter_mut().zip(vals) {
+                a.push(t);
+            }
+            count += 1;
+        }
+        let mut files = Vec::new();
+        let p = out.join("predictions.jsonl");
+        checkpoint::write_atomic(&p, lines.as_bytes()).map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
+        files.push(p);
+        for ((name, _), parts) in outs.iter().zip(acc) {
+            if parts.is_empty() {
+                continue;
+            }
+            let items: Vec<pipeline::Element> = parts.into_iter().map(|t| vec![t]).collect();
+            let all = concat_rows(&items);
+            let p = out.join(format!("{}.npy", name.replace('/', "_")));
+            checkpoint::write_atomic(&p, &records::npy_bytes(&all)).map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
+            files.push(p);
+        }
+        Ok(PredictReport { examples, files })
+    }
+
+    /// Smoke run: one train step, a checkpoint saved and restored (compared bit for
+    /// bit), one eval step, all in a temporary model directory.
+    pub fn smoke(&mut self) -> Res<Vec<String>> {
+        let dir = std::env::temp_dir().join(format!("est-smoke-{}-{}", std::process::id(), fresh_seed() % 100_000));
+        let saved_dir = std::mem::replace(&mut self.model_dir, dir.clone());
+        let result = self.smoke_in();
+        let _ = std::fs::remove_dir_all(&dir);
+        self.model_dir = saved_dir;
+        self.ready = false;
+        self.vars.clear();
+        self.step = 0;
+        result
+    }
+
+    fn smoke_in(&mut self) -> Res<Vec<String>> {
+        let mut lines = Vec::new();
+        self.ready = false;
+        self.init_variables();
+        self.ready = true;
+        let r = self.train(Steps::Add(1))?;
+        lines.push(format!("train: 1 step, loss {:.6}", r.final_loss));
+        let saved = self.vars.clone();
+        let step = self.step;
+        self.ready = false;
+        self.vars.clear();
+        self.restore_or_init()?;
+        if self.vars != saved || self.step != step {
+            return Err(self.io_diag("the checkpoint did not restore the saved state".into()).into());
+        }
+        lines.push(format!("checkpoint: saved and restored {} variables at global step {step}", saved.len()));
+        if self.compiled(SectionKind::Eval).is_some() {
+            let e = self.evaluate(Some(1))?;
+            let m: Vec<String> = e.metrics.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
+            lines.push(format!("eval: 1 step, loss {:.6}{}{}", e.loss, if m.is_empty() { "" } else { ", " }, m.join(", ")));
+        }
+        Ok(lines)
+    }
+}
+
+fn mode_name(m: SectionKind) -> &'static str {
+    match m {
+        SectionKind::Train => "train",
+        SectionKind::Eval => "eval",
+        SectionKind::Predict => "predict",
+    }
+}
+
+fn run_diag(e: interp::RunError) -> RunFailure {
+    Diag::new(Code::RunFailed, e.span, format!("{} failed: {}", e.op, e.message))
+        .label(format!("this {}", e.op))
+        .into()
+}
+
+/// A seed for runs without `random_seed` (recorded in checkpoints, so a resume keeps it).
+fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    fnv(&t.to_le_bytes(), u64::from(std::process::id()))
+}
+
+/// Row `r` of a batched tensor.
+fn row(t: &Tensor, r: usize) -> Tensor {
+    if t.shape().is_empty() {
+        return t.clone();
+    }
+    let sub = |d: &interp::Data| -> interp::Data {
+        match d {
+            interp::Data::F(a) => interp::Data::F(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared()),
+            interp::Data::I(a) => interp::Data::I(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared()),
+            interp::Data::B(a) => interp::Data::B(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared()),
+            interp::Data::S(a) => interp::Data::S(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared()),
+        }
+    };
+    Tensor {
+        dtype: t.dtype,
+        data: sub(&t.data),
+    }
+}
+
+/// Batches concatenated along their first axis.
+fn concat_rows(items: &[pipeline::Element]) -> Tensor {
+    let first = &items[0][0];
+    if items.len() == 1 {
+        return first.clone();
+    }
+    let all: Vec<&Tensor> = items.iter().map(|e| &e[0]).collect();
+    interp::ops::eval(&Op::Concat { axis: 0 }, &all, &{
+        let mut shape = first.shape().to_vec();
+        shape[0] = all.iter().map(|t| t.shape()[0]).sum();
+        TensorType::new(first.dtype, shape)
+    }, &OpEnv { step: 0, seed: 0, shard: 0 })
+    .unwrap_or_else(|_| first.clone())
+}
+
+#[allow(dead_code)]
+fn scalar_f32(v: f32) -> Tensor {
+    Tensor::f32(Arr::from_elem(ndarray::IxDyn(&[]), v))
+}

@@ -1,0 +1,409 @@
+//! Record formats the runtime reads and writes: TFRecord framing (with masked CRC32C of
+//! the length and of the data), `tf.Example` protobufs, and `.npy` arrays.
+
+use super::pipeline::Element;
+use crate::diag::{Code, Diag};
+use crate::interp::tensor::{dtype_size, Arr, Data, Tensor};
+use crate::ir::{DType, TensorType};
+use crate::span::Span;
+use ndarray::IxDyn;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// TFRecord's CRC mask.
+pub fn masked_crc(data: &[u8]) -> u32 {
+    let c = crc32c::crc32c(data);
+    c.rotate_right(15).wrapping_add(0xa282_ead8)
+}
+
+/// One record in TFRecord framing.
+pub fn frame(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 16);
+    let len = (data.len() as u64).to_le_bytes();
+    out.extend(len);
+    out.extend(masked_crc(&len).to_le_bytes());
+    out.extend(data);
+    out.extend(masked_crc(data).to_le_bytes());
+    out
+}
+
+/// Splits TFRecord bytes into records, checking both CRCs. Errors name the byte offset
+/// and the record index.
+pub fn unframe(bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < bytes.len() {
+        let idx = out.len();
+        if bytes.len() - at < 12 {
+            return Err(format!("record {idx} at byte {at}: truncated header"));
+        }
+        let len_bytes = &bytes[at..at + 8];
+        let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().expect("4 bytes"));
+        if crc != masked_crc(len_bytes) {
+            return Err(format!("record {idx} at byte {at}: length CRC mismatch"));
+        }
+        let start = at + 12;
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|l| start.checked_add(l))
+            .filter(|&e| e.checked_add(4).is_some_and(|x| x <= bytes.len()))
+            .ok_or_else(|| format!("record {idx} at byte {at}: truncated data ({len} bytes announced)"))?;
+        let data = &bytes[start..end];
+        let dcrc = u32::from_le_bytes(bytes[end..end + 4].try_into().expect("4 bytes"));
+        if dcrc != masked_crc(data) {
+            return Err(format!("record {idx} at byte {at}: data CRC mismatch"));
+        }
+        out.push(data);
+        at = end + 4;
+    }
+    Ok(out)
+}
+
+/// The files a path names: itself, or the matches of a `*` pattern in its last part.
+pub fn glob(path: &Path) -> Result<Vec<PathBuf>, String> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if !name.contains('*') {
+        if !path.is_file() {
+            return Err(format!("{} does not exist", path.display()));
+        }
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let (pre, post) = name.split_once('*').expect("has *");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            n.len() >= pre.len() + post.len() && n.starts_with(pre) && n.ends_with(post)
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("no file matches {}", path.display()));
+    }
+    Ok(files)
+}
+
+/// Reads TFRecord files one after another, yielding each record as a bytes scalar.
+pub struct TfRecordReader {
+    files: std::vec::IntoIter<PathBuf>,
+    records: std::vec::IntoIter<Vec<u8>>,
+    span: Span,
+    failed: bool,
+}
+
+impl TfRecordReader {
+    pub fn new(files: Vec<PathBuf>, span: Span) -> TfRecordReader {
+        TfRecordReader {
+            files: files.into_iter(),
+            records: Vec::new().into_iter(),
+            span,
+            failed: false,
+        }
+    }
+}
+
+impl Iterator for TfRecordReader {
+    type Item = Result<Element, Diag>;
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.failed {
+                return None;
+            }
+            if let Some(r) = self.records.next() {
+                return Some(Ok(vec![Tensor {
+                    dtype: DType::Bytes,
+                    data: Data::S(Arr::from_elem(IxDyn(&[]), r)),
+                }]));
+            }
+            let f = self.files.next()?;
+            let mut bytes = Vec::new();
+            if let Err(e) = std::fs::File::open(&f).and_then(|mut h| h.read_to_end(&mut bytes)) {
+                self.failed = true;
+                return Some(Err(super::pipeline::io_diag(self.span, &f, &e)));
+            }
+            match unframe(&bytes) {
+                Ok(rs) => {
+                    self.records = rs.into_iter().map(<[u8]>::to_vec).collect::<Vec<_>>().into_iter()
+                }
+                Err(m) => {
+                    self.failed = true;
+                    return Some(Err(Diag::new(Code::BadData, self.span, format!("{}: {m}", f.display()))
+                        .label("this source")));
+                }
+            }
+        }
+    }
+}
+
+fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The fields of a protobuf message: (field number, wire type, payload bytes or varint).
+fn fields(b: &[u8]) -> Option<Vec<(u32, Field<'_>)>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        let key = varint(b, &mut at)?;
+        let (num, wt) = ((key >> 3) as u32, key & 7);
+        let f = match wt {
+            0 => Field::Varint(varint(b, &mut at)?),
+            1 => {
+                let s = b.get(at..at + 8)?;
+                at += 8;
+                let _ = s;
+                Field::Fixed64
+            }
+            2 => {
+                let len = usize::try_from(varint(b, &mut at)?).ok()?;
+                let s = b.get(at..at.checked_add(len)?)?;
+                at += len;
+                Field::Bytes(s)
+            }
+            5 => {
+                let s = b.get(at..at + 4)?;
+                at += 4;
+                Field::Fixed32(u32::from_le_bytes(s.try_into().ok()?))
+            }
+            _ => return None,
+        };
+        out.push((num, f));
+    }
+    Some(out)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Field<'a> {
+    Varint(u64),
+    Fixed64,
+    Bytes(&'a [u8]),
+    Fixed32(u32),
+}
+
+/// A feature's values.
+enum Values {
+    Bytes(Vec<Vec<u8>>),
+    Floats(Vec<f32>),
+    Ints(Vec<i64>),
+}
+
+fn parse_feature(b: &[u8]) -> Option<Values> {
+    for (num, f) in fields(b)? {
+        let Field::Bytes(list) = f else { continue };
+        let items = fields(list)?;
+        return Some(match num {
+            1 => Values::Bytes(
+                items
+                    .iter()
+                    .filter_map(|(_, f)| match f {
+                        Field::Bytes(s) => Some(s.to_vec()),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            2 => {
+                let mut v = Vec::new();
+                for (_, f) in items {
+                    match f {
+                        Field::Fixed32(x) => v.push(f32::from_bits(x)),
+                        Field::Bytes(p) => v.extend(
+                            p.chunks_exact(4)
+                                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
+                        ),
+                        _ => return None,
+                    }
+                }
+                Values::Floats(v)
+            }
+            3 => {
+                let mut v = Vec::new();
+                for (_, f) in items {
+                    match f {
+                        Field::Varint(x) => v.push(x as i64),
+                        Field::Bytes(p) => {
+                            let mut at = 0;
+                            while at < p.len() {
+                                v.push(varint(p, &mut at)? as i64);
+                            }
+                        }
+                        _ => return None,
+                    }
+                }
+                Values::Ints(v)
+            }
+            _ => return None,
+        });
+    }
+    None
+}
+
+/// Parses a serialized `tf.Example` into the named features, in order.
+pub fn parse_example(b: &[u8], want: &[(String, DType, Vec<usize>)]) -> Result<Element, String> {
+    let mut found: Vec<(String, Values)> = Vec::new();
+    let top = fields(b).ok_or("the record is not a tf.Example protobuf")?;
+    for (num, f) in top {
+        let (1, Field::Bytes(features)) = (num, f) else { continue };
+        for (num, f) in fields(features).ok_or("malformed Features")? {
+            let (1, Field::Bytes(entry)) = (num, f) else { continue };
+            let mut key = None;
+            let mut value = None;
+            for (n, f) in fields(entry).ok_or("malformed feature entry")? {
+                match (n, f) {
+                    (1, Field::Bytes(k)) => key = Some(String::from_utf8_lossy(k).into_owned()),
+                    (2, Field::Bytes(v)) => value = Some(v),
+                    _ => {}
+                }
+            }
+            if let (Some(k), Some(v)) = (key, value) {
+                let vals = parse_feature(v).ok_or_else(|| format!("feature `{k}` is malformed"))?;
+                found.push((k, vals));
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(want.len());
+    for (name, dtype, dims) in want {
+        let Some((_, vals)) = found.iter().find(|(k, _)| k == name) else {
+            return Err(format!("feature `{name}` is missing"));
+        };
+        let ty = TensorType::new(*dtype, dims.clone());
+        let n = ty.elements();
+        let t = match (vals, dtype) {
+            (Values::Bytes(v), DType::Bytes) => Tensor {
+                dtype: DType::Bytes,
+                data: Data::S(Arr::from_elem(IxDyn(&[]), v.first().cloned().unwrap_or_default())),
+            },
+            (Values::Floats(v), d) if d.is_float() && v.len() == n => {
+                Tensor::from_f64(&ty, v.iter().map(|&x| f64::from(x)).collect())
+            }
+            (Values::Ints(v), d) if d.is_int() && v.len() == n => {
+                if let Some(&bad) = v.iter().find(|&&x| !fits(*d, x)) {
+                    return Err(format!("feature `{name}`: {bad} does not fit {d}"));
+                }
+                Tensor::from_f64(&ty, v.iter().map(|&x| x as f64).collect())
+            }
+            (v, d) => {
+                let (kind, len) = match v {
+                    Values::Bytes(x) => ("bytes_list", x.len()),
+                    Values::Floats(x) => ("float_list", x.len()),
+                    Values::Ints(x) => ("int64_list", x.len()),
+                };
+                return Err(format!(
+                    "feature `{name}` is a {kind} of {len} values, but the program parses it as {ty}",
+                    ty = if d == &DType::Bytes { "bytes".to_string() } else { ty.to_string() }
+                ));
+            }
+        };
+        out.push(t);
+    }
+    Ok(out)
+}
+
+fn fits(d: DType, x: i64) -> bool {
+    match d {
+        DType::I32 => i32::try_from(x).is_ok(),
+        DType::U8 => u8::try_from(x).is_ok(),
+        _ => true,
+    }
+}
+
+fn npy_descr(d: DType) -> Option<&'static str> {
+    Some(match d {
+        DType::F32 => "<f4",
+        DType::F16 => "<f2",
+        DType::I32 => "<i4",
+        DType::U8 => "|u1",
+        DType::I64 => "<i8",
+        DType::Bool => "|b1",
+        DType::BF16 | DType::Bytes => return None,
+    })
+}
+
+/// A tensor as a `.npy` file (bf16 is written as f32, which numpy reads).
+pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
+    let (descr, data) = match npy_descr(t.dtype) {
+        Some(d) => (d, t.to_le_bytes()),
+        None => (
+            "<f4",
+            t.to_f64().iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+        ),
+    };
+    let shape: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
+    let shape = match shape.len() {
+        1 => format!("({},)", shape[0]),
+        _ => format!("({})", shape.join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat((64 - total % 64) % 64));
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend(data);
+    out
+}
+
+/// Reads a `.npy` file as rows: the first axis is the dataset's, the rest must be `dims`.
+pub fn read_npy(path: &Path, dtype: DType, dims: &[usize]) -> Result<Vec<Tensor>, String> {
+    let b = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bad = |m: &str| format!("{}: {m}", path.display());
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err(bad("not a .npy file"));
+    }
+    let (hlen, start) = if b[6] == 1 {
+        (u16::from_le_bytes([b[8], b[9]]) as usize, 10)
+    } else {
+        if b.len() < 12 {
+            return Err(bad("truncated header"));
+        }
+        (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12)
+    };
+    let header = b
+        .get(start..start + hlen)
+        .map(String::from_utf8_lossy)
+        .ok_or_else(|| bad("truncated header"))?;
+    let want = npy_descr(dtype).ok_or_else(|| bad("unsupported dtype"))?;
+    if !header.contains(&format!("'{want}'")) {
+        return Err(bad(&format!("the array's dtype is not {dtype} ({want})")));
+    }
+    if header.contains("'fortran_order': True") {
+        return Err(bad("Fortran-ordered arrays are not supported"));
+    }
+    let shape_text = header
+        .split("'shape':")
+        .nth(1)
+        .and_then(|s| s.split('(').nth(1))
+        .and_then(|s| s.split(')').next())
+        .ok_or_else(|| bad("no shape in header"))?;
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| bad("bad shape")))
+        .collect::<Result<_, _>>()?;
+    if shape.is_empty() || shape[1..] != *dims {
+        return Err(bad(&format!("shape {shape:?} does not give elements of shape {dims:?}")));
+    }
+    let per: usize = dims.iter().product::<usize>() * dtype_size(dtype).unwrap_or(1);
+    let data = &b[start + hlen..];
+    if data.len() != per * shape[0] {
+        return Err(bad("data size does not match the shape"));
+    }
+    let ty = TensorType::new(dtype, dims.to_vec());
+    (0..shape[0])
+        .map(|i| Tensor::from_le_bytes(&ty, &data[i * per..(i + 1) * per]).ok_or_else(|| bad("bad data")))
+        .collect()
+}
