@@ -444,10 +444,10 @@ fn matmul(a: &Tensor, b: &Tensor, ty: &TensorType) -> R {
             sa.extend([m, k]);
             let mut sb = batch.clone();
             sb.extend([k, n]);
-            let xa = x.broadcast(IxDyn(&sa)).expect("broadcast").to_owned();
-            let yb = y.broadcast(IxDyn(&sb)).expect("broadcast").to_owned();
-            let xa = xa.into_shape_with_order((nb, m, k)).expect("shape");
-            let yb = yb.into_shape_with_order((nb, k, n)).expect("shape");
+            let xv: Vec<f32> = x.broadcast(IxDyn(&sa)).expect("broadcast").iter().copied().collect();
+            let yv: Vec<f32> = y.broadcast(IxDyn(&sb)).expect("broadcast").iter().copied().collect();
+            let xa = ndarray::Array3::from_shape_vec((nb, m, k), xv).expect("shape");
+            let yb = ndarray::Array3::from_shape_vec((nb, k, n), yv).expect("shape");
             let mut out = ndarray::Array3::<f32>::zeros((nb, m, n));
             for i in 0..nb {
                 let r = xa.index_axis(Axis(0), i).dot(&yb.index_axis(Axis(0), i));

@@ -56,6 +56,13 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
     ad.apply(&opt, lr, grads);
 }
 
+/// The gradients of `loss` with respect to the trainable variables it depends on, as
+/// (variable, gradient) nodes added to `g`; `None` after an E0801 diagnostic. The pass
+/// uses it; tests use it to check every gradient against finite differences.
+pub fn gradients(g: &mut Graph, loss: NodeIndex, diags: &mut Diags) -> Option<Vec<(NodeIndex, NodeIndex)>> {
+    Ad { g, diags }.backward(loss)
+}
+
 struct Ad<'a> {
     g: &'a mut Graph,
     diags: &'a mut Diags,

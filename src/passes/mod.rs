@@ -2,7 +2,7 @@
 //! them, and `run` applies them with the verifier between every two in tests and debug
 //! builds. Checks come first, so diagnostics never depend on the optimisations.
 
-mod autodiff;
+pub mod autodiff;
 mod const_fold;
 mod cse;
 mod dce;

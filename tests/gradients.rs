@@ -1,0 +1,377 @@
+//! Every differentiable op's gradient (made by the autodiff pass, run by the
+//! interpreter) against central finite differences of the interpreter's forward pass.
+//!
+//! Each case builds `loss = reduce_sum(op(x...) * w)` with fixed weights `w`, so every
+//! output element matters. Inputs are distinct values spaced 0.1 apart, so no finite
+//! difference (eps = 1e-2) crosses a kink of relu, max or a pooling window. Tolerance:
+//! |analytic - numeric| <= 2e-2 * max(1, |numeric|) (f32 forward passes).
+
+use est::diag::Diags;
+use est::interp::{self, OpEnv, Tensor};
+use est::ir::{infer, BinaryOp, DType, Graph, Init, Op, Output, Padding, ReduceOp, Role, TensorType, UnaryOp};
+use est::span::{FileId, Span};
+use petgraph::stable_graph::NodeIndex;
+use rustc_hash::FxHashMap;
+
+const SPAN: Span = Span {
+    file: FileId(0),
+    lo: 0,
+    hi: 0,
+};
+
+struct Case {
+    g: Graph,
+    vars: Vec<(String, TensorType)>,
+    /// The finite-difference step: 1e-2, or larger for ops without kinks whose
+    /// many-term sums make small steps noisy in f32.
+    eps: f64,
+}
+
+impl Case {
+    fn new() -> Case {
+        Case {
+            g: Graph::new(),
+            vars: Vec::new(),
+            eps: 1e-2,
+        }
+    }
+
+    fn var(&mut self, name: &str, shape: &[usize]) -> NodeIndex {
+        let ty = TensorType::new(DType::F32, shape.to_vec());
+        self.vars.push((name.to_string(), ty.clone()));
+        self.g.add(
+            Op::Variable {
+                name: name.into(),
+                init: Init::Zeros,
+                trainable: true,
+            },
+            &[],
+            ty,
+            SPAN,
+        )
+    }
+
+    fn input(&mut self, name: &str, dtype: DType, shape: &[usize]) -> NodeIndex {
+        self.g.add(
+            Op::Input { name: name.into() },
+            &[],
+            TensorType::new(dtype, shape.to_vec()),
+            SPAN,
+        )
+    }
+
+    fn op(&mut self, op: Op, args: &[NodeIndex]) -> NodeIndex {
+        self.op_as(op, args, TensorType::scalar(DType::F32))
+    }
+
+    fn op_as(&mut self, op: Op, args: &[NodeIndex], declared: TensorType) -> NodeIndex {
+        let tys: Vec<&TensorType> = args.iter().map(|&a| self.g.ty(a)).collect();
+        let ty = infer(&op, &tys, &declared).unwrap_or_else(|e| panic!("{}: {}", op.name(), e.message));
+        self.g.add(op, args, ty, SPAN)
+    }
+}
+
+/// Distinct values spaced 0.1 apart (a fixed permutation), shifted by `lo`.
+fn spaced(n: usize, lo: f64, salt: usize) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..n).collect();
+    // a deterministic shuffle: multiply by a unit mod n
+    let step = (0..n).map(|k| 7 + 2 * k + salt).find(|&s| gcd(s, n) == 1).unwrap_or(1);
+    for (i, v) in idx.iter_mut().enumerate() {
+        *v = (i * step + salt) % n;
+    }
+    idx.into_iter().map(|k| lo + 0.1 * k as f64 + 0.05).collect()
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn forward(g: &Graph, loss: NodeIndex, vars: &FxHashMap<String, Tensor>, feeds: &FxHashMap<String, Tensor>) -> f64 {
+    let plan = interp::Plan::new(g, &[loss], &Default::default());
+    let mut values = interp::Values::new(0);
+    let env = interp::Env {
+        feeds,
+        vars,
+        op: OpEnv { step: 0, seed: 1, shard: 0 },
+    };
+    interp::execute(g, &plan, &env, &mut values).expect("forward");
+    values.get(loss).expect("loss").scalar()
+}
+
+/// Checks the gradients of `reduce_sum(out * w)` for every variable of the case.
+/// `lo` is where each variable's values start (positive for log, sqrt, ...).
+fn check(name: &str, mut c: Case, out: NodeIndex, lo: f64, feeds: FxHashMap<String, Tensor>) {
+    let oty = c.g.ty(out).clone();
+    let w = c.input("__w", DType::F32, &oty.shape);
+    let prod = c.op(Op::Binary(BinaryOp::Mul), &[out, w]);
+    let axes: Vec<usize> = (0..oty.rank()).collect();
+    let loss = c.op(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes,
+            keep_dims: false,
+        },
+        &[prod],
+    );
+    let mut feeds = feeds;
+    let wv = spaced(oty.elements(), -0.9, 3);
+    feeds.insert("__w".into(), Tensor::from_f64(&TensorType::new(DType::F32, oty.shape.clone()), wv));
+    let mut diags = Diags::default();
+    let grads = est::passes::autodiff::gradients(&mut c.g, loss, &mut diags).expect("differentiable");
+    assert!(diags.is_empty(), "{name}: {diags:?}");
+    est::passes::verify(&c.g).unwrap_or_else(|e| panic!("{name}: autodiff broke the graph: {e}"));
+    let mut vars = FxHashMap::default();
+    for (i, (v, ty)) in c.vars.iter().enumerate() {
+        // each variable offset by 0.03 so that two variables never tie
+        let vals = spaced(ty.elements(), lo + 0.03 * i as f64, i);
+        vars.insert(v.clone(), Tensor::from_f64(ty, vals));
+    }
+    for (vnode, gnode) in &grads {
+        c.g.outputs.push(Output {
+            name: format!("{}", vnode.index()),
+            role: Role::Update,
+            node: *gnode,
+        });
+    }
+    let results = interp::run_outputs(&c.g, &feeds, &vars, OpEnv { step: 0, seed: 1, shard: 0 }).expect("gradients");
+    assert_eq!(grads.len(), c.vars.len(), "{name}: every variable gets a gradient");
+    for ((vnode, _), (_, gt)) in grads.iter().zip(results.iter().skip(results.len() - grads.len())) {
+        let Op::Variable { name: vname, .. } = &c.g.node(*vnode).op else { unreachable!() };
+        let ty = c.g.ty(*vnode).clone();
+        let analytic = gt.to_f64();
+        assert_eq!(gt.shape(), ty.shape.as_slice(), "{name}: gradient shape of {vname}");
+        let base = vars[vname].to_f64();
+        let eps = c.eps;
+        for i in 0..base.len() {
+            let at = |d: f64| {
+                let mut v = base.clone();
+                v[i] += d;
+                let mut vs = vars.clone();
+                vs.insert(vname.clone(), Tensor::from_f64(&ty, v));
+                forward(&c.g, loss, &vs, &feeds)
+            };
+            let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
+            let tol = 2e-2 * numeric.abs().max(1.0);
+            assert!(
+                (analytic[i] - numeric).abs() <= tol,
+                "{name}: d/d{vname}[{i}] analytic {} vs numeric {numeric}",
+                analytic[i]
+            );
+        }
+    }
+}
+
+fn none() -> FxHashMap<String, Tensor> {
+    FxHashMap::default()
+}
+
+#[test]
+fn unary_gradients() {
+    let cases = [
+        (UnaryOp::Neg, -1.0),
+        (UnaryOp::Abs, -1.0),
+        (UnaryOp::Exp, -1.0),
+        (UnaryOp::Log, 0.5),
+        (UnaryOp::Sqrt, 0.5),
+        (UnaryOp::Rsqrt, 0.5),
+        (UnaryOp::Square, -1.0),
+        (UnaryOp::Tanh, -1.0),
+        (UnaryOp::Sigmoid, -1.0),
+        (UnaryOp::Relu, -1.0),
+    ];
+    for (u, lo) in cases {
+        let mut c = Case::new();
+        let x = c.var("x", &[3, 4]);
+        let y = c.op(Op::Unary(u), &[x]);
+        check(Op::Unary(u).name(), c, y, lo, none());
+    }
+}
+
+#[test]
+fn binary_gradients_with_broadcasting() {
+    let ops = [
+        (BinaryOp::Add, -1.0),
+        (BinaryOp::Sub, -1.0),
+        (BinaryOp::Mul, -1.0),
+        (BinaryOp::Div, 0.5),
+        (BinaryOp::Pow, 0.5),
+        (BinaryOp::Max, -1.0),
+        (BinaryOp::Min, -1.0),
+    ];
+    for (b, lo) in ops {
+        for (sa, sb) in [(vec![3, 4], vec![3, 4]), (vec![3, 4], vec![4]), (vec![3, 1], vec![1, 4]), (vec![2, 3, 4], vec![])] {
+            let mut c = Case::new();
+            let x = c.var("a", &sa);
+            let y = c.var("b", &sb);
+            let z = c.op(Op::Binary(b), &[x, y]);
+            check(&format!("{} {sa:?} {sb:?}", Op::Binary(b).name()), c, z, lo, none());
+        }
+    }
+}
+
+#[test]
+fn select_and_cast_gradients() {
+    let mut c = Case::new();
+    let x = c.var("a", &[2, 3]);
+    let y = c.var("b", &[2, 3]);
+    let cond = c.input("cond", DType::Bool, &[2, 3]);
+    let z = c.op(Op::Select, &[cond, x, y]);
+    let mut feeds = none();
+    feeds.insert(
+        "cond".into(),
+        Tensor::from_f64(&TensorType::new(DType::Bool, vec![2, 3]), vec![1.0, 0.0, 1.0, 1.0, 0.0, 0.0]),
+    );
+    check("select", c, z, -1.0, feeds);
+
+    let mut c = Case::new();
+    let x = c.var("a", &[2, 3]);
+    let h = c.op_as(Op::Cast, &[x], TensorType::new(DType::F16, vec![2, 3]));
+    let back = c.op_as(Op::Cast, &[h], TensorType::new(DType::F32, vec![2, 3]));
+    let sq = c.op(Op::Unary(UnaryOp::Square), &[back]);
+    check("cast f32 -> f16 -> f32", c, sq, -1.0, none());
+}
+
+#[test]
+fn reduction_gradients() {
+    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
+        for (axes, keep) in [(vec![1], false), (vec![0, 2], true), (vec![0, 1, 2], false)] {
+            let mut c = Case::new();
+            let x = c.var("x", &[2, 3, 2]);
+            let y = c.op(
+                Op::Reduce {
+                    op,
+                    axes: axes.clone(),
+                    keep_dims: keep,
+                },
+                &[x],
+            );
+            let lo = if op == ReduceOp::Prod { 0.5 } else { -0.6 };
+            check(&format!("{op:?} {axes:?} keep={keep}"), c, y, lo, none());
+        }
+    }
+}
+
+#[test]
+fn matmul_gradients() {
+    for (sa, sb) in [(vec![3, 4], vec![4, 2]), (vec![2, 3, 4], vec![4, 5]), (vec![2, 3, 4], vec![2, 4, 2])] {
+        let mut c = Case::new();
+        let a = c.var("a", &sa);
+        let b = c.var("b", &sb);
+        let y = c.op(Op::MatMul, &[a, b]);
+        check(&format!("matmul {sa:?} {sb:?}"), c, y, -1.0, none());
+    }
+}
+
+#[test]
+fn shape_op_gradients() {
+    let mut c = Case::new();
+    let x = c.var("x", &[2, 3, 4]);
+    let y = c.op(Op::Transpose { perm: vec![2, 0, 1] }, &[x]);
+    check("transpose", c, y, -1.0, none());
+
+    let mut c = Case::new();
+    let x = c.var("x", &[2, 6]);
+    let y = c.op_as(Op::Reshape, &[x], TensorType::new(DType::F32, vec![3, 4]));
+    check("reshape", c, y, -1.0, none());
+
+    let mut c = Case::new();
+    let x = c.var("x", &[3, 1]);
+    let y = c.op_as(Op::BroadcastTo, &[x], TensorType::new(DType::F32, vec![2, 3, 4]));
+    check("broadcast_to", c, y, -1.0, none());
+
+    let mut c = Case::new();
+    let a = c.var("a", &[2, 3]);
+    let b = c.var("b", &[2, 2]);
+    let y = c.op(Op::Concat { axis: 1 }, &[a, b]);
+    check("concat", c, y, -1.0, none());
+
+    let mut c = Case::new();
+    let x = c.var("x", &[4, 5]);
+    let y = c.op(Op::Slice { axis: 1, start: 1, end: 3 }, &[x]);
+    check("slice", c, y, -1.0, none());
+
+    let mut c = Case::new();
+    let t = c.var("table", &[5, 3]);
+    let idx = c.input("idx", DType::I32, &[4]);
+    let y = c.op(Op::Gather, &[t, idx]);
+    let mut feeds = none();
+    feeds.insert("idx".into(), Tensor::from_f64(&TensorType::new(DType::I32, vec![4]), vec![4.0, 0.0, 4.0, 2.0]));
+    check("gather (repeated rows)", c, y, -1.0, feeds);
+
+    let mut c = Case::new();
+    let x = c.var("x", &[2, 3]);
+    let y = c.op(Op::CrossShardMean, &[x]);
+    check("cross_shard_mean", c, y, -1.0, none());
+}
+
+#[test]
+fn softmax_gradients() {
+    for axis in [0, 1] {
+        let mut c = Case::new();
+        let x = c.var("x", &[3, 4]);
+        let y = c.op(Op::Softmax { axis }, &[x]);
+        check("softmax", c, y, -1.0, none());
+        let mut c = Case::new();
+        let x = c.var("x", &[3, 4]);
+        let y = c.op(Op::LogSoftmax { axis }, &[x]);
+        check("log_softmax", c, y, -1.0, none());
+    }
+}
+
+#[test]
+fn conv_and_pool_gradients() {
+    for (padding, strides, dilation) in [
+        (Padding::Same, [1, 1], [1, 1]),
+        (Padding::Valid, [1, 1], [1, 1]),
+        (Padding::Same, [2, 2], [1, 1]),
+        (Padding::Valid, [1, 2], [2, 1]),
+    ] {
+        let mut c = Case::new();
+        c.eps = 0.25; // linear in each operand: any step is exact but for rounding
+        let x = c.var("x", &[2, 5, 5, 2]);
+        let w = c.var("w", &[3, 3, 2, 3]);
+        let y = c.op(
+            Op::Conv2d {
+                strides,
+                padding,
+                dilation,
+            },
+            &[x, w],
+        );
+        check(&format!("conv2d {padding:?} {strides:?} {dilation:?}"), c, y, -2.0, none());
+    }
+    for (padding, window, strides) in [(Padding::Valid, [2, 2], [2, 2]), (Padding::Same, [3, 3], [2, 2]), (Padding::Same, [2, 2], [1, 1])] {
+        let mut c = Case::new();
+        let x = c.var("x", &[2, 5, 5, 2]);
+        let y = c.op(Op::MaxPool2d { window, strides, padding }, &[x]);
+        check(&format!("max_pool2d {padding:?} {window:?}"), c, y, -2.0, none());
+        let mut c = Case::new();
+        let x = c.var("x", &[2, 5, 5, 2]);
+        let y = c.op(Op::AvgPool2d { window, strides, padding }, &[x]);
+        check(&format!("avg_pool2d {padding:?} {window:?}"), c, y, -2.0, none());
+    }
+}
+
+#[test]
+fn a_path_through_argmax_is_e0801() {
+    let mut c = Case::new();
+    let x = c.var("x", &[2, 3]);
+    let a = c.op(Op::ArgMax { axis: 1 }, &[x]);
+    let f = c.op_as(Op::Cast, &[a], TensorType::new(DType::F32, vec![2]));
+    let loss = c.op(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![0],
+            keep_dims: false,
+        },
+        &[f],
+    );
+    let mut diags = Diags::default();
+    assert!(est::passes::autodiff::gradients(&mut c.g, loss, &mut diags).is_none());
+    let codes: Vec<&str> = diags.iter().map(|d| d.code.id()).collect();
+    assert_eq!(codes, ["E0801"]);
+}
