@@ -97,7 +97,9 @@ impl<'p> Elab<'p> {
             }
             "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" => self.b_optimizer(name, &a),
             "clip_by_global_norm" => self.b_clip(&a),
-            "accuracy" | "mean" | "precision" | "recall" | "auc" => self.b_metric(name, &a),
+            "accuracy" | "mean" | "precision" | "recall" | "auc" | "reducer" => {
+                self.b_metric(name, &a)
+            }
             "logging_hook" | "stop_at_step_hook" | "nan_hook" => self.b_hook(name, &a),
             _ => self.data_builtin(name, &a),
         }
@@ -994,12 +996,16 @@ impl<'p> Elab<'p> {
     fn b_metric(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
         let names: &[&'static str] = match name {
             "mean" => &["values"],
+            "reducer" => &["a", "b"],
             "auc" => &["labels", "scores"],
             _ => &["labels", "predictions"],
         };
         let mut args = Vec::new();
         for &n in names {
             let (v, s) = a.get(n);
+            if name == "reducer" && n == "b" && matches!(v, Value::None) {
+                continue;
+            }
             let Value::Tensor(t) = v else {
                 return self.expected("a tensor", &v, s);
             };
@@ -1028,11 +1034,11 @@ impl<'p> Elab<'p> {
             }
         }
         let reducer = match name {
-            "accuracy" => "accuracy",
-            "mean" => "mean",
-            "precision" => "precision",
-            "recall" => "recall",
-            _ => "auc",
+            "reducer" => match a.get("name") {
+                (Value::Str(r), _) => r.to_string(),
+                (v, s) => return self.expected("the reducer's name, a string", &v, s),
+            },
+            other => other.to_string(),
         };
         Value::Metric(Rc::new(MetricVal {
             reducer,

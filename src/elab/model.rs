@@ -459,7 +459,7 @@ impl<'p> Elab<'p> {
                         )
                         .label(other.kind())
                         .help(
-                            "make metrics with std.metrics: accuracy, mean, precision, recall, auc",
+                            "make metrics with std.metrics: accuracy, mean, precision, recall, auc, reducer",
                         ),
                     );
                     continue;

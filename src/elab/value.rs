@@ -77,7 +77,7 @@ pub struct OptimizerVal<'p> {
 /// A metric made by one of `std.metrics`' functions: a reducer over tensors.
 #[derive(Debug, Clone)]
 pub struct MetricVal {
-    pub reducer: &'static str,
+    pub reducer: String,
     pub args: Vec<(&'static str, NodeIndex)>,
     pub span: Span,
 }

@@ -121,6 +121,7 @@ pub fn decode(bytes: &[u8]) -> Result<FxHashMap<String, Tensor>, String> {
 pub fn save(dir: &Path, vars: &FxHashMap<String, Tensor>, meta: &Meta, keep: usize) -> std::io::Result<PathBuf> {
     let bytes = encode(vars).map_err(std::io::Error::other)?;
     let tp = tensors_path(dir, meta.global_step);
+    fault_injection(dir, meta.global_step, &bytes);
     write_atomic(&tp, &bytes)?;
     let m = serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?;
     write_atomic(&meta_path(dir, meta.global_step), &m)?;
@@ -136,6 +137,17 @@ pub fn save(dir: &Path, vars: &FxHashMap<String, Tensor>, meta: &Meta, keep: usi
     });
     write_atomic(&dir.join("checkpoint.json"), index.to_string().as_bytes())?;
     Ok(tp)
+}
+
+/// For the crash tests: `EST_FAULT=checkpoint-write:STEP` makes the process die in the
+/// middle of writing that step's checkpoint (half a temporary file written, nothing
+/// renamed), as a power cut or SIGKILL would leave it.
+fn fault_injection(dir: &Path, step: i64, bytes: &[u8]) {
+    if std::env::var("EST_FAULT").ok().as_deref() == Some(&format!("checkpoint-write:{step}")) {
+        let tmp = dir.join(format!(".ckpt-{step}.safetensors.tmp-{}", std::process::id()));
+        let _ = std::fs::write(tmp, &bytes[..bytes.len() / 2]);
+        std::process::abort();
+    }
 }
 
 /// The complete checkpoints in `dir`, oldest first.

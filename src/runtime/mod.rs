@@ -206,16 +206,6 @@ impl Estimator {
                 .into());
             }
         };
-        if opts.target != Target::Interp {
-            return Err(Diag::new(
-                Code::NoRuntime,
-                info.span,
-                format!("the {} target cannot run programs yet", opts.target.name()),
-            )
-            .label("this estimator")
-            .help("run it with `--target interp`")
-            .into());
-        }
         let base = opts.data_dir.clone().unwrap_or_else(|| {
             Path::new(&root_file.name)
                 .parent()
@@ -341,6 +331,16 @@ impl Estimator {
 
     /// Restores the latest checkpoint of `model_dir`, or initialises every variable.
     pub fn restore_or_init(&mut self) -> Res<()> {
+        if self.target != Target::Interp {
+            return Err(Diag::new(
+                Code::NoRuntime,
+                self.info.span,
+                format!("the {} target cannot run programs yet", self.target.name()),
+            )
+            .label("this estimator")
+            .help("run it with `--target interp`")
+            .into());
+        }
         if self.ready {
             return Ok(());
         }
