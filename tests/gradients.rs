@@ -8,7 +8,9 @@
 
 use est::diag::Diags;
 use est::interp::{self, OpEnv, Tensor};
-use est::ir::{infer, BinaryOp, DType, Graph, Init, Op, Output, Padding, ReduceOp, Role, TensorType, UnaryOp};
+use est::ir::{
+    infer, BinaryOp, DType, Graph, Init, Op, Output, Padding, ReduceOp, Role, TensorType, UnaryOp,
+};
 use est::span::{FileId, Span};
 use petgraph::stable_graph::NodeIndex;
 use rustc_hash::FxHashMap;
@@ -66,7 +68,8 @@ impl Case {
 
     fn op_as(&mut self, op: Op, args: &[NodeIndex], declared: TensorType) -> NodeIndex {
         let tys: Vec<&TensorType> = args.iter().map(|&a| self.g.ty(a)).collect();
-        let ty = infer(&op, &tys, &declared).unwrap_or_else(|e| panic!("{}: {}", op.name(), e.message));
+        let ty =
+            infer(&op, &tys, &declared).unwrap_or_else(|e| panic!("{}: {}", op.name(), e.message));
         self.g.add(op, args, ty, SPAN)
     }
 }
@@ -75,11 +78,16 @@ impl Case {
 fn spaced(n: usize, lo: f64, salt: usize) -> Vec<f64> {
     let mut idx: Vec<usize> = (0..n).collect();
     // a deterministic shuffle: multiply by a unit mod n
-    let step = (0..n).map(|k| 7 + 2 * k + salt).find(|&s| gcd(s, n) == 1).unwrap_or(1);
+    let step = (0..n)
+        .map(|k| 7 + 2 * k + salt)
+        .find(|&s| gcd(s, n) == 1)
+        .unwrap_or(1);
     for (i, v) in idx.iter_mut().enumerate() {
         *v = (i * step + salt) % n;
     }
-    idx.into_iter().map(|k| lo + 0.1 * k as f64 + 0.05).collect()
+    idx.into_iter()
+        .map(|k| lo + 0.1 * k as f64 + 0.05)
+        .collect()
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -90,13 +98,22 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-fn forward(g: &Graph, loss: NodeIndex, vars: &FxHashMap<String, Tensor>, feeds: &FxHashMap<String, Tensor>) -> f64 {
+fn forward(
+    g: &Graph,
+    loss: NodeIndex,
+    vars: &FxHashMap<String, Tensor>,
+    feeds: &FxHashMap<String, Tensor>,
+) -> f64 {
     let plan = interp::Plan::new(g, &[loss], &Default::default());
     let mut values = interp::Values::new(0);
     let env = interp::Env {
         feeds,
         vars,
-        op: OpEnv { step: 0, seed: 1, shard: 0 },
+        op: OpEnv {
+            step: 0,
+            seed: 1,
+            shard: 0,
+        },
     };
     interp::execute(g, &plan, &env, &mut values).expect("forward");
     values.get(loss).expect("loss").scalar()
@@ -119,9 +136,13 @@ fn check(name: &str, mut c: Case, out: NodeIndex, lo: f64, feeds: FxHashMap<Stri
     );
     let mut feeds = feeds;
     let wv = spaced(oty.elements(), -0.9, 3);
-    feeds.insert("__w".into(), Tensor::from_f64(&TensorType::new(DType::F32, oty.shape.clone()), wv));
+    feeds.insert(
+        "__w".into(),
+        Tensor::from_f64(&TensorType::new(DType::F32, oty.shape.clone()), wv),
+    );
     let mut diags = Diags::default();
-    let grads = est::passes::autodiff::gradients(&mut c.g, loss, &mut diags).expect("differentiable");
+    let grads =
+        est::passes::autodiff::gradients(&mut c.g, loss, &mut diags).expect("differentiable");
     assert!(diags.is_empty(), "{name}: {diags:?}");
     est::passes::verify(&c.g).unwrap_or_else(|e| panic!("{name}: autodiff broke the graph: {e}"));
     let mut vars = FxHashMap::default();
@@ -137,13 +158,36 @@ fn check(name: &str, mut c: Case, out: NodeIndex, lo: f64, feeds: FxHashMap<Stri
             node: *gnode,
         });
     }
-    let results = interp::run_outputs(&c.g, &feeds, &vars, OpEnv { step: 0, seed: 1, shard: 0 }).expect("gradients");
-    assert_eq!(grads.len(), c.vars.len(), "{name}: every variable gets a gradient");
-    for ((vnode, _), (_, gt)) in grads.iter().zip(results.iter().skip(results.len() - grads.len())) {
-        let Op::Variable { name: vname, .. } = &c.g.node(*vnode).op else { unreachable!() };
+    let results = interp::run_outputs(
+        &c.g,
+        &feeds,
+        &vars,
+        OpEnv {
+            step: 0,
+            seed: 1,
+            shard: 0,
+        },
+    )
+    .expect("gradients");
+    assert_eq!(
+        grads.len(),
+        c.vars.len(),
+        "{name}: every variable gets a gradient"
+    );
+    for ((vnode, _), (_, gt)) in grads
+        .iter()
+        .zip(results.iter().skip(results.len() - grads.len()))
+    {
+        let Op::Variable { name: vname, .. } = &c.g.node(*vnode).op else {
+            unreachable!()
+        };
         let ty = c.g.ty(*vnode).clone();
         let analytic = gt.to_f64();
-        assert_eq!(gt.shape(), ty.shape.as_slice(), "{name}: gradient shape of {vname}");
+        assert_eq!(
+            gt.shape(),
+            ty.shape.as_slice(),
+            "{name}: gradient shape of {vname}"
+        );
         let base = vars[vname].to_f64();
         let eps = c.eps;
         for i in 0..base.len() {
@@ -203,12 +247,23 @@ fn binary_gradients_with_broadcasting() {
         (BinaryOp::Min, -1.0),
     ];
     for (b, lo) in ops {
-        for (sa, sb) in [(vec![3, 4], vec![3, 4]), (vec![3, 4], vec![4]), (vec![3, 1], vec![1, 4]), (vec![2, 3, 4], vec![])] {
+        for (sa, sb) in [
+            (vec![3, 4], vec![3, 4]),
+            (vec![3, 4], vec![4]),
+            (vec![3, 1], vec![1, 4]),
+            (vec![2, 3, 4], vec![]),
+        ] {
             let mut c = Case::new();
             let x = c.var("a", &sa);
             let y = c.var("b", &sb);
             let z = c.op(Op::Binary(b), &[x, y]);
-            check(&format!("{} {sa:?} {sb:?}", Op::Binary(b).name()), c, z, lo, none());
+            check(
+                &format!("{} {sa:?} {sb:?}", Op::Binary(b).name()),
+                c,
+                z,
+                lo,
+                none(),
+            );
         }
     }
 }
@@ -223,7 +278,10 @@ fn select_and_cast_gradients() {
     let mut feeds = none();
     feeds.insert(
         "cond".into(),
-        Tensor::from_f64(&TensorType::new(DType::Bool, vec![2, 3]), vec![1.0, 0.0, 1.0, 1.0, 0.0, 0.0]),
+        Tensor::from_f64(
+            &TensorType::new(DType::Bool, vec![2, 3]),
+            vec![1.0, 0.0, 1.0, 1.0, 0.0, 0.0],
+        ),
     );
     check("select", c, z, -1.0, feeds);
 
@@ -237,7 +295,13 @@ fn select_and_cast_gradients() {
 
 #[test]
 fn reduction_gradients() {
-    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Prod,
+    ] {
         for (axes, keep) in [(vec![1], false), (vec![0, 2], true), (vec![0, 1, 2], false)] {
             let mut c = Case::new();
             let x = c.var("x", &[2, 3, 2]);
@@ -257,7 +321,11 @@ fn reduction_gradients() {
 
 #[test]
 fn matmul_gradients() {
-    for (sa, sb) in [(vec![3, 4], vec![4, 2]), (vec![2, 3, 4], vec![4, 5]), (vec![2, 3, 4], vec![2, 4, 2])] {
+    for (sa, sb) in [
+        (vec![3, 4], vec![4, 2]),
+        (vec![2, 3, 4], vec![4, 5]),
+        (vec![2, 3, 4], vec![2, 4, 2]),
+    ] {
         let mut c = Case::new();
         let a = c.var("a", &sa);
         let b = c.var("b", &sb);
@@ -270,7 +338,12 @@ fn matmul_gradients() {
 fn shape_op_gradients() {
     let mut c = Case::new();
     let x = c.var("x", &[2, 3, 4]);
-    let y = c.op(Op::Transpose { perm: vec![2, 0, 1] }, &[x]);
+    let y = c.op(
+        Op::Transpose {
+            perm: vec![2, 0, 1],
+        },
+        &[x],
+    );
     check("transpose", c, y, -1.0, none());
 
     let mut c = Case::new();
@@ -280,7 +353,11 @@ fn shape_op_gradients() {
 
     let mut c = Case::new();
     let x = c.var("x", &[3, 1]);
-    let y = c.op_as(Op::BroadcastTo, &[x], TensorType::new(DType::F32, vec![2, 3, 4]));
+    let y = c.op_as(
+        Op::BroadcastTo,
+        &[x],
+        TensorType::new(DType::F32, vec![2, 3, 4]),
+    );
     check("broadcast_to", c, y, -1.0, none());
 
     let mut c = Case::new();
@@ -291,7 +368,14 @@ fn shape_op_gradients() {
 
     let mut c = Case::new();
     let x = c.var("x", &[4, 5]);
-    let y = c.op(Op::Slice { axis: 1, start: 1, end: 3 }, &[x]);
+    let y = c.op(
+        Op::Slice {
+            axis: 1,
+            start: 1,
+            end: 3,
+        },
+        &[x],
+    );
     check("slice", c, y, -1.0, none());
 
     let mut c = Case::new();
@@ -299,7 +383,13 @@ fn shape_op_gradients() {
     let idx = c.input("idx", DType::I32, &[4]);
     let y = c.op(Op::Gather, &[t, idx]);
     let mut feeds = none();
-    feeds.insert("idx".into(), Tensor::from_f64(&TensorType::new(DType::I32, vec![4]), vec![4.0, 0.0, 4.0, 2.0]));
+    feeds.insert(
+        "idx".into(),
+        Tensor::from_f64(
+            &TensorType::new(DType::I32, vec![4]),
+            vec![4.0, 0.0, 4.0, 2.0],
+        ),
+    );
     check("gather (repeated rows)", c, y, -1.0, feeds);
 
     let mut c = Case::new();
@@ -342,17 +432,53 @@ fn conv_and_pool_gradients() {
             },
             &[x, w],
         );
-        check(&format!("conv2d {padding:?} {strides:?} {dilation:?}"), c, y, -2.0, none());
+        check(
+            &format!("conv2d {padding:?} {strides:?} {dilation:?}"),
+            c,
+            y,
+            -2.0,
+            none(),
+        );
     }
-    for (padding, window, strides) in [(Padding::Valid, [2, 2], [2, 2]), (Padding::Same, [3, 3], [2, 2]), (Padding::Same, [2, 2], [1, 1])] {
+    for (padding, window, strides) in [
+        (Padding::Valid, [2, 2], [2, 2]),
+        (Padding::Same, [3, 3], [2, 2]),
+        (Padding::Same, [2, 2], [1, 1]),
+    ] {
         let mut c = Case::new();
         let x = c.var("x", &[2, 5, 5, 2]);
-        let y = c.op(Op::MaxPool2d { window, strides, padding }, &[x]);
-        check(&format!("max_pool2d {padding:?} {window:?}"), c, y, -2.0, none());
+        let y = c.op(
+            Op::MaxPool2d {
+                window,
+                strides,
+                padding,
+            },
+            &[x],
+        );
+        check(
+            &format!("max_pool2d {padding:?} {window:?}"),
+            c,
+            y,
+            -2.0,
+            none(),
+        );
         let mut c = Case::new();
         let x = c.var("x", &[2, 5, 5, 2]);
-        let y = c.op(Op::AvgPool2d { window, strides, padding }, &[x]);
-        check(&format!("avg_pool2d {padding:?} {window:?}"), c, y, -2.0, none());
+        let y = c.op(
+            Op::AvgPool2d {
+                window,
+                strides,
+                padding,
+            },
+            &[x],
+        );
+        check(
+            &format!("avg_pool2d {padding:?} {window:?}"),
+            c,
+            y,
+            -2.0,
+            none(),
+        );
     }
 }
 

@@ -44,55 +44,226 @@ fn unary_ops() {
         (UnaryOp::Relu, [0.0, 0.0, 0.0, 1.5]),
         (UnaryOp::Floor, [-2.0, -1.0, 0.0, 1.0]),
         (UnaryOp::Sign, [-1.0, -1.0, 0.0, 1.0]),
-        (UnaryOp::Tanh, [-0.964_027_580_075_817, -0.462_117_157_260_01, 0.0, 0.905_148_253_644_866_6]),
-        (UnaryOp::Sigmoid, [0.119_202_922_022_117_6, 0.377_540_668_798_145_4, 0.5, 0.817_574_476_193_643_7]),
+        (
+            UnaryOp::Tanh,
+            [
+                -0.964_027_580_075_817,
+                -0.462_117_157_260_01,
+                0.0,
+                0.905_148_253_644_866_6,
+            ],
+        ),
+        (
+            UnaryOp::Sigmoid,
+            [
+                0.119_202_922_022_117_6,
+                0.377_540_668_798_145_4,
+                0.5,
+                0.817_574_476_193_643_7,
+            ],
+        ),
     ];
     for (u, want) in cases {
         expect(Op::Unary(u), &[&x], DType::F32, &[4], &want);
     }
     let p = f(&[3], &[1.0, 4.0, 0.25]);
-    expect(Op::Unary(UnaryOp::Sqrt), &[&p], DType::F32, &[3], &[1.0, 2.0, 0.5]);
-    expect(Op::Unary(UnaryOp::Rsqrt), &[&p], DType::F32, &[3], &[1.0, 0.5, 2.0]);
-    expect(Op::Unary(UnaryOp::Log), &[&p], DType::F32, &[3], &[0.0, 4f64.ln(), 0.25f64.ln()]);
-    expect(Op::Unary(UnaryOp::Exp), &[&f(&[2], &[0.0, 1.0])], DType::F32, &[2], &[1.0, std::f64::consts::E]);
+    expect(
+        Op::Unary(UnaryOp::Sqrt),
+        &[&p],
+        DType::F32,
+        &[3],
+        &[1.0, 2.0, 0.5],
+    );
+    expect(
+        Op::Unary(UnaryOp::Rsqrt),
+        &[&p],
+        DType::F32,
+        &[3],
+        &[1.0, 0.5, 2.0],
+    );
+    expect(
+        Op::Unary(UnaryOp::Log),
+        &[&p],
+        DType::F32,
+        &[3],
+        &[0.0, 4f64.ln(), 0.25f64.ln()],
+    );
+    expect(
+        Op::Unary(UnaryOp::Exp),
+        &[&f(&[2], &[0.0, 1.0])],
+        DType::F32,
+        &[2],
+        &[1.0, std::f64::consts::E],
+    );
     let b = t(DType::Bool, &[2], &[1.0, 0.0]);
-    expect(Op::Unary(UnaryOp::Not), &[&b], DType::Bool, &[2], &[0.0, 1.0]);
+    expect(
+        Op::Unary(UnaryOp::Not),
+        &[&b],
+        DType::Bool,
+        &[2],
+        &[0.0, 1.0],
+    );
     let i = t(DType::I32, &[3], &[-3.0, 0.0, 5.0]);
-    expect(Op::Unary(UnaryOp::Neg), &[&i], DType::I32, &[3], &[3.0, 0.0, -5.0]);
+    expect(
+        Op::Unary(UnaryOp::Neg),
+        &[&i],
+        DType::I32,
+        &[3],
+        &[3.0, 0.0, -5.0],
+    );
 }
 
 #[test]
 fn binary_ops_broadcast() {
     let a = f(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     let b = f(&[2], &[10.0, -1.0]);
-    expect(Op::Binary(BinaryOp::Add), &[&a, &b], DType::F32, &[2, 2], &[11.0, 1.0, 13.0, 3.0]);
-    expect(Op::Binary(BinaryOp::Sub), &[&a, &b], DType::F32, &[2, 2], &[-9.0, 3.0, -7.0, 5.0]);
-    expect(Op::Binary(BinaryOp::Mul), &[&a, &b], DType::F32, &[2, 2], &[10.0, -2.0, 30.0, -4.0]);
-    expect(Op::Binary(BinaryOp::Div), &[&a, &b], DType::F32, &[2, 2], &[0.1, -2.0, 0.3, -4.0]);
-    expect(Op::Binary(BinaryOp::Max), &[&a, &b], DType::F32, &[2, 2], &[10.0, 2.0, 10.0, 4.0]);
-    expect(Op::Binary(BinaryOp::Min), &[&a, &b], DType::F32, &[2, 2], &[1.0, -1.0, 3.0, -1.0]);
+    expect(
+        Op::Binary(BinaryOp::Add),
+        &[&a, &b],
+        DType::F32,
+        &[2, 2],
+        &[11.0, 1.0, 13.0, 3.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Sub),
+        &[&a, &b],
+        DType::F32,
+        &[2, 2],
+        &[-9.0, 3.0, -7.0, 5.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Mul),
+        &[&a, &b],
+        DType::F32,
+        &[2, 2],
+        &[10.0, -2.0, 30.0, -4.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Div),
+        &[&a, &b],
+        DType::F32,
+        &[2, 2],
+        &[0.1, -2.0, 0.3, -4.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Max),
+        &[&a, &b],
+        DType::F32,
+        &[2, 2],
+        &[10.0, 2.0, 10.0, 4.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Min),
+        &[&a, &b],
+        DType::F32,
+        &[2, 2],
+        &[1.0, -1.0, 3.0, -1.0],
+    );
     let two = f(&[], &[2.0]);
-    expect(Op::Binary(BinaryOp::Pow), &[&a, &two], DType::F32, &[2, 2], &[1.0, 4.0, 9.0, 16.0]);
-    expect(Op::Binary(BinaryOp::Rem), &[&a, &two], DType::F32, &[2, 2], &[1.0, 0.0, 1.0, 0.0]);
+    expect(
+        Op::Binary(BinaryOp::Pow),
+        &[&a, &two],
+        DType::F32,
+        &[2, 2],
+        &[1.0, 4.0, 9.0, 16.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Rem),
+        &[&a, &two],
+        DType::F32,
+        &[2, 2],
+        &[1.0, 0.0, 1.0, 0.0],
+    );
     let col = f(&[2, 1], &[2.0, 3.0]);
-    expect(Op::Binary(BinaryOp::Lt), &[&a, &col], DType::Bool, &[2, 2], &[1.0, 0.0, 0.0, 0.0]);
-    expect(Op::Binary(BinaryOp::Ge), &[&a, &col], DType::Bool, &[2, 2], &[0.0, 1.0, 1.0, 1.0]);
-    expect(Op::Binary(BinaryOp::Eq), &[&a, &col], DType::Bool, &[2, 2], &[0.0, 1.0, 1.0, 0.0]);
-    expect(Op::Binary(BinaryOp::Ne), &[&a, &col], DType::Bool, &[2, 2], &[1.0, 0.0, 0.0, 1.0]);
-    expect(Op::Binary(BinaryOp::Le), &[&a, &col], DType::Bool, &[2, 2], &[1.0, 1.0, 1.0, 0.0]);
-    expect(Op::Binary(BinaryOp::Gt), &[&a, &col], DType::Bool, &[2, 2], &[0.0, 0.0, 0.0, 1.0]);
+    expect(
+        Op::Binary(BinaryOp::Lt),
+        &[&a, &col],
+        DType::Bool,
+        &[2, 2],
+        &[1.0, 0.0, 0.0, 0.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Ge),
+        &[&a, &col],
+        DType::Bool,
+        &[2, 2],
+        &[0.0, 1.0, 1.0, 1.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Eq),
+        &[&a, &col],
+        DType::Bool,
+        &[2, 2],
+        &[0.0, 1.0, 1.0, 0.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Ne),
+        &[&a, &col],
+        DType::Bool,
+        &[2, 2],
+        &[1.0, 0.0, 0.0, 1.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Le),
+        &[&a, &col],
+        DType::Bool,
+        &[2, 2],
+        &[1.0, 1.0, 1.0, 0.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Gt),
+        &[&a, &col],
+        DType::Bool,
+        &[2, 2],
+        &[0.0, 0.0, 0.0, 1.0],
+    );
     let p = t(DType::Bool, &[2], &[1.0, 0.0]);
     let q = t(DType::Bool, &[2, 1], &[1.0, 0.0]);
-    expect(Op::Binary(BinaryOp::And), &[&p, &q], DType::Bool, &[2, 2], &[1.0, 0.0, 0.0, 0.0]);
-    expect(Op::Binary(BinaryOp::Or), &[&p, &q], DType::Bool, &[2, 2], &[1.0, 1.0, 1.0, 0.0]);
+    expect(
+        Op::Binary(BinaryOp::And),
+        &[&p, &q],
+        DType::Bool,
+        &[2, 2],
+        &[1.0, 0.0, 0.0, 0.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Or),
+        &[&p, &q],
+        DType::Bool,
+        &[2, 2],
+        &[1.0, 1.0, 1.0, 0.0],
+    );
     // integers: truncating division, wrapping to i32
     let i = t(DType::I32, &[3], &[7.0, -7.0, 2_147_483_647.0]);
     let j = t(DType::I32, &[3], &[2.0, 2.0, 1.0]);
-    expect(Op::Binary(BinaryOp::Div), &[&i, &j], DType::I32, &[3], &[3.0, -3.0, 2_147_483_647.0]);
-    expect(Op::Binary(BinaryOp::Rem), &[&i, &j], DType::I32, &[3], &[1.0, -1.0, 0.0]);
-    expect(Op::Binary(BinaryOp::Add), &[&i, &j], DType::I32, &[3], &[9.0, -5.0, -2_147_483_648.0]);
+    expect(
+        Op::Binary(BinaryOp::Div),
+        &[&i, &j],
+        DType::I32,
+        &[3],
+        &[3.0, -3.0, 2_147_483_647.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Rem),
+        &[&i, &j],
+        DType::I32,
+        &[3],
+        &[1.0, -1.0, 0.0],
+    );
+    expect(
+        Op::Binary(BinaryOp::Add),
+        &[&i, &j],
+        DType::I32,
+        &[3],
+        &[9.0, -5.0, -2_147_483_648.0],
+    );
     let zero = t(DType::I32, &[3], &[1.0, 0.0, 1.0]);
-    let e = ops::eval(&Op::Binary(BinaryOp::Div), &[&i, &zero], &TensorType::new(DType::I32, vec![3]), &ENV);
+    let e = ops::eval(
+        &Op::Binary(BinaryOp::Div),
+        &[&i, &zero],
+        &TensorType::new(DType::I32, vec![3]),
+        &ENV,
+    );
     assert_eq!(e.unwrap_err(), "integer division by zero");
 }
 
@@ -101,7 +272,13 @@ fn select_cast_and_low_precision() {
     let c = t(DType::Bool, &[3], &[1.0, 0.0, 1.0]);
     let a = f(&[3], &[1.0, 2.0, 3.0]);
     let b = f(&[], &[-1.0]);
-    expect(Op::Select, &[&c, &a, &b], DType::F32, &[3], &[1.0, -1.0, 3.0]);
+    expect(
+        Op::Select,
+        &[&c, &a, &b],
+        DType::F32,
+        &[3],
+        &[1.0, -1.0, 3.0],
+    );
     let x = f(&[4], &[-1.7, 0.0, 2.9, 300.0]);
     expect(Op::Cast, &[&x], DType::I32, &[4], &[-1.0, 0.0, 2.0, 300.0]);
     expect(Op::Cast, &[&x], DType::U8, &[4], &[255.0, 0.0, 2.0, 44.0]);
@@ -113,21 +290,73 @@ fn select_cast_and_low_precision() {
     // arithmetic in f16 rounds every result
     let h = t(DType::F16, &[1], &[2048.0]);
     let one = t(DType::F16, &[1], &[1.0]);
-    expect(Op::Binary(BinaryOp::Add), &[&h, &one], DType::F16, &[1], &[2048.0]);
+    expect(
+        Op::Binary(BinaryOp::Add),
+        &[&h, &one],
+        DType::F16,
+        &[1],
+        &[2048.0],
+    );
 }
 
 #[test]
 fn reductions_and_arg_extrema() {
     let x = f(&[2, 3], &[1.0, 5.0, 2.0, -4.0, 0.5, 3.0]);
-    let r = |op, axes: Vec<usize>, keep| Op::Reduce { op, axes, keep_dims: keep };
-    expect(r(ReduceOp::Sum, vec![1], false), &[&x], DType::F32, &[2], &[8.0, -0.5]);
-    expect(r(ReduceOp::Sum, vec![0], true), &[&x], DType::F32, &[1, 3], &[-3.0, 5.5, 5.0]);
-    expect(r(ReduceOp::Mean, vec![0, 1], false), &[&x], DType::F32, &[], &[7.5 / 6.0]);
-    expect(r(ReduceOp::Max, vec![1], false), &[&x], DType::F32, &[2], &[5.0, 3.0]);
-    expect(r(ReduceOp::Min, vec![0], false), &[&x], DType::F32, &[3], &[-4.0, 0.5, 2.0]);
-    expect(r(ReduceOp::Prod, vec![1], false), &[&x], DType::F32, &[2], &[10.0, -6.0]);
+    let r = |op, axes: Vec<usize>, keep| Op::Reduce {
+        op,
+        axes,
+        keep_dims: keep,
+    };
+    expect(
+        r(ReduceOp::Sum, vec![1], false),
+        &[&x],
+        DType::F32,
+        &[2],
+        &[8.0, -0.5],
+    );
+    expect(
+        r(ReduceOp::Sum, vec![0], true),
+        &[&x],
+        DType::F32,
+        &[1, 3],
+        &[-3.0, 5.5, 5.0],
+    );
+    expect(
+        r(ReduceOp::Mean, vec![0, 1], false),
+        &[&x],
+        DType::F32,
+        &[],
+        &[7.5 / 6.0],
+    );
+    expect(
+        r(ReduceOp::Max, vec![1], false),
+        &[&x],
+        DType::F32,
+        &[2],
+        &[5.0, 3.0],
+    );
+    expect(
+        r(ReduceOp::Min, vec![0], false),
+        &[&x],
+        DType::F32,
+        &[3],
+        &[-4.0, 0.5, 2.0],
+    );
+    expect(
+        r(ReduceOp::Prod, vec![1], false),
+        &[&x],
+        DType::F32,
+        &[2],
+        &[10.0, -6.0],
+    );
     expect(Op::ArgMax { axis: 1 }, &[&x], DType::I32, &[2], &[1.0, 2.0]);
-    expect(Op::ArgMin { axis: 0 }, &[&x], DType::I32, &[3], &[1.0, 1.0, 0.0]);
+    expect(
+        Op::ArgMin { axis: 0 },
+        &[&x],
+        DType::I32,
+        &[3],
+        &[1.0, 1.0, 0.0],
+    );
     // ties: the first index
     let tie = f(&[3], &[2.0, 2.0, 1.0]);
     expect(Op::ArgMax { axis: 0 }, &[&tie], DType::I32, &[], &[0.0]);
@@ -137,10 +366,22 @@ fn reductions_and_arg_extrema() {
 fn matmul_plain_and_batched() {
     let a = f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     let b = f(&[3, 2], &[7.0, 8.0, 9.0, 10.0, 11.0, 12.0]);
-    expect(Op::MatMul, &[&a, &b], DType::F32, &[2, 2], &[58.0, 64.0, 139.0, 154.0]);
+    expect(
+        Op::MatMul,
+        &[&a, &b],
+        DType::F32,
+        &[2, 2],
+        &[58.0, 64.0, 139.0, 154.0],
+    );
     let ab = f(&[2, 1, 2], &[1.0, 2.0, 3.0, 4.0]);
     let m = f(&[2, 2], &[1.0, 0.0, 1.0, 1.0]);
-    expect(Op::MatMul, &[&ab, &m], DType::F32, &[2, 1, 2], &[3.0, 2.0, 7.0, 4.0]);
+    expect(
+        Op::MatMul,
+        &[&ab, &m],
+        DType::F32,
+        &[2, 1, 2],
+        &[3.0, 2.0, 7.0, 4.0],
+    );
     let ia = t(DType::I32, &[1, 2], &[2.0, 3.0]);
     let ib = t(DType::I32, &[2, 1], &[4.0, 5.0]);
     expect(Op::MatMul, &[&ia, &ib], DType::I32, &[1, 1], &[23.0]);
@@ -149,25 +390,94 @@ fn matmul_plain_and_batched() {
 #[test]
 fn shape_ops() {
     let x = f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-    expect(Op::Transpose { perm: vec![1, 0] }, &[&x], DType::F32, &[3, 2], &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
-    expect(Op::Reshape, &[&x], DType::F32, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    expect(
+        Op::Transpose { perm: vec![1, 0] },
+        &[&x],
+        DType::F32,
+        &[3, 2],
+        &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0],
+    );
+    expect(
+        Op::Reshape,
+        &[&x],
+        DType::F32,
+        &[3, 2],
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+    );
     // a reshape of a transposed (non-contiguous) value reads it in logical order
-    let xt = ops::eval(&Op::Transpose { perm: vec![1, 0] }, &[&x], &TensorType::new(DType::F32, vec![3, 2]), &ENV).unwrap();
-    expect(Op::Reshape, &[&xt], DType::F32, &[6], &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    let xt = ops::eval(
+        &Op::Transpose { perm: vec![1, 0] },
+        &[&x],
+        &TensorType::new(DType::F32, vec![3, 2]),
+        &ENV,
+    )
+    .unwrap();
+    expect(
+        Op::Reshape,
+        &[&xt],
+        DType::F32,
+        &[6],
+        &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0],
+    );
     let row = f(&[3], &[1.0, 2.0, 3.0]);
-    expect(Op::BroadcastTo, &[&row], DType::F32, &[2, 3], &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+    expect(
+        Op::BroadcastTo,
+        &[&row],
+        DType::F32,
+        &[2, 3],
+        &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0],
+    );
     let y = f(&[2, 1], &[9.0, 8.0]);
-    expect(Op::Concat { axis: 1 }, &[&x, &y], DType::F32, &[2, 4], &[1.0, 2.0, 3.0, 9.0, 4.0, 5.0, 6.0, 8.0]);
-    expect(Op::Slice { axis: 1, start: 1, end: 3 }, &[&x], DType::F32, &[2, 2], &[2.0, 3.0, 5.0, 6.0]);
+    expect(
+        Op::Concat { axis: 1 },
+        &[&x, &y],
+        DType::F32,
+        &[2, 4],
+        &[1.0, 2.0, 3.0, 9.0, 4.0, 5.0, 6.0, 8.0],
+    );
+    expect(
+        Op::Slice {
+            axis: 1,
+            start: 1,
+            end: 3,
+        },
+        &[&x],
+        DType::F32,
+        &[2, 2],
+        &[2.0, 3.0, 5.0, 6.0],
+    );
     let idx = t(DType::I32, &[3], &[2.0, 0.0, 5.0]);
-    expect(Op::OneHot { depth: 3 }, &[&idx], DType::F32, &[3, 3], &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    expect(
+        Op::OneHot { depth: 3 },
+        &[&idx],
+        DType::F32,
+        &[3, 3],
+        &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    );
     let rows = t(DType::I32, &[2], &[1.0, 1.0]);
-    expect(Op::Gather, &[&x, &rows], DType::F32, &[2, 3], &[4.0, 5.0, 6.0, 4.0, 5.0, 6.0]);
+    expect(
+        Op::Gather,
+        &[&x, &rows],
+        DType::F32,
+        &[2, 3],
+        &[4.0, 5.0, 6.0, 4.0, 5.0, 6.0],
+    );
     let bad = t(DType::I32, &[1], &[2.0]);
-    let e = ops::eval(&Op::Gather, &[&x, &bad], &TensorType::new(DType::F32, vec![1, 3]), &ENV);
+    let e = ops::eval(
+        &Op::Gather,
+        &[&x, &bad],
+        &TensorType::new(DType::F32, vec![1, 3]),
+        &ENV,
+    );
     assert!(e.unwrap_err().contains("out of range"));
     let dy = f(&[2, 3], &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0]);
-    expect(Op::ScatterAdd, &[&rows, &dy], DType::F32, &[2, 3], &[0.0, 0.0, 0.0, 3.0, 3.0, 3.0]);
+    expect(
+        Op::ScatterAdd,
+        &[&rows, &dy],
+        DType::F32,
+        &[2, 3],
+        &[0.0, 0.0, 0.0, 3.0, 3.0, 3.0],
+    );
 }
 
 #[test]
@@ -180,24 +490,74 @@ fn softmax_and_log_softmax() {
     expect(Op::LogSoftmax { axis: 1 }, &[&x], DType::F32, &[1, 3], &lw);
     // large logits do not overflow
     let big = f(&[2], &[1000.0, 1000.0]);
-    expect(Op::Softmax { axis: 0 }, &[&big], DType::F32, &[2], &[0.5, 0.5]);
+    expect(
+        Op::Softmax { axis: 0 },
+        &[&big],
+        DType::F32,
+        &[2],
+        &[0.5, 0.5],
+    );
 }
 
 #[test]
 fn conv_and_pools() {
     // 1x3x3x1 input, 2x2x1x1 filter of ones
-    let x = f(&[1, 3, 3, 1], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+    let x = f(
+        &[1, 3, 3, 1],
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+    );
     let w = f(&[2, 2, 1, 1], &[1.0, 1.0, 1.0, 1.0]);
-    let conv = |padding, strides| Op::Conv2d { strides, padding, dilation: [1, 1] };
-    expect(conv(Padding::Valid, [1, 1]), &[&x, &w], DType::F32, &[1, 2, 2, 1], &[12.0, 16.0, 24.0, 28.0]);
+    let conv = |padding, strides| Op::Conv2d {
+        strides,
+        padding,
+        dilation: [1, 1],
+    };
+    expect(
+        conv(Padding::Valid, [1, 1]),
+        &[&x, &w],
+        DType::F32,
+        &[1, 2, 2, 1],
+        &[12.0, 16.0, 24.0, 28.0],
+    );
     // SAME pads after (TensorFlow puts the odd pixel at the end)
-    expect(conv(Padding::Same, [1, 1]), &[&x, &w], DType::F32, &[1, 3, 3, 1], &[12.0, 16.0, 9.0, 24.0, 28.0, 15.0, 15.0, 17.0, 9.0]);
-    expect(conv(Padding::Same, [2, 2]), &[&x, &w], DType::F32, &[1, 2, 2, 1], &[12.0, 9.0, 15.0, 9.0]);
+    expect(
+        conv(Padding::Same, [1, 1]),
+        &[&x, &w],
+        DType::F32,
+        &[1, 3, 3, 1],
+        &[12.0, 16.0, 9.0, 24.0, 28.0, 15.0, 15.0, 17.0, 9.0],
+    );
+    expect(
+        conv(Padding::Same, [2, 2]),
+        &[&x, &w],
+        DType::F32,
+        &[1, 2, 2, 1],
+        &[12.0, 9.0, 15.0, 9.0],
+    );
     // two output channels: identity and negation
     let w2 = f(&[1, 1, 1, 2], &[1.0, -1.0]);
-    let y = ops::eval(&conv(Padding::Valid, [1, 1]), &[&x, &w2], &TensorType::new(DType::F32, vec![1, 3, 3, 2]), &ENV).unwrap();
+    let y = ops::eval(
+        &conv(Padding::Valid, [1, 1]),
+        &[&x, &w2],
+        &TensorType::new(DType::F32, vec![1, 3, 3, 2]),
+        &ENV,
+    )
+    .unwrap();
     assert_eq!(y.to_f64()[..4], [1.0, -1.0, 2.0, -2.0]);
-    let pool = |padding, window, strides| (Op::MaxPool2d { window, strides, padding }, Op::AvgPool2d { window, strides, padding });
+    let pool = |padding, window, strides| {
+        (
+            Op::MaxPool2d {
+                window,
+                strides,
+                padding,
+            },
+            Op::AvgPool2d {
+                window,
+                strides,
+                padding,
+            },
+        )
+    };
     let (mx, av) = pool(Padding::Valid, [2, 2], [1, 1]);
     expect(mx, &[&x], DType::F32, &[1, 2, 2, 1], &[5.0, 6.0, 8.0, 9.0]);
     expect(av, &[&x], DType::F32, &[1, 2, 2, 1], &[3.0, 4.0, 6.0, 7.0]);
@@ -207,10 +567,30 @@ fn conv_and_pools() {
     expect(av, &[&x], DType::F32, &[1, 2, 2, 1], &[3.0, 4.5, 7.5, 9.0]);
     // gradients route to the first maximum / spread over the window
     let dy = f(&[1, 2, 2, 1], &[1.0, 2.0, 3.0, 4.0]);
-    let g = Op::MaxPool2dGrad { window: [2, 2], strides: [2, 2], padding: Padding::Same };
-    expect(g, &[&x, &dy], DType::F32, &[1, 3, 3, 1], &[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 0.0, 3.0, 4.0]);
-    let g = Op::AvgPool2dGrad { window: [2, 2], strides: [2, 2], padding: Padding::Same };
-    expect(g, &[&dy], DType::F32, &[1, 3, 3, 1], &[0.25, 0.25, 1.0, 0.25, 0.25, 1.0, 1.5, 1.5, 4.0]);
+    let g = Op::MaxPool2dGrad {
+        window: [2, 2],
+        strides: [2, 2],
+        padding: Padding::Same,
+    };
+    expect(
+        g,
+        &[&x, &dy],
+        DType::F32,
+        &[1, 3, 3, 1],
+        &[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 0.0, 3.0, 4.0],
+    );
+    let g = Op::AvgPool2dGrad {
+        window: [2, 2],
+        strides: [2, 2],
+        padding: Padding::Same,
+    };
+    expect(
+        g,
+        &[&dy],
+        DType::F32,
+        &[1, 3, 3, 1],
+        &[0.25, 0.25, 1.0, 0.25, 0.25, 1.0, 1.5, 1.5, 4.0],
+    );
 }
 
 #[test]
@@ -223,18 +603,33 @@ fn random_ops_are_keyed_by_seed_stream_step_and_shard() {
     assert!(a.iter().all(|&x| (0.0..1.0).contains(&x)));
     let mean = a.iter().sum::<f64>() / 1000.0;
     assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
-    assert_ne!(a, run(&u, &OpEnv { step: 8, ..ENV }), "the step moves the stream");
-    assert_ne!(a, run(&Op::RandomUniform { stream: 6 }, &ENV), "streams differ");
+    assert_ne!(
+        a,
+        run(&u, &OpEnv { step: 8, ..ENV }),
+        "the step moves the stream"
+    );
+    assert_ne!(
+        a,
+        run(&Op::RandomUniform { stream: 6 }, &ENV),
+        "streams differ"
+    );
     assert_ne!(a, run(&u, &OpEnv { seed: 2, ..ENV }), "seeds differ");
     // shard 1 of 2 draws what one shard draws for the second half of a 2x batch
     let half = TensorType::new(DType::F32, vec![500]);
-    let s1 = ops::eval(&u, &[], &half, &OpEnv { shard: 1, ..ENV }).unwrap().to_f64();
-    let whole = ops::eval(&u, &[], &TensorType::new(DType::F32, vec![1000]), &ENV).unwrap().to_f64();
+    let s1 = ops::eval(&u, &[], &half, &OpEnv { shard: 1, ..ENV })
+        .unwrap()
+        .to_f64();
+    let whole = ops::eval(&u, &[], &TensorType::new(DType::F32, vec![1000]), &ENV)
+        .unwrap()
+        .to_f64();
     assert_eq!(s1, whole[500..]);
     let n = run(&Op::RandomNormal { stream: 5 }, &ENV);
     let m = n.iter().sum::<f64>() / 1000.0;
     let var = n.iter().map(|x| (x - m).powi(2)).sum::<f64>() / 1000.0;
-    assert!(m.abs() < 0.1 && (var - 1.0).abs() < 0.15, "mean {m} var {var}");
+    assert!(
+        m.abs() < 0.1 && (var - 1.0).abs() < 0.15,
+        "mean {m} var {var}"
+    );
 }
 
 #[test]
@@ -246,23 +641,54 @@ fn initialisers_follow_keras() {
     let v = init_values(&Init::GlorotUniform, "k", &ty, 1);
     assert!(v.iter().all(|&x| (x as f64).abs() <= limit));
     let var = v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len() as f64;
-    assert!((var - limit * limit / 3.0).abs() < 0.05 * limit * limit, "var {var}");
+    assert!(
+        (var - limit * limit / 3.0).abs() < 0.05 * limit * limit,
+        "var {var}"
+    );
     // truncated normals stay within two standard deviations
     let sd = (2.0f64 / 144.0).sqrt() / 0.879_625_661_034_239_8;
     let h = init_values(&Init::HeNormal, "k", &ty, 1);
     assert!(h.iter().all(|&x| (x as f64).abs() <= 2.0 * sd + 1e-6));
     assert_eq!(h, init_values(&Init::HeNormal, "k", &ty, 1));
-    assert_ne!(h, init_values(&Init::HeNormal, "k2", &ty, 1), "each variable has its own stream");
-    assert_eq!(init_values(&Init::Constant { bits: 0.5f32.to_bits() }, "c", &TensorType::new(DType::F32, vec![2]), 1), [0.5, 0.5]);
+    assert_ne!(
+        h,
+        init_values(&Init::HeNormal, "k2", &ty, 1),
+        "each variable has its own stream"
+    );
+    assert_eq!(
+        init_values(
+            &Init::Constant {
+                bits: 0.5f32.to_bits()
+            },
+            "c",
+            &TensorType::new(DType::F32, vec![2]),
+            1
+        ),
+        [0.5, 0.5]
+    );
 }
 
 #[test]
 fn decode_raw_checks_lengths() {
     let bytes = Tensor {
         dtype: DType::Bytes,
-        data: est::interp::Data::S(ndarray::ArcArray::from_elem(ndarray::IxDyn(&[]), vec![1u8, 0, 255])),
+        data: est::interp::Data::S(ndarray::ArcArray::from_elem(
+            ndarray::IxDyn(&[]),
+            vec![1u8, 0, 255],
+        )),
     };
-    expect(Op::DecodeRaw, &[&bytes], DType::U8, &[3], &[1.0, 0.0, 255.0]);
-    let e = ops::eval(&Op::DecodeRaw, &[&bytes], &TensorType::new(DType::U8, vec![4]), &ENV);
+    expect(
+        Op::DecodeRaw,
+        &[&bytes],
+        DType::U8,
+        &[3],
+        &[1.0, 0.0, 255.0],
+    );
+    let e = ops::eval(
+        &Op::DecodeRaw,
+        &[&bytes],
+        &TensorType::new(DType::U8, vec![4]),
+        &ENV,
+    );
     assert!(e.unwrap_err().contains("has 3 bytes"));
 }

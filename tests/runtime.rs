@@ -5,7 +5,9 @@
 use est::diag::Code;
 use est::elab::Target;
 use est::interp::Tensor;
-use est::runtime::{checkpoint, metrics, summary, Action, Estimator, Reducer, RunHook, RunOptions, StepInfo, Steps};
+use est::runtime::{
+    checkpoint, metrics, summary, Action, Estimator, Reducer, RunHook, RunOptions, StepInfo, Steps,
+};
 use est::Program;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -67,11 +69,20 @@ fn digits_mlp_reaches_95_percent() {
     let lines = std::fs::read_to_string(out.join("predictions.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 360);
     let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
-    let probs: f64 = first["probabilities"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).sum();
+    let probs: f64 = first["probabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
     assert!((probs - 1.0).abs() < 1e-5);
     let npy = std::fs::read(out.join("classes.npy")).unwrap();
     assert!(npy.starts_with(b"\x93NUMPY"));
-    assert_eq!(npy.len() % 64, (360 * 4) % 64, "header padded to 64 bytes, then 360 i32");
+    assert_eq!(
+        npy.len() % 64,
+        (360 * 4) % 64,
+        "header padded to 64 bytes, then 360 i32"
+    );
 }
 
 #[test]
@@ -94,10 +105,22 @@ fn resume_after_sigkill_is_bit_identical() {
     let file = root().join("examples/digits_mlp.est");
     let train = |dir: &Path, fault: Option<&str>| {
         let mut c = std::process::Command::new(bin);
-        c.args(["train", file.to_str().unwrap(), "--max-steps", "400", "--model-dir", dir.to_str().unwrap()])
-            .args(["--config", "save_checkpoint_steps=50", "--config", "iterations_per_loop=25"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+        c.args([
+            "train",
+            file.to_str().unwrap(),
+            "--max-steps",
+            "400",
+            "--model-dir",
+            dir.to_str().unwrap(),
+        ])
+        .args([
+            "--config",
+            "save_checkpoint_steps=50",
+            "--config",
+            "iterations_per_loop=25",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
         if let Some(f) = fault {
             c.env("EST_FAULT", f);
         }
@@ -111,7 +134,11 @@ fn resume_after_sigkill_is_bit_identical() {
     // a crash in the middle of writing the checkpoint of step 100
     let st = train(&dir, Some("checkpoint-write:100")).status().unwrap();
     assert!(!st.success(), "the fault aborts the process");
-    assert_eq!(checkpoint::latest(&dir).map(|c| c.step), Some(50), "the torn checkpoint is not used");
+    assert_eq!(
+        checkpoint::latest(&dir).map(|c| c.step),
+        Some(50),
+        "the torn checkpoint is not used"
+    );
     // SIGKILL at several moments
     for delay_ms in [300u64, 700, 1100] {
         let mut child = train(&dir, None).spawn().unwrap();
@@ -121,7 +148,10 @@ fn resume_after_sigkill_is_bit_identical() {
     }
     assert!(train(&dir, None).status().unwrap().success());
     let got = std::fs::read(checkpoint::tensors_path(&dir, 400)).unwrap();
-    assert!(got == want, "resumed weights differ from the uninterrupted run's");
+    assert!(
+        got == want,
+        "resumed weights differ from the uninterrupted run's"
+    );
 }
 
 /// `num_shards = 2` with per-shard batch 16 equals one shard on the global batch of 32.
@@ -151,7 +181,16 @@ fn two_shards_equal_one_shard_on_the_global_batch() {
 #[test]
 fn checkpoints_are_pruned_and_summaries_readable() {
     let dir = tmp("ckpt");
-    let mut e = estimator(&digits(&[]), &dir, &[("save_checkpoint_steps", 100), ("keep_checkpoint_max", 2), ("save_summary_steps", 50), ("iterations_per_loop", 50)]);
+    let mut e = estimator(
+        &digits(&[]),
+        &dir,
+        &[
+            ("save_checkpoint_steps", 100),
+            ("keep_checkpoint_max", 2),
+            ("save_summary_steps", 50),
+            ("iterations_per_loop", 50),
+        ],
+    );
     e.train(Steps::Max(300)).unwrap();
     let steps: Vec<i64> = checkpoint::list(&dir).iter().map(|c| c.step).collect();
     assert_eq!(steps, [200, 300]);
@@ -165,17 +204,30 @@ fn checkpoints_are_pruned_and_summaries_readable() {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("events.out.tfevents"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("events.out.tfevents")
+        })
         .collect();
     assert_eq!(events.len(), 1);
     let scalars = summary::read_scalars(&events[0]).unwrap();
-    let at = |tag: &str| -> Vec<i64> { scalars.iter().filter(|s| s.1 == tag).map(|s| s.0).collect() };
+    let at =
+        |tag: &str| -> Vec<i64> { scalars.iter().filter(|s| s.1 == tag).map(|s| s.0).collect() };
     assert_eq!(at("loss"), [50, 100, 150, 200, 250, 300]);
     assert_eq!(at("learning_rate"), at("loss"));
     assert_eq!(at("global_step/sec").len(), 6);
-    assert!(scalars.iter().filter(|s| s.1 == "learning_rate").all(|s| (s.2 - 0.1).abs() < 1e-7));
+    assert!(scalars
+        .iter()
+        .filter(|s| s.1 == "learning_rate")
+        .all(|s| (s.2 - 0.1).abs() < 1e-7));
     let m = e.evaluate(Some(2)).unwrap();
-    let eval_events: Vec<PathBuf> = std::fs::read_dir(dir.join("eval")).unwrap().flatten().map(|e| e.path()).collect();
+    let eval_events: Vec<PathBuf> = std::fs::read_dir(dir.join("eval"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     let ev = summary::read_scalars(&eval_events[0]).unwrap();
     assert_eq!(ev.len(), 2);
     assert!(ev.iter().all(|s| s.0 == 300));
@@ -187,12 +239,19 @@ fn checkpoints_are_pruned_and_summaries_readable() {
 #[test]
 fn a_checkpoint_of_another_program_is_refused_by_name() {
     let dir = tmp("mismatch");
-    estimator(&digits(&[]), &dir, &[]).train(Steps::Max(10)).unwrap();
+    estimator(&digits(&[]), &dir, &[])
+        .train(Steps::Max(10))
+        .unwrap();
     let mut other = estimator(&digits(&[("hidden", "[100, 64]")]), &dir, &[]);
     let f = other.train(Steps::Max(20)).unwrap_err();
     assert_eq!(codes(f.clone_diags()), [Code::CheckpointMismatch]);
     let msg = &f.diags[0].message;
-    assert!(msg.contains("`dense/kernel` is f32[64, 128] in the checkpoint but f32[64, 100] in the program"), "{msg}");
+    assert!(
+        msg.contains(
+            "`dense/kernel` is f32[64, 128] in the checkpoint but f32[64, 100] in the program"
+        ),
+        "{msg}"
+    );
     assert!(msg.contains("`dense_1/kernel`"), "{msg}");
 }
 
@@ -202,25 +261,42 @@ trait CloneDiags {
 
 impl CloneDiags for est::runtime::RunFailure {
     fn clone_diags(&self) -> est::runtime::RunFailure {
-        est::runtime::RunFailure { diags: self.diags.clone() }
+        est::runtime::RunFailure {
+            diags: self.diags.clone(),
+        }
     }
 }
 
 #[test]
 fn a_nan_loss_stops_training_and_keeps_the_last_checkpoint() {
     let dir = tmp("nan");
-    estimator(&digits(&[]), &dir, &[("iterations_per_loop", 10), ("save_checkpoint_steps", 10)])
-        .train(Steps::Max(20))
-        .unwrap();
+    estimator(
+        &digits(&[]),
+        &dir,
+        &[("iterations_per_loop", 10), ("save_checkpoint_steps", 10)],
+    )
+    .train(Steps::Max(20))
+    .unwrap();
     let before = std::fs::read(checkpoint::tensors_path(&dir, 20)).unwrap();
-    let mut e = estimator(&digits(&[("learning_rate", "1e30")]), &dir, &[("iterations_per_loop", 10), ("save_checkpoint_steps", 10)]);
+    let mut e = estimator(
+        &digits(&[("learning_rate", "1e30")]),
+        &dir,
+        &[("iterations_per_loop", 10), ("save_checkpoint_steps", 10)],
+    );
     let f = e.train(Steps::Max(100)).unwrap_err();
     assert_eq!(codes(f.clone_diags()), [Code::NonFiniteLoss]);
     let msg = &f.diags[0].message;
     assert!(msg.contains("at global step 2"), "{msg}");
     assert!(msg.contains("ckpt-20.safetensors"), "{msg}");
-    assert_eq!(checkpoint::latest(&dir).unwrap().step, 20, "nothing after the NaN was saved");
-    assert_eq!(std::fs::read(checkpoint::tensors_path(&dir, 20)).unwrap(), before);
+    assert_eq!(
+        checkpoint::latest(&dir).unwrap().step,
+        20,
+        "nothing after the NaN was saved"
+    );
+    assert_eq!(
+        std::fs::read(checkpoint::tensors_path(&dir, 20)).unwrap(),
+        before
+    );
 }
 
 #[derive(Default)]
@@ -268,7 +344,11 @@ impl RunHook for Counter {
 fn hooks_run_on_interp_and_are_refused_on_the_wafer() {
     let dir = tmp("hooks");
     let counts = Arc::new(Mutex::new(Counts::default()));
-    let mut e = estimator(&digits(&[]), &dir, &[("iterations_per_loop", 10), ("save_checkpoint_steps", 20)]);
+    let mut e = estimator(
+        &digits(&[]),
+        &dir,
+        &[("iterations_per_loop", 10), ("save_checkpoint_steps", 20)],
+    );
     e.add_hook(Box::new(Counter(counts.clone(), 35))).unwrap();
     let r = e.train(Steps::Max(100)).unwrap();
     assert_eq!(r.global_step, 35, "the hook stopped the run");
@@ -276,10 +356,16 @@ fn hooks_run_on_interp_and_are_refused_on_the_wafer() {
     {
         let c = counts.lock().unwrap();
         assert_eq!((c.begin, c.before, c.after, c.end), (1, 35, 35, 1));
-        assert_eq!(c.saved, [20, 35], "every 20 steps at loop boundaries, and at the stop");
+        assert_eq!(
+            c.saved,
+            [20, 35],
+            "every 20 steps at loop boundaries, and at the stop"
+        );
     }
     let mut again = estimator(&digits(&[]), &dir, &[]);
-    again.add_hook(Box::new(Counter(counts.clone(), 1000))).unwrap();
+    again
+        .add_hook(Box::new(Counter(counts.clone(), 1000)))
+        .unwrap();
     again.train(Steps::Add(5)).unwrap();
     assert_eq!(counts.lock().unwrap().loaded, [35]);
 
@@ -288,10 +374,15 @@ fn hooks_run_on_interp_and_are_refused_on_the_wafer() {
         model_dir: Some(tmp("wafer")),
         ..Default::default()
     };
-    let mut w = Estimator::new(&digits(&[]), &opts).map_err(|f| f.diags).unwrap();
+    let mut w = Estimator::new(&digits(&[]), &opts)
+        .map_err(|f| f.diags)
+        .unwrap();
     let f = w.add_hook(Box::new(Counter(counts, 1))).unwrap_err();
     assert_eq!(codes(f), [Code::HooksOnWafer]);
-    assert_eq!(codes(w.train(Steps::Max(1)).unwrap_err()), [Code::NoRuntime]);
+    assert_eq!(
+        codes(w.train(Steps::Max(1)).unwrap_err()),
+        [Code::NoRuntime]
+    );
 }
 
 #[test]
@@ -303,7 +394,10 @@ fn smoke_mode_trains_saves_restores_and_evaluates_once() {
     assert!(lines[0].starts_with("train: 1 step"));
     assert!(lines[1].contains("restored") && lines[1].contains("global step 1"));
     assert!(lines[2].starts_with("eval: 1 step") && lines[2].contains("accuracy"));
-    assert!(checkpoint::list(&dir).is_empty(), "smoke runs leave model_dir alone");
+    assert!(
+        checkpoint::list(&dir).is_empty(),
+        "smoke runs leave model_dir alone"
+    );
 }
 
 /// A reducer counting examples with a positive label, registered from Rust and used
@@ -365,8 +459,14 @@ fn custom_and_exact_metrics_under_shards() {
         ..Default::default()
     };
     let mut e = Estimator::new(&p, &opts).map_err(|f| f.diags).unwrap();
-    assert!(e.evaluate(None).is_err(), "an unregistered reducer is an error");
-    e.register_reducer("positives", Arc::new(|| Box::new(Positives(0.0)) as Box<dyn Reducer>));
+    assert!(
+        e.evaluate(None).is_err(),
+        "an unregistered reducer is an error"
+    );
+    e.register_reducer(
+        "positives",
+        Arc::new(|| Box::new(Positives(0.0)) as Box<dyn Reducer>),
+    );
     e.train(Steps::Max(30)).unwrap();
     let m = e.evaluate(None).unwrap();
     let labels: Vec<i64> = std::fs::read_to_string(root().join("examples/data/digits_test.csv"))
@@ -394,11 +494,22 @@ fn auc_is_exact_and_merges_across_shards() {
         for j in 0..8 {
             if labels[i] == 1.0 && labels[j] == 0.0 {
                 total += 1.0;
-                pairs += if scores[i] > scores[j] { 1.0 } else if scores[i] == scores[j] { 0.5 } else { 0.0 };
+                pairs += if scores[i] > scores[j] {
+                    1.0
+                } else if scores[i] == scores[j] {
+                    0.5
+                } else {
+                    0.0
+                };
             }
         }
     }
-    let f = |v: &[f64]| Tensor::from_f64(&est::ir::TensorType::new(est::ir::DType::F32, vec![v.len()]), v.to_vec());
+    let f = |v: &[f64]| {
+        Tensor::from_f64(
+            &est::ir::TensorType::new(est::ir::DType::F32, vec![v.len()]),
+            v.to_vec(),
+        )
+    };
     let make = metrics::builtin("auc").unwrap();
     let mut whole = make();
     whole.accumulate(&[&f(&labels), &f(&scores)]);
@@ -457,20 +568,41 @@ fn broken(name: &str, target: Target) -> Estimator {
 
 #[test]
 fn runtime_errors_are_diagnostics() {
-    let f = broken("missing", Target::Interp).train(Steps::Max(1)).unwrap_err();
+    let f = broken("missing", Target::Interp)
+        .train(Steps::Max(1))
+        .unwrap_err();
     assert_eq!(codes(f.clone_diags()), [Code::BadData]);
     assert!(f.diags[0].message.contains("no/such/file.csv"));
-    let f = broken("bad_rows", Target::Interp).train(Steps::Max(1)).unwrap_err();
+    let f = broken("bad_rows", Target::Interp)
+        .train(Steps::Max(1))
+        .unwrap_err();
     assert_eq!(codes(f.clone_diags()), [Code::BadData]);
-    assert!(f.diags[0].message.contains("bad_rows.csv:3"), "{}", f.diags[0].message);
+    assert!(
+        f.diags[0].message.contains("bad_rows.csv:3"),
+        "{}",
+        f.diags[0].message
+    );
     let mut e = broken("endless", Target::Interp);
     e.train(Steps::Max(1)).unwrap();
     assert_eq!(codes(e.evaluate(None).unwrap_err()), [Code::EndlessEval]);
     assert_eq!(e.evaluate(Some(2)).unwrap().steps, 2);
-    let f = broken("out_of_range", Target::Interp).train(Steps::Max(1)).unwrap_err();
+    let f = broken("out_of_range", Target::Interp)
+        .train(Steps::Max(1))
+        .unwrap_err();
     assert_eq!(codes(f.clone_diags()), [Code::RunFailed]);
-    assert!(f.diags[0].message.contains("gather failed"), "{}", f.diags[0].message);
-    assert_eq!(codes(broken("endless", Target::Host).train(Steps::Max(1)).unwrap_err()), [Code::NoRuntime]);
+    assert!(
+        f.diags[0].message.contains("gather failed"),
+        "{}",
+        f.diags[0].message
+    );
+    assert_eq!(
+        codes(
+            broken("endless", Target::Host)
+                .train(Steps::Max(1))
+                .unwrap_err()
+        ),
+        [Code::NoRuntime]
+    );
     // a model_dir that cannot be created
     let p = Program::from_source("broken.est", BROKEN, None);
     let opts = RunOptions {
@@ -493,7 +625,10 @@ fn every_runtime_code_is_tested() {
         .filter(|c| !me.contains(&format!("Code::{:?}]", c.code)))
         .map(|c| c.id)
         .collect();
-    assert!(missing.is_empty(), "run-time codes without a test: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "run-time codes without a test: {missing:?}"
+    );
 }
 
 /// The MNIST CNN of DESIGN.md §2, verbatim, on generated TFRecord data (tf.Example
@@ -508,7 +643,8 @@ fn mnist_cnn_trains_on_generated_data() {
         let mut img = vec![0u8; 784];
         for r in 0..6 {
             for c in 0..6 {
-                img[(2 + (label as usize / 5) * 12 + r) * 28 + 2 + (label as usize % 5) * 5 + c] = 200 + (i % 50) as u8;
+                img[(2 + (label as usize / 5) * 12 + r) * 28 + 2 + (label as usize % 5) * 5 + c] =
+                    200 + (i % 50) as u8;
             }
         }
         file.extend(est::runtime::records::frame(&example(&img, label)));

@@ -81,7 +81,10 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
             eprintln!("stopped early: {why}");
         }
         if r.global_step == r.start_step {
-            println!("nothing to do: global step {} is already at the last step", r.global_step);
+            println!(
+                "nothing to do: global step {} is already at the last step",
+                r.global_step
+            );
         } else {
             println!(
                 "trained {} steps (global step {} -> {}) in {:.1} s, {:.1} steps/sec; final loss {:.6}",
@@ -112,7 +115,10 @@ fn eval(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
         m.insert("steps".into(), serde_json::json!(r.steps));
         println!("{}", serde_json::Value::Object(m));
     } else {
-        println!("eval at global step {} over {} batches:", r.global_step, r.steps);
+        println!(
+            "eval at global step {} over {} batches:",
+            r.global_step, r.steps
+        );
         for (k, v) in &r.metrics {
             println!("  {k} = {v:.4}");
         }
@@ -122,11 +128,17 @@ fn eval(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
 }
 
 fn predict(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
-    let out = a.output.clone().unwrap_or_else(|| est.model_dir.join("predictions"));
+    let out = a
+        .output
+        .clone()
+        .unwrap_or_else(|| est.model_dir.join("predictions"));
     let r = est.predict(&out, a.steps)?;
     if json {
         let files: Vec<String> = r.files.iter().map(|p| p.display().to_string()).collect();
-        println!("{}", serde_json::json!({"examples": r.examples, "files": files}));
+        println!(
+            "{}",
+            serde_json::json!({"examples": r.examples, "files": files})
+        );
     } else {
         println!("{} predictions written:", r.examples);
         for f in &r.files {
@@ -180,7 +192,8 @@ impl RunHook for Progress {
             self.drawn = Instant::now();
             let width = 30usize;
             let filled = (width as i64 * done / total) as usize;
-            let bar: String = "#".repeat(filled.min(width)) + &"-".repeat(width - filled.min(width));
+            let bar: String =
+                "#".repeat(filled.min(width)) + &"-".repeat(width - filled.min(width));
             let mut e = std::io::stderr().lock();
             let _ = write!(
                 e,
@@ -205,4 +218,3 @@ impl RunHook for Progress {
         }
     }
 }
-

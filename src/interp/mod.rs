@@ -74,8 +74,7 @@ impl Plan {
                 }
             })
             .collect();
-        for n in 0..bound {
-            let i = last[n];
+        for (n, &i) in last.iter().enumerate() {
             let n = NodeIndex::new(n);
             if i != usize::MAX && !keep.contains(&n) && !provided.contains(&n) {
                 steps[i].free.push(n);
@@ -183,8 +182,7 @@ pub fn run_outputs(
     let plan = Plan::new(g, &targets, &FxHashSet::default());
     let mut values = Values::new(g.g.node_bound());
     execute(g, &plan, &Env { feeds, vars, op }, &mut values)?;
-    Ok(g
-        .outputs
+    Ok(g.outputs
         .iter()
         .map(|o| (o.name.clone(), values.get(o.node).cloned().expect("target")))
         .collect())

@@ -24,7 +24,10 @@ fn dyn_shape(ty: &TensorType) -> IxDyn {
 pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
     match op {
         Op::Const { bits } => Ok(Tensor::splat(ty, f64::from_bits(*bits))),
-        Op::GlobalStep => Ok(Tensor::int(DType::I64, Arr::from_elem(IxDyn(&[]), env.step))),
+        Op::GlobalStep => Ok(Tensor::int(
+            DType::I64,
+            Arr::from_elem(IxDyn(&[]), env.step),
+        )),
         Op::Unary(u) => unary(*u, args[0], ty),
         Op::Binary(b) => binary(*b, args[0], args[1], ty),
         Op::Select => select(args[0], args[1], args[2], ty),
@@ -229,7 +232,12 @@ fn zip_f(a: &Arr<f32>, b: &Arr<f32>, ty: &TensorType, f: impl Fn(f32, f32) -> f3
         .into_shared()
 }
 
-fn zip_any<T: Copy, U: Clone>(a: &Arr<T>, b: &Arr<T>, ty: &TensorType, f: impl Fn(T, T) -> U) -> Arr<U> {
+fn zip_any<T: Copy, U: Clone>(
+    a: &Arr<T>,
+    b: &Arr<T>,
+    ty: &TensorType,
+    f: impl Fn(T, T) -> U,
+) -> Arr<U> {
     let shape = dyn_shape(ty);
     let av = a.broadcast(shape.clone()).expect("broadcast");
     let bv = b.broadcast(shape).expect("broadcast");
@@ -239,7 +247,12 @@ fn zip_any<T: Copy, U: Clone>(a: &Arr<T>, b: &Arr<T>, ty: &TensorType, f: impl F
         .into_shared()
 }
 
-fn compare<T: PartialOrd + Copy>(op: BinaryOp, a: &Arr<T>, b: &Arr<T>, ty: &TensorType) -> Option<Arr<bool>> {
+fn compare<T: PartialOrd + Copy>(
+    op: BinaryOp,
+    a: &Arr<T>,
+    b: &Arr<T>,
+    ty: &TensorType,
+) -> Option<Arr<bool>> {
     let f: fn(T, T) -> bool = match op {
         BinaryOp::Eq => |x, y| x == y,
         BinaryOp::Ne => |x, y| x != y,
@@ -316,7 +329,12 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, ty: &TensorType) -> R {
 fn select(c: &Tensor, a: &Tensor, b: &Tensor, ty: &TensorType) -> R {
     let shape = dyn_shape(ty);
     let cv = c.b().broadcast(shape.clone()).expect("broadcast");
-    fn pick<T: Copy>(cv: &ndarray::ArrayViewD<bool>, x: &Arr<T>, y: &Arr<T>, shape: &IxDyn) -> Arr<T> {
+    fn pick<T: Copy>(
+        cv: &ndarray::ArrayViewD<bool>,
+        x: &Arr<T>,
+        y: &Arr<T>,
+        shape: &IxDyn,
+    ) -> Arr<T> {
         let xv = x.broadcast(shape.clone()).expect("broadcast");
         let yv = y.broadcast(shape.clone()).expect("broadcast");
         Zip::from(cv)
@@ -433,9 +451,18 @@ fn matmul(a: &Tensor, b: &Tensor, ty: &TensorType) -> R {
     match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) => {
             if ra == 2 && rb == 2 {
-                let xv = x.view().into_dimensionality::<ndarray::Ix2>().expect("rank 2");
-                let yv = y.view().into_dimensionality::<ndarray::Ix2>().expect("rank 2");
-                return Ok(Tensor::float(ty.dtype, xv.dot(&yv).into_dyn().into_shared()));
+                let xv = x
+                    .view()
+                    .into_dimensionality::<ndarray::Ix2>()
+                    .expect("rank 2");
+                let yv = y
+                    .view()
+                    .into_dimensionality::<ndarray::Ix2>()
+                    .expect("rank 2");
+                return Ok(Tensor::float(
+                    ty.dtype,
+                    xv.dot(&yv).into_dyn().into_shared(),
+                ));
             }
             let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
             let batch: Vec<usize> = ty.shape[..ty.shape.len() - 2].to_vec();
@@ -444,8 +471,18 @@ fn matmul(a: &Tensor, b: &Tensor, ty: &TensorType) -> R {
             sa.extend([m, k]);
             let mut sb = batch.clone();
             sb.extend([k, n]);
-            let xv: Vec<f32> = x.broadcast(IxDyn(&sa)).expect("broadcast").iter().copied().collect();
-            let yv: Vec<f32> = y.broadcast(IxDyn(&sb)).expect("broadcast").iter().copied().collect();
+            let xv: Vec<f32> = x
+                .broadcast(IxDyn(&sa))
+                .expect("broadcast")
+                .iter()
+                .copied()
+                .collect();
+            let yv: Vec<f32> = y
+                .broadcast(IxDyn(&sb))
+                .expect("broadcast")
+                .iter()
+                .copied()
+                .collect();
             let xa = ndarray::Array3::from_shape_vec((nb, m, k), xv).expect("shape");
             let yb = ndarray::Array3::from_shape_vec((nb, k, n), yv).expect("shape");
             let mut out = ndarray::Array3::<f32>::zeros((nb, m, n));
@@ -746,7 +783,14 @@ fn filter2(w: &Tensor) -> Array2<f32> {
     Array2::from_shape_vec((rows, s[3]), v).expect("shape")
 }
 
-fn conv2d(x: &Tensor, w: &Tensor, s: [usize; 2], p: Padding, d: [usize; 2], ty: &TensorType) -> Tensor {
+fn conv2d(
+    x: &Tensor,
+    w: &Tensor,
+    s: [usize; 2],
+    p: Padding,
+    d: [usize; 2],
+    ty: &TensorType,
+) -> Tensor {
     let ws = w.shape();
     let g = Geo::new(x.shape(), &ty.shape, [ws[0], ws[1]], s, d, p);
     let cols = im2col(&contiguous(x.f()), &g);
@@ -759,7 +803,14 @@ fn conv2d(x: &Tensor, w: &Tensor, s: [usize; 2], p: Padding, d: [usize; 2], ty: 
     )
 }
 
-fn conv2d_backprop_input(dy: &Tensor, w: &Tensor, s: [usize; 2], p: Padding, d: [usize; 2], ty: &TensorType) -> Tensor {
+fn conv2d_backprop_input(
+    dy: &Tensor,
+    w: &Tensor,
+    s: [usize; 2],
+    p: Padding,
+    d: [usize; 2],
+    ty: &TensorType,
+) -> Tensor {
     let ws = w.shape();
     let g = Geo::new(&ty.shape, dy.shape(), [ws[0], ws[1]], s, d, p);
     let o = ws[3];
@@ -773,7 +824,14 @@ fn conv2d_backprop_input(dy: &Tensor, w: &Tensor, s: [usize; 2], p: Padding, d: 
     )
 }
 
-fn conv2d_backprop_filter(x: &Tensor, dy: &Tensor, s: [usize; 2], p: Padding, d: [usize; 2], ty: &TensorType) -> Tensor {
+fn conv2d_backprop_filter(
+    x: &Tensor,
+    dy: &Tensor,
+    s: [usize; 2],
+    p: Padding,
+    d: [usize; 2],
+    ty: &TensorType,
+) -> Tensor {
     let g = Geo::new(x.shape(), dy.shape(), [ty.shape[0], ty.shape[1]], s, d, p);
     let o = ty.shape[3];
     let cols = im2col(&contiguous(x.f()), &g);
@@ -792,7 +850,14 @@ fn conv2d_backprop_filter(x: &Tensor, dy: &Tensor, s: [usize; 2], p: Padding, d:
 
 /// Max pooling, or (with `dy`) its gradient: each output's dy goes to the first
 /// maximum of its window.
-fn max_pool(x: &Tensor, dy: Option<&Tensor>, k: [usize; 2], s: [usize; 2], p: Padding, ty: &TensorType) -> Tensor {
+fn max_pool(
+    x: &Tensor,
+    dy: Option<&Tensor>,
+    k: [usize; 2],
+    s: [usize; 2],
+    p: Padding,
+    ty: &TensorType,
+) -> Tensor {
     let out_shape: Vec<usize> = match dy {
         Some(d) => d.shape().to_vec(),
         None => ty.shape.to_vec(),

@@ -52,7 +52,12 @@ impl Stream {
 
     fn block(&self, index: u64, step: u64) -> [u32; 4] {
         philox(
-            [index as u32, (index >> 32) as u32, step as u32, (step >> 32) as u32],
+            [
+                index as u32,
+                (index >> 32) as u32,
+                step as u32,
+                (step >> 32) as u32,
+            ],
             self.key,
         )
     }
@@ -118,10 +123,7 @@ pub fn fans(shape: &[usize]) -> (f64, f64) {
         2 => (shape[0] as f64, shape[1] as f64),
         r => {
             let field: usize = shape[..r - 2].iter().product();
-            (
-                (field * shape[r - 2]) as f64,
-                (field * shape[r - 1]) as f64,
-            )
+            ((field * shape[r - 2]) as f64, (field * shape[r - 1]) as f64)
         }
     }
 }

@@ -283,9 +283,9 @@ impl Tensor {
                 )
                 .ok()?,
             ),
-            DType::Bool => Tensor::bool(
-                Arr::from_shape_vec(shape, b.iter().map(|&x| x != 0).collect()).ok()?,
-            ),
+            DType::Bool => {
+                Tensor::bool(Arr::from_shape_vec(shape, b.iter().map(|&x| x != 0).collect()).ok()?)
+            }
             DType::Bytes => return None,
         };
         Some(t)

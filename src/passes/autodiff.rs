@@ -35,7 +35,12 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
     if g.outputs.iter().any(|o| o.role == Role::NextStep) {
         return; // already differentiated
     }
-    let Some(loss) = g.outputs.iter().find(|o| o.role == Role::Loss).map(|o| o.node) else {
+    let Some(loss) = g
+        .outputs
+        .iter()
+        .find(|o| o.role == Role::Loss)
+        .map(|o| o.node)
+    else {
         return;
     };
     let Some(lr) = g
@@ -59,7 +64,11 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
 /// The gradients of `loss` with respect to the trainable variables it depends on, as
 /// (variable, gradient) nodes added to `g`; `None` after an E0801 diagnostic. The pass
 /// uses it; tests use it to check every gradient against finite differences.
-pub fn gradients(g: &mut Graph, loss: NodeIndex, diags: &mut Diags) -> Option<Vec<(NodeIndex, NodeIndex)>> {
+pub fn gradients(
+    g: &mut Graph,
+    loss: NodeIndex,
+    diags: &mut Diags,
+) -> Option<Vec<(NodeIndex, NodeIndex)>> {
     Ad { g, diags }.backward(loss)
 }
 
@@ -91,7 +100,14 @@ impl Ad<'_> {
     }
 
     fn zeros(&mut self, ty: TensorType, span: Span) -> NodeIndex {
-        self.g.add(Op::Const { bits: 0f64.to_bits() }, &[], ty, span)
+        self.g.add(
+            Op::Const {
+                bits: 0f64.to_bits(),
+            },
+            &[],
+            ty,
+            span,
+        )
     }
 
     fn un(&mut self, u: UnaryOp, a: NodeIndex, span: Span) -> NodeIndex {
@@ -125,7 +141,14 @@ impl Ad<'_> {
         self.mk(Op::BroadcastTo, &[x], t, span)
     }
 
-    fn reduce(&mut self, op: ReduceOp, x: NodeIndex, axes: Vec<usize>, keep: bool, span: Span) -> NodeIndex {
+    fn reduce(
+        &mut self,
+        op: ReduceOp,
+        x: NodeIndex,
+        axes: Vec<usize>,
+        keep: bool,
+        span: Span,
+    ) -> NodeIndex {
         if axes.is_empty() {
             return x;
         }
@@ -267,7 +290,9 @@ impl Ad<'_> {
                 if matches!(self.g.node(n).op, Op::Select) && i == 0 {
                     continue;
                 }
-                let Some(d) = self.vjp(n, i, dy) else { continue };
+                let Some(d) = self.vjp(n, i, dy) else {
+                    continue;
+                };
                 let d = match adj.get(&o) {
                     Some(&prev) => self.bin(BinaryOp::Add, prev, d, span),
                     None => d,

@@ -47,7 +47,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         std::process::id()
     ));
     {
@@ -109,16 +111,23 @@ pub fn decode(bytes: &[u8]) -> Result<FxHashMap<String, Tensor>, String> {
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
     let mut out = FxHashMap::default();
     for (name, v) in st.tensors() {
-        let dtype = from_st_dtype(v.dtype()).ok_or_else(|| format!("`{name}` has an unsupported dtype"))?;
+        let dtype =
+            from_st_dtype(v.dtype()).ok_or_else(|| format!("`{name}` has an unsupported dtype"))?;
         let ty = TensorType::new(dtype, v.shape().to_vec());
-        let t = Tensor::from_le_bytes(&ty, v.data()).ok_or_else(|| format!("`{name}` has the wrong size"))?;
+        let t = Tensor::from_le_bytes(&ty, v.data())
+            .ok_or_else(|| format!("`{name}` has the wrong size"))?;
         out.insert(name, t);
     }
     Ok(out)
 }
 
 /// Saves a checkpoint: tensors, then metadata, then the index; prunes to `keep`.
-pub fn save(dir: &Path, vars: &FxHashMap<String, Tensor>, meta: &Meta, keep: usize) -> std::io::Result<PathBuf> {
+pub fn save(
+    dir: &Path,
+    vars: &FxHashMap<String, Tensor>,
+    meta: &Meta,
+    keep: usize,
+) -> std::io::Result<PathBuf> {
     let bytes = encode(vars).map_err(std::io::Error::other)?;
     let tp = tensors_path(dir, meta.global_step);
     fault_injection(dir, meta.global_step, &bytes);
@@ -144,7 +153,10 @@ pub fn save(dir: &Path, vars: &FxHashMap<String, Tensor>, meta: &Meta, keep: usi
 /// renamed), as a power cut or SIGKILL would leave it.
 fn fault_injection(dir: &Path, step: i64, bytes: &[u8]) {
     if std::env::var("EST_FAULT").ok().as_deref() == Some(&format!("checkpoint-write:{step}")) {
-        let tmp = dir.join(format!(".ckpt-{step}.safetensors.tmp-{}", std::process::id()));
+        let tmp = dir.join(format!(
+            ".ckpt-{step}.safetensors.tmp-{}",
+            std::process::id()
+        ));
         let _ = std::fs::write(tmp, &bytes[..bytes.len() / 2]);
         std::process::abort();
     }
@@ -159,7 +171,11 @@ pub fn list(dir: &Path) -> Vec<Found> {
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let step: i64 = name.strip_prefix("ckpt-")?.strip_suffix(".json")?.parse().ok()?;
+            let step: i64 = name
+                .strip_prefix("ckpt-")?
+                .strip_suffix(".json")?
+                .parse()
+                .ok()?;
             let tensors = tensors_path(dir, step);
             tensors.is_file().then(|| Found {
                 step,
@@ -179,8 +195,10 @@ pub fn latest(dir: &Path) -> Option<Found> {
 /// Reads a checkpoint's metadata and variables.
 pub fn load(c: &Found) -> Result<(Meta, FxHashMap<String, Tensor>), String> {
     let m = std::fs::read(&c.meta).map_err(|e| format!("cannot read {}: {e}", c.meta.display()))?;
-    let meta: Meta = serde_json::from_slice(&m).map_err(|e| format!("{}: {e}", c.meta.display()))?;
-    let b = std::fs::read(&c.tensors).map_err(|e| format!("cannot read {}: {e}", c.tensors.display()))?;
+    let meta: Meta =
+        serde_json::from_slice(&m).map_err(|e| format!("{}: {e}", c.meta.display()))?;
+    let b = std::fs::read(&c.tensors)
+        .map_err(|e| format!("cannot read {}: {e}", c.tensors.display()))?;
     let vars = decode(&b).map_err(|e| format!("{}: {e}", c.tensors.display()))?;
     Ok((meta, vars))
 }
@@ -191,11 +209,17 @@ pub fn mismatches(want: &[(String, TensorType)], have: &FxHashMap<String, Tensor
     for (name, ty) in want {
         match have.get(name) {
             None => out.push(format!("`{name}` ({ty}) is not in the checkpoint")),
-            Some(t) if t.ty() != *ty => out.push(format!("`{name}` is {} in the checkpoint but {ty} in the program", t.ty())),
+            Some(t) if t.ty() != *ty => out.push(format!(
+                "`{name}` is {} in the checkpoint but {ty} in the program",
+                t.ty()
+            )),
             Some(_) => {}
         }
     }
-    let mut extra: Vec<&String> = have.keys().filter(|k| !want.iter().any(|(n, _)| n == *k)).collect();
+    let mut extra: Vec<&String> = have
+        .keys()
+        .filter(|k| !want.iter().any(|(n, _)| n == *k))
+        .collect();
     extra.sort();
     for k in extra {
         out.push(format!("`{k}` is in the checkpoint but not in the program"));

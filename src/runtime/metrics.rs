@@ -50,7 +50,11 @@ struct Ratio {
 
 impl Ratio {
     fn new(kind: RatioKind) -> Ratio {
-        Ratio { kind, num: 0.0, den: 0.0 }
+        Ratio {
+            kind,
+            num: 0.0,
+            den: 0.0,
+        }
     }
 }
 
@@ -115,7 +119,8 @@ impl Reducer for Auc {
     fn accumulate(&mut self, args: &[&Tensor]) {
         let labels = args[0].to_f64();
         let scores = args[1].to_f64();
-        self.pairs.extend(scores.into_iter().zip(labels.into_iter().map(|l| l != 0.0)));
+        self.pairs
+            .extend(scores.into_iter().zip(labels.into_iter().map(|l| l != 0.0)));
     }
 
     fn merge(&mut self, other: &dyn Reducer) {

@@ -131,6 +131,9 @@ struct TrainPlan {
     next_step: Option<NodeIndex>,
 }
 
+/// Where the runtime's log lines go.
+pub type LogFn = Box<dyn FnMut(&str) + Send>;
+
 /// A program's estimator, ready to run.
 pub struct Estimator {
     pub info: EstimatorInfo,
@@ -149,7 +152,7 @@ pub struct Estimator {
     train_plan: Option<TrainPlan>,
     last_checkpoint: Option<PathBuf>,
     /// Log lines (restores, checkpoints, summaries) go here; `None` is silent.
-    pub log: Option<Box<dyn FnMut(&str) + Send>>,
+    pub log: Option<LogFn>,
 }
 
 fn fnv(text: &[u8], mut h: u64) -> u64 {
@@ -183,16 +186,26 @@ impl Estimator {
         };
         let info = match (&opts.estimator, checked.estimators.as_slice()) {
             (_, [one]) => one.clone(),
-            (Some(name), all) => all
-                .iter()
-                .find(|e| &e.name == name)
-                .cloned()
-                .ok_or_else(|| Diag::new(Code::UnknownName, root_span, format!("no estimator `{name}`")).label("in this program"))?,
+            (Some(name), all) => {
+                all.iter()
+                    .find(|e| &e.name == name)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Diag::new(
+                            Code::UnknownName,
+                            root_span,
+                            format!("no estimator `{name}`"),
+                        )
+                        .label("in this program")
+                    })?
+            }
             (None, []) => {
-                return Err(Diag::new(Code::UnknownName, root_span, "the program has no estimator")
-                    .label("in this program")
-                    .help("add an `estimator` item naming the model and its inputs")
-                    .into())
+                return Err(
+                    Diag::new(Code::UnknownName, root_span, "the program has no estimator")
+                        .label("in this program")
+                        .help("add an `estimator` item naming the model and its inputs")
+                        .into(),
+                )
             }
             (None, all) => {
                 let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
@@ -202,7 +215,10 @@ impl Estimator {
                     format!("the program has {} estimators; choose one", all.len()),
                 )
                 .label("one of them")
-                .help(format!("pass `--estimator NAME` with one of: {}", names.join(", ")))
+                .help(format!(
+                    "pass `--estimator NAME` with one of: {}",
+                    names.join(", ")
+                ))
                 .into());
             }
         };
@@ -230,7 +246,10 @@ impl Estimator {
             .filter(|c| c.estimator == info.name)
             .collect();
         Ok(Estimator {
-            seed: info.config.random_seed.map_or_else(fresh_seed, |s| s as u64),
+            seed: info
+                .config
+                .random_seed
+                .map_or_else(fresh_seed, |s| s as u64),
             info,
             model_dir,
             base: if base.as_os_str().is_empty() {
@@ -304,9 +323,13 @@ impl Estimator {
             .cloned()
             .or_else(|| metrics::builtin(name))
             .ok_or_else(|| {
-                Diag::new(Code::UnknownName, span, format!("no reducer named `{name}` is registered"))
-                    .label("this metric")
-                    .help("register it with `Estimator::register_reducer` before evaluating")
+                Diag::new(
+                    Code::UnknownName,
+                    span,
+                    format!("no reducer named `{name}` is registered"),
+                )
+                .label("this metric")
+                .help("register it with `Estimator::register_reducer` before evaluating")
             })?;
         Ok(f())
     }
@@ -374,7 +397,11 @@ impl Estimator {
             self.seed = meta.seed;
             self.input_position = meta.input_position;
             self.last_checkpoint = Some(found.tensors.clone());
-            let msg = format!("restored {} (global step {})", found.tensors.display(), meta.global_step);
+            let msg = format!(
+                "restored {} (global step {})",
+                found.tensors.display(),
+                meta.global_step
+            );
             self.say(&msg);
             for h in &mut self.hooks {
                 h.checkpoint_loaded(meta.global_step, &found.tensors);
@@ -409,14 +436,22 @@ impl Estimator {
             input_position: self.input_position,
             program_hash: self.program_hash.clone(),
             variables: {
-                let mut v: Vec<String> = self.vars.iter().map(|(k, t)| format!("{k}: {}", t.ty())).collect();
+                let mut v: Vec<String> = self
+                    .vars
+                    .iter()
+                    .map(|(k, t)| format!("{k}: {}", t.ty()))
+                    .collect();
                 v.sort();
                 v
             },
         };
         let keep = self.info.config.keep_checkpoint_max.max(1) as usize;
-        let p = checkpoint::save(&self.model_dir, &self.vars, &meta, keep)
-            .map_err(|e| self.io_diag(format!("cannot write a checkpoint in {}: {e}", self.model_dir.display())))?;
+        let p = checkpoint::save(&self.model_dir, &self.vars, &meta, keep).map_err(|e| {
+            self.io_diag(format!(
+                "cannot write a checkpoint in {}: {e}",
+                self.model_dir.display()
+            ))
+        })?;
         self.last_checkpoint = Some(p.clone());
         for h in &mut self.hooks {
             h.checkpoint_saved(self.step, &p);
@@ -428,12 +463,20 @@ impl Estimator {
 
     fn input(&self, mode: SectionKind) -> Res<(Compiled, Dataset)> {
         let c = self.compiled(mode).cloned().ok_or_else(|| {
-            Diag::new(Code::InvalidEstimator, self.info.span, format!("the model has no {} section", mode_name(mode)))
-                .label("this estimator")
+            Diag::new(
+                Code::InvalidEstimator,
+                self.info.span,
+                format!("the model has no {} section", mode_name(mode)),
+            )
+            .label("this estimator")
         })?;
         let ds = c.input.clone().ok_or_else(|| {
-            Diag::new(Code::InvalidEstimator, self.info.span, format!("the estimator has no input for {}", mode_name(mode)))
-                .label("this estimator")
+            Diag::new(
+                Code::InvalidEstimator,
+                self.info.span,
+                format!("the estimator has no input for {}", mode_name(mode)),
+            )
+            .label("this estimator")
         })?;
         Ok((c, ds))
     }
@@ -447,12 +490,11 @@ impl Estimator {
         let loss = out(Role::Loss).expect("a train graph has a loss");
         let lr = out(Role::LearningRate).expect("a train graph has a learning rate");
         let next_step = out(Role::NextStep);
-        let cross: Vec<(NodeIndex, NodeIndex)> = g
-            .g
-            .node_indices()
-            .filter(|&n| matches!(g.node(n).op, Op::CrossShardMean))
-            .map(|n| (n, g.operands(n)[0]))
-            .collect();
+        let cross: Vec<(NodeIndex, NodeIndex)> =
+            g.g.node_indices()
+                .filter(|&n| matches!(g.node(n).op, Op::CrossShardMean))
+                .map(|n| (n, g.operands(n)[0]))
+                .collect();
         let mut after = vec![false; g.g.node_bound()];
         for n in g.topo_order() {
             after[n.index()] = matches!(g.node(n).op, Op::CrossShardMean)
@@ -488,14 +530,13 @@ impl Estimator {
 
     /// The model's input names in order (features, then labels).
     fn input_names(g: &Graph) -> Vec<String> {
-        let mut v: Vec<(NodeIndex, String)> = g
-            .g
-            .node_indices()
-            .filter_map(|n| match &g.node(n).op {
-                Op::Input { name } => Some((n, name.clone())),
-                _ => None,
-            })
-            .collect();
+        let mut v: Vec<(NodeIndex, String)> =
+            g.g.node_indices()
+                .filter_map(|n| match &g.node(n).op {
+                    Op::Input { name } => Some((n, name.clone())),
+                    _ => None,
+                })
+                .collect();
         v.sort();
         v.into_iter().map(|x| x.1).collect()
     }
@@ -505,7 +546,11 @@ impl Estimator {
     }
 
     /// Pulls one batch per shard; `None` when the input has ended.
-    fn next_batches(&mut self, pipe: &mut Pipeline, shards: usize) -> Res<Option<Vec<pipeline::Element>>> {
+    fn next_batches(
+        &mut self,
+        pipe: &mut Pipeline,
+        shards: usize,
+    ) -> Res<Option<Vec<pipeline::Element>>> {
         let mut out = Vec::with_capacity(shards);
         for _ in 0..shards {
             match pipe.next_element()? {
@@ -554,7 +599,10 @@ impl Estimator {
                     h.before_step(self.step);
                 }
                 let Some(batches) = self.next_batches(&mut pipe, shards)? else {
-                    stopped = Some(format!("the train input ended at global step {}", self.step));
+                    stopped = Some(format!(
+                        "the train input ended at global step {}",
+                        self.step
+                    ));
                     break;
                 };
                 let (loss, rate) = self.train_step(&c.graph, &names, batches)?;
@@ -566,14 +614,18 @@ impl Estimator {
                     loss,
                     learning_rate: rate,
                     last_step: last,
-                    steps_per_sec: (self.step - start) as f64 / t0.elapsed().as_secs_f64().max(1e-9),
+                    steps_per_sec: (self.step - start) as f64
+                        / t0.elapsed().as_secs_f64().max(1e-9),
                 };
                 let mut stop = false;
                 for h in &mut self.hooks {
                     stop |= h.after_step(&info) == Action::Stop;
                 }
                 if stop {
-                    stopped = Some(format!("a hook stopped training at global step {}", self.step));
+                    stopped = Some(format!(
+                        "a hook stopped training at global step {}",
+                        self.step
+                    ));
                     break;
                 }
             }
@@ -586,18 +638,28 @@ impl Estimator {
                 let w = match &mut summaries {
                     Some(w) => w,
                     None => summaries.insert(
-                        summary::EventWriter::create(&self.model_dir)
-                            .map_err(|e| self.io_diag(format!("cannot write summaries in {}: {e}", self.model_dir.display())))?,
+                        summary::EventWriter::create(&self.model_dir).map_err(|e| {
+                            self.io_diag(format!(
+                                "cannot write summaries in {}: {e}",
+                                self.model_dir.display()
+                            ))
+                        })?,
                     ),
                 };
                 w.scalars(
                     self.step,
-                    &[("loss", final_loss as f32), ("learning_rate", lr as f32), ("global_step/sec", rate as f32)],
+                    &[
+                        ("loss", final_loss as f32),
+                        ("learning_rate", lr as f32),
+                        ("global_step/sec", rate as f32),
+                    ],
                 )
                 .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
             }
             let at_end = self.step >= last || stopped.is_some();
-            if (crossed(cfg.save_checkpoint_steps, loop_start, self.step) || at_end) && self.step > start {
+            if (crossed(cfg.save_checkpoint_steps, loop_start, self.step) || at_end)
+                && self.step > start
+            {
                 self.save_checkpoint()?;
             }
             loop_start = self.step;
@@ -618,7 +680,12 @@ impl Estimator {
     }
 
     /// One replicated train step; returns (mean loss, learning rate).
-    fn train_step(&mut self, g: &Graph, names: &[String], batches: Vec<pipeline::Element>) -> Res<(f64, f64)> {
+    fn train_step(
+        &mut self,
+        g: &Graph,
+        names: &[String],
+        batches: Vec<pipeline::Element>,
+    ) -> Res<(f64, f64)> {
         let plan = self.train_plan.as_ref().expect("planned");
         let n = batches.len();
         let vars = &self.vars;
@@ -647,7 +714,10 @@ impl Estimator {
                         s.spawn(move || run_a(i, b))
                     })
                     .collect();
-                handles.into_iter().map(|h| h.join().expect("shard thread")).collect()
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("shard thread"))
+                    .collect()
             })
         };
         let mut shard_values = Vec::with_capacity(n);
@@ -678,12 +748,17 @@ impl Estimator {
             let last = self
                 .last_checkpoint
                 .as_ref()
-                .map_or("no checkpoint has been saved yet".to_string(), |p| format!("the last checkpoint, {}, is intact", p.display()));
+                .map_or("no checkpoint has been saved yet".to_string(), |p| {
+                    format!("the last checkpoint, {}, is intact", p.display())
+                });
             let span = g.node(plan.loss).span;
             return Err(Diag::new(
                 Code::NonFiniteLoss,
                 span,
-                format!("the loss is {loss} at global step {}; training stopped and {last}", self.step + 1),
+                format!(
+                    "the loss is {loss} at global step {}; training stopped and {last}",
+                    self.step + 1
+                ),
             )
             .label("this loss")
             .help("lower the learning rate or clip gradients, then resume from the checkpoint")
@@ -725,7 +800,11 @@ impl Estimator {
         let g = &c.graph;
         let shards = self.info.config.num_shards.max(1) as usize;
         let names = Self::input_names(g);
-        let loss_node = g.outputs.iter().find(|o| o.role == Role::Loss).map(|o| o.node);
+        let loss_node = g
+            .outputs
+            .iter()
+            .find(|o| o.role == Role::Loss)
+            .map(|o| o.node);
         let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
         let mut reducers: Vec<Vec<Box<dyn Reducer>>> = Vec::new();
@@ -739,7 +818,9 @@ impl Estimator {
         let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
         let (mut loss_sum, mut count) = (0.0, 0u64);
         while steps.is_none_or(|s| count < s) {
-            let Some(batches) = self.next_batches(&mut pipe, shards)? else { break };
+            let Some(batches) = self.next_batches(&mut pipe, shards)? else {
+                break;
+            };
             for (shard, batch) in batches.into_iter().enumerate() {
                 let feeds = Self::feeds(&names, batch);
                 let env = Env {
@@ -774,12 +855,21 @@ impl Estimator {
                 r.merge(o.as_ref());
             }
         }
-        let metrics: Vec<(String, f64)> = g.metrics.iter().zip(&first).map(|(m, r)| (m.name.clone(), r.result())).collect();
+        let metrics: Vec<(String, f64)> = g
+            .metrics
+            .iter()
+            .zip(&first)
+            .map(|(m, r)| (m.name.clone(), r.result()))
+            .collect();
         let loss = loss_sum / (count.max(1) * shards as u64) as f64;
         let dir = self.model_dir.join("eval");
-        let mut w = summary::EventWriter::create(&dir)
-            .map_err(|e| self.io_diag(format!("cannot write summaries in {}: {e}", dir.display())))?;
-        let mut scalars: Vec<(&str, f32)> = metrics.iter().map(|(k, v)| (k.as_str(), *v as f32)).collect();
+        let mut w = summary::EventWriter::create(&dir).map_err(|e| {
+            self.io_diag(format!("cannot write summaries in {}: {e}", dir.display()))
+        })?;
+        let mut scalars: Vec<(&str, f32)> = metrics
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v as f32))
+            .collect();
         scalars.push(("loss", loss as f32));
         w.scalars(self.step, &scalars)
             .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
@@ -797,10 +887,14 @@ impl Estimator {
         self.restore_or_init()?;
         let (c, ds) = self.input(SectionKind::Predict)?;
         if steps.is_none() && ds.repeats_forever() {
-            return Err(Diag::new(Code::EndlessEval, ds.span(), "the predict input repeats forever and no step count is given")
-                .label("this input never ends")
-                .help("pass --steps N, or remove `repeat` from the predict input")
-                .into());
+            return Err(Diag::new(
+                Code::EndlessEval,
+                ds.span(),
+                "the predict input repeats forever and no step count is given",
+            )
+            .label("this input never ends")
+            .help("pass --steps N, or remove `repeat` from the predict input")
+            .into());
         }
         let g = &c.graph;
         let names = Self::input_names(g);
@@ -813,13 +907,16 @@ impl Estimator {
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
         let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
-        std::fs::create_dir_all(out).map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
+        std::fs::create_dir_all(out)
+            .map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
         let mut lines = String::new();
         let mut acc: Vec<Vec<Tensor>> = vec![Vec::new(); outs.len()];
         let mut examples = 0u64;
         let mut count = 0u64;
         while steps.is_none_or(|s| count < s) {
-            let Some(mut batch) = pipe.next_element()? else { break };
+            let Some(mut batch) = pipe.next_element()? else {
+                break;
+            };
             batch.truncate(names.len());
             let feeds = Self::feeds(&names, batch);
             let env = Env {
@@ -833,8 +930,13 @@ impl Estimator {
             };
             let mut values = Values::new(g.g.node_bound());
             interp::execute(g, &plan, &env, &mut values).map_err(run_diag)?;
-            let vals: Vec<Tensor> = outs.iter().map(|o| values.get(o.1).expect("prediction").clone()).collect();
-            let rows = vals.first().map_or(0, |t| t.shape().first().copied().unwrap_or(1));
+            let vals: Vec<Tensor> = outs
+                .iter()
+                .map(|o| values.get(o.1).expect("prediction").clone())
+                .collect();
+            let rows = vals
+                .first()
+                .map_or(0, |t| t.shape().first().copied().unwrap_or(1));
             for r in 0..rows {
                 let mut obj = serde_json::Map::new();
                 for ((name, _), t) in outs.iter().zip(&vals) {
@@ -851,7 +953,8 @@ impl Estimator {
         }
         let mut files = Vec::new();
         let p = out.join("predictions.jsonl");
-        checkpoint::write_atomic(&p, lines.as_bytes()).map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
+        checkpoint::write_atomic(&p, lines.as_bytes())
+            .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
         files.push(p);
         for ((name, _), parts) in outs.iter().zip(acc) {
             if parts.is_empty() {
@@ -860,7 +963,8 @@ impl Estimator {
             let items: Vec<pipeline::Element> = parts.into_iter().map(|t| vec![t]).collect();
             let all = concat_rows(&items);
             let p = out.join(format!("{}.npy", name.replace('/', "_")));
-            checkpoint::write_atomic(&p, &records::npy_bytes(&all)).map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
+            checkpoint::write_atomic(&p, &records::npy_bytes(&all))
+                .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
             files.push(p);
         }
         Ok(PredictReport { examples, files })
@@ -869,7 +973,11 @@ impl Estimator {
     /// Smoke run: one train step, a checkpoint saved and restored (compared bit for
     /// bit), one eval step, all in a temporary model directory.
     pub fn smoke(&mut self) -> Res<Vec<String>> {
-        let dir = std::env::temp_dir().join(format!("est-smoke-{}-{}", std::process::id(), fresh_seed() % 100_000));
+        let dir = std::env::temp_dir().join(format!(
+            "est-smoke-{}-{}",
+            std::process::id(),
+            fresh_seed() % 100_000
+        ));
         let saved_dir = std::mem::replace(&mut self.model_dir, dir.clone());
         let result = self.smoke_in();
         let _ = std::fs::remove_dir_all(&dir);
@@ -893,13 +1001,27 @@ impl Estimator {
         self.vars.clear();
         self.restore_or_init()?;
         if self.vars != saved || self.step != step {
-            return Err(self.io_diag("the checkpoint did not restore the saved state".into()).into());
+            return Err(self
+                .io_diag("the checkpoint did not restore the saved state".into())
+                .into());
         }
-        lines.push(format!("checkpoint: saved and restored {} variables at global step {step}", saved.len()));
+        lines.push(format!(
+            "checkpoint: saved and restored {} variables at global step {step}",
+            saved.len()
+        ));
         if self.compiled(SectionKind::Eval).is_some() {
             let e = self.evaluate(Some(1))?;
-            let m: Vec<String> = e.metrics.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
-            lines.push(format!("eval: 1 step, loss {:.6}{}{}", e.loss, if m.is_empty() { "" } else { ", " }, m.join(", ")));
+            let m: Vec<String> = e
+                .metrics
+                .iter()
+                .map(|(k, v)| format!("{k} {v:.4}"))
+                .collect();
+            lines.push(format!(
+                "eval: 1 step, loss {:.6}{}{}",
+                e.loss,
+                if m.is_empty() { "" } else { ", " },
+                m.join(", ")
+            ));
         }
         Ok(lines)
     }
@@ -914,9 +1036,13 @@ fn mode_name(m: SectionKind) -> &'static str {
 }
 
 fn run_diag(e: interp::RunError) -> RunFailure {
-    Diag::new(Code::RunFailed, e.span, format!("{} failed: {}", e.op, e.message))
-        .label(format!("this {}", e.op))
-        .into()
+    Diag::new(
+        Code::RunFailed,
+        e.span,
+        format!("{} failed: {}", e.op, e.message),
+    )
+    .label(format!("this {}", e.op))
+    .into()
 }
 
 /// A seed for runs without `random_seed` (recorded in checkpoints, so a resume keeps it).
@@ -934,10 +1060,18 @@ fn row(t: &Tensor, r: usize) -> Tensor {
     }
     let sub = |d: &interp::Data| -> interp::Data {
         match d {
-            interp::Data::F(a) => interp::Data::F(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared()),
-            interp::Data::I(a) => interp::Data::I(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared()),
-            interp::Data::B(a) => interp::Data::B(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared()),
-            interp::Data::S(a) => interp::Data::S(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared()),
+            interp::Data::F(a) => {
+                interp::Data::F(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
+            }
+            interp::Data::I(a) => {
+                interp::Data::I(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
+            }
+            interp::Data::B(a) => {
+                interp::Data::B(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
+            }
+            interp::Data::S(a) => {
+                interp::Data::S(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
+            }
         }
     };
     Tensor {
@@ -953,11 +1087,20 @@ fn concat_rows(items: &[pipeline::Element]) -> Tensor {
         return first.clone();
     }
     let all: Vec<&Tensor> = items.iter().map(|e| &e[0]).collect();
-    interp::ops::eval(&Op::Concat { axis: 0 }, &all, &{
-        let mut shape = first.shape().to_vec();
-        shape[0] = all.iter().map(|t| t.shape()[0]).sum();
-        TensorType::new(first.dtype, shape)
-    }, &OpEnv { step: 0, seed: 0, shard: 0 })
+    interp::ops::eval(
+        &Op::Concat { axis: 0 },
+        &all,
+        &{
+            let mut shape = first.shape().to_vec();
+            shape[0] = all.iter().map(|t| t.shape()[0]).sum();
+            TensorType::new(first.dtype, shape)
+        },
+        &OpEnv {
+            step: 0,
+            seed: 0,
+            shard: 0,
+        },
+    )
     .unwrap_or_else(|_| first.clone())
 }
 

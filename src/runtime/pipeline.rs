@@ -150,14 +150,21 @@ fn build(stages: Rc<Vec<Stage>>, upto: usize, ctx: Rc<PipeCtx>, epoch: u64) -> I
     } else {
         None
     };
-    let upstream = |stages: &Rc<Vec<Stage>>, ctx: &Rc<PipeCtx>| build(stages.clone(), k, ctx.clone(), epoch);
+    let upstream =
+        |stages: &Rc<Vec<Stage>>, ctx: &Rc<PipeCtx>| build(stages.clone(), k, ctx.clone(), epoch);
     match stage.kind {
         StageKind::Csv {
             path,
             header,
             columns,
             delimiter,
-        } => match read_csv(&ctx.path(&path), header, &columns, &leaf_shapes(&stage.elem), delimiter) {
+        } => match read_csv(
+            &ctx.path(&path),
+            header,
+            &columns,
+            &leaf_shapes(&stage.elem),
+            delimiter,
+        ) {
             Ok(rows) => Box::new(rows.into_iter().map(Ok)),
             Err(msg) => err_iter(Diag::new(Code::BadData, span, msg).label("this source")),
         },
@@ -172,12 +179,9 @@ fn build(stages: Rc<Vec<Stage>>, upto: usize, ctx: Rc<PipeCtx>, epoch: u64) -> I
             }
             Err(e) => err_iter(io_diag(span, &ctx.path(&path), &e)),
         },
-        StageKind::Range { n } => Box::new((0..n).map(|i| {
-            Ok(vec![Tensor::int(
-                DType::I32,
-                Arr::from_elem(IxDyn(&[]), i),
-            )])
-        })),
+        StageKind::Range { n } => Box::new(
+            (0..n).map(|i| Ok(vec![Tensor::int(DType::I32, Arr::from_elem(IxDyn(&[]), i))])),
+        ),
         StageKind::Npy { path, dtype, dims } => {
             match records::read_npy(&ctx.path(&path), dtype, &dims) {
                 Ok(rows) => Box::new(rows.into_iter().map(|t| Ok(vec![t]))),
@@ -293,7 +297,10 @@ fn build(stages: Rc<Vec<Stage>>, upto: usize, ctx: Rc<PipeCtx>, epoch: u64) -> I
                 if items.is_empty() || (drop_remainder && items.len() < size) {
                     return None;
                 }
-                Some(stack(&items, padded).map_err(|m| Diag::new(Code::BadData, span, m).label("in this batch")))
+                Some(
+                    stack(&items, padded)
+                        .map_err(|m| Diag::new(Code::BadData, span, m).label("in this batch")),
+                )
             }))
         }
         StageKind::Cache { .. } => {
@@ -338,7 +345,12 @@ fn build(stages: Rc<Vec<Stage>>, upto: usize, ctx: Rc<PipeCtx>, epoch: u64) -> I
         StageKind::Skip { n } => Box::new(upstream(&stages, &ctx).skip(n)),
         StageKind::Zip { other } => {
             let a = upstream(&stages, &ctx);
-            let b = build(Rc::new(other.stages.clone()), other.stages.len(), ctx.clone(), epoch);
+            let b = build(
+                Rc::new(other.stages.clone()),
+                other.stages.len(),
+                ctx.clone(),
+                epoch,
+            );
             Box::new(a.zip(b).map(|(x, y)| {
                 let mut x = x?;
                 x.extend(y?);
@@ -428,7 +440,8 @@ impl ClosureRunner {
         };
         let mut values = interp::Values::new(0);
         interp::execute(&self.graph, &self.plan, &env, &mut values).map_err(|e| {
-            Diag::new(Code::BadData, e.span, format!("{}: {}", e.op, e.message)).label("in this closure")
+            Diag::new(Code::BadData, e.span, format!("{}: {}", e.op, e.message))
+                .label("in this closure")
         })?;
         Ok(self
             .graph
@@ -450,7 +463,11 @@ pub fn stack(items: &[Element], padded: bool) -> Result<Element, String> {
         for it in items {
             let s = it[l].shape();
             if s.len() != shape.len() {
-                return Err(format!("elements of ranks {} and {} cannot be batched", shape.len(), s.len()));
+                return Err(format!(
+                    "elements of ranks {} and {} cannot be batched",
+                    shape.len(),
+                    s.len()
+                ));
             }
             for (d, &x) in shape.iter_mut().zip(s) {
                 if x != *d {
@@ -513,7 +530,8 @@ fn read_csv(
     shapes: &[Vec<usize>],
     delimiter: u8,
 ) -> Result<Vec<Element>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let want: usize = columns.iter().map(|(_, _, n)| (*n).max(1)).sum();
     let mut rows = Vec::new();
     for (line_no, line) in text.lines().enumerate().skip(usize::from(header)) {

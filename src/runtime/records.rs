@@ -48,7 +48,9 @@ pub fn unframe(bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
             .ok()
             .and_then(|l| start.checked_add(l))
             .filter(|&e| e.checked_add(4).is_some_and(|x| x <= bytes.len()))
-            .ok_or_else(|| format!("record {idx} at byte {at}: truncated data ({len} bytes announced)"))?;
+            .ok_or_else(|| {
+                format!("record {idx} at byte {at}: truncated data ({len} bytes announced)")
+            })?;
         let data = &bytes[start..end];
         let dcrc = u32::from_le_bytes(bytes[end..end + 4].try_into().expect("4 bytes"));
         if dcrc != masked_crc(data) {
@@ -62,7 +64,10 @@ pub fn unframe(bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
 
 /// The files a path names: itself, or the matches of a `*` pattern in its last part.
 pub fn glob(path: &Path) -> Result<Vec<PathBuf>, String> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     if !name.contains('*') {
         if !path.is_file() {
             return Err(format!("{} does not exist", path.display()));
@@ -76,7 +81,10 @@ pub fn glob(path: &Path) -> Result<Vec<PathBuf>, String> {
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| {
-            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let n = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             n.len() >= pre.len() + post.len() && n.starts_with(pre) && n.ends_with(post)
         })
         .collect();
@@ -127,12 +135,20 @@ impl Iterator for TfRecordReader {
             }
             match unframe(&bytes) {
                 Ok(rs) => {
-                    self.records = rs.into_iter().map(<[u8]>::to_vec).collect::<Vec<_>>().into_iter()
+                    self.records = rs
+                        .into_iter()
+                        .map(<[u8]>::to_vec)
+                        .collect::<Vec<_>>()
+                        .into_iter()
                 }
                 Err(m) => {
                     self.failed = true;
-                    return Some(Err(Diag::new(Code::BadData, self.span, format!("{}: {m}", f.display()))
-                        .label("this source")));
+                    return Some(Err(Diag::new(
+                        Code::BadData,
+                        self.span,
+                        format!("{}: {m}", f.display()),
+                    )
+                    .label("this source")));
                 }
             }
         }
@@ -255,9 +271,13 @@ pub fn parse_example(b: &[u8], want: &[(String, DType, Vec<usize>)]) -> Result<E
     let mut found: Vec<(String, Values)> = Vec::new();
     let top = fields(b).ok_or("the record is not a tf.Example protobuf")?;
     for (num, f) in top {
-        let (1, Field::Bytes(features)) = (num, f) else { continue };
+        let (1, Field::Bytes(features)) = (num, f) else {
+            continue;
+        };
         for (num, f) in fields(features).ok_or("malformed Features")? {
-            let (1, Field::Bytes(entry)) = (num, f) else { continue };
+            let (1, Field::Bytes(entry)) = (num, f) else {
+                continue;
+            };
             let mut key = None;
             let mut value = None;
             for (n, f) in fields(entry).ok_or("malformed feature entry")? {
@@ -283,7 +303,10 @@ pub fn parse_example(b: &[u8], want: &[(String, DType, Vec<usize>)]) -> Result<E
         let t = match (vals, dtype) {
             (Values::Bytes(v), DType::Bytes) => Tensor {
                 dtype: DType::Bytes,
-                data: Data::S(Arr::from_elem(IxDyn(&[]), v.first().cloned().unwrap_or_default())),
+                data: Data::S(Arr::from_elem(
+                    IxDyn(&[]),
+                    v.first().cloned().unwrap_or_default(),
+                )),
             },
             (Values::Floats(v), d) if d.is_float() && v.len() == n => {
                 Tensor::from_f64(&ty, v.iter().map(|&x| f64::from(x)).collect())
@@ -337,7 +360,10 @@ pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
         Some(d) => (d, t.to_le_bytes()),
         None => (
             "<f4",
-            t.to_f64().iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+            t.to_f64()
+                .iter()
+                .flat_map(|&x| (x as f32).to_le_bytes())
+                .collect(),
         ),
     };
     let shape: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
@@ -395,7 +421,9 @@ pub fn read_npy(path: &Path, dtype: DType, dims: &[usize]) -> Result<Vec<Tensor>
         .map(|s| s.parse().map_err(|_| bad("bad shape")))
         .collect::<Result<_, _>>()?;
     if shape.is_empty() || shape[1..] != *dims {
-        return Err(bad(&format!("shape {shape:?} does not give elements of shape {dims:?}")));
+        return Err(bad(&format!(
+            "shape {shape:?} does not give elements of shape {dims:?}"
+        )));
     }
     let per: usize = dims.iter().product::<usize>() * dtype_size(dtype).unwrap_or(1);
     let data = &b[start + hlen..];
@@ -404,6 +432,8 @@ pub fn read_npy(path: &Path, dtype: DType, dims: &[usize]) -> Result<Vec<Tensor>
     }
     let ty = TensorType::new(dtype, dims.to_vec());
     (0..shape[0])
-        .map(|i| Tensor::from_le_bytes(&ty, &data[i * per..(i + 1) * per]).ok_or_else(|| bad("bad data")))
+        .map(|i| {
+            Tensor::from_le_bytes(&ty, &data[i * per..(i + 1) * per]).ok_or_else(|| bad("bad data"))
+        })
         .collect()
 }

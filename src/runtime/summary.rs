@@ -70,7 +70,11 @@ impl EventWriter {
         let t = now();
         let mut n = 0;
         let path = loop {
-            let p = dir.join(format!("events.out.tfevents.{}.{host}.{}.{n}", t as u64, std::process::id()));
+            let p = dir.join(format!(
+                "events.out.tfevents.{}.{host}.{}.{n}",
+                t as u64,
+                std::process::id()
+            ));
             if !p.exists() {
                 break p;
             }
