@@ -14,7 +14,10 @@ struct Watch;
 impl RunHook for Watch {
     fn after_step(&mut self, i: &StepInfo) -> Action {
         if i.global_step % 250 == 0 {
-            println!("step {:>5}  loss {:.5}  {:.0} steps/s", i.global_step, i.loss, i.steps_per_sec);
+            println!(
+                "step {:>5}  loss {:.5}  {:.0} steps/s",
+                i.global_step, i.loss, i.steps_per_sec
+            );
         }
         if i.loss < 1e-6 {
             Action::Stop
@@ -102,13 +105,23 @@ fn main() {
         Ok(e) => e,
         Err(failure) => {
             // Diagnostics render against the program's sources, as estc shows them.
-            let style = est::diag::render::Style { color: false, width: 100 };
-            eprint!("{}", est::diag::render::render_all(&failure.diags, &program.sources, style));
+            let style = est::diag::render::Style {
+                color: false,
+                width: 100,
+            };
+            eprint!(
+                "{}",
+                est::diag::render::render_all(&failure.diags, &program.sources, style)
+            );
             std::process::exit(1);
         }
     };
-    est.add_hook(Box::new(Watch)).expect("hooks run on the interpreter");
-    est.register_reducer("confidence", Arc::new(|| Box::new(Confidence::default()) as Box<dyn Reducer>));
+    est.add_hook(Box::new(Watch))
+        .expect("hooks run on the interpreter");
+    est.register_reducer(
+        "confidence",
+        Arc::new(|| Box::new(Confidence::default()) as Box<dyn Reducer>),
+    );
 
     let run = |r: Result<(), est::runtime::RunFailure>| {
         if let Err(f) = r {
@@ -118,12 +131,19 @@ fn main() {
             std::process::exit(1);
         }
     };
-    run(est.train(Steps::Default).map(|r| println!("trained to step {} (loss {:.5})", r.global_step, r.final_loss)));
+    run(est.train(Steps::Default).map(|r| {
+        println!(
+            "trained to step {} (loss {:.5})",
+            r.global_step, r.final_loss
+        )
+    }));
     run(est.evaluate(None).map(|e| {
         for (name, value) in &e.metrics {
             println!("{name} = {value:.4}");
         }
     }));
-    run(est.predict(&dir.join("predictions"), Some(1)).map(|p| println!("{} predictions in {}", p.examples, dir.display())));
+    run(est
+        .predict(&dir.join("predictions"), Some(1))
+        .map(|p| println!("{} predictions in {}", p.examples, dir.display())));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -291,6 +291,31 @@ impl Estimator {
         &self.vars
     }
 
+    /// Replaces a variable's value (a warm start, or a test's fixed starting point).
+    /// Call after `restore_or_init`; the value must have the variable's type.
+    pub fn set_variable(&mut self, name: &str, value: Tensor) -> Res<()> {
+        match self.vars.get(name) {
+            Some(old) if old.ty() == value.ty() => {
+                self.vars.insert(name.to_string(), value);
+                Ok(())
+            }
+            Some(old) => Err(Diag::new(
+                Code::CheckpointMismatch,
+                self.info.span,
+                format!("`{name}` is {}, not {}", old.ty(), value.ty()),
+            )
+            .label("this estimator")
+            .into()),
+            None => Err(Diag::new(
+                Code::UnknownName,
+                self.info.span,
+                format!("no variable `{name}`"),
+            )
+            .label("this estimator")
+            .into()),
+        }
+    }
+
     pub fn graph(&self, mode: SectionKind) -> Option<&Graph> {
         self.compiled(mode).map(|c| &c.graph)
     }
