@@ -5,7 +5,8 @@
 //! (the pipeline caches it after the first epoch, so steady-state steps measure the
 //! train step). The PyTorch side is `bench/torch_train.py` (same models, same batch,
 //! synthetic tensors already in memory). The two alternate, `EST_BENCH_ROUNDS` rounds
-//! (default 5) at 1 thread, and the medians and their ratio are reported.
+//! (default 5), and the medians and their ratio are reported. The interpreter runs on
+//! one thread; PyTorch runs at each thread count of `EST_BENCH_THREADS` (default 1,2).
 //!
 //! Run: `cargo bench --bench train` (needs bench/.venv: `scripts/setup_bench_venv.sh`).
 //! `EST_BENCH_MODELS=fc` limits the models; `EST_BENCH_STEPS` sets the timed steps.
@@ -157,9 +158,14 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     let models = std::env::var("EST_BENCH_MODELS").unwrap_or_else(|_| "fc,cnn".into());
-    println!("training steps/sec, batch 128, 1 thread, median of {rounds} alternating rounds");
+    let threads: Vec<usize> = std::env::var("EST_BENCH_THREADS")
+        .unwrap_or_else(|_| "1,2".into())
+        .split(',')
+        .filter_map(|t| t.trim().parse().ok())
+        .collect();
+    println!("training steps/sec, batch 128, median of {rounds} alternating rounds (est interp: 1 thread)");
     println!(
-        "{:<10} {:>12} {:>16} {:>8}",
+        "{:<10} {:>12} {:>22} {:>8}",
         "model", "est interp", "pytorch eager", "ratio"
     );
     for model in models.split(',') {
@@ -171,22 +177,31 @@ fn main() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(steps);
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        let mut ours = Vec::new();
+        let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); threads.len()];
         for _ in 0..rounds {
             ours.push(est_rate(&root.join(file), &data, warmup, steps));
-            match torch_rate(&root, model, 1, steps) {
-                Some(r) => theirs.push(r),
-                None => {
-                    eprintln!("bench/.venv with torch is missing: run scripts/setup_bench_venv.sh");
+            for (k, &t) in threads.iter().enumerate() {
+                match torch_rate(&root, model, t, steps) {
+                    Some(r) => theirs[k].push(r),
+                    None => eprintln!(
+                        "bench/.venv with torch is missing: run scripts/setup_bench_venv.sh"
+                    ),
                 }
             }
         }
         let o = median(ours);
-        if theirs.is_empty() {
-            println!("{model:<10} {o:>12.1} {:>16} {:>8}", "-", "-");
-        } else {
-            let t = median(theirs);
-            println!("{model:<10} {o:>12.1} {t:>16.1} {:>7.2}x", o / t);
+        for (k, &t) in threads.iter().enumerate() {
+            if theirs[k].is_empty() {
+                println!("{model:<10} {o:>12.1} {:>22} {:>8}", "-", "-");
+            } else {
+                let p = median(theirs[k].clone());
+                println!(
+                    "{model:<10} {o:>12.1} {:>22} {:>7.2}x",
+                    format!("{p:.1} ({t} thread{})", if t == 1 { "" } else { "s" }),
+                    o / p
+                );
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&data);
