@@ -236,3 +236,48 @@ fn help_is_complete() {
         assert!(check.contains(opt), "check --help lacks {opt}");
     }
 }
+
+/// `estc train`, `eval` and `predict`: log lines when not on a terminal, the final
+/// summary, JSON results, and the exit statuses of run-time errors and bad flags.
+#[test]
+fn train_eval_predict_commands() {
+    let dir = std::env::temp_dir().join(format!("estc-cli-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let md = dir.to_string_lossy().into_owned();
+    let file = "examples/digits_mlp.est";
+    let o = estc(&["train", file, "--model-dir", &md, "--steps", "200", "--config", "log_step_count_steps=50"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let log = stderr(&o);
+    assert!(log.contains("step 50/200: loss = ") && log.contains("step 200/200"), "{log}");
+    assert!(stdout(&o).starts_with("trained 200 steps (global step 0 -> 200)"), "{}", stdout(&o));
+    // --max-steps is a total; --steps adds
+    let o = estc(&["train", file, "--model-dir", &md, "--max-steps", "150"]);
+    assert!(stdout(&o).contains("nothing to do: global step 200"), "{}", stdout(&o));
+    let o = estc(&["train", file, "--model-dir", &md, "--steps", "10", "--message-format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!((v["start_step"].as_i64(), v["global_step"].as_i64()), (Some(200), Some(210)));
+    let o = estc(&["eval", file, "--model-dir", &md, "--message-format", "json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["global_step"].as_i64(), Some(210));
+    assert_eq!(v["steps"].as_i64(), Some(9));
+    assert!(v["accuracy"].as_f64().unwrap() > 0.8);
+    let o = estc(&["eval", file, "--model-dir", &md, "--steps", "2"]);
+    assert!(stdout(&o).starts_with("eval at global step 210 over 2 batches:\n  accuracy = "), "{}", stdout(&o));
+    let out = dir.join("p").to_string_lossy().into_owned();
+    let o = estc(&["predict", file, "--model-dir", &md, "--output", &out]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).starts_with("360 predictions written:"));
+    let o = estc(&["train", file, "--smoke"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).ends_with("smoke: ok\n"));
+    // a run-time error is a diagnostic and exit status 1
+    let o = estc(&["train", file, "--model-dir", &md, "--target", "wafer"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("E0908"));
+    let o = estc(&["train", file, "--steps", "1", "--max-steps", "2"]);
+    assert_eq!(o.status.code(), Some(2), "--steps and --max-steps exclude each other");
+    let o = estc(&["train", file, "--config", "num_shard=2"]);
+    assert_eq!(o.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

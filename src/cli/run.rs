@@ -62,7 +62,7 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
     };
     if !json {
         let every = est.info.config.log_step_count_steps.max(1);
-        est.add_hook(Box::new(Progress::new(every)))?;
+        est.add_observer(Box::new(Progress::new(every)));
     }
     let r = est.train(steps)?;
     if json {

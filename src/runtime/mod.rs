@@ -336,6 +336,13 @@ impl Estimator {
         Ok(())
     }
 
+    /// Registers an observer of the run (a progress display): a hook that only watches.
+    /// Unlike user hooks it is allowed on every target; on the wafer it would see the
+    /// steps of a loop when the loop returns.
+    pub fn add_observer(&mut self, hook: Box<dyn RunHook>) {
+        self.hooks.push(hook);
+    }
+
     /// Registers a custom reducer for `std.metrics.reducer(name, ...)` metrics.
     pub fn register_reducer(&mut self, name: &str, f: ReducerFactory) {
         self.reducers.insert(name.to_string(), f);
