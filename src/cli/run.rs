@@ -30,7 +30,15 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
         Err(f) => return print_diags(&program, &f.diags, a.message_format, a.color),
     };
     if !json {
-        est.log = Some(Box::new(|s: &str| eprintln!("{s}")));
+        // On a terminal a log line first clears the progress bar's line.
+        let tty = std::io::stderr().is_terminal();
+        est.log = Some(Box::new(move |s: &str| {
+            if tty {
+                eprintln!("\r\x1b[2K{s}");
+            } else {
+                eprintln!("{s}");
+            }
+        }));
     }
     let result = if a.smoke {
         est.smoke().map(|lines| {
