@@ -245,17 +245,49 @@ fn train_eval_predict_commands() {
     let _ = std::fs::remove_dir_all(&dir);
     let md = dir.to_string_lossy().into_owned();
     let file = "examples/digits_mlp.est";
-    let o = estc(&["train", file, "--model-dir", &md, "--steps", "200", "--config", "log_step_count_steps=50"]);
+    let o = estc(&[
+        "train",
+        file,
+        "--model-dir",
+        &md,
+        "--steps",
+        "200",
+        "--config",
+        "log_step_count_steps=50",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let log = stderr(&o);
-    assert!(log.contains("step 50/200: loss = ") && log.contains("step 200/200"), "{log}");
-    assert!(stdout(&o).starts_with("trained 200 steps (global step 0 -> 200)"), "{}", stdout(&o));
+    assert!(
+        log.contains("step 50/200: loss = ") && log.contains("step 200/200"),
+        "{log}"
+    );
+    assert!(
+        stdout(&o).starts_with("trained 200 steps (global step 0 -> 200)"),
+        "{}",
+        stdout(&o)
+    );
     // --max-steps is a total; --steps adds
     let o = estc(&["train", file, "--model-dir", &md, "--max-steps", "150"]);
-    assert!(stdout(&o).contains("nothing to do: global step 200"), "{}", stdout(&o));
-    let o = estc(&["train", file, "--model-dir", &md, "--steps", "10", "--message-format", "json"]);
+    assert!(
+        stdout(&o).contains("nothing to do: global step 200"),
+        "{}",
+        stdout(&o)
+    );
+    let o = estc(&[
+        "train",
+        file,
+        "--model-dir",
+        &md,
+        "--steps",
+        "10",
+        "--message-format",
+        "json",
+    ]);
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
-    assert_eq!((v["start_step"].as_i64(), v["global_step"].as_i64()), (Some(200), Some(210)));
+    assert_eq!(
+        (v["start_step"].as_i64(), v["global_step"].as_i64()),
+        (Some(200), Some(210))
+    );
     let o = estc(&["eval", file, "--model-dir", &md, "--message-format", "json"]);
     assert_eq!(o.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
@@ -263,7 +295,11 @@ fn train_eval_predict_commands() {
     assert_eq!(v["steps"].as_i64(), Some(9));
     assert!(v["accuracy"].as_f64().unwrap() > 0.8);
     let o = estc(&["eval", file, "--model-dir", &md, "--steps", "2"]);
-    assert!(stdout(&o).starts_with("eval at global step 210 over 2 batches:\n  accuracy = "), "{}", stdout(&o));
+    assert!(
+        stdout(&o).starts_with("eval at global step 210 over 2 batches:\n  accuracy = "),
+        "{}",
+        stdout(&o)
+    );
     let out = dir.join("p").to_string_lossy().into_owned();
     let o = estc(&["predict", file, "--model-dir", &md, "--output", &out]);
     assert_eq!(o.status.code(), Some(0));
@@ -276,7 +312,11 @@ fn train_eval_predict_commands() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("E0908"));
     let o = estc(&["train", file, "--steps", "1", "--max-steps", "2"]);
-    assert_eq!(o.status.code(), Some(2), "--steps and --max-steps exclude each other");
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--steps and --max-steps exclude each other"
+    );
     let o = estc(&["train", file, "--config", "num_shard=2"]);
     assert_eq!(o.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
