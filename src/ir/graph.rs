@@ -107,6 +107,17 @@ impl Graph {
     /// Makes every use of `old` a use of `new` (operand indices kept), in the graph and
     /// in the outputs. `old` stays, without users.
     pub fn replace_uses(&mut self, old: NodeIndex, new: NodeIndex) {
+        self.move_users(old, new);
+        for o in &mut self.outputs {
+            if o.node == old {
+                o.node = new;
+            }
+        }
+    }
+
+    /// Makes every use of `old` by another node a use of `new` (operand indices kept);
+    /// the outputs are left alone (see `replace_uses`).
+    pub fn move_users(&mut self, old: NodeIndex, new: NodeIndex) {
         let uses: Vec<(NodeIndex, u32, petgraph::stable_graph::EdgeIndex)> = self
             .g
             .edges_directed(old, Direction::Outgoing)
@@ -115,11 +126,6 @@ impl Graph {
         for (user, idx, e) in uses {
             self.g.remove_edge(e);
             self.g.add_edge(new, user, idx);
-        }
-        for o in &mut self.outputs {
-            if o.node == old {
-                o.node = new;
-            }
         }
     }
 
@@ -169,6 +175,45 @@ impl Graph {
             }
         }
         order
+    }
+
+    /// Removes many nodes at once, with their edges, in time linear in the graph.
+    /// (Removing nodes one by one costs the length of each operand's user list, which
+    /// is quadratic when an operand has thousands of users.) Indices of the remaining
+    /// nodes do not change.
+    pub fn remove_nodes(&mut self, dead: &[NodeIndex]) {
+        if dead.is_empty() {
+            return;
+        }
+        let bound = self.g.node_bound();
+        let mut gone = vec![false; bound];
+        for &n in dead {
+            gone[n.index()] = true;
+        }
+        let mut g: StableDiGraph<Node, u32> = StableDiGraph::with_capacity(bound, self.g.edge_count());
+        let mut holes = Vec::new();
+        for i in 0..bound {
+            let n = NodeIndex::new(i);
+            match self.g.node_weight(n) {
+                Some(w) if !gone[i] => {
+                    g.add_node(w.clone());
+                }
+                _ => holes.push(g.add_node(Node {
+                    op: Op::GlobalStep,
+                    ty: super::TensorType::scalar(super::DType::I64),
+                    span: Span::default(),
+                })),
+            }
+        }
+        for e in self.g.edge_references() {
+            if !gone[e.source().index()] && !gone[e.target().index()] {
+                g.add_edge(e.source(), e.target(), *e.weight());
+            }
+        }
+        for h in holes.into_iter().rev() {
+            g.remove_node(h);
+        }
+        self.g = g;
     }
 
     pub fn node_count(&self) -> usize {

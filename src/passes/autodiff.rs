@@ -647,6 +647,8 @@ impl Ad<'_> {
             }
         }
         let step = self.global_step(sp);
+        let mut corrections: FxHashMap<DType, (NodeIndex, NodeIndex)> = FxHashMap::default();
+        let mut rates: FxHashMap<DType, NodeIndex> = FxHashMap::default();
         let hyper = |k: &str, default: f64| {
             opt.hyper
                 .iter()
@@ -660,8 +662,15 @@ impl Ad<'_> {
             };
             let dt = self.g.ty(v).dtype;
             let vt = self.ty(v);
-            let lr_v = self.cast(lr, dt, sp);
-            let lr_v = self.reshape(lr_v, &[], sp);
+            let lr_v = match rates.get(&dt) {
+                Some(&r) => r,
+                None => {
+                    let r = self.cast(lr, dt, sp);
+                    let r = self.reshape(r, &[], sp);
+                    rates.insert(dt, r);
+                    r
+                }
+            };
             let k = |ad: &mut Self, x: f64| ad.konst(x, dt, sp);
             let new_w = match opt.kind.as_str() {
                 "momentum" => {
@@ -711,13 +720,21 @@ impl Ad<'_> {
                     updates.push((format!("{name}/adam_m"), nm));
                     updates.push((format!("{name}/adam_v"), ns));
                     // bias corrections 1 - beta^t with t = step + 1
-                    let t = self.cast(step, DType::F32, sp);
-                    let one32 = self.konst(1.0, DType::F32, sp);
-                    let t = self.bin(BinaryOp::Add, t, one32, sp);
-                    let c1 = self.bias_correction(b1, t, sp);
-                    let c2 = self.bias_correction(b2, t, sp);
-                    let c1 = self.cast(c1, dt, sp);
-                    let c2 = self.cast(c2, dt, sp);
+                    // bias corrections 1 - beta^t with t = step + 1: made once for all
+                    // variables (shared nodes keep the graph small for CSE)
+                    let (c1, c2) = match corrections.get(&dt) {
+                        Some(&c) => c,
+                        None => {
+                            let t = self.cast(step, DType::F32, sp);
+                            let one32 = self.konst(1.0, DType::F32, sp);
+                            let t = self.bin(BinaryOp::Add, t, one32, sp);
+                            let c1 = self.bias_correction(b1, t, sp);
+                            let c2 = self.bias_correction(b2, t, sp);
+                            let c = (self.cast(c1, dt, sp), self.cast(c2, dt, sp));
+                            corrections.insert(dt, c);
+                            c
+                        }
+                    };
                     let mh = self.bin(BinaryOp::Div, nm, c1, sp);
                     let vh = self.bin(BinaryOp::Div, ns, c2, sp);
                     let r = self.un(UnaryOp::Sqrt, vh, sp);

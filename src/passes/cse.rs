@@ -12,6 +12,7 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, _diags: &mut Diags) {
     // Buckets of candidate nodes by the hash of (op, operands, type); equal keys are
     // confirmed by comparison, so the map never clones an op or a type.
     let mut seen: FxHashMap<u64, Vec<NodeIndex>> = FxHashMap::default();
+    let mut merged = Vec::new();
     for n in g.topo_order() {
         if g.node(n).op.is_stateful() {
             continue;
@@ -28,10 +29,19 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, _diags: &mut Diags) {
         });
         match same {
             Some(canon) => {
-                g.replace_uses(n, canon);
-                g.g.remove_node(n);
+                g.move_users(n, canon);
+                merged.push((n, canon));
             }
             None => bucket.push(n),
         }
     }
+    // Outputs move once at the end (a scan per merge would be quadratic).
+    let canon: FxHashMap<NodeIndex, NodeIndex> = merged.iter().copied().collect();
+    for o in &mut g.outputs {
+        if let Some(&c) = canon.get(&o.node) {
+            o.node = c;
+        }
+    }
+    let dead: Vec<NodeIndex> = merged.into_iter().map(|(n, _)| n).collect();
+    g.remove_nodes(&dead);
 }

@@ -17,7 +17,5 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, _diags: &mut Diags) {
         stack.extend(g.g.neighbors_directed(n, Direction::Incoming));
     }
     let dead: Vec<_> = g.g.node_indices().filter(|n| !live[n.index()]).collect();
-    for n in dead {
-        g.g.remove_node(n);
-    }
+    g.remove_nodes(&dead);
 }
