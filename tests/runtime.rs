@@ -527,6 +527,7 @@ use std.nn.dense
 use std.nn.embedding
 use std.losses.softmax_cross_entropy
 use std.metrics.mean
+use std.hooks.{stop_at_step_hook, nan_hook}
 
 input rows(path: string) {
   csv(path, columns: { pixels: f32[64], label: i32 }) |> map |r| (r.pixels, r.label) |> batch(8, drop_remainder: true)
@@ -552,6 +553,7 @@ estimator missing { model = m  train_input = rows("no/such/file.csv") }
 estimator bad_rows { model = m  train_input = rows("tests/fixtures/bad_rows.csv") }
 estimator endless { model = m  train_input = forever()  eval_input = forever() }
 estimator out_of_range { model = m  train_input = labels_out_of_range() }
+estimator stops { model = m  train_input = forever()  hooks = [stop_at_step_hook(5), nan_hook()] }
 "#;
 
 fn broken(name: &str, target: Target) -> Estimator {
@@ -571,7 +573,7 @@ fn runtime_errors_are_diagnostics() {
     let f = broken("missing", Target::Interp)
         .train(Steps::Max(1))
         .unwrap_err();
-    assert_eq!(codes(f.clone_diags()), [Code::BadData]);
+    assert_eq!(codes(f.clone_diags()), [Code::RunIo]);
     assert!(f.diags[0].message.contains("no/such/file.csv"));
     let f = broken("bad_rows", Target::Interp)
         .train(Steps::Max(1))
@@ -595,6 +597,11 @@ fn runtime_errors_are_diagnostics() {
         "{}",
         f.diags[0].message
     );
+    // the program's own hooks run
+    let r = broken("stops", Target::Interp)
+        .train(Steps::Max(20))
+        .unwrap();
+    assert_eq!(r.global_step, 5);
     assert_eq!(
         codes(
             broken("endless", Target::Host)

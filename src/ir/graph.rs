@@ -190,12 +190,12 @@ impl Graph {
         for &n in dead {
             gone[n.index()] = true;
         }
-        let mut g: StableDiGraph<Node, u32> = StableDiGraph::with_capacity(bound, self.g.edge_count());
+        let mut g: StableDiGraph<Node, u32> =
+            StableDiGraph::with_capacity(bound, self.g.edge_count());
         let mut holes = Vec::new();
-        for i in 0..bound {
-            let n = NodeIndex::new(i);
-            match self.g.node_weight(n) {
-                Some(w) if !gone[i] => {
+        for (i, &dead) in gone.iter().enumerate() {
+            match self.g.node_weight(NodeIndex::new(i)) {
+                Some(w) if !dead => {
                     g.add_node(w.clone());
                 }
                 _ => holes.push(g.add_node(Node {

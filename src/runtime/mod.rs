@@ -240,11 +240,22 @@ impl Estimator {
         for (k, v) in &info.params {
             h = fnv(format!("{k}={v}").as_bytes(), h);
         }
-        let graphs = checked
+        let graphs: Vec<Compiled> = checked
             .graphs
             .into_iter()
             .filter(|c| c.estimator == info.name)
             .collect();
+        // The program's own hooks (`hooks = [...]` with std.hooks).
+        let mut hooks: Vec<Box<dyn RunHook>> = Vec::new();
+        for h in &info.hooks {
+            let arg = |k: &str| h.args.iter().find(|a| a.0 == k).map_or(0, |a| a.1);
+            match h.kind {
+                "logging_hook" => hooks.push(Box::new(hooks::Logging(arg("every_n_steps")))),
+                "stop_at_step_hook" => hooks.push(Box::new(hooks::StopAtStep(arg("last_step")))),
+                // NaN and Inf losses always stop training (E0902).
+                _ => {}
+            }
+        }
         Ok(Estimator {
             seed: info
                 .config
@@ -264,7 +275,7 @@ impl Estimator {
             step: 0,
             input_position: 0,
             ready: false,
-            hooks: Vec::new(),
+            hooks,
             reducers: FxHashMap::default(),
             train_plan: None,
             last_checkpoint: None,

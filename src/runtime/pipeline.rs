@@ -158,16 +158,23 @@ fn build(stages: Rc<Vec<Stage>>, upto: usize, ctx: Rc<PipeCtx>, epoch: u64) -> I
             header,
             columns,
             delimiter,
-        } => match read_csv(
-            &ctx.path(&path),
-            header,
-            &columns,
-            &leaf_shapes(&stage.elem),
-            delimiter,
-        ) {
-            Ok(rows) => Box::new(rows.into_iter().map(Ok)),
-            Err(msg) => err_iter(Diag::new(Code::BadData, span, msg).label("this source")),
-        },
+        } => {
+            let full = ctx.path(&path);
+            match std::fs::read_to_string(&full) {
+                Err(e) => err_iter(io_diag(span, &full, &e)),
+                Ok(text) => match read_csv(
+                    &full,
+                    &text,
+                    header,
+                    &columns,
+                    &leaf_shapes(&stage.elem),
+                    delimiter,
+                ) {
+                    Ok(rows) => Box::new(rows.into_iter().map(Ok)),
+                    Err(msg) => err_iter(Diag::new(Code::BadData, span, msg).label("this source")),
+                },
+            }
+        }
         StageKind::Text { path } => match std::fs::read(ctx.path(&path)) {
             Ok(bytes) => {
                 let lines: Vec<Element> = bytes
@@ -183,7 +190,11 @@ fn build(stages: Rc<Vec<Stage>>, upto: usize, ctx: Rc<PipeCtx>, epoch: u64) -> I
             (0..n).map(|i| Ok(vec![Tensor::int(DType::I32, Arr::from_elem(IxDyn(&[]), i))])),
         ),
         StageKind::Npy { path, dtype, dims } => {
-            match records::read_npy(&ctx.path(&path), dtype, &dims) {
+            let full = ctx.path(&path);
+            if let Err(e) = std::fs::metadata(&full) {
+                return err_iter(io_diag(span, &full, &e));
+            }
+            match records::read_npy(&full, dtype, &dims) {
                 Ok(rows) => Box::new(rows.into_iter().map(|t| Ok(vec![t]))),
                 Err(msg) => err_iter(Diag::new(Code::BadData, span, msg).label("this source")),
             }
@@ -221,16 +232,16 @@ fn build(stages: Rc<Vec<Stage>>, upto: usize, ctx: Rc<PipeCtx>, epoch: u64) -> I
         StageKind::Map { graph, .. } => {
             let paths = leaf_paths(input_elem.as_ref().expect("map follows a source"));
             let up = upstream(&stages, &ctx);
-            let runner = ClosureRunner::new(*graph, paths);
-            Box::new(up.map(move |e| runner.run(e?)))
+            let runner = ClosureRunner::new(*graph, paths, ctx.seed ^ (k as u64));
+            Box::new(up.enumerate().map(move |(i, e)| runner.run(e?, i as u64)))
         }
         StageKind::Filter { graph } => {
             let paths = leaf_paths(input_elem.as_ref().expect("filter follows a source"));
             let up = upstream(&stages, &ctx);
-            let runner = ClosureRunner::new(*graph, paths);
-            Box::new(up.filter_map(move |e| match e {
+            let runner = ClosureRunner::new(*graph, paths, ctx.seed ^ (k as u64));
+            Box::new(up.enumerate().filter_map(move |(i, e)| match e {
                 Err(d) => Some(Err(d)),
-                Ok(e) => match runner.run(e.clone()) {
+                Ok(e) => match runner.run(e.clone(), i as u64) {
                     Err(d) => Some(Err(d)),
                     Ok(out) => (out[0].scalar() != 0.0).then_some(Ok(e)),
                 },
@@ -412,29 +423,37 @@ impl Iterator for Shuffle {
     }
 }
 
-/// Runs a `map` or `filter` closure graph on one element.
+/// Runs a `map` or `filter` closure graph on one element. Random ops in a closure
+/// draw from the run seed (mixed with the stage) with the element's index as the
+/// step, so every element gets its own numbers, the same in every run.
 struct ClosureRunner {
     graph: Graph,
     paths: Vec<String>,
     plan: interp::Plan,
+    seed: u64,
 }
 
 impl ClosureRunner {
-    fn new(graph: Graph, paths: Vec<String>) -> ClosureRunner {
+    fn new(graph: Graph, paths: Vec<String>, seed: u64) -> ClosureRunner {
         let targets: Vec<_> = graph.outputs.iter().map(|o| o.node).collect();
         let plan = interp::Plan::new(&graph, &targets, &Default::default());
-        ClosureRunner { graph, paths, plan }
+        ClosureRunner {
+            graph,
+            paths,
+            plan,
+            seed,
+        }
     }
 
-    fn run(&self, e: Element) -> Result<Element, Diag> {
+    fn run(&self, e: Element, index: u64) -> Result<Element, Diag> {
         let feeds: FxHashMap<String, Tensor> = self.paths.iter().cloned().zip(e).collect();
         let vars = FxHashMap::default();
         let env = interp::Env {
             feeds: &feeds,
             vars: &vars,
             op: OpEnv {
-                step: 0,
-                seed: 0,
+                step: index as i64,
+                seed: self.seed,
                 shard: 0,
             },
         };
@@ -525,13 +544,12 @@ pub fn stack(items: &[Element], padded: bool) -> Result<Element, String> {
 /// column take `n` fields).
 fn read_csv(
     path: &Path,
+    text: &str,
     header: bool,
     columns: &[(String, DType, usize)],
     shapes: &[Vec<usize>],
     delimiter: u8,
 ) -> Result<Vec<Element>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let want: usize = columns.iter().map(|(_, _, n)| (*n).max(1)).sum();
     let mut rows = Vec::new();
     for (line_no, line) in text.lines().enumerate().skip(usize::from(header)) {
