@@ -38,36 +38,11 @@ impl RunHook for Clock {
 }
 
 fn example(img: &[u8], label: i64) -> Vec<u8> {
-    fn field(n: u32, b: &[u8], out: &mut Vec<u8>) {
-        out.push((n << 3 | 2) as u8);
-        let mut l = b.len();
-        while l >= 0x80 {
-            out.push((l as u8) | 0x80);
-            l >>= 7;
-        }
-        out.push(l as u8);
-        out.extend(b);
-    }
-    let entry = |key: &str, feature: Vec<u8>| {
-        let mut e = Vec::new();
-        field(1, key.as_bytes(), &mut e);
-        field(2, &feature, &mut e);
-        e
-    };
-    let mut bl = Vec::new();
-    field(1, img, &mut bl);
-    let mut f1 = Vec::new();
-    field(1, &bl, &mut f1);
-    let mut il = Vec::new();
-    field(1, &[label as u8], &mut il);
-    let mut f2 = Vec::new();
-    field(3, &il, &mut f2);
-    let mut fs = Vec::new();
-    field(1, &entry("image_raw", f1), &mut fs);
-    field(1, &entry("label", f2), &mut fs);
-    let mut ex = Vec::new();
-    field(1, &fs, &mut ex);
-    ex
+    use est::runtime::records::{encode_example, Feature};
+    encode_example(&[
+        ("image_raw", Feature::Bytes(img)),
+        ("label", Feature::Ints(&[label])),
+    ])
 }
 
 /// 6,400 MNIST-shaped records (pseudo-random pixels) as data/mnist_{train,test}.tfrecord.

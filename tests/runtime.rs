@@ -675,36 +675,56 @@ fn mnist_cnn_trains_on_generated_data() {
     assert!(last < 0.8 * first, "loss {first} -> {last}");
 }
 
-/// A serialized tf.Example with `image_raw` (bytes) and `label` (int64).
 fn example(img: &[u8], label: i64) -> Vec<u8> {
-    fn field(n: u32, b: &[u8], out: &mut Vec<u8>) {
-        out.push((n << 3 | 2) as u8);
-        let mut l = b.len();
-        while l >= 0x80 {
-            out.push((l as u8) | 0x80);
-            l >>= 7;
-        }
-        out.push(l as u8);
-        out.extend(b);
-    }
-    let entry = |key: &str, feature: Vec<u8>| {
-        let mut e = Vec::new();
-        field(1, key.as_bytes(), &mut e);
-        field(2, &feature, &mut e);
-        e
-    };
-    let mut bytes_list = Vec::new();
-    field(1, img, &mut bytes_list);
-    let mut f1 = Vec::new();
-    field(1, &bytes_list, &mut f1);
-    let mut int_list = Vec::new();
-    field(1, &[label as u8], &mut int_list); // packed varint (label < 128)
-    let mut f2 = Vec::new();
-    field(3, &int_list, &mut f2);
-    let mut features = Vec::new();
-    field(1, &entry("image_raw", f1), &mut features);
-    field(1, &entry("label", f2), &mut features);
-    let mut ex = Vec::new();
-    field(1, &features, &mut ex);
-    ex
+    use est::runtime::records::{encode_example, Feature};
+    encode_example(&[
+        ("image_raw", Feature::Bytes(img)),
+        ("label", Feature::Ints(&[label])),
+    ])
+}
+
+/// tf.Example round trip through TFRecord framing; a flipped bit and a truncated tail
+/// are errors naming the record and the byte offset; int64 narrowing is range-checked.
+#[test]
+fn tfrecord_and_example_round_trip() {
+    use est::ir::DType;
+    use est::runtime::records::{encode_example, frame, parse_example, unframe, Feature};
+    let a = encode_example(&[
+        ("x", Feature::Floats(&[1.5, -2.0])),
+        ("n", Feature::Ints(&[-3])),
+        ("s", Feature::Bytes(b"hi")),
+    ]);
+    let b = encode_example(&[("n", Feature::Ints(&[5_000_000_000]))]);
+    let mut file = frame(&a);
+    file.extend(frame(&b));
+    let recs = unframe(&file).unwrap();
+    assert_eq!(recs, [&a[..], &b[..]]);
+    let want = [
+        ("x".to_string(), DType::F32, vec![2]),
+        ("n".to_string(), DType::I32, vec![]),
+        ("s".to_string(), DType::Bytes, vec![]),
+    ];
+    let e = parse_example(recs[0], &want).unwrap();
+    assert_eq!(e[0].to_f64(), [1.5, -2.0]);
+    assert_eq!(e[1].to_f64(), [-3.0]);
+    assert_eq!(e[2].s().iter().next().unwrap(), b"hi");
+    let err = parse_example(recs[1], &want[1..2]).unwrap_err();
+    assert_eq!(err, "feature `n`: 5000000000 does not fit i32");
+    let err = parse_example(recs[1], &want[..1]).unwrap_err();
+    assert_eq!(err, "feature `x` is missing");
+    let mut flipped = file.clone();
+    flipped[12 + 3] ^= 0x10;
+    assert_eq!(
+        unframe(&flipped).unwrap_err(),
+        "record 0 at byte 0: data CRC mismatch"
+    );
+    let cut = &file[..file.len() - 3];
+    let second = frame(&a).len();
+    assert_eq!(
+        unframe(cut).unwrap_err(),
+        format!(
+            "record 1 at byte {second}: truncated data ({} bytes announced)",
+            b.len()
+        )
+    );
 }

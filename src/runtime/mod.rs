@@ -588,6 +588,30 @@ impl Estimator {
         names.iter().cloned().zip(batch).collect()
     }
 
+    /// Runs `plan` on one batch fed to the inputs `names`, as shard `shard`.
+    fn run_batch(
+        &self,
+        g: &Graph,
+        plan: &Plan,
+        names: &[String],
+        batch: pipeline::Element,
+        shard: usize,
+    ) -> Res<Values> {
+        let feeds = Self::feeds(names, batch);
+        let env = Env {
+            feeds: &feeds,
+            vars: &self.vars,
+            op: OpEnv {
+                step: self.step,
+                seed: self.seed,
+                shard,
+            },
+        };
+        let mut values = Values::new(g.g.node_bound());
+        interp::execute(g, plan, &env, &mut values).map_err(run_diag)?;
+        Ok(values)
+    }
+
     /// Pulls one batch per shard; `None` when the input has ended.
     fn next_batches(
         &mut self,
@@ -865,18 +889,7 @@ impl Estimator {
                 break;
             };
             for (shard, batch) in batches.into_iter().enumerate() {
-                let feeds = Self::feeds(&names, batch);
-                let env = Env {
-                    feeds: &feeds,
-                    vars: &self.vars,
-                    op: OpEnv {
-                        step: self.step,
-                        seed: self.seed,
-                        shard,
-                    },
-                };
-                let mut values = Values::new(g.g.node_bound());
-                interp::execute(g, &plan, &env, &mut values).map_err(run_diag)?;
+                let values = self.run_batch(g, &plan, &names, batch, shard)?;
                 if let Some(l) = loss_node {
                     loss_sum += values.get(l).expect("loss").scalar();
                 }
@@ -961,18 +974,7 @@ impl Estimator {
                 break;
             };
             batch.truncate(names.len());
-            let feeds = Self::feeds(&names, batch);
-            let env = Env {
-                feeds: &feeds,
-                vars: &self.vars,
-                op: OpEnv {
-                    step: self.step,
-                    seed: self.seed,
-                    shard: 0,
-                },
-            };
-            let mut values = Values::new(g.g.node_bound());
-            interp::execute(g, &plan, &env, &mut values).map_err(run_diag)?;
+            let values = self.run_batch(g, &plan, &names, batch, 0)?;
             let vals: Vec<Tensor> = outs
                 .iter()
                 .map(|o| values.get(o.1).expect("prediction").clone())

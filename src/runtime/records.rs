@@ -155,7 +155,8 @@ impl Iterator for TfRecordReader {
     }
 }
 
-fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
+/// Reads a protobuf varint at `at`, moving past it.
+pub fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *b.get(*at)?;
@@ -264,6 +265,67 @@ fn parse_feature(b: &[u8]) -> Option<Values> {
         });
     }
     None
+}
+
+/// A feature to write into a `tf.Example`.
+#[derive(Debug, Clone, Copy)]
+pub enum Feature<'a> {
+    Bytes(&'a [u8]),
+    Floats(&'a [f32]),
+    Ints(&'a [i64]),
+}
+
+fn put_varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_bytes(field: u32, b: &[u8], out: &mut Vec<u8>) {
+    put_varint(u64::from(field << 3 | 2), out);
+    put_varint(b.len() as u64, out);
+    out.extend(b);
+}
+
+/// A serialized `tf.Example` with the given features (lists packed, as TensorFlow
+/// writes them).
+pub fn encode_example(features: &[(&str, Feature<'_>)]) -> Vec<u8> {
+    let mut map = Vec::new();
+    for (name, f) in features {
+        let (field, list) = match f {
+            Feature::Bytes(b) => {
+                let mut l = Vec::new();
+                put_bytes(1, b, &mut l);
+                (1, l)
+            }
+            Feature::Floats(v) => {
+                let packed: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let mut l = Vec::new();
+                put_bytes(1, &packed, &mut l);
+                (2, l)
+            }
+            Feature::Ints(v) => {
+                let mut packed = Vec::new();
+                for &x in v.iter() {
+                    put_varint(x as u64, &mut packed);
+                }
+                let mut l = Vec::new();
+                put_bytes(1, &packed, &mut l);
+                (3, l)
+            }
+        };
+        let mut feature = Vec::new();
+        put_bytes(field, &list, &mut feature);
+        let mut entry = Vec::new();
+        put_bytes(1, name.as_bytes(), &mut entry);
+        put_bytes(2, &feature, &mut entry);
+        put_bytes(1, &entry, &mut map);
+    }
+    let mut ex = Vec::new();
+    put_bytes(1, &map, &mut ex);
+    ex
 }
 
 /// Parses a serialized `tf.Example` into the named features, in order.

@@ -2,7 +2,7 @@
 //! `model_dir` for training and `model_dir/eval` for evaluations (TensorBoard's usual
 //! layout). Each file starts with the `brain.Event:2` version event.
 
-use super::records::{frame, unframe};
+use super::records::{frame, unframe, varint as read_varint};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -129,19 +129,6 @@ pub fn read_scalars(path: &Path) -> Result<Vec<(i64, String, f32)>, String> {
         out.extend(values.into_iter().map(|(t, v)| (step, t, v)));
     }
     Ok(out)
-}
-
-fn read_varint(b: &[u8], at: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *b.get(*at)?;
-        *at += 1;
-        v |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some(v);
-        }
-    }
-    None
 }
 
 fn summary_values(b: &[u8]) -> Option<Vec<(String, f32)>> {
