@@ -34,8 +34,54 @@ enum Command {
     Eval(RunArgs),
     /// Write predictions of the latest checkpoint (JSON lines and one .npy per output).
     Predict(RunArgs),
+    /// Run an estimator's input pipeline alone and report its speed and the shapes of
+    /// its batches (`--show N` prints the first N batches as JSON lines).
+    PerfInput(PerfArgs),
     /// Explain a diagnostic code (such as E0401) at length, with an example.
     Explain(ExplainArgs),
+}
+
+#[derive(Parser)]
+struct PerfArgs {
+    /// The program's root file.
+    file: PathBuf,
+    /// The estimator whose input to run (needed when the program has several).
+    #[arg(long)]
+    estimator: Option<String>,
+    /// Which of the estimator's inputs: train, eval or predict.
+    #[arg(long, value_enum, default_value_t = InputArg::Train)]
+    input: InputArg,
+    /// Run for this many seconds (default 10, or until the input ends).
+    #[arg(long, conflicts_with = "steps")]
+    time: Option<f64>,
+    /// Run for this many batches.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Print the first N batches as JSON lines ({"features": ..., "labels": ...}).
+    #[arg(long, value_name = "N")]
+    show: Option<u64>,
+    /// Override a params field: `--param batch_size=64`.
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    params: Vec<String>,
+    /// Override params fields from a YAML file.
+    #[arg(long = "params", value_name = "FILE")]
+    params_file: Option<PathBuf>,
+    /// Override an estimator config key.
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    config: Vec<String>,
+    /// How to print diagnostics and the report.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+    message_format: MessageFormat,
+    /// Colour in human output.
+    #[arg(long, value_enum, default_value_t = Color::Auto)]
+    color: Color,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum InputArg {
+    Train,
+    Eval,
+    Predict,
 }
 
 #[derive(Parser)]
@@ -182,6 +228,7 @@ pub fn main() -> i32 {
         Command::Train(a) => run::run(a, SectionKind::Train),
         Command::Eval(a) => run::run(a, SectionKind::Eval),
         Command::Predict(a) => run::run(a, SectionKind::Predict),
+        Command::PerfInput(a) => run::perf_input(a),
         Command::Explain(a) => explain(a),
     }
 }

@@ -321,3 +321,39 @@ fn train_eval_predict_commands() {
     assert_eq!(o.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `estc perf-input`: the pipeline alone, its speed and shapes, and `--show`.
+#[test]
+fn perf_input_runs_the_pipeline_alone() {
+    let o = estc(&[
+        "perf-input",
+        "examples/digits_mlp.est",
+        "--steps",
+        "20",
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["steps"].as_u64(), Some(20));
+    assert_eq!(v["shapes"]["features"].as_str(), Some("f32[32, 64]"));
+    assert_eq!(v["shapes"]["labels"].as_str(), Some("i32[32]"));
+    assert!(v["steps_per_sec"].as_f64().unwrap() > 0.0);
+    // the eval input ends after 9 batches of 40
+    let o = estc(&[
+        "perf-input",
+        "examples/digits_mlp.est",
+        "--input",
+        "eval",
+        "--show",
+        "2",
+    ]);
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2);
+    let b: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(b["features"].as_array().unwrap().len(), 40);
+    assert_eq!(b["labels"].as_array().unwrap().len(), 40);
+    let o = estc(&["perf-input", "examples/digits_mlp.est", "--input", "eval"]);
+    assert!(stdout(&o).starts_with("9 batches in "), "{}", stdout(&o));
+}

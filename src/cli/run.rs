@@ -1,7 +1,7 @@
 //! `estc train`, `eval` and `predict`: the runtime behind a progress bar (on a terminal)
 //! or plain log lines (otherwise), and a final summary.
 
-use super::{load, print_diags, MessageFormat, RunArgs, RunTarget};
+use super::{load, print_diags, InputArg, MessageFormat, PerfArgs, RunArgs, RunTarget};
 use est::elab::Target;
 use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
 use est::syntax::ast::SectionKind;
@@ -225,4 +225,95 @@ impl RunHook for Progress {
             let _ = std::io::stderr().flush();
         }
     }
+}
+
+/// `estc perf-input`: the input pipeline alone, timed.
+pub fn perf_input(a: PerfArgs) -> i32 {
+    let (program, config) = match load(&a.file, &a.params, a.params_file.as_ref(), &a.config) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let opts = RunOptions {
+        estimator: a.estimator.clone(),
+        config,
+        ..Default::default()
+    };
+    let est = match Estimator::new(&program, &opts) {
+        Ok(e) => e,
+        Err(f) => return print_diags(&program, &f.diags, a.message_format, a.color),
+    };
+    let mode = match a.input {
+        InputArg::Train => SectionKind::Train,
+        InputArg::Eval => SectionKind::Eval,
+        InputArg::Predict => SectionKind::Predict,
+    };
+    let (mut pipe, names) = match est.input_pipeline(mode) {
+        Ok(x) => x,
+        Err(f) => return print_diags(&program, &f.diags, a.message_format, a.color),
+    };
+    // (features, labels) pairs are named as a model sees them
+    let names: Vec<String> = if names == ["0", "1"] {
+        vec!["features".into(), "labels".into()]
+    } else {
+        names
+    };
+    let limit = std::time::Duration::from_secs_f64(a.time.unwrap_or(10.0).max(0.0));
+    let start = Instant::now();
+    let mut first: Option<f64> = None;
+    let mut steps = 0u64;
+    let mut shapes: Vec<String> = Vec::new();
+    loop {
+        if a.steps.is_some_and(|n| steps >= n) || (a.steps.is_none() && start.elapsed() >= limit) {
+            break;
+        }
+        let batch = match pipe.next_element() {
+            Ok(Some(b)) => b,
+            Ok(None) => break,
+            Err(d) => return print_diags(&program, &[d], a.message_format, a.color).max(1),
+        };
+        if first.is_none() {
+            first = Some(start.elapsed().as_secs_f64());
+            shapes = batch.iter().map(|t| t.ty().to_string()).collect();
+        }
+        if a.show.is_some_and(|n| steps < n) {
+            let mut obj = serde_json::Map::new();
+            for (k, t) in names.iter().zip(&batch) {
+                obj.insert(k.clone(), t.to_json());
+            }
+            println!("{}", serde_json::Value::Object(obj));
+        }
+        steps += 1;
+    }
+    let total = start.elapsed().as_secs_f64();
+    let first_s = first.unwrap_or(0.0);
+    let rate = steps as f64 / total.max(1e-9);
+    let rest = if steps > 1 {
+        (steps - 1) as f64 / (total - first_s).max(1e-9)
+    } else {
+        0.0
+    };
+    let workers = est.info.config.input_workers.max(1);
+    if a.message_format == MessageFormat::Json {
+        let v = serde_json::json!({
+            "steps": steps,
+            "seconds": total,
+            "steps_per_sec": rate,
+            "steps_per_sec_per_worker": rate / workers as f64,
+            "steps_per_sec_after_first": rest,
+            "first_step_seconds": first_s,
+            "workers": workers,
+            "shapes": names.iter().cloned().zip(shapes.iter().map(|s| serde_json::json!(s))).collect::<serde_json::Map<String, serde_json::Value>>(),
+        });
+        println!("{v}");
+    } else if a.show.is_none() {
+        println!("{steps} batches in {total:.3} s: {rate:.1} batches/sec ({:.1} per worker, {workers} worker{})", rate / workers as f64, if workers == 1 { "" } else { "s" });
+        println!(
+            "without the first batch: {rest:.1} batches/sec; the first took {:.3} s",
+            first_s
+        );
+        for (n, s) in names.iter().zip(&shapes) {
+            println!("  {n}: {s}");
+        }
+    }
+    0
 }

@@ -528,6 +528,14 @@ impl Estimator {
         PipeCtx::new(self.seed, &self.base)
     }
 
+    /// The input pipeline of a mode, started from its beginning with the run seed (as
+    /// `estc perf-input` runs it), with the names of its element's leaves.
+    pub fn input_pipeline(&self, mode: SectionKind) -> Res<(Pipeline, Vec<String>)> {
+        let (_, ds) = self.input(mode)?;
+        let names = pipeline::leaf_paths(ds.elem());
+        Ok((Pipeline::new(&ds, self.pipe_ctx()), names))
+    }
+
     fn plan_train(g: &Graph) -> TrainPlan {
         let out = |r: Role| g.outputs.iter().find(|o| o.role == r).map(|o| o.node);
         let loss = out(Role::Loss).expect("a train graph has a loss");
