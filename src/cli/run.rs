@@ -292,7 +292,8 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     } else {
         0.0
     };
-    let workers = est.info.config.input_workers.max(1);
+    // The pipeline executor runs on one thread (input_workers is not used yet).
+    let workers = 1;
     if a.message_format == MessageFormat::Json {
         let v = serde_json::json!({
             "steps": steps,
