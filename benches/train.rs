@@ -125,6 +125,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // As estc does (src/main.rs): keep freed tensor buffers in the heap for reuse.
+    est::runtime::keep_freed_memory();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let data = std::env::temp_dir().join(format!("est-bench-data-{}", std::process::id()));
     make_data(&data);

@@ -11,5 +11,6 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    est::runtime::keep_freed_memory();
     std::process::exit(cli::main());
 }
