@@ -728,3 +728,59 @@ fn tfrecord_and_example_round_trip() {
         )
     );
 }
+
+const COUNTING: &str = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+
+input rows() {
+  csv("examples/data/digits_test.csv", columns: { pixels: f32[64], label: i32 })
+    |> map |r| (r.pixels / 16.0, r.label) |> repeat |> batch(8, drop_remainder: true)
+}
+
+input once() {
+  csv("examples/data/digits_test.csv", columns: { pixels: f32[64], label: i32 })
+    |> map |r| (r.pixels / 16.0, r.label) |> take(16) |> batch(8, drop_remainder: true)
+}
+
+model m(features: f32[B, 64], labels: i32[B]) {
+  let logits = dense(features, 10)
+  let seen = variable("seen", [], init: "zeros", dtype: i32, trainable: false)
+  if mode == train { assign(seen, seen + B) }
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.1) }
+  predict { classes = argmax(logits, 1) }
+}
+
+estimator e {
+  model = m
+  train_input = rows()
+  predict_input = once()
+  config { random_seed = 5  num_shards = 2 }
+}
+"#;
+
+/// An integer state update under two shards is taken from one shard (not averaged as
+/// floats).
+#[test]
+fn integer_state_under_shards() {
+    let p = Program::from_source("counting.est", COUNTING, None);
+    let dir = tmp("counting");
+    let opts = RunOptions {
+        model_dir: Some(dir.clone()),
+        data_dir: Some(root()),
+        ..Default::default()
+    };
+    let mut e = Estimator::new(&p, &opts).map_err(|f| f.diags).unwrap();
+    e.train(Steps::Max(3)).unwrap();
+    assert_eq!(
+        e.variables()["seen"].to_f64(),
+        [24.0],
+        "3 steps of a per-shard batch of 8"
+    );
+    let r = e.predict(&dir.join("pred"), None).unwrap();
+    assert_eq!(r.examples, 16);
+    let text = std::fs::read_to_string(dir.join("pred/predictions.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert!(first["classes"].is_number());
+}

@@ -427,6 +427,10 @@ fn arg_extremum(a: &Tensor, axis: usize, ty: &TensorType, max: bool) -> Tensor {
     let n = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
     let mut out = Vec::with_capacity(outer * inner);
+    if n == 0 {
+        // an empty axis has no extremum: index 0, as for a single element
+        return Tensor::int(ty.dtype, Arr::zeros(dyn_shape(ty)));
+    }
     for o in 0..outer {
         for i in 0..inner {
             let mut best = 0usize;
@@ -689,7 +693,7 @@ impl Geo {
             Padding::Valid => 0,
             Padding::Same => {
                 let eff = (k - 1) * d + 1;
-                ((o - 1) * s + eff).saturating_sub(len) / 2
+                (o.saturating_sub(1) * s + eff).saturating_sub(len) / 2
             }
         };
         Geo {

@@ -163,7 +163,6 @@ pub struct Estimator {
     ready: bool,
     hooks: Vec<Box<dyn RunHook>>,
     reducers: FxHashMap<String, ReducerFactory>,
-    train_plan: Option<TrainPlan>,
     last_checkpoint: Option<PathBuf>,
     /// Log lines (restores, checkpoints, summaries) go here; `None` is silent.
     pub log: Option<LogFn>,
@@ -291,7 +290,6 @@ impl Estimator {
             ready: false,
             hooks,
             reducers: FxHashMap::default(),
-            train_plan: None,
             last_checkpoint: None,
             log: None,
         })
@@ -550,10 +548,18 @@ impl Estimator {
         Ok((Pipeline::new(&ds, self.pipe_ctx()), names))
     }
 
-    fn plan_train(g: &Graph) -> TrainPlan {
+    fn plan_train(&self, g: &Graph) -> Res<TrainPlan> {
         let out = |r: Role| g.outputs.iter().find(|o| o.role == r).map(|o| o.node);
-        let loss = out(Role::Loss).expect("a train graph has a loss");
-        let lr = out(Role::LearningRate).expect("a train graph has a learning rate");
+        let (Some(loss), Some(lr)) = (out(Role::Loss), out(Role::LearningRate)) else {
+            return Err(Diag::new(
+                Code::InvalidModel,
+                self.info.span,
+                "the train graph has no loss to minimize",
+            )
+            .label("this estimator's model")
+            .help("write `train { minimize loss with sgd(lr: 0.1) }` in the model")
+            .into());
+        };
         let next_step = out(Role::NextStep);
         let cross: Vec<(NodeIndex, NodeIndex)> =
             g.g.node_indices()
@@ -581,7 +587,7 @@ impl Estimator {
         let mut b_targets: Vec<NodeIndex> = updates.iter().filter(|u| !u.2).map(|u| u.1).collect();
         b_targets.extend(next_step);
         let b = Plan::new(g, &b_targets, &provided);
-        TrainPlan {
+        Ok(TrainPlan {
             a,
             b,
             a_targets,
@@ -590,7 +596,7 @@ impl Estimator {
             lr,
             updates,
             next_step,
-        }
+        })
     }
 
     /// The model's input names in order (features, then labels).
@@ -656,16 +662,19 @@ impl Estimator {
         self.restore_or_init()?;
         let (c, ds) = self.input(SectionKind::Train)?;
         let last = match steps {
-            Steps::Default => self.info.train_steps.unwrap_or(self.step + 1000),
-            Steps::Add(n) => self.step + n as i64,
-            Steps::Max(n) => n as i64,
+            Steps::Default => self
+                .info
+                .train_steps
+                .unwrap_or(self.step.saturating_add(1000)),
+            Steps::Add(n) => self
+                .step
+                .saturating_add(i64::try_from(n).unwrap_or(i64::MAX)),
+            Steps::Max(n) => i64::try_from(n).unwrap_or(i64::MAX),
         };
         let start = self.step;
         let cfg = self.info.config.clone();
         let shards = cfg.num_shards.max(1) as usize;
-        if self.train_plan.is_none() {
-            self.train_plan = Some(Self::plan_train(&c.graph));
-        }
+        let plan = self.plan_train(&c.graph)?;
         let names = Self::input_names(&c.graph);
         let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
         pipe.skip_to(self.input_position)?;
@@ -682,7 +691,7 @@ impl Estimator {
         let ipl = cfg.iterations_per_loop.max(1);
         while self.step < last && stopped.is_none() {
             // One loop: up to `iterations_per_loop` steps without a round trip.
-            let loop_end = (self.step + ipl).min(last);
+            let loop_end = self.step.saturating_add(ipl).min(last);
             while self.step < loop_end {
                 for h in &mut self.hooks {
                     h.before_step(self.step);
@@ -694,7 +703,7 @@ impl Estimator {
                     ));
                     break;
                 };
-                let (loss, rate) = self.train_step(&c.graph, &names, batches)?;
+                let (loss, rate) = self.train_step(&c.graph, &plan, &names, batches)?;
                 self.input_position = pipe.position;
                 final_loss = loss;
                 lr = rate;
@@ -772,10 +781,10 @@ impl Estimator {
     fn train_step(
         &mut self,
         g: &Graph,
+        plan: &TrainPlan,
         names: &[String],
         batches: Vec<pipeline::Element>,
     ) -> Res<(f64, f64)> {
-        let plan = self.train_plan.as_ref().expect("planned");
         let n = batches.len();
         let vars = &self.vars;
         let step = self.step;
@@ -817,12 +826,18 @@ impl Estimator {
         let mut values = shard_values.swap_remove(0);
         if !shard_values.is_empty() {
             for &t in &plan.a_targets {
-                let mut acc = values.get(t).expect("target").f().to_owned();
+                // Float values (gradients, the loss, float state updates) are averaged;
+                // others (an integer counter a model assigns) are shard 0's.
+                let first = values.get(t).expect("target");
+                let interp::Data::F(a) = &first.data else {
+                    continue;
+                };
+                let dtype = first.dtype;
+                let mut acc = a.to_owned();
                 for sv in &shard_values {
                     acc += sv.get(t).expect("target").f();
                 }
                 acc.mapv_inplace(|x| x / n as f32);
-                let dtype = values.get(t).expect("target").dtype;
                 values.set(t, Tensor::float(dtype, acc.into_shared()));
             }
         }
@@ -1001,6 +1016,8 @@ impl Estimator {
                 .iter()
                 .map(|o| values.get(o.1).expect("prediction").clone())
                 .collect();
+            // Predictions keep the batch dimension (the front end checks): one line
+            // per example.
             let rows = vals
                 .first()
                 .map_or(0, |t| t.shape().first().copied().unwrap_or(1));
