@@ -10,6 +10,7 @@
 
 pub mod diag;
 pub mod elab;
+pub mod hash;
 pub mod interp;
 pub mod ir;
 pub mod passes;

@@ -225,10 +225,7 @@ impl<'p> Elab<'p> {
     pub fn random_stream(&mut self) -> u64 {
         self.random_count += 1;
         let key = format!("{}#{}", self.name_scopes.join("/"), self.random_count);
-        // FNV-1a: stable across platforms and versions, unlike the std hasher.
-        key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
+        crate::hash::fnv1a(crate::hash::FNV_OFFSET, key.as_bytes())
     }
 
     /// Counts one step of elaboration. False once the program has been stopped (too many

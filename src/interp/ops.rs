@@ -714,62 +714,64 @@ impl Geo {
         }
     }
 
-    /// The input position of window tap (ki, kj) of output (oi, oj), if inside.
-    fn at(&self, oi: usize, oj: usize, ki: usize, kj: usize) -> Option<(usize, usize)> {
-        let i = (oi * self.sh + ki * self.dh).checked_sub(self.pt)?;
-        let j = (oj * self.sw + kj * self.dw).checked_sub(self.pl)?;
-        (i < self.h && j < self.w).then_some((i, j))
+    /// Calls `f` for every output pixel (its index in N, OH, OW order) with the taps of
+    /// its window that fall inside the input, as (tap index `ki * kw + kj`, input pixel
+    /// index in N, H, W order). Every window op walks its windows with this.
+    fn windows(&self, mut f: impl FnMut(usize, &[(usize, usize)])) {
+        let mut taps = Vec::with_capacity(self.kh * self.kw);
+        for b in 0..self.n {
+            for oi in 0..self.oh {
+                for oj in 0..self.ow {
+                    taps.clear();
+                    for ki in 0..self.kh {
+                        for kj in 0..self.kw {
+                            let i = (oi * self.sh + ki * self.dh).checked_sub(self.pt);
+                            let j = (oj * self.sw + kj * self.dw).checked_sub(self.pl);
+                            if let (Some(i), Some(j)) = (i, j) {
+                                if i < self.h && j < self.w {
+                                    taps.push((ki * self.kw + kj, (b * self.h + i) * self.w + j));
+                                }
+                            }
+                        }
+                    }
+                    f((b * self.oh + oi) * self.ow + oj, &taps);
+                }
+            }
+        }
     }
 }
 
 /// The patches of `x` as rows: [n*oh*ow, kh*kw*c].
 fn im2col(x: &[f32], g: &Geo) -> Array2<f32> {
-    let cols = g.kh * g.kw * g.c;
+    let (c, cols) = (g.c, g.kh * g.kw * g.c);
     let mut m = Array2::<f32>::zeros((g.n * g.oh * g.ow, cols));
     let ms = m.as_slice_mut().expect("contiguous");
-    for b in 0..g.n {
-        for oi in 0..g.oh {
-            for oj in 0..g.ow {
-                let row = ((b * g.oh + oi) * g.ow + oj) * cols;
-                for ki in 0..g.kh {
-                    for kj in 0..g.kw {
-                        if let Some((i, j)) = g.at(oi, oj, ki, kj) {
-                            let src = ((b * g.h + i) * g.w + j) * g.c;
-                            let dst = row + (ki * g.kw + kj) * g.c;
-                            ms[dst..dst + g.c].copy_from_slice(&x[src..src + g.c]);
-                        }
-                    }
-                }
-            }
+    g.windows(|p, taps| {
+        for &(k, x_at) in taps {
+            let dst = p * cols + k * c;
+            ms[dst..dst + c].copy_from_slice(&x[x_at * c..(x_at + 1) * c]);
         }
-    }
+    });
     m
 }
 
 /// The adjoint of `im2col`: patch rows added back into an NHWC array.
 fn col2im(m: ArrayView2<f32>, g: &Geo) -> Vec<f32> {
-    let cols = g.kh * g.kw * g.c;
-    let mut x = vec![0f32; g.n * g.h * g.w * g.c];
+    let (c, cols) = (g.c, g.kh * g.kw * g.c);
+    let mut x = vec![0f32; g.n * g.h * g.w * c];
     let m = m.as_standard_layout();
     let ms = m.as_slice().expect("contiguous");
-    for b in 0..g.n {
-        for oi in 0..g.oh {
-            for oj in 0..g.ow {
-                let row = ((b * g.oh + oi) * g.ow + oj) * cols;
-                for ki in 0..g.kh {
-                    for kj in 0..g.kw {
-                        if let Some((i, j)) = g.at(oi, oj, ki, kj) {
-                            let dst = ((b * g.h + i) * g.w + j) * g.c;
-                            let src = row + (ki * g.kw + kj) * g.c;
-                            for (o, &v) in x[dst..dst + g.c].iter_mut().zip(&ms[src..src + g.c]) {
-                                *o += v;
-                            }
-                        }
-                    }
-                }
+    g.windows(|p, taps| {
+        for &(k, x_at) in taps {
+            let src = p * cols + k * c;
+            for (o, &v) in x[x_at * c..(x_at + 1) * c]
+                .iter_mut()
+                .zip(&ms[src..src + c])
+            {
+                *o += v;
             }
         }
-    }
+    });
     x
 }
 
@@ -871,27 +873,19 @@ fn max_pool(
     let c = g.c;
     let mut out = vec![f32::NEG_INFINITY; g.n * g.oh * g.ow * c];
     let mut arg = vec![usize::MAX; out.len()];
-    for b in 0..g.n {
-        for oi in 0..g.oh {
-            for oj in 0..g.ow {
-                let o = ((b * g.oh + oi) * g.ow + oj) * c;
-                for ki in 0..g.kh {
-                    for kj in 0..g.kw {
-                        if let Some((i, j)) = g.at(oi, oj, ki, kj) {
-                            let src = ((b * g.h + i) * g.w + j) * c;
-                            for ch in 0..c {
-                                let v = xs[src + ch];
-                                if v > out[o + ch] || arg[o + ch] == usize::MAX {
-                                    out[o + ch] = v;
-                                    arg[o + ch] = src + ch;
-                                }
-                            }
-                        }
-                    }
+    g.windows(|p, taps| {
+        let o = p * c;
+        for &(_, x_at) in taps {
+            let src = x_at * c;
+            for ch in 0..c {
+                let v = xs[src + ch];
+                if v > out[o + ch] || arg[o + ch] == usize::MAX {
+                    out[o + ch] = v;
+                    arg[o + ch] = src + ch;
                 }
             }
         }
-    }
+    });
     let v = match dy {
         None => out,
         Some(d) => {
@@ -918,29 +912,18 @@ fn avg_pool(x: &Tensor, k: [usize; 2], s: [usize; 2], p: Padding, ty: &TensorTyp
     let xs = contiguous(x.f());
     let c = g.c;
     let mut out = vec![0f32; g.n * g.oh * g.ow * c];
-    for b in 0..g.n {
-        for oi in 0..g.oh {
-            for oj in 0..g.ow {
-                let o = ((b * g.oh + oi) * g.ow + oj) * c;
-                let mut count = 0usize;
-                for ki in 0..g.kh {
-                    for kj in 0..g.kw {
-                        if let Some((i, j)) = g.at(oi, oj, ki, kj) {
-                            count += 1;
-                            let src = ((b * g.h + i) * g.w + j) * c;
-                            for ch in 0..c {
-                                out[o + ch] += xs[src + ch];
-                            }
-                        }
-                    }
-                }
-                let inv = 1.0 / count.max(1) as f32;
-                for v in &mut out[o..o + c] {
-                    *v *= inv;
-                }
+    g.windows(|p, taps| {
+        let o = &mut out[p * c..(p + 1) * c];
+        for &(_, x_at) in taps {
+            for (v, &x) in o.iter_mut().zip(&xs[x_at * c..(x_at + 1) * c]) {
+                *v += x;
             }
         }
-    }
+        let inv = 1.0 / taps.len().max(1) as f32;
+        for v in o {
+            *v *= inv;
+        }
+    });
     Tensor::float(
         ty.dtype,
         Arr::from_shape_vec(dyn_shape(ty), out).expect("shape"),
@@ -952,24 +935,15 @@ fn avg_pool_grad(dy: &Tensor, k: [usize; 2], s: [usize; 2], p: Padding, ty: &Ten
     let ds = contiguous(dy.f());
     let c = g.c;
     let mut dx = vec![0f32; g.n * g.h * g.w * c];
-    for b in 0..g.n {
-        for oi in 0..g.oh {
-            for oj in 0..g.ow {
-                let o = ((b * g.oh + oi) * g.ow + oj) * c;
-                let taps: Vec<(usize, usize)> = (0..g.kh)
-                    .flat_map(|ki| (0..g.kw).map(move |kj| (ki, kj)))
-                    .filter_map(|(ki, kj)| g.at(oi, oj, ki, kj))
-                    .collect();
-                let inv = 1.0 / taps.len().max(1) as f32;
-                for (i, j) in taps {
-                    let dst = ((b * g.h + i) * g.w + j) * c;
-                    for ch in 0..c {
-                        dx[dst + ch] += ds[o + ch] * inv;
-                    }
-                }
+    g.windows(|p, taps| {
+        let inv = 1.0 / taps.len().max(1) as f32;
+        let d = &ds[p * c..(p + 1) * c];
+        for &(_, x_at) in taps {
+            for (o, &v) in dx[x_at * c..(x_at + 1) * c].iter_mut().zip(d) {
+                *o += v * inv;
             }
         }
-    }
+    });
     Tensor::float(
         ty.dtype,
         Arr::from_shape_vec(dyn_shape(ty), dx).expect("shape"),

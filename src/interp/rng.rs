@@ -107,12 +107,7 @@ impl Stream {
 
 /// The stable identity of a named thing (a variable): FNV-1a of its name.
 pub fn name_stream(name: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    crate::hash::fnv1a(crate::hash::FNV_OFFSET, name.as_bytes())
 }
 
 /// Keras's fans: a kernel's last two axes are (in, out) and the rest its receptive field.

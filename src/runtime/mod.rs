@@ -25,7 +25,8 @@ pub mod summary;
 use crate::diag::{Code, Diag};
 use crate::elab::data::Dataset;
 use crate::elab::{Compiled, EstimatorInfo, Target};
-use crate::interp::{self, rng, tensor::Arr, Env, OpEnv, Plan, Tensor, Values};
+use crate::hash::{fnv1a, FNV_OFFSET};
+use crate::interp::{self, rng, Env, OpEnv, Plan, Tensor, Values};
 use crate::ir::{Graph, Op, Role, TensorType};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;
@@ -37,6 +38,7 @@ use petgraph::visit::NodeIndexable;
 use pipeline::{PipeCtx, Pipeline};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Tunes glibc's allocator for training: large blocks come from the heap instead of
@@ -154,7 +156,8 @@ pub struct Estimator {
     pub model_dir: PathBuf,
     base: PathBuf,
     program_hash: String,
-    graphs: Vec<Compiled>,
+    /// The checked graphs, shared so that a run borrows them without copying.
+    graphs: Vec<Arc<Compiled>>,
     target: Target,
     vars: FxHashMap<String, Tensor>,
     step: i64,
@@ -166,14 +169,6 @@ pub struct Estimator {
     last_checkpoint: Option<PathBuf>,
     /// Log lines (restores, checkpoints, summaries) go here; `None` is silent.
     pub log: Option<LogFn>,
-}
-
-fn fnv(text: &[u8], mut h: u64) -> u64 {
-    for &b in text {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 impl Estimator {
@@ -246,17 +241,18 @@ impl Estimator {
             .clone()
             .or_else(|| info.model_dir.as_ref().map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from(format!("runs/{}", info.name)));
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut h = FNV_OFFSET;
         for (_, f) in program.sources.files() {
-            h = fnv(f.text.as_bytes(), h);
+            h = fnv1a(h, f.text.as_bytes());
         }
         for (k, v) in &info.params {
-            h = fnv(format!("{k}={v}").as_bytes(), h);
+            h = fnv1a(h, format!("{k}={v}").as_bytes());
         }
-        let graphs: Vec<Compiled> = checked
+        let graphs: Vec<Arc<Compiled>> = checked
             .graphs
             .into_iter()
             .filter(|c| c.estimator == info.name)
+            .map(Arc::new)
             .collect();
         // The program's own hooks (`hooks = [...]` with std.hooks).
         let mut hooks: Vec<Box<dyn RunHook>> = Vec::new();
@@ -343,7 +339,7 @@ impl Estimator {
         self.compiled(mode).map(|c| &c.graph)
     }
 
-    fn compiled(&self, mode: SectionKind) -> Option<&Compiled> {
+    fn compiled(&self, mode: SectionKind) -> Option<&Arc<Compiled>> {
         self.graphs.iter().find(|c| c.mode == mode)
     }
 
@@ -516,7 +512,7 @@ impl Estimator {
         Ok(p)
     }
 
-    fn input(&self, mode: SectionKind) -> Res<(Compiled, Dataset)> {
+    fn input(&self, mode: SectionKind) -> Res<(Arc<Compiled>, Dataset)> {
         let c = self.compiled(mode).cloned().ok_or_else(|| {
             Diag::new(
                 Code::InvalidEstimator,
@@ -1134,7 +1130,7 @@ fn fresh_seed() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    fnv(&t.to_le_bytes(), u64::from(std::process::id()))
+    fnv1a(u64::from(std::process::id()), &t.to_le_bytes())
 }
 
 /// Row `r` of a batched tensor.
@@ -1186,9 +1182,4 @@ fn concat_rows(items: &[pipeline::Element]) -> Tensor {
         },
     )
     .unwrap_or_else(|_| first.clone())
-}
-
-#[allow(dead_code)]
-fn scalar_f32(v: f32) -> Tensor {
-    Tensor::f32(Arr::from_elem(ndarray::IxDyn(&[]), v))
 }

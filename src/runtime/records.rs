@@ -169,8 +169,8 @@ pub fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
     None
 }
 
-/// The fields of a protobuf message: (field number, wire type, payload bytes or varint).
-fn fields(b: &[u8]) -> Option<Vec<(u32, Field<'_>)>> {
+/// The fields of a protobuf message: (field number, value), in order.
+pub(crate) fn fields(b: &[u8]) -> Option<Vec<(u32, Field<'_>)>> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < b.len() {
@@ -203,7 +203,7 @@ fn fields(b: &[u8]) -> Option<Vec<(u32, Field<'_>)>> {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Field<'a> {
+pub(crate) enum Field<'a> {
     Varint(u64),
     Fixed64,
     Bytes(&'a [u8]),
@@ -275,7 +275,8 @@ pub enum Feature<'a> {
     Ints(&'a [i64]),
 }
 
-fn put_varint(mut v: u64, out: &mut Vec<u8>) {
+/// Protobuf writing: a varint.
+pub(crate) fn put_varint(mut v: u64, out: &mut Vec<u8>) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -283,8 +284,14 @@ fn put_varint(mut v: u64, out: &mut Vec<u8>) {
     out.push(v as u8);
 }
 
-fn put_bytes(field: u32, b: &[u8], out: &mut Vec<u8>) {
-    put_varint(u64::from(field << 3 | 2), out);
+/// Protobuf writing: a field's key (number and wire type).
+pub(crate) fn put_key(field: u32, wire: u32, out: &mut Vec<u8>) {
+    put_varint(u64::from(field << 3 | wire), out);
+}
+
+/// Protobuf writing: a length-delimited field.
+pub(crate) fn put_bytes(field: u32, b: &[u8], out: &mut Vec<u8>) {
+    put_key(field, 2, out);
     put_varint(b.len() as u64, out);
     out.extend(b);
 }

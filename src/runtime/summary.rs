@@ -2,48 +2,30 @@
 //! `model_dir` for training and `model_dir/eval` for evaluations (TensorBoard's usual
 //! layout). Each file starts with the `brain.Event:2` version event.
 
-use super::records::{frame, unframe, varint as read_varint};
+use super::records::{fields, frame, put_bytes, put_key, put_varint, unframe, Field};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-fn key(field: u32, wire: u32, out: &mut Vec<u8>) {
-    varint(u64::from(field << 3 | wire), out);
-}
-
-fn varint(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn bytes_field(field: u32, b: &[u8], out: &mut Vec<u8>) {
-    key(field, 2, out);
-    varint(b.len() as u64, out);
-    out.extend(b);
-}
 
 /// An `Event` with a wall time, a step and either a file version or scalar values.
 pub fn event(wall_time: f64, step: i64, version: Option<&str>, scalars: &[(&str, f32)]) -> Vec<u8> {
     let mut e = Vec::new();
-    key(1, 1, &mut e);
+    put_key(1, 1, &mut e);
     e.extend(wall_time.to_le_bytes());
-    key(2, 0, &mut e);
-    varint(step as u64, &mut e);
+    put_key(2, 0, &mut e);
+    put_varint(step as u64, &mut e);
     if let Some(v) = version {
-        bytes_field(3, v.as_bytes(), &mut e);
+        put_bytes(3, v.as_bytes(), &mut e);
     }
     if !scalars.is_empty() {
         let mut summary = Vec::new();
         for (tag, v) in scalars {
             let mut value = Vec::new();
-            bytes_field(1, tag.as_bytes(), &mut value);
-            key(2, 5, &mut value);
+            put_bytes(1, tag.as_bytes(), &mut value);
+            put_key(2, 5, &mut value);
             value.extend(v.to_le_bytes());
-            bytes_field(1, &value, &mut summary);
+            put_bytes(1, &value, &mut summary);
         }
-        bytes_field(5, &summary, &mut e);
+        put_bytes(5, &summary, &mut e);
     }
     e
 }
@@ -103,60 +85,33 @@ pub fn read_scalars(path: &Path) -> Result<Vec<(i64, String, f32)>, String> {
     let b = std::fs::read(path).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for rec in unframe(&b)? {
-        let mut step = 0i64;
-        let mut at = 0;
-        let mut values = Vec::new();
-        while at < rec.len() {
-            let k = read_varint(rec, &mut at).ok_or("bad key")?;
-            match (k >> 3, k & 7) {
-                (2, 0) => step = read_varint(rec, &mut at).ok_or("bad step")? as i64,
-                (_, 0) => {
-                    read_varint(rec, &mut at).ok_or("bad varint")?;
-                }
-                (_, 1) => at += 8,
-                (_, 5) => at += 4,
-                (f, 2) => {
-                    let n = read_varint(rec, &mut at).ok_or("bad length")? as usize;
-                    let body = rec.get(at..at + n).ok_or("truncated")?;
-                    at += n;
-                    if f == 5 {
-                        values.extend(summary_values(body).ok_or("bad summary")?);
+        let event = fields(rec).ok_or("malformed Event")?;
+        let step = event
+            .iter()
+            .find_map(|f| match f {
+                (2, Field::Varint(s)) => Some(*s as i64),
+                _ => None,
+            })
+            .unwrap_or(0);
+        for (_, summary) in event.iter().filter(|f| f.0 == 5) {
+            let Field::Bytes(summary) = summary else {
+                return Err("malformed Summary".into());
+            };
+            for (_, value) in fields(summary).ok_or("malformed Summary")? {
+                let Field::Bytes(value) = value else {
+                    return Err("malformed Summary.Value".into());
+                };
+                let (mut tag, mut v) = (String::new(), 0f32);
+                for f in fields(value).ok_or("malformed Summary.Value")? {
+                    match f {
+                        (1, Field::Bytes(t)) => tag = String::from_utf8_lossy(t).into_owned(),
+                        (2, Field::Fixed32(bits)) => v = f32::from_bits(bits),
+                        _ => {}
                     }
                 }
-                _ => return Err("bad wire type".into()),
+                out.push((step, tag, v));
             }
         }
-        out.extend(values.into_iter().map(|(t, v)| (step, t, v)));
     }
     Ok(out)
-}
-
-fn summary_values(b: &[u8]) -> Option<Vec<(String, f32)>> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at < b.len() {
-        let _k = read_varint(b, &mut at)?;
-        let n = read_varint(b, &mut at)? as usize;
-        let v = b.get(at..at + n)?;
-        at += n;
-        let (mut tag, mut val) = (String::new(), 0f32);
-        let mut i = 0;
-        while i < v.len() {
-            let k = read_varint(v, &mut i)?;
-            match (k >> 3, k & 7) {
-                (1, 2) => {
-                    let n = read_varint(v, &mut i)? as usize;
-                    tag = String::from_utf8_lossy(v.get(i..i + n)?).into_owned();
-                    i += n;
-                }
-                (2, 5) => {
-                    val = f32::from_le_bytes(v.get(i..i + 4)?.try_into().ok()?);
-                    i += 4;
-                }
-                _ => return None,
-            }
-        }
-        out.push((tag, val));
-    }
-    Some(out)
 }
