@@ -9,7 +9,8 @@
 use est::diag::Diags;
 use est::interp::{self, OpEnv, Tensor};
 use est::ir::{
-    infer, BinaryOp, DType, Graph, Init, Op, Output, Padding, ReduceOp, Role, TensorType, UnaryOp,
+    infer, BinaryOp, Conv, DType, Graph, Init, Op, Output, Padding, Pool, ReduceOp, Role,
+    TensorType, UnaryOp,
 };
 use est::span::{FileId, Span};
 use petgraph::stable_graph::NodeIndex;
@@ -425,11 +426,11 @@ fn conv_and_pool_gradients() {
         let x = c.var("x", &[2, 5, 5, 2]);
         let w = c.var("w", &[3, 3, 2, 3]);
         let y = c.op(
-            Op::Conv2d {
+            Op::Conv2d(Conv {
                 strides,
                 padding,
                 dilation,
-            },
+            }),
             &[x, w],
         );
         check(
@@ -448,11 +449,11 @@ fn conv_and_pool_gradients() {
         let mut c = Case::new();
         let x = c.var("x", &[2, 5, 5, 2]);
         let y = c.op(
-            Op::MaxPool2d {
+            Op::MaxPool2d(Pool {
                 window,
                 strides,
                 padding,
-            },
+            }),
             &[x],
         );
         check(
@@ -465,11 +466,11 @@ fn conv_and_pool_gradients() {
         let mut c = Case::new();
         let x = c.var("x", &[2, 5, 5, 2]);
         let y = c.op(
-            Op::AvgPool2d {
+            Op::AvgPool2d(Pool {
                 window,
                 strides,
                 padding,
-            },
+            }),
             &[x],
         );
         check(

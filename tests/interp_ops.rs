@@ -1,7 +1,7 @@
 //! The interpreter's forward pass of every op against values computed by hand.
 
 use est::interp::{ops, OpEnv, Tensor};
-use est::ir::{BinaryOp, DType, Init, Op, Padding, ReduceOp, TensorType, UnaryOp};
+use est::ir::{BinaryOp, Conv, DType, Init, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp};
 
 const ENV: OpEnv = OpEnv {
     step: 7,
@@ -507,10 +507,12 @@ fn conv_and_pools() {
         &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
     );
     let w = f(&[2, 2, 1, 1], &[1.0, 1.0, 1.0, 1.0]);
-    let conv = |padding, strides| Op::Conv2d {
-        strides,
-        padding,
-        dilation: [1, 1],
+    let conv = |padding, strides| {
+        Op::Conv2d(Conv {
+            strides,
+            padding,
+            dilation: [1, 1],
+        })
     };
     expect(
         conv(Padding::Valid, [1, 1]),
@@ -546,16 +548,16 @@ fn conv_and_pools() {
     assert_eq!(y.to_f64()[..4], [1.0, -1.0, 2.0, -2.0]);
     let pool = |padding, window, strides| {
         (
-            Op::MaxPool2d {
+            Op::MaxPool2d(Pool {
                 window,
                 strides,
                 padding,
-            },
-            Op::AvgPool2d {
+            }),
+            Op::AvgPool2d(Pool {
                 window,
                 strides,
                 padding,
-            },
+            }),
         )
     };
     let (mx, av) = pool(Padding::Valid, [2, 2], [1, 1]);
@@ -567,11 +569,11 @@ fn conv_and_pools() {
     expect(av, &[&x], DType::F32, &[1, 2, 2, 1], &[3.0, 4.5, 7.5, 9.0]);
     // gradients route to the first maximum / spread over the window
     let dy = f(&[1, 2, 2, 1], &[1.0, 2.0, 3.0, 4.0]);
-    let g = Op::MaxPool2dGrad {
+    let g = Op::MaxPool2dGrad(Pool {
         window: [2, 2],
         strides: [2, 2],
         padding: Padding::Same,
-    };
+    });
     expect(
         g,
         &[&x, &dy],
@@ -579,11 +581,11 @@ fn conv_and_pools() {
         &[1, 3, 3, 1],
         &[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 0.0, 3.0, 4.0],
     );
-    let g = Op::AvgPool2dGrad {
+    let g = Op::AvgPool2dGrad(Pool {
         window: [2, 2],
         strides: [2, 2],
         padding: Padding::Same,
-    };
+    });
     expect(
         g,
         &[&dy],

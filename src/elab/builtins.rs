@@ -612,11 +612,11 @@ impl<'p> Elab<'p> {
             return Value::Error;
         };
         self.op(
-            Op::Conv2d {
+            Op::Conv2d(crate::ir::Conv {
                 strides,
                 padding,
                 dilation,
-            },
+            }),
             &[x, w],
             scalar(DType::F32),
             a.call,
@@ -641,18 +641,15 @@ impl<'p> Elab<'p> {
         let Some(padding) = self.padding_arg(a) else {
             return Value::Error;
         };
+        let pool = crate::ir::Pool {
+            window,
+            strides,
+            padding,
+        };
         let op = if name == "max_pool" {
-            Op::MaxPool2d {
-                window,
-                strides,
-                padding,
-            }
+            Op::MaxPool2d(pool)
         } else {
-            Op::AvgPool2d {
-                window,
-                strides,
-                padding,
-            }
+            Op::AvgPool2d(pool)
         };
         self.op(op, &[x], scalar(DType::F32), a.call)
     }

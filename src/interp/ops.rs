@@ -3,7 +3,7 @@
 
 use super::rng::Stream;
 use super::tensor::{Arr, Data, Tensor};
-use crate::ir::{BinaryOp, DType, Op, Padding, ReduceOp, TensorType, UnaryOp};
+use crate::ir::{BinaryOp, Conv, DType, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp};
 use ndarray::{Array2, ArrayView2, Axis, IxDyn, Slice, Zip};
 
 /// What the kernels need besides operands: the global step, the run seed and the shard.
@@ -67,52 +67,13 @@ pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
         Op::OneHot { depth } => Ok(one_hot(args[0], *depth, ty)),
         Op::Gather => gather(args[0], args[1], ty),
         Op::ScatterAdd => scatter_add(args[0], args[1], ty),
-        Op::Conv2d {
-            strides,
-            padding,
-            dilation,
-        } => Ok(conv2d(args[0], args[1], *strides, *padding, *dilation, ty)),
-        Op::Conv2dBackpropInput {
-            strides,
-            padding,
-            dilation,
-        } => Ok(conv2d_backprop_input(
-            args[0], args[1], *strides, *padding, *dilation, ty,
-        )),
-        Op::Conv2dBackpropFilter {
-            strides,
-            padding,
-            dilation,
-        } => Ok(conv2d_backprop_filter(
-            args[0], args[1], *strides, *padding, *dilation, ty,
-        )),
-        Op::MaxPool2d {
-            window,
-            strides,
-            padding,
-        } => Ok(max_pool(args[0], None, *window, *strides, *padding, ty)),
-        Op::MaxPool2dGrad {
-            window,
-            strides,
-            padding,
-        } => Ok(max_pool(
-            args[0],
-            Some(args[1]),
-            *window,
-            *strides,
-            *padding,
-            ty,
-        )),
-        Op::AvgPool2d {
-            window,
-            strides,
-            padding,
-        } => Ok(avg_pool(args[0], *window, *strides, *padding, ty)),
-        Op::AvgPool2dGrad {
-            window,
-            strides,
-            padding,
-        } => Ok(avg_pool_grad(args[0], *window, *strides, *padding, ty)),
+        Op::Conv2d(c) => Ok(conv2d(args[0], args[1], c, ty)),
+        Op::Conv2dBackpropInput(c) => Ok(conv2d_backprop_input(args[0], args[1], c, ty)),
+        Op::Conv2dBackpropFilter(c) => Ok(conv2d_backprop_filter(args[0], args[1], c, ty)),
+        Op::MaxPool2d(p) => Ok(max_pool(args[0], None, p, ty)),
+        Op::MaxPool2dGrad(p) => Ok(max_pool(args[0], Some(args[1]), p, ty)),
+        Op::AvgPool2d(p) => Ok(avg_pool(args[0], p, ty)),
+        Op::AvgPool2dGrad(p) => Ok(avg_pool_grad(args[0], p, ty)),
         Op::Softmax { axis } => Ok(softmax(args[0], *axis, false)),
         Op::LogSoftmax { axis } => Ok(softmax(args[0], *axis, true)),
         Op::RandomUniform { stream } | Op::RandomNormal { stream } => {
@@ -789,16 +750,16 @@ fn filter2(w: &Tensor) -> Array2<f32> {
     Array2::from_shape_vec((rows, s[3]), v).expect("shape")
 }
 
-fn conv2d(
-    x: &Tensor,
-    w: &Tensor,
-    s: [usize; 2],
-    p: Padding,
-    d: [usize; 2],
-    ty: &TensorType,
-) -> Tensor {
+fn conv2d(x: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
     let ws = w.shape();
-    let g = Geo::new(x.shape(), &ty.shape, [ws[0], ws[1]], s, d, p);
+    let g = Geo::new(
+        x.shape(),
+        &ty.shape,
+        [ws[0], ws[1]],
+        c.strides,
+        c.dilation,
+        c.padding,
+    );
     let cols = im2col(&contiguous(x.f()), &g);
     let out = cols.dot(&filter2(w));
     Tensor::float(
@@ -809,16 +770,16 @@ fn conv2d(
     )
 }
 
-fn conv2d_backprop_input(
-    dy: &Tensor,
-    w: &Tensor,
-    s: [usize; 2],
-    p: Padding,
-    d: [usize; 2],
-    ty: &TensorType,
-) -> Tensor {
+fn conv2d_backprop_input(dy: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
     let ws = w.shape();
-    let g = Geo::new(&ty.shape, dy.shape(), [ws[0], ws[1]], s, d, p);
+    let g = Geo::new(
+        &ty.shape,
+        dy.shape(),
+        [ws[0], ws[1]],
+        c.strides,
+        c.dilation,
+        c.padding,
+    );
     let o = ws[3];
     let dy2 = Array2::from_shape_vec((g.n * g.oh * g.ow, o), contiguous(dy.f()).into_owned())
         .expect("shape");
@@ -830,15 +791,15 @@ fn conv2d_backprop_input(
     )
 }
 
-fn conv2d_backprop_filter(
-    x: &Tensor,
-    dy: &Tensor,
-    s: [usize; 2],
-    p: Padding,
-    d: [usize; 2],
-    ty: &TensorType,
-) -> Tensor {
-    let g = Geo::new(x.shape(), dy.shape(), [ty.shape[0], ty.shape[1]], s, d, p);
+fn conv2d_backprop_filter(x: &Tensor, dy: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
+    let g = Geo::new(
+        x.shape(),
+        dy.shape(),
+        [ty.shape[0], ty.shape[1]],
+        c.strides,
+        c.dilation,
+        c.padding,
+    );
     let o = ty.shape[3];
     let cols = im2col(&contiguous(x.f()), &g);
     let dy2 = Array2::from_shape_vec((g.n * g.oh * g.ow, o), contiguous(dy.f()).into_owned())
@@ -856,19 +817,19 @@ fn conv2d_backprop_filter(
 
 /// Max pooling, or (with `dy`) its gradient: each output's dy goes to the first
 /// maximum of its window.
-fn max_pool(
-    x: &Tensor,
-    dy: Option<&Tensor>,
-    k: [usize; 2],
-    s: [usize; 2],
-    p: Padding,
-    ty: &TensorType,
-) -> Tensor {
+fn max_pool(x: &Tensor, dy: Option<&Tensor>, p: &Pool, ty: &TensorType) -> Tensor {
     let out_shape: Vec<usize> = match dy {
         Some(d) => d.shape().to_vec(),
         None => ty.shape.to_vec(),
     };
-    let g = Geo::new(x.shape(), &out_shape, k, s, [1, 1], p);
+    let g = Geo::new(
+        x.shape(),
+        &out_shape,
+        p.window,
+        p.strides,
+        [1, 1],
+        p.padding,
+    );
     let xs = contiguous(x.f());
     let c = g.c;
     let mut out = vec![f32::NEG_INFINITY; g.n * g.oh * g.ow * c];
@@ -907,8 +868,8 @@ fn max_pool(
 
 /// Average pooling over the window positions inside the input (padding is not counted,
 /// as in TensorFlow).
-fn avg_pool(x: &Tensor, k: [usize; 2], s: [usize; 2], p: Padding, ty: &TensorType) -> Tensor {
-    let g = Geo::new(x.shape(), &ty.shape, k, s, [1, 1], p);
+fn avg_pool(x: &Tensor, p: &Pool, ty: &TensorType) -> Tensor {
+    let g = Geo::new(x.shape(), &ty.shape, p.window, p.strides, [1, 1], p.padding);
     let xs = contiguous(x.f());
     let c = g.c;
     let mut out = vec![0f32; g.n * g.oh * g.ow * c];
@@ -930,8 +891,15 @@ fn avg_pool(x: &Tensor, k: [usize; 2], s: [usize; 2], p: Padding, ty: &TensorTyp
     )
 }
 
-fn avg_pool_grad(dy: &Tensor, k: [usize; 2], s: [usize; 2], p: Padding, ty: &TensorType) -> Tensor {
-    let g = Geo::new(&ty.shape, dy.shape(), k, s, [1, 1], p);
+fn avg_pool_grad(dy: &Tensor, p: &Pool, ty: &TensorType) -> Tensor {
+    let g = Geo::new(
+        &ty.shape,
+        dy.shape(),
+        p.window,
+        p.strides,
+        [1, 1],
+        p.padding,
+    );
     let ds = contiguous(dy.f());
     let c = g.c;
     let mut dx = vec![0f32; g.n * g.h * g.w * c];

@@ -2,7 +2,7 @@
 //! elaborator calls it for every node it makes, and the `shape_infer` pass calls it again
 //! over the whole graph, so both agree by construction.
 
-use super::{broadcast, BinaryOp, DType, Op, Padding, ReduceOp, TensorType, UnaryOp};
+use super::{broadcast, BinaryOp, Conv, DType, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp};
 use crate::diag::Code;
 
 /// Why an op does not accept its operands. The elaborator adds the spans.
@@ -68,21 +68,8 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
         Op::Slice { axis, start, end } => slice(*axis, *start, *end, args[0]),
         Op::OneHot { depth } => one_hot(*depth, args[0], declared),
         Op::Gather => gather(args[0], args[1]),
-        Op::Conv2d {
-            strides,
-            padding,
-            dilation,
-        } => conv2d(args[0], args[1], *strides, *padding, *dilation),
-        Op::MaxPool2d {
-            window,
-            strides,
-            padding,
-        }
-        | Op::AvgPool2d {
-            window,
-            strides,
-            padding,
-        } => pool(args[0], *window, *strides, *padding),
+        Op::Conv2d(c) => conv2d(args[0], args[1], c),
+        Op::MaxPool2d(p) | Op::AvgPool2d(p) => pool(args[0], p),
         Op::Softmax { axis } | Op::LogSoftmax { axis } => {
             need_float(op.name(), args[0])?;
             need_axis(*axis, args[0])?;
@@ -97,9 +84,9 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
             }
             Ok(declared.clone())
         }
-        Op::Conv2dBackpropInput { .. }
-        | Op::Conv2dBackpropFilter { .. }
-        | Op::AvgPool2dGrad { .. }
+        Op::Conv2dBackpropInput(_)
+        | Op::Conv2dBackpropFilter(_)
+        | Op::AvgPool2dGrad(_)
         | Op::ScatterAdd => {
             let dy = args[args.len() - 1];
             if dy.dtype != declared.dtype || !dy.dtype.is_float() {
@@ -110,7 +97,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
             }
             Ok(declared.clone())
         }
-        Op::MaxPool2dGrad { .. } => {
+        Op::MaxPool2dGrad(_) => {
             if args[0].dtype != args[1].dtype {
                 return Err(err(
                     Code::DtypeMismatch,
@@ -131,10 +118,10 @@ pub fn arity(op: &Op) -> usize {
     match op {
         Op::Input { .. } | Op::Variable { .. } | Op::Const { .. } | Op::GlobalStep => 0,
         Op::RandomUniform { .. } | Op::RandomNormal { .. } => 0,
-        Op::Binary(_) | Op::MatMul | Op::Gather | Op::Conv2d { .. } => 2,
-        Op::Conv2dBackpropInput { .. }
-        | Op::Conv2dBackpropFilter { .. }
-        | Op::MaxPool2dGrad { .. }
+        Op::Binary(_) | Op::MatMul | Op::Gather | Op::Conv2d(_) => 2,
+        Op::Conv2dBackpropInput(_)
+        | Op::Conv2dBackpropFilter(_)
+        | Op::MaxPool2dGrad(_)
         | Op::ScatterAdd => 2,
         Op::Select => 3,
         Op::Concat { .. } => usize::MAX,
@@ -472,13 +459,12 @@ pub fn window_out(len: usize, window: usize, stride: usize, padding: Padding) ->
     }
 }
 
-fn conv2d(
-    x: &TensorType,
-    w: &TensorType,
-    strides: [usize; 2],
-    padding: Padding,
-    dilation: [usize; 2],
-) -> R {
+fn conv2d(x: &TensorType, w: &TensorType, c: &Conv) -> R {
+    let Conv {
+        strides,
+        padding,
+        dilation,
+    } = *c;
     need_float("conv2d", x)?;
     if x.dtype != w.dtype {
         return Err(err(
@@ -525,7 +511,12 @@ fn conv2d(
     Ok(TensorType::new(x.dtype, out))
 }
 
-fn pool(x: &TensorType, window: [usize; 2], strides: [usize; 2], padding: Padding) -> R {
+fn pool(x: &TensorType, p: &Pool) -> R {
+    let Pool {
+        window,
+        strides,
+        padding,
+    } = *p;
     need_float("pooling", x)?;
     if x.rank() != 4 {
         return Err(err(

@@ -11,6 +11,6 @@ mod types;
 pub use dump::{dump_dot, dump_text};
 pub use graph::{Graph, Metric, Node, Operands, Optimizer, Output, Role};
 pub use infer::{arity, infer, window_out, InferError};
-pub use op::{fmt_f64, padding_name, BinaryOp, Init, Op, Padding, ReduceOp, UnaryOp};
+pub use op::{fmt_f64, padding_name, BinaryOp, Conv, Init, Op, Padding, Pool, ReduceOp, UnaryOp};
 pub use petgraph::stable_graph::NodeIndex;
 pub use types::{broadcast, DType, Shape, TensorType};

@@ -57,21 +57,9 @@ pub enum Op {
     /// Rows of a table (operand 0) picked by indices (operand 1): embedding lookup.
     Gather,
     /// NHWC input, HWIO filter.
-    Conv2d {
-        strides: [usize; 2],
-        padding: Padding,
-        dilation: [usize; 2],
-    },
-    MaxPool2d {
-        window: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-    },
-    AvgPool2d {
-        window: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-    },
+    Conv2d(Conv),
+    MaxPool2d(Pool),
+    AvgPool2d(Pool),
     Softmax {
         axis: usize,
     },
@@ -90,30 +78,14 @@ pub enum Op {
     DecodeRaw,
     /// Gradients made by autodiff. The gradient of conv2d's input: operands (dy, filter),
     /// result shaped like the input (the node's type).
-    Conv2dBackpropInput {
-        strides: [usize; 2],
-        padding: Padding,
-        dilation: [usize; 2],
-    },
+    Conv2dBackpropInput(Conv),
     /// The gradient of conv2d's filter: operands (x, dy), result shaped like the filter.
-    Conv2dBackpropFilter {
-        strides: [usize; 2],
-        padding: Padding,
-        dilation: [usize; 2],
-    },
+    Conv2dBackpropFilter(Conv),
     /// The gradient of max pooling: operands (x, dy); dy goes to the first maximum of
     /// each window.
-    MaxPool2dGrad {
-        window: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-    },
+    MaxPool2dGrad(Pool),
     /// The gradient of average pooling: operand dy, result shaped like the input.
-    AvgPool2dGrad {
-        window: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-    },
+    AvgPool2dGrad(Pool),
     /// The gradient of gather: operands (indices, dy), rows of dy added into a zero table
     /// (the node's type).
     ScatterAdd,
@@ -179,6 +151,22 @@ pub enum ReduceOp {
     Max,
     Min,
     Prod,
+}
+
+/// The geometry of a 2-D convolution (and of its gradients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Conv {
+    pub strides: [usize; 2],
+    pub padding: Padding,
+    pub dilation: [usize; 2],
+}
+
+/// The geometry of a 2-D pooling window (and of its gradients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pool {
+    pub window: [usize; 2],
+    pub strides: [usize; 2],
+    pub padding: Padding,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -289,18 +277,18 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::OneHot { .. } => "one_hot",
             Op::Gather => "gather",
-            Op::Conv2d { .. } => "conv2d",
-            Op::MaxPool2d { .. } => "max_pool2d",
-            Op::AvgPool2d { .. } => "avg_pool2d",
+            Op::Conv2d(_) => "conv2d",
+            Op::MaxPool2d(_) => "max_pool2d",
+            Op::AvgPool2d(_) => "avg_pool2d",
             Op::Softmax { .. } => "softmax",
             Op::LogSoftmax { .. } => "log_softmax",
             Op::RandomUniform { .. } => "random_uniform",
             Op::RandomNormal { .. } => "random_normal",
             Op::DecodeRaw => "decode_raw",
-            Op::Conv2dBackpropInput { .. } => "conv2d_backprop_input",
-            Op::Conv2dBackpropFilter { .. } => "conv2d_backprop_filter",
-            Op::MaxPool2dGrad { .. } => "max_pool2d_grad",
-            Op::AvgPool2dGrad { .. } => "avg_pool2d_grad",
+            Op::Conv2dBackpropInput(_) => "conv2d_backprop_input",
+            Op::Conv2dBackpropFilter(_) => "conv2d_backprop_filter",
+            Op::MaxPool2dGrad(_) => "max_pool2d_grad",
+            Op::AvgPool2dGrad(_) => "avg_pool2d_grad",
             Op::ScatterAdd => "scatter_add",
             Op::CrossShardMean => "cross_shard_mean",
         }
@@ -332,49 +320,20 @@ impl Op {
             Op::Transpose { perm } => format!("perm={perm:?}"),
             Op::Slice { axis, start, end } => format!("axis={axis} {start}..{end}"),
             Op::OneHot { depth } => format!("depth={depth}"),
-            Op::Conv2d {
-                strides,
-                padding,
-                dilation,
-            }
-            | Op::Conv2dBackpropInput {
-                strides,
-                padding,
-                dilation,
-            }
-            | Op::Conv2dBackpropFilter {
-                strides,
-                padding,
-                dilation,
-            } => {
+            Op::Conv2d(c) | Op::Conv2dBackpropInput(c) | Op::Conv2dBackpropFilter(c) => {
                 format!(
-                    "strides={strides:?} padding={} dilation={dilation:?}",
-                    padding_name(*padding)
+                    "strides={:?} padding={} dilation={:?}",
+                    c.strides,
+                    padding_name(c.padding),
+                    c.dilation
                 )
             }
-            Op::MaxPool2d {
-                window,
-                strides,
-                padding,
-            }
-            | Op::AvgPool2d {
-                window,
-                strides,
-                padding,
-            }
-            | Op::MaxPool2dGrad {
-                window,
-                strides,
-                padding,
-            }
-            | Op::AvgPool2dGrad {
-                window,
-                strides,
-                padding,
-            } => {
+            Op::MaxPool2d(p) | Op::AvgPool2d(p) | Op::MaxPool2dGrad(p) | Op::AvgPool2dGrad(p) => {
                 format!(
-                    "window={window:?} strides={strides:?} padding={}",
-                    padding_name(*padding)
+                    "window={:?} strides={:?} padding={}",
+                    p.window,
+                    p.strides,
+                    padding_name(p.padding)
                 )
             }
             Op::RandomUniform { stream } | Op::RandomNormal { stream } => {

@@ -533,53 +533,21 @@ impl Ad<'_> {
                 let t = self.ty(x);
                 self.mk(Op::ScatterAdd, &[ops[1], dy], t, sp)
             }
-            Op::Conv2d {
-                strides,
-                padding,
-                dilation,
-            } => {
+            Op::Conv2d(c) => {
                 let t = self.ty(x);
                 if i == 0 {
-                    let op = Op::Conv2dBackpropInput {
-                        strides: *strides,
-                        padding: *padding,
-                        dilation: *dilation,
-                    };
-                    self.mk(op, &[dy, ops[1]], t, sp)
+                    self.mk(Op::Conv2dBackpropInput(*c), &[dy, ops[1]], t, sp)
                 } else {
-                    let op = Op::Conv2dBackpropFilter {
-                        strides: *strides,
-                        padding: *padding,
-                        dilation: *dilation,
-                    };
-                    self.mk(op, &[ops[0], dy], t, sp)
+                    self.mk(Op::Conv2dBackpropFilter(*c), &[ops[0], dy], t, sp)
                 }
             }
-            Op::MaxPool2d {
-                window,
-                strides,
-                padding,
-            } => {
-                let op = Op::MaxPool2dGrad {
-                    window: *window,
-                    strides: *strides,
-                    padding: *padding,
-                };
+            Op::MaxPool2d(p) => {
                 let t = self.ty(x);
-                self.mk(op, &[x, dy], t, sp)
+                self.mk(Op::MaxPool2dGrad(*p), &[x, dy], t, sp)
             }
-            Op::AvgPool2d {
-                window,
-                strides,
-                padding,
-            } => {
-                let op = Op::AvgPool2dGrad {
-                    window: *window,
-                    strides: *strides,
-                    padding: *padding,
-                };
+            Op::AvgPool2d(p) => {
                 let t = self.ty(x);
-                self.mk(op, &[dy], t, sp)
+                self.mk(Op::AvgPool2dGrad(*p), &[dy], t, sp)
             }
             Op::Softmax { axis } => {
                 // y * (dy - sum(dy * y))
