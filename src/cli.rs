@@ -41,10 +41,37 @@ enum Command {
     Explain(ExplainArgs),
 }
 
-#[derive(Parser)]
-struct PerfArgs {
+/// The program to load, with its overrides (shared by every command that loads one).
+#[derive(clap::Args)]
+struct ProgramArgs {
     /// The program's root file.
     file: PathBuf,
+    /// Override a params field: `--param learning_rate=0.01` (the value is est syntax).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    params: Vec<String>,
+    /// Override params fields from a YAML file of `key: value` lines.
+    #[arg(long = "params", value_name = "FILE")]
+    params_file: Option<PathBuf>,
+    /// Override an estimator config key: `--config num_shards=2`.
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    config: Vec<String>,
+}
+
+/// How to print diagnostics and results.
+#[derive(clap::Args)]
+struct OutputArgs {
+    /// How to print diagnostics and results.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+    message_format: MessageFormat,
+    /// Colour in human output.
+    #[arg(long, value_enum, default_value_t = Color::Auto)]
+    color: Color,
+}
+
+#[derive(Parser)]
+struct PerfArgs {
+    #[command(flatten)]
+    program: ProgramArgs,
     /// The estimator whose input to run (needed when the program has several).
     #[arg(long)]
     estimator: Option<String>,
@@ -60,21 +87,8 @@ struct PerfArgs {
     /// Print the first N batches as JSON lines ({"features": ..., "labels": ...}).
     #[arg(long, value_name = "N")]
     show: Option<u64>,
-    /// Override a params field: `--param batch_size=64`.
-    #[arg(long = "param", value_name = "KEY=VALUE")]
-    params: Vec<String>,
-    /// Override params fields from a YAML file.
-    #[arg(long = "params", value_name = "FILE")]
-    params_file: Option<PathBuf>,
-    /// Override an estimator config key.
-    #[arg(long = "config", value_name = "KEY=VALUE")]
-    config: Vec<String>,
-    /// How to print diagnostics and the report.
-    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
-    message_format: MessageFormat,
-    /// Colour in human output.
-    #[arg(long, value_enum, default_value_t = Color::Auto)]
-    color: Color,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -86,8 +100,8 @@ enum InputArg {
 
 #[derive(Parser)]
 struct RunArgs {
-    /// The program's root file.
-    file: PathBuf,
+    #[command(flatten)]
+    program: ProgramArgs,
     /// The estimator to run (needed when the program has several).
     #[arg(long)]
     estimator: Option<String>,
@@ -103,15 +117,6 @@ struct RunArgs {
     /// Train up to this global step (a total, as the Estimator API's max_steps).
     #[arg(long)]
     max_steps: Option<u64>,
-    /// Override a params field: `--param learning_rate=0.01` (the value is est syntax).
-    #[arg(long = "param", value_name = "KEY=VALUE")]
-    params: Vec<String>,
-    /// Override params fields from a YAML file of `key: value` lines.
-    #[arg(long = "params", value_name = "FILE")]
-    params_file: Option<PathBuf>,
-    /// Override an estimator config key: `--config num_shards=2`.
-    #[arg(long = "config", value_name = "KEY=VALUE")]
-    config: Vec<String>,
     /// One train step, one checkpoint save and restore, one eval step, in a temporary
     /// directory: finds errors in seconds.
     #[arg(long)]
@@ -119,12 +124,8 @@ struct RunArgs {
     /// Where predict writes (default: MODEL_DIR/predictions).
     #[arg(long)]
     output: Option<PathBuf>,
-    /// How to print diagnostics and results.
-    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
-    message_format: MessageFormat,
-    /// Colour in human output.
-    #[arg(long, value_enum, default_value_t = Color::Auto)]
-    color: Color,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -136,8 +137,8 @@ enum RunTarget {
 
 #[derive(Parser)]
 struct CheckArgs {
-    /// The program's root file.
-    file: PathBuf,
+    #[command(flatten)]
+    program: ProgramArgs,
     /// The target whose rules to check.
     #[arg(long, value_enum, default_value_t = TargetArg::Host)]
     target: TargetArg,
@@ -147,24 +148,11 @@ struct CheckArgs {
     /// Only this estimator (default: all of them).
     #[arg(long)]
     estimator: Option<String>,
-    /// Override a params field: `--param learning_rate=0.01` (the value is est syntax).
-    #[arg(long = "param", value_name = "KEY=VALUE")]
-    params: Vec<String>,
-    /// Override params fields from a YAML file of `key: value` lines.
-    #[arg(long = "params", value_name = "FILE")]
-    params_file: Option<PathBuf>,
-    /// Override an estimator config key: `--config num_shards=2`.
-    #[arg(long = "config", value_name = "KEY=VALUE")]
-    config: Vec<String>,
     /// Print a stage instead of the diagnostics summary.
     #[arg(long, value_enum)]
     emit: Option<Emit>,
-    /// How to print diagnostics.
-    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
-    message_format: MessageFormat,
-    /// Colour in human output.
-    #[arg(long, value_enum, default_value_t = Color::Auto)]
-    color: Color,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 #[derive(Parser)]
@@ -239,29 +227,24 @@ fn usage(msg: &str) -> i32 {
 }
 
 /// Loads a program with its `--param`/`--params` overrides and parses `--config`.
-fn load(
-    file: &std::path::Path,
-    params: &[String],
-    params_file: Option<&PathBuf>,
-    config_kv: &[String],
-) -> Result<(Program, Vec<(String, i64)>), i32> {
-    let mut program = match Program::load(file) {
+fn load(a: &ProgramArgs) -> Result<(Program, Vec<(String, i64)>), i32> {
+    let mut program = match Program::load(&a.file) {
         Ok(p) => p,
         Err(e) => return Err(usage(&e.0)),
     };
-    if let Some(f) = params_file {
+    if let Some(f) = &a.params_file {
         if let Err(e) = add_params_file(&mut program, f) {
             return Err(usage(&e));
         }
     }
-    for kv in params {
+    for kv in &a.params {
         let Some((k, v)) = kv.split_once('=') else {
             return Err(usage(&format!("--param takes KEY=VALUE, found `{kv}`")));
         };
         program.add_override(k.trim(), v.trim(), &format!("--param {}", k.trim()));
     }
     let mut config = Vec::new();
-    for kv in config_kv {
+    for kv in &a.config {
         match config_override(kv) {
             Ok(p) => config.push(p),
             Err(e) => return Err(usage(&e)),
@@ -271,7 +254,7 @@ fn load(
 }
 
 fn check(a: CheckArgs) -> i32 {
-    let (program, config) = match load(&a.file, &a.params, a.params_file.as_ref(), &a.config) {
+    let (program, config) = match load(&a.program) {
         Ok(x) => x,
         Err(code) => return code,
     };
@@ -319,8 +302,8 @@ fn check(a: CheckArgs) -> i32 {
     report(
         &program,
         &checked.diags,
-        a.message_format,
-        a.color,
+        a.out.message_format,
+        a.out.color,
         a.emit.is_none(),
         checked.graphs.len(),
     )

@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
-    let (program, config) = match load(&a.file, &a.params, a.params_file.as_ref(), &a.config) {
+    let (program, config) = match load(&a.program) {
         Ok(x) => x,
         Err(code) => return code,
     };
@@ -24,10 +24,10 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
         model_dir: a.model_dir.clone(),
         data_dir: None,
     };
-    let json = a.message_format == MessageFormat::Json;
+    let json = a.out.message_format == MessageFormat::Json;
     let mut est = match Estimator::new(&program, &opts) {
         Ok(e) => e,
-        Err(f) => return print_diags(&program, &f.diags, a.message_format, a.color),
+        Err(f) => return print_diags(&program, &f.diags, a.out.message_format, a.out.color),
     };
     if !json {
         // On a terminal a log line first clears the progress bar's line.
@@ -56,7 +56,7 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
     };
     match result {
         Ok(()) => 0,
-        Err(f) => print_diags(&program, &f.diags, a.message_format, a.color).max(1),
+        Err(f) => print_diags(&program, &f.diags, a.out.message_format, a.out.color).max(1),
     }
 }
 
@@ -229,7 +229,7 @@ impl RunHook for Progress {
 
 /// `estc perf-input`: the input pipeline alone, timed.
 pub fn perf_input(a: PerfArgs) -> i32 {
-    let (program, config) = match load(&a.file, &a.params, a.params_file.as_ref(), &a.config) {
+    let (program, config) = match load(&a.program) {
         Ok(x) => x,
         Err(code) => return code,
     };
@@ -240,7 +240,7 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     };
     let est = match Estimator::new(&program, &opts) {
         Ok(e) => e,
-        Err(f) => return print_diags(&program, &f.diags, a.message_format, a.color),
+        Err(f) => return print_diags(&program, &f.diags, a.out.message_format, a.out.color),
     };
     let mode = match a.input {
         InputArg::Train => SectionKind::Train,
@@ -249,7 +249,7 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     };
     let (mut pipe, names) = match est.input_pipeline(mode) {
         Ok(x) => x,
-        Err(f) => return print_diags(&program, &f.diags, a.message_format, a.color),
+        Err(f) => return print_diags(&program, &f.diags, a.out.message_format, a.out.color),
     };
     // (features, labels) pairs are named as a model sees them
     let names: Vec<String> = if names == ["0", "1"] {
@@ -269,7 +269,7 @@ pub fn perf_input(a: PerfArgs) -> i32 {
         let batch = match pipe.next_element() {
             Ok(Some(b)) => b,
             Ok(None) => break,
-            Err(d) => return print_diags(&program, &[d], a.message_format, a.color).max(1),
+            Err(d) => return print_diags(&program, &[d], a.out.message_format, a.out.color).max(1),
         };
         if first.is_none() {
             first = Some(start.elapsed().as_secs_f64());
@@ -294,7 +294,7 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     };
     // The pipeline executor runs on one thread (input_workers is not used yet).
     let workers = 1;
-    if a.message_format == MessageFormat::Json {
+    if a.out.message_format == MessageFormat::Json {
         let v = serde_json::json!({
             "steps": steps,
             "seconds": total,
