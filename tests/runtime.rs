@@ -698,34 +698,31 @@ fn tfrecord_and_example_round_trip() {
     let mut file = frame(&a);
     file.extend(frame(&b));
     let recs = unframe(&file).unwrap();
-    assert_eq!(recs, [&a[..], &b[..]]);
+    assert_eq!(recs, [a.clone(), b.clone()]);
     let want = [
         ("x".to_string(), DType::F32, vec![2]),
         ("n".to_string(), DType::I32, vec![]),
         ("s".to_string(), DType::Bytes, vec![]),
     ];
-    let e = parse_example(recs[0], &want).unwrap();
+    let e = parse_example(&recs[0], &want).unwrap();
     assert_eq!(e[0].to_f64(), [1.5, -2.0]);
     assert_eq!(e[1].to_f64(), [-3.0]);
     assert_eq!(e[2].s().iter().next().unwrap(), b"hi");
-    let err = parse_example(recs[1], &want[1..2]).unwrap_err();
+    let err = parse_example(&recs[1], &want[1..2]).unwrap_err();
     assert_eq!(err, "feature `n`: 5000000000 does not fit i32");
-    let err = parse_example(recs[1], &want[..1]).unwrap_err();
+    let err = parse_example(&recs[1], &want[..1]).unwrap_err();
     assert_eq!(err, "feature `x` is missing");
     let mut flipped = file.clone();
     flipped[12 + 3] ^= 0x10;
     assert_eq!(
-        unframe(&flipped).unwrap_err(),
+        unframe(&flipped).unwrap_err().to_string(),
         "record 0 at byte 0: data CRC mismatch"
     );
     let cut = &file[..file.len() - 3];
     let second = frame(&a).len();
     assert_eq!(
-        unframe(cut).unwrap_err(),
-        format!(
-            "record 1 at byte {second}: truncated data ({} bytes announced)",
-            b.len()
-        )
+        unframe(cut).unwrap_err().to_string(),
+        format!("record 1 at byte {second}: truncated data")
     );
 }
 

@@ -23,6 +23,7 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
         config,
         model_dir: a.model_dir.clone(),
         data_dir: None,
+        cache_dir: None,
     };
     let json = a.out.message_format == MessageFormat::Json;
     let mut est = match Estimator::new(&program, &opts) {

@@ -82,6 +82,8 @@ pub enum PngLabels {
 pub enum StageKind {
     TfRecord {
         paths: Vec<String>,
+        /// Skip (and count) damaged records instead of failing.
+        skip_corrupt: bool,
     },
     Csv {
         path: String,
@@ -107,6 +109,13 @@ pub enum StageKind {
     },
     Range {
         n: i64,
+    },
+    /// Random elements of the given leaf types from the run seed; endless without a
+    /// count. Integer leaves are uniform in `[0, classes)`.
+    Synthetic {
+        leaves: Vec<(DType, Vec<usize>)>,
+        count: Option<usize>,
+        classes: i64,
     },
     /// Parse serialized `tf.Example`s into the named features.
     Parse {
@@ -170,6 +179,7 @@ impl StageKind {
             StageKind::Png { .. } => "png",
             StageKind::Npy { .. } => "npy",
             StageKind::Range { .. } => "range",
+            StageKind::Synthetic { .. } => "synthetic",
             StageKind::Parse { .. } => "parse",
             StageKind::Map { .. } => "map",
             StageKind::Filter { .. } => "filter",
@@ -222,9 +232,12 @@ impl Dataset {
 
     /// Whether the dataset repeats forever.
     pub fn repeats_forever(&self) -> bool {
-        self.stages
-            .iter()
-            .any(|s| matches!(s.kind, StageKind::Repeat { count: None }))
+        self.stages.iter().any(|s| {
+            matches!(
+                s.kind,
+                StageKind::Repeat { count: None } | StageKind::Synthetic { count: None, .. }
+            )
+        })
     }
 
     pub fn shuffles(&self) -> impl Iterator<Item = &Stage> {

@@ -54,10 +54,23 @@ impl<'p> Elab<'p> {
             }))
         };
         match name {
-            "tfrecord" => match self.paths(a, "paths") {
-                Some(paths) => source(StageKind::TfRecord { paths }, Elem::scalar(DType::Bytes)),
-                None => Value::Error,
-            },
+            "tfrecord" => {
+                let (vs, ss) = a.get("skip_corrupt");
+                let Value::Bool(skip_corrupt) = vs else {
+                    return self.expected("bool", &vs, ss);
+                };
+                match self.paths(a, "paths") {
+                    Some(paths) => source(
+                        StageKind::TfRecord {
+                            paths,
+                            skip_corrupt,
+                        },
+                        Elem::scalar(DType::Bytes),
+                    ),
+                    None => Value::Error,
+                }
+            }
+            "synthetic" => self.synthetic(a),
             "text" => match self.string(a, "path") {
                 Some(path) => source(StageKind::Text { path }, Elem::scalar(DType::Bytes)),
                 None => Value::Error,
@@ -284,6 +297,64 @@ impl<'p> Elab<'p> {
                     labels,
                 },
                 span: call,
+                elem,
+            }],
+        }))
+    }
+
+    /// `synthetic(features, labels, count, classes)`: random elements of the given types.
+    fn synthetic(&mut self, a: &Args<'p>) -> Value<'p> {
+        let mut leaves = Vec::new();
+        let mut parts = Vec::new();
+        for name in ["features", "labels"] {
+            let (v, s) = a.get(name);
+            if name == "labels" && matches!(v, Value::None) {
+                continue;
+            }
+            let elem = match &v {
+                Value::Record(_) => {
+                    let Some(schema) = self.schema(a, name) else {
+                        return Value::Error;
+                    };
+                    leaves.extend(schema.iter().map(|(_, d, dims)| (*d, dims.clone())));
+                    Self::record_elem(&schema)
+                }
+                _ => {
+                    let Some((d, dims)) = self.feature_type(&v, s) else {
+                        return Value::Error;
+                    };
+                    leaves.push((d, dims.clone()));
+                    Elem::Tensor {
+                        dtype: d,
+                        dims: dims.iter().map(|&x| Some(x)).collect(),
+                    }
+                }
+            };
+            parts.push(elem);
+        }
+        let count = match a.get("count") {
+            (Value::None, _) => None,
+            _ => match self.int_nonneg(a, "count") {
+                Some(c) => Some(c),
+                None => return Value::Error,
+            },
+        };
+        let Some(classes) = self.int_pos(a, "classes") else {
+            return Value::Error;
+        };
+        let elem = if parts.len() == 1 {
+            parts.pop().expect("features")
+        } else {
+            Elem::Tuple(parts)
+        };
+        Value::Dataset(Rc::new(Dataset {
+            stages: vec![Stage {
+                kind: StageKind::Synthetic {
+                    leaves,
+                    count,
+                    classes: classes as i64,
+                },
+                span: self.site(a.call),
                 elem,
             }],
         }))

@@ -15,11 +15,13 @@
 //! its loss and gradients (phase A) on its own batch, the runtime averages what feeds
 //! each `cross_shard_mean`, and phase B applies the optimiser once.
 
+pub mod cache;
 pub mod checkpoint;
 pub mod hooks;
 pub mod metrics;
 pub mod pipeline;
 pub mod records;
+pub mod sources;
 pub mod summary;
 
 use crate::diag::{Code, Diag};
@@ -35,7 +37,7 @@ pub use hooks::{Action, RunHook, StepInfo};
 pub use metrics::{Reducer, ReducerFactory};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
-use pipeline::{PipeCtx, Pipeline};
+use pipeline::{PipeOptions, Pipeline};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -67,6 +69,8 @@ pub struct RunOptions {
     pub model_dir: Option<PathBuf>,
     /// Where relative data paths start (default: the directory of the program's file).
     pub data_dir: Option<PathBuf>,
+    /// Where `cache("id")` files go (default: `EST_CACHE_DIR`, else `~/.cache/est`).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for RunOptions {
@@ -77,6 +81,7 @@ impl Default for RunOptions {
             config: Vec::new(),
             model_dir: None,
             data_dir: None,
+            cache_dir: None,
         }
     }
 }
@@ -163,6 +168,8 @@ pub struct Estimator {
     step: i64,
     seed: u64,
     input_position: u64,
+    cache_dir: Option<PathBuf>,
+    skipped_records: u64,
     ready: bool,
     hooks: Vec<Box<dyn RunHook>>,
     reducers: FxHashMap<String, ReducerFactory>,
@@ -283,6 +290,8 @@ impl Estimator {
             vars: FxHashMap::default(),
             step: 0,
             input_position: 0,
+            cache_dir: opts.cache_dir.clone(),
+            skipped_records: 0,
             ready: false,
             hooks,
             reducers: FxHashMap::default(),
@@ -532,8 +541,36 @@ impl Estimator {
         Ok((c, ds))
     }
 
-    fn pipe_ctx(&self) -> std::rc::Rc<PipeCtx> {
-        PipeCtx::new(self.seed, &self.base)
+    /// How this estimator runs its input pipelines: the run seed, `input_workers`, and
+    /// the cache directory.
+    pub fn pipe_options(&self) -> PipeOptions {
+        let mut o = PipeOptions::new(self.seed, &self.base);
+        o.workers = self.info.config.input_workers.max(1) as usize;
+        if let Some(d) = &self.cache_dir {
+            o.cache_dir = d.clone();
+        }
+        o
+    }
+
+    /// Starts a mode's pipeline, after checking its files.
+    fn start_pipeline(&self, ds: &Dataset) -> Res<Pipeline> {
+        Ok(Pipeline::new(ds, &self.pipe_options())?)
+    }
+
+    /// Counts the damaged records a finished pipeline skipped, and says so.
+    fn note_skipped(&mut self, pipe: &Pipeline) {
+        let n = pipe.skipped();
+        if n > 0 {
+            self.skipped_records += n;
+            self.say(&format!(
+                "skipped {n} damaged input record(s) (skip_corrupt)"
+            ));
+        }
+    }
+
+    /// Damaged input records skipped so far by this estimator's pipelines.
+    pub fn skipped_records(&self) -> u64 {
+        self.skipped_records
     }
 
     /// The input pipeline of a mode, started from its beginning with the run seed (as
@@ -541,7 +578,7 @@ impl Estimator {
     pub fn input_pipeline(&self, mode: SectionKind) -> Res<(Pipeline, Vec<String>)> {
         let (_, ds) = self.input(mode)?;
         let names = pipeline::leaf_paths(ds.elem());
-        Ok((Pipeline::new(&ds, self.pipe_ctx()), names))
+        Ok((self.start_pipeline(&ds)?, names))
     }
 
     fn plan_train(&self, g: &Graph) -> Res<TrainPlan> {
@@ -672,7 +709,7 @@ impl Estimator {
         let shards = cfg.num_shards.max(1) as usize;
         let plan = self.plan_train(&c.graph)?;
         let names = Self::input_names(&c.graph);
-        let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
+        let mut pipe = self.start_pipeline(&ds)?;
         pipe.skip_to(self.input_position)?;
         let mut summaries = None;
         for h in &mut self.hooks {
@@ -762,6 +799,7 @@ impl Estimator {
             h.end(self.step);
         }
         let secs = t0.elapsed().as_secs_f64();
+        self.note_skipped(&pipe);
         Ok(TrainReport {
             start_step: start,
             global_step: self.step,
@@ -915,7 +953,7 @@ impl Estimator {
             }
             reducers.push(rs);
         }
-        let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
+        let mut pipe = self.start_pipeline(&ds)?;
         let (mut loss_sum, mut count) = (0.0, 0u64);
         while steps.is_none_or(|s| count < s) {
             let Some(batches) = self.next_batches(&mut pipe, shards)? else {
@@ -962,6 +1000,7 @@ impl Estimator {
         scalars.push(("loss", loss as f32));
         w.scalars(self.step, &scalars)
             .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
+        self.note_skipped(&pipe);
         Ok(EvalReport {
             global_step: self.step,
             steps: count,
@@ -995,7 +1034,7 @@ impl Estimator {
             .collect();
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
-        let mut pipe = Pipeline::new(&ds, self.pipe_ctx());
+        let mut pipe = self.start_pipeline(&ds)?;
         std::fs::create_dir_all(out)
             .map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
         let mut lines = String::new();
@@ -1047,6 +1086,7 @@ impl Estimator {
                 .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
             files.push(p);
         }
+        self.note_skipped(&pipe);
         Ok(PredictReport { examples, files })
     }
 

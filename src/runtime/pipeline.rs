@@ -1,31 +1,83 @@
-//! Runs an input pipeline (`elab::data::Dataset`) on the host: a chain of pull-based
-//! stages, one per `Stage`, producing elements as flat lists of tensors (the leaves of
-//! the element's structure, in order).
+//! Runs an input pipeline (`elab::data::Dataset`) on host threads: a chain of
+//! pull-based stages, one per `Stage`, producing elements as flat lists of tensors (the
+//! leaves of the element's structure, in order).
 //!
-//! Randomness (`shuffle`) comes from the counter-based generator keyed by the run seed,
-//! the stage and the epoch, so a pipeline's order is a pure function of the seed, and a
-//! resumed run gets the same stream by skipping the elements already consumed.
+//! Threads and back-pressure:
+//! - Every input worker runs its whole chain on a thread of its own and hands elements
+//!   to the consumer through a bounded channel (`prefetch`), so the pipeline runs
+//!   ahead of training by at most that many elements and then waits.
+//! - `prefetch(n)` inside a chain does the same for the stages above it.
+//! - `map` runs its closure on a pool of threads (`parallel`, 0 for one per core) with
+//!   a bounded window of elements in flight; results are handed on in input order. A
+//!   `parse` right before a parallel `map` runs in the same pool.
 //!
-//! This is the simple single-threaded executor the runtime needs to train; sources:
-//! csv/tsv, text, range, npy, tfrecord with `parse`; every transform.
+//! Determinism: the order of elements depends only on the seed, never on thread
+//! timing. Randomness (`shuffle`, random ops in closures, `synthetic`) comes from the
+//! counter-based generator keyed by the worker's seed, the stage, the epoch and the
+//! element index. Worker `w` of `input_workers` shuffles with a seed derived from the
+//! run seed and `w` (worker 0 with the run seed itself); the consumer takes elements
+//! from the workers in turn. A resumed run rebuilds the pipeline and skips the
+//! elements already consumed, so it continues with the next element.
 
+use super::cache::{self, CacheData};
 use super::records;
+use super::sources::{self, bytes_scalar, RangeSource, TfRecordSource, VecSource};
 use crate::diag::{Code, Diag};
 use crate::elab::data::{Dataset, Elem, Stage, StageKind};
-use crate::interp::rng::Stream;
+use crate::interp::rng::Stream as Rng;
 use crate::interp::tensor::{Arr, Data, Tensor};
 use crate::interp::{self, OpEnv};
 use crate::ir::{DType, Graph, TensorType};
 use ndarray::IxDyn;
+use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap;
-use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
 
 /// One element: its leaf tensors, in the order of `leaf_paths`.
 pub type Element = Vec<Tensor>;
 
-type Next = Result<Option<Element>, Diag>;
+pub type Next = Result<Option<Element>, Diag>;
+
+/// Where an element came from: a record of a file.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub file: Arc<Path>,
+    pub index: u64,
+    pub offset: u64,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: record {} at byte {}",
+            self.file.display(),
+            self.index,
+            self.offset
+        )
+    }
+}
+
+/// One running stage.
+pub trait Stream: Send {
+    /// The next element; `Ok(None)` at the end.
+    fn next(&mut self) -> Next;
+    /// The next `n` elements as one batch, when the stage holds them contiguously and
+    /// can hand them out without copying; `None` (consuming nothing) otherwise.
+    fn next_rows(&mut self, _n: usize) -> Option<Element> {
+        None
+    }
+    /// Where the element last returned came from, for errors.
+    fn origin(&self) -> Option<Origin> {
+        None
+    }
+}
+
+type Src = Box<dyn Stream>;
 
 /// The names of an element's leaves: `0`, `1` for tuples, `r.x` for records, `element`
 /// for a lone tensor (as closure graphs name their inputs).
@@ -71,57 +123,106 @@ fn join(path: &str, k: &str) -> String {
     }
 }
 
-/// What a pipeline run shares: the seed, where relative paths start, and the in-memory
-/// caches (which outlive the repetitions of the stages above them).
-pub struct PipeCtx {
+/// How to run a pipeline.
+#[derive(Debug, Clone)]
+pub struct PipeOptions {
+    /// The run seed.
     pub seed: u64,
+    /// Where relative data paths start.
     pub base: PathBuf,
-    caches: RefCell<FxHashMap<usize, Rc<Vec<Element>>>>,
+    /// Input workers: copies of the pipeline, each on its own thread with its own seed.
+    pub workers: usize,
+    /// Threads of a `map` with `parallel: 0`.
+    pub threads: usize,
+    /// Where `cache("id")` files go.
+    pub cache_dir: PathBuf,
+    /// Elements each worker prepares ahead of the consumer.
+    pub prefetch: usize,
 }
 
-impl PipeCtx {
-    pub fn new(seed: u64, base: &Path) -> Rc<PipeCtx> {
-        Rc::new(PipeCtx {
+impl PipeOptions {
+    pub fn new(seed: u64, base: &Path) -> PipeOptions {
+        PipeOptions {
             seed,
             base: base.to_path_buf(),
-            caches: RefCell::new(FxHashMap::default()),
-        })
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        let p = Path::new(p);
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            self.base.join(p)
+            workers: 1,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cache_dir: cache::default_dir(base),
+            prefetch: 2,
         }
     }
+}
+
+/// The seed of input worker `w`: the run seed for worker 0, and a mix of the two for
+/// the others, so that every worker shuffles differently.
+pub fn worker_seed(seed: u64, w: usize) -> u64 {
+    if w == 0 {
+        return seed;
+    }
+    let mut z = seed ^ (w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A cache stage and the file its chain is restricted to (under `interleave`).
+type CacheKey = (usize, Option<usize>);
+
+/// What the stages of one worker share.
+struct Ctx {
+    seed: u64,
+    base: PathBuf,
+    threads: usize,
+    cache_dir: PathBuf,
+    /// Finished in-memory caches, by stage and file restriction; they outlive the
+    /// repetitions of the stages above them.
+    caches: Mutex<FxHashMap<CacheKey, Arc<CacheData>>>,
+    /// Damaged records skipped (shared by all workers).
+    skipped: Arc<AtomicU64>,
 }
 
 /// A running pipeline.
 pub struct Pipeline {
-    it: Box<dyn Iterator<Item = Result<Element, Diag>>>,
+    workers: Vec<Src>,
     /// How many elements it has produced.
     pub position: u64,
+    skipped: Arc<AtomicU64>,
 }
 
 impl Pipeline {
-    pub fn new(ds: &Dataset, ctx: Rc<PipeCtx>) -> Pipeline {
-        Pipeline {
-            it: build(Rc::new(ds.stages.clone()), ds.stages.len(), ctx, 0),
+    /// Starts a pipeline after checking that its files exist and are not empty.
+    pub fn new(ds: &Dataset, opts: &PipeOptions) -> Result<Pipeline, Diag> {
+        sources::check_sources(ds, &opts.base)?;
+        let stages = Arc::new(ds.stages.clone());
+        let skipped = Arc::new(AtomicU64::new(0));
+        let workers = (0..opts.workers.max(1))
+            .map(|w| {
+                let ctx = Arc::new(Ctx {
+                    seed: worker_seed(opts.seed, w),
+                    base: opts.base.clone(),
+                    threads: opts.threads.max(1),
+                    cache_dir: opts.cache_dir.clone(),
+                    caches: Mutex::new(FxHashMap::default()),
+                    skipped: skipped.clone(),
+                });
+                let chain = build(&stages, stages.len(), &ctx, 0, None);
+                Box::new(Prefetch::spawn(chain, opts.prefetch.max(1))) as Src
+            })
+            .collect();
+        Ok(Pipeline {
+            workers,
             position: 0,
-        }
+            skipped,
+        })
     }
 
     pub fn next_element(&mut self) -> Next {
-        match self.it.next() {
-            Some(Ok(e)) => {
-                self.position += 1;
-                Ok(Some(e))
-            }
-            Some(Err(d)) => Err(d),
-            None => Ok(None),
+        let w = (self.position % self.workers.len() as u64) as usize;
+        let e = self.workers[w].next()?;
+        if e.is_some() {
+            self.position += 1;
         }
+        Ok(e)
     }
 
     /// Skips `n` elements (to resume at a saved position).
@@ -133,246 +234,26 @@ impl Pipeline {
         }
         Ok(())
     }
+
+    /// Damaged records skipped so far (`skip_corrupt: true`).
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
 }
 
-type It = Box<dyn Iterator<Item = Result<Element, Diag>>>;
+struct ErrSrc(Option<Diag>);
 
-/// The iterator of the first `upto` stages, in repetition `epoch`.
-fn build(stages: Rc<Vec<Stage>>, upto: usize, ctx: Rc<PipeCtx>, epoch: u64) -> It {
-    if upto == 0 {
-        return Box::new(std::iter::empty());
-    }
-    let k = upto - 1;
-    let stage = stages[k].clone();
-    let span = stage.span;
-    let input_elem = if k > 0 {
-        Some(stages[k - 1].elem.clone())
-    } else {
-        None
-    };
-    let upstream =
-        |stages: &Rc<Vec<Stage>>, ctx: &Rc<PipeCtx>| build(stages.clone(), k, ctx.clone(), epoch);
-    match stage.kind {
-        StageKind::Csv {
-            path,
-            header,
-            columns,
-            delimiter,
-        } => {
-            let full = ctx.path(&path);
-            match std::fs::read_to_string(&full) {
-                Err(e) => err_iter(io_diag(span, &full, &e)),
-                Ok(text) => match read_csv(
-                    &full,
-                    &text,
-                    header,
-                    &columns,
-                    &leaf_shapes(&stage.elem),
-                    delimiter,
-                ) {
-                    Ok(rows) => Box::new(rows.into_iter().map(Ok)),
-                    Err(msg) => err_iter(Diag::new(Code::BadData, span, msg).label("this source")),
-                },
-            }
-        }
-        StageKind::Text { path } => match std::fs::read(ctx.path(&path)) {
-            Ok(bytes) => {
-                let lines: Vec<Element> = bytes
-                    .split(|&b| b == b'\n')
-                    .filter(|l| !l.is_empty())
-                    .map(|l| vec![bytes_scalar(l.strip_suffix(b"\r").unwrap_or(l).to_vec())])
-                    .collect();
-                Box::new(lines.into_iter().map(Ok))
-            }
-            Err(e) => err_iter(io_diag(span, &ctx.path(&path), &e)),
-        },
-        StageKind::Range { n } => Box::new(
-            (0..n).map(|i| Ok(vec![Tensor::int(DType::I32, Arr::from_elem(IxDyn(&[]), i))])),
-        ),
-        StageKind::Npy { path, dtype, dims } => {
-            let full = ctx.path(&path);
-            if let Err(e) = std::fs::metadata(&full) {
-                return err_iter(io_diag(span, &full, &e));
-            }
-            match records::read_npy(&full, dtype, &dims) {
-                Ok(rows) => Box::new(rows.into_iter().map(|t| Ok(vec![t]))),
-                Err(msg) => err_iter(Diag::new(Code::BadData, span, msg).label("this source")),
-            }
-        }
-        StageKind::TfRecord { paths } => {
-            let mut files = Vec::new();
-            for p in &paths {
-                let full = ctx.path(p);
-                match records::glob(&full) {
-                    Ok(mut f) => files.append(&mut f),
-                    Err(msg) => {
-                        return err_iter(Diag::new(Code::RunIo, span, msg).label("this source"))
-                    }
-                }
-            }
-            Box::new(records::TfRecordReader::new(files, span))
-        }
-        StageKind::Png { .. } => err_iter(
-            Diag::new(
-                Code::RunIo,
-                span,
-                "the runtime does not read `png` sources yet",
-            )
-            .label("this source")
-            .help("convert the images to a csv or npy file, or use `estc check` only"),
-        ),
-        StageKind::Parse { features } => {
-            let up = upstream(&stages, &ctx);
-            Box::new(up.map(move |e| {
-                let e = e?;
-                records::parse_example(e[0].s().iter().next().map_or(&[][..], |v| v), &features)
-                    .map_err(|m| Diag::new(Code::BadData, span, m).label("in this parse"))
-            }))
-        }
-        StageKind::Map { graph, .. } => {
-            let paths = leaf_paths(input_elem.as_ref().expect("map follows a source"));
-            let up = upstream(&stages, &ctx);
-            let runner = ClosureRunner::new(*graph, paths, ctx.seed ^ (k as u64));
-            Box::new(up.enumerate().map(move |(i, e)| runner.run(e?, i as u64)))
-        }
-        StageKind::Filter { graph } => {
-            let paths = leaf_paths(input_elem.as_ref().expect("filter follows a source"));
-            let up = upstream(&stages, &ctx);
-            let runner = ClosureRunner::new(*graph, paths, ctx.seed ^ (k as u64));
-            Box::new(up.enumerate().filter_map(move |(i, e)| match e {
-                Err(d) => Some(Err(d)),
-                Ok(e) => match runner.run(e.clone(), i as u64) {
-                    Err(d) => Some(Err(d)),
-                    Ok(out) => (out[0].scalar() != 0.0).then_some(Ok(e)),
-                },
-            }))
-        }
-        StageKind::Shuffle { buffer, seed } => {
-            let seed = seed.map_or(ctx.seed, |s| s as u64);
-            let stream = Stream::new(seed, 0x5348_5546 ^ (k as u64));
-            Box::new(Shuffle {
-                up: upstream(&stages, &ctx),
-                buf: Vec::with_capacity(buffer.min(1 << 20)),
-                size: buffer.max(1),
-                stream,
-                epoch,
-                drawn: 0,
-                done: false,
-            })
-        }
-        StageKind::Repeat { count } => {
-            let stages2 = stages.clone();
-            let ctx2 = ctx.clone();
-            let mut rep: u64 = 0;
-            let mut cur: Option<It> = None;
-            let mut produced_any = false;
-            Box::new(std::iter::from_fn(move || loop {
-                if let Some(limit) = count {
-                    if rep >= limit as u64 {
-                        return None;
-                    }
-                }
-                let it = cur.get_or_insert_with(|| {
-                    build(stages2.clone(), k, ctx2.clone(), epoch * 1_000_003 + rep)
-                });
-                match it.next() {
-                    Some(x) => {
-                        produced_any = true;
-                        return Some(x);
-                    }
-                    None => {
-                        cur = None;
-                        rep += 1;
-                        if !produced_any {
-                            return None; // an empty dataset repeated is empty
-                        }
-                    }
-                }
-            }))
-        }
-        StageKind::Batch {
-            size,
-            drop_remainder,
-            padded,
-        } => {
-            let mut up = upstream(&stages, &ctx);
-            Box::new(std::iter::from_fn(move || {
-                let mut items = Vec::with_capacity(size);
-                while items.len() < size {
-                    match up.next() {
-                        Some(Ok(e)) => items.push(e),
-                        Some(Err(d)) => return Some(Err(d)),
-                        None => break,
-                    }
-                }
-                if items.is_empty() || (drop_remainder && items.len() < size) {
-                    return None;
-                }
-                Some(
-                    stack(&items, padded)
-                        .map_err(|m| Diag::new(Code::BadData, span, m).label("in this batch")),
-                )
-            }))
-        }
-        StageKind::Cache { .. } => {
-            let cached = ctx.caches.borrow().get(&k).cloned();
-            match cached {
-                Some(all) => Box::new((0..all.len()).map(move |i| Ok(all[i].clone()))),
-                None => {
-                    let mut up = upstream(&stages, &ctx);
-                    let mut acc: Vec<Element> = Vec::new();
-                    let ctx2 = ctx.clone();
-                    let mut done = false;
-                    Box::new(std::iter::from_fn(move || {
-                        if done {
-                            return None;
-                        }
-                        match up.next() {
-                            Some(Ok(e)) => {
-                                acc.push(e.clone());
-                                Some(Ok(e))
-                            }
-                            Some(Err(d)) => Some(Err(d)),
-                            None => {
-                                done = true;
-                                ctx2.caches
-                                    .borrow_mut()
-                                    .insert(k, Rc::new(std::mem::take(&mut acc)));
-                                None
-                            }
-                        }
-                    }))
-                }
-            }
-        }
-        StageKind::Prefetch { .. } | StageKind::Interleave { .. } => upstream(&stages, &ctx),
-        StageKind::Shard { n, index } => Box::new(
-            upstream(&stages, &ctx)
-                .enumerate()
-                .filter(move |(i, _)| i % n == index)
-                .map(|(_, e)| e),
-        ),
-        StageKind::Take { n } => Box::new(upstream(&stages, &ctx).take(n)),
-        StageKind::Skip { n } => Box::new(upstream(&stages, &ctx).skip(n)),
-        StageKind::Zip { other } => {
-            let a = upstream(&stages, &ctx);
-            let b = build(
-                Rc::new(other.stages.clone()),
-                other.stages.len(),
-                ctx.clone(),
-                epoch,
-            );
-            Box::new(a.zip(b).map(|(x, y)| {
-                let mut x = x?;
-                x.extend(y?);
-                Ok(x)
-            }))
+impl Stream for ErrSrc {
+    fn next(&mut self) -> Next {
+        match self.0.take() {
+            Some(d) => Err(d),
+            None => Ok(None),
         }
     }
 }
 
-fn err_iter(d: Diag) -> It {
-    Box::new(std::iter::once(Err(d)))
+fn err_src(d: Diag) -> Src {
+    Box::new(ErrSrc(Some(d)))
 }
 
 pub fn io_diag(span: crate::span::Span, path: &Path, e: &std::io::Error) -> Diag {
@@ -385,46 +266,838 @@ pub fn io_diag(span: crate::span::Span, path: &Path, e: &std::io::Error) -> Diag
     .help("paths in a program are relative to the directory of its .est file")
 }
 
-fn bytes_scalar(b: Vec<u8>) -> Tensor {
-    Tensor {
-        dtype: DType::Bytes,
-        data: Data::S(Arr::from_elem(IxDyn(&[]), b)),
+/// The chain of the first `upto` stages, in repetition `epoch`, reading only file
+/// `file` of its source when given (for `interleave`).
+fn build(
+    stages: &Arc<Vec<Stage>>,
+    upto: usize,
+    ctx: &Arc<Ctx>,
+    epoch: u64,
+    file: Option<usize>,
+) -> Src {
+    if upto == 0 {
+        return Box::new(VecSource::new(Vec::new()));
+    }
+    let k = upto - 1;
+    let stage = &stages[k];
+    let span = stage.span;
+    let up = || build(stages, k, ctx, epoch, file);
+    match &stage.kind {
+        StageKind::TfRecord { skip_corrupt, .. } => match sources::files(stage, &ctx.base) {
+            Ok(mut files) => {
+                if let Some(i) = file {
+                    files = files.into_iter().skip(i).take(1).collect();
+                }
+                Box::new(TfRecordSource::new(
+                    files,
+                    *skip_corrupt,
+                    ctx.skipped.clone(),
+                    span,
+                ))
+            }
+            Err(d) => err_src(d),
+        },
+        _ if stage_is_source(stage) && file.is_some_and(|i| i > 0) => {
+            Box::new(VecSource::new(Vec::new()))
+        }
+        StageKind::Csv {
+            path,
+            header,
+            columns,
+            delimiter,
+        } => {
+            let full = sources::resolve(&ctx.base, path);
+            match std::fs::read_to_string(&full) {
+                Err(e) => err_src(io_diag(span, &full, &e)),
+                Ok(text) => match read_csv(
+                    &full,
+                    &text,
+                    *header,
+                    columns,
+                    &leaf_shapes(&stage.elem),
+                    *delimiter,
+                ) {
+                    Ok(rows) => Box::new(VecSource::new(rows)),
+                    Err(msg) => err_src(Diag::new(Code::BadData, span, msg).label("this source")),
+                },
+            }
+        }
+        StageKind::Text { path } => {
+            let full = sources::resolve(&ctx.base, path);
+            match std::fs::read(&full) {
+                Ok(bytes) => {
+                    let lines: Vec<Element> = bytes
+                        .split(|&b| b == b'\n')
+                        .filter(|l| !l.is_empty())
+                        .map(|l| vec![bytes_scalar(l.strip_suffix(b"\r").unwrap_or(l).to_vec())])
+                        .collect();
+                    Box::new(VecSource::new(lines))
+                }
+                Err(e) => err_src(io_diag(span, &full, &e)),
+            }
+        }
+        StageKind::Range { n } => Box::new(RangeSource::new(*n)),
+        StageKind::Npy { path, dtype, dims } => {
+            let full = sources::resolve(&ctx.base, path);
+            match records::read_npy(&full, *dtype, dims) {
+                Ok(rows) => Box::new(VecSource::new(rows.into_iter().map(|t| vec![t]).collect())),
+                Err(msg) => err_src(Diag::new(Code::BadData, span, msg).label("this source")),
+            }
+        }
+        StageKind::Png { .. } => match sources::files(stage, &ctx.base)
+            .and_then(|f| sources::PngSource::new(stage, &ctx.base, f))
+        {
+            Ok(s) => Box::new(s),
+            Err(d) => err_src(d),
+        },
+        StageKind::Synthetic {
+            leaves,
+            count,
+            classes,
+        } => Box::new(sources::SyntheticSource::new(
+            leaves.clone(),
+            *count,
+            *classes,
+            ctx.seed,
+            k,
+        )),
+        StageKind::Parse { features } => {
+            let f = parse_fn(features.clone(), span);
+            Box::new(Inline { up: up(), f, i: 0 })
+        }
+        StageKind::Map { graph, parallel } => {
+            let paths = leaf_paths(&stages[k - 1].elem);
+            let runner = Arc::new(ClosureRunner::new(
+                (**graph).clone(),
+                paths,
+                ctx.seed ^ k as u64,
+            ));
+            let threads = if *parallel == 0 {
+                ctx.threads
+            } else {
+                *parallel
+            };
+            let map: ElemFn = Arc::new(move |e, i| runner.run(e, i));
+            if threads <= 1 {
+                return Box::new(Inline {
+                    up: up(),
+                    f: map,
+                    i: 0,
+                });
+            }
+            // A parse right before a parallel map runs in the map's pool.
+            let (upstream, f) = match &stages[k - 1].kind {
+                StageKind::Parse { features } => {
+                    let parse = parse_fn(features.clone(), stages[k - 1].span);
+                    let both: ElemFn = Arc::new(move |e, i| map(parse(e, i)?, i));
+                    (build(stages, k - 1, ctx, epoch, file), both)
+                }
+                _ => (up(), map),
+            };
+            Box::new(ParMap::spawn(upstream, f, threads))
+        }
+        StageKind::Filter { graph } => {
+            let paths = leaf_paths(&stages[k - 1].elem);
+            Box::new(Filter {
+                up: up(),
+                runner: ClosureRunner::new((**graph).clone(), paths, ctx.seed ^ k as u64),
+                i: 0,
+            })
+        }
+        StageKind::Shuffle { buffer, seed } => {
+            let seed = seed.map_or(ctx.seed, |s| s as u64);
+            Box::new(Shuffle {
+                up: up(),
+                buf: Vec::with_capacity((*buffer).min(1 << 20)),
+                size: (*buffer).max(1),
+                rng: Rng::new(seed, 0x5348_5546 ^ (k as u64)),
+                epoch,
+                drawn: 0,
+                done: false,
+            })
+        }
+        StageKind::Repeat { count } => Box::new(Repeat {
+            stages: stages.clone(),
+            k,
+            ctx: ctx.clone(),
+            epoch,
+            file,
+            count: *count,
+            rep: 0,
+            cur: None,
+            produced_any: false,
+        }),
+        StageKind::Batch {
+            size,
+            drop_remainder,
+            padded,
+        } => Box::new(Batch {
+            up: up(),
+            size: *size,
+            drop_remainder: *drop_remainder,
+            padded: *padded,
+            span,
+        }),
+        StageKind::Cache { id, version } => {
+            let key = (k, file);
+            if let Some(data) = ctx.caches.lock().expect("cache lock").get(&key).cloned() {
+                return Box::new(CacheReplay { data, at: 0 });
+            }
+            let disk = id.as_ref().map(|id| {
+                let fp = cache::fingerprint(stages, k, &ctx.base, ctx.seed, file);
+                let (path, id) = cache::file_name(&ctx.cache_dir, id, version.as_deref(), fp);
+                (path, id, fp)
+            });
+            if let Some((path, _, fp)) = &disk {
+                if let Some(elems) = cache::load(path, *fp) {
+                    let data = Arc::new(CacheData::new(elems));
+                    ctx.caches
+                        .lock()
+                        .expect("cache lock")
+                        .insert(key, data.clone());
+                    return Box::new(CacheReplay { data, at: 0 });
+                }
+            }
+            Box::new(CacheFill {
+                up: up(),
+                acc: Vec::new(),
+                ctx: ctx.clone(),
+                key,
+                disk,
+                span,
+                done: false,
+            })
+        }
+        StageKind::Prefetch { n } => Box::new(Prefetch::spawn(up(), *n)),
+        StageKind::Shard { n, index } => Box::new(Shard {
+            up: up(),
+            n: *n,
+            index: *index,
+            at: 0,
+        }),
+        StageKind::Interleave { cycle_length } => {
+            let nfiles = sources::files(&stages[0], &ctx.base).map_or(1, |f| f.len().max(1));
+            if file.is_some() || nfiles <= 1 {
+                return up();
+            }
+            Box::new(Interleave {
+                stages: stages.clone(),
+                k,
+                ctx: ctx.clone(),
+                epoch,
+                nfiles,
+                next_file: 0,
+                cycle: *cycle_length,
+                slots: Vec::new(),
+                cur: 0,
+                last: None,
+            })
+        }
+        StageKind::Take { n } => Box::new(Take { up: up(), left: *n }),
+        StageKind::Skip { n } => Box::new(Skip { up: up(), left: *n }),
+        StageKind::Zip { other } => {
+            let os = Arc::new(other.stages.clone());
+            Box::new(Zip {
+                a: up(),
+                b: build(&os, os.len(), ctx, epoch, None),
+            })
+        }
+    }
+}
+
+fn stage_is_source(s: &Stage) -> bool {
+    matches!(
+        s.kind,
+        StageKind::Csv { .. }
+            | StageKind::Text { .. }
+            | StageKind::Npy { .. }
+            | StageKind::Png { .. }
+            | StageKind::Range { .. }
+            | StageKind::Synthetic { .. }
+    )
+}
+
+/// A per-element function: its input element and index within the stage.
+type ElemFn = Arc<dyn Fn(Element, u64) -> Result<Element, Diag> + Send + Sync>;
+
+fn parse_fn(features: Vec<(String, DType, Vec<usize>)>, span: crate::span::Span) -> ElemFn {
+    Arc::new(move |e, _| {
+        let rec = e.first().and_then(|t| match &t.data {
+            Data::S(a) => a.iter().next(),
+            _ => None,
+        });
+        records::parse_example(rec.map_or(&[][..], |v| v), &features).map_err(|m| {
+            Diag::new(Code::BadData, span, m)
+                .label("in this parse")
+                .help("the features must match the records: check the names, types and lengths")
+        })
+    })
+}
+
+/// Adds where an element came from to an error about it.
+fn with_origin(mut d: Diag, o: Option<&Origin>) -> Diag {
+    if let Some(o) = o {
+        d.message = format!("{o}: {}", d.message);
+    }
+    d
+}
+
+/// A per-element stage run on the consumer's thread (`parse`, a sequential `map`).
+struct Inline {
+    up: Src,
+    f: ElemFn,
+    i: u64,
+}
+
+impl Stream for Inline {
+    fn next(&mut self) -> Next {
+        let Some(e) = self.up.next()? else {
+            return Ok(None);
+        };
+        self.i += 1;
+        (self.f)(e, self.i - 1)
+            .map(Some)
+            .map_err(|d| with_origin(d, self.up.origin().as_ref()))
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.up.origin()
+    }
+}
+
+/// Elements go to the pool in chunks, so that the hand-off costs little per element.
+const CHUNK: usize = 16;
+
+type Job = (u64, Vec<(Element, Option<Origin>)>);
+type Done = (u64, Vec<Result<Element, Diag>>);
+
+/// A per-element function on a pool of threads. The consumer keeps at most `window`
+/// chunks in flight and hands results on in input order.
+struct ParMap {
+    up: Src,
+    jobs: Option<SyncSender<Job>>,
+    done: Receiver<Done>,
+    pending: BTreeMap<u64, Vec<Result<Element, Diag>>>,
+    ready: std::vec::IntoIter<Result<Element, Diag>>,
+    /// Elements sent to the pool and chunks sent and handed on.
+    sent_elems: u64,
+    sent: u64,
+    next: u64,
+    window: u64,
+    up_done: bool,
+    up_err: Option<Diag>,
+}
+
+impl ParMap {
+    fn spawn(up: Src, f: ElemFn, threads: usize) -> ParMap {
+        let window = (threads * 4) as u64;
+        let (jobs, rx) = mpsc::sync_channel::<Job>(window as usize);
+        let (tx, done) = mpsc::channel::<Done>();
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..threads {
+            let rx = rx.clone();
+            let tx = tx.clone();
+            let f = f.clone();
+            std::thread::spawn(move || loop {
+                let job = rx.lock().map(|r| r.recv());
+                let Ok(Ok((c, items))) = job else {
+                    return;
+                };
+                let out = items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, (e, origin))| {
+                        f(e, c * CHUNK as u64 + j as u64)
+                            .map_err(|d| with_origin(d, origin.as_ref()))
+                    })
+                    .collect();
+                if tx.send((c, out)).is_err() {
+                    return;
+                }
+            });
+        }
+        ParMap {
+            up,
+            jobs: Some(jobs),
+            done,
+            pending: BTreeMap::new(),
+            ready: Vec::new().into_iter(),
+            sent_elems: 0,
+            sent: 0,
+            next: 0,
+            window,
+            up_done: false,
+            up_err: None,
+        }
+    }
+
+    /// Sends chunks to the pool until `window` are in flight or the input ends.
+    fn top_up(&mut self) {
+        while !self.up_done && self.sent - self.next < self.window {
+            let mut items = Vec::with_capacity(CHUNK);
+            while items.len() < CHUNK {
+                match self.up.next() {
+                    Ok(Some(e)) => items.push((e, self.up.origin())),
+                    Ok(None) => {
+                        self.up_done = true;
+                        break;
+                    }
+                    Err(d) => {
+                        self.up_done = true;
+                        self.up_err = Some(d);
+                        break;
+                    }
+                }
+            }
+            if items.is_empty() {
+                break;
+            }
+            // Every chunk but the last is full, so chunk c starts at element c * CHUNK.
+            debug_assert_eq!(self.sent_elems, self.sent * CHUNK as u64);
+            self.sent_elems += items.len() as u64;
+            if let Some(j) = &self.jobs {
+                if j.send((self.sent, items)).is_err() {
+                    self.up_done = true;
+                }
+            }
+            self.sent += 1;
+        }
+    }
+}
+
+impl Stream for ParMap {
+    fn next(&mut self) -> Next {
+        loop {
+            if let Some(r) = self.ready.next() {
+                return r.map(Some);
+            }
+            self.top_up();
+            if self.next == self.sent {
+                self.jobs = None; // lets the pool's threads end
+                return match self.up_err.take() {
+                    Some(d) => Err(d),
+                    None => Ok(None),
+                };
+            }
+            while !self.pending.contains_key(&self.next) {
+                match self.done.recv() {
+                    Ok((c, r)) => {
+                        self.pending.insert(c, r);
+                    }
+                    Err(_) => {
+                        return Err(Diag::new(
+                            Code::RunFailed,
+                            crate::span::Span::default(),
+                            "an input thread stopped unexpectedly",
+                        ))
+                    }
+                }
+            }
+            let chunk = self.pending.remove(&self.next).expect("present");
+            self.next += 1;
+            self.ready = chunk.into_iter();
+        }
+    }
+}
+
+/// Runs its upstream on a thread of its own, at most `n` elements ahead.
+struct Prefetch {
+    rx: Receiver<Next>,
+    ended: bool,
+}
+
+impl Prefetch {
+    fn spawn(mut up: Src, n: usize) -> Prefetch {
+        let (tx, rx) = mpsc::sync_channel::<Next>(n);
+        std::thread::spawn(move || loop {
+            let r = up.next();
+            let last = !matches!(r, Ok(Some(_)));
+            if tx.send(r).is_err() || last {
+                return;
+            }
+        });
+        Prefetch { rx, ended: false }
+    }
+}
+
+impl Stream for Prefetch {
+    fn next(&mut self) -> Next {
+        if self.ended {
+            return Ok(None);
+        }
+        match self.rx.recv() {
+            Ok(Ok(Some(e))) => Ok(Some(e)),
+            Ok(r) => {
+                self.ended = true;
+                r
+            }
+            Err(_) => {
+                self.ended = true;
+                Ok(None)
+            }
+        }
+    }
+}
+
+struct Filter {
+    up: Src,
+    runner: ClosureRunner,
+    i: u64,
+}
+
+impl Stream for Filter {
+    fn next(&mut self) -> Next {
+        loop {
+            let Some(e) = self.up.next()? else {
+                return Ok(None);
+            };
+            self.i += 1;
+            let out = self
+                .runner
+                .run(e.clone(), self.i - 1)
+                .map_err(|d| with_origin(d, self.up.origin().as_ref()))?;
+            if out[0].scalar() != 0.0 {
+                return Ok(Some(e));
+            }
+        }
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.up.origin()
     }
 }
 
 /// A shuffle buffer: fills up to `size`, then yields a random element of it per pull.
 struct Shuffle {
-    up: It,
+    up: Src,
     buf: Vec<Element>,
     size: usize,
-    stream: Stream,
+    rng: Rng,
     epoch: u64,
     drawn: u64,
     done: bool,
 }
 
-impl Iterator for Shuffle {
-    type Item = Result<Element, Diag>;
-    fn next(&mut self) -> Option<Self::Item> {
+impl Stream for Shuffle {
+    fn next(&mut self) -> Next {
         while !self.done && self.buf.len() < self.size {
-            match self.up.next() {
-                Some(Ok(e)) => self.buf.push(e),
-                Some(Err(d)) => return Some(Err(d)),
+            match self.up.next()? {
+                Some(e) => self.buf.push(e),
                 None => self.done = true,
             }
         }
         if self.buf.is_empty() {
-            return None;
+            return Ok(None);
         }
-        let u = self.stream.uniform(self.drawn, self.epoch);
+        let u = self.rng.uniform(self.drawn, self.epoch);
         self.drawn += 1;
         let i = ((u as f64) * self.buf.len() as f64) as usize;
-        Some(Ok(self.buf.swap_remove(i.min(self.buf.len() - 1))))
+        Ok(Some(self.buf.swap_remove(i.min(self.buf.len() - 1))))
+    }
+}
+
+/// Rebuilds the stages above it for every repetition.
+struct Repeat {
+    stages: Arc<Vec<Stage>>,
+    k: usize,
+    ctx: Arc<Ctx>,
+    epoch: u64,
+    file: Option<usize>,
+    count: Option<usize>,
+    rep: u64,
+    cur: Option<Src>,
+    produced_any: bool,
+}
+
+impl Repeat {
+    fn current(&mut self) -> Option<&mut Src> {
+        if self.count.is_some_and(|c| self.rep >= c as u64) {
+            return None;
+        }
+        let epoch = self.epoch * 1_000_003 + self.rep;
+        Some(
+            self.cur
+                .get_or_insert_with(|| build(&self.stages, self.k, &self.ctx, epoch, self.file)),
+        )
+    }
+}
+
+impl Stream for Repeat {
+    fn next(&mut self) -> Next {
+        loop {
+            let Some(it) = self.current() else {
+                return Ok(None);
+            };
+            match it.next()? {
+                Some(x) => {
+                    self.produced_any = true;
+                    return Ok(Some(x));
+                }
+                None => {
+                    self.cur = None;
+                    self.rep += 1;
+                    if !self.produced_any {
+                        return Ok(None); // an empty dataset repeated is empty
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_rows(&mut self, n: usize) -> Option<Element> {
+        self.current()?.next_rows(n)
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.cur.as_ref().and_then(|c| c.origin())
+    }
+}
+
+struct Batch {
+    up: Src,
+    size: usize,
+    drop_remainder: bool,
+    padded: bool,
+    span: crate::span::Span,
+}
+
+impl Stream for Batch {
+    fn next(&mut self) -> Next {
+        if !self.padded {
+            if let Some(b) = self.up.next_rows(self.size) {
+                return Ok(Some(b));
+            }
+        }
+        let mut items = Vec::with_capacity(self.size);
+        while items.len() < self.size {
+            match self.up.next()? {
+                Some(e) => items.push(e),
+                None => break,
+            }
+        }
+        if items.is_empty() || (self.drop_remainder && items.len() < self.size) {
+            return Ok(None);
+        }
+        stack(&items, self.padded)
+            .map(Some)
+            .map_err(|m| Diag::new(Code::BadData, self.span, m).label("in this batch"))
+    }
+}
+
+/// The first pass of a cache: hands elements on and keeps them; at the end of the pass
+/// the cache is complete (and written to disk for `cache("id")`).
+struct CacheFill {
+    up: Src,
+    acc: Vec<Element>,
+    ctx: Arc<Ctx>,
+    key: CacheKey,
+    disk: Option<(PathBuf, String, u64)>,
+    span: crate::span::Span,
+    done: bool,
+}
+
+impl Stream for CacheFill {
+    fn next(&mut self) -> Next {
+        if self.done {
+            return Ok(None);
+        }
+        match self.up.next()? {
+            Some(e) => {
+                self.acc.push(e.clone());
+                Ok(Some(e))
+            }
+            None => {
+                self.done = true;
+                let elems = std::mem::take(&mut self.acc);
+                if let Some((path, id, fp)) = &self.disk {
+                    cache::store(path, id, *fp, &elems).map_err(|e| {
+                        Diag::new(
+                            Code::RunIo,
+                            self.span,
+                            format!("cannot write the cache {}: {e}", path.display()),
+                        )
+                        .label("this cache")
+                        .help("set EST_CACHE_DIR to a writable directory")
+                    })?;
+                }
+                let data = Arc::new(CacheData::new(elems));
+                self.ctx
+                    .caches
+                    .lock()
+                    .expect("cache lock")
+                    .insert(self.key, data);
+                Ok(None)
+            }
+        }
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.up.origin()
+    }
+}
+
+/// A later pass over a complete cache.
+struct CacheReplay {
+    data: Arc<CacheData>,
+    at: usize,
+}
+
+impl Stream for CacheReplay {
+    fn next(&mut self) -> Next {
+        if self.at >= self.data.rows {
+            return Ok(None);
+        }
+        self.at += 1;
+        Ok(Some(self.data.row(self.at - 1)))
+    }
+
+    fn next_rows(&mut self, n: usize) -> Option<Element> {
+        if self.at + n > self.data.rows {
+            return None;
+        }
+        let b = self.data.rows_batch(self.at, self.at + n)?;
+        self.at += n;
+        Some(b)
+    }
+}
+
+struct Shard {
+    up: Src,
+    n: usize,
+    index: usize,
+    at: usize,
+}
+
+impl Stream for Shard {
+    fn next(&mut self) -> Next {
+        loop {
+            let Some(e) = self.up.next()? else {
+                return Ok(None);
+            };
+            self.at += 1;
+            if (self.at - 1) % self.n == self.index {
+                return Ok(Some(e));
+            }
+        }
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.up.origin()
+    }
+}
+
+/// Reads `cycle` files at a time, one element from each in turn; when a file ends, the
+/// next unopened file takes its place.
+struct Interleave {
+    stages: Arc<Vec<Stage>>,
+    k: usize,
+    ctx: Arc<Ctx>,
+    epoch: u64,
+    nfiles: usize,
+    next_file: usize,
+    cycle: usize,
+    slots: Vec<Src>,
+    cur: usize,
+    last: Option<usize>,
+}
+
+impl Stream for Interleave {
+    fn next(&mut self) -> Next {
+        loop {
+            while self.slots.len() < self.cycle && self.next_file < self.nfiles {
+                let f = self.next_file;
+                self.next_file += 1;
+                self.slots
+                    .push(build(&self.stages, self.k, &self.ctx, self.epoch, Some(f)));
+            }
+            if self.slots.is_empty() {
+                return Ok(None);
+            }
+            let i = self.cur % self.slots.len();
+            match self.slots[i].next()? {
+                Some(e) => {
+                    self.last = Some(i);
+                    self.cur = i + 1;
+                    return Ok(Some(e));
+                }
+                None if self.next_file < self.nfiles => {
+                    let f = self.next_file;
+                    self.next_file += 1;
+                    self.slots[i] = build(&self.stages, self.k, &self.ctx, self.epoch, Some(f));
+                }
+                None => {
+                    self.slots.remove(i);
+                    self.last = None;
+                    self.cur = i;
+                }
+            }
+        }
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.last
+            .and_then(|i| self.slots.get(i))
+            .and_then(|s| s.origin())
+    }
+}
+
+struct Take {
+    up: Src,
+    left: usize,
+}
+
+impl Stream for Take {
+    fn next(&mut self) -> Next {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        self.left -= 1;
+        self.up.next()
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.up.origin()
+    }
+}
+
+struct Skip {
+    up: Src,
+    left: usize,
+}
+
+impl Stream for Skip {
+    fn next(&mut self) -> Next {
+        while self.left > 0 {
+            self.left -= 1;
+            if self.up.next()?.is_none() {
+                return Ok(None);
+            }
+        }
+        self.up.next()
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.up.origin()
+    }
+}
+
+struct Zip {
+    a: Src,
+    b: Src,
+}
+
+impl Stream for Zip {
+    fn next(&mut self) -> Next {
+        let (Some(mut x), Some(y)) = (self.a.next()?, self.b.next()?) else {
+            return Ok(None);
+        };
+        x.extend(y);
+        Ok(Some(x))
     }
 }
 
 /// Runs a `map` or `filter` closure graph on one element. Random ops in a closure
-/// draw from the run seed (mixed with the stage) with the element's index as the
+/// draw from the worker's seed (mixed with the stage) with the element's index as the
 /// step, so every element gets its own numbers, the same in every run.
 struct ClosureRunner {
     graph: Graph,
@@ -457,7 +1130,7 @@ impl ClosureRunner {
                 shard: 0,
             },
         };
-        let mut values = interp::Values::new(0);
+        let mut values = interp::Values::new(self.graph.g.node_bound());
         interp::execute(&self.graph, &self.plan, &env, &mut values).map_err(|e| {
             Diag::new(Code::BadData, e.span, format!("{}: {}", e.op, e.message))
                 .label("in this closure")
@@ -474,70 +1147,83 @@ impl ClosureRunner {
 /// Stacks elements into a batch (with `padded`, shorter leaves are zero-padded to the
 /// longest along every axis).
 pub fn stack(items: &[Element], padded: bool) -> Result<Element, String> {
-    let leaves = items[0].len();
-    let mut out = Vec::with_capacity(leaves);
-    for l in 0..leaves {
-        let first = &items[0][l];
-        let mut shape: Vec<usize> = first.shape().to_vec();
-        for it in items {
-            let s = it[l].shape();
-            if s.len() != shape.len() {
-                return Err(format!(
-                    "elements of ranks {} and {} cannot be batched",
-                    shape.len(),
-                    s.len()
-                ));
-            }
-            for (d, &x) in shape.iter_mut().zip(s) {
-                if x != *d {
-                    if !padded {
-                        return Err(format!(
-                            "elements of shapes {:?} and {:?} cannot be batched; use `padded_batch`",
-                            first.shape(),
-                            s
-                        ));
-                    }
-                    *d = (*d).max(x);
+    (0..items[0].len())
+        .map(|l| {
+            let leaf: Vec<&Tensor> = items.iter().map(|e| &e[l]).collect();
+            stack_leaf(&leaf, padded)
+        })
+        .collect()
+}
+
+/// Stacks one leaf of several elements along a new first axis.
+pub fn stack_leaf(items: &[&Tensor], padded: bool) -> Result<Tensor, String> {
+    let first = items[0];
+    let mut shape: Vec<usize> = first.shape().to_vec();
+    for it in items {
+        let s = it.shape();
+        if s.len() != shape.len() {
+            return Err(format!(
+                "elements of ranks {} and {} cannot be batched",
+                shape.len(),
+                s.len()
+            ));
+        }
+        for (d, &x) in shape.iter_mut().zip(s) {
+            if x != *d {
+                if !padded {
+                    return Err(format!(
+                        "elements of shapes {:?} and {:?} cannot be batched; use `padded_batch`",
+                        first.shape(),
+                        s
+                    ));
                 }
+                *d = (*d).max(x);
             }
         }
-        let mut full = vec![items.len()];
-        full.extend(&shape);
-        let ty = TensorType::new(first.dtype, full.clone());
-        let per: usize = shape.iter().product();
-        macro_rules! st {
-            ($get:ident, $zero:expr, $wrap:expr) => {{
-                let mut v = Vec::with_capacity(items.len() * per);
-                for it in items {
-                    let a = it[l].$get();
-                    if a.shape() == shape.as_slice() {
-                        v.extend(a.iter().cloned());
-                    } else {
-                        let mut p = ndarray::ArrayD::from_elem(IxDyn(&shape), $zero);
-                        let sl: Vec<ndarray::SliceInfoElem> = a
-                            .shape()
-                            .iter()
-                            .map(|&n| ndarray::SliceInfoElem::from(0..n))
-                            .collect();
-                        p.slice_mut(sl.as_slice()).assign(a);
-                        v.extend(p.iter().cloned());
-                    }
-                }
-                $wrap(Arr::from_shape_vec(IxDyn(&full), v).map_err(|e| e.to_string())?)
-            }};
-        }
-        let t = match &first.data {
-            Data::F(_) => st!(f, 0f32, |a| Tensor::float(ty.dtype, a)),
-            Data::I(_) => st!(i, 0i64, |a| Tensor::int(ty.dtype, a)),
-            Data::B(_) => st!(b, false, Tensor::bool),
-            Data::S(_) => st!(s, Vec::new(), |a| Tensor {
-                dtype: DType::Bytes,
-                data: Data::S(a)
-            }),
-        };
-        out.push(t);
     }
-    Ok(out)
+    let mut full = vec![items.len()];
+    full.extend(&shape);
+    let per: usize = shape.iter().product();
+    macro_rules! st {
+        ($get:ident, $zero:expr, $wrap:expr) => {{
+            let mut v = Vec::with_capacity(items.len() * per);
+            for it in items {
+                let a = it.$get();
+                if a.shape() == shape.as_slice() {
+                    match a.as_slice() {
+                        Some(s) => v.extend_from_slice(s),
+                        None => v.extend(a.iter().cloned()),
+                    }
+                } else {
+                    let mut p = ndarray::ArrayD::from_elem(IxDyn(&shape), $zero);
+                    let sl: Vec<ndarray::SliceInfoElem> = a
+                        .shape()
+                        .iter()
+                        .map(|&n| ndarray::SliceInfoElem::from(0..n))
+                        .collect();
+                    p.slice_mut(sl.as_slice()).assign(a);
+                    v.extend(p.iter().cloned());
+                }
+            }
+            $wrap(Arr::from_shape_vec(IxDyn(&full), v).map_err(|e| e.to_string())?)
+        }};
+    }
+    let dtype = first.dtype;
+    Ok(match &first.data {
+        Data::F(_) => st!(f, 0f32, |a| Tensor {
+            dtype,
+            data: Data::F(a)
+        }),
+        Data::I(_) => st!(i, 0i64, |a| Tensor {
+            dtype,
+            data: Data::I(a)
+        }),
+        Data::B(_) => st!(b, false, Tensor::bool),
+        Data::S(_) => st!(s, Vec::new(), |a| Tensor {
+            dtype: DType::Bytes,
+            data: Data::S(a)
+        }),
+    })
 }
 
 /// Reads a CSV file into elements: one tensor per column group (`n` values of a vector

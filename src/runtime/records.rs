@@ -2,10 +2,8 @@
 //! the length and of the data), `tf.Example` protobufs, and `.npy` arrays.
 
 use super::pipeline::Element;
-use crate::diag::{Code, Diag};
 use crate::interp::tensor::{dtype_size, Arr, Data, Tensor};
 use crate::ir::{DType, TensorType};
-use crate::span::Span;
 use ndarray::IxDyn;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -27,37 +25,134 @@ pub fn frame(data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Why a TFRecord frame could not be read. `offset` is the frame's first byte and
+/// `index` its record number in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The file ends inside the frame's header or data.
+    Truncated {
+        offset: u64,
+        index: u64,
+        what: &'static str,
+    },
+    /// The length does not match its CRC: the rest of the file cannot be trusted.
+    LengthCrc { offset: u64, index: u64 },
+    /// The data does not match its CRC; the next frame can still be read.
+    DataCrc { offset: u64, index: u64 },
+}
+
+impl FrameError {
+    /// Whether reading can go on with the next frame of the same file.
+    pub fn resumable(&self) -> bool {
+        matches!(self, FrameError::DataCrc { .. })
+    }
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Truncated {
+                offset,
+                index,
+                what,
+            } => {
+                write!(f, "record {index} at byte {offset}: truncated {what}")
+            }
+            FrameError::LengthCrc { offset, index } => {
+                write!(f, "record {index} at byte {offset}: length CRC mismatch")
+            }
+            FrameError::DataCrc { offset, index } => {
+                write!(f, "record {index} at byte {offset}: data CRC mismatch")
+            }
+        }
+    }
+}
+
+/// Reads TFRecord frames one by one from a byte stream of known length, checking both
+/// CRCs. A length beyond the end of the stream is reported as truncation before any
+/// memory is reserved for it.
+pub struct RecordReader<R: Read> {
+    r: R,
+    remaining: u64,
+    /// Where the next frame starts.
+    pub offset: u64,
+    /// The index of the next frame.
+    pub index: u64,
+}
+
+impl<R: Read> RecordReader<R> {
+    pub fn new(r: R, len: u64) -> RecordReader<R> {
+        RecordReader {
+            r,
+            remaining: len,
+            offset: 0,
+            index: 0,
+        }
+    }
+
+    fn fill(&mut self, buf: &mut [u8], what: &'static str, at: u64) -> Result<(), FrameError> {
+        let trunc = FrameError::Truncated {
+            offset: at,
+            index: self.index,
+            what,
+        };
+        if (buf.len() as u64) > self.remaining {
+            return Err(trunc);
+        }
+        self.r.read_exact(buf).map_err(|_| trunc)?;
+        self.remaining -= buf.len() as u64;
+        Ok(())
+    }
+
+    /// Reads the next record into `data`; `Ok(false)` at the end of the stream.
+    pub fn next_into(&mut self, data: &mut Vec<u8>) -> Result<bool, FrameError> {
+        if self.remaining == 0 {
+            return Ok(false);
+        }
+        let at = self.offset;
+        let mut head = [0u8; 12];
+        self.fill(&mut head, "header", at)?;
+        let len_bytes: [u8; 8] = head[..8].try_into().expect("8 bytes");
+        let crc = u32::from_le_bytes(head[8..].try_into().expect("4 bytes"));
+        if crc != masked_crc(&len_bytes) {
+            return Err(FrameError::LengthCrc {
+                offset: at,
+                index: self.index,
+            });
+        }
+        let len = u64::from_le_bytes(len_bytes);
+        if len.saturating_add(4) > self.remaining {
+            return Err(FrameError::Truncated {
+                offset: at,
+                index: self.index,
+                what: "data",
+            });
+        }
+        data.clear();
+        data.resize(len as usize, 0);
+        self.fill(data, "data", at)?;
+        let mut tail = [0u8; 4];
+        self.fill(&mut tail, "data", at)?;
+        self.offset = at + 16 + len;
+        self.index += 1;
+        if u32::from_le_bytes(tail) != masked_crc(data) {
+            return Err(FrameError::DataCrc {
+                offset: at,
+                index: self.index - 1,
+            });
+        }
+        Ok(true)
+    }
+}
+
 /// Splits TFRecord bytes into records, checking both CRCs. Errors name the byte offset
 /// and the record index.
-pub fn unframe(bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
+pub fn unframe(bytes: &[u8]) -> Result<Vec<Vec<u8>>, FrameError> {
+    let mut r = RecordReader::new(bytes, bytes.len() as u64);
     let mut out = Vec::new();
-    let mut at = 0usize;
-    while at < bytes.len() {
-        let idx = out.len();
-        if bytes.len() - at < 12 {
-            return Err(format!("record {idx} at byte {at}: truncated header"));
-        }
-        let len_bytes = &bytes[at..at + 8];
-        let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().expect("4 bytes"));
-        if crc != masked_crc(len_bytes) {
-            return Err(format!("record {idx} at byte {at}: length CRC mismatch"));
-        }
-        let start = at + 12;
-        let end = usize::try_from(len)
-            .ok()
-            .and_then(|l| start.checked_add(l))
-            .filter(|&e| e.checked_add(4).is_some_and(|x| x <= bytes.len()))
-            .ok_or_else(|| {
-                format!("record {idx} at byte {at}: truncated data ({len} bytes announced)")
-            })?;
-        let data = &bytes[start..end];
-        let dcrc = u32::from_le_bytes(bytes[end..end + 4].try_into().expect("4 bytes"));
-        if dcrc != masked_crc(data) {
-            return Err(format!("record {idx} at byte {at}: data CRC mismatch"));
-        }
-        out.push(data);
-        at = end + 4;
+    let mut rec = Vec::new();
+    while r.next_into(&mut rec)? {
+        out.push(std::mem::take(&mut rec));
     }
     Ok(out)
 }
@@ -93,66 +188,6 @@ pub fn glob(path: &Path) -> Result<Vec<PathBuf>, String> {
         return Err(format!("no file matches {}", path.display()));
     }
     Ok(files)
-}
-
-/// Reads TFRecord files one after another, yielding each record as a bytes scalar.
-pub struct TfRecordReader {
-    files: std::vec::IntoIter<PathBuf>,
-    records: std::vec::IntoIter<Vec<u8>>,
-    span: Span,
-    failed: bool,
-}
-
-impl TfRecordReader {
-    pub fn new(files: Vec<PathBuf>, span: Span) -> TfRecordReader {
-        TfRecordReader {
-            files: files.into_iter(),
-            records: Vec::new().into_iter(),
-            span,
-            failed: false,
-        }
-    }
-}
-
-impl Iterator for TfRecordReader {
-    type Item = Result<Element, Diag>;
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.failed {
-                return None;
-            }
-            if let Some(r) = self.records.next() {
-                return Some(Ok(vec![Tensor {
-                    dtype: DType::Bytes,
-                    data: Data::S(Arr::from_elem(IxDyn(&[]), r)),
-                }]));
-            }
-            let f = self.files.next()?;
-            let mut bytes = Vec::new();
-            if let Err(e) = std::fs::File::open(&f).and_then(|mut h| h.read_to_end(&mut bytes)) {
-                self.failed = true;
-                return Some(Err(super::pipeline::io_diag(self.span, &f, &e)));
-            }
-            match unframe(&bytes) {
-                Ok(rs) => {
-                    self.records = rs
-                        .into_iter()
-                        .map(<[u8]>::to_vec)
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                }
-                Err(m) => {
-                    self.failed = true;
-                    return Some(Err(Diag::new(
-                        Code::BadData,
-                        self.span,
-                        format!("{}: {m}", f.display()),
-                    )
-                    .label("this source")));
-                }
-            }
-        }
-    }
 }
 
 /// Reads a protobuf varint at `at`, moving past it.

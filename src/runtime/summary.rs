@@ -84,8 +84,8 @@ impl EventWriter {
 pub fn read_scalars(path: &Path) -> Result<Vec<(i64, String, f32)>, String> {
     let b = std::fs::read(path).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for rec in unframe(&b)? {
-        let event = fields(rec).ok_or("malformed Event")?;
+    for rec in unframe(&b).map_err(|e| e.to_string())? {
+        let event = fields(&rec).ok_or("malformed Event")?;
         let step = event
             .iter()
             .find_map(|f| match f {

@@ -1,0 +1,534 @@
+//! The sources of an input pipeline: where elements come from. TFRecord files are read
+//! as a stream, frame by frame; CSV/TSV, text and `.npy` files are read whole; PNG
+//! images are decoded one at a time; `range` and `synthetic` make their elements.
+//!
+//! `check_sources` runs before anything else: a missing or empty file is an error
+//! before the first step, not in the middle of training.
+
+use super::pipeline::{io_diag, Element, Next, Origin, Stream};
+use super::records::{self, FrameError, RecordReader};
+use crate::diag::{Code, Diag};
+use crate::elab::data::{Dataset, PngLabels, Stage, StageKind};
+use crate::interp::rng::Stream as Rng;
+use crate::interp::tensor::{Arr, Data, Tensor};
+use crate::ir::{DType, TensorType};
+use crate::span::Span;
+use ndarray::IxDyn;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Joins a program path onto the directory relative paths start from.
+pub fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// The files a source stage reads, in order (a glob expanded; PNG images listed).
+pub fn files(stage: &Stage, base: &Path) -> Result<Vec<PathBuf>, Diag> {
+    let one = |p: &str| Ok(vec![resolve(base, p)]);
+    match &stage.kind {
+        StageKind::TfRecord { paths, .. } => {
+            let mut out = Vec::new();
+            for p in paths {
+                let mut f = records::glob(&resolve(base, p)).map_err(|m| {
+                    Diag::new(Code::RunIo, stage.span, m)
+                        .label("this source")
+                        .help("paths in a program are relative to the directory of its .est file")
+                })?;
+                out.append(&mut f);
+            }
+            Ok(out)
+        }
+        StageKind::Csv { path, .. } | StageKind::Text { path } | StageKind::Npy { path, .. } => {
+            one(path)
+        }
+        StageKind::Png { pattern, .. } => png_files(&resolve(base, pattern))
+            .map_err(|m| Diag::new(Code::RunIo, stage.span, m).label("this source")),
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// Checks that every file the dataset's sources read exists and is not empty.
+pub fn check_sources(ds: &Dataset, base: &Path) -> Result<(), Diag> {
+    for stage in &ds.stages {
+        if let StageKind::Zip { other } = &stage.kind {
+            check_sources(other, base)?;
+        }
+        for f in files(stage, base)? {
+            let meta = std::fs::metadata(&f).map_err(|e| io_diag(stage.span, &f, &e))?;
+            if meta.len() == 0 {
+                return Err(Diag::new(
+                    Code::BadData,
+                    stage.span,
+                    format!("{} is empty", f.display()),
+                )
+                .label("this source")
+                .help("an input file must hold at least one record"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Elements held in memory, handed out in order.
+pub struct VecSource {
+    rows: std::vec::IntoIter<Element>,
+}
+
+impl VecSource {
+    pub fn new(rows: Vec<Element>) -> VecSource {
+        VecSource {
+            rows: rows.into_iter(),
+        }
+    }
+}
+
+impl Stream for VecSource {
+    fn next(&mut self) -> Next {
+        Ok(self.rows.next())
+    }
+}
+
+/// The integers 0 to n - 1.
+pub struct RangeSource {
+    at: i64,
+    n: i64,
+}
+
+impl RangeSource {
+    pub fn new(n: i64) -> RangeSource {
+        RangeSource { at: 0, n }
+    }
+}
+
+impl Stream for RangeSource {
+    fn next(&mut self) -> Next {
+        if self.at >= self.n {
+            return Ok(None);
+        }
+        self.at += 1;
+        Ok(Some(vec![Tensor::int(
+            DType::I32,
+            Arr::from_elem(IxDyn(&[]), self.at - 1),
+        )]))
+    }
+}
+
+pub fn bytes_scalar(b: Vec<u8>) -> Tensor {
+    Tensor {
+        dtype: DType::Bytes,
+        data: Data::S(Arr::from_elem(IxDyn(&[]), b)),
+    }
+}
+
+/// Records of TFRecord files, one file after another, read as a stream. With
+/// `skip_corrupt`, a record whose data CRC fails is skipped, and a file whose framing
+/// breaks (a bad length CRC or a truncated tail) is read up to the break; each is
+/// counted in `skipped`.
+pub struct TfRecordSource {
+    files: Vec<PathBuf>,
+    next_file: usize,
+    cur: Option<(Arc<Path>, RecordReader<BufReader<File>>)>,
+    skip_corrupt: bool,
+    skipped: Arc<AtomicU64>,
+    span: Span,
+    last: Option<Origin>,
+    failed: bool,
+}
+
+impl TfRecordSource {
+    pub fn new(
+        files: Vec<PathBuf>,
+        skip_corrupt: bool,
+        skipped: Arc<AtomicU64>,
+        span: Span,
+    ) -> TfRecordSource {
+        TfRecordSource {
+            files,
+            next_file: 0,
+            cur: None,
+            skip_corrupt,
+            skipped,
+            span,
+            last: None,
+            failed: false,
+        }
+    }
+
+    fn frame_diag(span: Span, file: &Path, e: &FrameError) -> Diag {
+        Diag::new(Code::BadData, span, format!("{}: {e}", file.display()))
+            .label("this source")
+            .help("the file is damaged; `tfrecord(..., skip_corrupt: true)` skips damaged records and counts them")
+    }
+}
+
+impl Stream for TfRecordSource {
+    fn next(&mut self) -> Next {
+        loop {
+            if self.failed {
+                return Ok(None);
+            }
+            let Some((path, reader)) = &mut self.cur else {
+                let Some(f) = self.files.get(self.next_file).cloned() else {
+                    return Ok(None);
+                };
+                self.next_file += 1;
+                let opened = File::open(&f).and_then(|h| Ok((h.metadata()?.len(), h)));
+                match opened {
+                    Ok((len, h)) => {
+                        let r = RecordReader::new(BufReader::with_capacity(1 << 16, h), len);
+                        self.cur = Some((Arc::from(f.as_path()), r));
+                    }
+                    Err(e) => {
+                        self.failed = true;
+                        return Err(io_diag(self.span, &f, &e));
+                    }
+                }
+                continue;
+            };
+            let (offset, index) = (reader.offset, reader.index);
+            let mut data = Vec::new();
+            match reader.next_into(&mut data) {
+                Ok(true) => {
+                    self.last = Some(Origin {
+                        file: path.clone(),
+                        index,
+                        offset,
+                    });
+                    return Ok(Some(vec![bytes_scalar(data)]));
+                }
+                Ok(false) => self.cur = None,
+                Err(e) if self.skip_corrupt => {
+                    self.skipped.fetch_add(1, Ordering::Relaxed);
+                    if !e.resumable() {
+                        self.cur = None;
+                    }
+                }
+                Err(e) => {
+                    let d = Self::frame_diag(self.span, path, &e);
+                    self.failed = true;
+                    return Err(d);
+                }
+            }
+        }
+    }
+
+    fn origin(&self) -> Option<Origin> {
+        self.last.clone()
+    }
+}
+
+/// Random elements from the run seed: floats uniform in [0, 1), integers uniform in
+/// [0, classes), booleans fair coins, bytes empty. Element `i` is the same in every
+/// run with the same seed.
+pub struct SyntheticSource {
+    leaves: Vec<(DType, Vec<usize>)>,
+    count: Option<usize>,
+    classes: i64,
+    rng: Rng,
+    at: u64,
+}
+
+impl SyntheticSource {
+    pub fn new(
+        leaves: Vec<(DType, Vec<usize>)>,
+        count: Option<usize>,
+        classes: i64,
+        seed: u64,
+        stage: usize,
+    ) -> SyntheticSource {
+        SyntheticSource {
+            leaves,
+            count,
+            classes,
+            rng: Rng::new(seed, 0x5359_4e54 ^ stage as u64),
+            at: 0,
+        }
+    }
+}
+
+impl Stream for SyntheticSource {
+    fn next(&mut self) -> Next {
+        if self.count.is_some_and(|c| self.at >= c as u64) {
+            return Ok(None);
+        }
+        let i = self.at;
+        self.at += 1;
+        let mut out = Vec::with_capacity(self.leaves.len());
+        for (l, (dtype, dims)) in self.leaves.iter().enumerate() {
+            let ty = TensorType::new(*dtype, dims.clone());
+            let n = ty.elements();
+            // Each leaf draws from its own part of the counter space.
+            let u = self
+                .rng
+                .uniforms(0, n, i.wrapping_mul(64).wrapping_add(l as u64));
+            let t = match dtype {
+                d if d.is_float() => Tensor::from_f64(&ty, u.iter().map(|&x| x as f64).collect()),
+                DType::Bool => Tensor::bool(
+                    Arr::from_shape_vec(IxDyn(dims), u.iter().map(|&x| x < 0.5).collect())
+                        .expect("shape"),
+                ),
+                DType::Bytes => bytes_scalar(Vec::new()),
+                _ => {
+                    let k = if *dtype == DType::U8 {
+                        256
+                    } else {
+                        self.classes.max(1)
+                    };
+                    Tensor::from_f64(
+                        &ty,
+                        u.iter()
+                            .map(|&x| ((x as f64 * k as f64) as i64).min(k - 1) as f64)
+                            .collect(),
+                    )
+                }
+            };
+            out.push(t);
+        }
+        Ok(Some(out))
+    }
+}
+
+/// The PNG files a pattern names: every `.png` under a folder (recursively, sorted), or
+/// the matches of a `*` pattern.
+pub fn png_files(p: &Path) -> Result<Vec<PathBuf>, String> {
+    if p.is_dir() {
+        let mut out = Vec::new();
+        let mut stack = vec![p.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            let rd =
+                std::fs::read_dir(&d).map_err(|e| format!("cannot list {}: {e}", d.display()))?;
+            for e in rd.filter_map(|e| e.ok()) {
+                let path = e.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path
+                    .extension()
+                    .is_some_and(|x| x.eq_ignore_ascii_case("png"))
+                {
+                    out.push(path);
+                }
+            }
+        }
+        out.sort();
+        if out.is_empty() {
+            return Err(format!("no .png file under {}", p.display()));
+        }
+        return Ok(out);
+    }
+    records::glob(p)
+}
+
+/// Labels for PNG images: by the name of their folder (its index among the sorted
+/// folder names), or from a `file,label` CSV (matched by file name).
+pub fn png_labels(
+    files: &[PathBuf],
+    labels: &PngLabels,
+    base: &Path,
+) -> Result<(Vec<i64>, Vec<String>), String> {
+    match labels {
+        PngLabels::Folder => {
+            let folder = |f: &PathBuf| {
+                f.parent()
+                    .and_then(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            };
+            let mut names: Vec<String> = files.iter().map(folder).collect();
+            names.sort();
+            names.dedup();
+            let ids = files
+                .iter()
+                .map(|f| names.binary_search(&folder(f)).expect("listed") as i64)
+                .collect();
+            Ok((ids, names))
+        }
+        PngLabels::Csv(csv) => {
+            let path = resolve(base, csv);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let mut map = rustc_hash::FxHashMap::default();
+            for (i, line) in text.lines().enumerate() {
+                let line = line.trim_end_matches('\r');
+                let Some((file, label)) = line.split_once(',') else {
+                    continue;
+                };
+                let Ok(label) = label.trim().parse::<i64>() else {
+                    if i == 0 {
+                        continue; // a header
+                    }
+                    return Err(format!(
+                        "{}:{}: `{}` is not an integer label",
+                        path.display(),
+                        i + 1,
+                        label.trim()
+                    ));
+                };
+                let name = Path::new(file.trim())
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                map.insert(name, label);
+            }
+            let ids = files
+                .iter()
+                .map(|f| {
+                    let n = f
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    map.get(&n).copied().ok_or_else(|| {
+                        format!("{} has no label in {}", f.display(), path.display())
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            Ok((ids, Vec::new()))
+        }
+    }
+}
+
+/// A decoded PNG: its samples (16-bit ones as values up to 65535), height, width and
+/// channel count.
+pub struct Image {
+    pub samples: Vec<u16>,
+    pub height: usize,
+    pub width: usize,
+    pub channels: usize,
+    pub sixteen: bool,
+}
+
+/// Decodes PNG bytes (palette and low bit depths expanded to 8 bits).
+pub fn decode_png(bytes: &[u8]) -> Result<Image, String> {
+    let mut dec = png::Decoder::new(std::io::Cursor::new(bytes));
+    dec.set_transformations(png::Transformations::EXPAND);
+    let mut reader = dec.read_info().map_err(|e| e.to_string())?;
+    let size = reader
+        .output_buffer_size()
+        .ok_or("the image is too large")?;
+    let mut buf = vec![0u8; size];
+    let info = reader.next_frame(&mut buf).map_err(|e| e.to_string())?;
+    buf.truncate(info.buffer_size());
+    let channels = info.color_type.samples();
+    let sixteen = info.bit_depth == png::BitDepth::Sixteen;
+    let samples = if sixteen {
+        buf.chunks_exact(2)
+            .map(|c| u16::from_be_bytes([c[0], c[1]]))
+            .collect()
+    } else {
+        buf.iter().map(|&b| u16::from(b)).collect()
+    };
+    Ok(Image {
+        samples,
+        height: info.height as usize,
+        width: info.width as usize,
+        channels,
+        sixteen,
+    })
+}
+
+/// Converts an image's pixels to `want` channels: gray is repeated into colour, colour
+/// becomes gray by its luma (ITU-R BT.601), alpha is dropped or made opaque.
+fn convert_channels(img: &Image, want: usize) -> Vec<f64> {
+    let max = if img.sixteen { 65535.0 } else { 255.0 };
+    let mut out = Vec::with_capacity(img.height * img.width * want);
+    for px in img.samples.chunks_exact(img.channels) {
+        let (rgb, alpha) = match img.channels {
+            1 => ([px[0] as f64; 3], max),
+            2 => ([px[0] as f64; 3], px[1] as f64),
+            3 => ([px[0] as f64, px[1] as f64, px[2] as f64], max),
+            _ => ([px[0] as f64, px[1] as f64, px[2] as f64], px[3] as f64),
+        };
+        let gray = if img.channels <= 2 {
+            rgb[0]
+        } else {
+            (0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]).round()
+        };
+        match want {
+            1 => out.push(gray),
+            2 => out.extend([gray, alpha]),
+            3 => out.extend(rgb),
+            _ => out.extend([rgb[0], rgb[1], rgb[2], alpha]),
+        }
+    }
+    out
+}
+
+/// PNG images with their labels, decoded one per pull.
+pub struct PngSource {
+    files: Vec<PathBuf>,
+    labels: Vec<i64>,
+    at: usize,
+    height: usize,
+    width: usize,
+    channels: usize,
+    dtype: DType,
+    span: Span,
+}
+
+impl PngSource {
+    pub fn new(stage: &Stage, base: &Path, files: Vec<PathBuf>) -> Result<PngSource, Diag> {
+        let StageKind::Png {
+            channels,
+            height,
+            width,
+            dtype,
+            labels,
+            ..
+        } = &stage.kind
+        else {
+            unreachable!("a png stage")
+        };
+        let (ids, _) = png_labels(&files, labels, base)
+            .map_err(|m| Diag::new(Code::BadData, stage.span, m).label("this source"))?;
+        Ok(PngSource {
+            files,
+            labels: ids,
+            at: 0,
+            height: *height,
+            width: *width,
+            channels: *channels,
+            dtype: *dtype,
+            span: stage.span,
+        })
+    }
+}
+
+impl Stream for PngSource {
+    fn next(&mut self) -> Next {
+        let Some(f) = self.files.get(self.at) else {
+            return Ok(None);
+        };
+        let label = self.labels[self.at];
+        self.at += 1;
+        let bytes = std::fs::read(f).map_err(|e| io_diag(self.span, f, &e))?;
+        let bad = |m: String| {
+            Diag::new(Code::BadData, self.span, format!("{}: {m}", f.display()))
+                .label("this source")
+        };
+        let img = decode_png(&bytes).map_err(|m| bad(format!("not a readable PNG ({m})")))?;
+        if (img.height, img.width) != (self.height, self.width) {
+            return Err(bad(format!(
+                "the image is {}x{}, but the source reads {}x{} images",
+                img.height, img.width, self.height, self.width
+            ))
+            .help("resize the images, or give `png` their height and width"));
+        }
+        let mut v = convert_channels(&img, self.channels);
+        if self.dtype == DType::U8 && img.sixteen {
+            for x in &mut v {
+                *x = (*x / 257.0).round();
+            }
+        }
+        let ty = TensorType::new(self.dtype, vec![self.height, self.width, self.channels]);
+        let image = Tensor::from_f64(&ty, v);
+        let label = Tensor::int(DType::I32, Arr::from_elem(IxDyn(&[]), label));
+        Ok(Some(vec![image, label]))
+    }
+}
