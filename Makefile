@@ -56,10 +56,16 @@ check-llvm:
 bench: setup
 	$(CARGO) bench --bench check
 
-# Fuzz the parser and the checker (needs the nightly toolchain and cargo-fuzz).
+# Fuzz the checker and the record decoders (needs the nightly toolchain and
+# cargo-fuzz): FUZZ_TARGETS="tfrecord example" FUZZ_SECS=600 make fuzz.
+FUZZ_TARGETS ?= check tfrecord example
 fuzz:
-	mkdir -p fuzz/corpus/check
-	cd fuzz && $(CARGO) +nightly fuzz run check corpus/check seeds -- -max_total_time=$${FUZZ_SECS:-600} -timeout=10
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus/$$t; \
+	  seeds=seeds; [ $$t = check ] || seeds=seeds_$$t; \
+	  (cd fuzz && $(CARGO) +nightly fuzz run -O $$t corpus/$$t $$seeds -- \
+	    -max_total_time=$${FUZZ_SECS:-600} -timeout=10 -rss_limit_mb=2048) || exit 1; \
+	done
 
 # Regenerate the diagnostics catalogue from the compiler's table.
 docs: build

@@ -1,6 +1,7 @@
 //! The command line: argument parsing, output formats and exit codes (0 clean, 1
 //! errors in the program, 2 usage or I/O errors). Everything else is the library's.
 
+mod data;
 mod run;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -37,6 +38,9 @@ enum Command {
     /// Run an estimator's input pipeline alone and report its speed and the shapes of
     /// its batches (`--show N` prints the first N batches as JSON lines).
     PerfInput(PerfArgs),
+    /// Work on data files: `estc data convert` turns CSV/TSV, PNG folders and .npy arrays
+    /// into sharded TFRecord files of tf.Examples.
+    Data(DataArgs),
     /// Explain a diagnostic code (such as E0401) at length, with an example.
     Explain(ExplainArgs),
 }
@@ -89,6 +93,63 @@ struct PerfArgs {
     show: Option<u64>,
     #[command(flatten)]
     out: OutputArgs,
+}
+
+#[derive(Parser)]
+struct DataArgs {
+    #[command(subcommand)]
+    command: DataCommand,
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Convert raw data to TFRecord files of tf.Examples, offline, with progress.
+    Convert(ConvertArgs),
+}
+
+#[derive(Parser)]
+struct ConvertArgs {
+    /// The format of the inputs.
+    #[arg(long, value_enum)]
+    from: FromArg,
+    /// The format to write (TFRecord of tf.Examples).
+    #[arg(long, value_enum, default_value_t = ToArg::Tfrecord)]
+    to: ToArg,
+    /// The files (or, for png, folders or globs) to convert.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    /// Where to write: PREFIX.tfrecord, or PREFIX-00000-of-0000N.tfrecord with --shards N.
+    #[arg(long, short)]
+    output: PathBuf,
+    /// How many files to split the records into (consecutive records per file).
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
+    /// npy: an array of labels (feature `label`); png: a `file,label` CSV instead of
+    /// folder names.
+    #[arg(long)]
+    labels: Option<PathBuf>,
+    /// csv/tsv: make the columns FIRST to LAST one feature: `--group pixels=p0:p63`.
+    #[arg(long = "group", value_name = "NAME=FIRST:LAST")]
+    groups: Vec<String>,
+    /// Set a feature's kind instead of inferring it: `--type pixels=float`
+    /// (float, int or bytes).
+    #[arg(long = "type", value_name = "NAME=KIND")]
+    kinds: Vec<String>,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum FromArg {
+    Csv,
+    Tsv,
+    Png,
+    Npy,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum ToArg {
+    Tfrecord,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -217,6 +278,7 @@ pub fn main() -> i32 {
         Command::Eval(a) => run::run(a, SectionKind::Eval),
         Command::Predict(a) => run::run(a, SectionKind::Predict),
         Command::PerfInput(a) => run::perf_input(a),
+        Command::Data(a) => data::run(a),
         Command::Explain(a) => explain(a),
     }
 }

@@ -293,8 +293,8 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     } else {
         0.0
     };
-    // The pipeline executor runs on one thread (input_workers is not used yet).
-    let workers = 1;
+    let workers = est.pipe_options().workers;
+    let skipped = pipe.skipped();
     if a.out.message_format == MessageFormat::Json {
         let v = serde_json::json!({
             "steps": steps,
@@ -302,6 +302,8 @@ pub fn perf_input(a: PerfArgs) -> i32 {
             "steps_per_sec": rate,
             "steps_per_sec_per_worker": rate / workers as f64,
             "steps_per_sec_after_first": rest,
+            "steps_per_sec_per_worker_after_first": rest / workers as f64,
+            "skipped_records": skipped,
             "first_step_seconds": first_s,
             "workers": workers,
             "shapes": names.iter().cloned().zip(shapes.iter().map(|s| serde_json::json!(s))).collect::<serde_json::Map<String, serde_json::Value>>(),
@@ -310,9 +312,13 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     } else if a.show.is_none() {
         println!("{steps} batches in {total:.3} s: {rate:.1} batches/sec ({:.1} per worker, {workers} worker{})", rate / workers as f64, if workers == 1 { "" } else { "s" });
         println!(
-            "without the first batch: {rest:.1} batches/sec; the first took {:.3} s",
+            "without the first batch: {rest:.1} batches/sec ({:.1} per worker); the first took {:.3} s",
+            rest / workers as f64,
             first_s
         );
+        if skipped > 0 {
+            println!("skipped {skipped} damaged record(s) (skip_corrupt)");
+        }
         for (n, s) in names.iter().zip(&shapes) {
             println!("  {n}: {s}");
         }

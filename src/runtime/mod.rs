@@ -17,6 +17,7 @@
 
 pub mod cache;
 pub mod checkpoint;
+pub mod convert;
 pub mod hooks;
 pub mod metrics;
 pub mod pipeline;

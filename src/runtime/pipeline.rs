@@ -845,7 +845,9 @@ impl Stream for Repeat {
     }
 
     fn next_rows(&mut self, n: usize) -> Option<Element> {
-        self.current()?.next_rows(n)
+        let b = self.current()?.next_rows(n)?;
+        self.produced_any = true;
+        Some(b)
     }
 
     fn origin(&self) -> Option<Origin> {

@@ -487,51 +487,68 @@ pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
 }
 
 /// Reads a `.npy` file as rows: the first axis is the dataset's, the rest must be `dims`.
-pub fn read_npy(path: &Path, dtype: DType, dims: &[usize]) -> Result<Vec<Tensor>, String> {
-    let b = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let bad = |m: &str| format!("{}: {m}", path.display());
+/// The dtype, shape and data offset of a `.npy` file's bytes.
+pub fn npy_header(b: &[u8]) -> Result<(DType, Vec<usize>, usize), String> {
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
-        return Err(bad("not a .npy file"));
+        return Err("not a .npy file".into());
     }
-    let (hlen, start) = if b[6] == 1 {
+    let (hlen, start): (usize, usize) = if b[6] == 1 {
         (u16::from_le_bytes([b[8], b[9]]) as usize, 10)
     } else {
         if b.len() < 12 {
-            return Err(bad("truncated header"));
+            return Err("truncated header".into());
         }
         (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12)
     };
     let header = b
-        .get(start..start + hlen)
+        .get(start..start.saturating_add(hlen))
         .map(String::from_utf8_lossy)
-        .ok_or_else(|| bad("truncated header"))?;
-    let want = npy_descr(dtype).ok_or_else(|| bad("unsupported dtype"))?;
-    if !header.contains(&format!("'{want}'")) {
-        return Err(bad(&format!("the array's dtype is not {dtype} ({want})")));
-    }
+        .ok_or("truncated header")?;
+    let dtype = [
+        DType::F32,
+        DType::F16,
+        DType::I32,
+        DType::U8,
+        DType::I64,
+        DType::Bool,
+    ]
+    .into_iter()
+    .find(|&d| npy_descr(d).is_some_and(|x| header.contains(&format!("'{x}'"))))
+    .ok_or("unsupported dtype (f32, f16, i32, u8, i64 and bool arrays are read)")?;
     if header.contains("'fortran_order': True") {
-        return Err(bad("Fortran-ordered arrays are not supported"));
+        return Err("Fortran-ordered arrays are not supported".into());
     }
     let shape_text = header
         .split("'shape':")
         .nth(1)
         .and_then(|s| s.split('(').nth(1))
         .and_then(|s| s.split(')').next())
-        .ok_or_else(|| bad("no shape in header"))?;
+        .ok_or("no shape in header")?;
     let shape: Vec<usize> = shape_text
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse().map_err(|_| bad("bad shape")))
+        .map(|s| s.parse().map_err(|_| "bad shape".to_string()))
         .collect::<Result<_, _>>()?;
+    Ok((dtype, shape, start + hlen))
+}
+
+/// The rows of a `.npy` file whose elements must be `dtype[dims]`.
+pub fn read_npy(path: &Path, dtype: DType, dims: &[usize]) -> Result<Vec<Tensor>, String> {
+    let b = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bad = |m: &str| format!("{}: {m}", path.display());
+    let (got, shape, start) = npy_header(&b).map_err(|m| bad(&m))?;
+    if got != dtype {
+        return Err(bad(&format!("the array's dtype is {got}, not {dtype}")));
+    }
     if shape.is_empty() || shape[1..] != *dims {
         return Err(bad(&format!(
             "shape {shape:?} does not give elements of shape {dims:?}"
         )));
     }
     let per: usize = dims.iter().product::<usize>() * dtype_size(dtype).unwrap_or(1);
-    let data = &b[start + hlen..];
-    if data.len() != per * shape[0] {
+    let data = &b[start..];
+    if Some(data.len()) != per.checked_mul(shape[0]) {
         return Err(bad("data size does not match the shape"));
     }
     let ty = TensorType::new(dtype, dims.to_vec());

@@ -1,0 +1,116 @@
+//! `estc data convert`: the command-line face of `runtime::convert`.
+
+use super::{ConvertArgs, DataArgs, DataCommand, FromArg, MessageFormat};
+use est::runtime::convert::{self, ConvertOptions, Kind};
+use std::io::{IsTerminal, Write};
+
+pub fn run(a: DataArgs) -> i32 {
+    match a.command {
+        DataCommand::Convert(c) => run_convert(c),
+    }
+}
+
+fn usage(msg: &str) -> i32 {
+    eprintln!("error: {msg}");
+    2
+}
+
+fn run_convert(a: ConvertArgs) -> i32 {
+    let mut groups = Vec::new();
+    for g in &a.groups {
+        let Some((name, range)) = g.split_once('=') else {
+            return usage(&format!("--group {g}: write NAME=FIRST:LAST"));
+        };
+        let Some((first, last)) = range.split_once(':') else {
+            return usage(&format!("--group {g}: write NAME=FIRST:LAST"));
+        };
+        groups.push((name.to_string(), first.to_string(), last.to_string()));
+    }
+    let mut kinds = Vec::new();
+    for k in &a.kinds {
+        let kind = match k.split_once('=') {
+            Some((n, "float")) => (n, Kind::Float),
+            Some((n, "int")) => (n, Kind::Int),
+            Some((n, "bytes")) => (n, Kind::Bytes),
+            _ => {
+                return usage(&format!(
+                    "--type {k}: write NAME=float, NAME=int or NAME=bytes"
+                ))
+            }
+        };
+        kinds.push((kind.0.to_string(), kind.1));
+    }
+    let opts = ConvertOptions {
+        from: match a.from {
+            FromArg::Csv => convert::From::Csv,
+            FromArg::Tsv => convert::From::Tsv,
+            FromArg::Png => convert::From::Png,
+            FromArg::Npy => convert::From::Npy,
+        },
+        inputs: a.inputs.clone(),
+        output: a.output.clone(),
+        shards: a.shards,
+        labels: a.labels.clone(),
+        groups,
+        kinds,
+    };
+    let json = a.out.message_format == MessageFormat::Json;
+    let tty = std::io::stderr().is_terminal() && !json;
+    let mut progress = |done: u64, total: u64| {
+        if tty {
+            eprint!("\rconverting: {done}/{total} records");
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let report = match convert::convert(&opts, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            if tty {
+                eprintln!();
+            }
+            if json {
+                let v = serde_json::json!({
+                    "code": e.code.id(),
+                    "message": e.message,
+                    "help": e.help,
+                });
+                println!("{v}");
+            } else {
+                eprintln!("{}: {}\n  help: {}", e.code.id(), e.message, e.help);
+            }
+            return if e.code == est::diag::Code::RunIo {
+                2
+            } else {
+                1
+            };
+        }
+    };
+    if tty {
+        eprintln!();
+    }
+    if json {
+        let v = serde_json::json!({
+            "records": report.records,
+            "bytes": report.bytes,
+            "files": report.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+            "features": report.features.iter().map(|(n, k, len)| serde_json::json!({"name": n, "kind": k.name(), "values": len})).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "wrote {} records ({} bytes) to {} file{}:",
+            report.records,
+            report.bytes,
+            report.files.len(),
+            if report.files.len() == 1 { "" } else { "s" }
+        );
+        for f in &report.files {
+            println!("  {}", f.display());
+        }
+        println!("features:");
+        for (n, k, len) in &report.features {
+            println!("  {n}: {} of {len}", k.name());
+        }
+    }
+    0
+}

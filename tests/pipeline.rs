@@ -1,0 +1,690 @@
+//! The input pipeline: every source and transform against the elements it must give,
+//! the TFRecord reader against known bytes (a file written by TensorFlow, a flipped bit,
+//! a truncated tail), determinism with a seed across thread and worker counts, resume
+//! mid-epoch, the on-disk cache, `estc data convert`, and the fuzzers' findings.
+//!
+//! Each pipeline is the train input of a small estimator whose model takes
+//! `(f32[B, F], i32[B])`, run through `Estimator::input_pipeline`.
+
+use est::interp::Tensor;
+use est::runtime::pipeline::Pipeline;
+use est::runtime::records::{encode_example, frame, Feature};
+use est::runtime::{Estimator, RunOptions};
+use est::syntax::ast::SectionKind;
+use est::Program;
+use std::path::{Path, PathBuf};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("est-pipeline-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A program whose train input is `body`, with features of `f` values per element.
+fn program(dir: &Path, body: &str, f: usize, config: &str) -> Program {
+    let src = format!(
+        "use std.nn.dense\nuse std.losses.softmax_cross_entropy\n\
+         input inp() {{\n{body}\n}}\n\
+         model m(features: f32[B, {f}], labels: i32[B]) {{\n\
+           let loss = softmax_cross_entropy(labels, dense(features, 2))\n\
+           train {{ minimize loss with sgd(lr: 0.1) }}\n}}\n\
+         estimator e {{ model = m  train_input = inp()  config {{ {seed} {config} }} }}\n",
+        seed = if config.contains("random_seed") {
+            ""
+        } else {
+            "random_seed = 7"
+        }
+    );
+    let path = dir.join("p.est");
+    std::fs::write(&path, src).unwrap();
+    Program::load(&path).unwrap()
+}
+
+fn estimator(dir: &Path, body: &str, f: usize, config: &str) -> Estimator {
+    let p = program(dir, body, f, config);
+    let opts = RunOptions {
+        cache_dir: Some(dir.join("cache")),
+        ..Default::default()
+    };
+    match Estimator::new(&p, &opts) {
+        Ok(e) => e,
+        Err(f) => panic!(
+            "{:?}",
+            f.diags.iter().map(|d| &d.message).collect::<Vec<_>>()
+        ),
+    }
+}
+
+fn pipe(dir: &Path, body: &str, f: usize, config: &str) -> Pipeline {
+    estimator(dir, body, f, config)
+        .input_pipeline(SectionKind::Train)
+        .unwrap()
+        .0
+}
+
+/// Up to `limit` batches, each as (features, labels) values.
+fn batches(p: &mut Pipeline, limit: usize) -> Vec<(Vec<f64>, Vec<f64>)> {
+    let mut out = Vec::new();
+    while out.len() < limit {
+        match p.next_element().unwrap() {
+            Some(b) => out.push((b[0].to_f64(), b[1].to_f64())),
+            None => break,
+        }
+    }
+    out
+}
+
+fn labels(b: &[(Vec<f64>, Vec<f64>)]) -> Vec<i64> {
+    b.iter()
+        .flat_map(|x| x.1.iter().map(|&v| v as i64))
+        .collect()
+}
+
+fn feats(b: &[(Vec<f64>, Vec<f64>)]) -> Vec<f64> {
+    b.iter().flat_map(|x| x.0.clone()).collect()
+}
+
+/// `range(n)` as (features [i], label i).
+fn range_pairs(n: usize) -> String {
+    format!("range({n}) |> map(|i| (reshape(cast(i, f32), [1]), i))")
+}
+
+fn err_of(p: &mut Pipeline) -> String {
+    loop {
+        match p.next_element() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("no error"),
+            Err(d) => return format!("{}: {}", d.code.id(), d.message),
+        }
+    }
+}
+
+#[test]
+fn range_map_batch_take_skip_shard_repeat() {
+    let d = tmp("basic");
+    // the last, smaller batch is dropped
+    let mut p = pipe(
+        &d,
+        &format!("{} |> batch(3, drop_remainder: true)", range_pairs(7)),
+        1,
+        "",
+    );
+    let b = batches(&mut p, 10);
+    assert_eq!(labels(&b), [0, 1, 2, 3, 4, 5]);
+    assert_eq!(b.iter().map(|x| x.1.len()).collect::<Vec<_>>(), [3, 3]);
+    assert_eq!(feats(&b), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    let mut p = pipe(
+        &d,
+        &format!(
+            "{} |> skip(2) |> take(4) |> batch(2, drop_remainder: true)",
+            range_pairs(10)
+        ),
+        1,
+        "",
+    );
+    assert_eq!(labels(&batches(&mut p, 10)), [2, 3, 4, 5]);
+    let mut p = pipe(
+        &d,
+        &format!(
+            "{} |> shard(3, 1) |> batch(1, drop_remainder: true)",
+            range_pairs(10)
+        ),
+        1,
+        "",
+    );
+    assert_eq!(labels(&batches(&mut p, 10)), [1, 4, 7]);
+    let mut p = pipe(
+        &d,
+        &format!(
+            "{} |> repeat(3) |> batch(3, drop_remainder: true)",
+            range_pairs(3)
+        ),
+        1,
+        "",
+    );
+    assert_eq!(labels(&batches(&mut p, 10)), [0, 1, 2, 0, 1, 2, 0, 1, 2]);
+    let mut p = pipe(
+        &d,
+        &format!(
+            "{} |> filter(|t| t[1] % 3 == 0) |> prefetch(4) |> batch(2, drop_remainder: true)",
+            range_pairs(10)
+        ),
+        1,
+        "",
+    );
+    assert_eq!(labels(&batches(&mut p, 10)), [0, 3, 6, 9]);
+}
+
+#[test]
+fn zip_padded_batch_and_synthetic() {
+    let d = tmp("zip");
+    let body = "zip(range(4) |> map(|i| reshape(cast(i * 10, f32), [1])), range(4)) |> batch(2, drop_remainder: true)";
+    let mut p = pipe(&d, body, 1, "");
+    let b = batches(&mut p, 10);
+    assert_eq!(feats(&b), [0.0, 10.0, 20.0, 30.0]);
+    assert_eq!(labels(&b), [0, 1, 2, 3]);
+    // padded_batch pads shorter elements with zeros along every axis
+    let t = |v: Vec<f64>| {
+        Tensor::from_f64(
+            &est::ir::TensorType::new(est::ir::DType::F32, vec![v.len()]),
+            v,
+        )
+    };
+    let b = est::runtime::pipeline::stack(&[vec![t(vec![97.0, 98.0])], vec![t(vec![99.0])]], true)
+        .unwrap();
+    assert_eq!(b[0].shape(), [2, 2]);
+    assert_eq!(b[0].to_f64(), [97.0, 98.0, 99.0, 0.0]);
+    let e = est::runtime::pipeline::stack(&[vec![t(vec![1.0, 2.0])], vec![t(vec![3.0])]], false);
+    assert!(e.unwrap_err().contains("use `padded_batch`"));
+    // synthetic: shapes, ranges, and the same values for the same seed
+    let body = "synthetic(features: f32[3], labels: i32, count: 10, classes: 4) |> batch(5, drop_remainder: true)";
+    let a = batches(&mut pipe(&d, body, 3, ""), 10);
+    let b = batches(&mut pipe(&d, body, 3, ""), 10);
+    assert_eq!(a, b);
+    assert_eq!(a.len(), 2);
+    assert!(feats(&a).iter().all(|&x| (0.0..1.0).contains(&x)));
+    assert!(labels(&a).iter().all(|&x| (0..4).contains(&x)));
+    assert!(
+        labels(&a)
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            > 1
+    );
+    let other = batches(&mut pipe(&d, body, 3, ""), 10);
+    assert_eq!(a, other);
+}
+
+#[test]
+fn csv_tsv_npy_sources() {
+    let d = tmp("csv");
+    std::fs::write(d.join("a.csv"), "x0,x1,y\n1,2,0\n3.5,4,1\n").unwrap();
+    std::fs::write(d.join("a.tsv"), "x0\tx1\ty\n1\t2\t0\n3.5\t4\t1\n").unwrap();
+    for src in ["csv(\"a.csv\"", "tsv(\"a.tsv\""] {
+        let body = format!("{src}, columns: {{ x: f32[2], y: i32 }}) |> map(|r| (r.x, r.y)) |> batch(2, drop_remainder: true)");
+        let b = batches(&mut pipe(&d, &body, 2, ""), 5);
+        assert_eq!(feats(&b), [1.0, 2.0, 3.5, 4.0]);
+        assert_eq!(labels(&b), [0, 1]);
+    }
+    let x = Tensor::from_f64(
+        &est::ir::TensorType::new(est::ir::DType::F32, vec![3, 2]),
+        vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+    );
+    std::fs::write(d.join("x.npy"), est::runtime::records::npy_bytes(&x)).unwrap();
+    let body = "zip(npy(\"x.npy\", element: f32[2]), range(3)) |> batch(3, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 2, ""), 5);
+    assert_eq!(feats(&b), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    // a malformed row is an error naming the file and line
+    std::fs::write(d.join("a.csv"), "x0,x1,y\n1,2,0\n3.5,oops,1\n").unwrap();
+    let body = "csv(\"a.csv\", columns: { x: f32[2], y: i32 }) |> map(|r| (r.x, r.y)) |> batch(2, drop_remainder: true)";
+    let e = err_of(&mut pipe(&d, body, 2, ""));
+    assert!(
+        e.starts_with("E0905") && e.ends_with("a.csv:3: column `x`: `oops` is not a number"),
+        "{e}"
+    );
+}
+
+fn write_png(
+    path: &Path,
+    w: u32,
+    h: u32,
+    color: png::ColorType,
+    depth: png::BitDepth,
+    data: &[u8],
+) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let f = std::fs::File::create(path).unwrap();
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(f), w, h);
+    enc.set_color(color);
+    enc.set_depth(depth);
+    enc.write_header().unwrap().write_image_data(data).unwrap();
+}
+
+#[test]
+fn png_sources_in_every_format() {
+    use png::{BitDepth, ColorType};
+    let d = tmp("png");
+    // 2x1 images: class folders "cat" (label 0) and "dog" (label 1)
+    write_png(
+        &d.join("img/cat/a.png"),
+        2,
+        1,
+        ColorType::Grayscale,
+        BitDepth::Eight,
+        &[10, 200],
+    );
+    write_png(
+        &d.join("img/cat/b.png"),
+        2,
+        1,
+        ColorType::Rgb,
+        BitDepth::Eight,
+        &[255, 0, 0, 0, 0, 255],
+    );
+    write_png(
+        &d.join("img/dog/c.png"),
+        2,
+        1,
+        ColorType::Rgba,
+        BitDepth::Eight,
+        &[0, 255, 0, 9, 1, 2, 3, 4],
+    );
+    // 16-bit gray: 0x0102 and 0xff00
+    write_png(
+        &d.join("img/dog/d.png"),
+        2,
+        1,
+        ColorType::Grayscale,
+        BitDepth::Sixteen,
+        &[1, 2, 255, 0],
+    );
+    let gray = "png(\"img\", height: 1, width: 2, channels: 1, dtype: f32) |> map(|t| (reshape(t[0], [2]), t[1])) |> batch(4, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, gray, 2, ""), 2);
+    assert_eq!(labels(&b), [0, 0, 1, 1]);
+    // RGB to gray by luma: (0.299*255).round() = 76, (0.114*255).round() = 29
+    assert_eq!(
+        feats(&b),
+        [10.0, 200.0, 76.0, 29.0, 150.0, 2.0, 258.0, 65280.0]
+    );
+    let rgb = "png(\"img\", height: 1, width: 2, channels: 3, dtype: u8) |> map(|t| (cast(reshape(t[0], [6]), f32), t[1])) |> batch(4, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, rgb, 6, ""), 2);
+    let f = feats(&b);
+    assert_eq!(&f[..6], [10.0, 10.0, 10.0, 200.0, 200.0, 200.0]);
+    assert_eq!(&f[12..18], [0.0, 255.0, 0.0, 1.0, 2.0, 3.0]);
+    // 16-bit into u8 scales by 1/257
+    assert_eq!(&f[18..], [1.0, 1.0, 1.0, 254.0, 254.0, 254.0]);
+    let rgba = "png(\"img/dog\", height: 1, width: 2, channels: 4) |> map(|t| (cast(reshape(t[0], [8]), f32), t[1])) |> batch(2, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, rgba, 8, ""), 2);
+    assert_eq!(&feats(&b)[..8], [0.0, 255.0, 0.0, 9.0, 1.0, 2.0, 3.0, 4.0]);
+    // labels from a CSV
+    std::fs::write(
+        d.join("labels.csv"),
+        "file,label\na.png,5\nb.png,6\nc.png,7\nd.png,8\n",
+    )
+    .unwrap();
+    let csv = "png(\"img\", height: 1, width: 2, labels: \"labels.csv\", dtype: f32) |> map(|t| (reshape(t[0], [2]), t[1])) |> batch(4, drop_remainder: true)";
+    assert_eq!(labels(&batches(&mut pipe(&d, csv, 2, ""), 2)), [5, 6, 7, 8]);
+    // a wrong size names the file
+    let bad = "png(\"img\", height: 2, width: 2, dtype: f32) |> map(|t| (reshape(t[0], [4]), t[1])) |> batch(4, drop_remainder: true)";
+    let e = err_of(&mut pipe(&d, bad, 4, ""));
+    assert!(
+        e.contains("a.png: the image is 1x2, but the source reads 2x2 images"),
+        "{e}"
+    );
+}
+
+fn example(img: &[u8], label: i64) -> Vec<u8> {
+    encode_example(&[
+        ("image_raw", Feature::Bytes(img)),
+        ("label", Feature::Ints(&[label])),
+    ])
+}
+
+/// `n` records with image_raw [i, i+1] and label i, starting at `from`.
+fn records(from: i64, n: i64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in from..from + n {
+        out.extend(frame(&example(&[i as u8, i as u8 + 1], i)));
+    }
+    out
+}
+
+const PARSE: &str = "|> parse { image_raw: bytes, label: i32 } |> map(|r| (cast(decode_raw(r.image_raw, u8, length: 2), f32), r.label))";
+
+#[test]
+fn tfrecord_written_by_tensorflow_reads() {
+    let d = tmp("tfwritten");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tf_written.tfrecord");
+    std::fs::copy(fixture, d.join("tf.tfrecord")).unwrap();
+    let body = "tfrecord(\"tf.tfrecord\") |> parse { image_raw: bytes, label: i32, x: f32[2] } |> map(|r| (concat([cast(decode_raw(r.image_raw, u8, length: 4), f32), r.x], 0), r.label)) |> batch(3, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 6, ""), 2);
+    assert_eq!(labels(&b), [-3, 4, 11]);
+    assert_eq!(
+        feats(&b),
+        [
+            0.0, 1.0, 2.0, 255.0, 0.0, -1.25, 1.0, 2.0, 3.0, 255.0, 0.5, -1.25, 2.0, 3.0, 4.0,
+            255.0, 1.0, -1.25
+        ]
+    );
+}
+
+#[test]
+fn tfrecord_damage_is_located_or_skipped() {
+    let d = tmp("damage");
+    let good = records(0, 5);
+    let rec_len = frame(&example(&[0, 1], 0)).len();
+    // a flipped bit in the data of record 2
+    let mut flipped = good.clone();
+    flipped[2 * rec_len + 14] ^= 0x04;
+    std::fs::write(d.join("f.tfrecord"), &flipped).unwrap();
+    let body = format!("tfrecord(\"f.tfrecord\") {PARSE} |> batch(1, drop_remainder: true)");
+    let mut p = pipe(&d, &body, 2, "");
+    let e = err_of(&mut p);
+    assert!(
+        e.starts_with("E0905")
+            && e.ends_with(&format!(
+                "f.tfrecord: record 2 at byte {}: data CRC mismatch",
+                2 * rec_len
+            )),
+        "{e}"
+    );
+    let body = format!(
+        "tfrecord(\"f.tfrecord\", skip_corrupt: true) {PARSE} |> batch(1, drop_remainder: true)"
+    );
+    let mut p = pipe(&d, &body, 2, "");
+    assert_eq!(labels(&batches(&mut p, 10)), [0, 1, 3, 4]);
+    assert_eq!(p.skipped(), 1);
+    // a truncated tail
+    std::fs::write(d.join("f.tfrecord"), &good[..good.len() - 5]).unwrap();
+    let body = format!("tfrecord(\"f.tfrecord\") {PARSE} |> batch(1, drop_remainder: true)");
+    let e = err_of(&mut pipe(&d, &body, 2, ""));
+    assert!(
+        e.ends_with(&format!("record 4 at byte {}: truncated data", 4 * rec_len)),
+        "{e}"
+    );
+    let body = format!(
+        "tfrecord(\"f.tfrecord\", skip_corrupt: true) {PARSE} |> batch(1, drop_remainder: true)"
+    );
+    let mut p = pipe(&d, &body, 2, "");
+    assert_eq!(labels(&batches(&mut p, 10)), [0, 1, 2, 3]);
+    assert_eq!(p.skipped(), 1);
+    // a record without the feature names the feature, the file and the record
+    let mut f = records(0, 2);
+    f.extend(frame(&encode_example(&[(
+        "image_raw",
+        Feature::Bytes(&[1, 2]),
+    )])));
+    std::fs::write(d.join("f.tfrecord"), &f).unwrap();
+    let e = err_of(&mut pipe(
+        &d,
+        &format!("tfrecord(\"f.tfrecord\") {PARSE} |> batch(1, drop_remainder: true)"),
+        2,
+        "",
+    ));
+    assert!(
+        e.contains(&format!(
+            "f.tfrecord: record 2 at byte {}: feature `label` is missing",
+            2 * rec_len
+        )),
+        "{e}"
+    );
+    // an int64 that does not fit i32
+    std::fs::write(d.join("f.tfrecord"), frame(&example(&[1, 2], 1 << 40))).unwrap();
+    let e = err_of(&mut pipe(
+        &d,
+        &format!("tfrecord(\"f.tfrecord\") {PARSE} |> batch(1, drop_remainder: true)"),
+        2,
+        "",
+    ));
+    assert!(
+        e.ends_with("record 0 at byte 0: feature `label`: 1099511627776 does not fit i32"),
+        "{e}"
+    );
+    // empty and missing files are errors before the first element
+    std::fs::write(d.join("f.tfrecord"), b"").unwrap();
+    let est = estimator(
+        &d,
+        &format!("tfrecord(\"f.tfrecord\") {PARSE} |> batch(1, drop_remainder: true)"),
+        2,
+        "",
+    );
+    let e = est.input_pipeline(SectionKind::Train).err().unwrap();
+    assert!(
+        e.diags[0].message.ends_with("f.tfrecord is empty"),
+        "{}",
+        e.diags[0].message
+    );
+    let est = estimator(
+        &d,
+        &format!("tfrecord(\"nope-*.tfrecord\") {PARSE} |> batch(1, drop_remainder: true)"),
+        2,
+        "",
+    );
+    let e = est.input_pipeline(SectionKind::Train).err().unwrap();
+    assert_eq!(e.diags[0].code.id(), "E0904");
+    assert!(
+        e.diags[0].message.starts_with("no file matches"),
+        "{}",
+        e.diags[0].message
+    );
+}
+
+#[test]
+fn interleave_alternates_between_files() {
+    let d = tmp("interleave");
+    std::fs::write(d.join("s-0.tfrecord"), records(0, 3)).unwrap();
+    std::fs::write(d.join("s-1.tfrecord"), records(10, 2)).unwrap();
+    std::fs::write(d.join("s-2.tfrecord"), records(20, 2)).unwrap();
+    let body = format!(
+        "tfrecord(\"s-*.tfrecord\") |> interleave(2) {PARSE} |> batch(7, drop_remainder: true)"
+    );
+    let b = batches(&mut pipe(&d, &body, 2, ""), 2);
+    // files 0 and 1 in turn; when file 1 ends, file 2 takes its place
+    assert_eq!(labels(&b), [0, 10, 1, 11, 2, 20, 21]);
+    let body = format!("tfrecord(\"s-*.tfrecord\") {PARSE} |> batch(7, drop_remainder: true)");
+    assert_eq!(
+        labels(&batches(&mut pipe(&d, &body, 2, ""), 2)),
+        [0, 1, 2, 10, 11, 20, 21]
+    );
+}
+
+#[test]
+fn shuffle_is_a_seeded_permutation_whatever_the_threads() {
+    let d = tmp("shuffle");
+    std::fs::write(d.join("a.tfrecord"), records(0, 100)).unwrap();
+    let body = |par: usize, seed: &str| {
+        format!(
+            "tfrecord(\"a.tfrecord\") |> parse {{ image_raw: bytes, label: i32 }} \
+             |> map(|r| (cast(decode_raw(r.image_raw, u8, length: 2), f32) + random_uniform([2]), r.label), parallel: {par}) \
+             |> shuffle(30{seed}) |> batch(10, drop_remainder: true)"
+        )
+    };
+    let one = batches(&mut pipe(&d, &body(1, ""), 2, ""), 20);
+    let mut sorted = labels(&one);
+    assert_ne!(sorted, (0..100).collect::<Vec<_>>());
+    sorted.sort();
+    assert_eq!(sorted, (0..100).collect::<Vec<_>>());
+    // the same elements, in the same order, with the random values, on 1, 3 or all threads
+    for par in [3, 0] {
+        assert_eq!(batches(&mut pipe(&d, &body(par, ""), 2, ""), 20), one);
+    }
+    // another run seed gives another order; a fixed shuffle seed ignores the run seed
+    let other = batches(&mut pipe(&d, &body(1, ""), 2, "random_seed = 8"), 20);
+    assert_ne!(labels(&other), labels(&one));
+    let a = batches(&mut pipe(&d, &body(2, ", seed: 3"), 2, ""), 20);
+    let b = batches(
+        &mut pipe(&d, &body(1, ", seed: 3"), 2, "random_seed = 8"),
+        20,
+    );
+    assert_eq!(labels(&a), labels(&b));
+}
+
+#[test]
+fn input_workers_shuffle_differently_and_resume() {
+    let d = tmp("workers");
+    std::fs::write(d.join("a.tfrecord"), records(0, 40)).unwrap();
+    let body = format!("tfrecord(\"a.tfrecord\") {PARSE} |> shuffle(40) |> repeat |> batch(4, drop_remainder: true)");
+    let all = batches(&mut pipe(&d, &body, 2, "input_workers = 2"), 20);
+    // worker 0 gives batches 0, 2, 4...; with one worker, the same run seed gives worker 0's
+    let single = batches(&mut pipe(&d, &body, 2, ""), 10);
+    let evens: Vec<_> = all.iter().step_by(2).cloned().collect();
+    assert_eq!(evens, single);
+    let odds: Vec<_> = all.iter().skip(1).step_by(2).cloned().collect();
+    assert_ne!(labels(&odds), labels(&evens));
+    // each worker still sees every record once per epoch
+    let mut first_epoch: Vec<i64> = labels(&odds[..10]);
+    first_epoch.sort();
+    assert_eq!(first_epoch, (0..40).collect::<Vec<_>>());
+    // the same seed gives the same stream, run to run
+    assert_eq!(
+        batches(&mut pipe(&d, &body, 2, "input_workers = 2"), 20),
+        all
+    );
+    // a pipeline resumed at position 7 continues with batch 7
+    let mut p = pipe(&d, &body, 2, "input_workers = 2");
+    p.skip_to(7).unwrap();
+    assert_eq!(batches(&mut p, 13), all[7..]);
+}
+
+#[test]
+fn resume_mid_epoch_continues_with_the_next_element() {
+    let d = tmp("resume");
+    std::fs::write(d.join("a.tfrecord"), records(0, 50)).unwrap();
+    let body = format!("tfrecord(\"a.tfrecord\") {PARSE} |> cache |> shuffle(20) |> repeat |> batch(5, drop_remainder: true)");
+    let all = batches(&mut pipe(&d, &body, 2, ""), 25);
+    for at in [3u64, 10, 14] {
+        let mut p = pipe(&d, &body, 2, "");
+        p.skip_to(at).unwrap();
+        assert_eq!(p.position, at);
+        assert_eq!(
+            batches(&mut p, 25 - at as usize),
+            all[at as usize..],
+            "resumed at {at}"
+        );
+    }
+}
+
+#[test]
+fn cache_in_memory_and_on_disk() {
+    let d = tmp("cache");
+    std::fs::write(d.join("a.tfrecord"), records(0, 10)).unwrap();
+    // in memory: epochs after the first come from the cache, also as whole batches
+    let body = format!(
+        "tfrecord(\"a.tfrecord\") {PARSE} |> cache |> repeat(3) |> batch(5, drop_remainder: true)"
+    );
+    let b = batches(&mut pipe(&d, &body, 2, ""), 20);
+    let expect: Vec<i64> = (0..3).flat_map(|_| 0..10).collect();
+    assert_eq!(labels(&b), expect);
+    assert_eq!(feats(&b)[..4], [0.0, 1.0, 1.0, 2.0]);
+    // on disk: written after the first full pass, reused by a later run
+    let body = format!("tfrecord(\"a.tfrecord\") {PARSE} |> cache(\"digits\", version: \"v1\") |> repeat(2) |> batch(5, drop_remainder: true)");
+    let first = batches(&mut pipe(&d, &body, 2, ""), 20);
+    let files = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d.join("cache"))
+            .map(|r| {
+                r.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let written = files(&d);
+    assert_eq!(written.len(), 1);
+    assert!(written[0].starts_with("digits-v1-") && written[0].ends_with(".estcache"));
+    // the next run reads the cache file: it gives the same elements even with the
+    // source file gone from the pipeline's view (replaced by one of the same size and
+    // time is not possible to fake portably, so check reuse by the file's identity)
+    let before = std::fs::metadata(d.join("cache").join(&written[0]))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(batches(&mut pipe(&d, &body, 2, ""), 20), first);
+    let after = std::fs::metadata(d.join("cache").join(&written[0]))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(before, after, "the cache was rewritten instead of reused");
+    // a new version is rebuilt and replaces the old file
+    let v2 = body.replace("\"v1\"", "\"v2\"");
+    assert_eq!(batches(&mut pipe(&d, &v2, 2, ""), 20), first);
+    let now = files(&d);
+    assert_eq!(now.len(), 1);
+    assert!(now[0].starts_with("digits-v2-"));
+    // a changed source file is rebuilt too, with the new records
+    std::fs::write(d.join("a.tfrecord"), records(100, 10)).unwrap();
+    let b = batches(&mut pipe(&d, &v2, 2, ""), 20);
+    assert_eq!(labels(&b)[..3], [100, 101, 102]);
+    assert_eq!(files(&d).len(), 1);
+    assert_ne!(files(&d), now);
+}
+
+#[test]
+fn data_convert_round_trips() {
+    let d = tmp("convert");
+    std::fs::write(
+        d.join("a.csv"),
+        "p0,p1,p2,label,name\n1,2,3,0,x\n4,5,6,1,y\n7,8,9,2,z\n",
+    )
+    .unwrap();
+    let opts = est::runtime::convert::ConvertOptions {
+        from: est::runtime::convert::From::Csv,
+        inputs: vec![d.join("a.csv")],
+        output: d.join("out/a"),
+        shards: 2,
+        labels: None,
+        groups: vec![("pixels".into(), "p0".into(), "p2".into())],
+        kinds: vec![("pixels".into(), est::runtime::convert::Kind::Float)],
+    };
+    let mut calls = Vec::new();
+    let r = est::runtime::convert::convert(&opts, &mut |a, b| calls.push((a, b))).unwrap();
+    assert_eq!(r.records, 3);
+    assert_eq!(calls.last(), Some(&(3, 3)));
+    let names: Vec<String> = r
+        .files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["a-00000-of-00002.tfrecord", "a-00001-of-00002.tfrecord"]
+    );
+    let kinds: Vec<(String, &str, usize)> = r
+        .features
+        .iter()
+        .map(|(n, k, l)| (n.clone(), k.name(), *l))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("pixels".to_string(), "float_list", 3),
+            ("label".to_string(), "int64_list", 1),
+            ("name".to_string(), "bytes_list", 1)
+        ]
+    );
+    let body = "tfrecord(\"out/a-*.tfrecord\") |> parse { pixels: f32[3], label: i32, name: bytes } |> map(|r| (r.pixels, r.label)) |> batch(3, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 3, ""), 2);
+    assert_eq!(feats(&b), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+    assert_eq!(labels(&b), [0, 1, 2]);
+    // a bad row names the file and line
+    std::fs::write(d.join("b.csv"), "a,b\n1,2\n3\n").unwrap();
+    let mut o = opts.clone();
+    o.inputs = vec![d.join("b.csv")];
+    o.groups.clear();
+    o.kinds.clear();
+    let e = est::runtime::convert::convert(&o, &mut |_, _| {}).unwrap_err();
+    assert!(
+        e.message
+            .ends_with("b.csv:3: 1 fields, but the header names 2"),
+        "{}",
+        e.message
+    );
+}
+
+/// Inputs the fuzzers found interesting (tests/fixtures/fuzz), decoded again: every one
+/// must give records or an error, never a panic.
+#[test]
+fn fuzz_findings_decode_without_panics() {
+    use est::ir::DType;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz");
+    let want = vec![
+        ("image_raw".to_string(), DType::Bytes, vec![]),
+        ("label".to_string(), DType::I32, vec![]),
+    ];
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let bytes = std::fs::read(e.unwrap().path()).unwrap();
+        let framed = est::runtime::records::unframe(&bytes);
+        if let Ok(recs) = &framed {
+            assert!(recs.iter().map(Vec::len).sum::<usize>() <= bytes.len());
+        }
+        let parsed = est::runtime::records::parse_example(&bytes, &want);
+        if let Ok(p) = &parsed {
+            assert_eq!(p.len(), 2);
+        }
+        n += 1;
+    }
+    assert!(n > 0, "no fuzz findings in {}", dir.display());
+}
