@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the benchmark virtualenv bench/.venv (if missing) and installs
 # bench/requirements.txt into it: torch (CPU build when download.pytorch.org is
-# reachable, otherwise PyPI's), tensorboard, numpy, scikit-learn.
+# reachable, otherwise PyPI's), tensorboard, numpy, scikit-learn, tensorflow-cpu.
 # Idempotent: a second run finds every pin satisfied and changes nothing.
 #
 # Usage: scripts/setup_bench_venv.sh        (PYTHON=python3.11 to pick the interpreter)

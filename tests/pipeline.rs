@@ -688,3 +688,62 @@ fn fuzz_findings_decode_without_panics() {
     }
     assert!(n > 0, "no fuzz findings in {}", dir.display());
 }
+
+/// A damaged record in the middle of training stops the run with its location, and a
+/// checkpoint of the last complete step keeps the work done; with `skip_corrupt` the
+/// next run resumes there and skips the record.
+#[test]
+fn bad_data_mid_training_keeps_the_steps_done() {
+    use est::runtime::Steps;
+    let d = tmp("midtrain");
+    let mut bytes = records(0, 40);
+    let rec_len = frame(&example(&[0, 1], 0)).len();
+    bytes[17 * rec_len + 14] ^= 0x01; // record 17: in the 4th batch of 5
+    std::fs::write(d.join("a.tfrecord"), &bytes).unwrap();
+    let src = format!(
+        "use std.nn.dense\nuse std.losses.softmax_cross_entropy\n\
+         params {{ skip: bool = false }}\n\
+         input inp() {{ tfrecord(\"a.tfrecord\", skip_corrupt: params.skip) {PARSE} |> batch(5, drop_remainder: true) }}\n\
+         model m(features: f32[B, 2], labels: i32[B]) {{\n\
+           let loss = softmax_cross_entropy(labels, dense(features, 64))\n\
+           train {{ minimize loss with sgd(lr: 0.01) }}\n}}\n\
+         estimator e {{ model = m  train_input = inp()  train_steps = 6\n\
+           config {{ random_seed = 1  save_checkpoint_steps = 100  iterations_per_loop = 1 }} }}\n"
+    );
+    std::fs::write(d.join("p.est"), src).unwrap();
+    let mut p = Program::load(&d.join("p.est")).unwrap();
+    let opts = RunOptions {
+        model_dir: Some(d.join("run")),
+        ..Default::default()
+    };
+    let mut est = Estimator::new(&p, &opts).unwrap();
+    let f = est.train(Steps::Default).err().unwrap();
+    let diag = &f.diags[0];
+    assert_eq!(diag.code.id(), "E0905");
+    assert!(
+        diag.message.ends_with(&format!(
+            "record 17 at byte {}: data CRC mismatch",
+            17 * rec_len
+        )),
+        "{}",
+        diag.message
+    );
+    assert!(
+        diag.help
+            .as_ref()
+            .unwrap()
+            .contains("training stopped after global step 3"),
+        "{:?}",
+        diag.help
+    );
+    assert!(d.join("run/ckpt-3.safetensors").exists());
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("run/ckpt-3.json")).unwrap()).unwrap();
+    assert_eq!(meta["input_position"], 3);
+    // with skip_corrupt the next run resumes at step 3 and input element 3
+    p.add_override("skip", "true", "test");
+    let mut est = Estimator::new(&p, &opts).unwrap();
+    let r = est.train(Steps::Default).unwrap();
+    assert_eq!((r.start_step, r.global_step), (3, 6));
+    assert_eq!(est.skipped_records(), 1);
+}

@@ -730,7 +730,11 @@ impl Estimator {
                 for h in &mut self.hooks {
                     h.before_step(self.step);
                 }
-                let Some(batches) = self.next_batches(&mut pipe, shards)? else {
+                let next = match self.next_batches(&mut pipe, shards) {
+                    Ok(n) => n,
+                    Err(f) => return Err(self.keep_progress(f, start)),
+                };
+                let Some(batches) = next else {
                     stopped = Some(format!(
                         "the train input ended at global step {}",
                         self.step
@@ -810,6 +814,30 @@ impl Estimator {
             stopped_early: stopped,
             checkpoint: self.last_checkpoint.clone(),
         })
+    }
+
+    /// After the input failed in the middle of training: saves a checkpoint of the last
+    /// complete step (with the input position of the elements it used), so the work done
+    /// is not lost, and says so in the failure's help.
+    fn keep_progress(&mut self, mut f: RunFailure, start: i64) -> RunFailure {
+        if self.step <= start {
+            return f;
+        }
+        let note = match self.save_checkpoint() {
+            Ok(p) => format!(
+                "training stopped after global step {}; its checkpoint {} keeps the work done, and the next run resumes from it",
+                self.step,
+                p.display()
+            ),
+            Err(_) => format!("training stopped after global step {}", self.step),
+        };
+        if let Some(d) = f.diags.first_mut() {
+            d.help = Some(match d.help.take() {
+                Some(h) => format!("{h}; {note}"),
+                None => note,
+            });
+        }
+        f
     }
 
     /// One replicated train step; returns (mean loss, learning rate).
