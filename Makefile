@@ -21,7 +21,7 @@ build: setup
 # mistakes as a user sees them.
 DEMO_DIR ?= target/demo/digits
 demo: build
-	@rm -rf $(DEMO_DIR)
+	@rm -rf $(DEMO_DIR) target/demo/digits_tfrecord target/demo/cache
 	@echo "== estc train examples/digits_mlp.est"
 	@./target/release/estc train examples/digits_mlp.est --model-dir $(DEMO_DIR)
 	@echo "== estc eval examples/digits_mlp.est (the held-out test split)"
@@ -31,6 +31,16 @@ demo: build
 	@echo "== estc predict examples/digits_mlp.est"
 	@./target/release/estc predict examples/digits_mlp.est --model-dir $(DEMO_DIR)
 	@head -c 200 $(DEMO_DIR)/predictions/predictions.jsonl; echo " ..."
+	@echo "== estc data convert: the digits CSVs as TFRecord shards"
+	@./target/release/estc data convert --from csv examples/data/digits_train.csv --shards 2 \
+	  --group pixels=p0:p63 --type pixels=float -o examples/data/tfrecord/digits_train
+	@./target/release/estc data convert --from csv examples/data/digits_test.csv \
+	  --group pixels=p0:p63 --type pixels=float -o examples/data/tfrecord/digits_test
+	@echo "== estc perf-input examples/digits_tfrecord.est (2 input workers, interleave, parallel map, disk cache)"
+	@EST_CACHE_DIR=target/demo/cache ./target/release/estc perf-input examples/digits_tfrecord.est --time 1
+	@echo "== estc train and eval examples/digits_tfrecord.est"
+	@EST_CACHE_DIR=target/demo/cache ./target/release/estc train examples/digits_tfrecord.est --model-dir target/demo/digits_tfrecord
+	@EST_CACHE_DIR=target/demo/cache ./target/release/estc eval examples/digits_tfrecord.est --model-dir target/demo/digits_tfrecord
 	@for f in examples/*.est; do \
 	  for t in host wafer; do \
 	    ./target/release/estc check $$f --target $$t || exit 1; \

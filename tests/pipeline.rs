@@ -215,6 +215,11 @@ fn csv_tsv_npy_sources() {
     let body = "zip(npy(\"x.npy\", element: f32[2]), range(3)) |> batch(3, drop_remainder: true)";
     let b = batches(&mut pipe(&d, body, 2, ""), 5);
     assert_eq!(feats(&b), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    // text: lines without their line ends
+    std::fs::write(d.join("l.txt"), "ab\ncd\r\nef\n").unwrap();
+    let body = "text(\"l.txt\") |> map(|s| (cast(decode_raw(s, u8, length: 2), f32), 1)) |> batch(3, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 2, ""), 5);
+    assert_eq!(feats(&b), [97.0, 98.0, 99.0, 100.0, 101.0, 102.0]);
     // a malformed row is an error naming the file and line
     std::fs::write(d.join("a.csv"), "x0,x1,y\n1,2,0\n3.5,oops,1\n").unwrap();
     let body = "csv(\"a.csv\", columns: { x: f32[2], y: i32 }) |> map(|r| (r.x, r.y)) |> batch(2, drop_remainder: true)";

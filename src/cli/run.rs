@@ -293,7 +293,7 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     } else {
         0.0
     };
-    let workers = est.pipe_options().workers;
+    let workers = est.pipe_options(mode).workers;
     let skipped = pipe.skipped();
     if a.out.message_format == MessageFormat::Json {
         let v = serde_json::json!({

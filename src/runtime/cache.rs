@@ -277,7 +277,10 @@ pub fn load(path: &Path, fp: u64) -> Option<Vec<Element>> {
 pub fn store(path: &Path, id: &str, fp: u64, elems: &[Element]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per writer: input workers may write the same cache at the same time.
+    static WRITER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     {
         let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
         let mut head = MAGIC.to_vec();

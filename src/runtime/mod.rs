@@ -542,11 +542,14 @@ impl Estimator {
         Ok((c, ds))
     }
 
-    /// How this estimator runs its input pipelines: the run seed, `input_workers`, and
-    /// the cache directory.
-    pub fn pipe_options(&self) -> PipeOptions {
+    /// How this estimator runs a mode's input pipeline: the run seed, the cache
+    /// directory, and `input_workers` for training (evaluation and prediction read
+    /// their input once, with one worker, so that every element counts once).
+    pub fn pipe_options(&self, mode: SectionKind) -> PipeOptions {
         let mut o = PipeOptions::new(self.seed, &self.base);
-        o.workers = self.info.config.input_workers.max(1) as usize;
+        if mode == SectionKind::Train {
+            o.workers = self.info.config.input_workers.max(1) as usize;
+        }
         if let Some(d) = &self.cache_dir {
             o.cache_dir = d.clone();
         }
@@ -554,8 +557,8 @@ impl Estimator {
     }
 
     /// Starts a mode's pipeline, after checking its files.
-    fn start_pipeline(&self, ds: &Dataset) -> Res<Pipeline> {
-        Ok(Pipeline::new(ds, &self.pipe_options())?)
+    fn start_pipeline(&self, ds: &Dataset, mode: SectionKind) -> Res<Pipeline> {
+        Ok(Pipeline::new(ds, &self.pipe_options(mode))?)
     }
 
     /// Counts the damaged records a finished pipeline skipped, and says so.
@@ -579,7 +582,7 @@ impl Estimator {
     pub fn input_pipeline(&self, mode: SectionKind) -> Res<(Pipeline, Vec<String>)> {
         let (_, ds) = self.input(mode)?;
         let names = pipeline::leaf_paths(ds.elem());
-        Ok((self.start_pipeline(&ds)?, names))
+        Ok((self.start_pipeline(&ds, mode)?, names))
     }
 
     fn plan_train(&self, g: &Graph) -> Res<TrainPlan> {
@@ -710,7 +713,7 @@ impl Estimator {
         let shards = cfg.num_shards.max(1) as usize;
         let plan = self.plan_train(&c.graph)?;
         let names = Self::input_names(&c.graph);
-        let mut pipe = self.start_pipeline(&ds)?;
+        let mut pipe = self.start_pipeline(&ds, SectionKind::Train)?;
         pipe.skip_to(self.input_position)?;
         let mut summaries = None;
         for h in &mut self.hooks {
@@ -982,7 +985,7 @@ impl Estimator {
             }
             reducers.push(rs);
         }
-        let mut pipe = self.start_pipeline(&ds)?;
+        let mut pipe = self.start_pipeline(&ds, SectionKind::Eval)?;
         let (mut loss_sum, mut count) = (0.0, 0u64);
         while steps.is_none_or(|s| count < s) {
             let Some(batches) = self.next_batches(&mut pipe, shards)? else {
@@ -1063,7 +1066,7 @@ impl Estimator {
             .collect();
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
-        let mut pipe = self.start_pipeline(&ds)?;
+        let mut pipe = self.start_pipeline(&ds, SectionKind::Predict)?;
         std::fs::create_dir_all(out)
             .map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
         let mut lines = String::new();
