@@ -357,3 +357,76 @@ fn perf_input_runs_the_pipeline_alone() {
     let o = estc(&["perf-input", "examples/digits_mlp.est", "--input", "eval"]);
     assert!(stdout(&o).starts_with("9 batches in "), "{}", stdout(&o));
 }
+
+/// `estc data convert`: CSV to sharded TFRecord, which `perf-input` then reads with two
+/// input workers; a missing input is exit status 2 with its code.
+#[test]
+fn data_convert_then_perf_input() {
+    let dir = std::env::temp_dir().join(format!("estc-cli-convert-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = dir.join("digits");
+    let o = estc(&[
+        "data",
+        "convert",
+        "--from",
+        "csv",
+        "examples/data/digits_test.csv",
+        "-o",
+        prefix.to_str().unwrap(),
+        "--shards",
+        "2",
+        "--group",
+        "pixels=p0:p63",
+        "--type",
+        "pixels=float",
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["records"].as_u64(), Some(360));
+    assert_eq!(v["files"].as_array().unwrap().len(), 2);
+    assert_eq!(v["features"][0]["name"], "pixels");
+    assert_eq!(v["features"][0]["kind"], "float_list");
+    assert_eq!(v["features"][0]["values"], 64);
+    let program = format!(
+        "use std.nn.dense\nuse std.losses.softmax_cross_entropy\n\
+         input d() {{ tfrecord(\"{}-*.tfrecord\") |> interleave(2) |> parse {{ pixels: f32[64], label: i32 }}\n\
+           |> map |r| (r.pixels / 16.0, r.label)\n  |> batch(40, drop_remainder: true) }}\n\
+         model m(features: f32[B, 64], labels: i32[B]) {{\n\
+           train {{ minimize softmax_cross_entropy(labels, dense(features, 10)) with sgd(lr: 0.1) }} }}\n\
+         estimator e {{ model = m  train_input = d()  config {{ input_workers = 2 }} }}\n",
+        prefix.display()
+    );
+    std::fs::write(dir.join("p.est"), program).unwrap();
+    let p = dir.join("p.est");
+    let o = estc(&[
+        "perf-input",
+        p.to_str().unwrap(),
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    // each of the two workers reads the 360 records once: 2 x 9 batches
+    assert_eq!(v["steps"].as_u64(), Some(18));
+    assert_eq!(v["workers"].as_u64(), Some(2));
+    assert_eq!(v["skipped_records"].as_u64(), Some(0));
+    let o = estc(&[
+        "data",
+        "convert",
+        "--from",
+        "csv",
+        "no/such.csv",
+        "-o",
+        prefix.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).starts_with("E0904: cannot read no/such.csv"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
