@@ -5,7 +5,8 @@
       TFRecord file PATH with TensorFlow's own writer.
   tfdata_input.py run PATH --threads T [--cache] [--batches B] [--warmup W]
       Runs TFRecordDataset -> map(parse, num_parallel_calls=AUTOTUNE) -> batch(128,
-      drop_remainder=True) (with `.cache()` after the map, and `.repeat()`), skips W
+      drop_remainder=True) (with `.cache()` after the map, `--shuffle` then
+      `.shuffle(10000)`, and `.repeat()`), skips W
       batches, times B batches, and prints one JSON object with records/sec.
 
 The thread count caps tf.data's private thread pool and TensorFlow's op pools.
@@ -40,7 +41,7 @@ def write(path, records):
             w.write(ex.SerializeToString())
 
 
-def run(path, threads, cache, batches, warmup):
+def run(path, threads, cache, batches, warmup, shuffle=False):
     import tensorflow as tf
 
     if os.environ.get("TFDATA_OP_THREADS", "1") == "1":
@@ -59,6 +60,8 @@ def run(path, threads, cache, batches, warmup):
     ds = tf.data.TFRecordDataset(path).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     if cache:
         ds = ds.cache()
+    if shuffle:
+        ds = ds.shuffle(10000, seed=1)
     ds = ds.repeat().batch(128, drop_remainder=True)
     opts = tf.data.Options()
     opts.threading.private_threadpool_size = threads
@@ -84,13 +87,14 @@ def main():
     r.add_argument("path")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--cache", action="store_true")
+    r.add_argument("--shuffle", action="store_true", help="shuffle(10000) after the cache")
     r.add_argument("--batches", type=int, default=469)
     r.add_argument("--warmup", type=int, default=20)
     a = p.parse_args()
     if a.cmd == "write":
         write(a.path, a.records)
     else:
-        run(a.path, a.threads, a.cache, a.batches, a.warmup)
+        run(a.path, a.threads, a.cache, a.batches, a.warmup, a.shuffle)
 
 
 if __name__ == "__main__":

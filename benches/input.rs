@@ -5,7 +5,9 @@
 //! `target/bench-input/` once.
 //!
 //! The pipeline, on both sides: TFRecord -> parse -> decode_raw, cast to f32, / 255 ->
-//! (cache) -> repeat -> batch(128, drop_remainder). est runs it with `Estimator`'s
+//! (cache) -> repeat -> batch(128, drop_remainder); a third variant shuffles after the
+//! cache (`shuffle(10000)`), so that batches gather elements instead of taking
+//! consecutive ones. est runs it with `Estimator`'s
 //! pipeline (`map(parallel: T)`); tf.data with `map(parse, num_parallel_calls=AUTOTUNE)`
 //! and a private thread pool of T threads. Each measurement skips `warmup` batches (for
 //! the cached pipelines, more than one epoch, so the cache is full) and times the next
@@ -30,6 +32,7 @@ use std.losses.softmax_cross_entropy
 params {
   threads: int = 1
   cached: bool = false
+  shuffled: bool = false
 }
 
 input mnist() {
@@ -37,6 +40,7 @@ input mnist() {
     |> parse { image_raw: bytes, label: i32 }
     |> map(|r| (cast(decode_raw(r.image_raw, u8), f32) / 255.0, r.label), parallel: params.threads)
   let ds = if params.cached { ds |> cache } else { ds }
+  let ds = if params.shuffled { ds |> shuffle(10_000) } else { ds }
   ds |> repeat |> batch(128, drop_remainder: true)
 }
 
@@ -53,10 +57,34 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn est_rate(dir: &Path, threads: usize, cached: bool, warmup: usize, batches: usize) -> f64 {
+/// One of the measured pipelines.
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Plain,
+    Cached,
+    /// `cache |> shuffle(10_000)`: batches gather shuffled elements (a copy each).
+    CachedShuffled,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Plain => "parse + map + batch",
+            Variant::Cached => "with cache",
+            Variant::CachedShuffled => "with cache, then shuffle(10000)",
+        }
+    }
+}
+
+fn est_rate(dir: &Path, threads: usize, v: Variant, warmup: usize, batches: usize) -> f64 {
     let mut program = Program::load(&dir.join("bench.est")).expect("program");
     program.add_override("threads", &threads.to_string(), "bench");
-    program.add_override("cached", &cached.to_string(), "bench");
+    program.add_override("cached", &(v != Variant::Plain).to_string(), "bench");
+    program.add_override(
+        "shuffled",
+        &(v == Variant::CachedShuffled).to_string(),
+        "bench",
+    );
     let est = Estimator::new(&program, &RunOptions::default()).expect("estimator");
     let (mut pipe, _) = est.input_pipeline(SectionKind::Train).expect("pipeline");
     for _ in 0..warmup {
@@ -78,7 +106,7 @@ fn tf_rate(
     script: &Path,
     data: &Path,
     threads: usize,
-    cached: bool,
+    v: Variant,
     warmup: usize,
     batches: usize,
 ) -> f64 {
@@ -89,8 +117,11 @@ fn tf_rate(
         .args(["--threads", &threads.to_string()])
         .args(["--warmup", &warmup.to_string()])
         .args(["--batches", &batches.to_string()]);
-    if cached {
+    if v != Variant::Plain {
         cmd.arg("--cache");
+    }
+    if v == Variant::CachedShuffled {
+        cmd.arg("--shuffle");
     }
     let out = cmd.output().expect("run the tf.data peer");
     assert!(
@@ -147,30 +178,22 @@ fn main() {
     println!("input pipeline, 60,000 MNIST tf.Examples, batch 128; records/sec, medians of {rounds} alternating rounds");
     println!("| pipeline | threads | est | tf.data | est / tf.data |");
     println!("|---|---|---|---|---|");
-    for cached in [false, true] {
+    for v in [Variant::Plain, Variant::Cached, Variant::CachedShuffled] {
         for &t in &threads {
-            let (warmup, n) = if cached {
-                (500, cached_batches)
-            } else {
-                (20, batches)
+            let (warmup, n) = match v {
+                Variant::Plain => (20, batches),
+                _ => (500, cached_batches),
             };
             let (mut e, mut f) = (Vec::new(), Vec::new());
             for _ in 0..rounds {
-                e.push(est_rate(&dir, t, cached, warmup, n));
-                f.push(tf_rate(&python, &script, &data, t, cached, warmup, n));
+                e.push(est_rate(&dir, t, v, warmup, n));
+                f.push(tf_rate(&python, &script, &data, t, v, warmup, n));
             }
             let (me, mf) = (median(e.clone()), median(f.clone()));
-            eprintln!(
-                "  {} threads={t}: est {e:.0?} tf.data {f:.0?}",
-                if cached { "cache" } else { "no cache" }
-            );
+            eprintln!("  {} threads={t}: est {e:.0?} tf.data {f:.0?}", v.name());
             println!(
                 "| {} | {t} | {me:.0} | {mf:.0} | {:.2}x |",
-                if cached {
-                    "with cache"
-                } else {
-                    "parse + map + batch"
-                },
+                v.name(),
                 me / mf
             );
         }
