@@ -67,6 +67,7 @@ fn run_once(layers: usize) -> Run {
             estimator: None,
             config: Vec::new(),
             max_steps: est::elab::MAX_STEPS,
+            hover: false,
         };
         let (_, graphs, _) = est::elab::elaborate(&p, &eopts);
         graphs[0].graph.node_count()

@@ -41,6 +41,9 @@ enum Command {
     /// Work on data files: `estc data convert` turns CSV/TSV, PNG folders and .npy arrays
     /// into sharded TFRecord files of tf.Examples.
     Data(DataArgs),
+    /// Serve the Language Server Protocol over stdin/stdout: diagnostics as you type,
+    /// hover, go to definition, symbols and completion (see docs/editors.md).
+    Lsp(LspArgs),
     /// Explain a diagnostic code (such as E0401) at length, with an example.
     Explain(ExplainArgs),
 }
@@ -93,6 +96,13 @@ struct PerfArgs {
     show: Option<u64>,
     #[command(flatten)]
     out: OutputArgs,
+}
+
+#[derive(Parser)]
+struct LspArgs {
+    /// Talk over stdin/stdout (the only transport; accepted for clients that pass it).
+    #[arg(long)]
+    stdio: bool,
 }
 
 #[derive(Parser)]
@@ -279,6 +289,7 @@ pub fn main() -> i32 {
         Command::Predict(a) => run::run(a, SectionKind::Predict),
         Command::PerfInput(a) => run::perf_input(a),
         Command::Data(a) => data::run(a),
+        Command::Lsp(_) => est::lsp::run_stdio(),
         Command::Explain(a) => explain(a),
     }
 }
@@ -338,6 +349,7 @@ fn check(a: CheckArgs) -> i32 {
         config,
         verify: cfg!(debug_assertions),
         max_steps: est::elab::MAX_STEPS,
+        hover: false,
     };
     let checked = est::check(&program, &opts);
     if let Some(b) = &checked.bug {

@@ -13,6 +13,7 @@ pub mod elab;
 pub mod hash;
 pub mod interp;
 pub mod ir;
+pub mod lsp;
 pub mod passes;
 pub mod program;
 pub mod resolve;
@@ -39,6 +40,8 @@ pub struct CheckOptions {
     pub verify: bool,
     /// How many steps elaboration may take before it stops with E0308.
     pub max_steps: u64,
+    /// Record every expression's type or value (for the language server's hover).
+    pub hover: bool,
 }
 
 impl Default for CheckOptions {
@@ -50,6 +53,7 @@ impl Default for CheckOptions {
             config: Vec::new(),
             verify: cfg!(debug_assertions),
             max_steps: elab::MAX_STEPS,
+            hover: false,
         }
     }
 }
@@ -64,6 +68,8 @@ pub struct Checked {
     pub graphs: Vec<Compiled>,
     /// A pass that broke the IR's invariants (a compiler bug), if any.
     pub bug: Option<passes::PassBug>,
+    /// Every resolved use of a name, with what it refers to.
+    pub refs: Vec<(span::Span, resolve::Target)>,
 }
 
 impl Checked {
@@ -96,13 +102,15 @@ const STACK_SIZE: usize = 512 << 20;
 
 fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
     let mut diags = program.diags.clone();
-    diags.extend(resolve::resolve(program).iter().cloned());
+    let (resolved, refs) = resolve::resolve_with_refs(program);
+    diags.extend(resolved.iter().cloned());
     let eopts = ElabOptions {
         target: opts.target,
         modes: opts.modes.clone(),
         estimator: opts.estimator.clone(),
         config: opts.config.clone(),
         max_steps: opts.max_steps,
+        hover: opts.hover,
     };
     let t = std::time::Instant::now();
     let (estimators, mut graphs, elab_diags) = elab::elaborate(program, &eopts);
@@ -142,6 +150,7 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
         estimators,
         graphs,
         bug,
+        refs,
     }
 }
 

@@ -84,7 +84,22 @@ pub struct Program {
     pub overrides: Vec<crate::elab::ParamOverride>,
     /// False during the quiet rounds of import resolution.
     reporting: bool,
+    /// Where imported files' text comes from before the file system (an editor's open
+    /// documents).
+    overlay: Option<OverlayFn>,
 }
+
+/// An `Overlay` in a `Program` (which is `Debug`).
+struct OverlayFn(Overlay);
+
+impl std::fmt::Debug for OverlayFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Overlay")
+    }
+}
+
+/// Text of files that takes the place of the file system's (for the language server).
+pub type Overlay = std::sync::Arc<dyn Fn(&Path) -> Option<String> + Send + Sync>;
 
 /// The cache key of a module file: its canonical path.
 fn file_key(f: &Path) -> String {
@@ -107,15 +122,44 @@ impl Program {
             &text,
             dir,
             Some(path.to_path_buf()),
+            None,
         ))
     }
 
     /// Loads a program from text; relative imports are resolved from `dir`, if given.
     pub fn from_source(name: &str, text: &str, dir: Option<PathBuf>) -> Program {
-        Program::build(name, text, dir, None)
+        Program::build(name, text, dir, None, None)
     }
 
-    fn build(name: &str, text: &str, dir: Option<PathBuf>, root_file: Option<PathBuf>) -> Program {
+    /// Loads the program rooted at `path` whose text is `text`; imported files are read
+    /// from `overlay` first, then from the file system.
+    pub fn load_with(path: &Path, text: &str, overlay: Overlay) -> Program {
+        let dir = path.parent().map(Path::to_path_buf);
+        Program::build(
+            &path.display().to_string(),
+            text,
+            dir,
+            Some(path.to_path_buf()),
+            Some(OverlayFn(overlay)),
+        )
+    }
+
+    /// The user files (not the standard library) the program loaded.
+    pub fn user_files(&self) -> Vec<(FileId, PathBuf)> {
+        self.modules
+            .iter()
+            .filter(|m| !m.is_std)
+            .map(|m| (m.file, PathBuf::from(self.sources.get(m.file).name.clone())))
+            .collect()
+    }
+
+    fn build(
+        name: &str,
+        text: &str,
+        dir: Option<PathBuf>,
+        root_file: Option<PathBuf>,
+        overlay: Option<OverlayFn>,
+    ) -> Program {
         let mut p = Program {
             sources: SourceMap::default(),
             modules: Vec::new(),
@@ -123,6 +167,7 @@ impl Program {
             diags: Diags::default(),
             overrides: Vec::new(),
             reporting: true,
+            overlay,
         };
         let mut by_path: FxHashMap<String, ModId> = FxHashMap::default();
         let root_key = match &root_file {
@@ -265,7 +310,10 @@ impl Program {
         if let Some(&m) = by_path.get(&key) {
             return Some(m);
         }
-        let text = std::fs::read_to_string(&file).ok()?;
+        let text = match self.overlay.as_ref().and_then(|o| (o.0)(&file)) {
+            Some(t) => t,
+            None => std::fs::read_to_string(&file).ok()?,
+        };
         let m = self.add_module(
             path.to_string(),
             &file.display().to_string(),

@@ -48,18 +48,49 @@ struct Binding {
     warn_unused: bool,
 }
 
+/// What a name in the source refers to (for go to definition and hover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A `let`, a parameter or a loop variable, by the span of its binding.
+    Local(Span),
+    /// A module-level item, or a module.
+    Def(Def),
+    /// A field of the `params` block, by the span of its name.
+    ParamsField(Span),
+}
+
 struct Resolver<'p> {
     p: &'p Program,
+    /// Every name use resolved so far, with what it refers to.
+    refs: Vec<(Span, Target)>,
     m: ModId,
     user: bool,
     scopes: Vec<Vec<Binding>>,
     diags: Diags,
     used_imports: FxHashSet<String>,
     params_fields: FxHashSet<String>,
+    params_spans: FxHashMap<String, Span>,
 }
 
 /// Runs name resolution over the whole program.
 pub fn resolve(p: &Program) -> Diags {
+    resolve_with_refs(p).0
+}
+
+/// Runs name resolution, and also returns every resolved use of a name with what it
+/// refers to, in source order per module.
+pub fn resolve_with_refs(p: &Program) -> (Diags, Vec<(Span, Target)>) {
+    let params_spans: FxHashMap<String, Span> = p
+        .root_module()
+        .ast
+        .items
+        .iter()
+        .filter_map(|i| match &i.kind {
+            ItemKind::Params(f) => Some(f.iter().map(|f| (f.name.name.clone(), f.name.span))),
+            _ => None,
+        })
+        .flatten()
+        .collect();
     let params_fields: FxHashSet<String> = p
         .root_module()
         .ast
@@ -72,9 +103,12 @@ pub fn resolve(p: &Program) -> Diags {
         .flatten()
         .collect();
     let mut all = Diags::default();
+    let mut refs = Vec::new();
     for (i, module) in p.modules.iter().enumerate() {
         let mut r = Resolver {
             p,
+            refs: Vec::new(),
+            params_spans: params_spans.clone(),
             m: ModId(i as u32),
             user: !module.is_std,
             scopes: Vec::new(),
@@ -92,8 +126,9 @@ pub fn resolve(p: &Program) -> Diags {
             r.unused_imports();
         }
         all.extend(r.diags.iter().cloned());
+        refs.append(&mut r.refs);
     }
-    all
+    (all, refs)
 }
 
 impl<'p> Resolver<'p> {
@@ -417,6 +452,9 @@ impl<'p> Resolver<'p> {
             return;
         }
         if n == "params" && self.p.lookup(self.m, "params").is_none() {
+            if let Some(&at) = self.params_spans.get(&f.name) {
+                self.refs.push((f.span, Target::ParamsField(at)));
+            }
             if !self.params_fields.contains(&f.name) {
                 let mut d = Diag::new(
                     Code::UnknownField,
@@ -436,6 +474,9 @@ impl<'p> Resolver<'p> {
             return;
         }
         if let Some(Def::Module(m)) = self.p.lookup(self.m, n) {
+            if let Some(d) = self.p.member(m, &f.name) {
+                self.refs.push((f.span, Target::Def(d)));
+            }
             if self.p.member(m, &f.name).is_none() {
                 let module = self.p.module(m);
                 let mut d = Diag::new(
@@ -467,10 +508,12 @@ impl<'p> Resolver<'p> {
         for scope in self.scopes.iter_mut().rev() {
             if let Some(b) = scope.iter_mut().rev().find(|b| b.name == n) {
                 b.used = true;
+                self.refs.push((span, Target::Local(b.span)));
                 return;
             }
         }
-        if self.p.lookup(self.m, n).is_some() {
+        if let Some(d) = self.p.lookup(self.m, n) {
+            self.refs.push((span, Target::Def(d)));
             if self.p.module(self.m).imports.contains_key(n) {
                 self.used_imports.insert(n.to_string());
             }

@@ -29,6 +29,8 @@ pub struct ElabOptions {
     pub config: Vec<(String, i64)>,
     /// The step budget of each elaboration (see `MAX_STEPS`).
     pub max_steps: u64,
+    /// Record what every expression of a user file evaluates to (`hovers`).
+    pub hover: bool,
 }
 
 /// The run configuration of an estimator, with defaults.
@@ -124,6 +126,8 @@ pub struct EstimatorInfo {
     pub hooks: Vec<HookVal>,
     /// The params as the model sees them (per-shard batch size).
     pub params: Vec<(String, String)>,
+    /// Expressions of the estimator's fields and params, with their values (hover).
+    pub hovers: Vec<(Span, String)>,
 }
 
 /// The graph of one (estimator, mode, target), with the input that feeds it.
@@ -134,6 +138,8 @@ pub struct Compiled {
     pub target: Target,
     pub graph: Graph,
     pub input: Option<Dataset>,
+    /// Expressions evaluated for this mode, with their types or values (hover).
+    pub hovers: Vec<(Span, String)>,
 }
 
 /// Elaborates the program's estimators for the given modes and target.
@@ -231,6 +237,7 @@ fn estimator<'p>(
 ) -> (EstimatorInfo, Vec<Compiled>, Diags) {
     let mut el = Elab::new(p, SectionKind::Train, opts.target);
     el.max_steps = opts.max_steps;
+    el.hovers = opts.hover.then(Vec::new);
     let global = params(&mut el);
     el.params = global.clone();
     check_fields(&mut el, e);
@@ -251,6 +258,7 @@ fn estimator<'p>(
     let hooks = hooks(&mut el, e);
     let model = model_ref(&mut el, e);
     let mut diags = std::mem::take(&mut el.diags);
+    let info_hovers = el.hovers.take().unwrap_or_default();
     let mut compiled = Vec::new();
     for &mode in &opts.modes {
         // Eval falls back to the train input, predict to the eval and then the train
@@ -278,6 +286,7 @@ fn estimator<'p>(
         };
         let mut el = Elab::new(p, mode, opts.target);
         el.max_steps = opts.max_steps;
+        el.hovers = opts.hover.then(Vec::new);
         el.params = per_shard.clone();
         if mode == SectionKind::Train && opts.target == Target::Wafer && !hooks.is_empty() {
             for h in &hooks {
@@ -352,6 +361,7 @@ fn estimator<'p>(
             estimator: e.name.name.clone(),
             mode,
             target: opts.target,
+            hovers: el.hovers.take().unwrap_or_default(),
             graph: el.graph,
             input: graph_input,
         });
@@ -376,6 +386,7 @@ fn estimator<'p>(
         config,
         hooks,
         params: params_shown,
+        hovers: info_hovers,
     };
     (info, compiled, diags)
 }

@@ -19,6 +19,35 @@ pub struct ArgVal<'p> {
 
 impl<'p> Elab<'p> {
     pub fn expr(&mut self, e: &'p Expr) -> Value<'p> {
+        let v = self.expr_value(e);
+        if self.hovers.is_some() {
+            self.record_hover(e.span, &v);
+        }
+        v
+    }
+
+    /// Notes what an expression in a user file evaluated to, for the language server's
+    /// hover: a tensor's type, a dataset's elements, a static value.
+    fn record_hover(&mut self, span: Span, v: &Value<'p>) {
+        if self.p.is_std_file(span.file) {
+            return;
+        }
+        let text = match v {
+            Value::Tensor(n) => self.graph.ty(*n).to_string(),
+            Value::Dataset(d) => format!("dataset of {}", d.elem()),
+            Value::Error | Value::Absent(_) => return,
+            Value::Int(_) => format!("int = {}", super::value::show(v)),
+            Value::Float(_) => format!("float = {}", super::value::show(v)),
+            Value::Bool(_) => format!("bool = {}", super::value::show(v)),
+            Value::Str(_) => format!("string = {}", super::value::show(v)),
+            other => super::value::show(other),
+        };
+        if let Some(h) = &mut self.hovers {
+            h.push((span, text));
+        }
+    }
+
+    fn expr_value(&mut self, e: &'p Expr) -> Value<'p> {
         if !self.step(e.span) {
             return Value::Error;
         }

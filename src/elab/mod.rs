@@ -73,6 +73,8 @@ pub(crate) struct Elab<'p> {
     /// The graph's one global-step node, once made.
     global_step_node: Option<NodeIndex>,
     pub max_steps: u64,
+    /// What each expression of a user file evaluated to, when asked for (hover).
+    pub hovers: Option<Vec<(Span, String)>>,
 }
 
 impl<'p> Elab<'p> {
@@ -99,6 +101,7 @@ impl<'p> Elab<'p> {
             aborted: false,
             global_step_node: None,
             max_steps: MAX_STEPS,
+            hovers: None,
         }
     }
 

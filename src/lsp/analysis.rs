@@ -1,0 +1,531 @@
+//! One check of an open document, and the answers drawn from it: diagnostics, hover,
+//! definitions, symbols and completions.
+
+use super::text::LineIndex;
+use super::{path_uri, Texts};
+use crate::diag::{Diag, Severity};
+use crate::elab::Target;
+use crate::program::{Def, Program};
+use crate::resolve::Target as Ref;
+use crate::span::{FileId, Span};
+use crate::syntax::ast::ItemKind;
+use lsp_types as lt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+pub struct Analysis {
+    program: Program,
+    root: FileId,
+    /// The user files the program read (the document and what it imports).
+    pub files: Vec<PathBuf>,
+    diags: Vec<Diag>,
+    refs: Vec<(Span, Ref)>,
+    /// Expressions with their types or values, shortest first.
+    hovers: Vec<(Span, String)>,
+    index: LineIndex,
+}
+
+impl Analysis {
+    /// Checks the program rooted at `path` with text `text`, on `target`, every mode.
+    pub fn new(path: &Path, text: &str, texts: Texts, target: Target) -> Analysis {
+        let overlay: crate::program::Overlay =
+            Arc::new(move |p: &Path| texts.read().ok()?.get(p).cloned());
+        let program = Program::load_with(path, text, overlay);
+        let opts = crate::CheckOptions {
+            target,
+            verify: false,
+            hover: true,
+            ..Default::default()
+        };
+        let checked = crate::check(&program, &opts);
+        let mut hovers: Vec<(Span, String)> = checked
+            .estimators
+            .iter()
+            .flat_map(|e| e.hovers.iter().cloned())
+            .chain(checked.graphs.iter().flat_map(|g| g.hovers.iter().cloned()))
+            .collect();
+        hovers.sort_by_key(|(s, _)| (s.file, s.len(), s.lo));
+        hovers.dedup_by(|a, b| a.0 == b.0);
+        let root = program.root_module().file;
+        let files = program.user_files().into_iter().map(|f| f.1).collect();
+        Analysis {
+            index: LineIndex::new(text),
+            root,
+            files,
+            diags: checked.diags,
+            refs: checked.refs,
+            hovers,
+            program,
+        }
+    }
+
+    fn text(&self, f: FileId) -> &str {
+        &self.program.sources.get(f).text
+    }
+
+    /// The range of a span of the document.
+    pub fn range(&self, s: Span) -> lt::Range {
+        let (idx, text);
+        let index = if s.file == self.root {
+            &self.index
+        } else {
+            text = self.text(s.file);
+            idx = LineIndex::new(text);
+            &idx
+        };
+        let text = self.text(s.file);
+        lt::Range {
+            start: index.position(text, s.lo as usize),
+            end: index.position(text, s.hi as usize),
+        }
+    }
+
+    /// The URI and range of a span in a user file.
+    pub fn location(&self, s: Span) -> Option<(lt::Uri, lt::Range)> {
+        if self.program.is_std_file(s.file) {
+            return None;
+        }
+        let name = &self.program.sources.get(s.file).name;
+        let uri = lt::Uri::from_str(&path_uri(Path::new(name))).ok()?;
+        Some((uri, self.range(s)))
+    }
+
+    /// The document's diagnostics, with everything the command line shows.
+    pub fn diagnostics(&self) -> Vec<lt::Diagnostic> {
+        self.diags
+            .iter()
+            .filter(|d| d.primary.span.file == self.root)
+            .map(|d| {
+                let mut related = Vec::new();
+                for l in &d.secondary {
+                    if let Some((uri, range)) = self.location(l.span) {
+                        related.push(lt::DiagnosticRelatedInformation {
+                            location: lt::Location { uri, range },
+                            message: l.text.clone(),
+                        });
+                    }
+                }
+                let mut message = d.message.clone();
+                if !d.primary.text.is_empty() {
+                    message.push_str(&format!("\n{}", d.primary.text));
+                }
+                if let Some(h) = &d.help {
+                    message.push_str(&format!("\nhelp: {h}"));
+                }
+                lt::Diagnostic {
+                    range: self.range(d.primary.span),
+                    severity: Some(match d.severity() {
+                        Severity::Error => lt::DiagnosticSeverity::ERROR,
+                        Severity::Warning => lt::DiagnosticSeverity::WARNING,
+                    }),
+                    code: Some(lt::NumberOrString::String(d.code.id().to_string())),
+                    source: Some("estc".into()),
+                    message,
+                    related_information: (!related.is_empty()).then_some(related),
+                    ..Default::default()
+                }
+            })
+            .collect()
+    }
+
+    fn contains(&self, s: Span, offset: usize) -> bool {
+        s.file == self.root && (s.lo as usize) <= offset && offset <= s.hi as usize
+    }
+
+    /// The name use at an offset, with what it refers to.
+    fn reference(&self, offset: usize) -> Option<(Span, Ref)> {
+        self.refs
+            .iter()
+            .filter(|(s, _)| self.contains(*s, offset))
+            .min_by_key(|(s, _)| s.len())
+            .copied()
+    }
+
+    /// The span a reference's definition has.
+    fn def_span(&self, r: Ref) -> Option<Span> {
+        match r {
+            Ref::Local(s) | Ref::ParamsField(s) => Some(s),
+            Ref::Def(Def::Item(m, i)) => {
+                let item = self.program.item(m, i);
+                Some(item.name().map_or(item.span, |n| n.span))
+            }
+            Ref::Def(Def::Module(m)) => {
+                let f = self.program.module(m).file;
+                Some(Span::new(f, 0, 0))
+            }
+        }
+    }
+
+    /// Where the name at an offset is defined.
+    pub fn definition(&self, offset: usize) -> Option<Span> {
+        let (_, r) = self.reference(offset)?;
+        self.def_span(r)
+    }
+
+    /// Hover text at an offset: for a name, its definition's signature and doc
+    /// comment; for an expression, its type or static value.
+    pub fn hover(&self, offset: usize) -> Option<(String, Span)> {
+        let expr = self
+            .hovers
+            .iter()
+            .find(|(s, _)| self.contains(*s, offset))
+            .cloned();
+        let name = self.reference(offset);
+        match (name, expr) {
+            (Some((at, r)), e) => {
+                let def = self.def_span(r)?;
+                let (sig, doc) = self.signature(r, def);
+                let mut out = format!("```est\n{sig}\n```");
+                // the value, unless it is only a kind ("a function")
+                if let Some((_, ty)) =
+                    e.filter(|(s, t)| *s == at && !t.starts_with("a ") && !t.starts_with("an "))
+                {
+                    out.push_str(&format!("\n\n`{ty}`"));
+                }
+                if !doc.is_empty() {
+                    out.push_str(&format!("\n\n{doc}"));
+                }
+                Some((out, at))
+            }
+            (None, Some((s, ty))) => Some((format!("`{ty}`"), s)),
+            (None, None) => None,
+        }
+    }
+
+    /// A definition's first line (up to its body) and the `///` comment above it.
+    fn signature(&self, r: Ref, def: Span) -> (String, String) {
+        let text = self.text(def.file);
+        let start = match r {
+            Ref::Def(Def::Item(m, i)) => self.program.item(m, i).span.lo as usize,
+            Ref::Def(Def::Module(m)) => {
+                return (
+                    format!("module {}", self.program.module(m).path),
+                    String::new(),
+                )
+            }
+            _ => def.lo as usize,
+        };
+        let line_start = text[..start.min(text.len())]
+            .rfind('\n')
+            .map_or(0, |i| i + 1);
+        let line_end = text[line_start..]
+            .find('\n')
+            .map_or(text.len(), |i| line_start + i);
+        let mut sig = text[line_start..line_end].trim().to_string();
+        if let Some(i) = sig.find(" {") {
+            if matches!(r, Ref::Def(_)) {
+                sig.truncate(i);
+            }
+        }
+        let mut doc: Vec<&str> = Vec::new();
+        let mut at = line_start;
+        while at > 0 {
+            let prev_start = text[..at - 1].rfind('\n').map_or(0, |i| i + 1);
+            let line = text[prev_start..at - 1].trim();
+            match line.strip_prefix("///") {
+                Some(d) => doc.push(d.trim()),
+                None => break,
+            }
+            at = prev_start;
+        }
+        doc.reverse();
+        (sig, doc.join("\n"))
+    }
+
+    fn item_names(&self) -> Vec<(String, lt::CompletionItemKind)> {
+        let mut out = Vec::new();
+        let root = self.program.root_module();
+        let kind_of = |k: &ItemKind| match k {
+            ItemKind::Fn(_) => lt::CompletionItemKind::FUNCTION,
+            ItemKind::Input(_) => lt::CompletionItemKind::CONSTRUCTOR,
+            ItemKind::Model(_) => lt::CompletionItemKind::CLASS,
+            _ => lt::CompletionItemKind::VALUE,
+        };
+        for (n, &i) in &root.items {
+            out.push((n.clone(), kind_of(&root.ast.items[i].kind)));
+        }
+        for (n, (d, _, _)) in &root.imports {
+            let k = match d {
+                Def::Module(_) => lt::CompletionItemKind::MODULE,
+                Def::Item(m, i) => kind_of(&self.program.item(*m, *i).kind),
+            };
+            out.push((n.clone(), k));
+        }
+        for pm in crate::program::PRELUDE {
+            if let Some(m) = self.program.modules.iter().find(|m| m.path == *pm) {
+                for (n, &i) in &m.items {
+                    out.push((n.clone(), kind_of(&m.ast.items[i].kind)));
+                }
+            }
+        }
+        out.push(("params".into(), lt::CompletionItemKind::STRUCT));
+        for b in crate::resolve::BUILTIN_VALUES {
+            out.push((b.to_string(), lt::CompletionItemKind::KEYWORD));
+        }
+        out
+    }
+}
+
+fn item(label: impl Into<String>, kind: lt::CompletionItemKind) -> lt::CompletionItem {
+    lt::CompletionItem {
+        label: label.into(),
+        kind: Some(kind),
+        ..Default::default()
+    }
+}
+
+/// Completions at an offset: std modules (and their items) after `use`, members after
+/// `module.` or `params.`, named arguments inside a call, otherwise the names in scope.
+pub fn completion(a: &Analysis, text: &str, offset: usize) -> lt::CompletionResponse {
+    let offset = offset.min(text.len());
+    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line = &text[line_start..offset];
+    let mut items: Vec<lt::CompletionItem> = Vec::new();
+    let trimmed = line.trim_start();
+    if let Some(rest) = trimmed.strip_prefix("use ") {
+        let rest = rest.trim();
+        match rest.rsplit_once('.') {
+            Some((module, _)) if crate::program::STDLIB.iter().any(|(p, _, _)| *p == module) => {
+                if let Some(m) = a.program.modules.iter().find(|m| m.path == module) {
+                    items.extend(
+                        m.items
+                            .keys()
+                            .map(|n| item(n, lt::CompletionItemKind::FUNCTION)),
+                    );
+                }
+            }
+            _ => items.extend(
+                crate::program::STDLIB
+                    .iter()
+                    .map(|(p, _, _)| item(*p, lt::CompletionItemKind::MODULE)),
+            ),
+        }
+        return lt::CompletionResponse::Array(sorted(items));
+    }
+    // `name.` : a module's items or the params fields
+    let before_word = line.trim_end_matches(|c: char| c.is_alphanumeric() || c == '_');
+    if let Some(base) = before_word.strip_suffix('.') {
+        let name: String = base
+            .chars()
+            .rev()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        if name == "params" {
+            for it in &a.program.root_module().ast.items {
+                if let ItemKind::Params(fs) = &it.kind {
+                    items.extend(
+                        fs.iter()
+                            .map(|f| item(&f.name.name, lt::CompletionItemKind::FIELD)),
+                    );
+                }
+            }
+        } else if let Some(Def::Module(m)) = a.program.lookup(a.program.root, &name) {
+            items.extend(
+                a.program
+                    .module(m)
+                    .items
+                    .keys()
+                    .map(|n| item(n, lt::CompletionItemKind::FUNCTION)),
+            );
+        }
+        return lt::CompletionResponse::Array(sorted(items));
+    }
+    // inside a call: its named arguments first
+    if let Some(callee) = enclosing_call(&text[..offset]) {
+        if let Some(Def::Item(m, i)) = a.program.lookup(a.program.root, &callee) {
+            if let ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f) =
+                &a.program.item(m, i).kind
+            {
+                for p in &f.params {
+                    let mut c = item(
+                        format!("{}:", p.name.name),
+                        lt::CompletionItemKind::PROPERTY,
+                    );
+                    c.insert_text = Some(format!("{}: ", p.name.name));
+                    c.sort_text = Some(format!("0{}", p.name.name));
+                    items.push(c);
+                }
+            }
+        }
+    }
+    for (n, k) in a.item_names() {
+        items.push(item(n, k));
+    }
+    for n in locals(&text[..offset]) {
+        items.push(item(n, lt::CompletionItemKind::VARIABLE));
+    }
+    lt::CompletionResponse::Array(sorted(items))
+}
+
+fn sorted(mut items: Vec<lt::CompletionItem>) -> Vec<lt::CompletionItem> {
+    items.sort_by(|a, b| {
+        (a.sort_text.as_ref().unwrap_or(&a.label), &a.label)
+            .cmp(&(b.sort_text.as_ref().unwrap_or(&b.label), &b.label))
+    });
+    items.dedup_by(|a, b| a.label == b.label);
+    items
+}
+
+/// The name of the innermost call whose `(` is open before the end of `text`.
+fn enclosing_call(text: &str) -> Option<String> {
+    let mut depth = 0i32;
+    for (i, c) in text.char_indices().rev() {
+        match c {
+            ')' | ']' => depth += 1,
+            '[' => depth -= 1,
+            '(' if depth > 0 => depth -= 1,
+            '(' => {
+                let name: String = text[..i]
+                    .chars()
+                    .rev()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                return (!name.is_empty()).then_some(name);
+            }
+            '{' | '}' if depth == 0 => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Names bound before the end of `text` in the item it ends in: `let` names, `for`
+/// variables, closure and item parameters.
+fn locals(text: &str) -> Vec<String> {
+    let start = ["\nfn ", "\nmodel ", "\ninput ", "\nestimator ", "\nparams "]
+        .iter()
+        .filter_map(|k| text.rfind(k))
+        .max()
+        .unwrap_or(0);
+    let body = &text[start..];
+    let mut out = Vec::new();
+    let word = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    for kw in ["let ", "for "] {
+        for (i, _) in body.match_indices(kw) {
+            let w = word(&body[i + kw.len()..]);
+            if !w.is_empty() {
+                out.push(w);
+            }
+        }
+    }
+    // parameters of the item: the first (...) after its name
+    if let Some(open) = body.find('(') {
+        if let Some(close) = body[open..].find(')') {
+            for p in body[open + 1..open + close].split(',') {
+                let w = word(p);
+                if !w.is_empty() {
+                    out.push(w);
+                }
+            }
+        }
+    }
+    // closure parameters |a, b|
+    let mut parts = body.split('|');
+    parts.next();
+    for (k, p) in parts.enumerate() {
+        if k % 2 == 0 && !p.contains('\n') && p.len() < 80 {
+            for w in p.split(',').map(word).filter(|w| !w.is_empty()) {
+                out.push(w);
+            }
+        }
+    }
+    out
+}
+
+/// The document's items as symbols: params (with their fields), functions, inputs,
+/// models, estimators.
+pub fn symbols(a: &Analysis) -> lt::DocumentSymbolResponse {
+    let mut out = Vec::new();
+    for it in &a.program.root_module().ast.items {
+        #[allow(deprecated)]
+        let sym =
+            |name: String,
+             kind: lt::SymbolKind,
+             detail: Option<String>,
+             span: Span,
+             sel: Span,
+             children: Option<Vec<lt::DocumentSymbol>>| lt::DocumentSymbol {
+                name,
+                detail,
+                kind,
+                tags: None,
+                deprecated: None,
+                range: a.range(span),
+                selection_range: a.range(sel),
+                children,
+            };
+        let s = match &it.kind {
+            ItemKind::Params(fs) => {
+                let children = fs
+                    .iter()
+                    .map(|f| {
+                        let span = f.name.span.to(f.default.span);
+                        sym(
+                            f.name.name.clone(),
+                            lt::SymbolKind::FIELD,
+                            None,
+                            span,
+                            f.name.span,
+                            None,
+                        )
+                    })
+                    .collect();
+                sym(
+                    "params".into(),
+                    lt::SymbolKind::STRUCT,
+                    None,
+                    it.span,
+                    it.span,
+                    Some(children),
+                )
+            }
+            ItemKind::Fn(f) => sym(
+                f.name.name.clone(),
+                lt::SymbolKind::FUNCTION,
+                Some("fn".into()),
+                it.span,
+                f.name.span,
+                None,
+            ),
+            ItemKind::Input(f) => sym(
+                f.name.name.clone(),
+                lt::SymbolKind::CONSTRUCTOR,
+                Some("input".into()),
+                it.span,
+                f.name.span,
+                None,
+            ),
+            ItemKind::Model(f) => sym(
+                f.name.name.clone(),
+                lt::SymbolKind::CLASS,
+                Some("model".into()),
+                it.span,
+                f.name.span,
+                None,
+            ),
+            ItemKind::Estimator(e) => sym(
+                e.name.name.clone(),
+                lt::SymbolKind::OBJECT,
+                Some("estimator".into()),
+                it.span,
+                e.name.span,
+                None,
+            ),
+            ItemKind::Use(_) | ItemKind::Error(_) => continue,
+        };
+        out.push(s);
+    }
+    lt::DocumentSymbolResponse::Nested(out)
+}

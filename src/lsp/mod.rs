@@ -1,0 +1,552 @@
+//! `estc lsp`: the language server. This module is the only place that knows the
+//! Language Server Protocol or JSON-RPC; everything it reports comes from the same
+//! pipeline as `estc check` (`crate::check`), run on the editor's text.
+//!
+//! - **Sync.** Full and incremental text sync; edits are applied strictly in order. A
+//!   range is clamped as the protocol says (a position past the end of a line is its
+//!   end); a range whose start comes after its end rejects that change, with an error
+//!   message to the client, and the document keeps its text.
+//! - **Diagnostics** are published on open and save at once, and after a change once no
+//!   further change has come for `DEBOUNCE`. Each open document is checked as the root
+//!   of its program, with the text of open documents in place of the files they import;
+//!   a change re-checks every open document whose program reads the changed file. A
+//!   result is published only if the document is still at the version it was computed
+//!   for (a result for an older version is dropped).
+//! - **Target**: `initializationOptions.target` or `workspace/didChangeConfiguration`
+//!   (`{"settings": {"est": {"target": "host"}}}`), default `wafer`, the strictest.
+//! - **Requests**: hover, definition, document symbols, completion. Requests for
+//!   documents that are not open, malformed parameters, unknown methods and malformed
+//!   JSON get JSON-RPC errors; the server never stops on bad input.
+
+mod analysis;
+mod text;
+
+use crate::elab::Target;
+use analysis::Analysis;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use lsp_server::{ErrorCode, Message, Notification, Request, RequestId, Response};
+use lsp_types as lt;
+use rustc_hash::FxHashMap;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+pub use text::{apply_change, LineIndex};
+
+/// How long the server waits after a change for more changes before checking.
+pub const DEBOUNCE: Duration = Duration::from_millis(15);
+
+/// An open document.
+struct Doc {
+    text: String,
+    version: i32,
+    path: PathBuf,
+    /// Its latest analysis, and whether the text changed since.
+    analysis: Option<Arc<Analysis>>,
+    dirty: bool,
+}
+
+/// The open documents' text by path, shared with the program loader.
+type Texts = Arc<RwLock<FxHashMap<PathBuf, String>>>;
+
+/// The server's state.
+pub struct Server {
+    out: Sender<Message>,
+    docs: FxHashMap<String, Doc>,
+    texts: Texts,
+    target: Target,
+    initialized: bool,
+    shutdown: bool,
+    /// When the pending changes are to be checked.
+    due: Option<Instant>,
+}
+
+/// Serves one client over `input` and `output` until `exit` or the end of the input.
+/// Returns the process exit status: 0 after `shutdown` then `exit`, 1 otherwise.
+pub fn serve(input: Receiver<Message>, output: Sender<Message>) -> i32 {
+    let mut s = Server {
+        out: output,
+        docs: FxHashMap::default(),
+        texts: Arc::new(RwLock::new(FxHashMap::default())),
+        target: Target::Wafer,
+        initialized: false,
+        shutdown: false,
+        due: None,
+    };
+    loop {
+        let msg = match s.due {
+            Some(due) => match input.recv_timeout(due.saturating_duration_since(Instant::now())) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => {
+                    s.due = None;
+                    s.check_dirty(&input);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return 1,
+            },
+            None => match input.recv() {
+                Ok(m) => m,
+                Err(_) => return 1,
+            },
+        };
+        if let Some(code) = s.handle(msg) {
+            return code;
+        }
+    }
+}
+
+/// Runs the server on stdin and stdout (`estc lsp`).
+pub fn run_stdio() -> i32 {
+    let (to_server, input) = crossbeam_channel::unbounded::<Message>();
+    let (output, from_server) = crossbeam_channel::unbounded::<Message>();
+    let stdout = Arc::new(std::sync::Mutex::new(std::io::stdout()));
+    let w = stdout.clone();
+    let writer = std::thread::spawn(move || {
+        for m in from_server {
+            let mut out = w.lock().expect("stdout");
+            if m.write(&mut *out).is_err() {
+                return;
+            }
+        }
+    });
+    let reader_out = stdout.clone();
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        let mut r = stdin.lock();
+        loop {
+            match text::read_frame(&mut r) {
+                Ok(None) => return,
+                Ok(Some(body)) => match serde_json::from_slice::<Message>(&body) {
+                    Ok(m) => {
+                        if to_server.send(m).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        // Not a message: answer with JSON-RPC's parse error (or invalid
+                        // request, with the id when there is one), and read on.
+                        let v: Option<Value> = serde_json::from_slice(&body).ok();
+                        let (code, id) = match &v {
+                            Some(v) => (-32600, v.get("id").cloned().unwrap_or(Value::Null)),
+                            None => (-32700, Value::Null),
+                        };
+                        let reply = serde_json::json!({
+                            "jsonrpc": "2.0",
+                            "id": id,
+                            "error": {"code": code, "message": format!("malformed message: {e}")},
+                        })
+                        .to_string();
+                        let mut out = reader_out.lock().expect("stdout");
+                        let _ = text::write_frame(&mut *out, reply.as_bytes());
+                    }
+                },
+                Err(_) => return,
+            }
+        }
+    });
+    let code = serve(input, output);
+    let _ = writer.join();
+    code
+}
+
+fn err(id: RequestId, code: ErrorCode, msg: impl Into<String>) -> Response {
+    Response::new_err(id, code as i32, msg.into())
+}
+
+impl Server {
+    fn send(&self, m: impl Into<Message>) {
+        let _ = self.out.send(m.into());
+    }
+
+    fn notify<N: lt::notification::Notification>(&self, params: N::Params) {
+        self.send(Notification::new(N::METHOD.to_string(), params));
+    }
+
+    fn show_error(&self, message: String) {
+        self.notify::<lt::notification::ShowMessage>(lt::ShowMessageParams {
+            typ: lt::MessageType::ERROR,
+            message,
+        });
+    }
+
+    /// Handles one message; `Some(status)` when the server is to exit.
+    fn handle(&mut self, msg: Message) -> Option<i32> {
+        match msg {
+            Message::Request(r) => self.request(r),
+            Message::Notification(n) => return self.notification(n),
+            Message::Response(_) => {}
+        }
+        None
+    }
+
+    fn request(&mut self, r: Request) {
+        let id = r.id.clone();
+        if r.method == "initialize" {
+            if self.initialized {
+                return self.send(err(id, ErrorCode::InvalidRequest, "already initialized"));
+            }
+            let params: lt::InitializeParams = match serde_json::from_value(r.params) {
+                Ok(p) => p,
+                Err(e) => return self.send(err(id, ErrorCode::InvalidParams, e.to_string())),
+            };
+            if let Some(t) = params.initialization_options.as_ref().and_then(target_of) {
+                self.target = t;
+            }
+            self.initialized = true;
+            let caps = lt::ServerCapabilities {
+                text_document_sync: Some(lt::TextDocumentSyncCapability::Options(
+                    lt::TextDocumentSyncOptions {
+                        open_close: Some(true),
+                        change: Some(lt::TextDocumentSyncKind::INCREMENTAL),
+                        save: Some(lt::TextDocumentSyncSaveOptions::Supported(true)),
+                        ..Default::default()
+                    },
+                )),
+                hover_provider: Some(lt::HoverProviderCapability::Simple(true)),
+                definition_provider: Some(lt::OneOf::Left(true)),
+                document_symbol_provider: Some(lt::OneOf::Left(true)),
+                completion_provider: Some(lt::CompletionOptions {
+                    trigger_characters: Some(vec![".".into(), "(".into(), " ".into()]),
+                    ..Default::default()
+                }),
+                position_encoding: Some(lt::PositionEncodingKind::UTF16),
+                ..Default::default()
+            };
+            let result = lt::InitializeResult {
+                capabilities: caps,
+                server_info: Some(lt::ServerInfo {
+                    name: "estc".into(),
+                    version: Some(env!("CARGO_PKG_VERSION").into()),
+                }),
+            };
+            return self.send(Response::new_ok(id, result));
+        }
+        if !self.initialized {
+            return self.send(err(id, ErrorCode::ServerNotInitialized, "initialize first"));
+        }
+        if r.method == "shutdown" {
+            self.shutdown = true;
+            return self.send(Response::new_ok(id, Value::Null));
+        }
+        if self.shutdown {
+            return self.send(err(
+                id,
+                ErrorCode::InvalidRequest,
+                "the server is shutting down",
+            ));
+        }
+        let result = match r.method.as_str() {
+            "textDocument/hover" => self.with_doc(&r.params, |s, a, d, pos| {
+                Ok(serde_json::to_value(s.hover(a, d, pos)).unwrap_or(Value::Null))
+            }),
+            "textDocument/definition" => self.with_doc(&r.params, |s, a, d, pos| {
+                Ok(serde_json::to_value(s.definition(a, d, pos)).unwrap_or(Value::Null))
+            }),
+            "textDocument/completion" => self.with_doc(&r.params, |_, a, d, pos| {
+                Ok(serde_json::to_value(analysis::completion(a, &d.text, pos))
+                    .unwrap_or(Value::Null))
+            }),
+            "textDocument/documentSymbol" => {
+                match serde_json::from_value::<lt::DocumentSymbolParams>(r.params) {
+                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
+                    Ok(p) => match self.analysed(p.text_document.uri.as_str()) {
+                        Err(e) => Err(e),
+                        Ok((a, _)) => {
+                            Ok(serde_json::to_value(analysis::symbols(&a)).unwrap_or(Value::Null))
+                        }
+                    },
+                }
+            }
+            m => Err((ErrorCode::MethodNotFound, format!("unknown method `{m}`"))),
+        };
+        match result {
+            Ok(v) => self.send(Response::new_ok(id, v)),
+            Err((code, msg)) => self.send(err(id, code, msg)),
+        }
+    }
+
+    /// Runs a position request on an open document's up-to-date analysis.
+    fn with_doc(
+        &mut self,
+        params: &Value,
+        f: impl FnOnce(&Self, &Analysis, &Doc, usize) -> Result<Value, (ErrorCode, String)>,
+    ) -> Result<Value, (ErrorCode, String)> {
+        let p: lt::TextDocumentPositionParams = serde_json::from_value(params.clone())
+            .map_err(|e| (ErrorCode::InvalidParams, e.to_string()))?;
+        let uri = p.text_document.uri.as_str().to_string();
+        let (a, _) = self.analysed(&uri)?;
+        let d = &self.docs[&uri];
+        let offset = LineIndex::new(&d.text).offset(&d.text, p.position).ok_or((
+            ErrorCode::InvalidParams,
+            "the position is outside the document".to_string(),
+        ))?;
+        f(self, &a, d, offset)
+    }
+
+    /// The document's analysis, made now if its text changed since the last one.
+    fn analysed(&mut self, uri: &str) -> Result<(Arc<Analysis>, i32), (ErrorCode, String)> {
+        let target = self.target;
+        let texts = self.texts.clone();
+        let d = self
+            .docs
+            .get_mut(uri)
+            .ok_or((ErrorCode::InvalidParams, format!("{uri} is not open")))?;
+        if d.dirty || d.analysis.is_none() {
+            d.analysis = Some(Arc::new(Analysis::new(&d.path, &d.text, texts, target)));
+            d.dirty = false;
+        }
+        Ok((d.analysis.clone().expect("made"), d.version))
+    }
+
+    fn notification(&mut self, n: Notification) -> Option<i32> {
+        if n.method == "exit" {
+            return Some(if self.shutdown { 0 } else { 1 });
+        }
+        if !self.initialized || self.shutdown {
+            return None;
+        }
+        use lt::notification::Notification as _;
+        match n.method.as_str() {
+            lt::notification::DidOpenTextDocument::METHOD => {
+                if let Ok(p) = serde_json::from_value::<lt::DidOpenTextDocumentParams>(n.params) {
+                    let uri = p.text_document.uri.as_str().to_string();
+                    let path = uri_path(&uri);
+                    self.texts
+                        .write()
+                        .expect("texts")
+                        .insert(path.clone(), p.text_document.text.clone());
+                    self.docs.insert(
+                        uri.clone(),
+                        Doc {
+                            text: p.text_document.text,
+                            version: p.text_document.version,
+                            path: path.clone(),
+                            analysis: None,
+                            dirty: true,
+                        },
+                    );
+                    self.mark_dependents(&path);
+                    self.publish(&uri);
+                }
+            }
+            lt::notification::DidChangeTextDocument::METHOD => {
+                match serde_json::from_value::<lt::DidChangeTextDocumentParams>(n.params) {
+                    Ok(p) => self.change(p),
+                    Err(e) => self.show_error(format!("bad didChange: {e}")),
+                }
+            }
+            lt::notification::DidSaveTextDocument::METHOD => {
+                if let Ok(p) = serde_json::from_value::<lt::DidSaveTextDocumentParams>(n.params) {
+                    let uri = p.text_document.uri.as_str().to_string();
+                    if self.docs.contains_key(&uri) {
+                        self.check_dirty_now();
+                        self.publish(&uri);
+                    }
+                }
+            }
+            lt::notification::DidCloseTextDocument::METHOD => {
+                if let Ok(p) = serde_json::from_value::<lt::DidCloseTextDocumentParams>(n.params) {
+                    let uri = p.text_document.uri.as_str().to_string();
+                    if let Some(d) = self.docs.remove(&uri) {
+                        self.texts.write().expect("texts").remove(&d.path);
+                        self.mark_dependents(&d.path);
+                        self.send_diagnostics(&uri, Vec::new(), None);
+                    }
+                }
+            }
+            lt::notification::DidChangeConfiguration::METHOD => {
+                if let Ok(p) = serde_json::from_value::<lt::DidChangeConfigurationParams>(n.params)
+                {
+                    let t = p
+                        .settings
+                        .get("est")
+                        .and_then(target_of)
+                        .or_else(|| target_of(&p.settings));
+                    if let Some(t) = t {
+                        if t != self.target {
+                            self.target = t;
+                            for d in self.docs.values_mut() {
+                                d.dirty = true;
+                            }
+                            self.check_dirty_now();
+                        }
+                    }
+                }
+            }
+            _ => {} // other notifications (`initialized`, `$/...`) need nothing
+        }
+        None
+    }
+
+    fn change(&mut self, p: lt::DidChangeTextDocumentParams) {
+        let uri = p.text_document.uri.as_str().to_string();
+        let Some(d) = self.docs.get_mut(&uri) else {
+            return self.show_error(format!("didChange for {uri}, which is not open"));
+        };
+        let mut text = d.text.clone();
+        for c in &p.content_changes {
+            if let Err(m) = apply_change(&mut text, c) {
+                let msg = format!(
+                    "rejected an edit of {uri} (version {}): {m}; the document keeps version {}",
+                    p.text_document.version, d.version
+                );
+                return self.show_error(msg);
+            }
+        }
+        d.text = text;
+        d.version = p.text_document.version;
+        d.dirty = true;
+        let path = d.path.clone();
+        self.texts
+            .write()
+            .expect("texts")
+            .insert(path.clone(), d.text.clone());
+        self.mark_dependents(&path);
+        self.due = Some(Instant::now() + DEBOUNCE);
+    }
+
+    /// Marks every open document whose program reads `path` for a new check.
+    fn mark_dependents(&mut self, path: &std::path::Path) {
+        for d in self.docs.values_mut() {
+            if d.path == path
+                || d.analysis
+                    .as_ref()
+                    .is_some_and(|a| a.files.iter().any(|f| f == path))
+            {
+                d.dirty = true;
+            }
+        }
+        if self.due.is_none() {
+            self.due = Some(Instant::now() + DEBOUNCE);
+        }
+    }
+
+    /// Checks the changed documents and publishes their diagnostics, unless a newer
+    /// change arrived meanwhile (then that result is dropped and the check waits again).
+    fn check_dirty(&mut self, input: &Receiver<Message>) {
+        let dirty: Vec<String> = self
+            .docs
+            .iter()
+            .filter(|(_, d)| d.dirty)
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uri in dirty {
+            let Ok((a, version)) = self.analysed(&uri) else {
+                continue;
+            };
+            // Messages that came during the check go first: a newer version of this
+            // document makes the result stale.
+            while let Ok(m) = input.try_recv() {
+                if self.handle(m).is_some() {
+                    return;
+                }
+            }
+            if self
+                .docs
+                .get(&uri)
+                .is_some_and(|d| d.version == version && !d.dirty)
+            {
+                self.send_diagnostics(&uri, a.diagnostics(), Some(version));
+            }
+        }
+    }
+
+    fn check_dirty_now(&mut self) {
+        let dirty: Vec<String> = self
+            .docs
+            .iter()
+            .filter(|(_, d)| d.dirty)
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uri in dirty {
+            self.publish(&uri);
+        }
+    }
+
+    fn publish(&mut self, uri: &str) {
+        if let Ok((a, version)) = self.analysed(uri) {
+            self.send_diagnostics(uri, a.diagnostics(), Some(version));
+        }
+    }
+
+    fn send_diagnostics(&self, uri: &str, diagnostics: Vec<lt::Diagnostic>, version: Option<i32>) {
+        let Ok(uri) = lt::Uri::from_str(uri) else {
+            return;
+        };
+        self.notify::<lt::notification::PublishDiagnostics>(lt::PublishDiagnosticsParams {
+            uri,
+            diagnostics,
+            version,
+        });
+    }
+
+    fn hover(&self, a: &Analysis, _d: &Doc, offset: usize) -> Option<lt::Hover> {
+        let (text, span) = a.hover(offset)?;
+        Some(lt::Hover {
+            contents: lt::HoverContents::Markup(lt::MarkupContent {
+                kind: lt::MarkupKind::Markdown,
+                value: text,
+            }),
+            range: Some(a.range(span)),
+        })
+    }
+
+    fn definition(
+        &self,
+        a: &Analysis,
+        _d: &Doc,
+        offset: usize,
+    ) -> Option<lt::GotoDefinitionResponse> {
+        let span = a.definition(offset)?;
+        let (uri, range) = a.location(span)?;
+        Some(lt::GotoDefinitionResponse::Scalar(lt::Location {
+            uri,
+            range,
+        }))
+    }
+}
+
+/// A target from `{"target": "host"}`.
+fn target_of(v: &Value) -> Option<Target> {
+    match v.get("target")?.as_str()? {
+        "host" => Some(Target::Host),
+        "wafer" => Some(Target::Wafer),
+        _ => None,
+    }
+}
+
+/// The file system path of a `file://` URI (other URIs keep their text as a path).
+pub fn uri_path(uri: &str) -> PathBuf {
+    let Some(rest) = uri.strip_prefix("file://") else {
+        return PathBuf::from(uri);
+    };
+    let mut out = Vec::with_capacity(rest.len());
+    let b = rest.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(x) = u8::from_str_radix(&rest[i + 1..i + 3], 16) {
+                out.push(x);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    PathBuf::from(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The `file://` URI of a path.
+pub fn path_uri(p: &std::path::Path) -> String {
+    let mut s = String::from("file://");
+    for &c in p.to_string_lossy().as_bytes() {
+        if c.is_ascii_alphanumeric() || b"/-_.~".contains(&c) {
+            s.push(c as char);
+        } else {
+            s.push_str(&format!("%{c:02X}"));
+        }
+    }
+    s
+}
