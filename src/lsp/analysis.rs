@@ -81,13 +81,23 @@ impl Analysis {
         }
     }
 
-    /// The URI and range of a span in a user file.
+    /// The URI and range of a span. Standard library files are written out (once per
+    /// version) under the system's temporary directory, so that editors can open them.
     pub fn location(&self, s: Span) -> Option<(lt::Uri, lt::Range)> {
-        if self.program.is_std_file(s.file) {
-            return None;
-        }
-        let name = &self.program.sources.get(s.file).name;
-        let uri = lt::Uri::from_str(&path_uri(Path::new(name))).ok()?;
+        let file = self.program.sources.get(s.file);
+        let path = if self.program.is_std_file(s.file) {
+            let p = std::env::temp_dir()
+                .join(format!("est-{}", env!("CARGO_PKG_VERSION")))
+                .join(&file.name);
+            if std::fs::read_to_string(&p).ok().as_deref() != Some(&*file.text) {
+                std::fs::create_dir_all(p.parent()?).ok()?;
+                std::fs::write(&p, &*file.text).ok()?;
+            }
+            p
+        } else {
+            PathBuf::from(&file.name)
+        };
+        let uri = lt::Uri::from_str(&path_uri(&path)).ok()?;
         Some((uri, self.range(s)))
     }
 
@@ -99,6 +109,9 @@ impl Analysis {
             .map(|d| {
                 let mut related = Vec::new();
                 for l in &d.secondary {
+                    if self.program.is_std_file(l.span.file) {
+                        continue;
+                    }
                     if let Some((uri, range)) = self.location(l.span) {
                         related.push(lt::DiagnosticRelatedInformation {
                             location: lt::Location { uri, range },
@@ -129,8 +142,9 @@ impl Analysis {
             .collect()
     }
 
+    /// Whether the character at `offset` is in a span of the document.
     fn contains(&self, s: Span, offset: usize) -> bool {
-        s.file == self.root && (s.lo as usize) <= offset && offset <= s.hi as usize
+        s.file == self.root && (s.lo as usize) <= offset && offset < s.hi as usize
     }
 
     /// The name use at an offset, with what it refers to.

@@ -258,6 +258,14 @@ impl Server {
                     },
                 }
             }
+            // est's own: the server's text of an open document (for tests and tools).
+            "est/documentText" => match r.params.get("uri").and_then(Value::as_str) {
+                None => Err((ErrorCode::InvalidParams, "give {\"uri\": ...}".to_string())),
+                Some(u) => match self.docs.get(u) {
+                    Some(d) => Ok(serde_json::json!({"text": d.text, "version": d.version})),
+                    None => Err((ErrorCode::InvalidParams, format!("{u} is not open"))),
+                },
+            },
             m => Err((ErrorCode::MethodNotFound, format!("unknown method `{m}`"))),
         };
         match result {

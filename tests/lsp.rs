@@ -1,0 +1,541 @@
+//! The language server at the protocol level: an in-memory connection carries
+//! requests and notifications to `est::lsp::serve` on a thread of its own, and the
+//! responses are compared with snapshots (tests/snapshots/lsp__*.snap). One test runs
+//! the real `estc lsp` binary over its stdio; a property test applies thousands of
+//! random edits and checks every answer and the document's text.
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use lsp_server::{Message, Notification, Request, RequestId};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+struct Client {
+    tx: Sender<Message>,
+    rx: Receiver<Message>,
+    next_id: i32,
+    /// Notifications that came while waiting for a response.
+    pending: Vec<Notification>,
+}
+
+const MAIN: &str = "file:///est-test/main.est";
+const LIB: &str = "file:///est-test/lib.est";
+
+impl Client {
+    fn start(init: Value) -> Client {
+        let (tx, server_rx) = unbounded();
+        let (server_tx, rx) = unbounded();
+        std::thread::spawn(move || est::lsp::serve(server_rx, server_tx));
+        let mut c = Client {
+            tx,
+            rx,
+            next_id: 0,
+            pending: Vec::new(),
+        };
+        let r = c.request(
+            "initialize",
+            json!({"capabilities": {}, "initializationOptions": init}),
+        );
+        assert_eq!(r["result"]["serverInfo"]["name"], "estc");
+        c.notify("initialized", json!({}));
+        c
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = RequestId::from(self.next_id);
+        self.tx
+            .send(Message::Request(Request::new(
+                id.clone(),
+                method.into(),
+                params,
+            )))
+            .unwrap();
+        loop {
+            match self
+                .rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("a reply")
+            {
+                Message::Response(r) if r.id == id => return serde_json::to_value(r).unwrap(),
+                Message::Notification(n) => self.pending.push(n),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    fn notify(&self, method: &str, params: Value) {
+        self.tx
+            .send(Message::Notification(Notification::new(
+                method.into(),
+                params,
+            )))
+            .unwrap();
+    }
+
+    /// The next notification with this method.
+    fn next(&mut self, method: &str) -> Value {
+        if let Some(i) = self.pending.iter().position(|n| n.method == method) {
+            return self.pending.remove(i).params;
+        }
+        loop {
+            match self
+                .rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("a notification")
+            {
+                Message::Notification(n) if n.method == method => return n.params,
+                Message::Notification(n) => self.pending.push(n),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    /// The next diagnostics published for `uri`.
+    fn diagnostics(&mut self, uri: &str) -> Value {
+        loop {
+            let p = self.next("textDocument/publishDiagnostics");
+            if p["uri"] == uri {
+                return p;
+            }
+        }
+    }
+
+    fn open(&mut self, uri: &str, text: &str) -> Value {
+        self.notify(
+            "textDocument/didOpen",
+            json!({"textDocument": {"uri": uri, "languageId": "est", "version": 1, "text": text}}),
+        );
+        self.diagnostics(uri)
+    }
+
+    fn change(&self, uri: &str, version: i32, changes: Value) {
+        self.notify(
+            "textDocument/didChange",
+            json!({"textDocument": {"uri": uri, "version": version}, "contentChanges": changes}),
+        );
+    }
+
+    fn at(&mut self, method: &str, uri: &str, line: u32, character: u32) -> Value {
+        self.request(
+            method,
+            json!({"textDocument": {"uri": uri}, "position": {"line": line, "character": character}}),
+        )
+    }
+
+    fn text(&mut self, uri: &str) -> String {
+        let r = self.request("est/documentText", json!({"uri": uri}));
+        r["result"]["text"].as_str().unwrap().to_string()
+    }
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap()
+}
+
+/// A program with a typo (`dense_` for `dense`) and a non-ASCII comment before it on
+/// the same line, so that the range's UTF-16 columns differ from byte columns.
+const PROGRAM: &str = "use std.nn.dense
+use std.losses.softmax_cross_entropy
+
+params {
+  /// Hidden units of the first layer.
+  hidden: int = 32
+}
+
+/// Reads the digits.
+input digits() {
+  csv(\"digits.csv\", columns: { pixels: f32[64], label: i32 })
+    |> map |r| (r.pixels / 16.0, r.label)
+    |> repeat
+    |> batch(32, drop_remainder: true)
+}
+
+/// Two dense layers.
+fn block(x, units: int) { dense(x, units) |> relu }
+
+model mlp(features: f32[B, 64], labels: i32[B]) {
+  let h = block(features, params.hidden)
+  let logits = /* é😀 */ dense_(h, 10)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.1) }
+}
+
+estimator e { model = mlp  train_input = digits()  train_steps = 10 }
+";
+
+#[test]
+fn diagnostics_on_open_and_after_edits() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let d = c.open(MAIN, PROGRAM);
+    insta::assert_snapshot!("open_diagnostics", pretty(&d));
+    let diag = &d["diagnostics"][0];
+    assert_eq!(diag["code"], "E0201");
+    // `/* é😀 */ ` is 12 bytes but 10 UTF-16 units: `dense_` starts at column 25
+    assert_eq!(diag["range"]["start"], json!({"line": 21, "character": 25}));
+    // fix the typo incrementally: delete the `_` (UTF-16 columns 30..31)
+    c.change(
+        MAIN,
+        2,
+        json!([{"range": {"start": {"line": 21, "character": 30}, "end": {"line": 21, "character": 31}}, "text": ""}]),
+    );
+    let d = c.diagnostics(MAIN);
+    assert_eq!(d["version"], 2);
+    assert_eq!(d["diagnostics"], json!([]));
+    assert!(c.text(MAIN).contains("/* é😀 */ dense(h, 10)"));
+    // a full replacement
+    c.change(
+        MAIN,
+        3,
+        json!([{"text": PROGRAM.replace("params.hidden", "params.hiden")}]),
+    );
+    let d = c.diagnostics(MAIN);
+    assert_eq!(d["version"], 3);
+    let msgs: Vec<&str> = d["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        msgs.iter()
+            .any(|m| m.starts_with("`params` has no field `hiden`")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("help: did you mean `hidden`?")),
+        "{msgs:?}"
+    );
+}
+
+#[test]
+fn rapid_changes_publish_only_the_latest_version() {
+    let mut c = Client::start(json!({"target": "host"}));
+    c.open(MAIN, PROGRAM);
+    for v in 2..=6 {
+        c.change(MAIN, v, json!([{"range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}}, "text": "\n"}]));
+    }
+    let d = c.diagnostics(MAIN);
+    assert_eq!(
+        d["version"], 6,
+        "a result for an older version was published"
+    );
+    assert_eq!(d["diagnostics"][0]["range"]["start"]["line"], 26);
+}
+
+#[test]
+fn target_from_configuration() {
+    // without `repeat`, training runs out: an error on the wafer only (E0503)
+    let program = PROGRAM
+        .replace("    |> repeat\n", "")
+        .replace("dense_", "dense");
+    let mut c = Client::start(json!(null));
+    let d = c.open(MAIN, &program);
+    let codes: Vec<&str> = d["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["code"].as_str().unwrap())
+        .collect();
+    assert!(
+        codes.contains(&"E0503"),
+        "the default target is the wafer: {codes:?}"
+    );
+    c.notify(
+        "workspace/didChangeConfiguration",
+        json!({"settings": {"est": {"target": "host"}}}),
+    );
+    let d = c.diagnostics(MAIN);
+    assert_eq!(d["diagnostics"], json!([]));
+}
+
+#[test]
+fn importers_are_rechecked() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let lib = "/// Doubles.\npub fn twice(x) { x * 2.0 }\n";
+    c.open(LIB, lib);
+    let main = PROGRAM
+        .replace("use std.nn.dense\n", "use std.nn.dense\nuse lib.twice\n")
+        .replace("dense_(h, 10)", "dense(twice(h), 10)");
+    let d = c.open(MAIN, &main);
+    assert_eq!(d["diagnostics"], json!([]));
+    // hover and definition across files
+    let h = c.at("textDocument/hover", MAIN, 22, 33);
+    assert!(
+        h["result"]["contents"]["value"]
+            .as_str()
+            .unwrap()
+            .contains("pub fn twice(x)"),
+        "{h}"
+    );
+    let def = c.at("textDocument/definition", MAIN, 22, 33);
+    assert_eq!(def["result"]["uri"], LIB);
+    // renaming the function in the library breaks the importer
+    c.change(LIB, 2, json!([{"text": lib.replace("twice", "thrice")}]));
+    let mut found = false;
+    for _ in 0..4 {
+        let d = c.diagnostics(MAIN);
+        if d["diagnostics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["message"].as_str().unwrap().contains("twice"))
+        {
+            found = true;
+            break;
+        }
+    }
+    assert!(found, "main.est was not re-checked after lib.est changed");
+}
+
+#[test]
+fn hover_definition_symbols_completion() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let program = PROGRAM.replace("dense_", "dense");
+    c.open(MAIN, &program);
+    // hover on an expression (the call `dense(h, 10)`): its tensor type
+    let h = c.at("textDocument/hover", MAIN, 21, 36);
+    insta::assert_snapshot!("hover_tensor", pretty(&h["result"]));
+    // hover on a params field: its declaration and doc comment, and its value
+    let h = c.at("textDocument/hover", MAIN, 20, 35);
+    insta::assert_snapshot!("hover_params_field", pretty(&h["result"]));
+    // hover on a function: its signature and doc comment
+    let h = c.at("textDocument/hover", MAIN, 20, 11);
+    insta::assert_snapshot!("hover_function", pretty(&h["result"]));
+    // go to definition: a local, a function, a params field, a std item
+    let local = c.at("textDocument/definition", MAIN, 21, 31);
+    assert_eq!(
+        local["result"]["range"]["start"],
+        json!({"line": 20, "character": 6})
+    );
+    let func = c.at("textDocument/definition", MAIN, 20, 11);
+    assert_eq!(
+        func["result"]["range"]["start"],
+        json!({"line": 17, "character": 3})
+    );
+    let field = c.at("textDocument/definition", MAIN, 20, 35);
+    assert_eq!(
+        field["result"]["range"]["start"],
+        json!({"line": 5, "character": 2})
+    );
+    let std_item = c.at("textDocument/definition", MAIN, 17, 27);
+    let uri = std_item["result"]["uri"].as_str().unwrap();
+    assert!(uri.ends_with("stdlib/nn.est"), "{uri}");
+    let path = est::lsp::uri_path(uri);
+    assert!(std::fs::read_to_string(path).unwrap().contains("fn dense("));
+    // document symbols
+    let s = c.request(
+        "textDocument/documentSymbol",
+        json!({"textDocument": {"uri": MAIN}}),
+    );
+    insta::assert_snapshot!("symbols", pretty(&s["result"]));
+    // completion: std modules after `use`, params fields, named arguments, names in scope
+    let labels = |v: &Value| -> Vec<String> {
+        v["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["label"].as_str().unwrap().to_string())
+            .collect()
+    };
+    c.change(MAIN, 2, json!([{"text": format!("use std.\n{program}")}]));
+    let l = labels(&c.at("textDocument/completion", MAIN, 0, 8));
+    assert!(
+        l.contains(&"std.nn".to_string()) && l.contains(&"std.losses".to_string()),
+        "{l:?}"
+    );
+    c.change(
+        MAIN,
+        3,
+        json!([{"text": format!("use std.nn.\n{program}")}]),
+    );
+    let l = labels(&c.at("textDocument/completion", MAIN, 0, 11));
+    assert!(l.contains(&"conv2d".to_string()), "{l:?}");
+    c.change(MAIN, 4, json!([{"text": program.clone()}]));
+    let l = labels(&c.at("textDocument/completion", MAIN, 20, 34));
+    assert_eq!(l, ["hidden"]);
+    // inside `block(features, |)`: its parameters first, then the names in scope
+    let l = labels(&c.at("textDocument/completion", MAIN, 20, 25));
+    assert_eq!(&l[..2], ["units:", "x:"]);
+    assert!(
+        l.contains(&"features".to_string())
+            && l.contains(&"labels".to_string())
+            && l.contains(&"dense".to_string()),
+        "{l:?}"
+    );
+    let l = labels(&c.at("textDocument/completion", MAIN, 23, 2));
+    assert!(
+        l.contains(&"logits".to_string()) && l.contains(&"h".to_string()),
+        "{l:?}"
+    );
+}
+
+#[test]
+fn bad_input_gets_errors_and_loses_nothing() {
+    let mut c = Client::start(json!({"target": "host"}));
+    c.open(MAIN, PROGRAM);
+    let r = c.request("textDocument/unknownThing", json!({}));
+    assert_eq!(r["error"]["code"], -32601);
+    let r = c.request("textDocument/hover", json!({"textDocument": 3}));
+    assert_eq!(r["error"]["code"], -32602);
+    let r = c.at("textDocument/hover", "file:///never/opened.est", 0, 0);
+    assert_eq!(r["error"]["code"], -32602);
+    assert_eq!(
+        r["error"]["message"],
+        "file:///never/opened.est is not open"
+    );
+    // an edit whose range ends before it starts is refused; the text stays
+    c.change(MAIN, 2, json!([{"range": {"start": {"line": 3, "character": 0}, "end": {"line": 1, "character": 0}}, "text": "x"}]));
+    let m = c.next("window/showMessage");
+    assert!(
+        m["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("rejected an edit of file:///est-test/main.est (version 2)"),
+        "{m}"
+    );
+    assert_eq!(c.text(MAIN), PROGRAM);
+    // positions past a line's end or the text's end are clamped, as the protocol says
+    c.change(MAIN, 3, json!([{"range": {"start": {"line": 900, "character": 0}, "end": {"line": 901, "character": 5}}, "text": "// end\n"}]));
+    assert_eq!(c.text(MAIN), format!("{PROGRAM}// end\n"));
+    // requests before initialize, after shutdown
+    let r = c.request("shutdown", json!(null));
+    assert_eq!(r["result"], json!(null));
+    let r = c.at("textDocument/hover", MAIN, 0, 0);
+    assert_eq!(r["error"]["code"], -32600);
+}
+
+#[test]
+fn the_binary_speaks_json_rpc_over_stdio() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_estc"))
+        .arg("lsp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let send = |stdin: &mut std::process::ChildStdin, v: Value| {
+        let b = v.to_string();
+        write!(stdin, "Content-Length: {}\r\n\r\n{b}", b.len()).unwrap();
+        stdin.flush().unwrap();
+    };
+    let mut recv = || -> Value {
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            let line = line.trim();
+            if line.is_empty() {
+                break;
+            }
+            if let Some(v) = line.strip_prefix("Content-Length: ") {
+                len = v.parse().unwrap();
+            }
+        }
+        let mut body = vec![0; len];
+        stdout.read_exact(&mut body).unwrap();
+        serde_json::from_slice(&body).unwrap()
+    };
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}}),
+    );
+    let r = recv();
+    assert_eq!(r["result"]["capabilities"]["hoverProvider"], true);
+    assert_eq!(r["result"]["capabilities"]["textDocumentSync"]["change"], 2);
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+    );
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {"uri": MAIN, "languageId": "est", "version": 1, "text": PROGRAM}}}),
+    );
+    let d = recv();
+    assert_eq!(d["method"], "textDocument/publishDiagnostics");
+    assert_eq!(d["params"]["diagnostics"][0]["code"], "E0201");
+    // malformed JSON: a parse error, and the server reads on
+    write!(stdin, "Content-Length: 5\r\n\r\n{{bad}}").unwrap();
+    stdin.flush().unwrap();
+    let e = recv();
+    assert_eq!(e["error"]["code"], -32700);
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "shutdown"}),
+    );
+    assert_eq!(recv()["id"], 2);
+    send(&mut stdin, json!({"jsonrpc": "2.0", "method": "exit"}));
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// The protocol's view of an edit: UTF-16 positions, clamped, applied to `text` by an
+/// independent oracle.
+fn oracle_apply(text: &mut String, sl: u32, sc: u32, el: u32, ec: u32, new: &str) -> bool {
+    let offset = |line: u32, ch: u32| -> usize {
+        let mut at = 0;
+        for (i, l) in text.split('\n').enumerate() {
+            if i as u32 == line {
+                let mut units = 0;
+                for (j, c) in l.char_indices() {
+                    if units >= ch {
+                        return at + j;
+                    }
+                    units += c.len_utf16() as u32;
+                }
+                return at + l.len();
+            }
+            at += l.len() + 1;
+        }
+        text.len()
+    };
+    let (a, b) = (offset(sl, sc), offset(el, ec));
+    if a > b {
+        return false;
+    }
+    text.replace_range(a..b, new);
+    true
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    /// Random edits, many breaking the syntax mid-token, some with non-ASCII text and
+    /// ranges past the ends: the server answers every request and its text is the
+    /// text the edits produce.
+    #[test]
+    fn random_edits_keep_the_text_and_the_server_answers(
+        edits in proptest::collection::vec(
+            (0u32..30, 0u32..60, 0u32..4, 0u32..60, prop_oneof![
+                Just(String::new()), Just("x".to_string()), Just("(".to_string()),
+                Just("}".to_string()), Just("\n".to_string()), Just("é😀".to_string()),
+                Just("let y = ".to_string()), Just("|> batch(".to_string()), "[a-z ]{0,6}",
+            ]),
+            250..400,
+        )
+    ) {
+        let mut c = Client::start(json!({"target": "host"}));
+        c.open(MAIN, PROGRAM);
+        let mut text = PROGRAM.to_string();
+        for (k, (sl, sc, dl, ec, new)) in edits.iter().enumerate() {
+            let el = sl + dl;
+            let applied = oracle_apply(&mut text, *sl, *sc, el, *ec, new);
+            c.change(MAIN, k as i32 + 2, json!([{"range": {"start": {"line": sl, "character": sc}, "end": {"line": el, "character": ec}}, "text": new}]));
+            if !applied {
+                let m = c.next("window/showMessage");
+                prop_assert!(m["message"].as_str().unwrap().starts_with("rejected an edit"));
+            }
+            if k % 25 == 0 {
+                let h = c.at("textDocument/hover", MAIN, *sl, *sc);
+                prop_assert!(h.get("result").is_some(), "{}", h);
+                let s = c.at("textDocument/completion", MAIN, *sl, *sc);
+                prop_assert!(s.get("result").is_some(), "{}", s);
+            }
+        }
+        prop_assert_eq!(c.text(MAIN), text);
+        let s = c.request("textDocument/documentSymbol", json!({"textDocument": {"uri": MAIN}}));
+        prop_assert!(s.get("result").is_some());
+    }
+}
