@@ -301,7 +301,27 @@ impl Server {
             .get_mut(uri)
             .ok_or((ErrorCode::InvalidParams, format!("{uri} is not open")))?;
         if d.dirty || d.analysis.is_none() {
-            d.analysis = Some(Arc::new(Analysis::new(&d.path, &d.text, texts, target)));
+            // A compiler bug must not take the server down: the document then gets an
+            // analysis of nothing, and the client an error message.
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                Analysis::new(&d.path, &d.text, texts.clone(), target)
+            }));
+            let a = match run {
+                Ok(a) => a,
+                Err(_) => {
+                    let _ = self.out.send(Message::Notification(Notification::new(
+                        "window/showMessage".into(),
+                        lt::ShowMessageParams {
+                            typ: lt::MessageType::ERROR,
+                            message: format!(
+                                "internal compiler error while checking {uri}; please report it"
+                            ),
+                        },
+                    )));
+                    Analysis::new(&d.path, "", texts, target)
+                }
+            };
+            d.analysis = Some(Arc::new(a));
             d.dirty = false;
         }
         Ok((d.analysis.clone().expect("made"), d.version))
