@@ -505,30 +505,21 @@ pub fn symbols(a: &Analysis) -> lt::DocumentSymbolResponse {
                     Some(children),
                 )
             }
-            ItemKind::Fn(f) => sym(
-                f.name.name.clone(),
-                lt::SymbolKind::FUNCTION,
-                Some("fn".into()),
-                it.span,
-                f.name.span,
-                None,
-            ),
-            ItemKind::Input(f) => sym(
-                f.name.name.clone(),
-                lt::SymbolKind::CONSTRUCTOR,
-                Some("input".into()),
-                it.span,
-                f.name.span,
-                None,
-            ),
-            ItemKind::Model(f) => sym(
-                f.name.name.clone(),
-                lt::SymbolKind::CLASS,
-                Some("model".into()),
-                it.span,
-                f.name.span,
-                None,
-            ),
+            ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f) => {
+                let (kind, detail) = match &it.kind {
+                    ItemKind::Fn(_) => (lt::SymbolKind::FUNCTION, "fn"),
+                    ItemKind::Input(_) => (lt::SymbolKind::CONSTRUCTOR, "input"),
+                    _ => (lt::SymbolKind::CLASS, "model"),
+                };
+                sym(
+                    f.name.name.clone(),
+                    kind,
+                    Some(detail.into()),
+                    it.span,
+                    f.name.span,
+                    None,
+                )
+            }
             ItemKind::Estimator(e) => sym(
                 e.name.name.clone(),
                 lt::SymbolKind::OBJECT,

@@ -453,13 +453,7 @@ impl Server {
     /// Checks the changed documents and publishes their diagnostics, unless a newer
     /// change arrived meanwhile (then that result is dropped and the check waits again).
     fn check_dirty(&mut self, input: &Receiver<Message>) {
-        let dirty: Vec<String> = self
-            .docs
-            .iter()
-            .filter(|(_, d)| d.dirty)
-            .map(|(u, _)| u.clone())
-            .collect();
-        for uri in dirty {
+        for uri in self.dirty() {
             let Ok((a, version)) = self.analysed(&uri) else {
                 continue;
             };
@@ -481,15 +475,18 @@ impl Server {
     }
 
     fn check_dirty_now(&mut self) {
-        let dirty: Vec<String> = self
-            .docs
+        for uri in self.dirty() {
+            self.publish(&uri);
+        }
+    }
+
+    /// The open documents whose text or imports changed since their last check.
+    fn dirty(&self) -> Vec<String> {
+        self.docs
             .iter()
             .filter(|(_, d)| d.dirty)
             .map(|(u, _)| u.clone())
-            .collect();
-        for uri in dirty {
-            self.publish(&uri);
-        }
+            .collect()
     }
 
     fn publish(&mut self, uri: &str) {

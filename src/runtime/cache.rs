@@ -174,16 +174,8 @@ pub fn file_name(dir: &Path, id: &str, version: Option<&str>, fp: u64) -> (PathB
     (dir.join(name), id)
 }
 
-const DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::I32,
-    DType::U8,
-    DType::Bool,
-    DType::I64,
-    DType::Bytes,
-];
+/// Dtypes are written as their index in `DType::ALL`.
+const DTYPES: [DType; 8] = DType::ALL;
 
 fn encode(e: &Element, out: &mut Vec<u8>) {
     out.clear();
