@@ -287,6 +287,29 @@ fn importers_are_rechecked() {
         }
     }
     assert!(found, "main.est was not re-checked after lib.est changed");
+    // an error in the library that only checking main finds (a shape error where
+    // main calls it) shows at main's `use`, with where it is
+    c.change(
+        LIB,
+        3,
+        json!([{"text": "pub fn twice(x) { reshape(x, [7]) }\n"}]),
+    );
+    let mut shown = None;
+    for _ in 0..4 {
+        let d = c.diagnostics(MAIN);
+        if let Some(x) = d["diagnostics"].as_array().unwrap().iter().find(|d| {
+            d["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("/est-test/lib.est:1:")
+        }) {
+            shown = Some(x.clone());
+            break;
+        }
+    }
+    let shown = shown.expect("the library's shape error is shown in main.est");
+    assert_eq!(shown["range"]["start"], json!({"line": 1, "character": 0}));
+    assert_eq!(shown["relatedInformation"][0]["location"]["uri"], LIB);
 }
 
 #[test]

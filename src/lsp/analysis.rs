@@ -101,12 +101,41 @@ impl Analysis {
         Some((uri, self.range(s)))
     }
 
+    /// Where a diagnostic shows in the document: its own span, or, for one in an
+    /// imported user file that only checking this program finds (elaboration, not
+    /// syntax or names, which that file's own check shows), the `use` that imports it.
+    fn place(&self, d: &Diag) -> Option<Span> {
+        let s = d.primary.span;
+        if s.file == self.root {
+            return Some(s);
+        }
+        let id = d.code.id();
+        if self.program.is_std_file(s.file) || id.starts_with("E01") || id.starts_with("E02") {
+            return None;
+        }
+        let module = self.program.modules.iter().find(|m| m.file == s.file)?;
+        self.program
+            .root_module()
+            .ast
+            .items
+            .iter()
+            .find_map(|it| match &it.kind {
+                ItemKind::Use(u) => {
+                    let path: Vec<&str> = u.path.iter().map(|i| i.name.as_str()).collect();
+                    let joined = path.join(".");
+                    (joined == module.path || joined.starts_with(&format!("{}.", module.path)))
+                        .then_some(it.span)
+                }
+                _ => None,
+            })
+    }
+
     /// The document's diagnostics, with everything the command line shows.
     pub fn diagnostics(&self) -> Vec<lt::Diagnostic> {
         self.diags
             .iter()
-            .filter(|d| d.primary.span.file == self.root)
-            .map(|d| {
+            .filter_map(|d| self.place(d).map(|at| (d, at)))
+            .map(|(d, at)| {
                 let mut related = Vec::new();
                 for l in &d.secondary {
                     if self.program.is_std_file(l.span.file) {
@@ -120,6 +149,24 @@ impl Analysis {
                     }
                 }
                 let mut message = d.message.clone();
+                if at != d.primary.span {
+                    // shown at the `use`: say where it is, and link to it
+                    if let Some((uri, range)) = self.location(d.primary.span) {
+                        message = format!(
+                            "{}:{}:{}: {message}",
+                            self.program.sources.get(d.primary.span.file).name,
+                            range.start.line + 1,
+                            range.start.character + 1
+                        );
+                        related.insert(
+                            0,
+                            lt::DiagnosticRelatedInformation {
+                                location: lt::Location { uri, range },
+                                message: d.primary.text.clone(),
+                            },
+                        );
+                    }
+                }
                 if !d.primary.text.is_empty() {
                     message.push_str(&format!("\n{}", d.primary.text));
                 }
@@ -127,7 +174,7 @@ impl Analysis {
                     message.push_str(&format!("\nhelp: {h}"));
                 }
                 lt::Diagnostic {
-                    range: self.range(d.primary.span),
+                    range: self.range(at),
                     severity: Some(match d.severity() {
                         Severity::Error => lt::DiagnosticSeverity::ERROR,
                         Severity::Warning => lt::DiagnosticSeverity::WARNING,

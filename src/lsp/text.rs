@@ -106,10 +106,12 @@ pub fn read_frame(r: &mut impl BufRead) -> std::io::Result<Option<Vec<u8>>> {
     }
     let len = len.unwrap_or(0);
     if len > 1 << 28 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a message of {len} bytes"),
-        ));
+        // Too large to hold: skip it; the empty body is then answered as malformed.
+        std::io::copy(
+            &mut std::io::Read::take(&mut *r, len as u64),
+            &mut std::io::sink(),
+        )?;
+        return Ok(Some(Vec::new()));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
