@@ -550,6 +550,29 @@ fn resume_mid_epoch_continues_with_the_next_element() {
             "resumed at {at}"
         );
     }
+    // Starting at a position skips without computing what it need not (no closure
+    // runs for a skipped element, no batch is stacked), and gives the same elements,
+    // random numbers included, on 1 or 3 threads, with and without a cache.
+    for (par, cache) in [(1, ""), (3, ""), (1, " |> cache"), (3, " |> cache")] {
+        let body = format!(
+            "tfrecord(\"a.tfrecord\") |> parse {{ image_raw: bytes, label: i32 }} \
+             |> map(|r| (cast(decode_raw(r.image_raw, u8, length: 2), f32) + random_uniform([2]), r.label), parallel: {par}) \
+             {cache} |> repeat |> batch(4, drop_remainder: true)"
+        );
+        let est = estimator(&d, &body, 2, "input_workers = 2");
+        let all = batches(&mut est.input_pipeline(SectionKind::Train).unwrap().0, 40);
+        let ds = est.input_dataset(SectionKind::Train).unwrap();
+        let opts = est.pipe_options(SectionKind::Train);
+        for at in [1u64, 12, 25, 31] {
+            let mut p = Pipeline::new_at(&ds, &opts, at).unwrap();
+            assert_eq!(p.position, at);
+            assert_eq!(
+                batches(&mut p, 40 - at as usize),
+                all[at as usize..],
+                "parallel {par}{cache}, at {at}"
+            );
+        }
+    }
 }
 
 #[test]

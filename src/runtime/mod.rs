@@ -577,6 +577,11 @@ impl Estimator {
         self.skipped_records
     }
 
+    /// The input dataset of a mode, as elaborated.
+    pub fn input_dataset(&self, mode: SectionKind) -> Res<Dataset> {
+        Ok(self.input(mode)?.1)
+    }
+
     /// The input pipeline of a mode, started from its beginning with the run seed (as
     /// `estc perf-input` runs it), with the names of its element's leaves.
     pub fn input_pipeline(&self, mode: SectionKind) -> Res<(Pipeline, Vec<String>)> {
@@ -713,8 +718,11 @@ impl Estimator {
         let shards = cfg.num_shards.max(1) as usize;
         let plan = self.plan_train(&c.graph)?;
         let names = Self::input_names(&c.graph);
-        let mut pipe = self.start_pipeline(&ds, SectionKind::Train)?;
-        pipe.skip_to(self.input_position)?;
+        let mut pipe = Pipeline::new_at(
+            &ds,
+            &self.pipe_options(SectionKind::Train),
+            self.input_position,
+        )?;
         let mut summaries = None;
         for h in &mut self.hooks {
             h.begin(start, last);

@@ -75,6 +75,16 @@ pub trait Stream: Send {
     fn origin(&self) -> Option<Origin> {
         None
     }
+    /// Passes over the next `n` elements, as `next` would have given them (the same
+    /// elements, the same random numbers after them), doing no more work than it must;
+    /// returns how many there were.
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        let mut k = 0;
+        while k < n && self.next()?.is_some() {
+            k += 1;
+        }
+        Ok(k)
+    }
 }
 
 type Src = Box<dyn Stream>;
@@ -192,10 +202,19 @@ pub struct Pipeline {
 impl Pipeline {
     /// Starts a pipeline after checking that its files exist and are not empty.
     pub fn new(ds: &Dataset, opts: &PipeOptions) -> Result<Pipeline, Diag> {
+        Pipeline::new_at(ds, opts, 0)
+    }
+
+    /// Starts a pipeline at element `position` (to resume from a checkpoint). Each
+    /// worker passes over its share of the elements before its thread starts: stages
+    /// that need not compute a skipped element do not (a `map` runs no closure, a batch
+    /// stacks nothing, a cache replay just moves on), and the rest pull as usual.
+    pub fn new_at(ds: &Dataset, opts: &PipeOptions, position: u64) -> Result<Pipeline, Diag> {
         sources::check_sources(ds, &opts.base)?;
         let stages = Arc::new(ds.stages.clone());
         let skipped = Arc::new(AtomicU64::new(0));
-        let workers = (0..opts.workers.max(1))
+        let n = opts.workers.max(1) as u64;
+        let workers = (0..n as usize)
             .map(|w| {
                 let ctx = Arc::new(Ctx {
                     seed: worker_seed(opts.seed, w),
@@ -205,13 +224,16 @@ impl Pipeline {
                     caches: Mutex::new(FxHashMap::default()),
                     skipped: skipped.clone(),
                 });
-                let chain = build(&stages, stages.len(), &ctx, 0, None);
-                Box::new(Prefetch::spawn(chain, opts.prefetch.max(1))) as Src
+                let mut chain = build(&stages, stages.len(), &ctx, 0, None);
+                // positions p < position with p % n == w
+                let share = (position + n - 1 - w as u64) / n;
+                chain.skip(share)?;
+                Ok(Box::new(Prefetch::spawn(chain, opts.prefetch.max(1))) as Src)
             })
-            .collect();
+            .collect::<Result<Vec<_>, Diag>>()?;
         Ok(Pipeline {
             workers,
-            position: 0,
+            position,
             skipped,
         })
     }
@@ -563,12 +585,20 @@ impl Stream for Inline {
     fn origin(&self) -> Option<Origin> {
         self.up.origin()
     }
+
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        // one element in, one out: the function need not run
+        let k = self.up.skip(n)?;
+        self.i += k;
+        Ok(k)
+    }
 }
 
 /// Elements go to the pool in chunks, so that the hand-off costs little per element.
 const CHUNK: usize = 16;
 
-type Job = (u64, Vec<(Element, Option<Origin>)>);
+/// A chunk's number, the index of its first element, and its elements.
+type Job = (u64, u64, Vec<(Element, Option<Origin>)>);
 type Done = (u64, Vec<Result<Element, Diag>>);
 
 /// A per-element function on a pool of threads. The consumer keeps at most `window`
@@ -579,7 +609,8 @@ struct ParMap {
     done: Receiver<Done>,
     pending: BTreeMap<u64, Vec<Result<Element, Diag>>>,
     ready: std::vec::IntoIter<Result<Element, Diag>>,
-    /// Elements sent to the pool and chunks sent and handed on.
+    /// The index of the next element to send (skipped elements count too), and the
+    /// chunks sent and handed on.
     sent_elems: u64,
     sent: u64,
     next: u64,
@@ -600,15 +631,14 @@ impl ParMap {
             let f = f.clone();
             std::thread::spawn(move || loop {
                 let job = rx.lock().map(|r| r.recv());
-                let Ok(Ok((c, items))) = job else {
+                let Ok(Ok((c, first, items))) = job else {
                     return;
                 };
                 let out = items
                     .into_iter()
                     .enumerate()
                     .map(|(j, (e, origin))| {
-                        f(e, c * CHUNK as u64 + j as u64)
-                            .map_err(|d| with_origin(d, origin.as_ref()))
+                        f(e, first + j as u64).map_err(|d| with_origin(d, origin.as_ref()))
                     })
                     .collect();
                 if tx.send((c, out)).is_err() {
@@ -652,11 +682,10 @@ impl ParMap {
             if items.is_empty() {
                 break;
             }
-            // Every chunk but the last is full, so chunk c starts at element c * CHUNK.
-            debug_assert_eq!(self.sent_elems, self.sent * CHUNK as u64);
+            let first = self.sent_elems;
             self.sent_elems += items.len() as u64;
             if let Some(j) = &self.jobs {
-                if j.send((self.sent, items)).is_err() {
+                if j.send((self.sent, first, items)).is_err() {
                     self.up_done = true;
                 }
             }
@@ -666,6 +695,20 @@ impl ParMap {
 }
 
 impl Stream for ParMap {
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        if self.sent > self.next || self.ready.len() > 0 {
+            // elements in flight: take them as they come
+            let mut k = 0;
+            while k < n && self.next()?.is_some() {
+                k += 1;
+            }
+            return Ok(k);
+        }
+        let k = self.up.skip(n)?;
+        self.sent_elems += k;
+        Ok(k)
+    }
+
     fn next(&mut self) -> Next {
         loop {
             if let Some(r) = self.ready.next() {
@@ -850,6 +893,29 @@ impl Stream for Repeat {
         Some(b)
     }
 
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        let mut done = 0;
+        while done < n {
+            let Some(it) = self.current() else {
+                break;
+            };
+            let k = it.skip(n - done)?;
+            done += k;
+            if k > 0 {
+                self.produced_any = true;
+            }
+            if done < n {
+                // this repetition ended
+                self.cur = None;
+                self.rep += 1;
+                if !self.produced_any {
+                    break;
+                }
+            }
+        }
+        Ok(done)
+    }
+
     fn origin(&self) -> Option<Origin> {
         self.cur.as_ref().and_then(|c| c.origin())
     }
@@ -883,6 +949,17 @@ impl Stream for Batch {
         stack(&items, self.padded)
             .map(Some)
             .map_err(|m| Diag::new(Code::BadData, self.span, m).label("in this batch"))
+    }
+
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        // the elements of n batches, stacked into nothing
+        let size = self.size as u64;
+        let m = self.up.skip(n.saturating_mul(size))?;
+        Ok(if self.drop_remainder {
+            m / size
+        } else {
+            m.div_ceil(size)
+        })
     }
 }
 
@@ -951,6 +1028,12 @@ impl Stream for CacheReplay {
         }
         self.at += 1;
         Ok(Some(self.data.row(self.at - 1)))
+    }
+
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        let k = n.min((self.data.rows - self.at) as u64);
+        self.at += k as usize;
+        Ok(k)
     }
 
     fn next_rows(&mut self, n: usize) -> Option<Element> {
@@ -1060,6 +1143,12 @@ impl Stream for Take {
     fn origin(&self) -> Option<Origin> {
         self.up.origin()
     }
+
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        let k = self.up.skip(n.min(self.left as u64))?;
+        self.left -= k as usize;
+        Ok(k)
+    }
 }
 
 struct Skip {
@@ -1095,6 +1184,12 @@ impl Stream for Zip {
         };
         x.extend(y);
         Ok(Some(x))
+    }
+
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        let a = self.a.skip(n)?;
+        let b = self.b.skip(a)?;
+        Ok(a.min(b))
     }
 }
 

@@ -94,6 +94,14 @@ impl Stream for VecSource {
     fn next(&mut self) -> Next {
         Ok(self.rows.next())
     }
+
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        let k = n.min(self.rows.len() as u64);
+        if k > 0 {
+            self.rows.nth(k as usize - 1);
+        }
+        Ok(k)
+    }
 }
 
 /// The integers 0 to n - 1.
@@ -118,6 +126,12 @@ impl Stream for RangeSource {
             DType::I32,
             Arr::from_elem(IxDyn(&[]), self.at - 1),
         )]))
+    }
+
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        let k = n.min(self.n.saturating_sub(self.at).max(0) as u64);
+        self.at += k as i64;
+        Ok(k)
     }
 }
 
@@ -255,6 +269,15 @@ impl SyntheticSource {
 }
 
 impl Stream for SyntheticSource {
+    fn skip(&mut self, n: u64) -> Result<u64, Diag> {
+        let k = match self.count {
+            Some(c) => n.min((c as u64).saturating_sub(self.at)),
+            None => n,
+        };
+        self.at += k;
+        Ok(k)
+    }
+
     fn next(&mut self) -> Next {
         if self.count.is_some_and(|c| self.at >= c as u64) {
             return Ok(None);
