@@ -210,6 +210,34 @@ fn diagnostics_on_open_and_after_edits() {
 }
 
 #[test]
+fn a_request_during_the_debounce_does_not_swallow_diagnostics() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let good = PROGRAM.replace("dense_", "dense");
+    assert_eq!(c.open(MAIN, &good)["diagnostics"], json!([]));
+    // an edit that adds an error, then at once a completion (typing `.`)
+    c.change(MAIN, 2, json!([{"text": PROGRAM}]));
+    let r = c.at("textDocument/completion", MAIN, 20, 33);
+    assert!(r.get("result").is_some());
+    let d = c.diagnostics(MAIN);
+    assert_eq!(d["version"], 2);
+    assert_eq!(d["diagnostics"][0]["code"], "E0201");
+}
+
+#[test]
+fn lines_end_at_lf_crlf_and_lone_cr() {
+    use est::lsp::LineIndex;
+    use lsp_types::Position;
+    let text = "a\rb\r\nc\nd";
+    let idx = LineIndex::new(text);
+    let pos = |line, character| Position { line, character };
+    assert_eq!(idx.offset(text, pos(1, 0)), Some(2));
+    assert_eq!(idx.offset(text, pos(1, 9)), Some(3));
+    assert_eq!(idx.offset(text, pos(2, 0)), Some(5));
+    assert_eq!(idx.offset(text, pos(3, 1)), Some(8));
+    assert_eq!(idx.position(text, 5), pos(2, 0));
+}
+
+#[test]
 fn rapid_changes_publish_only_the_latest_version() {
     let mut c = Client::start(json!({"target": "host"}));
     c.open(MAIN, PROGRAM);

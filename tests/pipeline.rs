@@ -877,3 +877,50 @@ fn bad_data_mid_training_keeps_the_steps_done() {
     assert_eq!((r.start_step, r.global_step), (3, 6));
     assert_eq!(est.skipped_records(), 1);
 }
+
+/// Findings of the review: caches on both sides of a `zip` are kept apart; random ops
+/// in a `map` draw new numbers every epoch (the same ones run to run); a changed
+/// closure rebuilds an on-disk cache; CRLF blank lines are skipped; a fractional value
+/// in an integer CSV column is an error.
+#[test]
+fn zip_caches_epochs_closures_and_lines() {
+    let d = tmp("review");
+    let body = "zip(range(6) |> map(|i| reshape(cast(i * 2, f32), [1])) |> cache, range(6) |> map(|i| i * 3) |> cache) |> repeat(2) |> batch(3, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 1, ""), 10);
+    let f: Vec<f64> = (0..6).chain(0..6).map(|i| (i * 2) as f64).collect();
+    let l: Vec<i64> = (0..6).chain(0..6).map(|i| i * 3).collect();
+    assert_eq!(feats(&b), f);
+    assert_eq!(labels(&b), l);
+    // random ops: new numbers in the second epoch, the same numbers in every run
+    let body = "range(4) |> map(|i| (random_uniform([1]), i)) |> repeat(2) |> batch(4, drop_remainder: true)";
+    let a = batches(&mut pipe(&d, body, 1, ""), 2);
+    assert_eq!(a.len(), 2);
+    assert_ne!(a[0].0, a[1].0);
+    assert_eq!(batches(&mut pipe(&d, body, 1, ""), 2), a);
+    // the closure is part of a disk cache's fingerprint
+    let body = |k: &str| {
+        format!("range(4) |> map(|i| (reshape(cast(i, f32) * {k}, [1]), i)) |> cache(\"c\") |> batch(4, drop_remainder: true)")
+    };
+    assert_eq!(
+        feats(&batches(&mut pipe(&d, &body("2.0"), 1, ""), 2)),
+        [0.0, 2.0, 4.0, 6.0]
+    );
+    assert_eq!(
+        feats(&batches(&mut pipe(&d, &body("3.0"), 1, ""), 2)),
+        [0.0, 3.0, 6.0, 9.0]
+    );
+    // CRLF text: blank lines are skipped as in LF text
+    std::fs::write(d.join("l.txt"), "ab\r\n\r\ncd\r\n").unwrap();
+    let body = "text(\"l.txt\") |> map(|s| (cast(decode_raw(s, u8, length: 2), f32), 1)) |> batch(2, drop_remainder: true)";
+    assert_eq!(
+        feats(&batches(&mut pipe(&d, body, 2, ""), 5)),
+        [97.0, 98.0, 99.0, 100.0]
+    );
+    std::fs::write(d.join("a.csv"), "x,y\n1,2\n3,1.5\n").unwrap();
+    let body = "csv(\"a.csv\", columns: { x: f32[1], y: i32 }) |> map(|r| (r.x, r.y)) |> batch(2, drop_remainder: true)";
+    let e = err_of(&mut pipe(&d, body, 1, ""));
+    assert!(
+        e.ends_with("a.csv:3: column `y`: `1.5` is not an integer (i32)"),
+        "{e}"
+    );
+}

@@ -45,6 +45,11 @@ struct Doc {
     /// Its latest analysis, and whether the text changed since.
     analysis: Option<Arc<Analysis>>,
     dirty: bool,
+    /// The number of analyses made so far, and the number of the one last published:
+    /// a request may analyse a changed document before the debounce ends, and its
+    /// diagnostics must still go out.
+    analyses: u64,
+    published: u64,
 }
 
 /// The open documents' text by path, shared with the program loader.
@@ -80,7 +85,9 @@ pub fn serve(input: Receiver<Message>, output: Sender<Message>) -> i32 {
                 Ok(m) => m,
                 Err(RecvTimeoutError::Timeout) => {
                     s.due = None;
-                    s.check_dirty(&input);
+                    if let Some(code) = s.check_dirty(&input) {
+                        return code;
+                    }
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => return 1,
@@ -323,6 +330,7 @@ impl Server {
             };
             d.analysis = Some(Arc::new(a));
             d.dirty = false;
+            d.analyses += 1;
         }
         Ok((d.analysis.clone().expect("made"), d.version))
     }
@@ -352,6 +360,8 @@ impl Server {
                             path: path.clone(),
                             analysis: None,
                             dirty: true,
+                            analyses: 0,
+                            published: 0,
                         },
                     );
                     self.mark_dependents(&path);
@@ -452,16 +462,17 @@ impl Server {
 
     /// Checks the changed documents and publishes their diagnostics, unless a newer
     /// change arrived meanwhile (then that result is dropped and the check waits again).
-    fn check_dirty(&mut self, input: &Receiver<Message>) {
-        for uri in self.dirty() {
+    /// Returns the exit status if an `exit` came meanwhile.
+    fn check_dirty(&mut self, input: &Receiver<Message>) -> Option<i32> {
+        for uri in self.pending() {
             let Ok((a, version)) = self.analysed(&uri) else {
                 continue;
             };
             // Messages that came during the check go first: a newer version of this
             // document makes the result stale.
             while let Ok(m) = input.try_recv() {
-                if self.handle(m).is_some() {
-                    return;
+                if let Some(code) = self.handle(m) {
+                    return Some(code);
                 }
             }
             if self
@@ -469,29 +480,38 @@ impl Server {
                 .get(&uri)
                 .is_some_and(|d| d.version == version && !d.dirty)
             {
-                self.send_diagnostics(&uri, a.diagnostics(), Some(version));
+                self.publish_analysis(&uri, &a, version);
             }
         }
+        None
     }
 
     fn check_dirty_now(&mut self) {
-        for uri in self.dirty() {
+        for uri in self.pending() {
             self.publish(&uri);
         }
     }
 
-    /// The open documents whose text or imports changed since their last check.
-    fn dirty(&self) -> Vec<String> {
+    /// The open documents whose text or imports changed since their last check, or
+    /// whose latest check was not published yet.
+    fn pending(&self) -> Vec<String> {
         self.docs
             .iter()
-            .filter(|(_, d)| d.dirty)
+            .filter(|(_, d)| d.dirty || d.published != d.analyses)
             .map(|(u, _)| u.clone())
             .collect()
     }
 
     fn publish(&mut self, uri: &str) {
         if let Ok((a, version)) = self.analysed(uri) {
-            self.send_diagnostics(uri, a.diagnostics(), Some(version));
+            self.publish_analysis(uri, &a, version);
+        }
+    }
+
+    fn publish_analysis(&mut self, uri: &str, a: &Analysis, version: i32) {
+        self.send_diagnostics(uri, a.diagnostics(), Some(version));
+        if let Some(d) = self.docs.get_mut(uri) {
+            d.published = d.analyses;
         }
     }
 

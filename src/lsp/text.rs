@@ -10,9 +10,15 @@ pub struct LineIndex {
 }
 
 impl LineIndex {
+    /// Lines end at `\n`, `\r\n` or a lone `\r`, as the protocol counts them.
     pub fn new(text: &str) -> LineIndex {
         let mut starts = vec![0];
-        starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        let b = text.as_bytes();
+        for (i, &c) in b.iter().enumerate() {
+            if c == b'\n' || (c == b'\r' && b.get(i + 1) != Some(&b'\n')) {
+                starts.push(i + 1);
+            }
+        }
         LineIndex { starts }
     }
 
@@ -26,12 +32,9 @@ impl LineIndex {
             return Some(text.len());
         }
         let start = self.starts[line];
-        let end = self
-            .starts
-            .get(line + 1)
-            .map_or(text.len(), |&e| e - 1)
-            .max(start);
+        let end = self.starts.get(line + 1).map_or(text.len(), |&e| e);
         let line_text = &text[start..end];
+        let line_text = line_text.strip_suffix('\n').unwrap_or(line_text);
         let line_text = line_text.strip_suffix('\r').unwrap_or(line_text);
         let mut units = 0u32;
         for (i, c) in line_text.char_indices() {

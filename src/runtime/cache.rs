@@ -122,18 +122,56 @@ pub fn default_dir(base: &Path) -> PathBuf {
     base.join(".est-cache")
 }
 
-/// The fingerprint of what a cache at stage `k` holds: its element type, the stages
-/// before it, the files their sources read (path, size, modification time), and the
-/// seed when a shuffle comes first.
-pub fn fingerprint(stages: &[Stage], k: usize, base: &Path, seed: u64, file: Option<usize>) -> u64 {
+/// What a cache at stage `k` holds, as a fingerprint, and whether it depends on the
+/// seed. The fingerprint covers the element type and every stage before the cache in
+/// full: its parameters, a closure's graph (without source positions), a zipped
+/// dataset's stages, the size and modification time of every file a source reads, and
+/// the seed when any of those stages draws random numbers (a shuffle without its own
+/// seed, random ops in a closure, `synthetic`).
+pub fn fingerprint(
+    stages: &[Stage],
+    k: usize,
+    base: &Path,
+    seed: u64,
+    file: Option<usize>,
+) -> (u64, bool) {
     let mut s = format!("{}|{file:?}", stages[k].elem);
-    for st in &stages[..k] {
-        s.push('|');
-        s.push_str(st.kind.name());
-        s.push_str(&st.elem.to_string());
-        if let StageKind::Shuffle { .. } = st.kind {
-            s.push_str(&format!("seed={seed}"));
+    let random = describe(&stages[..k], base, &mut s);
+    if random {
+        s.push_str(&format!("|seed={seed}"));
+    }
+    (
+        crate::hash::fnv1a(crate::hash::FNV_OFFSET, s.as_bytes()),
+        random,
+    )
+}
+
+/// Writes a description of stages into `out`; true if any of them is random.
+fn describe(stages: &[Stage], base: &Path, out: &mut String) -> bool {
+    let mut random = false;
+    for st in stages {
+        out.push('|');
+        match &st.kind {
+            StageKind::Map { graph, .. } | StageKind::Filter { graph } => {
+                out.push_str(st.kind.name());
+                out.push_str(&crate::ir::dump_text(graph, "closure"));
+                random |= graph
+                    .g
+                    .node_indices()
+                    .any(|n| graph.node(n).op.is_stateful() && !graph.node(n).op.is_source());
+            }
+            StageKind::Zip { other } => {
+                out.push_str("zip(");
+                random |= describe(&other.stages, base, out);
+                out.push(')');
+            }
+            StageKind::Shuffle { seed: None, .. } | StageKind::Synthetic { .. } => {
+                random = true;
+                out.push_str(&format!("{:?}", st.kind));
+            }
+            kind => out.push_str(&format!("{kind:?}")),
         }
+        out.push_str(&st.elem.to_string());
         for f in sources::files(st, base).unwrap_or_default() {
             let meta = std::fs::metadata(&f).ok();
             let mtime = meta
@@ -141,14 +179,14 @@ pub fn fingerprint(stages: &[Stage], k: usize, base: &Path, seed: u64, file: Opt
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_nanos());
-            s.push_str(&format!(
+            out.push_str(&format!(
                 "{}:{}:{mtime}",
                 f.display(),
                 meta.map_or(0, |m| m.len())
             ));
         }
     }
-    crate::hash::fnv1a(crate::hash::FNV_OFFSET, s.as_bytes())
+    random
 }
 
 fn sanitize(s: &str) -> String {
@@ -164,9 +202,20 @@ fn sanitize(s: &str) -> String {
 }
 
 /// The file of a cache (`ID-VERSION-FINGERPRINT.estcache`), and its id as written in
-/// file names.
-pub fn file_name(dir: &Path, id: &str, version: Option<&str>, fp: u64) -> (PathBuf, String) {
-    let id = sanitize(id);
+/// file names. `slot` tells apart the caches one `cache("id")` makes side by side (one
+/// per file under `interleave`, one per seed when its contents are random): it joins
+/// the id (`ID.SLOT`), so that writing one never removes another.
+pub fn file_name(
+    dir: &Path,
+    id: &str,
+    slot: &str,
+    version: Option<&str>,
+    fp: u64,
+) -> (PathBuf, String) {
+    let mut id = sanitize(id);
+    if !slot.is_empty() {
+        id = format!("{id}.{slot}");
+    }
     let name = format!(
         "{id}-{}-{fp:016x}.estcache",
         sanitize(version.unwrap_or("v0"))

@@ -175,8 +175,50 @@ pub fn worker_seed(seed: u64, w: usize) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The most elements a `prefetch` (or a worker) prepares ahead, and the most threads a
+/// `map` runs on, whatever the program asks for.
+const MAX_AHEAD: usize = 1 << 16;
+const MAX_THREADS: usize = 64;
+
+/// The error for a panic in a pipeline thread (a bug): reported, never a silent end.
+fn thread_panic(what: &str) -> Diag {
+    Diag::new(
+        Code::RunFailed,
+        crate::span::Span::default(),
+        format!("internal error: an input pipeline thread failed ({what})"),
+    )
+    .help("this is a bug in est; please report it with the program and its data")
+}
+
 /// A cache stage and the file its chain is restricted to (under `interleave`).
-type CacheKey = (usize, Option<usize>);
+type CacheKey = (u64, usize, Option<usize>);
+
+/// A list of stages: the pipeline's own (scope 0), or a zipped dataset's, whose scope
+/// tells its stages' caches and random streams apart from those of the main list.
+struct Chain {
+    stages: Vec<Stage>,
+    scope: u64,
+}
+
+/// Mixes two numbers into a seed (splitmix64).
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The seed of the closure of stage `k` in repetition `epoch`: the worker's seed mixed
+/// with the stage, its chain and the epoch, so that random ops in a `map` draw new
+/// numbers every epoch.
+fn closure_seed(seed: u64, chain: &Chain, k: usize, epoch: u64) -> u64 {
+    let s = seed ^ k as u64;
+    if chain.scope == 0 && epoch == 0 {
+        s
+    } else {
+        mix(mix(s, chain.scope), epoch)
+    }
+}
 
 /// What the stages of one worker share.
 struct Ctx {
@@ -211,7 +253,10 @@ impl Pipeline {
     /// stacks nothing, a cache replay just moves on), and the rest pull as usual.
     pub fn new_at(ds: &Dataset, opts: &PipeOptions, position: u64) -> Result<Pipeline, Diag> {
         sources::check_sources(ds, &opts.base)?;
-        let stages = Arc::new(ds.stages.clone());
+        let chain = Arc::new(Chain {
+            stages: ds.stages.clone(),
+            scope: 0,
+        });
         let skipped = Arc::new(AtomicU64::new(0));
         let n = opts.workers.max(1) as u64;
         let workers = (0..n as usize)
@@ -224,11 +269,11 @@ impl Pipeline {
                     caches: Mutex::new(FxHashMap::default()),
                     skipped: skipped.clone(),
                 });
-                let mut chain = build(&stages, stages.len(), &ctx, 0, None);
+                let mut src = build(&chain, chain.stages.len(), &ctx, 0, None);
                 // positions p < position with p % n == w
                 let share = (position + n - 1 - w as u64) / n;
-                chain.skip(share)?;
-                Ok(Box::new(Prefetch::spawn(chain, opts.prefetch.max(1))) as Src)
+                src.skip(share)?;
+                Ok(Box::new(Prefetch::spawn(src, opts.prefetch.clamp(1, MAX_AHEAD))) as Src)
             })
             .collect::<Result<Vec<_>, Diag>>()?;
         Ok(Pipeline {
@@ -290,20 +335,15 @@ pub fn io_diag(span: crate::span::Span, path: &Path, e: &std::io::Error) -> Diag
 
 /// The chain of the first `upto` stages, in repetition `epoch`, reading only file
 /// `file` of its source when given (for `interleave`).
-fn build(
-    stages: &Arc<Vec<Stage>>,
-    upto: usize,
-    ctx: &Arc<Ctx>,
-    epoch: u64,
-    file: Option<usize>,
-) -> Src {
+fn build(chain: &Arc<Chain>, upto: usize, ctx: &Arc<Ctx>, epoch: u64, file: Option<usize>) -> Src {
     if upto == 0 {
         return Box::new(VecSource::new(Vec::new()));
     }
+    let stages = &chain.stages;
     let k = upto - 1;
     let stage = &stages[k];
     let span = stage.span;
-    let up = || build(stages, k, ctx, epoch, file);
+    let up = || build(chain, k, ctx, epoch, file);
     match &stage.kind {
         StageKind::TfRecord { skip_corrupt, .. } => match sources::files(stage, &ctx.base) {
             Ok(mut files) => {
@@ -350,8 +390,9 @@ fn build(
                 Ok(bytes) => {
                     let lines: Vec<Element> = bytes
                         .split(|&b| b == b'\n')
+                        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
                         .filter(|l| !l.is_empty())
-                        .map(|l| vec![bytes_scalar(l.strip_suffix(b"\r").unwrap_or(l).to_vec())])
+                        .map(|l| vec![bytes_scalar(l.to_vec())])
                         .collect();
                     Box::new(VecSource::new(lines))
                 }
@@ -381,7 +422,7 @@ fn build(
             *count,
             *classes,
             ctx.seed,
-            k,
+            (k as u64 ^ chain.scope) as usize,
         )),
         StageKind::Parse { features } => {
             let f = parse_fn(features.clone(), span);
@@ -392,13 +433,14 @@ fn build(
             let runner = Arc::new(ClosureRunner::new(
                 (**graph).clone(),
                 paths,
-                ctx.seed ^ k as u64,
+                closure_seed(ctx.seed, chain, k, epoch),
             ));
             let threads = if *parallel == 0 {
                 ctx.threads
             } else {
                 *parallel
-            };
+            }
+            .min(MAX_THREADS);
             let map: ElemFn = Arc::new(move |e, i| runner.run(e, i));
             if threads <= 1 {
                 return Box::new(Inline {
@@ -412,7 +454,7 @@ fn build(
                 StageKind::Parse { features } => {
                     let parse = parse_fn(features.clone(), stages[k - 1].span);
                     let both: ElemFn = Arc::new(move |e, i| map(parse(e, i)?, i));
-                    (build(stages, k - 1, ctx, epoch, file), both)
+                    (build(chain, k - 1, ctx, epoch, file), both)
                 }
                 _ => (up(), map),
             };
@@ -422,7 +464,11 @@ fn build(
             let paths = leaf_paths(&stages[k - 1].elem);
             Box::new(Filter {
                 up: up(),
-                runner: ClosureRunner::new((**graph).clone(), paths, ctx.seed ^ k as u64),
+                runner: ClosureRunner::new(
+                    (**graph).clone(),
+                    paths,
+                    closure_seed(ctx.seed, chain, k, epoch),
+                ),
                 i: 0,
             })
         }
@@ -432,14 +478,14 @@ fn build(
                 up: up(),
                 buf: Vec::with_capacity((*buffer).min(1 << 20)),
                 size: (*buffer).max(1),
-                rng: Rng::new(seed, 0x5348_5546 ^ (k as u64)),
+                rng: Rng::new(seed, 0x5348_5546 ^ (k as u64) ^ chain.scope),
                 epoch,
                 drawn: 0,
                 done: false,
             })
         }
         StageKind::Repeat { count } => Box::new(Repeat {
-            stages: stages.clone(),
+            chain: chain.clone(),
             k,
             ctx: ctx.clone(),
             epoch,
@@ -461,13 +507,18 @@ fn build(
             span,
         }),
         StageKind::Cache { id, version } => {
-            let key = (k, file);
+            let key = (chain.scope, k, file);
             if let Some(data) = ctx.caches.lock().expect("cache lock").get(&key).cloned() {
                 return Box::new(CacheReplay { data, at: 0 });
             }
             let disk = id.as_ref().map(|id| {
-                let fp = cache::fingerprint(stages, k, &ctx.base, ctx.seed, file);
-                let (path, id) = cache::file_name(&ctx.cache_dir, id, version.as_deref(), fp);
+                let (fp, random) = cache::fingerprint(stages, k, &ctx.base, ctx.seed, file);
+                let mut slot = file.map_or(String::new(), |f| format!("f{f}"));
+                if random {
+                    slot.push_str(&format!("s{:x}", ctx.seed));
+                }
+                let (path, id) =
+                    cache::file_name(&ctx.cache_dir, id, &slot, version.as_deref(), fp);
                 (path, id, fp)
             });
             if let Some((path, _, fp)) = &disk {
@@ -490,7 +541,7 @@ fn build(
                 done: false,
             })
         }
-        StageKind::Prefetch { n } => Box::new(Prefetch::spawn(up(), *n)),
+        StageKind::Prefetch { n } => Box::new(Prefetch::spawn(up(), (*n).clamp(1, MAX_AHEAD))),
         StageKind::Shard { n, index } => Box::new(Shard {
             up: up(),
             n: *n,
@@ -498,12 +549,18 @@ fn build(
             at: 0,
         }),
         StageKind::Interleave { cycle_length } => {
-            let nfiles = sources::files(&stages[0], &ctx.base).map_or(1, |f| f.len().max(1));
+            // files of a tfrecord source; other sources read one file (or images)
+            let nfiles = match &stages[0].kind {
+                StageKind::TfRecord { .. } => {
+                    sources::files(&stages[0], &ctx.base).map_or(1, |f| f.len().max(1))
+                }
+                _ => 1,
+            };
             if file.is_some() || nfiles <= 1 {
                 return up();
             }
             Box::new(Interleave {
-                stages: stages.clone(),
+                chain: chain.clone(),
                 k,
                 ctx: ctx.clone(),
                 epoch,
@@ -518,10 +575,13 @@ fn build(
         StageKind::Take { n } => Box::new(Take { up: up(), left: *n }),
         StageKind::Skip { n } => Box::new(Skip { up: up(), left: *n }),
         StageKind::Zip { other } => {
-            let os = Arc::new(other.stages.clone());
+            let oc = Arc::new(Chain {
+                stages: other.stages.clone(),
+                scope: mix(chain.scope, k as u64 + 1),
+            });
             Box::new(Zip {
                 a: up(),
-                b: build(&os, os.len(), ctx, epoch, None),
+                b: build(&oc, oc.stages.len(), ctx, epoch, None),
             })
         }
     }
@@ -638,7 +698,11 @@ impl ParMap {
                     .into_iter()
                     .enumerate()
                     .map(|(j, (e, origin))| {
-                        f(e, first + j as u64).map_err(|d| with_origin(d, origin.as_ref()))
+                        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            f(e, first + j as u64)
+                        }));
+                        run.unwrap_or_else(|_| Err(thread_panic("map")))
+                            .map_err(|d| with_origin(d, origin.as_ref()))
                     })
                     .collect();
                 if tx.send((c, out)).is_err() {
@@ -753,7 +817,8 @@ impl Prefetch {
     fn spawn(mut up: Src, n: usize) -> Prefetch {
         let (tx, rx) = mpsc::sync_channel::<Next>(n);
         std::thread::spawn(move || loop {
-            let r = up.next();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| up.next()))
+                .unwrap_or_else(|_| Err(thread_panic("prefetch")));
             let last = !matches!(r, Ok(Some(_)));
             if tx.send(r).is_err() || last {
                 return;
@@ -775,8 +840,9 @@ impl Stream for Prefetch {
                 r
             }
             Err(_) => {
+                // the thread always sends its last result: a silent end is a failure
                 self.ended = true;
-                Ok(None)
+                Err(thread_panic("prefetch ended early"))
             }
         }
     }
@@ -841,7 +907,7 @@ impl Stream for Shuffle {
 
 /// Rebuilds the stages above it for every repetition.
 struct Repeat {
-    stages: Arc<Vec<Stage>>,
+    chain: Arc<Chain>,
     k: usize,
     ctx: Arc<Ctx>,
     epoch: u64,
@@ -860,7 +926,7 @@ impl Repeat {
         let epoch = self.epoch * 1_000_003 + self.rep;
         Some(
             self.cur
-                .get_or_insert_with(|| build(&self.stages, self.k, &self.ctx, epoch, self.file)),
+                .get_or_insert_with(|| build(&self.chain, self.k, &self.ctx, epoch, self.file)),
         )
     }
 }
@@ -1074,7 +1140,7 @@ impl Stream for Shard {
 /// Reads `cycle` files at a time, one element from each in turn; when a file ends, the
 /// next unopened file takes its place.
 struct Interleave {
-    stages: Arc<Vec<Stage>>,
+    chain: Arc<Chain>,
     k: usize,
     ctx: Arc<Ctx>,
     epoch: u64,
@@ -1093,7 +1159,7 @@ impl Stream for Interleave {
                 let f = self.next_file;
                 self.next_file += 1;
                 self.slots
-                    .push(build(&self.stages, self.k, &self.ctx, self.epoch, Some(f)));
+                    .push(build(&self.chain, self.k, &self.ctx, self.epoch, Some(f)));
             }
             if self.slots.is_empty() {
                 return Ok(None);
@@ -1108,7 +1174,7 @@ impl Stream for Interleave {
                 None if self.next_file < self.nfiles => {
                     let f = self.next_file;
                     self.next_file += 1;
-                    self.slots[i] = build(&self.stages, self.k, &self.ctx, self.epoch, Some(f));
+                    self.slots[i] = build(&self.chain, self.k, &self.ctx, self.epoch, Some(f));
                 }
                 None => {
                     self.slots.remove(i);
@@ -1369,6 +1435,13 @@ fn read_csv(
                         line_no + 1
                     )
                 })?;
+                if dtype.is_int() && x.fract() != 0.0 {
+                    return Err(format!(
+                        "{}:{}: column `{name}`: `{f}` is not an integer ({dtype})",
+                        path.display(),
+                        line_no + 1
+                    ));
+                }
                 v.push(x);
             }
             elem.push(Tensor::from_f64(&ty, v));

@@ -427,11 +427,25 @@ pub struct Image {
     pub sixteen: bool,
 }
 
-/// Decodes PNG bytes (palette and low bit depths expanded to 8 bits).
-pub fn decode_png(bytes: &[u8]) -> Result<Image, String> {
+/// Decodes PNG bytes (palette and low bit depths expanded to 8 bits). With `expect`
+/// (height, width), an image of another size is refused before its pixels are decoded;
+/// without it, images over 2^28 pixels are.
+pub fn decode_png(bytes: &[u8], expect: Option<(usize, usize)>) -> Result<Image, String> {
     let mut dec = png::Decoder::new(std::io::Cursor::new(bytes));
     dec.set_transformations(png::Transformations::EXPAND);
     let mut reader = dec.read_info().map_err(|e| e.to_string())?;
+    let (h, w) = (reader.info().height as usize, reader.info().width as usize);
+    match expect {
+        Some((eh, ew)) if (eh, ew) != (h, w) => {
+            return Err(format!(
+                "the image is {h}x{w}, but the source reads {eh}x{ew} images"
+            ))
+        }
+        None if h.saturating_mul(w) > 1 << 28 => {
+            return Err(format!("the image is {h}x{w}, too large to convert"))
+        }
+        _ => {}
+    }
     let size = reader
         .output_buffer_size()
         .ok_or("the image is too large")?;
@@ -535,14 +549,13 @@ impl Stream for PngSource {
             Diag::new(Code::BadData, self.span, format!("{}: {m}", f.display()))
                 .label("this source")
         };
-        let img = decode_png(&bytes).map_err(|m| bad(format!("not a readable PNG ({m})")))?;
-        if (img.height, img.width) != (self.height, self.width) {
-            return Err(bad(format!(
-                "the image is {}x{}, but the source reads {}x{} images",
-                img.height, img.width, self.height, self.width
-            ))
-            .help("resize the images, or give `png` their height and width"));
-        }
+        let img = decode_png(&bytes, Some((self.height, self.width))).map_err(|m| {
+            if m.starts_with("the image is") {
+                bad(m).help("resize the images, or give `png` their height and width")
+            } else {
+                bad(format!("not a readable PNG ({m})"))
+            }
+        })?;
         let mut v = convert_channels(&img, self.channels);
         if self.dtype == DType::U8 && img.sixteen {
             for x in &mut v {
