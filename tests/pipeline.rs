@@ -678,6 +678,23 @@ fn data_convert_round_trips() {
     let b = batches(&mut pipe(&d, body, 3, ""), 2);
     assert_eq!(feats(&b), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
     assert_eq!(labels(&b), [0, 1, 2]);
+    // converting again with another shard count replaces the old shards
+    let mut again = opts.clone();
+    again.shards = 3;
+    est::runtime::convert::convert(&again, &mut |_, _| {}).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(d.join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "a-00000-of-00003.tfrecord",
+            "a-00001-of-00003.tfrecord",
+            "a-00002-of-00003.tfrecord"
+        ]
+    );
     // npy: u8 rows become bytes, with labels from a second array
     let img = Tensor::from_f64(
         &est::ir::TensorType::new(est::ir::DType::U8, vec![2, 3]),

@@ -404,6 +404,43 @@ fn npy_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
     Ok(Table { names, rows })
 }
 
+/// Removes the shards an earlier conversion to the same prefix wrote with another shard
+/// count, so that a `PREFIX-*` glob reads only the new ones. Only names of the shard
+/// pattern (`PREFIX.tfrecord`, `PREFIX-NNNNN-of-MMMMM.tfrecord`) are touched.
+fn remove_other_shards(prefix: &Path, keep: &[PathBuf]) {
+    let dir = match prefix.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Some(stem) = prefix.file_name().map(|s| s.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&stem) else {
+            continue;
+        };
+        let is_shard = rest == ".tfrecord"
+            || rest
+                .strip_prefix('-')
+                .and_then(|r| r.strip_suffix(".tfrecord"))
+                .and_then(|r| r.split_once("-of-"))
+                .is_some_and(|(a, b)| {
+                    a.len() == 5
+                        && b.len() == 5
+                        && a.bytes().all(|c| c.is_ascii_digit())
+                        && b.bytes().all(|c| c.is_ascii_digit())
+                });
+        let path = dir.join(&name);
+        if is_shard && !keep.iter().any(|k| k.file_name() == path.file_name()) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// The file of shard `i` of `n`.
 pub fn shard_path(prefix: &Path, i: usize, n: usize) -> PathBuf {
     let p = prefix.to_string_lossy();
@@ -468,6 +505,7 @@ fn write_shards(
         std::fs::rename(&tmp, &path).map_err(write_err)?;
         files.push(path);
     }
+    remove_other_shards(&o.output, &files);
     Ok(ConvertReport {
         records: total,
         files,
