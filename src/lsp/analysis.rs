@@ -367,14 +367,7 @@ pub fn completion(a: &Analysis, text: &str, offset: usize) -> lt::CompletionResp
     // `name.` : a module's items or the params fields
     let before_word = line.trim_end_matches(|c: char| c.is_alphanumeric() || c == '_');
     if let Some(base) = before_word.strip_suffix('.') {
-        let name: String = base
-            .chars()
-            .rev()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
+        let name = last_word(base);
         if name == "params" {
             for it in &a.program.root_module().ast.items {
                 if let ItemKind::Params(fs) = &it.kind {
@@ -431,6 +424,16 @@ fn sorted(mut items: Vec<lt::CompletionItem>) -> Vec<lt::CompletionItem> {
     items
 }
 
+/// The identifier that `text` ends with (empty if none).
+fn last_word(text: &str) -> String {
+    let start = text
+        .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .map_or(0, |i| {
+            i + text[i..].chars().next().map_or(1, char::len_utf8)
+        });
+    text[start..].to_string()
+}
+
 /// The name of the innermost call whose `(` is open before the end of `text`.
 fn enclosing_call(text: &str) -> Option<String> {
     let mut depth = 0i32;
@@ -440,14 +443,7 @@ fn enclosing_call(text: &str) -> Option<String> {
             '[' => depth -= 1,
             '(' if depth > 0 => depth -= 1,
             '(' => {
-                let name: String = text[..i]
-                    .chars()
-                    .rev()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
+                let name = last_word(&text[..i]);
                 return (!name.is_empty()).then_some(name);
             }
             '{' | '}' if depth == 0 => return None,
