@@ -694,3 +694,46 @@ fn decode_raw_checks_lengths() {
     );
     assert!(e.unwrap_err().contains("has 3 bytes"));
 }
+
+/// A value fed from outside the graph must have the type inference gave its node: a
+/// wrong shape or dtype is an error at the input, never a panic in a later op.
+#[test]
+fn feeds_are_checked_against_the_graph() {
+    use est::ir::{Graph, Output, Role};
+    use est::span::Span;
+    let mut g = Graph::new();
+    let ty = TensorType::new(DType::F32, vec![2, 3]);
+    let x = g.add(
+        Op::Input { name: "x".into() },
+        &[],
+        ty.clone(),
+        Span::default(),
+    );
+    let y = g.add(Op::Binary(BinaryOp::Add), &[x, x], ty, Span::default());
+    g.outputs.push(Output {
+        name: "y".into(),
+        role: Role::Prediction,
+        node: y,
+    });
+    let run = |v: Tensor| {
+        let feeds = [("x".to_string(), v)].into_iter().collect();
+        let env = OpEnv {
+            step: 0,
+            seed: 0,
+            shard: 0,
+        };
+        est::interp::run_outputs(&g, &feeds, &Default::default(), env)
+    };
+    let out = run(f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])).unwrap();
+    assert_eq!(out[0].1.to_f64(), [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);
+    let e = run(f(&[3, 2], &[0.0; 6])).unwrap_err();
+    assert_eq!(
+        e.message,
+        "input `x`: the value is f32[3, 2], but the graph needs f32[2, 3]"
+    );
+    let e = run(t(DType::I32, &[2, 3], &[0.0; 6])).unwrap_err();
+    assert_eq!(
+        e.message,
+        "input `x`: the value is i32[2, 3], but the graph needs f32[2, 3]"
+    );
+}

@@ -14,6 +14,7 @@ mod model;
 mod tensor;
 pub mod value;
 
+pub use datasets::UNKNOWN_DIM;
 pub use estimator::{
     elaborate, Compiled, Config, ElabOptions, EstimatorInfo, ParamOverride, CONFIG_KEYS,
 };

@@ -144,16 +144,22 @@ pub fn execute(g: &Graph, plan: &Plan, env: &Env, values: &mut Values) -> Result
             message,
         };
         let t = match &node.op {
-            Op::Input { name } => env
-                .feeds
-                .get(name)
-                .cloned()
-                .ok_or_else(|| fail(format!("input `{name}` was not fed")))?,
-            Op::Variable { name, .. } => env
-                .vars
-                .get(name)
-                .cloned()
-                .ok_or_else(|| fail(format!("variable `{name}` has no value")))?,
+            Op::Input { name } => {
+                let t = env
+                    .feeds
+                    .get(name)
+                    .ok_or_else(|| fail(format!("input `{name}` was not fed")))?;
+                fits(t, &node.ty).map_err(|m| fail(format!("input `{name}`: {m}")))?;
+                t.clone()
+            }
+            Op::Variable { name, .. } => {
+                let t = env
+                    .vars
+                    .get(name)
+                    .ok_or_else(|| fail(format!("variable `{name}` has no value")))?;
+                fits(t, &node.ty).map_err(|m| fail(format!("variable `{name}`: {m}")))?;
+                t.clone()
+            }
             op => {
                 let args: smallvec::SmallVec<[&Tensor; 4]> = step
                     .operands
@@ -167,6 +173,22 @@ pub fn execute(g: &Graph, plan: &Plan, env: &Env, values: &mut Values) -> Result
         for &f in &step.free {
             values.v[f.index()] = None;
         }
+    }
+    Ok(())
+}
+
+/// Checks a value given from outside the graph (a fed input, a variable) against the
+/// type inference gave its node, so that every op sees the types it was checked for
+/// (a dimension the pipeline left open, `UNKNOWN_DIM`, matches any size).
+fn fits(t: &Tensor, ty: &crate::ir::TensorType) -> Result<(), String> {
+    let open = crate::elab::UNKNOWN_DIM;
+    let same_shape = t.shape().len() == ty.shape.len()
+        && t.shape()
+            .iter()
+            .zip(ty.shape.iter())
+            .all(|(&a, &b)| a == b || b == open);
+    if t.dtype != ty.dtype || !same_shape {
+        return Err(format!("the value is {}, but the graph needs {ty}", t.ty()));
     }
     Ok(())
 }
