@@ -183,16 +183,6 @@ fn unary(u: UnaryOp, a: &Tensor, ty: &TensorType) -> R {
     })
 }
 
-fn zip_f(a: &Arr<f32>, b: &Arr<f32>, ty: &TensorType, f: impl Fn(f32, f32) -> f32) -> Arr<f32> {
-    let shape = dyn_shape(ty);
-    let av = a.broadcast(shape.clone()).expect("broadcast");
-    let bv = b.broadcast(shape).expect("broadcast");
-    Zip::from(&av)
-        .and(&bv)
-        .map_collect(|&x, &y| f(x, y))
-        .into_shared()
-}
-
 fn zip_any<T: Copy, U: Clone>(
     a: &Arr<T>,
     b: &Arr<T>,
@@ -251,7 +241,7 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, ty: &TensorType) -> R {
                 BinaryOp::Min => f32::min,
                 _ => return Err(format!("{} of floats", Op::Binary(op).name())),
             };
-            Ok(Tensor::float(ty.dtype, zip_f(x, y, ty, f)))
+            Ok(Tensor::float(ty.dtype, zip_any(x, y, ty, f)))
         }
         (Data::I(x), Data::I(y)) => {
             if matches!(op, BinaryOp::Div | BinaryOp::Rem) && y.iter().any(|&v| v == 0) {

@@ -84,6 +84,11 @@ impl Graph {
         n
     }
 
+    /// The node of the first output with this role.
+    pub fn output(&self, role: Role) -> Option<NodeIndex> {
+        self.outputs.iter().find(|o| o.role == role).map(|o| o.node)
+    }
+
     pub fn node(&self, n: NodeIndex) -> &Node {
         &self.g[n]
     }

@@ -60,6 +60,12 @@ impl Analysis {
         }
     }
 
+    /// The byte offset of a position in the document (clamped).
+    pub fn offset(&self, p: lt::Position) -> usize {
+        let text = self.text(self.root);
+        self.index.offset(text, p).unwrap_or(text.len())
+    }
+
     fn text(&self, f: FileId) -> &str {
         &self.program.sources.get(f).text
     }
@@ -338,7 +344,8 @@ fn item(label: impl Into<String>, kind: lt::CompletionItemKind) -> lt::Completio
 
 /// Completions at an offset: std modules (and their items) after `use`, members after
 /// `module.` or `params.`, named arguments inside a call, otherwise the names in scope.
-pub fn completion(a: &Analysis, text: &str, offset: usize) -> lt::CompletionResponse {
+pub fn completion(a: &Analysis, offset: usize) -> lt::CompletionResponse {
+    let text = a.text(a.root);
     let offset = offset.min(text.len());
     let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
     let line = &text[line_start..offset];

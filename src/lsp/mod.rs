@@ -244,15 +244,14 @@ impl Server {
             ));
         }
         let result = match r.method.as_str() {
-            "textDocument/hover" => self.with_doc(&r.params, |s, a, d, pos| {
-                Ok(serde_json::to_value(s.hover(a, d, pos)).unwrap_or(Value::Null))
-            }),
-            "textDocument/definition" => self.with_doc(&r.params, |s, a, d, pos| {
-                Ok(serde_json::to_value(s.definition(a, d, pos)).unwrap_or(Value::Null))
-            }),
-            "textDocument/completion" => self.with_doc(&r.params, |_, a, d, pos| {
-                Ok(serde_json::to_value(analysis::completion(a, &d.text, pos))
-                    .unwrap_or(Value::Null))
+            "textDocument/hover" => {
+                self.at_position(&r.params, |a, pos| serde_json::to_value(hover(a, pos)))
+            }
+            "textDocument/definition" => {
+                self.at_position(&r.params, |a, pos| serde_json::to_value(definition(a, pos)))
+            }
+            "textDocument/completion" => self.at_position(&r.params, |a, pos| {
+                serde_json::to_value(analysis::completion(a, pos))
             }),
             "textDocument/documentSymbol" => {
                 match serde_json::from_value::<lt::DocumentSymbolParams>(r.params) {
@@ -282,21 +281,16 @@ impl Server {
     }
 
     /// Runs a position request on an open document's up-to-date analysis.
-    fn with_doc(
+    fn at_position(
         &mut self,
         params: &Value,
-        f: impl FnOnce(&Self, &Analysis, &Doc, usize) -> Result<Value, (ErrorCode, String)>,
+        f: impl FnOnce(&Analysis, usize) -> serde_json::Result<Value>,
     ) -> Result<Value, (ErrorCode, String)> {
         let p: lt::TextDocumentPositionParams = serde_json::from_value(params.clone())
             .map_err(|e| (ErrorCode::InvalidParams, e.to_string()))?;
-        let uri = p.text_document.uri.as_str().to_string();
-        let (a, _) = self.analysed(&uri)?;
-        let d = &self.docs[&uri];
-        let offset = LineIndex::new(&d.text).offset(&d.text, p.position).ok_or((
-            ErrorCode::InvalidParams,
-            "the position is outside the document".to_string(),
-        ))?;
-        f(self, &a, d, offset)
+        let (a, _) = self.analysed(p.text_document.uri.as_str())?;
+        let offset = a.offset(p.position);
+        Ok(f(&a, offset).unwrap_or(Value::Null))
     }
 
     /// The document's analysis, made now if its text changed since the last one.
@@ -525,31 +519,25 @@ impl Server {
             version,
         });
     }
+}
 
-    fn hover(&self, a: &Analysis, _d: &Doc, offset: usize) -> Option<lt::Hover> {
-        let (text, span) = a.hover(offset)?;
-        Some(lt::Hover {
-            contents: lt::HoverContents::Markup(lt::MarkupContent {
-                kind: lt::MarkupKind::Markdown,
-                value: text,
-            }),
-            range: Some(a.range(span)),
-        })
-    }
+fn hover(a: &Analysis, offset: usize) -> Option<lt::Hover> {
+    let (text, span) = a.hover(offset)?;
+    Some(lt::Hover {
+        contents: lt::HoverContents::Markup(lt::MarkupContent {
+            kind: lt::MarkupKind::Markdown,
+            value: text,
+        }),
+        range: Some(a.range(span)),
+    })
+}
 
-    fn definition(
-        &self,
-        a: &Analysis,
-        _d: &Doc,
-        offset: usize,
-    ) -> Option<lt::GotoDefinitionResponse> {
-        let span = a.definition(offset)?;
-        let (uri, range) = a.location(span)?;
-        Some(lt::GotoDefinitionResponse::Scalar(lt::Location {
-            uri,
-            range,
-        }))
-    }
+fn definition(a: &Analysis, offset: usize) -> Option<lt::GotoDefinitionResponse> {
+    let (uri, range) = a.location(a.definition(offset)?)?;
+    Some(lt::GotoDefinitionResponse::Scalar(lt::Location {
+        uri,
+        range,
+    }))
 }
 
 /// A target from `{"target": "host"}`.

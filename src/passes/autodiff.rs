@@ -32,23 +32,10 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
     let Some(opt) = g.optimizer.clone() else {
         return;
     };
-    if g.outputs.iter().any(|o| o.role == Role::NextStep) {
+    if g.output(Role::NextStep).is_some() {
         return; // already differentiated
     }
-    let Some(loss) = g
-        .outputs
-        .iter()
-        .find(|o| o.role == Role::Loss)
-        .map(|o| o.node)
-    else {
-        return;
-    };
-    let Some(lr) = g
-        .outputs
-        .iter()
-        .find(|o| o.role == Role::LearningRate)
-        .map(|o| o.node)
-    else {
+    let (Some(loss), Some(lr)) = (g.output(Role::Loss), g.output(Role::LearningRate)) else {
         return;
     };
     if !g.ty(loss).dtype.is_float() {

@@ -360,7 +360,7 @@ fn npy_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
             return Err(bad("a scalar array has no rows".into()));
         }
         let dims = shape[1..].to_vec();
-        let rows = records::read_npy(&path, dtype, &dims)
+        let rows = records::npy_rows(&b, &path, dtype, &dims)
             .map_err(|m| err(Code::BadData, m, "write the array with numpy.save"))?;
         let per: usize = dims.iter().product();
         let kind = match dtype {

@@ -591,8 +591,7 @@ impl Estimator {
     }
 
     fn plan_train(&self, g: &Graph) -> Res<TrainPlan> {
-        let out = |r: Role| g.outputs.iter().find(|o| o.role == r).map(|o| o.node);
-        let (Some(loss), Some(lr)) = (out(Role::Loss), out(Role::LearningRate)) else {
+        let (Some(loss), Some(lr)) = (g.output(Role::Loss), g.output(Role::LearningRate)) else {
             return Err(Diag::new(
                 Code::InvalidModel,
                 self.info.span,
@@ -602,7 +601,7 @@ impl Estimator {
             .help("write `train { minimize loss with sgd(lr: 0.1) }` in the model")
             .into());
         };
-        let next_step = out(Role::NextStep);
+        let next_step = g.output(Role::NextStep);
         let cross: Vec<(NodeIndex, NodeIndex)> =
             g.g.node_indices()
                 .filter(|&n| matches!(g.node(n).op, Op::CrossShardMean))
@@ -978,11 +977,7 @@ impl Estimator {
         let g = &c.graph;
         let shards = self.info.config.num_shards.max(1) as usize;
         let names = Self::input_names(g);
-        let loss_node = g
-            .outputs
-            .iter()
-            .find(|o| o.role == Role::Loss)
-            .map(|o| o.node);
+        let loss_node = g.output(Role::Loss);
         let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
         let mut reducers: Vec<Vec<Box<dyn Reducer>>> = Vec::new();

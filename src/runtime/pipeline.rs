@@ -167,12 +167,10 @@ impl PipeOptions {
 /// the others, so that every worker shuffles differently.
 pub fn worker_seed(seed: u64, w: usize) -> u64 {
     if w == 0 {
-        return seed;
+        seed
+    } else {
+        mix(seed, w as u64)
     }
-    let mut z = seed ^ (w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The most elements a `prefetch` (or a worker) prepares ahead, and the most threads a

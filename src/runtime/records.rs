@@ -536,8 +536,18 @@ pub fn npy_header(b: &[u8]) -> Result<(DType, Vec<usize>, usize), String> {
 /// The rows of a `.npy` file whose elements must be `dtype[dims]`.
 pub fn read_npy(path: &Path, dtype: DType, dims: &[usize]) -> Result<Vec<Tensor>, String> {
     let b = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    npy_rows(&b, path, dtype, dims)
+}
+
+/// The rows of `.npy` bytes (read from `path`) whose elements must be `dtype[dims]`.
+pub fn npy_rows(
+    b: &[u8],
+    path: &Path,
+    dtype: DType,
+    dims: &[usize],
+) -> Result<Vec<Tensor>, String> {
     let bad = |m: &str| format!("{}: {m}", path.display());
-    let (got, shape, start) = npy_header(&b).map_err(|m| bad(&m))?;
+    let (got, shape, start) = npy_header(b).map_err(|m| bad(&m))?;
     if got != dtype {
         return Err(bad(&format!("the array's dtype is {got}, not {dtype}")));
     }
@@ -546,7 +556,10 @@ pub fn read_npy(path: &Path, dtype: DType, dims: &[usize]) -> Result<Vec<Tensor>
             "shape {shape:?} does not give elements of shape {dims:?}"
         )));
     }
-    let per: usize = dims.iter().product::<usize>() * dtype_size(dtype).unwrap_or(1);
+    let per = dims
+        .iter()
+        .try_fold(dtype_size(dtype).unwrap_or(1), |a, &d| a.checked_mul(d))
+        .ok_or_else(|| bad("the shape is too large"))?;
     let data = &b[start..];
     if Some(data.len()) != per.checked_mul(shape[0]) {
         return Err(bad("data size does not match the shape"));
