@@ -502,3 +502,78 @@ fn a_path_through_argmax_is_e0801() {
     let codes: Vec<&str> = diags.iter().map(|d| d.code.id()).collect();
     assert_eq!(codes, ["E0801"]);
 }
+
+/// The gradients of ops that pick among their inputs (relu, maximum, minimum, the
+/// extremum reductions) go to the NaN their forward pass propagated, so a NaN input is
+/// seen in the gradient instead of turning into a zero.
+#[test]
+fn gradients_follow_nan() {
+    let nan = f64::NAN;
+    let grad_of = |build: &dyn Fn(&mut Case, NodeIndex) -> NodeIndex, x: Vec<f64>| -> Vec<f64> {
+        let mut c = Case::new();
+        let v = c.var("x", &[x.len()]);
+        let y = build(&mut c, v);
+        let r = c.g.ty(y).rank();
+        let loss = c.op(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: (0..r).collect(),
+                keep_dims: false,
+            },
+            &[y],
+        );
+        let mut diags = Diags::default();
+        let grads = est::passes::autodiff::gradients(&mut c.g, loss, &mut diags).expect("grads");
+        c.g.outputs.push(Output {
+            name: "dx".into(),
+            role: Role::Update,
+            node: grads[0].1,
+        });
+        let mut vars = FxHashMap::default();
+        let ty = TensorType::new(DType::F32, vec![x.len()]);
+        vars.insert("x".to_string(), Tensor::from_f64(&ty, x));
+        let env = OpEnv {
+            step: 0,
+            seed: 1,
+            shard: 0,
+        };
+        let out = interp::run_outputs(&c.g, &none(), &vars, env).expect("run");
+        out[0].1.to_f64()
+    };
+    let relu = |c: &mut Case, v| c.op(Op::Unary(UnaryOp::Relu), &[v]);
+    let g = grad_of(&relu, vec![-1.0, nan, 2.0]);
+    assert_eq!((g[0], g[2]), (0.0, 1.0));
+    assert_eq!(g[1], 1.0, "relu's gradient passes through a NaN input");
+    for b in [BinaryOp::Max, BinaryOp::Min] {
+        let op = move |c: &mut Case, v: NodeIndex| {
+            let one = c.op(
+                Op::Const {
+                    bits: 1f64.to_bits(),
+                },
+                &[],
+            );
+            c.op(Op::Binary(b), &[v, one])
+        };
+        let g = grad_of(&op, vec![nan, 5.0, -5.0]);
+        let want = if b == BinaryOp::Max {
+            [1.0, 1.0, 0.0]
+        } else {
+            [1.0, 0.0, 1.0]
+        };
+        assert_eq!(g, want, "{}: to the NaN operand", Op::Binary(b).name());
+    }
+    for r in [ReduceOp::Max, ReduceOp::Min] {
+        let op = move |c: &mut Case, v: NodeIndex| {
+            c.op(
+                Op::Reduce {
+                    op: r,
+                    axes: vec![0],
+                    keep_dims: false,
+                },
+                &[v],
+            )
+        };
+        let g = grad_of(&op, vec![3.0, nan, 1.0]);
+        assert_eq!(g, [0.0, 1.0, 0.0], "reduce {r:?}: to the NaN");
+    }
+}

@@ -737,3 +737,125 @@ fn feeds_are_checked_against_the_graph() {
         "input `x`: the value is i32[2, 3], but the graph needs f32[2, 3]"
     );
 }
+
+/// Runs `op` and returns which elements of the result are NaN.
+fn nan_mask(op: Op, args: &[&Tensor], dtype: DType, shape: &[usize]) -> Vec<bool> {
+    let ty = TensorType::new(dtype, shape.to_vec());
+    let got = ops::eval(&op, args, &ty, &ENV).unwrap_or_else(|e| panic!("{}: {e}", op.name()));
+    got.to_f64().iter().map(|v| v.is_nan()).collect()
+}
+
+/// NaN propagates through every float op as in NumPy (and TensorFlow, PyTorch, JAX):
+/// an element computed from a NaN is NaN, never a number.
+#[test]
+fn nan_propagates_through_every_float_op() {
+    let nan = f64::NAN;
+    let x = f(&[4], &[-2.0, nan, 0.5, 3.0]);
+    for u in [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Square,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Floor,
+        UnaryOp::Sign,
+    ] {
+        let m = nan_mask(Op::Unary(u), &[&x], DType::F32, &[4]);
+        assert!(m[1], "{} of NaN is NaN", Op::Unary(u).name());
+    }
+    let y = f(&[4], &[1.0, 1.0, nan, 1.0]);
+    for b in [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Rem,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ] {
+        let m = nan_mask(Op::Binary(b), &[&x, &y], DType::F32, &[4]);
+        assert_eq!(
+            m,
+            [false, true, true, false],
+            "{}: NaN in either operand",
+            Op::Binary(b).name()
+        );
+    }
+    // Reductions over a lane with a NaN are NaN; the other lane is untouched.
+    let r = f(&[2, 3], &[1.0, nan, 3.0, 4.0, 5.0, 6.0]);
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Prod,
+    ] {
+        let red = Op::Reduce {
+            op,
+            axes: vec![1],
+            keep_dims: false,
+        };
+        let name = red.name();
+        assert_eq!(
+            nan_mask(red, &[&r], DType::F32, &[2]),
+            [true, false],
+            "{name}"
+        );
+    }
+    // Arg-reductions pick the first NaN, as NumPy's argmax and argmin do.
+    expect(Op::ArgMax { axis: 1 }, &[&r], DType::I32, &[2], &[1.0, 2.0]);
+    expect(Op::ArgMin { axis: 1 }, &[&r], DType::I32, &[2], &[1.0, 0.0]);
+    for op in [Op::Softmax { axis: 1 }, Op::LogSoftmax { axis: 1 }] {
+        let name = op.name();
+        assert_eq!(
+            nan_mask(op, &[&r], DType::F32, &[2, 3]),
+            [true, true, true, false, false, false],
+            "{name}"
+        );
+    }
+    // matmul: a NaN in row 0 of a spoils row 0 of the product.
+    let a = f(&[2, 2], &[nan, 1.0, 2.0, 3.0]);
+    let w = f(&[2, 2], &[1.0, 0.0, 0.0, 1.0]);
+    assert_eq!(
+        nan_mask(Op::MatMul, &[&a, &w], DType::F32, &[2, 2]),
+        [true, true, false, false]
+    );
+    // Pooling: a window holding a NaN gives NaN (max pooling picks it).
+    let img = f(&[1, 2, 4, 1], &[1.0, 2.0, 5.0, 6.0, nan, 4.0, 7.0, 8.0]);
+    let pool = Pool {
+        window: [2, 2],
+        strides: [2, 2],
+        padding: Padding::Valid,
+    };
+    for op in [Op::MaxPool2d(pool), Op::AvgPool2d(pool)] {
+        let name = op.name();
+        assert_eq!(
+            nan_mask(op, &[&img], DType::F32, &[1, 1, 2, 1]),
+            [true, false],
+            "{name}"
+        );
+    }
+    // The gradient of max pooling goes to the NaN the window picked.
+    let dy = f(&[1, 1, 2, 1], &[10.0, 20.0]);
+    expect(
+        Op::MaxPool2dGrad(pool),
+        &[&img, &dy],
+        DType::F32,
+        &[1, 2, 4, 1],
+        &[0.0, 0.0, 0.0, 0.0, 10.0, 0.0, 0.0, 20.0],
+    );
+    let conv = Conv {
+        strides: [1, 1],
+        padding: Padding::Valid,
+        dilation: [1, 1],
+    };
+    let k = f(&[1, 1, 1, 1], &[2.0]);
+    let m = nan_mask(Op::Conv2d(conv), &[&img, &k], DType::F32, &[1, 2, 4, 1]);
+    assert_eq!(m.iter().filter(|&&b| b).count(), 1, "conv2d: {m:?}");
+    assert!(m[4], "conv2d: {m:?}");
+}

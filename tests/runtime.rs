@@ -287,7 +287,11 @@ fn a_nan_loss_stops_training_and_keeps_the_last_checkpoint() {
     assert_eq!(codes(f.clone_diags()), [Code::NonFiniteLoss]);
     let msg = &f.diags[0].message;
     assert!(msg.contains("at global step 2"), "{msg}");
-    assert!(msg.contains("ckpt-20.safetensors"), "{msg}");
+    let help = f.diags[0].help.as_deref().unwrap_or_default();
+    assert!(
+        help.contains("ckpt-20.safetensors (global step 20), holds only finite values"),
+        "{help}"
+    );
     assert_eq!(
         checkpoint::latest(&dir).unwrap().step,
         20,

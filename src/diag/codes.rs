@@ -452,12 +452,21 @@ missing, extra, or has another shape or dtype. The message names each one. est r
 to resume from it rather than train a model that silently started from scratch.
 
 Use a fresh `--model-dir`, or restore the program the checkpoint was written by.";
-    NonFiniteLoss = "E0902", Error, "the loss is NaN or infinite",
-"Training stopped because the loss of a step was NaN or infinite. The message names the
-step and the last checkpoint, which is intact: nothing after it was saved.
+    NonFiniteLoss = "E0902", Error, "NaN or infinity in training",
+"Training stopped because a step met a NaN or an infinite value: the loss, the gradient
+of a variable, or the new value of a variable (or optimiser slot). Every op propagates
+NaN as IEEE 754 and NumPy do, so one NaN in the input reaches the loss instead of
+disappearing. The step is not applied, so no checkpoint ever holds a NaN or an
+infinity.
 
-Lower the learning rate, clip gradients (`clip_by_global_norm`), or check the input for
-NaN values; then resume from the checkpoint.";
+The message names the value, the variable and the step. The help says what was checked
+of the last checkpoint: it holds only finite values (checked every step before it was
+saved, and when it was restored), with its largest weight, since finite weights may
+still be diverging.
+
+Lower the learning rate, clip gradients (`clip_by_global_norm(opt, 1.0)`), or look for NaN and
+infinite values in the input (`estc perf-input --show N` prints batches); then train
+again, which resumes from the last checkpoint.";
     HooksOnWafer = "E0903", Error, "user hooks on the wafer",
 "On the wafer a loop of `iterations_per_loop` steps runs on the device without a round
 trip to the host, so a hook cannot run between steps (the TPU Estimator refuses hooks

@@ -6,7 +6,9 @@
 use super::value::{HookVal, MetricVal, OptimizerVal, Value};
 use super::Elab;
 use crate::diag::{Code, Diag};
-use crate::ir::{BinaryOp, DType, Init, NodeIndex, Op, Padding, ReduceOp, TensorType, UnaryOp};
+use crate::ir::{
+    float, BinaryOp, DType, Init, NodeIndex, Op, Padding, ReduceOp, TensorType, UnaryOp,
+};
 use crate::span::Span;
 use crate::syntax::ast::Param;
 use std::rc::Rc;
@@ -255,8 +257,8 @@ impl<'p> Elab<'p> {
         let ((va, sa), (vb, sb)) = (a.get("a"), a.get("b"));
         if let (Some(x), Some(y)) = (static_num(&va), static_num(&vb)) {
             let r = match name {
-                "maximum" => x.max(y),
-                "minimum" => x.min(y),
+                "maximum" => float::maximum(x, y),
+                "minimum" => float::minimum(x, y),
                 _ => x.powf(y),
             };
             return match (&va, &vb, name) {
@@ -1094,7 +1096,7 @@ fn static_num(v: &Value<'_>) -> Option<f64> {
 fn static_unary(u: UnaryOp, v: &Value<'_>) -> Option<f64> {
     let x = static_num(v)?;
     Some(match u {
-        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Relu => float::relu(x),
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Exp => x.exp(),
@@ -1104,7 +1106,7 @@ fn static_unary(u: UnaryOp, v: &Value<'_>) -> Option<f64> {
         UnaryOp::Abs => x.abs(),
         UnaryOp::Square => x * x,
         UnaryOp::Floor => x.floor(),
-        UnaryOp::Sign => x.signum(),
+        UnaryOp::Sign => float::sign(x),
         UnaryOp::Neg => -x,
         UnaryOp::Not => return None,
     })

@@ -3,6 +3,7 @@
 
 use super::rng::Stream;
 use super::tensor::{Arr, Data, Tensor};
+use crate::ir::float;
 use crate::ir::{BinaryOp, Conv, DType, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp};
 use ndarray::{Array2, ArrayView2, Axis, IxDyn, Slice, Zip};
 
@@ -151,17 +152,9 @@ fn unary(u: UnaryOp, a: &Tensor, ty: &TensorType) -> R {
                 UnaryOp::Square => |x| x * x,
                 UnaryOp::Tanh => f32::tanh,
                 UnaryOp::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
-                UnaryOp::Relu => |x| if x > 0.0 { x } else { 0.0 },
+                UnaryOp::Relu => float::relu,
                 UnaryOp::Floor => f32::floor,
-                UnaryOp::Sign => |x| {
-                    if x > 0.0 {
-                        1.0
-                    } else if x < 0.0 {
-                        -1.0
-                    } else {
-                        0.0
-                    }
-                },
+                UnaryOp::Sign => float::sign,
                 UnaryOp::Not => return Err("not of a float".into()),
             };
             Tensor::float(ty.dtype, x.map(|&v| f(v)).into_shared())
@@ -237,8 +230,8 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, ty: &TensorType) -> R {
                 BinaryOp::Div => |x, y| x / y,
                 BinaryOp::Rem => |x, y| x % y,
                 BinaryOp::Pow => f32::powf,
-                BinaryOp::Max => f32::max,
-                BinaryOp::Min => f32::min,
+                BinaryOp::Max => float::maximum,
+                BinaryOp::Min => float::minimum,
                 _ => return Err(format!("{} of floats", Op::Binary(op).name())),
             };
             Ok(Tensor::float(ty.dtype, zip_any(x, y, ty, f)))
@@ -332,8 +325,12 @@ fn reduce(op: ReduceOp, axes: &[usize], a: &Tensor, ty: &TensorType) -> R {
                 r = match op {
                     ReduceOp::Sum | ReduceOp::Mean => r.sum_axis(Axis(ax)),
                     ReduceOp::Prod => r.fold_axis(Axis(ax), 1.0, |&p, &v| p * v),
-                    ReduceOp::Max => r.fold_axis(Axis(ax), f32::NEG_INFINITY, |&p, &v| p.max(v)),
-                    ReduceOp::Min => r.fold_axis(Axis(ax), f32::INFINITY, |&p, &v| p.min(v)),
+                    ReduceOp::Max => {
+                        r.fold_axis(Axis(ax), f32::NEG_INFINITY, |&p, &v| float::maximum(p, v))
+                    }
+                    ReduceOp::Min => {
+                        r.fold_axis(Axis(ax), f32::INFINITY, |&p, &v| float::minimum(p, v))
+                    }
                 };
             }
             if op == ReduceOp::Mean {
@@ -388,7 +385,7 @@ fn arg_extremum(a: &Tensor, axis: usize, ty: &TensorType, max: bool) -> Tensor {
             for k in 1..n {
                 let v = vals[(o * n + k) * inner + i];
                 let b = vals[(o * n + best) * inner + i];
-                if (max && v > b) || (!max && v < b) {
+                if float::beats(v, b, max) {
                     best = k;
                 }
             }
@@ -580,7 +577,7 @@ fn scatter_add(idx: &Tensor, dy: &Tensor, ty: &TensorType) -> R {
 fn softmax(a: &Tensor, axis: usize, log: bool) -> Tensor {
     let mut r = a.f().to_owned();
     for mut lane in r.lanes_mut(Axis(axis)) {
-        let m = lane.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let m = lane.fold(f32::NEG_INFINITY, |m, &v| float::maximum(m, v));
         if log {
             let s: f32 = lane.iter().map(|&v| (v - m).exp()).sum();
             let l = s.ln() + m;
@@ -830,7 +827,7 @@ fn max_pool(x: &Tensor, dy: Option<&Tensor>, p: &Pool, ty: &TensorType) -> Tenso
             let src = x_at * c;
             for ch in 0..c {
                 let v = xs[src + ch];
-                if v > out[o + ch] || arg[o + ch] == usize::MAX {
+                if arg[o + ch] == usize::MAX || float::beats(v, out[o + ch], true) {
                     out[o + ch] = v;
                     arg[o + ch] = src + ch;
                 }

@@ -291,14 +291,6 @@ impl Tensor {
         Some(t)
     }
 
-    /// Whether the tensor holds a NaN or an infinity.
-    pub fn has_non_finite(&self) -> bool {
-        match &self.data {
-            Data::F(a) => a.iter().any(|x| !x.is_finite()),
-            _ => false,
-        }
-    }
-
     /// The tensor as JSON: nested arrays of numbers (strings for bytes).
     pub fn to_json(&self) -> serde_json::Value {
         fn nest(shape: &[usize], flat: &[serde_json::Value]) -> serde_json::Value {

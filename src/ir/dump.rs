@@ -21,6 +21,7 @@ fn role_name(r: &Role) -> &'static str {
         Role::Update => "update",
         Role::Element => "element",
         Role::NextStep => "next_step",
+        Role::Gradient => "gradient",
     }
 }
 

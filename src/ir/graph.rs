@@ -34,6 +34,9 @@ pub enum Role {
     Element,
     /// The global step after a train step (made by autodiff: the step plus one).
     NextStep,
+    /// The gradient of a trainable variable, averaged over shards (named by the
+    /// variable; made by autodiff, so that the runtime can check it is finite).
+    Gradient,
 }
 
 #[derive(Debug, Clone)]

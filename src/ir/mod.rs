@@ -3,6 +3,7 @@
 //! and dtype.
 
 mod dump;
+pub mod float;
 mod graph;
 mod infer;
 mod op;

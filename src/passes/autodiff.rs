@@ -152,6 +152,23 @@ impl Ad<'_> {
         )
     }
 
+    /// A comparison or logical op, elementwise with broadcasting: a bool tensor.
+    fn cmp(&mut self, b: BinaryOp, x: NodeIndex, y: NodeIndex, span: Span) -> NodeIndex {
+        let shape = crate::ir::broadcast(&self.g.ty(x).shape, &self.g.ty(y).shape)
+            .unwrap_or_else(|| self.g.ty(x).shape.clone());
+        self.mk(
+            Op::Binary(b),
+            &[x, y],
+            TensorType::new(DType::Bool, shape),
+            span,
+        )
+    }
+
+    /// `x != x`: where `x` is NaN.
+    fn is_nan(&mut self, x: NodeIndex, span: Span) -> NodeIndex {
+        self.cmp(BinaryOp::Ne, x, x, span)
+    }
+
     fn select(&mut self, c: NodeIndex, a: NodeIndex, b: NodeIndex, span: Span) -> NodeIndex {
         let t = self.ty(a);
         self.mk(Op::Select, &[c, a, b], t, span)
@@ -336,15 +353,13 @@ impl Ad<'_> {
                     self.bin(BinaryOp::Mul, dy, t, sp)
                 }
                 UnaryOp::Relu => {
+                    // Through where relu passed x on: x > 0, or x NaN (ir::float).
                     let zero = self.konst(0.0, node.ty.dtype, sp);
-                    let pos = self.mk(
-                        Op::Binary(BinaryOp::Gt),
-                        &[x, zero],
-                        TensorType::new(DType::Bool, xs.clone()),
-                        sp,
-                    );
+                    let pos = self.cmp(BinaryOp::Gt, x, zero, sp);
+                    let nan = self.is_nan(x, sp);
+                    let pass = self.cmp(BinaryOp::Or, pos, nan, sp);
                     let z = self.zeros(self.ty(dy), sp);
-                    self.select(pos, dy, z, sp)
+                    self.select(pass, dy, z, sp)
                 }
                 UnaryOp::Sign => return None, // zero almost everywhere
                 UnaryOp::Floor | UnaryOp::Not => return None,
@@ -381,21 +396,22 @@ impl Ad<'_> {
                         self.bin(BinaryOp::Mul, dy, t, sp)
                     }
                     BinaryOp::Max | BinaryOp::Min => {
-                        let cmp = match (b, i) {
-                            (BinaryOp::Max, 0) => BinaryOp::Ge,
-                            (BinaryOp::Max, _) => BinaryOp::Lt,
-                            (_, 0) => BinaryOp::Le,
-                            _ => BinaryOp::Gt,
+                        // To the operand the result came from (ir::float::takes_first):
+                        // the first on ties and when it is NaN.
+                        let cmp = if *b == BinaryOp::Max {
+                            BinaryOp::Ge
+                        } else {
+                            BinaryOp::Le
                         };
-                        let shape = node.ty.shape.clone();
-                        let c = self.mk(
-                            Op::Binary(cmp),
-                            &[a0, a1],
-                            TensorType::new(DType::Bool, shape),
-                            sp,
-                        );
+                        let wins = self.cmp(cmp, a0, a1, sp);
+                        let nan = self.is_nan(a0, sp);
+                        let first = self.cmp(BinaryOp::Or, wins, nan, sp);
                         let z = self.zeros(self.ty(dy), sp);
-                        self.select(c, dy, z, sp)
+                        if i == 0 {
+                            self.select(first, dy, z, sp)
+                        } else {
+                            self.select(first, z, dy, sp)
+                        }
                     }
                     BinaryOp::Rem if i == 0 => dy,
                     BinaryOp::Rem => {
@@ -442,15 +458,13 @@ impl Ad<'_> {
                         self.bin(BinaryOp::Div, t, x, sp)
                     }
                     ReduceOp::Max | ReduceOp::Min => {
-                        // Shared equally among the positions that attain the extremum.
+                        // Shared equally among the positions that attain the extremum
+                        // (the NaNs, when the result is NaN).
                         let yk = self.reshape(y, &kept, sp);
-                        let eq = self.mk(
-                            Op::Binary(BinaryOp::Eq),
-                            &[x, yk],
-                            TensorType::new(DType::Bool, xs.clone()),
-                            sp,
-                        );
-                        let mask = self.cast(eq, node.ty.dtype, sp);
+                        let eq = self.cmp(BinaryOp::Eq, x, yk, sp);
+                        let nan = self.is_nan(x, sp);
+                        let at = self.cmp(BinaryOp::Or, eq, nan, sp);
+                        let mask = self.cast(at, node.ty.dtype, sp);
                         let count = self.reduce(ReduceOp::Sum, mask, axes.clone(), true, sp);
                         let share = self.bin(BinaryOp::Div, dyk, count, sp);
                         self.bin(BinaryOp::Mul, mask, share, sp)
@@ -573,6 +587,13 @@ impl Ad<'_> {
             .map(|(v, d)| {
                 let t = self.ty(d);
                 let m = self.mk(Op::CrossShardMean, &[d], t, sp);
+                if let Op::Variable { name, .. } = &self.g.node(v).op {
+                    self.g.outputs.push(Output {
+                        name: name.clone(),
+                        role: Role::Gradient,
+                        node: m,
+                    });
+                }
                 (v, m)
             })
             .collect();

@@ -4,7 +4,7 @@
 
 use super::PassCtx;
 use crate::diag::Diags;
-use crate::ir::{BinaryOp, DType, Graph, NodeIndex, Op, UnaryOp};
+use crate::ir::{float, BinaryOp, DType, Graph, NodeIndex, Op, UnaryOp};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
@@ -71,15 +71,9 @@ fn unary(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Square => x * x,
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Relu => float::relu(x),
         UnaryOp::Floor => x.floor(),
-        UnaryOp::Sign => {
-            if x == 0.0 {
-                0.0
-            } else {
-                x.signum()
-            }
-        }
+        UnaryOp::Sign => float::sign(x),
     }
 }
 
@@ -92,8 +86,8 @@ fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
         BinaryOp::Div => x / y,
         BinaryOp::Rem => x % y,
         BinaryOp::Pow => x.powf(y),
-        BinaryOp::Max => x.max(y),
-        BinaryOp::Min => x.min(y),
+        BinaryOp::Max => float::maximum(x, y),
+        BinaryOp::Min => float::minimum(x, y),
         BinaryOp::Eq => t(x == y),
         BinaryOp::Ne => t(x != y),
         BinaryOp::Lt => t(x < y),

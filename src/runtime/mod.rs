@@ -18,6 +18,7 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod convert;
+pub mod health;
 pub mod hooks;
 pub mod metrics;
 pub mod pipeline;
@@ -150,6 +151,8 @@ struct TrainPlan {
     lr: NodeIndex,
     /// Variable updates, by variable name, and whether phase A makes them.
     updates: Vec<(String, NodeIndex, bool)>,
+    /// The gradient of each trainable variable (averaged over shards), by its name.
+    gradients: Vec<(String, NodeIndex)>,
     next_step: Option<NodeIndex>,
 }
 
@@ -175,6 +178,10 @@ pub struct Estimator {
     hooks: Vec<Box<dyn RunHook>>,
     reducers: FxHashMap<String, ReducerFactory>,
     last_checkpoint: Option<PathBuf>,
+    /// What was checked of the last checkpoint saved or restored (for E0902's help).
+    last_checked: Option<health::Checked>,
+    /// The loss of the last train step.
+    last_loss: Option<f64>,
     /// Log lines (restores, checkpoints, summaries) go here; `None` is silent.
     pub log: Option<LogFn>,
 }
@@ -297,6 +304,8 @@ impl Estimator {
             hooks,
             reducers: FxHashMap::default(),
             last_checkpoint: None,
+            last_checked: None,
+            last_loss: None,
             log: None,
         })
     }
@@ -458,6 +467,12 @@ impl Estimator {
             self.seed = meta.seed;
             self.input_position = meta.input_position;
             self.last_checkpoint = Some(found.tensors.clone());
+            self.last_checked = Some(health::Checked::new(
+                found.tensors.clone(),
+                meta.global_step,
+                None,
+                &self.vars,
+            ));
             let msg = format!(
                 "restored {} (global step {})",
                 found.tensors.display(),
@@ -514,6 +529,12 @@ impl Estimator {
             ))
         })?;
         self.last_checkpoint = Some(p.clone());
+        self.last_checked = Some(health::Checked::new(
+            p.clone(),
+            self.step,
+            self.last_loss,
+            &self.vars,
+        ));
         for h in &mut self.hooks {
             h.checkpoint_saved(self.step, &p);
         }
@@ -618,6 +639,12 @@ impl Estimator {
             .filter(|o| o.role == Role::Update)
             .map(|o| (o.name.clone(), o.node, !after[o.node.index()]))
             .collect();
+        let gradients: Vec<(String, NodeIndex)> = g
+            .outputs
+            .iter()
+            .filter(|o| o.role == Role::Gradient)
+            .map(|o| (o.name.clone(), o.node))
+            .collect();
         let mut a_targets: Vec<NodeIndex> = cross.iter().map(|c| c.1).collect();
         a_targets.push(loss);
         a_targets.push(lr);
@@ -636,6 +663,7 @@ impl Estimator {
             loss,
             lr,
             updates,
+            gradients,
             next_step,
         })
     }
@@ -754,6 +782,7 @@ impl Estimator {
                 let (loss, rate) = self.train_step(&c.graph, &plan, &names, batches)?;
                 self.input_position = pipe.position;
                 final_loss = loss;
+                self.last_loss = Some(loss);
                 lr = rate;
                 let info = StepInfo {
                     global_step: self.step,
@@ -918,28 +947,18 @@ impl Estimator {
             let v = values.get(operand).expect("gradient").clone();
             values.set(cross, v);
         }
-        let loss_t = values.get(plan.loss).expect("loss");
-        let loss = loss_t.scalar();
+        let loss = values.get(plan.loss).expect("loss").scalar();
         let lr = values.get(plan.lr).expect("lr").scalar();
-        if loss_t.has_non_finite() {
-            let last = self
-                .last_checkpoint
-                .as_ref()
-                .map_or("no checkpoint has been saved yet".to_string(), |p| {
-                    format!("the last checkpoint, {}, is intact", p.display())
-                });
-            let span = g.node(plan.loss).span;
-            return Err(Diag::new(
-                Code::NonFiniteLoss,
-                span,
-                format!(
-                    "the loss is {loss} at global step {}; training stopped and {last}",
-                    self.step + 1
-                ),
-            )
-            .label("this loss")
-            .help("lower the learning rate or clip gradients, then resume from the checkpoint")
-            .into());
+        // The loss and every gradient must be finite before anything is applied.
+        let found = |n: NodeIndex| health::first_non_finite(values.get(n).expect("checked"));
+        if let Some(f) = found(plan.loss) {
+            return Err(self.non_finite(health::Bad::Loss, f, g.node(plan.loss).span));
+        }
+        for (name, node) in &plan.gradients {
+            if let Some(f) = found(*node) {
+                let span = variable_span(g, name);
+                return Err(self.non_finite(health::Bad::Gradient(name), f, span));
+            }
         }
         let env_feeds = FxHashMap::default();
         let env = Env {
@@ -953,6 +972,12 @@ impl Estimator {
         };
         interp::execute(g, &plan.b, &env, &mut values).map_err(run_diag)?;
         for (name, node, _) in &plan.updates {
+            if let Some(f) = health::first_non_finite(values.get(*node).expect("update")) {
+                let span = variable_span(g, name);
+                return Err(self.non_finite(health::Bad::Update(name), f, span));
+            }
+        }
+        for (name, node, _) in &plan.updates {
             let v = values.get(*node).expect("update").clone();
             self.vars.insert(name.clone(), v);
         }
@@ -961,6 +986,11 @@ impl Estimator {
             None => self.step + 1,
         };
         Ok((loss, lr))
+    }
+
+    /// E0902 for a non-finite value met in the step after the current one.
+    fn non_finite(&self, bad: health::Bad<'_>, found: (usize, f32), span: Span) -> RunFailure {
+        health::diag(bad, found, self.step + 1, span, self.last_checked.as_ref()).into()
     }
 
     /// Evaluates the latest state: metrics over `steps` batches or the whole input.
@@ -1180,6 +1210,20 @@ impl Estimator {
         }
         Ok(lines)
     }
+}
+
+/// Where the variable `name` (or the variable of an optimiser slot `name/slot`) is
+/// made, for diagnostics about it.
+fn variable_span(g: &Graph, name: &str) -> Span {
+    let find = |want: &str| {
+        g.g.node_indices().find_map(|n| match &g.node(n).op {
+            Op::Variable { name, .. } if name == want => Some(g.node(n).span),
+            _ => None,
+        })
+    };
+    find(name)
+        .or_else(|| name.rsplit_once('/').and_then(|(base, _)| find(base)))
+        .unwrap_or_default()
 }
 
 fn mode_name(m: SectionKind) -> &'static str {

@@ -1,0 +1,94 @@
+//! The float semantics every backend and every folding pass follows where IEEE 754
+//! leaves a choice: how NaN goes through `maximum`, `minimum`, `relu`, `sign`, the
+//! extremum reductions, arg-reductions and max pooling. The rule is NumPy's (and
+//! TensorFlow's, PyTorch's and JAX's): NaN propagates. A NaN operand makes a NaN
+//! result, and an arg-reduction or a pooling window picks the first NaN it meets, so
+//! that one bad value is seen, never silently replaced by a number.
+
+/// The float types the kernels compute in.
+pub trait Float: Copy + PartialOrd {
+    const ZERO: Self;
+    const ONE: Self;
+    fn is_nan(self) -> bool;
+    fn neg(self) -> Self;
+}
+
+impl Float for f32 {
+    const ZERO: f32 = 0.0;
+    const ONE: f32 = 1.0;
+    fn is_nan(self) -> bool {
+        f32::is_nan(self)
+    }
+    fn neg(self) -> f32 {
+        -self
+    }
+}
+
+impl Float for f64 {
+    const ZERO: f64 = 0.0;
+    const ONE: f64 = 1.0;
+    fn is_nan(self) -> bool {
+        f64::is_nan(self)
+    }
+    fn neg(self) -> f64 {
+        -self
+    }
+}
+
+/// `maximum(a, b)`: NaN if either is NaN; `a` on ties (NumPy's `fmax` ignores NaN,
+/// `maximum` does not: this is `maximum`).
+pub fn maximum<T: Float>(a: T, b: T) -> T {
+    if a.is_nan() || a >= b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `minimum(a, b)`: NaN if either is NaN; `a` on ties.
+pub fn minimum<T: Float>(a: T, b: T) -> T {
+    if a.is_nan() || a <= b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Whether `maximum(a, b)` (or `minimum` when `max` is false) takes its value from `a`:
+/// the rule the gradient of both follows, so that it flows to the operand the result
+/// came from, NaN included.
+pub fn takes_first<T: Float>(a: T, b: T, max: bool) -> bool {
+    a.is_nan() || if max { a >= b } else { a <= b }
+}
+
+/// `relu(x)`: `x` when positive, NaN when NaN, else 0.
+pub fn relu<T: Float>(x: T) -> T {
+    if x > T::ZERO || x.is_nan() {
+        x
+    } else {
+        T::ZERO
+    }
+}
+
+/// `sign(x)`: -1, 0 or 1; NaN when NaN.
+pub fn sign<T: Float>(x: T) -> T {
+    if x > T::ZERO {
+        T::ONE
+    } else if x < T::ZERO {
+        T::ONE.neg()
+    } else if x.is_nan() {
+        x
+    } else {
+        T::ZERO
+    }
+}
+
+/// Whether `v` replaces `best` as the running extremum of a window or an
+/// arg-reduction: a greater (smaller) value does, and the first NaN does and is never
+/// replaced.
+pub fn beats<T: Float>(v: T, best: T, max: bool) -> bool {
+    if best.is_nan() {
+        return false;
+    }
+    v.is_nan() || if max { v > best } else { v < best }
+}
