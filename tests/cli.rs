@@ -296,7 +296,8 @@ fn train_eval_predict_commands() {
     assert!(v["accuracy"].as_f64().unwrap() > 0.8);
     let o = estc(&["eval", file, "--model-dir", &md, "--steps", "2"]);
     assert!(
-        stdout(&o).starts_with("eval at global step 210 over 2 batches:\n  accuracy = "),
+        stdout(&o)
+            .starts_with("eval at global step 210 over 2 batches (80 examples):\n  accuracy = "),
         "{}",
         stdout(&o)
     );

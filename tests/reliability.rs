@@ -8,6 +8,8 @@ use est::runtime::{checkpoint, Estimator, RunFailure, RunOptions, Steps};
 use est::Program;
 use std::path::{Path, PathBuf};
 
+const BOUNDS: checkpoint::Bounds = checkpoint::Bounds { num_shards: 1 };
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -56,7 +58,7 @@ fn digits_with(dir: &Path, edit: impl FnOnce(&mut Vec<String>)) -> Program {
 /// Every float value of every checkpoint in `dir` is finite.
 fn checkpoints_are_finite(dir: &Path) -> bool {
     checkpoint::list(dir).iter().all(|c| {
-        let (_, vars) = checkpoint::load(c).unwrap();
+        let (_, vars) = checkpoint::load(c, BOUNDS).unwrap();
         vars.values()
             .all(|t| t.to_f64().iter().all(|v| v.is_finite()))
     })
@@ -176,4 +178,617 @@ fn e0902_says_what_was_checked_of_the_last_checkpoint() {
     assert!(help.contains("already diverging"), "{help}");
     assert_eq!(checkpoint::latest(&dir).unwrap().step, 20);
     assert!(checkpoints_are_finite(&dir));
+}
+
+/// The digits example with a model_dir in `dir/model` and overridden config keys.
+fn digits_in(dir: &Path, config: &[(&str, i64)]) -> Estimator {
+    let p = Program::load(&root().join("examples/digits_mlp.est")).unwrap();
+    let opts = RunOptions {
+        model_dir: Some(dir.join("model")),
+        config: config.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        ..Default::default()
+    };
+    Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{:?}", f.diags))
+}
+
+const SMALL: &[(&str, i64)] = &[
+    ("iterations_per_loop", 10),
+    ("save_checkpoint_steps", 10),
+    ("keep_checkpoint_max", 5),
+];
+
+/// The names of the files in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Point 2: two runs on one model_dir both exited 0 and overwrote each other's
+/// checkpoints. A training run now holds an exclusive `flock` on `.est.lock`; a second
+/// training run is E0909 naming the holder's PID, `eval` reads alongside, and the lock
+/// of a killed run is taken over.
+#[test]
+fn a_model_dir_is_locked_by_its_training_run() {
+    let dir = tmp("lock");
+    digits_in(&dir, SMALL).train(Steps::Max(10)).unwrap();
+    let md = dir.join("model");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_estc"))
+        .args([
+            "train",
+            root().join("examples/digits_mlp.est").to_str().unwrap(),
+        ])
+        .args([
+            "--model-dir",
+            md.to_str().unwrap(),
+            "--max-steps",
+            "100000000",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let lock = md.join(".est.lock");
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(&lock).ok().as_deref() != Some(pid.as_str()) {
+        assert!(t.elapsed().as_secs() < 60, "the child never took the lock");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let f = digits_in(&dir, SMALL).train(Steps::Max(20)).unwrap_err();
+    assert_eq!(codes(&f), [Code::ModelDirLocked]);
+    assert!(
+        f.diags[0]
+            .message
+            .ends_with(&format!("is in use by another training run (PID {pid})")),
+        "{}",
+        f.diags[0].message
+    );
+    // eval reads alongside the training run
+    let m = digits_in(&dir, SMALL).evaluate(None).unwrap();
+    assert_eq!(m.examples, 360);
+    // SIGKILL: the kernel releases the lock, and the next run takes it over
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = digits_in(&dir, SMALL).train(Steps::Add(10)).unwrap();
+    assert_eq!(r.global_step, r.start_step + 10);
+    // within one process, a second holder is refused too
+    let _held = est::runtime::model_dir::lock(&md).unwrap();
+    let f = digits_in(&dir, SMALL).train(Steps::Add(10)).unwrap_err();
+    assert_eq!(codes(&f), [Code::ModelDirLocked]);
+}
+
+/// Flips one bit `from_end` bytes before the end of `path`.
+fn flip_bit(path: &Path, from_end: usize) {
+    let mut b = std::fs::read(path).unwrap();
+    let at = b.len() - from_end;
+    b[at] ^= 0x10;
+    std::fs::write(path, b).unwrap();
+}
+
+/// Points 3 and 5: a flipped bit in a tensor was restored silently, and a damaged
+/// latest checkpoint stopped the run with no hint. Each tensor now has a CRC32C in the
+/// metadata; training falls back to the newest intact checkpoint with W0910, which
+/// names the tensor, and sets the damaged files aside; eval falls back too but moves
+/// nothing; with no intact checkpoint left, E0911.
+#[test]
+fn a_damaged_checkpoint_is_detected_and_skipped() {
+    let dir = tmp("bitflip");
+    let md = dir.join("model");
+    digits_in(&dir, SMALL).train(Steps::Max(30)).unwrap();
+    flip_bit(&checkpoint::tensors_path(&md, 30), 5);
+    // eval: falls back to step 20, leaves the files alone
+    let mut e = digits_in(&dir, SMALL);
+    let m = e.evaluate(None).unwrap();
+    assert_eq!(m.global_step, 20);
+    let w = e.take_warnings();
+    assert_eq!(
+        w.iter().map(|d| d.code).collect::<Vec<_>>(),
+        [Code::DamagedCheckpoint]
+    );
+    assert!(
+        w[0].message.starts_with(
+            "the checkpoint of global step 30 is damaged (ckpt-30.safetensors: the data of `"
+        ),
+        "{}",
+        w[0].message
+    );
+    assert!(
+        w[0].message.contains("does not match its checksum"),
+        "{}",
+        w[0].message
+    );
+    assert!(checkpoint::tensors_path(&md, 30).exists());
+    // train: falls back, sets the damaged files aside, and trains the steps again
+    let mut e = digits_in(&dir, SMALL);
+    let r = e.train(Steps::Max(40)).unwrap();
+    assert_eq!((r.start_step, r.global_step), (20, 40));
+    assert_eq!(e.take_warnings()[0].code, Code::DamagedCheckpoint);
+    let files = names(&md);
+    assert!(
+        files.contains(&"ckpt-30.safetensors.damaged".to_string()),
+        "{files:?}"
+    );
+    assert!(
+        files.contains(&"ckpt-30.json.damaged".to_string()),
+        "{files:?}"
+    );
+    assert!(
+        files.contains(&"ckpt-30.safetensors".to_string()),
+        "trained again: {files:?}"
+    );
+    // the weights equal an uninterrupted run's: the damage cost time, not results
+    let whole = tmp("bitflip-whole");
+    digits_in(&whole, SMALL).train(Steps::Max(40)).unwrap();
+    assert_eq!(
+        std::fs::read(checkpoint::tensors_path(&md, 40)).unwrap(),
+        std::fs::read(checkpoint::tensors_path(&whole.join("model"), 40)).unwrap()
+    );
+    // a missing tensors file beside its metadata is damage too
+    std::fs::remove_file(checkpoint::tensors_path(&md, 40)).unwrap();
+    let mut e = digits_in(&dir, SMALL);
+    assert_eq!(e.evaluate(None).unwrap().global_step, 30);
+    let w = e.take_warnings();
+    assert!(
+        w[0].message
+            .contains("(ckpt-40.safetensors is missing (its metadata ckpt-40.json is there))"),
+        "{}",
+        w[0].message
+    );
+    // nothing intact: E0911, and nothing is changed
+    for c in checkpoint::list(&md).iter().filter(|c| c.tensors.exists()) {
+        flip_bit(&c.tensors, 5);
+    }
+    let before = names(&md);
+    let f = digits_in(&dir, SMALL).train(Steps::Max(50)).unwrap_err();
+    assert_eq!(codes(&f), [Code::NoCheckpoint]);
+    assert!(
+        f.diags[0].message.contains("is damaged: ckpt-40: "),
+        "{}",
+        f.diags[0].message
+    );
+    let mut after = names(&md);
+    after.retain(|n| n != ".est.lock");
+    let mut before = before;
+    before.retain(|n| n != ".est.lock");
+    assert_eq!(before, after);
+}
+
+/// Rewrites the metadata of `ckpt-step` with `edit`, sealing it again with a valid
+/// checksum of its own when `seal` (a forged or buggy file rather than a flipped bit).
+fn edit_meta(md: &Path, step: i64, seal: bool, edit: impl FnOnce(&mut checkpoint::Meta)) {
+    let p = checkpoint::meta_path(md, step);
+    let mut m: checkpoint::Meta = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    edit(&mut m);
+    if seal {
+        m.seal();
+    }
+    std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+/// An edit of a checkpoint's metadata.
+type MetaEdit = fn(&mut checkpoint::Meta);
+
+/// Point 4: a `global_step` that disagrees with the file, a negative step and an
+/// `input_position` of 1e12 were trusted (restarting forever, or skipping input
+/// forever). Each is now damage, named precisely, and the run falls back.
+#[test]
+fn checkpoint_metadata_is_checked() {
+    let dir = tmp("meta");
+    let md = dir.join("model");
+    digits_in(&dir, SMALL).train(Steps::Max(20)).unwrap();
+    let cases: [(bool, MetaEdit, &str); 4] = [
+        (
+            true,
+            |m| m.global_step = 5,
+            "global_step is 5, but the file is the checkpoint of step 20",
+        ),
+        (
+            true,
+            |m| m.input_position = 1_000_000_000_000,
+            "input_position 1000000000000 is more than the train input can have produced in 20 steps of 1 shard (20)",
+        ),
+        (true, |m| m.max_shards = Some(0), "max_shards is 0"),
+        (
+            false,
+            |m| m.input_position = 19,
+            "the metadata does not match its checksum",
+        ),
+    ];
+    let original = std::fs::read(checkpoint::meta_path(&md, 20)).unwrap();
+    for (seal, edit, want) in cases {
+        edit_meta(&md, 20, seal, edit);
+        let mut e = digits_in(&dir, SMALL);
+        assert_eq!(e.evaluate(None).unwrap().global_step, 10, "{want}");
+        let w = e.take_warnings();
+        assert!(
+            w[0].message.contains(&format!("(ckpt-20.json: {want})")),
+            "{}",
+            w[0].message
+        );
+        std::fs::write(checkpoint::meta_path(&md, 20), &original).unwrap();
+    }
+    // a negative step in a file of its own
+    let mut m: checkpoint::Meta = serde_json::from_slice(&original).unwrap();
+    m.global_step = -3;
+    m.seal();
+    std::fs::write(
+        checkpoint::meta_path(&md, -3),
+        serde_json::to_vec(&m).unwrap(),
+    )
+    .unwrap();
+    std::fs::copy(
+        checkpoint::tensors_path(&md, 20),
+        checkpoint::tensors_path(&md, -3),
+    )
+    .unwrap();
+    let found = checkpoint::list(&md);
+    let neg = found.iter().find(|c| c.step == -3).unwrap();
+    assert_eq!(
+        checkpoint::load(neg, BOUNDS).unwrap_err(),
+        checkpoint::LoadError::Damaged("ckpt--3.json: the global step -3 is negative".into())
+    );
+}
+
+/// Point 6: a directory of TensorFlow's checkpoints was treated as empty and est wrote
+/// beside it. Now E0912, for training and evaluation, and nothing is written.
+#[test]
+fn a_foreign_checkpoint_directory_is_refused() {
+    let dir = tmp("foreign");
+    let md = dir.join("model");
+    std::fs::create_dir_all(&md).unwrap();
+    std::fs::write(md.join("checkpoint"), "model_checkpoint_path: \"ckpt-7\"\n").unwrap();
+    std::fs::write(md.join("ckpt-7.index"), b"\x00").unwrap();
+    std::fs::write(md.join("ckpt-7.data-00000-of-00001"), b"\x00").unwrap();
+    let before = names(&md);
+    let f = digits_in(&dir, SMALL).train(Steps::Max(10)).unwrap_err();
+    assert_eq!(codes(&f), [Code::ForeignModelDir]);
+    assert!(
+        f.diags[0].message.ends_with("holds checkpoint files est did not write (checkpoint, ckpt-7.data-00000-of-00001, ckpt-7.index)"),
+        "{}",
+        f.diags[0].message
+    );
+    assert!(f.diags[0].help.as_deref().unwrap().contains("TensorFlow"));
+    let f = digits_in(&dir, SMALL).evaluate(None).unwrap_err();
+    assert_eq!(codes(&f), [Code::ForeignModelDir]);
+    assert_eq!(names(&md), before, "nothing written");
+}
+
+/// Point 17: an unwritable model_dir (a regular file, /dev/null, a directory that
+/// cannot be written) was found only when the first summary was written, after a loop
+/// of training. It is now E0904 before the first step, with the right message.
+#[test]
+fn an_unwritable_model_dir_is_found_before_training() {
+    let dir = tmp("unwritable");
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let cases = [
+        (
+            file.clone(),
+            format!("{} is not a directory", file.display()),
+        ),
+        (
+            PathBuf::from("/dev/null"),
+            "/dev/null is not a directory".to_string(),
+        ),
+        (
+            file.join("model"),
+            format!(
+                "cannot create {}: {} is a file, not a directory",
+                file.join("model").display(),
+                file.display()
+            ),
+        ),
+        (
+            PathBuf::from("/sys/kernel"),
+            "/sys/kernel is not writable: Permission denied (os error 13)".to_string(),
+        ),
+    ];
+    let p = Program::load(&root().join("examples/digits_mlp.est")).unwrap();
+    for (md, want) in cases {
+        let opts = RunOptions {
+            model_dir: Some(md.clone()),
+            ..Default::default()
+        };
+        let mut e = Estimator::new(&p, &opts).unwrap();
+        let t = std::time::Instant::now();
+        let f = e.train(Steps::Max(100)).unwrap_err();
+        assert_eq!(codes(&f), [Code::RunIo], "{}", md.display());
+        assert_eq!(
+            f.diags[0].message,
+            format!("cannot train in this model_dir: {want}")
+        );
+        assert_eq!(e.global_step(), 0, "no step ran");
+        assert!(t.elapsed().as_secs() < 30);
+    }
+}
+
+/// Point 17: `eval` on a model_dir whose `eval/` cannot be written still reports its
+/// metrics, with W0914.
+#[test]
+fn eval_reports_metrics_when_summaries_cannot_be_written() {
+    let dir = tmp("eval-ro");
+    digits_in(&dir, SMALL).train(Steps::Max(10)).unwrap();
+    std::fs::write(dir.join("model/eval"), "in the way").unwrap();
+    let mut e = digits_in(&dir, SMALL);
+    let m = e.evaluate(None).unwrap();
+    assert_eq!(m.examples, 360);
+    assert!(m.metrics[0].1 > 0.1);
+    let w = e.take_warnings();
+    assert_eq!(
+        w.iter().map(|d| d.code).collect::<Vec<_>>(),
+        [Code::SummariesNotWritten]
+    );
+}
+
+/// Point 18: a failed save left its `.tmp-PID` file behind (on a full disk, keeping it
+/// full). The temporary file is now removed when a write fails, and a training run
+/// removes those of killed runs when it takes the lock.
+#[test]
+fn failed_saves_leave_no_temporary_files() {
+    let dir = tmp("tmpfiles");
+    let md = dir.join("model");
+    // the rename of step 10's tensors fails: a non-empty directory is in the way
+    std::fs::create_dir_all(checkpoint::tensors_path(&md, 10).join("x")).unwrap();
+    std::fs::write(
+        md.join(".ckpt-5.safetensors.tmp-99999"),
+        b"left by a killed run",
+    )
+    .unwrap();
+    let f = digits_in(&dir, SMALL).train(Steps::Max(10)).unwrap_err();
+    assert_eq!(codes(&f), [Code::RunIo]);
+    let temps: Vec<String> = names(&md)
+        .into_iter()
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(temps.is_empty(), "{temps:?}");
+    // the cache: a failed store removes its temporary file too
+    let cache = dir.join("cache");
+    std::fs::create_dir_all(cache.join("c.estcache").join("x")).unwrap();
+    assert!(est::runtime::cache::store(&cache.join("c.estcache"), "c", 1, &[]).is_err());
+    assert_eq!(names(&cache), ["c.estcache"]);
+}
+
+/// Point 19: after a crash and resume TensorBoard showed the redone steps twice. Each
+/// training run's event file now starts with a `SessionLog` START at the step it
+/// starts from, which makes TensorBoard purge the orphaned events.
+#[test]
+fn a_resumed_run_writes_session_start_at_its_step() {
+    let dir = tmp("session");
+    digits_in(&dir, SMALL).train(Steps::Max(20)).unwrap();
+    digits_in(&dir, SMALL).train(Steps::Max(30)).unwrap();
+    let md = dir.join("model");
+    let mut starts: Vec<Vec<i64>> = names(&md)
+        .iter()
+        .filter(|n| n.starts_with("events.out.tfevents"))
+        .map(|n| est::runtime::summary::read_session_starts(&md.join(n)).unwrap())
+        .collect();
+    starts.sort();
+    assert_eq!(starts, [vec![0], vec![20]]);
+}
+
+const PARTIAL: &str = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+use std.metrics.{accuracy, mean}
+
+params {
+  eval_batch: int = 360
+  max_label: int = 10
+}
+
+input train_rows() {
+  csv("data/digits_train.csv", columns: { pixels: f32[64], label: i32 })
+    |> map |r| (r.pixels / 16.0, r.label)
+    |> shuffle(2_000) |> repeat |> batch(32, drop_remainder: true)
+}
+
+input test_rows() {
+  csv("data/digits_test.csv", columns: { pixels: f32[64], label: i32 })
+    |> filter |r| r.label < params.max_label
+    |> map |r| (r.pixels / 16.0, r.label)
+    |> batch(params.eval_batch)
+}
+
+input test_records() {
+  tfrecord("data/digits_test.tfrecord", skip_corrupt: true)
+    |> parse { pixels: f32[64], label: i32 }
+    |> map |r| (r.pixels / 16.0, r.label)
+    |> batch(params.eval_batch)
+}
+
+model m(features: f32[B, 64], labels: i32[B]) {
+  let logits = dense(dense(features, 32, activation: relu), 10)
+  let loss = softmax_cross_entropy(labels, logits)
+  train   { minimize loss with momentum(lr: 0.1, momentum: 0.9) }
+  eval    {
+    metric accuracy = accuracy(labels, argmax(logits, 1))
+    metric mean_label = mean(cast(labels, f32))
+    metric top_logit = mean(reduce_max(logits, axis: 1))
+  }
+  predict { classes = argmax(logits, 1); probabilities = softmax(logits) }
+}
+
+estimator digits {
+  model = m
+  train_input = train_rows()
+  eval_input = test_rows()
+  predict_input = test_rows()
+  config { random_seed = 5 }
+}
+
+estimator records {
+  model = m
+  train_input = train_rows()
+  eval_input = test_records()
+}
+"#;
+
+/// An estimator of `PARTIAL` with its data under `dir/data` and model_dir `dir/model`.
+fn partial(dir: &Path, name: &str, eval_batch: usize, shards: i64) -> Estimator {
+    partial_with(dir, name, eval_batch, shards, &[])
+}
+
+fn partial_with(
+    dir: &Path,
+    name: &str,
+    eval_batch: usize,
+    shards: i64,
+    params: &[(&str, &str)],
+) -> Estimator {
+    let mut p = Program::from_source("partial.est", PARTIAL, None);
+    p.add_override("eval_batch", &eval_batch.to_string(), "--param eval_batch");
+    for (k, v) in params {
+        p.add_override(k, v, &format!("--param {k}"));
+    }
+    let opts = RunOptions {
+        estimator: Some(name.into()),
+        model_dir: Some(dir.join("model")),
+        data_dir: Some(dir.to_path_buf()),
+        config: vec![("num_shards".into(), shards)],
+        ..Default::default()
+    };
+    Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{:?}", f.diags))
+}
+
+fn metric(r: &est::runtime::EvalReport, name: &str) -> f64 {
+    r.metrics.iter().find(|(k, _)| k == name).unwrap().1
+}
+
+/// Point 12: eval and predict inputs with a partial last batch passed `check` and
+/// failed at run time (E0906), so most eval sets could not be evaluated in full. The
+/// last batch is now padded and masked: metrics and the loss over batches of 64 (the
+/// last of 40), of 7 (the last of 3) and over two shards equal those of one batch of
+/// all 360 examples, and predict writes one row per example.
+#[test]
+fn a_partial_last_batch_is_evaluated_exactly() {
+    let dir = tmp("partial");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for f in ["digits_train.csv", "digits_test.csv"] {
+        std::fs::copy(root().join("examples/data").join(f), data.join(f)).unwrap();
+    }
+    partial(&dir, "digits", 360, 1)
+        .train(Steps::Max(60))
+        .unwrap();
+    let whole = partial(&dir, "digits", 360, 1).evaluate(None).unwrap();
+    assert_eq!((whole.steps, whole.examples), (1, 360));
+    for (batch, shards, steps) in [(64, 1, 6), (7, 1, 52), (64, 2, 3), (50, 2, 4)] {
+        let r = partial(&dir, "digits", batch, shards)
+            .evaluate(None)
+            .unwrap();
+        let case = format!("batch {batch}, {shards} shard(s)");
+        assert_eq!((r.steps, r.examples), (steps, 360), "{case}");
+        assert_eq!(metric(&r, "accuracy"), metric(&whole, "accuracy"), "{case}");
+        assert_eq!(
+            metric(&r, "mean_label"),
+            metric(&whole, "mean_label"),
+            "{case}"
+        );
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+        assert!(
+            close(metric(&r, "top_logit"), metric(&whole, "top_logit")),
+            "{case}"
+        );
+        assert!(
+            close(r.loss, whole.loss),
+            "{case}: loss {} vs {}",
+            r.loss,
+            whole.loss
+        );
+    }
+    // predict: one row per real example, the same as from one whole batch
+    let read = |batch: usize| {
+        let out = dir.join(format!("pred-{batch}"));
+        let p = partial(&dir, "digits", batch, 1)
+            .predict(&out, None)
+            .unwrap();
+        assert_eq!(p.examples, 360);
+        std::fs::read_to_string(out.join("predictions.jsonl")).unwrap()
+    };
+    let (a, b) = (read(360), read(64));
+    assert_eq!(b.lines().count(), 360);
+    for (x, y) in a.lines().zip(b.lines()) {
+        let x: serde_json::Value = serde_json::from_str(x).unwrap();
+        let y: serde_json::Value = serde_json::from_str(y).unwrap();
+        assert_eq!(x["classes"], y["classes"]);
+    }
+}
+
+/// Point 12: `skip_corrupt` made the eval set's size a non-multiple of the batch and
+/// broke evaluation; now the 359 intact records are evaluated.
+#[test]
+fn skip_corrupt_evaluation_counts_the_intact_records() {
+    let dir = tmp("partial-records");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::copy(
+        root().join("examples/data/digits_train.csv"),
+        data.join("digits_train.csv"),
+    )
+    .unwrap();
+    let opts = est::runtime::convert::ConvertOptions {
+        from: est::runtime::convert::From::Csv,
+        inputs: vec![root().join("examples/data/digits_test.csv")],
+        output: data.join("digits_test"),
+        shards: 1,
+        labels: None,
+        groups: vec![("pixels".into(), "p0".into(), "p63".into())],
+        kinds: vec![("pixels".into(), est::runtime::convert::Kind::Float)],
+    };
+    est::runtime::convert::convert(&opts, &mut |_, _| {}).unwrap();
+    let file = data.join("digits_test.tfrecord");
+    // a bit of the data of record 100 (records are 8 + 4 + len + 4 bytes)
+    let mut b = std::fs::read(&file).unwrap();
+    let len = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    b[100 * (len + 16) + 12 + len / 2] ^= 0x01;
+    std::fs::write(&file, b).unwrap();
+    let mut e = partial(&dir, "records", 40, 1);
+    e.train(Steps::Max(20)).unwrap();
+    let r = e.evaluate(None).unwrap();
+    assert_eq!((r.steps, r.examples), (9, 359));
+    assert_eq!(e.skipped_records(), 1);
+}
+
+/// Point 9: an evaluation over zero batches printed `accuracy = 0`, wrote it to
+/// TensorBoard, and `--smoke` said ok. It is now E0913 and nothing is written.
+#[test]
+fn an_evaluation_over_no_examples_is_an_error() {
+    let dir = tmp("empty-eval");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for f in ["digits_train.csv", "digits_test.csv"] {
+        std::fs::copy(root().join("examples/data").join(f), data.join(f)).unwrap();
+    }
+    // a filter that keeps no test row
+    let none = [("max_label", "0")];
+    let mut e = partial_with(&dir, "digits", 40, 1, &none);
+    e.train(Steps::Max(10)).unwrap();
+    let f = e.evaluate(None).unwrap_err();
+    assert_eq!(codes(&f), [Code::NoExamples]);
+    assert_eq!(
+        f.diags[0].message,
+        "the evaluation ran over no examples: the eval input yielded no batch"
+    );
+    let f = e.evaluate(Some(0)).unwrap_err();
+    assert_eq!(codes(&f), [Code::NoExamples]);
+    let f = e.predict(&dir.join("pred"), None).unwrap_err();
+    assert_eq!(codes(&f), [Code::NoExamples]);
+    assert!(!dir.join("model/eval").exists(), "no summary written");
+    assert!(!dir.join("pred").exists(), "no prediction written");
+    let f = partial_with(&dir, "digits", 40, 1, &none)
+        .smoke()
+        .unwrap_err();
+    assert_eq!(codes(&f), [Code::NoExamples]);
+    // eval and predict need a checkpoint: untrained weights mean nothing
+    let f = partial(&tmp("untrained"), "digits", 40, 1)
+        .evaluate(None)
+        .unwrap_err();
+    assert_eq!(codes(&f), [Code::NoCheckpoint]);
 }

@@ -55,6 +55,14 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
             SectionKind::Predict => predict(&mut est, &a, json),
         }
     };
+    // Warnings were logged as they happened; with JSON output they go to stderr as
+    // JSON lines, so that stdout keeps the one result object.
+    if json {
+        let mut err = std::io::stderr().lock();
+        for d in est.take_warnings() {
+            let _ = writeln!(err, "{}", est::diag::render::to_json(&d, &program.sources));
+        }
+    }
     match result {
         Ok(()) => 0,
         Err(f) => print_diags(&program, &f.diags, a.out.message_format, a.out.color).max(1),
@@ -122,11 +130,12 @@ fn eval(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
         m.insert("loss".into(), serde_json::json!(r.loss));
         m.insert("global_step".into(), serde_json::json!(r.global_step));
         m.insert("steps".into(), serde_json::json!(r.steps));
+        m.insert("examples".into(), serde_json::json!(r.examples));
         println!("{}", serde_json::Value::Object(m));
     } else {
         println!(
-            "eval at global step {} over {} batches:",
-            r.global_step, r.steps
+            "eval at global step {} over {} batches ({} examples):",
+            r.global_step, r.steps, r.examples
         );
         for (k, v) in &r.metrics {
             println!("  {k} = {v:.4}");

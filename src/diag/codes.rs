@@ -403,6 +403,23 @@ that depends on `labels` cannot be computed.
 
 Compute predictions from the features only.";
 
+    UnmaskablePartialBatch = "E0513", Error, "a partial last batch cannot be evaluated exactly",
+"An eval or predict input without `drop_remainder: true` may end with a batch smaller
+than the graph's batch size. The runtime pads that batch with copies of its last row and
+the compiler masks the padding: reductions over the batch (`reduce_mean`, `reduce_sum`,
+... across the examples) count the real examples only, metrics see only the real rows,
+and predict writes one row per real example.
+
+That is exact only for values computed per example or reduced over the batch. This
+value mixes the examples in another way, through an op that padding rows would change
+(a matmul that contracts the batch, a softmax or a concat along it), or it is computed
+per batch while it feeds a metric, so the smaller last batch would weigh as much as a
+full one:
+
+    eval { metric m = mean(reduce_mean(loss_per_example)) }  // error: one value per batch
+
+Compute it per example (`mean(loss_per_example)`), or drop the partial batch with
+`batch(n, drop_remainder: true)`.";
     UnsupportedOp = "E0601", Error, "operation not supported on the target",
 "The chosen target cannot run this operation. The host runs every operation; the wafer
 runs a declared list (matmul, convolution, elementwise, reductions, pooling, softmax,
@@ -490,4 +507,42 @@ or remove the `repeat` from the eval input.";
     NoRuntime = "E0908", Error, "target cannot run programs yet",
 "`estc train`, `eval` and `predict` run on the reference interpreter (`--target interp`).
 The host (LLVM) and wafer backends check programs but do not execute them yet.";
+    ModelDirLocked = "E0909", Error, "model_dir is in use by another training run",
+"A training run holds an exclusive lock on its `model_dir` (`flock` on `.est.lock`, which
+names the holder's PID), so that two runs never overwrite each other's checkpoints. The
+kernel releases the lock when the run exits, however it exits, so the lock of a crashed
+run is taken over by the next one. `estc eval` and `estc predict` take no lock and may
+run alongside training.
+
+Wait for the other run to finish, or train in another `--model-dir`.";
+    DamagedCheckpoint = "W0910", Warning, "a damaged checkpoint was skipped",
+"A checkpoint in `model_dir` is damaged: its metadata is not valid JSON, does not match
+its own checksum or is inconsistent (a `global_step` other than the file's step, a
+negative step, an `input_position` beyond what the steps could have read), its tensors
+file is missing, or a tensor does not match its CRC32C checksum. The run goes on from
+the newest intact checkpoint, and the message names both. A training run moves the
+damaged files aside (`ckpt-N.json.damaged`, `ckpt-N.safetensors.damaged`), where no run
+reads or prunes them; `eval` and `predict` leave them in place.";
+    NoCheckpoint = "E0911", Error, "no usable checkpoint",
+"`estc eval` and `estc predict` need a checkpoint: evaluating untrained weights would
+print numbers that mean nothing. Or every checkpoint in `model_dir` is damaged (each
+named with why), and training will not silently start over beside them.
+
+Train first (`estc train`), point `--model-dir` at a training run's directory, or train
+from scratch in a fresh `--model-dir`.";
+    ForeignModelDir = "E0912", Error, "model_dir holds another framework's checkpoints",
+"`model_dir` holds files of another framework's checkpoints: TensorFlow's (`checkpoint`,
+`ckpt-N.index`, `ckpt-N.data-00000-of-00001`, `saved_model.pb`), Keras's (`.h5`,
+`.keras`) or PyTorch's (`.pt`, `.pth`). est cannot read them, and would otherwise treat
+the directory as empty and write its own checkpoints beside them. Use a fresh
+`--model-dir`.";
+    NoExamples = "E0913", Error, "evaluation or prediction over no examples",
+"An evaluation (or prediction) ran over no batch: `--steps 0`, an input whose files are
+empty or whose filters drop every element, or more shards than batches. Its metrics
+would be meaningless (an accuracy of 0 over nothing), so nothing is reported and
+nothing is written: no summary, no prediction file.";
+    SummariesNotWritten = "W0914", Warning, "summaries could not be written",
+"The TensorBoard summaries of an evaluation could not be written in `model_dir/eval`
+(a read-only directory, a full disk). The evaluation's metrics are reported all the
+same; only TensorBoard will not see them.";
 }

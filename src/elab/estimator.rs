@@ -865,7 +865,7 @@ fn input_rules(
                 ..
             } = b.kind
             {
-                if wafer || mode == SectionKind::Train {
+                if mode == SectionKind::Train {
                     let why = if wafer {
                         "the wafer needs the same batch size at every step"
                     } else {
@@ -879,8 +879,11 @@ fn input_rules(
                         )
                         .label(why)
                         .with(at, "used here")
-                        .help("write `batch(n, drop_remainder: true)`"),
+                        .help("write `batch(n, drop_remainder: true)`; evaluation and prediction take a partial last batch (padded and masked), training does not"),
                     );
+                } else {
+                    // The runtime pads the last batch; `mask_padding` masks it.
+                    el.graph.partial_batches = true;
                 }
             }
         }

@@ -21,7 +21,7 @@ pub struct Node {
 }
 
 /// What an output of the graph is for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Loss,
     LearningRate,
@@ -71,7 +71,28 @@ pub struct Graph {
     pub outputs: Vec<Output>,
     pub metrics: Vec<Metric>,
     pub optimizer: Option<Optimizer>,
+    /// Whether the input feeding this (eval or predict) graph may end with a partial
+    /// batch, which the runtime pads to the static batch size (set by elaboration).
+    pub partial_batches: bool,
+    /// How the graph ignores padding rows (set by the `mask_padding` pass).
+    pub batch_mask: Option<BatchMask>,
 }
+
+/// The mask of real examples of a graph whose last batch may be padded: the runtime
+/// feeds `input` with `true` for each real row, and keeps only the real rows of the
+/// per-example outputs.
+#[derive(Debug, Clone)]
+pub struct BatchMask {
+    /// The `bool[size]` input node of the mask.
+    pub input: NodeIndex,
+    /// The static batch size (rows per batch, padding included).
+    pub size: usize,
+    /// Indices into `outputs` of the outputs with one row per example (axis 0).
+    pub per_example: Vec<usize>,
+}
+
+/// The name of the mask input (not an identifier, so no model input can take it).
+pub const MASK_INPUT: &str = "#mask";
 
 impl Graph {
     pub fn new() -> Graph {

@@ -10,7 +10,7 @@ mod op;
 mod types;
 
 pub use dump::{dump_dot, dump_text};
-pub use graph::{Graph, Metric, Node, Operands, Optimizer, Output, Role};
+pub use graph::{BatchMask, Graph, Metric, Node, Operands, Optimizer, Output, Role, MASK_INPUT};
 pub use infer::{arity, infer, window_out, InferError};
 pub use op::{fmt_f64, padding_name, BinaryOp, Conv, Init, Op, Padding, Pool, ReduceOp, UnaryOp};
 pub use petgraph::stable_graph::NodeIndex;

@@ -7,6 +7,7 @@ mod const_fold;
 mod cse;
 mod dce;
 mod int64;
+mod mask_padding;
 mod shape_infer;
 mod target_ops;
 mod verify;
@@ -40,6 +41,12 @@ pub const PIPELINE: &[Pass] = &[
     Pass {
         name: "int64",
         run: int64::run,
+    },
+    // Eval and predict graphs whose last batch may be partial: reductions across the
+    // examples skip the padding rows; outputs that padding would change are E0513.
+    Pass {
+        name: "mask_padding",
+        run: mask_padding::run,
     },
     // The train step: gradients of the loss, the optimiser's updates, the step increment.
     Pass {

@@ -317,13 +317,10 @@ pub fn load(path: &Path, fp: u64) -> Option<Vec<Element>> {
 /// the files of the same id with other versions or fingerprints.
 pub fn store(path: &Path, id: &str, fp: u64, elems: &[Element]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
     // Unique per writer: input workers may write the same cache at the same time.
     static WRITER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-    {
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+    super::atomic::write_with(path, Some(n), |w| {
         let mut head = MAGIC.to_vec();
         head.extend(fp.to_le_bytes());
         head.extend((elems.len() as u64).to_le_bytes());
@@ -333,9 +330,8 @@ pub fn store(path: &Path, id: &str, fp: u64, elems: &[Element]) -> std::io::Resu
             encode(e, &mut buf);
             w.write_all(&records::frame(&buf))?;
         }
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
+        Ok(())
+    })?;
     let keep = path.file_name().map(|n| n.to_os_string());
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.filter_map(|e| e.ok()) {

@@ -1,15 +1,19 @@
 //! Checkpoints in `model_dir`: `ckpt-<step>.safetensors` (every variable, optimiser slots
 //! included) and `ckpt-<step>.json` (global step, run seed, input position, program
-//! hash). Each file is written atomically (a temporary file, fsync, rename, fsync of
-//! the directory) and the metadata only after the tensors, so a checkpoint whose
+//! hash, a CRC32C per tensor and one of the metadata itself). Each file is written
+//! atomically (`atomic`) and the metadata only after the tensors, so a checkpoint whose
 //! metadata exists is complete, whenever the process was killed. `checkpoint.json`
-//! lists the checkpoints for people and tools; the runtime trusts the files themselves.
+//! lists the checkpoints for people and tools; the runtime trusts the files themselves,
+//! and verifies them: a checkpoint whose metadata is inconsistent, whose tensors file is
+//! missing or whose bytes do not match their checksums is damaged (`load`), and
+//! `restore` falls back to the newest intact one, saying which it skipped and why.
 
+use super::atomic;
 use crate::interp::Tensor;
 use crate::ir::{DType, TensorType};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -19,13 +23,46 @@ pub struct Meta {
     pub seed: u64,
     /// Elements the train input has produced (the resumed input skips them).
     pub input_position: u64,
+    /// The most shards any run that trained this state used: the train input produced
+    /// at most `global_step * max_shards` elements. (Absent in checkpoints of est
+    /// before checksums.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_shards: Option<u64>,
     /// A hash of the program text the checkpoint was written by.
     pub program_hash: String,
     /// Variables and their types, as `name: f32[3, 4]`.
     pub variables: Vec<String>,
+    /// The CRC32C of each variable's little-endian bytes, by name (TensorFlow's
+    /// checkpoints keep one per tensor too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksums: Option<BTreeMap<String, u32>>,
+    /// The CRC32C of this metadata as compact JSON without this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta_checksum: Option<u32>,
 }
 
-/// A checkpoint found in a model directory.
+impl Meta {
+    /// Sets `meta_checksum` to the checksum of the other fields.
+    pub fn seal(&mut self) {
+        self.meta_checksum = None;
+        self.meta_checksum = Some(self.own_checksum());
+    }
+
+    /// The checksum of every field but `meta_checksum`.
+    fn own_checksum(&self) -> u32 {
+        let mut m = self.clone();
+        m.meta_checksum = None;
+        crc32c::crc32c(&serde_json::to_vec(&m).unwrap_or_default())
+    }
+
+    /// Whether this metadata comes from an est that wrote no checksums.
+    pub fn unverified(&self) -> bool {
+        self.checksums.is_none()
+    }
+}
+
+/// A checkpoint found in a model directory: its metadata file exists (its tensors
+/// file may not, which makes it damaged).
 #[derive(Debug, Clone)]
 pub struct Found {
     pub step: i64,
@@ -41,27 +78,9 @@ pub fn meta_path(dir: &Path, step: i64) -> PathBuf {
     dir.join(format!("ckpt-{step}.json"))
 }
 
-/// Writes `bytes` to `path` atomically.
+/// Writes `bytes` to `path` atomically (see `atomic`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    atomic::write(path, bytes)
 }
 
 fn st_dtype(d: DType) -> safetensors::Dtype {
@@ -121,7 +140,15 @@ pub fn decode(bytes: &[u8]) -> Result<FxHashMap<String, Tensor>, String> {
     Ok(out)
 }
 
-/// Saves a checkpoint: tensors, then metadata, then the index; prunes to `keep`.
+/// The CRC32C of every variable's little-endian bytes, as `Meta::checksums` holds them.
+pub fn checksums(vars: &FxHashMap<String, Tensor>) -> BTreeMap<String, u32> {
+    vars.iter()
+        .map(|(k, t)| (k.clone(), crc32c::crc32c(&t.to_le_bytes())))
+        .collect()
+}
+
+/// Saves a checkpoint: tensors, then metadata (with the checksums of both), then the
+/// index; prunes to `keep`.
 pub fn save(
     dir: &Path,
     vars: &FxHashMap<String, Tensor>,
@@ -131,9 +158,12 @@ pub fn save(
     let bytes = encode(vars).map_err(std::io::Error::other)?;
     let tp = tensors_path(dir, meta.global_step);
     fault_injection(dir, meta.global_step, &bytes);
-    write_atomic(&tp, &bytes)?;
-    let m = serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?;
-    write_atomic(&meta_path(dir, meta.global_step), &m)?;
+    atomic::write(&tp, &bytes)?;
+    let mut meta = meta.clone();
+    meta.checksums = Some(checksums(vars));
+    meta.seal();
+    let m = serde_json::to_vec_pretty(&meta).map_err(std::io::Error::other)?;
+    atomic::write(&meta_path(dir, meta.global_step), &m)?;
     let mut all = list(dir);
     while all.len() > keep.max(1) {
         let old = all.remove(0);
@@ -144,7 +174,7 @@ pub fn save(
         "latest": meta.global_step,
         "all": all.iter().map(|c| c.step).collect::<Vec<_>>(),
     });
-    write_atomic(&dir.join("checkpoint.json"), index.to_string().as_bytes())?;
+    atomic::write(&dir.join("checkpoint.json"), index.to_string().as_bytes())?;
     Ok(tp)
 }
 
@@ -153,16 +183,14 @@ pub fn save(
 /// renamed), as a power cut or SIGKILL would leave it.
 fn fault_injection(dir: &Path, step: i64, bytes: &[u8]) {
     if std::env::var("EST_FAULT").ok().as_deref() == Some(&format!("checkpoint-write:{step}")) {
-        let tmp = dir.join(format!(
-            ".ckpt-{step}.safetensors.tmp-{}",
-            std::process::id()
-        ));
+        let tmp = atomic::temp_path(&tensors_path(dir, step), None);
         let _ = std::fs::write(tmp, &bytes[..bytes.len() / 2]);
         std::process::abort();
     }
 }
 
-/// The complete checkpoints in `dir`, oldest first.
+/// The checkpoints in `dir` (every `ckpt-<step>.json` with a step written as est
+/// writes it), oldest first. Whether each is intact is for `load` to say.
 pub fn list(dir: &Path) -> Vec<Found> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -176,10 +204,9 @@ pub fn list(dir: &Path) -> Vec<Found> {
                 .strip_suffix(".json")?
                 .parse()
                 .ok()?;
-            let tensors = tensors_path(dir, step);
-            tensors.is_file().then(|| Found {
+            (name == format!("ckpt-{step}.json")).then(|| Found {
                 step,
-                tensors,
+                tensors: tensors_path(dir, step),
                 meta: meta_path(dir, step),
             })
         })
@@ -192,15 +219,191 @@ pub fn latest(dir: &Path) -> Option<Found> {
     list(dir).pop()
 }
 
-/// Reads a checkpoint's metadata and variables.
-pub fn load(c: &Found) -> Result<(Meta, FxHashMap<String, Tensor>), String> {
-    let m = std::fs::read(&c.meta).map_err(|e| format!("cannot read {}: {e}", c.meta.display()))?;
-    let meta: Meta =
-        serde_json::from_slice(&m).map_err(|e| format!("{}: {e}", c.meta.display()))?;
-    let b = std::fs::read(&c.tensors)
-        .map_err(|e| format!("cannot read {}: {e}", c.tensors.display()))?;
-    let vars = decode(&b).map_err(|e| format!("{}: {e}", c.tensors.display()))?;
+/// Why a checkpoint could not be loaded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadError {
+    /// A file could not be read (permissions, an I/O error): nothing is known of the
+    /// checkpoint itself, so nothing falls back.
+    Io(String),
+    /// The checkpoint is damaged: the reason.
+    Damaged(String),
+}
+
+/// What a run knows that bounds a checkpoint's metadata.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// The run's `num_shards` (the bound of `input_position` in checkpoints of est
+    /// before `max_shards` was recorded).
+    pub num_shards: u64,
+}
+
+/// Reads a checkpoint's metadata and variables and verifies them: the metadata's own
+/// checksum and fields, the tensors file, each tensor's checksum, the variable list,
+/// and that every float value is finite.
+pub fn load(c: &Found, bounds: Bounds) -> Result<(Meta, FxHashMap<String, Tensor>), LoadError> {
+    let name = |p: &Path| {
+        p.file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+    };
+    let damaged = |why: String| LoadError::Damaged(why);
+    let m = std::fs::read(&c.meta)
+        .map_err(|e| LoadError::Io(format!("cannot read {}: {e}", c.meta.display())))?;
+    let meta: Meta = serde_json::from_slice(&m)
+        .map_err(|e| damaged(format!("{} is not valid metadata: {e}", name(&c.meta))))?;
+    check_meta(&meta, c.step, bounds).map_err(|e| damaged(format!("{}: {e}", name(&c.meta))))?;
+    let b = match std::fs::read(&c.tensors) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(damaged(format!(
+                "{} is missing (its metadata {} is there)",
+                name(&c.tensors),
+                name(&c.meta)
+            )))
+        }
+        Err(e) => {
+            return Err(LoadError::Io(format!(
+                "cannot read {}: {e}",
+                c.tensors.display()
+            )))
+        }
+    };
+    let vars = decode(&b).map_err(|e| damaged(format!("{}: {e}", name(&c.tensors))))?;
+    check_tensors(&meta, &vars).map_err(|e| damaged(format!("{}: {e}", name(&c.tensors))))?;
     Ok((meta, vars))
+}
+
+/// The metadata's own checksum and the consistency and range of its fields.
+fn check_meta(meta: &Meta, step: i64, bounds: Bounds) -> Result<(), String> {
+    if let Some(want) = meta.meta_checksum {
+        if meta.own_checksum() != want {
+            return Err("the metadata does not match its checksum".into());
+        }
+    } else if !meta.unverified() {
+        return Err("the metadata has tensor checksums but no checksum of its own".into());
+    }
+    if meta.global_step != step {
+        return Err(format!(
+            "global_step is {}, but the file is the checkpoint of step {step}",
+            meta.global_step
+        ));
+    }
+    if step < 0 {
+        return Err(format!("the global step {step} is negative"));
+    }
+    let shards = match meta.max_shards {
+        Some(0) => return Err("max_shards is 0".into()),
+        Some(s) => s,
+        None => bounds.num_shards.max(1),
+    };
+    let most = (step as u64).saturating_mul(shards);
+    if meta.input_position > most {
+        return Err(format!(
+            "input_position {} is more than the train input can have produced in {step} steps of {shards} shard{} ({most})",
+            meta.input_position,
+            if shards == 1 { "" } else { "s" }
+        ));
+    }
+    Ok(())
+}
+
+/// The tensors against the metadata: the same variables and types, each matching its
+/// checksum, and no NaN or infinity (training never saves one).
+fn check_tensors(meta: &Meta, vars: &FxHashMap<String, Tensor>) -> Result<(), String> {
+    let mut listed: Vec<String> = vars
+        .iter()
+        .map(|(k, t)| format!("{k}: {}", t.ty()))
+        .collect();
+    listed.sort();
+    let mut want = meta.variables.clone();
+    want.sort();
+    if listed != want {
+        let missing: Vec<&String> = want.iter().filter(|v| !listed.contains(v)).collect();
+        let extra: Vec<&String> = listed.iter().filter(|v| !want.contains(v)).collect();
+        return Err(format!(
+            "the tensors do not match the metadata's variable list (listed but not stored: {missing:?}; stored but not listed: {extra:?})"
+        ));
+    }
+    if let Some(sums) = &meta.checksums {
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort();
+        for name in names {
+            let got = crc32c::crc32c(&vars[name].to_le_bytes());
+            match sums.get(name) {
+                Some(&want) if want == got => {}
+                Some(&want) => {
+                    return Err(format!(
+                        "the data of `{name}` does not match its checksum (CRC32C {got:08x}, expected {want:08x})"
+                    ))
+                }
+                None => return Err(format!("`{name}` has no checksum")),
+            }
+        }
+    }
+    for (name, t) in vars {
+        if let Some((i, v)) = super::health::first_non_finite(t) {
+            return Err(format!("`{name}` holds {v} (element {i})"));
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint a run resumes from.
+#[derive(Debug)]
+pub struct Restored {
+    pub found: Found,
+    pub meta: Meta,
+    pub vars: FxHashMap<String, Tensor>,
+    /// Newer checkpoints that are damaged, with why (newest first).
+    pub damaged: Vec<(Found, String)>,
+}
+
+/// Why no checkpoint could be restored.
+#[derive(Debug)]
+pub enum RestoreError {
+    Io(String),
+    /// Every checkpoint is damaged: each with why (newest first).
+    NoneIntact(Vec<(Found, String)>),
+}
+
+/// The newest intact checkpoint of `dir`, with the damaged ones newer than it; `None`
+/// when `dir` has no checkpoint at all.
+pub fn restore(dir: &Path, bounds: Bounds) -> Result<Option<Restored>, RestoreError> {
+    let all = list(dir);
+    if all.is_empty() {
+        return Ok(None);
+    }
+    let mut damaged = Vec::new();
+    for found in all.into_iter().rev() {
+        match load(&found, bounds) {
+            Ok((meta, vars)) => {
+                return Ok(Some(Restored {
+                    found,
+                    meta,
+                    vars,
+                    damaged,
+                }))
+            }
+            Err(LoadError::Io(e)) => return Err(RestoreError::Io(e)),
+            Err(LoadError::Damaged(why)) => damaged.push((found, why)),
+        }
+    }
+    Err(RestoreError::NoneIntact(damaged))
+}
+
+/// Moves a damaged checkpoint's files aside (`ckpt-N.json.damaged`, ...), where no run
+/// reads or prunes them and a person can still look at them.
+pub fn set_aside(c: &Found) -> std::io::Result<Vec<PathBuf>> {
+    let mut moved = Vec::new();
+    for p in [&c.meta, &c.tensors] {
+        if p.exists() {
+            let mut to = p.clone().into_os_string();
+            to.push(".damaged");
+            let to = PathBuf::from(to);
+            std::fs::rename(p, &to)?;
+            moved.push(to);
+        }
+    }
+    Ok(moved)
 }
 
 /// How the variables of a checkpoint differ from the program's: one line per variable.

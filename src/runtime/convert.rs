@@ -474,35 +474,32 @@ fn write_shards(
                 "check that the output directory is writable",
             )
         };
-        let tmp = path.with_extension("tfrecord.tmp");
-        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(write_err)?);
-        for row in &t.rows[s * n / shards..(s + 1) * n / shards] {
-            let feats: Vec<(&str, Feature<'_>)> = t
-                .names
-                .iter()
-                .zip(row)
-                .map(|((name, _, _), v)| {
-                    let f = match v {
-                        Val::F(x) => Feature::Floats(x),
-                        Val::I(x) => Feature::Ints(x),
-                        Val::B(x) => Feature::Bytes(x),
-                    };
-                    (name.as_str(), f)
-                })
-                .collect();
-            let rec = records::frame(&encode_example(&feats));
-            bytes += rec.len() as u64;
-            w.write_all(&rec).map_err(write_err)?;
-            done += 1;
-            if done.is_multiple_of(1000) || done == total {
-                progress(done, total);
+        super::atomic::write_with(&path, None, |w| {
+            for row in &t.rows[s * n / shards..(s + 1) * n / shards] {
+                let feats: Vec<(&str, Feature<'_>)> = t
+                    .names
+                    .iter()
+                    .zip(row)
+                    .map(|((name, _, _), v)| {
+                        let f = match v {
+                            Val::F(x) => Feature::Floats(x),
+                            Val::I(x) => Feature::Ints(x),
+                            Val::B(x) => Feature::Bytes(x),
+                        };
+                        (name.as_str(), f)
+                    })
+                    .collect();
+                let rec = records::frame(&encode_example(&feats));
+                bytes += rec.len() as u64;
+                w.write_all(&rec)?;
+                done += 1;
+                if done.is_multiple_of(1000) || done == total {
+                    progress(done, total);
+                }
             }
-        }
-        w.into_inner()
-            .map_err(|e| write_err(e.into_error()))?
-            .sync_all()
-            .map_err(write_err)?;
-        std::fs::rename(&tmp, &path).map_err(write_err)?;
+            Ok(())
+        })
+        .map_err(write_err)?;
         files.push(path);
     }
     remove_other_shards(&o.output, &files);

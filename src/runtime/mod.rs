@@ -15,14 +15,18 @@
 //! its loss and gradients (phase A) on its own batch, the runtime averages what feeds
 //! each `cross_shard_mean`, and phase B applies the optimiser once.
 
+pub mod atomic;
 pub mod cache;
 pub mod checkpoint;
 pub mod convert;
+mod evaluate;
 pub mod health;
 pub mod hooks;
 pub mod metrics;
+pub mod model_dir;
 pub mod pipeline;
 pub mod records;
+mod restore;
 pub mod sources;
 pub mod summary;
 
@@ -30,7 +34,7 @@ use crate::diag::{Code, Diag};
 use crate::elab::data::Dataset;
 use crate::elab::{Compiled, EstimatorInfo, Target};
 use crate::hash::{fnv1a, FNV_OFFSET};
-use crate::interp::{self, rng, Env, OpEnv, Plan, Tensor, Values};
+use crate::interp::{self, Env, OpEnv, Plan, Tensor, Values};
 use crate::ir::{Graph, Op, Role, TensorType};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;
@@ -129,6 +133,8 @@ pub struct TrainReport {
 pub struct EvalReport {
     pub global_step: i64,
     pub steps: u64,
+    /// The real examples evaluated (a padded last batch counts its real rows).
+    pub examples: u64,
     pub loss: f64,
     /// Metric name and value, in program order.
     pub metrics: Vec<(String, f64)>,
@@ -182,6 +188,13 @@ pub struct Estimator {
     last_checked: Option<health::Checked>,
     /// The loss of the last train step.
     last_loss: Option<f64>,
+    /// The most shards any run that trained the current state used (recorded in
+    /// checkpoints to bound their input position).
+    max_shards: u64,
+    /// The lock of `model_dir`, while training holds it.
+    lock: Option<model_dir::Lock>,
+    /// Warnings of the runs so far (`take_warnings`).
+    warnings: Vec<Diag>,
     /// Log lines (restores, checkpoints, summaries) go here; `None` is silent.
     pub log: Option<LogFn>,
 }
@@ -306,6 +319,9 @@ impl Estimator {
             last_checkpoint: None,
             last_checked: None,
             last_loss: None,
+            max_shards: 1,
+            lock: None,
+            warnings: Vec::new(),
             log: None,
         })
     }
@@ -314,6 +330,10 @@ impl Estimator {
         if let Some(l) = &mut self.log {
             l(s);
         }
+    }
+
+    fn io_diag(&self, m: String) -> Diag {
+        Diag::new(Code::RunIo, self.info.span, m).label("this estimator")
     }
 
     pub fn global_step(&self) -> i64 {
@@ -420,127 +440,6 @@ impl Estimator {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
-    }
-
-    /// Restores the latest checkpoint of `model_dir`, or initialises every variable.
-    pub fn restore_or_init(&mut self) -> Res<()> {
-        if self.target != Target::Interp {
-            return Err(Diag::new(
-                Code::NoRuntime,
-                self.info.span,
-                format!("the {} target cannot run programs yet", self.target.name()),
-            )
-            .label("this estimator")
-            .help("run it with `--target interp`")
-            .into());
-        }
-        if self.ready {
-            return Ok(());
-        }
-        let want: Vec<(String, TensorType)> = self
-            .all_variables()
-            .into_iter()
-            .map(|(n, _, t)| (n, t))
-            .collect();
-        if let Some(found) = checkpoint::latest(&self.model_dir) {
-            let (meta, vars) = checkpoint::load(&found).map_err(|m| self.io_diag(m))?;
-            let bad = checkpoint::mismatches(&want, &vars);
-            if !bad.is_empty() {
-                let mut d = Diag::new(
-                    Code::CheckpointMismatch,
-                    self.info.span,
-                    format!(
-                        "the checkpoint {} does not fit this program: {}",
-                        found.tensors.display(),
-                        bad.join("; ")
-                    ),
-                )
-                .label("this estimator's model_dir")
-                .help("use a fresh --model-dir, or the program that wrote the checkpoint");
-                if meta.program_hash != self.program_hash {
-                    d = d.help("the checkpoint was written by another version of the program; use a fresh --model-dir, or restore that program");
-                }
-                return Err(d.into());
-            }
-            self.vars = vars;
-            self.step = meta.global_step;
-            self.seed = meta.seed;
-            self.input_position = meta.input_position;
-            self.last_checkpoint = Some(found.tensors.clone());
-            self.last_checked = Some(health::Checked::new(
-                found.tensors.clone(),
-                meta.global_step,
-                None,
-                &self.vars,
-            ));
-            let msg = format!(
-                "restored {} (global step {})",
-                found.tensors.display(),
-                meta.global_step
-            );
-            self.say(&msg);
-            for h in &mut self.hooks {
-                h.checkpoint_loaded(meta.global_step, &found.tensors);
-            }
-        } else {
-            self.init_variables();
-        }
-        self.ready = true;
-        Ok(())
-    }
-
-    fn init_variables(&mut self) {
-        self.vars.clear();
-        for (name, init, ty) in self.all_variables() {
-            let v = rng::init_values(&init, &name, &ty, self.seed);
-            let t = Tensor::from_f64(&ty, v.into_iter().map(f64::from).collect());
-            self.vars.insert(name, t);
-        }
-        self.step = 0;
-        self.input_position = 0;
-    }
-
-    fn io_diag(&self, m: String) -> Diag {
-        Diag::new(Code::RunIo, self.info.span, m).label("this estimator")
-    }
-
-    /// Saves a checkpoint of the current state.
-    pub fn save_checkpoint(&mut self) -> Res<PathBuf> {
-        let meta = checkpoint::Meta {
-            global_step: self.step,
-            seed: self.seed,
-            input_position: self.input_position,
-            program_hash: self.program_hash.clone(),
-            variables: {
-                let mut v: Vec<String> = self
-                    .vars
-                    .iter()
-                    .map(|(k, t)| format!("{k}: {}", t.ty()))
-                    .collect();
-                v.sort();
-                v
-            },
-        };
-        let keep = self.info.config.keep_checkpoint_max.max(1) as usize;
-        let p = checkpoint::save(&self.model_dir, &self.vars, &meta, keep).map_err(|e| {
-            self.io_diag(format!(
-                "cannot write a checkpoint in {}: {e}",
-                self.model_dir.display()
-            ))
-        })?;
-        self.last_checkpoint = Some(p.clone());
-        self.last_checked = Some(health::Checked::new(
-            p.clone(),
-            self.step,
-            self.last_loss,
-            &self.vars,
-        ));
-        for h in &mut self.hooks {
-            h.checkpoint_saved(self.step, &p);
-        }
-        let msg = format!("saved {} (global step {})", p.display(), self.step);
-        self.say(&msg);
-        Ok(p)
     }
 
     fn input(&self, mode: SectionKind) -> Res<(Arc<Compiled>, Dataset)> {
@@ -668,45 +567,8 @@ impl Estimator {
         })
     }
 
-    /// The model's input names in order (features, then labels).
-    fn input_names(g: &Graph) -> Vec<String> {
-        let mut v: Vec<(NodeIndex, String)> =
-            g.g.node_indices()
-                .filter_map(|n| match &g.node(n).op {
-                    Op::Input { name } => Some((n, name.clone())),
-                    _ => None,
-                })
-                .collect();
-        v.sort();
-        v.into_iter().map(|x| x.1).collect()
-    }
-
     fn feeds(names: &[String], batch: pipeline::Element) -> FxHashMap<String, Tensor> {
         names.iter().cloned().zip(batch).collect()
-    }
-
-    /// Runs `plan` on one batch fed to the inputs `names`, as shard `shard`.
-    fn run_batch(
-        &self,
-        g: &Graph,
-        plan: &Plan,
-        names: &[String],
-        batch: pipeline::Element,
-        shard: usize,
-    ) -> Res<Values> {
-        let feeds = Self::feeds(names, batch);
-        let env = Env {
-            feeds: &feeds,
-            vars: &self.vars,
-            op: OpEnv {
-                step: self.step,
-                seed: self.seed,
-                shard,
-            },
-        };
-        let mut values = Values::new(g.g.node_bound());
-        interp::execute(g, plan, &env, &mut values).map_err(run_diag)?;
-        Ok(values)
     }
 
     /// Pulls one batch per shard; `None` when the input has ended.
@@ -728,6 +590,10 @@ impl Estimator {
     /// Trains: restores or initialises, then runs loops of steps until the last step,
     /// the end of the input, or a hook's request to stop.
     pub fn train(&mut self, steps: Steps) -> Res<TrainReport> {
+        self.locked(|s| s.train_locked(steps))
+    }
+
+    fn train_locked(&mut self, steps: Steps) -> Res<TrainReport> {
         self.restore_or_init()?;
         let (c, ds) = self.input(SectionKind::Train)?;
         let last = match steps {
@@ -743,8 +609,9 @@ impl Estimator {
         let start = self.step;
         let cfg = self.info.config.clone();
         let shards = cfg.num_shards.max(1) as usize;
+        self.max_shards = self.max_shards.max(shards as u64);
         let plan = self.plan_train(&c.graph)?;
-        let names = Self::input_names(&c.graph);
+        let names = evaluate::input_names(&c.graph);
         let mut pipe = Pipeline::new_at(
             &ds,
             &self.pipe_options(SectionKind::Train),
@@ -812,14 +679,19 @@ impl Estimator {
             if crossed(cfg.save_summary_steps, loop_start, self.step) || self.step == last {
                 let w = match &mut summaries {
                     Some(w) => w,
-                    None => summaries.insert(
-                        summary::EventWriter::create(&self.model_dir).map_err(|e| {
-                            self.io_diag(format!(
-                                "cannot write summaries in {}: {e}",
-                                self.model_dir.display()
-                            ))
-                        })?,
-                    ),
+                    None => {
+                        // The run's first event: TensorBoard drops what earlier runs
+                        // wrote from this step on (the steps redone after a crash).
+                        let w = summary::EventWriter::create(&self.model_dir)
+                            .and_then(|mut w| w.session_start(start).map(|_| w))
+                            .map_err(|e| {
+                                self.io_diag(format!(
+                                    "cannot write summaries in {}: {e}",
+                                    self.model_dir.display()
+                                ))
+                            })?;
+                        summaries.insert(w)
+                    }
                 };
                 w.scalars(
                     self.step,
@@ -993,168 +865,6 @@ impl Estimator {
         health::diag(bad, found, self.step + 1, span, self.last_checked.as_ref()).into()
     }
 
-    /// Evaluates the latest state: metrics over `steps` batches or the whole input.
-    pub fn evaluate(&mut self, steps: Option<u64>) -> Res<EvalReport> {
-        self.restore_or_init()?;
-        let (c, ds) = self.input(SectionKind::Eval)?;
-        let steps = steps.or(self.info.eval_steps.map(|s| s as u64));
-        if steps.is_none() && ds.repeats_forever() {
-            return Err(Diag::new(Code::EndlessEval, ds.span(), "the eval input repeats forever and no eval steps are given")
-                .label("this input never ends")
-                .help("set `eval_steps` in the estimator or pass --steps N, or remove `repeat` from the eval input")
-                .into());
-        }
-        let g = &c.graph;
-        let shards = self.info.config.num_shards.max(1) as usize;
-        let names = Self::input_names(g);
-        let loss_node = g.output(Role::Loss);
-        let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
-        let plan = Plan::new(g, &targets, &FxHashSet::default());
-        let mut reducers: Vec<Vec<Box<dyn Reducer>>> = Vec::new();
-        for _ in 0..shards {
-            let mut rs = Vec::new();
-            for m in &g.metrics {
-                rs.push(self.reducer(&m.reducer, m.span)?);
-            }
-            reducers.push(rs);
-        }
-        let mut pipe = self.start_pipeline(&ds, SectionKind::Eval)?;
-        let (mut loss_sum, mut count) = (0.0, 0u64);
-        while steps.is_none_or(|s| count < s) {
-            let Some(batches) = self.next_batches(&mut pipe, shards)? else {
-                break;
-            };
-            for (shard, batch) in batches.into_iter().enumerate() {
-                let values = self.run_batch(g, &plan, &names, batch, shard)?;
-                if let Some(l) = loss_node {
-                    loss_sum += values.get(l).expect("loss").scalar();
-                }
-                for (m, r) in g.metrics.iter().zip(reducers[shard].iter_mut()) {
-                    let args: Vec<&Tensor> = m
-                        .args
-                        .iter()
-                        .map(|&i| values.get(g.outputs[i].node).expect("metric input"))
-                        .collect();
-                    r.accumulate(&args);
-                }
-            }
-            count += 1;
-        }
-        // Reduce across shards.
-        let mut first = reducers.remove(0);
-        for other in &reducers {
-            for (r, o) in first.iter_mut().zip(other) {
-                r.merge(o.as_ref());
-            }
-        }
-        let metrics: Vec<(String, f64)> = g
-            .metrics
-            .iter()
-            .zip(&first)
-            .map(|(m, r)| (m.name.clone(), r.result()))
-            .collect();
-        let loss = loss_sum / (count.max(1) * shards as u64) as f64;
-        let dir = self.model_dir.join("eval");
-        let mut w = summary::EventWriter::create(&dir).map_err(|e| {
-            self.io_diag(format!("cannot write summaries in {}: {e}", dir.display()))
-        })?;
-        let mut scalars: Vec<(&str, f32)> = metrics
-            .iter()
-            .map(|(k, v)| (k.as_str(), *v as f32))
-            .collect();
-        scalars.push(("loss", loss as f32));
-        w.scalars(self.step, &scalars)
-            .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
-        self.note_skipped(&pipe);
-        Ok(EvalReport {
-            global_step: self.step,
-            steps: count,
-            loss,
-            metrics,
-        })
-    }
-
-    /// Runs the predict section over the predict input and writes `predictions.jsonl`
-    /// (one object per example) and one `.npy` per output into `out`.
-    pub fn predict(&mut self, out: &Path, steps: Option<u64>) -> Res<PredictReport> {
-        self.restore_or_init()?;
-        let (c, ds) = self.input(SectionKind::Predict)?;
-        if steps.is_none() && ds.repeats_forever() {
-            return Err(Diag::new(
-                Code::EndlessEval,
-                ds.span(),
-                "the predict input repeats forever and no step count is given",
-            )
-            .label("this input never ends")
-            .help("pass --steps N, or remove `repeat` from the predict input")
-            .into());
-        }
-        let g = &c.graph;
-        let names = Self::input_names(g);
-        let outs: Vec<(String, NodeIndex)> = g
-            .outputs
-            .iter()
-            .filter(|o| o.role == Role::Prediction)
-            .map(|o| (o.name.clone(), o.node))
-            .collect();
-        let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
-        let plan = Plan::new(g, &targets, &FxHashSet::default());
-        let mut pipe = self.start_pipeline(&ds, SectionKind::Predict)?;
-        std::fs::create_dir_all(out)
-            .map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
-        let mut lines = String::new();
-        let mut acc: Vec<Vec<Tensor>> = vec![Vec::new(); outs.len()];
-        let mut examples = 0u64;
-        let mut count = 0u64;
-        while steps.is_none_or(|s| count < s) {
-            let Some(mut batch) = pipe.next_element()? else {
-                break;
-            };
-            batch.truncate(names.len());
-            let values = self.run_batch(g, &plan, &names, batch, 0)?;
-            let vals: Vec<Tensor> = outs
-                .iter()
-                .map(|o| values.get(o.1).expect("prediction").clone())
-                .collect();
-            // Predictions keep the batch dimension (the front end checks): one line
-            // per example.
-            let rows = vals
-                .first()
-                .map_or(0, |t| t.shape().first().copied().unwrap_or(1));
-            for r in 0..rows {
-                let mut obj = serde_json::Map::new();
-                for ((name, _), t) in outs.iter().zip(&vals) {
-                    obj.insert(name.clone(), row(t, r).to_json());
-                }
-                lines.push_str(&serde_json::Value::Object(obj).to_string());
-                lines.push('\n');
-            }
-            examples += rows as u64;
-            for (a, t) in acc.iter_mut().zip(vals) {
-                a.push(t);
-            }
-            count += 1;
-        }
-        let mut files = Vec::new();
-        let p = out.join("predictions.jsonl");
-        checkpoint::write_atomic(&p, lines.as_bytes())
-            .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
-        files.push(p);
-        for ((name, _), parts) in outs.iter().zip(acc) {
-            if parts.is_empty() {
-                continue;
-            }
-            let items: Vec<pipeline::Element> = parts.into_iter().map(|t| vec![t]).collect();
-            let all = concat_rows(&items);
-            let p = out.join(format!("{}.npy", name.replace('/', "_")));
-            checkpoint::write_atomic(&p, &records::npy_bytes(&all))
-                .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
-            files.push(p);
-        }
-        self.note_skipped(&pipe);
-        Ok(PredictReport { examples, files })
-    }
-
     /// Smoke run: one train step, a checkpoint saved and restored (compared bit for
     /// bit), one eval step, all in a temporary model directory.
     pub fn smoke(&mut self) -> Res<Vec<String>> {
@@ -1250,55 +960,4 @@ fn fresh_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     fnv1a(u64::from(std::process::id()), &t.to_le_bytes())
-}
-
-/// Row `r` of a batched tensor.
-fn row(t: &Tensor, r: usize) -> Tensor {
-    if t.shape().is_empty() {
-        return t.clone();
-    }
-    let sub = |d: &interp::Data| -> interp::Data {
-        match d {
-            interp::Data::F(a) => {
-                interp::Data::F(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
-            }
-            interp::Data::I(a) => {
-                interp::Data::I(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
-            }
-            interp::Data::B(a) => {
-                interp::Data::B(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
-            }
-            interp::Data::S(a) => {
-                interp::Data::S(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
-            }
-        }
-    };
-    Tensor {
-        dtype: t.dtype,
-        data: sub(&t.data),
-    }
-}
-
-/// Batches concatenated along their first axis.
-fn concat_rows(items: &[pipeline::Element]) -> Tensor {
-    let first = &items[0][0];
-    if items.len() == 1 {
-        return first.clone();
-    }
-    let all: Vec<&Tensor> = items.iter().map(|e| &e[0]).collect();
-    interp::ops::eval(
-        &Op::Concat { axis: 0 },
-        &all,
-        &{
-            let mut shape = first.shape().to_vec();
-            shape[0] = all.iter().map(|t| t.shape()[0]).sum();
-            TensorType::new(first.dtype, shape)
-        },
-        &OpEnv {
-            step: 0,
-            seed: 0,
-            shard: 0,
-        },
-    )
-    .unwrap_or_else(|_| first.clone())
 }

@@ -78,6 +78,51 @@ impl EventWriter {
     pub fn scalars(&mut self, step: i64, values: &[(&str, f32)]) -> std::io::Result<()> {
         self.write(&event(now(), step, None, values))
     }
+
+    /// A `SessionLog` START event at `step`, written when a training run starts (as
+    /// TensorFlow's Estimator does): TensorBoard then purges the events at `step` and
+    /// later that earlier runs wrote, so the steps a crashed run did after its last
+    /// checkpoint, which the resumed run does again, are not shown twice.
+    pub fn session_start(&mut self, step: i64) -> std::io::Result<()> {
+        let mut e = event(now(), step, None, &[]);
+        let mut log = Vec::new();
+        put_key(1, 0, &mut log);
+        put_varint(SESSION_START, &mut log);
+        put_bytes(6, &log, &mut e);
+        self.write(&e)
+    }
+}
+
+/// `SessionLog.SessionStatus.START`.
+const SESSION_START: u64 = 1;
+
+/// The steps of the `SessionLog` START events of an event file, in file order.
+pub fn read_session_starts(path: &Path) -> Result<Vec<i64>, String> {
+    let b = std::fs::read(path).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for rec in unframe(&b).map_err(|e| e.to_string())? {
+        let event = fields(&rec).ok_or("malformed Event")?;
+        let step = event.iter().find_map(|f| match f {
+            (2, Field::Varint(s)) => Some(*s as i64),
+            _ => None,
+        });
+        for (_, log) in event.iter().filter(|f| f.0 == 6) {
+            let Field::Bytes(log) = log else {
+                return Err("malformed SessionLog".into());
+            };
+            let status = fields(log)
+                .ok_or("malformed SessionLog")?
+                .into_iter()
+                .find_map(|f| match f {
+                    (1, Field::Varint(s)) => Some(s),
+                    _ => None,
+                });
+            if status == Some(SESSION_START) {
+                out.push(step.unwrap_or(0));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Reads the scalars of an event file back: (step, tag, value) in file order.

@@ -1,0 +1,417 @@
+//! Exact evaluation of a partial last batch (TPUEstimator's `is_real_example`, done by
+//! the compiler). An eval or predict input without `drop_remainder` may end with a
+//! batch smaller than the graph's static batch size; the runtime pads it with copies of
+//! its last row and feeds a `bool[B]` mask of the real rows (`MASK_INPUT`). This pass
+//! makes the graph ignore the padding:
+//!
+//! - it follows, for every node, which axis holds the examples (row `i` computed from
+//!   example `i` alone), through elementwise ops, broadcasting, reshapes, transposes,
+//!   matmuls, convolutions, pooling and gathers;
+//! - every reduction across that axis (`reduce_sum`, `reduce_mean`, ... over the
+//!   batch) becomes the same reduction over the real rows only, so a loss written with
+//!   `reduce_mean` over the batch is the mean over the real examples;
+//! - the loss, each metric argument and each prediction must be per example (rows kept
+//!   by the runtime), independent of the examples, or an exact aggregate: a value that
+//!   mixes the examples some other way (a matmul contracting the batch, a softmax over
+//!   it) is E0513, since padding would change it.
+//!
+//! It runs only on graphs whose `partial_batches` elaboration set.
+
+use super::PassCtx;
+use crate::diag::{Code, Diag, Diags};
+use crate::ir::{
+    BatchMask, DType, Graph, NodeIndex, Op, ReduceOp, Role, Shape, TensorType, MASK_INPUT,
+};
+use crate::span::Span;
+use petgraph::visit::{EdgeRef, NodeIndexable};
+
+/// How a value depends on the examples of its batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Rows {
+    /// Not at all (constants, variables, the step, random numbers).
+    Shared,
+    /// Row by row along this axis: row `i` depends on example `i` (and shared or
+    /// exactly aggregated values) only.
+    Axis(usize),
+    /// Through reductions over the real examples only: exact.
+    Reduced,
+    /// Mixes the examples in a way padding would change; the op that did it.
+    Mixed(NodeIndex),
+}
+
+pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
+    if !g.partial_batches || g.batch_mask.is_some() {
+        return;
+    }
+    let inputs: Vec<NodeIndex> =
+        g.g.node_indices()
+            .filter(|&n| matches!(g.node(n).op, Op::Input { .. }))
+            .collect();
+    let Some(size) = inputs.first().and_then(|&n| g.ty(n).shape.first().copied()) else {
+        return;
+    };
+    let span = inputs.first().map_or(Span::default(), |&n| g.node(n).span);
+    let mask = g.add(
+        Op::Input {
+            name: MASK_INPUT.into(),
+        },
+        &[],
+        TensorType::new(DType::Bool, vec![size]),
+        span,
+    );
+    let mut rows = vec![Rows::Shared; g.g.node_bound()];
+    for n in g.topo_order() {
+        if n == mask {
+            continue;
+        }
+        rows[n.index()] = match &g.node(n).op {
+            Op::Input { .. } => Rows::Axis(0),
+            Op::Reduce {
+                op,
+                axes,
+                keep_dims,
+            } => {
+                let (op, axes, keep) = (*op, axes.clone(), *keep_dims);
+                let x = g.operands(n)[0];
+                match rows[x.index()] {
+                    Rows::Axis(a) if axes.contains(&a) => {
+                        let result = mask_reduction(g, n, x, a, op, mask, size);
+                        if rows.len() < g.g.node_bound() {
+                            rows.resize(g.g.node_bound(), Rows::Shared);
+                        }
+                        rows[result.index()] = Rows::Reduced;
+                        Rows::Reduced
+                    }
+                    Rows::Axis(a) if keep => Rows::Axis(a),
+                    Rows::Axis(a) => Rows::Axis(a - axes.iter().filter(|&&ax| ax < a).count()),
+                    r => r,
+                }
+            }
+            _ => follow(g, n, &rows),
+        };
+        if rows.len() < g.g.node_bound() {
+            rows.resize(g.g.node_bound(), Rows::Shared);
+        }
+    }
+    let mut per_example = Vec::new();
+    for (i, o) in g.outputs.iter().enumerate() {
+        let what = match o.role {
+            Role::Loss => "the eval loss",
+            Role::MetricInput => "a metric's argument",
+            Role::Prediction => "a prediction",
+            _ => continue,
+        };
+        let r = rows[o.node.index()];
+        let ok = match (o.role, r) {
+            (_, Rows::Shared) => true,
+            (Role::Loss, Rows::Reduced) => true,
+            (Role::MetricInput | Role::Prediction, Rows::Axis(0)) => {
+                per_example.push(i);
+                true
+            }
+            _ => false,
+        };
+        if !ok {
+            diags.push(unmaskable(g, o.node, &o.name, what, r));
+        }
+    }
+    g.batch_mask = Some(BatchMask {
+        input: mask,
+        size,
+        per_example,
+    });
+}
+
+/// E0513: an output that padding rows would change.
+fn unmaskable(g: &Graph, out: NodeIndex, name: &str, what: &str, r: Rows) -> Diag {
+    let (why, at, label) = match r {
+        Rows::Mixed(m) => (
+            format!(
+                "mixes the examples of a batch (through a `{}`)",
+                g.node(m).op.name()
+            ),
+            g.node(m).span,
+            format!("this `{}` mixes the examples", g.node(m).op.name()),
+        ),
+        Rows::Reduced => (
+            "is one value per batch, so the smaller last batch would weigh as much as a full one"
+                .to_string(),
+            g.node(out).span,
+            format!("one value per batch: {}", g.ty(out)),
+        ),
+        _ => (
+            format!(
+                "has its examples along another axis than the first ({})",
+                g.ty(out)
+            ),
+            g.node(out).span,
+            format!("{}", g.ty(out)),
+        ),
+    };
+    let mut d = Diag::new(
+        Code::UnmaskablePartialBatch,
+        at,
+        format!("{what} `{name}` {why}: the padded last batch cannot be evaluated exactly"),
+    )
+    .label(label)
+    .help("compute it per example (one row per example, or a `reduce_mean`/`reduce_sum` over the batch), or drop the partial last batch with `batch(n, drop_remainder: true)`");
+    if g.node(out).span != at {
+        d = d.with(g.node(out).span, format!("`{name}`"));
+    }
+    d
+}
+
+/// The rows of an op other than a reduction, from its operands'.
+fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
+    let node = g.node(n);
+    let ops = g.operands(n);
+    let of = |i: usize| rows[ops[i].index()];
+    let rank = node.ty.rank();
+    let mixed = Rows::Mixed(n);
+    match &node.op {
+        Op::Variable { .. }
+        | Op::Const { .. }
+        | Op::GlobalStep
+        | Op::RandomUniform { .. }
+        | Op::RandomNormal { .. } => Rows::Shared,
+        // Elementwise, with numpy broadcasting (right-aligned axes).
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::BroadcastTo => combine(
+            ops.iter()
+                .map(|&o| aligned(rows[o.index()], g.ty(o).rank(), rank)),
+            mixed,
+        ),
+        Op::CrossShardMean | Op::OneHot { .. } | Op::DecodeRaw => of(0),
+        Op::ArgMax { axis } | Op::ArgMin { axis } => match of(0) {
+            Rows::Axis(a) if a == *axis => mixed,
+            Rows::Axis(a) if a > *axis => Rows::Axis(a - 1),
+            r => r,
+        },
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => match of(0) {
+            Rows::Axis(a) if a == *axis => mixed,
+            r => r,
+        },
+        Op::Slice { axis, .. } => match of(0) {
+            Rows::Axis(a) if a == *axis => mixed,
+            r => r,
+        },
+        Op::Concat { axis } => {
+            let all: Vec<Rows> = ops.iter().map(|o| rows[o.index()]).collect();
+            if all.contains(&Rows::Axis(*axis)) {
+                mixed
+            } else {
+                combine(all.into_iter(), mixed)
+            }
+        }
+        Op::Transpose { perm } => match of(0) {
+            Rows::Axis(a) => Rows::Axis(perm.iter().position(|&p| p == a).unwrap_or(a)),
+            r => r,
+        },
+        Op::Reshape => match of(0) {
+            Rows::Axis(a) => reshaped(&g.ty(ops[0]).shape, &node.ty.shape, a).unwrap_or(mixed),
+            r => r,
+        },
+        Op::MatMul => {
+            let (ra, rb) = (g.ty(ops[0]).rank(), g.ty(ops[1]).rank());
+            let a = match of(0) {
+                Rows::Axis(x) if x + 1 == ra => mixed,
+                Rows::Axis(x) => Rows::Axis(x + rank - ra),
+                r => r,
+            };
+            let b = match of(1) {
+                Rows::Axis(x) if x + 2 == rb => mixed,
+                Rows::Axis(x) => Rows::Axis(x + rank - rb),
+                r => r,
+            };
+            combine([a, b].into_iter(), mixed)
+        }
+        Op::Gather => match (of(0), of(1)) {
+            (Rows::Axis(_) | Rows::Mixed(_), _) => mixed,
+            (_, idx) => idx,
+        },
+        Op::Conv2d(_) | Op::MaxPool2d(_) | Op::AvgPool2d(_) => {
+            let filter = if ops.len() > 1 { of(1) } else { Rows::Shared };
+            match (of(0), filter) {
+                (_, Rows::Axis(_) | Rows::Mixed(_)) => mixed,
+                (Rows::Axis(0), f) => combine([Rows::Axis(0), f].into_iter(), mixed),
+                (Rows::Axis(_), _) => mixed,
+                (x, f) => combine([x, f].into_iter(), mixed),
+            }
+        }
+        Op::Input { .. } => Rows::Axis(0),
+        // Gradient ops only appear in train graphs.
+        Op::Reduce { .. }
+        | Op::Conv2dBackpropInput(_)
+        | Op::Conv2dBackpropFilter(_)
+        | Op::MaxPool2dGrad(_)
+        | Op::AvgPool2dGrad(_)
+        | Op::ScatterAdd => mixed,
+    }
+}
+
+/// An operand's rows as seen in a result of rank `out` (numpy aligns axes on the right).
+fn aligned(r: Rows, rank: usize, out: usize) -> Rows {
+    match r {
+        Rows::Axis(a) => Rows::Axis(a + out - rank),
+        r => r,
+    }
+}
+
+/// The rows of a value made from several: mixed if any is, or if two hold their
+/// examples along different axes.
+fn combine(all: impl Iterator<Item = Rows>, mixed: Rows) -> Rows {
+    let mut out = Rows::Shared;
+    for r in all {
+        out = match (out, r) {
+            (Rows::Mixed(m), _) | (_, Rows::Mixed(m)) => return Rows::Mixed(m),
+            (Rows::Axis(a), Rows::Axis(b)) if a != b => return mixed,
+            (Rows::Axis(a), _) | (_, Rows::Axis(a)) => Rows::Axis(a),
+            (Rows::Reduced, _) | (_, Rows::Reduced) => Rows::Reduced,
+            _ => Rows::Shared,
+        };
+    }
+    out
+}
+
+/// Where the examples axis `a` of `from` goes in a reshape to `to`: an axis of the
+/// same size after the same number of elements, so each example's elements stay one
+/// contiguous run.
+fn reshaped(from: &[usize], to: &[usize], a: usize) -> Option<Rows> {
+    let before: usize = from[..a].iter().product();
+    let mut p = 1usize;
+    for (i, &d) in to.iter().enumerate() {
+        if p == before && d == from[a] {
+            return Some(Rows::Axis(i));
+        }
+        p = p.saturating_mul(d);
+    }
+    None
+}
+
+/// Rewrites the reduction `n` of `x` over (among others) its examples axis `a` to skip
+/// the padding rows: padding becomes the reduction's identity, and a mean divides by
+/// the number of real elements. Returns the node that now holds the result.
+fn mask_reduction(
+    g: &mut Graph,
+    n: NodeIndex,
+    x: NodeIndex,
+    a: usize,
+    op: ReduceOp,
+    mask: NodeIndex,
+    size: usize,
+) -> NodeIndex {
+    let span = g.node(n).span;
+    let xt = g.ty(x).clone();
+    let m = if xt.rank() == 1 {
+        mask
+    } else {
+        let mut mshape: Shape = smallvec::smallvec![1; xt.rank()];
+        mshape[a] = size;
+        g.add(
+            Op::Reshape,
+            &[mask],
+            TensorType::new(DType::Bool, mshape),
+            span,
+        )
+    };
+    let identity = match (op, xt.dtype.is_float()) {
+        (ReduceOp::Sum | ReduceOp::Mean, _) => 0.0,
+        (ReduceOp::Prod, _) => 1.0,
+        (ReduceOp::Max, true) => f64::NEG_INFINITY,
+        (ReduceOp::Min, true) => f64::INFINITY,
+        (ReduceOp::Max, false) => int_bound(xt.dtype, false),
+        (ReduceOp::Min, false) => int_bound(xt.dtype, true),
+    };
+    let id = g.add(
+        Op::Const {
+            bits: identity.to_bits(),
+        },
+        &[],
+        TensorType::scalar(xt.dtype),
+        span,
+    );
+    let kept = g.add(Op::Select, &[m, x, id], xt.clone(), span);
+    // The reduction now reads the masked value.
+    let edge =
+        g.g.find_edge(x, n)
+            .expect("the reduction reads its operand");
+    g.g.remove_edge(edge);
+    g.g.add_edge(kept, n, 0);
+    if op != ReduceOp::Mean {
+        return n;
+    }
+    // mean = sum / (real rows * the other reduced axes' sizes)
+    let Op::Reduce {
+        axes, keep_dims, ..
+    } = g.node(n).op.clone()
+    else {
+        return n;
+    };
+    g.g[n].op = Op::Reduce {
+        op: ReduceOp::Sum,
+        axes: axes.clone(),
+        keep_dims,
+    };
+    let users: Vec<(NodeIndex, u32, petgraph::stable_graph::EdgeIndex)> =
+        g.g.edges_directed(n, petgraph::Direction::Outgoing)
+            .map(|e| (e.target(), *e.weight(), e.id()))
+            .collect();
+    let others: usize = axes
+        .iter()
+        .filter(|&&ax| ax != a)
+        .map(|&ax| xt.shape[ax])
+        .product();
+    let dt = xt.dtype;
+    let mf = g.add(Op::Cast, &[mask], TensorType::new(dt, vec![size]), span);
+    let real = g.add(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![0],
+            keep_dims: false,
+        },
+        &[mf],
+        TensorType::scalar(dt),
+        span,
+    );
+    let count = if others == 1 {
+        real
+    } else {
+        let k = g.add(
+            Op::Const {
+                bits: (others as f64).to_bits(),
+            },
+            &[],
+            TensorType::scalar(dt),
+            span,
+        );
+        g.add(
+            Op::Binary(crate::ir::BinaryOp::Mul),
+            &[real, k],
+            TensorType::scalar(dt),
+            span,
+        )
+    };
+    let ty = g.ty(n).clone();
+    let mean = g.add(Op::Binary(crate::ir::BinaryOp::Div), &[n, count], ty, span);
+    for (user, idx, e) in users {
+        g.g.remove_edge(e);
+        g.g.add_edge(mean, user, idx);
+    }
+    for o in &mut g.outputs {
+        if o.node == n {
+            o.node = mean;
+        }
+    }
+    mean
+}
+
+/// The smallest (or largest) value of an integer dtype, as a reduction's identity.
+fn int_bound(d: DType, largest: bool) -> f64 {
+    match (d, largest) {
+        (DType::U8 | DType::Bool, false) => 0.0,
+        (DType::U8 | DType::Bool, true) => 255.0,
+        (DType::I64, false) => i64::MIN as f64,
+        (DType::I64, true) => i64::MAX as f64,
+        (_, false) => f64::from(i32::MIN),
+        (_, true) => f64::from(i32::MAX),
+    }
+}

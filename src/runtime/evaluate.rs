@@ -1,0 +1,471 @@
+//! Evaluation and prediction over an input read once, with a partial last batch
+//! evaluated exactly: it is padded to the graph's batch size with copies of its last
+//! row, the graph's mask input says which rows are real (`passes::mask_padding` makes
+//! the reductions across the batch skip the others), metrics accumulate the real rows
+//! only, the loss is averaged over the real examples, and predict writes one row per
+//! real example.
+
+use super::{
+    checkpoint, mode_name, pipeline, records, restore::Need, run_diag, summary, Estimator,
+    EvalReport, PredictReport, Res, RunFailure,
+};
+use crate::diag::{Code, Diag};
+use crate::interp::{self, Env, OpEnv, Plan, Tensor, Values};
+use crate::ir::{Graph, NodeIndex, Op, Role, TensorType, MASK_INPUT};
+use crate::span::Span;
+use crate::syntax::ast::SectionKind;
+use petgraph::visit::NodeIndexable;
+use pipeline::{Element, Pipeline};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::path::Path;
+
+/// How a graph's inputs are fed from the batches of its input pipeline.
+pub(super) struct Feeder {
+    /// The graph's inputs in element order (features, then labels).
+    names: Vec<String>,
+    /// The static batch size, when the graph masks a partial last batch.
+    masked: Option<usize>,
+}
+
+/// One batch's inputs, and how many of its rows are real examples.
+pub(super) struct Fed {
+    pub feeds: FxHashMap<String, Tensor>,
+    pub real: usize,
+}
+
+impl Feeder {
+    pub fn new(g: &Graph) -> Feeder {
+        Feeder {
+            names: input_names(g),
+            masked: g.batch_mask.as_ref().map(|m| m.size),
+        }
+    }
+
+    /// The inputs of one batch: padded to the batch size, with the mask of its real
+    /// rows, when the graph takes a partial batch.
+    pub fn feed(&self, batch: Element) -> Result<Fed, String> {
+        let real = batch
+            .first()
+            .and_then(|t| t.shape().first().copied())
+            .unwrap_or(0);
+        let Some(size) = self.masked else {
+            let feeds = self.names.iter().cloned().zip(batch).collect();
+            return Ok(Fed { feeds, real });
+        };
+        let mut feeds = FxHashMap::default();
+        for (name, t) in self.names.iter().zip(batch) {
+            feeds.insert(name.clone(), pad_rows(t, real, size)?);
+        }
+        let mask: Vec<f64> = (0..size).map(|i| f64::from(u8::from(i < real))).collect();
+        let ty = TensorType::new(crate::ir::DType::Bool, vec![size]);
+        feeds.insert(MASK_INPUT.to_string(), Tensor::from_f64(&ty, mask));
+        Ok(Fed { feeds, real })
+    }
+}
+
+/// The model's input names in order (features, then labels); the mask is fed apart.
+pub(super) fn input_names(g: &Graph) -> Vec<String> {
+    let mut v: Vec<(NodeIndex, String)> =
+        g.g.node_indices()
+            .filter_map(|n| match &g.node(n).op {
+                Op::Input { name } if name != MASK_INPUT => Some((n, name.clone())),
+                _ => None,
+            })
+            .collect();
+    v.sort();
+    v.into_iter().map(|x| x.1).collect()
+}
+
+fn env() -> OpEnv {
+    OpEnv {
+        step: 0,
+        seed: 0,
+        shard: 0,
+    }
+}
+
+/// `t` (a batch of `real` rows) with copies of its last row up to `size` rows.
+fn pad_rows(t: Tensor, real: usize, size: usize) -> Result<Tensor, String> {
+    let shape = t.shape().to_vec();
+    match shape.first() {
+        Some(&n) if n == size => return Ok(t),
+        Some(&n) if n == real && n > 0 && n < size => {}
+        _ => {
+            return Err(format!(
+                "a batch of {} is not a batch of {real} rows (at most {size})",
+                t.ty()
+            ))
+        }
+    }
+    let mut last_shape = shape.clone();
+    last_shape[0] = 1;
+    let last = interp::ops::eval(
+        &Op::Slice {
+            axis: 0,
+            start: real - 1,
+            end: real,
+        },
+        &[&t],
+        &TensorType::new(t.dtype, last_shape),
+        &env(),
+    )?;
+    let mut fill_shape = shape.clone();
+    fill_shape[0] = size - real;
+    let fill = interp::ops::eval(
+        &Op::BroadcastTo,
+        &[&last],
+        &TensorType::new(t.dtype, fill_shape),
+        &env(),
+    )?;
+    let mut full = shape;
+    full[0] = size;
+    interp::ops::eval(
+        &Op::Concat { axis: 0 },
+        &[&t, &fill],
+        &TensorType::new(t.dtype, full),
+        &env(),
+    )
+}
+
+/// The first `n` rows of a batched tensor.
+fn first_rows(t: &Tensor, n: usize) -> Tensor {
+    let mut shape = t.shape().to_vec();
+    if shape.first().is_none_or(|&r| r <= n) {
+        return t.clone();
+    }
+    shape[0] = n;
+    interp::ops::eval(
+        &Op::Slice {
+            axis: 0,
+            start: 0,
+            end: n,
+        },
+        &[t],
+        &TensorType::new(t.dtype, shape),
+        &env(),
+    )
+    .unwrap_or_else(|_| t.clone())
+}
+
+impl Estimator {
+    /// Runs `plan` on one batch (padded if partial) as shard `shard`; returns the
+    /// values and the number of real rows.
+    pub(super) fn run_fed(
+        &self,
+        g: &Graph,
+        plan: &Plan,
+        feeder: &Feeder,
+        batch: Element,
+        shard: usize,
+        at: Span,
+    ) -> Res<(Values, usize)> {
+        let fed = feeder
+            .feed(batch)
+            .map_err(|m| Diag::new(Code::BadData, at, m).label("this input"))?;
+        let env = Env {
+            feeds: &fed.feeds,
+            vars: &self.vars,
+            op: OpEnv {
+                step: self.step,
+                seed: self.seed,
+                shard,
+            },
+        };
+        let mut values = Values::new(g.g.node_bound());
+        interp::execute(g, plan, &env, &mut values).map_err(run_diag)?;
+        Ok((values, fed.real))
+    }
+
+    /// Up to one batch per shard; fewer (none at the end) when the input ends. A shard
+    /// without a batch at the end of an evaluation has no real rows to add.
+    fn read_batches(&mut self, pipe: &mut Pipeline, shards: usize) -> Res<Vec<Element>> {
+        let mut out = Vec::with_capacity(shards);
+        for _ in 0..shards {
+            match pipe.next_element()? {
+                Some(e) => out.push(e),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// E0914: an evaluation or prediction that saw no example.
+    fn no_examples(&self, mode: SectionKind, steps: Option<u64>, at: Span) -> RunFailure {
+        let why = match steps {
+            Some(0) => "--steps 0 asks for no batch".to_string(),
+            _ => format!(
+                "the {} input yielded no batch{}",
+                mode_name(mode),
+                if self.info.config.num_shards > 1 {
+                    " for any shard"
+                } else {
+                    ""
+                }
+            ),
+        };
+        Diag::new(
+            Code::NoExamples,
+            at,
+            format!(
+                "the {} ran over no examples: {why}",
+                if mode == SectionKind::Eval {
+                    "evaluation"
+                } else {
+                    "prediction"
+                }
+            ),
+        )
+        .label("this input")
+        .help(
+            "nothing was written; check the input's files and filters, or give a positive --steps",
+        )
+        .into()
+    }
+
+    /// Evaluates the latest checkpoint: metrics over `steps` batches or the whole input.
+    pub fn evaluate(&mut self, steps: Option<u64>) -> Res<EvalReport> {
+        self.prepare(Need::Checkpoint)?;
+        let (c, ds) = self.input(SectionKind::Eval)?;
+        let steps = steps.or(self.info.eval_steps.map(|s| s as u64));
+        if steps.is_none() && ds.repeats_forever() {
+            return Err(Diag::new(Code::EndlessEval, ds.span(), "the eval input repeats forever and no eval steps are given")
+                .label("this input never ends")
+                .help("set `eval_steps` in the estimator or pass --steps N, or remove `repeat` from the eval input")
+                .into());
+        }
+        if steps == Some(0) {
+            return Err(self.no_examples(SectionKind::Eval, steps, ds.span()));
+        }
+        let g = &c.graph;
+        let shards = self.info.config.num_shards.max(1) as usize;
+        let feeder = Feeder::new(g);
+        let per_example = per_example_outputs(g);
+        let loss_node = g.output(Role::Loss);
+        let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
+        let plan = Plan::new(g, &targets, &FxHashSet::default());
+        let mut reducers: Vec<Vec<Box<dyn super::Reducer>>> = Vec::new();
+        for _ in 0..shards {
+            let mut rs = Vec::new();
+            for m in &g.metrics {
+                rs.push(self.reducer(&m.reducer, m.span)?);
+            }
+            reducers.push(rs);
+        }
+        let mut pipe = self.start_pipeline(&ds, SectionKind::Eval)?;
+        let (mut loss_sum, mut examples, mut count) = (0.0, 0u64, 0u64);
+        while steps.is_none_or(|s| count < s) {
+            let batches = self.read_batches(&mut pipe, shards)?;
+            if batches.is_empty() {
+                break;
+            }
+            for (shard, batch) in batches.into_iter().enumerate() {
+                let (values, real) = self.run_fed(g, &plan, &feeder, batch, shard, ds.span())?;
+                if let Some(l) = loss_node {
+                    loss_sum += values.get(l).expect("loss").scalar() * real as f64;
+                }
+                for (m, r) in g.metrics.iter().zip(reducers[shard].iter_mut()) {
+                    let args: Vec<Tensor> = m
+                        .args
+                        .iter()
+                        .map(|&i| {
+                            let t = values.get(g.outputs[i].node).expect("metric input");
+                            if per_example.contains(&i) {
+                                first_rows(t, real)
+                            } else {
+                                t.clone()
+                            }
+                        })
+                        .collect();
+                    r.accumulate(&args.iter().collect::<Vec<_>>());
+                }
+                examples += real as u64;
+            }
+            count += 1;
+        }
+        if examples == 0 {
+            return Err(self.no_examples(SectionKind::Eval, steps, ds.span()));
+        }
+        // Reduce across shards.
+        let mut first = reducers.remove(0);
+        for other in &reducers {
+            for (r, o) in first.iter_mut().zip(other) {
+                r.merge(o.as_ref());
+            }
+        }
+        let metrics: Vec<(String, f64)> = g
+            .metrics
+            .iter()
+            .zip(&first)
+            .map(|(m, r)| (m.name.clone(), r.result()))
+            .collect();
+        let loss = loss_sum / examples as f64;
+        self.note_skipped(&pipe);
+        self.write_eval_summaries(&metrics, loss);
+        Ok(EvalReport {
+            global_step: self.step,
+            steps: count,
+            examples,
+            loss,
+            metrics,
+        })
+    }
+
+    /// The evaluation's scalars in `model_dir/eval`; a failure to write them is a
+    /// warning, not a lost evaluation.
+    fn write_eval_summaries(&mut self, metrics: &[(String, f64)], loss: f64) {
+        let dir = self.model_dir.join("eval");
+        let mut scalars: Vec<(&str, f32)> = metrics
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v as f32))
+            .collect();
+        scalars.push(("loss", loss as f32));
+        let written =
+            summary::EventWriter::create(&dir).and_then(|mut w| w.scalars(self.step, &scalars));
+        if let Err(e) = written {
+            let d = Diag::new(
+                Code::SummariesNotWritten,
+                self.info.span,
+                format!("cannot write the evaluation's summaries in {}: {e}", dir.display()),
+            )
+            .label("this estimator's model_dir")
+            .help("the metrics are reported all the same; make the directory writable to keep them for TensorBoard");
+            self.warn(d);
+        }
+    }
+
+    /// Runs the predict section over the predict input and writes `predictions.jsonl`
+    /// (one object per example) and one `.npy` per output into `out`.
+    pub fn predict(&mut self, out: &Path, steps: Option<u64>) -> Res<PredictReport> {
+        self.prepare(Need::Checkpoint)?;
+        let (c, ds) = self.input(SectionKind::Predict)?;
+        if steps.is_none() && ds.repeats_forever() {
+            return Err(Diag::new(
+                Code::EndlessEval,
+                ds.span(),
+                "the predict input repeats forever and no step count is given",
+            )
+            .label("this input never ends")
+            .help("pass --steps N, or remove `repeat` from the predict input")
+            .into());
+        }
+        let g = &c.graph;
+        let feeder = Feeder::new(g);
+        let outs: Vec<(String, NodeIndex)> = g
+            .outputs
+            .iter()
+            .filter(|o| o.role == Role::Prediction)
+            .map(|o| (o.name.clone(), o.node))
+            .collect();
+        let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
+        let plan = Plan::new(g, &targets, &FxHashSet::default());
+        let mut pipe = self.start_pipeline(&ds, SectionKind::Predict)?;
+        let mut lines = String::new();
+        let mut acc: Vec<Vec<Tensor>> = vec![Vec::new(); outs.len()];
+        let mut examples = 0u64;
+        let mut count = 0u64;
+        while steps.is_none_or(|s| count < s) {
+            let Some(mut batch) = pipe.next_element()? else {
+                break;
+            };
+            batch.truncate(feeder.names.len());
+            let (values, real) = self.run_fed(g, &plan, &feeder, batch, 0, ds.span())?;
+            // Predictions keep the batch dimension (the front end checks): one line
+            // per real example.
+            let vals: Vec<Tensor> = outs
+                .iter()
+                .map(|o| first_rows(values.get(o.1).expect("prediction"), real))
+                .collect();
+            let rows = vals
+                .first()
+                .map_or(0, |t| t.shape().first().copied().unwrap_or(1));
+            for r in 0..rows {
+                let mut obj = serde_json::Map::new();
+                for ((name, _), t) in outs.iter().zip(&vals) {
+                    obj.insert(name.clone(), row(t, r).to_json());
+                }
+                lines.push_str(&serde_json::Value::Object(obj).to_string());
+                lines.push('\n');
+            }
+            examples += rows as u64;
+            for (a, t) in acc.iter_mut().zip(vals) {
+                a.push(t);
+            }
+            count += 1;
+        }
+        if examples == 0 {
+            return Err(self.no_examples(SectionKind::Predict, steps, ds.span()));
+        }
+        std::fs::create_dir_all(out)
+            .map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
+        let mut files = Vec::new();
+        let p = out.join("predictions.jsonl");
+        checkpoint::write_atomic(&p, lines.as_bytes())
+            .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
+        files.push(p);
+        for ((name, _), parts) in outs.iter().zip(acc) {
+            if parts.is_empty() {
+                continue;
+            }
+            let items: Vec<Element> = parts.into_iter().map(|t| vec![t]).collect();
+            let all = concat_rows(&items);
+            let p = out.join(format!("{}.npy", name.replace('/', "_")));
+            checkpoint::write_atomic(&p, &records::npy_bytes(&all))
+                .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
+            files.push(p);
+        }
+        self.note_skipped(&pipe);
+        Ok(PredictReport { examples, files })
+    }
+}
+
+/// The indices into `g.outputs` of the per-example outputs whose padding rows are cut.
+fn per_example_outputs(g: &Graph) -> Vec<usize> {
+    g.batch_mask
+        .as_ref()
+        .map_or_else(Vec::new, |m| m.per_example.clone())
+}
+
+/// Row `r` of a batched tensor.
+fn row(t: &Tensor, r: usize) -> Tensor {
+    if t.shape().is_empty() {
+        return t.clone();
+    }
+    let sub = |d: &interp::Data| -> interp::Data {
+        match d {
+            interp::Data::F(a) => {
+                interp::Data::F(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
+            }
+            interp::Data::I(a) => {
+                interp::Data::I(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
+            }
+            interp::Data::B(a) => {
+                interp::Data::B(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
+            }
+            interp::Data::S(a) => {
+                interp::Data::S(a.index_axis(ndarray::Axis(0), r).to_owned().into_shared())
+            }
+        }
+    };
+    Tensor {
+        dtype: t.dtype,
+        data: sub(&t.data),
+    }
+}
+
+/// Batches concatenated along their first axis.
+fn concat_rows(items: &[Element]) -> Tensor {
+    let first = &items[0][0];
+    if items.len() == 1 {
+        return first.clone();
+    }
+    let all: Vec<&Tensor> = items.iter().map(|e| &e[0]).collect();
+    let mut shape = first.shape().to_vec();
+    shape[0] = all.iter().map(|t| t.shape()[0]).sum();
+    interp::ops::eval(
+        &Op::Concat { axis: 0 },
+        &all,
+        &TensorType::new(first.dtype, shape),
+        &env(),
+    )
+    .unwrap_or_else(|_| first.clone())
+}

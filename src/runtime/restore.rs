@@ -1,0 +1,335 @@
+//! The Estimator's side of its `model_dir`: the lock of a training run, restoring the
+//! newest intact checkpoint (setting damaged ones aside, with a warning), initialising
+//! when there is none, and saving checkpoints.
+
+use super::model_dir::{self, DirError};
+use super::{checkpoint, health, Estimator, Res};
+use crate::diag::{Code, Diag};
+use crate::elab::Target;
+use crate::interp::{rng, Tensor};
+use crate::ir::TensorType;
+use std::path::PathBuf;
+
+/// What a run needs of `model_dir`'s checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Need {
+    /// Training: the newest intact checkpoint, or fresh variables when there is none.
+    ResumeOrInit,
+    /// Evaluation and prediction: a checkpoint (evaluating untrained weights would
+    /// print numbers that mean nothing).
+    Checkpoint,
+}
+
+impl Estimator {
+    /// Restores the newest intact checkpoint of `model_dir`, or initialises every
+    /// variable when there is none.
+    pub fn restore_or_init(&mut self) -> Res<()> {
+        self.prepare(Need::ResumeOrInit)
+    }
+
+    pub(super) fn prepare(&mut self, need: Need) -> Res<()> {
+        if self.target != Target::Interp {
+            return Err(Diag::new(
+                Code::NoRuntime,
+                self.info.span,
+                format!("the {} target cannot run programs yet", self.target.name()),
+            )
+            .label("this estimator")
+            .help("run it with `--target interp`")
+            .into());
+        }
+        if self.ready {
+            return Ok(());
+        }
+        self.refuse_foreign()?;
+        let bounds = checkpoint::Bounds {
+            num_shards: self.info.config.num_shards.max(1) as u64,
+        };
+        match checkpoint::restore(&self.model_dir, bounds) {
+            Ok(Some(r)) => self.restored(r)?,
+            Ok(None) if need == Need::ResumeOrInit => self.init_variables(),
+            Ok(None) => {
+                return Err(Diag::new(
+                    Code::NoCheckpoint,
+                    self.info.span,
+                    format!("{} holds no checkpoint", self.model_dir.display()),
+                )
+                .label("this estimator's model_dir")
+                .help("train first (`estc train`), or point --model-dir at the directory of a training run")
+                .into())
+            }
+            Err(checkpoint::RestoreError::Io(m)) => return Err(self.io_diag(m).into()),
+            Err(checkpoint::RestoreError::NoneIntact(damaged)) => {
+                let why: Vec<String> = damaged
+                    .iter()
+                    .map(|(c, why)| format!("ckpt-{}: {why}", c.step))
+                    .collect();
+                return Err(Diag::new(
+                    Code::NoCheckpoint,
+                    self.info.span,
+                    format!(
+                        "every checkpoint in {} is damaged: {}",
+                        self.model_dir.display(),
+                        why.join("; ")
+                    ),
+                )
+                .label("this estimator's model_dir")
+                .help("nothing was changed; train from scratch in a fresh --model-dir (the damaged files stay where they are)")
+                .into());
+            }
+        }
+        self.ready = true;
+        Ok(())
+    }
+
+    /// E0912 when `model_dir` holds another framework's checkpoints: est would treat
+    /// the directory as empty and write beside them.
+    fn refuse_foreign(&self) -> Res<()> {
+        let foreign = model_dir::foreign_files(&self.model_dir);
+        let Some(first) = foreign.first() else {
+            return Ok(());
+        };
+        let names: Vec<String> = foreign
+            .iter()
+            .take(4)
+            .map(|p| {
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        Err(Diag::new(
+            Code::ForeignModelDir,
+            self.info.span,
+            format!(
+                "{} holds checkpoint files est did not write ({}{})",
+                self.model_dir.display(),
+                names.join(", "),
+                if foreign.len() > 4 { ", ..." } else { "" }
+            ),
+        )
+        .label("this estimator's model_dir")
+        .help(format!(
+            "est cannot read them and will not write beside them: use a fresh --model-dir (they look like {}'s)",
+            framework(first)
+        ))
+        .into())
+    }
+
+    /// Adopts a restored checkpoint, after warning about (and, when this run holds the
+    /// lock, setting aside) the damaged checkpoints newer than it.
+    fn restored(&mut self, r: checkpoint::Restored) -> Res<()> {
+        for (c, why) in &r.damaged {
+            let moved = match &self.lock {
+                Some(_) => checkpoint::set_aside(c).map_err(|e| {
+                    self.io_diag(format!("cannot set aside the damaged ckpt-{}: {e}", c.step))
+                })?,
+                None => Vec::new(),
+            };
+            let kept = if moved.is_empty() {
+                "its files are left as they are".to_string()
+            } else {
+                format!(
+                    "its files are kept as {}",
+                    moved
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                )
+            };
+            let d = Diag::new(
+                Code::DamagedCheckpoint,
+                self.info.span,
+                format!(
+                    "the checkpoint of global step {} is damaged ({why}); using the newest intact one, global step {}",
+                    c.step, r.meta.global_step
+                ),
+            )
+            .label("this estimator's model_dir")
+            .help(format!(
+                "{kept}; steps after {} are trained again",
+                r.meta.global_step
+            ));
+            self.warn(d);
+        }
+        if r.meta.unverified() {
+            self.say(&format!(
+                "note: {} was written by an est without checksums; its tensors are not verified",
+                r.found.meta.display()
+            ));
+        }
+        let want: Vec<(String, TensorType)> = self
+            .all_variables()
+            .into_iter()
+            .map(|(n, _, t)| (n, t))
+            .collect();
+        let bad = checkpoint::mismatches(&want, &r.vars);
+        if !bad.is_empty() {
+            let help = if r.meta.program_hash != self.program_hash {
+                "the checkpoint was written by another version of the program; use a fresh --model-dir, or restore that program"
+            } else {
+                "use a fresh --model-dir, or the program that wrote the checkpoint"
+            };
+            return Err(Diag::new(
+                Code::CheckpointMismatch,
+                self.info.span,
+                format!(
+                    "the checkpoint {} does not fit this program: {}",
+                    r.found.tensors.display(),
+                    bad.join("; ")
+                ),
+            )
+            .label("this estimator's model_dir")
+            .help(help)
+            .into());
+        }
+        let meta = r.meta;
+        let path = r.found.tensors;
+        self.vars = r.vars;
+        self.step = meta.global_step;
+        self.seed = meta.seed;
+        self.input_position = meta.input_position;
+        self.max_shards = meta.max_shards.unwrap_or(1);
+        self.last_checkpoint = Some(path.clone());
+        self.last_checked = Some(health::Checked::new(
+            path.clone(),
+            meta.global_step,
+            None,
+            &self.vars,
+        ));
+        self.say(&format!(
+            "restored {} (global step {})",
+            path.display(),
+            meta.global_step
+        ));
+        for h in &mut self.hooks {
+            h.checkpoint_loaded(meta.global_step, &path);
+        }
+        Ok(())
+    }
+
+    pub(super) fn init_variables(&mut self) {
+        self.vars.clear();
+        for (name, init, ty) in self.all_variables() {
+            let v = rng::init_values(&init, &name, &ty, self.seed);
+            let t = Tensor::from_f64(&ty, v.into_iter().map(f64::from).collect());
+            self.vars.insert(name, t);
+        }
+        self.step = 0;
+        self.input_position = 0;
+        self.max_shards = 1;
+    }
+
+    /// Runs `f` holding the lock of `model_dir` (taking it unless this estimator holds
+    /// it already, and releasing what it took). Refuses a directory of another
+    /// framework before writing anything into it.
+    pub(super) fn locked<T>(&mut self, f: impl FnOnce(&mut Self) -> Res<T>) -> Res<T> {
+        if self.lock.is_some() {
+            return f(self);
+        }
+        self.refuse_foreign()?;
+        let lock = model_dir::lock(&self.model_dir).map_err(|e| match e {
+            DirError::Locked { pid } => Diag::new(
+                Code::ModelDirLocked,
+                self.info.span,
+                format!(
+                    "{} is in use by another training run{}",
+                    self.model_dir.display(),
+                    match pid {
+                        Some(p) => format!(" (PID {p})"),
+                        None => String::new(),
+                    }
+                ),
+            )
+            .label("this estimator's model_dir")
+            .help("wait for that run to finish, or train in another --model-dir; `estc eval` and `estc predict` may run alongside it"),
+            DirError::Unwritable(m) => Diag::new(Code::RunIo, self.info.span, format!("cannot train in this model_dir: {m}"))
+                .label("this estimator's model_dir")
+                .help("pass a writable directory with --model-dir"),
+        })?;
+        self.lock = Some(lock);
+        let r = f(self);
+        self.lock = None;
+        r
+    }
+
+    /// Saves a checkpoint of the current state.
+    pub fn save_checkpoint(&mut self) -> Res<PathBuf> {
+        self.locked(|s| s.save_locked())
+    }
+
+    fn save_locked(&mut self) -> Res<PathBuf> {
+        let meta = checkpoint::Meta {
+            global_step: self.step,
+            seed: self.seed,
+            input_position: self.input_position,
+            max_shards: Some(self.max_shards),
+            program_hash: self.program_hash.clone(),
+            variables: {
+                let mut v: Vec<String> = self
+                    .vars
+                    .iter()
+                    .map(|(k, t)| format!("{k}: {}", t.ty()))
+                    .collect();
+                v.sort();
+                v
+            },
+            checksums: None,
+            meta_checksum: None,
+        };
+        let keep = self.info.config.keep_checkpoint_max.max(1) as usize;
+        let p = checkpoint::save(&self.model_dir, &self.vars, &meta, keep).map_err(|e| {
+            self.io_diag(format!(
+                "cannot write a checkpoint in {}: {e}",
+                self.model_dir.display()
+            ))
+        })?;
+        self.last_checkpoint = Some(p.clone());
+        self.last_checked = Some(health::Checked::new(
+            p.clone(),
+            self.step,
+            self.last_loss,
+            &self.vars,
+        ));
+        for h in &mut self.hooks {
+            h.checkpoint_saved(self.step, &p);
+        }
+        let msg = format!("saved {} (global step {})", p.display(), self.step);
+        self.say(&msg);
+        Ok(p)
+    }
+
+    /// Records a warning (see `warnings`) and says it in the log.
+    pub(super) fn warn(&mut self, d: Diag) {
+        let help = d
+            .help
+            .as_deref()
+            .map_or(String::new(), |h| format!(" ({h})"));
+        self.say(&format!(
+            "warning[{}]: {}{help}",
+            d.code.info().id,
+            d.message
+        ));
+        self.warnings.push(d);
+    }
+
+    /// The warnings of the runs so far (damaged checkpoints skipped, summaries that
+    /// could not be written), taken out.
+    pub fn take_warnings(&mut self) -> Vec<Diag> {
+        std::mem::take(&mut self.warnings)
+    }
+}
+
+/// Whose checkpoint a foreign file looks like.
+fn framework(p: &std::path::Path) -> &'static str {
+    let n = p.file_name().unwrap_or_default().to_string_lossy();
+    if n.ends_with(".pt") || n.ends_with(".pth") {
+        "PyTorch"
+    } else if n.ends_with(".h5") || n.ends_with(".keras") {
+        "Keras"
+    } else {
+        "TensorFlow"
+    }
+}
