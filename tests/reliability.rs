@@ -792,3 +792,51 @@ fn an_evaluation_over_no_examples_is_an_error() {
         .unwrap_err();
     assert_eq!(codes(&f), [Code::NoCheckpoint]);
 }
+
+/// Trains one step of a model on `rows.csv` written with `csv` (columns x: f32[2] and
+/// label: i32), and returns the failure.
+fn train_on_csv(name: &str, csv: &str) -> RunFailure {
+    let dir = tmp(name);
+    std::fs::write(dir.join("rows.csv"), csv).unwrap();
+    let src = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+input rows() {
+  csv("rows.csv", columns: { x: f32[2], label: i32 }) |> map |r| (r.x, r.label) |> batch(2, drop_remainder: true)
+}
+model m(features: f32[B, 2], labels: i32[B]) {
+  let loss = softmax_cross_entropy(labels, dense(features, 2))
+  train { minimize loss with sgd(lr: 0.1) }
+}
+estimator e { model = m  train_input = rows() }
+"#;
+    let p = Program::from_source("csv.est", src, None);
+    estimator_of(&p, None, &dir.join("model"), &dir)
+        .train(Steps::Max(1))
+        .unwrap_err()
+}
+
+/// Point 7: CSV integer fields wrapped to i32 (99999999999 became 1215752191). A value
+/// out of its column's range is now E0905 naming file, line and column; so is a float
+/// beyond f32's range, which became infinite. Whitespace-only lines are blank lines.
+#[test]
+fn csv_values_out_of_range_are_errors() {
+    let f = train_on_csv("csv-int", "x0,x1,label\n1,2,0\n  \n3,4,99999999999\n");
+    assert_eq!(codes(&f), [Code::BadData]);
+    assert!(
+        f.diags[0].message.ends_with(
+            "rows.csv:4:3: column `label`: 99999999999 is out of range for i32 ([-2147483648, 2147483647])"
+        ),
+        "{}",
+        f.diags[0].message
+    );
+    let f = train_on_csv("csv-float", "x0,x1,label\n1,2,0\n3,1e40,1\n");
+    assert_eq!(codes(&f), [Code::BadData]);
+    assert!(
+        f.diags[0]
+            .message
+            .contains("rows.csv:3:2: column `x`: 1e40 is out of range for f32"),
+        "{}",
+        f.diags[0].message
+    );
+}

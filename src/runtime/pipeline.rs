@@ -1387,6 +1387,21 @@ pub fn stack_leaf(items: &[&Tensor], padded: bool) -> Result<Tensor, String> {
     })
 }
 
+/// The finite values a dtype holds, for the range checks of text sources (a value
+/// outside is an error, never wrapped or rounded to infinity); `None` for bytes.
+fn value_range(d: DType) -> Option<(f64, f64)> {
+    Some(match d {
+        DType::F32 => (-f64::from(f32::MAX), f64::from(f32::MAX)),
+        DType::F16 => (-65504.0, 65504.0),
+        DType::BF16 => (-3.389_531_389_251_535_5e38, 3.389_531_389_251_535_5e38),
+        DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
+        DType::U8 => (0.0, 255.0),
+        DType::Bool => (0.0, 1.0),
+        DType::I64 => (-9.223_372_036_854_776e18, 9.223_372_036_854_776e18),
+        DType::Bytes => return None,
+    })
+}
+
 /// Reads a CSV file into elements: one tensor per column group (`n` values of a vector
 /// column take `n` fields).
 fn read_csv(
@@ -1398,10 +1413,12 @@ fn read_csv(
     delimiter: u8,
 ) -> Result<Vec<Element>, String> {
     let want: usize = columns.iter().map(|(_, _, n)| (*n).max(1)).sum();
+    // A byte order mark (Excel writes one) is not part of the first field.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut rows = Vec::new();
     for (line_no, line) in text.lines().enumerate().skip(usize::from(header)) {
         let line = line.trim_end_matches('\r');
-        if line.is_empty() {
+        if line.trim().is_empty() {
             continue;
         }
         let fields: Vec<&str> = line.split(delimiter as char).collect();
@@ -1425,19 +1442,24 @@ fn read_csv(
                 continue;
             }
             let mut v = Vec::with_capacity(count);
-            for f in fs {
-                let x: f64 = f.trim().parse().map_err(|_| {
-                    format!(
-                        "{}:{}: column `{name}`: `{f}` is not a number",
-                        path.display(),
-                        line_no + 1
-                    )
-                })?;
+            for (k, f) in fs.iter().enumerate() {
+                // file:line:column, the column counted in fields from 1
+                let at = format!("{}:{}:{}", path.display(), line_no + 1, at - count + k + 1);
+                let x: f64 = f
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{at}: column `{name}`: `{f}` is not a number"))?;
                 if dtype.is_int() && x.fract() != 0.0 {
                     return Err(format!(
-                        "{}:{}: column `{name}`: `{f}` is not an integer ({dtype})",
-                        path.display(),
-                        line_no + 1
+                        "{at}: column `{name}`: `{f}` is not an integer ({dtype})"
+                    ));
+                }
+                if let Some((lo, hi)) = value_range(*dtype)
+                    .filter(|(lo, hi)| !(*lo..=*hi).contains(&x) && x.is_finite())
+                {
+                    return Err(format!(
+                        "{at}: column `{name}`: {} is out of range for {dtype} ([{lo}, {hi}])",
+                        f.trim()
                     ));
                 }
                 v.push(x);
