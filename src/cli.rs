@@ -531,20 +531,48 @@ fn emit_syntax(program: &Program, emit: Option<Emit>) -> i32 {
     i32::from(errors > 0)
 }
 
-/// `--emit tokens`: one line per token, `LINE:COLUMN Token "text"`.
+/// `--emit tokens`: one line per token, `LINE:COLUMN Token "text"`. The position is
+/// carried from token to token (tokens come in order), so a long line costs its length
+/// once, not once per token.
 fn write_tokens(out: &mut impl Write, file: &est::span::SourceFile) -> std::io::Result<()> {
-    for (lo, tok, hi) in est::syntax::lexer::lex(&file.text) {
-        let (line, col) = file.line_col(lo);
-        writeln!(out, "{line}:{col} {:?} {:?}", tok, &file.text[lo..hi])?;
+    let text = &*file.text;
+    let (mut at, mut line, mut col) = (0, 1, 1);
+    for (lo, tok, hi) in est::syntax::lexer::lex(text) {
+        for c in text[at..lo].chars() {
+            if c == '\n' {
+                line += 1;
+                col = 1;
+            } else {
+                col += 1;
+            }
+        }
+        at = lo;
+        writeln!(out, "{line}:{col} {:?} {:?}", tok, &text[lo..hi])?;
     }
     Ok(())
 }
 
+/// The deepest a params file may nest (a list in a list, ...). serde_yaml's parser
+/// takes time quadratic in the depth (20 s at 100,000 levels), so deeper files are
+/// refused before it runs; a params file needs a few levels at most.
+const MAX_PARAMS_DEPTH: usize = 64;
+
 /// Reads a YAML file of `key: value` pairs as params overrides. Each value is written
 /// as est syntax and parsed like a `--param`.
 fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = est::program::read_text(path, est::program::MAX_SOURCE_BYTES).map_err(|e| {
+        format!(
+            "cannot read {}: {}",
+            path.display(),
+            e.describe("params file")
+        )
+    })?;
+    if let Some(line) = yaml_too_deep(&text, MAX_PARAMS_DEPTH) {
+        return Err(format!(
+            "{}:{line}: nested more than {MAX_PARAMS_DEPTH} levels deep, the limit of a params file; write `key: value` lines",
+            path.display()
+        ));
+    }
     let yaml: serde_yaml::Value = serde_yaml::from_str(&text)
         .map_err(|e| format!("{}: invalid YAML: {e}", path.display()))?;
     let serde_yaml::Value::Mapping(map) = yaml else {
@@ -572,6 +600,69 @@ fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), 
         program.add_override(&key, &value, &format!("{}: {key}", path.display()));
     }
     Ok(())
+}
+
+/// The first line (1-based) where a YAML text may nest deeper than `max`, found in one
+/// pass without parsing. The depth counted is an upper bound of the real one: the open
+/// flow brackets (`[`, `{`) outside quoted strings and comments, plus, on a line
+/// outside brackets, twice its number of indentation levels (a mapping's value may be
+/// a sequence at the same indentation) and the block indicators on it (`- `, `? `,
+/// `: `). A quote, a comment or a bracket read where YAML sees none can only count
+/// too much, never too little.
+fn yaml_too_deep(text: &str, max: usize) -> Option<usize> {
+    let mut flow = 0usize;
+    let mut indents: Vec<usize> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let content = line.trim_start_matches(' ');
+        if content.trim().is_empty() || content.starts_with('#') {
+            continue;
+        }
+        let mut block = 0;
+        if flow == 0 {
+            let indent = line.len() - content.len();
+            while indents.last().is_some_and(|&i| i > indent) {
+                indents.pop();
+            }
+            if indents.last() != Some(&indent) {
+                indents.push(indent);
+            }
+            block = 2 * indents.len();
+        }
+        let b = line.as_bytes();
+        let mut quote: Option<u8> = None;
+        // the last character that is not a space: a quote opens a string only where a
+        // value starts
+        let mut last = b' ';
+        let mut i = 0;
+        while i < b.len() {
+            let c = b[i];
+            let next = b.get(i + 1).copied().unwrap_or(b' ');
+            match quote {
+                Some(b'"') if c == b'\\' => i += 1,
+                Some(q) if c == q && q == b'\'' && next == b'\'' => i += 1,
+                Some(q) if c == q => quote = None,
+                Some(_) => {}
+                None => match c {
+                    b'#' if i == 0 || b[i - 1] == b' ' || b[i - 1] == b'\t' => break,
+                    b'"' | b'\'' if b" [{,:-?".contains(&last) => quote = Some(c),
+                    b'[' | b'{' => flow += 1,
+                    b']' | b'}' => flow = flow.saturating_sub(1),
+                    b'-' | b'?' | b':' if flow == 0 && (next == b' ' || next == b'\t') => {
+                        block += 1
+                    }
+                    _ => {}
+                },
+            }
+            if block + flow > max {
+                return Some(n + 1);
+            }
+            if c != b' ' && c != b'\t' {
+                last = c;
+            }
+            i += 1;
+        }
+    }
+    None
 }
 
 fn yaml_to_est(v: &serde_yaml::Value) -> Option<String> {

@@ -617,3 +617,140 @@ fn a_diagnostic_far_along_a_line_is_drawn() {
         (Some(3), Some(70_009))
     );
 }
+
+/// Source and params files are read with limits: a source file over 16 MiB, or an
+/// endless one (`/dev/zero`), is refused after reading 16 MiB, as the root file (exit
+/// status 2) or at the `use` of an imported one (E0105); a file that is not UTF-8 is
+/// named with its line and byte; a params file nested deeper than 64 levels is refused
+/// before the YAML parser (quadratic in the depth) runs.
+#[test]
+fn oversized_endless_and_deep_inputs_are_refused() {
+    let dir = std::env::temp_dir().join(format!("estc-cli-limits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.est");
+    std::fs::write(&big, " ".repeat((16 << 20) + 1)).unwrap();
+    let o = estc(&["check", big.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "error: cannot read {}: it is larger than 16 MiB, the limit of a source file; split it into modules (see `use`)\n",
+            big.display()
+        )
+    );
+    // exactly 16 MiB is read
+    std::fs::write(dir.join("edge.est"), " ".repeat(16 << 20)).unwrap();
+    let o = estc(&["check", dir.join("edge.est").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // not UTF-8: the line and byte of the first bad byte
+    let latin = dir.join("latin.est");
+    std::fs::write(&latin, b"fn f(x) { x }\n// caf\xe9\n").unwrap();
+    let o = estc(&["check", latin.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "error: cannot read {}: it is not UTF-8 text (line 2, byte 20); save it as UTF-8\n",
+            latin.display()
+        )
+    );
+    // imported files: E0105 at the `use`, with the reason
+    let main = dir.join("main.est");
+    let json_diags = |text: &str| -> Vec<serde_json::Value> {
+        std::fs::write(&main, text).unwrap();
+        let o = estc(&["check", main.to_str().unwrap(), "--message-format", "json"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let d = json_diags("use big\n");
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(
+        (d[0]["code"].as_str(), d[0]["line"].as_u64()),
+        (Some("E0105"), Some(1))
+    );
+    assert_eq!(
+        d[0]["message"],
+        "cannot read big.est, the file of module `big`: it is larger than 16 MiB, the limit of a source file"
+    );
+    let d = json_diags("use latin.f\n");
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(
+        d[0]["message"],
+        "cannot read latin.est, the file of module `latin`: it is not UTF-8 text (line 2, byte 20)"
+    );
+    assert_eq!(d[0]["help"], "save the file as UTF-8 text");
+    // a params file nested 100,000 levels deep, in flow and in block style
+    for (name, text) in [
+        (
+            "flow.yaml",
+            format!("a: {}{}\n", "[".repeat(100_000), "]".repeat(100_000)),
+        ),
+        ("block.yaml", format!("a:\n{}1\n", "- ".repeat(100_000))),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        let o = estc(&[
+            "check",
+            "examples/fc_mnist.est",
+            "--params",
+            p.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with(&format!(
+                "error: {}:{}: nested more than 64 levels deep, the limit of a params file",
+                p.display(),
+                if name == "flow.yaml" { 1 } else { 2 }
+            )),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // endless files stop at the limit: the root, an import, a params file
+    let o = estc(&["check", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("/dev/zero: it is larger than 16 MiB"),
+        "{}",
+        stderr(&o)
+    );
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.est")).unwrap();
+    let d = json_diags("use zero\n");
+    assert_eq!(d[0]["code"], "E0105");
+    let o = estc(&["check", "examples/fc_mnist.est", "--params", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "error: cannot read /dev/zero: it is larger than 16 MiB, the limit of a params file\n"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--emit tokens` carries the position from token to token: a line of 2,000,000
+/// characters (1,000,000 tokens) is written in a second, where a look-up per token
+/// took minutes.
+#[test]
+fn emit_tokens_is_linear_in_line_length() {
+    let n = 1_000_000;
+    let text = format!("fn f() {{ [{}1] }}\n", "1,".repeat(n - 1));
+    let o = estc(&[
+        "check",
+        &scratch("long_line.est", &text),
+        "--emit",
+        "tokens",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2 * n + 7);
+    assert_eq!(lines[6], "1:11 Int(\"1\") \"1\"");
+    assert_eq!(lines[7], "1:12 Comma \",\"");
+    assert_eq!(
+        lines[lines.len() - 1],
+        format!("1:{} RBrace \"}}\"", 2 * n + 12)
+    );
+}
