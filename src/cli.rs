@@ -280,8 +280,12 @@ pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { 2 } else { 0 };
+            // `--help` and `--version` are results: a failed write of them is an error.
+            return match e.print() {
+                Err(io) if !e.use_stderr() => write_failed("stdout", &io),
+                _ if e.use_stderr() => 2,
+                _ => 0,
+            };
         }
     };
     match cli.command {

@@ -529,6 +529,9 @@ fn a_failed_result_write_is_an_error() {
         vec!["explain", "--list"],
         vec!["perf-input", file, "--steps", "2"],
         vec!["perf-input", file, "--steps", "2", "--show", "2"],
+        vec!["--help"],
+        vec!["check", "--help"],
+        vec!["--version"],
     ];
     for args in &cases {
         let o = estc_full(args, true, false);
