@@ -5,7 +5,7 @@ CARGO ?= cargo
 # llvm-sys finds LLVM 19 here (Debian's llvm-19-dev).
 export LLVM_SYS_191_PREFIX ?= /usr/lib/llvm-19
 
-.PHONY: all setup build demo test fmt clippy check-llvm bench fuzz docs
+.PHONY: all setup build demo test test-nvim fmt clippy check-llvm bench fuzz docs
 
 all: build
 
@@ -49,10 +49,19 @@ demo: build
 	@echo "== and a program with mistakes, as a user sees them:"
 	@./target/release/estc check tests/ui/multiple/several_errors.est; test $$? -eq 1
 
-# Every check: formatting, lints (warnings are errors), the LLVM feature builds, and the
-# whole test suite.
+# Every check: formatting, lints (warnings are errors), the LLVM feature builds, the
+# whole test suite, and the Neovim setup (when nvim is installed).
 test: setup fmt clippy check-llvm
 	$(CARGO) test
+	@$(MAKE) --no-print-directory test-nvim
+
+# docs/editors.md's Neovim setup, headless, against the debug estc.
+test-nvim:
+	@if command -v nvim >/dev/null 2>&1; then \
+	  $(CARGO) build && editors/nvim/test.sh target/debug/estc; \
+	else \
+	  echo "test-nvim: skipped: no nvim on the PATH (make setup installs it)"; \
+	fi
 
 fmt:
 	$(CARGO) fmt --check

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what est needs on a Debian 12 machine: LLVM 19's development packages for the
-# host backend (inkwell, behind the `llvm` cargo feature). Idempotent: when everything is
+# host backend (inkwell, behind the `llvm` cargo feature), and Neovim, for `make test`'s
+# check of the Neovim setup (editors/nvim/test.sh). Idempotent: when everything is
 # present it installs nothing and touches nothing.
 set -euo pipefail
 
-packages=(llvm-19-dev libpolly-19-dev libzstd-dev)
+packages=(llvm-19-dev libpolly-19-dev libzstd-dev neovim)
 
 missing=()
 for p in "${packages[@]}"; do

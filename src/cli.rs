@@ -5,7 +5,9 @@ mod data;
 mod run;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use est::diag::{render, Code, Diag};
+// `log` writes a line to stderr and ignores a failed write: a full disk or a closed
+// terminal must not stop training. Results go through `print_result`.
+use est::diag::{log, render, Code, Diag};
 use est::elab::Target;
 use est::syntax::ast::SectionKind;
 use est::{CheckOptions, Program};
@@ -86,7 +88,7 @@ struct PerfArgs {
     #[arg(long, value_enum, default_value_t = InputArg::Train)]
     input: InputArg,
     /// Run for this many seconds (default 10, or until the input ends).
-    #[arg(long, conflicts_with = "steps")]
+    #[arg(long, conflicts_with = "steps", value_parser = seconds, allow_hyphen_values = true)]
     time: Option<f64>,
     /// Run for this many batches.
     #[arg(long)]
@@ -278,8 +280,12 @@ pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { 2 } else { 0 };
+            // `--help` and `--version` are results: a failed write of them is an error.
+            return match e.print() {
+                Err(io) if !e.use_stderr() => write_failed("stdout", &io),
+                _ if e.use_stderr() => 2,
+                _ => 0,
+            };
         }
     };
     match cli.command {
@@ -295,7 +301,22 @@ pub fn main() -> i32 {
 }
 
 fn usage(msg: &str) -> i32 {
-    eprintln!("error: {msg}");
+    log(&format!("error: {msg}"));
+    2
+}
+
+/// Writes a command's result to stdout. A failed write (`estc eval > /dev/full`) is an
+/// I/O error, reported on stderr: a lost result is not a clean run.
+fn print_result(text: &str) -> Result<(), i32> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| write_failed("stdout", &e))
+}
+
+/// Reports a failed write of a result; returns the exit status, 2.
+fn write_failed(to: &str, e: &std::io::Error) -> i32 {
+    log(&format!("error: cannot write to {to}: {e}"));
     2
 }
 
@@ -353,25 +374,21 @@ fn check(a: CheckArgs) -> i32 {
     };
     let checked = est::check(&program, &opts);
     if let Some(b) = &checked.bug {
-        eprintln!(
+        log(&format!(
             "internal compiler error: pass `{}` broke the IR: {}",
             b.pass, b.message
-        );
+        ));
         return 2;
     }
-    let mut out = std::io::stdout().lock();
-    match a.emit {
-        Some(Emit::Ir) => {
-            for c in &checked.graphs {
-                let _ = write!(out, "{}", est::ir::dump_text(&c.graph, &graph_title(c)));
-            }
+    for c in &checked.graphs {
+        let dump = match a.emit {
+            Some(Emit::Ir) => est::ir::dump_text(&c.graph, &graph_title(c)),
+            Some(Emit::IrDot) => est::ir::dump_dot(&c.graph, &graph_title(c)),
+            _ => break,
+        };
+        if let Err(code) = print_result(&dump) {
+            return code;
         }
-        Some(Emit::IrDot) => {
-            for c in &checked.graphs {
-                let _ = write!(out, "{}", est::ir::dump_dot(&c.graph, &graph_title(c)));
-            }
-        }
-        _ => {}
     }
     report(
         &program,
@@ -381,6 +398,14 @@ fn check(a: CheckArgs) -> i32 {
         a.emit.is_none(),
         checked.graphs.len(),
     )
+}
+
+/// `--time`: a finite number of seconds, at least 0.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(t) if t.is_finite() && t >= 0.0 => Ok(t),
+        _ => Err("expected a number of seconds, finite and at least 0".to_string()),
+    }
 }
 
 /// `--config key=value`: a known key and an integer in its range.
@@ -418,7 +443,8 @@ fn print_diags(program: &Program, diags: &[Diag], format: MessageFormat, color: 
     report(program, diags, format, color, false, 0)
 }
 
-/// Prints the diagnostics and a summary; returns the exit status.
+/// Prints the diagnostics and a summary; returns the exit status (2 when they cannot
+/// be written).
 fn report(
     program: &Program,
     diags: &[Diag],
@@ -433,9 +459,13 @@ fn report(
         .count();
     let warnings = diags.len() - errors;
     if format == MessageFormat::Json {
-        let mut out = std::io::stdout().lock();
+        let mut out = String::new();
         for d in diags {
-            let _ = writeln!(out, "{}", render::to_json(d, &program.sources));
+            out.push_str(&render::to_json(d, &program.sources).to_string());
+            out.push('\n');
+        }
+        if let Err(code) = print_result(&out) {
+            return code;
         }
     } else {
         let stderr = std::io::stderr();
@@ -445,29 +475,23 @@ fn report(
             Color::Auto => stderr.is_terminal() && std::env::var_os("NO_COLOR").is_none(),
         };
         let width = if stderr.is_terminal() { 120 } else { 100 };
-        let mut err = stderr.lock();
-        let _ = write!(
-            err,
-            "{}",
-            render::render_all(diags, &program.sources, render::Style { color, width })
-        );
+        let mut text = render::render_all(diags, &program.sources, render::Style { color, width });
         if summary {
             let file = &program.sources.get(program.root_module().file).name;
-            let _ = match (errors, warnings) {
-                (0, 0) => writeln!(err, "{file}: ok ({graphs} graph{} checked)", plural(graphs)),
-                (0, w) => writeln!(
-                    err,
-                    "{file}: ok with {w} warning{} ({graphs} graph{} checked)",
+            text.push_str(&match (errors, warnings) {
+                (0, 0) => format!("{file}: ok ({graphs} graph{} checked)\n", plural(graphs)),
+                (0, w) => format!(
+                    "{file}: ok with {w} warning{} ({graphs} graph{} checked)\n",
                     plural(w),
                     plural(graphs)
                 ),
-                (e, w) => writeln!(
-                    err,
-                    "{file}: {e} error{}, {w} warning{}",
-                    plural(e),
-                    plural(w)
-                ),
-            };
+                (e, w) => format!("{file}: {e} error{}, {w} warning{}\n", plural(e), plural(w)),
+            });
+        }
+        let mut err = stderr.lock();
+        if let Err(e) = err.write_all(text.as_bytes()).and_then(|()| err.flush()) {
+            drop(err);
+            return write_failed("stderr", &e);
         }
     }
     i32::from(errors > 0)
@@ -484,42 +508,75 @@ fn plural(n: usize) -> &'static str {
 fn emit_syntax(program: &Program, emit: Option<Emit>) -> i32 {
     let root = program.root_module();
     let file = program.sources.get(root.file);
-    let mut out = std::io::stdout().lock();
-    match emit {
-        Some(Emit::Tokens) => {
-            for (lo, tok, hi) in est::syntax::lexer::lex(&file.text) {
-                let (line, col) = file.line_col(lo);
-                let _ = writeln!(out, "{line}:{col} {:?} {:?}", tok, &file.text[lo..hi]);
-            }
-        }
-        _ => {
-            let _ = writeln!(out, "{:#?}", root.ast);
-        }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = match emit {
+        Some(Emit::Tokens) => write_tokens(&mut out, file),
+        _ => writeln!(out, "{:#?}", root.ast),
+    };
+    if let Err(e) = written.and_then(|()| out.flush()) {
+        return write_failed("stdout", &e);
     }
+    drop(out);
     let errors = program
         .diags
         .iter()
         .filter(|d| d.severity() == est::diag::Severity::Error)
         .count();
     if errors > 0 {
-        let _ = write!(
-            std::io::stderr(),
-            "{}",
-            render::render_all(
-                &program.diags.sorted(),
-                &program.sources,
-                render::Style::plain()
-            )
+        let text = render::render_all(
+            &program.diags.sorted(),
+            &program.sources,
+            render::Style::plain(),
         );
+        if let Err(e) = std::io::stderr().write_all(text.as_bytes()) {
+            return write_failed("stderr", &e);
+        }
     }
     i32::from(errors > 0)
 }
 
+/// `--emit tokens`: one line per token, `LINE:COLUMN Token "text"`. The position is
+/// carried from token to token (tokens come in order), so a long line costs its length
+/// once, not once per token.
+fn write_tokens(out: &mut impl Write, file: &est::span::SourceFile) -> std::io::Result<()> {
+    let text = &*file.text;
+    let (mut at, mut line, mut col) = (0, 1, 1);
+    for (lo, tok, hi) in est::syntax::lexer::lex(text) {
+        for c in text[at..lo].chars() {
+            if c == '\n' {
+                line += 1;
+                col = 1;
+            } else {
+                col += 1;
+            }
+        }
+        at = lo;
+        writeln!(out, "{line}:{col} {:?} {:?}", tok, &text[lo..hi])?;
+    }
+    Ok(())
+}
+
+/// The deepest a params file may nest (a list in a list, ...). serde_yaml's parser
+/// takes time quadratic in the depth (20 s at 100,000 levels), so deeper files are
+/// refused before it runs; a params file needs a few levels at most.
+const MAX_PARAMS_DEPTH: usize = 64;
+
 /// Reads a YAML file of `key: value` pairs as params overrides. Each value is written
 /// as est syntax and parsed like a `--param`.
 fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = est::program::read_text(path, est::program::MAX_SOURCE_BYTES).map_err(|e| {
+        format!(
+            "cannot read {}: {}",
+            path.display(),
+            e.describe("params file")
+        )
+    })?;
+    if let Some(line) = yaml_too_deep(&text, MAX_PARAMS_DEPTH) {
+        return Err(format!(
+            "{}:{line}: nested more than {MAX_PARAMS_DEPTH} levels deep, the limit of a params file; write `key: value` lines",
+            path.display()
+        ));
+    }
     let yaml: serde_yaml::Value = serde_yaml::from_str(&text)
         .map_err(|e| format!("{}: invalid YAML: {e}", path.display()))?;
     let serde_yaml::Value::Mapping(map) = yaml else {
@@ -547,6 +604,69 @@ fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), 
         program.add_override(&key, &value, &format!("{}: {key}", path.display()));
     }
     Ok(())
+}
+
+/// The first line (1-based) where a YAML text may nest deeper than `max`, found in one
+/// pass without parsing. The depth counted is an upper bound of the real one: the open
+/// flow brackets (`[`, `{`) outside quoted strings and comments, plus, on a line
+/// outside brackets, twice its number of indentation levels (a mapping's value may be
+/// a sequence at the same indentation) and the block indicators on it (`- `, `? `,
+/// `: `). A quote, a comment or a bracket read where YAML sees none can only count
+/// too much, never too little.
+fn yaml_too_deep(text: &str, max: usize) -> Option<usize> {
+    let mut flow = 0usize;
+    let mut indents: Vec<usize> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let content = line.trim_start_matches(' ');
+        if content.trim().is_empty() || content.starts_with('#') {
+            continue;
+        }
+        let mut block = 0;
+        if flow == 0 {
+            let indent = line.len() - content.len();
+            while indents.last().is_some_and(|&i| i > indent) {
+                indents.pop();
+            }
+            if indents.last() != Some(&indent) {
+                indents.push(indent);
+            }
+            block = 2 * indents.len();
+        }
+        let b = line.as_bytes();
+        let mut quote: Option<u8> = None;
+        // the last character that is not a space: a quote opens a string only where a
+        // value starts
+        let mut last = b' ';
+        let mut i = 0;
+        while i < b.len() {
+            let c = b[i];
+            let next = b.get(i + 1).copied().unwrap_or(b' ');
+            match quote {
+                Some(b'"') if c == b'\\' => i += 1,
+                Some(q) if c == q && q == b'\'' && next == b'\'' => i += 1,
+                Some(q) if c == q => quote = None,
+                Some(_) => {}
+                None => match c {
+                    b'#' if i == 0 || b[i - 1] == b' ' || b[i - 1] == b'\t' => break,
+                    b'"' | b'\'' if b" [{,:-?".contains(&last) => quote = Some(c),
+                    b'[' | b'{' => flow += 1,
+                    b']' | b'}' => flow = flow.saturating_sub(1),
+                    b'-' | b'?' | b':' if flow == 0 && (next == b' ' || next == b'\t') => {
+                        block += 1
+                    }
+                    _ => {}
+                },
+            }
+            if block + flow > max {
+                return Some(n + 1);
+            }
+            if c != b' ' && c != b'\t' {
+                last = c;
+            }
+            i += 1;
+        }
+    }
+    None
 }
 
 fn yaml_to_est(v: &serde_yaml::Value) -> Option<String> {
@@ -577,31 +697,31 @@ fn yaml_to_est(v: &serde_yaml::Value) -> Option<String> {
 }
 
 fn explain(a: ExplainArgs) -> i32 {
-    if a.markdown {
-        print!("{}", est::diag::catalogue_markdown());
-        return 0;
-    }
-    if a.list || a.code.is_none() {
-        for c in Code::all() {
-            println!("{}  {:<8} {}", c.id, c.severity.name(), c.title);
-        }
-        return 0;
-    }
-    let code = a.code.unwrap_or_default();
-    match Code::from_id(&code) {
-        Some(c) => {
-            let info = c.info();
-            println!(
-                "{} ({}): {}\n\n{}",
-                info.id,
-                info.severity.name(),
-                info.title,
-                info.explanation
-            );
-            0
-        }
-        None => usage(&format!(
-            "no diagnostic code `{code}`; `estc explain --list` lists them"
-        )),
+    let text = if a.markdown {
+        est::diag::catalogue_markdown()
+    } else if a.list || a.code.is_none() {
+        Code::all()
+            .iter()
+            .map(|c| format!("{}  {:<8} {}\n", c.id, c.severity.name(), c.title))
+            .collect()
+    } else {
+        let code = a.code.unwrap_or_default();
+        let Some(c) = Code::from_id(&code) else {
+            return usage(&format!(
+                "no diagnostic code `{code}`; `estc explain --list` lists them"
+            ));
+        };
+        let info = c.info();
+        format!(
+            "{} ({}): {}\n\n{}\n",
+            info.id,
+            info.severity.name(),
+            info.title,
+            info.explanation
+        )
+    };
+    match print_result(&text) {
+        Ok(()) => 0,
+        Err(code) => code,
     }
 }

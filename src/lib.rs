@@ -115,10 +115,8 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
     let t = std::time::Instant::now();
     let (estimators, mut graphs, elab_diags) = elab::elaborate(program, &eopts);
     if std::env::var_os("EST_TIME_PASSES").is_some() {
-        eprintln!(
-            "elaborate        {:>9.3} ms",
-            t.elapsed().as_secs_f64() * 1e3
-        );
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        diag::log(&format!("elaborate        {ms:>9.3} ms"));
     }
     diags.extend(elab_diags.iter().cloned());
     let ctx = PassCtx {

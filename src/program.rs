@@ -87,6 +87,11 @@ pub struct Program {
     /// Where imported files' text comes from before the file system (an editor's open
     /// documents).
     overlay: Option<OverlayFn>,
+    /// The largest imported file read (`MAX_SOURCE_BYTES`, less in tests).
+    max_source_bytes: u64,
+    /// Imported files that could not be read, by key, with why: each is read once, not
+    /// in every round of import resolution.
+    unreadable: FxHashMap<String, (String, &'static str)>,
 }
 
 /// An `Overlay` in a `Program` (which is `Debug`).
@@ -111,11 +116,91 @@ fn file_key(f: &Path) -> String {
 #[derive(Debug)]
 pub struct LoadError(pub String);
 
+/// The largest source file `estc` reads, in bytes (16 MiB). A larger file, or an endless
+/// one such as `/dev/zero`, is refused after reading one byte more than this, not read
+/// whole; spans count bytes in 32 bits, far above it.
+pub const MAX_SOURCE_BYTES: u64 = 16 << 20;
+
+/// Why a text file could not be read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// Larger than the limit (in bytes).
+    TooLarge(u64),
+    /// Not UTF-8: the 1-based line and the 0-based byte offset of the first bad byte.
+    NotUtf8 {
+        line: usize,
+        byte: usize,
+    },
+    Io(std::io::Error),
+}
+
+impl ReadError {
+    /// Why, for a message about a `what` (`source file`, `params file`).
+    pub fn describe(&self, what: &str) -> String {
+        match self {
+            ReadError::TooLarge(limit) => {
+                format!("it is larger than {}, the limit of a {what}", size(*limit))
+            }
+            ReadError::NotUtf8 { line, byte } => {
+                format!("it is not UTF-8 text (line {line}, byte {byte})")
+            }
+            ReadError::Io(e) => e.to_string(),
+        }
+    }
+}
+
+/// A size in bytes as people write it: `16 MiB`, `100 bytes`.
+fn size(bytes: u64) -> String {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// Reads a UTF-8 text file of at most `limit` bytes, without reading more than one
+/// byte past the limit.
+pub fn read_text(path: &Path, limit: u64) -> Result<String, ReadError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(ReadError::Io)?;
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(ReadError::Io)?;
+    if bytes.len() as u64 > limit {
+        return Err(ReadError::TooLarge(limit));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let byte = e.utf8_error().valid_up_to();
+        let line = 1 + e.as_bytes()[..byte].iter().filter(|&&b| b == b'\n').count();
+        ReadError::NotUtf8 { line, byte }
+    })
+}
+
+/// How a module path failed to give a module.
+enum NoModule {
+    /// No file or standard module has that path.
+    Missing,
+    /// Its file exists but cannot be read: the file (relative to the importing
+    /// file's directory, as the `use` names it), why, and what to do.
+    Unreadable(String, String, &'static str),
+}
+
 impl Program {
     /// Loads the program rooted at `path`.
     pub fn load(path: &Path) -> Result<Program, LoadError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| LoadError(format!("cannot read {}: {e}", path.display())))?;
+        let text = read_text(path, MAX_SOURCE_BYTES).map_err(|e| {
+            let help = match e {
+                ReadError::TooLarge(_) => "; split it into modules (see `use`)",
+                ReadError::NotUtf8 { .. } => "; save it as UTF-8",
+                ReadError::Io(_) => "",
+            };
+            LoadError(format!(
+                "cannot read {}: {}{help}",
+                path.display(),
+                e.describe("source file")
+            ))
+        })?;
         let dir = path.parent().map(Path::to_path_buf);
         Ok(Program::build(
             &path.display().to_string(),
@@ -123,12 +208,24 @@ impl Program {
             dir,
             Some(path.to_path_buf()),
             None,
+            MAX_SOURCE_BYTES,
         ))
     }
 
     /// Loads a program from text; relative imports are resolved from `dir`, if given.
     pub fn from_source(name: &str, text: &str, dir: Option<PathBuf>) -> Program {
-        Program::build(name, text, dir, None, None)
+        Program::build(name, text, dir, None, None, MAX_SOURCE_BYTES)
+    }
+
+    /// `from_source` with another limit on the size of imported files than
+    /// `MAX_SOURCE_BYTES` (for tests of the limit without files of 16 MiB).
+    pub fn from_source_with_limit(
+        name: &str,
+        text: &str,
+        dir: Option<PathBuf>,
+        max_source_bytes: u64,
+    ) -> Program {
+        Program::build(name, text, dir, None, None, max_source_bytes)
     }
 
     /// Loads the program rooted at `path` whose text is `text`; imported files are read
@@ -141,6 +238,7 @@ impl Program {
             dir,
             Some(path.to_path_buf()),
             Some(OverlayFn(overlay)),
+            MAX_SOURCE_BYTES,
         )
     }
 
@@ -159,6 +257,7 @@ impl Program {
         dir: Option<PathBuf>,
         root_file: Option<PathBuf>,
         overlay: Option<OverlayFn>,
+        max_source_bytes: u64,
     ) -> Program {
         let mut p = Program {
             sources: SourceMap::default(),
@@ -168,6 +267,8 @@ impl Program {
             overrides: Vec::new(),
             reporting: true,
             overlay,
+            max_source_bytes,
+            unreadable: FxHashMap::default(),
         };
         let mut by_path: FxHashMap<String, ModId> = FxHashMap::default();
         let root_key = match &root_file {
@@ -284,7 +385,7 @@ impl Program {
         path: &str,
         by_path: &mut FxHashMap<String, ModId>,
     ) -> Option<ModId> {
-        self.module_from(path, None, by_path)
+        self.module_from(path, None, by_path).ok()
     }
 
     fn module_from(
@@ -292,27 +393,50 @@ impl Program {
         path: &str,
         from: Option<ModId>,
         by_path: &mut FxHashMap<String, ModId>,
-    ) -> Option<ModId> {
+    ) -> Result<ModId, NoModule> {
         if let Some(&m) = by_path.get(path) {
-            return Some(m);
+            return Ok(m);
         }
         if let Some((_, file, text)) = STDLIB.iter().find(|(p, _, _)| *p == path) {
             let m = self.add_module(path.to_string(), file, text, true, None);
             by_path.insert(path.to_string(), m);
-            return Some(m);
+            return Ok(m);
         }
         if path.starts_with("std.") || path == "std" {
-            return None;
+            return Err(NoModule::Missing);
         }
-        let dir = from.and_then(|f| self.modules[f.0 as usize].dir.clone())?;
-        let file = dir.join(path.replace('.', "/")).with_extension("est");
+        let dir = from
+            .and_then(|f| self.modules[f.0 as usize].dir.clone())
+            .ok_or(NoModule::Missing)?;
+        let rel = format!("{}.est", path.replace('.', "/"));
+        let file = dir.join(&rel);
         let key = file_key(&file);
         if let Some(&m) = by_path.get(&key) {
-            return Some(m);
+            return Ok(m);
+        }
+        if let Some((why, help)) = self.unreadable.get(&key) {
+            return Err(NoModule::Unreadable(rel, why.clone(), help));
         }
         let text = match self.overlay.as_ref().and_then(|o| (o.0)(&file)) {
             Some(t) => t,
-            None => std::fs::read_to_string(&file).ok()?,
+            None => match read_text(&file, self.max_source_bytes) {
+                Ok(t) => t,
+                Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(NoModule::Missing)
+                }
+                Err(e) => {
+                    let why = e.describe("source file");
+                    let help = match e {
+                        ReadError::TooLarge(_) => {
+                            "split the module into smaller files, each imported with `use`"
+                        }
+                        ReadError::NotUtf8 { .. } => "save the file as UTF-8 text",
+                        ReadError::Io(_) => "check that the file is a readable text file",
+                    };
+                    self.unreadable.insert(key, (why.clone(), help));
+                    return Err(NoModule::Unreadable(rel, why, help));
+                }
+            },
         };
         let m = self.add_module(
             path.to_string(),
@@ -322,7 +446,7 @@ impl Program {
             file.parent().map(Path::to_path_buf),
         );
         by_path.insert(key, m);
-        Some(m)
+        Ok(m)
     }
 
     fn resolve_imports(&mut self, m: ModId, by_path: &mut FxHashMap<String, ModId>) {
@@ -345,9 +469,9 @@ impl Program {
         let path_span = u.path[0].span.to(u.path[u.path.len() - 1].span);
         match &u.names {
             Some(names) => {
-                let Some(target) = self.module_from(&full.join("."), Some(m), by_path) else {
-                    self.unknown_module(&full.join("."), path_span);
-                    return;
+                let target = match self.module_from(&full.join("."), Some(m), by_path) {
+                    Ok(t) => t,
+                    Err(no) => return self.no_module(&full.join("."), path_span, no),
                 };
                 for n in names {
                     if let Some(def) = self.member_or_report(target, &n.name, n.span) {
@@ -357,23 +481,49 @@ impl Program {
             }
             None => {
                 let alias = u.alias.as_ref().unwrap_or(&u.path[u.path.len() - 1]);
-                if let Some(target) = self.module_from(&full.join("."), Some(m), by_path) {
-                    self.bind_import(m, alias, Def::Module(target), u.public);
-                    return;
+                match self.module_from(&full.join("."), Some(m), by_path) {
+                    Ok(target) => {
+                        self.bind_import(m, alias, Def::Module(target), u.public);
+                        return;
+                    }
+                    Err(no @ NoModule::Unreadable(..)) => {
+                        return self.no_module(&full.join("."), path_span, no)
+                    }
+                    Err(NoModule::Missing) => {}
                 }
                 if full.len() < 2 {
                     self.unknown_module(&full.join("."), path_span);
                     return;
                 }
                 let parent = full[..full.len() - 1].join(".");
-                let Some(target) = self.module_from(&parent, Some(m), by_path) else {
-                    self.unknown_module(&parent, u.path[0].span.to(u.path[u.path.len() - 2].span));
-                    return;
+                let parent_span = u.path[0].span.to(u.path[u.path.len() - 2].span);
+                let target = match self.module_from(&parent, Some(m), by_path) {
+                    Ok(t) => t,
+                    Err(no) => return self.no_module(&parent, parent_span, no),
                 };
                 let last = &u.path[u.path.len() - 1];
                 if let Some(def) = self.member_or_report(target, &last.name, last.span) {
                     self.bind_import(m, alias, def, u.public);
                 }
+            }
+        }
+    }
+
+    /// Reports a module path that gave no module: E0202 when nothing has that path,
+    /// E0105 when its file exists but cannot be read.
+    fn no_module(&mut self, path: &str, span: Span, no: NoModule) {
+        match no {
+            NoModule::Missing => self.unknown_module(path, span),
+            NoModule::Unreadable(file, why, help) => {
+                self.report(
+                    Diag::new(
+                        Code::UnreadableModule,
+                        span,
+                        format!("cannot read {file}, the file of module `{path}`: {why}"),
+                    )
+                    .label("imported here")
+                    .help(help),
+                );
             }
         }
     }

@@ -431,3 +431,330 @@ fn data_convert_then_perf_input() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `estc` with its stdout or its stderr (or both) writing to `/dev/full`, where
+/// every write fails with ENOSPC.
+fn estc_full(args: &[&str], stdout_full: bool, stderr_full: bool) -> Output {
+    use std::process::Stdio;
+    let full = || -> Stdio {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full")
+            .into()
+    };
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_estc"));
+    cmd.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    if stdout_full {
+        cmd.stdout(full());
+    } else {
+        cmd.stdout(Stdio::piped());
+    }
+    if stderr_full {
+        cmd.stderr(full());
+    } else {
+        cmd.stderr(Stdio::piped());
+    }
+    cmd.output().expect("estc runs")
+}
+
+/// `estc train 2>/dev/full`: the log lines are lost, but training goes on to its
+/// checkpoints and its result.
+#[test]
+fn a_failed_log_write_does_not_stop_training() {
+    let dir = std::env::temp_dir().join(format!("estc-cli-full-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let md = dir.to_string_lossy().into_owned();
+    let o = estc_full(
+        &[
+            "train",
+            "examples/digits_mlp.est",
+            "--model-dir",
+            &md,
+            "--steps",
+            "120",
+            "--config",
+            "log_step_count_steps=10",
+            "--config",
+            "iterations_per_loop=20",
+            "--config",
+            "save_checkpoint_steps=60",
+        ],
+        false,
+        true,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        stdout(&o).starts_with("trained 120 steps (global step 0 -> 120)"),
+        "{}",
+        stdout(&o)
+    );
+    for f in [
+        "ckpt-60.safetensors",
+        "ckpt-120.safetensors",
+        "ckpt-120.json",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} missing");
+    }
+    let state = std::fs::read_to_string(dir.join("checkpoint.json")).unwrap();
+    assert!(state.contains("\"latest\":120"), "{state}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A failed write of a command's result is an I/O error (exit status 2, a message on
+/// stderr), never a panic: the user must not take a lost result for a clean run.
+#[test]
+fn a_failed_result_write_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("estc-cli-full-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let md = dir.to_string_lossy().into_owned();
+    let file = "examples/digits_mlp.est";
+    let o = estc(&["train", file, "--model-dir", &md, "--steps", "5"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["eval", file, "--model-dir", &md, "--steps", "1"],
+        vec![
+            "eval",
+            file,
+            "--model-dir",
+            &md,
+            "--steps",
+            "1",
+            "--message-format",
+            "json",
+        ],
+        vec!["train", file, "--model-dir", &md, "--steps", "1"],
+        vec!["check", file, "--emit", "tokens"],
+        vec!["check", file, "--emit", "ir"],
+        vec!["explain", "E0401"],
+        vec!["explain", "--list"],
+        vec!["perf-input", file, "--steps", "2"],
+        vec!["perf-input", file, "--steps", "2", "--show", "2"],
+        vec!["--help"],
+        vec!["check", "--help"],
+        vec!["--version"],
+    ];
+    for args in &cases {
+        let o = estc_full(args, true, false);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("error: cannot write to stdout: No space left on device"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("panicked"), "{args:?}: {}", stderr(&o));
+    }
+    // diagnostics that cannot be shown are not a clean run either
+    let broken = scratch("broken_full.est", BROKEN);
+    let o = estc_full(&["check", &broken, "--message-format", "json"], true, false);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = estc_full(&["check", "examples/digits_mlp.est"], false, true);
+    assert_eq!(o.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `perf-input --time`: a finite, non-negative number of seconds; a huge one runs until
+/// the input ends.
+#[test]
+fn perf_input_time_is_checked() {
+    for bad in ["nan", "inf", "-1", "-inf", "soon"] {
+        let o = estc(&["perf-input", "examples/digits_mlp.est", "--time", bad]);
+        assert_eq!(o.status.code(), Some(2), "--time {bad}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("invalid value") && stderr(&o).contains("--time"),
+            "--time {bad}: {}",
+            stderr(&o)
+        );
+    }
+    let o = estc(&[
+        "perf-input",
+        "examples/digits_mlp.est",
+        "--input",
+        "eval",
+        "--time",
+        "1e20",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("9 batches in "), "{}", stdout(&o));
+}
+
+/// A diagnostic past column 65,535 of a line (miette's limit for padding) is drawn
+/// with a window of the line around the label.
+#[test]
+fn a_diagnostic_far_along_a_line_is_drawn() {
+    let text = format!(
+        "params {{ n: int = 1 }}\nfn f() {{\n{}let y = zzz + 1\n  y\n}}\n",
+        " ".repeat(70_000)
+    );
+    let o = estc(&["check", &scratch("far.est", &text)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("unknown name `zzz`"), "{err}");
+    assert!(err.contains("far.est:3:70009]"), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with(" 3 │ "))
+        .unwrap_or_else(|| panic!("line 3 shown: {err}"));
+    assert!(line.ends_with("…") || line.contains("… "), "{line}");
+    assert!(line.contains("let y = zzz + 1"), "{line}");
+    assert!(line.chars().count() < 200, "{line}");
+    // the underline sits under `zzz`
+    let at = line.find("zzz").unwrap();
+    let under = err
+        .lines()
+        .skip_while(|l| !l.starts_with(" 3 │ "))
+        .nth(1)
+        .unwrap();
+    let col = |s: &str, byte: usize| s[..byte].chars().count();
+    let mark = under.find(['┬', '─']).unwrap();
+    assert_eq!(col(under, mark), col(line, at), "{line}\n{under}");
+    let o = estc(&[
+        "check",
+        &scratch("far.est", &text),
+        "--message-format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (v["line"].as_u64(), v["column"].as_u64()),
+        (Some(3), Some(70_009))
+    );
+}
+
+/// Source and params files are read with limits: a source file over 16 MiB, or an
+/// endless one (`/dev/zero`), is refused after reading 16 MiB, as the root file (exit
+/// status 2) or at the `use` of an imported one (E0105); a file that is not UTF-8 is
+/// named with its line and byte; a params file nested deeper than 64 levels is refused
+/// before the YAML parser (quadratic in the depth) runs.
+#[test]
+fn oversized_endless_and_deep_inputs_are_refused() {
+    let dir = std::env::temp_dir().join(format!("estc-cli-limits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.est");
+    std::fs::write(&big, " ".repeat((16 << 20) + 1)).unwrap();
+    let o = estc(&["check", big.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "error: cannot read {}: it is larger than 16 MiB, the limit of a source file; split it into modules (see `use`)\n",
+            big.display()
+        )
+    );
+    // exactly 16 MiB is read
+    std::fs::write(dir.join("edge.est"), " ".repeat(16 << 20)).unwrap();
+    let o = estc(&["check", dir.join("edge.est").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // not UTF-8: the line and byte of the first bad byte
+    let latin = dir.join("latin.est");
+    std::fs::write(&latin, b"fn f(x) { x }\n// caf\xe9\n").unwrap();
+    let o = estc(&["check", latin.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "error: cannot read {}: it is not UTF-8 text (line 2, byte 20); save it as UTF-8\n",
+            latin.display()
+        )
+    );
+    // imported files: E0105 at the `use`, with the reason
+    let main = dir.join("main.est");
+    let json_diags = |text: &str| -> Vec<serde_json::Value> {
+        std::fs::write(&main, text).unwrap();
+        let o = estc(&["check", main.to_str().unwrap(), "--message-format", "json"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let d = json_diags("use big\n");
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(
+        (d[0]["code"].as_str(), d[0]["line"].as_u64()),
+        (Some("E0105"), Some(1))
+    );
+    assert_eq!(
+        d[0]["message"],
+        "cannot read big.est, the file of module `big`: it is larger than 16 MiB, the limit of a source file"
+    );
+    let d = json_diags("use latin.f\n");
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(
+        d[0]["message"],
+        "cannot read latin.est, the file of module `latin`: it is not UTF-8 text (line 2, byte 20)"
+    );
+    assert_eq!(d[0]["help"], "save the file as UTF-8 text");
+    // a params file nested 100,000 levels deep, in flow and in block style
+    for (name, text) in [
+        (
+            "flow.yaml",
+            format!("a: {}{}\n", "[".repeat(100_000), "]".repeat(100_000)),
+        ),
+        ("block.yaml", format!("a:\n{}1\n", "- ".repeat(100_000))),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        let o = estc(&[
+            "check",
+            "examples/fc_mnist.est",
+            "--params",
+            p.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with(&format!(
+                "error: {}:{}: nested more than 64 levels deep, the limit of a params file",
+                p.display(),
+                if name == "flow.yaml" { 1 } else { 2 }
+            )),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // endless files stop at the limit: the root, an import, a params file
+    let o = estc(&["check", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("/dev/zero: it is larger than 16 MiB"),
+        "{}",
+        stderr(&o)
+    );
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.est")).unwrap();
+    let d = json_diags("use zero\n");
+    assert_eq!(d[0]["code"], "E0105");
+    let o = estc(&["check", "examples/fc_mnist.est", "--params", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "error: cannot read /dev/zero: it is larger than 16 MiB, the limit of a params file\n"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--emit tokens` carries the position from token to token: a line of 2,000,000
+/// characters (1,000,000 tokens) is written in a second, where a look-up per token
+/// took minutes.
+#[test]
+fn emit_tokens_is_linear_in_line_length() {
+    let n = 1_000_000;
+    let text = format!("fn f() {{ [{}1] }}\n", "1,".repeat(n - 1));
+    let o = estc(&[
+        "check",
+        &scratch("long_line.est", &text),
+        "--emit",
+        "tokens",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2 * n + 7);
+    assert_eq!(lines[6], "1:11 Int(\"1\") \"1\"");
+    assert_eq!(lines[7], "1:12 Comma \",\"");
+    assert_eq!(
+        lines[lines.len() - 1],
+        format!("1:{} RBrace \"}}\"", 2 * n + 12)
+    );
+}

@@ -523,6 +523,150 @@ fn the_binary_speaks_json_rpc_over_stdio() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
+/// The real `estc lsp` over pipes, for tests of the framing: raw bytes in, framed
+/// messages out (read on a thread, so that a missing answer fails instead of hanging).
+struct Stdio {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    rx: Receiver<Value>,
+}
+
+impl Stdio {
+    fn start() -> Stdio {
+        use std::io::{BufRead, BufReader, Read};
+        use std::process::{Command, Stdio as Pipe};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_estc"))
+            .arg("lsp")
+            .stdin(Pipe::piped())
+            .stdout(Pipe::piped())
+            .stderr(Pipe::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = unbounded();
+        std::thread::spawn(move || loop {
+            let mut len = None;
+            loop {
+                let mut line = String::new();
+                if stdout.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let line = line.trim();
+                if line.is_empty() {
+                    break;
+                }
+                if let Some(v) = line.strip_prefix("Content-Length: ") {
+                    len = v.parse().ok();
+                }
+            }
+            let mut body = vec![0; len.expect("a Content-Length from the server")];
+            stdout.read_exact(&mut body).unwrap();
+            if tx.send(serde_json::from_slice(&body).unwrap()).is_err() {
+                return;
+            }
+        });
+        Stdio { child, stdin, rx }
+    }
+
+    fn raw(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.stdin.write_all(bytes).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn send(&mut self, v: Value) {
+        let b = v.to_string();
+        self.raw(format!("Content-Length: {}\r\n\r\n{b}", b.len()).as_bytes());
+    }
+
+    fn recv(&mut self) -> Value {
+        self.rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the server answers")
+    }
+
+    /// A request the server answers with the text of `MAIN`, to see that it still
+    /// serves.
+    fn text_request(id: i32, pad: usize) -> String {
+        json!({"jsonrpc": "2.0", "id": id, "method": "est/documentText", "params": {"uri": MAIN, "pad": "x".repeat(pad)}})
+            .to_string()
+    }
+
+    fn assert_serves(&mut self, id: i32) {
+        self.send(serde_json::from_str(&Stdio::text_request(id, 0)).unwrap());
+        let r = self.recv();
+        assert_eq!(r["id"], id, "{r}");
+        assert_eq!(r["result"]["text"], "fn f() { 1 }\n", "{r}");
+    }
+}
+
+/// Bad framing costs one message, never the connection: after a header block without
+/// a valid `Content-Length`, a non-UTF-8 header line, or a body of the wrong length,
+/// the server reads on from the next `Content-Length:` header. A request whose id is
+/// neither a number nor a string gets -32600 with a null id.
+#[test]
+fn the_binary_resynchronises_after_bad_frames() {
+    let mut s = Stdio::start();
+    s.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}, "initializationOptions": {"target": "host"}}}));
+    assert_eq!(s.recv()["id"], 1);
+    s.send(json!({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {"uri": MAIN, "languageId": "est", "version": 1, "text": "fn f() { 1 }\n"}}}));
+    assert_eq!(s.recv()["method"], "textDocument/publishDiagnostics");
+    s.assert_serves(2);
+    // a Content-Length that is not a number, then one that is missing
+    let body = Stdio::text_request(100, 0);
+    s.raw(format!("Content-Length: many\r\n\r\n{body}").as_bytes());
+    s.assert_serves(3);
+    s.raw(format!("Content-Type: application/json\r\n\r\n{body}").as_bytes());
+    s.assert_serves(4);
+    // a header line that is not UTF-8
+    s.raw(b"X-Note: \xff\xfe\xfd\r\n");
+    s.assert_serves(5);
+    // a Content-Length beyond the body swallows the next frame's header: a parse
+    // error, then the server finds that header in what it read
+    s.raw(format!("Content-Length: {}\r\n\r\n{body}", body.len() + 40).as_bytes());
+    let next = Stdio::text_request(6, 100);
+    s.raw(format!("Content-Length: {}\r\n\r\n{next}", next.len()).as_bytes());
+    let e = s.recv();
+    assert_eq!(
+        (e["error"]["code"].as_i64(), &e["id"]),
+        (Some(-32700), &Value::Null),
+        "{e}"
+    );
+    let r = s.recv();
+    assert_eq!(
+        (r["id"].as_i64(), &r["result"]["text"]),
+        (Some(6), &json!("fn f() { 1 }\n")),
+        "{r}"
+    );
+    // a body longer than its Content-Length: the rest is read as headers, and skipped
+    s.raw(format!("Content-Length: 10\r\n\r\n{body}").as_bytes());
+    let e = s.recv();
+    assert_eq!(e["error"]["code"], -32700, "{e}");
+    s.assert_serves(7);
+    // ids that are neither numbers nor strings: -32600 with a null id
+    for id in [json!({"a": 1}), json!([8]), json!(null), json!(true)] {
+        s.send(json!({"jsonrpc": "2.0", "id": id, "method": "shutdown"}));
+        let e = s.recv();
+        assert_eq!(e["error"]["code"], -32600, "{id}: {e}");
+        assert_eq!(e["id"], Value::Null, "{id}: {e}");
+    }
+    // numbers that LSP does not allow as ids (a fraction, beyond 32 bits): -32600 with
+    // the id, which JSON-RPC allows
+    for id in [json!(1.5), json!(1_u64 << 40)] {
+        s.send(json!({"jsonrpc": "2.0", "id": id, "method": "shutdown"}));
+        let e = s.recv();
+        assert_eq!(e["error"]["code"], -32600, "{id}: {e}");
+        assert_eq!(e["id"], id, "{id}: {e}");
+    }
+    // the shutdown requests above were refused, not run
+    s.assert_serves(8);
+    s.send(json!({"jsonrpc": "2.0", "id": 9, "method": "shutdown"}));
+    assert_eq!(s.recv()["id"], 9);
+    s.send(json!({"jsonrpc": "2.0", "method": "exit"}));
+    assert_eq!(s.child.wait().unwrap().code(), Some(0));
+}
+
 /// The protocol's view of an edit: UTF-16 positions, clamped, applied to `text` by an
 /// independent oracle.
 fn oracle_apply(text: &mut String, sl: u32, sc: u32, el: u32, ec: u32, new: &str) -> bool {

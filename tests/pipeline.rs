@@ -225,7 +225,7 @@ fn csv_tsv_npy_sources() {
     let body = "csv(\"a.csv\", columns: { x: f32[2], y: i32 }) |> map(|r| (r.x, r.y)) |> batch(2, drop_remainder: true)";
     let e = err_of(&mut pipe(&d, body, 2, ""));
     assert!(
-        e.starts_with("E0905") && e.ends_with("a.csv:3: column `x`: `oops` is not a number"),
+        e.starts_with("E0905") && e.ends_with("a.csv:3:2: column `x`: `oops` is not a number"),
         "{e}"
     );
 }
@@ -765,6 +765,97 @@ fn data_convert_round_trips() {
     );
 }
 
+/// `data convert` reads CSV/TSV as spreadsheets write it: a UTF-8 byte order mark
+/// (Excel writes one) is not part of the first column's name, lines of only spaces and
+/// tabs are blank lines and skipped, and a file that is not UTF-8 is an error naming the
+/// file, the line and the byte.
+#[test]
+fn data_convert_reads_csv_as_spreadsheets_write_it() {
+    use est::runtime::convert::{convert, ConvertOptions, From};
+    let d = tmp("convert-csv");
+    std::fs::write(
+        d.join("excel.csv"),
+        "\u{feff}p0,p1,label\r\n1,2,0\r\n   \r\n\t\n3,4,1\r\n \t \r\n5,6,2\r\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("plain.csv"), "p0,p1,label\n7,8,3\n").unwrap();
+    let opts = ConvertOptions {
+        from: From::Csv,
+        inputs: vec![d.join("excel.csv"), d.join("plain.csv")],
+        output: d.join("out/x"),
+        shards: 1,
+        labels: None,
+        groups: vec![("pixels".into(), "p0".into(), "p1".into())],
+        kinds: vec![("pixels".into(), est::runtime::convert::Kind::Float)],
+    };
+    let r = convert(&opts, &mut |_, _| {}).unwrap();
+    assert_eq!(r.records, 4);
+    let names: Vec<&str> = r.features.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, ["pixels", "label"]);
+    let body = "tfrecord(\"out/x.tfrecord\") |> parse { pixels: f32[2], label: i32 } |> map(|r| (r.pixels, r.label)) |> batch(4, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 2, ""), 2);
+    assert_eq!(feats(&b), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+    assert_eq!(labels(&b), [0, 1, 2, 3]);
+    // TSV too
+    std::fs::write(d.join("t.tsv"), "\u{feff}a\tb\n1\t2\n  \n").unwrap();
+    let mut o = opts.clone();
+    o.from = From::Tsv;
+    o.inputs = vec![d.join("t.tsv")];
+    o.groups.clear();
+    o.kinds.clear();
+    let r = convert(&o, &mut |_, _| {}).unwrap();
+    assert_eq!(r.records, 1);
+    let names: Vec<&str> = r.features.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    // a `file,label` CSV for PNG images, without a header, from Excel
+    for (name, v) in [("x.png", 7), ("y.png", 9)] {
+        write_png(
+            &d.join("png").join(name),
+            1,
+            1,
+            png::ColorType::Grayscale,
+            png::BitDepth::Eight,
+            &[v],
+        );
+    }
+    std::fs::write(d.join("labels.csv"), "\u{feff}x.png,5\r\ny.png,6\r\n").unwrap();
+    let mut o = opts.clone();
+    o.from = From::Png;
+    o.inputs = vec![d.join("png")];
+    o.labels = Some(d.join("labels.csv"));
+    o.output = d.join("out/p");
+    let r = convert(&o, &mut |_, _| {}).unwrap();
+    assert_eq!(r.records, 2);
+    let body = "tfrecord(\"out/p.tfrecord\") |> parse { image_raw: bytes, label: i32 } |> map(|r| (cast(decode_raw(r.image_raw, u8), f32), r.label)) |> batch(2, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 1, ""), 1);
+    assert_eq!(feats(&b), [7.0, 9.0]);
+    assert_eq!(labels(&b), [5, 6]);
+    std::fs::write(d.join("labels.csv"), b"x.png,5\ny\xff.png,6\n").unwrap();
+    let e = convert(&o, &mut |_, _| {}).unwrap_err();
+    assert_eq!(
+        e.message,
+        format!(
+            "cannot read {}: it is not UTF-8 text (line 2, byte 9)",
+            d.join("labels.csv").display()
+        )
+    );
+    // not UTF-8: the file, the line and the byte offset of the first bad byte
+    std::fs::write(d.join("latin1.csv"), b"name,label\nx,1\ncaf\xe9,2\n").unwrap();
+    let mut o = opts.clone();
+    o.inputs = vec![d.join("latin1.csv")];
+    o.groups.clear();
+    o.kinds.clear();
+    let e = convert(&o, &mut |_, _| {}).unwrap_err();
+    assert_eq!(e.code, est::diag::Code::BadData);
+    assert_eq!(
+        e.message,
+        format!(
+            "{}:3: not UTF-8 text (the byte at offset 18)",
+            d.join("latin1.csv").display()
+        )
+    );
+}
+
 /// The fuzzers' corpora (tests/fixtures/fuzz/tfrecord and /example: the inputs that
 /// reached new code in `make fuzz`, 10 minutes per target) decoded again as the fuzz
 /// targets decode them: each gives records or an error, never a panic.
@@ -937,7 +1028,7 @@ fn zip_caches_epochs_closures_and_lines() {
     let body = "csv(\"a.csv\", columns: { x: f32[1], y: i32 }) |> map(|r| (r.x, r.y)) |> batch(2, drop_remainder: true)";
     let e = err_of(&mut pipe(&d, body, 1, ""));
     assert!(
-        e.ends_with("a.csv:3: column `y`: `1.5` is not an integer (i32)"),
+        e.ends_with("a.csv:3:2: column `y`: `1.5` is not an integer (i32)"),
         "{e}"
     );
 }

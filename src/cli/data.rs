@@ -1,6 +1,6 @@
 //! `estc data convert`: the command-line face of `runtime::convert`.
 
-use super::{ConvertArgs, DataArgs, DataCommand, FromArg, MessageFormat};
+use super::{log, print_result, ConvertArgs, DataArgs, DataCommand, FromArg, MessageFormat};
 use est::runtime::convert::{self, ConvertOptions, Kind};
 use std::io::{IsTerminal, Write};
 
@@ -10,19 +10,14 @@ pub fn run(a: DataArgs) -> i32 {
     }
 }
 
-fn usage(msg: &str) -> i32 {
-    eprintln!("error: {msg}");
-    2
-}
-
 fn run_convert(a: ConvertArgs) -> i32 {
     let mut groups = Vec::new();
     for g in &a.groups {
         let Some((name, range)) = g.split_once('=') else {
-            return usage(&format!("--group {g}: write NAME=FIRST:LAST"));
+            return super::usage(&format!("--group {g}: write NAME=FIRST:LAST"));
         };
         let Some((first, last)) = range.split_once(':') else {
-            return usage(&format!("--group {g}: write NAME=FIRST:LAST"));
+            return super::usage(&format!("--group {g}: write NAME=FIRST:LAST"));
         };
         groups.push((name.to_string(), first.to_string(), last.to_string()));
     }
@@ -33,7 +28,7 @@ fn run_convert(a: ConvertArgs) -> i32 {
             Some((n, "int")) => (n, Kind::Int),
             Some((n, "bytes")) => (n, Kind::Bytes),
             _ => {
-                return usage(&format!(
+                return super::usage(&format!(
                     "--type {k}: write NAME=float, NAME=int or NAME=bytes"
                 ))
             }
@@ -56,61 +51,75 @@ fn run_convert(a: ConvertArgs) -> i32 {
     };
     let json = a.out.message_format == MessageFormat::Json;
     let tty = std::io::stderr().is_terminal() && !json;
+    // Progress is a courtesy: a failed write of it is ignored.
     let mut progress = |done: u64, total: u64| {
         if tty {
-            eprint!("\rconverting: {done}/{total} records");
-            let _ = std::io::stderr().flush();
+            let mut e = std::io::stderr();
+            let _ = write!(e, "\rconverting: {done}/{total} records");
+            let _ = e.flush();
         }
     };
     let report = match convert::convert(&opts, &mut progress) {
         Ok(r) => r,
         Err(e) => {
             if tty {
-                eprintln!();
+                log("");
             }
+            let status = if e.code == est::diag::Code::RunIo {
+                2
+            } else {
+                1
+            };
             if json {
                 let v = serde_json::json!({
                     "code": e.code.id(),
                     "message": e.message,
                     "help": e.help,
                 });
-                println!("{v}");
+                if let Err(code) = print_result(&format!("{v}\n")) {
+                    return code;
+                }
             } else {
-                eprintln!("{}: {}\n  help: {}", e.code.id(), e.message, e.help);
+                log(&format!(
+                    "{}: {}\n  help: {}",
+                    e.code.id(),
+                    e.message,
+                    e.help
+                ));
             }
-            return if e.code == est::diag::Code::RunIo {
-                2
-            } else {
-                1
-            };
+            return status;
         }
     };
     if tty {
-        eprintln!();
+        log("");
     }
-    if json {
+    let out = if json {
         let v = serde_json::json!({
             "records": report.records,
             "bytes": report.bytes,
             "files": report.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
             "features": report.features.iter().map(|(n, k, len)| serde_json::json!({"name": n, "kind": k.name(), "values": len})).collect::<Vec<_>>(),
         });
-        println!("{v}");
+        format!("{v}\n")
     } else {
-        println!(
-            "wrote {} records ({} bytes) to {} file{}:",
+        let mut out = format!(
+            "wrote {} records ({} bytes) to {} file{}:\n",
             report.records,
             report.bytes,
             report.files.len(),
             if report.files.len() == 1 { "" } else { "s" }
         );
         for f in &report.files {
-            println!("  {}", f.display());
+            out.push_str(&format!("  {}\n", f.display()));
         }
-        println!("features:");
+        out.push_str("features:\n");
         for (n, k, len) in &report.features {
-            println!("  {n}: {} of {len}", k.name());
+            out.push_str(&format!("  {n}: {} of {len}\n", k.name()));
         }
+        out
+    };
+    match print_result(&out) {
+        Ok(()) => 0,
+        Err(code) => code,
     }
-    0
 }

@@ -1,7 +1,9 @@
 //! `estc train`, `eval` and `predict`: the runtime behind a progress bar (on a terminal)
 //! or plain log lines (otherwise), and a final summary.
 
-use super::{load, print_diags, InputArg, MessageFormat, PerfArgs, RunArgs, RunTarget};
+use super::{
+    load, log, print_diags, print_result, InputArg, MessageFormat, PerfArgs, RunArgs, RunTarget,
+};
 use est::elab::Target;
 use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
 use est::syntax::ast::SectionKind;
@@ -35,18 +37,17 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
         let tty = std::io::stderr().is_terminal();
         est.log = Some(Box::new(move |s: &str| {
             if tty {
-                eprintln!("\r\x1b[2K{s}");
+                log(&format!("\r\x1b[2K{s}"));
             } else {
-                eprintln!("{s}");
+                log(s);
             }
         }));
     }
     let result = if a.smoke {
         est.smoke().map(|lines| {
-            for l in &lines {
-                println!("smoke: {l}");
-            }
-            println!("smoke: ok");
+            let mut out: String = lines.iter().map(|l| format!("smoke: {l}\n")).collect();
+            out.push_str("smoke: ok\n");
+            out
         })
     } else {
         match mode {
@@ -64,12 +65,16 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
         }
     }
     match result {
-        Ok(()) => 0,
+        Ok(out) => match print_result(&out) {
+            Ok(()) => 0,
+            Err(code) => code,
+        },
         Err(f) => print_diags(&program, &f.diags, a.out.message_format, a.out.color).max(1),
     }
 }
 
-type Res = Result<(), est::runtime::RunFailure>;
+/// The result a command prints on stdout, or the run's failure.
+type Res = Result<String, est::runtime::RunFailure>;
 
 fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
     let steps = match (a.steps, a.max_steps) {
@@ -92,32 +97,31 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
             "stopped_early": r.stopped_early,
             "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
         });
-        println!("{v}");
-    } else {
-        if let Some(why) = &r.stopped_early {
-            eprintln!("stopped early: {why}");
-        }
-        if r.global_step == r.start_step {
-            println!(
-                "nothing to do: global step {} is already at the last step",
-                r.global_step
-            );
-        } else {
-            println!(
-                "trained {} steps (global step {} -> {}) in {:.1} s, {:.1} steps/sec; final loss {:.6}",
-                r.global_step - r.start_step,
-                r.start_step,
-                r.global_step,
-                r.seconds,
-                r.steps_per_sec,
-                r.final_loss
-            );
-        }
-        if let Some(p) = &r.checkpoint {
-            println!("checkpoint: {}", p.display());
-        }
+        return Ok(format!("{v}\n"));
     }
-    Ok(())
+    if let Some(why) = &r.stopped_early {
+        log(&format!("stopped early: {why}"));
+    }
+    let mut out = if r.global_step == r.start_step {
+        format!(
+            "nothing to do: global step {} is already at the last step\n",
+            r.global_step
+        )
+    } else {
+        format!(
+            "trained {} steps (global step {} -> {}) in {:.1} s, {:.1} steps/sec; final loss {:.6}\n",
+            r.global_step - r.start_step,
+            r.start_step,
+            r.global_step,
+            r.seconds,
+            r.steps_per_sec,
+            r.final_loss
+        )
+    };
+    if let Some(p) = &r.checkpoint {
+        out.push_str(&format!("checkpoint: {}\n", p.display()));
+    }
+    Ok(out)
 }
 
 fn eval(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
@@ -131,18 +135,17 @@ fn eval(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
         m.insert("global_step".into(), serde_json::json!(r.global_step));
         m.insert("steps".into(), serde_json::json!(r.steps));
         m.insert("examples".into(), serde_json::json!(r.examples));
-        println!("{}", serde_json::Value::Object(m));
-    } else {
-        println!(
-            "eval at global step {} over {} batches ({} examples):",
-            r.global_step, r.steps, r.examples
-        );
-        for (k, v) in &r.metrics {
-            println!("  {k} = {v:.4}");
-        }
-        println!("  loss = {:.6}", r.loss);
+        return Ok(format!("{}\n", serde_json::Value::Object(m)));
     }
-    Ok(())
+    let mut out = format!(
+        "eval at global step {} over {} batches ({} examples):\n",
+        r.global_step, r.steps, r.examples
+    );
+    for (k, v) in &r.metrics {
+        out.push_str(&format!("  {k} = {v:.4}\n"));
+    }
+    out.push_str(&format!("  loss = {:.6}\n", r.loss));
+    Ok(out)
 }
 
 fn predict(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
@@ -153,17 +156,14 @@ fn predict(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
     let r = est.predict(&out, a.steps)?;
     if json {
         let files: Vec<String> = r.files.iter().map(|p| p.display().to_string()).collect();
-        println!(
-            "{}",
-            serde_json::json!({"examples": r.examples, "files": files})
-        );
-    } else {
-        println!("{} predictions written:", r.examples);
-        for f in &r.files {
-            println!("  {}", f.display());
-        }
+        let v = serde_json::json!({"examples": r.examples, "files": files});
+        return Ok(format!("{v}\n"));
     }
-    Ok(())
+    let mut out = format!("{} predictions written:\n", r.examples);
+    for f in &r.files {
+        out.push_str(&format!("  {}\n", f.display()));
+    }
+    Ok(out)
 }
 
 /// The progress display: a bar redrawn in place on a terminal, a log line every
@@ -222,10 +222,10 @@ impl RunHook for Progress {
                 let _ = writeln!(e);
             }
         } else if i.global_step % self.every == 0 || i.global_step == self.last {
-            eprintln!(
+            log(&format!(
                 "step {}/{}: loss = {:.6}, lr = {:.6}, {:.1} steps/sec, ETA {:.0} s",
                 i.global_step, self.last, i.loss, i.learning_rate, rate, eta
-            );
+            ));
         }
         Action::Continue
     }
@@ -267,7 +267,10 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     } else {
         names
     };
-    let limit = std::time::Duration::from_secs_f64(a.time.unwrap_or(10.0).max(0.0));
+    // `--time` is finite and at least 0 (clap checks); beyond Duration's range it is
+    // for ever, which the input's end cuts short.
+    let limit = std::time::Duration::try_from_secs_f64(a.time.unwrap_or(10.0))
+        .unwrap_or(std::time::Duration::MAX);
     let start = Instant::now();
     let mut first: Option<f64> = None;
     let mut steps = 0u64;
@@ -290,7 +293,9 @@ pub fn perf_input(a: PerfArgs) -> i32 {
             for (k, t) in names.iter().zip(&batch) {
                 obj.insert(k.clone(), t.to_json());
             }
-            println!("{}", serde_json::Value::Object(obj));
+            if let Err(code) = print_result(&format!("{}\n", serde_json::Value::Object(obj))) {
+                return code;
+            }
         }
         steps += 1;
     }
@@ -304,7 +309,7 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     };
     let workers = est.pipe_options(mode).workers;
     let skipped = pipe.skipped();
-    if a.out.message_format == MessageFormat::Json {
+    let out = if a.out.message_format == MessageFormat::Json {
         let v = serde_json::json!({
             "steps": steps,
             "seconds": total,
@@ -317,20 +322,28 @@ pub fn perf_input(a: PerfArgs) -> i32 {
             "workers": workers,
             "shapes": names.iter().cloned().zip(shapes.iter().map(|s| serde_json::json!(s))).collect::<serde_json::Map<String, serde_json::Value>>(),
         });
-        println!("{v}");
+        format!("{v}\n")
     } else if a.show.is_none() {
-        println!("{steps} batches in {total:.3} s: {rate:.1} batches/sec ({:.1} per worker, {workers} worker{})", rate / workers as f64, if workers == 1 { "" } else { "s" });
-        println!(
-            "without the first batch: {rest:.1} batches/sec ({:.1} per worker); the first took {:.3} s",
+        let mut out = format!("{steps} batches in {total:.3} s: {rate:.1} batches/sec ({:.1} per worker, {workers} worker{})\n", rate / workers as f64, if workers == 1 { "" } else { "s" });
+        out.push_str(&format!(
+            "without the first batch: {rest:.1} batches/sec ({:.1} per worker); the first took {:.3} s\n",
             rest / workers as f64,
             first_s
-        );
+        ));
         if skipped > 0 {
-            println!("skipped {skipped} damaged record(s) (skip_corrupt)");
+            out.push_str(&format!(
+                "skipped {skipped} damaged record(s) (skip_corrupt)\n"
+            ));
         }
         for (n, s) in names.iter().zip(&shapes) {
-            println!("  {n}: {s}");
+            out.push_str(&format!("  {n}: {s}\n"));
         }
+        out
+    } else {
+        String::new()
+    };
+    match print_result(&out) {
+        Ok(()) => 0,
+        Err(code) => code,
     }
-    0
 }

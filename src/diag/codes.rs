@@ -87,6 +87,21 @@ string contains an unknown escape. Known escapes are `\\n`, `\\t`, `\\\\`, `\\\"
 
 Write a smaller number or a valid escape.";
 
+    UnreadableModule = "E0105", Error, "imported file cannot be read",
+"A `use` names a module whose file exists but cannot be read: it is larger than 16 MiB
+(the limit of a source file, which keeps `/dev/zero` and other endless files from
+being read for ever), it is not UTF-8 text, or reading it failed (a directory, no
+permission). The message says which, with the line and byte of the first bad byte
+of a file that is not UTF-8.
+
+    use data.weights    // error: cannot read data/weights.est, the file of module
+                        // `data.weights`: it is larger than 16 MiB, the limit of a
+                        // source file
+
+Split a large module into smaller files, save the file as UTF-8, or fix its
+permissions. A root file that cannot be read is not a diagnostic but an error of
+`estc` itself (`error: cannot read ...`, exit status 2).";
+
     UnknownName = "E0201", Error, "unknown name",
 "A name is used that no `let`, parameter, item, import or the prelude defines. The
 help suggests a close name when there is one.

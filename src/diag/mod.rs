@@ -202,3 +202,10 @@ pub fn catalogue_markdown() -> String {
     }
     out
 }
+
+/// Writes a line of a log (timings, a logging hook's losses) to stderr. A failed write
+/// (a full disk, a closed terminal) is ignored: a log must not stop the work it reports.
+pub fn log(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}

@@ -3,7 +3,10 @@
 
 use super::{Diag, Label, Severity};
 use crate::span::{SourceMap, Span};
-use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, SourceSpan};
+use miette::{
+    GraphicalReportHandler, GraphicalTheme, LabeledSpan, MietteError, MietteSpanContents,
+    SourceCode, SourceSpan, SpanContents,
+};
 use std::fmt;
 
 /// How to draw a report.
@@ -89,10 +92,6 @@ fn location_json(label: &Label, sources: &SourceMap) -> serde_json::Map<String, 
     m
 }
 
-fn source_span(span: Span) -> SourceSpan {
-    SourceSpan::new((span.lo as usize).into(), span.len())
-}
-
 /// A diagnostic prepared for miette: the labels in the primary file go on the report,
 /// labels in other files become related reports with their own source.
 struct Report {
@@ -100,7 +99,7 @@ struct Report {
     severity: Severity,
     message: String,
     help: Option<String>,
-    source: NamedSource<String>,
+    source: Excerpt,
     labels: Vec<LabeledSpan>,
     related: Vec<Report>,
     /// A related location in another file: drawn as advice, with its label as message.
@@ -110,36 +109,41 @@ struct Report {
 impl Report {
     fn new(diag: &Diag, sources: &SourceMap) -> Report {
         let file = diag.primary.span.file;
+        let (here, elsewhere): (Vec<&Label>, Vec<&Label>) =
+            diag.secondary.iter().partition(|l| l.span.file == file);
         let mut report = Report::at(
             &diag.primary,
+            &here,
             sources,
             diag.code.id(),
             diag.severity(),
             diag.message.clone(),
         );
         report.help = diag.help.clone();
-        for l in &diag.secondary {
-            if l.span.file == file {
-                report.labels.push(LabeledSpan::new_with_span(
-                    Some(l.text.clone()),
-                    source_span(l.span),
-                ));
+        for l in here {
+            report.labels.push(LabeledSpan::new_with_span(
+                Some(l.text.clone()),
+                report.source.span(l.span),
+            ));
+        }
+        for l in elsewhere {
+            let note = if l.text.is_empty() {
+                "related".to_string()
             } else {
-                let note = if l.text.is_empty() {
-                    "related".to_string()
-                } else {
-                    l.text.clone()
-                };
-                let mut r = Report::at(l, sources, "", Severity::Warning, note);
-                r.advice = true;
-                report.related.push(r);
-            }
+                l.text.clone()
+            };
+            let mut r = Report::at(l, &[], sources, "", Severity::Warning, note);
+            r.advice = true;
+            report.related.push(r);
         }
         report
     }
 
+    /// A report of `label` in its file; `others` are the other labels that will be
+    /// drawn in the same file, so that the excerpt keeps their text too.
     fn at(
         label: &Label,
+        others: &[&Label],
         sources: &SourceMap,
         code: &'static str,
         severity: Severity,
@@ -151,19 +155,193 @@ impl Report {
         } else {
             Some(label.text.clone())
         };
+        let spans: Vec<Span> = std::iter::once(label.span)
+            .chain(others.iter().map(|l| l.span))
+            .collect();
+        let source = Excerpt::new(&f.name, &f.text, &spans);
+        let primary = source.span(label.span);
         Report {
             code,
             severity,
             message,
             help: None,
-            source: NamedSource::new(f.name.clone(), f.text.to_string()),
-            labels: vec![LabeledSpan::new_primary_with_span(
-                text,
-                source_span(label.span),
-            )],
+            source,
+            labels: vec![LabeledSpan::new_primary_with_span(text, primary)],
             related: Vec::new(),
             advice: false,
         }
+    }
+}
+
+/// Lines longer than this (in bytes) are drawn as windows around the labels on them:
+/// miette pads with `{:width$}`, which panics past column 65,535, and nobody reads a
+/// line of 70,000 characters anyway.
+const LONG_LINE: usize = 400;
+/// How much of a long line is kept on either side of a label's start and end.
+const MARGIN: usize = 60;
+/// What stands for the text left out of a long line.
+const ELLIPSIS: &str = "…";
+
+/// The text miette draws for one file: the file's own text, except that long lines
+/// keep only windows around the labels' ends (or their start, when no label is on
+/// them), with `…` for what is left out. Line numbers stay as they are, and the
+/// position in the header is the original one.
+struct Excerpt {
+    name: String,
+    text: String,
+    original: std::sync::Arc<str>,
+    /// The byte ranges of the original text left out, in order; each became `…`.
+    cuts: Vec<std::ops::Range<usize>>,
+}
+
+impl Excerpt {
+    fn new(name: &str, original: &std::sync::Arc<str>, spans: &[Span]) -> Excerpt {
+        let mut points: Vec<usize> = spans
+            .iter()
+            .flat_map(|s| [s.lo as usize, s.hi as usize])
+            .map(|p| p.min(original.len()))
+            .collect();
+        points.sort_unstable();
+        let mut cuts = Vec::new();
+        let mut start = 0;
+        for line in original.split_inclusive('\n') {
+            let body = line.trim_end_matches(['\n', '\r']);
+            if body.len() > LONG_LINE {
+                let end = start + body.len();
+                let here: Vec<usize> = points
+                    .iter()
+                    .copied()
+                    .filter(|&p| p >= start && p <= end)
+                    .collect();
+                cuts.extend(line_cuts(original, start, end, &here));
+            }
+            start += line.len();
+        }
+        let mut text = String::with_capacity(original.len().min(1 << 20));
+        let mut at = 0;
+        for c in &cuts {
+            text.push_str(&original[at..c.start]);
+            text.push_str(ELLIPSIS);
+            at = c.end;
+        }
+        text.push_str(&original[at..]);
+        Excerpt {
+            name: name.to_string(),
+            text,
+            original: original.clone(),
+            cuts,
+        }
+    }
+
+    /// Where an offset of the original text is in the excerpt (an offset left out is
+    /// at its `…`).
+    fn offset(&self, p: usize) -> usize {
+        let mut shift = 0isize;
+        for c in &self.cuts {
+            if p < c.start {
+                break;
+            }
+            if p < c.end {
+                return (c.start as isize + shift) as usize;
+            }
+            shift += ELLIPSIS.len() as isize - c.len() as isize;
+        }
+        (p as isize + shift) as usize
+    }
+
+    /// Where an offset of the excerpt is in the original text.
+    fn original_offset(&self, q: usize) -> usize {
+        let mut shift = 0isize;
+        for c in &self.cuts {
+            let marker = (c.start as isize + shift) as usize;
+            if q < marker {
+                break;
+            }
+            if q < marker + ELLIPSIS.len() {
+                return c.start;
+            }
+            shift += ELLIPSIS.len() as isize - c.len() as isize;
+        }
+        (q as isize - shift) as usize
+    }
+
+    fn span(&self, s: Span) -> SourceSpan {
+        let lo = self.offset(s.lo as usize);
+        let hi = self.offset(s.hi as usize).max(lo);
+        SourceSpan::new(lo.into(), hi - lo)
+    }
+}
+
+/// The ranges of one long line (`start..end`, without its line break) to leave out:
+/// everything but `MARGIN` bytes around each point, or but the first `2 * MARGIN`
+/// bytes when there is no point on it.
+fn line_cuts(
+    text: &str,
+    start: usize,
+    end: usize,
+    points: &[usize],
+) -> Vec<std::ops::Range<usize>> {
+    let mut keep: Vec<(usize, usize)> = if points.is_empty() {
+        vec![(start, start + 2 * MARGIN)]
+    } else {
+        points
+            .iter()
+            .map(|&p| (p.saturating_sub(MARGIN).max(start), (p + MARGIN).min(end)))
+            .collect()
+    };
+    for k in &mut keep {
+        k.0 = text.floor_char_boundary(k.0);
+        k.1 = text.ceil_char_boundary(k.1);
+    }
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    for (lo, hi) in keep {
+        match merged.last_mut() {
+            // a gap no longer than the `…` that would replace it is kept
+            Some(last) if lo <= last.1 + ELLIPSIS.len() => last.1 = last.1.max(hi),
+            _ => merged.push((lo, hi)),
+        }
+    }
+    let mut cuts = Vec::new();
+    let mut at = start;
+    for (lo, hi) in merged {
+        if lo > at {
+            cuts.push(at..lo);
+        }
+        at = at.max(hi);
+    }
+    if at < end {
+        cuts.push(at..end);
+    }
+    cuts
+}
+
+impl SourceCode for Excerpt {
+    fn read_span<'a>(
+        &'a self,
+        span: &SourceSpan,
+        context_lines_before: usize,
+        context_lines_after: usize,
+    ) -> Result<Box<dyn SpanContents<'a> + 'a>, MietteError> {
+        let inner = self
+            .text
+            .read_span(span, context_lines_before, context_lines_after)?;
+        // Without context, this is the position of the header: the column in the
+        // original line (in bytes, as miette counts).
+        let column = if context_lines_before == 0 && !self.cuts.is_empty() {
+            let p = self.original_offset(span.offset());
+            let line_start = self.original[..p].rfind('\n').map_or(0, |i| i + 1);
+            p - line_start
+        } else {
+            inner.column()
+        };
+        Ok(Box::new(MietteSpanContents::new_named(
+            self.name.clone(),
+            inner.data(),
+            *inner.span(),
+            inner.line(),
+            column,
+            inner.line_count(),
+        )))
     }
 }
 

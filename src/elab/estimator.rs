@@ -354,7 +354,7 @@ fn estimator<'p>(
             graph_input = Some(ds);
         }
         if std::env::var_os("EST_TIME_PASSES").is_some() {
-            eprintln!("elaborate {:<7}  {} steps", mode.name(), el.steps);
+            crate::diag::log(&format!("elaborate {:<7}  {} steps", mode.name(), el.steps));
         }
         diags.extend(el.diags.iter().cloned());
         compiled.push(Compiled {

@@ -119,42 +119,74 @@ pub fn run_stdio() -> i32 {
     });
     let reader_out = stdout.clone();
     std::thread::spawn(move || {
-        let stdin = std::io::stdin();
-        let mut r = stdin.lock();
+        let mut frames = text::FrameReader::new(std::io::stdin().lock());
         loop {
-            match text::read_frame(&mut r) {
-                Ok(None) => return,
-                Ok(Some(body)) => match serde_json::from_slice::<Message>(&body) {
+            match frames.next_body() {
+                Ok(None) | Err(_) => return,
+                Ok(Some(body)) => match decode(&body) {
                     Ok(m) => {
                         if to_server.send(m).is_err() {
                             return;
                         }
                     }
-                    Err(e) => {
-                        // Not a message: answer with JSON-RPC's parse error (or invalid
-                        // request, with the id when there is one), and read on.
-                        let v: Option<Value> = serde_json::from_slice(&body).ok();
-                        let (code, id) = match &v {
-                            Some(v) => (-32600, v.get("id").cloned().unwrap_or(Value::Null)),
-                            None => (-32700, Value::Null),
-                        };
-                        let reply = serde_json::json!({
-                            "jsonrpc": "2.0",
-                            "id": id,
-                            "error": {"code": code, "message": format!("malformed message: {e}")},
-                        })
-                        .to_string();
+                    Err(reply) => {
+                        // Not a message: answer with JSON-RPC's error, and read on, from
+                        // the next frame's header if the body swallowed it.
+                        frames.resync(&body);
                         let mut out = reader_out.lock().expect("stdout");
-                        let _ = text::write_frame(&mut *out, reply.as_bytes());
+                        let _ = text::write_frame(&mut *out, reply.to_string().as_bytes());
                     }
                 },
-                Err(_) => return,
             }
         }
     });
     let code = serve(input, output);
     let _ = writer.join();
     code
+}
+
+/// A message from a frame's body, or the error response to send instead: -32700 (parse
+/// error) for a body that is not JSON, -32600 (invalid request) for JSON that is not a
+/// message. The response carries the message's id when it has one the protocol allows
+/// (an integer or a string), and null otherwise, as JSON-RPC 2.0 says. A request with
+/// an id of another kind (an object, a fraction, null) is refused, not taken for a
+/// notification.
+fn decode(body: &[u8]) -> Result<Message, Value> {
+    let reply = |id: Value, code: i32, message: String| {
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": {"code": code, "message": message},
+        })
+    };
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| reply(Value::Null, -32700, format!("malformed message: {e}")))?;
+    let id = v.get("id").cloned();
+    let echo = match &id {
+        Some(i @ (Value::Number(_) | Value::String(_))) => i.clone(),
+        _ => Value::Null,
+    };
+    let usable = match &id {
+        None | Some(Value::String(_)) => true,
+        Some(Value::Number(n)) => n.as_i64().is_some_and(|x| i32::try_from(x).is_ok()),
+        Some(_) => false,
+    };
+    if !usable {
+        return Err(reply(
+            echo,
+            -32600,
+            "invalid request: an id must be a string or an integer of 32 bits".to_string(),
+        ));
+    }
+    match serde_json::from_value::<Message>(v) {
+        Ok(Message::Notification(_)) if id.is_some() => Err(reply(
+            echo,
+            -32600,
+            "invalid request: a message with an id must be a request or a response".to_string(),
+        )),
+        Ok(m) => Ok(m),
+        Err(e) => Err(reply(echo, -32600, format!("malformed message: {e}"))),
+    }
 }
 
 fn err(id: RequestId, code: ErrorCode, msg: impl Into<String>) -> Response {

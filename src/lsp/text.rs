@@ -2,7 +2,7 @@
 //! line), edits, and JSON-RPC framing on a byte stream.
 
 use lsp_types as lt;
-use std::io::{BufRead, Write};
+use std::io::{Read, Write};
 
 /// Where each line of a text starts.
 pub struct LineIndex {
@@ -86,39 +86,152 @@ pub fn apply_change(
     Ok(())
 }
 
-/// Reads one `Content-Length` framed message body; `None` at the end of the input.
-pub fn read_frame(r: &mut impl BufRead) -> std::io::Result<Option<Vec<u8>>> {
-    let mut len: Option<usize> = None;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
-            return Ok(None);
+/// The header that starts a frame, as it is searched for (case-insensitively).
+const CONTENT_LENGTH: &[u8] = b"content-length:";
+/// The longest header line kept: a longer one is the body of a bad frame read as
+/// headers, and only a header at its end can matter.
+const MAX_HEADER_LINE: usize = 1 << 16;
+/// The largest body read into memory; a larger one is skipped.
+const MAX_BODY: usize = 1 << 28;
+
+/// Reads `Content-Length` framed message bodies from a byte stream, and finds the next
+/// frame again after a bad one. Header lines are bytes (a line that is not UTF-8 is
+/// skipped like any unknown header), and a `Content-Length:` header is recognised
+/// anywhere in a line, so that one that follows a body without a line break (a body
+/// shorter than its `Content-Length`, or a header block without one) still starts the
+/// next frame.
+pub struct FrameReader<R> {
+    r: R,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl<R: Read> FrameReader<R> {
+    pub fn new(r: R) -> FrameReader<R> {
+        FrameReader {
+            r,
+            buf: Vec::new(),
+            pos: 0,
         }
-        let line = line.trim_end();
-        if line.is_empty() {
-            if len.is_some() {
-                break;
+    }
+
+    /// The next body; `None` at the end of the input. A body over `MAX_BODY` bytes is
+    /// skipped and given as empty (which is then answered as malformed).
+    pub fn next_body(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let mut len: Option<usize> = None;
+        loop {
+            let Some(line) = self.read_line()? else {
+                return Ok(None);
+            };
+            let blank = line.iter().all(|&b| b == b'\r' || b == b'\n');
+            if blank {
+                // The end of a header block; without a valid length, whatever follows
+                // is read as headers until the next `Content-Length:`.
+                match len {
+                    Some(n) => return self.read_body(n),
+                    None => continue,
+                }
             }
-            continue;
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().ok();
+            if let Some(value) = header_value(&line) {
+                len = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok());
             }
         }
     }
-    let len = len.unwrap_or(0);
-    if len > 1 << 28 {
-        // Too large to hold: skip it; the empty body is then answered as malformed.
-        std::io::copy(
-            &mut std::io::Read::take(&mut *r, len as u64),
-            &mut std::io::sink(),
-        )?;
-        return Ok(Some(Vec::new()));
+
+    /// Reads on from the first `Content-Length:` header inside `body`, a body that was
+    /// not a message: its frame's length was too large, and it holds the start of the
+    /// next frame.
+    pub fn resync(&mut self, body: &[u8]) {
+        if let Some(at) = find_ignore_case(body, CONTENT_LENGTH) {
+            let rest = self.buf.split_off(self.pos);
+            self.buf.clear();
+            self.buf.extend_from_slice(&body[at..]);
+            self.buf.extend_from_slice(&rest);
+            self.pos = 0;
+        }
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)?;
-    Ok(Some(body))
+
+    /// Makes sure that a byte is buffered; false at the end of the input.
+    fn fill(&mut self) -> std::io::Result<bool> {
+        if self.pos < self.buf.len() {
+            return Ok(true);
+        }
+        self.buf.resize(1 << 16, 0);
+        self.pos = 0;
+        loop {
+            match self.r.read(&mut self.buf) {
+                Ok(n) => {
+                    self.buf.truncate(n);
+                    return Ok(n > 0);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.buf.clear();
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// One line, through its `\n` (or to the end of the input), of at most
+    /// `MAX_HEADER_LINE` bytes: the start of a longer one is dropped. `None` at the end.
+    fn read_line(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let mut line = Vec::new();
+        while self.fill()? {
+            let avail = &self.buf[self.pos..];
+            let (take, done) = match avail.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (avail.len(), false),
+            };
+            line.extend_from_slice(&avail[..take]);
+            self.pos += take;
+            if line.len() > MAX_HEADER_LINE {
+                line.drain(..line.len() - MAX_HEADER_LINE);
+            }
+            if done {
+                return Ok(Some(line));
+            }
+        }
+        Ok((!line.is_empty()).then_some(line))
+    }
+
+    /// `len` bytes; `None` if the input ends first.
+    fn read_body(&mut self, len: usize) -> std::io::Result<Option<Vec<u8>>> {
+        let keep = len <= MAX_BODY;
+        let mut body = Vec::with_capacity(if keep { len.min(1 << 20) } else { 0 });
+        let mut left = len;
+        while left > 0 {
+            if !self.fill()? {
+                return Ok(None);
+            }
+            let take = left.min(self.buf.len() - self.pos);
+            if keep {
+                body.extend_from_slice(&self.buf[self.pos..self.pos + take]);
+            }
+            self.pos += take;
+            left -= take;
+        }
+        Ok(Some(body))
+    }
+}
+
+/// The value of the last `Content-Length:` header in a line, if any.
+fn header_value(line: &[u8]) -> Option<&[u8]> {
+    let mut found = None;
+    let mut from = 0;
+    while let Some(i) = find_ignore_case(&line[from..], CONTENT_LENGTH) {
+        found = Some(from + i);
+        from += i + 1;
+    }
+    found.map(|i| &line[i + CONTENT_LENGTH.len()..])
+}
+
+/// Where `needle` (lower case ASCII) first occurs in `hay`, ignoring ASCII case.
+fn find_ignore_case(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len())
+        .position(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// Writes one framed message.

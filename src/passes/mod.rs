@@ -96,12 +96,12 @@ pub fn run(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags, check: bool) -> Resu
         let t = std::time::Instant::now();
         (pass.run)(g, ctx, diags);
         if timing {
-            eprintln!(
+            crate::diag::log(&format!(
                 "pass {:<12} {:>9.3} ms  {} nodes",
                 pass.name,
                 t.elapsed().as_secs_f64() * 1e3,
                 g.node_count()
-            );
+            ));
         }
         if check {
             verify(g).map_err(|message| PassBug {

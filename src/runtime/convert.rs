@@ -141,8 +141,9 @@ fn csv_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
     let mut header: Option<Vec<String>> = None;
     let mut cells: Vec<Vec<String>> = Vec::new();
     for path in &o.inputs {
-        let text = std::fs::read_to_string(path).map_err(|e| io(path, &e))?;
-        let mut lines = text.lines().enumerate();
+        let bytes = std::fs::read(path).map_err(|e| io(path, &e))?;
+        let lines = text_lines(path, &bytes)?;
+        let mut lines = lines.into_iter();
         let Some((_, first)) = lines.next() else {
             return Err(err(
                 Code::BadData,
@@ -150,11 +151,7 @@ fn csv_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
                 "a CSV file starts with a header line of column names",
             ));
         };
-        let names: Vec<String> = first
-            .trim_end_matches('\r')
-            .split(delim)
-            .map(|s| s.trim().to_string())
-            .collect();
+        let names: Vec<String> = first.split(delim).map(|s| s.trim().to_string()).collect();
         match &header {
             Some(h) if *h != names => {
                 return Err(err(
@@ -169,8 +166,8 @@ fn csv_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
             _ => header = Some(names.clone()),
         }
         for (i, line) in lines {
-            let line = line.trim_end_matches('\r');
-            if line.is_empty() {
+            // Blank: nothing but white space (a tab is a field separator in a TSV).
+            if line.chars().all(|c| c.is_whitespace() && c != delim) {
                 continue;
             }
             let fields: Vec<String> = line.split(delim).map(|s| s.trim().to_string()).collect();
@@ -178,9 +175,8 @@ fn csv_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
                 return Err(err(
                     Code::BadData,
                     format!(
-                        "{}:{}: {} fields, but the header names {}",
+                        "{}:{i}: {} fields, but the header names {}",
                         path.display(),
-                        i + 1,
                         fields.len(),
                         names.len()
                     ),
@@ -277,6 +273,39 @@ fn csv_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
         rows.push(rec);
     }
     Ok(Table { names, rows })
+}
+
+/// The lines of a CSV or TSV file, with their numbers (from 1), without their `\n` or
+/// `\r\n`. A UTF-8 byte order mark at the start (Excel writes one) is not part of the
+/// first line; a line that is not UTF-8 is an error naming the file, the line and the
+/// offset of the bad byte in the file.
+fn text_lines<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(usize, &'a str)>, ConvertError> {
+    const BOM: &[u8] = b"\xef\xbb\xbf";
+    let start = if bytes.starts_with(BOM) { BOM.len() } else { 0 };
+    let mut lines = Vec::new();
+    let mut at = start;
+    for (i, line) in bytes[start..].split(|&b| b == b'\n').enumerate() {
+        let end = at + line.len();
+        if end == bytes.len() && line.is_empty() {
+            break; // after the last line break
+        }
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let text = std::str::from_utf8(line).map_err(|e| {
+            err(
+                Code::BadData,
+                format!(
+                    "{}:{}: not UTF-8 text (the byte at offset {})",
+                    path.display(),
+                    i + 1,
+                    at + e.valid_up_to()
+                ),
+                "save the file as UTF-8 (in Excel: CSV UTF-8)",
+            )
+        })?;
+        lines.push((i + 1, text));
+        at = end + 1;
+    }
+    Ok(lines)
 }
 
 fn png_table(o: &ConvertOptions) -> Result<Table, ConvertError> {

@@ -54,7 +54,10 @@ pub struct Logging(pub i64);
 impl RunHook for Logging {
     fn after_step(&mut self, info: &StepInfo) -> Action {
         if self.0 > 0 && info.global_step % self.0 == 0 {
-            eprintln!("step {}: loss = {:.6}", info.global_step, info.loss);
+            crate::diag::log(&format!(
+                "step {}: loss = {:.6}",
+                info.global_step, info.loss
+            ));
         }
         Action::Continue
     }

@@ -375,9 +375,16 @@ pub fn png_labels(
         }
         PngLabels::Csv(csv) => {
             let path = resolve(base, csv);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let text = crate::program::read_text(&path, u64::MAX).map_err(|e| {
+                format!(
+                    "cannot read {}: {}",
+                    path.display(),
+                    e.describe("labels file")
+                )
+            })?;
             let mut map = rustc_hash::FxHashMap::default();
+            // A UTF-8 byte order mark (Excel writes one) is not part of the first name.
+            let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
             for (i, line) in text.lines().enumerate() {
                 let line = line.trim_end_matches('\r');
                 let Some((file, label)) = line.split_once(',') else {

@@ -15,6 +15,9 @@ pub struct Directives {
     pub params: Vec<(String, String)>,
     /// `// max_steps: N`, the elaboration budget (to test it without waiting).
     pub max_steps: Option<u64>,
+    /// `// max_source_bytes: N`, the size limit of imported files (to test it without
+    /// files of 16 MiB).
+    pub max_source_bytes: Option<u64>,
 }
 
 pub fn directives(text: &str) -> Directives {
@@ -23,6 +26,7 @@ pub fn directives(text: &str) -> Directives {
         modes: Vec::new(),
         params: Vec::new(),
         max_steps: None,
+        max_source_bytes: None,
     };
     for line in text
         .lines()
@@ -45,6 +49,7 @@ pub fn directives(text: &str) -> Directives {
                 _ => SectionKind::Predict,
             }),
             "max_steps" => d.max_steps = v.parse().ok(),
+            "max_source_bytes" => d.max_source_bytes = v.parse().ok(),
             "param" => {
                 if let Some((pk, pv)) = v.split_once('=') {
                     d.params
@@ -66,7 +71,9 @@ pub fn directives(text: &str) -> Directives {
 /// Loads `path` under the display name `name` and checks it for one target.
 pub fn check_file(path: &Path, name: &str, target: Target, d: &Directives) -> (Program, Checked) {
     let text = std::fs::read_to_string(path).expect("test file is readable");
-    let mut program = Program::from_source(name, &text, path.parent().map(Path::to_path_buf));
+    let limit = d.max_source_bytes.unwrap_or(est::program::MAX_SOURCE_BYTES);
+    let mut program =
+        Program::from_source_with_limit(name, &text, path.parent().map(Path::to_path_buf), limit);
     for (k, v) in &d.params {
         program.add_override(k, v, &format!("--param {k}"));
     }
