@@ -840,3 +840,88 @@ fn csv_values_out_of_range_are_errors() {
         f.diags[0].message
     );
 }
+
+const LABELS: &str = r#"
+use std.nn.dense
+use std.losses.{softmax_cross_entropy, mean_squared_error}
+use std.metrics.accuracy
+
+input rows(path: string) {
+  csv(path, columns: { pixels: f32[64], label: i32 })
+    |> map |r| (r.pixels / 16.0, r.label) |> batch(8, drop_remainder: true)
+}
+
+// The loss takes the labels through a one_hot of the program's own.
+model own_one_hot(features: f32[B, 64], labels: i32[B]) {
+  let logits = dense(features, 10)
+  let loss = softmax_cross_entropy(one_hot(labels, 10), logits)
+  train { minimize loss with sgd(lr: 0.1) }
+}
+
+// No one_hot in the loss: only accuracy sees the labels as classes.
+model regression(features: f32[B, 64], labels: i32[B]) {
+  let logits = dense(features, 10)
+  let loss = mean_squared_error(labels, reduce_sum(logits, axis: 1))
+  train { minimize loss with sgd(lr: 0.001) }
+  eval  { metric accuracy = accuracy(labels, argmax(logits, 1)) }
+}
+
+estimator own { model = own_one_hot  train_input = rows("data/bad.csv") }
+estimator scored {
+  model = regression  train_input = rows("data/good.csv")  eval_input = rows("data/bad.csv")
+}
+"#;
+
+/// Point 8: class labels outside `[0, classes)` trained silently on zero rows in the
+/// sparse losses, a `one_hot` in a loss and `accuracy`. Each is now E0915 naming the
+/// step (or eval batch), the label and its batch position.
+#[test]
+fn labels_out_of_range_are_errors() {
+    // the sparse path of softmax_cross_entropy, in the digits example
+    let dir = tmp("labels-sparse");
+    let p = digits_with(&dir, |rows| {
+        let mut cells: Vec<&str> = rows[1].split(',').collect();
+        *cells.last_mut().unwrap() = "10";
+        rows[1] = cells.join(",");
+    });
+    let f = estimator_of(&p, None, &dir.join("model"), &dir)
+        .train(Steps::Default)
+        .unwrap_err();
+    assert_eq!(codes(&f), [Code::LabelOutOfRange]);
+    let msg = &f.diags[0].message;
+    assert!(msg.starts_with("at global step "), "{msg}");
+    assert!(
+        msg.contains(": label 10 at batch position ")
+            && msg.ends_with(" is outside [0, 10) (the model has 10 classes)"),
+        "{msg}"
+    );
+    // a one_hot of the program's own, in the loss: the 3rd row of the 2nd batch
+    let dir = tmp("labels-own");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let test = std::fs::read_to_string(root().join("examples/data/digits_test.csv")).unwrap();
+    let mut rows: Vec<String> = test.lines().map(String::from).collect();
+    std::fs::write(data.join("good.csv"), rows.join("\n") + "\n").unwrap();
+    let mut cells: Vec<String> = rows[11].split(',').map(String::from).collect();
+    *cells.last_mut().unwrap() = "-1".into();
+    rows[11] = cells.join(",");
+    std::fs::write(data.join("bad.csv"), rows.join("\n") + "\n").unwrap();
+    let p = Program::from_source("labels.est", LABELS, None);
+    let f = estimator_of(&p, Some("own"), &dir.join("model-own"), &dir)
+        .train(Steps::Max(5))
+        .unwrap_err();
+    assert_eq!(codes(&f), [Code::LabelOutOfRange]);
+    assert_eq!(
+        f.diags[0].message,
+        "at global step 2: label -1 at batch position 2 is outside [0, 10) (the model has 10 classes)"
+    );
+    // accuracy's labels, in evaluation
+    let mut e = estimator_of(&p, Some("scored"), &dir.join("model-scored"), &dir);
+    e.train(Steps::Max(5)).unwrap();
+    let f = e.evaluate(None).unwrap_err();
+    assert_eq!(codes(&f), [Code::LabelOutOfRange]);
+    assert_eq!(
+        f.diags[0].message,
+        "in eval batch 2: label -1 at batch position 2 is outside [0, 10) (the model has 10 classes)"
+    );
+}

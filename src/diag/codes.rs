@@ -560,4 +560,14 @@ nothing is written: no summary, no prediction file.";
 "The TensorBoard summaries of an evaluation could not be written in `model_dir/eval`
 (a read-only directory, a full disk). The evaluation's metrics are reported all the
 same; only TensorBoard will not see them.";
+    LabelOutOfRange = "E0915", Error, "a class label is out of range",
+"A class label is outside `[0, classes)`: where a loss takes the labels through
+`one_hot` (the integer-label path of `softmax_cross_entropy`, or a `one_hot` of the
+labels in the program), or where `accuracy` compares them with an `argmax` over the
+classes. A `one_hot` of such a label is a row of zeros, so the loss would silently
+train on nothing for that example (TensorFlow's sparse losses raise here too). The
+message names the step (or eval batch), the label and its position in the batch.
+
+Fix the data or the `map` that makes the labels (labels counted from 1 need `- 1`),
+or give the model as many classes as the labels need.";
 }

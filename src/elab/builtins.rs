@@ -83,6 +83,7 @@ impl<'p> Elab<'p> {
             "shape" => self.b_shape(&a),
             "len" => self.b_len(&a),
             "static_assert" => self.b_static_assert(&a),
+            "check_loss_shapes" => self.b_check_loss_shapes(&a),
             "pair" => {
                 let (v, s) = a.get("x");
                 match self.pair(&v, s) {
@@ -811,6 +812,59 @@ impl<'p> Elab<'p> {
             }
             other => self.expected("a static bool", &other, sc),
         }
+    }
+
+    /// E0401 unless a loss's labels fit its predictions: the same shape, or (with
+    /// `classes`) integer class indices of the predictions' shape without its last
+    /// axis. Broadcasting them would pair every label with every prediction.
+    fn b_check_loss_shapes(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (loss, _) = a.get("loss");
+        let (classes, _) = a.get("classes");
+        let (Value::Tensor(l), Value::Tensor(p)) = (a.get("labels").0, a.get("predictions").0)
+        else {
+            return Value::None; // a static label or prediction is reported where it is used
+        };
+        let (lt, pt) = (self.graph.ty(l).clone(), self.graph.ty(p).clone());
+        let name = match &loss {
+            Value::Str(s) => s.to_string(),
+            _ => "the loss".into(),
+        };
+        let indices = matches!(classes, Value::Bool(true))
+            && lt.dtype.is_int()
+            && pt.rank() >= 1
+            && lt.shape.as_slice() == &pt.shape[..pt.rank() - 1];
+        if lt.shape == pt.shape || indices {
+            return Value::None;
+        }
+        let what = if matches!(classes, Value::Bool(true)) {
+            "logits"
+        } else {
+            "predictions"
+        };
+        let squeezable = |x: &TensorType, y: &TensorType| {
+            x.rank() == y.rank() + 1
+                && x.shape.last() == Some(&1)
+                && x.shape[..y.rank()] == y.shape[..]
+        };
+        let help = if squeezable(&pt, &lt) {
+            format!("the {what} have a trailing axis of 1: pass `squeeze({what}, axis: -1)`, or `expand_dims(labels, axis: -1)`")
+        } else if squeezable(&lt, &pt) {
+            format!("the labels have a trailing axis of 1: pass `squeeze(labels, axis: -1)`, or `expand_dims({what}, axis: -1)`")
+        } else if matches!(classes, Value::Bool(true)) {
+            format!("give class indices shaped like the logits without their last axis ({}), or probabilities shaped like the logits ({})", crate::ir::TensorType::new(crate::ir::DType::I32, pt.shape[..pt.rank().saturating_sub(1)].to_vec()), pt)
+        } else {
+            format!("reshape one to the other (`reshape(labels, {what}.shape)`)")
+        };
+        self.error(
+            Diag::new(
+                Code::ShapeMismatch,
+                self.site(a.call),
+                format!("{name} needs labels shaped like its {what}, but the labels are {lt} and the {what} {pt}"),
+            )
+            .label(format!("labels {lt}, {what} {pt}"))
+            .help(format!("{help}; broadcasting them would pair every label with every prediction")),
+        );
+        Value::None
     }
 
     fn b_len(&mut self, a: &Args<'p>) -> Value<'p> {

@@ -66,6 +66,7 @@ pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
             }
         })),
         Op::OneHot { depth } => Ok(one_hot(args[0], *depth, ty)),
+        Op::CheckIndices { depth } => check_indices(args[0], *depth),
         Op::Gather => gather(args[0], args[1], ty),
         Op::ScatterAdd => scatter_add(args[0], args[1], ty),
         Op::Conv2d(c) => Ok(conv2d(args[0], args[1], c, ty)),
@@ -518,6 +519,25 @@ fn one_hot(idx: &Tensor, depth: usize, ty: &TensorType) -> Tensor {
         }
     }
     Tensor::from_f64(ty, v)
+}
+
+/// `idx` itself when every index lies in `[0, depth)`; else the first one that does
+/// not, with its position in the batch (the row of the first axis).
+fn check_indices(idx: &Tensor, depth: usize) -> R {
+    let row: usize = idx.shape().iter().skip(1).product();
+    for (i, &k) in idx.i().iter().enumerate() {
+        if k < 0 || k as u64 >= depth as u64 {
+            let at = if idx.shape().len() > 1 {
+                format!("batch position {} (element {i})", i / row.max(1))
+            } else {
+                format!("batch position {i}")
+            };
+            return Err(format!(
+                "label {k} at {at} is outside [0, {depth}) (the model has {depth} classes)"
+            ));
+        }
+    }
+    Ok(idx.clone())
 }
 
 fn gather(table: &Tensor, idx: &Tensor, ty: &TensorType) -> R {

@@ -75,6 +75,15 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
             need_axis(*axis, args[0])?;
             Ok(args[0].clone())
         }
+        Op::CheckIndices { .. } => {
+            if !args[0].dtype.is_int() {
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!("class indices must be integers, not {}", args[0].dtype),
+                ));
+            }
+            Ok(args[0].clone())
+        }
         Op::DecodeRaw => {
             if args[0].dtype != DType::Bytes {
                 return Err(err(

@@ -54,6 +54,12 @@ pub enum Op {
     OneHot {
         depth: usize,
     },
+    /// The identity on integer class indices that must lie in `[0, depth)`: a label
+    /// outside is a run-time error naming it and its batch position (added by the
+    /// `check_labels` pass before the `one_hot` of a loss and the labels of `accuracy`).
+    CheckIndices {
+        depth: usize,
+    },
     /// Rows of a table (operand 0) picked by indices (operand 1): embedding lookup.
     Gather,
     /// NHWC input, HWIO filter.
@@ -276,6 +282,7 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::Slice { .. } => "slice",
             Op::OneHot { .. } => "one_hot",
+            Op::CheckIndices { .. } => "check_indices",
             Op::Gather => "gather",
             Op::Conv2d(_) => "conv2d",
             Op::MaxPool2d(_) => "max_pool2d",
@@ -319,7 +326,7 @@ impl Op {
             Op::Softmax { axis } | Op::LogSoftmax { axis } => format!("axis={axis}"),
             Op::Transpose { perm } => format!("perm={perm:?}"),
             Op::Slice { axis, start, end } => format!("axis={axis} {start}..{end}"),
-            Op::OneHot { depth } => format!("depth={depth}"),
+            Op::OneHot { depth } | Op::CheckIndices { depth } => format!("depth={depth}"),
             Op::Conv2d(c) | Op::Conv2dBackpropInput(c) | Op::Conv2dBackpropFilter(c) => {
                 format!(
                     "strides={:?} padding={} dilation={:?}",

@@ -822,6 +822,7 @@ fn has_gradient(op: &Op) -> bool {
             | Op::RandomUniform { .. }
             | Op::RandomNormal { .. }
             | Op::DecodeRaw
+            | Op::CheckIndices { .. }
             | Op::Binary(
                 BinaryOp::Eq
                     | BinaryOp::Ne

@@ -180,7 +180,7 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
                 .map(|&o| aligned(rows[o.index()], g.ty(o).rank(), rank)),
             mixed,
         ),
-        Op::CrossShardMean | Op::OneHot { .. } | Op::DecodeRaw => of(0),
+        Op::CrossShardMean | Op::OneHot { .. } | Op::DecodeRaw | Op::CheckIndices { .. } => of(0),
         Op::ArgMax { axis } | Op::ArgMin { axis } => match of(0) {
             Rows::Axis(a) if a == *axis => mixed,
             Rows::Axis(a) if a > *axis => Rows::Axis(a - 1),

@@ -3,6 +3,7 @@
 //! builds. Checks come first, so diagnostics never depend on the optimisations.
 
 pub mod autodiff;
+mod check_labels;
 mod const_fold;
 mod cse;
 mod dce;
@@ -41,6 +42,11 @@ pub const PIPELINE: &[Pass] = &[
     Pass {
         name: "int64",
         run: int64::run,
+    },
+    // Class labels of a loss's one_hot and of accuracy checked at run time.
+    Pass {
+        name: "check_labels",
+        run: check_labels::run,
     },
     // Eval and predict graphs whose last batch may be partial: reductions across the
     // examples skip the padding rows; outputs that padding would change are E0513.

@@ -54,6 +54,7 @@ pub const WAFER_OPS: &[&str] = &[
     "reshape",
     "broadcast_to",
     "one_hot",
+    "check_indices",
     "conv2d",
     "max_pool2d",
     "avg_pool2d",

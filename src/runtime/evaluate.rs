@@ -25,6 +25,8 @@ pub(super) struct Feeder {
     names: Vec<String>,
     /// The static batch size, when the graph masks a partial last batch.
     masked: Option<usize>,
+    /// The input's span, for errors about its batches.
+    at: Span,
 }
 
 /// One batch's inputs, and how many of its rows are real examples.
@@ -34,10 +36,11 @@ pub(super) struct Fed {
 }
 
 impl Feeder {
-    pub fn new(g: &Graph) -> Feeder {
+    pub fn new(g: &Graph, at: Span) -> Feeder {
         Feeder {
             names: input_names(g),
             masked: g.batch_mask.as_ref().map(|m| m.size),
+            at,
         }
     }
 
@@ -157,11 +160,11 @@ impl Estimator {
         feeder: &Feeder,
         batch: Element,
         shard: usize,
-        at: Span,
+        when: &str,
     ) -> Res<(Values, usize)> {
         let fed = feeder
             .feed(batch)
-            .map_err(|m| Diag::new(Code::BadData, at, m).label("this input"))?;
+            .map_err(|m| Diag::new(Code::BadData, feeder.at, m).label("this input"))?;
         let env = Env {
             feeds: &fed.feeds,
             vars: &self.vars,
@@ -172,7 +175,7 @@ impl Estimator {
             },
         };
         let mut values = Values::new(g.g.node_bound());
-        interp::execute(g, plan, &env, &mut values).map_err(run_diag)?;
+        interp::execute(g, plan, &env, &mut values).map_err(|e| run_diag(e, when))?;
         Ok((values, fed.real))
     }
 
@@ -238,7 +241,7 @@ impl Estimator {
         }
         let g = &c.graph;
         let shards = self.info.config.num_shards.max(1) as usize;
-        let feeder = Feeder::new(g);
+        let feeder = Feeder::new(g, ds.span());
         let per_example = per_example_outputs(g);
         let loss_node = g.output(Role::Loss);
         let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
@@ -259,7 +262,12 @@ impl Estimator {
                 break;
             }
             for (shard, batch) in batches.into_iter().enumerate() {
-                let (values, real) = self.run_fed(g, &plan, &feeder, batch, shard, ds.span())?;
+                let when = if shards > 1 {
+                    format!("in eval batch {} (shard {shard})", count + 1)
+                } else {
+                    format!("in eval batch {}", count + 1)
+                };
+                let (values, real) = self.run_fed(g, &plan, &feeder, batch, shard, &when)?;
                 if let Some(l) = loss_node {
                     loss_sum += values.get(l).expect("loss").scalar() * real as f64;
                 }
@@ -349,7 +357,7 @@ impl Estimator {
             .into());
         }
         let g = &c.graph;
-        let feeder = Feeder::new(g);
+        let feeder = Feeder::new(g, ds.span());
         let outs: Vec<(String, NodeIndex)> = g
             .outputs
             .iter()
@@ -368,7 +376,8 @@ impl Estimator {
                 break;
             };
             batch.truncate(feeder.names.len());
-            let (values, real) = self.run_fed(g, &plan, &feeder, batch, 0, ds.span())?;
+            let when = format!("in predict batch {}", count + 1);
+            let (values, real) = self.run_fed(g, &plan, &feeder, batch, 0, &when)?;
             // Predictions keep the batch dimension (the front end checks): one line
             // per real example.
             let vals: Vec<Tensor> = outs

@@ -793,8 +793,13 @@ impl Estimator {
             })
         };
         let mut shard_values = Vec::with_capacity(n);
-        for r in results {
-            shard_values.push(r.map_err(run_diag)?);
+        for (shard, r) in results.into_iter().enumerate() {
+            let when = if n > 1 {
+                format!("at global step {} (shard {shard})", self.step + 1)
+            } else {
+                format!("at global step {}", self.step + 1)
+            };
+            shard_values.push(r.map_err(|e| run_diag(e, &when))?);
         }
         // Combine: the mean over shards of every phase-A target, then phase B once.
         let mut values = shard_values.swap_remove(0);
@@ -842,7 +847,8 @@ impl Estimator {
                 shard: 0,
             },
         };
-        interp::execute(g, &plan.b, &env, &mut values).map_err(run_diag)?;
+        interp::execute(g, &plan.b, &env, &mut values)
+            .map_err(|e| run_diag(e, &format!("at global step {}", self.step + 1)))?;
         for (name, node, _) in &plan.updates {
             if let Some(f) = health::first_non_finite(values.get(*node).expect("update")) {
                 let span = variable_span(g, name);
@@ -944,11 +950,19 @@ fn mode_name(m: SectionKind) -> &'static str {
     }
 }
 
-fn run_diag(e: interp::RunError) -> RunFailure {
+/// The diagnostic of an op that failed at run time, `when` being where in the run
+/// (`at global step 12`, `in eval batch 3`).
+fn run_diag(e: interp::RunError, when: &str) -> RunFailure {
+    if e.op == (Op::CheckIndices { depth: 0 }).name() {
+        return Diag::new(Code::LabelOutOfRange, e.span, format!("{when}: {}", e.message))
+            .label("the labels of this")
+            .help("class labels must lie in [0, classes): fix the data (or its `map`), or give the model as many classes as the labels need")
+            .into();
+    }
     Diag::new(
         Code::RunFailed,
         e.span,
-        format!("{} failed: {}", e.op, e.message),
+        format!("{} failed {when}: {}", e.op, e.message),
     )
     .label(format!("this {}", e.op))
     .into()
