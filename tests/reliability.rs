@@ -925,3 +925,33 @@ fn labels_out_of_range_are_errors() {
         "in eval batch 2: label -1 at batch position 2 is outside [0, 10) (the model has 10 classes)"
     );
 }
+
+/// Point 11: `estc predict` on a model without a predict section wrote "0 predictions"
+/// and exited 0. It is now E0511, and nothing is written.
+#[test]
+fn predict_without_a_predict_section_is_an_error() {
+    let src = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+input rows() {
+  csv("examples/data/digits_test.csv", columns: { pixels: f32[64], label: i32 })
+    |> map |r| (r.pixels, r.label) |> batch(8, drop_remainder: true)
+}
+model m(features: f32[B, 64], labels: i32[B]) {
+  let loss = softmax_cross_entropy(labels, dense(features, 10))
+  train { minimize loss with sgd(lr: 0.1) }
+}
+estimator e { model = m  train_input = rows()  predict_input = rows() }
+"#;
+    let p = Program::from_source("nopredict.est", src, None);
+    let dir = tmp("nopredict");
+    let mut e = estimator_of(&p, None, &dir.join("model"), &root());
+    e.train(Steps::Max(2)).unwrap();
+    let f = e.predict(&dir.join("out"), None).unwrap_err();
+    assert_eq!(codes(&f), [Code::InvalidModel]);
+    assert_eq!(
+        f.diags[0].message,
+        "the model has no predictions: its predict section is missing or empty"
+    );
+    assert!(!dir.join("out").exists());
+}

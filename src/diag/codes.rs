@@ -304,6 +304,15 @@ parameters declare. Both the model parameter and the pipeline are labelled.
 
 Change the model's signature or the pipeline so that they agree.";
 
+    BytesInModel = "E0408", Error, "bytes in a model",
+"A model computes with numbers; byte strings are for input pipelines, where `parse`
+reads them from records and `decode_raw` turns them into numbers inside a `map`. A
+`bytes` tensor in a model graph (from `cast(x, bytes)`, say) has no meaning for any op
+or backend.
+
+    predict { raw = cast(logits, bytes) }   // error: bytes in a model
+
+Decode byte strings in the input's `map` and give the model numeric tensors.";
     InputNotDataset = "E0501", Error, "input does not produce a dataset of (features, labels)",
 "An `input` must end in a dataset whose elements are pairs `(features, labels)`, with
 features a tensor and labels a tensor. It may not return another value, and its elements

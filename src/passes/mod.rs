@@ -3,6 +3,7 @@
 //! builds. Checks come first, so diagnostics never depend on the optimisations.
 
 pub mod autodiff;
+mod bytes;
 mod check_labels;
 mod const_fold;
 mod cse;
@@ -42,6 +43,11 @@ pub const PIPELINE: &[Pass] = &[
     Pass {
         name: "int64",
         run: int64::run,
+    },
+    // Byte strings in a model (they belong to input pipelines).
+    Pass {
+        name: "bytes",
+        run: bytes::run,
     },
     // Class labels of a loss's one_hot and of accuracy checked at run time.
     Pass {

@@ -364,6 +364,16 @@ impl Estimator {
             .filter(|o| o.role == Role::Prediction)
             .map(|o| (o.name.clone(), o.node))
             .collect();
+        if outs.is_empty() {
+            return Err(Diag::new(
+                Code::InvalidModel,
+                self.info.span,
+                "the model has no predictions: its predict section is missing or empty",
+            )
+            .label("this estimator's model")
+            .help("add `predict { name = value }` to the model, one line per prediction (e.g. `predict { classes = argmax(logits, 1) }`)")
+            .into());
+        }
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
         let mut pipe = self.start_pipeline(&ds, SectionKind::Predict)?;
