@@ -444,6 +444,11 @@ full one:
 
 Compute it per example (`mean(loss_per_example)`), or drop the partial batch with
 `batch(n, drop_remainder: true)`.";
+    SharedModelDir = "W0514", Warning, "estimators share a model_dir",
+"Two estimators of the program name the same `model_dir`. Their training runs would
+write checkpoints into one directory: the second would restore the first's (E0901 when
+the models differ, silently when they fit) and their checkpoints would prune each
+other's. Give each estimator its own `model_dir`.";
     UnsupportedOp = "E0601", Error, "operation not supported on the target",
 "The chosen target cannot run this operation. The host runs every operation; the wafer
 runs a declared list (matmul, convolution, elementwise, reductions, pooling, softmax,

@@ -450,7 +450,9 @@ impl<'p> Elab<'p> {
                 (StageKind::Repeat { count }, before)
             }
             "batch" | "padded_batch" => {
-                let Some(size) = self.int_pos(a, "size") else { return Value::Error };
+                // The batch becomes the leading dimension: the limits of a dimension apply.
+                let (vs, ss) = a.get("size");
+                let Some(size) = self.as_dim(&vs, ss) else { return Value::Error };
                 let (vr, sr) = a.get("drop_remainder");
                 let Value::Bool(drop_remainder) = vr else { return self.expected("bool", &vr, sr) };
                 (StageKind::Batch { size, drop_remainder, padded: name == "padded_batch" }, before.batched(Some(size)))

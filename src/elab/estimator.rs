@@ -192,6 +192,7 @@ pub fn elaborate(p: &Program, opts: &ElabOptions) -> (Vec<EstimatorInfo>, Vec<Co
         infos.push(info);
         out.extend(compiled);
     }
+    shared_model_dirs(&estimators, &infos, &mut diags);
     // After a syntax error an estimator may be missing: do not call its model unused.
     let parse_failed = p
         .diags
@@ -221,6 +222,47 @@ pub fn elaborate(p: &Program, opts: &ElabOptions) -> (Vec<EstimatorInfo>, Vec<Co
         }
     }
     (infos, out, diags)
+}
+
+/// W0514 for estimators that share a `model_dir`: their training runs would write
+/// checkpoints of different models into one directory (and the second refuses the
+/// first's checkpoints, or restores them into the wrong model).
+fn shared_model_dirs(estimators: &[&EstimatorItem], infos: &[EstimatorInfo], diags: &mut Diags) {
+    let dir_of = |i: &EstimatorInfo| {
+        i.model_dir.clone().map(|d| {
+            std::path::Path::new(&d)
+                .components()
+                .collect::<std::path::PathBuf>()
+        })
+    };
+    for (k, later) in infos.iter().enumerate() {
+        let Some(dir) = dir_of(later) else { continue };
+        let Some(first) = infos[..k].iter().find(|i| dir_of(i).as_ref() == Some(&dir)) else {
+            continue;
+        };
+        let at = |info: &EstimatorInfo| {
+            estimators
+                .iter()
+                .find(|e| e.name.name == info.name)
+                .and_then(|e| field(e, "model_dir"))
+                .map_or(info.span, |x| x.span)
+        };
+        diags.push(
+            Diag::new(
+                Code::SharedModelDir,
+                at(later),
+                format!(
+                    "estimators `{}` and `{}` share the model_dir \"{}\"",
+                    first.name,
+                    later.name,
+                    dir.display()
+                ),
+            )
+            .label(format!("`{}`'s model_dir", later.name))
+            .with(at(first), format!("`{}`'s model_dir", first.name))
+            .help("give each estimator its own model_dir: their checkpoints would overwrite each other's"),
+        );
+    }
 }
 
 fn field<'a>(e: &'a EstimatorItem, name: &str) -> Option<&'a Expr> {
@@ -650,6 +692,21 @@ fn config<'p>(
     }
     values.extend(opts.config.iter().cloned());
     for (key, i) in values {
+        if let Some(&(_, max, why)) = CONFIG_MAX.iter().find(|(k, _, _)| *k == key) {
+            if i > max {
+                let at = span_of(&spans, &key, e.name.span);
+                el.diags.push(
+                    Diag::new(
+                        Code::InvalidEstimator,
+                        at,
+                        format!("`{key}` = {i} is more than {max}"),
+                    )
+                    .label(format!("at most {max}"))
+                    .help(format!("use {max} or fewer: {why}")),
+                );
+                continue;
+            }
+        }
         match key.as_str() {
             "iterations_per_loop" => c.iterations_per_loop = i,
             "num_shards" => c.num_shards = i,
@@ -663,6 +720,26 @@ fn config<'p>(
     }
     (c, spans)
 }
+
+/// Upper bounds of config keys whose value is a number of threads or copies of
+/// something, with why: beyond them a run would exhaust the machine, not go faster.
+const CONFIG_MAX: &[(&str, i64, &str)] = &[
+    (
+        "input_workers",
+        64,
+        "each worker is a thread running its own copy of the whole input pipeline, buffers and caches included",
+    ),
+    (
+        "num_shards",
+        4096,
+        "each shard of a step runs as a thread of its own on the host",
+    ),
+    (
+        "keep_checkpoint_max",
+        100_000,
+        "every kept checkpoint stays on disk",
+    ),
+];
 
 fn span_of(spans: &ConfigSpans, key: &str, fallback: Span) -> Span {
     spans
