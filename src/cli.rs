@@ -64,6 +64,10 @@ struct ProgramArgs {
     /// Override an estimator config key: `--config num_shards=2`.
     #[arg(long = "config", value_name = "KEY=VALUE")]
     config: Vec<String>,
+    /// The memory a run may need (`16G`, `512M`, `none`); a program estimated beyond it
+    /// is E0602. Default: this machine's memory.
+    #[arg(long, value_name = "SIZE", value_parser = memory_size)]
+    memory_limit: Option<u64>,
 }
 
 /// How to print diagnostics and results.
@@ -371,6 +375,7 @@ fn check(a: CheckArgs) -> i32 {
         verify: cfg!(debug_assertions),
         max_steps: est::elab::MAX_STEPS,
         hover: false,
+        memory_limit: a.program.memory_limit,
     };
     let checked = est::check(&program, &opts);
     if let Some(b) = &checked.bug {
@@ -401,6 +406,39 @@ fn check(a: CheckArgs) -> i32 {
 }
 
 /// `--time`: a finite number of seconds, at least 0.
+/// `--memory-limit`: bytes, with an optional K, M, G or T (powers of 1024), or `none`.
+fn memory_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("none") {
+        return Ok(u64::MAX);
+    }
+    let (num, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => (&t[..i], t[i..].trim_end_matches(['B', 'b', 'i'])),
+        None => (t, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => {
+            return Err(format!(
+                "`{s}`: use bytes, or a number with K, M, G or T, or none"
+            ))
+        }
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size such as 16G or 512M"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 1.0 {
+        return Err(format!("`{s}` is not a positive size"));
+    }
+    Ok(bytes.min(u64::MAX as f64) as u64)
+}
+
 fn seconds(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(t) if t.is_finite() && t >= 0.0 => Ok(t),

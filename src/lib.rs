@@ -42,6 +42,9 @@ pub struct CheckOptions {
     pub max_steps: u64,
     /// Record every expression's type or value (for the language server's hover).
     pub hover: bool,
+    /// The memory a graph's run may need (E0602 beyond it); `None` is this machine's
+    /// memory, and no limit when that is unknown.
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for CheckOptions {
@@ -54,6 +57,7 @@ impl Default for CheckOptions {
             verify: cfg!(debug_assertions),
             max_steps: elab::MAX_STEPS,
             hover: false,
+            memory_limit: None,
         }
     }
 }
@@ -143,12 +147,49 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
             }
         }
     }
+    check_memory(&graphs, &estimators, opts, &mut diags);
     Checked {
         diags: diags.sorted(),
         estimators,
         graphs,
         bug,
         refs,
+    }
+}
+
+/// E0602 for each graph whose run would need more memory than the limit.
+fn check_memory(
+    graphs: &[Compiled],
+    estimators: &[EstimatorInfo],
+    opts: &CheckOptions,
+    diags: &mut diag::Diags,
+) {
+    let Some(limit) = opts.memory_limit.or_else(passes::memory::machine_memory) else {
+        return;
+    };
+    for c in graphs {
+        let Some(info) = estimators.iter().find(|e| e.name == c.estimator) else {
+            continue;
+        };
+        let train = c.mode == SectionKind::Train;
+        let run = passes::memory::RunShape {
+            train,
+            shards: if train {
+                info.config.num_shards.max(1) as u64
+            } else {
+                1
+            },
+            workers: if train {
+                info.config.input_workers.max(1) as u64
+            } else {
+                1
+            },
+        };
+        let e = passes::memory::estimate(&c.graph, c.input.as_ref(), run);
+        let what = format!("the {} graph of `{}`", c.mode.name(), c.estimator);
+        if let Some(d) = passes::memory::check(&e, limit, &what, info.span) {
+            diags.push(d);
+        }
     }
 }
 

@@ -955,3 +955,38 @@ estimator e { model = m  train_input = rows()  predict_input = rows() }
     );
     assert!(!dir.join("out").exists());
 }
+
+/// Point 13: huge static shapes passed `check` and aborted with "memory allocation
+/// failed" (or woke the OOM killer). `check` now estimates each graph's memory (E0602,
+/// naming the largest tensors; the cases are in tests/ui/memory/), and with the limit
+/// lifted the interpreter's large allocations are fallible: an error, not an abort.
+#[test]
+fn allocation_beyond_the_machine_is_an_error_not_an_abort() {
+    let src =
+        std::fs::read_to_string(root().join("tests/ui/memory/E0602_huge_tensors.est")).unwrap();
+    let p = Program::from_source("huge.est", &src, Some(root().join("tests/ui/memory")));
+    let dir = tmp("huge");
+    let check = |limit: Option<u64>| {
+        let opts = RunOptions {
+            estimator: Some("b".into()),
+            model_dir: Some(dir.join("model")),
+            data_dir: Some(root().join("examples")),
+            memory_limit: limit,
+            ..Default::default()
+        };
+        Estimator::new(&p, &opts)
+    };
+    let f = check(Some(16 << 30)).err().unwrap();
+    assert_eq!(codes(&f), [Code::OutOfMemory]);
+    // 4 TB of zeros: no machine here has it, so the reservation fails
+    let mut e = check(Some(u64::MAX)).unwrap_or_else(|f| panic!("{:?}", f.diags));
+    let f = e.train(Steps::Max(1)).unwrap_err();
+    assert_eq!(codes(&f), [Code::RunFailed]);
+    assert!(
+        f.diags[0]
+            .message
+            .starts_with("const failed at global step 1: cannot allocate 3.6 TiB for its result"),
+        "{}",
+        f.diags[0].message
+    );
+}

@@ -26,6 +26,7 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
         model_dir: a.model_dir.clone(),
         data_dir: None,
         cache_dir: None,
+        memory_limit: a.program.memory_limit,
     };
     let json = a.out.message_format == MessageFormat::Json;
     let mut est = match Estimator::new(&program, &opts) {
@@ -246,6 +247,7 @@ pub fn perf_input(a: PerfArgs) -> i32 {
     let opts = RunOptions {
         estimator: a.estimator.clone(),
         config,
+        memory_limit: a.program.memory_limit,
         ..Default::default()
     };
     let est = match Estimator::new(&program, &opts) {

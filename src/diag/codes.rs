@@ -458,6 +458,20 @@ random numbers, and their gradients). The label points at the expression that ma
 
 Express the computation with supported operations, or use the host target.";
 
+    OutOfMemory = "E0602", Error, "the program does not fit in memory",
+"`estc check` estimates what a run of each graph holds in memory: the variables (twice
+for a train step, whose new values are computed before the old ones are replaced), the
+peak of the intermediate values as the interpreter frees them (times the shards of a
+step), and the input pipeline's buffers (per input worker: `shuffle` buffers, the batch
+being assembled, `prefetch`, the hand-off queue; an in-memory `cache` is not counted). A
+program beyond the limit would fail to allocate or wake the OOM killer after minutes of
+work, so it is an error before anything runs. The message gives the estimate by kind and
+the largest tensors.
+
+    let x = dense(features, 1_000_000_000)   // error: a kernel of 256 GB
+
+Make the largest tensors smaller (the batch size, a layer's width), or set the limit
+with `--memory-limit SIZE` (default: this machine's memory, `MemTotal`).";
     UnusedValue = "W0701", Warning, "unused value",
 "A `let` binding, a parameter or an import is never used in any mode. Names starting
 with `_` are exempt.

@@ -161,6 +161,7 @@ pub fn execute(g: &Graph, plan: &Plan, env: &Env, values: &mut Values) -> Result
                 t.clone()
             }
             op => {
+                reserve(&node.ty).map_err(fail)?;
                 let args: smallvec::SmallVec<[&Tensor; 4]> = step
                     .operands
                     .iter()
@@ -175,6 +176,32 @@ pub fn execute(g: &Graph, plan: &Plan, env: &Env, values: &mut Values) -> Result
         }
     }
     Ok(())
+}
+
+/// Results at least this large are allocated only after a fallible reservation of
+/// their size succeeded.
+const LARGE_RESULT: u128 = 64 << 20;
+
+/// Makes the allocation of a large result fallible: the kernels allocate with
+/// ndarray, which aborts the process when the memory is not there, so a result of
+/// `LARGE_RESULT` or more is first reserved (and released) with `try_reserve`. A failure
+/// is an error of the op, not an abort. (`estc check` refuses programs estimated beyond
+/// the machine's memory before they run: E0602.)
+pub fn reserve(ty: &crate::ir::TensorType) -> Result<(), String> {
+    let bytes = crate::passes::memory::bytes_of(ty);
+    if bytes < LARGE_RESULT {
+        return Ok(());
+    }
+    let mut probe: Vec<u8> = Vec::new();
+    usize::try_from(bytes)
+        .ok()
+        .and_then(|n| probe.try_reserve_exact(n).ok())
+        .ok_or_else(|| {
+            format!(
+                "cannot allocate {} for its result ({ty})",
+                crate::passes::memory::human(bytes)
+            )
+        })
 }
 
 /// Checks a value given from outside the graph (a fed input, a variable) against the

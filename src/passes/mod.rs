@@ -10,6 +10,7 @@ mod cse;
 mod dce;
 mod int64;
 mod mask_padding;
+pub mod memory;
 mod shape_infer;
 mod target_ops;
 mod verify;

@@ -77,6 +77,8 @@ pub struct RunOptions {
     pub data_dir: Option<PathBuf>,
     /// Where `cache("id")` files go (default: `EST_CACHE_DIR`, else `~/.cache/est`).
     pub cache_dir: Option<PathBuf>,
+    /// The memory a run may need (see `CheckOptions::memory_limit`).
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for RunOptions {
@@ -88,6 +90,7 @@ impl Default for RunOptions {
             model_dir: None,
             data_dir: None,
             cache_dir: None,
+            memory_limit: None,
         }
     }
 }
@@ -206,6 +209,7 @@ impl Estimator {
             target: opts.target,
             estimator: opts.estimator.clone(),
             config: opts.config.clone(),
+            memory_limit: opts.memory_limit,
             ..Default::default()
         };
         let checked = crate::check(program, &copts);
@@ -892,7 +896,7 @@ impl Estimator {
     fn smoke_in(&mut self) -> Res<Vec<String>> {
         let mut lines = Vec::new();
         self.ready = false;
-        self.init_variables();
+        self.init_variables()?;
         self.ready = true;
         let r = self.train(Steps::Add(1))?;
         lines.push(format!("train: 1 step, loss {:.6}", r.final_loss));

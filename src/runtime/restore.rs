@@ -47,7 +47,7 @@ impl Estimator {
         };
         match checkpoint::restore(&self.model_dir, bounds) {
             Ok(Some(r)) => self.restored(r)?,
-            Ok(None) if need == Need::ResumeOrInit => self.init_variables(),
+            Ok(None) if need == Need::ResumeOrInit => self.init_variables()?,
             Ok(None) => {
                 return Err(Diag::new(
                     Code::NoCheckpoint,
@@ -210,9 +210,20 @@ impl Estimator {
         Ok(())
     }
 
-    pub(super) fn init_variables(&mut self) {
+    pub(super) fn init_variables(&mut self) -> Res<()> {
         self.vars.clear();
         for (name, init, ty) in self.all_variables() {
+            // The initial values are made in f64 before they are stored: reserve both.
+            let wide = TensorType::new(crate::ir::DType::I64, ty.shape.clone());
+            crate::interp::reserve(&wide).map_err(|m| {
+                Diag::new(
+                    Code::RunFailed,
+                    self.info.span,
+                    format!("variable `{name}` cannot be initialised: {m}"),
+                )
+                .label("this estimator's model")
+                .help("make the variable smaller; `estc check` estimates the memory a program needs (E0602)")
+            })?;
             let v = rng::init_values(&init, &name, &ty, self.seed);
             let t = Tensor::from_f64(&ty, v.into_iter().map(f64::from).collect());
             self.vars.insert(name, t);
@@ -220,6 +231,7 @@ impl Estimator {
         self.step = 0;
         self.input_position = 0;
         self.max_shards = 1;
+        Ok(())
     }
 
     /// Runs `f` holding the lock of `model_dir` (taking it unless this estimator holds

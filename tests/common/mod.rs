@@ -18,7 +18,13 @@ pub struct Directives {
     /// `// max_source_bytes: N`, the size limit of imported files (to test it without
     /// files of 16 MiB).
     pub max_source_bytes: Option<u64>,
+    /// `// memory_limit: BYTES`, the memory a graph's run may need (E0602); 16 GiB
+    /// otherwise, so that results do not depend on the machine.
+    pub memory_limit: u64,
 }
+
+/// The memory limit of the tests (see `Directives::memory_limit`).
+pub const TEST_MEMORY_LIMIT: u64 = 16 << 30;
 
 pub fn directives(text: &str) -> Directives {
     let mut d = Directives {
@@ -27,6 +33,7 @@ pub fn directives(text: &str) -> Directives {
         params: Vec::new(),
         max_steps: None,
         max_source_bytes: None,
+        memory_limit: TEST_MEMORY_LIMIT,
     };
     for line in text
         .lines()
@@ -50,6 +57,7 @@ pub fn directives(text: &str) -> Directives {
             }),
             "max_steps" => d.max_steps = v.parse().ok(),
             "max_source_bytes" => d.max_source_bytes = v.parse().ok(),
+            "memory_limit" => d.memory_limit = v.parse().unwrap_or(TEST_MEMORY_LIMIT),
             "param" => {
                 if let Some((pk, pv)) = v.split_once('=') {
                     d.params
@@ -81,6 +89,7 @@ pub fn check_file(path: &Path, name: &str, target: Target, d: &Directives) -> (P
         target,
         modes: d.modes.clone(),
         verify: true,
+        memory_limit: Some(d.memory_limit),
         ..CheckOptions::default()
     };
     if let Some(m) = d.max_steps {
