@@ -117,6 +117,27 @@ fn diagnostics_catalogue_doc_is_current() {
     );
 }
 
+/// docs/cli.md lists every code with its severity and title, as `estc explain --list`.
+#[test]
+fn cli_doc_lists_every_code() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md"))
+        .expect("docs/cli.md");
+    let listed: Vec<&str> = doc
+        .lines()
+        .filter(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            cells.len() == 3
+                && est::diag::Code::from_id(cells[0].trim_start_matches("| ")).is_some()
+                && ["error", "warning"].contains(&cells[1])
+        })
+        .collect();
+    let want: Vec<String> = est::diag::Code::all()
+        .iter()
+        .map(|c| format!("| {} | {} | {} |", c.id, c.severity.name(), c.title))
+        .collect();
+    assert_eq!(listed, want, "docs/cli.md's list of codes is stale");
+}
+
 #[test]
 fn param_overrides_reach_the_graph() {
     let out = estc(&[
