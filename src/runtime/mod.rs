@@ -798,12 +798,14 @@ impl Estimator {
         };
         let mut shard_values = Vec::with_capacity(n);
         for (shard, r) in results.into_iter().enumerate() {
-            let when = if n > 1 {
-                format!("at global step {} (shard {shard})", self.step + 1)
-            } else {
-                format!("at global step {}", self.step + 1)
-            };
-            shard_values.push(r.map_err(|e| run_diag(e, &when))?);
+            shard_values.push(r.map_err(|e| {
+                let when = if n > 1 {
+                    format!("at global step {} (shard {shard})", self.step + 1)
+                } else {
+                    format!("at global step {}", self.step + 1)
+                };
+                run_diag(e, &when)
+            })?);
         }
         // Combine: the mean over shards of every phase-A target, then phase B once.
         let mut values = shard_values.swap_remove(0);

@@ -1443,22 +1443,25 @@ fn read_csv(
             }
             let mut v = Vec::with_capacity(count);
             for (k, f) in fs.iter().enumerate() {
-                // file:line:column, the column counted in fields from 1
-                let at = format!("{}:{}:{}", path.display(), line_no + 1, at - count + k + 1);
+                // file:line:column, the column counted in fields from 1 (made only
+                // for an error: this runs for every field of every row)
+                let at = || format!("{}:{}:{}", path.display(), line_no + 1, at - count + k + 1);
                 let x: f64 = f
                     .trim()
                     .parse()
-                    .map_err(|_| format!("{at}: column `{name}`: `{f}` is not a number"))?;
+                    .map_err(|_| format!("{}: column `{name}`: `{f}` is not a number", at()))?;
                 if dtype.is_int() && x.fract() != 0.0 {
                     return Err(format!(
-                        "{at}: column `{name}`: `{f}` is not an integer ({dtype})"
+                        "{}: column `{name}`: `{f}` is not an integer ({dtype})",
+                        at()
                     ));
                 }
                 if let Some((lo, hi)) = value_range(*dtype)
                     .filter(|(lo, hi)| !(*lo..=*hi).contains(&x) && x.is_finite())
                 {
                     return Err(format!(
-                        "{at}: column `{name}`: {} is out of range for {dtype} ([{lo}, {hi}])",
+                        "{}: column `{name}`: {} is out of range for {dtype} ([{lo}, {hi}])",
+                        at(),
                         f.trim()
                     ));
                 }
