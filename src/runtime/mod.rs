@@ -685,9 +685,11 @@ impl Estimator {
                     Some(w) => w,
                     None => {
                         // The run's first event: TensorBoard drops what earlier runs
-                        // wrote from this step on (the steps redone after a crash).
+                        // wrote after the step this run starts from (the steps a
+                        // crashed run did after its checkpoint, redone now), and keeps
+                        // that step's own summary, which the checkpoint agrees with.
                         let w = summary::EventWriter::create(&self.model_dir)
-                            .and_then(|mut w| w.session_start(start).map(|_| w))
+                            .and_then(|mut w| w.session_start(start + 1).map(|_| w))
                             .map_err(|e| {
                                 self.io_diag(format!(
                                     "cannot write summaries in {}: {e}",

@@ -82,16 +82,20 @@ impl EventWriter {
     /// A `SessionLog` START event at `step`, written when a training run starts (as
     /// TensorFlow's Estimator does): TensorBoard then purges the events at `step` and
     /// later that earlier runs wrote, so the steps a crashed run did after its last
-    /// checkpoint, which the resumed run does again, are not shown twice.
+    /// checkpoint, which the resumed run does again, are not shown twice. (Checked with
+    /// TensorBoard 2.21's `EventAccumulator`, which reports "Purging expired events".)
     pub fn session_start(&mut self, step: i64) -> std::io::Result<()> {
         let mut e = event(now(), step, None, &[]);
         let mut log = Vec::new();
         put_key(1, 0, &mut log);
         put_varint(SESSION_START, &mut log);
-        put_bytes(6, &log, &mut e);
+        put_bytes(SESSION_LOG, &log, &mut e);
         self.write(&e)
     }
 }
+
+/// `Event.session_log`, the field number of TensorFlow's `event.proto`.
+const SESSION_LOG: u32 = 7;
 
 /// `SessionLog.SessionStatus.START`.
 const SESSION_START: u64 = 1;
@@ -106,7 +110,7 @@ pub fn read_session_starts(path: &Path) -> Result<Vec<i64>, String> {
             (2, Field::Varint(s)) => Some(*s as i64),
             _ => None,
         });
-        for (_, log) in event.iter().filter(|f| f.0 == 6) {
+        for (_, log) in event.iter().filter(|f| f.0 == SESSION_LOG) {
             let Field::Bytes(log) = log else {
                 return Err("malformed SessionLog".into());
             };
