@@ -858,4 +858,23 @@ fn nan_propagates_through_every_float_op() {
     let m = nan_mask(Op::Conv2d(conv), &[&img, &k], DType::F32, &[1, 2, 4, 1]);
     assert_eq!(m.iter().filter(|&&b| b).count(), 1, "conv2d: {m:?}");
     assert!(m[4], "conv2d: {m:?}");
+    // A cast to an integer cannot keep a NaN: it becomes i32's smallest value (NumPy's
+    // and TensorFlow's INT_MIN on x86, as are infinities and values beyond i32), so a
+    // NaN label is out of range, never class 0.
+    let c = f(&[5], &[nan, f64::INFINITY, f64::NEG_INFINITY, 1e10, -2.7]);
+    let min = f64::from(i32::MIN);
+    expect(
+        Op::Cast,
+        &[&c],
+        DType::I32,
+        &[5],
+        &[min, min, min, min, -2.0],
+    );
+    expect(
+        Op::Cast,
+        &[&c],
+        DType::U8,
+        &[5],
+        &[0.0, 0.0, 0.0, 0.0, 254.0],
+    );
 }

@@ -8,8 +8,6 @@ use est::runtime::{checkpoint, Estimator, RunFailure, RunOptions, Steps};
 use est::Program;
 use std::path::{Path, PathBuf};
 
-const BOUNDS: checkpoint::Bounds = checkpoint::Bounds { num_shards: 1 };
-
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -58,7 +56,7 @@ fn digits_with(dir: &Path, edit: impl FnOnce(&mut Vec<String>)) -> Program {
 /// Every float value of every checkpoint in `dir` is finite.
 fn checkpoints_are_finite(dir: &Path) -> bool {
     checkpoint::list(dir).iter().all(|c| {
-        let (_, vars) = checkpoint::load(c, BOUNDS).unwrap();
+        let (_, vars) = checkpoint::load(c).unwrap();
         vars.values()
             .all(|t| t.to_f64().iter().all(|v| v.is_finite()))
     })
@@ -304,6 +302,10 @@ fn a_damaged_checkpoint_is_detected_and_skipped() {
         "{}",
         w[0].message
     );
+    assert_eq!(
+        w[0].help.as_deref(),
+        Some("its files are left as they are; a training run will set them aside")
+    );
     assert!(checkpoint::tensors_path(&md, 30).exists());
     // train: falls back, sets the damaged files aside, and trains the steps again
     let mut e = digits_in(&dir, SMALL);
@@ -431,7 +433,7 @@ fn checkpoint_metadata_is_checked() {
     let found = checkpoint::list(&md);
     let neg = found.iter().find(|c| c.step == -3).unwrap();
     assert_eq!(
-        checkpoint::load(neg, BOUNDS).unwrap_err(),
+        checkpoint::load(neg).unwrap_err(),
         checkpoint::LoadError::Damaged("ckpt--3.json: the global step -3 is negative".into())
     );
 }
@@ -489,7 +491,16 @@ fn an_unwritable_model_dir_is_found_before_training() {
             PathBuf::from("/sys/kernel"),
             "/sys/kernel is not writable: Permission denied (os error 13)".to_string(),
         ),
+        (
+            dir.join("dangling"),
+            format!(
+                "{} is a symbolic link to {}, which does not exist",
+                dir.join("dangling").display(),
+                dir.join("nowhere").display()
+            ),
+        ),
     ];
+    std::os::unix::fs::symlink(dir.join("nowhere"), dir.join("dangling")).unwrap();
     let p = Program::load(&root().join("examples/digits_mlp.est")).unwrap();
     for (md, want) in cases {
         let opts = RunOptions {
@@ -628,6 +639,20 @@ estimator records {
   model = m
   train_input = train_rows()
   eval_input = test_records()
+}
+
+// A loss that sums over the batch: exact only when every batch is full (W0513).
+model summed(features: f32[B, 64], labels: i32[B]) {
+  let logits = dense(features, 10)
+  let per = -reduce_sum(one_hot(labels, 10) * log_softmax(logits), axis: 1)
+  let loss = reduce_sum(per) / float(params.eval_batch)
+  train { minimize loss with sgd(lr: 0.1) }
+}
+
+estimator summed {
+  model = summed
+  train_input = train_rows()
+  eval_input = test_rows()
 }
 "#;
 
@@ -831,7 +856,7 @@ fn csv_values_out_of_range_are_errors() {
         "{}",
         f.diags[0].message
     );
-    let f = train_on_csv("csv-float", "x0,x1,label\n1,2,0\n3,1e40,1\n");
+    let f = train_on_csv("csv-float", "x0,x1,label\n3.4028235e38,2,0\n3,1e40,1\n");
     assert_eq!(codes(&f), [Code::BadData]);
     assert!(
         f.diags[0]
@@ -916,6 +941,15 @@ fn labels_out_of_range_are_errors() {
         f.diags[0].message,
         "at global step 2: label -1 at batch position 2 is outside [0, 10) (the model has 10 classes)"
     );
+    // the variables of step 1 were intact: kept, with the input position before the
+    // bad batch
+    let help = f.diags[0].help.as_deref().unwrap_or_default();
+    assert!(
+        help.contains("training stopped after global step 1; its checkpoint"),
+        "{help}"
+    );
+    let kept = checkpoint::latest(&dir.join("model-own")).unwrap();
+    assert_eq!(kept.step, 1);
     // accuracy's labels, in evaluation
     let mut e = estimator_of(&p, Some("scored"), &dir.join("model-scored"), &dir);
     e.train(Steps::Max(5)).unwrap();
@@ -946,8 +980,8 @@ estimator e { model = m  train_input = rows()  predict_input = rows() }
 "#;
     let p = Program::from_source("nopredict.est", src, None);
     let dir = tmp("nopredict");
+    // untrained: the missing section is said first, not the missing checkpoint
     let mut e = estimator_of(&p, None, &dir.join("model"), &root());
-    e.train(Steps::Max(2)).unwrap();
     let f = e.predict(&dir.join("out"), None).unwrap_err();
     assert_eq!(codes(&f), [Code::InvalidModel]);
     assert_eq!(
@@ -989,5 +1023,112 @@ fn allocation_beyond_the_machine_is_an_error_not_an_abort() {
             .starts_with("const failed at global step 1: cannot allocate 3.6 TiB for its result"),
         "{}",
         f.diags[0].message
+    );
+}
+
+/// Review findings on the runtime, each with its regression test.
+///
+/// A checkpoint pruned by a training run alongside while an evaluation read it is not
+/// damage: `load` says it is gone, and `restore` goes on to the newest one.
+#[test]
+fn a_checkpoint_pruned_while_read_is_gone_not_damaged() {
+    let dir = tmp("pruned");
+    digits_in(&dir, SMALL).train(Steps::Max(20)).unwrap();
+    let md = dir.join("model");
+    let found = checkpoint::list(&md);
+    let first = found[0].clone();
+    std::fs::remove_file(&first.meta).unwrap();
+    std::fs::remove_file(&first.tensors).unwrap();
+    assert_eq!(
+        checkpoint::load(&first).unwrap_err(),
+        checkpoint::LoadError::Gone
+    );
+    // the tensors gone but the metadata there: that is damage
+    let second = found[1].clone();
+    let kept = std::fs::read(&second.tensors).unwrap();
+    std::fs::remove_file(&second.tensors).unwrap();
+    assert!(matches!(
+        checkpoint::load(&second).unwrap_err(),
+        checkpoint::LoadError::Damaged(_)
+    ));
+    std::fs::write(&second.tensors, kept).unwrap();
+    assert_eq!(checkpoint::restore(&md).unwrap().unwrap().found.step, 20);
+}
+
+/// A checkpoint of an est that recorded no checksums and no `max_shards`, trained with
+/// two shards, is restored by a run with one: its input position (two elements a step)
+/// is within what any run could have read.
+#[test]
+fn an_older_checkpoint_of_a_sharded_run_is_restored() {
+    let dir = tmp("old-format");
+    let md = dir.join("model");
+    let cfg = [
+        ("iterations_per_loop", 10),
+        ("save_checkpoint_steps", 10),
+        ("num_shards", 2),
+    ];
+    digits_in(&dir, &cfg).train(Steps::Max(10)).unwrap();
+    edit_meta(&md, 10, false, |m| {
+        assert_eq!(m.input_position, 20);
+        m.checksums = None;
+        m.meta_checksum = None;
+        m.max_shards = None;
+    });
+    let mut e = digits_in(&dir, SMALL);
+    let r = e.evaluate(Some(1)).unwrap();
+    assert_eq!(r.global_step, 10);
+    assert!(e.take_warnings().is_empty());
+}
+
+/// The AUC of scores with a NaN is NaN, computed at once (the tie loop never ended).
+#[test]
+fn auc_of_a_nan_score_is_nan() {
+    let t = |v: &[f64]| {
+        est::interp::Tensor::from_f64(
+            &est::ir::TensorType::new(est::ir::DType::F32, vec![v.len()]),
+            v.to_vec(),
+        )
+    };
+    let mut auc = est::runtime::metrics::builtin("auc").unwrap()();
+    auc.accumulate(&[&t(&[1.0, 0.0, 1.0]), &t(&[0.3, f64::NAN, 0.9])]);
+    assert!(auc.result().is_nan());
+}
+
+/// An embedding program that trains, lets another run train the same model_dir, and
+/// trains again, continues from the other run's checkpoint instead of overwriting it
+/// with its older state.
+#[test]
+fn a_second_train_call_reads_what_another_run_saved() {
+    let dir = tmp("catch-up");
+    let mut a = digits_in(&dir, SMALL);
+    a.train(Steps::Max(10)).unwrap();
+    let mut b = digits_in(&dir, SMALL);
+    assert_eq!(b.train(Steps::Max(30)).unwrap().global_step, 30);
+    let r = a.train(Steps::Add(10)).unwrap();
+    assert_eq!((r.start_step, r.global_step), (30, 40));
+}
+
+/// A graph that a padded batch would change (W0513 at check time: here a loss that sums
+/// over the batch) evaluates as it always did when every batch is full, and stops with
+/// E0916 when a partial batch arrives, instead of reporting a loss that depends on the
+/// batch size.
+#[test]
+fn an_inexact_graph_stops_only_when_a_partial_batch_arrives() {
+    let dir = tmp("inexact");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for f in ["digits_train.csv", "digits_test.csv"] {
+        std::fs::copy(root().join("examples/data").join(f), data.join(f)).unwrap();
+    }
+    partial(&dir, "summed", 40, 1)
+        .train(Steps::Max(10))
+        .unwrap();
+    let r = partial(&dir, "summed", 40, 1).evaluate(None).unwrap();
+    assert_eq!((r.steps, r.examples), (9, 360));
+    let f = partial(&dir, "summed", 64, 1).evaluate(None).unwrap_err();
+    assert_eq!(codes(&f), [Code::InexactPartialBatch]);
+    assert_eq!(
+        f.diags[0].message,
+        "in eval batch 6: a partial batch of 40 (of 64) arrived, and the eval loss `loss` would come out differently with padding"
     );
 }

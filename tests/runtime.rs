@@ -194,11 +194,7 @@ fn checkpoints_are_pruned_and_summaries_readable() {
     e.train(Steps::Max(300)).unwrap();
     let steps: Vec<i64> = checkpoint::list(&dir).iter().map(|c| c.step).collect();
     assert_eq!(steps, [200, 300]);
-    let (meta, vars) = checkpoint::load(
-        &checkpoint::latest(&dir).unwrap(),
-        checkpoint::Bounds { num_shards: 1 },
-    )
-    .unwrap();
+    let (meta, vars) = checkpoint::load(&checkpoint::latest(&dir).unwrap()).unwrap();
     assert_eq!(meta.global_step, 300);
     assert_eq!(meta.seed, 7);
     assert_eq!(meta.input_position, 300);

@@ -427,23 +427,27 @@ that depends on `labels` cannot be computed.
 
 Compute predictions from the features only.";
 
-    UnmaskablePartialBatch = "E0513", Error, "a partial last batch cannot be evaluated exactly",
+    UnmaskablePartialBatch = "W0513", Warning, "a partial last batch could not be evaluated exactly",
 "An eval or predict input without `drop_remainder: true` may end with a batch smaller
 than the graph's batch size. The runtime pads that batch with copies of its last row and
 the compiler masks the padding: reductions over the batch (`reduce_mean`, `reduce_sum`,
 ... across the examples) count the real examples only, metrics see only the real rows,
 and predict writes one row per real example.
 
-That is exact only for values computed per example or reduced over the batch. This
-value mixes the examples in another way, through an op that padding rows would change
-(a matmul that contracts the batch, a softmax or a concat along it), or it is computed
-per batch while it feeds a metric, so the smaller last batch would weigh as much as a
-full one:
+That is exact for predictions and metric arguments with one row per example, and for a
+loss that is a mean over the examples (an affine function of `reduce_mean`s over the
+batch, as the `std.losses` functions and a regulariser added to them). This value is
+neither: a loss that sums or takes a maximum over the batch, a metric fed one value per
+batch (the smaller last batch would weigh as much as a full one), or a value that mixes
+the examples through an op padding rows would change (a matmul that contracts the
+batch, a softmax or a concat along it):
 
-    eval { metric m = mean(reduce_mean(loss_per_example)) }  // error: one value per batch
+    eval { metric m = mean(reduce_mean(loss_per_example)) }  // one value per batch
 
-Compute it per example (`mean(loss_per_example)`), or drop the partial batch with
-`batch(n, drop_remainder: true)`.";
+It is a warning because an eval set that divides into full batches runs as it always
+did; if a partial batch does arrive, the run stops with E0916. Compute the value per
+example (`mean(loss_per_example)`), write the loss as a mean, or drop the partial batch
+with `batch(n, drop_remainder: true)`.";
     SharedModelDir = "W0514", Warning, "estimators share a model_dir",
 "Two estimators of the program name the same `model_dir`. Their training runs would
 write checkpoints into one directory: the second would restore the first's (E0901 when
@@ -580,8 +584,8 @@ from scratch in a fresh `--model-dir`.";
 the directory as empty and write its own checkpoints beside them. Use a fresh
 `--model-dir`.";
     NoExamples = "E0913", Error, "evaluation or prediction over no examples",
-"An evaluation (or prediction) ran over no batch: `--steps 0`, an input whose files are
-empty or whose filters drop every element, or more shards than batches. Its metrics
+"An evaluation (or prediction) ran over no batch: `--steps 0`, or an input whose files
+are empty or whose filters drop every element. Its metrics
 would be meaningless (an accuracy of 0 over nothing), so nothing is reported and
 nothing is written: no summary, no prediction file.";
     SummariesNotWritten = "W0914", Warning, "summaries could not be written",
@@ -598,4 +602,11 @@ message names the step (or eval batch), the label and its position in the batch.
 
 Fix the data or the `map` that makes the labels (labels counted from 1 need `- 1`),
 or give the model as many classes as the labels need.";
+    InexactPartialBatch = "E0916", Error, "a partial batch arrived that cannot be evaluated exactly",
+"The eval or predict input ended with a partial batch, and the graph has outputs that a
+padded batch would change (each was W0513 at check time: a loss that is not a mean over
+the examples, a metric fed one value per batch, a value that mixes the examples). The
+run stops rather than report a number that depends on the batch size. Write those
+outputs per example (or the loss as a mean), or drop the partial batch with
+`batch(n, drop_remainder: true)`.";
 }

@@ -228,10 +228,12 @@ pub fn elaborate(p: &Program, opts: &ElabOptions) -> (Vec<EstimatorInfo>, Vec<Co
 /// checkpoints of different models into one directory (and the second refuses the
 /// first's checkpoints, or restores them into the wrong model).
 fn shared_model_dirs(estimators: &[&EstimatorItem], infos: &[EstimatorInfo], diags: &mut Diags) {
+    // `runs/a`, `./runs/a` and `runs/./a/` name one directory.
     let dir_of = |i: &EstimatorInfo| {
         i.model_dir.clone().map(|d| {
             std::path::Path::new(&d)
                 .components()
+                .filter(|c| *c != std::path::Component::CurDir)
                 .collect::<std::path::PathBuf>()
         })
     };
@@ -721,6 +723,9 @@ fn config<'p>(
     (c, spans)
 }
 
+/// The most shards a step may have (`config { num_shards }`).
+pub const MAX_NUM_SHARDS: i64 = 4096;
+
 /// Upper bounds of config keys whose value is a number of threads or copies of
 /// something, with why: beyond them a run would exhaust the machine, not go faster.
 const CONFIG_MAX: &[(&str, i64, &str)] = &[
@@ -731,7 +736,7 @@ const CONFIG_MAX: &[(&str, i64, &str)] = &[
     ),
     (
         "num_shards",
-        4096,
+        MAX_NUM_SHARDS,
         "each shard of a step runs as a thread of its own on the host",
     ),
     (

@@ -17,6 +17,7 @@ pub mod value;
 pub use datasets::UNKNOWN_DIM;
 pub use estimator::{
     elaborate, Compiled, Config, ElabOptions, EstimatorInfo, ParamOverride, CONFIG_KEYS,
+    MAX_NUM_SHARDS,
 };
 pub use value::{Target, Value};
 

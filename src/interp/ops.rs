@@ -301,8 +301,11 @@ fn cast(a: &Tensor, ty: &TensorType) -> Tensor {
     match &a.data {
         Data::F(x) if to.is_float() => Tensor::float(to, x.clone()),
         Data::F(x) if to == DType::Bool => Tensor::bool(x.map(|&v| v != 0.0).into_shared()),
-        // Truncation toward zero; NaN becomes 0 and out-of-range values saturate.
-        Data::F(x) => Tensor::int(to, x.map(|&v| v as i64).into_shared()),
+        // Truncation toward zero, saturated to the dtype; NaN becomes its smallest value.
+        Data::F(x) => Tensor::int(
+            to,
+            x.map(|&v| float::to_int(f64::from(v), to)).into_shared(),
+        ),
         Data::I(x) if to.is_float() => Tensor::float(to, x.map(|&v| v as f32).into_shared()),
         Data::I(x) if to == DType::Bool => Tensor::bool(x.map(|&v| v != 0).into_shared()),
         Data::I(x) => Tensor::int(to, x.clone()),
@@ -510,15 +513,33 @@ fn concat(axis: usize, args: &[&Tensor]) -> R {
 }
 
 fn one_hot(idx: &Tensor, depth: usize, ty: &TensorType) -> Tensor {
-    let ids = idx.to_f64();
-    let mut v = vec![0.0f64; ids.len() * depth];
-    for (i, &k) in ids.iter().enumerate() {
-        // Out-of-range indices give a row of zeros, as in TensorFlow.
-        if k >= 0.0 && (k as usize) < depth {
-            v[i * depth + k as usize] = 1.0;
+    // Made in the result's dtype directly: a one-hot tensor may be the largest of a
+    // step, and an f64 copy of it would triple its peak.
+    fn hot<T: Copy>(ids: &Arr<i64>, depth: usize, zero: T, one: T) -> Vec<T> {
+        let mut v = vec![zero; ids.len() * depth];
+        for (i, &k) in ids.iter().enumerate() {
+            // Out-of-range indices give a row of zeros, as in TensorFlow.
+            if k >= 0 && (k as u64) < depth as u64 {
+                v[i * depth + k as usize] = one;
+            }
         }
+        v
     }
-    Tensor::from_f64(ty, v)
+    let ids = idx.i();
+    let shape = dyn_shape(ty);
+    match ty.dtype {
+        d if d.is_float() => Tensor::float(
+            d,
+            Arr::from_shape_vec(shape, hot(ids, depth, 0f32, 1.0)).expect("shape"),
+        ),
+        DType::Bool => {
+            Tensor::bool(Arr::from_shape_vec(shape, hot(ids, depth, false, true)).expect("shape"))
+        }
+        d => Tensor::int(
+            d,
+            Arr::from_shape_vec(shape, hot(ids, depth, 0i64, 1)).expect("shape"),
+        ),
+    }
 }
 
 /// `idx` itself when every index lies in `[0, depth)`; else the first one that does

@@ -92,3 +92,21 @@ pub fn beats<T: Float>(v: T, best: T, max: bool) -> bool {
     }
     v.is_nan() || if max { v > best } else { v < best }
 }
+
+/// A float cast to an integer dtype, as NumPy (and TensorFlow) compute it on x86:
+/// truncated toward zero; a NaN, an infinity or a value beyond `i32` (`i64`) is the
+/// dtype's "integer indefinite", its smallest value, so that a NaN class label is
+/// caught as out of range rather than read as class 0; `u8` keeps the low byte of the
+/// truncated value (300.0 is 44, -1.7 is 255), NaN and infinities give 0.
+pub fn to_int(v: f64, to: super::DType) -> i64 {
+    use super::DType;
+    match to {
+        DType::U8 if v.is_finite() => i64::from((v as i64) as u8),
+        DType::U8 | DType::Bool => 0,
+        // Beyond these, the truncated value does not fit (NaN and infinities are too).
+        DType::I32 if v > -2_147_483_649.0 && v < 2_147_483_648.0 => v as i64,
+        DType::I32 => i64::from(i32::MIN),
+        _ if (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&v) => v as i64,
+        _ => i64::MIN,
+    }
+}

@@ -89,6 +89,9 @@ pub struct BatchMask {
     pub size: usize,
     /// Indices into `outputs` of the outputs with one row per example (axis 0).
     pub per_example: Vec<usize>,
+    /// The outputs that a padded batch would change (W0513), described for the
+    /// run-time error (E0916) of a partial batch that actually arrives.
+    pub inexact: Vec<String>,
 }
 
 /// The name of the mask input (not an identifier, so no model input can take it).
@@ -204,6 +207,37 @@ impl Graph {
             }
         }
         order
+    }
+
+    /// Renumbers the nodes so that index order is a topological order. Passes that put
+    /// a new node before an existing one call it: `topo_order` is then a linear scan
+    /// again instead of Kahn's algorithm with a heap, for every later pass. Outputs and
+    /// the batch mask follow their nodes.
+    pub fn renumber(&mut self) {
+        if self.g.edge_references().all(|e| e.source() < e.target()) {
+            return;
+        }
+        let order = self.topo_order();
+        let mut new_of = vec![NodeIndex::end(); self.g.node_bound()];
+        let mut g: StableDiGraph<Node, u32> =
+            StableDiGraph::with_capacity(order.len(), self.g.edge_count());
+        for &n in &order {
+            new_of[n.index()] = g.add_node(self.g[n].clone());
+        }
+        for e in self.g.edge_references() {
+            g.add_edge(
+                new_of[e.source().index()],
+                new_of[e.target().index()],
+                *e.weight(),
+            );
+        }
+        self.g = g;
+        for o in &mut self.outputs {
+            o.node = new_of[o.node.index()];
+        }
+        if let Some(m) = &mut self.batch_mask {
+            m.input = new_of[m.input.index()];
+        }
     }
 
     /// Removes many nodes at once, with their edges, in time linear in the graph.

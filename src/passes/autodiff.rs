@@ -353,13 +353,12 @@ impl Ad<'_> {
                     self.bin(BinaryOp::Mul, dy, t, sp)
                 }
                 UnaryOp::Relu => {
-                    // Through where relu passed x on: x > 0, or x NaN (ir::float).
+                    // Through where relu passed x on: x > 0, or x NaN (ir::float), that
+                    // is, wherever `x <= 0` is false.
                     let zero = self.konst(0.0, node.ty.dtype, sp);
-                    let pos = self.cmp(BinaryOp::Gt, x, zero, sp);
-                    let nan = self.is_nan(x, sp);
-                    let pass = self.cmp(BinaryOp::Or, pos, nan, sp);
+                    let stop = self.cmp(BinaryOp::Le, x, zero, sp);
                     let z = self.zeros(self.ty(dy), sp);
-                    self.select(pass, dy, z, sp)
+                    self.select(stop, z, dy, sp)
                 }
                 UnaryOp::Sign => return None, // zero almost everywhere
                 UnaryOp::Floor | UnaryOp::Not => return None,

@@ -57,6 +57,7 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, _diags: &mut Diags) {
             }
         }
     }
+    g.renumber();
 }
 
 /// `check_indices(idx)`, with the span of `at`.

@@ -10,10 +10,15 @@
 //! - every reduction across that axis (`reduce_sum`, `reduce_mean`, ... over the
 //!   batch) becomes the same reduction over the real rows only, so a loss written with
 //!   `reduce_mean` over the batch is the mean over the real examples;
-//! - the loss, each metric argument and each prediction must be per example (rows kept
-//!   by the runtime), independent of the examples, or an exact aggregate: a value that
-//!   mixes the examples some other way (a matmul contracting the batch, a softmax over
-//!   it) is E0513, since padding would change it.
+//! - each prediction and metric argument should be per example (the runtime keeps its
+//!   real rows), and the loss a mean over the examples (an affine function of
+//!   `reduce_mean`s over the batch, such as a `std.losses` loss plus a regulariser),
+//!   which the runtime averages over batches weighted by their real examples. Any
+//!   other output (a loss that sums over the batch, a metric fed one value per batch, a
+//!   value that mixes the examples through a matmul or a softmax over the batch) would
+//!   come out differently with padding: it is W0513 here, and E0916 at run time only
+//!   if a partial batch actually arrives (an eval set that divides evenly runs as it
+//!   always did).
 //!
 //! It runs only on graphs whose `partial_batches` elaboration set.
 
@@ -33,8 +38,14 @@ enum Rows {
     /// Row by row along this axis: row `i` depends on example `i` (and shared or
     /// exactly aggregated values) only.
     Axis(usize),
-    /// Through reductions over the real examples only: exact.
-    Reduced,
+    /// An affine function of means over the real examples (`reduce_mean` over the
+    /// batch, then sums, differences and scalings by shared values): its mean over all
+    /// examples is the mean of its per-batch values weighted by their real examples.
+    Mean,
+    /// Another aggregate over the real examples (a sum or a max over the batch, a
+    /// nonlinear function of a mean): exact per batch, not across batches of unequal
+    /// size.
+    Aggregate,
     /// Mixes the examples in a way padding would change; the op that did it.
     Mixed(NodeIndex),
 }
@@ -79,11 +90,18 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
                         if rows.len() < g.g.node_bound() {
                             rows.resize(g.g.node_bound(), Rows::Shared);
                         }
-                        rows[result.index()] = Rows::Reduced;
-                        Rows::Reduced
+                        let r = if op == ReduceOp::Mean {
+                            Rows::Mean
+                        } else {
+                            Rows::Aggregate
+                        };
+                        rows[result.index()] = r;
+                        r
                     }
                     Rows::Axis(a) if keep => Rows::Axis(a),
                     Rows::Axis(a) => Rows::Axis(a - axes.iter().filter(|&&ax| ax < a).count()),
+                    Rows::Mean if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => Rows::Mean,
+                    Rows::Mean => Rows::Aggregate,
                     r => r,
                 }
             }
@@ -94,6 +112,7 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
         }
     }
     let mut per_example = Vec::new();
+    let mut inexact = Vec::new();
     for (i, o) in g.outputs.iter().enumerate() {
         let what = match o.role {
             Role::Loss => "the eval loss",
@@ -104,7 +123,7 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
         let r = rows[o.node.index()];
         let ok = match (o.role, r) {
             (_, Rows::Shared) => true,
-            (Role::Loss, Rows::Reduced) => true,
+            (Role::Loss, Rows::Mean) => true,
             (Role::MetricInput | Role::Prediction, Rows::Axis(0)) => {
                 per_example.push(i);
                 true
@@ -112,17 +131,21 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
             _ => false,
         };
         if !ok {
-            diags.push(unmaskable(g, o.node, &o.name, what, r));
+            let d = unmaskable(g, o.node, &o.name, what, r);
+            inexact.push(format!("{what} `{}`", o.name));
+            diags.push(d);
         }
     }
     g.batch_mask = Some(BatchMask {
         input: mask,
         size,
         per_example,
+        inexact,
     });
+    g.renumber();
 }
 
-/// E0513: an output that padding rows would change.
+/// W0513: an output that padding rows would change.
 fn unmaskable(g: &Graph, out: NodeIndex, name: &str, what: &str, r: Rows) -> Diag {
     let (why, at, label) = match r {
         Rows::Mixed(m) => (
@@ -133,7 +156,13 @@ fn unmaskable(g: &Graph, out: NodeIndex, name: &str, what: &str, r: Rows) -> Dia
             g.node(m).span,
             format!("this `{}` mixes the examples", g.node(m).op.name()),
         ),
-        Rows::Reduced => (
+        Rows::Mean | Rows::Aggregate if what.starts_with("the eval loss") => (
+            "is not a mean over the examples (it sums, or takes a maximum, or a nonlinear function of a mean, over the batch), so a smaller last batch would change it"
+                .to_string(),
+            g.node(out).span,
+            "not a mean over the examples".to_string(),
+        ),
+        Rows::Mean | Rows::Aggregate => (
             "is one value per batch, so the smaller last batch would weigh as much as a full one"
                 .to_string(),
             g.node(out).span,
@@ -148,13 +177,18 @@ fn unmaskable(g: &Graph, out: NodeIndex, name: &str, what: &str, r: Rows) -> Dia
             format!("{}", g.ty(out)),
         ),
     };
+    let help = if what.starts_with("the eval loss") {
+        "write the loss as a mean over the batch (`reduce_mean`, as the std.losses do), or drop the partial last batch with `batch(n, drop_remainder: true)`; an eval set that divides into full batches runs as it is"
+    } else {
+        "give it one row per example (the batch first), or drop the partial last batch with `batch(n, drop_remainder: true)`; an eval set that divides into full batches runs as it is"
+    };
     let mut d = Diag::new(
         Code::UnmaskablePartialBatch,
         at,
-        format!("{what} `{name}` {why}: the padded last batch cannot be evaluated exactly"),
+        format!("{what} `{name}` {why}: a padded last batch cannot be evaluated exactly"),
     )
     .label(label)
-    .help("compute it per example (one row per example, or a `reduce_mean`/`reduce_sum` over the batch), or drop the partial last batch with `batch(n, drop_remainder: true)`");
+    .help(help);
     if g.node(out).span != at {
         d = d.with(g.node(out).span, format!("`{name}`"));
     }
@@ -175,20 +209,28 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
         | Op::RandomUniform { .. }
         | Op::RandomNormal { .. } => Rows::Shared,
         // Elementwise, with numpy broadcasting (right-aligned axes).
-        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::BroadcastTo => combine(
-            ops.iter()
-                .map(|&o| aligned(rows[o.index()], g.ty(o).rank(), rank)),
-            mixed,
-        ),
-        Op::CrossShardMean | Op::OneHot { .. } | Op::DecodeRaw | Op::CheckIndices { .. } => of(0),
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::BroadcastTo => {
+            let all: Vec<Rows> = ops
+                .iter()
+                .map(|&o| aligned(rows[o.index()], g.ty(o).rank(), rank))
+                .collect();
+            let r = combine(all.iter().copied(), mixed);
+            if r == Rows::Mean && !affine(&node.op, &all, node.ty.dtype) {
+                Rows::Aggregate
+            } else {
+                r
+            }
+        }
+        Op::CrossShardMean => of(0),
+        Op::OneHot { .. } | Op::DecodeRaw | Op::CheckIndices { .. } => nonlinear(of(0)),
         Op::ArgMax { axis } | Op::ArgMin { axis } => match of(0) {
             Rows::Axis(a) if a == *axis => mixed,
             Rows::Axis(a) if a > *axis => Rows::Axis(a - 1),
-            r => r,
+            r => nonlinear(r),
         },
         Op::Softmax { axis } | Op::LogSoftmax { axis } => match of(0) {
             Rows::Axis(a) if a == *axis => mixed,
-            r => r,
+            r => nonlinear(r),
         },
         Op::Slice { axis, .. } => match of(0) {
             Rows::Axis(a) if a == *axis => mixed,
@@ -211,6 +253,9 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
             r => r,
         },
         Op::MatMul => {
+            if of(0) == Rows::Mean && of(1) == Rows::Mean {
+                return Rows::Aggregate;
+            }
             let (ra, rb) = (g.ty(ops[0]).rank(), g.ty(ops[1]).rank());
             let a = match of(0) {
                 Rows::Axis(x) if x + 1 == ra => mixed,
@@ -226,15 +271,15 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
         }
         Op::Gather => match (of(0), of(1)) {
             (Rows::Axis(_) | Rows::Mixed(_), _) => mixed,
-            (_, idx) => idx,
+            (t, idx) => combine([t, nonlinear(idx)].into_iter(), mixed),
         },
         Op::Conv2d(_) | Op::MaxPool2d(_) | Op::AvgPool2d(_) => {
             let filter = if ops.len() > 1 { of(1) } else { Rows::Shared };
             match (of(0), filter) {
                 (_, Rows::Axis(_) | Rows::Mixed(_)) => mixed,
-                (Rows::Axis(0), f) => combine([Rows::Axis(0), f].into_iter(), mixed),
+                (Rows::Axis(0), f) => combine([Rows::Axis(0), nonlinear(f)].into_iter(), mixed),
                 (Rows::Axis(_), _) => mixed,
-                (x, f) => combine([x, f].into_iter(), mixed),
+                (x, f) => nonlinear(combine([x, f].into_iter(), mixed)),
             }
         }
         Op::Input { .. } => Rows::Axis(0),
@@ -256,6 +301,32 @@ fn aligned(r: Rows, rank: usize, out: usize) -> Rows {
     }
 }
 
+/// A value computed from `r` by an op that is not linear: a mean goes in, a general
+/// aggregate comes out.
+fn nonlinear(r: Rows) -> Rows {
+    match r {
+        Rows::Mean => Rows::Aggregate,
+        r => r,
+    }
+}
+
+/// Whether an elementwise op keeps means over the examples affine: sums and
+/// differences of means and shared values, a mean scaled or divided by a shared value,
+/// a negation, a cast to a float type, a broadcast, a select by a shared condition.
+fn affine(op: &Op, all: &[Rows], dtype: DType) -> bool {
+    use crate::ir::{BinaryOp, UnaryOp};
+    let means = all.iter().filter(|&&r| r == Rows::Mean).count();
+    match op {
+        Op::Unary(UnaryOp::Neg) | Op::BroadcastTo => true,
+        Op::Cast => dtype.is_float(),
+        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => true,
+        Op::Binary(BinaryOp::Mul) => means == 1,
+        Op::Binary(BinaryOp::Div) => all[0] == Rows::Mean && all[1] == Rows::Shared,
+        Op::Select => all[0] == Rows::Shared,
+        _ => false,
+    }
+}
+
 /// The rows of a value made from several: mixed if any is, or if two hold their
 /// examples along different axes.
 fn combine(all: impl Iterator<Item = Rows>, mixed: Rows) -> Rows {
@@ -265,7 +336,8 @@ fn combine(all: impl Iterator<Item = Rows>, mixed: Rows) -> Rows {
             (Rows::Mixed(m), _) | (_, Rows::Mixed(m)) => return Rows::Mixed(m),
             (Rows::Axis(a), Rows::Axis(b)) if a != b => return mixed,
             (Rows::Axis(a), _) | (_, Rows::Axis(a)) => Rows::Axis(a),
-            (Rows::Reduced, _) | (_, Rows::Reduced) => Rows::Reduced,
+            (Rows::Aggregate, _) | (_, Rows::Aggregate) => Rows::Aggregate,
+            (Rows::Mean, _) | (_, Rows::Mean) => Rows::Mean,
             _ => Rows::Shared,
         };
     }

@@ -54,12 +54,13 @@ pub struct RunShape {
     pub workers: u64,
 }
 
+/// The bytes of a tensor as the interpreter holds it: floats as f32, every integer
+/// dtype as i64, bools as bytes.
 pub fn bytes_of(ty: &TensorType) -> u128 {
     let per = match ty.dtype {
-        DType::F32 | DType::I32 => 4,
-        DType::F16 | DType::BF16 => 2,
-        DType::U8 | DType::Bool => 1,
-        DType::I64 => 8,
+        DType::F32 | DType::F16 | DType::BF16 => 4,
+        DType::I32 | DType::U8 | DType::I64 => 8,
+        DType::Bool => 1,
         DType::Bytes => BYTES_PER_STRING,
     };
     ty.shape
@@ -203,18 +204,34 @@ pub fn human(b: u128) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
-/// The memory of this machine (`MemTotal` of `/proc/meminfo`), if known.
+/// The memory this process may use: `MemTotal` of `/proc/meminfo`, or the memory
+/// limit of its cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`) when that is
+/// lower, as in a container. `None` when neither is known.
 pub fn machine_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line
-        .trim_start_matches("MemTotal:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kib.checked_mul(1024)
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line
+                .trim_start_matches("MemTotal:")
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()?;
+            kib.checked_mul(1024)
+        });
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok())
+    .min();
+    match (total, cgroup) {
+        (Some(t), Some(c)) => Some(t.min(c)),
+        (t, c) => t.or(c),
+    }
 }
 
 /// E0602 when the estimate is beyond `limit`.

@@ -56,7 +56,7 @@ pub const PIPELINE: &[Pass] = &[
         run: check_labels::run,
     },
     // Eval and predict graphs whose last batch may be partial: reductions across the
-    // examples skip the padding rows; outputs that padding would change are E0513.
+    // examples skip the padding rows; outputs that padding would change are W0513.
     Pass {
         name: "mask_padding",
         run: mask_padding::run,

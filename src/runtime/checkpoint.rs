@@ -227,38 +227,38 @@ pub enum LoadError {
     Io(String),
     /// The checkpoint is damaged: the reason.
     Damaged(String),
-}
-
-/// What a run knows that bounds a checkpoint's metadata.
-#[derive(Debug, Clone, Copy)]
-pub struct Bounds {
-    /// The run's `num_shards` (the bound of `input_position` in checkpoints of est
-    /// before `max_shards` was recorded).
-    pub num_shards: u64,
+    /// The checkpoint was deleted while it was being read: a training run alongside
+    /// pruned it (`keep_checkpoint_max`). Not damage: a newer one exists.
+    Gone,
 }
 
 /// Reads a checkpoint's metadata and variables and verifies them: the metadata's own
 /// checksum and fields, the tensors file, each tensor's checksum, the variable list,
 /// and that every float value is finite.
-pub fn load(c: &Found, bounds: Bounds) -> Result<(Meta, FxHashMap<String, Tensor>), LoadError> {
+pub fn load(c: &Found) -> Result<(Meta, FxHashMap<String, Tensor>), LoadError> {
     let name = |p: &Path| {
         p.file_name()
             .map_or(String::new(), |n| n.to_string_lossy().into_owned())
     };
     let damaged = |why: String| LoadError::Damaged(why);
-    let m = std::fs::read(&c.meta)
-        .map_err(|e| LoadError::Io(format!("cannot read {}: {e}", c.meta.display())))?;
+    let m = std::fs::read(&c.meta).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => LoadError::Gone,
+        _ => LoadError::Io(format!("cannot read {}: {e}", c.meta.display())),
+    })?;
     let meta: Meta = serde_json::from_slice(&m)
         .map_err(|e| damaged(format!("{} is not valid metadata: {e}", name(&c.meta))))?;
-    check_meta(&meta, c.step, bounds).map_err(|e| damaged(format!("{}: {e}", name(&c.meta))))?;
+    check_meta(&meta, c.step).map_err(|e| damaged(format!("{}: {e}", name(&c.meta))))?;
     let b = match std::fs::read(&c.tensors) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !c.meta.exists() {
+                return Err(LoadError::Gone);
+            }
             return Err(damaged(format!(
                 "{} is missing (its metadata {} is there)",
                 name(&c.tensors),
                 name(&c.meta)
-            )))
+            )));
         }
         Err(e) => {
             return Err(LoadError::Io(format!(
@@ -273,7 +273,7 @@ pub fn load(c: &Found, bounds: Bounds) -> Result<(Meta, FxHashMap<String, Tensor
 }
 
 /// The metadata's own checksum and the consistency and range of its fields.
-fn check_meta(meta: &Meta, step: i64, bounds: Bounds) -> Result<(), String> {
+fn check_meta(meta: &Meta, step: i64) -> Result<(), String> {
     if let Some(want) = meta.meta_checksum {
         if meta.own_checksum() != want {
             return Err("the metadata does not match its checksum".into());
@@ -293,7 +293,8 @@ fn check_meta(meta: &Meta, step: i64, bounds: Bounds) -> Result<(), String> {
     let shards = match meta.max_shards {
         Some(0) => return Err("max_shards is 0".into()),
         Some(s) => s,
-        None => bounds.num_shards.max(1),
+        // Written before `max_shards` was: any run may have used the most shards.
+        None => crate::elab::MAX_NUM_SHARDS as u64,
     };
     let most = (step as u64).saturating_mul(shards);
     if meta.input_position > most {
@@ -307,7 +308,8 @@ fn check_meta(meta: &Meta, step: i64, bounds: Bounds) -> Result<(), String> {
 }
 
 /// The tensors against the metadata: the same variables and types, each matching its
-/// checksum, and no NaN or infinity (training never saves one).
+/// checksum, and no NaN (training never saves one; an infinity may be the state a model
+/// keeps, such as a running maximum that starts at -inf).
 fn check_tensors(meta: &Meta, vars: &FxHashMap<String, Tensor>) -> Result<(), String> {
     let mut listed: Vec<String> = vars
         .iter()
@@ -340,7 +342,7 @@ fn check_tensors(meta: &Meta, vars: &FxHashMap<String, Tensor>) -> Result<(), St
         }
     }
     for (name, t) in vars {
-        if let Some((i, v)) = super::health::first_non_finite(t) {
+        if let Some((i, v)) = super::health::first_nan(t) {
             return Err(format!("`{name}` holds {v} (element {i})"));
         }
     }
@@ -367,27 +369,38 @@ pub enum RestoreError {
 
 /// The newest intact checkpoint of `dir`, with the damaged ones newer than it; `None`
 /// when `dir` has no checkpoint at all.
-pub fn restore(dir: &Path, bounds: Bounds) -> Result<Option<Restored>, RestoreError> {
-    let all = list(dir);
-    if all.is_empty() {
-        return Ok(None);
-    }
-    let mut damaged = Vec::new();
-    for found in all.into_iter().rev() {
-        match load(&found, bounds) {
-            Ok((meta, vars)) => {
-                return Ok(Some(Restored {
-                    found,
-                    meta,
-                    vars,
-                    damaged,
-                }))
+pub fn restore(dir: &Path) -> Result<Option<Restored>, RestoreError> {
+    // A training run alongside may prune checkpoints while they are read: those are
+    // skipped, and when every one listed went away, the directory is listed again.
+    for _ in 0..8 {
+        let all = list(dir);
+        if all.is_empty() {
+            return Ok(None);
+        }
+        let mut damaged = Vec::new();
+        for found in all.into_iter().rev() {
+            match load(&found) {
+                Ok((meta, vars)) => {
+                    return Ok(Some(Restored {
+                        found,
+                        meta,
+                        vars,
+                        damaged,
+                    }))
+                }
+                Err(LoadError::Io(e)) => return Err(RestoreError::Io(e)),
+                Err(LoadError::Damaged(why)) => damaged.push((found, why)),
+                Err(LoadError::Gone) => {}
             }
-            Err(LoadError::Io(e)) => return Err(RestoreError::Io(e)),
-            Err(LoadError::Damaged(why)) => damaged.push((found, why)),
+        }
+        if !damaged.is_empty() {
+            return Err(RestoreError::NoneIntact(damaged));
         }
     }
-    Err(RestoreError::NoneIntact(damaged))
+    Err(RestoreError::Io(format!(
+        "the checkpoints of {} kept disappearing while they were read",
+        dir.display()
+    )))
 }
 
 /// Moves a damaged checkpoint's files aside (`ckpt-N.json.damaged`, ...), where no run

@@ -25,6 +25,8 @@ pub(super) struct Feeder {
     names: Vec<String>,
     /// The static batch size, when the graph masks a partial last batch.
     masked: Option<usize>,
+    /// The outputs a padded batch would change (W0513).
+    inexact: Vec<String>,
     /// The input's span, for errors about its batches.
     at: Span,
 }
@@ -40,6 +42,10 @@ impl Feeder {
         Feeder {
             names: input_names(g),
             masked: g.batch_mask.as_ref().map(|m| m.size),
+            inexact: g
+                .batch_mask
+                .as_ref()
+                .map_or_else(Vec::new, |m| m.inexact.clone()),
             at,
         }
     }
@@ -162,6 +168,22 @@ impl Estimator {
         shard: usize,
         when: &str,
     ) -> Res<(Values, usize)> {
+        let rows = batch.first().and_then(|t| t.shape().first().copied());
+        if let (Some(rows), Some(size)) = (rows, feeder.masked) {
+            if rows < size && !feeder.inexact.is_empty() {
+                return Err(Diag::new(
+                    Code::InexactPartialBatch,
+                    feeder.at,
+                    format!(
+                        "{when}: a partial batch of {rows} (of {size}) arrived, and {} would come out differently with padding",
+                        feeder.inexact.join(", ")
+                    ),
+                )
+                .label("this input")
+                .help("write them per example (the loss as a mean over the batch), or drop the partial batch with `batch(n, drop_remainder: true)`; `estc check` lists them (W0513)")
+                .into());
+            }
+        }
         let fed = feeder
             .feed(batch)
             .map_err(|m| Diag::new(Code::BadData, feeder.at, m).label("this input"))?;
@@ -192,7 +214,7 @@ impl Estimator {
         Ok(out)
     }
 
-    /// E0914: an evaluation or prediction that saw no example.
+    /// E0913: an evaluation or prediction that saw no example.
     fn no_examples(&self, mode: SectionKind, steps: Option<u64>, at: Span) -> RunFailure {
         let why = match steps {
             Some(0) => "--steps 0 asks for no batch".to_string(),
@@ -344,8 +366,18 @@ impl Estimator {
     /// Runs the predict section over the predict input and writes `predictions.jsonl`
     /// (one object per example) and one `.npy` per output into `out`.
     pub fn predict(&mut self, out: &Path, steps: Option<u64>) -> Res<PredictReport> {
-        self.prepare(Need::Checkpoint)?;
         let (c, ds) = self.input(SectionKind::Predict)?;
+        if !c.graph.outputs.iter().any(|o| o.role == Role::Prediction) {
+            return Err(Diag::new(
+                Code::InvalidModel,
+                self.info.span,
+                "the model has no predictions: its predict section is missing or empty",
+            )
+            .label("this estimator's model")
+            .help("add `predict { name = value }` to the model, one line per prediction (e.g. `predict { classes = argmax(logits, 1) }`)")
+            .into());
+        }
+        self.prepare(Need::Checkpoint)?;
         if steps.is_none() && ds.repeats_forever() {
             return Err(Diag::new(
                 Code::EndlessEval,
@@ -364,16 +396,6 @@ impl Estimator {
             .filter(|o| o.role == Role::Prediction)
             .map(|o| (o.name.clone(), o.node))
             .collect();
-        if outs.is_empty() {
-            return Err(Diag::new(
-                Code::InvalidModel,
-                self.info.span,
-                "the model has no predictions: its predict section is missing or empty",
-            )
-            .label("this estimator's model")
-            .help("add `predict { name = value }` to the model, one line per prediction (e.g. `predict { classes = argmax(logits, 1) }`)")
-            .into());
-        }
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
         let mut pipe = self.start_pipeline(&ds, SectionKind::Predict)?;

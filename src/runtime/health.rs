@@ -71,14 +71,29 @@ pub fn first_non_finite(t: &Tensor) -> Option<(usize, f32)> {
         .map(|(i, &v)| (i, v))
 }
 
-/// The float variable with the largest magnitude, and that magnitude.
+/// The first NaN of a float tensor: (flat index, value).
+pub fn first_nan(t: &Tensor) -> Option<(usize, f32)> {
+    match &t.data {
+        Data::F(a) => a
+            .iter()
+            .enumerate()
+            .find(|(_, v)| v.is_nan())
+            .map(|(i, &v)| (i, v)),
+        _ => None,
+    }
+}
+
+/// The float variable with the largest finite magnitude, and that magnitude.
 fn largest(vars: &FxHashMap<String, Tensor>) -> (String, f64) {
     let mut best = (String::new(), 0.0f64);
     let mut names: Vec<&String> = vars.keys().collect();
     names.sort();
     for name in names {
         if let Data::F(a) = &vars[name].data {
-            let m = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let m = a
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(0.0f32, |m, v| m.max(v.abs()));
             if f64::from(m) > best.1 {
                 best = (name.clone(), f64::from(m));
             }

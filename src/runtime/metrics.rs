@@ -130,6 +130,10 @@ impl Reducer for Auc {
     }
 
     fn result(&self) -> f64 {
+        // A NaN score has no rank: the AUC is NaN, as any metric of a NaN is.
+        if self.pairs.iter().any(|x| x.0.is_nan()) {
+            return f64::NAN;
+        }
         let mut p = self.pairs.clone();
         p.sort_by(|a, b| a.0.total_cmp(&b.0));
         let pos = p.iter().filter(|x| x.1).count() as f64;
@@ -141,7 +145,7 @@ impl Reducer for Auc {
         let mut rank_sum = 0.0;
         let mut i = 0;
         while i < p.len() {
-            let mut j = i;
+            let mut j = i + 1;
             while j < p.len() && p[j].0 == p[i].0 {
                 j += 1;
             }

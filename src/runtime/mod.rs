@@ -196,6 +196,12 @@ pub struct Estimator {
     max_shards: u64,
     /// The lock of `model_dir`, while training holds it.
     lock: Option<model_dir::Lock>,
+    /// The checkpoint steps of `model_dir` when the state was last read or saved
+    /// (`None` before): a training run that finds them changed reads the state again.
+    seen: Option<Vec<i64>>,
+    /// Damaged checkpoints a restore without the lock skipped, to set aside once the
+    /// lock is held.
+    damaged_seen: Vec<checkpoint::Found>,
     /// Warnings of the runs so far (`take_warnings`).
     warnings: Vec<Diag>,
     /// Log lines (restores, checkpoints, summaries) go here; `None` is silent.
@@ -325,6 +331,8 @@ impl Estimator {
             last_loss: None,
             max_shards: 1,
             lock: None,
+            seen: None,
+            damaged_seen: Vec::new(),
             warnings: Vec::new(),
             log: None,
         })
@@ -650,7 +658,18 @@ impl Estimator {
                     ));
                     break;
                 };
-                let (loss, rate) = self.train_step(&c.graph, &plan, &names, batches)?;
+                let (loss, rate) = match self.train_step(&c.graph, &plan, &names, batches) {
+                    Ok(x) => x,
+                    // Bad data in a batch (a label out of range, an index a gather
+                    // cannot take) leaves the variables of the last step intact: keep
+                    // them. A NaN or infinity may come from weights already diverging,
+                    // so E0902 saves nothing (its help says what the last checkpoint
+                    // holds).
+                    Err(f) if f.diags.iter().any(|d| d.code == Code::NonFiniteLoss) => {
+                        return Err(f)
+                    }
+                    Err(f) => return Err(self.keep_progress(f, start)),
+                };
                 self.input_position = pipe.position;
                 final_loss = loss;
                 self.last_loss = Some(loss);
@@ -733,9 +752,9 @@ impl Estimator {
         })
     }
 
-    /// After the input failed in the middle of training: saves a checkpoint of the last
-    /// complete step (with the input position of the elements it used), so the work done
-    /// is not lost, and says so in the failure's help.
+    /// After the input (or a step, on bad data) failed in the middle of training: saves
+    /// a checkpoint of the last complete step (with the input position of the elements
+    /// it used), so the work done is not lost, and says so in the failure's help.
     fn keep_progress(&mut self, mut f: RunFailure, start: i64) -> RunFailure {
         if self.step <= start {
             return f;
@@ -858,7 +877,22 @@ impl Estimator {
         interp::execute(g, &plan.b, &env, &mut values)
             .map_err(|e| run_diag(e, &format!("at global step {}", self.step + 1)))?;
         for (name, node, _) in &plan.updates {
-            if let Some(f) = health::first_non_finite(values.get(*node).expect("update")) {
+            // Trained weights and their optimiser slots must be finite; the state a
+            // model keeps itself (`assign`) may hold an infinity (a running maximum
+            // that starts at -inf), never a NaN.
+            let trained = plan.gradients.iter().any(|(v, _)| {
+                v == name
+                    || name
+                        .strip_prefix(v.as_str())
+                        .is_some_and(|s| s.starts_with('/'))
+            });
+            let t = values.get(*node).expect("update");
+            let bad = if trained {
+                health::first_non_finite(t)
+            } else {
+                health::first_nan(t)
+            };
+            if let Some(f) = bad {
                 let span = variable_span(g, name);
                 return Err(self.non_finite(health::Bad::Update(name), f, span));
             }

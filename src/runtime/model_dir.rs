@@ -39,12 +39,21 @@ pub fn lock(dir: &Path) -> Result<Lock, DirError> {
         .truncate(false)
         .open(&path)
         .map_err(|e| unwritable(dir, &e))?;
-    if !try_flock(&file) {
-        let mut text = String::new();
-        let _ = file.read_to_string(&mut text);
-        return Err(DirError::Locked {
-            pid: text.trim().parse().ok(),
-        });
+    match try_flock(&file) {
+        Ok(true) => {}
+        Ok(false) => {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            return Err(DirError::Locked {
+                pid: text.trim().parse().ok(),
+            });
+        }
+        Err(e) => {
+            return Err(DirError::Unwritable(format!(
+                "{} cannot be locked: {e} (est needs a file system with flock)",
+                path.display()
+            )))
+        }
     }
     // Ours now: record our PID for whoever finds it taken.
     let pid = std::process::id().to_string();
@@ -53,19 +62,40 @@ pub fn lock(dir: &Path) -> Result<Lock, DirError> {
         .and_then(|_| file.rewind())
         .and_then(|_| file.write_all(pid.as_bytes()));
     written.map_err(|e| unwritable(dir, &e))?;
+    // The lock file may have been there before: prove that new files can be made.
+    let probe = super::atomic::temp_path(&dir.join(".est-write-test"), None);
+    std::fs::write(&probe, b"")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| unwritable(dir, &e))?;
     remove_stale_temps(dir);
     Ok(Lock { _file: file })
 }
 
-/// `flock(LOCK_EX | LOCK_NB)`: whether the lock was taken.
-fn try_flock(f: &std::fs::File) -> bool {
+/// `flock(LOCK_EX | LOCK_NB)`: whether the lock was taken (`false` when another open
+/// file holds it); an error when the file system cannot lock at all.
+fn try_flock(f: &std::fs::File) -> std::io::Result<bool> {
     use std::os::unix::io::AsRawFd;
     // SAFETY: flock on a file descriptor this function borrows; no memory is involved.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        Ok(false)
+    } else {
+        Err(e)
+    }
 }
 
 /// Creates `dir` if needed and checks that it is a directory.
 pub fn usable_dir(dir: &Path) -> Result<(), DirError> {
+    if let (Ok(link), Err(_)) = (std::fs::read_link(dir), std::fs::metadata(dir)) {
+        return Err(DirError::Unwritable(format!(
+            "{} is a symbolic link to {}, which does not exist",
+            dir.display(),
+            link.display()
+        )));
+    }
     if dir.exists() && !dir.is_dir() {
         return Err(DirError::Unwritable(format!(
             "{} is not a directory",

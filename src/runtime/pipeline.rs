@@ -1387,19 +1387,28 @@ pub fn stack_leaf(items: &[&Tensor], padded: bool) -> Result<Tensor, String> {
     })
 }
 
-/// The finite values a dtype holds, for the range checks of text sources (a value
-/// outside is an error, never wrapped or rounded to infinity); `None` for bytes.
-fn value_range(d: DType) -> Option<(f64, f64)> {
-    Some(match d {
-        DType::F32 => (-f64::from(f32::MAX), f64::from(f32::MAX)),
-        DType::F16 => (-65504.0, 65504.0),
-        DType::BF16 => (-3.389_531_389_251_535_5e38, 3.389_531_389_251_535_5e38),
-        DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
-        DType::U8 => (0.0, 255.0),
-        DType::Bool => (0.0, 1.0),
-        DType::I64 => (-9.223_372_036_854_776e18, 9.223_372_036_854_776e18),
-        DType::Bytes => return None,
-    })
+/// Why a finite number read from text does not fit `d` (it would wrap, saturate or
+/// round to infinity), with the range `d` holds; `None` when it fits. A float fits when
+/// it rounds to a finite value (so `3.4028235e38`, f32's largest as printed, does).
+fn out_of_range(x: f64, d: DType) -> Option<String> {
+    if !x.is_finite() {
+        return None;
+    }
+    let ints = |lo: i64, hi: i64| (x < lo as f64 || x > hi as f64).then(|| format!("[{lo}, {hi}]"));
+    match d {
+        DType::F32 => (x as f32).is_infinite().then(|| format!("±{:e}", f32::MAX)),
+        DType::F16 => half::f16::from_f64(x)
+            .is_infinite()
+            .then(|| format!("±{}", half::f16::MAX)),
+        DType::BF16 => half::bf16::from_f64(x)
+            .is_infinite()
+            .then(|| format!("±{:e}", f32::from(half::bf16::MAX))),
+        DType::I32 => ints(i64::from(i32::MIN), i64::from(i32::MAX)),
+        DType::U8 => ints(0, 255),
+        DType::Bool => ints(0, 1),
+        DType::I64 => ints(i64::MIN, i64::MAX),
+        DType::Bytes => None,
+    }
 }
 
 /// Reads a CSV file into elements: one tensor per column group (`n` values of a vector
@@ -1456,11 +1465,9 @@ fn read_csv(
                         at()
                     ));
                 }
-                if let Some((lo, hi)) = value_range(*dtype)
-                    .filter(|(lo, hi)| !(*lo..=*hi).contains(&x) && x.is_finite())
-                {
+                if let Some(range) = out_of_range(x, *dtype) {
                     return Err(format!(
-                        "{}: column `{name}`: {} is out of range for {dtype} ([{lo}, {hi}])",
+                        "{}: column `{name}`: {} is out of range for {dtype} ({range})",
                         at(),
                         f.trim()
                     ));

@@ -42,10 +42,7 @@ impl Estimator {
             return Ok(());
         }
         self.refuse_foreign()?;
-        let bounds = checkpoint::Bounds {
-            num_shards: self.info.config.num_shards.max(1) as u64,
-        };
-        match checkpoint::restore(&self.model_dir, bounds) {
+        match checkpoint::restore(&self.model_dir) {
             Ok(Some(r)) => self.restored(r)?,
             Ok(None) if need == Need::ResumeOrInit => self.init_variables()?,
             Ok(None) => {
@@ -120,12 +117,16 @@ impl Estimator {
     /// Adopts a restored checkpoint, after warning about (and, when this run holds the
     /// lock, setting aside) the damaged checkpoints newer than it.
     fn restored(&mut self, r: checkpoint::Restored) -> Res<()> {
+        self.note_seen();
         for (c, why) in &r.damaged {
             let moved = match &self.lock {
                 Some(_) => checkpoint::set_aside(c).map_err(|e| {
                     self.io_diag(format!("cannot set aside the damaged ckpt-{}: {e}", c.step))
                 })?,
-                None => Vec::new(),
+                None => {
+                    self.damaged_seen.push(c.clone());
+                    Vec::new()
+                }
             };
             let kept = if moved.is_empty() {
                 "its files are left as they are".to_string()
@@ -148,10 +149,11 @@ impl Estimator {
                 ),
             )
             .label("this estimator's model_dir")
-            .help(format!(
-                "{kept}; steps after {} are trained again",
-                r.meta.global_step
-            ));
+            .help(if self.lock.is_some() {
+                format!("{kept}; steps after {} are trained again", r.meta.global_step)
+            } else {
+                format!("{kept}; a training run will set them aside")
+            });
             self.warn(d);
         }
         if r.meta.unverified() {
@@ -231,6 +233,7 @@ impl Estimator {
         self.step = 0;
         self.input_position = 0;
         self.max_shards = 1;
+        self.note_seen();
         Ok(())
     }
 
@@ -262,9 +265,56 @@ impl Estimator {
                 .help("pass a writable directory with --model-dir"),
         })?;
         self.lock = Some(lock);
-        let r = f(self);
+        let r = self.catch_up().and_then(|_| f(self));
         self.lock = None;
         r
+    }
+
+    /// On taking the lock: when this estimator already holds state, checks that
+    /// `model_dir` is as it was when the state was read or saved. Another run may have
+    /// trained there since (while no lock was held, between two `train` calls of an
+    /// embedding program): then the state is read again from its newest checkpoint,
+    /// instead of overwriting that run's checkpoints with older weights. Damaged
+    /// checkpoints found by a restore without the lock are set aside now.
+    fn catch_up(&mut self) -> Res<()> {
+        if !self.ready {
+            return Ok(());
+        }
+        let now: Vec<i64> = checkpoint::list(&self.model_dir)
+            .iter()
+            .map(|c| c.step)
+            .collect();
+        if self.seen.as_ref() != Some(&now) {
+            self.say(&format!(
+                "{} changed since this estimator read it; restoring its newest checkpoint",
+                self.model_dir.display()
+            ));
+            self.ready = false;
+            self.damaged_seen.clear();
+            return Ok(());
+        }
+        for c in std::mem::take(&mut self.damaged_seen) {
+            checkpoint::set_aside(&c).map_err(|e| {
+                self.io_diag(format!("cannot set aside the damaged ckpt-{}: {e}", c.step))
+            })?;
+        }
+        self.seen = Some(
+            checkpoint::list(&self.model_dir)
+                .iter()
+                .map(|c| c.step)
+                .collect(),
+        );
+        Ok(())
+    }
+
+    /// Notes the checkpoints of `model_dir` as they are now (see `catch_up`).
+    fn note_seen(&mut self) {
+        self.seen = Some(
+            checkpoint::list(&self.model_dir)
+                .iter()
+                .map(|c| c.step)
+                .collect(),
+        );
     }
 
     /// Saves a checkpoint of the current state.
@@ -305,6 +355,7 @@ impl Estimator {
             self.last_loss,
             &self.vars,
         ));
+        self.note_seen();
         for h in &mut self.hooks {
             h.checkpoint_saved(self.step, &p);
         }
