@@ -656,6 +656,15 @@ estimator summed {
 }
 "#;
 
+/// The digits CSVs, copied to `dir/data`.
+fn copy_digits(dir: &Path) {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for f in ["digits_train.csv", "digits_test.csv"] {
+        std::fs::copy(root().join("examples/data").join(f), data.join(f)).unwrap();
+    }
+}
+
 /// An estimator of `PARTIAL` with its data under `dir/data` and model_dir `dir/model`.
 fn partial(dir: &Path, name: &str, eval_batch: usize, shards: i64) -> Estimator {
     partial_with(dir, name, eval_batch, shards, &[])
@@ -695,11 +704,7 @@ fn metric(r: &est::runtime::EvalReport, name: &str) -> f64 {
 #[test]
 fn a_partial_last_batch_is_evaluated_exactly() {
     let dir = tmp("partial");
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    for f in ["digits_train.csv", "digits_test.csv"] {
-        std::fs::copy(root().join("examples/data").join(f), data.join(f)).unwrap();
-    }
+    copy_digits(&dir);
     partial(&dir, "digits", 360, 1)
         .train(Steps::Max(60))
         .unwrap();
@@ -787,11 +792,7 @@ fn skip_corrupt_evaluation_counts_the_intact_records() {
 #[test]
 fn an_evaluation_over_no_examples_is_an_error() {
     let dir = tmp("empty-eval");
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    for f in ["digits_train.csv", "digits_test.csv"] {
-        std::fs::copy(root().join("examples/data").join(f), data.join(f)).unwrap();
-    }
+    copy_digits(&dir);
     // a filter that keeps no test row
     let none = [("max_label", "0")];
     let mut e = partial_with(&dir, "digits", 40, 1, &none);
@@ -1115,11 +1116,7 @@ fn a_second_train_call_reads_what_another_run_saved() {
 #[test]
 fn an_inexact_graph_stops_only_when_a_partial_batch_arrives() {
     let dir = tmp("inexact");
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    for f in ["digits_train.csv", "digits_test.csv"] {
-        std::fs::copy(root().join("examples/data").join(f), data.join(f)).unwrap();
-    }
+    copy_digits(&dir);
     partial(&dir, "summed", 40, 1)
         .train(Steps::Max(10))
         .unwrap();

@@ -111,6 +111,15 @@ impl Graph {
         n
     }
 
+    /// The outputs with this role, as (name, node), in order.
+    pub fn outputs_with(&self, role: Role) -> Vec<(String, NodeIndex)> {
+        self.outputs
+            .iter()
+            .filter(|o| o.role == role)
+            .map(|o| (o.name.clone(), o.node))
+            .collect()
+    }
+
     /// The node of the first output with this role.
     pub fn output(&self, role: Role) -> Option<NodeIndex> {
         self.outputs.iter().find(|o| o.role == role).map(|o| o.node)

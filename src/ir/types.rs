@@ -10,7 +10,7 @@ pub enum DType {
     I32,
     U8,
     Bool,
-    /// Only the global step may have this type (checked by the `int64` pass).
+    /// Only the global step may have this type (checked by the `dtypes` pass).
     I64,
     /// A byte string: serialized records and text lines in input pipelines.
     Bytes,

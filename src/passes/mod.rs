@@ -3,12 +3,11 @@
 //! builds. Checks come first, so diagnostics never depend on the optimisations.
 
 pub mod autodiff;
-mod bytes;
 mod check_labels;
 mod const_fold;
 mod cse;
 mod dce;
-mod int64;
+mod dtypes;
 mod mask_padding;
 pub mod memory;
 mod shape_infer;
@@ -40,15 +39,10 @@ pub const PIPELINE: &[Pass] = &[
         name: "shape_infer",
         run: shape_infer::run,
     },
-    // i64 anywhere but the global step.
+    // i64 anywhere but the global step; bytes anywhere (they belong to input pipelines).
     Pass {
-        name: "int64",
-        run: int64::run,
-    },
-    // Byte strings in a model (they belong to input pipelines).
-    Pass {
-        name: "bytes",
-        run: bytes::run,
+        name: "dtypes",
+        run: dtypes::run,
     },
     // Class labels of a loss's one_hot and of accuracy checked at run time.
     Pass {

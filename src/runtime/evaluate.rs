@@ -390,12 +390,7 @@ impl Estimator {
         }
         let g = &c.graph;
         let feeder = Feeder::new(g, ds.span());
-        let outs: Vec<(String, NodeIndex)> = g
-            .outputs
-            .iter()
-            .filter(|o| o.role == Role::Prediction)
-            .map(|o| (o.name.clone(), o.node))
-            .collect();
+        let outs = g.outputs_with(Role::Prediction);
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
         let mut pipe = self.start_pipeline(&ds, SectionKind::Predict)?;

@@ -550,12 +550,7 @@ impl Estimator {
             .filter(|o| o.role == Role::Update)
             .map(|o| (o.name.clone(), o.node, !after[o.node.index()]))
             .collect();
-        let gradients: Vec<(String, NodeIndex)> = g
-            .outputs
-            .iter()
-            .filter(|o| o.role == Role::Gradient)
-            .map(|o| (o.name.clone(), o.node))
-            .collect();
+        let gradients = g.outputs_with(Role::Gradient);
         let mut a_targets: Vec<NodeIndex> = cross.iter().map(|c| c.1).collect();
         a_targets.push(loss);
         a_targets.push(lr);
