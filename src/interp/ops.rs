@@ -526,7 +526,11 @@ fn one_hot(idx: &Tensor, depth: usize, ty: &TensorType) -> Tensor {
         v
     }
     let ids = idx.i();
-    let shape = dyn_shape(ty);
+    // The shape from the indices (a dimension the pipeline left open is only known
+    // from them), so it always holds the values made.
+    let mut dims = idx.shape().to_vec();
+    dims.push(depth);
+    let shape = IxDyn(&dims);
     match ty.dtype {
         d if d.is_float() => Tensor::float(
             d,

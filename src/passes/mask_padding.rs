@@ -72,44 +72,13 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
     );
     let mut rows = vec![Rows::Shared; g.g.node_bound()];
     for n in g.topo_order() {
-        if n == mask {
-            continue;
-        }
-        rows[n.index()] = match &g.node(n).op {
+        let r = match &g.node(n).op {
+            _ if n == mask => continue,
             Op::Input { .. } => Rows::Axis(0),
-            Op::Reduce {
-                op,
-                axes,
-                keep_dims,
-            } => {
-                let (op, axes, keep) = (*op, axes.clone(), *keep_dims);
-                let x = g.operands(n)[0];
-                match rows[x.index()] {
-                    Rows::Axis(a) if axes.contains(&a) => {
-                        let result = mask_reduction(g, n, x, a, op, mask, size);
-                        if rows.len() < g.g.node_bound() {
-                            rows.resize(g.g.node_bound(), Rows::Shared);
-                        }
-                        let r = if op == ReduceOp::Mean {
-                            Rows::Mean
-                        } else {
-                            Rows::Aggregate
-                        };
-                        rows[result.index()] = r;
-                        r
-                    }
-                    Rows::Axis(a) if keep => Rows::Axis(a),
-                    Rows::Axis(a) => Rows::Axis(a - axes.iter().filter(|&&ax| ax < a).count()),
-                    Rows::Mean if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => Rows::Mean,
-                    Rows::Mean => Rows::Aggregate,
-                    r => r,
-                }
-            }
+            Op::Reduce { .. } => reduction(g, n, &mut rows, mask, size),
             _ => follow(g, n, &rows),
         };
-        if rows.len() < g.g.node_bound() {
-            rows.resize(g.g.node_bound(), Rows::Shared);
-        }
+        set(&mut rows, n, r);
     }
     let mut per_example = Vec::new();
     let mut inexact = Vec::new();
@@ -143,6 +112,52 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
         inexact,
     });
     g.renumber();
+}
+
+/// Records the rows of `n` (the rewrites add nodes beyond the table's end).
+fn set(rows: &mut Vec<Rows>, n: NodeIndex, r: Rows) {
+    if rows.len() <= n.index() {
+        rows.resize(n.index() + 1, Rows::Shared);
+    }
+    rows[n.index()] = r;
+}
+
+/// The rows of the reduction `n`. One across the examples axis is rewritten to skip
+/// the padding (its result then a mean or another aggregate over the real examples);
+/// others keep or shift the axis.
+fn reduction(
+    g: &mut Graph,
+    n: NodeIndex,
+    rows: &mut Vec<Rows>,
+    mask: NodeIndex,
+    size: usize,
+) -> Rows {
+    let Op::Reduce {
+        op,
+        axes,
+        keep_dims,
+    } = g.node(n).op.clone()
+    else {
+        return Rows::Mixed(n);
+    };
+    let x = g.operands(n)[0];
+    match rows[x.index()] {
+        Rows::Axis(a) if axes.contains(&a) => {
+            let result = mask_reduction(g, n, x, a, op, mask, size);
+            let r = if op == ReduceOp::Mean {
+                Rows::Mean
+            } else {
+                Rows::Aggregate
+            };
+            set(rows, result, r);
+            r
+        }
+        Rows::Axis(a) if keep_dims => Rows::Axis(a),
+        Rows::Axis(a) => Rows::Axis(a - axes.iter().filter(|&&ax| ax < a).count()),
+        Rows::Mean if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => Rows::Mean,
+        Rows::Mean => Rows::Aggregate,
+        r => r,
+    }
 }
 
 /// W0513: an output that padding rows would change.

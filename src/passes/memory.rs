@@ -206,8 +206,14 @@ pub fn human(b: u128) -> String {
 
 /// The memory this process may use: `MemTotal` of `/proc/meminfo`, or the memory
 /// limit of its cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`) when that is
-/// lower, as in a container. `None` when neither is known.
+/// lower, as in a container. `None` when neither is known. Read once per process: the
+/// language server checks on every edit.
 pub fn machine_memory() -> Option<u64> {
+    static MEMORY: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *MEMORY.get_or_init(read_machine_memory)
+}
+
+fn read_machine_memory() -> Option<u64> {
     let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|text| {

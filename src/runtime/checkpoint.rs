@@ -215,6 +215,11 @@ pub fn list(dir: &Path) -> Vec<Found> {
     out
 }
 
+/// The steps of the checkpoints in `dir`, oldest first.
+pub fn steps(dir: &Path) -> Vec<i64> {
+    list(dir).iter().map(|c| c.step).collect()
+}
+
 pub fn latest(dir: &Path) -> Option<Found> {
     list(dir).pop()
 }

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::diag::{Code, Diag};
 use crate::interp::{self, Env, OpEnv, Plan, Tensor, Values};
-use crate::ir::{Graph, NodeIndex, Op, Role, TensorType, MASK_INPUT};
+use crate::ir::{BatchMask, Graph, NodeIndex, Op, Role, TensorType, MASK_INPUT};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;
 use petgraph::visit::NodeIndexable;
@@ -23,10 +23,8 @@ use std::path::Path;
 pub(super) struct Feeder {
     /// The graph's inputs in element order (features, then labels).
     names: Vec<String>,
-    /// The static batch size, when the graph masks a partial last batch.
-    masked: Option<usize>,
-    /// The outputs a padded batch would change (W0513).
-    inexact: Vec<String>,
+    /// How the graph masks a partial last batch, when it may have one.
+    mask: Option<BatchMask>,
     /// The input's span, for errors about its batches.
     at: Span,
 }
@@ -41,29 +39,42 @@ impl Feeder {
     pub fn new(g: &Graph, at: Span) -> Feeder {
         Feeder {
             names: input_names(g),
-            masked: g.batch_mask.as_ref().map(|m| m.size),
-            inexact: g
-                .batch_mask
-                .as_ref()
-                .map_or_else(Vec::new, |m| m.inexact.clone()),
+            mask: g.batch_mask.clone(),
             at,
         }
     }
 
-    /// The inputs of one batch: padded to the batch size, with the mask of its real
-    /// rows, when the graph takes a partial batch.
-    pub fn feed(&self, batch: Element) -> Result<Fed, String> {
+    /// The inputs of one batch (`when` in the run): padded to the batch size, with the
+    /// mask of its real rows, when the graph takes a partial batch; E0916 when a partial
+    /// batch arrives for a graph whose outputs padding would change.
+    pub fn feed(&self, batch: Element, when: &str) -> Res<Fed> {
         let real = batch
             .first()
             .and_then(|t| t.shape().first().copied())
             .unwrap_or(0);
-        let Some(size) = self.masked else {
+        let Some(mask) = &self.mask else {
             let feeds = self.names.iter().cloned().zip(batch).collect();
             return Ok(Fed { feeds, real });
         };
+        let size = mask.size;
+        if real < size && !mask.inexact.is_empty() {
+            return Err(Diag::new(
+                Code::InexactPartialBatch,
+                self.at,
+                format!(
+                    "{when}: a partial batch of {real} (of {size}) arrived, and {} would come out differently with padding",
+                    mask.inexact.join(", ")
+                ),
+            )
+            .label("this input")
+            .help("write them per example (the loss as a mean over the batch), or drop the partial batch with `batch(n, drop_remainder: true)`; `estc check` lists them (W0513)")
+            .into());
+        }
         let mut feeds = FxHashMap::default();
         for (name, t) in self.names.iter().zip(batch) {
-            feeds.insert(name.clone(), pad_rows(t, real, size)?);
+            let padded = pad_rows(t, real, size)
+                .map_err(|m| Diag::new(Code::BadData, self.at, m).label("this input"))?;
+            feeds.insert(name.clone(), padded);
         }
         let mask: Vec<f64> = (0..size).map(|i| f64::from(u8::from(i < real))).collect();
         let ty = TensorType::new(crate::ir::DType::Bool, vec![size]);
@@ -168,25 +179,7 @@ impl Estimator {
         shard: usize,
         when: &str,
     ) -> Res<(Values, usize)> {
-        let rows = batch.first().and_then(|t| t.shape().first().copied());
-        if let (Some(rows), Some(size)) = (rows, feeder.masked) {
-            if rows < size && !feeder.inexact.is_empty() {
-                return Err(Diag::new(
-                    Code::InexactPartialBatch,
-                    feeder.at,
-                    format!(
-                        "{when}: a partial batch of {rows} (of {size}) arrived, and {} would come out differently with padding",
-                        feeder.inexact.join(", ")
-                    ),
-                )
-                .label("this input")
-                .help("write them per example (the loss as a mean over the batch), or drop the partial batch with `batch(n, drop_remainder: true)`; `estc check` lists them (W0513)")
-                .into());
-            }
-        }
-        let fed = feeder
-            .feed(batch)
-            .map_err(|m| Diag::new(Code::BadData, feeder.at, m).label("this input"))?;
+        let fed = feeder.feed(batch, when)?;
         let env = Env {
             feeds: &fed.feeds,
             vars: &self.vars,
@@ -264,7 +257,7 @@ impl Estimator {
         let g = &c.graph;
         let shards = self.info.config.num_shards.max(1) as usize;
         let feeder = Feeder::new(g, ds.span());
-        let per_example = per_example_outputs(g);
+        let per_example: &[usize] = feeder.mask.as_ref().map_or(&[], |m| &m.per_example);
         let loss_node = g.output(Role::Loss);
         let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
         let plan = Plan::new(g, &targets, &FxHashSet::default());
@@ -452,13 +445,6 @@ impl Estimator {
         self.note_skipped(&pipe);
         Ok(PredictReport { examples, files })
     }
-}
-
-/// The indices into `g.outputs` of the per-example outputs whose padding rows are cut.
-fn per_example_outputs(g: &Graph) -> Vec<usize> {
-    g.batch_mask
-        .as_ref()
-        .map_or_else(Vec::new, |m| m.per_example.clone())
 }
 
 /// Row `r` of a batched tensor.

@@ -65,19 +65,21 @@ pub fn first_non_finite(t: &Tensor) -> Option<(usize, f32)> {
             return None;
         }
     }
-    a.iter()
-        .enumerate()
-        .find(|(_, v)| !v.is_finite())
-        .map(|(i, &v)| (i, v))
+    first(t, |v| !v.is_finite())
 }
 
 /// The first NaN of a float tensor: (flat index, value).
 pub fn first_nan(t: &Tensor) -> Option<(usize, f32)> {
+    first(t, f32::is_nan)
+}
+
+/// The first element of a float tensor for which `bad` holds: (flat index, value).
+fn first(t: &Tensor, bad: impl Fn(f32) -> bool) -> Option<(usize, f32)> {
     match &t.data {
         Data::F(a) => a
             .iter()
             .enumerate()
-            .find(|(_, v)| v.is_nan())
+            .find(|(_, &v)| bad(v))
             .map(|(i, &v)| (i, v)),
         _ => None,
     }

@@ -158,11 +158,24 @@ struct TrainPlan {
     cross: Vec<(NodeIndex, NodeIndex)>,
     loss: NodeIndex,
     lr: NodeIndex,
-    /// Variable updates, by variable name, and whether phase A makes them.
-    updates: Vec<(String, NodeIndex, bool)>,
+    /// Variable updates.
+    updates: Vec<Update>,
     /// The gradient of each trainable variable (averaged over shards), by its name.
     gradients: Vec<(String, NodeIndex)>,
     next_step: Option<NodeIndex>,
+}
+
+/// The new value of a variable after a train step.
+struct Update {
+    /// The variable (or optimiser slot) it replaces.
+    name: String,
+    node: NodeIndex,
+    /// Whether phase A makes it (it does not depend on a `cross_shard_mean`).
+    in_a: bool,
+    /// Whether it is a trained weight or one of its optimiser slots, which must stay
+    /// finite; the state a model keeps itself (`assign`) may hold an infinity (a
+    /// running maximum that starts at -inf), never a NaN.
+    trained: bool,
 }
 
 /// Where the runtime's log lines go.
@@ -544,21 +557,34 @@ impl Estimator {
             after[n.index()] = matches!(g.node(n).op, Op::CrossShardMean)
                 || g.operands(n).iter().any(|o| after[o.index()]);
         }
-        let updates: Vec<(String, NodeIndex, bool)> = g
-            .outputs
-            .iter()
-            .filter(|o| o.role == Role::Update)
-            .map(|o| (o.name.clone(), o.node, !after[o.node.index()]))
-            .collect();
         let gradients = g.outputs_with(Role::Gradient);
+        let trained = |name: &str| {
+            gradients.iter().any(|(v, _)| {
+                name == v
+                    || name
+                        .strip_prefix(v.as_str())
+                        .is_some_and(|s| s.starts_with('/'))
+            })
+        };
+        let updates: Vec<Update> = g
+            .outputs_with(Role::Update)
+            .into_iter()
+            .map(|(name, node)| Update {
+                trained: trained(&name),
+                in_a: !after[node.index()],
+                name,
+                node,
+            })
+            .collect();
         let mut a_targets: Vec<NodeIndex> = cross.iter().map(|c| c.1).collect();
         a_targets.push(loss);
         a_targets.push(lr);
-        a_targets.extend(updates.iter().filter(|u| u.2).map(|u| u.1));
+        a_targets.extend(updates.iter().filter(|u| u.in_a).map(|u| u.node));
         let a = Plan::new(g, &a_targets, &FxHashSet::default());
         let mut provided: FxHashSet<NodeIndex> = a_targets.iter().copied().collect();
         provided.extend(cross.iter().map(|c| c.0));
-        let mut b_targets: Vec<NodeIndex> = updates.iter().filter(|u| !u.2).map(|u| u.1).collect();
+        let mut b_targets: Vec<NodeIndex> =
+            updates.iter().filter(|u| !u.in_a).map(|u| u.node).collect();
         b_targets.extend(next_step);
         let b = Plan::new(g, &b_targets, &provided);
         Ok(TrainPlan {
@@ -871,30 +897,21 @@ impl Estimator {
         };
         interp::execute(g, &plan.b, &env, &mut values)
             .map_err(|e| run_diag(e, &format!("at global step {}", self.step + 1)))?;
-        for (name, node, _) in &plan.updates {
-            // Trained weights and their optimiser slots must be finite; the state a
-            // model keeps itself (`assign`) may hold an infinity (a running maximum
-            // that starts at -inf), never a NaN.
-            let trained = plan.gradients.iter().any(|(v, _)| {
-                v == name
-                    || name
-                        .strip_prefix(v.as_str())
-                        .is_some_and(|s| s.starts_with('/'))
-            });
-            let t = values.get(*node).expect("update");
-            let bad = if trained {
+        for u in &plan.updates {
+            let t = values.get(u.node).expect("update");
+            let bad = if u.trained {
                 health::first_non_finite(t)
             } else {
                 health::first_nan(t)
             };
             if let Some(f) = bad {
-                let span = variable_span(g, name);
-                return Err(self.non_finite(health::Bad::Update(name), f, span));
+                let span = variable_span(g, &u.name);
+                return Err(self.non_finite(health::Bad::Update(&u.name), f, span));
             }
         }
-        for (name, node, _) in &plan.updates {
-            let v = values.get(*node).expect("update").clone();
-            self.vars.insert(name.clone(), v);
+        for u in &plan.updates {
+            let v = values.get(u.node).expect("update").clone();
+            self.vars.insert(u.name.clone(), v);
         }
         self.step = match plan.next_step {
             Some(n) => values.get(n).expect("next step").scalar() as i64,

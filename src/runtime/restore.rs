@@ -120,9 +120,7 @@ impl Estimator {
         self.note_seen();
         for (c, why) in &r.damaged {
             let moved = match &self.lock {
-                Some(_) => checkpoint::set_aside(c).map_err(|e| {
-                    self.io_diag(format!("cannot set aside the damaged ckpt-{}: {e}", c.step))
-                })?,
+                Some(_) => self.set_aside(c)?,
                 None => {
                     self.damaged_seen.push(c.clone());
                     Vec::new()
@@ -280,11 +278,7 @@ impl Estimator {
         if !self.ready {
             return Ok(());
         }
-        let now: Vec<i64> = checkpoint::list(&self.model_dir)
-            .iter()
-            .map(|c| c.step)
-            .collect();
-        if self.seen.as_ref() != Some(&now) {
+        if self.seen.as_deref() != Some(checkpoint::steps(&self.model_dir).as_slice()) {
             self.say(&format!(
                 "{} changed since this estimator read it; restoring its newest checkpoint",
                 self.model_dir.display()
@@ -294,27 +288,22 @@ impl Estimator {
             return Ok(());
         }
         for c in std::mem::take(&mut self.damaged_seen) {
-            checkpoint::set_aside(&c).map_err(|e| {
-                self.io_diag(format!("cannot set aside the damaged ckpt-{}: {e}", c.step))
-            })?;
+            self.set_aside(&c)?;
         }
-        self.seen = Some(
-            checkpoint::list(&self.model_dir)
-                .iter()
-                .map(|c| c.step)
-                .collect(),
-        );
+        self.note_seen();
         Ok(())
     }
 
     /// Notes the checkpoints of `model_dir` as they are now (see `catch_up`).
     fn note_seen(&mut self) {
-        self.seen = Some(
-            checkpoint::list(&self.model_dir)
-                .iter()
-                .map(|c| c.step)
-                .collect(),
-        );
+        self.seen = Some(checkpoint::steps(&self.model_dir));
+    }
+
+    /// Moves a damaged checkpoint's files aside (this run holds the lock).
+    fn set_aside(&self, c: &checkpoint::Found) -> Res<Vec<PathBuf>> {
+        Ok(checkpoint::set_aside(c).map_err(|e| {
+            self.io_diag(format!("cannot set aside the damaged ckpt-{}: {e}", c.step))
+        })?)
     }
 
     /// Saves a checkpoint of the current state.
