@@ -38,7 +38,7 @@ impl RunHook for Clock {
 }
 
 fn example(img: &[u8], label: i64) -> Vec<u8> {
-    use est::runtime::records::{encode_example, Feature};
+    use est::data::records::{encode_example, Feature};
     encode_example(&[
         ("image_raw", Feature::Bytes(img)),
         ("label", Feature::Ints(&[label])),
@@ -59,10 +59,7 @@ fn make_data(dir: &Path) {
                 (x >> 24) as u8
             })
             .collect();
-        file.extend(est::runtime::records::frame(&example(
-            &img,
-            i64::from(i % 10),
-        )));
+        file.extend(est::data::records::frame(&example(&img, i64::from(i % 10))));
     }
     std::fs::write(dir.join("data/mnist_train.tfrecord"), &file).unwrap();
     std::fs::write(dir.join("data/mnist_test.tfrecord"), &file).unwrap();

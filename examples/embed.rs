@@ -3,8 +3,8 @@
 //!
 //! Run it with `cargo run --release --example embed` (from the repository root).
 
-use est::interp::Tensor;
 use est::runtime::{Action, Estimator, Reducer, RunHook, RunOptions, StepInfo, Steps};
+use est::tensor::Tensor;
 use est::{elab::Target, Program};
 use std::sync::Arc;
 

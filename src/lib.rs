@@ -8,18 +8,22 @@
 //!
 //! `check` runs all of it and returns every diagnostic and the checked graphs.
 
+pub mod atomic;
+pub mod backend;
+pub mod data;
 pub mod diag;
 pub mod elab;
 pub mod hash;
-pub mod interp;
 pub mod ir;
 pub mod lsp;
 pub mod passes;
 pub mod program;
 pub mod resolve;
+pub mod rng;
 pub mod runtime;
 pub mod span;
 pub mod syntax;
+pub mod tensor;
 
 use diag::Diag;
 use elab::{Compiled, ElabOptions, EstimatorInfo, Target};

@@ -6,8 +6,8 @@
 //! difference (eps = 1e-2) crosses a kink of relu, max or a pooling window. Tolerance:
 //! |analytic - numeric| <= 2e-2 * max(1, |numeric|) (f32 forward passes).
 
+use est::backend::interp::{self, OpEnv, Tensor};
 use est::diag::Diags;
-use est::interp::{self, OpEnv, Tensor};
 use est::ir::{
     infer, BinaryOp, Conv, DType, Graph, Init, Op, Output, Padding, Pool, ReduceOp, Role,
     TensorType, UnaryOp,

@@ -1,6 +1,6 @@
 //! The interpreter's forward pass of every op against values computed by hand.
 
-use est::interp::{ops, OpEnv, Tensor};
+use est::backend::interp::{ops, OpEnv, Tensor};
 use est::ir::{BinaryOp, Conv, DType, Init, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp};
 
 const ENV: OpEnv = OpEnv {
@@ -636,7 +636,7 @@ fn random_ops_are_keyed_by_seed_stream_step_and_shard() {
 
 #[test]
 fn initialisers_follow_keras() {
-    use est::interp::rng::init_values;
+    use est::rng::init_values;
     let ty = TensorType::new(DType::F32, vec![3, 3, 16, 32]);
     // glorot: fans count the receptive field: 144 in, 288 out
     let limit = (6.0f64 / (144.0 + 288.0)).sqrt();
@@ -674,7 +674,7 @@ fn initialisers_follow_keras() {
 fn decode_raw_checks_lengths() {
     let bytes = Tensor {
         dtype: DType::Bytes,
-        data: est::interp::Data::S(ndarray::ArcArray::from_elem(
+        data: est::tensor::Data::S(ndarray::ArcArray::from_elem(
             ndarray::IxDyn(&[]),
             vec![1u8, 0, 255],
         )),
@@ -722,7 +722,7 @@ fn feeds_are_checked_against_the_graph() {
             seed: 0,
             shard: 0,
         };
-        est::interp::run_outputs(&g, &feeds, &Default::default(), env)
+        est::backend::interp::run_outputs(&g, &feeds, &Default::default(), env)
     };
     let out = run(f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])).unwrap();
     assert_eq!(out[0].1.to_f64(), [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);

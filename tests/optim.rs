@@ -5,9 +5,9 @@
 //! gradient of step t is exactly the fixture's g_t; after each step `w` must match
 //! PyTorch's trajectory within 1e-5 (relative to max(1, |w|)).
 
-use est::interp::Tensor;
 use est::ir::{DType, TensorType};
 use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
+use est::tensor::Tensor;
 use est::Program;
 use serde_json::Value;
 use std::sync::{Arc, Mutex};

@@ -6,11 +6,11 @@
 //! Each pipeline is the train input of a small estimator whose model takes
 //! `(f32[B, F], i32[B])`, run through `Estimator::input_pipeline`.
 
-use est::interp::Tensor;
-use est::runtime::pipeline::Pipeline;
-use est::runtime::records::{encode_example, frame, Feature};
+use est::data::pipeline::Pipeline;
+use est::data::records::{encode_example, frame, Feature};
 use est::runtime::{Estimator, RunOptions};
 use est::syntax::ast::SectionKind;
+use est::tensor::Tensor;
 use est::Program;
 use std::path::{Path, PathBuf};
 
@@ -171,11 +171,11 @@ fn zip_padded_batch_and_synthetic() {
             v,
         )
     };
-    let b = est::runtime::pipeline::stack(&[vec![t(vec![97.0, 98.0])], vec![t(vec![99.0])]], true)
+    let b = est::data::pipeline::stack(&[vec![t(vec![97.0, 98.0])], vec![t(vec![99.0])]], true)
         .unwrap();
     assert_eq!(b[0].shape(), [2, 2]);
     assert_eq!(b[0].to_f64(), [97.0, 98.0, 99.0, 0.0]);
-    let e = est::runtime::pipeline::stack(&[vec![t(vec![1.0, 2.0])], vec![t(vec![3.0])]], false);
+    let e = est::data::pipeline::stack(&[vec![t(vec![1.0, 2.0])], vec![t(vec![3.0])]], false);
     assert!(e.unwrap_err().contains("use `padded_batch`"));
     // synthetic: shapes, ranges, and the same values for the same seed
     let body = "synthetic(features: f32[3], labels: i32, count: 10, classes: 4) |> batch(5, drop_remainder: true)";
@@ -211,7 +211,7 @@ fn csv_tsv_npy_sources() {
         &est::ir::TensorType::new(est::ir::DType::F32, vec![3, 2]),
         vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
     );
-    std::fs::write(d.join("x.npy"), est::runtime::records::npy_bytes(&x)).unwrap();
+    std::fs::write(d.join("x.npy"), est::data::records::npy_bytes(&x)).unwrap();
     let body = "zip(npy(\"x.npy\", element: f32[2]), range(3)) |> batch(3, drop_remainder: true)";
     let b = batches(&mut pipe(&d, body, 2, ""), 5);
     assert_eq!(feats(&b), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
@@ -639,17 +639,17 @@ fn data_convert_round_trips() {
         "p0,p1,p2,label,name\n1,2,3,0,x\n4,5,6,1,y\n7,8,9,2,z\n",
     )
     .unwrap();
-    let opts = est::runtime::convert::ConvertOptions {
-        from: est::runtime::convert::From::Csv,
+    let opts = est::data::convert::ConvertOptions {
+        from: est::data::convert::From::Csv,
         inputs: vec![d.join("a.csv")],
         output: d.join("out/a"),
         shards: 2,
         labels: None,
         groups: vec![("pixels".into(), "p0".into(), "p2".into())],
-        kinds: vec![("pixels".into(), est::runtime::convert::Kind::Float)],
+        kinds: vec![("pixels".into(), est::data::convert::Kind::Float)],
     };
     let mut calls = Vec::new();
-    let r = est::runtime::convert::convert(&opts, &mut |a, b| calls.push((a, b))).unwrap();
+    let r = est::data::convert::convert(&opts, &mut |a, b| calls.push((a, b))).unwrap();
     assert_eq!(r.records, 3);
     assert_eq!(calls.last(), Some(&(3, 3)));
     let names: Vec<String> = r
@@ -681,7 +681,7 @@ fn data_convert_round_trips() {
     // converting again with another shard count replaces the old shards
     let mut again = opts.clone();
     again.shards = 3;
-    est::runtime::convert::convert(&again, &mut |_, _| {}).unwrap();
+    est::data::convert::convert(&again, &mut |_, _| {}).unwrap();
     let mut names: Vec<String> = std::fs::read_dir(d.join("out"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -704,19 +704,15 @@ fn data_convert_round_trips() {
         &est::ir::TensorType::new(est::ir::DType::I32, vec![2]),
         vec![4.0, 5.0],
     );
-    std::fs::write(
-        d.join("image_raw.npy"),
-        est::runtime::records::npy_bytes(&img),
-    )
-    .unwrap();
-    std::fs::write(d.join("y.npy"), est::runtime::records::npy_bytes(&lab)).unwrap();
+    std::fs::write(d.join("image_raw.npy"), est::data::records::npy_bytes(&img)).unwrap();
+    std::fs::write(d.join("y.npy"), est::data::records::npy_bytes(&lab)).unwrap();
     let mut o = opts.clone();
-    o.from = est::runtime::convert::From::Npy;
+    o.from = est::data::convert::From::Npy;
     o.inputs = vec![d.join("image_raw.npy")];
     o.labels = Some(d.join("y.npy"));
     o.output = d.join("out/n");
     o.shards = 1;
-    let r = est::runtime::convert::convert(&o, &mut |_, _| {}).unwrap();
+    let r = est::data::convert::convert(&o, &mut |_, _| {}).unwrap();
     assert_eq!(r.files[0].file_name().unwrap(), "n.tfrecord");
     let body = format!("tfrecord(\"out/n.tfrecord\") {PARSE3} |> batch(2, drop_remainder: true)");
     let b = batches(&mut pipe(&d, &body, 3, ""), 2);
@@ -739,11 +735,11 @@ fn data_convert_round_trips() {
         png::BitDepth::Eight,
         &[4, 5, 6],
     );
-    o.from = est::runtime::convert::From::Png;
+    o.from = est::data::convert::From::Png;
     o.inputs = vec![d.join("png")];
     o.labels = None;
     o.output = d.join("out/p");
-    let r = est::runtime::convert::convert(&o, &mut |_, _| {}).unwrap();
+    let r = est::data::convert::convert(&o, &mut |_, _| {}).unwrap();
     assert_eq!(r.records, 2);
     let b = batches(&mut pipe(&d, &body.replace("out/n", "out/p"), 3, ""), 2);
     assert_eq!(feats(&b), [7.0, 8.0, 9.0, 4.0, 5.0, 6.0]);
@@ -751,12 +747,12 @@ fn data_convert_round_trips() {
     // a bad row names the file and line
     std::fs::write(d.join("b.csv"), "a,b\n1,2\n3\n").unwrap();
     let mut o = opts.clone();
-    o.from = est::runtime::convert::From::Csv;
+    o.from = est::data::convert::From::Csv;
     o.inputs = vec![d.join("b.csv")];
     o.labels = None;
     o.groups.clear();
     o.kinds.clear();
-    let e = est::runtime::convert::convert(&o, &mut |_, _| {}).unwrap_err();
+    let e = est::data::convert::convert(&o, &mut |_, _| {}).unwrap_err();
     assert!(
         e.message
             .ends_with("b.csv:3: 1 fields, but the header names 2"),
@@ -771,7 +767,7 @@ fn data_convert_round_trips() {
 /// file, the line and the byte.
 #[test]
 fn data_convert_reads_csv_as_spreadsheets_write_it() {
-    use est::runtime::convert::{convert, ConvertOptions, From};
+    use est::data::convert::{convert, ConvertOptions, From};
     let d = tmp("convert-csv");
     std::fs::write(
         d.join("excel.csv"),
@@ -786,7 +782,7 @@ fn data_convert_reads_csv_as_spreadsheets_write_it() {
         shards: 1,
         labels: None,
         groups: vec![("pixels".into(), "p0".into(), "p1".into())],
-        kinds: vec![("pixels".into(), est::runtime::convert::Kind::Float)],
+        kinds: vec![("pixels".into(), est::data::convert::Kind::Float)],
     };
     let r = convert(&opts, &mut |_, _| {}).unwrap();
     assert_eq!(r.records, 4);
@@ -861,8 +857,8 @@ fn data_convert_reads_csv_as_spreadsheets_write_it() {
 /// targets decode them: each gives records or an error, never a panic.
 #[test]
 fn fuzz_findings_decode_without_panics() {
+    use est::data::records::{parse_example, unframe, RecordReader};
     use est::ir::DType;
-    use est::runtime::records::{parse_example, unframe, RecordReader};
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz");
     let read = |sub: &str| -> Vec<Vec<u8>> {
         std::fs::read_dir(dir.join(sub))

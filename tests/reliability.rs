@@ -562,7 +562,7 @@ fn failed_saves_leave_no_temporary_files() {
     // the cache: a failed store removes its temporary file too
     let cache = dir.join("cache");
     std::fs::create_dir_all(cache.join("c.estcache").join("x")).unwrap();
-    assert!(est::runtime::cache::store(&cache.join("c.estcache"), "c", 1, &[]).is_err());
+    assert!(est::data::cache::store(&cache.join("c.estcache"), "c", 1, &[]).is_err());
     assert_eq!(names(&cache), ["c.estcache"]);
 }
 
@@ -764,16 +764,16 @@ fn skip_corrupt_evaluation_counts_the_intact_records() {
         data.join("digits_train.csv"),
     )
     .unwrap();
-    let opts = est::runtime::convert::ConvertOptions {
-        from: est::runtime::convert::From::Csv,
+    let opts = est::data::convert::ConvertOptions {
+        from: est::data::convert::From::Csv,
         inputs: vec![root().join("examples/data/digits_test.csv")],
         output: data.join("digits_test"),
         shards: 1,
         labels: None,
         groups: vec![("pixels".into(), "p0".into(), "p63".into())],
-        kinds: vec![("pixels".into(), est::runtime::convert::Kind::Float)],
+        kinds: vec![("pixels".into(), est::data::convert::Kind::Float)],
     };
-    est::runtime::convert::convert(&opts, &mut |_, _| {}).unwrap();
+    est::data::convert::convert(&opts, &mut |_, _| {}).unwrap();
     let file = data.join("digits_test.tfrecord");
     // a bit of the data of record 100 (records are 8 + 4 + len + 4 bytes)
     let mut b = std::fs::read(&file).unwrap();
@@ -1085,7 +1085,7 @@ fn an_older_checkpoint_of_a_sharded_run_is_restored() {
 #[test]
 fn auc_of_a_nan_score_is_nan() {
     let t = |v: &[f64]| {
-        est::interp::Tensor::from_f64(
+        est::tensor::Tensor::from_f64(
             &est::ir::TensorType::new(est::ir::DType::F32, vec![v.len()]),
             v.to_vec(),
         )

@@ -4,10 +4,10 @@
 
 use est::diag::Code;
 use est::elab::Target;
-use est::interp::Tensor;
 use est::runtime::{
     checkpoint, metrics, summary, Action, Estimator, Reducer, RunHook, RunOptions, StepInfo, Steps,
 };
+use est::tensor::Tensor;
 use est::Program;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -661,7 +661,7 @@ fn mnist_cnn_trains_on_generated_data() {
                     200 + (i % 50) as u8;
             }
         }
-        file.extend(est::runtime::records::frame(&example(&img, label)));
+        file.extend(est::data::records::frame(&example(&img, label)));
     }
     std::fs::write(data.join("data/mnist_train.tfrecord"), &file).unwrap();
     std::fs::write(data.join("data/mnist_test.tfrecord"), &file).unwrap();
@@ -683,7 +683,7 @@ fn mnist_cnn_trains_on_generated_data() {
 }
 
 fn example(img: &[u8], label: i64) -> Vec<u8> {
-    use est::runtime::records::{encode_example, Feature};
+    use est::data::records::{encode_example, Feature};
     encode_example(&[
         ("image_raw", Feature::Bytes(img)),
         ("label", Feature::Ints(&[label])),
@@ -694,8 +694,8 @@ fn example(img: &[u8], label: i64) -> Vec<u8> {
 /// are errors naming the record and the byte offset; int64 narrowing is range-checked.
 #[test]
 fn tfrecord_and_example_round_trip() {
+    use est::data::records::{encode_example, frame, parse_example, unframe, Feature};
     use est::ir::DType;
-    use est::runtime::records::{encode_example, frame, parse_example, unframe, Feature};
     let a = encode_example(&[
         ("x", Feature::Floats(&[1.5, -2.0])),
         ("n", Feature::Ints(&[-3])),

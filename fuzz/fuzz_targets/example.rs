@@ -2,7 +2,7 @@
 //! message; never a panic.
 #![no_main]
 use est::ir::DType;
-use est::runtime::records::parse_example;
+use est::data::records::parse_example;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! TFRecord framing: any bytes either read as records or give a FrameError; never a
 //! panic, and never an allocation larger than the input.
 #![no_main]
-use est::runtime::records::RecordReader;
+use est::data::records::RecordReader;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -15,5 +15,5 @@ fuzz_target!(|data: &[u8]| {
             Err(_) => break,
         }
     }
-    let _ = est::runtime::records::unframe(data);
+    let _ = est::data::records::unframe(data);
 });

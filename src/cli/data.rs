@@ -1,7 +1,7 @@
 //! `estc data convert`: the command-line face of `runtime::convert`.
 
 use super::{log, print_result, ConvertArgs, DataArgs, DataCommand, FromArg, MessageFormat};
-use est::runtime::convert::{self, ConvertOptions, Kind};
+use est::data::convert::{self, ConvertOptions, Kind};
 use std::io::{IsTerminal, Write};
 
 pub fn run(a: DataArgs) -> i32 {

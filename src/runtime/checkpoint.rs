@@ -8,9 +8,9 @@
 //! missing or whose bytes do not match their checksums is damaged (`load`), and
 //! `restore` falls back to the newest intact one, saying which it skipped and why.
 
-use super::atomic;
-use crate::interp::Tensor;
+use crate::atomic;
 use crate::ir::{DType, TensorType};
+use crate::tensor::Tensor;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

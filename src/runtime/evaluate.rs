@@ -6,11 +6,12 @@
 //! real example.
 
 use super::{
-    checkpoint, mode_name, pipeline, records, restore::Need, run_diag, summary, Estimator,
-    EvalReport, PredictReport, Res, RunFailure,
+    checkpoint, mode_name, restore::Need, run_diag, summary, Estimator, EvalReport, PredictReport,
+    Res, RunFailure,
 };
+use crate::backend::interp::{self, Env, OpEnv, Plan, Tensor, Values};
+use crate::data::{pipeline, records};
 use crate::diag::{Code, Diag};
-use crate::interp::{self, Env, OpEnv, Plan, Tensor, Values};
 use crate::ir::{BatchMask, Graph, NodeIndex, Op, Role, TensorType, MASK_INPUT};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;

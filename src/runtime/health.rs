@@ -5,8 +5,8 @@
 //! and still diverging.
 
 use crate::diag::{Code, Diag};
-use crate::interp::{Data, Tensor};
 use crate::span::Span;
+use crate::tensor::{Data, Tensor};
 use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! sharded evaluation. Custom metrics implement `Reducer` and are registered by name
 //! (`Estimator::register_reducer`); a program uses them with `std.metrics.reducer`.
 
-use crate::interp::Tensor;
+use crate::tensor::Tensor;
 use std::any::Any;
 use std::sync::Arc;
 

@@ -15,26 +15,21 @@
 //! its loss and gradients (phase A) on its own batch, the runtime averages what feeds
 //! each `cross_shard_mean`, and phase B applies the optimiser once.
 
-pub mod atomic;
-pub mod cache;
 pub mod checkpoint;
-pub mod convert;
 mod evaluate;
 pub mod health;
 pub mod hooks;
 pub mod metrics;
 pub mod model_dir;
-pub mod pipeline;
-pub mod records;
 mod restore;
-pub mod sources;
 pub mod summary;
 
+use crate::backend::interp::{self, Env, OpEnv, Plan, Tensor, Values};
+use crate::data::pipeline;
 use crate::diag::{Code, Diag};
 use crate::elab::data::Dataset;
 use crate::elab::{Compiled, EstimatorInfo, Target};
 use crate::hash::{fnv1a, FNV_OFFSET};
-use crate::interp::{self, Env, OpEnv, Plan, Tensor, Values};
 use crate::ir::{Graph, Op, Role, TensorType};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;

@@ -63,7 +63,7 @@ pub fn lock(dir: &Path) -> Result<Lock, DirError> {
         .and_then(|_| file.write_all(pid.as_bytes()));
     written.map_err(|e| unwritable(dir, &e))?;
     // The lock file may have been there before: prove that new files can be made.
-    let probe = super::atomic::temp_path(&dir.join(".est-write-test"), None);
+    let probe = crate::atomic::temp_path(&dir.join(".est-write-test"), None);
     std::fs::write(&probe, b"")
         .and_then(|_| std::fs::remove_file(&probe))
         .map_err(|e| unwritable(dir, &e))?;
@@ -131,7 +131,7 @@ fn remove_stale_temps(dir: &Path) {
         return;
     };
     for e in rd.filter_map(|e| e.ok()) {
-        if super::atomic::is_temp_name(&e.file_name().to_string_lossy()) {
+        if crate::atomic::is_temp_name(&e.file_name().to_string_lossy()) {
             let _ = std::fs::remove_file(e.path());
         }
     }

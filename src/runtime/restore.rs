@@ -6,8 +6,8 @@ use super::model_dir::{self, DirError};
 use super::{checkpoint, health, Estimator, Res};
 use crate::diag::{Code, Diag};
 use crate::elab::Target;
-use crate::interp::{rng, Tensor};
 use crate::ir::TensorType;
+use crate::{rng, tensor::Tensor};
 use std::path::PathBuf;
 
 /// What a run needs of `model_dir`'s checkpoints.
@@ -215,7 +215,7 @@ impl Estimator {
         for (name, init, ty) in self.all_variables() {
             // The initial values are made in f64 before they are stored: reserve both.
             let wide = TensorType::new(crate::ir::DType::I64, ty.shape.clone());
-            crate::interp::reserve(&wide).map_err(|m| {
+            crate::backend::interp::reserve(&wide).map_err(|m| {
                 Diag::new(
                     Code::RunFailed,
                     self.info.span,

@@ -2,7 +2,7 @@
 //! `model_dir` for training and `model_dir/eval` for evaluations (TensorBoard's usual
 //! layout). Each file starts with the `brain.Event:2` version event.
 
-use super::records::{fields, frame, put_bytes, put_key, put_varint, unframe, Field};
+use crate::data::records::{fields, frame, put_bytes, put_key, put_varint, unframe, Field};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

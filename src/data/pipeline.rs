@@ -22,12 +22,12 @@
 use super::cache::{self, CacheData};
 use super::records;
 use super::sources::{self, bytes_scalar, RangeSource, TfRecordSource, VecSource};
+use crate::backend::interp::{self, OpEnv};
 use crate::diag::{Code, Diag};
 use crate::elab::data::{Dataset, Elem, Stage, StageKind};
-use crate::interp::rng::Stream as Rng;
-use crate::interp::tensor::{Arr, Data, Tensor};
-use crate::interp::{self, OpEnv};
 use crate::ir::{DType, Graph, TensorType};
+use crate::rng::Stream as Rng;
+use crate::tensor::{Arr, Data, Tensor};
 use ndarray::IxDyn;
 use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap;

@@ -15,8 +15,8 @@ use super::pipeline::{stack_leaf, Element};
 use super::records::{self, RecordReader};
 use super::sources;
 use crate::elab::data::{Stage, StageKind};
-use crate::interp::tensor::{Arr, Data, Tensor};
 use crate::ir::{DType, TensorType};
+use crate::tensor::{Arr, Data, Tensor};
 use ndarray::{Axis, IxDyn, Slice};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -282,7 +282,7 @@ fn decode(mut b: &[u8]) -> Option<Element> {
                 data: Data::S(Arr::from_shape_vec(IxDyn(&dims), v).ok()?),
             });
         } else {
-            let size = crate::interp::tensor::dtype_size(dtype)?;
+            let size = crate::tensor::dtype_size(dtype)?;
             let payload = take(&mut b, n.checked_mul(size)?)?;
             out.push(Tensor::from_le_bytes(&ty, payload)?);
         }
@@ -320,7 +320,7 @@ pub fn store(path: &Path, id: &str, fp: u64, elems: &[Element]) -> std::io::Resu
     // Unique per writer: input workers may write the same cache at the same time.
     static WRITER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    super::atomic::write_with(path, Some(n), |w| {
+    crate::atomic::write_with(path, Some(n), |w| {
         let mut head = MAGIC.to_vec();
         head.extend(fp.to_le_bytes());
         head.extend((elems.len() as u64).to_le_bytes());

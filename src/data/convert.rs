@@ -18,8 +18,8 @@
 use super::records::{self, encode_example, Feature};
 use super::sources;
 use crate::diag::Code;
-use crate::interp::tensor::Data;
 use crate::ir::DType;
+use crate::tensor::Data;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -503,7 +503,7 @@ fn write_shards(
                 "check that the output directory is writable",
             )
         };
-        super::atomic::write_with(&path, None, |w| {
+        crate::atomic::write_with(&path, None, |w| {
             for row in &t.rows[s * n / shards..(s + 1) * n / shards] {
                 let feats: Vec<(&str, Feature<'_>)> = t
                     .names

@@ -2,8 +2,8 @@
 //! the length and of the data), `tf.Example` protobufs, and `.npy` arrays.
 
 use super::pipeline::Element;
-use crate::interp::tensor::{dtype_size, Arr, Data, Tensor};
 use crate::ir::{DType, TensorType};
+use crate::tensor::{dtype_size, Arr, Data, Tensor};
 use ndarray::IxDyn;
 use std::io::Read;
 use std::path::{Path, PathBuf};

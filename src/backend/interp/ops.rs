@@ -1,10 +1,10 @@
 //! The interpreter's kernels: one function per op, written for clarity, with ndarray's
 //! matrix product (matrixmultiply's GEMM) under matmul and convolution (im2col).
 
-use super::rng::Stream;
-use super::tensor::{Arr, Data, Tensor};
 use crate::ir::float;
 use crate::ir::{BinaryOp, Conv, DType, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp};
+use crate::rng::Stream;
+use crate::tensor::{Arr, Data, Tensor};
 use ndarray::{Array2, ArrayView2, Axis, IxDyn, Slice, Zip};
 
 /// What the kernels need besides operands: the global step, the run seed and the shard.
@@ -638,7 +638,7 @@ fn softmax(a: &Tensor, axis: usize, log: bool) -> Tensor {
 
 fn decode_raw(a: &Tensor, ty: &TensorType) -> R {
     let n = *ty.shape.last().unwrap_or(&1);
-    let size = super::tensor::dtype_size(ty.dtype).ok_or("decode_raw to bytes")?;
+    let size = crate::tensor::dtype_size(ty.dtype).ok_or("decode_raw to bytes")?;
     let mut flat = Vec::new();
     for (i, s) in a.s().iter().enumerate() {
         if s.len() != n * size {

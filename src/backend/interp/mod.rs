@@ -6,16 +6,14 @@
 //! when each intermediate value can be dropped; `execute` runs it.
 
 pub mod ops;
-pub mod rng;
-pub mod tensor;
 
 use crate::ir::{Graph, Op};
 use crate::span::Span;
+pub use crate::tensor::{Data, Tensor};
 pub use ops::OpEnv;
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
 use rustc_hash::{FxHashMap, FxHashSet};
-pub use tensor::{Data, Tensor};
 
 /// An op that failed on the values it met (an index out of range, a division by zero).
 #[derive(Debug, Clone, PartialEq)]

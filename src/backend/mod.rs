@@ -1,0 +1,3 @@
+//! Backends: what executes checked graphs.
+
+pub mod interp;
