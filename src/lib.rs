@@ -6,7 +6,10 @@
 //! text -> tokens -> AST -> resolve -> elaborate (per estimator, mode, target) -> passes
 //! ```
 //!
-//! `check` runs all of it and returns every diagnostic and the checked graphs.
+//! `check` runs all of it and returns every diagnostic and the checked graphs. Then
+//! `runtime::Estimator` runs them: `backend` compiles and executes graphs behind one
+//! seam (the interpreter, the host through LLVM, the wafer), `data` is the input
+//! pipeline that feeds them, and `runtime` is the Estimator loop around both.
 
 pub mod atomic;
 pub mod backend;

@@ -335,3 +335,43 @@ pub fn dtype_size(d: DType) -> Option<usize> {
         DType::Bytes => return None,
     })
 }
+
+/// The first non-finite element of a float tensor: (flat index, value). Runs every
+/// step over every gradient and variable, so the common case (all finite) is one
+/// vectorised pass: `x * 0` is 0 for a finite `x` and NaN otherwise.
+pub fn first_non_finite(t: &Tensor) -> Option<(usize, f32)> {
+    let Data::F(a) = &t.data else {
+        return None;
+    };
+    if let Some(s) = a.as_slice_memory_order() {
+        let mut acc = [0f32; 8];
+        let mut chunks = s.chunks_exact(8);
+        for c in &mut chunks {
+            for (x, v) in acc.iter_mut().zip(c) {
+                *x += v * 0.0;
+            }
+        }
+        let tail: f32 = chunks.remainder().iter().map(|v| v * 0.0).sum();
+        if acc.iter().sum::<f32>() + tail == 0.0 {
+            return None;
+        }
+    }
+    first_where(t, |v| !v.is_finite())
+}
+
+/// The first NaN of a float tensor: (flat index, value).
+pub fn first_nan(t: &Tensor) -> Option<(usize, f32)> {
+    first_where(t, f32::is_nan)
+}
+
+/// The first element of a float tensor for which `bad` holds: (flat index, value).
+fn first_where(t: &Tensor, bad: impl Fn(f32) -> bool) -> Option<(usize, f32)> {
+    match &t.data {
+        Data::F(a) => a
+            .iter()
+            .enumerate()
+            .find(|(_, &v)| bad(v))
+            .map(|(i, &v)| (i, v)),
+        _ => None,
+    }
+}

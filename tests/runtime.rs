@@ -164,8 +164,9 @@ fn two_shards_equal_one_shard_on_the_global_batch() {
     a.train(Steps::Max(20)).unwrap();
     b.train(Steps::Max(20)).unwrap();
     let mut worst = 0f64;
+    let vars_b = b.variables();
     for (k, va) in a.variables() {
-        let vb = &b.variables()[k];
+        let vb = &vars_b[&k];
         for (x, y) in va.to_f64().iter().zip(vb.to_f64()) {
             worst = worst.max((x - y).abs());
         }

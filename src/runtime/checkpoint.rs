@@ -347,7 +347,7 @@ fn check_tensors(meta: &Meta, vars: &FxHashMap<String, Tensor>) -> Result<(), St
         }
     }
     for (name, t) in vars {
-        if let Some((i, v)) = super::health::first_nan(t) {
+        if let Some((i, v)) = crate::tensor::first_nan(t) {
             return Err(format!("`{name}` holds {v} (element {i})"));
         }
     }

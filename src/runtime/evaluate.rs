@@ -9,15 +9,16 @@ use super::{
     checkpoint, mode_name, restore::Need, run_diag, summary, Estimator, EvalReport, PredictReport,
     Res, RunFailure,
 };
-use crate::backend::interp::{self, Env, OpEnv, Plan, Tensor, Values};
+use crate::backend::interp::{self, OpEnv};
+use crate::backend::{Feeds, RunExe, StepCtx};
 use crate::data::{pipeline, records};
 use crate::diag::{Code, Diag};
 use crate::ir::{BatchMask, Graph, NodeIndex, Op, Role, TensorType, MASK_INPUT};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;
-use petgraph::visit::NodeIndexable;
+use crate::tensor::Tensor;
 use pipeline::{Element, Pipeline};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::path::Path;
 
 /// How a graph's inputs are fed from the batches of its input pipeline.
@@ -32,7 +33,7 @@ pub(super) struct Feeder {
 
 /// One batch's inputs, and how many of its rows are real examples.
 pub(super) struct Fed {
-    pub feeds: FxHashMap<String, Tensor>,
+    pub feeds: Feeds,
     pub real: usize,
 }
 
@@ -169,29 +170,26 @@ fn first_rows(t: &Tensor, n: usize) -> Tensor {
 }
 
 impl Estimator {
-    /// Runs `plan` on one batch (padded if partial) as shard `shard`; returns the
+    /// Runs `exe` on one batch (padded if partial) as shard `shard`; returns its
     /// values and the number of real rows.
     pub(super) fn run_fed(
-        &self,
-        g: &Graph,
-        plan: &Plan,
+        &mut self,
+        exe: RunExe,
         feeder: &Feeder,
         batch: Element,
         shard: usize,
         when: &str,
-    ) -> Res<(Values, usize)> {
+    ) -> Res<(Vec<Tensor>, usize)> {
         let fed = feeder.feed(batch, when)?;
-        let env = Env {
-            feeds: &fed.feeds,
-            vars: &self.vars,
-            op: OpEnv {
-                step: self.step,
-                seed: self.seed,
-                shard,
-            },
+        let ctx = StepCtx {
+            step: self.step,
+            seed: self.seed,
         };
-        let mut values = Values::new(g.g.node_bound());
-        interp::execute(g, plan, &env, &mut values).map_err(|e| run_diag(e, when))?;
+        let values = self
+            .dev()?
+            .device
+            .run(exe, fed.feeds, ctx, shard)
+            .map_err(|e| run_diag(e, when))?;
         Ok((values, fed.real))
     }
 
@@ -259,9 +257,9 @@ impl Estimator {
         let shards = self.info.config.num_shards.max(1) as usize;
         let feeder = Feeder::new(g, ds.span());
         let per_example: &[usize] = feeder.mask.as_ref().map_or(&[], |m| &m.per_example);
-        let loss_node = g.output(Role::Loss);
+        let loss_at = g.outputs.iter().position(|o| o.role == Role::Loss);
         let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
-        let plan = Plan::new(g, &targets, &FxHashSet::default());
+        let exe = self.run_exe(&c, SectionKind::Eval, &targets)?;
         let mut reducers: Vec<Vec<Box<dyn super::Reducer>>> = Vec::new();
         for _ in 0..shards {
             let mut rs = Vec::new();
@@ -283,16 +281,16 @@ impl Estimator {
                 } else {
                     format!("in eval batch {}", count + 1)
                 };
-                let (values, real) = self.run_fed(g, &plan, &feeder, batch, shard, &when)?;
-                if let Some(l) = loss_node {
-                    loss_sum += values.get(l).expect("loss").scalar() * real as f64;
+                let (values, real) = self.run_fed(exe, &feeder, batch, shard, &when)?;
+                if let Some(l) = loss_at {
+                    loss_sum += values[l].scalar() * real as f64;
                 }
                 for (m, r) in g.metrics.iter().zip(reducers[shard].iter_mut()) {
                     let args: Vec<Tensor> = m
                         .args
                         .iter()
                         .map(|&i| {
-                            let t = values.get(g.outputs[i].node).expect("metric input");
+                            let t = &values[i];
                             if per_example.contains(&i) {
                                 first_rows(t, real)
                             } else {
@@ -386,7 +384,7 @@ impl Estimator {
         let feeder = Feeder::new(g, ds.span());
         let outs = g.outputs_with(Role::Prediction);
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
-        let plan = Plan::new(g, &targets, &FxHashSet::default());
+        let exe = self.run_exe(&c, SectionKind::Predict, &targets)?;
         let mut pipe = self.start_pipeline(&ds, SectionKind::Predict)?;
         let mut lines = String::new();
         let mut acc: Vec<Vec<Tensor>> = vec![Vec::new(); outs.len()];
@@ -398,13 +396,10 @@ impl Estimator {
             };
             batch.truncate(feeder.names.len());
             let when = format!("in predict batch {}", count + 1);
-            let (values, real) = self.run_fed(g, &plan, &feeder, batch, 0, &when)?;
+            let (values, real) = self.run_fed(exe, &feeder, batch, 0, &when)?;
             // Predictions keep the batch dimension (the front end checks): one line
             // per real example.
-            let vals: Vec<Tensor> = outs
-                .iter()
-                .map(|o| first_rows(values.get(o.1).expect("prediction"), real))
-                .collect();
+            let vals: Vec<Tensor> = values.iter().map(|t| first_rows(t, real)).collect();
             let rows = vals
                 .first()
                 .map_or(0, |t| t.shape().first().copied().unwrap_or(1));

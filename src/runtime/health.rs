@@ -4,6 +4,7 @@
 //! The diagnostic says what was checked about the last checkpoint, which may be finite
 //! and still diverging.
 
+use crate::backend::Bad;
 use crate::diag::{Code, Diag};
 use crate::span::Span;
 use crate::tensor::{Data, Tensor};
@@ -45,46 +46,6 @@ impl Checked {
 /// Weights this large are a sign that training diverged before they were saved.
 const LARGE: f64 = 1e6;
 
-/// The first non-finite element of a float tensor: (flat index, value). Runs every
-/// step over every gradient and variable, so the common case (all finite) is one
-/// vectorised pass: `x * 0` is 0 for a finite `x` and NaN otherwise.
-pub fn first_non_finite(t: &Tensor) -> Option<(usize, f32)> {
-    let Data::F(a) = &t.data else {
-        return None;
-    };
-    if let Some(s) = a.as_slice_memory_order() {
-        let mut acc = [0f32; 8];
-        let mut chunks = s.chunks_exact(8);
-        for c in &mut chunks {
-            for (x, v) in acc.iter_mut().zip(c) {
-                *x += v * 0.0;
-            }
-        }
-        let tail: f32 = chunks.remainder().iter().map(|v| v * 0.0).sum();
-        if acc.iter().sum::<f32>() + tail == 0.0 {
-            return None;
-        }
-    }
-    first(t, |v| !v.is_finite())
-}
-
-/// The first NaN of a float tensor: (flat index, value).
-pub fn first_nan(t: &Tensor) -> Option<(usize, f32)> {
-    first(t, f32::is_nan)
-}
-
-/// The first element of a float tensor for which `bad` holds: (flat index, value).
-fn first(t: &Tensor, bad: impl Fn(f32) -> bool) -> Option<(usize, f32)> {
-    match &t.data {
-        Data::F(a) => a
-            .iter()
-            .enumerate()
-            .find(|(_, &v)| bad(v))
-            .map(|(i, &v)| (i, v)),
-        _ => None,
-    }
-}
-
 /// The float variable with the largest finite magnitude, and that magnitude.
 fn largest(vars: &FxHashMap<String, Tensor>) -> (String, f64) {
     let mut best = (String::new(), 0.0f64);
@@ -104,24 +65,9 @@ fn largest(vars: &FxHashMap<String, Tensor>) -> (String, f64) {
     best
 }
 
-/// What was non-finite.
-pub enum Bad<'a> {
-    Loss,
-    /// The gradient of this variable.
-    Gradient(&'a str),
-    /// The new value of this variable (or optimiser slot).
-    Update(&'a str),
-}
-
 /// E0902 for a non-finite value found at the step that would have made `step`.
-pub fn diag(
-    bad: Bad<'_>,
-    found: (usize, f32),
-    step: i64,
-    span: Span,
-    last: Option<&Checked>,
-) -> Diag {
-    let what = match &bad {
+pub fn diag(bad: &Bad, found: (usize, f32), step: i64, span: Span, last: Option<&Checked>) -> Diag {
+    let what = match bad {
         Bad::Loss => "the loss is".to_string(),
         Bad::Gradient(v) => format!("the gradient of `{v}` holds"),
         Bad::Update(v) => format!("the updated value of `{v}` holds"),

@@ -24,20 +24,19 @@ pub mod model_dir;
 mod restore;
 pub mod summary;
 
-use crate::backend::interp::{self, Env, OpEnv, Plan, Tensor, Values};
+use crate::backend::{self, Device, Feeds, RunError, RunExe, StepCtx, StepError, TrainExe};
 use crate::data::pipeline;
 use crate::diag::{Code, Diag};
 use crate::elab::data::Dataset;
 use crate::elab::{Compiled, EstimatorInfo, Target};
 use crate::hash::{fnv1a, FNV_OFFSET};
-use crate::ir::{Graph, Op, Role, TensorType};
+use crate::ir::{Graph, NodeIndex, Op, TensorType};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;
+use crate::tensor::Tensor;
 use crate::Program;
 pub use hooks::{Action, RunHook, StepInfo};
 pub use metrics::{Reducer, ReducerFactory};
-use petgraph::stable_graph::NodeIndex;
-use petgraph::visit::NodeIndexable;
 use pipeline::{PipeOptions, Pipeline};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::path::{Path, PathBuf};
@@ -144,33 +143,11 @@ pub struct PredictReport {
     pub files: Vec<PathBuf>,
 }
 
-/// The two phases of a replicated train step.
-struct TrainPlan {
-    a: Plan,
-    b: Plan,
-    a_targets: Vec<NodeIndex>,
-    /// (cross_shard_mean node, its operand)
-    cross: Vec<(NodeIndex, NodeIndex)>,
-    loss: NodeIndex,
-    lr: NodeIndex,
-    /// Variable updates.
-    updates: Vec<Update>,
-    /// The gradient of each trainable variable (averaged over shards), by its name.
-    gradients: Vec<(String, NodeIndex)>,
-    next_step: Option<NodeIndex>,
-}
-
-/// The new value of a variable after a train step.
-struct Update {
-    /// The variable (or optimiser slot) it replaces.
-    name: String,
-    node: NodeIndex,
-    /// Whether phase A makes it (it does not depend on a `cross_shard_mean`).
-    in_a: bool,
-    /// Whether it is a trained weight or one of its optimiser slots, which must stay
-    /// finite; the state a model keeps itself (`assign`) may hold an infinity (a
-    /// running maximum that starts at -inf), never a NaN.
-    trained: bool,
+/// The run's device (opened on first use) and what was compiled for it.
+struct Dev {
+    device: Box<dyn Device>,
+    train: Option<TrainExe>,
+    runs: Vec<(SectionKind, RunExe)>,
 }
 
 /// Where the runtime's log lines go.
@@ -185,7 +162,8 @@ pub struct Estimator {
     /// The checked graphs, shared so that a run borrows them without copying.
     graphs: Vec<Arc<Compiled>>,
     target: Target,
-    vars: FxHashMap<String, Tensor>,
+    /// The device running this estimator's graphs; it holds the variables.
+    dev: Option<Dev>,
     step: i64,
     seed: u64,
     input_position: u64,
@@ -326,7 +304,7 @@ impl Estimator {
             program_hash: format!("{h:016x}"),
             graphs,
             target: opts.target,
-            vars: FxHashMap::default(),
+            dev: None,
             step: 0,
             input_position: 0,
             cache_dir: opts.cache_dir.clone(),
@@ -364,17 +342,24 @@ impl Estimator {
         self.seed
     }
 
-    /// The current value of every variable (weights and optimiser slots).
-    pub fn variables(&self) -> &FxHashMap<String, Tensor> {
-        &self.vars
+    /// The current value of every variable (weights and optimiser slots), read out of
+    /// the device (empty before the first restore or initialisation).
+    pub fn variables(&self) -> FxHashMap<String, Tensor> {
+        self.dev
+            .as_ref()
+            .map(|d| d.device.variables())
+            .unwrap_or_default()
     }
 
     /// Replaces a variable's value (a warm start, or a test's fixed starting point).
     /// Call after `restore_or_init`; the value must have the variable's type.
     pub fn set_variable(&mut self, name: &str, value: Tensor) -> Res<()> {
-        match self.vars.get(name) {
+        let old = self.dev.as_ref().and_then(|d| d.device.variable(name));
+        match old {
             Some(old) if old.ty() == value.ty() => {
-                self.vars.insert(name.to_string(), value);
+                if let Some(d) = &mut self.dev {
+                    d.device.set_variable(name, value);
+                }
                 Ok(())
             }
             Some(old) => Err(Diag::new(
@@ -392,6 +377,57 @@ impl Estimator {
             .label("this estimator")
             .into()),
         }
+    }
+
+    /// The device, opened for the run's target on first use (E0908 for a target
+    /// this build cannot run).
+    fn dev(&mut self) -> Res<&mut Dev> {
+        if self.dev.is_none() {
+            let device = backend::open(self.target, self.info.span)?;
+            self.dev = Some(Dev {
+                device,
+                train: None,
+                runs: Vec::new(),
+            });
+        }
+        Ok(self.dev.as_mut().expect("opened"))
+    }
+
+    /// Binds a fresh state (initialised or restored) to the device.
+    fn bind(&mut self, vars: FxHashMap<String, Tensor>) -> Res<()> {
+        self.dev()?.device.bind(vars);
+        Ok(())
+    }
+
+    /// The train step, compiled on first use.
+    fn train_exe(&mut self, c: &Arc<Compiled>) -> Res<TrainExe> {
+        let at = self.info.span;
+        let dev = self.dev()?;
+        if let Some(e) = dev.train {
+            return Ok(e);
+        }
+        let e = dev.device.compile_train(Arc::new(c.graph.clone()), at)?;
+        dev.train = Some(e);
+        Ok(e)
+    }
+
+    /// A mode's executable computing `targets`, compiled on first use.
+    fn run_exe(
+        &mut self,
+        c: &Arc<Compiled>,
+        mode: SectionKind,
+        targets: &[NodeIndex],
+    ) -> Res<RunExe> {
+        let at = self.info.span;
+        let dev = self.dev()?;
+        if let Some((_, e)) = dev.runs.iter().find(|r| r.0 == mode) {
+            return Ok(*e);
+        }
+        let e = dev
+            .device
+            .compile_run(Arc::new(c.graph.clone()), targets.to_vec(), at)?;
+        dev.runs.push((mode, e));
+        Ok(e)
     }
 
     pub fn graph(&self, mode: SectionKind) -> Option<&Graph> {
@@ -530,72 +566,7 @@ impl Estimator {
         Ok((self.start_pipeline(&ds, mode)?, names))
     }
 
-    fn plan_train(&self, g: &Graph) -> Res<TrainPlan> {
-        let (Some(loss), Some(lr)) = (g.output(Role::Loss), g.output(Role::LearningRate)) else {
-            return Err(Diag::new(
-                Code::InvalidModel,
-                self.info.span,
-                "the train graph has no loss to minimize",
-            )
-            .label("this estimator's model")
-            .help("write `train { minimize loss with sgd(lr: 0.1) }` in the model")
-            .into());
-        };
-        let next_step = g.output(Role::NextStep);
-        let cross: Vec<(NodeIndex, NodeIndex)> =
-            g.g.node_indices()
-                .filter(|&n| matches!(g.node(n).op, Op::CrossShardMean))
-                .map(|n| (n, g.operands(n)[0]))
-                .collect();
-        let mut after = vec![false; g.g.node_bound()];
-        for n in g.topo_order() {
-            after[n.index()] = matches!(g.node(n).op, Op::CrossShardMean)
-                || g.operands(n).iter().any(|o| after[o.index()]);
-        }
-        let gradients = g.outputs_with(Role::Gradient);
-        let trained = |name: &str| {
-            gradients.iter().any(|(v, _)| {
-                name == v
-                    || name
-                        .strip_prefix(v.as_str())
-                        .is_some_and(|s| s.starts_with('/'))
-            })
-        };
-        let updates: Vec<Update> = g
-            .outputs_with(Role::Update)
-            .into_iter()
-            .map(|(name, node)| Update {
-                trained: trained(&name),
-                in_a: !after[node.index()],
-                name,
-                node,
-            })
-            .collect();
-        let mut a_targets: Vec<NodeIndex> = cross.iter().map(|c| c.1).collect();
-        a_targets.push(loss);
-        a_targets.push(lr);
-        a_targets.extend(updates.iter().filter(|u| u.in_a).map(|u| u.node));
-        let a = Plan::new(g, &a_targets, &FxHashSet::default());
-        let mut provided: FxHashSet<NodeIndex> = a_targets.iter().copied().collect();
-        provided.extend(cross.iter().map(|c| c.0));
-        let mut b_targets: Vec<NodeIndex> =
-            updates.iter().filter(|u| !u.in_a).map(|u| u.node).collect();
-        b_targets.extend(next_step);
-        let b = Plan::new(g, &b_targets, &provided);
-        Ok(TrainPlan {
-            a,
-            b,
-            a_targets,
-            cross,
-            loss,
-            lr,
-            updates,
-            gradients,
-            next_step,
-        })
-    }
-
-    fn feeds(names: &[String], batch: pipeline::Element) -> FxHashMap<String, Tensor> {
+    fn feeds(names: &[String], batch: pipeline::Element) -> Feeds {
         names.iter().cloned().zip(batch).collect()
     }
 
@@ -638,7 +609,7 @@ impl Estimator {
         let cfg = self.info.config.clone();
         let shards = cfg.num_shards.max(1) as usize;
         self.max_shards = self.max_shards.max(shards as u64);
-        let plan = self.plan_train(&c.graph)?;
+        let exe = self.train_exe(&c)?;
         let names = evaluate::input_names(&c.graph);
         let mut pipe = Pipeline::new_at(
             &ds,
@@ -674,7 +645,7 @@ impl Estimator {
                     ));
                     break;
                 };
-                let (loss, rate) = match self.train_step(&c.graph, &plan, &names, batches) {
+                let (loss, rate) = match self.train_step(exe, &names, batches) {
                     Ok(x) => x,
                     // Bad data in a batch (a label out of range, an index a gather
                     // cannot take) leaves the variables of the last step intact: keep
@@ -795,129 +766,37 @@ impl Estimator {
     /// One replicated train step; returns (mean loss, learning rate).
     fn train_step(
         &mut self,
-        g: &Graph,
-        plan: &TrainPlan,
+        exe: TrainExe,
         names: &[String],
         batches: Vec<pipeline::Element>,
     ) -> Res<(f64, f64)> {
-        let n = batches.len();
-        let vars = &self.vars;
-        let step = self.step;
-        let seed = self.seed;
-        let run_a = |shard: usize, batch: pipeline::Element| -> Result<Values, interp::RunError> {
-            let feeds = Self::feeds(names, batch);
-            let env = Env {
-                feeds: &feeds,
-                vars,
-                op: OpEnv { step, seed, shard },
-            };
-            let mut values = Values::new(g.g.node_bound());
-            interp::execute(g, &plan.a, &env, &mut values)?;
-            Ok(values)
+        let feeds: Vec<Feeds> = batches.into_iter().map(|b| Self::feeds(names, b)).collect();
+        let ctx = StepCtx {
+            step: self.step,
+            seed: self.seed,
         };
-        let results: Vec<Result<Values, interp::RunError>> = if n == 1 {
-            vec![run_a(0, batches.into_iter().next().expect("one batch"))]
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = batches
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, b)| {
-                        let run_a = &run_a;
-                        s.spawn(move || run_a(i, b))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("shard thread"))
-                    .collect()
-            })
-        };
-        let mut shard_values = Vec::with_capacity(n);
-        for (shard, r) in results.into_iter().enumerate() {
-            shard_values.push(r.map_err(|e| {
-                let when = if n > 1 {
-                    format!("at global step {} (shard {shard})", self.step + 1)
-                } else {
-                    format!("at global step {}", self.step + 1)
+        let next = self.step + 1;
+        match self.dev()?.device.train_step(exe, feeds, ctx) {
+            Ok(out) => {
+                self.step = out.next_step.unwrap_or(next);
+                Ok((out.loss, out.learning_rate))
+            }
+            Err(StepError::Run { shard, error }) => {
+                let when = match shard {
+                    Some(s) => format!("at global step {next} (shard {s})"),
+                    None => format!("at global step {next}"),
                 };
-                run_diag(e, &when)
-            })?);
-        }
-        // Combine: the mean over shards of every phase-A target, then phase B once.
-        let mut values = shard_values.swap_remove(0);
-        if !shard_values.is_empty() {
-            for &t in &plan.a_targets {
-                // Float values (gradients, the loss, float state updates) are averaged;
-                // others (an integer counter a model assigns) are shard 0's.
-                let first = values.get(t).expect("target");
-                let interp::Data::F(a) = &first.data else {
-                    continue;
-                };
-                let dtype = first.dtype;
-                let mut acc = a.to_owned();
-                for sv in &shard_values {
-                    acc += sv.get(t).expect("target").f();
-                }
-                acc.mapv_inplace(|x| x / n as f32);
-                values.set(t, Tensor::float(dtype, acc.into_shared()));
+                Err(run_diag(error, &when))
             }
+            Err(StepError::NonFinite {
+                bad,
+                index,
+                value,
+                span,
+            }) => Err(
+                health::diag(&bad, (index, value), next, span, self.last_checked.as_ref()).into(),
+            ),
         }
-        for &(cross, operand) in &plan.cross {
-            let v = values.get(operand).expect("gradient").clone();
-            values.set(cross, v);
-        }
-        let loss = values.get(plan.loss).expect("loss").scalar();
-        let lr = values.get(plan.lr).expect("lr").scalar();
-        // The loss and every gradient must be finite before anything is applied.
-        let found = |n: NodeIndex| health::first_non_finite(values.get(n).expect("checked"));
-        if let Some(f) = found(plan.loss) {
-            return Err(self.non_finite(health::Bad::Loss, f, g.node(plan.loss).span));
-        }
-        for (name, node) in &plan.gradients {
-            if let Some(f) = found(*node) {
-                let span = variable_span(g, name);
-                return Err(self.non_finite(health::Bad::Gradient(name), f, span));
-            }
-        }
-        let env_feeds = FxHashMap::default();
-        let env = Env {
-            feeds: &env_feeds,
-            vars: &self.vars,
-            op: OpEnv {
-                step: self.step,
-                seed: self.seed,
-                shard: 0,
-            },
-        };
-        interp::execute(g, &plan.b, &env, &mut values)
-            .map_err(|e| run_diag(e, &format!("at global step {}", self.step + 1)))?;
-        for u in &plan.updates {
-            let t = values.get(u.node).expect("update");
-            let bad = if u.trained {
-                health::first_non_finite(t)
-            } else {
-                health::first_nan(t)
-            };
-            if let Some(f) = bad {
-                let span = variable_span(g, &u.name);
-                return Err(self.non_finite(health::Bad::Update(&u.name), f, span));
-            }
-        }
-        for u in &plan.updates {
-            let v = values.get(u.node).expect("update").clone();
-            self.vars.insert(u.name.clone(), v);
-        }
-        self.step = match plan.next_step {
-            Some(n) => values.get(n).expect("next step").scalar() as i64,
-            None => self.step + 1,
-        };
-        Ok((loss, lr))
-    }
-
-    /// E0902 for a non-finite value met in the step after the current one.
-    fn non_finite(&self, bad: health::Bad<'_>, found: (usize, f32), span: Span) -> RunFailure {
-        health::diag(bad, found, self.step + 1, span, self.last_checked.as_ref()).into()
     }
 
     /// Smoke run: one train step, a checkpoint saved and restored (compared bit for
@@ -933,7 +812,7 @@ impl Estimator {
         let _ = std::fs::remove_dir_all(&dir);
         self.model_dir = saved_dir;
         self.ready = false;
-        self.vars.clear();
+        self.dev = None;
         self.step = 0;
         result
     }
@@ -945,12 +824,12 @@ impl Estimator {
         self.ready = true;
         let r = self.train(Steps::Add(1))?;
         lines.push(format!("train: 1 step, loss {:.6}", r.final_loss));
-        let saved = self.vars.clone();
+        let saved = self.variables();
         let step = self.step;
         self.ready = false;
-        self.vars.clear();
+        self.dev = None;
         self.restore_or_init()?;
-        if self.vars != saved || self.step != step {
+        if self.variables() != saved || self.step != step {
             return Err(self
                 .io_diag("the checkpoint did not restore the saved state".into())
                 .into());
@@ -977,20 +856,6 @@ impl Estimator {
     }
 }
 
-/// Where the variable `name` (or the variable of an optimiser slot `name/slot`) is
-/// made, for diagnostics about it.
-fn variable_span(g: &Graph, name: &str) -> Span {
-    let find = |want: &str| {
-        g.g.node_indices().find_map(|n| match &g.node(n).op {
-            Op::Variable { name, .. } if name == want => Some(g.node(n).span),
-            _ => None,
-        })
-    };
-    find(name)
-        .or_else(|| name.rsplit_once('/').and_then(|(base, _)| find(base)))
-        .unwrap_or_default()
-}
-
 fn mode_name(m: SectionKind) -> &'static str {
     match m {
         SectionKind::Train => "train",
@@ -1001,7 +866,7 @@ fn mode_name(m: SectionKind) -> &'static str {
 
 /// The diagnostic of an op that failed at run time, `when` being where in the run
 /// (`at global step 12`, `in eval batch 3`).
-fn run_diag(e: interp::RunError, when: &str) -> RunFailure {
+fn run_diag(e: RunError, when: &str) -> RunFailure {
     if e.op == (Op::CheckIndices { depth: 0 }).name() {
         return Diag::new(Code::LabelOutOfRange, e.span, format!("{when}: {}", e.message))
             .label("the labels of this")

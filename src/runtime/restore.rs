@@ -5,7 +5,6 @@
 use super::model_dir::{self, DirError};
 use super::{checkpoint, health, Estimator, Res};
 use crate::diag::{Code, Diag};
-use crate::elab::Target;
 use crate::ir::TensorType;
 use crate::{rng, tensor::Tensor};
 use std::path::PathBuf;
@@ -28,16 +27,7 @@ impl Estimator {
     }
 
     pub(super) fn prepare(&mut self, need: Need) -> Res<()> {
-        if self.target != Target::Interp {
-            return Err(Diag::new(
-                Code::NoRuntime,
-                self.info.span,
-                format!("the {} target cannot run programs yet", self.target.name()),
-            )
-            .label("this estimator")
-            .help("run it with `--target interp`")
-            .into());
-        }
+        self.dev()?;
         if self.ready {
             return Ok(());
         }
@@ -187,18 +177,18 @@ impl Estimator {
         }
         let meta = r.meta;
         let path = r.found.tensors;
-        self.vars = r.vars;
+        self.last_checked = Some(health::Checked::new(
+            path.clone(),
+            meta.global_step,
+            None,
+            &r.vars,
+        ));
+        self.bind(r.vars)?;
         self.step = meta.global_step;
         self.seed = meta.seed;
         self.input_position = meta.input_position;
         self.max_shards = meta.max_shards.unwrap_or(1);
         self.last_checkpoint = Some(path.clone());
-        self.last_checked = Some(health::Checked::new(
-            path.clone(),
-            meta.global_step,
-            None,
-            &self.vars,
-        ));
         self.say(&format!(
             "restored {} (global step {})",
             path.display(),
@@ -211,7 +201,7 @@ impl Estimator {
     }
 
     pub(super) fn init_variables(&mut self) -> Res<()> {
-        self.vars.clear();
+        let mut vars = rustc_hash::FxHashMap::default();
         for (name, init, ty) in self.all_variables() {
             // The initial values are made in f64 before they are stored: reserve both.
             let wide = TensorType::new(crate::ir::DType::I64, ty.shape.clone());
@@ -226,8 +216,9 @@ impl Estimator {
             })?;
             let v = rng::init_values(&init, &name, &ty, self.seed);
             let t = Tensor::from_f64(&ty, v.into_iter().map(f64::from).collect());
-            self.vars.insert(name, t);
+            vars.insert(name, t);
         }
+        self.bind(vars)?;
         self.step = 0;
         self.input_position = 0;
         self.max_shards = 1;
@@ -312,6 +303,7 @@ impl Estimator {
     }
 
     fn save_locked(&mut self) -> Res<PathBuf> {
+        let vars = self.variables();
         let meta = checkpoint::Meta {
             global_step: self.step,
             seed: self.seed,
@@ -319,8 +311,7 @@ impl Estimator {
             max_shards: Some(self.max_shards),
             program_hash: self.program_hash.clone(),
             variables: {
-                let mut v: Vec<String> = self
-                    .vars
+                let mut v: Vec<String> = vars
                     .iter()
                     .map(|(k, t)| format!("{k}: {}", t.ty()))
                     .collect();
@@ -331,7 +322,7 @@ impl Estimator {
             meta_checksum: None,
         };
         let keep = self.info.config.keep_checkpoint_max.max(1) as usize;
-        let p = checkpoint::save(&self.model_dir, &self.vars, &meta, keep).map_err(|e| {
+        let p = checkpoint::save(&self.model_dir, &vars, &meta, keep).map_err(|e| {
             self.io_diag(format!(
                 "cannot write a checkpoint in {}: {e}",
                 self.model_dir.display()
@@ -342,7 +333,7 @@ impl Estimator {
             p.clone(),
             self.step,
             self.last_loss,
-            &self.vars,
+            &vars,
         ));
         self.note_seen();
         for h in &mut self.hooks {

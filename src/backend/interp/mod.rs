@@ -5,23 +5,18 @@
 //! A `Plan` fixes, once per graph, which nodes to compute for the wanted values and
 //! when each intermediate value can be dropped; `execute` runs it.
 
+mod device;
 pub mod ops;
 
+pub use crate::backend::RunError;
+pub use device::Device;
+
 use crate::ir::{Graph, Op};
-use crate::span::Span;
 pub use crate::tensor::{Data, Tensor};
 pub use ops::OpEnv;
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
 use rustc_hash::{FxHashMap, FxHashSet};
-
-/// An op that failed on the values it met (an index out of range, a division by zero).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunError {
-    pub span: Span,
-    pub op: &'static str,
-    pub message: String,
-}
 
 /// The nodes to compute, in order, with their operands and what to drop after each.
 #[derive(Debug, Clone)]

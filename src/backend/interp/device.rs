@@ -1,0 +1,212 @@
+//! The interpreter as a `backend::Device`: executables are plans over the graph, the
+//! variables a map of tensors (shared arrays, so reading them out copies nothing), and
+//! the shards of a train step run on scoped threads.
+
+use super::{execute, Env, OpEnv, Plan, Values};
+use crate::backend::{
+    self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
+};
+use crate::diag::Diag;
+use crate::ir::{Graph, NodeIndex};
+use crate::span::Span;
+use crate::tensor::{first_nan, first_non_finite, Data, Tensor};
+use petgraph::visit::NodeIndexable;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::Arc;
+
+/// The interpreter's device.
+#[derive(Default)]
+pub struct Device {
+    vars: FxHashMap<String, Tensor>,
+    train: Vec<Train>,
+    runs: Vec<Run>,
+}
+
+/// A train step: the plans of its two phases.
+struct Train {
+    graph: Arc<Graph>,
+    spec: TrainSpec,
+    a: Plan,
+    b: Plan,
+}
+
+struct Run {
+    graph: Arc<Graph>,
+    plan: Plan,
+    targets: Vec<NodeIndex>,
+}
+
+impl backend::Device for Device {
+    fn compile_train(&mut self, graph: Arc<Graph>, at: Span) -> Result<TrainExe, Diag> {
+        let spec = TrainSpec::new(&graph, at)?;
+        let a = Plan::new(&graph, &spec.a_targets, &FxHashSet::default());
+        let mut provided: FxHashSet<NodeIndex> = spec.a_targets.iter().copied().collect();
+        provided.extend(spec.cross.iter().map(|c| c.0));
+        let b = Plan::new(&graph, &spec.b_targets(), &provided);
+        self.train.push(Train { graph, spec, a, b });
+        Ok(TrainExe(self.train.len() - 1))
+    }
+
+    fn compile_run(
+        &mut self,
+        graph: Arc<Graph>,
+        targets: Vec<NodeIndex>,
+        _at: Span,
+    ) -> Result<RunExe, Diag> {
+        let plan = Plan::new(&graph, &targets, &FxHashSet::default());
+        self.runs.push(Run {
+            graph,
+            plan,
+            targets,
+        });
+        Ok(RunExe(self.runs.len() - 1))
+    }
+
+    fn bind(&mut self, vars: FxHashMap<String, Tensor>) {
+        self.vars = vars;
+    }
+
+    fn variables(&self) -> FxHashMap<String, Tensor> {
+        self.vars.clone()
+    }
+
+    fn variable(&self, name: &str) -> Option<Tensor> {
+        self.vars.get(name).cloned()
+    }
+
+    fn set_variable(&mut self, name: &str, value: Tensor) {
+        self.vars.insert(name.to_string(), value);
+    }
+
+    fn train_step(
+        &mut self,
+        exe: TrainExe,
+        batches: Vec<Feeds>,
+        ctx: StepCtx,
+    ) -> Result<StepOut, StepError> {
+        let Train { graph, spec, a, b } = &self.train[exe.0];
+        let g: &Graph = graph;
+        let n = batches.len();
+        let vars = &self.vars;
+        let run_a = |shard: usize, feeds: Feeds| -> Result<Values, RunError> {
+            let env = Env {
+                feeds: &feeds,
+                vars,
+                op: op_env(ctx, shard),
+            };
+            let mut values = Values::new(g.g.node_bound());
+            execute(g, a, &env, &mut values)?;
+            Ok(values)
+        };
+        let results: Vec<Result<Values, RunError>> = if n == 1 {
+            vec![run_a(0, batches.into_iter().next().expect("one batch"))]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = batches
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        let run_a = &run_a;
+                        s.spawn(move || run_a(i, b))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("shard thread"))
+                    .collect()
+            })
+        };
+        let mut shard_values = Vec::with_capacity(n);
+        for (shard, r) in results.into_iter().enumerate() {
+            shard_values.push(r.map_err(|error| StepError::Run {
+                shard: (n > 1).then_some(shard),
+                error,
+            })?);
+        }
+        // The mean over shards of every phase-A target, then phase B once.
+        let mut values = shard_values.swap_remove(0);
+        if !shard_values.is_empty() {
+            for &t in &spec.a_targets {
+                // Float values (gradients, the loss, float state updates) are averaged;
+                // others (an integer counter a model assigns) are shard 0's.
+                let first = values.get(t).expect("target");
+                let Data::F(a) = &first.data else {
+                    continue;
+                };
+                let dtype = first.dtype;
+                let mut acc = a.to_owned();
+                for sv in &shard_values {
+                    acc += sv.get(t).expect("target").f();
+                }
+                acc.mapv_inplace(|x| x / n as f32);
+                values.set(t, Tensor::float(dtype, acc.into_shared()));
+            }
+        }
+        for &(cross, operand) in &spec.cross {
+            let v = values.get(operand).expect("gradient").clone();
+            values.set(cross, v);
+        }
+        spec.check_a(|node, want| scan(&values, node, want))?;
+        let no_feeds = FxHashMap::default();
+        let env = Env {
+            feeds: &no_feeds,
+            vars: &self.vars,
+            op: op_env(ctx, 0),
+        };
+        execute(g, b, &env, &mut values).map_err(|error| StepError::Run { shard: None, error })?;
+        spec.check_b(|node, want| scan(&values, node, want))?;
+        let out = StepOut {
+            loss: values.get(spec.loss).expect("loss").scalar(),
+            learning_rate: values.get(spec.learning_rate).expect("lr").scalar(),
+            next_step: spec
+                .next_step
+                .map(|n| values.get(n).expect("next step").scalar() as i64),
+        };
+        for u in &spec.updates {
+            let v = values.take(u.node).expect("update");
+            self.vars.insert(u.name.clone(), v);
+        }
+        Ok(out)
+    }
+
+    fn run(
+        &mut self,
+        exe: RunExe,
+        feeds: Feeds,
+        ctx: StepCtx,
+        shard: usize,
+    ) -> Result<Vec<Tensor>, RunError> {
+        let Run {
+            graph,
+            plan,
+            targets,
+        } = &self.runs[exe.0];
+        let env = Env {
+            feeds: &feeds,
+            vars: &self.vars,
+            op: op_env(ctx, shard),
+        };
+        let mut values = Values::new(graph.g.node_bound());
+        execute(graph, plan, &env, &mut values)?;
+        Ok(targets
+            .iter()
+            .map(|&t| values.get(t).cloned().expect("target"))
+            .collect())
+    }
+}
+
+fn op_env(ctx: StepCtx, shard: usize) -> OpEnv {
+    OpEnv {
+        step: ctx.step,
+        seed: ctx.seed,
+        shard,
+    }
+}
+
+fn scan(values: &Values, node: NodeIndex, want: Finite) -> Option<(usize, f32)> {
+    let t = values.get(node).expect("checked value");
+    match want {
+        Finite::All => first_non_finite(t),
+        Finite::NoNan => first_nan(t),
+    }
+}
