@@ -5,7 +5,7 @@ CARGO ?= cargo
 # llvm-sys finds LLVM 19 here (Debian's llvm-19-dev).
 export LLVM_SYS_191_PREFIX ?= /usr/lib/llvm-19
 
-.PHONY: all setup build demo test test-nvim fmt clippy check-llvm bench fuzz docs
+.PHONY: all setup build demo test test-nvim fmt clippy bench fuzz docs
 
 all: build
 
@@ -49,10 +49,12 @@ demo: build
 	@echo "== and a program with mistakes, as a user sees them:"
 	@./target/release/estc check tests/ui/multiple/several_errors.est; test $$? -eq 1
 
-# Every check: formatting, lints (warnings are errors), the LLVM feature builds, the
-# whole test suite, and the Neovim setup (when nvim is installed).
-test: setup fmt clippy check-llvm
+# Every check: formatting, lints (warnings are errors) and the whole test suite for
+# both feature sets we ship (the default, with the host backend through LLVM, and
+# --no-default-features, without it), and the Neovim setup (when nvim is installed).
+test: setup fmt clippy
 	$(CARGO) test
+	$(CARGO) test --no-default-features
 	@$(MAKE) --no-print-directory test-nvim
 
 # docs/editors.md's Neovim setup, headless, against the debug estc.
@@ -68,9 +70,7 @@ fmt:
 
 clippy:
 	$(CARGO) clippy --all-targets -- -D warnings
-
-check-llvm:
-	$(CARGO) check --features llvm
+	$(CARGO) clippy --all-targets --no-default-features -- -D warnings
 
 bench: setup
 	$(CARGO) bench --bench check

@@ -25,6 +25,8 @@
 //! against), `host` (native code through LLVM, behind the `llvm` feature), `wafer` (the
 //! simulated wafer-scale engine).
 
+#[cfg(feature = "llvm")]
+pub mod host;
 pub mod interp;
 
 use crate::diag::{Code, Diag};
@@ -151,7 +153,17 @@ pub trait Device: Send {
 pub fn open(target: Target, at: Span) -> Result<Box<dyn Device>, Diag> {
     match target {
         Target::Interp => Ok(Box::new(interp::Device::default())),
-        Target::Host | Target::Wafer => Err(Diag::new(
+        #[cfg(feature = "llvm")]
+        Target::Host => Ok(Box::new(host::Device::new(at)?)),
+        #[cfg(not(feature = "llvm"))]
+        Target::Host => Err(Diag::new(
+            Code::NoRuntime,
+            at,
+            "this estc was built without the host backend (the `llvm` cargo feature)",
+        )
+        .label("this estimator")
+        .help("rebuild with `cargo build --features llvm` (it needs LLVM 19: `scripts/setup.sh` installs it), or run it with `--target interp`")),
+        Target::Wafer => Err(Diag::new(
             Code::NoRuntime,
             at,
             format!("the {} target cannot run programs yet", target.name()),

@@ -552,8 +552,10 @@ division by zero. The message names the op and where it comes from in the progra
 would never end. Give `eval_steps` in the estimator (or `--steps` on the command line),
 or remove the `repeat` from the eval input.";
     NoRuntime = "E0908", Error, "target cannot run programs yet",
-"`estc train`, `eval` and `predict` run on the reference interpreter (`--target interp`).
-The host (LLVM) and wafer backends check programs but do not execute them yet.";
+"`estc train`, `eval` and `predict` run on the reference interpreter (`--target interp`)
+and on the host (`--target host`, through LLVM). The wafer backend checks programs but
+does not execute them yet; an estc built without the `llvm` cargo feature cannot run the
+host target (rebuild with `--features llvm`).";
     ModelDirLocked = "E0909", Error, "model_dir is in use by another training run",
 "A training run holds an exclusive lock on its `model_dir` (`flock` on `.est.lock`, which
 names the holder's PID), so that two runs never overwrite each other's checkpoints. The
@@ -609,4 +611,10 @@ the examples, a metric fed one value per batch, a value that mixes the examples)
 run stops rather than report a number that depends on the batch size. Write those
 outputs per example (or the loss as a mean), or drop the partial batch with
 `batch(n, drop_remainder: true)`.";
+    HostCompile = "E0917", Error, "the host compiler failed",
+"Compiling a graph for the host target (LLVM 19, `--target host`) failed: LLVM has no
+code generator for this CPU, rejected the IR it was given, or could not link the
+machine code into the process. The message says which. This is a problem of est or of
+the machine, not of the program: run the program with `--target interp` meanwhile, and
+report the message.";
 }

@@ -1,0 +1,186 @@
+//! From LLVM IR to callable machine code: a `TargetMachine` for the host CPU (or a
+//! pinned one), the optimisation pipeline, object emission, and ORC LLJIT (through
+//! llvm-sys: inkwell 0.11 has no ORC) to link the objects into this process.
+
+use inkwell::module::Module;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple,
+};
+use inkwell::OptimizationLevel;
+use llvm_sys::error::{LLVMDisposeErrorMessage, LLVMErrorRef, LLVMGetErrorMessage};
+use llvm_sys::orc2::lljit::{
+    LLVMOrcCreateLLJIT, LLVMOrcDisposeLLJIT, LLVMOrcLLJITAddObjectFile,
+    LLVMOrcLLJITGetGlobalPrefix, LLVMOrcLLJITGetMainJITDylib, LLVMOrcLLJITLookup, LLVMOrcLLJITRef,
+};
+use llvm_sys::orc2::{
+    LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess, LLVMOrcDefinitionGeneratorRef,
+    LLVMOrcJITDylibAddGenerator, LLVMOrcJITTargetAddress,
+};
+use std::ffi::{CStr, CString};
+use std::sync::Once;
+
+/// The optimisation pipeline of every kernel module.
+pub const PIPELINE: &str = "default<O2>";
+
+/// A code generator for one CPU.
+pub struct Machine {
+    tm: TargetMachine,
+    pub triple: String,
+    pub cpu: String,
+    pub features: String,
+}
+
+fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        Target::initialize_native(&InitializationConfig::default())
+            .expect("the native target of this LLVM");
+    });
+}
+
+impl Machine {
+    /// The CPU this process runs on, with all its features.
+    pub fn host() -> Result<Machine, String> {
+        init();
+        let cpu = TargetMachine::get_host_cpu_name().to_string();
+        let features = TargetMachine::get_host_cpu_features().to_string();
+        Machine::new(&cpu, &features)
+    }
+
+    /// A named CPU (`x86-64-v3`) with its default features: for reproducible assembly.
+    pub fn pinned(cpu: &str) -> Result<Machine, String> {
+        init();
+        Machine::new(cpu, "")
+    }
+
+    fn new(cpu: &str, features: &str) -> Result<Machine, String> {
+        let triple = TargetMachine::get_default_triple();
+        let target = Target::from_triple(&triple).map_err(|e| e.to_string())?;
+        let tm = target
+            .create_target_machine(
+                &triple,
+                cpu,
+                features,
+                OptimizationLevel::Aggressive,
+                RelocMode::PIC,
+                CodeModel::Default,
+            )
+            .ok_or_else(|| format!("LLVM has no target machine for CPU `{cpu}`"))?;
+        Ok(Machine {
+            triple: triple.as_str().to_string_lossy().into_owned(),
+            tm,
+            cpu: cpu.to_string(),
+            features: features.to_string(),
+        })
+    }
+
+    /// Sets the module's triple and data layout, verifies it and optimises it.
+    pub fn optimize(&self, module: &Module) -> Result<(), String> {
+        module.set_triple(&TargetTriple::create(&self.triple));
+        module.set_data_layout(&self.tm.get_target_data().get_data_layout());
+        module.verify().map_err(|e| e.to_string())?;
+        module
+            .run_passes(PIPELINE, &self.tm, PassBuilderOptions::create())
+            .map_err(|e| e.to_string())
+    }
+
+    pub fn emit(&self, module: &Module, kind: FileType) -> Result<Vec<u8>, String> {
+        self.tm
+            .write_to_memory_buffer(module, kind)
+            .map(|b| b.as_slice().to_vec())
+            .map_err(|e| e.to_string())
+    }
+}
+
+// SAFETY: a TargetMachine may move between threads; it is used by one at a time.
+unsafe impl Send for Machine {}
+
+/// Linked machine code: an LLJIT instance holding objects.
+pub struct Jit {
+    jit: LLVMOrcLLJITRef,
+}
+
+// SAFETY: the LLJIT is only used through &mut self (adding objects) or to look up
+// addresses; the code it holds is immutable once linked.
+unsafe impl Send for Jit {}
+unsafe impl Sync for Jit {}
+
+fn error(e: LLVMErrorRef) -> String {
+    // SAFETY: e is a non-null error, consumed here.
+    unsafe {
+        let m = LLVMGetErrorMessage(e);
+        let s = CStr::from_ptr(m).to_string_lossy().into_owned();
+        LLVMDisposeErrorMessage(m);
+        s
+    }
+}
+
+impl Jit {
+    pub fn new() -> Result<Jit, String> {
+        init();
+        let mut jit: LLVMOrcLLJITRef = std::ptr::null_mut();
+        // SAFETY: a null builder makes LLJIT detect the host; the process's symbols
+        // (libm's powf, memcpy, memset) resolve what kernels call.
+        unsafe {
+            let err = LLVMOrcCreateLLJIT(&mut jit, std::ptr::null_mut());
+            if !err.is_null() {
+                return Err(error(err));
+            }
+            let mut gen: LLVMOrcDefinitionGeneratorRef = std::ptr::null_mut();
+            let prefix = LLVMOrcLLJITGetGlobalPrefix(jit);
+            let err = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
+                &mut gen,
+                prefix,
+                None,
+                std::ptr::null_mut(),
+            );
+            if !err.is_null() {
+                LLVMOrcDisposeLLJIT(jit);
+                return Err(error(err));
+            }
+            LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(jit), gen);
+        }
+        Ok(Jit { jit })
+    }
+
+    /// Links an object file.
+    pub fn add_object(&mut self, object: &[u8]) -> Result<(), String> {
+        let name = CString::new("est-kernels").expect("no NUL");
+        // SAFETY: the buffer is copied by LLVM and owned by the JIT afterwards.
+        unsafe {
+            let buf = llvm_sys::core::LLVMCreateMemoryBufferWithMemoryRangeCopy(
+                object.as_ptr().cast(),
+                object.len(),
+                name.as_ptr(),
+            );
+            let err =
+                LLVMOrcLLJITAddObjectFile(self.jit, LLVMOrcLLJITGetMainJITDylib(self.jit), buf);
+            if !err.is_null() {
+                return Err(error(err));
+            }
+        }
+        Ok(())
+    }
+
+    /// The address of a linked function.
+    pub fn lookup(&self, name: &str) -> Result<usize, String> {
+        let c = CString::new(name).map_err(|e| e.to_string())?;
+        let mut addr: LLVMOrcJITTargetAddress = 0;
+        // SAFETY: looks up a symbol by name in this JIT.
+        let err = unsafe { LLVMOrcLLJITLookup(self.jit, &mut addr, c.as_ptr()) };
+        if !err.is_null() {
+            return Err(error(err));
+        }
+        Ok(addr as usize)
+    }
+}
+
+impl Drop for Jit {
+    fn drop(&mut self) {
+        // SAFETY: the JIT was created by LLVMOrcCreateLLJIT and is dropped once.
+        unsafe {
+            LLVMOrcDisposeLLJIT(self.jit);
+        }
+    }
+}

@@ -1,0 +1,565 @@
+//! Lowering: a checked graph (the part of it that computes some targets) becomes a
+//! fixed sequence of kernels over buffers, with every shape, stride and offset known.
+//!
+//! Each node is one of:
+//! - a **source**: an input, a variable, the global step, or a value given from outside
+//!   (phase B reads phase A's results): it has a buffer;
+//! - a **view** of another node's buffer (`transpose`, `reshape` of a contiguous view,
+//!   `broadcast_to`, `slice`, `cross_shard_mean`): the same buffer, other strides, no
+//!   kernel and no copy;
+//! - **elemental** (unary, binary, select, cast, constants, `one_hot`, and views of
+//!   values that have no buffer): computed inside the loop of the kernel that consumes
+//!   it, at the index that kernel needs (XLA's loop fusion). It gets a buffer of its own
+//!   (a loop kernel whose root it is) only when it is a target, has several users, or
+//!   feeds a kernel that needs its operands in memory;
+//! - a **kernel root**: a reduction (a loop kernel whose elemental operand is fused
+//!   into it), `softmax` and `log_softmax` (a row kernel), `matmul` (a GEMM over strided
+//!   views), and the ops run by native kernels (`check_indices`, `argmax`, `argmin`,
+//!   `gather`, `scatter_add`).
+//!
+//! Ops with no host kernel yet are `Unsupported`, reported as a diagnostic before
+//! anything runs.
+
+use crate::ir::{DType, Graph, NodeIndex, Op, TensorType};
+use crate::span::Span;
+use petgraph::visit::NodeIndexable;
+use rustc_hash::FxHashMap;
+
+/// How a dtype's elements are stored in host memory. Floats of every width are held as
+/// f32 (f16 and bf16 rounded to their precision after every op, as the interpreter
+/// does), booleans as one byte 0 or 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Elem {
+    F32,
+    I32,
+    U8,
+    I64,
+}
+
+impl Elem {
+    pub fn of(d: DType) -> Option<Elem> {
+        Some(match d {
+            DType::F32 | DType::F16 | DType::BF16 => Elem::F32,
+            DType::I32 => Elem::I32,
+            DType::U8 | DType::Bool => Elem::U8,
+            DType::I64 => Elem::I64,
+            DType::Bytes => return None,
+        })
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            Elem::F32 | Elem::I32 => 4,
+            Elem::U8 => 1,
+            Elem::I64 => 8,
+        }
+    }
+}
+
+/// What a buffer holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// A value computed by a kernel.
+    Temp,
+    /// A variable (resident between steps).
+    Var(String),
+    /// An input fed each step.
+    Input(String),
+    /// The global step before the step.
+    Step,
+}
+
+#[derive(Debug, Clone)]
+pub struct Buf {
+    pub elem: Elem,
+    pub len: usize,
+    pub role: Role,
+}
+
+/// Where a value's elements are: element `i` (a multi-index) of the value is element
+/// `offset + Σ i[k] * strides[k]` of the buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct View {
+    pub buf: usize,
+    pub offset: i64,
+    pub shape: Vec<usize>,
+    pub strides: Vec<i64>,
+}
+
+impl View {
+    pub fn contiguous(buf: usize, shape: &[usize]) -> View {
+        View {
+            buf,
+            offset: 0,
+            shape: shape.to_vec(),
+            strides: row_major(shape),
+        }
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.strides == row_major(&self.shape) || self.len() <= 1
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The buffer positions of every element, in row-major order of the value.
+    pub fn positions(&self) -> Vec<usize> {
+        let n = self.len();
+        let mut out = Vec::with_capacity(n);
+        let rank = self.shape.len();
+        let mut idx = vec![0usize; rank];
+        for _ in 0..n {
+            let p: i64 = self.offset
+                + idx
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(&i, &s)| i as i64 * s)
+                    .sum::<i64>();
+            out.push(p as usize);
+            for k in (0..rank).rev() {
+                idx[k] += 1;
+                if idx[k] < self.shape[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        out
+    }
+}
+
+pub fn row_major(shape: &[usize]) -> Vec<i64> {
+    let mut s = vec![0i64; shape.len()];
+    let mut acc = 1i64;
+    for k in (0..shape.len()).rev() {
+        s[k] = if shape[k] == 1 { 0 } else { acc };
+        acc *= shape[k] as i64;
+    }
+    s
+}
+
+/// A kernel of the lowered program.
+#[derive(Debug, Clone)]
+pub enum Kernel {
+    /// A generated loop computing `root` (fusing its elemental operands) into `out`;
+    /// a reduction when `root` is one.
+    Loop(Loop),
+    /// A generated row kernel: softmax or log-softmax along `axis`.
+    Softmax {
+        node: NodeIndex,
+        log: bool,
+        axis: usize,
+        x: View,
+        out: View,
+    },
+    /// `out = a · b` over the last two axes, batched over the leading ones.
+    MatMul {
+        node: NodeIndex,
+        a: View,
+        b: View,
+        out: View,
+    },
+    /// A native kernel for one op.
+    Native {
+        node: NodeIndex,
+        args: Vec<View>,
+        out: View,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Loop {
+    pub root: NodeIndex,
+    /// The values it reads from memory, by node.
+    pub leaves: Vec<(NodeIndex, View)>,
+    pub out: View,
+}
+
+/// Every buffer of an executable, shared by its phases.
+#[derive(Debug, Default, Clone)]
+pub struct Bufs {
+    pub bufs: Vec<Buf>,
+    vars: FxHashMap<String, usize>,
+    inputs: FxHashMap<String, usize>,
+    step: Option<usize>,
+}
+
+impl Bufs {
+    fn add(&mut self, elem: Elem, len: usize, role: Role) -> usize {
+        self.bufs.push(Buf { elem, len, role });
+        self.bufs.len() - 1
+    }
+
+    fn shared(&mut self, elem: Elem, len: usize, role: Role) -> usize {
+        let existing = match &role {
+            Role::Var(n) => self.vars.get(n).copied(),
+            Role::Input(n) => self.inputs.get(n).copied(),
+            Role::Step => self.step,
+            Role::Temp => None,
+        };
+        if let Some(b) = existing {
+            return b;
+        }
+        let b = self.add(elem, len, role.clone());
+        match role {
+            Role::Var(n) => {
+                self.vars.insert(n, b);
+            }
+            Role::Input(n) => {
+                self.inputs.insert(n, b);
+            }
+            Role::Step => self.step = Some(b),
+            Role::Temp => {}
+        }
+        b
+    }
+}
+
+/// An op the host backend has no kernel for (yet).
+#[derive(Debug, Clone)]
+pub struct Unsupported {
+    pub span: Span,
+    pub op: &'static str,
+    pub why: String,
+}
+
+/// The kernels computing `targets` (given the views of `provided` nodes), appended to
+/// `bufs`; returns the kernels and the view of every target.
+pub fn lower(
+    g: &Graph,
+    targets: &[NodeIndex],
+    provided: &FxHashMap<NodeIndex, View>,
+    bufs: &mut Bufs,
+) -> Result<(Vec<Kernel>, FxHashMap<NodeIndex, View>), Unsupported> {
+    let bound = g.g.node_bound();
+    let mut need = vec![false; bound];
+    let mut stack: Vec<NodeIndex> = targets.to_vec();
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut need[n.index()], true) || provided.contains_key(&n) {
+            continue;
+        }
+        stack.extend(g.operands(n));
+    }
+    let order: Vec<NodeIndex> = g
+        .topo_order()
+        .into_iter()
+        .filter(|n| need[n.index()] && !provided.contains_key(n))
+        .collect();
+    // Users within the computed part; a target counts as one more.
+    let mut users = vec![0usize; bound];
+    let mut feeds_kernel = vec![false; bound];
+    for &n in &order {
+        for o in g.operands(n) {
+            users[o.index()] += 1;
+            if needs_memory(&g.node(n).op) {
+                feeds_kernel[o.index()] = true;
+            }
+        }
+    }
+    for t in targets {
+        users[t.index()] += 1;
+    }
+    let mut l = Lowering {
+        g,
+        bufs,
+        views: provided.clone(),
+        kernels: Vec::new(),
+    };
+    for &n in &order {
+        l.node(n, users[n.index()], feeds_kernel[n.index()])?;
+    }
+    let mut out = FxHashMap::default();
+    for &t in targets {
+        let v = l.materialize(t);
+        out.insert(t, v);
+    }
+    Ok((l.kernels, out))
+}
+
+/// Whether an op reads its operands from memory (so that an elemental operand must be
+/// given a buffer first).
+fn needs_memory(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast
+            | Op::Const { .. }
+            | Op::OneHot { .. }
+            | Op::Reduce { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::CrossShardMean
+            | Op::Reshape
+    )
+}
+
+struct Lowering<'a> {
+    g: &'a Graph,
+    bufs: &'a mut Bufs,
+    /// Nodes whose value is in memory.
+    views: FxHashMap<NodeIndex, View>,
+    kernels: Vec<Kernel>,
+}
+
+impl Lowering<'_> {
+    fn ty(&self, n: NodeIndex) -> &TensorType {
+        &self.g.node(n).ty
+    }
+
+    fn elem(&self, n: NodeIndex) -> Result<Elem, Unsupported> {
+        Elem::of(self.ty(n).dtype).ok_or_else(|| self.unsupported(n, "byte strings"))
+    }
+
+    fn unsupported(&self, n: NodeIndex, why: &str) -> Unsupported {
+        let node = self.g.node(n);
+        Unsupported {
+            span: node.span,
+            op: node.op.name(),
+            why: why.to_string(),
+        }
+    }
+
+    /// A fresh contiguous buffer for `n`'s value.
+    fn temp(&mut self, n: NodeIndex) -> View {
+        let ty = self.ty(n).clone();
+        let elem = Elem::of(ty.dtype).unwrap_or(Elem::U8);
+        let b = self.bufs.add(elem, ty.shape.iter().product(), Role::Temp);
+        View::contiguous(b, &ty.shape)
+    }
+
+    /// `n`'s value in memory: its view, or a loop kernel computing it into a buffer.
+    fn materialize(&mut self, n: NodeIndex) -> View {
+        if let Some(v) = self.views.get(&n) {
+            return v.clone();
+        }
+        let out = self.temp(n);
+        let leaves = self.leaves(n);
+        self.kernels.push(Kernel::Loop(Loop {
+            root: n,
+            leaves,
+            out: out.clone(),
+        }));
+        self.views.insert(n, out.clone());
+        out
+    }
+
+    /// `n`'s value in memory, contiguous (copied when its view is not).
+    fn contiguous(&mut self, n: NodeIndex) -> View {
+        let v = self.materialize(n);
+        if v.is_contiguous() && v.offset == 0 {
+            return v;
+        }
+        let out = self.temp(n);
+        self.kernels.push(Kernel::Loop(Loop {
+            root: n,
+            leaves: vec![(n, v)],
+            out: out.clone(),
+        }));
+        out
+    }
+
+    /// The nodes in memory that a loop computing `n` reads (stopping at them).
+    fn leaves(&self, n: NodeIndex) -> Vec<(NodeIndex, View)> {
+        let mut seen = rustc_hash::FxHashSet::default();
+        let mut out = Vec::new();
+        let mut stack: Vec<NodeIndex> = self.g.operands(n).into_iter().collect();
+        while let Some(m) = stack.pop() {
+            if !seen.insert(m) {
+                continue;
+            }
+            if let Some(v) = self.views.get(&m) {
+                out.push((m, v.clone()));
+            } else {
+                stack.extend(self.g.operands(m));
+            }
+        }
+        out.sort_by_key(|x| x.0);
+        out
+    }
+
+    fn node(&mut self, n: NodeIndex, users: usize, feeds_kernel: bool) -> Result<(), Unsupported> {
+        let g = self.g;
+        let node = g.node(n);
+        let shape: Vec<usize> = node.ty.shape.to_vec();
+        let ops = g.operands(n);
+        match &node.op {
+            Op::Input { name } => {
+                let elem = self.elem(n)?;
+                let b = self
+                    .bufs
+                    .shared(elem, shape.iter().product(), Role::Input(name.clone()));
+                self.views.insert(n, View::contiguous(b, &shape));
+            }
+            Op::Variable { name, .. } => {
+                let elem = self.elem(n)?;
+                let b = self
+                    .bufs
+                    .shared(elem, shape.iter().product(), Role::Var(name.clone()));
+                self.views.insert(n, View::contiguous(b, &shape));
+            }
+            Op::GlobalStep => {
+                let b = self.bufs.shared(Elem::I64, 1, Role::Step);
+                self.views.insert(n, View::contiguous(b, &shape));
+            }
+            Op::Transpose { perm } => {
+                if let Some(v) = self.views.get(&ops[0]).cloned() {
+                    self.views.insert(
+                        n,
+                        View {
+                            buf: v.buf,
+                            offset: v.offset,
+                            shape: shape.clone(),
+                            strides: perm.iter().map(|&p| v.strides[p]).collect(),
+                        },
+                    );
+                } else if users > 1 || feeds_kernel {
+                    self.materialize(n);
+                }
+            }
+            Op::BroadcastTo => {
+                if let Some(v) = self.views.get(&ops[0]).cloned() {
+                    let lead = shape.len() - v.shape.len();
+                    let strides = (0..shape.len())
+                        .map(|k| {
+                            if k < lead || v.shape[k - lead] != shape[k] {
+                                0
+                            } else {
+                                v.strides[k - lead]
+                            }
+                        })
+                        .collect();
+                    self.views.insert(
+                        n,
+                        View {
+                            buf: v.buf,
+                            offset: v.offset,
+                            shape: shape.clone(),
+                            strides,
+                        },
+                    );
+                } else if users > 1 || feeds_kernel {
+                    self.materialize(n);
+                }
+            }
+            Op::Slice { axis, start, .. } => {
+                if let Some(v) = self.views.get(&ops[0]).cloned() {
+                    self.views.insert(
+                        n,
+                        View {
+                            buf: v.buf,
+                            offset: v.offset + *start as i64 * v.strides[*axis],
+                            shape: shape.clone(),
+                            strides: v.strides.clone(),
+                        },
+                    );
+                } else if users > 1 || feeds_kernel {
+                    self.materialize(n);
+                }
+            }
+            Op::CrossShardMean => {
+                // The runtime's average over shards happens between the phases; within
+                // a phase it is the identity.
+                let v = self.materialize(ops[0]);
+                self.views.insert(n, v);
+            }
+            Op::Reshape => {
+                let v = self.contiguous(ops[0]);
+                self.views.insert(
+                    n,
+                    View {
+                        buf: v.buf,
+                        offset: v.offset,
+                        shape: shape.clone(),
+                        strides: row_major(&shape),
+                    },
+                );
+            }
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast
+            | Op::OneHot { .. }
+            | Op::Concat { .. }
+            | Op::Const { .. } => {
+                self.elem(n)?;
+                let konst = matches!(node.op, Op::Const { .. });
+                if feeds_kernel || (users > 1 && !konst) {
+                    self.materialize(n);
+                }
+            }
+            Op::Reduce { .. } => {
+                self.elem(n)?;
+                self.materialize(n);
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+                let x = self.materialize(ops[0]);
+                let out = self.temp(n);
+                self.kernels.push(Kernel::Softmax {
+                    node: n,
+                    log: matches!(node.op, Op::LogSoftmax { .. }),
+                    axis: *axis,
+                    x,
+                    out: out.clone(),
+                });
+                self.views.insert(n, out);
+            }
+            Op::MatMul => {
+                if node.ty.dtype.is_float() {
+                    let a = self.materialize(ops[0]);
+                    let b = self.materialize(ops[1]);
+                    let out = self.temp(n);
+                    self.kernels.push(Kernel::MatMul {
+                        node: n,
+                        a,
+                        b,
+                        out: out.clone(),
+                    });
+                    self.views.insert(n, out);
+                } else {
+                    self.native(n, &ops)?;
+                }
+            }
+            Op::CheckIndices { .. }
+            | Op::ArgMax { .. }
+            | Op::ArgMin { .. }
+            | Op::Gather
+            | Op::ScatterAdd => self.native(n, &ops)?,
+            Op::RandomUniform { .. }
+            | Op::RandomNormal { .. }
+            | Op::DecodeRaw
+            | Op::Conv2d(_)
+            | Op::Conv2dBackpropInput(_)
+            | Op::Conv2dBackpropFilter(_)
+            | Op::MaxPool2d(_)
+            | Op::AvgPool2d(_)
+            | Op::MaxPool2dGrad(_)
+            | Op::AvgPool2dGrad(_) => {
+                return Err(self.unsupported(n, "the host backend has no kernel for it yet"))
+            }
+        }
+        Ok(())
+    }
+
+    fn native(&mut self, n: NodeIndex, ops: &[NodeIndex]) -> Result<(), Unsupported> {
+        self.elem(n)?;
+        let mut args = Vec::new();
+        for &o in ops {
+            self.elem(o)?;
+            args.push(self.contiguous(o));
+        }
+        let out = self.temp(n);
+        self.kernels.push(Kernel::Native {
+            node: n,
+            args,
+            out: out.clone(),
+        });
+        self.views.insert(n, out);
+        Ok(())
+    }
+}

@@ -1,0 +1,225 @@
+//! The host's memory: 64-byte aligned storage, and one table per executable from
+//! buffer ids to addresses (variables resident in the device, everything else owned
+//! by the executable), with typed access for the native kernels and the seam.
+
+use super::lower::{Elem, View};
+use crate::ir::DType;
+use crate::tensor::{Data, Tensor};
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Zeroed, 64-byte aligned bytes that never move.
+pub struct Storage {
+    lines: Box<[Line]>,
+}
+
+impl Storage {
+    pub fn new(bytes: usize) -> Storage {
+        Storage {
+            lines: vec![Line([0; 64]); bytes.div_ceil(64).max(1)].into_boxed_slice(),
+        }
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.lines.as_ptr() as *mut u8
+    }
+}
+
+/// The addresses of an executable's buffers, with their element kinds and sizes.
+pub struct Mem {
+    ptrs: Vec<*mut u8>,
+    elems: Vec<Elem>,
+}
+
+// SAFETY: Mem is a table of addresses into storage that outlives it; kernels are run
+// by one thread at a time per executable.
+unsafe impl Send for Mem {}
+
+impl Mem {
+    pub fn new(ptrs: Vec<*mut u8>, elems: Vec<Elem>) -> Mem {
+        Mem { ptrs, elems }
+    }
+
+    pub fn ptr(&self, buf: usize) -> *mut u8 {
+        self.ptrs[buf]
+    }
+
+    pub fn table(&self, bufs: &[usize]) -> Vec<*mut u8> {
+        bufs.iter().map(|&b| self.ptrs[b]).collect()
+    }
+
+    pub fn elem(&self, v: &View) -> Elem {
+        self.elems[v.buf]
+    }
+
+    fn contiguous_len(v: &View) -> usize {
+        debug_assert!(v.is_contiguous());
+        v.len()
+    }
+
+    /// The bytes of a contiguous view.
+    pub fn bytes(&self, v: &View) -> &[u8] {
+        let size = self.elem(v).size();
+        // SAFETY: the view lies within its buffer.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptrs[v.buf].add(v.offset as usize * size),
+                Self::contiguous_len(v) * size,
+            )
+        }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    pub fn bytes_mut(&self, v: &View) -> &mut [u8] {
+        let size = self.elem(v).size();
+        // SAFETY: as bytes; callers write only buffers no other slice borrows.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptrs[v.buf].add(v.offset as usize * size),
+                Self::contiguous_len(v) * size,
+            )
+        }
+    }
+
+    /// The f32 elements of a contiguous view.
+    pub fn f32s(&self, v: &View) -> &[f32] {
+        let b = self.bytes(v);
+        // SAFETY: an f32 buffer, aligned to 64 bytes plus a multiple of 4.
+        unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / 4) }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    pub fn f32s_mut(&self, v: &View) -> &mut [f32] {
+        let b = self.bytes_mut(v);
+        // SAFETY: as f32s.
+        unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len() / 4) }
+    }
+
+    pub fn put_f32s(&self, v: &View, x: &[f32]) {
+        self.f32s_mut(v).copy_from_slice(x);
+    }
+
+    /// The integer (or boolean) elements of a contiguous view, widened.
+    pub fn ints(&self, v: &View) -> Vec<i64> {
+        let b = self.bytes(v);
+        match self.elem(v) {
+            Elem::U8 => b.iter().map(|&x| i64::from(x)).collect(),
+            Elem::I32 => b
+                .chunks_exact(4)
+                .map(|c| i64::from(i32::from_ne_bytes([c[0], c[1], c[2], c[3]])))
+                .collect(),
+            Elem::I64 => b
+                .chunks_exact(8)
+                .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+            Elem::F32 => Vec::new(),
+        }
+    }
+
+    pub fn put_ints(&self, v: &View, x: &[i64]) {
+        let b = self.bytes_mut(v);
+        match self.elem(v) {
+            Elem::U8 => b.iter_mut().zip(x).for_each(|(o, &i)| *o = i as u8),
+            Elem::I32 => b
+                .chunks_exact_mut(4)
+                .zip(x)
+                .for_each(|(o, &i)| o.copy_from_slice(&(i as i32).to_ne_bytes())),
+            Elem::I64 => b
+                .chunks_exact_mut(8)
+                .zip(x)
+                .for_each(|(o, &i)| o.copy_from_slice(&i.to_ne_bytes())),
+            Elem::F32 => {}
+        }
+    }
+
+    /// A view's value (any strides), as a tensor of `dtype`.
+    pub fn read(&self, v: &View, dtype: DType) -> Tensor {
+        let pos = v.positions();
+        let base = self.ptrs[v.buf];
+        let shape = ndarray::IxDyn(&v.shape);
+        // SAFETY: every position lies within the buffer.
+        unsafe {
+            match self.elems[v.buf] {
+                Elem::F32 => {
+                    let p = base as *const f32;
+                    let x: Vec<f32> = pos.iter().map(|&i| *p.add(i)).collect();
+                    Tensor::float(
+                        dtype,
+                        ndarray::ArcArray::from_shape_vec(shape, x).expect("shape"),
+                    )
+                }
+                Elem::U8 if dtype == DType::Bool => {
+                    let x: Vec<bool> = pos.iter().map(|&i| *base.add(i) != 0).collect();
+                    Tensor::bool(ndarray::ArcArray::from_shape_vec(shape, x).expect("shape"))
+                }
+                e => {
+                    let x: Vec<i64> = pos
+                        .iter()
+                        .map(|&i| match e {
+                            Elem::U8 => i64::from(*base.add(i)),
+                            Elem::I32 => i64::from(*(base as *const i32).add(i)),
+                            _ => *(base as *const i64).add(i),
+                        })
+                        .collect();
+                    Tensor::int(
+                        dtype,
+                        ndarray::ArcArray::from_shape_vec(shape, x).expect("shape"),
+                    )
+                }
+            }
+        }
+    }
+
+    /// Writes a tensor into a contiguous view (its type was checked).
+    pub fn write(&self, v: &View, t: &Tensor) {
+        match &t.data {
+            Data::F(a) => {
+                let dst = self.f32s_mut(v);
+                for (o, &x) in dst.iter_mut().zip(a.iter()) {
+                    *o = x;
+                }
+            }
+            Data::I(a) => {
+                let x: Vec<i64> = a.iter().copied().collect();
+                self.put_ints(v, &x);
+            }
+            Data::B(a) => {
+                let dst = self.bytes_mut(v);
+                for (o, &x) in dst.iter_mut().zip(a.iter()) {
+                    *o = u8::from(x);
+                }
+            }
+            Data::S(_) => {}
+        }
+    }
+
+    /// The first element of a float view that fails `bad`: (flat index, value).
+    pub fn first(&self, v: &View, bad: impl Fn(f32) -> bool) -> Option<(usize, f32)> {
+        if self.elems[v.buf] != Elem::F32 {
+            return None;
+        }
+        let p = self.ptrs[v.buf] as *const f32;
+        if v.is_contiguous() {
+            let s = self.f32s(v);
+            // the common case: all finite, one vectorised pass (x * 0 is 0 unless x is
+            // NaN or infinite)
+            let acc: f32 = s.iter().fold(0.0, |a, &x| a + x * 0.0);
+            if acc == 0.0 {
+                return None;
+            }
+            return s
+                .iter()
+                .enumerate()
+                .find(|(_, &x)| bad(x))
+                .map(|(i, &x)| (i, x));
+        }
+        v.positions()
+            .into_iter()
+            .enumerate()
+            // SAFETY: positions lie within the buffer.
+            .map(|(i, q)| (i, unsafe { *p.add(q) }))
+            .find(|&(_, x)| bad(x))
+    }
+}

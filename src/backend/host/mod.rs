@@ -1,0 +1,537 @@
+//! The host backend (`--target host`): graphs compiled through LLVM 19 to native code
+//! for the CPU this process runs on.
+//!
+//! ```text
+//! lower     graph -> kernels over buffers with static views (fusion, views, GEMMs)
+//! codegen   loop and row kernels -> LLVM IR (inkwell), vectorisable loops
+//! jit       optimise, emit an object, link it with ORC LLJIT
+//! Device    variables resident in aligned storage; a step runs the kernels in order
+//! ```
+//!
+//! A compiled step is a fixed list of kernels run by a plain loop: generated kernels
+//! are called through their table of buffer addresses, GEMMs and index work run as
+//! native kernels (`native.rs`).
+
+mod codegen;
+mod jit;
+mod lower;
+mod mem;
+mod native;
+
+use crate::backend::{
+    self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
+};
+use crate::diag::{Code, Diag};
+use crate::ir::{Graph, NodeIndex, Op, TensorType};
+use crate::span::Span;
+use crate::tensor::Tensor;
+use inkwell::context::Context;
+pub use jit::Machine;
+use lower::{Bufs, Elem, Kernel, Role, View};
+use mem::{Mem, Storage};
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+
+/// A resident variable.
+struct Var {
+    ty: TensorType,
+    data: Storage,
+}
+
+/// The host device.
+pub struct Device {
+    machine: Machine,
+    vars: FxHashMap<String, Var>,
+    train: Vec<Train>,
+    runs: Vec<Run>,
+}
+
+/// A compiled step: kernels, the code they call, and the executable's own storage.
+struct Program {
+    graph: Arc<Graph>,
+    bufs: Bufs,
+    /// Storage of every buffer that is not a variable.
+    own: Vec<Option<Storage>>,
+    _jit: jit::Jit,
+}
+
+/// A program with the steps of each of its phases and where each target lies.
+struct Compiled {
+    p: Program,
+    phases: Vec<Vec<Step>>,
+    views: FxHashMap<NodeIndex, View>,
+}
+
+/// One kernel ready to run.
+enum Step {
+    Gen {
+        node: NodeIndex,
+        f: KernelPtr,
+        bufs: Vec<usize>,
+        outer: i64,
+    },
+    MatMul {
+        node: NodeIndex,
+        a: View,
+        b: View,
+        out: View,
+    },
+    Native {
+        node: NodeIndex,
+        args: Vec<View>,
+        out: View,
+    },
+}
+
+type KernelPtr = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i64;
+
+struct Train {
+    p: Program,
+    spec: TrainSpec,
+    a: Vec<Step>,
+    b: Vec<Step>,
+    /// Where phase A leaves each of its targets, and phase B each update and the
+    /// next step.
+    views: FxHashMap<NodeIndex, View>,
+}
+
+struct Run {
+    p: Program,
+    steps: Vec<Step>,
+    targets: Vec<(NodeIndex, View)>,
+}
+
+impl Device {
+    pub fn new(at: Span) -> Result<Device, Diag> {
+        let machine = Machine::host().map_err(|m| {
+            Diag::new(
+                Code::HostCompile,
+                at,
+                format!("LLVM cannot generate code for this CPU: {m}"),
+            )
+            .label("this estimator")
+            .help("run it with `--target interp`")
+        })?;
+        Ok(Device {
+            machine,
+            vars: FxHashMap::default(),
+            train: Vec::new(),
+            runs: Vec::new(),
+        })
+    }
+
+    fn compile(
+        &self,
+        graph: &Arc<Graph>,
+        phases: &[Vec<NodeIndex>],
+        at: Span,
+    ) -> Result<Compiled, Diag> {
+        let mut bufs = Bufs::default();
+        let mut views: FxHashMap<NodeIndex, View> = FxHashMap::default();
+        let mut kernels = Vec::new();
+        for targets in phases {
+            let (ks, vs) = lower::lower(graph, targets, &views, &mut bufs).map_err(|u| {
+                Diag::new(
+                    Code::UnsupportedOp,
+                    u.span,
+                    format!("the host target cannot run `{}` yet: {}", u.op, u.why),
+                )
+                .label(format!("this {}", u.op))
+                .help("run it with `--target interp`")
+            })?;
+            views.extend(vs);
+            kernels.push(ks);
+        }
+        let llvm = |m: String| {
+            Diag::new(
+                Code::HostCompile,
+                at,
+                format!("LLVM failed to compile the graph: {m}"),
+            )
+            .label("this estimator")
+            .help("this is a compiler bug; run it with `--target interp` meanwhile")
+        };
+        let ctx = Context::create();
+        let mut cg = codegen::Codegen::new(&ctx, "est", &self.machine.cpu, &self.machine.features);
+        let mut fns = Vec::new();
+        for (p, ks) in kernels.iter().enumerate() {
+            for (i, k) in ks.iter().enumerate() {
+                fns.push(
+                    cg.kernel(&format!("k{p}_{i}"), k, graph, &bufs)
+                        .map_err(llvm)?,
+                );
+            }
+        }
+        self.machine.optimize(&cg.module).map_err(llvm)?;
+        let mut object = self
+            .machine
+            .emit(&cg.module, inkwell::targets::FileType::Object)
+            .map_err(llvm)?;
+        // For the tests of E0917: `EST_FAULT=host-object` damages the object file.
+        if std::env::var("EST_FAULT").ok().as_deref() == Some("host-object") {
+            object.truncate(object.len() / 3);
+        }
+        let mut jit = jit::Jit::new().map_err(llvm)?;
+        jit.add_object(&object).map_err(llvm)?;
+        let mut fns = fns.into_iter();
+        let mut phases_out = Vec::new();
+        for ks in kernels {
+            let mut steps = Vec::new();
+            for k in ks {
+                let f = fns.next().expect("one per kernel");
+                steps.push(match (k, f) {
+                    (k, Some(f)) => {
+                        let addr = jit.lookup(&f.name).map_err(llvm)?;
+                        // SAFETY: the symbol is a kernel of the signature codegen emits.
+                        let ptr: KernelPtr =
+                            unsafe { std::mem::transmute::<usize, KernelPtr>(addr) };
+                        Step::Gen {
+                            node: kernel_node(&k),
+                            outer: outer_extent(&k, graph),
+                            f: ptr,
+                            bufs: f.bufs,
+                        }
+                    }
+                    (Kernel::MatMul { node, a, b, out }, None) => Step::MatMul { node, a, b, out },
+                    (Kernel::Native { node, args, out }, None) => Step::Native { node, args, out },
+                    _ => unreachable!("generated kernels have functions"),
+                });
+            }
+            phases_out.push(steps);
+        }
+        let own = bufs
+            .bufs
+            .iter()
+            .map(|b| match b.role {
+                Role::Var(_) => None,
+                _ => Some(Storage::new(b.len * b.elem.size())),
+            })
+            .collect();
+        Ok(Compiled {
+            p: Program {
+                graph: graph.clone(),
+                bufs,
+                own,
+                _jit: jit,
+            },
+            phases: phases_out,
+            views,
+        })
+    }
+
+    /// The address table of a program: its own storage and the resident variables.
+    fn mem(&self, p: &Program) -> Result<Mem, String> {
+        let mut ptrs = Vec::with_capacity(p.bufs.bufs.len());
+        for (b, own) in p.bufs.bufs.iter().zip(&p.own) {
+            ptrs.push(match (&b.role, own) {
+                (Role::Var(name), _) => self
+                    .vars
+                    .get(name)
+                    .map(|v| v.data.ptr())
+                    .ok_or_else(|| format!("variable `{name}` has no value"))?,
+                (_, Some(s)) => s.ptr(),
+                (_, None) => unreachable!("every other buffer is owned"),
+            });
+        }
+        Ok(Mem::new(ptrs, p.bufs.bufs.iter().map(|b| b.elem).collect()))
+    }
+}
+
+fn kernel_node(k: &Kernel) -> NodeIndex {
+    match k {
+        Kernel::Loop(l) => l.root,
+        Kernel::Softmax { node, .. }
+        | Kernel::MatMul { node, .. }
+        | Kernel::Native { node, .. } => *node,
+    }
+}
+
+/// The extent of a generated kernel's outermost loop.
+fn outer_extent(k: &Kernel, g: &Graph) -> i64 {
+    let first = |s: &[usize]| s.first().copied().unwrap_or(1) as i64;
+    match k {
+        Kernel::Loop(l) => match &g.node(l.root).op {
+            Op::Reduce { axes, .. } if !l.leaves.iter().any(|x| x.0 == l.root) => {
+                let xs = &g.node(g.operands(l.root)[0]).ty.shape;
+                let kept: Vec<usize> = (0..xs.len()).filter(|k| !axes.contains(k)).collect();
+                let suffix = kept.iter().enumerate().all(|(i, &k)| i == k);
+                if suffix {
+                    kept.first().map_or(1, |&k| xs[k] as i64)
+                } else {
+                    first(xs)
+                }
+            }
+            _ => first(&l.out.shape),
+        },
+        Kernel::Softmax { x, axis, .. } => {
+            let outer: Vec<usize> = (0..x.shape.len())
+                .filter(|k| k != axis)
+                .map(|k| x.shape[k])
+                .collect();
+            first(&outer)
+        }
+        _ => 1,
+    }
+}
+
+/// Runs steps; an op's failure is a `RunError` naming it.
+fn run_steps(g: &Graph, steps: &[Step], mem: &Mem) -> Result<(), RunError> {
+    let fail = |n: NodeIndex, message: String| {
+        let node = g.node(n);
+        RunError {
+            span: node.span,
+            op: node.op.name(),
+            message,
+        }
+    };
+    for s in steps {
+        match s {
+            Step::Gen {
+                node,
+                f,
+                bufs,
+                outer,
+            } => {
+                let table = mem.table(bufs);
+                // SAFETY: the kernel reads and writes only the buffers of its table,
+                // within the views lowering gave it.
+                let status = unsafe { f(table.as_ptr(), 0, *outer) };
+                if status != 0 {
+                    return Err(fail(*node, "integer division by zero".into()));
+                }
+            }
+            Step::MatMul { node, a, b, out } => {
+                native::matmul(a, b, out, g.node(*node).ty.dtype, mem);
+            }
+            Step::Native { node, args, out } => {
+                let n = g.node(*node);
+                native::run(&n.op, n.ty.dtype, args, out, mem).map_err(|m| fail(*node, m))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a value given from outside against its node's type.
+fn fits(t: &Tensor, ty: &TensorType) -> Result<(), String> {
+    if t.dtype != ty.dtype || t.shape() != ty.shape.as_slice() {
+        return Err(format!("the value is {}, but the graph needs {ty}", t.ty()));
+    }
+    Ok(())
+}
+
+/// Writes the feeds and the step into a program's input buffers.
+fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError> {
+    for (i, b) in p.bufs.bufs.iter().enumerate() {
+        match &b.role {
+            Role::Input(name) => {
+                let node = p
+                    .graph
+                    .g
+                    .node_indices()
+                    .find(|&n| matches!(&p.graph.node(n).op, Op::Input { name: m } if m == name))
+                    .expect("the input's node");
+                let ty = &p.graph.node(node).ty;
+                let fail = |message: String| RunError {
+                    span: p.graph.node(node).span,
+                    op: "input",
+                    message,
+                };
+                let t = feeds
+                    .get(name)
+                    .ok_or_else(|| fail(format!("input `{name}` was not fed")))?;
+                fits(t, ty).map_err(|m| fail(format!("input `{name}`: {m}")))?;
+                mem.write(&View::contiguous(i, &ty.shape), t);
+            }
+            Role::Step => mem.put_ints(&View::contiguous(i, &[]), &[step]),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn scan(mem: &Mem, v: &View, want: Finite) -> Option<(usize, f32)> {
+    match want {
+        Finite::All => mem.first(v, |x| !x.is_finite()),
+        Finite::NoNan => mem.first(v, f32::is_nan),
+    }
+}
+
+impl backend::Device for Device {
+    fn compile_train(&mut self, graph: Arc<Graph>, at: Span) -> Result<TrainExe, Diag> {
+        let spec = TrainSpec::new(&graph, at)?;
+        let Compiled {
+            p,
+            mut phases,
+            mut views,
+        } = self.compile(&graph, &[spec.a_targets.clone(), spec.b_targets()], at)?;
+        for &(cross, operand) in &spec.cross {
+            if let Some(v) = views.get(&operand).cloned() {
+                views.insert(cross, v);
+            }
+        }
+        let b = phases.pop().expect("phase b");
+        let a = phases.pop().expect("phase a");
+        self.train.push(Train {
+            p,
+            spec,
+            a,
+            b,
+            views,
+        });
+        Ok(TrainExe(self.train.len() - 1))
+    }
+
+    fn compile_run(
+        &mut self,
+        graph: Arc<Graph>,
+        targets: Vec<NodeIndex>,
+        at: Span,
+    ) -> Result<RunExe, Diag> {
+        let Compiled {
+            p,
+            mut phases,
+            views,
+        } = self.compile(&graph, std::slice::from_ref(&targets), at)?;
+        let targets = targets.iter().map(|t| (*t, views[t].clone())).collect();
+        self.runs.push(Run {
+            p,
+            steps: phases.pop().expect("one phase"),
+            targets,
+        });
+        Ok(RunExe(self.runs.len() - 1))
+    }
+
+    fn bind(&mut self, vars: FxHashMap<String, Tensor>) {
+        self.vars.clear();
+        for (name, t) in vars {
+            self.set_variable(&name, t);
+        }
+    }
+
+    fn variables(&self) -> FxHashMap<String, Tensor> {
+        self.vars
+            .keys()
+            .map(|k| (k.clone(), self.variable(k).expect("bound")))
+            .collect()
+    }
+
+    fn variable(&self, name: &str) -> Option<Tensor> {
+        let v = self.vars.get(name)?;
+        let elem = Elem::of(v.ty.dtype)?;
+        let mem = Mem::new(vec![v.data.ptr()], vec![elem]);
+        Some(mem.read(&View::contiguous(0, &v.ty.shape), v.ty.dtype))
+    }
+
+    fn set_variable(&mut self, name: &str, value: Tensor) {
+        let ty = value.ty();
+        let Some(elem) = Elem::of(ty.dtype) else {
+            return;
+        };
+        let n: usize = ty.shape.iter().product();
+        let data = Storage::new(n * elem.size());
+        let mem = Mem::new(vec![data.ptr()], vec![elem]);
+        mem.write(&View::contiguous(0, &ty.shape), &value);
+        self.vars.insert(name.to_string(), Var { ty, data });
+    }
+
+    fn train_step(
+        &mut self,
+        exe: TrainExe,
+        batches: Vec<Feeds>,
+        ctx: StepCtx,
+    ) -> Result<StepOut, StepError> {
+        let t = &self.train[exe.0];
+        let g: &Graph = &t.p.graph;
+        let mem = self.mem(&t.p).map_err(|m| StepError::Run {
+            shard: None,
+            error: RunError {
+                span: Span::default(),
+                op: "variable",
+                message: m,
+            },
+        })?;
+        let n = batches.len();
+        let mut acc: Vec<(NodeIndex, Vec<f32>)> = Vec::new();
+        for (shard, feeds) in batches.iter().enumerate() {
+            let on = |error| StepError::Run {
+                shard: (n > 1).then_some(shard),
+                error,
+            };
+            feed(&t.p, &mem, feeds, ctx.step).map_err(on)?;
+            run_steps(g, &t.a, &mem).map_err(on)?;
+            if n > 1 {
+                // the mean over shards of every float phase-A value, shard 0 first
+                for (k, &target) in t.spec.a_targets.iter().enumerate() {
+                    let v = &t.views[&target];
+                    if mem.elem(v) != Elem::F32 || !t.p.bufs.bufs[v.buf].role.eq(&Role::Temp) {
+                        continue;
+                    }
+                    let x = mem.f32s(v);
+                    if shard == 0 {
+                        acc.push((target, x.to_vec()));
+                    } else if let Some(a) = acc.iter_mut().find(|a| a.0 == target) {
+                        a.1.iter_mut().zip(x).for_each(|(s, &y)| *s += y);
+                    }
+                    let _ = k;
+                }
+            }
+        }
+        for (target, mut a) in acc {
+            a.iter_mut().for_each(|x| *x /= n as f32);
+            mem.put_f32s(&t.views[&target], &a);
+        }
+        let check = |node: NodeIndex, want: Finite| scan(&mem, &t.views[&node], want);
+        t.spec.check_a(check)?;
+        run_steps(g, &t.b, &mem).map_err(|error| StepError::Run { shard: None, error })?;
+        t.spec.check_b(check)?;
+        let scalar = |node: NodeIndex| mem.read(&t.views[&node], g.node(node).ty.dtype).scalar();
+        let out = StepOut {
+            loss: scalar(t.spec.loss),
+            learning_rate: scalar(t.spec.learning_rate),
+            next_step: t.spec.next_step.map(|n| scalar(n) as i64),
+        };
+        // commit: read every update first (one may read another variable), then store
+        let news: Vec<(String, Tensor)> = t
+            .spec
+            .updates
+            .iter()
+            .map(|u| {
+                (
+                    u.name.clone(),
+                    mem.read(&t.views[&u.node], g.node(u.node).ty.dtype),
+                )
+            })
+            .collect();
+        for (name, value) in news {
+            if let Some(v) = self.vars.get(&name) {
+                let elem = Elem::of(v.ty.dtype).expect("a host dtype");
+                Mem::new(vec![v.data.ptr()], vec![elem])
+                    .write(&View::contiguous(0, &v.ty.shape), &value);
+            }
+        }
+        Ok(out)
+    }
+
+    fn run(
+        &mut self,
+        exe: RunExe,
+        feeds: Feeds,
+        ctx: StepCtx,
+        _shard: usize,
+    ) -> Result<Vec<Tensor>, RunError> {
+        let r = &self.runs[exe.0];
+        let g: &Graph = &r.p.graph;
+        let mem = self.mem(&r.p).map_err(|m| RunError {
+            span: Span::default(),
+            op: "variable",
+            message: m,
+        })?;
+        feed(&r.p, &mem, &feeds, ctx.step)?;
+        run_steps(g, &r.steps, &mem)?;
+        Ok(r.targets
+            .iter()
+            .map(|(n, v)| mem.read(v, g.node(*n).ty.dtype))
+            .collect())
+    }
+}
