@@ -15,7 +15,7 @@
 //! - a **kernel root**: a reduction (a loop kernel whose elemental operand is fused
 //!   into it), `softmax` and `log_softmax` (a row kernel), `matmul` (a GEMM over strided
 //!   views), and the ops run by native kernels (`check_indices`, `argmax`, `argmin`,
-//!   `gather`, `scatter_add`).
+//!   `gather`, `scatter_add`, `concat`).
 //!
 //! Ops with no host kernel yet are `Unsupported`, reported as a diagnostic before
 //! anything runs.
@@ -293,7 +293,6 @@ fn needs_memory(op: &Op) -> bool {
             | Op::Transpose { .. }
             | Op::BroadcastTo
             | Op::Slice { .. }
-            | Op::Concat { .. }
             | Op::CrossShardMean
             | Op::Reshape
     )
@@ -485,7 +484,6 @@ impl Lowering<'_> {
             | Op::Select
             | Op::Cast
             | Op::OneHot { .. }
-            | Op::Concat { .. }
             | Op::Const { .. } => {
                 self.elem(n)?;
                 let konst = matches!(node.op, Op::Const { .. });
@@ -526,6 +524,7 @@ impl Lowering<'_> {
                 }
             }
             Op::CheckIndices { .. }
+            | Op::Concat { .. }
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::Gather
