@@ -11,6 +11,7 @@
 //! Run: `cargo bench --bench train` (needs bench/.venv: `scripts/setup_bench_venv.sh`).
 //! `EST_BENCH_MODELS=fc` limits the models; `EST_BENCH_STEPS` sets the timed steps.
 
+use est::elab::Target;
 use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
 use est::Program;
 use std::path::{Path, PathBuf};
@@ -66,7 +67,7 @@ fn make_data(dir: &Path) {
 }
 
 /// Steps per second of `steps` est train steps after `warmup` steps.
-fn est_rate(program: &Path, data: &Path, warmup: i64, steps: i64) -> f64 {
+fn est_rate(program: &Path, data: &Path, warmup: i64, steps: i64, target: Target) -> f64 {
     let p = Program::load(program).unwrap();
     let dir = std::env::temp_dir().join(format!("est-bench-train-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -78,6 +79,7 @@ fn est_rate(program: &Path, data: &Path, warmup: i64, steps: i64) -> f64 {
             ("save_summary_steps".into(), 1_000_000),
             ("iterations_per_loop".into(), 1_000),
         ],
+        target,
         ..Default::default()
     };
     let mut e = Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{:?}", f.diags));
@@ -137,10 +139,12 @@ fn main() {
         .split(',')
         .filter_map(|t| t.trim().parse().ok())
         .collect();
-    println!("training steps/sec, batch 128, median of {rounds} alternating rounds (est interp: 1 thread)");
     println!(
-        "{:<10} {:>12} {:>22} {:>8}",
-        "model", "est interp", "pytorch eager", "ratio"
+        "training steps/sec, batch 128, median of {rounds} alternating rounds (est: 1 thread)"
+    );
+    println!(
+        "{:<10} {:>10} {:>12} {:>22} {:>12} {:>14}",
+        "model", "est host", "est interp", "pytorch eager", "host/torch", "host/interp"
     );
     for model in models.split(',') {
         let (file, steps, warmup) = match model {
@@ -152,9 +156,25 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(steps);
         let mut ours = Vec::new();
+        let mut host = Vec::new();
         let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); threads.len()];
         for _ in 0..rounds {
-            ours.push(est_rate(&root.join(file), &data, warmup, steps));
+            if cfg!(feature = "llvm") {
+                host.push(est_rate(
+                    &root.join(file),
+                    &data,
+                    warmup,
+                    steps,
+                    Target::Host,
+                ));
+            }
+            ours.push(est_rate(
+                &root.join(file),
+                &data,
+                warmup,
+                steps,
+                Target::Interp,
+            ));
             for (k, &t) in threads.iter().enumerate() {
                 match torch_rate(&root, model, t, steps) {
                     Some(r) => theirs[k].push(r),
@@ -165,17 +185,26 @@ fn main() {
             }
         }
         let o = median(ours);
+        let h = if host.is_empty() {
+            f64::NAN
+        } else {
+            median(host)
+        };
         for (k, &t) in threads.iter().enumerate() {
-            if theirs[k].is_empty() {
-                println!("{model:<10} {o:>12.1} {:>22} {:>8}", "-", "-");
+            let (p, torch) = if theirs[k].is_empty() {
+                (f64::NAN, "-".to_string())
             } else {
                 let p = median(theirs[k].clone());
-                println!(
-                    "{model:<10} {o:>12.1} {:>22} {:>7.2}x",
+                (
+                    p,
                     format!("{p:.1} ({t} thread{})", if t == 1 { "" } else { "s" }),
-                    o / p
-                );
-            }
+                )
+            };
+            println!(
+                "{model:<10} {h:>10.1} {o:>12.1} {torch:>22} {:>11.2}x {:>13.2}x",
+                h / p,
+                h / o
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&data);

@@ -217,6 +217,13 @@ impl Bufs {
     }
 }
 
+impl Bufs {
+    /// The buffer of a variable, when a kernel of the program reads it.
+    pub fn var(&self, name: &str) -> Option<usize> {
+        self.vars.get(name).copied()
+    }
+}
+
 /// An op the host backend has no kernel for (yet).
 #[derive(Debug, Clone)]
 pub struct Unsupported {

@@ -195,6 +195,27 @@ impl Mem {
         }
     }
 
+    /// Copies a view's elements into a contiguous view of the same shape and element
+    /// kind (a plain copy when both are contiguous).
+    pub fn copy(&self, from: &View, to: &View) {
+        let size = self.elem(to).size();
+        if from.is_contiguous() {
+            let src = self.bytes(from).as_ptr();
+            let dst = self.bytes_mut(to);
+            // SAFETY: both ranges lie within their buffers; they may overlap only when
+            // they are the same range (a variable kept as it was), which copy allows.
+            unsafe { std::ptr::copy(src, dst.as_mut_ptr(), dst.len()) };
+            return;
+        }
+        let dst = self.bytes_mut(to);
+        let base = self.ptrs[from.buf];
+        for (i, p) in from.positions().into_iter().enumerate() {
+            // SAFETY: every position lies within the buffer.
+            let src = unsafe { std::slice::from_raw_parts(base.add(p * size), size) };
+            dst[i * size..(i + 1) * size].copy_from_slice(src);
+        }
+    }
+
     /// The first element of a float view that fails `bad`: (flat index, value).
     pub fn first(&self, v: &View, bad: impl Fn(f32) -> bool) -> Option<(usize, f32)> {
         if self.elems[v.buf] != Elem::F32 {
@@ -203,10 +224,8 @@ impl Mem {
         let p = self.ptrs[v.buf] as *const f32;
         if v.is_contiguous() {
             let s = self.f32s(v);
-            // the common case: all finite, one vectorised pass (x * 0 is 0 unless x is
-            // NaN or infinite)
-            let acc: f32 = s.iter().fold(0.0, |a, &x| a + x * 0.0);
-            if acc == 0.0 {
+            // the common case, all finite, is one vectorised pass
+            if crate::tensor::all_finite(s) {
                 return None;
             }
             return s

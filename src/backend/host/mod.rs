@@ -491,19 +491,19 @@ impl backend::Device for Device {
             learning_rate: scalar(t.spec.learning_rate),
             next_step: t.spec.next_step.map(|n| scalar(n) as i64),
         };
-        // commit: read every update first (one may read another variable), then store
-        let news: Vec<(String, Tensor)> = t
-            .spec
-            .updates
-            .iter()
-            .map(|u| {
-                (
-                    u.name.clone(),
-                    mem.read(&t.views[&u.node], g.node(u.node).ty.dtype),
-                )
-            })
-            .collect();
-        for (name, value) in news {
+        // commit: copy each update into its variable; one that reads another
+        // variable (or whose variable no kernel reads) goes through a tensor, written
+        // after the others so that it sees the old values
+        let mut later = Vec::new();
+        for u in &t.spec.updates {
+            let from = &t.views[&u.node];
+            let other = matches!(&t.p.bufs.bufs[from.buf].role, Role::Var(n) if *n != u.name);
+            match t.p.bufs.var(&u.name) {
+                Some(var) if !other => mem.copy(from, &View::contiguous(var, &from.shape)),
+                _ => later.push((u.name.clone(), mem.read(from, g.node(u.node).ty.dtype))),
+            }
+        }
+        for (name, value) in later {
             if let Some(v) = self.vars.get(&name) {
                 let elem = Elem::of(v.ty.dtype).expect("a host dtype");
                 Mem::new(vec![v.data.ptr()], vec![elem])
