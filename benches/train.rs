@@ -1,12 +1,13 @@
-//! Training speed of the interpreter against PyTorch eager, side by side in one run.
+//! Training speed of the host backend and the interpreter against PyTorch eager, side
+//! by side in one run.
 //!
 //! The est side trains `examples/fc_mnist.est` and `examples/mnist_cnn.est` (batch 128)
 //! with `Estimator` on MNIST-shaped TFRecord data generated into a temporary directory
 //! (the pipeline caches it after the first epoch, so steady-state steps measure the
 //! train step). The PyTorch side is `bench/torch_train.py` (same models, same batch,
 //! synthetic tensors already in memory). The two alternate, `EST_BENCH_ROUNDS` rounds
-//! (default 5), and the medians and their ratio are reported. The interpreter runs on
-//! one thread; PyTorch runs at each thread count of `EST_BENCH_THREADS` (default 1,2).
+//! (default 5), and the medians and their ratios are reported. The host (when built
+//! with the `llvm` feature) and the interpreter run on one thread; PyTorch runs at each thread count of `EST_BENCH_THREADS` (default 1,2).
 //!
 //! Run: `cargo bench --bench train` (needs bench/.venv: `scripts/setup_bench_venv.sh`).
 //! `EST_BENCH_MODELS=fc` limits the models; `EST_BENCH_STEPS` sets the timed steps.
