@@ -135,7 +135,12 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
     };
     let mut bug = None;
     for c in &mut graphs {
-        if let Err(b) = passes::run(&mut c.graph, &ctx, &mut diags, opts.verify) {
+        if let Err(b) = passes::run(
+            std::sync::Arc::make_mut(&mut c.graph),
+            &ctx,
+            &mut diags,
+            opts.verify,
+        ) {
             bug.get_or_insert(b);
         }
         if opts.verify {

@@ -127,7 +127,7 @@ impl Case {
             let exe = d
                 .compile_run(Arc::new(self.g.clone()), nodes.clone(), SPAN)
                 .unwrap_or_else(|e| panic!("{}: {}", target.name(), e.message));
-            d.bind(self.vars.clone());
+            d.bind(self.vars.clone()).expect("the variables fit");
             d.run(exe, Feeds::default(), StepCtx { step: 3, seed: 7 }, 0)
                 .map_err(|e| format!("{}: {}", e.op, e.message))
         };

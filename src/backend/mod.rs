@@ -119,8 +119,9 @@ pub trait Device: Send {
         at: Span,
     ) -> Result<RunExe, Diag>;
 
-    /// Binds every variable and optimiser slot, replacing what was bound.
-    fn bind(&mut self, vars: FxHashMap<String, Tensor>);
+    /// Binds every variable and optimiser slot, replacing what was bound; an error
+    /// when the device cannot hold them.
+    fn bind(&mut self, vars: FxHashMap<String, Tensor>) -> Result<(), String>;
 
     /// Every variable's current value, read out.
     fn variables(&self) -> FxHashMap<String, Tensor>;
@@ -129,7 +130,7 @@ pub trait Device: Send {
     fn variable(&self, name: &str) -> Option<Tensor>;
 
     /// Replaces one bound variable's value (the caller checked its type).
-    fn set_variable(&mut self, name: &str, value: Tensor);
+    fn set_variable(&mut self, name: &str, value: Tensor) -> Result<(), String>;
 
     /// One train step on one batch per shard (see the module's contract).
     fn train_step(

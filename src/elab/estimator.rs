@@ -136,7 +136,8 @@ pub struct Compiled {
     pub estimator: String,
     pub mode: SectionKind,
     pub target: Target,
-    pub graph: Graph,
+    /// Shared, so that a backend keeps it without a copy.
+    pub graph: std::sync::Arc<Graph>,
     pub input: Option<Dataset>,
     /// Expressions evaluated for this mode, with their types or values (hover).
     pub hovers: Vec<(Span, String)>,
@@ -406,7 +407,7 @@ fn estimator<'p>(
             mode,
             target: opts.target,
             hovers: el.hovers.take().unwrap_or_default(),
-            graph: el.graph,
+            graph: std::sync::Arc::new(el.graph),
             input: graph_input,
         });
     }

@@ -357,10 +357,11 @@ impl Estimator {
         let old = self.dev.as_ref().and_then(|d| d.device.variable(name));
         match old {
             Some(old) if old.ty() == value.ty() => {
-                if let Some(d) = &mut self.dev {
-                    d.device.set_variable(name, value);
-                }
-                Ok(())
+                let held = match &mut self.dev {
+                    Some(d) => d.device.set_variable(name, value),
+                    None => Ok(()),
+                };
+                held.map_err(|m| self.too_large(m).into())
             }
             Some(old) => Err(Diag::new(
                 Code::CheckpointMismatch,
@@ -395,8 +396,19 @@ impl Estimator {
 
     /// Binds a fresh state (initialised or restored) to the device.
     fn bind(&mut self, vars: FxHashMap<String, Tensor>) -> Res<()> {
-        self.dev()?.device.bind(vars);
-        Ok(())
+        let held = self.dev()?.device.bind(vars);
+        held.map_err(|m| self.too_large(m).into())
+    }
+
+    /// E0602 for variables the device cannot hold.
+    fn too_large(&self, m: String) -> Diag {
+        Diag::new(
+            Code::OutOfMemory,
+            self.info.span,
+            format!("the variables do not fit in the device's memory: {m}"),
+        )
+        .label("this estimator")
+        .help("make the model smaller; `estc check` estimates the memory a program needs")
     }
 
     /// The train step, compiled on first use.
@@ -406,7 +418,7 @@ impl Estimator {
         if let Some(e) = dev.train {
             return Ok(e);
         }
-        let e = dev.device.compile_train(Arc::new(c.graph.clone()), at)?;
+        let e = dev.device.compile_train(c.graph.clone(), at)?;
         dev.train = Some(e);
         Ok(e)
     }
@@ -425,13 +437,13 @@ impl Estimator {
         }
         let e = dev
             .device
-            .compile_run(Arc::new(c.graph.clone()), targets.to_vec(), at)?;
+            .compile_run(c.graph.clone(), targets.to_vec(), at)?;
         dev.runs.push((mode, e));
         Ok(e)
     }
 
     pub fn graph(&self, mode: SectionKind) -> Option<&Graph> {
-        self.compiled(mode).map(|c| &c.graph)
+        self.compiled(mode).map(|c| &*c.graph)
     }
 
     fn compiled(&self, mode: SectionKind) -> Option<&Arc<Compiled>> {

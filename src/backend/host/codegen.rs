@@ -21,8 +21,7 @@ use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicType, BasicTypeEnum};
 use inkwell::values::{
-    BasicValue, BasicValueEnum, FloatValue, FunctionValue, InstructionOpcode, IntValue,
-    PointerValue,
+    BasicValue, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
 };
 use inkwell::{FloatPredicate, IntPredicate};
 use rustc_hash::FxHashMap;
@@ -252,7 +251,7 @@ impl<'c> Codegen<'c> {
         let (start, end) = self.start_end(&body, ids.len());
         let root = g.node(l.root);
         match &root.op {
-            Op::Reduce { op, axes, .. } if !body.leaves.contains_key(&l.root) => {
+            Op::Reduce { op, axes, .. } if !l.is_copy() => {
                 let x = g.operands(l.root)[0];
                 self.reduce(&body, l.root, x, *op, axes, &l.out, start, end)?;
             }
@@ -266,7 +265,7 @@ impl<'c> Codegen<'c> {
                 self.nest(&body, &dims, start, end, &mut |cg, idx| {
                     let idx = if shape.is_empty() { &idx[..0] } else { idx };
                     let v = cg.gen(&body, l.root, idx)?;
-                    cg.store(&body, &l.out, idx, v, root.ty.dtype)
+                    cg.store(&body, &l.out, idx, v)
                 })?;
             }
         }
@@ -399,14 +398,7 @@ impl<'c> Codegen<'c> {
         })
     }
 
-    fn store(
-        &self,
-        body: &Body<'c, '_>,
-        v: &View,
-        idx: &[IntValue<'c>],
-        x: Val<'c>,
-        _dtype: DType,
-    ) -> R<()> {
+    fn store(&self, body: &Body<'c, '_>, v: &View, idx: &[IntValue<'c>], x: Val<'c>) -> R<()> {
         let elem = body.bufs.bufs[v.buf].elem;
         let at = self.addr(body, v, idx)?;
         let value: BasicValueEnum = match (elem, x) {
@@ -487,7 +479,7 @@ impl<'c> Codegen<'c> {
             }
             Op::Unary(u) => {
                 let x = self.gen(body, ops[0], idx)?;
-                self.unary(body, *u, x, dtype)?
+                self.unary(*u, x, dtype)?
             }
             Op::Binary(op) => {
                 let x = self.gen(body, ops[0], &self.operand_idx(body, ops[0], n, idx))?;
@@ -576,8 +568,7 @@ impl<'c> Codegen<'c> {
             .collect()
     }
 
-    fn unary(&self, body: &Body<'c, '_>, u: UnaryOp, x: Val<'c>, dtype: DType) -> R<Val<'c>> {
-        let _ = body;
+    fn unary(&self, u: UnaryOp, x: Val<'c>, dtype: DType) -> R<Val<'c>> {
         let b = &self.b;
         Ok(match x {
             Val::F(x) => {
@@ -685,17 +676,7 @@ impl<'c> Codegen<'c> {
                             .expect("a value")
                             .into_float_value()
                     }
-                    BinaryOp::Max | BinaryOp::Min => {
-                        let p = if op == BinaryOp::Max {
-                            FloatPredicate::OGE
-                        } else {
-                            FloatPredicate::OLE
-                        };
-                        let nan = e(b.build_float_compare(FloatPredicate::UNO, x, x, "nan"))?;
-                        let c = e(b.build_float_compare(p, x, y, "c"))?;
-                        let take = e(b.build_or(nan, c, "take"))?;
-                        e(b.build_select(take, x, y, "m"))?.into_float_value()
-                    }
+                    BinaryOp::Max | BinaryOp::Min => self.fextremum(x, y, op == BinaryOp::Max)?,
                     _ => return Err(format!("{} of floats", Op::Binary(op).name())),
                 };
                 Val::F(self.round(r, dtype)?)
@@ -735,14 +716,7 @@ impl<'c> Codegen<'c> {
                         }
                     }
                     BinaryOp::Pow => self.ipow(x, y)?,
-                    BinaryOp::Max => {
-                        let c = e(b.build_int_compare(IntPredicate::SGE, x, y, "c"))?;
-                        e(b.build_select(c, x, y, "max"))?.into_int_value()
-                    }
-                    BinaryOp::Min => {
-                        let c = e(b.build_int_compare(IntPredicate::SLE, x, y, "c"))?;
-                        e(b.build_select(c, x, y, "min"))?.into_int_value()
-                    }
+                    BinaryOp::Max | BinaryOp::Min => self.iextremum(x, y, op == BinaryOp::Max)?,
                     _ => return Err(format!("{} of integers", Op::Binary(op).name())),
                 };
                 Val::I(self.wrap(r, dtype)?)
@@ -897,6 +871,32 @@ impl<'c> Codegen<'c> {
     fn fma(&self, a: FloatValue<'c>, x: FloatValue<'c>, c: f64) -> R<FloatValue<'c>> {
         let m = e(self.b.build_float_mul(a, x, "m"))?;
         e(self.b.build_float_add(m, self.f32c(c), "a"))
+    }
+
+    /// `float::maximum(x, y)` (`minimum` when `!max`): `x` when it is NaN or not
+    /// beaten, so that NaN propagates and the first of equals is kept.
+    fn fextremum(&self, x: FloatValue<'c>, y: FloatValue<'c>, max: bool) -> R<FloatValue<'c>> {
+        let b = &self.b;
+        let p = if max {
+            FloatPredicate::OGE
+        } else {
+            FloatPredicate::OLE
+        };
+        let nan = e(b.build_float_compare(FloatPredicate::UNO, x, x, "nan"))?;
+        let c = e(b.build_float_compare(p, x, y, "c"))?;
+        let take = e(b.build_or(nan, c, "take"))?;
+        Ok(e(b.build_select(take, x, y, "m"))?.into_float_value())
+    }
+
+    /// The larger (`max`) or smaller of two integers.
+    fn iextremum(&self, x: IntValue<'c>, y: IntValue<'c>, max: bool) -> R<IntValue<'c>> {
+        let p = if max {
+            IntPredicate::SGE
+        } else {
+            IntPredicate::SLE
+        };
+        let c = e(self.b.build_int_compare(p, x, y, "c"))?;
+        Ok(e(self.b.build_select(c, x, y, "m"))?.into_int_value())
     }
 
     /// `exp(x)` (Cephes `expf`): `2^n · p(r)` with `r = x - n·ln 2`.
@@ -1093,7 +1093,7 @@ impl<'c> Codegen<'c> {
                     .collect()
             }
         };
-        let suffix = kept.iter().enumerate().all(|(i, &k)| i == k);
+        let suffix = super::lower::reduces_trailing(r, axes);
         let ident = self.identity(op, xdt);
         let zero = self.i64c(0);
         if suffix {
@@ -1113,7 +1113,6 @@ impl<'c> Codegen<'c> {
                 };
                 let acc = e(cg.b.build_alloca(ty, "acc"))?;
                 cg.store_val(acc, ident)?;
-                let i64t = cg.ctx.i64_type();
                 let mut idx = oi.clone();
                 cg.inner_nest(body, &inner, &mut idx, &mut |cg, full| {
                     let v = cg.gen(body, x, full)?;
@@ -1123,9 +1122,8 @@ impl<'c> Codegen<'c> {
                 })?;
                 let a = cg.load_val(acc, ident)?;
                 let fin = cg.finalize(op, a, count, dtype)?;
-                let _ = i64t;
                 let oidx = out_idx(&[oi.as_slice(), &vec![zero; inner.len()]].concat(), zero);
-                cg.store(body, out, &oidx, fin, dtype)
+                cg.store(body, out, &oidx, fin)
             })?;
         } else {
             // initialise, accumulate in the operand's row-major order, finalise
@@ -1135,7 +1133,6 @@ impl<'c> Codegen<'c> {
                 out.shape.clone()
             };
             let i64t = self.ctx.i64_type();
-            let one = i64t.const_int(1, false);
             let oshape = out.shape.clone();
             self.nest(
                 body,
@@ -1144,16 +1141,15 @@ impl<'c> Codegen<'c> {
                 i64t.const_int(odims[0] as u64, false),
                 &mut |cg, oi| {
                     let oi = if oshape.is_empty() { &oi[..0] } else { oi };
-                    cg.store(body, out, oi, ident, dtype)
+                    cg.store(body, out, oi, ident)
                 },
             )?;
-            let _ = one;
             self.nest(body, &xs, start, end, &mut |cg, idx| {
                 let v = cg.gen(body, x, idx)?;
                 let oidx = out_idx(idx, zero);
                 let a = cg.load(body, out, &oidx, dtype)?;
                 let s = cg.combine(op, a, v, false)?;
-                cg.store(body, out, &oidx, s, dtype)
+                cg.store(body, out, &oidx, s)
             })?;
             self.nest(
                 body,
@@ -1164,7 +1160,7 @@ impl<'c> Codegen<'c> {
                     let oi = if oshape.is_empty() { &oi[..0] } else { oi };
                     let a = cg.load(body, out, oi, dtype)?;
                     let fin = cg.finalize(op, a, count, dtype)?;
-                    cg.store(body, out, oi, fin, dtype)
+                    cg.store(body, out, oi, fin)
                 },
             )?;
         }
@@ -1244,42 +1240,19 @@ impl<'c> Codegen<'c> {
             (Val::F(a), Val::F(v)) => Val::F(match op {
                 ReduceOp::Sum | ReduceOp::Mean => {
                     let s = e(b.build_float_add(a, v, "s"))?;
-                    if reassoc {
-                        if let Some(i) = s.as_instruction_value() {
-                            if i.get_opcode() == InstructionOpcode::FAdd {
-                                let _ = i.set_fast_math_flags(
-                                    inkwell::values::FastMathFlags::AllowReassoc,
-                                );
-                            }
-                        }
+                    // a constant sum folds to a constant, which has no flags
+                    if let Some(i) = s.as_instruction_value().filter(|_| reassoc) {
+                        e(i.set_fast_math_flags(inkwell::values::FastMathFlags::AllowReassoc))?;
                     }
                     s
                 }
                 ReduceOp::Prod => e(b.build_float_mul(a, v, "p"))?,
-                ReduceOp::Max | ReduceOp::Min => {
-                    // float::maximum(acc, v): acc when acc is NaN or not beaten
-                    let p = if op == ReduceOp::Max {
-                        FloatPredicate::OGE
-                    } else {
-                        FloatPredicate::OLE
-                    };
-                    let nan = e(b.build_float_compare(FloatPredicate::UNO, a, a, "nan"))?;
-                    let c = e(b.build_float_compare(p, a, v, "c"))?;
-                    let keep = e(b.build_or(nan, c, "k"))?;
-                    e(b.build_select(keep, a, v, "m"))?.into_float_value()
-                }
+                ReduceOp::Max | ReduceOp::Min => self.fextremum(a, v, op == ReduceOp::Max)?,
             }),
             (Val::I(a), Val::I(v)) => Val::I(match op {
                 ReduceOp::Sum | ReduceOp::Mean => e(b.build_int_add(a, v, "s"))?,
                 ReduceOp::Prod => e(b.build_int_mul(a, v, "p"))?,
-                ReduceOp::Max => {
-                    let c = e(b.build_int_compare(IntPredicate::SGE, a, v, "c"))?;
-                    e(b.build_select(c, a, v, "m"))?.into_int_value()
-                }
-                ReduceOp::Min => {
-                    let c = e(b.build_int_compare(IntPredicate::SLE, a, v, "c"))?;
-                    e(b.build_select(c, a, v, "m"))?.into_int_value()
-                }
+                ReduceOp::Max | ReduceOp::Min => self.iextremum(a, v, op == ReduceOp::Max)?,
             }),
             (Val::B(a), Val::B(v)) => Val::B(match op {
                 ReduceOp::Min | ReduceOp::Prod => e(b.build_and(a, v, "all"))?,
@@ -1361,7 +1334,7 @@ impl<'c> Codegen<'c> {
                 let d = e(cg.b.build_float_sub(v, mx, "d"))?;
                 let ex = cg.exp(d)?;
                 if !log {
-                    cg.store(&body, out, &at(j), Val::F(ex), DType::F32)?;
+                    cg.store(&body, out, &at(j), Val::F(ex))?;
                 }
                 let a = cg.load_val(s, Val::F(ex))?;
                 let r = cg.combine(ReduceOp::Sum, a, Val::F(ex), true)?;
@@ -1386,7 +1359,7 @@ impl<'c> Codegen<'c> {
                     }
                 };
                 let r = cg.round(r, dtype)?;
-                cg.store(&body, out, &at(j), Val::F(r), dtype)
+                cg.store(&body, out, &at(j), Val::F(r))
             })
         })?;
         self.finish(&body)?;

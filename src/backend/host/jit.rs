@@ -18,7 +18,7 @@ use llvm_sys::orc2::{
     LLVMOrcJITDylibAddGenerator, LLVMOrcJITTargetAddress,
 };
 use std::ffi::{CStr, CString};
-use std::sync::Once;
+use std::sync::OnceLock;
 
 /// The optimisation pipeline of every kernel module.
 pub const PIPELINE: &str = "default<O2>";
@@ -31,27 +31,21 @@ pub struct Machine {
     pub features: String,
 }
 
-fn init() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        Target::initialize_native(&InitializationConfig::default())
-            .expect("the native target of this LLVM");
-    });
+/// Initialises LLVM's code generator for this machine, once; an error when this LLVM
+/// has none for it.
+fn init() -> Result<(), String> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| Target::initialize_native(&InitializationConfig::default()))
+        .clone()
 }
 
 impl Machine {
     /// The CPU this process runs on, with all its features.
     pub fn host() -> Result<Machine, String> {
-        init();
+        init()?;
         let cpu = TargetMachine::get_host_cpu_name().to_string();
         let features = TargetMachine::get_host_cpu_features().to_string();
         Machine::new(&cpu, &features)
-    }
-
-    /// A named CPU (`x86-64-v3`) with its default features: for reproducible assembly.
-    pub fn pinned(cpu: &str) -> Result<Machine, String> {
-        init();
-        Machine::new(cpu, "")
     }
 
     fn new(cpu: &str, features: &str) -> Result<Machine, String> {
@@ -118,7 +112,7 @@ fn error(e: LLVMErrorRef) -> String {
 
 impl Jit {
     pub fn new() -> Result<Jit, String> {
-        init();
+        init()?;
         let mut jit: LLVMOrcLLJITRef = std::ptr::null_mut();
         // SAFETY: a null builder makes LLJIT detect the host; the process's symbols
         // (libm's powf, memcpy, memset) resolve what kernels call.

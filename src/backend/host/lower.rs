@@ -169,6 +169,62 @@ pub enum Kernel {
     },
 }
 
+impl Kernel {
+    /// The node the kernel computes.
+    pub fn node(&self) -> NodeIndex {
+        match self {
+            Kernel::Loop(l) => l.root,
+            Kernel::Softmax { node, .. }
+            | Kernel::MatMul { node, .. }
+            | Kernel::Native { node, .. } => *node,
+        }
+    }
+
+    /// The extent of a generated kernel's outermost loop (1 for a kernel without loops).
+    pub fn outer(&self, g: &Graph) -> usize {
+        let first = |s: &[usize]| s.first().copied().unwrap_or(1);
+        match self {
+            Kernel::Loop(l) => match &g.node(l.root).op {
+                // a reduction loops over its operand, or once when it reduces every axis
+                Op::Reduce { axes, .. } if !l.is_copy() => {
+                    let xs = &g.node(g.operands(l.root)[0]).ty.shape;
+                    if axes.len() == xs.len() {
+                        1
+                    } else {
+                        first(xs)
+                    }
+                }
+                _ => first(&l.out.shape),
+            },
+            Kernel::Softmax { x, axis, .. } => {
+                let rows: Vec<usize> = (0..x.shape.len())
+                    .filter(|k| k != axis)
+                    .map(|k| x.shape[k])
+                    .collect();
+                first(&rows)
+            }
+            Kernel::MatMul { .. } | Kernel::Native { .. } => 1,
+        }
+    }
+}
+
+impl Loop {
+    /// Whether the loop copies its root's (strided) view into contiguous memory rather
+    /// than computing it.
+    pub fn is_copy(&self) -> bool {
+        self.leaves.iter().any(|x| x.0 == self.root)
+    }
+}
+
+/// Whether a reduction over `axes` of a rank-`rank` value reduces its trailing axes
+/// (every kept axis comes before every reduced one).
+pub fn reduces_trailing(rank: usize, axes: &[usize]) -> bool {
+    (0..rank)
+        .filter(|k| !axes.contains(k))
+        .enumerate()
+        .all(|(i, k)| i == k)
+}
+
 #[derive(Debug, Clone)]
 pub struct Loop {
     pub root: NodeIndex,

@@ -16,10 +16,20 @@ pub struct Storage {
 }
 
 impl Storage {
-    pub fn new(bytes: usize) -> Storage {
-        Storage {
-            lines: vec![Line([0; 64]); bytes.div_ceil(64).max(1)].into_boxed_slice(),
-        }
+    /// `bytes` zeroed bytes; an error (not an abort) when the memory is not there.
+    pub fn new(bytes: usize) -> Result<Storage, String> {
+        let n = bytes.div_ceil(64).max(1);
+        let mut lines = Vec::new();
+        lines.try_reserve_exact(n).map_err(|_| {
+            format!(
+                "cannot allocate {}",
+                crate::passes::memory::human(bytes as u128)
+            )
+        })?;
+        lines.resize(n, Line([0; 64]));
+        Ok(Storage {
+            lines: lines.into_boxed_slice(),
+        })
     }
 
     pub fn ptr(&self) -> *mut u8 {

@@ -26,7 +26,7 @@ use crate::ir::{Graph, NodeIndex, Op, TensorType};
 use crate::span::Span;
 use crate::tensor::Tensor;
 use inkwell::context::Context;
-pub use jit::Machine;
+use jit::Machine;
 use lower::{Bufs, Elem, Kernel, Role, View};
 use mem::{Mem, Storage};
 use rustc_hash::FxHashMap;
@@ -36,6 +36,17 @@ use std::sync::Arc;
 struct Var {
     ty: TensorType,
     data: Storage,
+    elem: Elem,
+}
+
+impl Var {
+    /// The variable's storage as a one-buffer memory, and its value's view.
+    fn mem(&self) -> (Mem, View) {
+        (
+            Mem::new(vec![self.data.ptr()], vec![self.elem]),
+            View::contiguous(0, &self.ty.shape),
+        )
+    }
 }
 
 /// The host device.
@@ -52,6 +63,9 @@ struct Program {
     bufs: Bufs,
     /// Storage of every buffer that is not a variable.
     own: Vec<Option<Storage>>,
+    /// Each input's buffer, name and node; the global step's buffer.
+    inputs: Vec<(usize, String, NodeIndex)>,
+    step: Option<usize>,
     _jit: jit::Jit,
 }
 
@@ -64,23 +78,15 @@ struct Compiled {
 
 /// One kernel ready to run.
 enum Step {
+    /// A generated kernel: its function, its buffers, the extent of its outer loop.
     Gen {
         node: NodeIndex,
         f: KernelPtr,
         bufs: Vec<usize>,
         outer: i64,
     },
-    MatMul {
-        node: NodeIndex,
-        a: View,
-        b: View,
-        out: View,
-    },
-    Native {
-        node: NodeIndex,
-        args: Vec<View>,
-        out: View,
-    },
+    /// A native kernel (a GEMM, index work).
+    Call(Kernel),
 }
 
 type KernelPtr = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i64;
@@ -186,32 +192,49 @@ impl Device {
                         let ptr: KernelPtr =
                             unsafe { std::mem::transmute::<usize, KernelPtr>(addr) };
                         Step::Gen {
-                            node: kernel_node(&k),
-                            outer: outer_extent(&k, graph),
+                            node: k.node(),
+                            outer: k.outer(graph) as i64,
                             f: ptr,
                             bufs: f.bufs,
                         }
                     }
-                    (Kernel::MatMul { node, a, b, out }, None) => Step::MatMul { node, a, b, out },
-                    (Kernel::Native { node, args, out }, None) => Step::Native { node, args, out },
-                    _ => unreachable!("generated kernels have functions"),
+                    (k, None) => Step::Call(k),
                 });
             }
             phases_out.push(steps);
         }
-        let own = bufs
+        let mut own = Vec::with_capacity(bufs.bufs.len());
+        for b in &bufs.bufs {
+            own.push(match b.role {
+                Role::Var(_) => None,
+                _ => Some(Storage::new(b.len * b.elem.size()).map_err(|m| {
+                    Diag::new(Code::OutOfMemory, at, format!("the buffers of this graph do not fit in memory: {m}"))
+                        .label("this estimator")
+                        .help("make the model or its batch smaller; `estc check` estimates the memory a program needs")
+                })?),
+            });
+        }
+        let inputs = bufs
             .bufs
             .iter()
-            .map(|b| match b.role {
-                Role::Var(_) => None,
-                _ => Some(Storage::new(b.len * b.elem.size())),
+            .enumerate()
+            .filter_map(|(i, b)| match &b.role {
+                Role::Input(name) => graph
+                    .g
+                    .node_indices()
+                    .find(|&n| matches!(&graph.node(n).op, Op::Input { name: m } if m == name))
+                    .map(|n| (i, name.clone(), n)),
+                _ => None,
             })
             .collect();
+        let step = bufs.bufs.iter().position(|b| b.role == Role::Step);
         Ok(Compiled {
             p: Program {
                 graph: graph.clone(),
                 bufs,
                 own,
+                inputs,
+                step,
                 _jit: jit,
             },
             phases: phases_out,
@@ -234,43 +257,6 @@ impl Device {
             });
         }
         Ok(Mem::new(ptrs, p.bufs.bufs.iter().map(|b| b.elem).collect()))
-    }
-}
-
-fn kernel_node(k: &Kernel) -> NodeIndex {
-    match k {
-        Kernel::Loop(l) => l.root,
-        Kernel::Softmax { node, .. }
-        | Kernel::MatMul { node, .. }
-        | Kernel::Native { node, .. } => *node,
-    }
-}
-
-/// The extent of a generated kernel's outermost loop.
-fn outer_extent(k: &Kernel, g: &Graph) -> i64 {
-    let first = |s: &[usize]| s.first().copied().unwrap_or(1) as i64;
-    match k {
-        Kernel::Loop(l) => match &g.node(l.root).op {
-            Op::Reduce { axes, .. } if !l.leaves.iter().any(|x| x.0 == l.root) => {
-                let xs = &g.node(g.operands(l.root)[0]).ty.shape;
-                let kept: Vec<usize> = (0..xs.len()).filter(|k| !axes.contains(k)).collect();
-                let suffix = kept.iter().enumerate().all(|(i, &k)| i == k);
-                if suffix {
-                    kept.first().map_or(1, |&k| xs[k] as i64)
-                } else {
-                    first(xs)
-                }
-            }
-            _ => first(&l.out.shape),
-        },
-        Kernel::Softmax { x, axis, .. } => {
-            let outer: Vec<usize> = (0..x.shape.len())
-                .filter(|k| k != axis)
-                .map(|k| x.shape[k])
-                .collect();
-            first(&outer)
-        }
-        _ => 1,
     }
 }
 
@@ -300,13 +286,7 @@ fn run_steps(g: &Graph, steps: &[Step], mem: &Mem) -> Result<(), RunError> {
                     return Err(fail(*node, "integer division by zero".into()));
                 }
             }
-            Step::MatMul { node, a, b, out } => {
-                native::matmul(a, b, out, g.node(*node).ty.dtype, mem);
-            }
-            Step::Native { node, args, out } => {
-                let n = g.node(*node);
-                native::run(&n.op, n.ty.dtype, args, out, mem).map_err(|m| fail(*node, m))?;
-            }
+            Step::Call(k) => native::call(k, g, mem).map_err(|m| fail(k.node(), m))?,
         }
     }
     Ok(())
@@ -322,30 +302,21 @@ fn fits(t: &Tensor, ty: &TensorType) -> Result<(), String> {
 
 /// Writes the feeds and the step into a program's input buffers.
 fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError> {
-    for (i, b) in p.bufs.bufs.iter().enumerate() {
-        match &b.role {
-            Role::Input(name) => {
-                let node = p
-                    .graph
-                    .g
-                    .node_indices()
-                    .find(|&n| matches!(&p.graph.node(n).op, Op::Input { name: m } if m == name))
-                    .expect("the input's node");
-                let ty = &p.graph.node(node).ty;
-                let fail = |message: String| RunError {
-                    span: p.graph.node(node).span,
-                    op: "input",
-                    message,
-                };
-                let t = feeds
-                    .get(name)
-                    .ok_or_else(|| fail(format!("input `{name}` was not fed")))?;
-                fits(t, ty).map_err(|m| fail(format!("input `{name}`: {m}")))?;
-                mem.write(&View::contiguous(i, &ty.shape), t);
-            }
-            Role::Step => mem.put_ints(&View::contiguous(i, &[]), &[step]),
-            _ => {}
-        }
+    for (buf, name, node) in &p.inputs {
+        let node = p.graph.node(*node);
+        let fail = |message: String| RunError {
+            span: node.span,
+            op: "input",
+            message,
+        };
+        let t = feeds
+            .get(name)
+            .ok_or_else(|| fail(format!("input `{name}` was not fed")))?;
+        fits(t, &node.ty).map_err(|m| fail(format!("input `{name}`: {m}")))?;
+        mem.write(&View::contiguous(*buf, &node.ty.shape), t);
+    }
+    if let Some(b) = p.step {
+        mem.put_ints(&View::contiguous(b, &[]), &[step]);
     }
     Ok(())
 }
@@ -402,37 +373,42 @@ impl backend::Device for Device {
         Ok(RunExe(self.runs.len() - 1))
     }
 
-    fn bind(&mut self, vars: FxHashMap<String, Tensor>) {
+    fn bind(&mut self, vars: FxHashMap<String, Tensor>) -> Result<(), String> {
         self.vars.clear();
         for (name, t) in vars {
-            self.set_variable(&name, t);
+            self.set_variable(&name, t)?;
         }
+        Ok(())
     }
 
     fn variables(&self) -> FxHashMap<String, Tensor> {
         self.vars
-            .keys()
-            .map(|k| (k.clone(), self.variable(k).expect("bound")))
+            .iter()
+            .map(|(k, v)| {
+                let (mem, view) = v.mem();
+                (k.clone(), mem.read(&view, v.ty.dtype))
+            })
             .collect()
     }
 
     fn variable(&self, name: &str) -> Option<Tensor> {
         let v = self.vars.get(name)?;
-        let elem = Elem::of(v.ty.dtype)?;
-        let mem = Mem::new(vec![v.data.ptr()], vec![elem]);
-        Some(mem.read(&View::contiguous(0, &v.ty.shape), v.ty.dtype))
+        let (mem, view) = v.mem();
+        Some(mem.read(&view, v.ty.dtype))
     }
 
-    fn set_variable(&mut self, name: &str, value: Tensor) {
+    fn set_variable(&mut self, name: &str, value: Tensor) -> Result<(), String> {
         let ty = value.ty();
-        let Some(elem) = Elem::of(ty.dtype) else {
-            return;
-        };
+        let elem = Elem::of(ty.dtype).ok_or_else(|| {
+            format!("variable `{name}` holds byte strings, which the host cannot")
+        })?;
         let n: usize = ty.shape.iter().product();
-        let data = Storage::new(n * elem.size());
-        let mem = Mem::new(vec![data.ptr()], vec![elem]);
-        mem.write(&View::contiguous(0, &ty.shape), &value);
-        self.vars.insert(name.to_string(), Var { ty, data });
+        let data = Storage::new(n * elem.size()).map_err(|m| format!("variable `{name}`: {m}"))?;
+        let v = Var { ty, data, elem };
+        let (mem, view) = v.mem();
+        mem.write(&view, &value);
+        self.vars.insert(name.to_string(), v);
+        Ok(())
     }
 
     fn train_step(
@@ -462,9 +438,9 @@ impl backend::Device for Device {
             run_steps(g, &t.a, &mem).map_err(on)?;
             if n > 1 {
                 // the mean over shards of every float phase-A value, shard 0 first
-                for (k, &target) in t.spec.a_targets.iter().enumerate() {
+                for &target in &t.spec.a_targets {
                     let v = &t.views[&target];
-                    if mem.elem(v) != Elem::F32 || !t.p.bufs.bufs[v.buf].role.eq(&Role::Temp) {
+                    if mem.elem(v) != Elem::F32 || t.p.bufs.bufs[v.buf].role != Role::Temp {
                         continue;
                     }
                     let x = mem.f32s(v);
@@ -473,7 +449,6 @@ impl backend::Device for Device {
                     } else if let Some(a) = acc.iter_mut().find(|a| a.0 == target) {
                         a.1.iter_mut().zip(x).for_each(|(s, &y)| *s += y);
                     }
-                    let _ = k;
                 }
             }
         }
@@ -505,9 +480,8 @@ impl backend::Device for Device {
         }
         for (name, value) in later {
             if let Some(v) = self.vars.get(&name) {
-                let elem = Elem::of(v.ty.dtype).expect("a host dtype");
-                Mem::new(vec![v.data.ptr()], vec![elem])
-                    .write(&View::contiguous(0, &v.ty.shape), &value);
+                let (mem, view) = v.mem();
+                mem.write(&view, &value);
             }
         }
         Ok(out)

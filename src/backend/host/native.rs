@@ -3,10 +3,25 @@
 //! operand costs no copy); the others are index work (`check_indices`, `argmax`,
 //! `argmin`, `gather`, `scatter_add`, `concat`) written directly over the buffers.
 
-use super::lower::{Elem, View};
+use super::lower::{Elem, Kernel, View};
 use super::mem::Mem;
 use crate::ir::float;
-use crate::ir::{DType, Op};
+use crate::ir::{DType, Graph, Op};
+
+/// Runs a kernel that is not generated: a GEMM or one of the ops below.
+pub fn call(k: &Kernel, g: &Graph, mem: &Mem) -> Result<(), String> {
+    let n = g.node(k.node());
+    match k {
+        Kernel::MatMul { a, b, out, .. } => {
+            matmul(a, b, out, n.ty.dtype, mem);
+            Ok(())
+        }
+        Kernel::Native { args, out, .. } => run(&n.op, n.ty.dtype, args, out, mem),
+        Kernel::Loop(_) | Kernel::Softmax { .. } => {
+            Err(format!("{} is a generated kernel", n.op.name()))
+        }
+    }
+}
 
 /// Runs native kernel `op` (the node's type `dtype`, `shape`) over `args` into `out`.
 pub fn run(op: &Op, dtype: DType, args: &[View], out: &View, mem: &Mem) -> Result<(), String> {

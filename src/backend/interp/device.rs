@@ -62,8 +62,9 @@ impl backend::Device for Device {
         Ok(RunExe(self.runs.len() - 1))
     }
 
-    fn bind(&mut self, vars: FxHashMap<String, Tensor>) {
+    fn bind(&mut self, vars: FxHashMap<String, Tensor>) -> Result<(), String> {
         self.vars = vars;
+        Ok(())
     }
 
     fn variables(&self) -> FxHashMap<String, Tensor> {
@@ -74,8 +75,9 @@ impl backend::Device for Device {
         self.vars.get(name).cloned()
     }
 
-    fn set_variable(&mut self, name: &str, value: Tensor) {
+    fn set_variable(&mut self, name: &str, value: Tensor) -> Result<(), String> {
         self.vars.insert(name.to_string(), value);
+        Ok(())
     }
 
     fn train_step(
