@@ -199,7 +199,7 @@ fn broadcast_of(s: &[usize], drop: usize, ones: u32) -> Vec<usize> {
         .collect()
 }
 
-const UNARY: [UnaryOp; 11] = [
+const UNARY: [UnaryOp; 12] = [
     UnaryOp::Neg,
     UnaryOp::Abs,
     UnaryOp::Exp,
@@ -211,6 +211,7 @@ const UNARY: [UnaryOp; 11] = [
     UnaryOp::Sigmoid,
     UnaryOp::Relu,
     UnaryOp::Floor,
+    UnaryOp::Sign,
 ];
 
 const BINARY: [BinaryOp; 8] = [
