@@ -16,6 +16,10 @@ if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$venv"
 fi
 
-"$venv/bin/python" -m pip install --quiet \
-  --extra-index-url https://download.pytorch.org/whl/cpu \
-  -r "$requirements"
+# The CPU-only torch index when it is reachable (it is not on every build machine:
+# then PyPI's torch, with CUDA wheels that go unused on a CPU).
+extra=()
+if "$venv/bin/python" -c 'import urllib.request; urllib.request.urlopen("https://download.pytorch.org/whl/cpu/", timeout=5)' 2>/dev/null; then
+  extra=(--extra-index-url https://download.pytorch.org/whl/cpu)
+fi
+"$venv/bin/python" -m pip install --quiet "${extra[@]}" -r "$requirements"

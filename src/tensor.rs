@@ -379,3 +379,23 @@ fn first_where(t: &Tensor, bad: impl Fn(f32) -> bool) -> Option<(usize, f32)> {
         _ => None,
     }
 }
+
+/// The records of byte-string tensor `a` decoded as little-endian values of `ty`'s
+/// dtype: one row of `ty`'s last axis per record.
+pub fn decode_raw(a: &Tensor, ty: &TensorType) -> Result<Tensor, String> {
+    let n = *ty.shape.last().unwrap_or(&1);
+    let size = dtype_size(ty.dtype).ok_or("decode_raw to bytes")?;
+    let mut flat = Vec::new();
+    for (i, s) in a.s().iter().enumerate() {
+        if s.len() != n * size {
+            return Err(format!(
+                "decode_raw: record {i} has {} bytes, but {n} values of {} need {}",
+                s.len(),
+                ty.dtype,
+                n * size
+            ));
+        }
+        flat.extend_from_slice(s);
+    }
+    Tensor::from_le_bytes(ty, &flat).ok_or_else(|| "decode_raw: wrong byte count".into())
+}

@@ -11,7 +11,10 @@
 
 use est::backend::{self, Feeds, StepCtx};
 use est::elab::Target;
-use est::ir::{infer, BinaryOp, DType, Graph, Init, NodeIndex, Op, ReduceOp, TensorType, UnaryOp};
+use est::ir::{
+    infer, BinaryOp, Conv, DType, Graph, Init, NodeIndex, Op, Padding, Pool, ReduceOp, TensorType,
+    UnaryOp,
+};
 use est::span::{FileId, Span};
 use est::tensor::{Data, Tensor};
 use proptest::prelude::*;
@@ -359,6 +362,35 @@ proptest! {
         let grads = est::passes::autodiff::gradients(&mut c.g, loss, &mut diags).expect("differentiable");
         let mut targets: Vec<(NodeIndex, Tol)> = grads.iter().map(|&(_, g)| (g, Tol::Grad)).collect();
         targets.push((loss, Tol::Sum(n as f64)));
+        c.check(&targets)?;
+    }
+
+    /// Convolutions and pooling, forward and (through autodiff) both gradients of the
+    /// convolution and the pooling's gradient, over random geometry: strides, dilation,
+    /// SAME and VALID padding, max or average pooling. Random ops (uniform and normal)
+    /// draw the interpreter's bits exactly.
+    #[test]
+    fn window_ops(n in 1usize..3, h in 1usize..9, w in 1usize..9, ci in 1usize..6, co in 1usize..7, k in 1usize..4, stride in 1usize..3, dil in 1usize..3, same in any::<bool>(), max in any::<bool>(), seed in any::<u64>()) {
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        prop_assume!(same || (k - 1) * dil < h.min(w));
+        let mut c = Case::new(seed);
+        let x = c.variable(DType::F32, &[n, h, w, ci], -1.0, 1.0, true);
+        let f = c.variable(DType::F32, &[k, k, ci, co], -1.0, 1.0, true);
+        let conv = Conv { strides: [stride, stride], padding, dilation: [dil, dil] };
+        let y = c.f(Op::Conv2d(conv), &[x, f]);
+        let pool = Pool { window: [2, 2], strides: [2, 1], padding: Padding::Same };
+        let p = c.f(if max { Op::MaxPool2d(pool) } else { Op::AvgPool2d(pool) }, &[y]);
+        let ps = c.g.ty(p).shape.to_vec();
+        let r = c.op(Op::RandomUniform { stream: seed }, &[], TensorType::new(DType::F32, ps.clone()));
+        let z = c.op(Op::RandomNormal { stream: seed ^ 1 }, &[], TensorType::new(DType::F32, ps));
+        let t = c.f(Op::Binary(BinaryOp::Mul), &[p, r]);
+        let all: Vec<usize> = (0..4).collect();
+        let loss = c.f(Op::Reduce { op: ReduceOp::Sum, axes: all, keep_dims: false }, &[t]);
+        let mut diags = est::diag::Diags::default();
+        let grads = est::passes::autodiff::gradients(&mut c.g, loss, &mut diags).expect("differentiable");
+        let terms = (k * k * ci) as f64;
+        let mut targets = vec![(y, Tol::Sum(terms)), (p, Tol::Sum(terms)), (r, Tol::Elem), (z, Tol::Elem)];
+        targets.extend(grads.iter().map(|&(_, g)| (g, Tol::Grad)));
         c.check(&targets)?;
     }
 }

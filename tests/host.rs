@@ -95,6 +95,134 @@ fn host_trains_like_the_interpreter() {
     assert_eq!(classes(&lh), classes(&li));
 }
 
+/// MNIST-shaped records (pseudo-random pixels, labels cycling through the classes) as
+/// `data/mnist_{train,test}.tfrecord` under `dir`, for the examples that read MNIST.
+#[cfg(feature = "llvm")]
+fn mnist_data(dir: &Path, records: u32) {
+    use est::data::records::{encode_example, frame, Feature};
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    let mut file = Vec::new();
+    let mut x: u32 = 12345;
+    for i in 0..records {
+        let img: Vec<u8> = (0..784)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x >> 24) as u8
+            })
+            .collect();
+        let label = [i64::from(i % 10)];
+        file.extend(frame(&encode_example(&[
+            ("image_raw", Feature::Bytes(&img)),
+            ("label", Feature::Ints(&label)),
+        ])));
+    }
+    std::fs::write(dir.join("data/mnist_train.tfrecord"), &file).unwrap();
+    std::fs::write(dir.join("data/mnist_test.tfrecord"), &file).unwrap();
+}
+
+/// Every number of a predictions file, in order.
+#[cfg(feature = "llvm")]
+fn numbers(path: &Path) -> Vec<f64> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<f64>) {
+        match v {
+            serde_json::Value::Number(n) => out.push(n.as_f64().unwrap()),
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for l in std::fs::read_to_string(path).unwrap().lines() {
+        walk(&serde_json::from_str(l).unwrap(), &mut out);
+    }
+    out
+}
+
+/// Every example: 20 train steps, then 4 eval batches and 4 predict batches of the
+/// same checkpoint, on host and on the interpreter from the same seed. Tolerances:
+/// weights within 1e-4 of each variable's largest magnitude (rounding differences of
+/// 1e-7 relative, from sums in another order and 2-ulp polynomials, grow through 20
+/// SGD steps; measured up to about 1e-6), the loss and every metric within 1e-4
+/// relative, predictions within 1e-4 of the largest prediction. The MNIST examples
+/// run at batch 16 on generated MNIST-shaped data to keep the interpreter's side short.
+#[cfg(feature = "llvm")]
+#[test]
+fn every_example_runs_on_host_like_the_interpreter() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "est"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "{files:?}");
+    let data = tmp("mnist-data");
+    mnist_data(&data, 320);
+    for file in files {
+        let name = file.file_stem().unwrap().to_string_lossy().to_string();
+        let mnist = name.contains("mnist");
+        let run = |target: Target| {
+            let mut p = Program::load(&file).unwrap();
+            if mnist {
+                p.add_override("batch_size", "16", "test");
+            }
+            let dir = tmp(&format!("{name}-{}", target.name()));
+            let opts = RunOptions {
+                target,
+                model_dir: Some(dir.clone()),
+                data_dir: mnist.then(|| data.clone()),
+                ..Default::default()
+            };
+            let mut e = Estimator::new(&p, &opts)
+                .unwrap_or_else(|f| panic!("{name} on {}: {:?}", target.name(), f.diags));
+            let on = target.name();
+            let t = e
+                .train(Steps::Max(20))
+                .unwrap_or_else(|f| panic!("{name} on {on}: {:?}", f.diags));
+            let ev = e
+                .evaluate(Some(4))
+                .unwrap_or_else(|f| panic!("{name} on {on}: {:?}", f.diags));
+            e.predict(&dir.join("p"), Some(4))
+                .unwrap_or_else(|f| panic!("{name} on {on}: {:?}", f.diags));
+            let preds = numbers(&dir.join("p/predictions.jsonl"));
+            (t, ev, e.variables(), preds)
+        };
+        let (th, eh, vh, ph) = run(Target::Host);
+        let (ti, ei, vi, pi) = run(Target::Interp);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+        assert_eq!(th.global_step, ti.global_step, "{name}");
+        let w = worst(&vh, &vi);
+        eprintln!("{name}: largest relative weight difference {w:e}");
+        assert!(w <= 1e-4, "{name}: weights differ by {w:e}");
+        assert!(
+            close(th.final_loss, ti.final_loss),
+            "{name}: loss {} vs {}",
+            th.final_loss,
+            ti.final_loss
+        );
+        assert_eq!(eh.examples, ei.examples, "{name}");
+        assert!(
+            close(eh.loss, ei.loss),
+            "{name}: eval loss {} vs {}",
+            eh.loss,
+            ei.loss
+        );
+        for ((n, a), (_, b)) in eh.metrics.iter().zip(&ei.metrics) {
+            assert!(close(*a, *b), "{name}: {n} {a} vs {b}");
+        }
+        assert_eq!(ph.len(), pi.len(), "{name}");
+        assert!(!ph.is_empty(), "{name}: no predictions");
+        let scale = pi.iter().fold(1e-6f64, |m, v| m.max(v.abs()));
+        for (k, (a, b)) in ph.iter().zip(&pi).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * scale,
+                "{name}: prediction number {k}: {a} vs {b}"
+            );
+        }
+    }
+}
+
 /// digits_mlp trained on host to its last step reaches the accuracy of the main job.
 #[cfg(feature = "llvm")]
 #[test]

@@ -28,6 +28,7 @@
 #[cfg(feature = "llvm")]
 pub mod host;
 pub mod interp;
+pub mod window;
 
 use crate::diag::{Code, Diag};
 use crate::elab::Target;

@@ -65,6 +65,8 @@ pub enum Role {
     Var(String),
     /// An input fed each step.
     Input(String),
+    /// A byte-string input decoded by `decode_raw` as it is fed (node: the decode).
+    Decoded(String, NodeIndex),
     /// The global step before the step.
     Step,
 }
@@ -239,6 +241,7 @@ pub struct Bufs {
     pub bufs: Vec<Buf>,
     vars: FxHashMap<String, usize>,
     inputs: FxHashMap<String, usize>,
+    decoded: FxHashMap<NodeIndex, usize>,
     step: Option<usize>,
 }
 
@@ -252,6 +255,7 @@ impl Bufs {
         let existing = match &role {
             Role::Var(n) => self.vars.get(n).copied(),
             Role::Input(n) => self.inputs.get(n).copied(),
+            Role::Decoded(_, node) => self.decoded.get(node).copied(),
             Role::Step => self.step,
             Role::Temp => None,
         };
@@ -265,6 +269,9 @@ impl Bufs {
             }
             Role::Input(n) => {
                 self.inputs.insert(n, b);
+            }
+            Role::Decoded(_, node) => {
+                self.decoded.insert(node, b);
             }
             Role::Step => self.step = Some(b),
             Role::Temp => {}
@@ -451,6 +458,8 @@ impl Lowering<'_> {
         let shape: Vec<usize> = node.ty.shape.to_vec();
         let ops = g.operands(n);
         match &node.op {
+            // a byte-string input has no buffer: `decode_raw` decodes it as it is fed
+            Op::Input { .. } if node.ty.dtype == DType::Bytes => {}
             Op::Input { name } => {
                 let elem = self.elem(n)?;
                 let b = self
@@ -594,15 +603,45 @@ impl Lowering<'_> {
             | Op::ScatterAdd => self.native(n, &ops)?,
             Op::RandomUniform { .. }
             | Op::RandomNormal { .. }
-            | Op::DecodeRaw
-            | Op::Conv2d(_)
-            | Op::Conv2dBackpropInput(_)
-            | Op::Conv2dBackpropFilter(_)
             | Op::MaxPool2d(_)
             | Op::AvgPool2d(_)
             | Op::MaxPool2dGrad(_)
-            | Op::AvgPool2dGrad(_) => {
-                return Err(self.unsupported(n, "the host backend has no kernel for it yet"))
+            | Op::AvgPool2dGrad(_) => self.native(n, &ops)?,
+            // the GEMM of a convolution works on patch rows, in a scratch buffer of
+            // [output pixels, kh * kw * c]
+            Op::Conv2d(_) | Op::Conv2dBackpropInput(_) | Op::Conv2dBackpropFilter(_) => {
+                let t = |i: usize| self.ty(ops[i]).shape.to_vec();
+                let (pixels, window, c) = match &node.op {
+                    Op::Conv2d(_) => (shape.clone(), t(1), t(0)[3]),
+                    Op::Conv2dBackpropInput(_) => (t(0), t(1), shape[3]),
+                    _ => (t(1), shape.clone(), t(0)[3]),
+                };
+                let len = pixels[..3].iter().product::<usize>() * window[0] * window[1] * c;
+                let b = self.bufs.add(Elem::F32, len, Role::Temp);
+                self.native(n, &ops)?;
+                if let Some(Kernel::Native { args, .. }) = self.kernels.last_mut() {
+                    args.push(View::contiguous(b, &[len]));
+                }
+            }
+            Op::DecodeRaw => {
+                let input = ops[0];
+                match &g.node(input).op {
+                    Op::Input { name } => {
+                        let elem = self.elem(n)?;
+                        let b = self.bufs.shared(
+                            elem,
+                            shape.iter().product(),
+                            Role::Decoded(name.clone(), n),
+                        );
+                        self.views.insert(n, View::contiguous(b, &shape));
+                    }
+                    _ => {
+                        return Err(self.unsupported(
+                            n,
+                            "on the host, `decode_raw` decodes byte strings as they are fed, so its operand must be an input",
+                        ))
+                    }
+                }
             }
         }
         Ok(())

@@ -18,6 +18,7 @@ mod lower;
 mod mem;
 mod native;
 
+use crate::backend::interp::OpEnv;
 use crate::backend::{
     self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
 };
@@ -63,8 +64,9 @@ struct Program {
     bufs: Bufs,
     /// Storage of every buffer that is not a variable.
     own: Vec<Option<Storage>>,
-    /// Each input's buffer, name and node; the global step's buffer.
-    inputs: Vec<(usize, String, NodeIndex)>,
+    /// Each input's buffer, name and node, and the `decode_raw` node that decodes it
+    /// as it is fed (a byte-string input); the global step's buffer.
+    inputs: Vec<(usize, String, NodeIndex, Option<NodeIndex>)>,
     step: Option<usize>,
     _jit: jit::Jit,
 }
@@ -218,13 +220,17 @@ impl Device {
             .bufs
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| match &b.role {
-                Role::Input(name) => graph
+            .filter_map(|(i, b)| {
+                let (name, decode) = match &b.role {
+                    Role::Input(name) => (name, None),
+                    Role::Decoded(name, node) => (name, Some(*node)),
+                    _ => return None,
+                };
+                graph
                     .g
                     .node_indices()
                     .find(|&n| matches!(&graph.node(n).op, Op::Input { name: m } if m == name))
-                    .map(|n| (i, name.clone(), n)),
-                _ => None,
+                    .map(|n| (i, name.clone(), n, decode))
             })
             .collect();
         let step = bufs.bufs.iter().position(|b| b.role == Role::Step);
@@ -261,7 +267,7 @@ impl Device {
 }
 
 /// Runs steps; an op's failure is a `RunError` naming it.
-fn run_steps(g: &Graph, steps: &[Step], mem: &Mem) -> Result<(), RunError> {
+fn run_steps(g: &Graph, steps: &[Step], mem: &Mem, env: &OpEnv) -> Result<(), RunError> {
     let fail = |n: NodeIndex, message: String| {
         let node = g.node(n);
         RunError {
@@ -286,7 +292,7 @@ fn run_steps(g: &Graph, steps: &[Step], mem: &Mem) -> Result<(), RunError> {
                     return Err(fail(*node, "integer division by zero".into()));
                 }
             }
-            Step::Call(k) => native::call(k, g, mem).map_err(|m| fail(k.node(), m))?,
+            Step::Call(k) => native::call(k, g, mem, env).map_err(|m| fail(k.node(), m))?,
         }
     }
     Ok(())
@@ -302,7 +308,7 @@ fn fits(t: &Tensor, ty: &TensorType) -> Result<(), String> {
 
 /// Writes the feeds and the step into a program's input buffers.
 fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError> {
-    for (buf, name, node) in &p.inputs {
+    for (buf, name, node, decode) in &p.inputs {
         let node = p.graph.node(*node);
         let fail = |message: String| RunError {
             span: node.span,
@@ -313,7 +319,18 @@ fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError
             .get(name)
             .ok_or_else(|| fail(format!("input `{name}` was not fed")))?;
         fits(t, &node.ty).map_err(|m| fail(format!("input `{name}`: {m}")))?;
-        mem.write(&View::contiguous(*buf, &node.ty.shape), t);
+        match decode {
+            Some(d) => {
+                let d = p.graph.node(*d);
+                let value = crate::tensor::decode_raw(t, &d.ty).map_err(|message| RunError {
+                    span: d.span,
+                    op: d.op.name(),
+                    message,
+                })?;
+                mem.write(&View::contiguous(*buf, &d.ty.shape), &value);
+            }
+            None => mem.write(&View::contiguous(*buf, &node.ty.shape), t),
+        }
     }
     if let Some(b) = p.step {
         mem.put_ints(&View::contiguous(b, &[]), &[step]);
@@ -435,7 +452,12 @@ impl backend::Device for Device {
                 error,
             };
             feed(&t.p, &mem, feeds, ctx.step).map_err(on)?;
-            run_steps(g, &t.a, &mem).map_err(on)?;
+            let env = OpEnv {
+                step: ctx.step,
+                seed: ctx.seed,
+                shard,
+            };
+            run_steps(g, &t.a, &mem, &env).map_err(on)?;
             if n > 1 {
                 // the mean over shards of every float phase-A value, shard 0 first
                 for &target in &t.spec.a_targets {
@@ -458,7 +480,12 @@ impl backend::Device for Device {
         }
         let check = |node: NodeIndex, want: Finite| scan(&mem, &t.views[&node], want);
         t.spec.check_a(check)?;
-        run_steps(g, &t.b, &mem).map_err(|error| StepError::Run { shard: None, error })?;
+        let env = OpEnv {
+            step: ctx.step,
+            seed: ctx.seed,
+            shard: 0,
+        };
+        run_steps(g, &t.b, &mem, &env).map_err(|error| StepError::Run { shard: None, error })?;
         t.spec.check_b(check)?;
         let scalar = |node: NodeIndex| mem.read(&t.views[&node], g.node(node).ty.dtype).scalar();
         let out = StepOut {
@@ -492,7 +519,7 @@ impl backend::Device for Device {
         exe: RunExe,
         feeds: Feeds,
         ctx: StepCtx,
-        _shard: usize,
+        shard: usize,
     ) -> Result<Vec<Tensor>, RunError> {
         let r = &self.runs[exe.0];
         let g: &Graph = &r.p.graph;
@@ -502,7 +529,12 @@ impl backend::Device for Device {
             message: m,
         })?;
         feed(&r.p, &mem, &feeds, ctx.step)?;
-        run_steps(g, &r.steps, &mem)?;
+        let env = OpEnv {
+            step: ctx.step,
+            seed: ctx.seed,
+            shard,
+        };
+        run_steps(g, &r.steps, &mem, &env)?;
         Ok(r.targets
             .iter()
             .map(|(n, v)| mem.read(v, g.node(*n).ty.dtype))

@@ -1,22 +1,28 @@
 //! The host's native kernels: the ops that are calls rather than generated loops.
 //! `matmul` goes to a packed, cache-blocked GEMM over strided views (so a transposed
-//! operand costs no copy); the others are index work (`check_indices`, `argmax`,
-//! `argmin`, `gather`, `scatter_add`, `concat`) written directly over the buffers.
+//! operand costs no copy), and so do convolutions and their gradients (im2col into a
+//! scratch buffer of the plan, then one GEMM); the others are window work (pooling),
+//! random numbers (the interpreter's generator, `crate::rng`) and index work
+//! (`check_indices`, `argmax`, `argmin`, `gather`, `scatter_add`, `concat`) written
+//! directly over the buffers.
 
 use super::lower::{Elem, Kernel, View};
 use super::mem::Mem;
+use crate::backend::interp::OpEnv;
+use crate::backend::window::Geo;
 use crate::ir::float;
 use crate::ir::{DType, Graph, Op};
+use crate::rng::Stream;
 
 /// Runs a kernel that is not generated: a GEMM or one of the ops below.
-pub fn call(k: &Kernel, g: &Graph, mem: &Mem) -> Result<(), String> {
+pub fn call(k: &Kernel, g: &Graph, mem: &Mem, env: &OpEnv) -> Result<(), String> {
     let n = g.node(k.node());
     match k {
         Kernel::MatMul { a, b, out, .. } => {
             matmul(a, b, out, n.ty.dtype, mem);
             Ok(())
         }
-        Kernel::Native { args, out, .. } => run(&n.op, n.ty.dtype, args, out, mem),
+        Kernel::Native { args, out, .. } => run(&n.op, n.ty.dtype, args, out, mem, env),
         Kernel::Loop(_) | Kernel::Softmax { .. } => {
             Err(format!("{} is a generated kernel", n.op.name()))
         }
@@ -24,8 +30,139 @@ pub fn call(k: &Kernel, g: &Graph, mem: &Mem) -> Result<(), String> {
 }
 
 /// Runs native kernel `op` (the node's type `dtype`, `shape`) over `args` into `out`.
-pub fn run(op: &Op, dtype: DType, args: &[View], out: &View, mem: &Mem) -> Result<(), String> {
+pub fn run(
+    op: &Op,
+    dtype: DType,
+    args: &[View],
+    out: &View,
+    mem: &Mem,
+    env: &OpEnv,
+) -> Result<(), String> {
     match op {
+        Op::RandomUniform { stream } | Op::RandomNormal { stream } => {
+            let s = Stream::new(env.seed, *stream);
+            let n = out.len();
+            // shard k draws the elements one shard would draw for its part of the
+            // global batch (as the interpreter does)
+            let (first, step) = ((env.shard * n) as u64, env.step as u64);
+            let o = mem.f32s_mut(out);
+            if matches!(op, Op::RandomNormal { .. }) {
+                for (i, v) in o.iter_mut().enumerate() {
+                    *v = s.normal(first + i as u64, step);
+                }
+            } else {
+                o.copy_from_slice(&s.uniforms(first, n, step));
+            }
+            round(o, dtype);
+        }
+        Op::Conv2d(c) => {
+            let (x, w, cols) = (&args[0], &args[1], &args[2]);
+            let ws = &w.shape;
+            let g = Geo::new(
+                &x.shape,
+                &out.shape,
+                [ws[0], ws[1]],
+                c.strides,
+                c.dilation,
+                c.padding,
+            );
+            g.im2col(mem.f32s(x), mem.f32s_mut(cols));
+            let (m, k, n) = (g.pixels(), g.cols(), ws[3]);
+            // out[pixels, o] = cols[pixels, k] · w[k, o]
+            sgemm(
+                mem,
+                (m, k, n),
+                (cols.buf, 0, k, 1),
+                (w.buf, 0, n, 1),
+                (out.buf, 0, n, 1),
+            );
+            round(mem.f32s_mut(out), dtype);
+        }
+        Op::Conv2dBackpropInput(c) => {
+            let (dy, w, cols) = (&args[0], &args[1], &args[2]);
+            let ws = &w.shape;
+            let g = Geo::new(
+                &out.shape,
+                &dy.shape,
+                [ws[0], ws[1]],
+                c.strides,
+                c.dilation,
+                c.padding,
+            );
+            let (m, k, n) = (g.pixels(), ws[3], g.cols());
+            // dcols[pixels, k] = dy[pixels, o] · wᵀ[o, k]
+            sgemm(
+                mem,
+                (m, k, n),
+                (dy.buf, 0, k, 1),
+                (w.buf, 0, 1, k),
+                (cols.buf, 0, n, 1),
+            );
+            g.col2im(mem.f32s(cols), mem.f32s_mut(out));
+            round(mem.f32s_mut(out), dtype);
+        }
+        Op::Conv2dBackpropFilter(c) => {
+            let (x, dy, cols) = (&args[0], &args[1], &args[2]);
+            let os = &out.shape;
+            let g = Geo::new(
+                &x.shape,
+                &dy.shape,
+                [os[0], os[1]],
+                c.strides,
+                c.dilation,
+                c.padding,
+            );
+            g.im2col(mem.f32s(x), mem.f32s_mut(cols));
+            let (m, k, n) = (g.cols(), g.pixels(), os[3]);
+            // dw[k, o] = colsᵀ[k, pixels] · dy[pixels, o]
+            sgemm(
+                mem,
+                (m, k, n),
+                (cols.buf, 0, 1, m),
+                (dy.buf, 0, n, 1),
+                (out.buf, 0, n, 1),
+            );
+            round(mem.f32s_mut(out), dtype);
+        }
+        Op::MaxPool2d(p) | Op::AvgPool2d(p) => {
+            let g = Geo::new(
+                &args[0].shape,
+                &out.shape,
+                p.window,
+                p.strides,
+                [1, 1],
+                p.padding,
+            );
+            let (x, o) = (mem.f32s(&args[0]), mem.f32s_mut(out));
+            if matches!(op, Op::MaxPool2d(_)) {
+                g.max_pool(x, o, None);
+            } else {
+                g.avg_pool(x, o);
+            }
+            round(o, dtype);
+        }
+        Op::MaxPool2dGrad(p) => {
+            let (x, dy) = (&args[0], &args[1]);
+            let g = Geo::new(&x.shape, &dy.shape, p.window, p.strides, [1, 1], p.padding);
+            let mut pooled = vec![0f32; dy.len()];
+            let dx = mem.f32s_mut(out);
+            g.max_pool(mem.f32s(x), &mut pooled, Some((mem.f32s(dy), &mut *dx)));
+            round(dx, dtype);
+        }
+        Op::AvgPool2dGrad(p) => {
+            let dy = &args[0];
+            let g = Geo::new(
+                &out.shape,
+                &dy.shape,
+                p.window,
+                p.strides,
+                [1, 1],
+                p.padding,
+            );
+            let dx = mem.f32s_mut(out);
+            g.avg_pool_grad(mem.f32s(dy), dx);
+            round(dx, dtype);
+        }
         Op::CheckIndices { depth } => {
             let x = mem.ints(&args[0]);
             let row: usize = args[0].shape.iter().skip(1).product();
@@ -229,5 +366,37 @@ fn round(v: &mut [f32], dtype: DType) {
         for x in v {
             *x = crate::tensor::round_float(dtype, *x);
         }
+    }
+}
+
+/// A matrix operand of `sgemm`: its buffer, the offset of its first element, and its
+/// row and column strides (in elements).
+type Operand = (usize, usize, usize, usize);
+
+/// `c = a · b` for f32 matrices of `(m, k, n)` in the buffers of `mem`.
+fn sgemm(mem: &Mem, (m, k, n): (usize, usize, usize), a: Operand, b: Operand, c: Operand) {
+    let at = |(buf, off, ..): Operand| {
+        // SAFETY: lowering sized the buffer to hold the matrix at this offset.
+        unsafe { (mem.ptr(buf) as *mut f32).add(off) }
+    };
+    // SAFETY: the three matrices lie within their buffers, and c is disjoint from a and b
+    // (a kernel's output and scratch buffers are its own).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            at(a),
+            a.2 as isize,
+            a.3 as isize,
+            at(b),
+            b.2 as isize,
+            b.3 as isize,
+            0.0,
+            at(c),
+            c.2 as isize,
+            c.3 as isize,
+        );
     }
 }

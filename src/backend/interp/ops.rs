@@ -1,11 +1,12 @@
 //! The interpreter's kernels: one function per op, written for clarity, with ndarray's
 //! matrix product (matrixmultiply's GEMM) under matmul and convolution (im2col).
 
+use crate::backend::window::Geo;
 use crate::ir::float;
-use crate::ir::{BinaryOp, Conv, DType, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp};
+use crate::ir::{BinaryOp, Conv, DType, Op, Pool, ReduceOp, TensorType, UnaryOp};
 use crate::rng::Stream;
 use crate::tensor::{Arr, Data, Tensor};
-use ndarray::{Array2, ArrayView2, Axis, IxDyn, Slice, Zip};
+use ndarray::{Array2, Axis, IxDyn, Slice, Zip};
 
 /// What the kernels need besides operands: the global step, the run seed and the shard.
 #[derive(Debug, Clone, Copy)]
@@ -96,7 +97,7 @@ pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
                 Arr::from_shape_vec(dyn_shape(ty), v).expect("shape"),
             ))
         }
-        Op::DecodeRaw => decode_raw(args[0], ty),
+        Op::DecodeRaw => crate::tensor::decode_raw(args[0], ty),
         Op::Input { .. } | Op::Variable { .. } => {
             Err(format!("{} has no value (not fed)", op.name()))
         }
@@ -636,138 +637,6 @@ fn softmax(a: &Tensor, axis: usize, log: bool) -> Tensor {
     Tensor::float(a.dtype, r.into_shared())
 }
 
-fn decode_raw(a: &Tensor, ty: &TensorType) -> R {
-    let n = *ty.shape.last().unwrap_or(&1);
-    let size = crate::tensor::dtype_size(ty.dtype).ok_or("decode_raw to bytes")?;
-    let mut flat = Vec::new();
-    for (i, s) in a.s().iter().enumerate() {
-        if s.len() != n * size {
-            return Err(format!(
-                "decode_raw: record {i} has {} bytes, but {n} values of {} need {}",
-                s.len(),
-                ty.dtype,
-                n * size
-            ));
-        }
-        flat.extend_from_slice(s);
-    }
-    Tensor::from_le_bytes(ty, &flat).ok_or_else(|| "decode_raw: wrong byte count".into())
-}
-
-/// The geometry of a 2-D window op over NHWC data.
-struct Geo {
-    n: usize,
-    h: usize,
-    w: usize,
-    c: usize,
-    oh: usize,
-    ow: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    dh: usize,
-    dw: usize,
-    pt: usize,
-    pl: usize,
-}
-
-impl Geo {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        x: &[usize],
-        out: &[usize],
-        k: [usize; 2],
-        s: [usize; 2],
-        d: [usize; 2],
-        padding: Padding,
-    ) -> Geo {
-        let pad = |len: usize, o: usize, k: usize, s: usize, d: usize| match padding {
-            Padding::Valid => 0,
-            Padding::Same => {
-                let eff = (k - 1) * d + 1;
-                (o.saturating_sub(1) * s + eff).saturating_sub(len) / 2
-            }
-        };
-        Geo {
-            n: x[0],
-            h: x[1],
-            w: x[2],
-            c: x[3],
-            oh: out[1],
-            ow: out[2],
-            kh: k[0],
-            kw: k[1],
-            sh: s[0],
-            sw: s[1],
-            dh: d[0],
-            dw: d[1],
-            pt: pad(x[1], out[1], k[0], s[0], d[0]),
-            pl: pad(x[2], out[2], k[1], s[1], d[1]),
-        }
-    }
-
-    /// Calls `f` for every output pixel (its index in N, OH, OW order) with the taps of
-    /// its window that fall inside the input, as (tap index `ki * kw + kj`, input pixel
-    /// index in N, H, W order). Every window op walks its windows with this.
-    fn windows(&self, mut f: impl FnMut(usize, &[(usize, usize)])) {
-        let mut taps = Vec::with_capacity(self.kh * self.kw);
-        for b in 0..self.n {
-            for oi in 0..self.oh {
-                for oj in 0..self.ow {
-                    taps.clear();
-                    for ki in 0..self.kh {
-                        for kj in 0..self.kw {
-                            let i = (oi * self.sh + ki * self.dh).checked_sub(self.pt);
-                            let j = (oj * self.sw + kj * self.dw).checked_sub(self.pl);
-                            if let (Some(i), Some(j)) = (i, j) {
-                                if i < self.h && j < self.w {
-                                    taps.push((ki * self.kw + kj, (b * self.h + i) * self.w + j));
-                                }
-                            }
-                        }
-                    }
-                    f((b * self.oh + oi) * self.ow + oj, &taps);
-                }
-            }
-        }
-    }
-}
-
-/// The patches of `x` as rows: [n*oh*ow, kh*kw*c].
-fn im2col(x: &[f32], g: &Geo) -> Array2<f32> {
-    let (c, cols) = (g.c, g.kh * g.kw * g.c);
-    let mut m = Array2::<f32>::zeros((g.n * g.oh * g.ow, cols));
-    let ms = m.as_slice_mut().expect("contiguous");
-    g.windows(|p, taps| {
-        for &(k, x_at) in taps {
-            let dst = p * cols + k * c;
-            ms[dst..dst + c].copy_from_slice(&x[x_at * c..(x_at + 1) * c]);
-        }
-    });
-    m
-}
-
-/// The adjoint of `im2col`: patch rows added back into an NHWC array.
-fn col2im(m: ArrayView2<f32>, g: &Geo) -> Vec<f32> {
-    let (c, cols) = (g.c, g.kh * g.kw * g.c);
-    let mut x = vec![0f32; g.n * g.h * g.w * c];
-    let m = m.as_standard_layout();
-    let ms = m.as_slice().expect("contiguous");
-    g.windows(|p, taps| {
-        for &(k, x_at) in taps {
-            let src = p * cols + k * c;
-            for (o, &v) in x[x_at * c..(x_at + 1) * c]
-                .iter_mut()
-                .zip(&ms[src..src + c])
-            {
-                *o += v;
-            }
-        }
-    });
-    x
-}
-
 fn contiguous(a: &Arr<f32>) -> std::borrow::Cow<'_, [f32]> {
     match a.as_slice() {
         Some(s) => std::borrow::Cow::Borrowed(s),
@@ -782,6 +651,13 @@ fn filter2(w: &Tensor) -> Array2<f32> {
     Array2::from_shape_vec((rows, s[3]), v).expect("shape")
 }
 
+fn float_out(ty: &TensorType, v: Vec<f32>) -> Tensor {
+    Tensor::float(
+        ty.dtype,
+        Arr::from_shape_vec(dyn_shape(ty), v).expect("shape"),
+    )
+}
+
 fn conv2d(x: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
     let ws = w.shape();
     let g = Geo::new(
@@ -792,7 +668,8 @@ fn conv2d(x: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
         c.dilation,
         c.padding,
     );
-    let cols = im2col(&contiguous(x.f()), &g);
+    let mut cols = Array2::<f32>::zeros((g.pixels(), g.cols()));
+    g.im2col(&contiguous(x.f()), cols.as_slice_mut().expect("contiguous"));
     let out = cols.dot(&filter2(w));
     Tensor::float(
         ty.dtype,
@@ -813,14 +690,13 @@ fn conv2d_backprop_input(dy: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> 
         c.padding,
     );
     let o = ws[3];
-    let dy2 = Array2::from_shape_vec((g.n * g.oh * g.ow, o), contiguous(dy.f()).into_owned())
-        .expect("shape");
+    let dy2 =
+        Array2::from_shape_vec((g.pixels(), o), contiguous(dy.f()).into_owned()).expect("shape");
     let dcols = dy2.dot(&filter2(w).t());
-    let dx = col2im(dcols.view(), &g);
-    Tensor::float(
-        ty.dtype,
-        Arr::from_shape_vec(dyn_shape(ty), dx).expect("shape"),
-    )
+    let dcols = dcols.as_standard_layout();
+    let mut dx = vec![0f32; g.input_len()];
+    g.col2im(dcols.as_slice().expect("contiguous"), &mut dx);
+    float_out(ty, dx)
 }
 
 fn conv2d_backprop_filter(x: &Tensor, dy: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
@@ -833,9 +709,10 @@ fn conv2d_backprop_filter(x: &Tensor, dy: &Tensor, c: &Conv, ty: &TensorType) ->
         c.padding,
     );
     let o = ty.shape[3];
-    let cols = im2col(&contiguous(x.f()), &g);
-    let dy2 = Array2::from_shape_vec((g.n * g.oh * g.ow, o), contiguous(dy.f()).into_owned())
-        .expect("shape");
+    let mut cols = Array2::<f32>::zeros((g.pixels(), g.cols()));
+    g.im2col(&contiguous(x.f()), cols.as_slice_mut().expect("contiguous"));
+    let dy2 =
+        Array2::from_shape_vec((g.pixels(), o), contiguous(dy.f()).into_owned()).expect("shape");
     let dw = cols.t().dot(&dy2);
     Tensor::float(
         ty.dtype,
@@ -863,64 +740,27 @@ fn max_pool(x: &Tensor, dy: Option<&Tensor>, p: &Pool, ty: &TensorType) -> Tenso
         p.padding,
     );
     let xs = contiguous(x.f());
-    let c = g.c;
-    let mut out = vec![f32::NEG_INFINITY; g.n * g.oh * g.ow * c];
-    let mut arg = vec![usize::MAX; out.len()];
-    g.windows(|p, taps| {
-        let o = p * c;
-        for &(_, x_at) in taps {
-            let src = x_at * c;
-            for ch in 0..c {
-                let v = xs[src + ch];
-                if arg[o + ch] == usize::MAX || float::beats(v, out[o + ch], true) {
-                    out[o + ch] = v;
-                    arg[o + ch] = src + ch;
-                }
-            }
+    let mut out = vec![0f32; g.pixels() * g.c];
+    match dy {
+        None => {
+            g.max_pool(&xs, &mut out, None);
+            float_out(ty, out)
         }
-    });
-    let v = match dy {
-        None => out,
         Some(d) => {
-            let ds = contiguous(d.f());
             let mut dx = vec![0f32; xs.len()];
-            for (k, &a) in arg.iter().enumerate() {
-                if a != usize::MAX {
-                    dx[a] += ds[k];
-                }
-            }
-            dx
+            g.max_pool(&xs, &mut out, Some((&contiguous(d.f()), &mut dx)));
+            float_out(ty, dx)
         }
-    };
-    Tensor::float(
-        ty.dtype,
-        Arr::from_shape_vec(dyn_shape(ty), v).expect("shape"),
-    )
+    }
 }
 
 /// Average pooling over the window positions inside the input (padding is not counted,
 /// as in TensorFlow).
 fn avg_pool(x: &Tensor, p: &Pool, ty: &TensorType) -> Tensor {
     let g = Geo::new(x.shape(), &ty.shape, p.window, p.strides, [1, 1], p.padding);
-    let xs = contiguous(x.f());
-    let c = g.c;
-    let mut out = vec![0f32; g.n * g.oh * g.ow * c];
-    g.windows(|p, taps| {
-        let o = &mut out[p * c..(p + 1) * c];
-        for &(_, x_at) in taps {
-            for (v, &x) in o.iter_mut().zip(&xs[x_at * c..(x_at + 1) * c]) {
-                *v += x;
-            }
-        }
-        let inv = 1.0 / taps.len().max(1) as f32;
-        for v in o {
-            *v *= inv;
-        }
-    });
-    Tensor::float(
-        ty.dtype,
-        Arr::from_shape_vec(dyn_shape(ty), out).expect("shape"),
-    )
+    let mut out = vec![0f32; g.pixels() * g.c];
+    g.avg_pool(&contiguous(x.f()), &mut out);
+    float_out(ty, out)
 }
 
 fn avg_pool_grad(dy: &Tensor, p: &Pool, ty: &TensorType) -> Tensor {
@@ -932,20 +772,7 @@ fn avg_pool_grad(dy: &Tensor, p: &Pool, ty: &TensorType) -> Tensor {
         [1, 1],
         p.padding,
     );
-    let ds = contiguous(dy.f());
-    let c = g.c;
-    let mut dx = vec![0f32; g.n * g.h * g.w * c];
-    g.windows(|p, taps| {
-        let inv = 1.0 / taps.len().max(1) as f32;
-        let d = &ds[p * c..(p + 1) * c];
-        for &(_, x_at) in taps {
-            for (o, &v) in dx[x_at * c..(x_at + 1) * c].iter_mut().zip(d) {
-                *o += v * inv;
-            }
-        }
-    });
-    Tensor::float(
-        ty.dtype,
-        Arr::from_shape_vec(dyn_shape(ty), dx).expect("shape"),
-    )
+    let mut dx = vec![0f32; g.input_len()];
+    g.avg_pool_grad(&contiguous(dy.f()), &mut dx);
+    float_out(ty, dx)
 }
