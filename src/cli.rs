@@ -182,8 +182,9 @@ struct RunArgs {
     /// The estimator to run (needed when the program has several).
     #[arg(long)]
     estimator: Option<String>,
-    /// Where to run: the reference interpreter.
-    #[arg(long, value_enum, default_value_t = RunTarget::Interp)]
+    /// Where to run: native code for this CPU through LLVM (the default when estc is
+    /// built with the `llvm` feature), the reference interpreter, or the wafer.
+    #[arg(long, value_enum, default_value_t = RunTarget::default())]
     target: RunTarget,
     /// Overrides the estimator's model_dir.
     #[arg(long)]
@@ -210,6 +211,15 @@ enum RunTarget {
     Interp,
     Host,
     Wafer,
+}
+
+impl Default for RunTarget {
+    fn default() -> RunTarget {
+        match Target::run_default() {
+            Target::Host => RunTarget::Host,
+            _ => RunTarget::Interp,
+        }
+    }
 }
 
 #[derive(Parser)]

@@ -98,9 +98,20 @@ fn fixed_seed_training_is_deterministic() {
 
 /// Kills `estc train` with SIGKILL at several points (and once inside a checkpoint
 /// write), restarts it each time, and compares the final weights with an
-/// uninterrupted run's: identical bytes.
+/// uninterrupted run's: identical bytes. On the interpreter and on the host.
 #[test]
 fn resume_after_sigkill_is_bit_identical() {
+    let targets: &[&str] = if cfg!(feature = "llvm") {
+        &["interp", "host"]
+    } else {
+        &["interp"]
+    };
+    for target in targets {
+        resume_after_sigkill_on(target);
+    }
+}
+
+fn resume_after_sigkill_on(target: &str) {
     let bin = env!("CARGO_BIN_EXE_estc");
     let file = root().join("examples/digits_mlp.est");
     let train = |dir: &Path, fault: Option<&str>| {
@@ -110,6 +121,8 @@ fn resume_after_sigkill_is_bit_identical() {
             file.to_str().unwrap(),
             "--max-steps",
             "400",
+            "--target",
+            target,
             "--model-dir",
             dir.to_str().unwrap(),
         ])
@@ -126,11 +139,11 @@ fn resume_after_sigkill_is_bit_identical() {
         }
         c
     };
-    let whole = tmp("resume-whole");
+    let whole = tmp(&format!("resume-whole-{target}"));
     assert!(train(&whole, None).status().unwrap().success());
     let want = std::fs::read(checkpoint::tensors_path(&whole, 400)).unwrap();
 
-    let dir = tmp("resume-killed");
+    let dir = tmp(&format!("resume-killed-{target}"));
     // a crash in the middle of writing the checkpoint of step 100
     let st = train(&dir, Some("checkpoint-write:100")).status().unwrap();
     assert!(!st.success(), "the fault aborts the process");
@@ -150,7 +163,7 @@ fn resume_after_sigkill_is_bit_identical() {
     let got = std::fs::read(checkpoint::tensors_path(&dir, 400)).unwrap();
     assert!(
         got == want,
-        "resumed weights differ from the uninterrupted run's"
+        "{target}: resumed weights differ from the uninterrupted run's"
     );
 }
 

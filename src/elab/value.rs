@@ -46,6 +46,16 @@ pub enum Target {
 }
 
 impl Target {
+    /// Where `train`, `eval`, `predict` and `perf-input` run when no target is named:
+    /// the host when this build has it (the `llvm` feature), else the interpreter.
+    pub const fn run_default() -> Target {
+        if cfg!(feature = "llvm") {
+            Target::Host
+        } else {
+            Target::Interp
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Target::Host => "host",

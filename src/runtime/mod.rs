@@ -79,7 +79,7 @@ impl Default for RunOptions {
     fn default() -> RunOptions {
         RunOptions {
             estimator: None,
-            target: Target::Interp,
+            target: Target::run_default(),
             config: Vec::new(),
             model_dir: None,
             data_dir: None,
