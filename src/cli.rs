@@ -189,6 +189,10 @@ struct RunArgs {
     /// Overrides the estimator's model_dir.
     #[arg(long)]
     model_dir: Option<PathBuf>,
+    /// The threads a step runs on (host target; default: EST_NUM_THREADS, else every
+    /// core). Results are the same bits at any thread count.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
     /// Steps to add to the global step (train), or batches to run (eval, predict).
     #[arg(long, conflicts_with = "max_steps")]
     steps: Option<u64>,

@@ -126,7 +126,8 @@ impl Case {
         let nodes: Vec<NodeIndex> = targets.iter().map(|t| t.0).collect();
         // an op's failure (an integer division by zero) must be the same failure
         let run = |target: Target| -> Result<Vec<Tensor>, String> {
-            let mut d = backend::open(target, SPAN).expect("a device");
+            // two threads, so that the kernels that split over threads do
+            let mut d = backend::open(target, SPAN, 2).expect("a device");
             let exe = d
                 .compile_run(Arc::new(self.g.clone()), nodes.clone(), SPAN)
                 .unwrap_or_else(|e| panic!("{}: {}", target.name(), e.message));

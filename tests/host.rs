@@ -223,6 +223,45 @@ fn every_example_runs_on_host_like_the_interpreter() {
     }
 }
 
+/// Host training gives the same bits at any thread count: every split over threads
+/// gives each output element to one task, which computes it whole (checked on the
+/// examples whose kernels are large enough to split: convolutions, GEMMs, pooling).
+#[cfg(feature = "llvm")]
+#[test]
+fn host_training_is_the_same_bits_at_any_thread_count() {
+    let data = tmp("threads-data");
+    mnist_data(&data, 64);
+    for file in ["examples/mnist_cnn.est", "examples/fc_mnist.est"] {
+        let run = |threads: usize| {
+            let mut p = Program::load(&root().join(file)).unwrap();
+            p.add_override("batch_size", "16", "test");
+            let opts = RunOptions {
+                target: Target::Host,
+                model_dir: Some(tmp(&format!("threads-{threads}"))),
+                data_dir: Some(data.clone()),
+                threads: Some(threads),
+                ..Default::default()
+            };
+            let mut e = Estimator::new(&p, &opts).unwrap();
+            e.train(Steps::Max(6)).unwrap();
+            let mut v: Vec<(String, Vec<f64>)> = e
+                .variables()
+                .into_iter()
+                .map(|(k, t)| (k, t.to_f64()))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            assert!(
+                run(threads) == one,
+                "{file}: {threads} threads differ from 1"
+            );
+        }
+    }
+}
+
 /// digits_mlp trained on host to its last step reaches the accuracy of the main job.
 #[cfg(feature = "llvm")]
 #[test]

@@ -28,6 +28,7 @@
 #[cfg(feature = "llvm")]
 pub mod host;
 pub mod interp;
+pub mod pool;
 pub mod window;
 
 use crate::diag::{Code, Diag};
@@ -152,11 +153,14 @@ pub trait Device: Send {
 }
 
 /// A device for `target`; E0908 for a target that cannot run programs in this build.
-pub fn open(target: Target, at: Span) -> Result<Box<dyn Device>, Diag> {
+/// A device for `target`; the host runs its kernels on `threads` threads (the
+/// interpreter, the reference, on one).
+pub fn open(target: Target, at: Span, threads: usize) -> Result<Box<dyn Device>, Diag> {
+    let _ = threads;
     match target {
         Target::Interp => Ok(Box::new(interp::Device::default())),
         #[cfg(feature = "llvm")]
-        Target::Host => Ok(Box::new(host::Device::new(at)?)),
+        Target::Host => Ok(Box::new(host::Device::new(at, threads)?)),
         #[cfg(not(feature = "llvm"))]
         Target::Host => Err(Diag::new(
             Code::NoRuntime,

@@ -27,6 +27,7 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
         data_dir: None,
         cache_dir: None,
         memory_limit: a.program.memory_limit,
+        threads: a.threads.map(usize::from),
     };
     let json = a.out.message_format == MessageFormat::Json;
     let mut est = match Estimator::new(&program, &opts) {

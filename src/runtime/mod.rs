@@ -73,6 +73,9 @@ pub struct RunOptions {
     pub cache_dir: Option<PathBuf>,
     /// The memory a run may need (see `CheckOptions::memory_limit`).
     pub memory_limit: Option<u64>,
+    /// The threads a step runs on (the host target): `None` is `EST_NUM_THREADS`,
+    /// else every core.
+    pub threads: Option<usize>,
 }
 
 impl Default for RunOptions {
@@ -85,6 +88,7 @@ impl Default for RunOptions {
             data_dir: None,
             cache_dir: None,
             memory_limit: None,
+            threads: None,
         }
     }
 }
@@ -162,6 +166,7 @@ pub struct Estimator {
     /// The checked graphs, shared so that a run borrows them without copying.
     graphs: Vec<Arc<Compiled>>,
     target: Target,
+    threads: usize,
     /// The device running this estimator's graphs; it holds the variables.
     dev: Option<Dev>,
     step: i64,
@@ -304,6 +309,7 @@ impl Estimator {
             program_hash: format!("{h:016x}"),
             graphs,
             target: opts.target,
+            threads: opts.threads.unwrap_or_else(backend::pool::default_threads),
             dev: None,
             step: 0,
             input_position: 0,
@@ -384,7 +390,7 @@ impl Estimator {
     /// this build cannot run).
     fn dev(&mut self) -> Res<&mut Dev> {
         if self.dev.is_none() {
-            let device = backend::open(self.target, self.info.span)?;
+            let device = backend::open(self.target, self.info.span, self.threads)?;
             self.dev = Some(Dev {
                 device,
                 train: None,

@@ -43,9 +43,11 @@ pub struct Mem {
     elems: Vec<Elem>,
 }
 
-// SAFETY: Mem is a table of addresses into storage that outlives it; kernels are run
-// by one thread at a time per executable.
+// SAFETY: Mem is a table of addresses into storage that outlives it. The tasks of one
+// kernel run on several threads at once, and each writes only its own part of the
+// kernel's output (`f32s_part`), while the operands they share are only read.
 unsafe impl Send for Mem {}
+unsafe impl Sync for Mem {}
 
 impl Mem {
     pub fn new(ptrs: Vec<*mut u8>, elems: Vec<Elem>) -> Mem {
@@ -105,6 +107,20 @@ impl Mem {
         let b = self.bytes_mut(v);
         // SAFETY: as f32s.
         unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len() / 4) }
+    }
+
+    /// Elements `lo..hi` of a contiguous f32 view: the part of one task of a split
+    /// kernel, which no other task reads or writes.
+    #[allow(clippy::mut_from_ref)]
+    pub fn f32s_part(&self, v: &View, lo: usize, hi: usize) -> &mut [f32] {
+        debug_assert!(lo <= hi && hi <= v.len());
+        // SAFETY: within the view (hi <= its length), which lies within its buffer.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                (self.ptrs[v.buf] as *mut f32).add(v.offset as usize + lo),
+                hi - lo,
+            )
+        }
     }
 
     pub fn put_f32s(&self, v: &View, x: &[f32]) {

@@ -19,6 +19,7 @@ mod mem;
 mod native;
 
 use crate::backend::interp::OpEnv;
+use crate::backend::pool::{part, Pool};
 use crate::backend::{
     self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
 };
@@ -31,6 +32,7 @@ use jit::Machine;
 use lower::{Bufs, Elem, Kernel, Role, View};
 use mem::{Mem, Storage};
 use rustc_hash::FxHashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 /// A resident variable.
@@ -53,6 +55,7 @@ impl Var {
 /// The host device.
 pub struct Device {
     machine: Machine,
+    pool: Pool,
     vars: FxHashMap<String, Var>,
     train: Vec<Train>,
     runs: Vec<Run>,
@@ -80,12 +83,14 @@ struct Compiled {
 
 /// One kernel ready to run.
 enum Step {
-    /// A generated kernel: its function, its buffers, the extent of its outer loop.
+    /// A generated kernel: its function, its buffers, the extent of its outer loop,
+    /// and whether that loop may be split over threads.
     Gen {
         node: NodeIndex,
         f: KernelPtr,
         bufs: Vec<usize>,
         outer: i64,
+        split: bool,
     },
     /// A native kernel (a GEMM, index work).
     Call(Kernel),
@@ -110,7 +115,8 @@ struct Run {
 }
 
 impl Device {
-    pub fn new(at: Span) -> Result<Device, Diag> {
+    /// A host device running its kernels on `threads` threads.
+    pub fn new(at: Span, threads: usize) -> Result<Device, Diag> {
         let machine = Machine::host().map_err(|m| {
             Diag::new(
                 Code::HostCompile,
@@ -122,6 +128,7 @@ impl Device {
         })?;
         Ok(Device {
             machine,
+            pool: Pool::new(threads),
             vars: FxHashMap::default(),
             train: Vec::new(),
             runs: Vec::new(),
@@ -196,6 +203,7 @@ impl Device {
                         Step::Gen {
                             node: k.node(),
                             outer: k.outer(graph) as i64,
+                            split: splits(&k, graph),
                             f: ptr,
                             bufs: f.bufs,
                         }
@@ -267,7 +275,36 @@ impl Device {
 }
 
 /// Runs steps; an op's failure is a `RunError` naming it.
-fn run_steps(g: &Graph, steps: &[Step], mem: &Mem, env: &OpEnv) -> Result<(), RunError> {
+/// Whether a generated kernel's outer loop may be split over threads: every iteration
+/// of it writes its own outputs (so the split changes no result), and it has enough
+/// work to pay for a dispatch.
+fn splits(k: &Kernel, g: &Graph) -> bool {
+    let work = match k {
+        Kernel::Loop(l) => match &g.node(l.root).op {
+            Op::Reduce { axes, .. } if !l.is_copy() => {
+                let x = &g.node(g.operands(l.root)[0]).ty.shape;
+                // a trailing reduction loops over the kept axes; any other one
+                // accumulates into its whole output from every iteration
+                if !lower::reduces_trailing(x.len(), axes) || axes.len() == x.len() {
+                    return false;
+                }
+                x.iter().product()
+            }
+            _ => l.out.len(),
+        },
+        Kernel::Softmax { x, .. } => x.len(),
+        Kernel::MatMul { .. } | Kernel::Native { .. } => return false,
+    };
+    work >= 1 << 15 && k.outer(g) > 1
+}
+
+fn run_steps(
+    g: &Graph,
+    steps: &[Step],
+    mem: &Mem,
+    env: &OpEnv,
+    pool: &Pool,
+) -> Result<(), RunError> {
     let fail = |n: NodeIndex, message: String| {
         let node = g.node(n);
         RunError {
@@ -283,16 +320,31 @@ fn run_steps(g: &Graph, steps: &[Step], mem: &Mem, env: &OpEnv) -> Result<(), Ru
                 f,
                 bufs,
                 outer,
+                split,
             } => {
                 let table = mem.table(bufs);
-                // SAFETY: the kernel reads and writes only the buffers of its table,
-                // within the views lowering gave it.
-                let status = unsafe { f(table.as_ptr(), 0, *outer) };
-                if status != 0 {
+                let parts = if *split {
+                    pool.threads().min(*outer as usize)
+                } else {
+                    1
+                };
+                let status = AtomicI64::new(0);
+                let at = table.as_ptr() as usize;
+                pool.run(parts, &|i| {
+                    let (lo, hi) = part(*outer as usize, parts, i);
+                    // SAFETY: the kernel reads and writes only the buffers of its
+                    // table, within the views lowering gave it; the parts of a split
+                    // write disjoint outputs.
+                    let s = unsafe { f(at as *const *mut u8, lo as i64, hi as i64) };
+                    if s != 0 {
+                        status.store(s, Ordering::Relaxed);
+                    }
+                });
+                if status.load(Ordering::Relaxed) != 0 {
                     return Err(fail(*node, "integer division by zero".into()));
                 }
             }
-            Step::Call(k) => native::call(k, g, mem, env).map_err(|m| fail(k.node(), m))?,
+            Step::Call(k) => native::call(k, g, mem, env, pool).map_err(|m| fail(k.node(), m))?,
         }
     }
     Ok(())
@@ -457,7 +509,7 @@ impl backend::Device for Device {
                 seed: ctx.seed,
                 shard,
             };
-            run_steps(g, &t.a, &mem, &env).map_err(on)?;
+            run_steps(g, &t.a, &mem, &env, &self.pool).map_err(on)?;
             if n > 1 {
                 // the mean over shards of every float phase-A value, shard 0 first
                 for &target in &t.spec.a_targets {
@@ -485,7 +537,8 @@ impl backend::Device for Device {
             seed: ctx.seed,
             shard: 0,
         };
-        run_steps(g, &t.b, &mem, &env).map_err(|error| StepError::Run { shard: None, error })?;
+        run_steps(g, &t.b, &mem, &env, &self.pool)
+            .map_err(|error| StepError::Run { shard: None, error })?;
         t.spec.check_b(check)?;
         let scalar = |node: NodeIndex| mem.read(&t.views[&node], g.node(node).ty.dtype).scalar();
         let out = StepOut {
@@ -534,7 +587,7 @@ impl backend::Device for Device {
             seed: ctx.seed,
             shard,
         };
-        run_steps(g, &r.steps, &mem, &env)?;
+        run_steps(g, &r.steps, &mem, &env, &self.pool)?;
         Ok(r.targets
             .iter()
             .map(|(n, v)| mem.read(v, g.node(*n).ty.dtype))

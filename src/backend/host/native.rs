@@ -9,20 +9,21 @@
 use super::lower::{Elem, Kernel, View};
 use super::mem::Mem;
 use crate::backend::interp::OpEnv;
+use crate::backend::pool::{part, Pool};
 use crate::backend::window::Geo;
 use crate::ir::float;
 use crate::ir::{DType, Graph, Op};
 use crate::rng::Stream;
 
 /// Runs a kernel that is not generated: a GEMM or one of the ops below.
-pub fn call(k: &Kernel, g: &Graph, mem: &Mem, env: &OpEnv) -> Result<(), String> {
+pub fn call(k: &Kernel, g: &Graph, mem: &Mem, env: &OpEnv, pool: &Pool) -> Result<(), String> {
     let n = g.node(k.node());
     match k {
         Kernel::MatMul { a, b, out, .. } => {
-            matmul(a, b, out, n.ty.dtype, mem);
+            matmul(a, b, out, n.ty.dtype, mem, pool);
             Ok(())
         }
-        Kernel::Native { args, out, .. } => run(&n.op, n.ty.dtype, args, out, mem, env),
+        Kernel::Native { args, out, .. } => run(&n.op, n.ty.dtype, args, out, mem, env, pool),
         Kernel::Loop(_) | Kernel::Softmax { .. } => {
             Err(format!("{} is a generated kernel", n.op.name()))
         }
@@ -37,6 +38,7 @@ pub fn run(
     out: &View,
     mem: &Mem,
     env: &OpEnv,
+    pool: &Pool,
 ) -> Result<(), String> {
     match op {
         Op::RandomUniform { stream } | Op::RandomNormal { stream } => {
@@ -66,15 +68,16 @@ pub fn run(
                 c.dilation,
                 c.padding,
             );
-            g.im2col(mem.f32s(x), mem.f32s_mut(cols));
+            im2col(&g, mem, x, cols, pool);
             let (m, k, n) = (g.pixels(), g.cols(), ws[3]);
             // out[pixels, o] = cols[pixels, k] · w[k, o]
-            sgemm(
-                mem,
+            let a = Mat::of(mem, cols, k, 1);
+            gemm(
+                pool,
                 (m, k, n),
-                (cols.buf, 0, k, 1),
-                (w.buf, 0, n, 1),
-                (out.buf, 0, n, 1),
+                a,
+                Mat::of(mem, w, n, 1),
+                Mat::of(mem, out, n, 1),
             );
             round(mem.f32s_mut(out), dtype);
         }
@@ -91,14 +94,21 @@ pub fn run(
             );
             let (m, k, n) = (g.pixels(), ws[3], g.cols());
             // dcols[pixels, k] = dy[pixels, o] · wᵀ[o, k]
-            sgemm(
-                mem,
+            let b = Mat::of(mem, w, 1, k);
+            gemm(
+                pool,
                 (m, k, n),
-                (dy.buf, 0, k, 1),
-                (w.buf, 0, 1, k),
-                (cols.buf, 0, n, 1),
+                Mat::of(mem, dy, k, 1),
+                b,
+                Mat::of(mem, cols, n, 1),
             );
-            g.col2im(mem.f32s(cols), mem.f32s_mut(out));
+            by_images(pool, &g, |sub, lo, hi| {
+                let (xl, cl) = (g.h * g.w * g.c, g.oh * g.ow * g.cols());
+                sub.col2im(
+                    &mem.f32s(cols)[lo * cl..hi * cl],
+                    mem.f32s_part(out, lo * xl, hi * xl),
+                );
+            });
             round(mem.f32s_mut(out), dtype);
         }
         Op::Conv2dBackpropFilter(c) => {
@@ -112,42 +122,46 @@ pub fn run(
                 c.dilation,
                 c.padding,
             );
-            g.im2col(mem.f32s(x), mem.f32s_mut(cols));
+            im2col(&g, mem, x, cols, pool);
             let (m, k, n) = (g.cols(), g.pixels(), os[3]);
             // dw[k, o] = colsᵀ[k, pixels] · dy[pixels, o]
-            sgemm(
-                mem,
+            let a = Mat::of(mem, cols, 1, m);
+            gemm(
+                pool,
                 (m, k, n),
-                (cols.buf, 0, 1, m),
-                (dy.buf, 0, n, 1),
-                (out.buf, 0, n, 1),
+                a,
+                Mat::of(mem, dy, n, 1),
+                Mat::of(mem, out, n, 1),
             );
             round(mem.f32s_mut(out), dtype);
         }
         Op::MaxPool2d(p) | Op::AvgPool2d(p) => {
-            let g = Geo::new(
-                &args[0].shape,
-                &out.shape,
-                p.window,
-                p.strides,
-                [1, 1],
-                p.padding,
-            );
-            let (x, o) = (mem.f32s(&args[0]), mem.f32s_mut(out));
-            if matches!(op, Op::MaxPool2d(_)) {
-                g.max_pool(x, o, None);
-            } else {
-                g.avg_pool(x, o);
-            }
-            round(o, dtype);
+            let x = &args[0];
+            let g = Geo::new(&x.shape, &out.shape, p.window, p.strides, [1, 1], p.padding);
+            let max = matches!(op, Op::MaxPool2d(_));
+            by_images(pool, &g, |sub, lo, hi| {
+                let (xl, ol) = (g.h * g.w * g.c, g.oh * g.ow * g.c);
+                let xs = &mem.f32s(x)[lo * xl..hi * xl];
+                let o = mem.f32s_part(out, lo * ol, hi * ol);
+                if max {
+                    sub.max_pool(xs, o, None);
+                } else {
+                    sub.avg_pool(xs, o);
+                }
+                round(o, dtype);
+            });
         }
         Op::MaxPool2dGrad(p) => {
             let (x, dy) = (&args[0], &args[1]);
             let g = Geo::new(&x.shape, &dy.shape, p.window, p.strides, [1, 1], p.padding);
-            let mut pooled = vec![0f32; dy.len()];
-            let dx = mem.f32s_mut(out);
-            g.max_pool(mem.f32s(x), &mut pooled, Some((mem.f32s(dy), &mut *dx)));
-            round(dx, dtype);
+            by_images(pool, &g, |sub, lo, hi| {
+                let (xl, ol) = (g.h * g.w * g.c, g.oh * g.ow * g.c);
+                let mut pooled = vec![0f32; (hi - lo) * ol];
+                let dx = mem.f32s_part(out, lo * xl, hi * xl);
+                let grad = (&mem.f32s(dy)[lo * ol..hi * ol], &mut *dx);
+                sub.max_pool(&mem.f32s(x)[lo * xl..hi * xl], &mut pooled, Some(grad));
+                round(dx, dtype);
+            });
         }
         Op::AvgPool2dGrad(p) => {
             let dy = &args[0];
@@ -159,9 +173,12 @@ pub fn run(
                 [1, 1],
                 p.padding,
             );
-            let dx = mem.f32s_mut(out);
-            g.avg_pool_grad(mem.f32s(dy), dx);
-            round(dx, dtype);
+            by_images(pool, &g, |sub, lo, hi| {
+                let (xl, ol) = (g.h * g.w * g.c, g.oh * g.ow * g.c);
+                let dx = mem.f32s_part(out, lo * xl, hi * xl);
+                sub.avg_pool_grad(&mem.f32s(dy)[lo * ol..hi * ol], dx);
+                round(dx, dtype);
+            });
         }
         Op::CheckIndices { depth } => {
             let x = mem.ints(&args[0]);
@@ -306,7 +323,7 @@ pub fn run(
 
 /// `out = a · b` in f32 over the last two axes of strided views, batched over the
 /// leading axes of `out` (an operand with fewer or size-1 leading axes is broadcast).
-pub fn matmul(a: &View, b: &View, out: &View, dtype: DType, mem: &Mem) {
+pub fn matmul(a: &View, b: &View, out: &View, dtype: DType, mem: &Mem, pool: &Pool) {
     let r = out.shape.len();
     let (m, n) = (out.shape[r - 2], out.shape[r - 1]);
     let ra = a.shape.len();
@@ -328,32 +345,48 @@ pub fn matmul(a: &View, b: &View, out: &View, dtype: DType, mem: &Mem) {
         }
         off
     };
-    let (pa, pb, pc) = (
-        mem.ptr(a.buf) as *const f32,
-        mem.ptr(b.buf) as *const f32,
-        mem.ptr(out.buf) as *mut f32,
-    );
-    for t in 0..batch {
-        // SAFETY: the views lie within their buffers (lowering made them), and out is a
-        // buffer of its own, disjoint from a and b.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
-                1.0,
-                pa.offset(offset(a, t) as isize),
-                a.strides[ra - 2] as isize,
-                a.strides[ra - 1] as isize,
-                pb.offset(offset(b, t) as isize),
-                b.strides[rb - 2] as isize,
-                b.strides[rb - 1] as isize,
-                0.0,
-                pc.add(t * m * n),
-                n as isize,
-                1,
-            );
-        }
+    let at = |v: &View, t: usize, rs: i64, cs: i64| Mat {
+        // SAFETY: lowering made the view lie within its buffer.
+        ptr: unsafe { (mem.ptr(v.buf) as *mut f32).offset(offset(v, t) as isize) } as usize,
+        rs: rs as isize,
+        cs: cs as isize,
+    };
+    if batch == 1 {
+        let (sa, sb) = (
+            (a.strides[ra - 2], a.strides[ra - 1]),
+            (b.strides[rb - 2], b.strides[rb - 1]),
+        );
+        let c = Mat::of(mem, out, n, 1);
+        gemm(
+            pool,
+            (m, k, n),
+            at(a, 0, sa.0, sa.1),
+            at(b, 0, sb.0, sb.1),
+            c,
+        );
+    } else {
+        // one task per matrix of the batch
+        let tasks = if (batch * m * k * n) < MIN_SPLIT {
+            1
+        } else {
+            batch
+        };
+        pool.run(tasks, &|t| {
+            let ts = if tasks == 1 { 0..batch } else { t..t + 1 };
+            for t in ts {
+                let c = Mat {
+                    // SAFETY: matrix t of out's contiguous buffer.
+                    ptr: unsafe { (mem.ptr(out.buf) as *mut f32).add(t * m * n) } as usize,
+                    rs: n as isize,
+                    cs: 1,
+                };
+                let (sa, sb) = (
+                    (a.strides[ra - 2], a.strides[ra - 1]),
+                    (b.strides[rb - 2], b.strides[rb - 1]),
+                );
+                sgemm((m, k, n), at(a, t, sa.0, sa.1), at(b, t, sb.0, sb.1), c);
+            }
+        });
     }
     if matches!(dtype, DType::F16 | DType::BF16) {
         let c = mem.f32s_mut(out);
@@ -361,42 +394,120 @@ pub fn matmul(a: &View, b: &View, out: &View, dtype: DType, mem: &Mem) {
     }
 }
 
-fn round(v: &mut [f32], dtype: DType) {
-    if matches!(dtype, DType::F16 | DType::BF16) {
-        for x in v {
-            *x = crate::tensor::round_float(dtype, *x);
+/// The work (multiply-adds, or elements) below which a kernel runs on one thread: a
+/// dispatch to the pool costs about as much as this much work.
+const MIN_SPLIT: usize = 1 << 15;
+
+/// A strided f32 matrix: the address of its first element, its row and column strides.
+#[derive(Clone, Copy)]
+struct Mat {
+    ptr: usize,
+    rs: isize,
+    cs: isize,
+}
+
+impl Mat {
+    /// Contiguous view `v` (from its first element) with strides `rs`, `cs`.
+    fn of(mem: &Mem, v: &View, rs: usize, cs: usize) -> Mat {
+        Mat {
+            // SAFETY: lowering made the view lie within its buffer.
+            ptr: unsafe { (mem.ptr(v.buf) as *mut f32).offset(v.offset as isize) } as usize,
+            rs: rs as isize,
+            cs: cs as isize,
+        }
+    }
+
+    /// The matrix from row `r`, column `c` on.
+    fn at(self, r: usize, c: usize) -> Mat {
+        Mat {
+            ptr: self.ptr + 4 * (r as isize * self.rs + c as isize * self.cs) as usize,
+            ..self
         }
     }
 }
 
-/// A matrix operand of `sgemm`: its buffer, the offset of its first element, and its
-/// row and column strides (in elements).
-type Operand = (usize, usize, usize, usize);
-
-/// `c = a · b` for f32 matrices of `(m, k, n)` in the buffers of `mem`.
-fn sgemm(mem: &Mem, (m, k, n): (usize, usize, usize), a: Operand, b: Operand, c: Operand) {
-    let at = |(buf, off, ..): Operand| {
-        // SAFETY: lowering sized the buffer to hold the matrix at this offset.
-        unsafe { (mem.ptr(buf) as *mut f32).add(off) }
+/// `c = a · b` for f32 matrices of `(m, k, n)`, split over the pool's threads along the
+/// longer of m and n: each task computes its own block of `c` with the whole sum over k,
+/// so the result is the same bits at any thread count.
+fn gemm(pool: &Pool, (m, k, n): (usize, usize, usize), a: Mat, b: Mat, c: Mat) {
+    let parts = if m * k * n < MIN_SPLIT {
+        1
+    } else {
+        pool.threads()
     };
-    // SAFETY: the three matrices lie within their buffers, and c is disjoint from a and b
-    // (a kernel's output and scratch buffers are its own).
+    let rows = m >= n;
+    let parts = parts.min(if rows { m } else { n }).max(1);
+    pool.run(parts, &|i| {
+        if rows {
+            let (lo, hi) = part(m, parts, i);
+            sgemm((hi - lo, k, n), a.at(lo, 0), b, c.at(lo, 0));
+        } else {
+            let (lo, hi) = part(n, parts, i);
+            sgemm((m, k, hi - lo), a, b.at(0, lo), c.at(0, lo));
+        }
+    });
+}
+
+/// One thread's `c = a · b`.
+fn sgemm((m, k, n): (usize, usize, usize), a: Mat, b: Mat, c: Mat) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the three matrices lie within their buffers (lowering sized them), and c
+    // is disjoint from a and b (a kernel's output and scratch buffers are its own) and
+    // from every other task's block of c.
     unsafe {
         matrixmultiply::sgemm(
             m,
             k,
             n,
             1.0,
-            at(a),
-            a.2 as isize,
-            a.3 as isize,
-            at(b),
-            b.2 as isize,
-            b.3 as isize,
+            a.ptr as *const f32,
+            a.rs,
+            a.cs,
+            b.ptr as *const f32,
+            b.rs,
+            b.cs,
             0.0,
-            at(c),
-            c.2 as isize,
-            c.3 as isize,
+            c.ptr as *mut f32,
+            c.rs,
+            c.cs,
         );
+    }
+}
+
+/// The patches of `x` into `cols` (`g`'s patch matrix), split over images.
+fn im2col(g: &Geo, mem: &Mem, x: &View, cols: &View, pool: &Pool) {
+    by_images(pool, g, |sub, lo, hi| {
+        let (xl, cl) = (g.h * g.w * g.c, g.oh * g.ow * g.cols());
+        sub.im2col(
+            &mem.f32s(x)[lo * xl..hi * xl],
+            mem.f32s_part(cols, lo * cl, hi * cl),
+        );
+    });
+}
+
+/// Runs `f(geometry of images lo..hi, lo, hi)` for a split of `g`'s images over the
+/// pool's threads (one part when the work is small).
+fn by_images(pool: &Pool, g: &Geo, f: impl Fn(&Geo, usize, usize) + Sync) {
+    let work = g.pixels() * g.kh * g.kw * g.c;
+    let parts = if work < MIN_SPLIT {
+        1
+    } else {
+        pool.threads().min(g.n).max(1)
+    };
+    pool.run(parts, &|i| {
+        let (lo, hi) = part(g.n, parts, i);
+        if lo < hi {
+            f(&Geo { n: hi - lo, ..*g }, lo, hi);
+        }
+    });
+}
+
+fn round(v: &mut [f32], dtype: DType) {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        for x in v {
+            *x = crate::tensor::round_float(dtype, *x);
+        }
     }
 }
