@@ -177,6 +177,9 @@ fn every_example_runs_on_host_like_the_interpreter() {
             let mut e = Estimator::new(&p, &opts)
                 .unwrap_or_else(|f| panic!("{name} on {}: {:?}", target.name(), f.diags));
             let on = target.name();
+            e.train(Steps::Max(1))
+                .unwrap_or_else(|f| panic!("{name} on {on}: {:?}", f.diags));
+            let first = e.variables();
             let t = e
                 .train(Steps::Max(20))
                 .unwrap_or_else(|f| panic!("{name} on {on}: {:?}", f.diags));
@@ -186,15 +189,27 @@ fn every_example_runs_on_host_like_the_interpreter() {
             e.predict(&dir.join("p"), Some(4))
                 .unwrap_or_else(|f| panic!("{name} on {on}: {:?}", f.diags));
             let preds = numbers(&dir.join("p/predictions.jsonl"));
-            (t, ev, e.variables(), preds)
+            (first, t, ev, e.variables(), preds)
         };
-        let (th, eh, vh, ph) = run(Target::Host);
-        let (ti, ei, vi, pi) = run(Target::Interp);
-        let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+        let (fh, th, eh, vh, ph) = run(Target::Host);
+        let (fi, ti, ei, vi, pi) = run(Target::Interp);
+        // max pooling routes each gradient to its window's maximum: where two values of
+        // a window differ by less than the backends' rounding, they may pick different
+        // ones, and the difference grows through the steps that follow
+        let pools = std::fs::read_to_string(&file)
+            .unwrap()
+            .contains("max_pool2d");
+        let tol = if pools { 1e-2 } else { 1e-4 };
+        let close = |a: f64, b: f64| (a - b).abs() <= tol * b.abs().max(1.0);
         assert_eq!(th.global_step, ti.global_step, "{name}");
+        let w1 = worst(&fh, &fi);
         let w = worst(&vh, &vi);
-        eprintln!("{name}: largest relative weight difference {w:e}");
-        assert!(w <= 1e-4, "{name}: weights differ by {w:e}");
+        eprintln!("{name}: largest relative weight difference after 1 step {w1:e}, after 20 {w:e}; loss {} vs {}, eval {:?} vs {:?}", th.final_loss, ti.final_loss, eh.metrics, ei.metrics);
+        assert!(
+            w1 <= 1e-5,
+            "{name}: weights after one step differ by {w1:e}"
+        );
+        assert!(w <= tol, "{name}: weights differ by {w:e}");
         assert!(
             close(th.final_loss, ti.final_loss),
             "{name}: loss {} vs {}",
@@ -216,7 +231,7 @@ fn every_example_runs_on_host_like_the_interpreter() {
         let scale = pi.iter().fold(1e-6f64, |m, v| m.max(v.abs()));
         for (k, (a, b)) in ph.iter().zip(&pi).enumerate() {
             assert!(
-                (a - b).abs() <= 1e-4 * scale,
+                (a - b).abs() <= tol * scale,
                 "{name}: prediction number {k}: {a} vs {b}"
             );
         }

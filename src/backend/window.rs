@@ -99,55 +99,153 @@ impl Geo {
         }
     }
 
+    /// The input row of kernel row `ki` for output row `oi`, if inside the input.
+    fn row(&self, oi: usize, ki: usize) -> Option<usize> {
+        (oi * self.sh + ki * self.dh)
+            .checked_sub(self.pt)
+            .filter(|&i| i < self.h)
+    }
+
+    /// The input column of kernel column `kj` for output column `oj`, if inside.
+    fn col(&self, oj: usize, kj: usize) -> Option<usize> {
+        (oj * self.sw + kj * self.dw)
+            .checked_sub(self.pl)
+            .filter(|&j| j < self.w)
+    }
+
     /// The patches of `x` as rows of `cols` ([pixels, kh*kw*c]); taps in the padding
-    /// are zero.
+    /// are zero. Each row is written once: the taps of a kernel row that fall inside
+    /// the input are contiguous in both (with unit stride and dilation along W), so
+    /// they are one copy.
     pub fn im2col(&self, x: &[f32], cols: &mut [f32]) {
         let (c, width) = (self.c, self.cols());
-        cols.fill(0.0);
-        self.windows(|p, taps| {
-            for &(k, x_at) in taps {
-                let dst = p * width + k * c;
-                cols[dst..dst + c].copy_from_slice(&x[x_at * c..(x_at + 1) * c]);
+        let dense = self.sw == 1 && self.dw == 1;
+        for b in 0..self.n {
+            for oi in 0..self.oh {
+                for oj in 0..self.ow {
+                    let p = (b * self.oh + oi) * self.ow + oj;
+                    let row = &mut cols[p * width..(p + 1) * width];
+                    for ki in 0..self.kh {
+                        let dst = &mut row[ki * self.kw * c..(ki + 1) * self.kw * c];
+                        let Some(i) = self.row(oi, ki) else {
+                            dst.fill(0.0);
+                            continue;
+                        };
+                        let base = (b * self.h + i) * self.w;
+                        if dense {
+                            // kernel columns lo..hi are inside
+                            let lo = (0..self.kw).find(|&kj| self.col(oj, kj).is_some());
+                            let hi = (0..self.kw).rev().find(|&kj| self.col(oj, kj).is_some());
+                            match (lo, hi) {
+                                (Some(lo), Some(hi)) => {
+                                    let j = self.col(oj, lo).unwrap_or(0);
+                                    dst[..lo * c].fill(0.0);
+                                    let n = (hi + 1 - lo) * c;
+                                    dst[lo * c..lo * c + n]
+                                        .copy_from_slice(&x[(base + j) * c..(base + j) * c + n]);
+                                    dst[(hi + 1) * c..].fill(0.0);
+                                }
+                                _ => dst.fill(0.0),
+                            }
+                        } else {
+                            for kj in 0..self.kw {
+                                let d = &mut dst[kj * c..(kj + 1) * c];
+                                match self.col(oj, kj) {
+                                    Some(j) => {
+                                        d.copy_from_slice(&x[(base + j) * c..(base + j + 1) * c])
+                                    }
+                                    None => d.fill(0.0),
+                                }
+                            }
+                        }
+                    }
+                }
             }
-        });
+        }
     }
 
     /// The adjoint of `im2col`: patch rows added into `x` (which starts at zero).
     pub fn col2im(&self, cols: &[f32], x: &mut [f32]) {
         let (c, width) = (self.c, self.cols());
         x.fill(0.0);
-        self.windows(|p, taps| {
-            for &(k, x_at) in taps {
-                let src = p * width + k * c;
-                for (o, &v) in x[x_at * c..(x_at + 1) * c]
-                    .iter_mut()
-                    .zip(&cols[src..src + c])
-                {
-                    *o += v;
-                }
-            }
-        });
-    }
-
-    /// Max pooling of `x` into `out`; with `grad = (dy, dx)`, its gradient instead: each
-    /// output's dy goes to the first maximum of its window.
-    pub fn max_pool(&self, x: &[f32], out: &mut [f32], grad: Option<(&[f32], &mut [f32])>) {
-        let c = self.c;
-        out.fill(f32::NEG_INFINITY);
-        let mut arg = vec![usize::MAX; out.len()];
-        self.windows(|p, taps| {
-            let o = p * c;
-            for &(_, x_at) in taps {
-                let src = x_at * c;
-                for ch in 0..c {
-                    let v = x[src + ch];
-                    if arg[o + ch] == usize::MAX || float::beats(v, out[o + ch], true) {
-                        out[o + ch] = v;
-                        arg[o + ch] = src + ch;
+        for b in 0..self.n {
+            for oi in 0..self.oh {
+                for oj in 0..self.ow {
+                    let p = (b * self.oh + oi) * self.ow + oj;
+                    let row = &cols[p * width..(p + 1) * width];
+                    for ki in 0..self.kh {
+                        let Some(i) = self.row(oi, ki) else { continue };
+                        let base = (b * self.h + i) * self.w;
+                        for kj in 0..self.kw {
+                            if let Some(j) = self.col(oj, kj) {
+                                let src =
+                                    &row[(ki * self.kw + kj) * c..(ki * self.kw + kj + 1) * c];
+                                let dst = &mut x[(base + j) * c..(base + j + 1) * c];
+                                for (o, &v) in dst.iter_mut().zip(src) {
+                                    *o += v;
+                                }
+                            }
+                        }
                     }
                 }
             }
-        });
+        }
+    }
+
+    /// Max pooling of `x` into `out`; with `grad = (dy, dx)`, its gradient instead: each
+    /// output's dy goes to the first maximum of its window (taps in row-major order; a
+    /// NaN is the maximum once met).
+    pub fn max_pool(&self, x: &[f32], out: &mut [f32], grad: Option<(&[f32], &mut [f32])>) {
+        let c = self.c;
+        let track = grad.is_some();
+        let mut arg: Vec<usize> = if track {
+            vec![usize::MAX; out.len()]
+        } else {
+            Vec::new()
+        };
+        for b in 0..self.n {
+            for oi in 0..self.oh {
+                for oj in 0..self.ow {
+                    let p = (b * self.oh + oi) * self.ow + oj;
+                    let o = &mut out[p * c..(p + 1) * c];
+                    let mut first = true;
+                    for ki in 0..self.kh {
+                        let Some(i) = self.row(oi, ki) else { continue };
+                        for kj in 0..self.kw {
+                            let Some(j) = self.col(oj, kj) else { continue };
+                            let src = ((b * self.h + i) * self.w + j) * c;
+                            let xs = &x[src..src + c];
+                            if first {
+                                o.copy_from_slice(xs);
+                                if track {
+                                    for (ch, a) in arg[p * c..(p + 1) * c].iter_mut().enumerate() {
+                                        *a = src + ch;
+                                    }
+                                }
+                                first = false;
+                            } else if track {
+                                let a = &mut arg[p * c..(p + 1) * c];
+                                for ch in 0..c {
+                                    if float::beats(xs[ch], o[ch], true) {
+                                        o[ch] = xs[ch];
+                                        a[ch] = src + ch;
+                                    }
+                                }
+                            } else {
+                                for (v, &y) in o.iter_mut().zip(xs) {
+                                    if float::beats(y, *v, true) {
+                                        *v = y;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    if first {
+                        o.fill(f32::NEG_INFINITY);
+                    }
+                }
+            }
+        }
         if let Some((dy, dx)) = grad {
             dx.fill(0.0);
             for (k, &a) in arg.iter().enumerate() {

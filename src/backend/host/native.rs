@@ -448,7 +448,8 @@ fn gemm(pool: &Pool, (m, k, n): (usize, usize, usize), a: Mat, b: Mat, c: Mat) {
     });
 }
 
-/// One thread's `c = a · b`.
+/// One thread's `c = a · b`: faer's GEMM (packed, cache-blocked, with AVX-512 or AVX2
+/// micro-kernels chosen at run time), never threaded itself.
 fn sgemm((m, k, n): (usize, usize, usize), a: Mat, b: Mat, c: Mat) {
     if m == 0 || n == 0 {
         return;
@@ -456,24 +457,14 @@ fn sgemm((m, k, n): (usize, usize, usize), a: Mat, b: Mat, c: Mat) {
     // SAFETY: the three matrices lie within their buffers (lowering sized them), and c
     // is disjoint from a and b (a kernel's output and scratch buffers are its own) and
     // from every other task's block of c.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.ptr as *const f32,
-            a.rs,
-            a.cs,
-            b.ptr as *const f32,
-            b.rs,
-            b.cs,
-            0.0,
-            c.ptr as *mut f32,
-            c.rs,
-            c.cs,
-        );
-    }
+    let (a, b, c) = unsafe {
+        (
+            faer::MatRef::from_raw_parts(a.ptr as *const f32, m, k, a.rs, a.cs),
+            faer::MatRef::from_raw_parts(b.ptr as *const f32, k, n, b.rs, b.cs),
+            faer::MatMut::from_raw_parts_mut(c.ptr as *mut f32, m, n, c.rs, c.cs),
+        )
+    };
+    faer::linalg::matmul::matmul(c, faer::Accum::Replace, a, b, 1.0f32, faer::Par::Seq);
 }
 
 /// The patches of `x` into `cols` (`g`'s patch matrix), split over images.
