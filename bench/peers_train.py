@@ -15,7 +15,7 @@ Peers:
                    tf.Variables with tf.GradientTape; tf.nn.conv2d (NHWC),
                    tf.nn.max_pool2d, tf.nn.dropout.
     tf-xla         the same with `jit_compile=True`.
-    torch          PyTorch eager, as bench/torch_train.py (NCHW, nn.Sequential,
+    torch          PyTorch eager (NCHW, nn.Sequential,
                    torch.optim.SGD).
     torch-compile  the same model with `torch.compile` applied to the whole train
                    step (zero_grad, forward, loss, backward, optimizer.step).

@@ -1,16 +1,20 @@
-//! Training speed of the host backend and the interpreter against PyTorch eager, side
-//! by side in one run.
+//! Training speed of the host backend against JAX, TensorFlow and PyTorch (and the
+//! interpreter), side by side in one run.
 //!
-//! The est side trains `examples/fc_mnist.est` and `examples/mnist_cnn.est` (batch 128)
-//! with `Estimator` on MNIST-shaped TFRecord data generated into a temporary directory
-//! (the pipeline caches it after the first epoch, so steady-state steps measure the
-//! train step). The PyTorch side is `bench/torch_train.py` (same models, same batch,
-//! synthetic tensors already in memory). The two alternate, `EST_BENCH_ROUNDS` rounds
-//! (default 5), and the medians and their ratios are reported. The host (when built
-//! with the `llvm` feature) and the interpreter run on one thread; PyTorch runs at each thread count of `EST_BENCH_THREADS` (default 1,2).
+//! The est side trains `examples/fc_mnist.est` and `examples/mnist_cnn.est` (with
+//! `hidden=[128]`: the TPU example's conv 5x5x32, pool, conv 5x5x64, pool, dense 128,
+//! dropout, dense 10), batch 128, plain SGD, with `Estimator` on MNIST-shaped TFRecord
+//! data generated into a temporary directory (the pipeline caches it after the first
+//! epoch, so steady-state steps measure the train step). The peers are
+//! `bench/peers_train.py` (same models, same batch, synthetic tensors already in
+//! memory): JAX `jit`, TensorFlow `tf.function`, PyTorch eager. Each round runs every
+//! contender at every thread count of `EST_BENCH_THREADS` (default 1,2), alternating,
+//! `EST_BENCH_ROUNDS` rounds (default 3); the table shows medians and the host's ratio
+//! to each peer, and the first step (compile included) of each.
 //!
 //! Run: `cargo bench --bench train` (needs bench/.venv: `scripts/setup_bench_venv.sh`).
-//! `EST_BENCH_MODELS=fc` limits the models; `EST_BENCH_STEPS` sets the timed steps.
+//! `EST_BENCH_MODELS=fc` limits the models; `EST_BENCH_STEPS` sets the timed steps;
+//! `EST_BENCH_PEERS=jax,tf,torch,torch-compile,tf-xla` chooses the peers.
 
 use est::elab::Target;
 use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
@@ -67,9 +71,19 @@ fn make_data(dir: &Path) {
     std::fs::write(dir.join("data/mnist_test.tfrecord"), &file).unwrap();
 }
 
-/// Steps per second of `steps` est train steps after `warmup` steps.
-fn est_rate(program: &Path, data: &Path, warmup: i64, steps: i64, target: Target) -> f64 {
-    let p = Program::load(program).unwrap();
+/// Steps per second of `steps` est train steps after `warmup` steps, and the seconds
+/// of the first step (from `train`'s call: compilation included).
+fn est_rate(
+    program: &Path,
+    data: &Path,
+    (warmup, steps): (i64, i64),
+    target: Target,
+    threads: usize,
+) -> (f64, f64) {
+    let mut p = Program::load(program).unwrap();
+    if program.ends_with("mnist_cnn.est") {
+        p.add_override("hidden", "[128]", "bench");
+    }
     let dir = std::env::temp_dir().join(format!("est-bench-train-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let opts = RunOptions {
@@ -81,43 +95,87 @@ fn est_rate(program: &Path, data: &Path, warmup: i64, steps: i64, target: Target
             ("iterations_per_loop".into(), 1_000),
         ],
         target,
+        threads: Some(threads),
         ..Default::default()
     };
     let mut e = Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{:?}", f.diags));
     let t = Arc::new(Mutex::new((None, None)));
+    let first = Arc::new(Mutex::new(None));
     e.add_hook(Box::new(Clock {
         from: warmup,
         to: warmup + steps,
         t: t.clone(),
     }))
     .unwrap();
+    let started = Instant::now();
+    e.add_hook(Box::new(First(started, first.clone()))).unwrap();
     e.train(Steps::Max((warmup + steps) as u64))
         .unwrap_or_else(|f| panic!("{:?}", f.diags));
     let _ = std::fs::remove_dir_all(&dir);
     let (a, b) = *t.lock().unwrap();
-    steps as f64 / (b.unwrap() - a.unwrap()).as_secs_f64()
+    let first = first.lock().unwrap().unwrap_or(f64::NAN);
+    (
+        steps as f64 / (b.unwrap() - a.unwrap()).as_secs_f64(),
+        first,
+    )
 }
 
-fn torch_rate(root: &Path, model: &str, threads: usize, steps: i64) -> Option<f64> {
+/// Records the seconds from `train`'s call to the end of the first step.
+struct First(Instant, Arc<Mutex<Option<f64>>>);
+
+impl RunHook for First {
+    fn after_step(&mut self, i: &StepInfo) -> Action {
+        let mut f = self.1.lock().unwrap();
+        if f.is_none() {
+            *f = Some(self.0.elapsed().as_secs_f64());
+        }
+        let _ = i;
+        Action::Continue
+    }
+}
+
+/// A peer's steps per second and first step (`bench/peers_train.py`), or why not.
+fn peer_rate(
+    root: &Path,
+    peer: &str,
+    model: &str,
+    threads: usize,
+    steps: i64,
+) -> Result<(f64, f64), String> {
     let py = root.join("bench/.venv/bin/python");
     let out = std::process::Command::new(py)
-        .arg(root.join("bench/torch_train.py"))
+        .arg(root.join("bench/peers_train.py"))
+        .args(["--peer", peer, "--model", model])
+        .args(["--threads", &threads.to_string()])
         .args([
-            "--model",
-            model,
-            "--threads",
-            &threads.to_string(),
             "--steps",
             &steps.to_string(),
+            "--warmup",
+            "5",
             "--batch",
             "128",
         ])
         .output()
-        .ok()?;
+        .map_err(|e| format!("bench/.venv is missing ({e}): run scripts/setup_bench_venv.sh"))?;
     let line = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(line.lines().last()?).ok()?;
-    v["steps_per_sec"].as_f64()
+    let v: serde_json::Value =
+        serde_json::from_str(line.lines().last().unwrap_or("")).map_err(|_| {
+            format!(
+                "{peer}: no result: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(format!("{peer}: {e}"));
+    }
+    Ok((
+        v["steps_per_sec"].as_f64().unwrap_or(f64::NAN),
+        v["first_step_seconds"].as_f64().unwrap_or(f64::NAN),
+    ))
 }
+
+/// Each (contender, threads) with its (steps/s, first step) per round.
+type Runs = Vec<((String, usize), Vec<(f64, f64)>)>;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -133,20 +191,16 @@ fn main() {
     let rounds: usize = std::env::var("EST_BENCH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(3);
     let models = std::env::var("EST_BENCH_MODELS").unwrap_or_else(|_| "fc,cnn".into());
     let threads: Vec<usize> = std::env::var("EST_BENCH_THREADS")
         .unwrap_or_else(|_| "1,2".into())
         .split(',')
         .filter_map(|t| t.trim().parse().ok())
         .collect();
-    println!(
-        "training steps/sec, batch 128, median of {rounds} alternating rounds (est: 1 thread)"
-    );
-    println!(
-        "{:<10} {:>10} {:>12} {:>22} {:>12} {:>14}",
-        "model", "est host", "est interp", "pytorch eager", "host/torch", "host/interp"
-    );
+    let peers_env = std::env::var("EST_BENCH_PEERS").unwrap_or_else(|_| "jax,tf,torch".into());
+    let peers: Vec<&str> = peers_env.split(',').map(str::trim).collect();
+    println!("training steps/sec, batch 128, median of {rounds} alternating rounds; first step in seconds (compilation included)");
     for model in models.split(',') {
         let (file, steps, warmup) = match model {
             "fc" => ("examples/fc_mnist.est", 200, 60),
@@ -156,56 +210,44 @@ fn main() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(steps);
-        let mut ours = Vec::new();
-        let mut host = Vec::new();
-        let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); threads.len()];
+        // (contender, threads) -> rates and first steps
+        let mut got: Runs = Vec::new();
+        let mut put = |name: &str, t: usize, r: (f64, f64)| match got
+            .iter_mut()
+            .find(|g| g.0 .0 == name && g.0 .1 == t)
+        {
+            Some(g) => g.1.push(r),
+            None => got.push(((name.to_string(), t), vec![r])),
+        };
         for _ in 0..rounds {
-            if cfg!(feature = "llvm") {
-                host.push(est_rate(
-                    &root.join(file),
-                    &data,
-                    warmup,
-                    steps,
-                    Target::Host,
-                ));
-            }
-            ours.push(est_rate(
-                &root.join(file),
-                &data,
-                warmup,
-                steps,
-                Target::Interp,
-            ));
-            for (k, &t) in threads.iter().enumerate() {
-                match torch_rate(&root, model, t, steps) {
-                    Some(r) => theirs[k].push(r),
-                    None => eprintln!(
-                        "bench/.venv with torch is missing: run scripts/setup_bench_venv.sh"
-                    ),
+            for &t in &threads {
+                if cfg!(feature = "llvm") {
+                    let r = est_rate(&root.join(file), &data, (warmup, steps), Target::Host, t);
+                    put("est host", t, r);
+                }
+                for peer in &peers {
+                    match peer_rate(&root, peer, model, t, steps) {
+                        Ok(r) => put(peer, t, r),
+                        Err(e) => eprintln!("{e}"),
+                    }
                 }
             }
+            let r = est_rate(&root.join(file), &data, (warmup, steps), Target::Interp, 1);
+            put("est interp", 1, r);
         }
-        let o = median(ours);
-        let h = if host.is_empty() {
-            f64::NAN
-        } else {
-            median(host)
-        };
-        for (k, &t) in threads.iter().enumerate() {
-            let (p, torch) = if theirs[k].is_empty() {
-                (f64::NAN, "-".to_string())
-            } else {
-                let p = median(theirs[k].clone());
-                (
-                    p,
-                    format!("{p:.1} ({t} thread{})", if t == 1 { "" } else { "s" }),
-                )
-            };
-            println!(
-                "{model:<10} {h:>10.1} {o:>12.1} {torch:>22} {:>11.2}x {:>13.2}x",
-                h / p,
-                h / o
-            );
+        println!(
+            "\n{model}: {:<14} {:>7} {:>10} {:>12} {:>14}",
+            "contender", "threads", "steps/s", "first step", "est host / it"
+        );
+        for ((name, t), rs) in &got {
+            let rate = median(rs.iter().map(|r| r.0).collect());
+            let first = median(rs.iter().map(|r| r.1).collect());
+            let host = got
+                .iter()
+                .find(|g| g.0 .0 == "est host" && g.0 .1 == *t)
+                .map(|g| median(g.1.iter().map(|r| r.0).collect()));
+            let ratio = host.map_or("-".to_string(), |h| format!("{:.2}x", h / rate));
+            println!("{model}: {name:<14} {t:>7} {rate:>10.1} {first:>12.3} {ratio:>14}");
         }
     }
     let _ = std::fs::remove_dir_all(&data);
