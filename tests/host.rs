@@ -122,6 +122,31 @@ fn mnist_data(dir: &Path, records: u32) {
     std::fs::write(dir.join("data/mnist_test.tfrecord"), &file).unwrap();
 }
 
+/// The digits CSVs as the TFRecord shards `examples/digits_tfrecord.est` reads, under
+/// `dir/data/tfrecord` (what `make demo` writes with `estc data convert`).
+#[cfg(feature = "llvm")]
+fn digits_tfrecord(dir: &Path) {
+    for (split, shards) in [("train", "2"), ("test", "1")] {
+        let st = std::process::Command::new(env!("CARGO_BIN_EXE_estc"))
+            .args(["data", "convert", "--from", "csv"])
+            .arg(root().join(format!("examples/data/digits_{split}.csv")))
+            .args([
+                "--shards",
+                shards,
+                "--group",
+                "pixels=p0:p63",
+                "--type",
+                "pixels=float",
+                "-o",
+            ])
+            .arg(dir.join(format!("data/tfrecord/digits_{split}")))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+}
+
 /// Every number of a predictions file, in order.
 #[cfg(feature = "llvm")]
 fn numbers(path: &Path) -> Vec<f64> {
@@ -159,9 +184,18 @@ fn every_example_runs_on_host_like_the_interpreter() {
     assert!(files.len() >= 5, "{files:?}");
     let data = tmp("mnist-data");
     mnist_data(&data, 320);
+    let shards = tmp("digits-tfrecord");
+    digits_tfrecord(&shards);
     for file in files {
         let name = file.file_stem().unwrap().to_string_lossy().to_string();
         let mnist = name.contains("mnist");
+        let data_dir = if mnist {
+            Some(data.clone())
+        } else if name == "digits_tfrecord" {
+            Some(shards.clone())
+        } else {
+            None
+        };
         let run = |target: Target| {
             let mut p = Program::load(&file).unwrap();
             if mnist {
@@ -171,7 +205,7 @@ fn every_example_runs_on_host_like_the_interpreter() {
             let opts = RunOptions {
                 target,
                 model_dir: Some(dir.clone()),
-                data_dir: mnist.then(|| data.clone()),
+                data_dir: data_dir.clone(),
                 ..Default::default()
             };
             let mut e = Estimator::new(&p, &opts)
