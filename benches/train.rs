@@ -16,6 +16,9 @@
 //! `EST_BENCH_MODELS=fc` limits the models; `EST_BENCH_STEPS` sets the timed steps;
 //! `EST_BENCH_PEERS=jax,tf,torch,torch-compile,tf-xla` chooses the peers.
 
+#[path = "../tests/common/mnist.rs"]
+mod mnist;
+
 use est::elab::Target;
 use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
 use est::Program;
@@ -41,34 +44,6 @@ impl RunHook for Clock {
         }
         Action::Continue
     }
-}
-
-fn example(img: &[u8], label: i64) -> Vec<u8> {
-    use est::data::records::{encode_example, Feature};
-    encode_example(&[
-        ("image_raw", Feature::Bytes(img)),
-        ("label", Feature::Ints(&[label])),
-    ])
-}
-
-/// 6,400 MNIST-shaped records (pseudo-random pixels) as data/mnist_{train,test}.tfrecord.
-fn make_data(dir: &Path) {
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    let mut file = Vec::new();
-    let mut x: u32 = 12345;
-    for i in 0..6400u32 {
-        let img: Vec<u8> = (0..784)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x >> 24) as u8
-            })
-            .collect();
-        file.extend(est::data::records::frame(&example(&img, i64::from(i % 10))));
-    }
-    std::fs::write(dir.join("data/mnist_train.tfrecord"), &file).unwrap();
-    std::fs::write(dir.join("data/mnist_test.tfrecord"), &file).unwrap();
 }
 
 /// Steps per second of `steps` est train steps after `warmup` steps, and the seconds
@@ -124,12 +99,11 @@ fn est_rate(
 struct First(Instant, Arc<Mutex<Option<f64>>>);
 
 impl RunHook for First {
-    fn after_step(&mut self, i: &StepInfo) -> Action {
+    fn after_step(&mut self, _: &StepInfo) -> Action {
         let mut f = self.1.lock().unwrap();
         if f.is_none() {
             *f = Some(self.0.elapsed().as_secs_f64());
         }
-        let _ = i;
         Action::Continue
     }
 }
@@ -187,7 +161,7 @@ fn main() {
     est::runtime::keep_freed_memory();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let data = std::env::temp_dir().join(format!("est-bench-data-{}", std::process::id()));
-    make_data(&data);
+    mnist::write(&data, 6400);
     let rounds: usize = std::env::var("EST_BENCH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -1,6 +1,10 @@
 //! The host backend (`--target host`, LLVM) against the interpreter: training, eval and
 //! predict agree within stated tolerances, and its failures are diagnostics.
 
+#[cfg(feature = "llvm")]
+#[path = "common/mnist.rs"]
+mod mnist;
+
 use est::diag::Code;
 use est::elab::Target;
 use est::runtime::{Estimator, RunOptions, Steps};
@@ -95,33 +99,6 @@ fn host_trains_like_the_interpreter() {
     assert_eq!(classes(&lh), classes(&li));
 }
 
-/// MNIST-shaped records (pseudo-random pixels, labels cycling through the classes) as
-/// `data/mnist_{train,test}.tfrecord` under `dir`, for the examples that read MNIST.
-#[cfg(feature = "llvm")]
-fn mnist_data(dir: &Path, records: u32) {
-    use est::data::records::{encode_example, frame, Feature};
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    let mut file = Vec::new();
-    let mut x: u32 = 12345;
-    for i in 0..records {
-        let img: Vec<u8> = (0..784)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x >> 24) as u8
-            })
-            .collect();
-        let label = [i64::from(i % 10)];
-        file.extend(frame(&encode_example(&[
-            ("image_raw", Feature::Bytes(&img)),
-            ("label", Feature::Ints(&label)),
-        ])));
-    }
-    std::fs::write(dir.join("data/mnist_train.tfrecord"), &file).unwrap();
-    std::fs::write(dir.join("data/mnist_test.tfrecord"), &file).unwrap();
-}
-
 /// The digits CSVs as the TFRecord shards `examples/digits_tfrecord.est` reads, under
 /// `dir/data/tfrecord` (what `make demo` writes with `estc data convert`).
 #[cfg(feature = "llvm")]
@@ -183,7 +160,7 @@ fn every_example_runs_on_host_like_the_interpreter() {
     files.sort();
     assert!(files.len() >= 5, "{files:?}");
     let data = tmp("mnist-data");
-    mnist_data(&data, 320);
+    mnist::write(&data, 320);
     let shards = tmp("digits-tfrecord");
     digits_tfrecord(&shards);
     for file in files {
@@ -279,7 +256,7 @@ fn every_example_runs_on_host_like_the_interpreter() {
 #[test]
 fn host_training_is_the_same_bits_at_any_thread_count() {
     let data = tmp("threads-data");
-    mnist_data(&data, 64);
+    mnist::write(&data, 64);
     for file in ["examples/mnist_cnn.est", "examples/fc_mnist.est"] {
         let run = |threads: usize| {
             let mut p = Program::load(&root().join(file)).unwrap();

@@ -52,6 +52,17 @@ pub struct StepCtx {
     pub seed: u64,
 }
 
+impl StepCtx {
+    /// What the ops of shard `shard` see of the step.
+    pub fn op_env(self, shard: usize) -> interp::OpEnv {
+        interp::OpEnv {
+            step: self.step,
+            seed: self.seed,
+            shard,
+        }
+    }
+}
+
 /// A compiled train step of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TrainExe(pub usize);

@@ -2,7 +2,7 @@
 //! gradients), written once over plain slices and used by the interpreter and the host.
 
 use crate::ir::float;
-use crate::ir::Padding;
+use crate::ir::{Conv, Padding, Pool};
 
 /// The geometry of a 2-D window op over NHWC data.
 #[derive(Debug, Clone, Copy)]
@@ -24,8 +24,19 @@ pub struct Geo {
 }
 
 impl Geo {
+    /// The geometry of a convolution (or of one of its gradients) from input shape `x`
+    /// (NHWC) to output shape `out`, with a `window` (kh, kw) filter.
+    pub fn conv(x: &[usize], out: &[usize], window: [usize; 2], c: &Conv) -> Geo {
+        Geo::new(x, out, window, c.strides, c.dilation, c.padding)
+    }
+
+    /// The geometry of a pooling (or of its gradient) from `x` to `out`.
+    pub fn pool(x: &[usize], out: &[usize], p: &Pool) -> Geo {
+        Geo::new(x, out, p.window, p.strides, [1, 1], p.padding)
+    }
+
     /// The geometry of a window op from input shape `x` (NHWC) to output shape `out`.
-    pub fn new(
+    fn new(
         x: &[usize],
         out: &[usize],
         k: [usize; 2],
@@ -61,6 +72,16 @@ impl Geo {
     /// Elements of the input (N, H, W, C).
     pub fn input_len(&self) -> usize {
         self.n * self.h * self.w * self.c
+    }
+
+    /// Elements of one image of the input (H, W, C).
+    pub fn image_len(&self) -> usize {
+        self.h * self.w * self.c
+    }
+
+    /// Elements of one image of an output with `channels` channels (OH, OW, channels).
+    pub fn out_image_len(&self, channels: usize) -> usize {
+        self.oh * self.ow * channels
     }
 
     /// Output pixels (N, OH, OW).
@@ -133,12 +154,11 @@ impl Geo {
                         };
                         let base = (b * self.h + i) * self.w;
                         if dense {
-                            // kernel columns lo..hi are inside
-                            let lo = (0..self.kw).find(|&kj| self.col(oj, kj).is_some());
+                            // kernel columns lo..=hi are inside; lo reads column j
+                            let lo = (0..self.kw).find_map(|kj| self.col(oj, kj).map(|j| (kj, j)));
                             let hi = (0..self.kw).rev().find(|&kj| self.col(oj, kj).is_some());
                             match (lo, hi) {
-                                (Some(lo), Some(hi)) => {
-                                    let j = self.col(oj, lo).unwrap_or(0);
+                                (Some((lo, j)), Some(hi)) => {
                                     dst[..lo * c].fill(0.0);
                                     let n = (hi + 1 - lo) * c;
                                     dst[lo * c..lo * c + n]

@@ -1132,18 +1132,16 @@ impl<'c> Codegen<'c> {
             } else {
                 out.shape.clone()
             };
-            let i64t = self.ctx.i64_type();
-            let oshape = out.shape.clone();
-            self.nest(
-                body,
-                &odims,
-                self.i64c(0),
-                i64t.const_int(odims[0] as u64, false),
-                &mut |cg, oi| {
-                    let oi = if oshape.is_empty() { &oi[..0] } else { oi };
-                    cg.store(body, out, oi, ident)
-                },
-            )?;
+            let scalar = out.shape.is_empty();
+            // a loop over every output element (once for a scalar output)
+            let over_out =
+                |cg: &mut Self, f: &mut dyn FnMut(&mut Self, &[IntValue<'c>]) -> R<()>| {
+                    let (lo, hi) = (cg.i64c(0), cg.i64c(odims[0] as i64));
+                    cg.nest(body, &odims, lo, hi, &mut |cg, oi| {
+                        f(cg, if scalar { &oi[..0] } else { oi })
+                    })
+                };
+            over_out(self, &mut |cg, oi| cg.store(body, out, oi, ident))?;
             self.nest(body, &xs, start, end, &mut |cg, idx| {
                 let v = cg.gen(body, x, idx)?;
                 let oidx = out_idx(idx, zero);
@@ -1151,18 +1149,11 @@ impl<'c> Codegen<'c> {
                 let s = cg.combine(op, a, v, false)?;
                 cg.store(body, out, &oidx, s)
             })?;
-            self.nest(
-                body,
-                &odims,
-                self.i64c(0),
-                i64t.const_int(odims[0] as u64, false),
-                &mut |cg, oi| {
-                    let oi = if oshape.is_empty() { &oi[..0] } else { oi };
-                    let a = cg.load(body, out, oi, dtype)?;
-                    let fin = cg.finalize(op, a, count, dtype)?;
-                    cg.store(body, out, oi, fin)
-                },
-            )?;
+            over_out(self, &mut |cg, oi| {
+                let a = cg.load(body, out, oi, dtype)?;
+                let fin = cg.finalize(op, a, count, dtype)?;
+                cg.store(body, out, oi, fin)
+            })?;
         }
         Ok(())
     }

@@ -592,7 +592,7 @@ impl Lowering<'_> {
                     });
                     self.views.insert(n, out);
                 } else {
-                    self.native(n, &ops)?;
+                    self.native(n, &ops, 0)?;
                 }
             }
             Op::CheckIndices { .. }
@@ -600,13 +600,13 @@ impl Lowering<'_> {
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::Gather
-            | Op::ScatterAdd => self.native(n, &ops)?,
-            Op::RandomUniform { .. }
+            | Op::ScatterAdd
+            | Op::RandomUniform { .. }
             | Op::RandomNormal { .. }
             | Op::MaxPool2d(_)
             | Op::AvgPool2d(_)
             | Op::MaxPool2dGrad(_)
-            | Op::AvgPool2dGrad(_) => self.native(n, &ops)?,
+            | Op::AvgPool2dGrad(_) => self.native(n, &ops, 0)?,
             // the GEMM of a convolution works on patch rows, in a scratch buffer of
             // [output pixels, kh * kw * c]
             Op::Conv2d(_) | Op::Conv2dBackpropInput(_) | Op::Conv2dBackpropFilter(_) => {
@@ -617,11 +617,7 @@ impl Lowering<'_> {
                     _ => (t(1), shape.clone(), t(0)[3]),
                 };
                 let len = pixels[..3].iter().product::<usize>() * window[0] * window[1] * c;
-                let b = self.bufs.add(Elem::F32, len, Role::Temp);
-                self.native(n, &ops)?;
-                if let Some(Kernel::Native { args, .. }) = self.kernels.last_mut() {
-                    args.push(View::contiguous(b, &[len]));
-                }
+                self.native(n, &ops, len)?;
             }
             Op::DecodeRaw => {
                 let input = ops[0];
@@ -647,12 +643,23 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    fn native(&mut self, n: NodeIndex, ops: &[NodeIndex]) -> Result<(), Unsupported> {
+    /// A native kernel for `n` over its operands in contiguous memory, and (when
+    /// `scratch` is not 0) a scratch buffer of that many f32 as its last argument.
+    fn native(
+        &mut self,
+        n: NodeIndex,
+        ops: &[NodeIndex],
+        scratch: usize,
+    ) -> Result<(), Unsupported> {
         self.elem(n)?;
         let mut args = Vec::new();
         for &o in ops {
             self.elem(o)?;
             args.push(self.contiguous(o));
+        }
+        if scratch > 0 {
+            let b = self.bufs.add(Elem::F32, scratch, Role::Temp);
+            args.push(View::contiguous(b, &[scratch]));
         }
         let out = self.temp(n);
         self.kernels.push(Kernel::Native {

@@ -274,7 +274,6 @@ impl Device {
     }
 }
 
-/// Runs steps; an op's failure is a `RunError` naming it.
 /// Whether a generated kernel's outer loop may be split over threads: every iteration
 /// of it writes its own outputs (so the split changes no result), and it has enough
 /// work to pay for a dispatch.
@@ -298,6 +297,7 @@ fn splits(k: &Kernel, g: &Graph) -> bool {
     work >= 1 << 15 && k.outer(g) > 1
 }
 
+/// Runs steps; an op's failure is a `RunError` naming it.
 fn run_steps(
     g: &Graph,
     steps: &[Step],
@@ -504,11 +504,7 @@ impl backend::Device for Device {
                 error,
             };
             feed(&t.p, &mem, feeds, ctx.step).map_err(on)?;
-            let env = OpEnv {
-                step: ctx.step,
-                seed: ctx.seed,
-                shard,
-            };
+            let env = ctx.op_env(shard);
             run_steps(g, &t.a, &mem, &env, &self.pool).map_err(on)?;
             if n > 1 {
                 // the mean over shards of every float phase-A value, shard 0 first
@@ -532,11 +528,7 @@ impl backend::Device for Device {
         }
         let check = |node: NodeIndex, want: Finite| scan(&mem, &t.views[&node], want);
         t.spec.check_a(check)?;
-        let env = OpEnv {
-            step: ctx.step,
-            seed: ctx.seed,
-            shard: 0,
-        };
+        let env = ctx.op_env(0);
         run_steps(g, &t.b, &mem, &env, &self.pool)
             .map_err(|error| StepError::Run { shard: None, error })?;
         t.spec.check_b(check)?;
@@ -582,11 +574,7 @@ impl backend::Device for Device {
             message: m,
         })?;
         feed(&r.p, &mem, &feeds, ctx.step)?;
-        let env = OpEnv {
-            step: ctx.step,
-            seed: ctx.seed,
-            shard,
-        };
+        let env = ctx.op_env(shard);
         run_steps(g, &r.steps, &mem, &env, &self.pool)?;
         Ok(r.targets
             .iter()

@@ -60,14 +60,7 @@ pub fn run(
         Op::Conv2d(c) => {
             let (x, w, cols) = (&args[0], &args[1], &args[2]);
             let ws = &w.shape;
-            let g = Geo::new(
-                &x.shape,
-                &out.shape,
-                [ws[0], ws[1]],
-                c.strides,
-                c.dilation,
-                c.padding,
-            );
+            let g = Geo::conv(&x.shape, &out.shape, [ws[0], ws[1]], c);
             im2col(&g, mem, x, cols, pool);
             let (m, k, n) = (g.pixels(), g.cols(), ws[3]);
             // out[pixels, o] = cols[pixels, k] · w[k, o]
@@ -84,14 +77,7 @@ pub fn run(
         Op::Conv2dBackpropInput(c) => {
             let (dy, w, cols) = (&args[0], &args[1], &args[2]);
             let ws = &w.shape;
-            let g = Geo::new(
-                &out.shape,
-                &dy.shape,
-                [ws[0], ws[1]],
-                c.strides,
-                c.dilation,
-                c.padding,
-            );
+            let g = Geo::conv(&out.shape, &dy.shape, [ws[0], ws[1]], c);
             let (m, k, n) = (g.pixels(), ws[3], g.cols());
             // dcols[pixels, k] = dy[pixels, o] · wᵀ[o, k]
             let b = Mat::of(mem, w, 1, k);
@@ -103,7 +89,7 @@ pub fn run(
                 Mat::of(mem, cols, n, 1),
             );
             by_images(pool, &g, |sub, lo, hi| {
-                let (xl, cl) = (g.h * g.w * g.c, g.oh * g.ow * g.cols());
+                let (xl, cl) = (g.image_len(), g.out_image_len(g.cols()));
                 sub.col2im(
                     &mem.f32s(cols)[lo * cl..hi * cl],
                     mem.f32s_part(out, lo * xl, hi * xl),
@@ -114,14 +100,7 @@ pub fn run(
         Op::Conv2dBackpropFilter(c) => {
             let (x, dy, cols) = (&args[0], &args[1], &args[2]);
             let os = &out.shape;
-            let g = Geo::new(
-                &x.shape,
-                &dy.shape,
-                [os[0], os[1]],
-                c.strides,
-                c.dilation,
-                c.padding,
-            );
+            let g = Geo::conv(&x.shape, &dy.shape, [os[0], os[1]], c);
             im2col(&g, mem, x, cols, pool);
             let (m, k, n) = (g.cols(), g.pixels(), os[3]);
             // dw[k, o] = colsᵀ[k, pixels] · dy[pixels, o]
@@ -137,10 +116,10 @@ pub fn run(
         }
         Op::MaxPool2d(p) | Op::AvgPool2d(p) => {
             let x = &args[0];
-            let g = Geo::new(&x.shape, &out.shape, p.window, p.strides, [1, 1], p.padding);
+            let g = Geo::pool(&x.shape, &out.shape, p);
             let max = matches!(op, Op::MaxPool2d(_));
             by_images(pool, &g, |sub, lo, hi| {
-                let (xl, ol) = (g.h * g.w * g.c, g.oh * g.ow * g.c);
+                let (xl, ol) = (g.image_len(), g.out_image_len(g.c));
                 let xs = &mem.f32s(x)[lo * xl..hi * xl];
                 let o = mem.f32s_part(out, lo * ol, hi * ol);
                 if max {
@@ -153,9 +132,9 @@ pub fn run(
         }
         Op::MaxPool2dGrad(p) => {
             let (x, dy) = (&args[0], &args[1]);
-            let g = Geo::new(&x.shape, &dy.shape, p.window, p.strides, [1, 1], p.padding);
+            let g = Geo::pool(&x.shape, &dy.shape, p);
             by_images(pool, &g, |sub, lo, hi| {
-                let (xl, ol) = (g.h * g.w * g.c, g.oh * g.ow * g.c);
+                let (xl, ol) = (g.image_len(), g.out_image_len(g.c));
                 let mut pooled = vec![0f32; (hi - lo) * ol];
                 let dx = mem.f32s_part(out, lo * xl, hi * xl);
                 let grad = (&mem.f32s(dy)[lo * ol..hi * ol], &mut *dx);
@@ -165,16 +144,9 @@ pub fn run(
         }
         Op::AvgPool2dGrad(p) => {
             let dy = &args[0];
-            let g = Geo::new(
-                &out.shape,
-                &dy.shape,
-                p.window,
-                p.strides,
-                [1, 1],
-                p.padding,
-            );
+            let g = Geo::pool(&out.shape, &dy.shape, p);
             by_images(pool, &g, |sub, lo, hi| {
-                let (xl, ol) = (g.h * g.w * g.c, g.oh * g.ow * g.c);
+                let (xl, ol) = (g.image_len(), g.out_image_len(g.c));
                 let dx = mem.f32s_part(out, lo * xl, hi * xl);
                 sub.avg_pool_grad(&mem.f32s(dy)[lo * ol..hi * ol], dx);
                 round(dx, dtype);
@@ -326,9 +298,7 @@ pub fn run(
 pub fn matmul(a: &View, b: &View, out: &View, dtype: DType, mem: &Mem, pool: &Pool) {
     let r = out.shape.len();
     let (m, n) = (out.shape[r - 2], out.shape[r - 1]);
-    let ra = a.shape.len();
-    let k = a.shape[ra - 1];
-    let rb = b.shape.len();
+    let k = a.shape[a.shape.len() - 1];
     let batch_shape = &out.shape[..r - 2];
     let batch: usize = batch_shape.iter().product();
     let offset = |v: &View, t: usize| -> i64 {
@@ -345,28 +315,22 @@ pub fn matmul(a: &View, b: &View, out: &View, dtype: DType, mem: &Mem, pool: &Po
         }
         off
     };
-    let at = |v: &View, t: usize, rs: i64, cs: i64| Mat {
-        // SAFETY: lowering made the view lie within its buffer.
-        ptr: unsafe { (mem.ptr(v.buf) as *mut f32).offset(offset(v, t) as isize) } as usize,
-        rs: rs as isize,
-        cs: cs as isize,
+    // matrix t of the batch of a view (its last two axes), and of out
+    let mat = |v: &View, t: usize| {
+        let r = v.shape.len();
+        Mat {
+            // SAFETY: lowering made the view lie within its buffer.
+            ptr: unsafe { (mem.ptr(v.buf) as *mut f32).offset(offset(v, t) as isize) } as usize,
+            rs: v.strides[r - 2] as isize,
+            cs: v.strides[r - 1] as isize,
+        }
     };
+    let c = |t: usize| Mat::of(mem, out, n, 1).at(t * m, 0);
     if batch == 1 {
-        let (sa, sb) = (
-            (a.strides[ra - 2], a.strides[ra - 1]),
-            (b.strides[rb - 2], b.strides[rb - 1]),
-        );
-        let c = Mat::of(mem, out, n, 1);
-        gemm(
-            pool,
-            (m, k, n),
-            at(a, 0, sa.0, sa.1),
-            at(b, 0, sb.0, sb.1),
-            c,
-        );
+        gemm(pool, (m, k, n), mat(a, 0), mat(b, 0), c(0));
     } else {
         // one task per matrix of the batch
-        let tasks = if (batch * m * k * n) < MIN_SPLIT {
+        let tasks = if batch * m * k * n < MIN_SPLIT {
             1
         } else {
             batch
@@ -374,24 +338,11 @@ pub fn matmul(a: &View, b: &View, out: &View, dtype: DType, mem: &Mem, pool: &Po
         pool.run(tasks, &|t| {
             let ts = if tasks == 1 { 0..batch } else { t..t + 1 };
             for t in ts {
-                let c = Mat {
-                    // SAFETY: matrix t of out's contiguous buffer.
-                    ptr: unsafe { (mem.ptr(out.buf) as *mut f32).add(t * m * n) } as usize,
-                    rs: n as isize,
-                    cs: 1,
-                };
-                let (sa, sb) = (
-                    (a.strides[ra - 2], a.strides[ra - 1]),
-                    (b.strides[rb - 2], b.strides[rb - 1]),
-                );
-                sgemm((m, k, n), at(a, t, sa.0, sa.1), at(b, t, sb.0, sb.1), c);
+                sgemm((m, k, n), mat(a, t), mat(b, t), c(t));
             }
         });
     }
-    if matches!(dtype, DType::F16 | DType::BF16) {
-        let c = mem.f32s_mut(out);
-        round(c, dtype);
-    }
+    round(mem.f32s_mut(out), dtype);
 }
 
 /// The work (multiply-adds, or elements) below which a kernel runs on one thread: a
@@ -470,7 +421,7 @@ fn sgemm((m, k, n): (usize, usize, usize), a: Mat, b: Mat, c: Mat) {
 /// The patches of `x` into `cols` (`g`'s patch matrix), split over images.
 fn im2col(g: &Geo, mem: &Mem, x: &View, cols: &View, pool: &Pool) {
     by_images(pool, g, |sub, lo, hi| {
-        let (xl, cl) = (g.h * g.w * g.c, g.oh * g.ow * g.cols());
+        let (xl, cl) = (g.image_len(), g.out_image_len(g.cols()));
         sub.im2col(
             &mem.f32s(x)[lo * xl..hi * xl],
             mem.f32s_part(cols, lo * cl, hi * cl),

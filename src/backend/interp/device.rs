@@ -2,7 +2,7 @@
 //! variables a map of tensors (shared arrays, so reading them out copies nothing), and
 //! the shards of a train step run on scoped threads.
 
-use super::{execute, Env, OpEnv, Plan, Values};
+use super::{execute, Env, Plan, Values};
 use crate::backend::{
     self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
 };
@@ -94,7 +94,7 @@ impl backend::Device for Device {
             let env = Env {
                 feeds: &feeds,
                 vars,
-                op: op_env(ctx, shard),
+                op: ctx.op_env(shard),
             };
             let mut values = Values::new(g.g.node_bound());
             execute(g, a, &env, &mut values)?;
@@ -153,7 +153,7 @@ impl backend::Device for Device {
         let env = Env {
             feeds: &no_feeds,
             vars: &self.vars,
-            op: op_env(ctx, 0),
+            op: ctx.op_env(0),
         };
         execute(g, b, &env, &mut values).map_err(|error| StepError::Run { shard: None, error })?;
         spec.check_b(|node, want| scan(&values, node, want))?;
@@ -186,7 +186,7 @@ impl backend::Device for Device {
         let env = Env {
             feeds: &feeds,
             vars: &self.vars,
-            op: op_env(ctx, shard),
+            op: ctx.op_env(shard),
         };
         let mut values = Values::new(graph.g.node_bound());
         execute(graph, plan, &env, &mut values)?;
@@ -194,14 +194,6 @@ impl backend::Device for Device {
             .iter()
             .map(|&t| values.get(t).cloned().expect("target"))
             .collect())
-    }
-}
-
-fn op_env(ctx: StepCtx, shard: usize) -> OpEnv {
-    OpEnv {
-        step: ctx.step,
-        seed: ctx.seed,
-        shard,
     }
 }
 

@@ -660,14 +660,7 @@ fn float_out(ty: &TensorType, v: Vec<f32>) -> Tensor {
 
 fn conv2d(x: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
     let ws = w.shape();
-    let g = Geo::new(
-        x.shape(),
-        &ty.shape,
-        [ws[0], ws[1]],
-        c.strides,
-        c.dilation,
-        c.padding,
-    );
+    let g = Geo::conv(x.shape(), &ty.shape, [ws[0], ws[1]], c);
     let mut cols = Array2::<f32>::zeros((g.pixels(), g.cols()));
     g.im2col(&contiguous(x.f()), cols.as_slice_mut().expect("contiguous"));
     let out = cols.dot(&filter2(w));
@@ -681,14 +674,7 @@ fn conv2d(x: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
 
 fn conv2d_backprop_input(dy: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
     let ws = w.shape();
-    let g = Geo::new(
-        &ty.shape,
-        dy.shape(),
-        [ws[0], ws[1]],
-        c.strides,
-        c.dilation,
-        c.padding,
-    );
+    let g = Geo::conv(&ty.shape, dy.shape(), [ws[0], ws[1]], c);
     let o = ws[3];
     let dy2 =
         Array2::from_shape_vec((g.pixels(), o), contiguous(dy.f()).into_owned()).expect("shape");
@@ -700,14 +686,7 @@ fn conv2d_backprop_input(dy: &Tensor, w: &Tensor, c: &Conv, ty: &TensorType) -> 
 }
 
 fn conv2d_backprop_filter(x: &Tensor, dy: &Tensor, c: &Conv, ty: &TensorType) -> Tensor {
-    let g = Geo::new(
-        x.shape(),
-        dy.shape(),
-        [ty.shape[0], ty.shape[1]],
-        c.strides,
-        c.dilation,
-        c.padding,
-    );
+    let g = Geo::conv(x.shape(), dy.shape(), [ty.shape[0], ty.shape[1]], c);
     let o = ty.shape[3];
     let mut cols = Array2::<f32>::zeros((g.pixels(), g.cols()));
     g.im2col(&contiguous(x.f()), cols.as_slice_mut().expect("contiguous"));
@@ -731,14 +710,7 @@ fn max_pool(x: &Tensor, dy: Option<&Tensor>, p: &Pool, ty: &TensorType) -> Tenso
         Some(d) => d.shape().to_vec(),
         None => ty.shape.to_vec(),
     };
-    let g = Geo::new(
-        x.shape(),
-        &out_shape,
-        p.window,
-        p.strides,
-        [1, 1],
-        p.padding,
-    );
+    let g = Geo::pool(x.shape(), &out_shape, p);
     let xs = contiguous(x.f());
     let mut out = vec![0f32; g.pixels() * g.c];
     match dy {
@@ -757,21 +729,14 @@ fn max_pool(x: &Tensor, dy: Option<&Tensor>, p: &Pool, ty: &TensorType) -> Tenso
 /// Average pooling over the window positions inside the input (padding is not counted,
 /// as in TensorFlow).
 fn avg_pool(x: &Tensor, p: &Pool, ty: &TensorType) -> Tensor {
-    let g = Geo::new(x.shape(), &ty.shape, p.window, p.strides, [1, 1], p.padding);
+    let g = Geo::pool(x.shape(), &ty.shape, p);
     let mut out = vec![0f32; g.pixels() * g.c];
     g.avg_pool(&contiguous(x.f()), &mut out);
     float_out(ty, out)
 }
 
 fn avg_pool_grad(dy: &Tensor, p: &Pool, ty: &TensorType) -> Tensor {
-    let g = Geo::new(
-        &ty.shape,
-        dy.shape(),
-        p.window,
-        p.strides,
-        [1, 1],
-        p.padding,
-    );
+    let g = Geo::pool(&ty.shape, dy.shape(), p);
     let mut dx = vec![0f32; g.input_len()];
     g.avg_pool_grad(&contiguous(dy.f()), &mut dx);
     float_out(ty, dx)
