@@ -1,6 +1,7 @@
 //! The command line: argument parsing, output formats and exit codes (0 clean, 1
 //! errors in the program, 2 usage or I/O errors). Everything else is the library's.
 
+mod build;
 mod data;
 mod run;
 
@@ -37,6 +38,9 @@ enum Command {
     Eval(RunArgs),
     /// Write predictions of the latest checkpoint (JSON lines and one .npy per output).
     Predict(RunArgs),
+    /// Compile one estimator's graph for a target without running it: write a stage
+    /// (`--emit llvm-ir|asm|obj`) or report its kernels and memory plan (`--report`).
+    Build(build::BuildArgs),
     /// Run an estimator's input pipeline alone and report its speed and the shapes of
     /// its batches (`--show N` prints the first N batches as JSON lines).
     PerfInput(PerfArgs),
@@ -272,12 +276,16 @@ enum ModeArg {
     All,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum Emit {
     Tokens,
     Ast,
     Ir,
     IrDot,
+    /// The host's optimised LLVM module of each graph.
+    LlvmIr,
+    /// The host's assembly of each graph.
+    Asm,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -311,6 +319,7 @@ pub fn main() -> i32 {
         Command::Train(a) => run::run(a, SectionKind::Train),
         Command::Eval(a) => run::run(a, SectionKind::Eval),
         Command::Predict(a) => run::run(a, SectionKind::Predict),
+        Command::Build(a) => build::build(a),
         Command::PerfInput(a) => run::perf_input(a),
         Command::Data(a) => data::run(a),
         Command::Lsp(_) => est::lsp::run_stdio(),
@@ -399,19 +408,43 @@ fn check(a: CheckArgs) -> i32 {
         ));
         return 2;
     }
+    let mut failed = Vec::new();
     for c in &checked.graphs {
         let dump = match a.emit {
             Some(Emit::Ir) => est::ir::dump_text(&c.graph, &graph_title(c)),
             Some(Emit::IrDot) => est::ir::dump_dot(&c.graph, &graph_title(c)),
+            Some(e @ (Emit::LlvmIr | Emit::Asm)) => {
+                let stage = if e == Emit::Asm {
+                    build::Stage::Asm
+                } else {
+                    build::Stage::LlvmIr
+                };
+                let at = checked
+                    .estimators
+                    .iter()
+                    .find(|e| e.name == c.estimator)
+                    .map(|e| e.span)
+                    .unwrap_or_default();
+                match build::stage(&program, c, at, stage) {
+                    Ok(bytes) => {
+                        format!("; {}\n{}", graph_title(c), String::from_utf8_lossy(&bytes))
+                    }
+                    Err(d) => {
+                        failed.push(d);
+                        continue;
+                    }
+                }
+            }
             _ => break,
         };
         if let Err(code) = print_result(&dump) {
             return code;
         }
     }
+    let diags: Vec<Diag> = checked.diags.iter().cloned().chain(failed).collect();
     report(
         &program,
-        &checked.diags,
+        &diags,
         a.out.message_format,
         a.out.color,
         a.emit.is_none(),

@@ -341,3 +341,185 @@ fn without_llvm_the_host_target_says_how_to_build_it() {
         .unwrap_or("")
         .contains("--features llvm"));
 }
+
+/// Runs estc in the repository with its own code cache; returns (status, stdout, stderr).
+#[cfg(feature = "llvm")]
+fn estc(args: &[&str], cache: &Path) -> (i32, String, String) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_estc"))
+        .args(args)
+        .current_dir(root())
+        .env("EST_CACHE_DIR", cache)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The generated loops are vectorised: for a pinned CPU with AVX2, the assembly of
+/// fc_mnist's train step computes on ymm registers (and for baseline x86-64, on xmm).
+#[cfg(all(feature = "llvm", target_arch = "x86_64"))]
+#[test]
+fn generated_kernels_use_vector_registers() {
+    let cache = tmp("asm-cache");
+    let asm = |cpu: &str| {
+        let (st, out, err) = estc(
+            &[
+                "build",
+                "examples/fc_mnist.est",
+                "--emit",
+                "asm",
+                "--cpu",
+                cpu,
+            ],
+            &cache,
+        );
+        assert_eq!(st, 0, "{err}");
+        out
+    };
+    let packed = |asm: &str, reg: &str| {
+        asm.lines()
+            .filter(|l| l.contains(&format!("%{reg}")) && l.contains("ps\t"))
+            .count()
+    };
+    let v3 = asm("x86-64-v3");
+    assert!(
+        packed(&v3, "ymm") > 50,
+        "{} packed ymm instructions",
+        packed(&v3, "ymm")
+    );
+    let base = asm("x86-64");
+    assert_eq!(packed(&base, "ymm"), 0);
+    assert!(packed(&base, "xmm") > 50);
+    // the LLVM module of the same graph, and check's per-graph stages
+    let (st, ir, err) = estc(
+        &["build", "examples/fc_mnist.est", "--emit", "llvm-ir"],
+        &cache,
+    );
+    assert_eq!(st, 0, "{err}");
+    assert!(ir.contains("define") && ir.contains("<8 x float>"), "{ir}");
+    let (st, out, err) = estc(
+        &[
+            "check",
+            "examples/fc_mnist.est",
+            "--emit",
+            "llvm-ir",
+            "--mode",
+            "predict",
+        ],
+        &cache,
+    );
+    assert_eq!(st, 0, "{err}");
+    assert!(
+        out.starts_with("; fc_mnist/predict/host") && out.contains("define"),
+        "{out}"
+    );
+}
+
+/// `estc build --report` shows the memory plan: the arena holds every buffer of the
+/// train step in less than the buffers would take apart, and names the largest.
+#[cfg(feature = "llvm")]
+#[test]
+fn the_memory_plan_shares_buffers() {
+    let cache = tmp("plan-cache");
+    let (st, out, err) = estc(
+        &[
+            "build",
+            "examples/mnist_cnn.est",
+            "--param",
+            "hidden=[128]",
+            "--report",
+        ],
+        &cache,
+    );
+    assert_eq!(st, 0, "{err}");
+    let mib = |prefix: &str| -> f64 {
+        let l = out.lines().find(|l| l.starts_with(prefix)).expect(prefix);
+        l[prefix.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let arena = mib("arena: ");
+    let unshared: f64 = out
+        .lines()
+        .find(|l| l.starts_with("arena: "))
+        .and_then(|l| l.split("; ").nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(arena > 0.0 && arena < 0.5 * unshared, "{out}");
+    // the peak holds at least the largest buffer
+    let largest: f64 = out
+        .lines()
+        .skip_while(|l| !l.starts_with("largest buffers"))
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(arena >= largest, "{out}");
+    assert!(out.contains("examples/mnist_cnn.est:"), "{out}");
+}
+
+/// The second compile of a graph links the cached object; an entry that is damaged,
+/// truncated or made for another CPU is compiled again and overwritten, never trusted.
+#[cfg(feature = "llvm")]
+#[test]
+fn compiled_code_is_cached_and_bad_entries_are_rebuilt() {
+    let cache = tmp("code-cache");
+    let build = || {
+        let (st, out, err) = estc(&["build", "examples/digits_mlp.est", "--report"], &cache);
+        assert_eq!(st, 0, "{err}");
+        out.lines()
+            .find(|l| l.starts_with("code: "))
+            .unwrap()
+            .to_string()
+    };
+    assert!(build().starts_with("code: compiled, cached in"));
+    assert!(build().starts_with("code: from the cache"));
+    let entries: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = &entries[0];
+    let whole = std::fs::read(entry).unwrap();
+    let mut flipped = whole.clone();
+    let n = flipped.len();
+    flipped[n - 100] ^= 0x40;
+    let damaged: [(&[u8], &str); 3] = [
+        (&whole[..n / 2], "truncated"),
+        (&flipped, "checksum"),
+        (b"est-obj1\n{\"key\":1}\n", "header"),
+    ];
+    for (bytes, why) in damaged {
+        std::fs::write(entry, bytes).unwrap();
+        let line = build();
+        assert!(
+            line.contains("compiled again") && line.contains(why),
+            "{why}: {line}"
+        );
+        assert!(build().starts_with("code: from the cache"));
+    }
+    // an entry written for another CPU: the header's key differs
+    let text = String::from_utf8_lossy(&whole).into_owned();
+    let foreign = whole
+        .windows(7)
+        .position(|w| w == b"\"cpu\":\"")
+        .map(|i| {
+            let mut b = whole.clone();
+            b[i + 7] ^= 0x20; // another CPU name, same length
+            b
+        })
+        .unwrap_or_else(|| panic!("no cpu in the header: {}", &text[..200]));
+    std::fs::write(entry, foreign).unwrap();
+    assert!(build().contains("another module, CPU or compiler"));
+    // the rebuilt entry is trusted again
+    assert!(build().starts_with("code: from the cache"));
+}

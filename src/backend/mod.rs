@@ -117,6 +117,28 @@ pub enum StepError {
     },
 }
 
+/// What a device computes of a mode's graph, phase by phase: the train step's two
+/// phases (`TrainSpec`), every output for eval, the predictions for predict.
+pub fn phases(
+    graph: &Graph,
+    mode: crate::syntax::ast::SectionKind,
+    at: Span,
+) -> Result<Vec<Vec<NodeIndex>>, Diag> {
+    use crate::syntax::ast::SectionKind;
+    Ok(match mode {
+        SectionKind::Train => {
+            let spec = TrainSpec::new(graph, at)?;
+            vec![spec.a_targets.clone(), spec.b_targets()]
+        }
+        SectionKind::Eval => vec![graph.outputs.iter().map(|o| o.node).collect()],
+        SectionKind::Predict => vec![graph
+            .outputs_with(Role::Prediction)
+            .into_iter()
+            .map(|o| o.1)
+            .collect()],
+    })
+}
+
 /// A backend's executor of one estimator's graphs, holding its variables.
 pub trait Device: Send {
     /// Compiles a checked train graph into its train step. `at` is where to point

@@ -32,11 +32,29 @@ pub struct Machine {
 }
 
 /// Initialises LLVM's code generator for this machine, once; an error when this LLVM
-/// has none for it.
+/// has none for it. `EST_LLVM_ARGS` passes options to LLVM first, as `llc` takes them
+/// (`-time-passes`, `-print-after=loop-vectorize`): for reading what it does.
 fn init() -> Result<(), String> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
-    DONE.get_or_init(|| Target::initialize_native(&InitializationConfig::default()))
-        .clone()
+    DONE.get_or_init(|| {
+        if let Ok(a) = std::env::var("EST_LLVM_ARGS") {
+            let args: Vec<CString> = std::iter::once("est".to_string())
+                .chain(a.split_whitespace().map(String::from))
+                .filter_map(|s| CString::new(s).ok())
+                .collect();
+            let ptrs: Vec<*const std::ffi::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+            // SAFETY: argv-style strings that outlive the call.
+            unsafe {
+                llvm_sys::support::LLVMParseCommandLineOptions(
+                    ptrs.len() as i32,
+                    ptrs.as_ptr(),
+                    std::ptr::null(),
+                )
+            };
+        }
+        Target::initialize_native(&InitializationConfig::default())
+    })
+    .clone()
 }
 
 impl Machine {
@@ -46,6 +64,13 @@ impl Machine {
         let cpu = TargetMachine::get_host_cpu_name().to_string();
         let features = TargetMachine::get_host_cpu_features().to_string();
         Machine::new(&cpu, &features)
+    }
+
+    /// A named CPU (`x86-64-v3`, `znver3`) with its own features, for code that runs
+    /// elsewhere or is inspected.
+    pub fn named(cpu: &str) -> Result<Machine, String> {
+        init()?;
+        Machine::new(cpu, "")
     }
 
     fn new(cpu: &str, features: &str) -> Result<Machine, String> {

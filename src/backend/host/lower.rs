@@ -182,6 +182,17 @@ impl Kernel {
         }
     }
 
+    /// Every buffer the kernel reads or writes.
+    pub fn bufs(&self) -> Vec<usize> {
+        let views: Vec<&View> = match self {
+            Kernel::Loop(l) => l.leaves.iter().map(|x| &x.1).chain([&l.out]).collect(),
+            Kernel::Softmax { x, out, .. } => vec![x, out],
+            Kernel::MatMul { a, b, out, .. } => vec![a, b, out],
+            Kernel::Native { args, out, .. } => args.iter().chain([out]).collect(),
+        };
+        views.iter().map(|v| v.buf).collect()
+    }
+
     /// The extent of a generated kernel's outermost loop (1 for a kernel without loops).
     pub fn outer(&self, g: &Graph) -> usize {
         let first = |s: &[usize]| s.first().copied().unwrap_or(1);

@@ -58,10 +58,6 @@ impl Mem {
         self.ptrs[buf]
     }
 
-    pub fn table(&self, bufs: &[usize]) -> Vec<*mut u8> {
-        bufs.iter().map(|&b| self.ptrs[b]).collect()
-    }
-
     pub fn elem(&self, v: &View) -> Elem {
         self.elems[v.buf]
     }

@@ -12,11 +12,13 @@
 //! are called through their table of buffer addresses, GEMMs and index work run as
 //! native kernels (`native.rs`).
 
+mod cache;
 mod codegen;
 mod jit;
 mod lower;
 mod mem;
 mod native;
+mod plan;
 
 use crate::backend::interp::OpEnv;
 use crate::backend::pool::{part, Pool};
@@ -27,10 +29,15 @@ use crate::diag::{Code, Diag};
 use crate::ir::{Graph, NodeIndex, Op, TensorType};
 use crate::span::Span;
 use crate::tensor::Tensor;
+pub use cache::Origin;
+use codegen::{Codegen, KernelFn};
 use inkwell::context::Context;
+use inkwell::module::Module;
+use inkwell::targets::FileType;
 use jit::Machine;
 use lower::{Bufs, Elem, Kernel, Role, View};
 use mem::{Mem, Storage};
+use plan::Plan;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -57,20 +64,36 @@ pub struct Device {
     machine: Machine,
     pool: Pool,
     vars: FxHashMap<String, Var>,
+    /// Changes whenever a variable's storage does (programs then renew their tables
+    /// of addresses).
+    epoch: u64,
     train: Vec<Train>,
     runs: Vec<Run>,
+}
+
+/// A graph lowered for the host: the kernels of each phase over buffers placed by a
+/// memory plan, and where each phase leaves its targets.
+struct Lowered {
+    bufs: Bufs,
+    phases: Vec<Vec<Kernel>>,
+    views: FxHashMap<NodeIndex, View>,
+    plan: Plan,
 }
 
 /// A compiled step: kernels, the code they call, and the executable's own storage.
 struct Program {
     graph: Arc<Graph>,
     bufs: Bufs,
-    /// Storage of every buffer that is not a variable.
-    own: Vec<Option<Storage>>,
+    plan: Plan,
+    /// Every buffer that is not a variable, at its offset of the plan.
+    arena: Storage,
     /// Each input's buffer, name and node, and the `decode_raw` node that decodes it
     /// as it is fed (a byte-string input); the global step's buffer.
     inputs: Vec<(usize, String, NodeIndex, Option<NodeIndex>)>,
     step: Option<usize>,
+    /// The address of every buffer, as of the device's `epoch` of variables.
+    mem: Mem,
+    epoch: Option<u64>,
     _jit: jit::Jit,
 }
 
@@ -83,12 +106,14 @@ struct Compiled {
 
 /// One kernel ready to run.
 enum Step {
-    /// A generated kernel: its function, its buffers, the extent of its outer loop,
-    /// and whether that loop may be split over threads.
+    /// A generated kernel: its function, its buffers and their addresses (renewed with
+    /// the program's), the extent of its outer loop, and whether that loop may be
+    /// split over threads.
     Gen {
         node: NodeIndex,
         f: KernelPtr,
         bufs: Vec<usize>,
+        table: Vec<usize>,
         outer: i64,
         split: bool,
     },
@@ -117,19 +142,11 @@ struct Run {
 impl Device {
     /// A host device running its kernels on `threads` threads.
     pub fn new(at: Span, threads: usize) -> Result<Device, Diag> {
-        let machine = Machine::host().map_err(|m| {
-            Diag::new(
-                Code::HostCompile,
-                at,
-                format!("LLVM cannot generate code for this CPU: {m}"),
-            )
-            .label("this estimator")
-            .help("run it with `--target interp`")
-        })?;
         Ok(Device {
-            machine,
+            machine: host_machine(at, None)?,
             pool: Pool::new(threads),
             vars: FxHashMap::default(),
+            epoch: 0,
             train: Vec::new(),
             runs: Vec::new(),
         })
@@ -141,53 +158,23 @@ impl Device {
         phases: &[Vec<NodeIndex>],
         at: Span,
     ) -> Result<Compiled, Diag> {
-        let mut bufs = Bufs::default();
-        let mut views: FxHashMap<NodeIndex, View> = FxHashMap::default();
-        let mut kernels = Vec::new();
-        for targets in phases {
-            let (ks, vs) = lower::lower(graph, targets, &views, &mut bufs).map_err(|u| {
-                Diag::new(
-                    Code::UnsupportedOp,
-                    u.span,
-                    format!("the host target cannot run `{}` yet: {}", u.op, u.why),
-                )
-                .label(format!("this {}", u.op))
-                .help("run it with `--target interp`")
-            })?;
-            views.extend(vs);
-            kernels.push(ks);
-        }
-        let llvm = |m: String| {
-            Diag::new(
-                Code::HostCompile,
-                at,
-                format!("LLVM failed to compile the graph: {m}"),
-            )
-            .label("this estimator")
-            .help("this is a compiler bug; run it with `--target interp` meanwhile")
-        };
+        let lowered = lower_phases(graph, phases)?;
+        let llvm = |m: String| llvm_failed(at, m);
         let ctx = Context::create();
-        let mut cg = codegen::Codegen::new(&ctx, "est", &self.machine.cpu, &self.machine.features);
-        let mut fns = Vec::new();
-        for (p, ks) in kernels.iter().enumerate() {
-            for (i, k) in ks.iter().enumerate() {
-                fns.push(
-                    cg.kernel(&format!("k{p}_{i}"), k, graph, &bufs)
-                        .map_err(llvm)?,
-                );
-            }
-        }
-        self.machine.optimize(&cg.module).map_err(llvm)?;
-        let mut object = self
-            .machine
-            .emit(&cg.module, inkwell::targets::FileType::Object)
-            .map_err(llvm)?;
+        let (cg, fns) = generate(&ctx, &self.machine, graph, &lowered).map_err(llvm)?;
+        let (mut object, _) = object(&self.machine, &cg.module).map_err(llvm)?;
         // For the tests of E0917: `EST_FAULT=host-object` damages the object file.
         if std::env::var("EST_FAULT").ok().as_deref() == Some("host-object") {
             object.truncate(object.len() / 3);
         }
         let mut jit = jit::Jit::new().map_err(llvm)?;
         jit.add_object(&object).map_err(llvm)?;
+        let Lowered {
+            bufs,
+            phases: kernels,
+            views,
+            plan,
+        } = lowered;
         let mut fns = fns.into_iter();
         let mut phases_out = Vec::new();
         for ks in kernels {
@@ -205,6 +192,7 @@ impl Device {
                             outer: k.outer(graph) as i64,
                             split: splits(&k, graph),
                             f: ptr,
+                            table: Vec::new(),
                             bufs: f.bufs,
                         }
                     }
@@ -213,17 +201,11 @@ impl Device {
             }
             phases_out.push(steps);
         }
-        let mut own = Vec::with_capacity(bufs.bufs.len());
-        for b in &bufs.bufs {
-            own.push(match b.role {
-                Role::Var(_) => None,
-                _ => Some(Storage::new(b.len * b.elem.size()).map_err(|m| {
-                    Diag::new(Code::OutOfMemory, at, format!("the buffers of this graph do not fit in memory: {m}"))
-                        .label("this estimator")
-                        .help("make the model or its batch smaller; `estc check` estimates the memory a program needs")
-                })?),
-            });
-        }
+        let arena = Storage::new(plan.arena).map_err(|m| {
+            Diag::new(Code::OutOfMemory, at, format!("the buffers of this graph do not fit in memory: {m}"))
+                .label("this estimator")
+                .help("make the model or its batch smaller; `estc check` estimates the memory a program needs")
+        })?;
         let inputs = bufs
             .bufs
             .iter()
@@ -245,8 +227,11 @@ impl Device {
         Ok(Compiled {
             p: Program {
                 graph: graph.clone(),
+                mem: Mem::new(Vec::new(), Vec::new()),
+                epoch: None,
                 bufs,
-                own,
+                plan,
+                arena,
                 inputs,
                 step,
                 _jit: jit,
@@ -255,23 +240,145 @@ impl Device {
             views,
         })
     }
+}
 
-    /// The address table of a program: its own storage and the resident variables.
-    fn mem(&self, p: &Program) -> Result<Mem, String> {
-        let mut ptrs = Vec::with_capacity(p.bufs.bufs.len());
-        for (b, own) in p.bufs.bufs.iter().zip(&p.own) {
-            ptrs.push(match (&b.role, own) {
-                (Role::Var(name), _) => self
-                    .vars
-                    .get(name)
-                    .map(|v| v.data.ptr())
-                    .ok_or_else(|| format!("variable `{name}` has no value"))?,
-                (_, Some(s)) => s.ptr(),
-                (_, None) => unreachable!("every other buffer is owned"),
-            });
-        }
-        Ok(Mem::new(ptrs, p.bufs.bufs.iter().map(|b| b.elem).collect()))
+/// A code generator for this CPU, or for the named one (`x86-64-v3`).
+fn host_machine(at: Span, cpu: Option<&str>) -> Result<Machine, Diag> {
+    let m = match cpu {
+        None => Machine::host(),
+        Some(cpu) => Machine::named(cpu),
+    };
+    m.map_err(|m| {
+        Diag::new(
+            Code::HostCompile,
+            at,
+            format!("LLVM cannot generate code for this CPU: {m}"),
+        )
+        .label("this estimator")
+        .help("run it with `--target interp`")
+    })
+}
+
+fn llvm_failed(at: Span, m: String) -> Diag {
+    Diag::new(
+        Code::HostCompile,
+        at,
+        format!("LLVM failed to compile the graph: {m}"),
+    )
+    .label("this estimator")
+    .help("this is a compiler bug; run it with `--target interp` meanwhile")
+}
+
+/// Lowers the nodes computing each phase's targets (a phase may read the targets of
+/// the ones before it) and plans their memory.
+fn lower_phases(graph: &Graph, phases: &[Vec<NodeIndex>]) -> Result<Lowered, Diag> {
+    let mut bufs = Bufs::default();
+    let mut views: FxHashMap<NodeIndex, View> = FxHashMap::default();
+    let mut kernels = Vec::new();
+    for targets in phases {
+        let (ks, vs) = lower::lower(graph, targets, &views, &mut bufs).map_err(|u| {
+            Diag::new(
+                Code::UnsupportedOp,
+                u.span,
+                format!("the host target cannot run `{}` yet: {}", u.op, u.why),
+            )
+            .label(format!("this {}", u.op))
+            .help("run it with `--target interp`")
+        })?;
+        views.extend(vs);
+        kernels.push(ks);
     }
+    // every target is read after the kernels (checks, averages, the next phase)
+    let pinned: Vec<usize> = views.values().map(|v| v.buf).collect();
+    let order: Vec<&Kernel> = kernels.iter().flatten().collect();
+    let plan = plan::plan(&bufs, &order, &pinned);
+    Ok(Lowered {
+        bufs,
+        phases: kernels,
+        views,
+        plan,
+    })
+}
+
+/// The LLVM module of a lowered graph, and each kernel's function (`None` for the
+/// native ones).
+fn generate<'c>(
+    ctx: &'c Context,
+    machine: &Machine,
+    graph: &Graph,
+    l: &Lowered,
+) -> Result<(Codegen<'c>, Vec<Option<KernelFn>>), String> {
+    let mut cg = Codegen::new(ctx, "est", &machine.cpu, &machine.features);
+    let mut fns = Vec::new();
+    for (p, ks) in l.phases.iter().enumerate() {
+        for (i, k) in ks.iter().enumerate() {
+            fns.push(cg.kernel(&format!("k{p}_{i}"), k, graph, &l.bufs)?);
+        }
+    }
+    Ok((cg, fns))
+}
+
+/// The object code of a module: read from the on-disk cache, or optimised and emitted
+/// (and then cached).
+fn object(machine: &Machine, module: &Module) -> Result<(Vec<u8>, Origin), String> {
+    let compile = || -> Result<Vec<u8>, String> {
+        machine.optimize(module)?;
+        machine.emit(module, FileType::Object)
+    };
+    let Some(dir) = cache::dir() else {
+        return Ok((compile()?, Origin::Compiled));
+    };
+    let key = cache::Key::new(&module.print_to_string().to_string(), machine);
+    let path = cache::path(&dir, &key);
+    let bad = match cache::get(&path, &key) {
+        cache::Lookup::Hit(object) => return Ok((object, Origin::Cached(path))),
+        cache::Lookup::Miss => None,
+        cache::Lookup::Bad(why) => Some(why),
+    };
+    let object = compile()?;
+    let stored = cache::put(&path, &key, &object).err();
+    Ok((
+        object,
+        match (bad, stored) {
+            (Some(why), None) => Origin::Rebuilt(path, why),
+            (_, stored) => Origin::Stored(path, stored),
+        },
+    ))
+}
+
+/// Renews a program's table of addresses (and its generated steps') when the
+/// variables' storage changed since it was made.
+fn refresh(
+    vars: &FxHashMap<String, Var>,
+    epoch: u64,
+    p: &mut Program,
+    phases: &mut [&mut Vec<Step>],
+) -> Result<(), String> {
+    if p.epoch == Some(epoch) {
+        return Ok(());
+    }
+    let mut ptrs = Vec::with_capacity(p.bufs.bufs.len());
+    for (b, off) in p.bufs.bufs.iter().zip(&p.plan.offsets) {
+        ptrs.push(match (&b.role, off) {
+            (Role::Var(name), _) => vars
+                .get(name)
+                .map(|v| v.data.ptr())
+                .ok_or_else(|| format!("variable `{name}` has no value"))?,
+            // SAFETY: the plan's offsets lie within the arena.
+            (_, Some(off)) => unsafe { p.arena.ptr().add(*off) },
+            (_, None) => unreachable!("every other buffer is planned"),
+        });
+    }
+    p.mem = Mem::new(ptrs, p.bufs.bufs.iter().map(|b| b.elem).collect());
+    for steps in phases {
+        for s in steps.iter_mut() {
+            if let Step::Gen { bufs, table, .. } = s {
+                *table = bufs.iter().map(|&b| p.mem.ptr(b) as usize).collect();
+            }
+        }
+    }
+    p.epoch = Some(epoch);
+    Ok(())
 }
 
 /// Whether a generated kernel's outer loop may be split over threads: every iteration
@@ -318,11 +425,11 @@ fn run_steps(
             Step::Gen {
                 node,
                 f,
-                bufs,
+                table,
                 outer,
                 split,
+                ..
             } => {
-                let table = mem.table(bufs);
                 let parts = if *split {
                     pool.threads().min(*outer as usize)
                 } else {
@@ -443,7 +550,11 @@ impl backend::Device for Device {
     }
 
     fn bind(&mut self, vars: FxHashMap<String, Tensor>) -> Result<(), String> {
-        self.vars.clear();
+        let before = self.vars.len();
+        self.vars.retain(|name, _| vars.contains_key(name));
+        if self.vars.len() != before {
+            self.epoch += 1;
+        }
         for (name, t) in vars {
             self.set_variable(&name, t)?;
         }
@@ -471,12 +582,19 @@ impl backend::Device for Device {
         let elem = Elem::of(ty.dtype).ok_or_else(|| {
             format!("variable `{name}` holds byte strings, which the host cannot")
         })?;
+        // a variable of the same type keeps its storage (and the programs their tables)
+        if let Some(v) = self.vars.get(name).filter(|v| v.ty == ty) {
+            let (mem, view) = v.mem();
+            mem.write(&view, &value);
+            return Ok(());
+        }
         let n: usize = ty.shape.iter().product();
         let data = Storage::new(n * elem.size()).map_err(|m| format!("variable `{name}`: {m}"))?;
         let v = Var { ty, data, elem };
         let (mem, view) = v.mem();
         mem.write(&view, &value);
         self.vars.insert(name.to_string(), v);
+        self.epoch += 1;
         Ok(())
     }
 
@@ -486,16 +604,20 @@ impl backend::Device for Device {
         batches: Vec<Feeds>,
         ctx: StepCtx,
     ) -> Result<StepOut, StepError> {
+        let t = &mut self.train[exe.0];
+        refresh(&self.vars, self.epoch, &mut t.p, &mut [&mut t.a, &mut t.b]).map_err(|m| {
+            StepError::Run {
+                shard: None,
+                error: RunError {
+                    span: Span::default(),
+                    op: "variable",
+                    message: m,
+                },
+            }
+        })?;
         let t = &self.train[exe.0];
         let g: &Graph = &t.p.graph;
-        let mem = self.mem(&t.p).map_err(|m| StepError::Run {
-            shard: None,
-            error: RunError {
-                span: Span::default(),
-                op: "variable",
-                message: m,
-            },
-        })?;
+        let mem = &t.p.mem;
         let n = batches.len();
         let mut acc: Vec<(NodeIndex, Vec<f32>)> = Vec::new();
         for (shard, feeds) in batches.iter().enumerate() {
@@ -503,9 +625,9 @@ impl backend::Device for Device {
                 shard: (n > 1).then_some(shard),
                 error,
             };
-            feed(&t.p, &mem, feeds, ctx.step).map_err(on)?;
+            feed(&t.p, mem, feeds, ctx.step).map_err(on)?;
             let env = ctx.op_env(shard);
-            run_steps(g, &t.a, &mem, &env, &self.pool).map_err(on)?;
+            run_steps(g, &t.a, mem, &env, &self.pool).map_err(on)?;
             if n > 1 {
                 // the mean over shards of every float phase-A value, shard 0 first
                 for &target in &t.spec.a_targets {
@@ -526,10 +648,10 @@ impl backend::Device for Device {
             a.iter_mut().for_each(|x| *x /= n as f32);
             mem.put_f32s(&t.views[&target], &a);
         }
-        let check = |node: NodeIndex, want: Finite| scan(&mem, &t.views[&node], want);
+        let check = |node: NodeIndex, want: Finite| scan(mem, &t.views[&node], want);
         t.spec.check_a(check)?;
         let env = ctx.op_env(0);
-        run_steps(g, &t.b, &mem, &env, &self.pool)
+        run_steps(g, &t.b, mem, &env, &self.pool)
             .map_err(|error| StepError::Run { shard: None, error })?;
         t.spec.check_b(check)?;
         let scalar = |node: NodeIndex| mem.read(&t.views[&node], g.node(node).ty.dtype).scalar();
@@ -566,19 +688,135 @@ impl backend::Device for Device {
         ctx: StepCtx,
         shard: usize,
     ) -> Result<Vec<Tensor>, RunError> {
-        let r = &self.runs[exe.0];
-        let g: &Graph = &r.p.graph;
-        let mem = self.mem(&r.p).map_err(|m| RunError {
+        let r = &mut self.runs[exe.0];
+        refresh(&self.vars, self.epoch, &mut r.p, &mut [&mut r.steps]).map_err(|m| RunError {
             span: Span::default(),
             op: "variable",
             message: m,
         })?;
-        feed(&r.p, &mem, &feeds, ctx.step)?;
+        let r = &self.runs[exe.0];
+        let g: &Graph = &r.p.graph;
+        let mem = &r.p.mem;
+        feed(&r.p, mem, &feeds, ctx.step)?;
         let env = ctx.op_env(shard);
-        run_steps(g, &r.steps, &mem, &env, &self.pool)?;
+        run_steps(g, &r.steps, mem, &env, &self.pool)?;
         Ok(r.targets
             .iter()
             .map(|(n, v)| mem.read(v, g.node(*n).ty.dtype))
             .collect())
     }
+}
+
+/// What `estc build --emit` writes: a stage of one graph's compilation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Emit {
+    /// The optimised LLVM module.
+    LlvmIr,
+    Asm,
+    Obj,
+}
+
+/// A buffer of an executable's memory, for the report.
+#[derive(Debug, Clone)]
+pub struct BufferInfo {
+    pub bytes: usize,
+    /// Its type (`f32[128, 24, 24, 32]`), or its length for a kernel's scratch.
+    pub what: String,
+    /// The op whose kernel writes it (or `input`), and where the program makes it.
+    pub op: &'static str,
+    pub span: Option<Span>,
+}
+
+/// What one graph compiles to: its kernels, its memory plan, its code.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub cpu: String,
+    /// Kernels generated through LLVM, and native ones (GEMMs, windows, index work).
+    pub generated: usize,
+    pub native: usize,
+    /// The arena's bytes (the peak of the plan), and what its buffers would take
+    /// without sharing.
+    pub arena: usize,
+    pub unshared: usize,
+    /// Bytes of the variables the kernels read (resident in the device).
+    pub variables: usize,
+    /// Every buffer of the arena, largest first.
+    pub buffers: Vec<BufferInfo>,
+    /// Where the code came from (with `--emit`, it is compiled, not cached).
+    pub origin: Option<Origin>,
+}
+
+/// Compiles the kernels computing `phases` (each phase's targets, as a device does)
+/// for this CPU or the named one; returns the report and the stage `emit` asks for.
+pub fn build(
+    graph: &Arc<Graph>,
+    phases: &[Vec<NodeIndex>],
+    at: Span,
+    cpu: Option<&str>,
+    emit: Option<Emit>,
+) -> Result<(Report, Option<Vec<u8>>), Diag> {
+    let machine = host_machine(at, cpu)?;
+    let lowered = lower_phases(graph, phases)?;
+    let llvm = |m: String| llvm_failed(at, m);
+    let ctx = Context::create();
+    let (cg, fns) = generate(&ctx, &machine, graph, &lowered).map_err(llvm)?;
+    let (origin, stage) = match emit {
+        None => (Some(object(&machine, &cg.module).map_err(llvm)?.1), None),
+        Some(e) => {
+            machine.optimize(&cg.module).map_err(llvm)?;
+            let bytes = match e {
+                Emit::LlvmIr => cg.module.print_to_string().to_bytes().to_vec(),
+                Emit::Asm => machine.emit(&cg.module, FileType::Assembly).map_err(llvm)?,
+                Emit::Obj => machine.emit(&cg.module, FileType::Object).map_err(llvm)?,
+            };
+            (None, Some(bytes))
+        }
+    };
+    let generated = fns.iter().filter(|f| f.is_some()).count();
+    let (bufs, plan) = (&lowered.bufs, &lowered.plan);
+    let mut buffers = Vec::new();
+    let mut variables = 0;
+    for (i, b) in bufs.bufs.iter().enumerate() {
+        let bytes = b.len * b.elem.size();
+        let node = plan.producers[i].map(|n| graph.node(n));
+        let (what, op, span) = match (&b.role, node) {
+            (Role::Var(_), _) => {
+                variables += bytes;
+                continue;
+            }
+            (Role::Input(name) | Role::Decoded(name, _), _) => {
+                (format!("input `{name}`"), "input", None)
+            }
+            (Role::Step, _) => ("the global step".to_string(), "input", None),
+            (Role::Temp, Some(n)) if n.ty.shape.iter().product::<usize>() == b.len => {
+                (n.ty.to_string(), n.op.name(), Some(n.span))
+            }
+            (Role::Temp, Some(n)) => (
+                format!("scratch of {} elements", b.len),
+                n.op.name(),
+                Some(n.span),
+            ),
+            (Role::Temp, None) => (format!("{} elements", b.len), "", None),
+        };
+        buffers.push(BufferInfo {
+            bytes,
+            what,
+            op,
+            span,
+        });
+    }
+    buffers.sort_by_key(|b| std::cmp::Reverse(b.bytes));
+    Ok((
+        Report {
+            cpu: machine.cpu.clone(),
+            generated,
+            native: fns.len() - generated,
+            arena: plan.arena,
+            unshared: plan.unshared,
+            variables,
+            buffers,
+            origin,
+        },
+        stage,
+    ))
 }

@@ -1,0 +1,212 @@
+//! `estc build`: compile one estimator's graph for a target without running it, and
+//! write a stage (`--emit llvm-ir|asm|obj`) or report its kernels and memory plan
+//! (`--report`). `estc check --emit llvm-ir|asm` prints the same stages per graph.
+
+use super::{load, print_diags, print_result, usage, write_failed, ModeArg, OutputArgs};
+use super::{ProgramArgs, Target};
+use clap::{Parser, ValueEnum};
+use est::elab::Compiled;
+use est::syntax::ast::SectionKind;
+use est::{CheckOptions, Program};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+pub struct BuildArgs {
+    #[command(flatten)]
+    program: ProgramArgs,
+    /// The target to compile for.
+    #[arg(long, value_enum, default_value_t = BuildTarget::Host)]
+    target: BuildTarget,
+    /// The graph to compile: the train step, the eval step or predict.
+    #[arg(long, value_enum, default_value_t = ModeArg::Train)]
+    mode: ModeArg,
+    /// The estimator (needed when the program has several).
+    #[arg(long)]
+    estimator: Option<String>,
+    /// Write a stage of the compilation: the optimised LLVM module, assembly, or an
+    /// object file (which needs -o).
+    #[arg(long, value_enum)]
+    emit: Option<Stage>,
+    /// Print the kernels, the memory plan (the arena's peak and every buffer, largest
+    /// first) and whether the code came from the on-disk cache.
+    #[arg(long)]
+    report: bool,
+    /// Generate code for this CPU (an LLVM CPU name such as `x86-64-v3`) instead of
+    /// the one this runs on.
+    #[arg(long)]
+    cpu: Option<String>,
+    /// Where to write the stage (default: stdout, for llvm-ir and asm).
+    #[arg(short = 'o', long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BuildTarget {
+    Host,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+pub enum Stage {
+    LlvmIr,
+    Asm,
+    Obj,
+}
+
+pub fn build(a: BuildArgs) -> i32 {
+    let (program, config) = match load(&a.program) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let BuildTarget::Host = a.target;
+    if a.emit == Some(Stage::Obj) && a.output.is_none() {
+        return usage("--emit obj writes an object file: name it with -o FILE");
+    }
+    let mode = match a.mode {
+        ModeArg::Train => SectionKind::Train,
+        ModeArg::Eval => SectionKind::Eval,
+        ModeArg::Predict => SectionKind::Predict,
+        ModeArg::All => return usage("build compiles one graph: --mode train, eval or predict"),
+    };
+    let opts = CheckOptions {
+        target: Target::Host,
+        modes: vec![mode],
+        estimator: a.estimator.clone(),
+        config,
+        verify: cfg!(debug_assertions),
+        max_steps: est::elab::MAX_STEPS,
+        hover: false,
+        memory_limit: a.program.memory_limit,
+    };
+    let checked = est::check(&program, &opts);
+    if checked.has_errors() || checked.bug.is_some() {
+        return print_diags(&program, &checked.diags, a.out.message_format, a.out.color).max(1);
+    }
+    let c = match checked.graphs.as_slice() {
+        [c] => c,
+        [] => {
+            return usage(&format!(
+                "the program has no estimator with a {} graph",
+                mode.name()
+            ))
+        }
+        several => {
+            let names: Vec<&str> = several.iter().map(|c| c.estimator.as_str()).collect();
+            return usage(&format!(
+                "the program has several estimators ({}): choose one with --estimator",
+                names.join(", ")
+            ));
+        }
+    };
+    let at = checked
+        .estimators
+        .iter()
+        .find(|e| e.name == c.estimator)
+        .map(|e| e.span)
+        .unwrap_or_default();
+    match host(&program, c, at, a.cpu.as_deref(), a.emit, a.report) {
+        Ok((text, stage)) => {
+            if let Some(bytes) = stage {
+                let written = match &a.output {
+                    Some(p) => std::fs::write(p, &bytes)
+                        .map_err(|e| write_failed(&p.display().to_string(), &e)),
+                    None => print_result(&String::from_utf8_lossy(&bytes)),
+                };
+                if let Err(code) = written {
+                    return code;
+                }
+            }
+            match print_result(&text) {
+                Ok(()) => 0,
+                Err(code) => code,
+            }
+        }
+        Err(d) => print_diags(&program, &[d], a.out.message_format, a.out.color),
+    }
+}
+
+/// The stage `emit` of one compiled graph, for `estc check --emit`.
+pub fn stage(
+    program: &Program,
+    c: &Compiled,
+    at: est::span::Span,
+    emit: Stage,
+) -> Result<Vec<u8>, est::diag::Diag> {
+    host(program, c, at, None, Some(emit), false).map(|(_, s)| s.unwrap_or_default())
+}
+
+/// Compiles a graph for the host; returns the report's text (empty without
+/// `report`) and the stage asked for.
+#[cfg(feature = "llvm")]
+fn host(
+    program: &Program,
+    c: &Compiled,
+    at: est::span::Span,
+    cpu: Option<&str>,
+    emit: Option<Stage>,
+    report: bool,
+) -> Result<(String, Option<Vec<u8>>), est::diag::Diag> {
+    use est::backend::host;
+    let phases = est::backend::phases(&c.graph, c.mode, at)?;
+    let emit = emit.map(|e| match e {
+        Stage::LlvmIr => host::Emit::LlvmIr,
+        Stage::Asm => host::Emit::Asm,
+        Stage::Obj => host::Emit::Obj,
+    });
+    let (r, stage) = host::build(&c.graph, &phases, at, cpu, emit)?;
+    if !report {
+        return Ok((String::new(), stage));
+    }
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let mut t = format!(
+        "{} ({}) for the host, CPU {}\n",
+        c.estimator,
+        c.mode.name(),
+        r.cpu
+    );
+    t.push_str(&format!(
+        "kernels: {} generated, {} native\n",
+        r.generated, r.native
+    ));
+    t.push_str(&format!(
+        "arena: {:.2} MiB peak ({} bytes; {:.2} MiB without sharing)\n",
+        mib(r.arena),
+        r.arena,
+        mib(r.unshared)
+    ));
+    t.push_str(&format!(
+        "variables: {:.2} MiB, resident in the device\n",
+        mib(r.variables)
+    ));
+    t.push_str("largest buffers:\n");
+    for b in r.buffers.iter().take(10) {
+        let at = b.span.map_or(String::new(), |s| {
+            let f = program.sources.get(s.file);
+            let (line, col) = f.line_col(s.lo as usize);
+            format!("  {}:{line}:{col}", f.name)
+        });
+        t.push_str(&format!(
+            "  {:>10.3} MiB  {:<22} {}{at}\n",
+            mib(b.bytes),
+            b.op,
+            b.what
+        ));
+    }
+    if let Some(o) = &r.origin {
+        t.push_str(&format!("code: {o}\n"));
+    }
+    Ok((t, stage))
+}
+
+#[cfg(not(feature = "llvm"))]
+fn host(
+    _: &Program,
+    _: &Compiled,
+    at: est::span::Span,
+    _: Option<&str>,
+    _: Option<Stage>,
+    _: bool,
+) -> Result<(String, Option<Vec<u8>>), est::diag::Diag> {
+    est::backend::open(Target::Host, at, 1).map(|_| (String::new(), None))
+}
