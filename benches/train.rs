@@ -90,9 +90,31 @@ fn est_rate(
     let (a, b) = *t.lock().unwrap();
     let first = first.lock().unwrap().unwrap_or(f64::NAN);
     (
-        steps as f64 / (b.unwrap() - a.unwrap()).as_secs_f64(),
+        match (a, b) {
+            (Some(a), Some(b)) => steps as f64 / (b - a).as_secs_f64(),
+            _ => f64::NAN,
+        },
         first,
     )
+}
+
+/// The host's first step compiled cold (an empty code cache) and then from the cache
+/// it filled, with steps per second of the cold run.
+fn est_host(
+    program: &Path,
+    data: &Path,
+    (warmup, steps): (i64, i64),
+    threads: usize,
+) -> [(f64, f64); 2] {
+    let cache = std::env::temp_dir().join(format!("est-bench-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    // SAFETY (of the bench): no other thread reads the environment meanwhile.
+    std::env::set_var("EST_CACHE_DIR", &cache);
+    let cold = est_rate(program, data, (warmup, steps), Target::Host, threads);
+    let cached = est_rate(program, data, (0, 1), Target::Host, threads);
+    std::env::remove_var("EST_CACHE_DIR");
+    let _ = std::fs::remove_dir_all(&cache);
+    [cold, (f64::NAN, cached.1)]
 }
 
 /// Records the seconds from `train`'s call to the end of the first step.
@@ -173,8 +195,12 @@ fn main() {
         .filter_map(|t| t.trim().parse().ok())
         .collect();
     let peers_env = std::env::var("EST_BENCH_PEERS").unwrap_or_else(|_| "jax,tf,torch".into());
-    let peers: Vec<&str> = peers_env.split(',').map(str::trim).collect();
-    println!("training steps/sec, batch 128, median of {rounds} alternating rounds; first step in seconds (compilation included)");
+    let peers: Vec<&str> = peers_env
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    println!("training steps/sec, batch 128, median of {rounds} alternating rounds; first step in seconds (compilation included; `est cached`: the first step of a second run, from the code cache)");
     for model in models.split(',') {
         let (file, steps, warmup) = match model {
             "fc" => ("examples/fc_mnist.est", 200, 60),
@@ -196,8 +222,9 @@ fn main() {
         for _ in 0..rounds {
             for &t in &threads {
                 if cfg!(feature = "llvm") {
-                    let r = est_rate(&root.join(file), &data, (warmup, steps), Target::Host, t);
-                    put("est host", t, r);
+                    let [cold, cached] = est_host(&root.join(file), &data, (warmup, steps), t);
+                    put("est host", t, cold);
+                    put("est cached", t, cached);
                 }
                 for peer in &peers {
                     match peer_rate(&root, peer, model, t, steps) {
@@ -220,7 +247,10 @@ fn main() {
                 .iter()
                 .find(|g| g.0 .0 == "est host" && g.0 .1 == *t)
                 .map(|g| median(g.1.iter().map(|r| r.0).collect()));
-            let ratio = host.map_or("-".to_string(), |h| format!("{:.2}x", h / rate));
+            let ratio = match host {
+                Some(h) if rate.is_finite() => format!("{:.2}x", h / rate),
+                _ => "-".to_string(),
+            };
             println!("{model}: {name:<14} {t:>7} {rate:>10.1} {first:>12.3} {ratio:>14}");
         }
     }

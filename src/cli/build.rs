@@ -193,7 +193,7 @@ fn host(
             b.what
         ));
     }
-    if let Some(o) = &r.origin {
+    for o in &r.origins {
         t.push_str(&format!("code: {o}\n"));
     }
     Ok((t, stage))

@@ -63,17 +63,19 @@ impl Machine {
         init()?;
         let cpu = TargetMachine::get_host_cpu_name().to_string();
         let features = TargetMachine::get_host_cpu_features().to_string();
-        Machine::new(&cpu, &features)
+        Machine::with(&cpu, &features)
     }
 
     /// A named CPU (`x86-64-v3`, `znver3`) with its own features, for code that runs
     /// elsewhere or is inspected.
     pub fn named(cpu: &str) -> Result<Machine, String> {
         init()?;
-        Machine::new(cpu, "")
+        Machine::with(cpu, "")
     }
 
-    fn new(cpu: &str, features: &str) -> Result<Machine, String> {
+    /// A code generator for a CPU with these features (one per compiling thread: a
+    /// target machine is not shared between threads).
+    pub fn with(cpu: &str, features: &str) -> Result<Machine, String> {
         let triple = TargetMachine::get_default_triple();
         let target = Target::from_triple(&triple).map_err(|e| e.to_string())?;
         let tm = target

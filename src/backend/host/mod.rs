@@ -160,15 +160,16 @@ impl Device {
     ) -> Result<Compiled, Diag> {
         let lowered = lower_phases(graph, phases)?;
         let llvm = |m: String| llvm_failed(at, m);
-        let ctx = Context::create();
-        let (cg, fns) = generate(&ctx, &self.machine, graph, &lowered).map_err(llvm)?;
-        let (mut object, _) = object(&self.machine, &cg.module).map_err(llvm)?;
-        // For the tests of E0917: `EST_FAULT=host-object` damages the object file.
-        if std::env::var("EST_FAULT").ok().as_deref() == Some("host-object") {
-            object.truncate(object.len() / 3);
-        }
+        let (objects, fns) =
+            compile_parts(&self.machine, graph, &lowered, self.pool.threads()).map_err(llvm)?;
         let mut jit = jit::Jit::new().map_err(llvm)?;
-        jit.add_object(&object).map_err(llvm)?;
+        for (mut object, _) in objects {
+            // For the tests of E0917: `EST_FAULT=host-object` damages the object file.
+            if std::env::var("EST_FAULT").ok().as_deref() == Some("host-object") {
+                object.truncate(object.len() / 3);
+            }
+            jit.add_object(&object).map_err(llvm)?;
+        }
         let Lowered {
             bufs,
             phases: kernels,
@@ -300,22 +301,70 @@ fn lower_phases(graph: &Graph, phases: &[Vec<NodeIndex>]) -> Result<Lowered, Dia
     })
 }
 
-/// The LLVM module of a lowered graph, and each kernel's function (`None` for the
-/// native ones).
+/// The LLVM module of the kernels of a lowered graph that `mine` picks (by their
+/// position in the order they run), and their functions (`None` for native kernels
+/// and the ones not picked).
 fn generate<'c>(
     ctx: &'c Context,
     machine: &Machine,
     graph: &Graph,
     l: &Lowered,
+    mine: impl Fn(usize) -> bool,
 ) -> Result<(Codegen<'c>, Vec<Option<KernelFn>>), String> {
     let mut cg = Codegen::new(ctx, "est", &machine.cpu, &machine.features);
     let mut fns = Vec::new();
     for (p, ks) in l.phases.iter().enumerate() {
         for (i, k) in ks.iter().enumerate() {
-            fns.push(cg.kernel(&format!("k{p}_{i}"), k, graph, &l.bufs)?);
+            fns.push(if mine(fns.len()) {
+                cg.kernel(&format!("k{p}_{i}"), k, graph, &l.bufs)?
+            } else {
+                None
+            });
         }
     }
     Ok((cg, fns))
+}
+
+/// The code of a lowered graph as `parts` modules (kernels dealt out in turn) compiled
+/// at once on as many threads, each with its own LLVM context and target machine and
+/// each cached on its own; returns their objects and every kernel's function.
+#[allow(clippy::type_complexity)]
+fn compile_parts(
+    machine: &Machine,
+    graph: &Graph,
+    l: &Lowered,
+    parts: usize,
+) -> Result<(Vec<(Vec<u8>, Origin)>, Vec<Option<KernelFn>>), String> {
+    let kernels: usize = l.phases.iter().map(Vec::len).sum();
+    let parts = parts.clamp(1, kernels.max(1));
+    let (cpu, features) = (machine.cpu.as_str(), machine.features.as_str());
+    let part = |k: usize| -> Result<_, String> {
+        let m = Machine::with(cpu, features)?;
+        let ctx = Context::create();
+        let (cg, fns) = generate(&ctx, &m, graph, l, |i| i % parts == k)?;
+        Ok((object(&m, &cg.module)?, fns))
+    };
+    let done: Vec<Result<_, String>> = std::thread::scope(|s| {
+        let running: Vec<_> = (1..parts).map(|k| s.spawn(move || part(k))).collect();
+        let mut done = vec![part(0)];
+        done.extend(running.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("the compiling thread panicked".into()))
+        }));
+        done
+    });
+    let mut objects = Vec::new();
+    let mut fns: Vec<Option<KernelFn>> = vec![None; kernels];
+    for d in done {
+        let (object, part_fns) = d?;
+        objects.push(object);
+        for (f, mine) in fns.iter_mut().zip(part_fns) {
+            if mine.is_some() {
+                *f = mine;
+            }
+        }
+    }
+    Ok((objects, fns))
 }
 
 /// The object code of a module: read from the on-disk cache, or optimised and emitted
@@ -742,8 +791,9 @@ pub struct Report {
     pub variables: usize,
     /// Every buffer of the arena, largest first.
     pub buffers: Vec<BufferInfo>,
-    /// Where the code came from (with `--emit`, it is compiled, not cached).
-    pub origin: Option<Origin>,
+    /// Where the code of each part came from (with `--emit`, one module is compiled,
+    /// not cached).
+    pub origins: Vec<Origin>,
 }
 
 /// Compiles the kernels computing `phases` (each phase's targets, as a device does)
@@ -759,17 +809,22 @@ pub fn build(
     let lowered = lower_phases(graph, phases)?;
     let llvm = |m: String| llvm_failed(at, m);
     let ctx = Context::create();
-    let (cg, fns) = generate(&ctx, &machine, graph, &lowered).map_err(llvm)?;
-    let (origin, stage) = match emit {
-        None => (Some(object(&machine, &cg.module).map_err(llvm)?.1), None),
+    let (origins, stage, fns) = match emit {
+        None => {
+            // as a device compiles it, in parts on every core
+            let parts = crate::backend::pool::default_threads();
+            let (objects, fns) = compile_parts(&machine, graph, &lowered, parts).map_err(llvm)?;
+            (objects.into_iter().map(|o| o.1).collect(), None, fns)
+        }
         Some(e) => {
+            let (cg, fns) = generate(&ctx, &machine, graph, &lowered, |_| true).map_err(llvm)?;
             machine.optimize(&cg.module).map_err(llvm)?;
             let bytes = match e {
                 Emit::LlvmIr => cg.module.print_to_string().to_bytes().to_vec(),
                 Emit::Asm => machine.emit(&cg.module, FileType::Assembly).map_err(llvm)?,
                 Emit::Obj => machine.emit(&cg.module, FileType::Object).map_err(llvm)?,
             };
-            (None, Some(bytes))
+            (Vec::new(), Some(bytes), fns)
         }
     };
     let generated = fns.iter().filter(|f| f.is_some()).count();
@@ -815,7 +870,7 @@ pub fn build(
             unshared: plan.unshared,
             variables,
             buffers,
-            origin,
+            origins,
         },
         stage,
     ))
