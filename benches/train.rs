@@ -10,7 +10,8 @@
 //! memory): JAX `jit`, TensorFlow `tf.function`, PyTorch eager. Each round runs every
 //! contender at every thread count of `EST_BENCH_THREADS` (default 1,2), alternating,
 //! `EST_BENCH_ROUNDS` rounds (default 3); the table shows medians and the host's ratio
-//! to each peer, and the first step (compile included) of each.
+//! to each peer, the first step (compile included) of each, and each one's peak
+//! resident memory (est's from `estc train` in a process of its own).
 //!
 //! Run: `cargo bench --bench train` (needs bench/.venv: `scripts/setup_bench_venv.sh`).
 //! `EST_BENCH_MODELS=fc` limits the models; `EST_BENCH_STEPS` sets the timed steps;
@@ -105,7 +106,7 @@ fn est_host(
     data: &Path,
     (warmup, steps): (i64, i64),
     threads: usize,
-) -> [(f64, f64); 2] {
+) -> [(f64, f64, f64); 2] {
     let cache = std::env::temp_dir().join(format!("est-bench-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     // SAFETY (of the bench): no other thread reads the environment meanwhile.
@@ -114,7 +115,8 @@ fn est_host(
     let cached = est_rate(program, data, (0, 1), Target::Host, threads);
     std::env::remove_var("EST_CACHE_DIR");
     let _ = std::fs::remove_dir_all(&cache);
-    [cold, (f64::NAN, cached.1)]
+    let rss = est_rss(program, data, warmup + steps, threads);
+    [(cold.0, cold.1, rss), (f64::NAN, cached.1, f64::NAN)]
 }
 
 /// Records the seconds from `train`'s call to the end of the first step.
@@ -130,14 +132,14 @@ impl RunHook for First {
     }
 }
 
-/// A peer's steps per second and first step (`bench/peers_train.py`), or why not.
+/// A peer's steps per second, first step and peak MiB (`bench/peers_train.py`), or why not.
 fn peer_rate(
     root: &Path,
     peer: &str,
     model: &str,
     threads: usize,
     steps: i64,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64, f64), String> {
     let py = root.join("bench/.venv/bin/python");
     let out = std::process::Command::new(py)
         .arg(root.join("bench/peers_train.py"))
@@ -167,11 +169,48 @@ fn peer_rate(
     Ok((
         v["steps_per_sec"].as_f64().unwrap_or(f64::NAN),
         v["first_step_seconds"].as_f64().unwrap_or(f64::NAN),
+        v["peak_rss_mb"].as_f64().unwrap_or(f64::NAN),
     ))
 }
 
-/// Each (contender, threads) with its (steps/s, first step) per round.
-type Runs = Vec<((String, usize), Vec<(f64, f64)>)>;
+/// est's peak resident memory in MiB training `steps` steps of `program` (with the
+/// data of `data`) as `estc train` does, in a process of its own.
+fn est_rss(program: &Path, data: &Path, steps: i64, threads: usize) -> f64 {
+    let copy = data.join("rss.est");
+    std::fs::copy(program, &copy).unwrap();
+    let dir = std::env::temp_dir().join(format!("est-bench-rss-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_estc"));
+    cmd.arg("train")
+        .arg(&copy)
+        .args([
+            "--steps",
+            &steps.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
+        .arg("--model-dir")
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    if program.ends_with("mnist_cnn.est") {
+        cmd.args(["--param", "hidden=[128]"]);
+    }
+    let child = cmd.spawn().unwrap();
+    let mut status = 0;
+    // SAFETY: zeroed rusage is a valid value; wait4 reaps this child (not waited before).
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let reaped = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
+    let _ = std::fs::remove_dir_all(&dir);
+    if reaped < 0 || status != 0 {
+        eprintln!("estc train for the peak memory failed (status {status})");
+        return f64::NAN;
+    }
+    ru.ru_maxrss as f64 / 1024.0
+}
+
+/// Each (contender, threads) with its (steps/s, first step, peak MiB) per round.
+type Runs = Vec<((String, usize), Vec<(f64, f64, f64)>)>;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -212,7 +251,7 @@ fn main() {
             .unwrap_or(steps);
         // (contender, threads) -> rates and first steps
         let mut got: Runs = Vec::new();
-        let mut put = |name: &str, t: usize, r: (f64, f64)| match got
+        let mut put = |name: &str, t: usize, r: (f64, f64, f64)| match got
             .iter_mut()
             .find(|g| g.0 .0 == name && g.0 .1 == t)
         {
@@ -234,15 +273,16 @@ fn main() {
                 }
             }
             let r = est_rate(&root.join(file), &data, (warmup, steps), Target::Interp, 1);
-            put("est interp", 1, r);
+            put("est interp", 1, (r.0, r.1, f64::NAN));
         }
         println!(
-            "\n{model}: {:<14} {:>7} {:>10} {:>12} {:>14}",
-            "contender", "threads", "steps/s", "first step", "est host / it"
+            "\n{model}: {:<14} {:>7} {:>10} {:>12} {:>10} {:>14}",
+            "contender", "threads", "steps/s", "first step", "peak MiB", "est host / it"
         );
         for ((name, t), rs) in &got {
             let rate = median(rs.iter().map(|r| r.0).collect());
             let first = median(rs.iter().map(|r| r.1).collect());
+            let rss = median(rs.iter().map(|r| r.2).collect());
             let host = got
                 .iter()
                 .find(|g| g.0 .0 == "est host" && g.0 .1 == *t)
@@ -251,7 +291,9 @@ fn main() {
                 Some(h) if rate.is_finite() => format!("{:.2}x", h / rate),
                 _ => "-".to_string(),
             };
-            println!("{model}: {name:<14} {t:>7} {rate:>10.1} {first:>12.3} {ratio:>14}");
+            println!(
+                "{model}: {name:<14} {t:>7} {rate:>10.1} {first:>12.3} {rss:>10.0} {ratio:>14}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&data);

