@@ -196,6 +196,8 @@ fn est_rss(program: &Path, data: &Path, steps: i64, threads: usize) -> f64 {
     if program.ends_with("mnist_cnn.est") {
         cmd.args(["--param", "hidden=[128]"]);
     }
+    // reaped by wait4 below, which also gives its resource usage
+    #[allow(clippy::zombie_processes)]
     let child = cmd.spawn().unwrap();
     let mut status = 0;
     // SAFETY: zeroed rusage is a valid value; wait4 reaps this child (not waited before).
