@@ -276,6 +276,17 @@ enum ModeArg {
     All,
 }
 
+impl ModeArg {
+    fn modes(self) -> Vec<SectionKind> {
+        match self {
+            ModeArg::Train => vec![SectionKind::Train],
+            ModeArg::Eval => vec![SectionKind::Eval],
+            ModeArg::Predict => vec![SectionKind::Predict],
+            ModeArg::All => vec![SectionKind::Train, SectionKind::Eval, SectionKind::Predict],
+        }
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum Emit {
     Tokens,
@@ -382,32 +393,15 @@ fn check(a: CheckArgs) -> i32 {
     if let Some(Emit::Tokens | Emit::Ast) = a.emit {
         return emit_syntax(&program, a.emit);
     }
-    let opts = CheckOptions {
-        target: match a.target {
-            TargetArg::Host => Target::Host,
-            TargetArg::Wafer => Target::Wafer,
-        },
-        modes: match a.mode {
-            ModeArg::Train => vec![SectionKind::Train],
-            ModeArg::Eval => vec![SectionKind::Eval],
-            ModeArg::Predict => vec![SectionKind::Predict],
-            ModeArg::All => vec![SectionKind::Train, SectionKind::Eval, SectionKind::Predict],
-        },
-        estimator: a.estimator.clone(),
-        config,
-        verify: cfg!(debug_assertions),
-        max_steps: est::elab::MAX_STEPS,
-        hover: false,
-        memory_limit: a.program.memory_limit,
+    let target = match a.target {
+        TargetArg::Host => Target::Host,
+        TargetArg::Wafer => Target::Wafer,
     };
-    let checked = est::check(&program, &opts);
-    if let Some(b) = &checked.bug {
-        log(&format!(
-            "internal compiler error: pass `{}` broke the IR: {}",
-            b.pass, b.message
-        ));
-        return 2;
-    }
+    let opts = check_options(&a.program, target, a.mode.modes(), &a.estimator, config);
+    let checked = match check_program(&program, &opts) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     let mut failed = Vec::new();
     for c in &checked.graphs {
         let dump = match a.emit {
@@ -419,13 +413,7 @@ fn check(a: CheckArgs) -> i32 {
                 } else {
                     build::Stage::LlvmIr
                 };
-                let at = checked
-                    .estimators
-                    .iter()
-                    .find(|e| e.name == c.estimator)
-                    .map(|e| e.span)
-                    .unwrap_or_default();
-                match build::stage(&program, c, at, stage) {
+                match build::stage(&program, c, checked.estimator_span(c), stage) {
                     Ok(bytes) => {
                         format!("; {}\n{}", graph_title(c), String::from_utf8_lossy(&bytes))
                     }
@@ -450,6 +438,39 @@ fn check(a: CheckArgs) -> i32 {
         a.emit.is_none(),
         checked.graphs.len(),
     )
+}
+
+/// What `check` and `build` check: the program's estimators (or one), in `modes`.
+fn check_options(
+    a: &ProgramArgs,
+    target: Target,
+    modes: Vec<SectionKind>,
+    estimator: &Option<String>,
+    config: Vec<(String, i64)>,
+) -> CheckOptions {
+    CheckOptions {
+        target,
+        modes,
+        estimator: estimator.clone(),
+        config,
+        verify: cfg!(debug_assertions),
+        max_steps: est::elab::MAX_STEPS,
+        hover: false,
+        memory_limit: a.memory_limit,
+    }
+}
+
+/// Checks a program; a pass that broke the IR is an internal compiler error (status 2).
+fn check_program(program: &Program, opts: &CheckOptions) -> Result<est::Checked, i32> {
+    let checked = est::check(program, opts);
+    if let Some(b) = &checked.bug {
+        log(&format!(
+            "internal compiler error: pass `{}` broke the IR: {}",
+            b.pass, b.message
+        ));
+        return Err(2);
+    }
+    Ok(checked)
 }
 
 /// `--time`: a finite number of seconds, at least 0.

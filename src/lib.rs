@@ -84,6 +84,16 @@ pub struct Checked {
 }
 
 impl Checked {
+    /// Where the estimator of a compiled graph is declared (the place to point
+    /// diagnostics about the whole graph).
+    pub fn estimator_span(&self, c: &Compiled) -> span::Span {
+        self.estimators
+            .iter()
+            .find(|e| e.name == c.estimator)
+            .map(|e| e.span)
+            .unwrap_or_default()
+    }
+
     pub fn has_errors(&self) -> bool {
         self.diags
             .iter()

@@ -185,8 +185,8 @@ pub trait Device: Send {
     ) -> Result<Vec<Tensor>, RunError>;
 }
 
-/// A device for `target`; E0908 for a target that cannot run programs in this build.
-/// A device for `target`; the host runs its kernels on `threads` threads (the
+/// A device for `target` (E0908 for a target that cannot run programs in this build);
+/// the host runs its kernels on `threads` threads (the
 /// interpreter, the reference, on one).
 pub fn open(target: Target, at: Span, threads: usize) -> Result<Box<dyn Device>, Diag> {
     let _ = threads;

@@ -2,12 +2,11 @@
 //! write a stage (`--emit llvm-ir|asm|obj`) or report its kernels and memory plan
 //! (`--report`). `estc check --emit llvm-ir|asm` prints the same stages per graph.
 
-use super::{load, print_diags, print_result, usage, write_failed, ModeArg, OutputArgs};
-use super::{ProgramArgs, Target};
+use super::{check_options, check_program, load, print_diags, print_result, usage};
+use super::{write_failed, ModeArg, OutputArgs, ProgramArgs, Target};
 use clap::{Parser, ValueEnum};
 use est::elab::Compiled;
-use est::syntax::ast::SectionKind;
-use est::{CheckOptions, Program};
+use est::Program;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -63,25 +62,16 @@ pub fn build(a: BuildArgs) -> i32 {
     if a.emit == Some(Stage::Obj) && a.output.is_none() {
         return usage("--emit obj writes an object file: name it with -o FILE");
     }
-    let mode = match a.mode {
-        ModeArg::Train => SectionKind::Train,
-        ModeArg::Eval => SectionKind::Eval,
-        ModeArg::Predict => SectionKind::Predict,
-        ModeArg::All => return usage("build compiles one graph: --mode train, eval or predict"),
+    let [mode] = a.mode.modes()[..] else {
+        return usage("build compiles one graph: --mode train, eval or predict");
     };
-    let opts = CheckOptions {
-        target: Target::Host,
-        modes: vec![mode],
-        estimator: a.estimator.clone(),
-        config,
-        verify: cfg!(debug_assertions),
-        max_steps: est::elab::MAX_STEPS,
-        hover: false,
-        memory_limit: a.program.memory_limit,
+    let opts = check_options(&a.program, Target::Host, vec![mode], &a.estimator, config);
+    let checked = match check_program(&program, &opts) {
+        Ok(c) => c,
+        Err(code) => return code,
     };
-    let checked = est::check(&program, &opts);
-    if checked.has_errors() || checked.bug.is_some() {
-        return print_diags(&program, &checked.diags, a.out.message_format, a.out.color).max(1);
+    if checked.has_errors() {
+        return print_diags(&program, &checked.diags, a.out.message_format, a.out.color);
     }
     let c = match checked.graphs.as_slice() {
         [c] => c,
@@ -99,12 +89,7 @@ pub fn build(a: BuildArgs) -> i32 {
             ));
         }
     };
-    let at = checked
-        .estimators
-        .iter()
-        .find(|e| e.name == c.estimator)
-        .map(|e| e.span)
-        .unwrap_or_default();
+    let at = checked.estimator_span(c);
     match host(&program, c, at, a.cpu.as_deref(), a.emit, a.report) {
         Ok((text, stage)) => {
             if let Some(bytes) = stage {

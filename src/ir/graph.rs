@@ -182,6 +182,27 @@ impl Graph {
         r
     }
 
+    /// The nodes that compute `targets`, in topological order: their ancestors, stopping
+    /// at the nodes `provided` (whose values come from outside, and which are left out).
+    pub fn schedule(
+        &self,
+        targets: &[NodeIndex],
+        provided: impl Fn(NodeIndex) -> bool,
+    ) -> Vec<NodeIndex> {
+        let mut need = vec![false; self.g.node_bound()];
+        let mut stack: Vec<NodeIndex> = targets.to_vec();
+        while let Some(n) = stack.pop() {
+            if std::mem::replace(&mut need[n.index()], true) || provided(n) {
+                continue;
+            }
+            stack.extend(self.operands(n));
+        }
+        self.topo_order()
+            .into_iter()
+            .filter(|&n| need[n.index()] && !provided(n))
+            .collect()
+    }
+
     /// The nodes in an order where every operand comes before its users; ties broken by
     /// index, so the order is deterministic.
     pub fn topo_order(&self) -> Vec<NodeIndex> {

@@ -315,19 +315,7 @@ pub fn lower(
     bufs: &mut Bufs,
 ) -> Result<(Vec<Kernel>, FxHashMap<NodeIndex, View>), Unsupported> {
     let bound = g.g.node_bound();
-    let mut need = vec![false; bound];
-    let mut stack: Vec<NodeIndex> = targets.to_vec();
-    while let Some(n) = stack.pop() {
-        if std::mem::replace(&mut need[n.index()], true) || provided.contains_key(&n) {
-            continue;
-        }
-        stack.extend(g.operands(n));
-    }
-    let order: Vec<NodeIndex> = g
-        .topo_order()
-        .into_iter()
-        .filter(|n| need[n.index()] && !provided.contains_key(n))
-        .collect();
+    let order = g.schedule(targets, |n| provided.contains_key(&n));
     // Users within the computed part; a target counts as one more.
     let mut users = vec![0usize; bound];
     let mut feeds_kernel = vec![false; bound];

@@ -402,17 +402,22 @@ fn refresh(
     epoch: u64,
     p: &mut Program,
     phases: &mut [&mut Vec<Step>],
-) -> Result<(), String> {
+) -> Result<(), RunError> {
     if p.epoch == Some(epoch) {
         return Ok(());
     }
     let mut ptrs = Vec::with_capacity(p.bufs.bufs.len());
     for (b, off) in p.bufs.bufs.iter().zip(&p.plan.offsets) {
         ptrs.push(match (&b.role, off) {
-            (Role::Var(name), _) => vars
-                .get(name)
-                .map(|v| v.data.ptr())
-                .ok_or_else(|| format!("variable `{name}` has no value"))?,
+            (Role::Var(name), _) => {
+                vars.get(name)
+                    .map(|v| v.data.ptr())
+                    .ok_or_else(|| RunError {
+                        span: Span::default(),
+                        op: "variable",
+                        message: format!("variable `{name}` has no value"),
+                    })?
+            }
             // SAFETY: the plan's offsets lie within the arena.
             (_, Some(off)) => unsafe { p.arena.ptr().add(*off) },
             (_, None) => unreachable!("every other buffer is planned"),
@@ -654,16 +659,8 @@ impl backend::Device for Device {
         ctx: StepCtx,
     ) -> Result<StepOut, StepError> {
         let t = &mut self.train[exe.0];
-        refresh(&self.vars, self.epoch, &mut t.p, &mut [&mut t.a, &mut t.b]).map_err(|m| {
-            StepError::Run {
-                shard: None,
-                error: RunError {
-                    span: Span::default(),
-                    op: "variable",
-                    message: m,
-                },
-            }
-        })?;
+        refresh(&self.vars, self.epoch, &mut t.p, &mut [&mut t.a, &mut t.b])
+            .map_err(|error| StepError::Run { shard: None, error })?;
         let t = &self.train[exe.0];
         let g: &Graph = &t.p.graph;
         let mem = &t.p.mem;
@@ -738,11 +735,7 @@ impl backend::Device for Device {
         shard: usize,
     ) -> Result<Vec<Tensor>, RunError> {
         let r = &mut self.runs[exe.0];
-        refresh(&self.vars, self.epoch, &mut r.p, &mut [&mut r.steps]).map_err(|m| RunError {
-            span: Span::default(),
-            op: "variable",
-            message: m,
-        })?;
+        refresh(&self.vars, self.epoch, &mut r.p, &mut [&mut r.steps])?;
         let r = &self.runs[exe.0];
         let g: &Graph = &r.p.graph;
         let mem = &r.p.mem;

@@ -37,19 +37,7 @@ impl Plan {
     /// A plan computing `targets`, given the values of `provided` nodes from outside.
     pub fn new(g: &Graph, targets: &[NodeIndex], provided: &FxHashSet<NodeIndex>) -> Plan {
         let bound = g.g.node_bound();
-        let mut need = vec![false; bound];
-        let mut stack: Vec<NodeIndex> = targets.to_vec();
-        while let Some(n) = stack.pop() {
-            if std::mem::replace(&mut need[n.index()], true) || provided.contains(&n) {
-                continue;
-            }
-            stack.extend(g.operands(n));
-        }
-        let order: Vec<NodeIndex> = g
-            .topo_order()
-            .into_iter()
-            .filter(|n| need[n.index()] && !provided.contains(n))
-            .collect();
+        let order = g.schedule(targets, |n| provided.contains(&n));
         let keep: FxHashSet<NodeIndex> = targets.iter().copied().collect();
         let mut last = vec![usize::MAX; bound];
         let mut steps: Vec<PlanStep> = order
