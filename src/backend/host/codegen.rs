@@ -1,5 +1,5 @@
 //! LLVM IR for the generated kernels (through inkwell): fused loops (elementwise chains
-//! and reductions) and softmax rows.
+//! and reductions), softmax rows, direct convolutions (`conv`) and max pooling (`pool`).
 //!
 //! Every kernel is `i64 NAME(ptr table, i64 start, i64 end)`: `table` holds the
 //! addresses of its buffers, `[start, end)` is the range of its outermost loop (so a
@@ -12,6 +12,9 @@
 //!
 //! `exp`, `log` and `tanh` are emitted as polynomials (Cephes' single-precision
 //! approximations, within 2 ulp): LLVM does not vectorise calls to `llvm.exp`.
+
+mod conv;
+mod pool;
 
 use super::lower::{Bufs, Elem, Kernel, Loop, View};
 use crate::ir::{BinaryOp, DType, Graph, NodeIndex, Op, ReduceOp, UnaryOp};
@@ -116,6 +119,26 @@ impl<'c> Codegen<'c> {
                 self.softmax_kernel(name, *log, *axis, x, out, dtype, g, bufs)
                     .map(Some)
             }
+            Kernel::Conv {
+                filter,
+                x,
+                k,
+                out,
+                d,
+                ..
+            } => self
+                .conv_kernel(name, *filter, [x, k, out], d, g, bufs)
+                .map(Some),
+            Kernel::Pad {
+                x, out, top, left, ..
+            } => self
+                .pad_kernel(name, [x, out], [*top, *left], g, bufs)
+                .map(Some),
+            Kernel::MaxPool {
+                x, dy, out, geo, ..
+            } => self
+                .max_pool_kernel(name, [x, out], dy.as_ref(), geo, g, bufs)
+                .map(Some),
             Kernel::MatMul { .. } | Kernel::Native { .. } => Ok(None),
         }
     }

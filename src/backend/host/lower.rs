@@ -20,7 +20,8 @@
 //! Ops with no host kernel yet are `Unsupported`, reported as a diagnostic before
 //! anything runs.
 
-use crate::ir::{DType, Graph, NodeIndex, Op, TensorType};
+use crate::backend::window::Geo;
+use crate::ir::{Conv, DType, Graph, NodeIndex, Op, TensorType};
 use crate::span::Span;
 use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap;
@@ -169,6 +170,79 @@ pub enum Kernel {
         args: Vec<View>,
         out: View,
     },
+    /// A generated direct convolution over a zero-padded NHWC input `x` (see
+    /// `Direct`): the forward pass with filter `k` (also the input gradient: the padded
+    /// output gradient convolved with the flipped, transposed filter), or, when
+    /// `filter`, the filter gradient with `k` the output gradient.
+    Conv {
+        node: NodeIndex,
+        filter: bool,
+        x: View,
+        k: View,
+        out: View,
+        d: Direct,
+    },
+    /// A generated max pooling of `x` into `out`, or with `dy` its gradient.
+    MaxPool {
+        node: NodeIndex,
+        x: View,
+        dy: Option<View>,
+        out: View,
+        geo: Geo,
+    },
+    /// A generated copy of NHWC `x` into the middle of zeroed `out`, `top` rows and
+    /// `left` columns in: the padded input of direct convolutions.
+    Pad {
+        node: NodeIndex,
+        x: View,
+        out: View,
+        top: usize,
+        left: usize,
+    },
+}
+
+/// The lanes of a direct convolution's vectors (AVX-512's; LLVM splits them on
+/// narrower CPUs): its output channels (forward) or filter outputs (filter gradient)
+/// come in multiples of them.
+pub const LANES: usize = 16;
+
+/// The geometry of a direct convolution: `out[n, oy, ox, o] = Σ x[n, oy·sh + ky·dh,
+/// ox·sw + kx·dw, c] · k[ky, kx, c, o]` over an input already padded to `ih` x `iw`,
+/// whose real rows are `rows` (taps on the others are skipped: they read zeros). The
+/// filter gradient sums the same products into `out[ky, kx, c, o]` over every
+/// `(n, oy, ox)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Direct {
+    pub n: usize,
+    pub ih: usize,
+    pub iw: usize,
+    pub c: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub o: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub sh: usize,
+    pub sw: usize,
+    pub dh: usize,
+    pub dw: usize,
+    pub rows: (usize, usize),
+}
+
+impl Direct {
+    /// Output-channel vectors per register block: two when they pair up.
+    pub fn block(&self) -> usize {
+        if (self.o / LANES).is_multiple_of(2) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Register blocks along the output channels.
+    pub fn blocks(&self) -> usize {
+        self.o / LANES / self.block()
+    }
 }
 
 impl Kernel {
@@ -178,7 +252,25 @@ impl Kernel {
             Kernel::Loop(l) => l.root,
             Kernel::Softmax { node, .. }
             | Kernel::MatMul { node, .. }
-            | Kernel::Native { node, .. } => *node,
+            | Kernel::Native { node, .. }
+            | Kernel::Conv { node, .. }
+            | Kernel::MaxPool { node, .. }
+            | Kernel::Pad { node, .. } => *node,
+        }
+    }
+
+    /// What kind of kernel it is, for profiles.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Kernel::Loop(_) => "loop",
+            Kernel::Softmax { .. } => "softmax",
+            Kernel::MatMul { .. } => "gemm",
+            Kernel::Native { .. } => "native",
+            Kernel::Conv { filter: true, .. } => "conv filter grad",
+            Kernel::Conv { .. } => "conv",
+            Kernel::Pad { .. } => "pad",
+            Kernel::MaxPool { dy: None, .. } => "max pool",
+            Kernel::MaxPool { .. } => "max pool grad",
         }
     }
 
@@ -189,6 +281,9 @@ impl Kernel {
             Kernel::Softmax { x, out, .. } => vec![x, out],
             Kernel::MatMul { a, b, out, .. } => vec![a, b, out],
             Kernel::Native { args, out, .. } => args.iter().chain([out]).collect(),
+            Kernel::Conv { x, k, out, .. } => vec![x, k, out],
+            Kernel::Pad { x, out, .. } => vec![x, out],
+            Kernel::MaxPool { x, dy, out, .. } => [x, out].into_iter().chain(dy).collect(),
         };
         views.iter().map(|v| v.buf).collect()
     }
@@ -217,6 +312,13 @@ impl Kernel {
                 first(&rows)
             }
             Kernel::MatMul { .. } | Kernel::Native { .. } => 1,
+            // the filter gradient's tasks: kernel rows x output-channel blocks
+            Kernel::Conv {
+                filter: true, d, ..
+            } => d.kh * d.blocks(),
+            Kernel::Conv { d, .. } => d.n,
+            Kernel::Pad { out, .. } => out.shape[0],
+            Kernel::MaxPool { geo, .. } => geo.n,
         }
     }
 }
@@ -334,6 +436,7 @@ pub fn lower(
         g,
         bufs,
         views: provided.clone(),
+        padded: FxHashMap::default(),
         kernels: Vec::new(),
     };
     for &n in &order {
@@ -372,6 +475,8 @@ struct Lowering<'a> {
     bufs: &'a mut Bufs,
     /// Nodes whose value is in memory.
     views: FxHashMap<NodeIndex, View>,
+    /// Zero-padded copies of values, by node and (rows, columns, top, left).
+    padded: FxHashMap<(NodeIndex, [usize; 4]), View>,
     kernels: Vec<Kernel>,
 }
 
@@ -602,10 +707,29 @@ impl Lowering<'_> {
             | Op::ScatterAdd
             | Op::RandomUniform { .. }
             | Op::RandomNormal { .. }
-            | Op::MaxPool2d(_)
             | Op::AvgPool2d(_)
-            | Op::MaxPool2dGrad(_)
             | Op::AvgPool2dGrad(_) => self.native(n, &ops, 0)?,
+            Op::MaxPool2d(p) | Op::MaxPool2dGrad(p) => {
+                if node.ty.dtype == DType::F32 {
+                    let x = self.contiguous(ops[0]);
+                    let dy = (ops.len() > 1).then(|| self.contiguous(ops[1]));
+                    let pooled = dy.as_ref().map_or(&shape, |d| &d.shape);
+                    let geo = Geo::pool(&x.shape, pooled, p);
+                    let out = self.temp(n);
+                    self.kernels.push(Kernel::MaxPool {
+                        node: n,
+                        x,
+                        dy,
+                        out: out.clone(),
+                        geo,
+                    });
+                    self.views.insert(n, out);
+                } else {
+                    self.native(n, &ops, 0)?;
+                }
+            }
+            Op::Conv2d(c) | Op::Conv2dBackpropInput(c) | Op::Conv2dBackpropFilter(c)
+                if self.direct(n, c)? => {}
             // the GEMM of a convolution works on patch rows, in a scratch buffer of
             // [output pixels, kh * kw * c]
             Op::Conv2d(_) | Op::Conv2dBackpropInput(_) | Op::Conv2dBackpropFilter(_) => {
@@ -640,6 +764,157 @@ impl Lowering<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Lowers convolution `n` to a generated direct kernel when it fits one (f32, its
+    /// vector channels a multiple of `LANES`; the input gradient at stride 1, the
+    /// filter gradient at column dilation 1); false when it does not.
+    fn direct(&mut self, n: NodeIndex, c: &Conv) -> Result<bool, Unsupported> {
+        let g = self.g;
+        let node = g.node(n);
+        let ops = g.operands(n);
+        let s = |i: usize| g.node(ops[i]).ty.shape.to_vec();
+        let shape = node.ty.shape.to_vec();
+        if node.ty.dtype != DType::F32 {
+            return Ok(false);
+        }
+        // (input, output) NHWC shapes of the forward convolution and its window
+        let (x, y, window) = match &node.op {
+            Op::Conv2d(_) => (s(0), shape.clone(), s(1)),
+            Op::Conv2dBackpropInput(_) => (shape.clone(), s(0), s(1)),
+            _ => (s(0), s(1), shape.clone()),
+        };
+        let geo = Geo::conv(&x, &y, [window[0], window[1]], c);
+        // the forward convolution's padded input
+        let ih = (x[1] + geo.pt).max((geo.oh - 1) * geo.sh + (geo.kh - 1) * geo.dh + 1);
+        let iw = (x[2] + geo.pl).max((geo.ow - 1) * geo.sw + (geo.kw - 1) * geo.dw + 1);
+        let fwd = Direct {
+            n: geo.n,
+            ih,
+            iw,
+            c: geo.c,
+            oh: geo.oh,
+            ow: geo.ow,
+            o: y[3],
+            kh: geo.kh,
+            kw: geo.kw,
+            sh: geo.sh,
+            sw: geo.sw,
+            dh: geo.dh,
+            dw: geo.dw,
+            rows: (geo.pt, geo.pt + geo.h),
+        };
+        let (filter, xv, kv, d) = match &node.op {
+            Op::Conv2d(_) => {
+                if !fwd.o.is_multiple_of(LANES) {
+                    return Ok(false);
+                }
+                let xv = self.padded(ops[0], [ih, iw], geo.pt, geo.pl)?;
+                (false, xv, self.contiguous(ops[1]), fwd)
+            }
+            Op::Conv2dBackpropFilter(_) => {
+                if !fwd.o.is_multiple_of(LANES) || fwd.dw != 1 {
+                    return Ok(false);
+                }
+                let xv = self.padded(ops[0], [ih, iw], geo.pt, geo.pl)?;
+                (true, xv, self.contiguous(ops[1]), fwd)
+            }
+            _ => {
+                // dx is the stride-1 convolution of dy, padded by the rest of the
+                // window, with the filter flipped and its channels swapped
+                let (ek, ew) = ((geo.kh - 1) * geo.dh, (geo.kw - 1) * geo.dw);
+                if !geo.c.is_multiple_of(LANES)
+                    || geo.sh != 1
+                    || geo.sw != 1
+                    || geo.pt > ek
+                    || geo.pl > ew
+                {
+                    return Ok(false);
+                }
+                let (top, left) = (ek - geo.pt, ew - geo.pl);
+                let (ih, iw) = (
+                    (geo.h + ek).max(geo.oh + top),
+                    (geo.w + ew).max(geo.ow + left),
+                );
+                let dyv = self.padded(ops[0], [ih, iw], top, left)?;
+                let w = self.materialize(ops[1]);
+                let st = &w.strides;
+                let flipped = View {
+                    buf: w.buf,
+                    offset: w.offset + (geo.kh as i64 - 1) * st[0] + (geo.kw as i64 - 1) * st[1],
+                    shape: vec![geo.kh, geo.kw, y[3], geo.c],
+                    strides: vec![-st[0], -st[1], st[3], st[2]],
+                };
+                let b = self.bufs.add(Elem::F32, flipped.len(), Role::Temp);
+                let kv = View::contiguous(b, &flipped.shape);
+                self.kernels.push(Kernel::Loop(Loop {
+                    root: ops[1],
+                    leaves: vec![(ops[1], flipped)],
+                    out: kv.clone(),
+                }));
+                let d = Direct {
+                    n: geo.n,
+                    ih,
+                    iw,
+                    c: y[3],
+                    oh: geo.h,
+                    ow: geo.w,
+                    o: geo.c,
+                    kh: geo.kh,
+                    kw: geo.kw,
+                    sh: 1,
+                    sw: 1,
+                    dh: geo.dh,
+                    dw: geo.dw,
+                    rows: (top, top + geo.oh),
+                };
+                (false, dyv, kv, d)
+            }
+        };
+        let out = self.temp(n);
+        self.kernels.push(Kernel::Conv {
+            node: n,
+            filter,
+            x: xv,
+            k: kv,
+            out: out.clone(),
+            d,
+        });
+        self.views.insert(n, out);
+        Ok(true)
+    }
+
+    /// NHWC value `n` zero-padded to `[ih, iw]` spatially, `top` rows and `left`
+    /// columns in (its own buffer when it needs no padding); a forward convolution and
+    /// its filter gradient share one.
+    fn padded(
+        &mut self,
+        n: NodeIndex,
+        [ih, iw]: [usize; 2],
+        top: usize,
+        left: usize,
+    ) -> Result<View, Unsupported> {
+        let x = self.contiguous(n);
+        let s = x.shape.clone();
+        if [ih, iw, top, left] == [s[1], s[2], 0, 0] {
+            return Ok(x);
+        }
+        let key = (n, [ih, iw, top, left]);
+        if let Some(v) = self.padded.get(&key) {
+            return Ok(v.clone());
+        }
+        let shape = [s[0], ih, iw, s[3]];
+        let b = self.bufs.add(Elem::F32, shape.iter().product(), Role::Temp);
+        let out = View::contiguous(b, &shape);
+        self.kernels.push(Kernel::Pad {
+            node: n,
+            x,
+            out: out.clone(),
+            top,
+            left,
+        });
+        self.padded.insert(key, out.clone());
+        Ok(out)
     }
 
     /// A native kernel for `n` over its operands in contiguous memory, and (when

@@ -19,6 +19,7 @@ mod lower;
 mod mem;
 mod native;
 mod plan;
+mod profile;
 
 use crate::backend::interp::OpEnv;
 use crate::backend::pool::{part, Pool};
@@ -71,6 +72,14 @@ pub struct Device {
     runs: Vec<Run>,
 }
 
+impl Drop for Device {
+    fn drop(&mut self) {
+        if profile::on() {
+            profile::print();
+        }
+    }
+}
+
 /// A graph lowered for the host: the kernels of each phase over buffers placed by a
 /// memory plan, and where each phase leaves its targets.
 struct Lowered {
@@ -111,6 +120,7 @@ enum Step {
     /// split over threads.
     Gen {
         node: NodeIndex,
+        kind: &'static str,
         f: KernelPtr,
         bufs: Vec<usize>,
         table: Vec<usize>,
@@ -118,7 +128,7 @@ enum Step {
         split: bool,
     },
     /// A native kernel (a GEMM, index work).
-    Call(Kernel),
+    Call(Box<Kernel>),
 }
 
 type KernelPtr = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i64;
@@ -190,6 +200,7 @@ impl Device {
                             unsafe { std::mem::transmute::<usize, KernelPtr>(addr) };
                         Step::Gen {
                             node: k.node(),
+                            kind: k.kind(),
                             outer: k.outer(graph) as i64,
                             split: splits(&k, graph),
                             f: ptr,
@@ -197,7 +208,7 @@ impl Device {
                             bufs: f.bufs,
                         }
                     }
-                    (k, None) => Step::Call(k),
+                    (k, None) => Step::Call(Box::new(k)),
                 });
             }
             phases_out.push(steps);
@@ -454,6 +465,10 @@ fn splits(k: &Kernel, g: &Graph) -> bool {
         },
         Kernel::Softmax { x, .. } => x.len(),
         Kernel::MatMul { .. } | Kernel::Native { .. } => return false,
+        // every task of a convolution writes its own outputs
+        Kernel::Conv { out, .. } | Kernel::Pad { out, .. } | Kernel::MaxPool { out, .. } => {
+            out.len()
+        }
     };
     work >= 1 << 15 && k.outer(g) > 1
 }
@@ -475,6 +490,7 @@ fn run_steps(
         }
     };
     for s in steps {
+        let started = profile::on().then(std::time::Instant::now);
         match s {
             Step::Gen {
                 node,
@@ -506,6 +522,13 @@ fn run_steps(
                 }
             }
             Step::Call(k) => native::call(k, g, mem, env, pool).map_err(|m| fail(k.node(), m))?,
+        }
+        if let Some(t) = started {
+            let (node, kind) = match s {
+                Step::Gen { node, kind, .. } => (*node, *kind),
+                Step::Call(k) => (k.node(), k.kind()),
+            };
+            profile::add(g, node, kind, t.elapsed());
         }
     }
     Ok(())

@@ -24,9 +24,11 @@ pub fn call(k: &Kernel, g: &Graph, mem: &Mem, env: &OpEnv, pool: &Pool) -> Resul
             Ok(())
         }
         Kernel::Native { args, out, .. } => run(&n.op, n.ty.dtype, args, out, mem, env, pool),
-        Kernel::Loop(_) | Kernel::Softmax { .. } => {
-            Err(format!("{} is a generated kernel", n.op.name()))
-        }
+        Kernel::Loop(_)
+        | Kernel::Softmax { .. }
+        | Kernel::Conv { .. }
+        | Kernel::MaxPool { .. }
+        | Kernel::Pad { .. } => Err(format!("{} is a generated kernel", n.op.name())),
     }
 }
 
