@@ -544,3 +544,114 @@ fn compiled_code_is_cached_and_bad_entries_are_rebuilt() {
     // the rebuilt entry is trusted again
     assert!(all(build(), "code: from the cache"));
 }
+
+/// `estc build --lib`: a C program compiled with `cc` against the generated header,
+/// linked with the shared library, loads a checkpoint and predicts what `estc predict`
+/// does on the same rows (two batches of digits_mlp's test set). Classes are equal;
+/// probabilities agree within 1e-5 relative (the library's GEMM is a plain loop, the
+/// device's a blocked one: they round sums in another order). A missing checkpoint is
+/// an error message from the loader, not a crash.
+#[cfg(feature = "llvm")]
+#[test]
+fn a_c_program_serves_the_native_library_like_estc_predict() {
+    let d = tmp("lib");
+    let cache = d.join("cache");
+    let run = d.join("run");
+    let lib = d.join("lib");
+    let (run_s, lib_s) = (run.display().to_string(), lib.display().to_string());
+    let program = "examples/digits_mlp.est";
+    for args in [
+        &["train", program, "--steps", "30", "--model-dir", &run_s][..],
+        &["predict", program, "--steps", "2", "--model-dir", &run_s],
+        &["build", program, "--lib", "-o", &lib_s],
+    ] {
+        let (code, out, err) = estc(args, &cache);
+        assert_eq!(code, 0, "estc {args:?}: {out}{err}");
+    }
+    assert!(lib.join("libdigits.so").exists() && lib.join("digits.h").exists());
+    let main = lib.join("main.c");
+    std::fs::write(
+        &main,
+        r#"#include "digits.h"
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+  char err[256], line[4096];
+  float x[EST_DIGITS_BATCH][64], p[EST_DIGITS_BATCH][10];
+  int32_t classes[EST_DIGITS_BATCH];
+  est_digits *m = est_digits_load(argv[1], err, sizeof err);
+  FILE *f = fopen(argv[2], "r");
+  if (!m) { printf("load failed: %s\n", err); return 1; }
+  if (!f || !fgets(line, sizeof line, f)) return 2; /* the header */
+  for (int b = 0; b < 2; b++) {
+    for (int r = 0; r < EST_DIGITS_BATCH; r++) {
+      char *s = line;
+      if (!fgets(line, sizeof line, f)) return 3;
+      for (int c = 0; c < 64; c++) { x[r][c] = strtof(s, &s) / 16.0f; s++; }
+    }
+    if (est_digits_predict(m, &x[0][0], classes, &p[0][0]) != 0) return 4;
+    for (int r = 0; r < EST_DIGITS_BATCH; r++) {
+      printf("%d", classes[r]);
+      for (int c = 0; c < 10; c++) printf(" %.9g", p[r][c]);
+      printf("\n");
+    }
+  }
+  est_digits_free(m);
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = lib.join("main");
+    let cc = std::process::Command::new("cc")
+        .arg(&main)
+        .arg("-I")
+        .arg(&lib)
+        .arg("-L")
+        .arg(&lib)
+        .arg("-ldigits")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let csv = root().join("examples/data/digits_test.csv");
+    let ran = std::process::Command::new(&exe)
+        .arg(run.join("ckpt-30.safetensors"))
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(ran.status.success(), "{ran:?}");
+    let got = String::from_utf8_lossy(&ran.stdout).into_owned();
+    let want = std::fs::read_to_string(run.join("predictions/predictions.jsonl")).unwrap();
+    let (got, want): (Vec<&str>, Vec<&str>) = (got.lines().collect(), want.lines().collect());
+    assert_eq!(got.len(), 80);
+    assert_eq!(want.len(), 80);
+    let mut worst = 0f64;
+    for (g, w) in got.iter().zip(&want) {
+        let w: serde_json::Value = serde_json::from_str(w).unwrap();
+        let g: Vec<f64> = g.split(' ').map(|v| v.parse().unwrap()).collect();
+        assert_eq!(g[0], w["classes"].as_f64().unwrap(), "{g:?} {w}");
+        let probs = w["probabilities"].as_array().unwrap();
+        for (a, b) in g[1..].iter().zip(probs) {
+            let b = b.as_f64().unwrap();
+            worst = worst.max((a - b).abs() / b.abs().max(1e-6));
+        }
+    }
+    assert!(worst < 1e-5, "largest relative difference {worst}");
+    // the loader's errors are messages
+    let missing = std::process::Command::new(&exe)
+        .arg(run.join("ckpt-999.safetensors"))
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&missing.stdout);
+    assert_eq!(missing.status.code(), Some(1), "{said}");
+    assert!(said.contains("load failed: cannot open"), "{said}");
+    let _ = std::fs::remove_dir_all(&d);
+}

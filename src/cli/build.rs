@@ -34,7 +34,12 @@ pub struct BuildArgs {
     /// the one this runs on.
     #[arg(long)]
     cpu: Option<String>,
-    /// Where to write the stage (default: stdout, for llvm-ir and asm).
+    /// Write the predict graph as a shared library and a C header into the directory
+    /// -o names (`lib<ESTIMATOR>.so`, `<ESTIMATOR>.h`); `--mode` is then predict.
+    #[arg(long, conflicts_with_all = ["emit", "report"])]
+    lib: bool,
+    /// Where to write the stage (default: stdout, for llvm-ir and asm), or the
+    /// library's directory.
     #[arg(short = 'o', long)]
     output: Option<PathBuf>,
     #[command(flatten)]
@@ -62,7 +67,11 @@ pub fn build(a: BuildArgs) -> i32 {
     if a.emit == Some(Stage::Obj) && a.output.is_none() {
         return usage("--emit obj writes an object file: name it with -o FILE");
     }
-    let [mode] = a.mode.modes()[..] else {
+    if a.lib && a.output.is_none() {
+        return usage("--lib writes a library and its header: name their directory with -o DIR");
+    }
+    let mode = if a.lib { ModeArg::Predict } else { a.mode };
+    let [mode] = mode.modes()[..] else {
         return usage("build compiles one graph: --mode train, eval or predict");
     };
     let opts = check_options(&a.program, Target::Host, vec![mode], &a.estimator, config);
@@ -90,6 +99,15 @@ pub fn build(a: BuildArgs) -> i32 {
         }
     };
     let at = checked.estimator_span(c);
+    if let (true, Some(dir)) = (a.lib, &a.output) {
+        return match library(c, at, a.cpu.as_deref(), dir) {
+            Ok(text) => match print_result(&text) {
+                Ok(()) => 0,
+                Err(code) => code,
+            },
+            Err(d) => print_diags(&program, &[d], a.out.message_format, a.out.color),
+        };
+    }
     match host(&program, c, at, a.cpu.as_deref(), a.emit, a.report) {
         Ok((text, stage)) => {
             if let Some(bytes) = stage {
@@ -182,6 +200,38 @@ fn host(
         t.push_str(&format!("code: {o}\n"));
     }
     Ok((t, stage))
+}
+
+/// Writes the predict graph's shared library and header into `dir`; returns what
+/// was written, for the user.
+#[cfg(feature = "llvm")]
+fn library(
+    c: &Compiled,
+    at: est::span::Span,
+    cpu: Option<&str>,
+    dir: &std::path::Path,
+) -> Result<String, est::diag::Diag> {
+    let lib = est::backend::host::library(&c.graph, at, cpu, &c.estimator, dir)?;
+    let mut t = format!(
+        "{} (predict): {} kernels, {:.2} MiB per loaded model\n",
+        c.estimator,
+        lib.kernels,
+        lib.bytes as f64 / (1 << 20) as f64
+    );
+    for f in &lib.files {
+        t.push_str(&format!("wrote {}\n", f.display()));
+    }
+    Ok(t)
+}
+
+#[cfg(not(feature = "llvm"))]
+fn library(
+    _: &Compiled,
+    at: est::span::Span,
+    _: Option<&str>,
+    _: &std::path::Path,
+) -> Result<String, est::diag::Diag> {
+    est::backend::open(Target::Host, at, 1).map(|_| String::new())
 }
 
 #[cfg(not(feature = "llvm"))]

@@ -15,6 +15,7 @@
 
 mod conv;
 mod pool;
+mod portable;
 
 use super::lower::{Bufs, Elem, Kernel, Loop, View};
 use crate::ir::{BinaryOp, DType, Graph, NodeIndex, Op, ReduceOp, UnaryOp};

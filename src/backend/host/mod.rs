@@ -15,6 +15,7 @@
 mod cache;
 mod codegen;
 mod jit;
+mod library;
 mod lower;
 mod mem;
 mod native;
@@ -36,6 +37,7 @@ use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::targets::FileType;
 use jit::Machine;
+pub use library::{library, Library};
 use lower::{Bufs, Elem, Kernel, Role, View};
 use mem::{Mem, Storage};
 use plan::Plan;

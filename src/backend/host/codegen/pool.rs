@@ -91,7 +91,7 @@ impl<'c> Codegen<'c> {
                                 i32t.const_zero(),
                                 "none",
                             ))?;
-                            let take = e(cg.b.build_or(none, cg.beats(v, best)?, "take"))?;
+                            let take = e(cg.b.build_or(none, cg.beats(v, best, true)?, "take"))?;
                             let take = e(cg.b.build_and(inside, take, "take"))?;
                             best = e(cg.b.build_select(take, v, best, "best"))?.into_float_value();
                             let t = i32t.const_int(t as u64, false);
@@ -133,18 +133,32 @@ impl<'c> Codegen<'c> {
         })
     }
 
-    /// Whether `v` replaces `best` as a running maximum (`float::beats`): it is
-    /// greater, or the first NaN.
-    fn beats(&self, v: FloatValue<'c>, best: FloatValue<'c>) -> R<IntValue<'c>> {
+    /// Whether `v` replaces `best` as a running maximum (minimum when `!max`;
+    /// `float::beats`): it is greater (smaller), or the first NaN.
+    pub(super) fn beats(
+        &self,
+        v: FloatValue<'c>,
+        best: FloatValue<'c>,
+        max: bool,
+    ) -> R<IntValue<'c>> {
         let b = &self.b;
-        let gt = e(b.build_float_compare(FloatPredicate::OGT, v, best, "gt"))?;
+        let p = if max {
+            FloatPredicate::OGT
+        } else {
+            FloatPredicate::OLT
+        };
+        let gt = e(b.build_float_compare(p, v, best, "gt"))?;
         let nan = e(b.build_float_compare(FloatPredicate::UNO, v, v, "nan"))?;
         let open = e(b.build_float_compare(FloatPredicate::ORD, best, best, "open"))?;
         let first_nan = e(b.build_and(nan, open, "first_nan"))?;
         e(b.build_or(gt, first_nan, "beats"))
     }
 
-    fn load_f32(&self, p: inkwell::values::PointerValue<'c>, i: IntValue<'c>) -> R<FloatValue<'c>> {
+    pub(super) fn load_f32(
+        &self,
+        p: inkwell::values::PointerValue<'c>,
+        i: IntValue<'c>,
+    ) -> R<FloatValue<'c>> {
         let at = self.f32_at(p, i)?;
         Ok(e(self.b.build_load(self.ctx.f32_type(), at, "x"))?.into_float_value())
     }
