@@ -327,6 +327,32 @@ fn an_llvm_failure_is_a_diagnostic() {
     assert!(out.contains("E0917"), "{code}: {out}");
 }
 
+/// A native library that cannot be linked (the C compiler fails) is E0918 with the
+/// compiler named, not a panic or a half-written library.
+#[cfg(feature = "llvm")]
+#[test]
+fn a_library_that_cannot_be_linked_is_a_diagnostic() {
+    let d = tmp("badcc");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_estc"))
+        .args(["build", "examples/digits_mlp.est", "--lib", "-o"])
+        .arg(&d)
+        .args(["--message-format", "json"])
+        .current_dir(root())
+        .env("CC", "false")
+        .env("EST_CACHE_DIR", "off")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    let code = format!("{:?}", [Code::NativeLibrary]);
+    assert!(
+        out.contains("E0918") && out.contains("`false` failed"),
+        "{code}: {out}"
+    );
+    assert!(!d.join("libdigits.so").exists());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// Without the `llvm` feature the host target says how to get it.
 #[cfg(not(feature = "llvm"))]
 #[test]
