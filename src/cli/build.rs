@@ -99,16 +99,11 @@ pub fn build(a: BuildArgs) -> i32 {
         }
     };
     let at = checked.estimator_span(c);
-    if let (true, Some(dir)) = (a.lib, &a.output) {
-        return match library(c, at, a.cpu.as_deref(), dir) {
-            Ok(text) => match print_result(&text) {
-                Ok(()) => 0,
-                Err(code) => code,
-            },
-            Err(d) => print_diags(&program, &[d], a.out.message_format, a.out.color),
-        };
-    }
-    match host(&program, c, at, a.cpu.as_deref(), a.emit, a.report) {
+    let built = match (a.lib, &a.output) {
+        (true, Some(dir)) => library(c, at, a.cpu.as_deref(), dir).map(|t| (t, None)),
+        _ => host(&program, c, at, a.cpu.as_deref(), a.emit, a.report),
+    };
+    match built {
         Ok((text, stage)) => {
             if let Some(bytes) = stage {
                 let written = match &a.output {

@@ -125,6 +125,20 @@ impl Graph {
         self.outputs.iter().find(|o| o.role == role).map(|o| o.node)
     }
 
+    /// The input node named `name`.
+    pub fn input(&self, name: &str) -> Option<NodeIndex> {
+        self.g
+            .node_indices()
+            .find(|&n| matches!(&self.g[n].op, Op::Input { name: m } if m == name))
+    }
+
+    /// The variable node named `name`.
+    pub fn variable(&self, name: &str) -> Option<NodeIndex> {
+        self.g
+            .node_indices()
+            .find(|&n| matches!(&self.g[n].op, Op::Variable { name: m, .. } if m == name))
+    }
+
     pub fn node(&self, n: NodeIndex) -> &Node {
         &self.g[n]
     }

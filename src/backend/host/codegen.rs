@@ -253,12 +253,16 @@ impl<'c> Codegen<'c> {
         ))
     }
 
-    fn finish(&mut self, body: &Body<'c, '_>) -> R<()> {
+    /// Returns the kernel's status, ending kernel `name` over buffers `ids`.
+    fn finish(&mut self, body: &Body<'c, '_>, name: &str, ids: Vec<usize>) -> R<KernelFn> {
         let s = e(self
             .b
             .build_load(self.ctx.i64_type(), body.status, "status"))?;
         e(self.b.build_return(Some(&s)))?;
-        Ok(())
+        Ok(KernelFn {
+            name: name.to_string(),
+            bufs: ids,
+        })
     }
 
     fn start_end(&self, body: &Body<'c, '_>, n: usize) -> (IntValue<'c>, IntValue<'c>) {
@@ -293,11 +297,7 @@ impl<'c> Codegen<'c> {
                 })?;
             }
         }
-        self.finish(&body)?;
-        Ok(KernelFn {
-            name: name.to_string(),
-            bufs: ids,
-        })
+        self.finish(&body, name, ids)
     }
 
     /// Loops over `dims` (the outermost over `[start, end)`), calling `f` with the
@@ -1377,11 +1377,7 @@ impl<'c> Codegen<'c> {
                 cg.store(&body, out, &at(j), Val::F(r))
             })
         })?;
-        self.finish(&body)?;
-        Ok(KernelFn {
-            name: name.to_string(),
-            bufs: ids,
-        })
+        self.finish(&body, name, ids)
     }
 }
 

@@ -10,10 +10,10 @@
 //! in order on one batch. `cc` (or `CC`) links the two into `lib<NAME>.so`.
 
 use super::codegen::Codegen;
-use super::lower::{Elem, Kernel, Role, View};
+use super::lower::{Elem, Role, View};
 use super::{host_machine, llvm_failed, lower_phases};
 use crate::diag::{Code, Diag};
-use crate::ir::{DType, Graph, Op};
+use crate::ir::{DType, Graph};
 use crate::span::Span;
 use inkwell::context::Context;
 use inkwell::targets::FileType;
@@ -30,11 +30,10 @@ pub struct Library {
     pub bytes: usize,
 }
 
-/// A value crossing the library's interface: its C name, C type and shape.
+/// A value crossing the library's interface: its C name, C type and where it lies.
 struct Port {
     name: String,
     c_type: &'static str,
-    shape: Vec<usize>,
     view: View,
 }
 
@@ -77,13 +76,7 @@ pub fn library(
                 ),
             ));
         };
-        // a generated GEMM or arg-reduction loops over its output's rows
-        let outer = match k {
-            Kernel::MatMul { out, .. } if out.shape.len() >= 2 => out.shape[0],
-            Kernel::Native { out, .. } => out.shape.first().copied().unwrap_or(1),
-            k => k.outer(graph),
-        };
-        kernels.push((f, outer));
+        kernels.push(f);
     }
     machine
         .optimize(&cg.module)
@@ -103,11 +96,7 @@ pub fn library(
             (Role::Var(v), _) => {
                 let o = end.next_multiple_of(64);
                 end = o + buf.len * buf.elem.size();
-                let dtype = graph
-                    .g
-                    .node_weights()
-                    .find(|n| matches!(&n.op, Op::Variable { name, .. } if name == v))
-                    .map(|n| n.ty.dtype);
+                let dtype = graph.variable(v).map(|n| graph.node(n).ty.dtype);
                 let st = match dtype {
                     Some(DType::F32) => "F32",
                     Some(DType::I32) => "I32",
@@ -138,15 +127,12 @@ pub fn library(
         };
         if let Role::Input(n) = &buf.role {
             let shape = graph
-                .g
-                .node_weights()
-                .find(|x| matches!(&x.op, Op::Input { name } if name == n))
-                .map_or(vec![buf.len], |x| x.ty.shape.to_vec());
+                .input(n)
+                .map_or(vec![buf.len], |x| graph.node(x).ty.shape.to_vec());
             inputs.push(Port {
                 name: c_ident(n),
                 c_type: c_type(buf.elem),
                 view: View::contiguous(b, &shape),
-                shape,
             });
         }
         offsets.push(at_);
@@ -159,7 +145,6 @@ pub fn library(
             Port {
                 name: c_ident(n),
                 c_type: c_type(bufs[view.buf].elem),
-                shape: view.shape.clone(),
                 view,
             }
         })
@@ -249,7 +234,7 @@ fn header(id: &str, name: &str, inputs: &[Port], outs: &[Port]) -> String {
     let guard = format!("EST_{}_H", id.to_ascii_uppercase());
     let batch = inputs
         .first()
-        .and_then(|i| i.shape.first())
+        .and_then(|i| i.view.shape.first())
         .copied()
         .unwrap_or(1);
     let mut h = format!(
@@ -267,10 +252,22 @@ fn header(id: &str, name: &str, inputs: &[Port], outs: &[Port]) -> String {
         up = id.to_ascii_uppercase()
     );
     for i in inputs {
-        let _ = writeln!(h, " *   input  {} {}{}", i.c_type, i.name, dims(&i.shape));
+        let _ = writeln!(
+            h,
+            " *   input  {} {}{}",
+            i.c_type,
+            i.name,
+            dims(&i.view.shape)
+        );
     }
     for o in outs {
-        let _ = writeln!(h, " *   output {} {}{}", o.c_type, o.name, dims(&o.shape));
+        let _ = writeln!(
+            h,
+            " *   output {} {}{}",
+            o.c_type,
+            o.name,
+            dims(&o.view.shape)
+        );
     }
     let _ = write!(
         h,
@@ -424,7 +421,7 @@ static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
         s,
         "  free(hdr);\n  fclose(f);\n  \
          if (!ok) {{ est_{id}_free(m); return NULL; }}\n  \
-         for (i = 0; i < sizeof TAB / sizeof TAB[0] && i < {slots}; i++) m->tab[i] = m->base + OFFSETS[TAB[i]];\n  \
+         for (i = 0; i < {slots}; i++) m->tab[i] = m->base + OFFSETS[TAB[i]];\n  \
          return m;\n}}\n\n\
          int est_{id}_predict(est_{id} *est_m{}) {{\n  size_t est_k;\n",
         params(inputs, outs)
@@ -436,7 +433,7 @@ static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
             i.view.buf,
             i.name,
             i.name,
-            i.shape.iter().product::<usize>()
+            i.view.len()
         );
     }
     let _ = writeln!(

@@ -206,30 +206,39 @@ pub enum Kernel {
 /// come in multiples of them.
 pub const LANES: usize = 16;
 
-/// The geometry of a direct convolution: `out[n, oy, ox, o] = Σ x[n, oy·sh + ky·dh,
-/// ox·sw + kx·dw, c] · k[ky, kx, c, o]` over an input already padded to `ih` x `iw`,
-/// whose real rows are `rows` (taps on the others are skipped: they read zeros). The
+/// A direct convolution: `out[n, oy, ox, o] = Σ x[n, oy·sh + ky·dh, ox·sw + kx·dw, c] ·
+/// k[ky, kx, c, o]` over its input zero-padded to `ih()` x `iw()` (`g.pt` rows and
+/// `g.pl` columns in); taps on the padding rows are skipped (they read zeros). The
 /// filter gradient sums the same products into `out[ky, kx, c, o]` over every
 /// `(n, oy, ox)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy)]
 pub struct Direct {
-    pub n: usize,
-    pub ih: usize,
-    pub iw: usize,
-    pub c: usize,
-    pub oh: usize,
-    pub ow: usize,
+    /// The unpadded input, the output's pixels, the window, strides, dilation and
+    /// padding.
+    pub g: Geo,
+    /// Output channels.
     pub o: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub sh: usize,
-    pub sw: usize,
-    pub dh: usize,
-    pub dw: usize,
-    pub rows: (usize, usize),
 }
 
 impl Direct {
+    /// Rows of the padded input: the real ones after the padding, and as many as the
+    /// last window reaches.
+    pub fn ih(&self) -> usize {
+        let g = &self.g;
+        (g.h + g.pt).max((g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1)
+    }
+
+    /// Columns of the padded input.
+    pub fn iw(&self) -> usize {
+        let g = &self.g;
+        (g.w + g.pl).max((g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1)
+    }
+
+    /// The padded input's rows that hold input.
+    pub fn rows(&self) -> (usize, usize) {
+        (self.g.pt, self.g.pt + self.g.h)
+    }
+
     /// Output-channel vectors per register block: two when they pair up.
     pub fn block(&self) -> usize {
         if (self.o / LANES).is_multiple_of(2) {
@@ -315,8 +324,8 @@ impl Kernel {
             // the filter gradient's tasks: kernel rows x output-channel blocks
             Kernel::Conv {
                 filter: true, d, ..
-            } => d.kh * d.blocks(),
-            Kernel::Conv { d, .. } => d.n,
+            } => d.g.kh * d.blocks(),
+            Kernel::Conv { d, .. } => d.g.n,
             Kernel::Pad { out, .. } => out.shape[0],
             Kernel::MaxPool { geo, .. } => geo.n,
         }
@@ -785,39 +794,29 @@ impl Lowering<'_> {
             _ => (s(0), s(1), shape.clone()),
         };
         let geo = Geo::conv(&x, &y, [window[0], window[1]], c);
-        // the forward convolution's padded input
-        let ih = (x[1] + geo.pt).max((geo.oh - 1) * geo.sh + (geo.kh - 1) * geo.dh + 1);
-        let iw = (x[2] + geo.pl).max((geo.ow - 1) * geo.sw + (geo.kw - 1) * geo.dw + 1);
-        let fwd = Direct {
-            n: geo.n,
-            ih,
-            iw,
-            c: geo.c,
-            oh: geo.oh,
-            ow: geo.ow,
-            o: y[3],
-            kh: geo.kh,
-            kw: geo.kw,
-            sh: geo.sh,
-            sw: geo.sw,
-            dh: geo.dh,
-            dw: geo.dw,
-            rows: (geo.pt, geo.pt + geo.h),
-        };
+        let fwd = Direct { g: geo, o: y[3] };
         let (filter, xv, kv, d) = match &node.op {
             Op::Conv2d(_) => {
                 if !fwd.o.is_multiple_of(LANES) {
                     return Ok(false);
                 }
-                let xv = self.padded(ops[0], [ih, iw], geo.pt, geo.pl)?;
-                (false, xv, self.contiguous(ops[1]), fwd)
+                (
+                    false,
+                    self.padded(ops[0], &fwd),
+                    self.contiguous(ops[1]),
+                    fwd,
+                )
             }
             Op::Conv2dBackpropFilter(_) => {
-                if !fwd.o.is_multiple_of(LANES) || fwd.dw != 1 {
+                if !fwd.o.is_multiple_of(LANES) || geo.dw != 1 {
                     return Ok(false);
                 }
-                let xv = self.padded(ops[0], [ih, iw], geo.pt, geo.pl)?;
-                (true, xv, self.contiguous(ops[1]), fwd)
+                (
+                    true,
+                    self.padded(ops[0], &fwd),
+                    self.contiguous(ops[1]),
+                    fwd,
+                )
             }
             _ => {
                 // dx is the stride-1 convolution of dy, padded by the rest of the
@@ -831,12 +830,18 @@ impl Lowering<'_> {
                 {
                     return Ok(false);
                 }
-                let (top, left) = (ek - geo.pt, ew - geo.pl);
-                let (ih, iw) = (
-                    (geo.h + ek).max(geo.oh + top),
-                    (geo.w + ew).max(geo.ow + left),
-                );
-                let dyv = self.padded(ops[0], [ih, iw], top, left)?;
+                let g = Geo {
+                    h: geo.oh,
+                    w: geo.ow,
+                    c: y[3],
+                    oh: geo.h,
+                    ow: geo.w,
+                    pt: ek - geo.pt,
+                    pl: ew - geo.pl,
+                    ..geo
+                };
+                let d = Direct { g, o: geo.c };
+                let dyv = self.padded(ops[0], &d);
                 let w = self.materialize(ops[1]);
                 let st = &w.strides;
                 let flipped = View {
@@ -852,22 +857,6 @@ impl Lowering<'_> {
                     leaves: vec![(ops[1], flipped)],
                     out: kv.clone(),
                 }));
-                let d = Direct {
-                    n: geo.n,
-                    ih,
-                    iw,
-                    c: y[3],
-                    oh: geo.h,
-                    ow: geo.w,
-                    o: geo.c,
-                    kh: geo.kh,
-                    kw: geo.kw,
-                    sh: 1,
-                    sw: 1,
-                    dh: geo.dh,
-                    dw: geo.dw,
-                    rows: (top, top + geo.oh),
-                };
                 (false, dyv, kv, d)
             }
         };
@@ -884,26 +873,21 @@ impl Lowering<'_> {
         Ok(true)
     }
 
-    /// NHWC value `n` zero-padded to `[ih, iw]` spatially, `top` rows and `left`
-    /// columns in (its own buffer when it needs no padding); a forward convolution and
-    /// its filter gradient share one.
-    fn padded(
-        &mut self,
-        n: NodeIndex,
-        [ih, iw]: [usize; 2],
-        top: usize,
-        left: usize,
-    ) -> Result<View, Unsupported> {
+    /// NHWC value `n` zero-padded as direct convolution `d` reads it (its own buffer
+    /// when it needs no padding); a forward convolution and its filter gradient share
+    /// one.
+    fn padded(&mut self, n: NodeIndex, d: &Direct) -> View {
         let x = self.contiguous(n);
         let s = x.shape.clone();
-        if [ih, iw, top, left] == [s[1], s[2], 0, 0] {
-            return Ok(x);
+        let (top, left) = (d.g.pt, d.g.pl);
+        let key = (n, [d.ih(), d.iw(), top, left]);
+        if key.1 == [s[1], s[2], 0, 0] {
+            return x;
         }
-        let key = (n, [ih, iw, top, left]);
         if let Some(v) = self.padded.get(&key) {
-            return Ok(v.clone());
+            return v.clone();
         }
-        let shape = [s[0], ih, iw, s[3]];
+        let shape = [s[0], d.ih(), d.iw(), s[3]];
         let b = self.bufs.add(Elem::F32, shape.iter().product(), Role::Temp);
         let out = View::contiguous(b, &shape);
         self.kernels.push(Kernel::Pad {
@@ -914,7 +898,7 @@ impl Lowering<'_> {
             left,
         });
         self.padded.insert(key, out.clone());
-        Ok(out)
+        out
     }
 
     /// A native kernel for `n` over its operands in contiguous memory, and (when

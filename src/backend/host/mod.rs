@@ -230,11 +230,7 @@ impl Device {
                     Role::Decoded(name, node) => (name, Some(*node)),
                     _ => return None,
                 };
-                graph
-                    .g
-                    .node_indices()
-                    .find(|&n| matches!(&graph.node(n).op, Op::Input { name: m } if m == name))
-                    .map(|n| (i, name.clone(), n, decode))
+                graph.input(name).map(|n| (i, name.clone(), n, decode))
             })
             .collect();
         let step = bufs.bufs.iter().position(|b| b.role == Role::Step);

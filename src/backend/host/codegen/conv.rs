@@ -33,7 +33,7 @@ struct Conv<'c> {
     accs: Vec<PointerValue<'c>>,
 }
 
-pub(super) type Body<'a, 'c> = &'a mut dyn FnMut(&mut Codegen<'c>) -> R<()>;
+pub(super) type Build<'a, 'c> = &'a mut dyn FnMut(&mut Codegen<'c>) -> R<()>;
 
 impl<'c> Codegen<'c> {
     /// The direct convolution (or, when `filter`, filter gradient) `d` reading `x` and
@@ -67,11 +67,7 @@ impl<'c> Codegen<'c> {
         } else {
             self.forward(&c, start, end)?;
         }
-        self.finish(&body)?;
-        Ok(KernelFn {
-            name: name.to_string(),
-            bufs: ids,
-        })
+        self.finish(&body, name, ids)
     }
 
     /// Copies NHWC `x` into `out` (larger), `top` rows and `left` columns in, with zeros
@@ -128,21 +124,17 @@ impl<'c> Codegen<'c> {
                 })
             })
         })?;
-        self.finish(&body)?;
-        Ok(KernelFn {
-            name: name.to_string(),
-            bufs: ids,
-        })
+        self.finish(&body, name, ids)
     }
 
     /// Images `[start, end)`: each output row in blocks of pixels by channel blocks.
     fn forward(&mut self, c: &Conv<'c>, start: IntValue<'c>, end: IntValue<'c>) -> R<()> {
         let d = c.d;
-        let px = (ACC / d.block()).min(d.ow);
-        let (full, rest) = (d.ow / px, d.ow % px);
+        let px = (ACC / d.block()).min(d.g.ow);
+        let (full, rest) = (d.g.ow / px, d.g.ow % px);
         let zero = self.i64c(0);
         self.counted(c.f, start, end, &mut |cg, n| {
-            cg.counted(c.f, zero, cg.i64c(d.oh as i64), &mut |cg, oy| {
+            cg.counted(c.f, zero, cg.i64c(d.g.oh as i64), &mut |cg, oy| {
                 cg.counted(c.f, zero, cg.i64c(d.blocks() as i64), &mut |cg, b| {
                     cg.counted(c.f, zero, cg.i64c(full as i64), &mut |cg, bx| {
                         let ox = cg.mad(bx, px, zero)?;
@@ -169,23 +161,25 @@ impl<'c> Codegen<'c> {
         let ob = d.block();
         self.clear(&c.accs[..px * ob])?;
         let zero = self.i64c(0);
-        self.counted(c.f, zero, self.i64c(d.kh as i64), &mut |cg, ky| {
-            let iy = cg.mad(oy, d.sh, cg.mad(ky, d.dh, zero)?)?;
+        self.counted(c.f, zero, self.i64c(d.g.kh as i64), &mut |cg, ky| {
+            let iy = cg.mad(oy, d.g.sh, cg.mad(ky, d.g.dh, zero)?)?;
             cg.real_row(c, iy, &mut |cg| {
-                cg.counted(c.f, zero, cg.i64c(d.kw as i64), &mut |cg, kx| {
-                    cg.counted(c.f, zero, cg.i64c(d.c as i64), &mut |cg, ch| {
+                cg.counted(c.f, zero, cg.i64c(d.g.kw as i64), &mut |cg, kx| {
+                    cg.counted(c.f, zero, cg.i64c(d.g.c as i64), &mut |cg, ch| {
                         // k[ky, kx, ch, b·ob·LANES ..]
-                        let tap = cg.mad(cg.mad(ky, d.kw, kx)?, d.c, ch)?;
+                        let tap = cg.mad(cg.mad(ky, d.g.kw, kx)?, d.g.c, ch)?;
                         let wk = cg.mad(tap, d.o, cg.mad(b, ob * LANES, zero)?)?;
                         let ws = (0..ob)
                             .map(|j| cg.vload(c.k, cg.add(wk, cg.i64c((j * LANES) as i64))?))
                             .collect::<R<Vec<_>>>()?;
                         // x[n, iy, ox·sw + kx·dw, ch]
-                        let col = cg.mad(ox, d.sw, cg.mad(kx, d.dw, zero)?)?;
-                        let at = cg.mad(cg.mad(cg.mad(n, d.ih, iy)?, d.iw, col)?, d.c, ch)?;
+                        let col = cg.mad(ox, d.g.sw, cg.mad(kx, d.g.dw, zero)?)?;
+                        let at = cg.mad(cg.mad(cg.mad(n, d.ih(), iy)?, d.iw(), col)?, d.g.c, ch)?;
                         for p in 0..px {
-                            let s =
-                                cg.broadcast(c.x, cg.add(at, cg.i64c((p * d.sw * d.c) as i64))?)?;
+                            let s = cg.broadcast(
+                                c.x,
+                                cg.add(at, cg.i64c((p * d.g.sw * d.g.c) as i64))?,
+                            )?;
                             for (j, w) in ws.iter().enumerate() {
                                 cg.accumulate(c.accs[p * ob + j], s, *w)?;
                             }
@@ -196,7 +190,7 @@ impl<'c> Codegen<'c> {
             })
         })?;
         // out[n, oy, ox + p, b·ob·LANES + j·LANES ..]
-        let row = self.mad(self.mad(n, d.oh, oy)?, d.ow, ox)?;
+        let row = self.mad(self.mad(n, d.g.oh, oy)?, d.g.ow, ox)?;
         let base = self.mad(b, ob * LANES, zero)?;
         for p in 0..px {
             let at = self.mad(self.add(row, self.i64c(p as i64))?, d.o, base)?;
@@ -212,7 +206,7 @@ impl<'c> Codegen<'c> {
     /// each summed over all output pixels.
     fn filter_grad(&mut self, c: &Conv<'c>, start: IntValue<'c>, end: IntValue<'c>) -> R<()> {
         let d = c.d;
-        let taps = d.kw * d.c;
+        let taps = d.g.kw * d.g.c;
         let cb = (ACC / d.block()).min(taps);
         let (full, rest) = (taps / cb, taps % cb);
         let zero = self.i64c(0);
@@ -231,7 +225,7 @@ impl<'c> Codegen<'c> {
                 Ok(())
             })?;
             // image by image (its input and gradient stay in cache for every block)
-            cg.counted(c.f, zero, cg.i64c(d.n as i64), &mut |cg, n| {
+            cg.counted(c.f, zero, cg.i64c(d.g.n as i64), &mut |cg, n| {
                 cg.counted(c.f, zero, cg.i64c(full as i64), &mut |cg, q| {
                     let q = cg.mad(q, cb, zero)?;
                     cg.filter_block(c, [n, ky, b, q], cb)
@@ -252,7 +246,7 @@ impl<'c> Codegen<'c> {
         let zero = self.i64c(0);
         let base = self.mad(b, ob * LANES, zero)?;
         // out[ky, q + i, b·ob·LANES + j·LANES ..]
-        let tap = self.mad(ky, d.kw * d.c, q)?;
+        let tap = self.mad(ky, d.g.kw * d.g.c, q)?;
         let at = |cg: &Self, i: usize, j: usize| -> R<IntValue<'c>> {
             let at = cg.mad(cg.add(tap, cg.i64c(i as i64))?, d.o, base)?;
             cg.add(at, cg.i64c((j * LANES) as i64))
@@ -265,19 +259,19 @@ impl<'c> Codegen<'c> {
         }
         {
             let cg = &mut *self;
-            cg.counted(c.f, zero, cg.i64c(d.oh as i64), &mut |cg, oy| {
-                let iy = cg.mad(oy, d.sh, cg.mad(ky, d.dh, zero)?)?;
+            cg.counted(c.f, zero, cg.i64c(d.g.oh as i64), &mut |cg, oy| {
+                let iy = cg.mad(oy, d.g.sh, cg.mad(ky, d.g.dh, zero)?)?;
                 cg.real_row(c, iy, &mut |cg| {
                     // x[n, iy, ox·sw + kx, ch] with (kx, ch) = tap q + i
-                    let xrow = cg.mad(cg.mad(n, d.ih, iy)?, d.iw * d.c, q)?;
+                    let xrow = cg.mad(cg.mad(n, d.ih(), iy)?, d.iw() * d.g.c, q)?;
                     // dy[n, oy, ox, b·ob·LANES ..]
-                    let dyrow = cg.mad(cg.mad(n, d.oh, oy)?, d.ow * d.o, base)?;
-                    cg.counted(c.f, zero, cg.i64c(d.ow as i64), &mut |cg, ox| {
+                    let dyrow = cg.mad(cg.mad(n, d.g.oh, oy)?, d.g.ow * d.o, base)?;
+                    cg.counted(c.f, zero, cg.i64c(d.g.ow as i64), &mut |cg, ox| {
                         let at = cg.mad(ox, d.o, dyrow)?;
                         let dys = (0..ob)
                             .map(|j| cg.vload(c.k, cg.add(at, cg.i64c((j * LANES) as i64))?))
                             .collect::<R<Vec<_>>>()?;
-                        let xs = cg.mad(ox, d.sw * d.c, xrow)?;
+                        let xs = cg.mad(ox, d.g.sw * d.g.c, xrow)?;
                         for i in 0..cb {
                             let s = cg.broadcast(c.x, cg.add(xs, cg.i64c(i as i64))?)?;
                             for (j, dy) in dys.iter().enumerate() {
@@ -300,9 +294,9 @@ impl<'c> Codegen<'c> {
 
     /// Runs `body` only when padded row `iy` holds input (a tap on a padding row
     /// reads zeros and is skipped).
-    fn real_row(&mut self, c: &Conv<'c>, iy: IntValue<'c>, body: Body<'_, 'c>) -> R<()> {
-        let (lo, hi) = c.d.rows;
-        if (lo, hi) == (0, c.d.ih) {
+    fn real_row(&mut self, c: &Conv<'c>, iy: IntValue<'c>, body: Build<'_, 'c>) -> R<()> {
+        let (lo, hi) = c.d.rows();
+        if (lo, hi) == (0, c.d.ih()) {
             return body(self);
         }
         let from = e(self.b.build_int_sub(iy, self.i64c(lo as i64), "r"))?;
@@ -315,8 +309,8 @@ impl<'c> Codegen<'c> {
         &mut self,
         f: FunctionValue<'c>,
         cond: IntValue<'c>,
-        then: Body<'_, 'c>,
-        otherwise: Option<Body<'_, 'c>>,
+        then: Build<'_, 'c>,
+        otherwise: Option<Build<'_, 'c>>,
     ) -> R<()> {
         let yes = self.ctx.append_basic_block(f, "then");
         let no = self.ctx.append_basic_block(f, "else");

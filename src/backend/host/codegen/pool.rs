@@ -11,7 +11,7 @@ use super::{e, Codegen, KernelFn, R};
 use crate::backend::host::lower::{Bufs, View};
 use crate::backend::window::Geo;
 use crate::ir::Graph;
-use inkwell::values::{FloatValue, IntValue};
+use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::FloatPredicate;
 use rustc_hash::FxHashMap;
 
@@ -74,29 +74,7 @@ impl<'c> Codegen<'c> {
                     }
                     let o = cg.mad(cg.mad(cg.mad(n, gm.oh, oi)?, gm.ow, oj)?, gm.c, zero)?;
                     cg.counted(f, zero, cg.i64c(gm.c as i64), &mut |cg, ch| {
-                        let mut best = cg.f32c(f64::NEG_INFINITY);
-                        let mut arg = i32t.const_int(u64::MAX, true);
-                        for (t, &(inside, at)) in taps.iter().enumerate() {
-                            let v = cg.load_f32(xp, cg.add(at, ch)?)?;
-                            let Some(_) = dyp else {
-                                let m = cg.fextremum(best, v, true)?;
-                                best = e(cg.b.build_select(inside, m, best, "best"))?
-                                    .into_float_value();
-                                continue;
-                            };
-                            // the first tap inside, then any that beats the best
-                            let none = e(cg.b.build_int_compare(
-                                inkwell::IntPredicate::SLT,
-                                arg,
-                                i32t.const_zero(),
-                                "none",
-                            ))?;
-                            let take = e(cg.b.build_or(none, cg.beats(v, best, true)?, "take"))?;
-                            let take = e(cg.b.build_and(inside, take, "take"))?;
-                            best = e(cg.b.build_select(take, v, best, "best"))?.into_float_value();
-                            let t = i32t.const_int(t as u64, false);
-                            arg = e(cg.b.build_select(take, t, arg, "arg"))?.into_int_value();
-                        }
+                        let (best, arg) = cg.window_max(&taps, xp, ch, dyp.is_some())?;
                         let Some(dyp) = dyp else {
                             e(cg.b.build_store(cg.f32_at(op, cg.add(o, ch)?)?, best))?;
                             return Ok(());
@@ -126,11 +104,43 @@ impl<'c> Codegen<'c> {
                 })
             })
         })?;
-        self.finish(&body)?;
-        Ok(KernelFn {
-            name: name.to_string(),
-            bufs: ids,
-        })
+        self.finish(&body, name, ids)
+    }
+
+    /// The maximum of channel `ch` over a window's `taps` (inside, first channel's
+    /// offset) of `x`, and with `track` the index of the tap holding it: the first tap
+    /// inside, then any that beats the best (so a NaN once met). -inf (and index -1)
+    /// for a window with no tap inside.
+    fn window_max(
+        &self,
+        taps: &[(IntValue<'c>, IntValue<'c>)],
+        x: PointerValue<'c>,
+        ch: IntValue<'c>,
+        track: bool,
+    ) -> R<(FloatValue<'c>, IntValue<'c>)> {
+        let i32t = self.ctx.i32_type();
+        let mut best = self.f32c(f64::NEG_INFINITY);
+        let mut arg = i32t.const_int(u64::MAX, true);
+        for (t, &(inside, at)) in taps.iter().enumerate() {
+            let v = self.load_f32(x, self.add(at, ch)?)?;
+            if !track {
+                let m = self.fextremum(best, v, true)?;
+                best = e(self.b.build_select(inside, m, best, "best"))?.into_float_value();
+                continue;
+            }
+            let none = e(self.b.build_int_compare(
+                inkwell::IntPredicate::SLT,
+                arg,
+                i32t.const_zero(),
+                "none",
+            ))?;
+            let take = e(self.b.build_or(none, self.beats(v, best, true)?, "take"))?;
+            let take = e(self.b.build_and(inside, take, "take"))?;
+            best = e(self.b.build_select(take, v, best, "best"))?.into_float_value();
+            let t = i32t.const_int(t as u64, false);
+            arg = e(self.b.build_select(take, t, arg, "arg"))?.into_int_value();
+        }
+        Ok((best, arg))
     }
 
     /// Whether `v` replaces `best` as a running maximum (minimum when `!max`;
@@ -154,11 +164,7 @@ impl<'c> Codegen<'c> {
         e(b.build_or(gt, first_nan, "beats"))
     }
 
-    pub(super) fn load_f32(
-        &self,
-        p: inkwell::values::PointerValue<'c>,
-        i: IntValue<'c>,
-    ) -> R<FloatValue<'c>> {
+    pub(super) fn load_f32(&self, p: PointerValue<'c>, i: IntValue<'c>) -> R<FloatValue<'c>> {
         let at = self.f32_at(p, i)?;
         Ok(e(self.b.build_load(self.ctx.f32_type(), at, "x"))?.into_float_value())
     }

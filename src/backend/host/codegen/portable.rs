@@ -8,31 +8,33 @@ use crate::ir::{DType, Graph, Op};
 use rustc_hash::FxHashMap;
 
 impl<'c> Codegen<'c> {
-    /// Emits `kernel` as function `name` with no call out of the module; `None` for
-    /// a native kernel with no generated version.
+    /// Emits `kernel` as function `name` with no call out of the module, with the
+    /// extent of its outer loop; `None` for a native kernel with no generated version.
     pub fn portable(
         &mut self,
         name: &str,
         kernel: &Kernel,
         g: &Graph,
         bufs: &Bufs,
-    ) -> R<Option<KernelFn>> {
-        match kernel {
+    ) -> R<Option<(KernelFn, usize)>> {
+        // the generated GEMM and arg-reduction loop over their output's first axis
+        let rows = |out: &View| out.shape.first().copied().unwrap_or(1);
+        Ok(match kernel {
             Kernel::MatMul { a, b, out, .. } => {
-                self.matmul_kernel(name, [a, b, out], g, bufs).map(Some)
+                Some((self.matmul_kernel(name, [a, b, out], g, bufs)?, rows(out)))
             }
             Kernel::Native { node, args, out } => match &g.node(*node).op {
                 Op::ArgMax { axis } | Op::ArgMin { axis }
                     if g.node(g.operands(*node)[0]).ty.dtype.is_float() =>
                 {
                     let max = matches!(g.node(*node).op, Op::ArgMax { .. });
-                    self.arg_kernel(name, [&args[0], out], *axis, max, g, bufs)
-                        .map(Some)
+                    let f = self.arg_kernel(name, [&args[0], out], *axis, max, g, bufs)?;
+                    Some((f, rows(out)))
                 }
-                _ => Ok(None),
+                _ => None,
             },
-            k => self.kernel(name, k, g, bufs),
-        }
+            k => self.kernel(name, k, g, bufs)?.map(|f| (f, k.outer(g))),
+        })
     }
 
     /// `out = a · b` over the last two axes, batched over the leading ones; split over
@@ -80,11 +82,7 @@ impl<'c> Codegen<'c> {
                 })
             })
         })?;
-        self.finish(&body)?;
-        Ok(KernelFn {
-            name: name.to_string(),
-            bufs: ids,
-        })
+        self.finish(&body, name, ids)
     }
 
     /// The position of the first maximum (`max`) or minimum of `x` along `axis` into
@@ -135,10 +133,6 @@ impl<'c> Codegen<'c> {
             let a = e(cg.b.build_load(i64t, arg, "a"))?.into_int_value();
             cg.store(&body, out, idx, Val::I(a))
         })?;
-        self.finish(&body)?;
-        Ok(KernelFn {
-            name: name.to_string(),
-            bufs: ids,
-        })
+        self.finish(&body, name, ids)
     }
 }
