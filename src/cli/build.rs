@@ -167,6 +167,9 @@ fn host(
         "kernels: {} generated, {} native\n",
         r.generated, r.native
     ));
+    for (outer, ops) in &r.chains {
+        t.push_str(&format!("chain over {outer} slabs: {}\n", ops.join(", ")));
+    }
     t.push_str(&format!(
         "arena: {:.2} MiB peak ({} bytes; {:.2} MiB without sharing)\n",
         mib(r.arena),

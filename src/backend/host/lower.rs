@@ -24,7 +24,7 @@ use crate::backend::window::Geo;
 use crate::ir::{Conv, DType, Graph, NodeIndex, Op, TensorType};
 use crate::span::Span;
 use petgraph::visit::NodeIndexable;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// How a dtype's elements are stored in host memory. Floats of every width are held as
 /// f32 (f16 and bf16 rounded to their precision after every op, as the interpreter
@@ -280,6 +280,19 @@ impl Kernel {
             Kernel::Pad { .. } => "pad",
             Kernel::MaxPool { dy: None, .. } => "max pool",
             Kernel::MaxPool { .. } => "max pool grad",
+        }
+    }
+
+    /// The view the kernel writes.
+    pub fn out(&self) -> &View {
+        match self {
+            Kernel::Loop(l) => &l.out,
+            Kernel::Softmax { out, .. }
+            | Kernel::MatMul { out, .. }
+            | Kernel::Native { out, .. }
+            | Kernel::Conv { out, .. }
+            | Kernel::MaxPool { out, .. }
+            | Kernel::Pad { out, .. } => out,
         }
     }
 
@@ -548,7 +561,7 @@ impl Lowering<'_> {
 
     /// The nodes in memory that a loop computing `n` reads (stopping at them).
     fn leaves(&self, n: NodeIndex) -> Vec<(NodeIndex, View)> {
-        let mut seen = rustc_hash::FxHashSet::default();
+        let mut seen = FxHashSet::default();
         let mut out = Vec::new();
         let mut stack: Vec<NodeIndex> = self.g.operands(n).into_iter().collect();
         while let Some(m) = stack.pop() {
@@ -841,7 +854,8 @@ impl Lowering<'_> {
                     ..geo
                 };
                 let d = Direct { g, o: geo.c };
-                let dyv = self.padded(ops[0], &d);
+                // (the filter first: the padding then runs right before the kernel
+                // and chains with it)
                 let w = self.materialize(ops[1]);
                 let st = &w.strides;
                 let flipped = View {
@@ -857,7 +871,7 @@ impl Lowering<'_> {
                     leaves: vec![(ops[1], flipped)],
                     out: kv.clone(),
                 }));
-                (false, dyv, kv, d)
+                (false, self.padded(ops[0], &d), kv, d)
             }
         };
         let out = self.temp(n);
@@ -928,4 +942,175 @@ impl Lowering<'_> {
         self.views.insert(n, out);
         Ok(())
     }
+}
+
+/// How a kernel's outer loop touches memory when each of its iterations `i` writes
+/// only slab `i` (index `i` of the leading axis) of its output.
+struct Rows<'a> {
+    outer: usize,
+    /// Views read only at index `i` of their leading axis by iteration `i`.
+    rows: Vec<&'a View>,
+    /// Views that any iteration may read anywhere.
+    whole: Vec<&'a View>,
+    out: &'a View,
+}
+
+impl Kernel {
+    /// The kernel's slabs, when it is a generated kernel that works slab by slab over
+    /// its output's leading axis: an elementwise loop, a forward convolution, a
+    /// padding copy, a max pooling or its gradient.
+    fn rows(&self, g: &Graph) -> Option<Rows<'_>> {
+        if self.bufs().len() > MAX_TABLE {
+            return None;
+        }
+        let (outer, rows, whole, out) = match self {
+            Kernel::Loop(l) => {
+                if matches!(g.node(l.root).op, Op::Reduce { .. }) && !l.is_copy() {
+                    return None;
+                }
+                // a leaf of the output's shape under elementwise ops alone is read
+                // at the output's own index
+                let elementwise = |n: NodeIndex| {
+                    matches!(
+                        g.node(n).op,
+                        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Const { .. }
+                    )
+                };
+                let mut aligned = true;
+                let mut stack = vec![l.root];
+                let mut seen = FxHashSet::default();
+                while let Some(n) = stack.pop() {
+                    if !seen.insert(n) || l.leaves.iter().any(|x| x.0 == n) {
+                        continue;
+                    }
+                    aligned &= elementwise(n);
+                    stack.extend(g.operands(n));
+                }
+                let (rows, whole) = l
+                    .leaves
+                    .iter()
+                    .map(|x| &x.1)
+                    .partition(|v| aligned && v.shape == l.out.shape);
+                (*l.out.shape.first()?, rows, whole, &l.out)
+            }
+            Kernel::Conv {
+                filter: false,
+                x,
+                k,
+                out,
+                d,
+                ..
+            } => (d.g.n, vec![x], vec![k], out),
+            Kernel::Pad { x, out, .. } => (out.shape[0], vec![x], vec![], out),
+            Kernel::MaxPool {
+                x, dy, out, geo, ..
+            } => (geo.n, [x].into_iter().chain(dy).collect(), vec![], out),
+            _ => return None,
+        };
+        Some(Rows {
+            outer,
+            rows,
+            whole,
+            out,
+        })
+    }
+}
+
+/// The most buffers a kernel of a chain may have (the runtime patches a copy of its
+/// table on the stack).
+pub const MAX_TABLE: usize = 32;
+
+/// A buffer that only one chain touches, held as one slab per part of a split: the
+/// slab's bytes, and the distance between the parts' slabs (aligned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Local {
+    pub slab: usize,
+    pub stride: usize,
+}
+
+/// Whether `v` is a whole buffer laid out as `outer` contiguous slabs.
+fn slabs(v: &View, outer: usize) -> bool {
+    v.offset == 0 && v.shape.first() == Some(&outer) && v.is_contiguous()
+}
+
+/// Orders the kernels in runs that may execute slab by slab: for each slab `i` of
+/// their common outer loop, every kernel of the run in turn (a padding, a convolution,
+/// its bias and activation, and a pooling, one image at a time while the image is in
+/// cache: loop fusion along the outer axis, as TVM's `compute_at`). A kernel joins a
+/// run when it has the same outer extent, reads what the run wrote only at its own
+/// slab (through a view of the same slabs), and writes a fresh temporary that nothing
+/// in the run read; it moves up to the run past kernels whose outputs it does not
+/// read. Every element is computed by the same code as when the kernels run one after
+/// the other, so results are the same bits. Returns each run as a range of the
+/// reordered `kernels`; a kernel that joins nothing is a run of one.
+pub fn chains(kernels: &mut Vec<Kernel>, g: &Graph, bufs: &Bufs) -> Vec<std::ops::Range<usize>> {
+    let joins = |r: &Rows, outer: usize| {
+        r.outer == outer
+            && outer > 1
+            && bufs.bufs[r.out.buf].role == Role::Temp
+            && slabs(r.out, outer)
+    };
+    // whether kernel `k` may run slab by slab after `run`
+    let fits = |run: &[Kernel], k: &Kernel, outer: usize| {
+        let Some(r) = k.rows(g).filter(|r| joins(r, outer)) else {
+            return false;
+        };
+        let rows: Vec<Rows> = run.iter().filter_map(|k| k.rows(g)).collect();
+        let written = |b: usize| rows.iter().find(|r| r.out.buf == b).map(|r| r.out);
+        let aligned = |v: &&View| {
+            written(v.buf).is_none_or(|p| slabs(p, outer) && slabs(v, outer) && p.len() == v.len())
+        };
+        let read = |b: usize| {
+            rows.iter()
+                .any(|r| r.rows.iter().chain(&r.whole).any(|v| v.buf == b))
+        };
+        r.rows.iter().all(aligned)
+            && r.whole.iter().all(|v| written(v.buf).is_none())
+            && !read(r.out.buf)
+            && written(r.out.buf).is_none()
+    };
+    // every kernel moves up to just after the kernels it reads from (its output is
+    // fresh: nothing before it reads it), so that what a run needs from outside it is
+    // ready before the run starts
+    for m in 0..kernels.len() {
+        let k = &kernels[m];
+        if bufs.bufs[k.out().buf].role != Role::Temp {
+            continue;
+        }
+        let reads = k.bufs();
+        let to = (0..m)
+            .rev()
+            .find(|&p| reads.contains(&kernels[p].out().buf))
+            .map_or(0, |p| p + 1);
+        let k = kernels.remove(m);
+        kernels.insert(to, k);
+    }
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < kernels.len() {
+        let mut j = i + 1;
+        if let Some(outer) = kernels[i]
+            .rows(g)
+            .filter(|r| joins(r, r.outer))
+            .map(|r| r.outer)
+        {
+            // the next kernel that fits, from those that need nothing skipped over
+            while let Some(m) = (j..kernels.len())
+                .scan(FxHashSet::default(), |skipped, m| {
+                    let k = &kernels[m];
+                    let free = k.bufs().iter().all(|b| !skipped.contains(b));
+                    skipped.insert(k.out().buf);
+                    Some((m, free && fits(&kernels[i..j], k, outer)))
+                })
+                .find_map(|(m, ok)| ok.then_some(m))
+            {
+                let k = kernels.remove(m);
+                kernels.insert(j, k);
+                j += 1;
+            }
+        }
+        runs.push(i..j);
+        i = j;
+    }
+    runs
 }

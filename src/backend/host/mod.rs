@@ -42,7 +42,8 @@ use lower::{Bufs, Elem, Kernel, Role, View};
 use mem::{Mem, Storage};
 use plan::Plan;
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// A resident variable.
@@ -87,6 +88,10 @@ impl Drop for Device {
 struct Lowered {
     bufs: Bufs,
     phases: Vec<Vec<Kernel>>,
+    /// Each phase's kernels as the runs that execute slab by slab (`lower::chains`).
+    chains: Vec<Vec<Range<usize>>>,
+    /// The buffers that hold one slab per part of a split (`lower_phases`).
+    local: Vec<Option<lower::Local>>,
     views: FxHashMap<NodeIndex, View>,
     plan: Plan,
 }
@@ -128,9 +133,18 @@ enum Step {
         table: Vec<usize>,
         outer: i64,
         split: bool,
+        /// The table entries of buffers held one slab per part (`Lowered::local`).
+        local: Vec<(usize, lower::Local)>,
     },
     /// A native kernel (a GEMM, index work).
     Call(Box<Kernel>),
+    /// Generated kernels run slab by slab: for each iteration of their common outer
+    /// loop, each of them in turn (`lower::chains`).
+    Chain {
+        steps: Vec<Step>,
+        outer: i64,
+        split: bool,
+    },
 }
 
 type KernelPtr = unsafe extern "C" fn(*const *mut u8, i64, i64) -> i64;
@@ -170,7 +184,7 @@ impl Device {
         phases: &[Vec<NodeIndex>],
         at: Span,
     ) -> Result<Compiled, Diag> {
-        let lowered = lower_phases(graph, phases)?;
+        let lowered = lower_phases(graph, phases, self.pool.threads())?;
         let llvm = |m: String| llvm_failed(at, m);
         let (objects, fns) =
             compile_parts(&self.machine, graph, &lowered, self.pool.threads()).map_err(llvm)?;
@@ -185,12 +199,14 @@ impl Device {
         let Lowered {
             bufs,
             phases: kernels,
+            chains,
+            local,
             views,
             plan,
         } = lowered;
         let mut fns = fns.into_iter();
         let mut phases_out = Vec::new();
-        for ks in kernels {
+        for (ks, runs) in kernels.into_iter().zip(chains) {
             let mut steps = Vec::new();
             for k in ks {
                 let f = fns.next().expect("one per kernel");
@@ -207,13 +223,16 @@ impl Device {
                             split: splits(&k, graph),
                             f: ptr,
                             table: Vec::new(),
+                            local: (f.bufs.iter().enumerate())
+                                .filter_map(|(e, &b)| local[b].map(|l| (e, l)))
+                                .collect(),
                             bufs: f.bufs,
                         }
                     }
                     (k, None) => Step::Call(Box::new(k)),
                 });
             }
-            phases_out.push(steps);
+            phases_out.push(chained(steps, &runs));
         }
         let arena = Storage::new(plan.arena).map_err(|m| {
             Diag::new(Code::OutOfMemory, at, format!("the buffers of this graph do not fit in memory: {m}"))
@@ -252,6 +271,32 @@ impl Device {
     }
 }
 
+/// A phase's steps with each run of `runs` longer than one made a chain.
+fn chained(steps: Vec<Step>, runs: &[Range<usize>]) -> Vec<Step> {
+    let mut steps = steps.into_iter();
+    let mut out = Vec::new();
+    for r in runs {
+        let run: Vec<Step> = steps.by_ref().take(r.len()).collect();
+        let outer = match run.first() {
+            Some(Step::Gen { outer, .. }) if run.len() > 1 => *outer,
+            _ => {
+                out.extend(run);
+                continue;
+            }
+        };
+        // the chain splits when its kernels together have the work of one that does
+        let split = run
+            .iter()
+            .any(|s| matches!(s, Step::Gen { split: true, .. }));
+        out.push(Step::Chain {
+            steps: run,
+            outer,
+            split,
+        });
+    }
+    out
+}
+
 /// A code generator for this CPU, or for the named one (`x86-64-v3`).
 fn host_machine(at: Span, cpu: Option<&str>) -> Result<Machine, Diag> {
     let m = match cpu {
@@ -280,13 +325,17 @@ fn llvm_failed(at: Span, m: String) -> Diag {
 }
 
 /// Lowers the nodes computing each phase's targets (a phase may read the targets of
-/// the ones before it) and plans their memory.
-fn lower_phases(graph: &Graph, phases: &[Vec<NodeIndex>]) -> Result<Lowered, Diag> {
+/// the ones before it) and plans their memory. With `parts` > 0, a buffer that only
+/// one chain touches (`lower::chains`) gets one slab for each of `parts` parts of a
+/// split instead of its whole size (`Lowered::local`): the chain's kernels write and
+/// read it one slab at a time, and it stays in cache.
+fn lower_phases(graph: &Graph, phases: &[Vec<NodeIndex>], parts: usize) -> Result<Lowered, Diag> {
     let mut bufs = Bufs::default();
     let mut views: FxHashMap<NodeIndex, View> = FxHashMap::default();
     let mut kernels = Vec::new();
+    let mut chains = Vec::new();
     for targets in phases {
-        let (ks, vs) = lower::lower(graph, targets, &views, &mut bufs).map_err(|u| {
+        let (mut ks, vs) = lower::lower(graph, targets, &views, &mut bufs).map_err(|u| {
             Diag::new(
                 Code::UnsupportedOp,
                 u.span,
@@ -296,15 +345,60 @@ fn lower_phases(graph: &Graph, phases: &[Vec<NodeIndex>]) -> Result<Lowered, Dia
             .help("run it with `--target interp`")
         })?;
         views.extend(vs);
+        chains.push(
+            if std::env::var("EST_HOST_CHAINS").as_deref() == Ok("off") {
+                (0..ks.len()).map(|i| i..i + 1).collect()
+            } else {
+                lower::chains(&mut ks, graph, &bufs)
+            },
+        );
         kernels.push(ks);
     }
     // every target is read after the kernels (checks, averages, the next phase)
     let pinned: Vec<usize> = views.values().map(|v| v.buf).collect();
-    let order: Vec<&Kernel> = kernels.iter().flatten().collect();
-    let plan = plan::plan(&bufs, &order, &pinned);
+    let order: Vec<Vec<&Kernel>> = kernels
+        .iter()
+        .zip(&chains)
+        .flat_map(|(ks, runs)| runs.iter().map(|r| ks[r.clone()].iter().collect()))
+        .collect();
+    let mut local = vec![None; bufs.bufs.len()];
+    if parts > 0 {
+        // the step (or chain) touching each buffer, when only one does
+        let mut touched: Vec<Option<Option<usize>>> = vec![None; bufs.bufs.len()];
+        for (i, ks) in order.iter().enumerate() {
+            for b in ks.iter().flat_map(|k| k.bufs()) {
+                touched[b] = match touched[b] {
+                    None => Some(Some(i)),
+                    Some(Some(j)) if j == i => Some(Some(i)),
+                    _ => Some(None),
+                };
+            }
+        }
+        for (b, t) in touched.iter().enumerate() {
+            let buf = &bufs.bufs[b];
+            if let (Some(Some(i)), Role::Temp) = (t, &buf.role) {
+                if order[*i].len() > 1 && !pinned.contains(&b) {
+                    let outer = order[*i][0].outer(graph);
+                    local[b] = Some(lower::Local {
+                        slab: buf.len / outer * buf.elem.size(),
+                        stride: plan::aligned(buf.len / outer * buf.elem.size()),
+                    });
+                }
+            }
+        }
+    }
+    let sizes: Vec<usize> = bufs
+        .bufs
+        .iter()
+        .zip(&local)
+        .map(|(b, l)| l.map_or(b.len * b.elem.size(), |l: lower::Local| l.stride * parts))
+        .collect();
+    let plan = plan::plan(&bufs, &sizes, &order, &pinned);
     Ok(Lowered {
         bufs,
         phases: kernels,
+        chains,
+        local,
         views,
         plan,
     })
@@ -434,7 +528,11 @@ fn refresh(
     }
     p.mem = Mem::new(ptrs, p.bufs.bufs.iter().map(|b| b.elem).collect());
     for steps in phases {
-        for s in steps.iter_mut() {
+        let chains = steps.iter_mut().flat_map(|s| match s {
+            Step::Chain { steps, .. } => steps.iter_mut().collect(),
+            s => vec![s],
+        });
+        for s in chains {
             if let Step::Gen { bufs, table, .. } = s {
                 *table = bufs.iter().map(|&b| p.mem.ptr(b) as usize).collect();
             }
@@ -489,44 +587,92 @@ fn run_steps(
     };
     for s in steps {
         let started = profile::on().then(std::time::Instant::now);
-        match s {
-            Step::Gen {
-                node,
-                f,
-                table,
+        let (gens, outer, split, slabs) = match s {
+            Step::Call(k) => {
+                native::call(k, g, mem, env, pool).map_err(|m| fail(k.node(), m))?;
+                if let Some(t) = started {
+                    profile::add(g, k.node(), k.kind(), t.elapsed());
+                }
+                continue;
+            }
+            Step::Gen { outer, split, .. } => (std::slice::from_ref(s), *outer, *split, false),
+            Step::Chain {
+                steps,
                 outer,
                 split,
-                ..
-            } => {
-                let parts = if *split {
-                    pool.threads().min(*outer as usize)
-                } else {
-                    1
-                };
-                let status = AtomicI64::new(0);
-                let at = table.as_ptr() as usize;
-                pool.run(parts, &|i| {
-                    let (lo, hi) = part(*outer as usize, parts, i);
-                    // SAFETY: the kernel reads and writes only the buffers of its
-                    // table, within the views lowering gave it; the parts of a split
-                    // write disjoint outputs.
-                    let s = unsafe { f(at as *const *mut u8, lo as i64, hi as i64) };
-                    if s != 0 {
-                        status.store(s, Ordering::Relaxed);
-                    }
-                });
-                if status.load(Ordering::Relaxed) != 0 {
-                    return Err(fail(*node, "integer division by zero".into()));
+            } => (&steps[..], *outer, *split, true),
+        };
+        let parts = if split {
+            pool.threads().min(outer as usize)
+        } else {
+            1
+        };
+        // the kernel that failed, plus one; with a profile, each kernel's nanoseconds
+        let failed = AtomicUsize::new(0);
+        let spent: Vec<AtomicU64> = match started {
+            Some(_) => gens.iter().map(|_| AtomicU64::new(0)).collect(),
+            None => Vec::new(),
+        };
+        let call = |k: usize, (lo, hi): (usize, usize), part: usize| {
+            let Step::Gen {
+                f, table, local, ..
+            } = &gens[k]
+            else {
+                return;
+            };
+            let t = started.map(|_| std::time::Instant::now());
+            // a buffer held one slab per part: its address for this slab is the
+            // part's own slab, less the offset of slab `lo` that the kernel adds
+            let mut patched = [0usize; lower::MAX_TABLE];
+            let at = if local.is_empty() {
+                table.as_ptr()
+            } else {
+                patched[..table.len()].copy_from_slice(table);
+                for (e, l) in local {
+                    patched[*e] = table[*e]
+                        .wrapping_add(part * l.stride)
+                        .wrapping_sub(lo * l.slab);
                 }
+                patched.as_ptr()
+            };
+            // SAFETY: the kernel reads and writes only the buffers of its table,
+            // within the views lowering gave it; the parts of a split write disjoint
+            // outputs, and a chain's kernels read only the slabs that the kernels
+            // before them wrote in the same iteration (`lower::chains`), so a buffer
+            // held one slab per part is addressed only at the slab it is given.
+            if unsafe { f(at as *const *mut u8, lo as i64, hi as i64) } != 0 {
+                failed.store(k + 1, Ordering::Relaxed);
             }
-            Step::Call(k) => native::call(k, g, mem, env, pool).map_err(|m| fail(k.node(), m))?,
+            if let Some(t) = t {
+                spent[k].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        };
+        pool.run(parts, &|i| {
+            let (lo, hi) = part(outer as usize, parts, i);
+            if slabs {
+                for n in lo..hi {
+                    (0..gens.len()).for_each(|k| call(k, (n, n + 1), i));
+                }
+            } else {
+                call(0, (lo, hi), i);
+            }
+        });
+        let node = |k: usize| match &gens[k] {
+            Step::Gen { node, kind, .. } => (*node, *kind),
+            _ => unreachable!("chains hold generated kernels"),
+        };
+        if let k @ 1.. = failed.load(Ordering::Relaxed) {
+            return Err(fail(node(k - 1).0, "integer division by zero".into()));
         }
         if let Some(t) = started {
-            let (node, kind) = match s {
-                Step::Gen { node, kind, .. } => (*node, *kind),
-                Step::Call(k) => (k.node(), k.kind()),
-            };
-            profile::add(g, node, kind, t.elapsed());
+            // the step's time, shared among its kernels as they spent it
+            let took = t.elapsed();
+            let ns: Vec<u64> = spent.iter().map(|s| s.load(Ordering::Relaxed)).collect();
+            let all = ns.iter().sum::<u64>().max(1) as f64;
+            for (k, ns) in ns.iter().enumerate() {
+                let (n, kind) = node(k);
+                profile::add(g, n, kind, took.mul_f64(*ns as f64 / all));
+            }
         }
     }
     Ok(())
@@ -797,6 +943,8 @@ pub struct Report {
     /// Kernels generated through LLVM, and native ones (GEMMs, windows, index work).
     pub generated: usize,
     pub native: usize,
+    /// The chains of kernels run slab by slab: each one's outer extent and ops.
+    pub chains: Vec<(usize, Vec<&'static str>)>,
     /// The arena's bytes (the peak of the plan), and what its buffers would take
     /// without sharing.
     pub arena: usize,
@@ -820,13 +968,13 @@ pub fn build(
     emit: Option<Emit>,
 ) -> Result<(Report, Option<Vec<u8>>), Diag> {
     let machine = host_machine(at, cpu)?;
-    let lowered = lower_phases(graph, phases)?;
+    let parts = crate::backend::pool::default_threads();
+    let lowered = lower_phases(graph, phases, parts)?;
     let llvm = |m: String| llvm_failed(at, m);
     let ctx = Context::create();
     let (origins, stage, fns) = match emit {
         None => {
             // as a device compiles it, in parts on every core
-            let parts = crate::backend::pool::default_threads();
             let (objects, fns) = compile_parts(&machine, graph, &lowered, parts).map_err(llvm)?;
             (objects.into_iter().map(|o| o.1).collect(), None, fns)
         }
@@ -843,10 +991,25 @@ pub fn build(
     };
     let generated = fns.iter().filter(|f| f.is_some()).count();
     let (bufs, plan) = (&lowered.bufs, &lowered.plan);
+    let chains = lowered
+        .phases
+        .iter()
+        .zip(&lowered.chains)
+        .flat_map(|(ks, runs)| {
+            runs.iter()
+                .filter(|r| r.len() > 1)
+                .map(move |r| &ks[r.clone()])
+        })
+        .map(|ks| {
+            let ops = ks.iter().map(|k| graph.node(k.node()).op.name()).collect();
+            (ks[0].outer(graph), ops)
+        })
+        .collect();
     let mut buffers = Vec::new();
     let mut variables = 0;
     for (i, b) in bufs.bufs.iter().enumerate() {
-        let bytes = b.len * b.elem.size();
+        let local = lowered.local[i];
+        let bytes = local.map_or(b.len * b.elem.size(), |l| l.stride * parts);
         let node = plan.producers[i].map(|n| graph.node(n));
         let (what, op, span) = match (&b.role, node) {
             (Role::Var(_), _) => {
@@ -857,6 +1020,11 @@ pub fn build(
                 (format!("input `{name}`"), "input", None)
             }
             (Role::Step, _) => ("the global step".to_string(), "input", None),
+            (Role::Temp, Some(n)) if local.is_some() => (
+                format!("{}, a slab per thread", n.ty),
+                n.op.name(),
+                Some(n.span),
+            ),
             (Role::Temp, Some(n)) if n.ty.shape.iter().product::<usize>() == b.len => {
                 (n.ty.to_string(), n.op.name(), Some(n.span))
             }
@@ -880,6 +1048,7 @@ pub fn build(
             cpu: machine.cpu.clone(),
             generated,
             native: fns.len() - generated,
+            chains,
             arena: plan.arena,
             unshared: plan.unshared,
             variables,

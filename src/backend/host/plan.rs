@@ -1,10 +1,12 @@
 //! The static memory plan of an executable: every buffer that is not a variable gets an
 //! offset in one arena, and buffers whose lifetimes do not overlap share bytes.
 //!
-//! A buffer lives from the first kernel that touches it to the last one, in the order
-//! the kernels run (phase A, then phase B). Kernels always write their whole output
-//! before reading it, so a buffer dying at kernel `i` and one born after `i` may share
-//! memory; one born *at* `i` may not (a kernel never computes in place). Inputs, the
+//! A buffer lives from the first step that touches it to the last one, in the order
+//! the steps run (phase A, then phase B); a step is one kernel, or a chain of kernels
+//! run slab by slab (`lower::chains`), whose buffers all live through the whole chain.
+//! Steps always write their whole output before reading it, so a buffer dying at step
+//! `i` and one born after `i` may share memory; one born *at* `i` may not (a kernel
+//! never computes in place). Inputs, the
 //! step and every value read after the kernels ran (the targets: losses, gradients
 //! checked between phases, updates, predictions) live throughout. Offsets are chosen
 //! greedily, largest buffer first, at the lowest address that no overlapping buffer
@@ -20,7 +22,7 @@ pub struct Plan {
     pub offsets: Vec<Option<usize>>,
     /// The arena's size in bytes: the peak of the plan.
     pub arena: usize,
-    /// What the buffers would take without sharing.
+    /// What the buffers would take whole (not one slab per part) and without sharing.
     pub unshared: usize,
     /// The node whose kernel first writes each buffer, when one does.
     pub producers: Vec<Option<NodeIndex>>,
@@ -28,20 +30,24 @@ pub struct Plan {
 
 const ALIGN: usize = 64;
 
-fn aligned(bytes: usize) -> usize {
+pub fn aligned(bytes: usize) -> usize {
     bytes.div_ceil(ALIGN).max(1) * ALIGN
 }
 
-/// Plans the buffers of kernels that run in the order given, where the buffers in
-/// `pinned` are read after the last kernel.
-pub fn plan(bufs: &Bufs, kernels: &[&Kernel], pinned: &[usize]) -> Plan {
+/// Plans the buffers of steps (each one or more kernels) that run in the order given,
+/// each buffer taking the bytes `sizes` gives, where the buffers in `pinned` are read
+/// after the last step.
+pub fn plan(bufs: &Bufs, sizes: &[usize], steps: &[Vec<&Kernel>], pinned: &[usize]) -> Plan {
     let n = bufs.bufs.len();
-    let end = kernels.len();
-    // (first, last) kernel touching each buffer
+    let end = steps.len();
+    // (first, last) step touching each buffer
     let mut life: Vec<Option<(usize, usize)>> = vec![None; n];
     let mut producers = vec![None; n];
-    for (i, k) in kernels.iter().enumerate() {
-        for b in k.bufs() {
+    for (i, ks) in steps.iter().enumerate() {
+        for (b, k) in ks
+            .iter()
+            .flat_map(|k| k.bufs().into_iter().map(move |b| (b, k)))
+        {
             life[b] = Some(life[b].map_or((i, i), |(f, _)| (f, i)));
             if producers[b].is_none() {
                 producers[b] = Some(k.node());
@@ -54,7 +60,7 @@ pub fn plan(bufs: &Bufs, kernels: &[&Kernel], pinned: &[usize]) -> Plan {
     let mut order: Vec<(usize, usize, (usize, usize))> = Vec::new();
     let mut unshared = 0;
     for (i, b) in bufs.bufs.iter().enumerate() {
-        let bytes = aligned(b.len * b.elem.size());
+        let bytes = aligned(sizes[i]);
         let life = match b.role {
             Role::Var(_) => continue,
             // read from outside the kernels: live throughout
@@ -62,7 +68,7 @@ pub fn plan(bufs: &Bufs, kernels: &[&Kernel], pinned: &[usize]) -> Plan {
             // a buffer no kernel touches still gets bytes of its own
             Role::Temp => life[i].unwrap_or((0, end)),
         };
-        unshared += bytes;
+        unshared += aligned(b.len * b.elem.size());
         order.push((i, bytes, life));
     }
     order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -126,8 +132,9 @@ mod tests {
             native(1, &[1, 4], 2),
             native(2, &[2], 3),
         ];
-        let refs: Vec<&Kernel> = ks.iter().collect();
-        let p = plan(&bufs, &refs, &[3]);
+        let refs: Vec<Vec<&Kernel>> = ks.iter().map(|k| vec![k]).collect();
+        let sizes: Vec<usize> = bufs.bufs.iter().map(|b| b.len * 4).collect();
+        let p = plan(&bufs, &sizes, &refs, &[3]);
         let at = |b: usize| p.offsets[b].expect("planned");
         let bytes = |b: usize| aligned(bufs.bufs[b].len * 4);
         let overlap = |a: usize, b: usize| at(a) < at(b) + bytes(b) && at(b) < at(a) + bytes(a);
