@@ -239,6 +239,11 @@ impl Direct {
         (self.g.pt, self.g.pt + self.g.h)
     }
 
+    /// The padded input's columns that hold input.
+    pub fn cols(&self) -> (usize, usize) {
+        (self.g.pl, self.g.pl + self.g.w)
+    }
+
     /// Output-channel vectors per register block: two when they pair up.
     pub fn block(&self) -> usize {
         if (self.o / LANES).is_multiple_of(2) {

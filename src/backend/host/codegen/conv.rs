@@ -33,6 +33,17 @@ struct Conv<'c> {
     accs: Vec<PointerValue<'c>>,
 }
 
+/// The fewest input channels at which a border block leaves out its padding taps.
+const MIN_SKIP_CHANNELS: usize = 8;
+
+/// Where a block of output pixels starts: in a loop over the blocks whose every tap
+/// reads input, or at a border, known when generating.
+#[derive(Clone, Copy)]
+enum Cols<'c> {
+    Inner(IntValue<'c>),
+    Border(usize),
+}
+
 pub(super) type Build<'a, 'c> = &'a mut dyn FnMut(&mut Codegen<'c>) -> R<()>;
 
 impl<'c> Codegen<'c> {
@@ -128,21 +139,35 @@ impl<'c> Codegen<'c> {
     }
 
     /// Images `[start, end)`: each output row in blocks of pixels by channel blocks.
+    /// The blocks whose every tap reads input run in a loop; the ones at the borders
+    /// are emitted one by one, each leaving out the taps that fall in the padding.
     fn forward(&mut self, c: &Conv<'c>, start: IntValue<'c>, end: IntValue<'c>) -> R<()> {
         let d = c.d;
         let px = (ACC / d.block()).min(d.g.ow);
-        let (full, rest) = (d.g.ow / px, d.g.ow % px);
+        let (lo, hi) = d.cols();
+        let blocks: Vec<(usize, usize)> = (0..d.g.ow)
+            .step_by(px)
+            .map(|ox| (ox, px.min(d.g.ow - ox)))
+            .collect();
+        let inner = |&(ox, p): &(usize, usize)| {
+            p == px && ox * d.g.sw >= lo && (ox + p - 1) * d.g.sw + (d.g.kw - 1) * d.g.dw < hi
+        };
+        let first = blocks.iter().position(inner).unwrap_or(blocks.len());
+        let run = blocks[first..].iter().take_while(|b| inner(b)).count();
         let zero = self.i64c(0);
         self.counted(c.f, start, end, &mut |cg, n| {
             cg.counted(c.f, zero, cg.i64c(d.g.oh as i64), &mut |cg, oy| {
                 cg.counted(c.f, zero, cg.i64c(d.blocks() as i64), &mut |cg, b| {
-                    cg.counted(c.f, zero, cg.i64c(full as i64), &mut |cg, bx| {
-                        let ox = cg.mad(bx, px, zero)?;
-                        cg.forward_block(c, [n, oy, b, ox], px)
-                    })?;
-                    if rest > 0 {
-                        let ox = cg.i64c((full * px) as i64);
-                        cg.forward_block(c, [n, oy, b, ox], rest)?;
+                    for (i, &(ox, p)) in blocks.iter().enumerate() {
+                        if i == first {
+                            let (from, to) = (cg.i64c(first as i64), cg.i64c((first + run) as i64));
+                            cg.counted(c.f, from, to, &mut |cg, bx| {
+                                let ox = cg.mad(bx, px, zero)?;
+                                cg.forward_block(c, [n, oy, b], Cols::Inner(ox), px)
+                            })?;
+                        } else if !(first..first + run).contains(&i) {
+                            cg.forward_block(c, [n, oy, b], Cols::Border(ox), p)?;
+                        }
                     }
                     Ok(())
                 })
@@ -154,41 +179,73 @@ impl<'c> Codegen<'c> {
     fn forward_block(
         &mut self,
         c: &Conv<'c>,
-        [n, oy, b, ox]: [IntValue<'c>; 4],
+        [n, oy, b]: [IntValue<'c>; 3],
+        ox: Cols<'c>,
         px: usize,
     ) -> R<()> {
         let d = c.d;
         let ob = d.block();
         self.clear(&c.accs[..px * ob])?;
         let zero = self.i64c(0);
+        let (lo, hi) = d.cols();
+        // one kernel column's taps: for each input channel, the filter's vectors once
+        // and, for each pixel `ps` lists, a broadcast input into a multiply-add
+        let column = |cg: &mut Self,
+                      ky: IntValue<'c>,
+                      iy: IntValue<'c>,
+                      kx: IntValue<'c>,
+                      ox: IntValue<'c>,
+                      ps: &[usize]| {
+            cg.counted(c.f, zero, cg.i64c(d.g.c as i64), &mut |cg, ch| {
+                // k[ky, kx, ch, b·ob·LANES ..]
+                let tap = cg.mad(cg.mad(ky, d.g.kw, kx)?, d.g.c, ch)?;
+                let wk = cg.mad(tap, d.o, cg.mad(b, ob * LANES, zero)?)?;
+                let ws = (0..ob)
+                    .map(|j| cg.vload(c.k, cg.add(wk, cg.i64c((j * LANES) as i64))?))
+                    .collect::<R<Vec<_>>>()?;
+                // x[n, iy, ox·sw + kx·dw, ch]
+                let col = cg.mad(ox, d.g.sw, cg.mad(kx, d.g.dw, zero)?)?;
+                let at = cg.mad(cg.mad(cg.mad(n, d.ih(), iy)?, d.iw(), col)?, d.g.c, ch)?;
+                for &p in ps {
+                    let s = cg.broadcast(c.x, cg.add(at, cg.i64c((p * d.g.sw * d.g.c) as i64))?)?;
+                    for (j, w) in ws.iter().enumerate() {
+                        cg.accumulate(c.accs[p * ob + j], s, *w)?;
+                    }
+                }
+                Ok(())
+            })
+        };
+        let all: Vec<usize> = (0..px).collect();
         self.counted(c.f, zero, self.i64c(d.g.kh as i64), &mut |cg, ky| {
             let iy = cg.mad(oy, d.g.sh, cg.mad(ky, d.g.dh, zero)?)?;
-            cg.real_row(c, iy, &mut |cg| {
+            let every = |cg: &mut Self, ox| {
                 cg.counted(c.f, zero, cg.i64c(d.g.kw as i64), &mut |cg, kx| {
-                    cg.counted(c.f, zero, cg.i64c(d.g.c as i64), &mut |cg, ch| {
-                        // k[ky, kx, ch, b·ob·LANES ..]
-                        let tap = cg.mad(cg.mad(ky, d.g.kw, kx)?, d.g.c, ch)?;
-                        let wk = cg.mad(tap, d.o, cg.mad(b, ob * LANES, zero)?)?;
-                        let ws = (0..ob)
-                            .map(|j| cg.vload(c.k, cg.add(wk, cg.i64c((j * LANES) as i64))?))
-                            .collect::<R<Vec<_>>>()?;
-                        // x[n, iy, ox·sw + kx·dw, ch]
-                        let col = cg.mad(ox, d.g.sw, cg.mad(kx, d.g.dw, zero)?)?;
-                        let at = cg.mad(cg.mad(cg.mad(n, d.ih(), iy)?, d.iw(), col)?, d.g.c, ch)?;
-                        for p in 0..px {
-                            let s = cg.broadcast(
-                                c.x,
-                                cg.add(at, cg.i64c((p * d.g.sw * d.g.c) as i64))?,
-                            )?;
-                            for (j, w) in ws.iter().enumerate() {
-                                cg.accumulate(c.accs[p * ob + j], s, *w)?;
-                            }
-                        }
-                        Ok(())
-                    })
+                    column(cg, ky, iy, kx, ox, &all)
                 })
+            };
+            cg.real_row(c, iy, &mut |cg| match ox {
+                Cols::Inner(ox) => every(cg, ox),
+                // with few channels the unrolled columns are straight-line code that
+                // LLVM schedules into spills: every tap, padding included, is cheaper
+                Cols::Border(x0) if d.g.c < MIN_SKIP_CHANNELS => every(cg, cg.i64c(x0 as i64)),
+                Cols::Border(x0) => {
+                    for kx in 0..d.g.kw {
+                        let ps: Vec<usize> = (0..px)
+                            .filter(|p| (lo..hi).contains(&((x0 + p) * d.g.sw + kx * d.g.dw)))
+                            .collect();
+                        if !ps.is_empty() {
+                            let (k, o) = (cg.i64c(kx as i64), cg.i64c(x0 as i64));
+                            column(cg, ky, iy, k, o, &ps)?;
+                        }
+                    }
+                    Ok(())
+                }
             })
         })?;
+        let ox = match ox {
+            Cols::Inner(ox) => ox,
+            Cols::Border(x0) => self.i64c(x0 as i64),
+        };
         // out[n, oy, ox + p, b·ob·LANES + j·LANES ..]
         let row = self.mad(self.mad(n, d.g.oh, oy)?, d.g.ow, ox)?;
         let base = self.mad(b, ob * LANES, zero)?;
@@ -266,7 +323,8 @@ impl<'c> Codegen<'c> {
                     let xrow = cg.mad(cg.mad(n, d.ih(), iy)?, d.iw() * d.g.c, q)?;
                     // dy[n, oy, ox, b·ob·LANES ..]
                     let dyrow = cg.mad(cg.mad(n, d.g.oh, oy)?, d.g.ow * d.o, base)?;
-                    cg.counted(c.f, zero, cg.i64c(d.g.ow as i64), &mut |cg, ox| {
+                    let (from, to) = cg.real_pixels(c, q, cb)?;
+                    cg.counted(c.f, from, to, &mut |cg, ox| {
                         let at = cg.mad(ox, d.o, dyrow)?;
                         let dys = (0..ob)
                             .map(|j| cg.vload(c.k, cg.add(at, cg.i64c((j * LANES) as i64))?))
@@ -290,6 +348,38 @@ impl<'c> Codegen<'c> {
             }
         }
         Ok(())
+    }
+
+    /// The output columns `[from, to)` at which some filter tap of `[q, q + cb)` (over
+    /// kernel column, then input channel; column dilation 1) reads input rather than
+    /// padding: the filter gradient sums over these alone.
+    fn real_pixels(
+        &self,
+        c: &Conv<'c>,
+        q: IntValue<'c>,
+        cb: usize,
+    ) -> R<(IntValue<'c>, IntValue<'c>)> {
+        let d = c.d;
+        let (lo, hi) = d.cols();
+        let chans = self.i64c(d.g.c as i64);
+        let kx0 = e(self.b.build_int_unsigned_div(q, chans, "kx0"))?;
+        let last = self.add(q, self.i64c(cb as i64 - 1))?;
+        let kx1 = e(self.b.build_int_unsigned_div(last, chans, "kx1"))?;
+        // the first column whose tap at kx1 is real, the last + 1 whose tap at kx0 is
+        let ceil = |cg: &Self, a: usize, kx: IntValue<'c>| -> R<IntValue<'c>> {
+            let num = e(cg.b.build_int_sub(cg.i64c(a as i64), kx, "num"))?;
+            let pos =
+                e(cg.b.build_int_compare(IntPredicate::SGT, num, cg.i64c(0), "pos"))?;
+            let num = e(cg.b.build_select(pos, num, cg.i64c(0), "num"))?.into_int_value();
+            let up = cg.add(num, cg.i64c(d.g.sw as i64 - 1))?;
+            e(cg.b.build_int_unsigned_div(up, cg.i64c(d.g.sw as i64), "ceil"))
+        };
+        let from = ceil(self, lo, kx1)?;
+        let to = ceil(self, hi, kx0)?;
+        let ow = self.i64c(d.g.ow as i64);
+        let inside = e(self.b.build_int_compare(IntPredicate::ULT, to, ow, "in"))?;
+        let to = e(self.b.build_select(inside, to, ow, "to"))?.into_int_value();
+        Ok((from, to))
     }
 
     /// Runs `body` only when padded row `iy` holds input (a tap on a padding row
