@@ -168,10 +168,13 @@ fn host(
         r.generated, r.native
     ));
     for (outer, ops) in &r.chains {
-        t.push_str(&format!("chain over {outer} slabs: {}\n", ops.join(", ")));
+        t.push_str(&format!(
+            "chain, slab by slab over {outer}: {}\n",
+            ops.join(", ")
+        ));
     }
     t.push_str(&format!(
-        "arena: {:.2} MiB peak ({} bytes; {:.2} MiB without sharing)\n",
+        "arena: {:.2} MiB peak ({} bytes; {:.2} MiB whole and unshared)\n",
         mib(r.arena),
         r.arena,
         mib(r.unshared)

@@ -946,7 +946,7 @@ pub struct Report {
     /// The chains of kernels run slab by slab: each one's outer extent and ops.
     pub chains: Vec<(usize, Vec<&'static str>)>,
     /// The arena's bytes (the peak of the plan), and what its buffers would take
-    /// without sharing.
+    /// whole (not one slab per thread) and without sharing.
     pub arena: usize,
     pub unshared: usize,
     /// Bytes of the variables the kernels read (resident in the device).
@@ -1001,7 +1001,13 @@ pub fn build(
                 .map(move |r| &ks[r.clone()])
         })
         .map(|ks| {
-            let ops = ks.iter().map(|k| graph.node(k.node()).op.name()).collect();
+            let ops = ks
+                .iter()
+                .map(|k| match k {
+                    Kernel::Pad { .. } => "pad",
+                    k => graph.node(k.node()).op.name(),
+                })
+                .collect();
             (ks[0].outer(graph), ops)
         })
         .collect();
