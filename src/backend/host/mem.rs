@@ -141,17 +141,22 @@ impl Mem {
     }
 
     pub fn put_ints(&self, v: &View, x: &[i64]) {
+        self.put_int_iter(v, x.iter().copied());
+    }
+
+    /// Writes integers, in order, into a contiguous view of an integer buffer.
+    fn put_int_iter(&self, v: &View, x: impl Iterator<Item = i64>) {
         let b = self.bytes_mut(v);
         match self.elem(v) {
-            Elem::U8 => b.iter_mut().zip(x).for_each(|(o, &i)| *o = i as u8),
+            Elem::U8 => b.iter_mut().zip(x).for_each(|(o, i)| *o = i as u8),
             Elem::I32 => b
                 .chunks_exact_mut(4)
                 .zip(x)
-                .for_each(|(o, &i)| o.copy_from_slice(&(i as i32).to_ne_bytes())),
+                .for_each(|(o, i)| o.copy_from_slice(&(i as i32).to_ne_bytes())),
             Elem::I64 => b
                 .chunks_exact_mut(8)
                 .zip(x)
-                .for_each(|(o, &i)| o.copy_from_slice(&i.to_ne_bytes())),
+                .for_each(|(o, i)| o.copy_from_slice(&i.to_ne_bytes())),
             Elem::F32 => {}
         }
     }
@@ -199,14 +204,16 @@ impl Mem {
         match &t.data {
             Data::F(a) => {
                 let dst = self.f32s_mut(v);
-                for (o, &x) in dst.iter_mut().zip(a.iter()) {
-                    *o = x;
+                match a.as_slice() {
+                    // a batch as the pipeline stacks it: one copy
+                    Some(src) if src.len() == dst.len() => dst.copy_from_slice(src),
+                    _ => dst.iter_mut().zip(a.iter()).for_each(|(o, &x)| *o = x),
                 }
             }
-            Data::I(a) => {
-                let x: Vec<i64> = a.iter().copied().collect();
-                self.put_ints(v, &x);
-            }
+            Data::I(a) => match a.as_slice() {
+                Some(src) => self.put_int_iter(v, src.iter().copied()),
+                None => self.put_int_iter(v, a.iter().copied()),
+            },
             Data::B(a) => {
                 let dst = self.bytes_mut(v);
                 for (o, &x) in dst.iter_mut().zip(a.iter()) {
