@@ -47,15 +47,29 @@ impl RunHook for Clock {
     }
 }
 
-/// Steps per second of `steps` est train steps after `warmup` steps, and the seconds
-/// of the first step (from `train`'s call: compilation included).
+/// One contender's figures in one round (NaN where they do not apply).
+#[derive(Clone, Copy)]
+struct Run {
+    /// steps per second after warm-up
+    rate: f64,
+    /// seconds from the start to the end of the first step (compilation included)
+    first: f64,
+    /// seconds from `train`'s call to the start of the first step: compiling (or
+    /// loading from the cache), binding the variables, the first batch
+    ready: f64,
+    /// peak resident MiB
+    rss: f64,
+}
+
+/// Steps per second of `steps` est train steps after `warmup` steps, the seconds of
+/// the first step (from `train`'s call: compilation included) and to its start.
 fn est_rate(
     program: &Path,
     data: &Path,
     (warmup, steps): (i64, i64),
     target: Target,
     threads: usize,
-) -> (f64, f64) {
+) -> Run {
     let mut p = Program::load(program).unwrap();
     if program.ends_with("mnist_cnn.est") {
         p.add_override("hidden", "[128]", "bench");
@@ -76,7 +90,7 @@ fn est_rate(
     };
     let mut e = Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{:?}", f.diags));
     let t = Arc::new(Mutex::new((None, None)));
-    let first = Arc::new(Mutex::new(None));
+    let first = Arc::new(Mutex::new((None, None)));
     e.add_hook(Box::new(Clock {
         from: warmup,
         to: warmup + steps,
@@ -89,24 +103,21 @@ fn est_rate(
         .unwrap_or_else(|f| panic!("{:?}", f.diags));
     let _ = std::fs::remove_dir_all(&dir);
     let (a, b) = *t.lock().unwrap();
-    let first = first.lock().unwrap().unwrap_or(f64::NAN);
-    (
-        match (a, b) {
+    let (ready, first) = *first.lock().unwrap();
+    Run {
+        rate: match (a, b) {
             (Some(a), Some(b)) => steps as f64 / (b - a).as_secs_f64(),
             _ => f64::NAN,
         },
-        first,
-    )
+        first: first.unwrap_or(f64::NAN),
+        ready: ready.unwrap_or(f64::NAN),
+        rss: f64::NAN,
+    }
 }
 
 /// The host's first step compiled cold (an empty code cache) and then from the cache
 /// it filled, with steps per second of the cold run.
-fn est_host(
-    program: &Path,
-    data: &Path,
-    (warmup, steps): (i64, i64),
-    threads: usize,
-) -> [(f64, f64, f64); 2] {
+fn est_host(program: &Path, data: &Path, (warmup, steps): (i64, i64), threads: usize) -> [Run; 2] {
     let cache = std::env::temp_dir().join(format!("est-bench-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     // SAFETY (of the bench): no other thread reads the environment meanwhile.
@@ -116,18 +127,29 @@ fn est_host(
     std::env::remove_var("EST_CACHE_DIR");
     let _ = std::fs::remove_dir_all(&cache);
     let rss = est_rss(program, data, warmup + steps, threads);
-    [(cold.0, cold.1, rss), (f64::NAN, cached.1, f64::NAN)]
+    [
+        Run { rss, ..cold },
+        Run {
+            rate: f64::NAN,
+            ..cached
+        },
+    ]
 }
 
-/// Records the seconds from `train`'s call to the end of the first step.
-struct First(Instant, Arc<Mutex<Option<f64>>>);
+/// Records the seconds from `train`'s call to the start and to the end of the first
+/// step.
+type Marks = Arc<Mutex<(Option<f64>, Option<f64>)>>;
+struct First(Instant, Marks);
 
 impl RunHook for First {
+    fn before_step(&mut self, _: i64) {
+        let mut f = self.1.lock().unwrap();
+        f.0.get_or_insert(self.0.elapsed().as_secs_f64());
+    }
+
     fn after_step(&mut self, _: &StepInfo) -> Action {
         let mut f = self.1.lock().unwrap();
-        if f.is_none() {
-            *f = Some(self.0.elapsed().as_secs_f64());
-        }
+        f.1.get_or_insert(self.0.elapsed().as_secs_f64());
         Action::Continue
     }
 }
@@ -139,7 +161,7 @@ fn peer_rate(
     model: &str,
     threads: usize,
     steps: i64,
-) -> Result<(f64, f64, f64), String> {
+) -> Result<Run, String> {
     let py = root.join("bench/.venv/bin/python");
     let out = std::process::Command::new(py)
         .arg(root.join("bench/peers_train.py"))
@@ -166,11 +188,12 @@ fn peer_rate(
     if let Some(e) = v["error"].as_str() {
         return Err(format!("{peer}: {e}"));
     }
-    Ok((
-        v["steps_per_sec"].as_f64().unwrap_or(f64::NAN),
-        v["first_step_seconds"].as_f64().unwrap_or(f64::NAN),
-        v["peak_rss_mb"].as_f64().unwrap_or(f64::NAN),
-    ))
+    Ok(Run {
+        rate: v["steps_per_sec"].as_f64().unwrap_or(f64::NAN),
+        first: v["first_step_seconds"].as_f64().unwrap_or(f64::NAN),
+        ready: f64::NAN,
+        rss: v["peak_rss_mb"].as_f64().unwrap_or(f64::NAN),
+    })
 }
 
 /// est's peak resident memory in MiB training `steps` steps of `program` (with the
@@ -211,8 +234,8 @@ fn est_rss(program: &Path, data: &Path, steps: i64, threads: usize) -> f64 {
     ru.ru_maxrss as f64 / 1024.0
 }
 
-/// Each (contender, threads) with its (steps/s, first step, peak MiB) per round.
-type Runs = Vec<((String, usize), Vec<(f64, f64, f64)>)>;
+/// Each (contender, threads) with its figures per round.
+type Runs = Vec<((String, usize), Vec<Run>)>;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -241,7 +264,7 @@ fn main() {
         .map(str::trim)
         .filter(|p| !p.is_empty())
         .collect();
-    println!("training steps/sec, batch 128, median of {rounds} alternating rounds; first step in seconds (compilation included; `est cached`: the first step of a second run, from the code cache)");
+    println!("training steps/sec, batch 128, median of {rounds} alternating rounds; first step in seconds (compilation included; `est cached`: the first step of a second run, from the code cache); ready: seconds until est's first step starts (compiling or loading code, binding variables, the first batch)");
     for model in models.split(',') {
         let (file, steps, warmup) = match model {
             "fc" => ("examples/fc_mnist.est", 200, 60),
@@ -253,7 +276,7 @@ fn main() {
             .unwrap_or(steps);
         // (contender, threads) -> rates and first steps
         let mut got: Runs = Vec::new();
-        let mut put = |name: &str, t: usize, r: (f64, f64, f64)| match got
+        let mut put = |name: &str, t: usize, r: Run| match got
             .iter_mut()
             .find(|g| g.0 .0 == name && g.0 .1 == t)
         {
@@ -275,26 +298,27 @@ fn main() {
                 }
             }
             let r = est_rate(&root.join(file), &data, (warmup, steps), Target::Interp, 1);
-            put("est interp", 1, (r.0, r.1, f64::NAN));
+            put("est interp", 1, r);
         }
         println!(
-            "\n{model}: {:<14} {:>7} {:>10} {:>12} {:>10} {:>14}",
-            "contender", "threads", "steps/s", "first step", "peak MiB", "est host / it"
+            "\n{model}: {:<14} {:>7} {:>10} {:>12} {:>8} {:>10} {:>14}",
+            "contender", "threads", "steps/s", "first step", "ready", "peak MiB", "est host / it"
         );
         for ((name, t), rs) in &got {
-            let rate = median(rs.iter().map(|r| r.0).collect());
-            let first = median(rs.iter().map(|r| r.1).collect());
-            let rss = median(rs.iter().map(|r| r.2).collect());
+            let rate = median(rs.iter().map(|r| r.rate).collect());
+            let first = median(rs.iter().map(|r| r.first).collect());
+            let ready = median(rs.iter().map(|r| r.ready).collect());
+            let rss = median(rs.iter().map(|r| r.rss).collect());
             let host = got
                 .iter()
                 .find(|g| g.0 .0 == "est host" && g.0 .1 == *t)
-                .map(|g| median(g.1.iter().map(|r| r.0).collect()));
+                .map(|g| median(g.1.iter().map(|r| r.rate).collect()));
             let ratio = match host {
                 Some(h) if rate.is_finite() => format!("{:.2}x", h / rate),
                 _ => "-".to_string(),
             };
             println!(
-                "{model}: {name:<14} {t:>7} {rate:>10.1} {first:>12.3} {rss:>10.0} {ratio:>14}"
+                "{model}: {name:<14} {t:>7} {rate:>10.1} {first:>12.3} {ready:>8.3} {rss:>10.0} {ratio:>14}"
             );
         }
     }

@@ -209,3 +209,18 @@ pub fn log(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
 }
+
+/// Runs `f`, and when `EST_TIME_PASSES` is set logs how long it took as `what`.
+pub fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var_os("EST_TIME_PASSES").is_some()) {
+        return f();
+    }
+    let t = std::time::Instant::now();
+    let out = f();
+    log(&format!(
+        "{what:<17}{:>9.3} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    ));
+    out
+}

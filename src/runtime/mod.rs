@@ -424,7 +424,9 @@ impl Estimator {
         if let Some(e) = dev.train {
             return Ok(e);
         }
-        let e = dev.device.compile_train(c.graph.clone(), at)?;
+        let e = crate::diag::timed("compile train", || {
+            dev.device.compile_train(c.graph.clone(), at)
+        })?;
         dev.train = Some(e);
         Ok(e)
     }

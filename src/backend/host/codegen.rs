@@ -274,6 +274,7 @@ impl<'c> Codegen<'c> {
     }
 
     fn loop_kernel(&mut self, name: &str, l: &Loop, g: &Graph, bufs: &Bufs) -> R<KernelFn> {
+        let l = &l.collapsed(g);
         let leaves: FxHashMap<NodeIndex, View> = l.leaves.iter().cloned().collect();
         let (body, ids) = self.body(name, g, bufs, &[&l.out], leaves)?;
         let (start, end) = self.start_end(&body, ids.len());
@@ -579,6 +580,10 @@ impl<'c> Codegen<'c> {
     ) -> Vec<IntValue<'c>> {
         let os = &body.g.node(o).ty.shape;
         let ns = &body.g.node(n).ty.shape;
+        if os == ns {
+            // also when the loop's axes are merged (`Loop::collapsed`)
+            return idx.to_vec();
+        }
         let lead = ns.len() - os.len();
         os.iter()
             .enumerate()

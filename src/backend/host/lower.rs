@@ -25,6 +25,7 @@ use crate::ir::{Conv, DType, Graph, NodeIndex, Op, TensorType};
 use crate::span::Span;
 use petgraph::visit::NodeIndexable;
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::ops::Range;
 
 /// How a dtype's elements are stored in host memory. Floats of every width are held as
 /// f32 (f16 and bf16 rounded to their precision after every op, as the interpreter
@@ -355,6 +356,76 @@ impl Loop {
     /// than computing it.
     pub fn is_copy(&self) -> bool {
         self.leaves.iter().any(|x| x.0 == self.root)
+    }
+
+    /// The same loop over fewer axes, when it computes plain elementwise ops on
+    /// values of its output's shape: the axes after the first (the one tasks and
+    /// chains split) merge wherever every view steps through them as through one, and
+    /// size-1 axes go. A relu over f32[n, 14, 14, 64] becomes a loop over
+    /// [n, 12544]: one inner loop for LLVM to vectorise instead of three, which
+    /// compiles in less time and runs without the inner loops' remainders.
+    pub fn collapsed(&self, g: &Graph) -> Loop {
+        let shape = &self.out.shape;
+        let leaves: FxHashMap<NodeIndex, &View> =
+            self.leaves.iter().map(|(n, v)| (*n, v)).collect();
+        if shape.len() < 3 || !plain(g, self.root, &leaves, shape) {
+            return self.clone();
+        }
+        let views: Vec<&View> = std::iter::once(&self.out)
+            .chain(self.leaves.iter().map(|l| &l.1))
+            .collect();
+        if views.iter().any(|v| v.shape != *shape) {
+            return self.clone();
+        }
+        // the axes of the result, as positions in the original: each a run of axes
+        let mut runs: Vec<Range<usize>> = std::iter::once(0..1).collect();
+        for (k, &d) in shape.iter().enumerate().skip(1) {
+            if d == 1 {
+                continue;
+            }
+            let last = runs.len() - 1;
+            let joins = last > 0 && {
+                let j = runs[last].end - 1;
+                views
+                    .iter()
+                    .all(|v| v.strides[j] == v.strides[k] * d as i64)
+            };
+            if joins {
+                runs[last].end = k + 1;
+            } else {
+                runs.push(k..k + 1);
+            }
+        }
+        let merge = |v: &View| View {
+            buf: v.buf,
+            offset: v.offset,
+            shape: runs
+                .iter()
+                .map(|r| shape[r.clone()].iter().product())
+                .collect(),
+            strides: runs.iter().map(|r| v.strides[r.end - 1]).collect(),
+        };
+        Loop {
+            root: self.root,
+            leaves: self.leaves.iter().map(|(n, v)| (*n, merge(v))).collect(),
+            out: merge(&self.out),
+        }
+    }
+}
+
+/// Whether the tree under `n` (down to `leaves`) is elementwise ops on values of
+/// `shape` (and constants), whose index is the output's whatever the axes.
+fn plain(g: &Graph, n: NodeIndex, leaves: &FxHashMap<NodeIndex, &View>, shape: &[usize]) -> bool {
+    let node = g.node(n);
+    if leaves.contains_key(&n) {
+        return node.ty.shape[..] == *shape;
+    }
+    match node.op {
+        Op::Const { .. } => true,
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::BroadcastTo => {
+            node.ty.shape[..] == *shape && g.operands(n).iter().all(|&o| plain(g, o, leaves, shape))
+        }
+        _ => false,
     }
 }
 
@@ -1118,4 +1189,65 @@ pub fn chains(kernels: &mut Vec<Kernel>, g: &Graph, bufs: &Bufs) -> Vec<std::ops
         i = j;
     }
     runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::UnaryOp;
+
+    /// relu(x) into `out`, with x read through `x`.
+    fn relu(shape: &[usize], x: View, out: View) -> (Graph, Loop) {
+        let mut g = Graph::new();
+        let ty = TensorType::new(DType::F32, shape.to_vec());
+        let at = Span::default();
+        let xn = g.add(Op::Input { name: "x".into() }, &[], ty.clone(), at);
+        let root = g.add(Op::Unary(UnaryOp::Relu), &[xn], ty, at);
+        let l = Loop {
+            root,
+            leaves: vec![(xn, x)],
+            out,
+        };
+        (g, l)
+    }
+
+    #[test]
+    fn contiguous_axes_after_the_first_merge_and_size_one_axes_go() {
+        let shape = [8, 14, 1, 14, 64];
+        let (g, l) = relu(
+            &shape,
+            View::contiguous(0, &shape),
+            View::contiguous(1, &shape),
+        );
+        let c = l.collapsed(&g);
+        assert_eq!(c.out.shape, [8, 12544]);
+        assert_eq!(c.out.strides, [12544, 1]);
+        assert_eq!(c.leaves[0].1.shape, [8, 12544]);
+    }
+
+    #[test]
+    fn axes_a_view_steps_through_apart_stay_apart() {
+        // x is the transpose of a [8, 64, 14] value: its last two axes do not merge,
+        // and neither do the output's, which every view must allow
+        let shape = [8, 14, 64];
+        let x = View {
+            buf: 0,
+            offset: 0,
+            shape: shape.to_vec(),
+            strides: vec![896, 1, 14],
+        };
+        let (g, l) = relu(&shape, x, View::contiguous(1, &shape));
+        let c = l.collapsed(&g);
+        assert_eq!(c.out.shape, [8, 14, 64]);
+        assert_eq!(c.leaves[0].1.strides, [896, 1, 14]);
+        // a padded row (stride 16 * 66 between rows of 64) keeps its rows apart
+        let x = View {
+            buf: 0,
+            offset: 0,
+            shape: shape.to_vec(),
+            strides: vec![14 * 1056, 1056, 1],
+        };
+        let (g, l) = relu(&shape, x, View::contiguous(1, &shape));
+        assert_eq!(l.collapsed(&g).out.shape, [8, 14, 64]);
+    }
 }
