@@ -70,19 +70,22 @@ impl Stream {
 
     /// `n` uniforms for elements `first..first + n` at `step`.
     pub fn uniforms(&self, first: u64, n: usize, step: u64) -> Vec<f32> {
-        let mut out = Vec::with_capacity(n);
+        let mut out = vec![0.0; n];
+        self.fill_uniforms(first, &mut out, step);
+        out
+    }
+
+    /// The uniforms of elements `first..first + out.len()` at `step`, into `out`.
+    pub fn fill_uniforms(&self, first: u64, out: &mut [f32], step: u64) {
         let mut i = first;
-        while out.len() < n {
+        let mut o = out.iter_mut();
+        while o.len() > 0 {
             let b = self.block(i / 4, step);
-            for &x in &b[(i % 4) as usize..] {
-                if out.len() == n {
-                    break;
-                }
-                out.push((x >> 8) as f32 * (1.0 / 16_777_216.0));
+            for (&x, v) in b[(i % 4) as usize..].iter().zip(o.by_ref()) {
+                *v = (x >> 8) as f32 * (1.0 / 16_777_216.0);
                 i += 1;
             }
         }
-        out
     }
 
     /// A standard normal for element `index` at `step` (Box-Muller on one block).

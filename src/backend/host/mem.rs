@@ -150,29 +150,48 @@ impl Mem {
         self.f32s_mut(v).copy_from_slice(x);
     }
 
-    /// The integer (or boolean) elements of a contiguous view, widened.
-    pub fn ints(&self, v: &View) -> Vec<i64> {
+    /// Element `i` of a contiguous integer (or boolean) view, widened.
+    pub fn int(&self, v: &View, i: usize) -> i64 {
         let b = self.bytes(v);
         match self.elem(v) {
-            Elem::U8 => b.iter().map(|&x| i64::from(x)).collect(),
-            Elem::I32 => b
-                .chunks_exact(4)
-                .map(|c| i64::from(i32::from_ne_bytes([c[0], c[1], c[2], c[3]])))
-                .collect(),
-            Elem::I64 => b
-                .chunks_exact(8)
-                .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-            Elem::F32 => Vec::new(),
+            Elem::U8 => i64::from(b[i]),
+            Elem::I32 => i64::from(i32::from_ne_bytes([
+                b[4 * i],
+                b[4 * i + 1],
+                b[4 * i + 2],
+                b[4 * i + 3],
+            ])),
+            Elem::I64 => {
+                let mut x = [0; 8];
+                x.copy_from_slice(&b[8 * i..8 * i + 8]);
+                i64::from_ne_bytes(x)
+            }
+            Elem::F32 => 0,
         }
     }
 
-    pub fn put_ints(&self, v: &View, x: &[i64]) {
-        self.put_int_iter(v, x.iter().copied());
+    /// The integer (or boolean) elements of a contiguous view, widened, in order.
+    pub fn ints<'m>(&'m self, v: &'m View) -> impl Iterator<Item = i64> + 'm {
+        (0..Self::contiguous_len(v)).map(move |i| self.int(v, i))
+    }
+
+    /// The first element of a view as f64: the value of a scalar (the loss, the
+    /// learning rate), read without making a tensor.
+    pub fn scalar(&self, v: &View) -> f64 {
+        let at = View {
+            buf: v.buf,
+            offset: v.offset,
+            shape: Vec::new(),
+            strides: Vec::new(),
+        };
+        match self.elem(v) {
+            Elem::F32 => f64::from(self.f32s(&at)[0]),
+            _ => self.int(&at, 0) as f64,
+        }
     }
 
     /// Writes integers, in order, into a contiguous view of an integer buffer.
-    fn put_int_iter(&self, v: &View, x: impl Iterator<Item = i64>) {
+    pub fn put_int_iter(&self, v: &View, x: impl Iterator<Item = i64>) {
         let b = self.bytes_mut(v);
         match self.elem(v) {
             Elem::U8 => b.iter_mut().zip(x).for_each(|(o, i)| *o = i as u8),

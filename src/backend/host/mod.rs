@@ -103,10 +103,11 @@ struct Program {
     plan: Plan,
     /// Every buffer that is not a variable, at its offset of the plan.
     arena: Storage,
-    /// Each input's buffer, name and node, and the `decode_raw` node that decodes it
-    /// as it is fed (a byte-string input); the global step's buffer.
-    inputs: Vec<(usize, String, NodeIndex, Option<NodeIndex>)>,
-    step: Option<usize>,
+    /// Each input's buffer (as a view of its value, or of its decoded value), name and
+    /// node, and the `decode_raw` node that decodes it as it is fed (a byte-string
+    /// input); the global step's buffer.
+    inputs: Vec<(View, String, NodeIndex, Option<NodeIndex>)>,
+    step: Option<View>,
     /// The address of every buffer, as of the device's `epoch` of variables.
     mem: Mem,
     epoch: Option<u64>,
@@ -157,6 +158,9 @@ struct Train {
     /// Where phase A leaves each of its targets, and phase B each update and the
     /// next step.
     views: FxHashMap<NodeIndex, View>,
+    /// For each of `spec.updates`, the variable it is copied into, or none when it
+    /// goes through a tensor (it reads another variable, or no kernel reads its own).
+    commits: Vec<Option<View>>,
 }
 
 struct Run {
@@ -259,10 +263,13 @@ impl Device {
                     Role::Decoded(name, node) => (name, Some(*node)),
                     _ => return None,
                 };
-                graph.input(name).map(|n| (i, name.clone(), n, decode))
+                let n = graph.input(name)?;
+                let shape = &graph.node(decode.unwrap_or(n)).ty.shape;
+                Some((View::contiguous(i, shape), name.clone(), n, decode))
             })
             .collect();
-        let step = bufs.bufs.iter().position(|b| b.role == Role::Step);
+        let step =
+            (bufs.bufs.iter().position(|b| b.role == Role::Step)).map(|b| View::contiguous(b, &[]));
         Ok(Compiled {
             p: Program {
                 graph: graph.clone(),
@@ -741,7 +748,7 @@ fn fits(t: &Tensor, ty: &TensorType) -> Result<(), String> {
 
 /// Writes the feeds and the step into a program's input buffers.
 fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError> {
-    for (buf, name, node, decode) in &p.inputs {
+    for (view, name, node, decode) in &p.inputs {
         let node = p.graph.node(*node);
         let fail = |message: String| RunError {
             span: node.span,
@@ -760,13 +767,13 @@ fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError
                     op: d.op.name(),
                     message,
                 })?;
-                mem.write(&View::contiguous(*buf, &d.ty.shape), &value);
+                mem.write(view, &value);
             }
-            None => mem.write(&View::contiguous(*buf, &node.ty.shape), t),
+            None => mem.write(view, t),
         }
     }
-    if let Some(b) = p.step {
-        mem.put_ints(&View::contiguous(b, &[]), &[step]);
+    if let Some(v) = &p.step {
+        mem.put_int_iter(v, std::iter::once(step));
     }
     Ok(())
 }
@@ -793,12 +800,21 @@ impl backend::Device for Device {
         }
         let b = phases.pop().expect("phase b");
         let a = phases.pop().expect("phase a");
+        let commits = (spec.updates.iter())
+            .map(|u| {
+                let from = &views[&u.node];
+                let other = matches!(&p.bufs.bufs[from.buf].role, Role::Var(n) if *n != u.name);
+                let var = p.bufs.var(&u.name).filter(|_| !other)?;
+                Some(View::contiguous(var, &from.shape))
+            })
+            .collect();
         self.train.push(Train {
             p,
             spec,
             a,
             b,
             views,
+            commits,
         });
         Ok(TrainExe(self.train.len() - 1))
     }
@@ -920,7 +936,7 @@ impl backend::Device for Device {
         run_steps(g, &t.b, mem, &env, &self.pool)
             .map_err(|error| StepError::Run { shard: None, error })?;
         t.spec.check_b(check)?;
-        let scalar = |node: NodeIndex| mem.read(&t.views[&node], g.node(node).ty.dtype).scalar();
+        let scalar = |node: NodeIndex| mem.scalar(&t.views[&node]);
         let out = StepOut {
             loss: scalar(t.spec.loss),
             learning_rate: scalar(t.spec.learning_rate),
@@ -930,12 +946,11 @@ impl backend::Device for Device {
         // variable (or whose variable no kernel reads) goes through a tensor, written
         // after the others so that it sees the old values
         let mut later = Vec::new();
-        for u in &t.spec.updates {
+        for (u, to) in t.spec.updates.iter().zip(&t.commits) {
             let from = &t.views[&u.node];
-            let other = matches!(&t.p.bufs.bufs[from.buf].role, Role::Var(n) if *n != u.name);
-            match t.p.bufs.var(&u.name) {
-                Some(var) if !other => mem.copy(from, &View::contiguous(var, &from.shape)),
-                _ => later.push((u.name.clone(), mem.read(from, g.node(u.node).ty.dtype))),
+            match to {
+                Some(to) => mem.copy(from, to),
+                None => later.push((u.name.clone(), mem.read(from, g.node(u.node).ty.dtype))),
             }
         }
         for (name, value) in later {

@@ -55,7 +55,7 @@ pub fn run(
                     *v = s.normal(first + i as u64, step);
                 }
             } else {
-                o.copy_from_slice(&s.uniforms(first, n, step));
+                s.fill_uniforms(first, o, step);
             }
             round(o, dtype);
         }
@@ -155,9 +155,8 @@ pub fn run(
             });
         }
         Op::CheckIndices { depth } => {
-            let x = mem.ints(&args[0]);
             let row: usize = args[0].shape.iter().skip(1).product();
-            for (i, &k) in x.iter().enumerate() {
+            for (i, k) in mem.ints(&args[0]).enumerate() {
                 if k < 0 || k as u64 >= *depth as u64 {
                     let at = if args[0].shape.len() > 1 {
                         format!("batch position {} (element {i})", i / row.max(1))
@@ -169,7 +168,7 @@ pub fn run(
                     ));
                 }
             }
-            mem.put_ints(out, &x);
+            mem.put_int_iter(out, mem.ints(&args[0]));
         }
         Op::ArgMax { axis } | Op::ArgMin { axis } => {
             let max = matches!(op, Op::ArgMax { .. });
@@ -177,47 +176,29 @@ pub fn run(
             let outer: usize = shape[..*axis].iter().product();
             let n = shape[*axis];
             let inner: usize = shape[axis + 1..].iter().product();
-            let mut res = Vec::with_capacity(outer * inner);
-            if mem.elem(&args[0]) == Elem::F32 {
-                let v = mem.f32s(&args[0]);
-                for o in 0..outer {
-                    for i in 0..inner {
-                        let mut best = 0usize;
-                        for k in 1..n {
-                            if float::beats(
-                                v[(o * n + k) * inner + i],
-                                v[(o * n + best) * inner + i],
-                                max,
-                            ) {
-                                best = k;
-                            }
-                        }
-                        res.push(best as i64);
-                    }
+            let x = &args[0];
+            let float = mem.elem(x) == Elem::F32;
+            // whether element k of the reduced axis beats element `best`
+            let beats = |at: usize, k: usize, best: usize| {
+                let (a, b) = (at + k * inner, at + best * inner);
+                if float {
+                    let v = mem.f32s(x);
+                    float::beats(v[a], v[b], max)
+                } else {
+                    let (a, b) = (mem.int(x, a), mem.int(x, b));
+                    (max && a > b) || (!max && a < b)
                 }
-            } else {
-                let v = mem.ints(&args[0]);
-                for o in 0..outer {
-                    for i in 0..inner {
-                        let mut best = 0usize;
-                        for k in 1..n {
-                            let (a, b) =
-                                (v[(o * n + k) * inner + i], v[(o * n + best) * inner + i]);
-                            if (max && a > b) || (!max && a < b) {
-                                best = k;
-                            }
-                        }
-                        res.push(best as i64);
-                    }
-                }
-            }
-            mem.put_ints(out, &res);
+            };
+            let best = (0..outer * inner).map(|j| {
+                let at = (j / inner) * n * inner + j % inner;
+                (1..n).fold(0, |best, k| if beats(at, k, best) { k } else { best }) as i64
+            });
+            mem.put_int_iter(out, best);
         }
         Op::Gather => {
             let rows = args[0].shape[0];
             let row: usize = args[0].shape[1..].iter().product();
-            let ids = mem.ints(&args[1]);
-            for &k in &ids {
+            for k in mem.ints(&args[1]) {
                 if k < 0 || k as usize >= rows {
                     return Err(format!(
                         "gather index {k} is out of range for a table of {rows} rows"
@@ -226,7 +207,7 @@ pub fn run(
             }
             let size = mem.elem(&args[0]).size();
             let (src, dst) = (mem.bytes(&args[0]), mem.bytes_mut(out));
-            for (i, &k) in ids.iter().enumerate() {
+            for (i, k) in mem.ints(&args[1]).enumerate() {
                 let s = k as usize * row * size;
                 dst[i * row * size..(i + 1) * row * size].copy_from_slice(&src[s..s + row * size]);
             }
@@ -234,10 +215,10 @@ pub fn run(
         Op::ScatterAdd => {
             let rows = out.shape[0];
             let row: usize = out.shape[1..].iter().product();
-            let ids = mem.ints(&args[0]);
             let dy = mem.f32s(&args[1]);
-            let mut acc = vec![0f32; rows * row];
-            for (i, &k) in ids.iter().enumerate() {
+            let acc = mem.f32s_mut(out);
+            acc.fill(0.0);
+            for (i, k) in mem.ints(&args[0]).enumerate() {
                 if k < 0 || k as usize >= rows {
                     return Err(format!("scatter index {k} is out of range for {rows} rows"));
                 }
@@ -246,8 +227,7 @@ pub fn run(
                     *o += v;
                 }
             }
-            round(&mut acc, dtype);
-            mem.put_f32s(out, &acc);
+            round(acc, dtype);
         }
         Op::Concat { axis } => {
             let outer: usize = out.shape[..*axis].iter().product();
@@ -268,27 +248,22 @@ pub fn run(
         }
         Op::MatMul => {
             // integer matrix products (float ones are Kernel::MatMul)
-            let (a, b) = (mem.ints(&args[0]), mem.ints(&args[1]));
+            let (a, b) = (|i| mem.int(&args[0], i), |i| mem.int(&args[1], i));
             let r = out.shape.len();
             let (m, n) = (out.shape[r - 2], out.shape[r - 1]);
             let k = args[0].shape[args[0].shape.len() - 1];
             let batch: usize = out.shape[..r - 2].iter().product();
             let (sa, sb) = (m * k, k * n);
             let (ba, bb) = (args[0].len() / sa.max(1), args[1].len() / sb.max(1));
-            let mut res = vec![0i64; batch * m * n];
-            for t in 0..batch {
+            let res = (0..batch * m * n).map(|e| {
+                let (t, i, j) = (e / (m * n), e / n % m, e % n);
                 let (oa, ob) = ((t % ba.max(1)) * sa, (t % bb.max(1)) * sb);
-                for i in 0..m {
-                    for j in 0..n {
-                        let mut s = 0i64;
-                        for p in 0..k {
-                            s = s.wrapping_add(a[oa + i * k + p].wrapping_mul(b[ob + p * n + j]));
-                        }
-                        res[(t * m + i) * n + j] = crate::tensor::wrap_int(dtype, s);
-                    }
-                }
-            }
-            mem.put_ints(out, &res);
+                let s = (0..k).fold(0i64, |s, p| {
+                    s.wrapping_add(a(oa + i * k + p).wrapping_mul(b(ob + p * n + j)))
+                });
+                crate::tensor::wrap_int(dtype, s)
+            });
+            mem.put_int_iter(out, res);
         }
         op => return Err(format!("no native kernel for {}", op.name())),
     }
