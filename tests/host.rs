@@ -356,6 +356,48 @@ fn an_llvm_failure_is_a_diagnostic() {
     assert!(out.contains("E0917"), "{code}: {out}");
 }
 
+/// A CPU LLVM does not know is E0919, not LLVM's warning and code for a generic CPU;
+/// one it knows builds.
+#[cfg(feature = "llvm")]
+#[test]
+fn an_unknown_cpu_is_a_diagnostic() {
+    let build = |cpu: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_estc"))
+            .args([
+                "build",
+                "examples/digits_mlp.est",
+                "--emit",
+                "asm",
+                "--cpu",
+                cpu,
+            ])
+            .current_dir(root())
+            .env("EST_CACHE_DIR", "off")
+            .output()
+            .unwrap()
+    };
+    let o = build("pentium-9000");
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let code = format!("{:?}", [Code::UnknownCpu]);
+    assert!(
+        err.contains("E0919") && err.contains("`pentium-9000`"),
+        "{code}: {err}"
+    );
+    assert!(!err.contains("is not a recognized processor"), "{err}");
+    assert!(o.stdout.is_empty());
+    let o = build("znver3");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // znver3 has AVX2 and no AVX-512: 256-bit registers, never 512-bit ones
+    let asm = String::from_utf8_lossy(&o.stdout);
+    assert!(asm.contains("ymm") && !asm.contains("zmm"), "{asm}");
+}
+
 /// A native library that cannot be linked (the C compiler fails) is E0918 with the
 /// compiler named, not a panic or a half-written library.
 #[cfg(feature = "llvm")]

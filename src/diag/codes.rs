@@ -624,4 +624,11 @@ standalone kernel for (the message names it), a variable of a dtype its checkpoi
 loader cannot read (f16 and bf16), an input of byte strings, or the C compiler that
 links the library (`cc`, or the one `CC` names) is missing or failed (its output is in
 the message). Serve such a model from est itself (`estc predict`) meanwhile.";
+    UnknownCpu = "E0919", Error, "LLVM does not know the CPU `--cpu` names",
+"`estc build --cpu NAME` generates code for a named CPU (`x86-64-v3`, `znver4`,
+`skylake-avx512`) instead of this machine's. LLVM 19 does
+not know the name given, and would otherwise have gone on silently with a generic
+CPU. `llc-19 -mcpu=help` lists the names it knows (every x86-64 processor and the
+levels `x86-64`, `x86-64-v2`, `x86-64-v3`, `x86-64-v4`); leave `--cpu` out for this
+machine's own.";
 }

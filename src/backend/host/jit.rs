@@ -79,10 +79,16 @@ impl Machine {
     }
 
     /// A named CPU (`x86-64-v3`, `znver3`) with its own features, for code that runs
-    /// elsewhere or is inspected.
-    pub fn named(cpu: &str) -> Result<Machine, String> {
+    /// elsewhere or is inspected; `Ok(None)` when LLVM does not know the name.
+    pub fn named(cpu: &str) -> Result<Option<Machine>, String> {
         init()?;
-        Machine::with(cpu, "")
+        let (m, said) = catch_stderr(|| Machine::with(cpu, ""))?;
+        // LLVM's C API cannot ask whether it knows a CPU; making a target machine for
+        // one it does not know says so on stderr and goes on with a generic CPU
+        if said.contains("is not a recognized processor") {
+            return Ok(None);
+        }
+        m.map(Some)
     }
 
     /// A code generator for a CPU with these features (one per compiling thread: a
@@ -123,6 +129,46 @@ impl Machine {
             .write_to_memory_buffer(module, kind)
             .map(|b| b.as_slice().to_vec())
             .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs `f` with what it writes to stderr (file descriptor 2, where LLVM writes its
+/// warnings) caught, and returns that text too. Only for short calls that write a
+/// few lines: the text goes through a pipe read after `f` returns.
+fn catch_stderr<T>(f: impl FnOnce() -> T) -> Result<(T, String), String> {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    let mut fds = [0; 2];
+    // SAFETY: plain file descriptor calls on descriptors this function owns, and fd 2
+    // is put back before it returns.
+    unsafe {
+        if libc::pipe(fds.as_mut_ptr()) != 0 {
+            return Err("cannot make a pipe to read LLVM's messages".into());
+        }
+        let saved = libc::dup(2);
+        if saved < 0 || libc::dup2(fds[1], 2) < 0 {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            if saved >= 0 {
+                libc::close(saved);
+            }
+            return Err("cannot redirect stderr to read LLVM's messages".into());
+        }
+        let out = f();
+        libc::dup2(saved, 2);
+        libc::close(saved);
+        libc::close(fds[1]);
+        let mut text = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = libc::read(fds[0], buf.as_mut_ptr().cast(), buf.len());
+            if n <= 0 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n as usize]);
+        }
+        libc::close(fds[0]);
+        Ok((out, String::from_utf8_lossy(&text).into_owned()))
     }
 }
 

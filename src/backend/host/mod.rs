@@ -318,7 +318,19 @@ fn chained(steps: Vec<Step>, runs: &[Range<usize>]) -> Vec<Step> {
 fn host_machine(at: Span, cpu: Option<&str>) -> Result<Machine, Diag> {
     let m = match cpu {
         None => Machine::host(),
-        Some(cpu) => Machine::named(cpu),
+        Some(name) => match Machine::named(name) {
+            Ok(Some(m)) => Ok(m),
+            Ok(None) => {
+                return Err(Diag::new(
+                    Code::UnknownCpu,
+                    at,
+                    format!("LLVM 19 does not know the CPU `{name}`"),
+                )
+                .label("compiled for `--cpu`")
+                .help("`llc-19 -mcpu=help` lists the CPUs LLVM knows (`x86-64-v3`, `znver4`, ...); without `--cpu`, code is made for this machine"))
+            }
+            Err(m) => Err(m),
+        },
     };
     m.map_err(|m| {
         Diag::new(
