@@ -57,7 +57,7 @@ time.perf_counter, synchronising on the last loss (block_until_ready / .numpy()
     {"peer": ..., "model": ..., "threads": ..., "batch": ..., "steps": ...,
      "seconds": ..., "steps_per_sec": ..., "first_step_seconds": ...,
      "peak_rss_mb": ..., "final_loss": ...}
-peak_rss_mb is ru_maxrss / 1024 of this process at the end; final_loss is the
+peak_rss_mb is VmHWM / 1024 of this process at the end (its own peak); final_loss is the
 loss of the last timed step. If a peer cannot run (e.g. torch.compile has no
 working compiler), the line is {"peer": ..., "model": ..., "threads": ...,
 "batch": ..., "steps": ..., "error": "<message>"}; the exit status is then 0
@@ -69,6 +69,20 @@ import json
 import math
 import os
 import resource
+
+
+def peak_rss_kb():
+    """This process's peak resident memory since it started (VmHWM of its own memory
+    map). ru_maxrss would also count the peak of the process that spawned it: Linux
+    carries the old map's peak over into the new one's at exec."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 import sys
 import time
 import traceback
@@ -394,7 +408,7 @@ def main():
         "seconds": round(seconds, 6),
         "steps_per_sec": round(args.steps / seconds, 3),
         "first_step_seconds": round(first_step_seconds, 6),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": round(peak_rss_kb() / 1024, 1),
         "final_loss": round(final_loss, 6),
     })
 

@@ -219,19 +219,37 @@ fn est_rss(program: &Path, data: &Path, steps: i64, threads: usize) -> f64 {
     if program.ends_with("mnist_cnn.est") {
         cmd.args(["--param", "hidden=[128]"]);
     }
-    // reaped by wait4 below, which also gives its resource usage
-    #[allow(clippy::zombie_processes)]
-    let child = cmd.spawn().unwrap();
-    let mut status = 0;
-    // SAFETY: zeroed rusage is a valid value; wait4 reaps this child (not waited before).
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let reaped = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
+    // Its own peak (VmHWM), read while it runs: wait4's ru_maxrss would also count
+    // this process's peak, which Linux carries over into the child's at exec.
+    let mut child = cmd.spawn().unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let mut peak_kb = 0u64;
+    let done = loop {
+        // (once it is estc: before exec, the child shares this process's memory map)
+        let own = |s: &String| {
+            s.lines()
+                .any(|l| l.split_whitespace().eq(["Name:", "estc"]))
+        };
+        if let Some(s) = std::fs::read_to_string(&status).ok().filter(own) {
+            let hwm = s.lines().find_map(|l| l.strip_prefix("VmHWM:"));
+            if let Some(kb) = hwm.and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            {
+                peak_kb = peak_kb.max(kb);
+            }
+        }
+        match child.try_wait() {
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            other => break other,
+        }
+    };
     let _ = std::fs::remove_dir_all(&dir);
-    if reaped < 0 || status != 0 {
-        eprintln!("estc train for the peak memory failed (status {status})");
-        return f64::NAN;
+    match done {
+        Ok(Some(s)) if s.success() => peak_kb as f64 / 1024.0,
+        other => {
+            eprintln!("estc train for the peak memory failed ({other:?})");
+            f64::NAN
+        }
     }
-    ru.ru_maxrss as f64 / 1024.0
 }
 
 /// Each (contender, threads) with its figures per round.
