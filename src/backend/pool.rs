@@ -10,7 +10,8 @@
 //!
 //! A dispatch costs about a microsecond while the workers are awake: after a task they
 //! spin for a short while (kernels of one step follow each other closely), then park on
-//! a condition variable, leaving the cores to the input pipeline between steps.
+//! a condition variable, leaving the cores to the input pipeline between steps; a step
+//! wakes them as it starts (`wake`), ahead of its first kernel.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -93,6 +94,19 @@ impl Pool {
         self.threads
     }
 
+    /// Wakes parked workers, so that they spin (for `SPIN`) ready for the next job:
+    /// called as a step starts, it hides their wake-up behind the feeding of the
+    /// batch instead of leaving it to the step's first kernel. fc_mnist at two
+    /// threads: +2.5% steps/s, the median of 7 alternating pairs of runs (5 of them
+    /// faster), on a machine whose speed swung from 595 to 929 steps/s meanwhile.
+    pub fn wake(&self) {
+        let s = &*self.shared;
+        if self.threads > 1 && s.parked.load(Ordering::SeqCst) > 0 {
+            let _g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
+            s.wake.notify_all();
+        }
+    }
+
     /// Runs `f(i)` for every `i < tasks`; task `i` on thread `i % threads`.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if self.threads == 1 || tasks <= 1 {
@@ -135,7 +149,7 @@ fn worker(s: &Shared, id: usize) {
     let mut seen = 0u64;
     loop {
         // wait for a new epoch: spin, then park
-        let started = Instant::now();
+        let mut started = Instant::now();
         loop {
             if s.stop.load(Ordering::Acquire) {
                 return;
@@ -157,6 +171,8 @@ fn worker(s: &Shared, id: usize) {
             };
             s.parked.fetch_sub(1, Ordering::SeqCst);
             drop(g);
+            // woken (by a job, or by `wake` ahead of one): spin again before parking
+            started = Instant::now();
         }
         seen = s.epoch.load(Ordering::Acquire);
         // SAFETY: the job was set before the epoch was bumped and stays valid until

@@ -906,6 +906,7 @@ impl backend::Device for Device {
         batches: Vec<Feeds>,
         ctx: StepCtx,
     ) -> Result<StepOut, StepError> {
+        self.pool.wake();
         let t = &mut self.train[exe.0];
         refresh(&self.vars, self.epoch, &mut t.p, &mut [&mut t.a, &mut t.b])
             .map_err(|error| StepError::Run { shard: None, error })?;
@@ -981,6 +982,7 @@ impl backend::Device for Device {
         ctx: StepCtx,
         shard: usize,
     ) -> Result<Vec<Tensor>, RunError> {
+        self.pool.wake();
         let r = &mut self.runs[exe.0];
         refresh(&self.vars, self.epoch, &mut r.p, &mut [&mut r.steps])?;
         let r = &self.runs[exe.0];
