@@ -644,6 +644,131 @@ fn compiled_code_is_cached_and_bad_entries_are_rebuilt() {
     assert!(all(build(), "code: from the cache"));
 }
 
+/// One output of a predict graph as the C test program reads it: C type, name, and
+/// values per example.
+#[cfg(feature = "llvm")]
+struct COut(&'static str, &'static str, usize);
+
+/// Compiles a C program with `cc` against the library `lib<id>.so` in `lib`, which
+/// loads checkpoint `ckpt` and predicts two batches of rows of digits CSV `csv`
+/// (pixels times `scale` as features, of batch `EST_<ID>_BATCH`), printing one line
+/// per example: the values of `outs` in order. Returns its exit code and output.
+#[cfg(feature = "llvm")]
+fn serve_with_c(
+    lib: &Path,
+    id: &str,
+    ckpt: &Path,
+    csv: &Path,
+    scale: f32,
+    outs: &[COut],
+) -> (Option<i32>, String) {
+    let up = id.to_ascii_uppercase();
+    let mut decls = String::new();
+    let mut args = String::new();
+    let mut print = String::new();
+    for COut(ty, name, n) in outs {
+        decls.push_str(&format!("  static {ty} {name}[EST_{up}_BATCH][{n}];\n"));
+        args.push_str(&format!(", &{name}[0][0]"));
+        let fmt = if *ty == "float" { " %.9g" } else { " %d" };
+        let cast = if *ty == "float" { "" } else { "(int)" };
+        print.push_str(&format!(
+            "      for (int c = 0; c < {n}; c++) printf(\"{fmt}\", {cast}{name}[r][c]);\n"
+        ));
+    }
+    let main = lib.join("main.c");
+    std::fs::write(
+        &main,
+        format!(
+            r#"#include "{id}.h"
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {{
+  char err[256], line[4096];
+  static float x[EST_{up}_BATCH][64];
+{decls}  est_{id} *m = est_{id}_load(argv[1], err, sizeof err);
+  FILE *f = fopen(argv[2], "r");
+  if (!m) {{ printf("load failed: %s\n", err); return 1; }}
+  if (!f || !fgets(line, sizeof line, f)) return 2; /* the header */
+  for (int b = 0; b < 2; b++) {{
+    for (int r = 0; r < EST_{up}_BATCH; r++) {{
+      char *s = line;
+      if (!fgets(line, sizeof line, f)) return 3;
+      for (int c = 0; c < 64; c++) {{ x[r][c] = strtof(s, &s) * {scale:?}f; s++; }}
+    }}
+    if (est_{id}_predict(m, &x[0][0]{args}) != 0) return 4;
+    for (int r = 0; r < EST_{up}_BATCH; r++) {{
+{print}      printf("\n");
+    }}
+  }}
+  est_{id}_free(m);
+  return 0;
+}}
+"#
+        ),
+    )
+    .unwrap();
+    let exe = lib.join("main");
+    let cc = std::process::Command::new("cc")
+        .arg(&main)
+        .arg("-I")
+        .arg(lib)
+        .arg("-L")
+        .arg(lib)
+        .arg(format!("-l{id}"))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let ran = std::process::Command::new(&exe)
+        .arg(ckpt)
+        .arg(csv)
+        .output()
+        .unwrap();
+    (
+        ran.status.code(),
+        String::from_utf8_lossy(&ran.stdout).into_owned(),
+    )
+}
+
+/// The largest relative difference between the C program's lines (`serve_with_c`) and
+/// `estc predict`'s predictions (`predictions.jsonl` in `run`), after checking that
+/// they cover the same examples and that integer outputs are equal.
+#[cfg(feature = "llvm")]
+fn worst_against_predict(got: &str, run: &Path, outs: &[COut], examples: usize) -> f64 {
+    let want = std::fs::read_to_string(run.join("predictions/predictions.jsonl")).unwrap();
+    let (got, want): (Vec<&str>, Vec<&str>) = (got.lines().collect(), want.lines().collect());
+    assert_eq!(got.len(), examples);
+    assert_eq!(want.len(), examples);
+    let mut worst = 0f64;
+    for (g, w) in got.iter().zip(&want) {
+        let w: serde_json::Value = serde_json::from_str(w).unwrap();
+        let g: Vec<f64> = g.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        let mut at = 0;
+        for COut(ty, name, n) in outs {
+            let want: Vec<f64> = match &w[*name] {
+                serde_json::Value::Array(a) => a.iter().map(|v| v.as_f64().unwrap()).collect(),
+                v => vec![v.as_f64().unwrap()],
+            };
+            assert_eq!(want.len(), *n, "{name}: {w}");
+            for (a, b) in g[at..at + n].iter().zip(&want) {
+                if *ty == "float" {
+                    worst = worst.max((a - b).abs() / b.abs().max(1e-6));
+                } else {
+                    assert_eq!(a, b, "{name}: {g:?} {w}");
+                }
+            }
+            at += n;
+        }
+    }
+    worst
+}
+
 /// `estc build --lib`: a C program compiled with `cc` against the generated header,
 /// linked with the shared library, loads a checkpoint and predicts what `estc predict`
 /// does on the same rows (two batches of digits_mlp's test set). Classes are equal;
@@ -668,89 +793,113 @@ fn a_c_program_serves_the_native_library_like_estc_predict() {
         assert_eq!(code, 0, "estc {args:?}: {out}{err}");
     }
     assert!(lib.join("libdigits.so").exists() && lib.join("digits.h").exists());
-    let main = lib.join("main.c");
+    let outs = [
+        COut("int32_t", "classes", 1),
+        COut("float", "probabilities", 10),
+    ];
+    let csv = root().join("examples/data/digits_test.csv");
+    let ckpt = run.join("ckpt-30.safetensors");
+    let (code, got) = serve_with_c(&lib, "digits", &ckpt, &csv, 1.0 / 16.0, &outs);
+    assert_eq!(code, Some(0), "{got}");
+    let worst = worst_against_predict(&got, &run, &outs, 80);
+    assert!(worst < 1e-5, "largest relative difference {worst}");
+    // the loader's errors are messages
+    let missing = run.join("ckpt-999.safetensors");
+    let (code, said) = serve_with_c(&lib, "digits", &missing, &csv, 1.0 / 16.0, &outs);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("load failed: cannot open"), "{said}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The kernels a device runs natively become C in the library: an embedding's gather,
+/// concat, average pooling, a convolution with no generated direct kernel (3 filters,
+/// not a multiple of the vector lanes) and an integer argmax serve as `estc predict`
+/// does (integer outputs equal, probabilities within 1e-5 relative: the C convolution
+/// sums taps and channels in one pass, the device's GEMM in blocks). A checkpoint
+/// whose variable has another shape with the same bytes is refused by the loader.
+#[cfg(feature = "llvm")]
+#[test]
+fn native_kernels_serve_from_the_library_as_c() {
+    let d = tmp("lib-native");
+    let (cache, run, lib) = (d.join("cache"), d.join("run"), d.join("lib"));
+    for split in ["train", "test"] {
+        let name = format!("digits_{split}.csv");
+        std::fs::copy(root().join("examples/data").join(&name), d.join(&name)).unwrap();
+    }
+    let program = d.join("mixed.est");
     std::fs::write(
-        &main,
-        r#"#include "digits.h"
-#include <stdio.h>
-#include <stdlib.h>
-int main(int argc, char **argv) {
-  char err[256], line[4096];
-  float x[EST_DIGITS_BATCH][64], p[EST_DIGITS_BATCH][10];
-  int32_t classes[EST_DIGITS_BATCH];
-  est_digits *m = est_digits_load(argv[1], err, sizeof err);
-  FILE *f = fopen(argv[2], "r");
-  if (!m) { printf("load failed: %s\n", err); return 1; }
-  if (!f || !fgets(line, sizeof line, f)) return 2; /* the header */
-  for (int b = 0; b < 2; b++) {
-    for (int r = 0; r < EST_DIGITS_BATCH; r++) {
-      char *s = line;
-      if (!fgets(line, sizeof line, f)) return 3;
-      for (int c = 0; c < 64; c++) { x[r][c] = strtof(s, &s) / 16.0f; s++; }
-    }
-    if (est_digits_predict(m, &x[0][0], classes, &p[0][0]) != 0) return 4;
-    for (int r = 0; r < EST_DIGITS_BATCH; r++) {
-      printf("%d", classes[r]);
-      for (int c = 0; c < 10; c++) printf(" %.9g", p[r][c]);
-      printf("\n");
-    }
-  }
-  est_digits_free(m);
-  return 0;
+        &program,
+        r#"use std.nn.{dense, conv2d, avg_pool2d, embedding}
+use std.losses.softmax_cross_entropy
+
+input digits(split: string, training: bool) {
+  let rows = csv("digits_{split}.csv", columns: { pixels: f32[64], label: i32 })
+    |> map |r| (r.pixels, r.label)
+  let rows = if training { rows |> repeat } else { rows }
+  rows |> batch(20, drop_remainder: true)
+}
+
+model mixed(features: f32[B, 64], labels: i32[B]) {
+  let image = reshape(features / 16.0, [B, 8, 8, 1])
+  let x = conv2d(image, filters: 3, kernel: [3, 3], padding: same) |> relu |> avg_pool2d(2, 2)
+  let levels = cast(features, i32)
+  let embedded = embedding(levels, vocab: 17, dim: 2)
+  let x = concat([reshape(x, [B, 48]), reshape(embedded, [B, 128])], 1)
+  let logits = dense(x, 10)
+  let loss = softmax_cross_entropy(labels, logits)
+  train   { minimize loss with sgd(lr: 0.1) }
+  predict { classes = argmax(logits, 1); brightest = argmax(levels, 1); probabilities = softmax(logits) }
+}
+
+estimator mixed {
+  model = mixed
+  train_input = digits("train", training: true)
+  eval_input = digits("test", training: false)
+  config { random_seed = 3 }
 }
 "#,
     )
     .unwrap();
-    let exe = lib.join("main");
-    let cc = std::process::Command::new("cc")
-        .arg(&main)
-        .arg("-I")
-        .arg(&lib)
-        .arg("-L")
-        .arg(&lib)
-        .arg("-ldigits")
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
+    let (p, run_s, lib_s) = (
+        program.display().to_string(),
+        run.display().to_string(),
+        lib.display().to_string(),
     );
-    let csv = root().join("examples/data/digits_test.csv");
-    let ran = std::process::Command::new(&exe)
-        .arg(run.join("ckpt-30.safetensors"))
-        .arg(&csv)
-        .output()
-        .unwrap();
-    assert!(ran.status.success(), "{ran:?}");
-    let got = String::from_utf8_lossy(&ran.stdout).into_owned();
-    let want = std::fs::read_to_string(run.join("predictions/predictions.jsonl")).unwrap();
-    let (got, want): (Vec<&str>, Vec<&str>) = (got.lines().collect(), want.lines().collect());
-    assert_eq!(got.len(), 80);
-    assert_eq!(want.len(), 80);
-    let mut worst = 0f64;
-    for (g, w) in got.iter().zip(&want) {
-        let w: serde_json::Value = serde_json::from_str(w).unwrap();
-        let g: Vec<f64> = g.split(' ').map(|v| v.parse().unwrap()).collect();
-        assert_eq!(g[0], w["classes"].as_f64().unwrap(), "{g:?} {w}");
-        let probs = w["probabilities"].as_array().unwrap();
-        for (a, b) in g[1..].iter().zip(probs) {
-            let b = b.as_f64().unwrap();
-            worst = worst.max((a - b).abs() / b.abs().max(1e-6));
-        }
+    for args in [
+        &["train", &p, "--steps", "30", "--model-dir", &run_s][..],
+        &["predict", &p, "--steps", "2", "--model-dir", &run_s],
+        &["build", &p, "--lib", "-o", &lib_s],
+    ] {
+        let (code, out, err) = estc(args, &cache);
+        assert_eq!(code, 0, "estc {args:?}: {out}{err}");
     }
+    let source = std::fs::read_to_string(lib.join("mixed.c")).unwrap();
+    // gather, concat, avg pool, the 3-filter convolution and the integer argmax
+    assert!(
+        source.matches("static int64_t est_mixed_k").count() >= 5,
+        "{source}"
+    );
+    let outs = [
+        COut("int32_t", "classes", 1),
+        COut("int32_t", "brightest", 1),
+        COut("float", "probabilities", 10),
+    ];
+    let (csv, ckpt) = (d.join("digits_test.csv"), run.join("ckpt-30.safetensors"));
+    let (code, got) = serve_with_c(&lib, "mixed", &ckpt, &csv, 1.0, &outs);
+    assert_eq!(code, Some(0), "{got}");
+    let worst = worst_against_predict(&got, &run, &outs, 40);
     assert!(worst < 1e-5, "largest relative difference {worst}");
-    // the loader's errors are messages
-    let missing = std::process::Command::new(&exe)
-        .arg(run.join("ckpt-999.safetensors"))
-        .arg(&csv)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&missing.stdout);
-    assert_eq!(missing.status.code(), Some(1), "{said}");
-    assert!(said.contains("load failed: cannot open"), "{said}");
+    // the same bytes in another shape: the embedding table as [2, 17]
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + len].to_vec()).unwrap();
+    assert!(header.contains("[17,2]"), "{header}");
+    let mut other = bytes.clone();
+    other[8..8 + len].copy_from_slice(header.replace("[17,2]", "[2,17]").as_bytes());
+    let bad = run.join("ckpt-other.safetensors");
+    std::fs::write(&bad, other).unwrap();
+    let (code, said) = serve_with_c(&lib, "mixed", &bad, &csv, 1.0, &outs);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("has another shape"), "{said}");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -620,8 +620,9 @@ report the message.";
     NativeLibrary = "E0918", Error, "the native library cannot be built",
 "`estc build --lib` writes the predict graph as a shared library and a C header, which
 run without est. Building one failed: the graph has an op that the library has no
-standalone kernel for (the message names it), a variable of a dtype its checkpoint
-loader cannot read (f16 and bf16), an input of byte strings, or the C compiler that
+standalone kernel for (the message names it: random numbers, or average pooling or a
+convolution computed in f16 or bf16), a variable of a dtype its checkpoint loader
+cannot read (f16 and bf16), an input of byte strings, or the C compiler that
 links the library (`cc`, or the one `CC` names) is missing or failed (its output is in
 the message). Serve such a model from est itself (`estc predict`) meanwhile.";
     UnknownCpu = "E0919", Error, "LLVM does not know the CPU `--cpu` names",

@@ -9,8 +9,8 @@
 //! (`ckpt-N.safetensors`) by name, dtype and size, and the driver running the kernels
 //! in order on one batch. `cc` (or `CC`) links the two into `lib<NAME>.so`.
 
-use super::codegen::Codegen;
-use super::lower::{Elem, Role, View};
+use super::codegen::{Codegen, KernelFn};
+use super::lower::{self, Elem, Role, View};
 use super::{host_machine, llvm_failed, lower_phases};
 use crate::diag::{Code, Diag};
 use crate::ir::{DType, Graph};
@@ -20,6 +20,8 @@ use inkwell::targets::FileType;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+mod c_kernels;
+
 /// What `library` wrote.
 #[derive(Debug, Clone)]
 pub struct Library {
@@ -28,6 +30,15 @@ pub struct Library {
     pub kernels: usize,
     /// Bytes of the block a loaded model holds (arena and variables).
     pub bytes: usize,
+}
+
+/// One kernel of the library: its function, the extent of its outer loop, and its C
+/// source when it is C of the library's source file (else it is generated code of the
+/// library's object).
+struct Kernel {
+    f: KernelFn,
+    outer: usize,
+    c: Option<String>,
 }
 
 /// A value crossing the library's interface: its C name, C type and where it lies.
@@ -63,18 +74,36 @@ pub fn library(
     let mut cg = Codegen::new(&ctx, &id, &machine.cpu, &machine.features);
     let mut kernels = Vec::new();
     for (i, k) in lowered.phases[0].iter().enumerate() {
+        let name = format!("est_{id}_k{i}");
         let f = cg
-            .portable(&format!("est_{id}_k{i}"), k, graph, &lowered.bufs)
+            .portable(&name, k, graph, &lowered.bufs)
             .map_err(|m| llvm_failed(at, m))?;
         let node = graph.node(k.node());
-        let Some(f) = f else {
-            return Err(fail(
-                node.span,
-                format!(
-                    "`{}` has no kernel in a standalone library yet",
-                    node.op.name()
-                ),
-            ));
+        let f = match (f, k) {
+            (Some(f), _) => Kernel {
+                f: f.0,
+                outer: f.1,
+                c: None,
+            },
+            (None, lower::Kernel::Native { args, out, .. }) => {
+                let (code, f) =
+                    c_kernels::c_kernel(&name, &node.op, node.ty.dtype, args, out, &lowered.bufs)
+                        .map_err(|m| fail(node.span, m))?;
+                Kernel {
+                    f,
+                    outer: 1,
+                    c: Some(code),
+                }
+            }
+            (None, _) => {
+                return Err(fail(
+                    node.span,
+                    format!(
+                        "`{}` has no kernel in a standalone library yet",
+                        node.op.name()
+                    ),
+                ))
+            }
         };
         kernels.push(f);
     }
@@ -113,7 +142,10 @@ pub fn library(
                         ))
                     }
                 };
-                vars.push((v.clone(), st, buf.len * buf.elem.size(), o));
+                let shape = graph
+                    .variable(v)
+                    .map_or(vec![buf.len], |n| graph.node(n).ty.shape.to_vec());
+                vars.push((v.clone(), st, shape, buf.len * buf.elem.size(), o));
                 o
             }
             (Role::Decoded(input, _), _) => {
@@ -138,7 +170,7 @@ pub fn library(
         offsets.push(at_);
     }
     let bytes = end.next_multiple_of(64).max(64);
-    let outs: Vec<Port> = outputs
+    let mut outs: Vec<Port> = outputs
         .iter()
         .map(|(n, node)| {
             let view = lowered.views[node].clone();
@@ -150,6 +182,7 @@ pub fn library(
         })
         .collect();
 
+    parameter_names(&mut inputs, &mut outs);
     let header = header(&id, name, &inputs, &outs);
     let source = source(&id, &offsets, bytes, &kernels, &vars, &inputs, &outs);
     let io = |p: &Path, e: std::io::Error| fail(at, format!("cannot write {}: {e}", p.display()));
@@ -203,6 +236,31 @@ fn c_ident(name: &str) -> String {
         s.insert(0, '_');
     }
     s
+}
+
+/// Makes the parameter names of `predict` distinct C identifiers that clash with no C
+/// keyword, standard type or name of the generated code: a clash gains `_`, or a
+/// number when two names meet.
+fn parameter_names(inputs: &mut [Port], outs: &mut [Port]) {
+    const TAKEN: &[&str] = &[
+        "auto", "bool", "break", "case", "char", "const", "continue", "default", "do", "double",
+        "else", "enum", "extern", "false", "float", "for", "goto", "if", "inline", "int",
+        "int32_t", "int64_t", "long", "model", "register", "restrict", "return", "short", "signed",
+        "size_t", "sizeof", "static", "struct", "switch", "true", "typedef", "uint8_t", "uint64_t",
+        "union", "unsigned", "void", "volatile", "while",
+    ];
+    let mut seen = rustc_hash::FxHashSet::default();
+    for p in inputs.iter_mut().chain(outs.iter_mut()) {
+        if TAKEN.contains(&p.name.as_str()) || p.name.starts_with("est_") {
+            p.name.push('_');
+        }
+        let base = p.name.clone();
+        let mut k = 2;
+        while !seen.insert(p.name.clone()) {
+            p.name = format!("{base}_{k}");
+            k += 1;
+        }
+    }
 }
 
 fn c_type(e: Elem) -> &'static str {
@@ -271,7 +329,8 @@ fn header(id: &str, name: &str, inputs: &[Port], outs: &[Port]) -> String {
     }
     let _ = write!(
         h,
-        " * Returns 0, or 1 after an integer division by zero. */\n\
+        " * Returns 0; 1 after an integer division by zero; 2 when an index (of a gather,\n \
+         * an embedding) is out of range. */\n\
          int est_{id}_predict(est_{id} *model{});\n\n\
          void est_{id}_free(est_{id} *model);\n\n\
          #ifdef __cplusplus\n}}\n#endif\n#endif\n",
@@ -285,24 +344,28 @@ fn source(
     id: &str,
     offsets: &[usize],
     bytes: usize,
-    kernels: &[(super::codegen::KernelFn, usize)],
-    vars: &[(String, &str, usize, usize)],
+    kernels: &[Kernel],
+    vars: &[(String, &str, Vec<usize>, usize, usize)],
     inputs: &[Port],
     outs: &[Port],
 ) -> String {
     let list = |it: &mut dyn Iterator<Item = String>| it.collect::<Vec<_>>().join(", ");
-    let slots: usize = kernels.iter().map(|k| k.0.bufs.len()).sum();
+    let slots: usize = kernels.iter().map(|k| k.f.bufs.len()).sum();
     let mut s = format!(
         "/* Generated by `estc build --lib`; do not edit. */\n\
          #include \"{id}.h\"\n#include <stdarg.h>\n#include <stdio.h>\n#include <stdlib.h>\n\
          #include <string.h>\n\n"
     );
-    for (f, _) in kernels {
+    for k in kernels.iter().filter(|k| k.c.is_none()) {
         let _ = writeln!(
             s,
             "extern int64_t {}(void *const *, int64_t, int64_t);",
-            f.name
+            k.f.name
         );
+    }
+    s.push('\n');
+    for c in kernels.iter().filter_map(|k| k.c.as_deref()) {
+        s.push_str(c);
     }
     let _ = write!(
         s,
@@ -320,16 +383,16 @@ fn source(
         list(
             &mut kernels
                 .iter()
-                .flat_map(|k| k.0.bufs.iter())
+                .flat_map(|k| k.f.bufs.iter())
                 .map(|b| b.to_string())
                 .chain(std::iter::once("0".to_string()).filter(|_| slots == 0))
         )
     );
     let mut at = 0;
     let mut starts = Vec::new();
-    for (f, _) in kernels {
+    for k in kernels {
         starts.push(at.to_string());
-        at += f.bufs.len();
+        at += k.f.bufs.len();
     }
     let _ = writeln!(
         s,
@@ -339,12 +402,12 @@ fn source(
     let _ = writeln!(
         s,
         "static const int64_t OUTER[] = {{{}}};",
-        list(&mut kernels.iter().map(|k| k.1.to_string()))
+        list(&mut kernels.iter().map(|k| k.outer.to_string()))
     );
     let _ = writeln!(
         s,
         "static int64_t (*const KERNELS[])(void *const *, int64_t, int64_t) = {{{}}};\n",
-        list(&mut kernels.iter().map(|k| k.0.name.clone()))
+        list(&mut kernels.iter().map(|k| k.f.name.clone()))
     );
     s.push_str(
         r#"static void fail(char *err, size_t n, const char *fmt, ...) {
@@ -356,13 +419,15 @@ fn source(
 }
 
 /* Reads tensor `name` of a safetensors file (header `hdr`, data from `data`) into
-   `dst`, checking its dtype and size. */
+   `dst`, checking its dtype, shape (`rank` sizes) and size. */
 static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
-                    const char *dtype, uint64_t bytes, void *dst, char *err, size_t n) {
+                    const char *dtype, const uint64_t *shape, size_t rank, uint64_t bytes,
+                    void *dst, char *err, size_t n) {
   char key[1024];
-  const char *p, *end, *d, *o;
+  const char *p, *end, *d, *o, *sh;
   char *q;
   uint64_t lo, hi;
+  size_t r;
   snprintf(key, sizeof key, "\"%s\":", name);
   p = strstr(hdr, key);
   if (!p) { fail(err, n, "the checkpoint has no variable `%s`", name); return 0; }
@@ -376,6 +441,24 @@ static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
   d += 9;
   if (strncmp(d, dtype, strlen(dtype)) != 0 || d[strlen(dtype)] != '"') {
     fail(err, n, "variable `%s` is not %s in the checkpoint", name, dtype);
+    return 0;
+  }
+  sh = strstr(p, "\"shape\":[");
+  if (!sh || sh > end) {
+    fail(err, n, "the checkpoint's entry of `%s` is malformed", name);
+    return 0;
+  }
+  sh += 9;
+  for (r = 0;; r++) {
+    while (*sh == ' ' || *sh == ',') sh++;
+    if (*sh == ']' || r == rank) break;
+    lo = strtoull(sh, &q, 10);
+    if (q == sh || lo != shape[r]) break;
+    sh = q;
+  }
+  if (r != rank || *sh != ']') {
+    fail(err, n, "variable `%s` has another shape in the checkpoint than in this program",
+         name);
     return 0;
   }
   lo = strtoull(o + 16, &q, 10);
@@ -410,11 +493,15 @@ static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
          if (fread(hdr, 1, hlen, f) != hlen) ok = 0, fail(err, err_len, \"%s is not a safetensors file\", checkpoint);\n  \
          hdr[hlen] = 0;\n"
     );
-    for (name, dtype, len, off) in vars {
+    for (k, (name, dtype, shape, len, off)) in vars.iter().enumerate() {
         let lit = name.replace('\\', "\\\\").replace('"', "\\\"");
+        let sizes = shape.iter().map(|d| d.to_string()).collect::<Vec<_>>();
         let _ = writeln!(
             s,
-            "  ok = ok && read_var(f, hdr, 8 + hlen, \"{lit}\", \"{dtype}\", {len}, m->base + {off}, err, err_len);"
+            "  {{\n    static const uint64_t est_shape{k}[] = {{{}}};\n    \
+             ok = ok && read_var(f, hdr, 8 + hlen, \"{lit}\", \"{dtype}\", est_shape{k}, {}, {len}, m->base + {off}, err, err_len);\n  }}",
+            if sizes.is_empty() { "0".to_string() } else { sizes.join(", ") },
+            shape.len()
         );
     }
     let _ = write!(
@@ -438,7 +525,9 @@ static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
     }
     let _ = writeln!(
         s,
-        "  for (est_k = 0; est_k < {}; est_k++)\n    if (KERNELS[est_k](est_m->tab + START[est_k], 0, OUTER[est_k]) != 0) return 1;",
+        "  for (est_k = 0; est_k < {}; est_k++) {{\n    \
+         int64_t est_r = KERNELS[est_k](est_m->tab + START[est_k], 0, OUTER[est_k]);\n    \
+         if (est_r != 0) return (int)est_r;\n  }}",
         kernels.len()
     );
     for o in outs {
