@@ -107,6 +107,17 @@ impl Pool {
         }
     }
 
+    /// Runs `f(lo, hi)` over a static split of `0..len` into one part per thread, or
+    /// as one part on this thread when `len` is below `min` (too little work to repay
+    /// a dispatch).
+    pub fn split(&self, len: usize, min: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        let parts = if len < min { 1 } else { self.threads };
+        self.run(parts, &|i| {
+            let (lo, hi) = part(len, parts, i);
+            f(lo, hi)
+        });
+    }
+
     /// Runs `f(i)` for every `i < tasks`; task `i` on thread `i % threads`.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if self.threads == 1 || tasks <= 1 {

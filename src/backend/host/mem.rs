@@ -3,8 +3,14 @@
 //! by the executable), with typed access for the native kernels and the seam.
 
 use super::lower::{Elem, View};
+use crate::backend::pool::Pool;
 use crate::ir::DType;
 use crate::tensor::{Data, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The elements (of 4 bytes) below which a copy or a scan of memory stays on one
+/// thread: a dispatch to the pool costs about as much as moving this many.
+const SPLIT: usize = 1 << 15;
 
 /// Zeroed, page-aligned bytes that never move: an anonymous mapping, so that the
 /// kernel zeroes each page on its first touch and nothing zeroes it twice (a zeroed
@@ -246,16 +252,18 @@ impl Mem {
     }
 
     /// Writes a tensor into a contiguous view (its type was checked).
-    pub fn write(&self, v: &View, t: &Tensor) {
+    pub fn write(&self, v: &View, t: &Tensor, pool: &Pool) {
         match &t.data {
-            Data::F(a) => {
-                let dst = self.f32s_mut(v);
-                match a.as_slice() {
-                    // a batch as the pipeline stacks it: one copy
-                    Some(src) if src.len() == dst.len() => dst.copy_from_slice(src),
-                    _ => dst.iter_mut().zip(a.iter()).for_each(|(o, &x)| *o = x),
+            Data::F(a) => match a.as_slice() {
+                // a batch as the pipeline stacks it: one copy, split over the threads
+                Some(src) if src.len() == v.len() => pool.split(src.len(), SPLIT, &|lo, hi| {
+                    self.f32s_part(v, lo, hi).copy_from_slice(&src[lo..hi])
+                }),
+                _ => {
+                    let dst = self.f32s_mut(v);
+                    dst.iter_mut().zip(a.iter()).for_each(|(o, &x)| *o = x)
                 }
-            }
+            },
             Data::I(a) => match a.as_slice() {
                 Some(src) => self.put_int_iter(v, src.iter().copied()),
                 None => self.put_int_iter(v, a.iter().copied()),
@@ -272,14 +280,18 @@ impl Mem {
 
     /// Copies a view's elements into a contiguous view of the same shape and element
     /// kind (a plain copy when both are contiguous).
-    pub fn copy(&self, from: &View, to: &View) {
+    pub fn copy(&self, from: &View, to: &View, pool: &Pool) {
         let size = self.elem(to).size();
         if from.is_contiguous() {
-            let src = self.bytes(from).as_ptr();
+            let src = self.bytes(from).as_ptr() as usize;
             let dst = self.bytes_mut(to);
-            // SAFETY: both ranges lie within their buffers; they may overlap only when
-            // they are the same range (a variable kept as it was), which copy allows.
-            unsafe { std::ptr::copy(src, dst.as_mut_ptr(), dst.len()) };
+            let (at, len) = (dst.as_mut_ptr() as usize, dst.len());
+            pool.split(len, SPLIT * 4, &|lo, hi| {
+                // SAFETY: both ranges lie within their buffers; they may overlap only
+                // when they are the same range (a variable kept as it was), which copy
+                // allows; the threads' parts are disjoint.
+                unsafe { std::ptr::copy((src + lo) as *const u8, (at + lo) as *mut u8, hi - lo) }
+            });
             return;
         }
         let dst = self.bytes_mut(to);
@@ -292,15 +304,22 @@ impl Mem {
     }
 
     /// The first element of a float view that fails `bad`: (flat index, value).
-    pub fn first(&self, v: &View, bad: impl Fn(f32) -> bool) -> Option<(usize, f32)> {
+    pub fn first(&self, v: &View, bad: impl Fn(f32) -> bool, pool: &Pool) -> Option<(usize, f32)> {
         if self.elems[v.buf] != Elem::F32 {
             return None;
         }
         let p = self.ptrs[v.buf] as *const f32;
         if v.is_contiguous() {
             let s = self.f32s(v);
-            // the common case, all finite, is one vectorised pass
-            if crate::tensor::all_finite(s) {
+            // the common case, all finite, is one vectorised pass (split over the
+            // threads)
+            let bad_part = AtomicBool::new(false);
+            pool.split(s.len(), SPLIT, &|lo, hi| {
+                if !crate::tensor::all_finite(&s[lo..hi]) {
+                    bad_part.store(true, Ordering::Relaxed);
+                }
+            });
+            if !bad_part.into_inner() {
                 return None;
             }
             return s

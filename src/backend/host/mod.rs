@@ -759,7 +759,7 @@ fn fits(t: &Tensor, ty: &TensorType) -> Result<(), String> {
 }
 
 /// Writes the feeds and the step into a program's input buffers.
-fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError> {
+fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64, pool: &Pool) -> Result<(), RunError> {
     for (view, name, node, decode) in &p.inputs {
         let node = p.graph.node(*node);
         let fail = |message: String| RunError {
@@ -779,9 +779,9 @@ fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError
                     op: d.op.name(),
                     message,
                 })?;
-                mem.write(view, &value);
+                mem.write(view, &value, pool);
             }
-            None => mem.write(view, t),
+            None => mem.write(view, t, pool),
         }
     }
     if let Some(v) = &p.step {
@@ -790,10 +790,10 @@ fn feed(p: &Program, mem: &Mem, feeds: &Feeds, step: i64) -> Result<(), RunError
     Ok(())
 }
 
-fn scan(mem: &Mem, v: &View, want: Finite) -> Option<(usize, f32)> {
+fn scan(mem: &Mem, v: &View, want: Finite, pool: &Pool) -> Option<(usize, f32)> {
     match want {
-        Finite::All => mem.first(v, |x| !x.is_finite()),
-        Finite::NoNan => mem.first(v, f32::is_nan),
+        Finite::All => mem.first(v, |x| !x.is_finite(), pool),
+        Finite::NoNan => mem.first(v, f32::is_nan, pool),
     }
 }
 
@@ -887,14 +887,14 @@ impl backend::Device for Device {
         // a variable of the same type keeps its storage (and the programs their tables)
         if let Some(v) = self.vars.get(name).filter(|v| v.ty == ty) {
             let (mem, view) = v.mem();
-            mem.write(&view, &value);
+            mem.write(&view, &value, &self.pool);
             return Ok(());
         }
         let n: usize = ty.shape.iter().product();
         let data = Storage::new(n * elem.size()).map_err(|m| format!("variable `{name}`: {m}"))?;
         let v = Var { ty, data, elem };
         let (mem, view) = v.mem();
-        mem.write(&view, &value);
+        mem.write(&view, &value, &self.pool);
         self.vars.insert(name.to_string(), v);
         self.epoch += 1;
         Ok(())
@@ -920,7 +920,7 @@ impl backend::Device for Device {
                 shard: (n > 1).then_some(shard),
                 error,
             };
-            feed(&t.p, mem, feeds, ctx.step).map_err(on)?;
+            feed(&t.p, mem, feeds, ctx.step, &self.pool).map_err(on)?;
             let env = ctx.op_env(shard);
             run_steps(g, &t.a, mem, &env, &self.pool).map_err(on)?;
             if n > 1 {
@@ -943,7 +943,7 @@ impl backend::Device for Device {
             a.iter_mut().for_each(|x| *x /= n as f32);
             mem.put_f32s(&t.views[&target], &a);
         }
-        let check = |node: NodeIndex, want: Finite| scan(mem, &t.views[&node], want);
+        let check = |node: NodeIndex, want: Finite| scan(mem, &t.views[&node], want, &self.pool);
         t.spec.check_a(check)?;
         let env = ctx.op_env(0);
         run_steps(g, &t.b, mem, &env, &self.pool)
@@ -962,14 +962,14 @@ impl backend::Device for Device {
         for (u, to) in t.spec.updates.iter().zip(&t.commits) {
             let from = &t.views[&u.node];
             match to {
-                Some(to) => mem.copy(from, to),
+                Some(to) => mem.copy(from, to, &self.pool),
                 None => later.push((u.name.clone(), mem.read(from, g.node(u.node).ty.dtype))),
             }
         }
         for (name, value) in later {
             if let Some(v) = self.vars.get(&name) {
                 let (mem, view) = v.mem();
-                mem.write(&view, &value);
+                mem.write(&view, &value, &self.pool);
             }
         }
         Ok(out)
@@ -988,7 +988,7 @@ impl backend::Device for Device {
         let r = &self.runs[exe.0];
         let g: &Graph = &r.p.graph;
         let mem = &r.p.mem;
-        feed(&r.p, mem, &feeds, ctx.step)?;
+        feed(&r.p, mem, &feeds, ctx.step, &self.pool)?;
         let env = ctx.op_env(shard);
         run_steps(g, &r.steps, mem, &env, &self.pool)?;
         Ok(r.targets
