@@ -68,7 +68,7 @@ pub fn library(
         return Err(fail(at, "the estimator's model has no predictions".into()));
     }
     let phases = vec![outputs.iter().map(|o| o.1).collect::<Vec<_>>()];
-    let lowered = lower_phases(graph, &phases, 0)?;
+    let lowered = lower_phases(graph, &phases, &[], 0)?;
     let machine = host_machine(at, cpu)?;
     let ctx = Context::create();
     let mut cg = Codegen::new(&ctx, &id, &machine.cpu, &machine.features);

@@ -71,6 +71,10 @@ pub enum Role {
     Decoded(String, NodeIndex),
     /// The global step before the step.
     Step,
+    /// The new value of a variable, written by its update into the variable's spare
+    /// storage: committing the step swaps the variable's two storages (double
+    /// buffering) instead of copying the value.
+    Next(String),
 }
 
 #[derive(Debug, Clone)]
@@ -475,7 +479,7 @@ impl Bufs {
             Role::Input(n) => self.inputs.get(n).copied(),
             Role::Decoded(_, node) => self.decoded.get(node).copied(),
             Role::Step => self.step,
-            Role::Temp => None,
+            Role::Temp | Role::Next(_) => None,
         };
         if let Some(b) = existing {
             return b;
@@ -492,7 +496,7 @@ impl Bufs {
                 self.decoded.insert(node, b);
             }
             Role::Step => self.step = Some(b),
-            Role::Temp => {}
+            Role::Temp | Role::Next(_) => {}
         }
         b
     }

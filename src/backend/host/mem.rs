@@ -91,6 +91,16 @@ impl Mem {
         self.ptrs[buf]
     }
 
+    /// Buffer `buf` is at `ptr` from now on.
+    pub fn set_ptr(&mut self, buf: usize, ptr: *mut u8) {
+        self.ptrs[buf] = ptr;
+    }
+
+    /// The number of buffers.
+    pub fn len(&self) -> usize {
+        self.ptrs.len()
+    }
+
     pub fn elem(&self, v: &View) -> Elem {
         self.elems[v.buf]
     }

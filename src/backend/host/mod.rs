@@ -51,6 +51,9 @@ struct Var {
     ty: TensorType,
     data: Storage,
     elem: Elem,
+    /// Where a train step writes the variable's next value (`Role::Next`), made when
+    /// a program first does; committing the step swaps it with `data`.
+    spare: Option<Storage>,
 }
 
 impl Var {
@@ -158,9 +161,19 @@ struct Train {
     /// Where phase A leaves each of its targets, and phase B each update and the
     /// next step.
     views: FxHashMap<NodeIndex, View>,
-    /// For each of `spec.updates`, the variable it is copied into, or none when it
-    /// goes through a tensor (it reads another variable, or no kernel reads its own).
-    commits: Vec<Option<View>>,
+    /// For each of `spec.updates`, how it reaches its variable.
+    commits: Vec<Commit>,
+}
+
+/// How a step's update reaches its variable.
+enum Commit {
+    /// The update is in the variable's spare storage (`Role::Next`): swap the two.
+    Swap(String),
+    /// Copied into the variable's buffer, through this view.
+    Copy(View),
+    /// Through a tensor, after the others: it reads another variable's storage (which
+    /// must not change under it), or no kernel reads its own.
+    Later,
 }
 
 struct Run {
@@ -186,10 +199,11 @@ impl Device {
         &self,
         graph: &Arc<Graph>,
         phases: &[Vec<NodeIndex>],
+        next: &[(NodeIndex, String)],
         at: Span,
     ) -> Result<Compiled, Diag> {
         let lowered = timed("host lower", || {
-            lower_phases(graph, phases, self.pool.threads())
+            lower_phases(graph, phases, next, self.pool.threads())
         })?;
         let llvm = |m: String| llvm_failed(at, m);
         let (objects, fns) = timed("host code", || {
@@ -358,7 +372,27 @@ fn llvm_failed(at: Span, m: String) -> Diag {
 /// one chain touches (`lower::chains`) gets one slab for each of `parts` parts of a
 /// split instead of its whole size (`Lowered::local`): the chain's kernels write and
 /// read it one slab at a time, and it stays in cache.
-fn lower_phases(graph: &Graph, phases: &[Vec<NodeIndex>], parts: usize) -> Result<Lowered, Diag> {
+/// The updates of a train step whose new values can be written into their variables'
+/// spare storage (`Role::Next`): those computed in phase B (phase A's may be averaged
+/// over shards). Each with its variable's name.
+fn swapped(spec: &TrainSpec) -> Vec<(NodeIndex, String)> {
+    spec.updates
+        .iter()
+        .filter(|u| !spec.a_targets.contains(&u.node))
+        .map(|u| (u.node, u.name.clone()))
+        .collect()
+}
+
+/// Lowers the kernels computing `phases` (each phase's targets) and plans their
+/// memory; the values of `next` (update nodes and their variables) that a kernel
+/// writes whole into a temporary of their own become the variables' next values
+/// (`Role::Next`), outside the arena.
+fn lower_phases(
+    graph: &Graph,
+    phases: &[Vec<NodeIndex>],
+    next: &[(NodeIndex, String)],
+    parts: usize,
+) -> Result<Lowered, Diag> {
     let mut bufs = Bufs::default();
     let mut views: FxHashMap<NodeIndex, View> = FxHashMap::default();
     let mut kernels = Vec::new();
@@ -382,6 +416,25 @@ fn lower_phases(graph: &Graph, phases: &[Vec<NodeIndex>], parts: usize) -> Resul
             },
         );
         kernels.push(ks);
+    }
+    // (not a buffer an earlier phase writes: phase A's are averaged over shards)
+    let earlier: Vec<usize> = (kernels.iter().rev().skip(1))
+        .flat_map(|ks| ks.iter().map(|k| k.out().buf))
+        .collect();
+    for (node, name) in next {
+        let (Some(v), Some(var)) = (views.get(node), bufs.var(name)) else {
+            continue;
+        };
+        let (b, var) = (&bufs.bufs[v.buf], &bufs.bufs[var]);
+        let whole = v.offset == 0 && v.is_contiguous() && v.len() == b.len;
+        if whole
+            && b.role == Role::Temp
+            && b.len == var.len
+            && b.elem == var.elem
+            && !earlier.contains(&v.buf)
+        {
+            bufs.bufs[v.buf].role = Role::Next(name.clone());
+        }
     }
     // every target is read after the kernels (checks, averages, the next phase)
     let pinned: Vec<usize> = views.values().map(|v| v.buf).collect();
@@ -573,7 +626,7 @@ fn object(machine: &Machine, module: &Module) -> Result<(Vec<u8>, Origin), Strin
 /// Renews a program's table of addresses (and its generated steps') when the
 /// variables' storage changed since it was made.
 fn refresh(
-    vars: &FxHashMap<String, Var>,
+    vars: &mut FxHashMap<String, Var>,
     epoch: u64,
     p: &mut Program,
     phases: &mut [&mut Vec<Step>],
@@ -581,34 +634,58 @@ fn refresh(
     if p.epoch == Some(epoch) {
         return Ok(());
     }
-    let mut ptrs = Vec::with_capacity(p.bufs.bufs.len());
-    for (b, off) in p.bufs.bufs.iter().zip(&p.plan.offsets) {
-        ptrs.push(match (&b.role, off) {
-            (Role::Var(name), _) => {
-                vars.get(name)
-                    .map(|v| v.data.ptr())
-                    .ok_or_else(|| RunError {
-                        span: Span::default(),
-                        op: "variable",
-                        message: format!("variable `{name}` has no value"),
-                    })?
+    let missing = |name: &str| RunError {
+        span: Span::default(),
+        op: "variable",
+        message: format!("variable `{name}` has no value"),
+    };
+    // in place once the tables exist: a train step whose updates swap storages
+    // renews them every step, without allocating
+    let fresh = p.mem.len() != p.bufs.bufs.len();
+    if fresh {
+        p.mem = Mem::new(
+            vec![std::ptr::null_mut(); p.bufs.bufs.len()],
+            p.bufs.bufs.iter().map(|b| b.elem).collect(),
+        );
+    }
+    for (i, (b, off)) in p.bufs.bufs.iter().zip(&p.plan.offsets).enumerate() {
+        let ptr = match (&b.role, off) {
+            (Role::Var(name), _) => vars.get(name).ok_or_else(|| missing(name))?.data.ptr(),
+            (Role::Next(name), _) => {
+                let v = vars.get_mut(name).ok_or_else(|| missing(name))?;
+                if v.spare.is_none() {
+                    let bytes = v.ty.shape.iter().product::<usize>() * v.elem.size();
+                    v.spare = Some(Storage::new(bytes).map_err(|m| RunError {
+                        message: format!("variable `{name}`'s next value: {m}"),
+                        ..missing(name)
+                    })?);
+                }
+                v.spare.as_ref().map_or(std::ptr::null_mut(), |s| s.ptr())
             }
             // SAFETY: the plan's offsets lie within the arena.
             (_, Some(off)) => unsafe { p.arena.ptr().add(*off) },
             (_, None) => unreachable!("every other buffer is planned"),
-        });
+        };
+        p.mem.set_ptr(i, ptr);
     }
-    p.mem = Mem::new(ptrs, p.bufs.bufs.iter().map(|b| b.elem).collect());
-    for steps in phases {
-        let chains = steps.iter_mut().flat_map(|s| match s {
-            Step::Chain { steps, .. } => steps.iter_mut().collect(),
-            s => vec![s],
-        });
-        for s in chains {
-            if let Step::Gen { bufs, table, .. } = s {
-                *table = bufs.iter().map(|&b| p.mem.ptr(b) as usize).collect();
+    fn tables(steps: &mut [Step], mem: &Mem) {
+        for s in steps {
+            match s {
+                Step::Chain { steps, .. } => tables(steps, mem),
+                Step::Gen { bufs, table, .. } if table.len() == bufs.len() => {
+                    for (t, &b) in table.iter_mut().zip(bufs.iter()) {
+                        *t = mem.ptr(b) as usize;
+                    }
+                }
+                Step::Gen { bufs, table, .. } => {
+                    *table = bufs.iter().map(|&b| mem.ptr(b) as usize).collect()
+                }
+                Step::Call(_) => {}
             }
         }
+    }
+    for steps in phases {
+        tables(steps, &p.mem);
     }
     p.epoch = Some(epoch);
     Ok(())
@@ -804,7 +881,12 @@ impl backend::Device for Device {
             p,
             mut phases,
             mut views,
-        } = self.compile(&graph, &[spec.a_targets.clone(), spec.b_targets()], at)?;
+        } = self.compile(
+            &graph,
+            &[spec.a_targets.clone(), spec.b_targets()],
+            &swapped(&spec),
+            at,
+        )?;
         for &(cross, operand) in &spec.cross {
             if let Some(v) = views.get(&operand).cloned() {
                 views.insert(cross, v);
@@ -815,9 +897,14 @@ impl backend::Device for Device {
         let commits = (spec.updates.iter())
             .map(|u| {
                 let from = &views[&u.node];
-                let other = matches!(&p.bufs.bufs[from.buf].role, Role::Var(n) if *n != u.name);
-                let var = p.bufs.var(&u.name).filter(|_| !other)?;
-                Some(View::contiguous(var, &from.shape))
+                match &p.bufs.bufs[from.buf].role {
+                    Role::Next(n) if *n == u.name => return Commit::Swap(n.clone()),
+                    Role::Var(n) if *n != u.name => return Commit::Later,
+                    _ => {}
+                }
+                p.bufs.var(&u.name).map_or(Commit::Later, |var| {
+                    Commit::Copy(View::contiguous(var, &from.shape))
+                })
             })
             .collect();
         self.train.push(Train {
@@ -841,7 +928,7 @@ impl backend::Device for Device {
             p,
             mut phases,
             views,
-        } = self.compile(&graph, std::slice::from_ref(&targets), at)?;
+        } = self.compile(&graph, std::slice::from_ref(&targets), &[], at)?;
         let targets = targets.iter().map(|t| (*t, views[t].clone())).collect();
         self.runs.push(Run {
             p,
@@ -892,7 +979,12 @@ impl backend::Device for Device {
         }
         let n: usize = ty.shape.iter().product();
         let data = Storage::new(n * elem.size()).map_err(|m| format!("variable `{name}`: {m}"))?;
-        let v = Var { ty, data, elem };
+        let v = Var {
+            ty,
+            data,
+            elem,
+            spare: None,
+        };
         let (mem, view) = v.mem();
         mem.write(&view, &value, &self.pool);
         self.vars.insert(name.to_string(), v);
@@ -908,8 +1000,13 @@ impl backend::Device for Device {
     ) -> Result<StepOut, StepError> {
         self.pool.wake();
         let t = &mut self.train[exe.0];
-        refresh(&self.vars, self.epoch, &mut t.p, &mut [&mut t.a, &mut t.b])
-            .map_err(|error| StepError::Run { shard: None, error })?;
+        refresh(
+            &mut self.vars,
+            self.epoch,
+            &mut t.p,
+            &mut [&mut t.a, &mut t.b],
+        )
+        .map_err(|error| StepError::Run { shard: None, error })?;
         let t = &self.train[exe.0];
         let g: &Graph = &t.p.graph;
         let mem = &t.p.mem;
@@ -959,12 +1056,27 @@ impl backend::Device for Device {
         // variable (or whose variable no kernel reads) goes through a tensor, written
         // after the others so that it sees the old values
         let mut later = Vec::new();
+        let mut swapped = false;
         for (u, to) in t.spec.updates.iter().zip(&t.commits) {
             let from = &t.views[&u.node];
             match to {
-                Some(to) => mem.copy(from, to, &self.pool),
-                None => later.push((u.name.clone(), mem.read(from, g.node(u.node).ty.dtype))),
+                Commit::Copy(to) => mem.copy(from, to, &self.pool),
+                Commit::Swap(name) => {
+                    if let Some(v) = self.vars.get_mut(name) {
+                        if let Some(spare) = &mut v.spare {
+                            std::mem::swap(&mut v.data, spare);
+                            swapped = true;
+                        }
+                    }
+                }
+                Commit::Later => {
+                    later.push((u.name.clone(), mem.read(from, g.node(u.node).ty.dtype)))
+                }
             }
+        }
+        if swapped {
+            // every program renews its addresses of the swapped storages
+            self.epoch += 1;
         }
         for (name, value) in later {
             if let Some(v) = self.vars.get(&name) {
@@ -984,7 +1096,7 @@ impl backend::Device for Device {
     ) -> Result<Vec<Tensor>, RunError> {
         self.pool.wake();
         let r = &mut self.runs[exe.0];
-        refresh(&self.vars, self.epoch, &mut r.p, &mut [&mut r.steps])?;
+        refresh(&mut self.vars, self.epoch, &mut r.p, &mut [&mut r.steps])?;
         let r = &self.runs[exe.0];
         let g: &Graph = &r.p.graph;
         let mem = &r.p.mem;
@@ -1051,7 +1163,12 @@ pub fn build(
 ) -> Result<(Report, Option<Vec<u8>>), Diag> {
     let machine = host_machine(at, cpu)?;
     let parts = crate::backend::pool::default_threads();
-    let lowered = lower_phases(graph, phases, parts)?;
+    // a train step's phases (A and B) as a device lowers them
+    let next = match phases.len() {
+        2 => swapped(&TrainSpec::new(graph, at)?),
+        _ => Vec::new(),
+    };
+    let lowered = lower_phases(graph, phases, &next, parts)?;
     let llvm = |m: String| llvm_failed(at, m);
     let ctx = Context::create();
     let (origins, stage, fns) = match emit {
@@ -1100,7 +1217,8 @@ pub fn build(
         let bytes = local.map_or(b.len * b.elem.size(), |l| l.stride * parts);
         let node = plan.producers[i].map(|n| graph.node(n));
         let (what, op, span) = match (&b.role, node) {
-            (Role::Var(_), _) => {
+            // a variable, or its spare storage for the next value
+            (Role::Var(_) | Role::Next(_), _) => {
                 variables += bytes;
                 continue;
             }

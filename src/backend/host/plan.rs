@@ -62,7 +62,7 @@ pub fn plan(bufs: &Bufs, sizes: &[usize], steps: &[Vec<&Kernel>], pinned: &[usiz
     for (i, b) in bufs.bufs.iter().enumerate() {
         let bytes = aligned(sizes[i]);
         let life = match b.role {
-            Role::Var(_) => continue,
+            Role::Var(_) | Role::Next(_) => continue,
             // read from outside the kernels: live throughout
             Role::Input(_) | Role::Decoded(..) | Role::Step => (0, end),
             // a buffer no kernel touches still gets bytes of its own
