@@ -19,6 +19,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The work (multiply-adds, or elements moved or scanned) below which a job runs on
+/// one thread: a dispatch to the pool costs about as much as this much work.
+pub const MIN_SPLIT: usize = 1 << 15;
+
 /// How long an idle worker spins before it parks.
 const SPIN: Duration = Duration::from_micros(100);
 
@@ -109,7 +113,7 @@ impl Pool {
 
     /// Runs `f(lo, hi)` over a static split of `0..len` into one part per thread, or
     /// as one part on this thread when `len` is below `min` (too little work to repay
-    /// a dispatch).
+    /// a dispatch, as `MIN_SPLIT`).
     pub fn split(&self, len: usize, min: usize, f: &(dyn Fn(usize, usize) + Sync)) {
         let parts = if len < min { 1 } else { self.threads };
         self.run(parts, &|i| {

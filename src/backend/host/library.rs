@@ -1,16 +1,18 @@
 //! `estc build --lib`: the predict graph as a shared library and a C header, for
 //! serving a model without est.
 //!
-//! The kernels are generated as for a device, except that the ones a device runs
-//! natively (GEMMs, arg-reductions) become generated loops too (`Codegen::portable`),
-//! so that the object calls nothing outside itself. A small C file generated beside
-//! it holds the rest: the memory plan as a table of offsets into one block, each
-//! kernel's table of buffer addresses, a loader reading the variables of a checkpoint
-//! (`ckpt-N.safetensors`) by name, dtype and size, and the driver running the kernels
-//! in order on one batch. `cc` (or `CC`) links the two into `lib<NAME>.so`.
+//! The kernels are generated as for a device, except for the ones a device runs
+//! natively: GEMMs and float arg-reductions become generated loops too
+//! (`Codegen::portable`), so that the object calls nothing outside itself, and the
+//! others (index work, integer ops, average pooling, fallback convolutions) become C
+//! functions of the generated C file (`c_kernels`). That file holds the rest too: the
+//! memory plan as a table of offsets into one block, each kernel's table of buffer
+//! addresses, a loader reading the variables of a checkpoint (`ckpt-N.safetensors`) by
+//! name, dtype, shape and size, and the driver running the kernels in order on one
+//! batch. `cc` (or `CC`) links the two into `lib<NAME>.so`.
 
 use super::codegen::{Codegen, KernelFn};
-use super::lower::{self, Elem, Role, View};
+use super::lower::{Elem, Kernel, Role, View};
 use super::{host_machine, llvm_failed, lower_phases};
 use crate::diag::{Code, Diag};
 use crate::ir::{DType, Graph};
@@ -35,7 +37,7 @@ pub struct Library {
 /// One kernel of the library: its function, the extent of its outer loop, and its C
 /// source when it is C of the library's source file (else it is generated code of the
 /// library's object).
-struct Kernel {
+struct LibKernel {
     f: KernelFn,
     outer: usize,
     c: Option<String>,
@@ -80,16 +82,16 @@ pub fn library(
             .map_err(|m| llvm_failed(at, m))?;
         let node = graph.node(k.node());
         let f = match (f, k) {
-            (Some(f), _) => Kernel {
+            (Some(f), _) => LibKernel {
                 f: f.0,
                 outer: f.1,
                 c: None,
             },
-            (None, lower::Kernel::Native { args, out, .. }) => {
+            (None, Kernel::Native { args, out, .. }) => {
                 let (code, f) =
                     c_kernels::c_kernel(&name, &node.op, node.ty.dtype, args, out, &lowered.bufs)
                         .map_err(|m| fail(node.span, m))?;
-                Kernel {
+                LibKernel {
                     f,
                     outer: 1,
                     c: Some(code),
@@ -344,7 +346,7 @@ fn source(
     id: &str,
     offsets: &[usize],
     bytes: usize,
-    kernels: &[Kernel],
+    kernels: &[LibKernel],
     vars: &[(String, &str, Vec<usize>, usize, usize)],
     inputs: &[Port],
     outs: &[Port],

@@ -3,14 +3,10 @@
 //! by the executable), with typed access for the native kernels and the seam.
 
 use super::lower::{Elem, View};
-use crate::backend::pool::Pool;
+use crate::backend::pool::{Pool, MIN_SPLIT};
 use crate::ir::DType;
 use crate::tensor::{Data, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// The elements (of 4 bytes) below which a copy or a scan of memory stays on one
-/// thread: a dispatch to the pool costs about as much as moving this many.
-const SPLIT: usize = 1 << 15;
 
 /// Zeroed, page-aligned bytes that never move: an anonymous mapping, so that the
 /// kernel zeroes each page on its first touch and nothing zeroes it twice (a zeroed
@@ -266,7 +262,7 @@ impl Mem {
         match &t.data {
             Data::F(a) => match a.as_slice() {
                 // a batch as the pipeline stacks it: one copy, split over the threads
-                Some(src) if src.len() == v.len() => pool.split(src.len(), SPLIT, &|lo, hi| {
+                Some(src) if src.len() == v.len() => pool.split(src.len(), MIN_SPLIT, &|lo, hi| {
                     self.f32s_part(v, lo, hi).copy_from_slice(&src[lo..hi])
                 }),
                 _ => {
@@ -296,7 +292,7 @@ impl Mem {
             let src = self.bytes(from).as_ptr() as usize;
             let dst = self.bytes_mut(to);
             let (at, len) = (dst.as_mut_ptr() as usize, dst.len());
-            pool.split(len, SPLIT * 4, &|lo, hi| {
+            pool.split(len, MIN_SPLIT * 4, &|lo, hi| {
                 // SAFETY: both ranges lie within their buffers; they may overlap only
                 // when they are the same range (a variable kept as it was), which copy
                 // allows; the threads' parts are disjoint.
@@ -324,7 +320,7 @@ impl Mem {
             // the common case, all finite, is one vectorised pass (split over the
             // threads)
             let bad_part = AtomicBool::new(false);
-            pool.split(s.len(), SPLIT, &|lo, hi| {
+            pool.split(s.len(), MIN_SPLIT, &|lo, hi| {
                 if !crate::tensor::all_finite(&s[lo..hi]) {
                     bad_part.store(true, Ordering::Relaxed);
                 }

@@ -367,11 +367,6 @@ fn llvm_failed(at: Span, m: String) -> Diag {
     .help("this is a compiler bug; run it with `--target interp` meanwhile")
 }
 
-/// Lowers the nodes computing each phase's targets (a phase may read the targets of
-/// the ones before it) and plans their memory. With `parts` > 0, a buffer that only
-/// one chain touches (`lower::chains`) gets one slab for each of `parts` parts of a
-/// split instead of its whole size (`Lowered::local`): the chain's kernels write and
-/// read it one slab at a time, and it stays in cache.
 /// The updates of a train step whose new values can be written into their variables'
 /// spare storage (`Role::Next`): those computed in phase B (phase A's may be averaged
 /// over shards). Each with its variable's name.
@@ -383,10 +378,13 @@ fn swapped(spec: &TrainSpec) -> Vec<(NodeIndex, String)> {
         .collect()
 }
 
-/// Lowers the kernels computing `phases` (each phase's targets) and plans their
-/// memory; the values of `next` (update nodes and their variables) that a kernel
-/// writes whole into a temporary of their own become the variables' next values
-/// (`Role::Next`), outside the arena.
+/// Lowers the nodes computing each phase's targets (a phase may read the targets of
+/// the ones before it) and plans their memory. The values of `next` (update nodes and
+/// their variables) that a kernel writes whole into a temporary of their own become
+/// the variables' next values (`Role::Next`), outside the arena. With `parts` > 0, a
+/// buffer that only one chain touches (`lower::chains`) gets one slab for each of
+/// `parts` parts of a split instead of its whole size (`Lowered::local`): the chain's
+/// kernels write and read it one slab at a time, and it stays in cache.
 fn lower_phases(
     graph: &Graph,
     phases: &[Vec<NodeIndex>],
@@ -653,14 +651,17 @@ fn refresh(
             (Role::Var(name), _) => vars.get(name).ok_or_else(|| missing(name))?.data.ptr(),
             (Role::Next(name), _) => {
                 let v = vars.get_mut(name).ok_or_else(|| missing(name))?;
-                if v.spare.is_none() {
-                    let bytes = v.ty.shape.iter().product::<usize>() * v.elem.size();
-                    v.spare = Some(Storage::new(bytes).map_err(|m| RunError {
-                        message: format!("variable `{name}`'s next value: {m}"),
-                        ..missing(name)
-                    })?);
-                }
-                v.spare.as_ref().map_or(std::ptr::null_mut(), |s| s.ptr())
+                let spare = match &mut v.spare {
+                    Some(s) => s,
+                    None => {
+                        let bytes = v.ty.shape.iter().product::<usize>() * v.elem.size();
+                        v.spare.insert(Storage::new(bytes).map_err(|m| RunError {
+                            message: format!("variable `{name}`'s next value: {m}"),
+                            ..missing(name)
+                        })?)
+                    }
+                };
+                spare.ptr()
             }
             // SAFETY: the plan's offsets lie within the arena.
             (_, Some(off)) => unsafe { p.arena.ptr().add(*off) },
@@ -1062,6 +1063,7 @@ impl backend::Device for Device {
             match to {
                 Commit::Copy(to) => mem.copy(from, to, &self.pool),
                 Commit::Swap(name) => {
+                    // (`refresh` made the spare storage this step's kernels wrote)
                     if let Some(v) = self.vars.get_mut(name) {
                         if let Some(spare) = &mut v.spare {
                             std::mem::swap(&mut v.data, spare);

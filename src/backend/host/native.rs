@@ -9,7 +9,7 @@
 use super::lower::{Elem, Kernel, View};
 use super::mem::Mem;
 use crate::backend::interp::OpEnv;
-use crate::backend::pool::{part, Pool};
+use crate::backend::pool::{part, Pool, MIN_SPLIT};
 use crate::backend::window::Geo;
 use crate::ir::float;
 use crate::ir::{DType, Graph, Op};
@@ -321,10 +321,6 @@ pub fn matmul(a: &View, b: &View, out: &View, dtype: DType, mem: &Mem, pool: &Po
     }
     round(mem.f32s_mut(out), dtype);
 }
-
-/// The work (multiply-adds, or elements) below which a kernel runs on one thread: a
-/// dispatch to the pool costs about as much as this much work.
-const MIN_SPLIT: usize = 1 << 15;
 
 /// A strided f32 matrix: the address of its first element, its row and column strides.
 #[derive(Clone, Copy)]

@@ -206,7 +206,7 @@ fn windows(g: &Geo, out_c: usize, init: &str, tap: &str, done: &str) -> String {
     format!(
         "  for (size_t b = 0; b < {n}; b++)\n  for (size_t oi = 0; oi < {oh}; oi++)\n  \
          for (size_t oj = 0; oj < {ow}; oj++) {{\n    \
-         {ty} *y = o + ((b * {oh} + oi) * {ow} + oj) * {out_c};\n    size_t taps = 0;\n\
+         float *y = o + ((b * {oh} + oi) * {ow} + oj) * {out_c};\n    size_t taps = 0;\n\
          {init}    for (size_t ki = 0; ki < {kh}; ki++) {{\n      \
          int64_t i = (int64_t)(oi * {sh} + ki * {dh}) - {pt};\n      \
          if (i < 0 || i >= {h}) continue;\n      \
@@ -214,8 +214,7 @@ fn windows(g: &Geo, out_c: usize, init: &str, tap: &str, done: &str) -> String {
          int64_t j = (int64_t)(oj * {sw} + kj * {dw}) - {pl};\n        \
          const float *xs;\n        if (j < 0 || j >= {w}) continue;\n        \
          xs = a0 + ((b * {h} + (size_t)i) * {w} + (size_t)j) * {c};\n{tap}        \
-         taps++;\n      }}\n    }}\n{done}  }}\n",
-        ty = "float"
+         taps++;\n      }}\n    }}\n{done}  }}\n"
     )
 }
 
