@@ -6,7 +6,8 @@
 //! value into a fused multiply-add per vector. The filter gradient keeps a block of
 //! filter taps (kernel column and input channel) by output-channel vectors in
 //! registers and streams the output pixels of one image at a time through them,
-//! accumulating into the output (which stays in cache). Both skip the kernel rows
+//! accumulating into the output (which stays in cache); each image serves all of a
+//! thread's blocks before the next is read. Both skip the kernel rows
 //! that fall in the padding, and every output element is summed whole by one task in a
 //! fixed order, so splitting over threads changes no result.
 
@@ -267,12 +268,17 @@ impl<'c> Codegen<'c> {
         let cb = (ACC / d.block()).min(taps);
         let (full, rest) = (taps / cb, taps % cb);
         let zero = self.i64c(0);
-        self.counted(c.f, start, end, &mut |cg, t| {
+        // task t is kernel row t / blocks, channel block t % blocks
+        let task = |cg: &mut Self, t: IntValue<'c>| -> R<[IntValue<'c>; 2]> {
             let blocks = cg.i64c(d.blocks() as i64);
             let ky = e(cg.b.build_int_unsigned_div(t, blocks, "ky"))?;
             let b = e(cg.b.build_int_unsigned_rem(t, blocks, "b"))?;
+            Ok([ky, b])
+        };
+        // out[ky, .., b·ob·LANES ..] starts at zero
+        self.counted(c.f, start, end, &mut |cg, t| {
+            let [ky, b] = task(cg, t)?;
             let base = cg.mad(b, d.block() * LANES, zero)?;
-            // out[ky, .., b·ob·LANES ..] starts at zero
             cg.counted(c.f, zero, cg.i64c(taps as i64), &mut |cg, q| {
                 let at = cg.mad(cg.mad(ky, taps, q)?, d.o, base)?;
                 for j in 0..d.block() {
@@ -280,9 +286,14 @@ impl<'c> Codegen<'c> {
                     cg.vstore(c.out, cg.add(at, cg.i64c((j * LANES) as i64))?, v)?;
                 }
                 Ok(())
-            })?;
-            // image by image (its input and gradient stay in cache for every block)
-            cg.counted(c.f, zero, cg.i64c(d.g.n as i64), &mut |cg, n| {
+            })
+        })?;
+        // image by image, every task of the range: the image's input and gradient are
+        // read from memory once and stay in cache for all of them (task by task, the
+        // whole batch would stream through the cache once per task)
+        self.counted(c.f, zero, self.i64c(d.g.n as i64), &mut |cg, n| {
+            cg.counted(c.f, start, end, &mut |cg, t| {
+                let [ky, b] = task(cg, t)?;
                 cg.counted(c.f, zero, cg.i64c(full as i64), &mut |cg, q| {
                     let q = cg.mad(q, cb, zero)?;
                     cg.filter_block(c, [n, ky, b, q], cb)
