@@ -354,9 +354,11 @@ impl Ad<'_> {
                 }
                 UnaryOp::Relu => {
                     // Through where relu passed x on: x > 0, or x NaN (ir::float), that
-                    // is, wherever `x <= 0` is false.
+                    // is, wherever `y <= 0` is false. Asked of the result rather than
+                    // of x (the same answer), so that x need not be kept: the ops
+                    // making x fuse into relu's loop.
                     let zero = self.konst(0.0, node.ty.dtype, sp);
-                    let stop = self.cmp(BinaryOp::Le, x, zero, sp);
+                    let stop = self.cmp(BinaryOp::Le, y, zero, sp);
                     let z = self.zeros(self.ty(dy), sp);
                     self.select(stop, z, dy, sp)
                 }

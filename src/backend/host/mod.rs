@@ -711,7 +711,11 @@ fn splits(k: &Kernel, g: &Graph) -> bool {
         },
         Kernel::Softmax { x, .. } => x.len(),
         Kernel::MatMul { .. } | Kernel::Native { .. } => return false,
-        // every task of a convolution writes its own outputs
+        // every task of a convolution writes its own outputs; a filter gradient's
+        // work is in its sum over every output pixel
+        Kernel::Conv {
+            filter: true, k, ..
+        } => k.len(),
         Kernel::Conv { out, .. } | Kernel::Pad { out, .. } | Kernel::MaxPool { out, .. } => {
             out.len()
         }
