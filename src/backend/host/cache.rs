@@ -14,7 +14,7 @@
 //! `$HOME/.cache/est`; `EST_CACHE_DIR=off` turns it off. It keeps at most
 //! `MAX_BYTES`: after a write, the least recently written entries go first.
 
-use super::jit::{Machine, PIPELINE};
+use super::jit::{recipe, Machine};
 use crate::hash::{fnv1a, FNV_OFFSET};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -58,7 +58,7 @@ impl Key {
             triple: m.triple.clone(),
             cpu: m.cpu.clone(),
             features: m.features.clone(),
-            pipeline: PIPELINE.to_string(),
+            pipeline: recipe(),
             llvm: llvm_version(),
             est: env!("CARGO_PKG_VERSION").to_string(),
         }
@@ -224,7 +224,7 @@ mod tests {
             triple: "x86_64-pc-linux-gnu".into(),
             cpu: "znver3".into(),
             features: "+avx2".into(),
-            pipeline: PIPELINE.into(),
+            pipeline: recipe(),
             llvm: "19.1.7".into(),
             est: "0.1.0".into(),
         }
