@@ -30,8 +30,8 @@ use std::sync::OnceLock;
 ///
 /// Measured on this machine against `default<O2>` without unrolling, its predecessor
 /// (mnist_cnn's train step, `EST_TIME_PASSES=1 estc build`): optimising took
-/// 80-140 ms per part and now 30-50 ms, and with `CODEGEN_ARGS` emitting 70-100 ms
-/// and now 45-75 ms; training speed stayed the same (fc_mnist 586-600 and 592 steps/s,
+/// 80-140 ms per part and now 25-35 ms, and with `CODEGEN_ARGS` emitting 70-100 ms
+/// and now 55-70 ms; training speed stayed the same (fc_mnist 586-600 and 592 steps/s,
 /// mnist_cnn 13.1-13.3 and 13.2, 1 thread, alternating runs). The O2 passes left out
 /// (inlining, IndVarSimplify, loop unswitching, SLP, GVN, jump threading, ...) cost
 /// time and bought nothing measurable on these kernels.
@@ -43,13 +43,25 @@ pub const PIPELINE: &str = "function(sroa,early-cse,simplifycfg,instcombine<no-v
 /// their operands with constant offsets from a few pointers already).
 const CODEGEN_ARGS: &[&str] = &["-disable-lsr"];
 
+/// LLVM's options for this process: `CODEGEN_ARGS`, then `EST_LLVM_ARGS`'s, read once.
+fn llvm_args() -> &'static [String] {
+    static ARGS: OnceLock<Vec<String>> = OnceLock::new();
+    ARGS.get_or_init(|| {
+        let user = std::env::var("EST_LLVM_ARGS").unwrap_or_default();
+        (CODEGEN_ARGS.iter().copied())
+            .chain(user.split_whitespace())
+            .map(String::from)
+            .collect()
+    })
+}
+
 /// Everything besides the module and the CPU that decides the code: the pipeline and
 /// LLVM's options (part of the cache's key).
 pub fn recipe() -> String {
-    let user = std::env::var("EST_LLVM_ARGS").unwrap_or_default();
-    format!("{PIPELINE} {} {user}", CODEGEN_ARGS.join(" "))
-        .trim_end()
-        .to_string()
+    std::iter::once(PIPELINE.to_string())
+        .chain(llvm_args().iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A code generator for one CPU.
@@ -66,10 +78,8 @@ pub struct Machine {
 fn init() -> Result<(), String> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
-        let user = std::env::var("EST_LLVM_ARGS").unwrap_or_default();
         let args: Vec<CString> = std::iter::once("est")
-            .chain(CODEGEN_ARGS.iter().copied())
-            .chain(user.split_whitespace())
+            .chain(llvm_args().iter().map(String::as_str))
             .filter_map(|s| CString::new(s).ok())
             .collect();
         let ptrs: Vec<*const std::ffi::c_char> = args.iter().map(|a| a.as_ptr()).collect();

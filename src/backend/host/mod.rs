@@ -23,7 +23,7 @@ mod plan;
 mod profile;
 
 use crate::backend::interp::OpEnv;
-use crate::backend::pool::{part, Pool};
+use crate::backend::pool::{part, Pool, MIN_SPLIT};
 use crate::backend::{
     self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
 };
@@ -673,13 +673,10 @@ fn refresh(
         for s in steps {
             match s {
                 Step::Chain { steps, .. } => tables(steps, mem),
-                Step::Gen { bufs, table, .. } if table.len() == bufs.len() => {
-                    for (t, &b) in table.iter_mut().zip(bufs.iter()) {
-                        *t = mem.ptr(b) as usize;
-                    }
-                }
+                // (allocates only the first time: the table keeps its capacity)
                 Step::Gen { bufs, table, .. } => {
-                    *table = bufs.iter().map(|&b| mem.ptr(b) as usize).collect()
+                    table.clear();
+                    table.extend(bufs.iter().map(|&b| mem.ptr(b) as usize));
                 }
                 Step::Call(_) => {}
             }
@@ -720,7 +717,7 @@ fn splits(k: &Kernel, g: &Graph) -> bool {
             out.len()
         }
     };
-    work >= 1 << 15 && k.outer(g) > 1
+    work >= MIN_SPLIT && k.outer(g) > 1
 }
 
 /// Runs steps; an op's failure is a `RunError` naming it.
