@@ -43,6 +43,14 @@ pub const PIPELINE: &str = "function(sroa,early-cse,simplifycfg,instcombine<no-v
 /// their operands with constant offsets from a few pointers already).
 const CODEGEN_ARGS: &[&str] = &["-disable-lsr"];
 
+/// The code generator's optimisation level: `Less` (llc's -O1) rather than
+/// `Aggressive` cut emitting mnist_cnn's train step by 12% (113 against 128-142 ms in
+/// one part, `EST_TIME_PASSES=1 estc build`) at the same training speed (mnist_cnn
+/// 13.6 steps/s either way, fc_mnist 589-620, alternating runs at 1 thread): what the
+/// higher levels add (more scheduling and register allocation effort) buys nothing on
+/// loops that the IR pipeline already shaped.
+const CODEGEN_LEVEL: OptimizationLevel = OptimizationLevel::Less;
+
 /// LLVM's options for this process: `CODEGEN_ARGS`, then `EST_LLVM_ARGS`'s, read once.
 fn llvm_args() -> &'static [String] {
     static ARGS: OnceLock<Vec<String>> = OnceLock::new();
@@ -55,10 +63,11 @@ fn llvm_args() -> &'static [String] {
     })
 }
 
-/// Everything besides the module and the CPU that decides the code: the pipeline and
-/// LLVM's options (part of the cache's key).
+/// Everything besides the module and the CPU that decides the code: the pipeline, the
+/// code generator's level and LLVM's options (part of the cache's key).
 pub fn recipe() -> String {
-    std::iter::once(PIPELINE.to_string())
+    [PIPELINE.to_string(), format!("-O{}", CODEGEN_LEVEL as u32)]
+        .into_iter()
         .chain(llvm_args().iter().cloned())
         .collect::<Vec<_>>()
         .join(" ")
@@ -128,7 +137,7 @@ impl Machine {
                 &triple,
                 cpu,
                 features,
-                OptimizationLevel::Aggressive,
+                CODEGEN_LEVEL,
                 RelocMode::PIC,
                 CodeModel::Default,
             )
