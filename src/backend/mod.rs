@@ -29,6 +29,7 @@
 pub mod host;
 pub mod interp;
 pub mod pool;
+pub mod wafer;
 pub mod window;
 
 use crate::diag::{Code, Diag};

@@ -1,0 +1,77 @@
+//! The only cycle formulas: what a vector operation and a fabric stream cost on a
+//! fabric (`../shared/wafer/design.md` §1.2). The simulator times every operation with
+//! them, and the kernels' cost models (which size the rectangles) are built from them,
+//! so that the two cannot disagree about a primitive.
+
+use super::fabric::Fabric;
+use super::isa::VecOp;
+
+/// Bytes per SRAM word (f32).
+pub const WORD: u32 = 4;
+
+/// Cycles per step of `lanes` elements of an operation reading `reads` vectors from
+/// SRAM and writing `writes` (0 or 1): one, or more when the SRAM ports cannot feed it.
+pub fn cycles_per_step(f: &Fabric, lanes: u32, reads: u32, writes: u32) -> u64 {
+    let read = (reads * lanes * WORD).div_ceil(f.sram_read_bytes);
+    let write = (writes * lanes * WORD).div_ceil(f.sram_write_bytes);
+    u64::from(read.max(write).max(1))
+}
+
+/// Cycles of a vector operation over `n` f32 elements, `reads` of whose sources are
+/// SRAM vectors and whose result goes to SRAM when `writes` (else to the fabric), with
+/// every fabric operand ready: the start-up, then one step per `fp32_lanes` elements
+/// (or `software_op` cycles per element for the operations done in software).
+pub fn vec_op(f: &Fabric, op: VecOp, n: u32, reads: u32, writes: bool) -> u64 {
+    let start = u64::from(f.dsd_startup);
+    if op.software() {
+        return start + u64::from(n) * u64::from(f.software_op);
+    }
+    let lanes = f.fp32_lanes;
+    start + u64::from(n.div_ceil(lanes)) * cycles_per_step(f, lanes, reads, u32::from(writes))
+}
+
+/// Cycles between element steps of an operation: `vec_op` without its start-up, per
+/// step of `fp32_lanes` elements.
+pub fn step(f: &Fabric, op: VecOp, reads: u32, writes: bool) -> u64 {
+    if op.software() {
+        u64::from(f.software_op)
+    } else {
+        cycles_per_step(f, f.fp32_lanes, reads, u32::from(writes))
+    }
+}
+
+/// Cycles from a wavelet leaving a PE to its arrival in the input queue of a PE `hops`
+/// links away: up the source's ramp, across the links, down the destination's ramp.
+pub fn latency(f: &Fabric, hops: u32) -> u64 {
+    2 * u64::from(f.ramp_latency) + u64::from(hops) * u64::from(f.hop_latency)
+}
+
+/// Cycles of a stream of `n` f32 values over `hops` links without contention: one
+/// wavelet per cycle, the last one arriving `latency` after it left.
+pub fn stream(f: &Fabric, n: u32, hops: u32) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    u64::from(n - 1) + latency(f, hops) + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn primitives_match_hand_computed_cycles() {
+        let f = Fabric::named("test32").unwrap();
+        // fp32, one lane: start-up 5, then one cycle per element (3 x 4 bytes read fit
+        // the 16-byte ports)
+        assert_eq!(vec_op(&f, VecOp::Fmac, 64, 3, true), 5 + 64);
+        // software exp: 20 cycles per element
+        assert_eq!(vec_op(&f, VecOp::Exp, 10, 1, true), 5 + 200);
+        // a 4-lane unit reading 3 vectors needs 48 bytes per step from 16-byte ports
+        assert_eq!(cycles_per_step(&f, 4, 3, 1), 3);
+        assert_eq!(cycles_per_step(&f, 4, 2, 1), 2);
+        // 2 ramps of 2 cycles and 3 hops
+        assert_eq!(latency(&f, 3), 7);
+        assert_eq!(stream(&f, 10, 3), 9 + 7 + 1);
+    }
+}

@@ -1,0 +1,484 @@
+//! The PE instruction set, in the spirit of Cerebras's CSL: a program is a set of tasks
+//! over a memory map of named buffers; a task runs when a wavelet waits on its colour
+//! (a data task) or when another task activated it (a local task); its body is vector
+//! operations over descriptors (DSDs) of SRAM (base, length, stride) or of the fabric
+//! (the next wavelets to receive on, or send on, a colour).
+//!
+//! SRAM holds 32-bit words (f32 values); addresses and lengths count words. A memory
+//! descriptor's address is affine in the counters of the loops around it:
+//! element `i` of `Mem { base, len, stride, step }` inside loops with counters
+//! `c0, c1, ...` (outermost first) is at `base + i * stride + sum_d c_d * step[d]`.
+
+use std::fmt;
+
+/// A colour (virtual channel) of the fabric.
+pub type Colour = u8;
+
+/// A task's number within its program: also its priority (lower runs first).
+pub type TaskId = u8;
+
+/// A vector operand or destination.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dsd {
+    /// `len` words of SRAM (see the module's doc for the address).
+    Mem {
+        base: u32,
+        len: u32,
+        stride: i32,
+        /// Per enclosing loop (outermost first): how far the base moves per iteration.
+        step: Vec<i32>,
+    },
+    /// The next `len` wavelets that arrive on `colour`.
+    In { colour: Colour, len: u32 },
+    /// `len` wavelets sent on `colour`.
+    Out { colour: Colour, len: u32 },
+}
+
+impl Dsd {
+    /// `len` contiguous words at `base`.
+    pub fn mem(base: u32, len: u32) -> Dsd {
+        Dsd::Mem {
+            base,
+            len,
+            stride: 1,
+            step: Vec::new(),
+        }
+    }
+
+    /// The elements it describes.
+    pub fn len(&self) -> u32 {
+        match self {
+            Dsd::Mem { len, .. } | Dsd::In { len, .. } | Dsd::Out { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The word of element `i` of a memory descriptor under loop counters `counters`.
+    pub fn addr(base: u32, stride: i32, step: &[i32], i: u32, counters: &[u32]) -> i64 {
+        let mut a = i64::from(base) + i64::from(i) * i64::from(stride);
+        for (s, c) in step.iter().zip(counters) {
+            a += i64::from(*s) * i64::from(*c);
+        }
+        a
+    }
+}
+
+/// A scalar or vector source.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Src {
+    /// A vector, element by element.
+    V(Dsd),
+    /// One SRAM word, the same for every element.
+    Scalar(u32),
+    /// One wavelet received on a colour, the same for every element.
+    Recv(Colour),
+    /// A constant.
+    Imm(f32),
+}
+
+/// What a vector operation computes per element from its sources `a, b, c`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VecOp {
+    /// `a`
+    Mov,
+    /// `a + b * c` (multiply-accumulate)
+    Fmac,
+    Add,
+    Sub,
+    Mul,
+    Max,
+    Min,
+    /// `-a`
+    Neg,
+    /// `max(a, 0)`
+    Relu,
+    /// `if a > 0 { b } else { 0 }`: a gradient through ReLU (`a` the ReLU's output)
+    ReluGrad,
+    /// `a / b` (in software)
+    Div,
+    /// `exp(a)` (in software)
+    Exp,
+    /// `ln(a)` (in software)
+    Log,
+}
+
+impl VecOp {
+    /// The sources it reads.
+    pub fn arity(self) -> usize {
+        match self {
+            VecOp::Mov | VecOp::Neg | VecOp::Relu | VecOp::Exp | VecOp::Log => 1,
+            VecOp::Fmac => 3,
+            _ => 2,
+        }
+    }
+
+    /// Whether the PE computes it in software, element by element, rather than on its
+    /// SIMD units.
+    pub fn software(self) -> bool {
+        matches!(self, VecOp::Div | VecOp::Exp | VecOp::Log)
+    }
+
+    /// The value of one element, computed in f32 as the interpreter does.
+    pub fn apply(self, a: f32, b: f32, c: f32) -> f32 {
+        match self {
+            VecOp::Mov => a,
+            VecOp::Fmac => a + b * c,
+            VecOp::Add => a + b,
+            VecOp::Sub => a - b,
+            VecOp::Mul => a * b,
+            VecOp::Max => {
+                if a.is_nan() || a >= b {
+                    a
+                } else {
+                    b
+                }
+            }
+            VecOp::Min => {
+                if a.is_nan() || a <= b {
+                    a
+                } else {
+                    b
+                }
+            }
+            VecOp::Neg => -a,
+            VecOp::Relu => {
+                if a > 0.0 {
+                    a
+                } else {
+                    0.0
+                }
+            }
+            VecOp::ReluGrad => {
+                if a > 0.0 {
+                    b
+                } else {
+                    0.0
+                }
+            }
+            VecOp::Div => a / b,
+            VecOp::Exp => a.exp(),
+            VecOp::Log => a.ln(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            VecOp::Mov => "mov",
+            VecOp::Fmac => "fmac",
+            VecOp::Add => "add",
+            VecOp::Sub => "sub",
+            VecOp::Mul => "mul",
+            VecOp::Max => "max",
+            VecOp::Min => "min",
+            VecOp::Neg => "neg",
+            VecOp::Relu => "relu",
+            VecOp::ReluGrad => "relu_grad",
+            VecOp::Div => "div",
+            VecOp::Exp => "exp",
+            VecOp::Log => "log",
+        }
+    }
+}
+
+/// One instruction of a task's body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Instr {
+    /// `dst[i] = op(srcs[0][i], srcs[1][i], srcs[2][i])` for every element of `dst`.
+    Vec { op: VecOp, dst: Dsd, srcs: Vec<Src> },
+    /// `body`, `count` times; the memory descriptors inside advance by their `step`.
+    Loop { count: u32, body: Vec<Instr> },
+    /// Marks a local task ready to run.
+    Activate(TaskId),
+    /// Adds one to counter `counter`; when it reaches `every`, resets it and activates
+    /// `then` (a task that runs once per `every` runs of this one).
+    Count {
+        counter: u8,
+        every: u32,
+        then: TaskId,
+    },
+}
+
+/// What starts a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A wavelet waiting on this colour.
+    Data(Colour),
+    /// An `Activate` (or `Count`) of another task, or the program's start.
+    Local { at_start: bool },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    pub id: TaskId,
+    pub name: String,
+    pub trigger: Trigger,
+    pub body: Vec<Instr>,
+}
+
+/// A named buffer of a PE's memory map.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Symbol {
+    pub name: String,
+    pub base: u32,
+    pub len: u32,
+}
+
+/// A PE's program: its tasks and memory map.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Program {
+    pub tasks: Vec<Task>,
+    pub symbols: Vec<Symbol>,
+}
+
+impl Program {
+    /// The SRAM words its memory map spans.
+    pub fn words(&self) -> u32 {
+        self.symbols
+            .iter()
+            .map(|s| s.base + s.len)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Adds a buffer of `len` words after the last one; returns its base.
+    pub fn alloc(&mut self, name: &str, len: u32) -> u32 {
+        let base = self.words();
+        self.symbols.push(Symbol {
+            name: name.to_string(),
+            base,
+            len,
+        });
+        base
+    }
+
+    /// The buffer holding word `addr`, if any.
+    pub fn symbol_at(&self, addr: u32) -> Option<&Symbol> {
+        self.symbols
+            .iter()
+            .find(|s| addr >= s.base && addr < s.base + s.len)
+    }
+
+    /// Why the program is malformed, if it is: a task id used twice or not found, a
+    /// loop deeper than its descriptors' steps say, an operation with the wrong number
+    /// of sources or lengths that disagree.
+    pub fn check(&self) -> Result<(), String> {
+        for (i, t) in self.tasks.iter().enumerate() {
+            if self.tasks[..i].iter().any(|u| u.id == t.id) {
+                return Err(format!("task {} is defined twice", t.id));
+            }
+        }
+        let known = |id: TaskId| self.tasks.iter().any(|t| t.id == id);
+        fn walk(
+            body: &[Instr],
+            depth: usize,
+            known: &dyn Fn(TaskId) -> bool,
+        ) -> Result<(), String> {
+            for ins in body {
+                match ins {
+                    Instr::Vec { op, dst, srcs } => {
+                        if srcs.len() != op.arity() {
+                            return Err(format!(
+                                "`{}` takes {} sources, not {}",
+                                op.name(),
+                                op.arity(),
+                                srcs.len()
+                            ));
+                        }
+                        if matches!(dst, Dsd::In { .. }) {
+                            return Err(format!("`{}` writes to a fabric input", op.name()));
+                        }
+                        for s in srcs {
+                            match s {
+                                Src::V(Dsd::Out { .. }) => {
+                                    return Err(format!(
+                                        "`{}` reads from a fabric output",
+                                        op.name()
+                                    ))
+                                }
+                                Src::V(d) if d.len() != dst.len() => {
+                                    return Err(format!(
+                                        "`{}` has a source of {} elements for {}",
+                                        op.name(),
+                                        d.len(),
+                                        dst.len()
+                                    ))
+                                }
+                                _ => {}
+                            }
+                        }
+                        let deep = std::iter::once(dst)
+                            .chain(srcs.iter().filter_map(|s| match s {
+                                Src::V(d) => Some(d),
+                                _ => None,
+                            }))
+                            .any(|d| matches!(d, Dsd::Mem { step, .. } if step.len() > depth));
+                        if deep {
+                            return Err(format!(
+                                "`{}` steps over more loops than the {depth} around it",
+                                op.name()
+                            ));
+                        }
+                    }
+                    Instr::Loop { body, .. } => walk(body, depth + 1, known)?,
+                    Instr::Activate(id) | Instr::Count { then: id, .. } => {
+                        if !known(*id) {
+                            return Err(format!("task {id} does not exist"));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        for t in &self.tasks {
+            walk(&t.body, 0, &known).map_err(|e| format!("task {}: {e}", t.name))?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Dsd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dsd::Mem {
+                base,
+                len,
+                stride,
+                step,
+            } => {
+                write!(f, "mem[{base}")?;
+                for (d, s) in step.iter().enumerate() {
+                    if *s != 0 {
+                        write!(f, " + {s}*i{d}")?;
+                    }
+                }
+                write!(f, "; {len}")?;
+                if *stride != 1 {
+                    write!(f, " by {stride}")?;
+                }
+                write!(f, "]")
+            }
+            Dsd::In { colour, len } => write!(f, "in(c{colour}; {len})"),
+            Dsd::Out { colour, len } => write!(f, "out(c{colour}; {len})"),
+        }
+    }
+}
+
+impl fmt::Display for Src {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Src::V(d) => write!(f, "{d}"),
+            Src::Scalar(a) => write!(f, "mem[{a}]"),
+            Src::Recv(c) => write!(f, "recv(c{c})"),
+            Src::Imm(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+fn write_body(f: &mut fmt::Formatter<'_>, body: &[Instr], indent: usize) -> fmt::Result {
+    let pad = "  ".repeat(indent);
+    for ins in body {
+        match ins {
+            Instr::Vec { op, dst, srcs } => {
+                write!(f, "{pad}{:<9} {dst}", op.name())?;
+                for s in srcs {
+                    write!(f, ", {s}")?;
+                }
+                writeln!(f)?;
+            }
+            Instr::Loop { count, body } => {
+                writeln!(f, "{pad}loop i{} in 0..{count}", indent - 1)?;
+                write_body(f, body, indent + 1)?;
+            }
+            Instr::Activate(t) => writeln!(f, "{pad}activate  t{t}")?,
+            Instr::Count {
+                counter,
+                every,
+                then,
+            } => writeln!(f, "{pad}count     n{counter}, every {every} -> t{then}")?,
+        }
+    }
+    Ok(())
+}
+
+impl fmt::Display for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "memory ({} words):", self.words())?;
+        for s in &self.symbols {
+            writeln!(f, "  {:>6} .. {:<6} {}", s.base, s.base + s.len, s.name)?;
+        }
+        for t in &self.tasks {
+            let trigger = match t.trigger {
+                Trigger::Data(c) => format!("on c{c}"),
+                Trigger::Local { at_start: true } => "local, at start".into(),
+                Trigger::Local { at_start: false } => "local".into(),
+            };
+            writeln!(f, "task t{} {} ({trigger}):", t.id, t.name)?;
+            write_body(f, &t.body, 1)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gemv_column() -> Program {
+        // y[0..4] += W[k][0..4] * x_k for the 3 values x_k arriving on colour 1
+        let mut p = Program::default();
+        let w = p.alloc("W", 12);
+        let y = p.alloc("y", 4);
+        p.tasks.push(Task {
+            id: 0,
+            name: "forward".into(),
+            trigger: Trigger::Data(1),
+            body: vec![Instr::Loop {
+                count: 3,
+                body: vec![Instr::Vec {
+                    op: VecOp::Fmac,
+                    dst: Dsd::mem(y, 4),
+                    srcs: vec![
+                        Src::V(Dsd::mem(y, 4)),
+                        Src::V(Dsd::Mem {
+                            base: w,
+                            len: 4,
+                            stride: 1,
+                            step: vec![4],
+                        }),
+                        Src::Recv(1),
+                    ],
+                }],
+            }],
+        });
+        p
+    }
+
+    #[test]
+    fn programs_print_their_memory_map_and_tasks() {
+        let p = gemv_column();
+        p.check().unwrap();
+        assert_eq!(
+            p.to_string(),
+            "memory (16 words):\n       0 .. 12     W\n      12 .. 16     y\n\
+             task t0 forward (on c1):\n  loop i0 in 0..3\n    \
+             fmac      mem[12; 4], mem[12; 4], mem[0 + 4*i0; 4], recv(c1)\n"
+        );
+        assert_eq!(p.symbol_at(13).map(|s| s.name.as_str()), Some("y"));
+    }
+
+    #[test]
+    fn malformed_programs_are_refused() {
+        let mut p = gemv_column();
+        p.tasks[0].body = match p.tasks[0].body.remove(0) {
+            Instr::Loop { body, .. } => body,
+            _ => unreachable!(),
+        };
+        assert!(p.check().unwrap_err().contains("more loops"));
+        let mut p = gemv_column();
+        p.tasks[0].body.push(Instr::Activate(7));
+        assert!(p.check().unwrap_err().contains("task 7"));
+    }
+}

@@ -1,0 +1,15 @@
+//! The wafer target: a Cerebras-like wafer-scale engine, simulated. A train step is
+//! laid out on a 2-D mesh of processing elements (PEs), each kernel on a rectangle of
+//! its own, and runs as a dataflow program of per-PE tasks.
+//!
+//! - `fabric`: the machine model (named configs and TOML), with its fingerprint;
+//! - `isa`: the PE instruction set (tasks, vector operations over descriptors, memory
+//!   maps), printable;
+//! - `cost`: the cycle formulas every other part uses;
+//! - `sim`: the cycle-level simulator, running PE programs on real data through routers
+//!   and links.
+
+pub mod cost;
+pub mod fabric;
+pub mod isa;
+pub mod sim;

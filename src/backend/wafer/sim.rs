@@ -1,0 +1,1420 @@
+//! The cycle-level simulator: runs PE programs on real data through routers and links,
+//! counting cycles.
+//!
+//! **Model.** Each placed PE runs one task at a time (the lowest-numbered ready one),
+//! paying `task_switch` cycles to start it. A vector operation costs `cost::vec_op`:
+//! its start-up, then one step per `fp32_lanes` elements. Operands on the fabric go
+//! element by element, at most one wavelet per cycle: an element waits for its input
+//! wavelet and for room downstream for its output. A wavelet sent at `t` crosses each
+//! link of its colour's route tree `hop_latency` after the previous one, one wavelet
+//! per link and direction per cycle (a link busy with another wavelet delays it), and
+//! reaches each destination's input queue `ramp_latency` after its last link (and
+//! leaves `ramp_latency` after `t`). Flow control is end to end: a stream holds at most
+//! `queue_depth` wavelets per router between its source and each destination
+//! (`queue_depth x (hops + 1)`), and a sender waits while a destination is full.
+//!
+//! **Engine.** Event-driven: a PE is touched only when it has something to do, and a
+//! vector operation on SRAM alone is one event however long it is. A PE may run ahead
+//! of the others while it only uses what it has (its SRAM, wavelets already queued); it
+//! decides to wait, or which task to run, only at an event of its own time, when every
+//! wavelet that can arrive by then has been sent. So results and cycle counts are
+//! exact and deterministic; the one approximation is the order in which two streams
+//! crossing one link take it, which is the order the engine meets them (routes the
+//! compiler makes share no link at once, so this does not arise in compiled
+//! programs).
+//!
+//! **Ends.** A run ends when no event is left. PEs still inside a task then wait for
+//! something that will never come: that is a deadlock, reported with the chain of
+//! waits (which PE waits for which colour from which PE).
+
+use super::cost;
+use super::fabric::Fabric;
+use super::isa::{Colour, Dsd, Instr, Program, Src, Trigger, VecOp};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+
+/// Where values leave the grid: a router `(x, y)`, its port off the grid, a colour.
+pub type Port = (u32, u32, Dir, Colour);
+
+/// A router port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Dir {
+    N,
+    S,
+    E,
+    W,
+    /// The router's own PE.
+    Ramp,
+}
+
+impl Dir {
+    pub const ALL: [Dir; 5] = [Dir::N, Dir::S, Dir::E, Dir::W, Dir::Ramp];
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+
+    /// The port of the neighbour that a wavelet leaving through `self` enters by.
+    pub fn opposite(self) -> Dir {
+        match self {
+            Dir::N => Dir::S,
+            Dir::S => Dir::N,
+            Dir::E => Dir::W,
+            Dir::W => Dir::E,
+            Dir::Ramp => Dir::Ramp,
+        }
+    }
+
+    /// The neighbour of `(x, y)` through this port (y grows southward), if on the grid.
+    fn step(self, x: u32, y: u32, f: &Fabric) -> Option<(u32, u32)> {
+        match self {
+            Dir::N => y.checked_sub(1).map(|y| (x, y)),
+            Dir::S => (y + 1 < f.height).then_some((x, y + 1)),
+            Dir::W => x.checked_sub(1).map(|x| (x, y)),
+            Dir::E => (x + 1 < f.width).then_some((x + 1, y)),
+            Dir::Ramp => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dir::N => "north",
+            Dir::S => "south",
+            Dir::E => "east",
+            Dir::W => "west",
+            Dir::Ramp => "ramp",
+        }
+    }
+}
+
+/// A router's configuration for one colour: where its wavelets come from, and the set
+/// of ports each one leaves by (several: multicast).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub rx: Dir,
+    tx: u8,
+}
+
+impl Route {
+    pub fn new(rx: Dir, tx: &[Dir]) -> Route {
+        Route {
+            rx,
+            tx: tx.iter().fold(0, |m, d| m | d.bit()),
+        }
+    }
+
+    pub fn tx(&self) -> impl Iterator<Item = Dir> + '_ {
+        Dir::ALL.into_iter().filter(|d| self.tx & d.bit() != 0)
+    }
+}
+
+/// Everything a run starts from: the PEs' programs and initial memory, the routes,
+/// and the host's streams into the fabric.
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// `(x, y)` -> program and initial SRAM words.
+    pub pes: BTreeMap<(u32, u32), (Arc<Program>, Vec<f32>)>,
+    /// `(x, y, colour)` -> route.
+    pub routes: BTreeMap<(u32, u32, Colour), Route>,
+    /// Values the host sends into the fabric at an edge router `(x, y)` on a colour
+    /// (whose route there takes them from `rx`, the port facing off the grid).
+    pub inputs: Vec<HostIn>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HostIn {
+    pub x: u32,
+    pub y: u32,
+    pub colour: Colour,
+    pub values: Vec<f32>,
+}
+
+/// Why a setup cannot run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetupError(pub String);
+
+/// A deadlock: the PEs waiting at the end, each with what it waits for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deadlock {
+    pub cycle: u64,
+    /// The chain of waits from the first waiting PE: each line names a PE and what it
+    /// waits for, ending at a PE already named (a cycle) or one that waits for nothing.
+    pub chain: Vec<String>,
+    /// Every waiting PE.
+    pub waiting: usize,
+}
+
+impl fmt::Display for Deadlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "deadlock at cycle {}: {} PEs wait for ever; {}",
+            self.cycle,
+            self.waiting,
+            self.chain.join(", ")
+        )
+    }
+}
+
+/// What a PE did over a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeStats {
+    /// Cycles spent on instructions and task switches.
+    pub busy: u64,
+    /// Cycles an element waited for a wavelet or for room downstream.
+    pub stalled: u64,
+    /// The cycle its last task ended.
+    pub done: u64,
+}
+
+/// Where a stream goes: the links of its route tree in order from the source, each
+/// with its parent (an index into `links`, or none for the first hop), and the
+/// destinations (PE or host output) with the tree node they hang from.
+#[derive(Debug, Clone)]
+struct Stream {
+    src: Endpoint,
+    colour: Colour,
+    links: Vec<(usize, Option<usize>)>,
+    dests: Vec<Dest>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Endpoint {
+    Pe(usize),
+    Host(usize),
+}
+
+#[derive(Debug, Clone)]
+struct Dest {
+    to: Sink,
+    /// The index in `links` of the last link before it (none: the source's own router).
+    after: Option<usize>,
+    cap: u64,
+    /// Wavelets sent to it; frees (takes from its queue) counted; the cycles of the
+    /// takes not counted yet (a consumer may run ahead of its sender).
+    sent: u64,
+    counted: u64,
+    frees: VecDeque<u64>,
+}
+
+impl Dest {
+    fn new(to: Sink, after: Option<usize>, cap: u64) -> Dest {
+        Dest {
+            to,
+            after,
+            cap,
+            sent: 0,
+            counted: 0,
+            frees: VecDeque::new(),
+        }
+    }
+
+    /// Wavelets sent and not yet taken, whenever taken.
+    fn held(&self) -> u64 {
+        self.sent - self.counted - self.frees.len() as u64
+    }
+}
+
+/// Whether a stream has room for a wavelet at a cycle.
+enum Room {
+    Yes,
+    /// Not before this cycle (when its consumer takes one).
+    At(u64),
+    /// Not until its consumer takes one.
+    No,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sink {
+    Pe(usize),
+    /// Off the grid at `(x, y)` through a port: collected as an output.
+    Out(usize),
+}
+
+/// What a waiting PE waits for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Wait {
+    /// A wavelet on this colour.
+    In(Colour),
+    /// Room in this stream.
+    Room(usize),
+    /// Nothing to run: idle.
+    Idle,
+}
+
+/// Where a task is: per nesting level, the instruction and the loop's iteration.
+#[derive(Debug, Clone)]
+struct Frame {
+    pc: usize,
+    iter: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Running {
+    task: usize,
+    frames: Vec<Frame>,
+    /// Within the current vector instruction: the next element, when it may be
+    /// computed, and the scalar received for it (a `Recv` operand).
+    elem: u32,
+    next: u64,
+    started: bool,
+    scalar: Option<f32>,
+    /// The cycle it started, and the cycles its elements waited.
+    start: u64,
+    stalled: u64,
+}
+
+struct Pe {
+    x: u32,
+    y: u32,
+    prog: Arc<Program>,
+    mem: Vec<f32>,
+    /// Per colour: (arrival cycle, value), and the stream and destination feeding it.
+    queues: Vec<VecDeque<(u64, f32)>>,
+    feeds: Vec<Option<(usize, usize)>>,
+    /// Per colour: the stream this PE sends on it.
+    sends: Vec<Option<usize>>,
+    active: u64,
+    counters: Vec<u32>,
+    time: u64,
+    run: Option<Running>,
+    wait: Option<Wait>,
+    stats: PeStats,
+}
+
+struct HostSrc {
+    values: VecDeque<f32>,
+    stream: usize,
+    time: u64,
+    waiting: bool,
+}
+
+/// A running fabric.
+pub struct Sim {
+    f: Fabric,
+    pes: Vec<Pe>,
+    hosts: Vec<HostSrc>,
+    streams: Vec<Stream>,
+    /// Per link: the first cycle it is free.
+    link_free: Vec<u64>,
+    /// Per output port `(x, y, dir, colour)`: the values that left, with their cycles.
+    outs: Vec<(Port, Vec<(u64, f32)>)>,
+    events: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Per event target (PEs, then hosts): the cycle of its pending event.
+    pending: Vec<Option<u64>>,
+    now: u64,
+}
+
+impl Sim {
+    /// Builds a fabric from a setup: follows every stream's routes, so that a route to
+    /// nowhere, a loop or a colour beyond the fabric's is an error before anything runs.
+    pub fn new(f: &Fabric, setup: &Setup) -> Result<Sim, SetupError> {
+        let err = |m: String| Err(SetupError(m));
+        let colours = f.colours as usize;
+        let mut index = BTreeMap::new();
+        let mut pes = Vec::new();
+        for (&(x, y), (prog, mem)) in &setup.pes {
+            if x >= f.width || y >= f.height {
+                return err(format!(
+                    "PE ({x}, {y}) is off the {}x{} fabric",
+                    f.width, f.height
+                ));
+            }
+            prog.check()
+                .map_err(|e| SetupError(format!("PE ({x}, {y}): {e}")))?;
+            let words = (f.usable_bytes() / cost::WORD) as usize;
+            let need = (prog.words() as usize).max(mem.len());
+            if need > words {
+                return err(format!(
+                    "PE ({x}, {y}) needs {need} words of SRAM, more than its {words}"
+                ));
+            }
+            let mut m = mem.clone();
+            m.resize(need, 0.0);
+            for t in &prog.tasks {
+                if let Trigger::Data(c) = t.trigger {
+                    if c as usize >= colours {
+                        return err(format!(
+                            "PE ({x}, {y}): colour {c} is beyond the fabric's {colours}"
+                        ));
+                    }
+                }
+            }
+            let active = prog
+                .tasks
+                .iter()
+                .filter(|t| t.trigger == Trigger::Local { at_start: true })
+                .fold(0u64, |m, t| m | 1 << t.id);
+            index.insert((x, y), pes.len());
+            pes.push(Pe {
+                x,
+                y,
+                prog: prog.clone(),
+                mem: m,
+                queues: vec![VecDeque::new(); colours],
+                feeds: vec![None; colours],
+                sends: vec![None; colours],
+                active,
+                counters: vec![0; 8],
+                time: 0,
+                run: None,
+                wait: None,
+                stats: PeStats::default(),
+            });
+        }
+        let mut sim = Sim {
+            f: f.clone(),
+            pes,
+            hosts: Vec::new(),
+            streams: Vec::new(),
+            link_free: Vec::new(),
+            outs: Vec::new(),
+            events: BinaryHeap::new(),
+            pending: Vec::new(),
+            now: 0,
+        };
+        sim.hosts = (setup.inputs.iter())
+            .map(|h| HostSrc {
+                values: h.values.iter().copied().collect(),
+                stream: usize::MAX,
+                time: 0,
+                waiting: false,
+            })
+            .collect();
+        let mut links = BTreeMap::new();
+        // every stream starts at a router whose route takes the colour from its ramp,
+        // or from off the grid (a host input)
+        for (&(x, y, c), r) in &setup.routes {
+            if c as usize >= colours {
+                return err(format!(
+                    "router ({x}, {y}): colour {c} is beyond the fabric's {colours}"
+                ));
+            }
+            let src = if r.rx == Dir::Ramp {
+                match index.get(&(x, y)) {
+                    Some(&p) => Endpoint::Pe(p),
+                    None => return err(format!("router ({x}, {y}) takes colour {c} from its ramp, but no program runs there")),
+                }
+            } else if r.rx.step(x, y, f).is_none() {
+                let Some(h) = setup
+                    .inputs
+                    .iter()
+                    .position(|h| (h.x, h.y, h.colour) == (x, y, c))
+                else {
+                    return err(format!("router ({x}, {y}) takes colour {c} from off the grid ({}), but the host sends nothing there", r.rx.name()));
+                };
+                Endpoint::Host(h)
+            } else {
+                continue;
+            };
+            let id = sim.streams.len();
+            let stream = sim.trace(src, x, y, c, &setup.routes, &index, &mut links)?;
+            match src {
+                Endpoint::Pe(p) => sim.pes[p].sends[c as usize] = Some(id),
+                Endpoint::Host(h) => sim.hosts[h].stream = id,
+            }
+            for (d, dest) in stream.dests.iter().enumerate() {
+                if let Sink::Pe(q) = dest.to {
+                    let feed = &mut sim.pes[q].feeds[c as usize];
+                    if feed.is_some() {
+                        return err(format!(
+                            "PE ({}, {}) receives colour {c} from two streams",
+                            sim.pes[q].x, sim.pes[q].y
+                        ));
+                    }
+                    *feed = Some((id, d));
+                }
+            }
+            sim.streams.push(stream);
+        }
+        if let Some(h) = (0..setup.inputs.len())
+            .find(|&h| !sim.streams.iter().any(|s| s.src == Endpoint::Host(h)))
+        {
+            let h = &setup.inputs[h];
+            return err(format!("the host sends on colour {} at ({}, {}), where no route takes it from off the grid", h.colour, h.x, h.y));
+        }
+        sim.link_free = vec![0; links.len()];
+        sim.pending = vec![None; sim.pes.len() + sim.hosts.len()];
+        for p in 0..sim.pes.len() {
+            sim.schedule(p, 0);
+        }
+        for h in 0..sim.hosts.len() {
+            sim.schedule(sim.pes.len() + h, 0);
+        }
+        Ok(sim)
+    }
+
+    /// Follows colour `c`'s routes from the router at `(x, y)`.
+    #[allow(clippy::too_many_arguments)]
+    fn trace(
+        &mut self,
+        src: Endpoint,
+        x: u32,
+        y: u32,
+        c: Colour,
+        routes: &BTreeMap<(u32, u32, Colour), Route>,
+        index: &BTreeMap<(u32, u32), usize>,
+        links: &mut BTreeMap<(u32, u32, Dir), usize>,
+    ) -> Result<Stream, SetupError> {
+        let f = &self.f;
+        let mut s = Stream {
+            src,
+            colour: c,
+            links: Vec::new(),
+            dests: Vec::new(),
+        };
+        // (router, the link that reached it, hops)
+        let mut todo = VecDeque::from([((x, y), None::<usize>, 0u32)]);
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(((x, y), via, hops)) = todo.pop_front() {
+            if !seen.insert((x, y)) {
+                return Err(SetupError(format!(
+                    "colour {c}'s routes reach router ({x}, {y}) twice (a loop or a merge)"
+                )));
+            }
+            let r = routes[&(x, y, c)];
+            for d in r.tx() {
+                if d == Dir::Ramp {
+                    let Some(&q) = index.get(&(x, y)) else {
+                        return Err(SetupError(format!(
+                            "colour {c} is routed to the ramp of ({x}, {y}), where no program runs"
+                        )));
+                    };
+                    if src == Endpoint::Pe(q) {
+                        return Err(SetupError(format!(
+                            "PE ({x}, {y}) sends colour {c} to itself"
+                        )));
+                    }
+                    let cap = u64::from(f.queue_depth) * u64::from(hops + 1);
+                    s.dests.push(Dest::new(Sink::Pe(q), via, cap));
+                    continue;
+                }
+                let n = links.len();
+                let link = *links.entry((x, y, d)).or_insert(n);
+                s.links.push((link, via));
+                let here = s.links.len() - 1;
+                match d.step(x, y, f) {
+                    None => {
+                        let port = (x, y, d, c);
+                        let o = match self.outs.iter().position(|(k, _)| *k == port) {
+                            Some(o) => o,
+                            None => {
+                                self.outs.push((port, Vec::new()));
+                                self.outs.len() - 1
+                            }
+                        };
+                        s.dests.push(Dest::new(Sink::Out(o), Some(here), u64::MAX));
+                    }
+                    Some((nx, ny)) => match routes.get(&(nx, ny, c)) {
+                        Some(nr) if nr.rx == d.opposite() => {
+                            todo.push_back(((nx, ny), Some(here), hops + 1))
+                        }
+                        _ => {
+                            return Err(SetupError(format!("colour {c} leaves ({x}, {y}) {}, but router ({nx}, {ny}) does not take it from the {}", d.name(), d.opposite().name())))
+                        }
+                    },
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    fn schedule(&mut self, who: usize, t: u64) {
+        if self.pending[who].is_some_and(|p| p <= t) {
+            return;
+        }
+        self.pending[who] = Some(t);
+        self.events.push(Reverse((t, who)));
+    }
+
+    /// Runs until nothing is left to do; the cycle of the last event, or the deadlock.
+    pub fn run(&mut self) -> Result<u64, Deadlock> {
+        while let Some(Reverse((t, who))) = self.events.pop() {
+            if self.pending[who] != Some(t) {
+                continue;
+            }
+            self.pending[who] = None;
+            self.now = t;
+            if who < self.pes.len() {
+                self.step_pe(who, t);
+            } else {
+                self.step_host(who - self.pes.len(), t);
+            }
+        }
+        let waiting: Vec<usize> = (0..self.pes.len())
+            .filter(|&p| self.pes[p].run.is_some())
+            .collect();
+        if waiting.is_empty() {
+            return Ok(self.end());
+        }
+        Err(Deadlock {
+            cycle: self.now,
+            chain: self.chain(waiting[0]),
+            waiting: waiting.len(),
+        })
+    }
+
+    /// The cycle the last task ended or the last output left the fabric.
+    fn end(&self) -> u64 {
+        let pes = self.pes.iter().map(|p| p.stats.done);
+        let outs = self.outs.iter().filter_map(|(_, v)| v.last().map(|o| o.0));
+        pes.chain(outs).max().unwrap_or(0)
+    }
+
+    /// The chain of waits from PE `p`.
+    fn chain(&self, mut p: usize) -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            let pe = &self.pes[p];
+            let task = pe.run.as_ref().map(|r| pe.prog.tasks[r.task].name.as_str());
+            let who = match task {
+                Some(t) => format!("PE ({}, {}) in task `{t}`", pe.x, pe.y),
+                None => format!("PE ({}, {}) (idle)", pe.x, pe.y),
+            };
+            if seen.contains(&p) {
+                out.push(format!("{who} (a cycle)"));
+                return out;
+            }
+            seen.push(p);
+            let next = match (pe.run.is_some(), pe.wait) {
+                (true, Some(Wait::In(c))) => match pe.feeds[c as usize] {
+                    Some((s, _)) => {
+                        let from = self.streams[s].src;
+                        out.push(format!(
+                            "{who} waits for a wavelet on colour {c} from {}",
+                            self.name(from)
+                        ));
+                        match from {
+                            Endpoint::Pe(q) => Some(q),
+                            Endpoint::Host(_) => None,
+                        }
+                    }
+                    None => {
+                        out.push(format!(
+                            "{who} waits for a wavelet on colour {c}, which no route brings"
+                        ));
+                        None
+                    }
+                },
+                (true, Some(Wait::Room(s))) => {
+                    let full = self.streams[s].dests.iter().find(|d| d.held() >= d.cap);
+                    match full.map(|d| d.to) {
+                        Some(Sink::Pe(q)) => {
+                            let c = self.streams[s].colour;
+                            out.push(format!(
+                                "{who} waits for room on colour {c} toward PE ({}, {})",
+                                self.pes[q].x, self.pes[q].y
+                            ));
+                            Some(q)
+                        }
+                        _ => {
+                            out.push(format!("{who} waits for room downstream"));
+                            None
+                        }
+                    }
+                }
+                _ => {
+                    out.push(format!("{who} waits for nothing"));
+                    None
+                }
+            };
+            match next {
+                Some(q) => p = q,
+                None => return out,
+            }
+        }
+    }
+
+    fn name(&self, e: Endpoint) -> String {
+        match e {
+            Endpoint::Pe(q) => format!("PE ({}, {})", self.pes[q].x, self.pes[q].y),
+            Endpoint::Host(h) => {
+                let s = &self.streams[self.hosts[h].stream];
+                format!("the host (colour {}), which has sent everything", s.colour)
+            }
+        }
+    }
+
+    /// Sends one wavelet on stream `s` at cycle `t`: reserves its links and queues it
+    /// at each destination (whose PE, if waiting for it, is woken).
+    fn send(&mut self, s: usize, t: u64, v: f32) {
+        let f = &self.f;
+        let hop = u64::from(f.hop_latency);
+        let ramp = u64::from(f.ramp_latency);
+        let st = &self.streams[s];
+        // per link of the tree: the cycle the wavelet reaches the router it leads to
+        let mut at: Vec<u64> = Vec::with_capacity(st.links.len());
+        for &(link, parent) in &st.links {
+            let reach = parent.map_or(t + ramp, |p| at[p]);
+            let leave = reach.max(self.link_free[link]);
+            self.link_free[link] = leave + 1;
+            at.push(leave + hop);
+        }
+        let c = st.colour as usize;
+        let n = st.dests.len();
+        for d in 0..n {
+            let dest = &self.streams[s].dests[d];
+            let reach = dest.after.map_or(t + ramp, |l| at[l]);
+            match dest.to {
+                Sink::Out(o) => self.outs[o].1.push((reach, v)),
+                Sink::Pe(q) => {
+                    let arrive = reach + ramp;
+                    self.streams[s].dests[d].sent += 1;
+                    self.pes[q].queues[c].push_back((arrive, v));
+                    let pe = &self.pes[q];
+                    let wake = match pe.wait {
+                        Some(Wait::In(w)) if w as usize == c => true,
+                        Some(Wait::Idle) => pe
+                            .prog
+                            .tasks
+                            .iter()
+                            .any(|t| t.trigger == Trigger::Data(c as Colour)),
+                        _ => false,
+                    };
+                    if wake {
+                        let at = pe.time.max(arrive);
+                        self.schedule(q, at);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether stream `s` has room for one more wavelet at every destination at cycle
+    /// `t` (a sender asks at cycles that never go back).
+    fn room(&mut self, s: usize, t: u64) -> Room {
+        let mut room = Room::Yes;
+        for d in &mut self.streams[s].dests {
+            while d.frees.front().is_some_and(|&at| at <= t) {
+                d.frees.pop_front();
+                d.counted += 1;
+            }
+            if d.sent - d.counted >= d.cap {
+                room = match (d.frees.front(), room) {
+                    (None, _) | (_, Room::No) => Room::No,
+                    (Some(&at), Room::At(b)) => Room::At(at.max(b)),
+                    (Some(&at), Room::Yes) => Room::At(at),
+                };
+            }
+        }
+        room
+    }
+
+    /// Takes the wavelet at the head of PE `p`'s queue of colour `c` at cycle `t`,
+    /// making room in its stream from then on (and waking a sender waiting for it).
+    fn take(&mut self, p: usize, c: Colour, t: u64) -> f32 {
+        let (_, v) = self.pes[p].queues[c as usize]
+            .pop_front()
+            .unwrap_or((0, f32::NAN));
+        if let Some((s, d)) = self.pes[p].feeds[c as usize] {
+            self.streams[s].dests[d].frees.push_back(t);
+            match self.streams[s].src {
+                Endpoint::Pe(q) if self.pes[q].wait == Some(Wait::Room(s)) => {
+                    let at = self.pes[q].time.max(t);
+                    self.schedule(q, at);
+                }
+                Endpoint::Host(h) if self.hosts[h].waiting => {
+                    let at = self.hosts[h].time.max(t);
+                    self.schedule(self.pes.len() + h, at);
+                }
+                _ => {}
+            }
+        }
+        v
+    }
+
+    fn step_host(&mut self, h: usize, t: u64) {
+        let s = self.hosts[h].stream;
+        let mut time = self.hosts[h].time.max(t);
+        self.hosts[h].waiting = false;
+        while let Some(&v) = self.hosts[h].values.front() {
+            match self.room(s, time) {
+                Room::Yes => {}
+                Room::At(at) => {
+                    self.hosts[h].time = time;
+                    self.schedule(self.pes.len() + h, at);
+                    return;
+                }
+                Room::No => {
+                    self.hosts[h].waiting = true;
+                    break;
+                }
+            }
+            self.hosts[h].values.pop_front();
+            self.send(s, time, v);
+            time += 1;
+        }
+        self.hosts[h].time = time;
+    }
+
+    /// Runs PE `p` from its event at cycle `t` until it must wait.
+    fn step_pe(&mut self, p: usize, t: u64) {
+        let pe = &mut self.pes[p];
+        pe.time = pe.time.max(t);
+        pe.wait = None;
+        loop {
+            if self.pes[p].run.is_none() {
+                // choose a task, only at an event of this PE's own time
+                let pe = &self.pes[p];
+                if pe.time > t {
+                    let at = pe.time;
+                    self.schedule(p, at);
+                    return;
+                }
+                match self.ready(p) {
+                    Ok(task) => {
+                        let pe = &mut self.pes[p];
+                        let id = pe.prog.tasks[task].id;
+                        pe.active &= !(1u64 << id);
+                        pe.time += u64::from(self.f.task_switch);
+                        pe.stats.busy += u64::from(self.f.task_switch);
+                        pe.run = Some(Running {
+                            task,
+                            frames: vec![Frame { pc: 0, iter: 0 }],
+                            elem: 0,
+                            next: 0,
+                            started: false,
+                            scalar: None,
+                            start: 0,
+                            stalled: 0,
+                        });
+                    }
+                    Err(Some(at)) => {
+                        // a wavelet queued for later; one sent meanwhile may come first
+                        self.pes[p].wait = Some(Wait::Idle);
+                        self.schedule(p, at);
+                        return;
+                    }
+                    Err(None) => {
+                        self.pes[p].wait = Some(Wait::Idle);
+                        return;
+                    }
+                }
+            }
+            match self.advance(p, t) {
+                Step::Continue => {}
+                Step::Yield(at) => {
+                    self.schedule(p, at);
+                    return;
+                }
+                Step::Wait(w) => {
+                    self.pes[p].wait = Some(w);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The ready task of PE `p` with the lowest id; else the cycle a queued wavelet
+    /// arrives that will make one ready, if any.
+    fn ready(&self, p: usize) -> Result<usize, Option<u64>> {
+        let pe = &self.pes[p];
+        let mut best: Option<(u8, usize)> = None;
+        let mut soonest: Option<u64> = None;
+        for (i, task) in pe.prog.tasks.iter().enumerate() {
+            let ok = match task.trigger {
+                Trigger::Local { .. } => pe.active & (1 << task.id) != 0,
+                Trigger::Data(c) => match pe.queues[c as usize].front() {
+                    Some(&(arrive, _)) if arrive <= pe.time => true,
+                    Some(&(arrive, _)) => {
+                        soonest = Some(soonest.map_or(arrive, |s: u64| s.min(arrive)));
+                        false
+                    }
+                    None => false,
+                },
+            };
+            if ok && best.is_none_or(|(id, _)| task.id < id) {
+                best = Some((task.id, i));
+            }
+        }
+        best.map(|b| b.1).ok_or(soonest)
+    }
+
+    /// Executes PE `p`'s current instruction as far as it can go.
+    fn advance(&mut self, p: usize, t: u64) -> Step {
+        let prog = self.pes[p].prog.clone();
+        let pe = &mut self.pes[p];
+        let run = pe.run.as_mut().expect("a running task");
+        let task = &prog.tasks[run.task];
+        let depth = run.frames.len() - 1;
+        let body = body_at(&task.body, &run.frames[..depth]);
+        let top = run.frames[depth].clone();
+        if top.pc >= body.len() {
+            // the end of a body: the loop's next iteration, past the loop, or the task's end
+            run.frames.pop();
+            if run.frames.is_empty() {
+                pe.run = None;
+                pe.stats.done = pe.time;
+                return Step::Continue;
+            }
+            let outer = body_at(&task.body, &run.frames[..depth - 1]);
+            let pc = run.frames[depth - 1].pc;
+            if matches!(&outer[pc], Instr::Loop { count, .. } if top.iter + 1 < *count) {
+                run.frames.push(Frame {
+                    pc: 0,
+                    iter: top.iter + 1,
+                });
+            } else {
+                run.frames[depth - 1].pc += 1;
+            }
+            return Step::Continue;
+        }
+        let counters: Vec<u32> = run.frames[1..].iter().map(|fr| fr.iter).collect();
+        match &body[top.pc] {
+            Instr::Loop { count, .. } => {
+                if *count > 0 {
+                    run.frames.push(Frame { pc: 0, iter: 0 });
+                } else {
+                    run.frames[depth].pc += 1;
+                }
+                Step::Continue
+            }
+            Instr::Activate(id) => {
+                pe.active |= 1u64 << id;
+                run.frames[depth].pc += 1;
+                Step::Continue
+            }
+            Instr::Count {
+                counter,
+                every,
+                then,
+            } => {
+                let c = &mut pe.counters[*counter as usize % 8];
+                *c += 1;
+                if *c >= *every {
+                    *c = 0;
+                    pe.active |= 1u64 << then;
+                }
+                run.frames[depth].pc += 1;
+                Step::Continue
+            }
+            Instr::Vec { op, dst, srcs } => self.vec_instr(p, t, *op, dst, srcs, &counters),
+        }
+    }
+
+    /// Executes (part of) a vector instruction of PE `p`.
+    fn vec_instr(
+        &mut self,
+        p: usize,
+        t: u64,
+        op: VecOp,
+        dst: &Dsd,
+        srcs: &[Src],
+        counters: &[u32],
+    ) -> Step {
+        let f = &self.f;
+        let n = dst.len();
+        let reads = srcs
+            .iter()
+            .filter(|s| matches!(s, Src::V(Dsd::Mem { .. })))
+            .count() as u32;
+        let writes = matches!(dst, Dsd::Mem { .. });
+        let fabric = !writes
+            || srcs
+                .iter()
+                .any(|s| matches!(s, Src::V(Dsd::In { .. }) | Src::Recv(_)));
+        let step = cost::step(f, op, reads, writes).max(1);
+        let lanes = if op.software() { 1 } else { f.fp32_lanes };
+        let startup = u64::from(f.dsd_startup);
+        let pe = &mut self.pes[p];
+        let run = pe.run.as_mut().expect("a running task");
+        if !run.started {
+            if !fabric {
+                // on SRAM alone: all of it at once
+                for i in 0..n {
+                    let v = element(&pe.mem, op, srcs, i, counters, &[], None);
+                    store(&mut pe.mem, dst, i, counters, v);
+                }
+                let cycles = cost::vec_op(f, op, n, reads, writes);
+                pe.time += cycles;
+                pe.stats.busy += cycles;
+                finish(pe);
+                return Step::Continue;
+            }
+            *run = Running {
+                started: true,
+                elem: 0,
+                scalar: None,
+                start: pe.time,
+                next: pe.time + startup,
+                stalled: 0,
+                ..run.clone()
+            };
+        }
+        loop {
+            let pe = &self.pes[p];
+            let run = pe.run.as_ref().expect("a running task");
+            if run.elem >= n {
+                let pe = &mut self.pes[p];
+                let run = pe.run.as_mut().expect("a running task");
+                let end = run.next;
+                pe.stats.busy += end - run.start - run.stalled;
+                pe.stats.stalled += run.stalled;
+                pe.time = pe.time.max(end);
+                finish(pe);
+                return Step::Continue;
+            }
+            // the wavelets this element needs must be queued, and its output needs room
+            let mut at = run.next;
+            for s in srcs {
+                let c = match s {
+                    Src::V(Dsd::In { colour, .. }) => *colour,
+                    Src::Recv(c) if run.scalar.is_none() => *c,
+                    _ => continue,
+                };
+                match pe.queues[c as usize].front() {
+                    Some(&(arrive, _)) => at = at.max(arrive),
+                    None => return self.wait(p, t, Wait::In(c)),
+                }
+            }
+            let out = match dst {
+                Dsd::Out { colour, .. } => pe.sends[*colour as usize],
+                _ => None,
+            };
+            let mut scalar = run.scalar;
+            if let Some(s) = out {
+                match self.room(s, at) {
+                    Room::Yes => {}
+                    Room::At(later) => at = later,
+                    Room::No => return self.wait(p, t, Wait::Room(s)),
+                }
+            }
+            // compute it at `at`
+            let mut fab = [0.0f32; 3];
+            let mut j = 0;
+            for s in srcs {
+                match s {
+                    Src::V(Dsd::In { colour, .. }) => {
+                        fab[j] = self.take(p, *colour, at);
+                        j += 1;
+                    }
+                    Src::Recv(c) if scalar.is_none() => scalar = Some(self.take(p, *c, at)),
+                    _ => {}
+                }
+            }
+            let pe = &mut self.pes[p];
+            let run = pe.run.as_mut().expect("a running task");
+            let i = run.elem;
+            let v = element(&pe.mem, op, srcs, i, counters, &fab[..j], scalar);
+            let stalled = at - run.next;
+            run.scalar = scalar;
+            run.stalled += stalled;
+            run.elem += 1;
+            // elements go `lanes` at a time, unless wavelets pace them
+            run.next = if run.elem.is_multiple_of(lanes) || stalled > 0 || j > 0 || out.is_some() {
+                at + step
+            } else {
+                at
+            };
+            match out {
+                Some(s) => self.send(s, at, v),
+                None => store(&mut pe.mem, dst, i, counters, v),
+            }
+        }
+    }
+
+    /// PE `p` cannot go on before `w`. It waits for it, or, when it ran ahead of its
+    /// event's cycle `t`, comes back at the cycle it needs it, to decide then.
+    fn wait(&mut self, p: usize, t: u64, w: Wait) -> Step {
+        let run = self.pes[p].run.as_ref().expect("a running task");
+        if run.next > t {
+            return Step::Yield(run.next);
+        }
+        Step::Wait(w)
+    }
+
+    /// Per PE at `(x, y)`: what it did.
+    pub fn stats(&self) -> Vec<((u32, u32), PeStats)> {
+        self.pes.iter().map(|p| ((p.x, p.y), p.stats)).collect()
+    }
+
+    /// The SRAM of the PE at `(x, y)`.
+    pub fn memory(&self, x: u32, y: u32) -> Option<&[f32]> {
+        self.pes
+            .iter()
+            .find(|p| (p.x, p.y) == (x, y))
+            .map(|p| p.mem.as_slice())
+    }
+
+    /// What left the fabric at `(x, y)` through port `dir` on `colour`: (cycle, value).
+    pub fn output(&self, x: u32, y: u32, dir: Dir, colour: Colour) -> &[(u64, f32)] {
+        self.outs
+            .iter()
+            .find(|(k, _)| *k == (x, y, dir, colour))
+            .map_or(&[], |(_, v)| v.as_slice())
+    }
+}
+
+enum Step {
+    Continue,
+    Yield(u64),
+    Wait(Wait),
+}
+
+/// The body that `frames` (each a position in a loop) lead to from `body`.
+fn body_at<'a>(mut body: &'a [Instr], frames: &[Frame]) -> &'a [Instr] {
+    for fr in frames {
+        if let Instr::Loop { body: b, .. } = &body[fr.pc] {
+            body = b;
+        }
+    }
+    body
+}
+
+/// Moves past the current (finished) vector instruction.
+fn finish(pe: &mut Pe) {
+    let run = pe.run.as_mut().expect("a running task");
+    run.started = false;
+    run.frames.last_mut().expect("a frame").pc += 1;
+}
+
+/// The value of element `i` of an operation.
+fn element(
+    mem: &[f32],
+    op: VecOp,
+    srcs: &[Src],
+    i: u32,
+    counters: &[u32],
+    fab: &[f32],
+    scalar: Option<f32>,
+) -> f32 {
+    let mut v = [0.0f32; 3];
+    let mut j = 0;
+    for (k, s) in srcs.iter().enumerate().take(3) {
+        v[k] = match s {
+            Src::V(Dsd::Mem {
+                base, stride, step, ..
+            }) => load(mem, Dsd::addr(*base, *stride, step, i, counters)),
+            Src::V(Dsd::In { .. }) => {
+                let x = fab.get(j).copied().unwrap_or(f32::NAN);
+                j += 1;
+                x
+            }
+            Src::V(Dsd::Out { .. }) => f32::NAN,
+            Src::Scalar(a) => load(mem, i64::from(*a)),
+            Src::Recv(_) => scalar.unwrap_or(f32::NAN),
+            Src::Imm(x) => *x,
+        };
+    }
+    op.apply(v[0], v[1], v[2])
+}
+
+fn load(mem: &[f32], a: i64) -> f32 {
+    usize::try_from(a)
+        .ok()
+        .and_then(|a| mem.get(a))
+        .copied()
+        .unwrap_or(f32::NAN)
+}
+
+fn store(mem: &mut [f32], dst: &Dsd, i: u32, counters: &[u32], v: f32) {
+    if let Dsd::Mem {
+        base, stride, step, ..
+    } = dst
+    {
+        if let Some(m) = usize::try_from(Dsd::addr(*base, *stride, step, i, counters))
+            .ok()
+            .and_then(|a| mem.get_mut(a))
+        {
+            *m = v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::wafer::isa::{Task, TaskId};
+
+    fn fabric() -> Fabric {
+        Fabric::named("test32").unwrap()
+    }
+
+    fn task(id: TaskId, name: &str, trigger: Trigger, body: Vec<Instr>) -> Task {
+        Task {
+            id,
+            name: name.into(),
+            trigger,
+            body,
+        }
+    }
+
+    fn vec(op: VecOp, dst: Dsd, srcs: Vec<Src>) -> Instr {
+        Instr::Vec { op, dst, srcs }
+    }
+
+    const START: Trigger = Trigger::Local { at_start: true };
+
+    /// A PE that sends its first `n` words on colour 1 at start.
+    fn sender(n: u32) -> Program {
+        let mut p = Program::default();
+        let x = p.alloc("x", n);
+        p.tasks.push(task(
+            0,
+            "send",
+            START,
+            vec![vec(
+                VecOp::Mov,
+                Dsd::Out { colour: 1, len: n },
+                vec![Src::V(Dsd::mem(x, n))],
+            )],
+        ));
+        p
+    }
+
+    /// A PE that adds `n` wavelets of colour 1 into its first `n` words.
+    fn receiver(n: u32) -> Program {
+        let mut p = Program::default();
+        let y = p.alloc("y", n);
+        p.tasks.push(task(
+            0,
+            "receive",
+            Trigger::Data(1),
+            vec![vec(
+                VecOp::Add,
+                Dsd::mem(y, n),
+                vec![
+                    Src::V(Dsd::mem(y, n)),
+                    Src::V(Dsd::In { colour: 1, len: n }),
+                ],
+            )],
+        ));
+        p
+    }
+
+    fn stats(sim: &Sim, x: u32, y: u32) -> PeStats {
+        sim.stats().into_iter().find(|s| s.0 == (x, y)).unwrap().1
+    }
+
+    #[test]
+    fn a_task_on_sram_costs_its_switch_start_up_and_elements() {
+        let mut p = Program::default();
+        let y = p.alloc("y", 64);
+        let a = p.alloc("a", 64);
+        p.tasks.push(task(
+            0,
+            "axpy",
+            START,
+            vec![vec(
+                VecOp::Fmac,
+                Dsd::mem(y, 64),
+                vec![
+                    Src::V(Dsd::mem(y, 64)),
+                    Src::V(Dsd::mem(a, 64)),
+                    Src::Imm(2.0),
+                ],
+            )],
+        ));
+        let mem: Vec<f32> = (0..128).map(|i| i as f32).collect();
+        let mut setup = Setup::default();
+        setup.pes.insert((3, 4), (Arc::new(p), mem));
+        let mut sim = Sim::new(&fabric(), &setup).unwrap();
+        // task switch 10, start-up 5, 64 elements at one per cycle
+        assert_eq!(sim.run().unwrap(), 10 + 5 + 64);
+        let m = sim.memory(3, 4).unwrap();
+        assert_eq!(m[5], 5.0 + 2.0 * 69.0);
+        assert_eq!(stats(&sim, 3, 4).busy, 79);
+    }
+
+    /// PE (0, 0) streams `n` words east to PE (1, 0), which adds them to its own.
+    fn pair(n: u32) -> Sim {
+        let mut setup = Setup::default();
+        let xs: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
+        setup.pes.insert((0, 0), (Arc::new(sender(n)), xs));
+        setup
+            .pes
+            .insert((1, 0), (Arc::new(receiver(n)), vec![100.0; n as usize]));
+        setup
+            .routes
+            .insert((0, 0, 1), Route::new(Dir::Ramp, &[Dir::E]));
+        setup
+            .routes
+            .insert((1, 0, 1), Route::new(Dir::W, &[Dir::Ramp]));
+        Sim::new(&fabric(), &setup).unwrap()
+    }
+
+    #[test]
+    fn a_stream_arrives_after_its_ramps_and_hop() {
+        let mut sim = pair(8);
+        let end = sim.run().unwrap();
+        // sent at 15..22 (switch 10, start-up 5); queued at the receiver 5 cycles later
+        // (2 + 1 + 2), 20..27; the receiver's task starts at 20, its elements at 35..42
+        assert_eq!(stats(&sim, 0, 0).done, 23);
+        assert_eq!(stats(&sim, 1, 0).done, 43);
+        assert_eq!(end, 43);
+        let m = sim.memory(1, 0).unwrap();
+        assert_eq!(m[..3], [100.5, 101.5, 102.5]);
+    }
+
+    #[test]
+    fn a_full_stream_holds_its_sender_back() {
+        // room for 4 x (1 + 1) = 8 wavelets: the sender waits from its 9th until the
+        // receiver takes the first at 35, then sends one per cycle (35..46); the
+        // receiver takes #8 at 43 (it arrived at 40) and the last at 54
+        let mut sim = pair(20);
+        let end = sim.run().unwrap();
+        let (s, r) = (stats(&sim, 0, 0), stats(&sim, 1, 0));
+        assert_eq!(s.done, 47);
+        assert_eq!(s.stalled, 35 - 23);
+        assert_eq!(r.done, 55);
+        assert_eq!(end, 55);
+        assert_eq!(sim.memory(1, 0).unwrap()[19], 119.5);
+    }
+
+    #[test]
+    fn a_multicast_reaches_every_consumer() {
+        let mut setup = Setup::default();
+        setup
+            .pes
+            .insert((0, 1), (Arc::new(sender(4)), vec![1.0, 2.0, 3.0, 4.0]));
+        for x in 1..4 {
+            setup
+                .pes
+                .insert((x, 1), (Arc::new(receiver(4)), vec![0.0; 4]));
+        }
+        setup
+            .routes
+            .insert((0, 1, 1), Route::new(Dir::Ramp, &[Dir::E]));
+        setup
+            .routes
+            .insert((1, 1, 1), Route::new(Dir::W, &[Dir::Ramp, Dir::E]));
+        setup
+            .routes
+            .insert((2, 1, 1), Route::new(Dir::W, &[Dir::Ramp, Dir::E]));
+        setup
+            .routes
+            .insert((3, 1, 1), Route::new(Dir::W, &[Dir::Ramp]));
+        let mut sim = Sim::new(&fabric(), &setup).unwrap();
+        sim.run().unwrap();
+        for x in 1..4 {
+            assert_eq!(sim.memory(x, 1).unwrap(), [1.0, 2.0, 3.0, 4.0]);
+            // the first wavelet left at 15 and arrives after 2 + x + 2 cycles; the
+            // task starts then, and its last element is 10 + 5 + 3 cycles later
+            assert_eq!(stats(&sim, x, 1).done, 15 + 4 + u64::from(x) + 10 + 5 + 4);
+        }
+    }
+
+    #[test]
+    fn host_streams_enter_and_leave_at_the_edges() {
+        // the host sends 3 values into (0, 0) from the west; PE (0, 0) doubles each and
+        // sends it on colour 2 east to (1, 0), whose router turns it off the north edge
+        let mut p = Program::default();
+        p.tasks.push(task(
+            0,
+            "double",
+            Trigger::Data(1),
+            vec![vec(
+                VecOp::Mul,
+                Dsd::Out { colour: 2, len: 3 },
+                vec![Src::V(Dsd::In { colour: 1, len: 3 }), Src::Imm(2.0)],
+            )],
+        ));
+        let mut setup = Setup::default();
+        setup.pes.insert((0, 0), (Arc::new(p), vec![]));
+        setup.inputs.push(HostIn {
+            x: 0,
+            y: 0,
+            colour: 1,
+            values: vec![1.0, 2.0, 3.0],
+        });
+        setup
+            .routes
+            .insert((0, 0, 1), Route::new(Dir::W, &[Dir::Ramp]));
+        setup
+            .routes
+            .insert((0, 0, 2), Route::new(Dir::Ramp, &[Dir::E]));
+        setup
+            .routes
+            .insert((1, 0, 2), Route::new(Dir::W, &[Dir::N]));
+        let mut sim = Sim::new(&fabric(), &setup).unwrap();
+        let end = sim.run().unwrap();
+        let out = sim.output(1, 0, Dir::N, 2);
+        let values: Vec<f32> = out.iter().map(|o| o.1).collect();
+        assert_eq!(values, [2.0, 4.0, 6.0]);
+        // in at 0, 1, 2 and queued at 4, 5, 6; the task starts at 4 and computes at
+        // 19, 20, 21; each value reaches (1, 0) 2 + 1 cycles later and leaves north 1
+        // cycle after that
+        assert_eq!(out[0].0, 19 + 2 + 1 + 1);
+        assert_eq!(end, 21 + 4);
+    }
+
+    #[test]
+    fn a_deadlock_is_reported_with_its_chain_of_waits() {
+        // each PE first waits for a wavelet from the other
+        let prog = |from: Colour, to: Colour| {
+            let mut p = Program::default();
+            let y = p.alloc("y", 1);
+            p.tasks.push(task(
+                0,
+                "exchange",
+                START,
+                vec![
+                    vec(
+                        VecOp::Mov,
+                        Dsd::mem(y, 1),
+                        vec![Src::V(Dsd::In {
+                            colour: from,
+                            len: 1,
+                        })],
+                    ),
+                    vec(
+                        VecOp::Mov,
+                        Dsd::Out { colour: to, len: 1 },
+                        vec![Src::V(Dsd::mem(y, 1))],
+                    ),
+                ],
+            ));
+            Arc::new(p)
+        };
+        let mut setup = Setup::default();
+        setup.pes.insert((0, 0), (prog(1, 2), vec![]));
+        setup.pes.insert((1, 0), (prog(2, 1), vec![]));
+        setup
+            .routes
+            .insert((0, 0, 2), Route::new(Dir::Ramp, &[Dir::E]));
+        setup
+            .routes
+            .insert((1, 0, 2), Route::new(Dir::W, &[Dir::Ramp]));
+        setup
+            .routes
+            .insert((1, 0, 1), Route::new(Dir::Ramp, &[Dir::W]));
+        setup
+            .routes
+            .insert((0, 0, 1), Route::new(Dir::E, &[Dir::Ramp]));
+        let mut sim = Sim::new(&fabric(), &setup).unwrap();
+        let d = sim.run().unwrap_err();
+        assert_eq!(d.waiting, 2);
+        assert_eq!(
+            d.chain,
+            [
+                "PE (0, 0) in task `exchange` waits for a wavelet on colour 1 from PE (1, 0)",
+                "PE (1, 0) in task `exchange` waits for a wavelet on colour 2 from PE (0, 0)",
+                "PE (0, 0) in task `exchange` (a cycle)",
+            ]
+        );
+    }
+
+    #[test]
+    fn broken_routes_are_refused_before_running() {
+        let mut setup = Setup::default();
+        setup
+            .pes
+            .insert((0, 0), (Arc::new(sender(2)), vec![1.0, 2.0]));
+        setup
+            .routes
+            .insert((0, 0, 1), Route::new(Dir::Ramp, &[Dir::E]));
+        setup
+            .routes
+            .insert((1, 0, 1), Route::new(Dir::N, &[Dir::Ramp]));
+        let e = Sim::new(&fabric(), &setup).err().unwrap();
+        assert!(e.0.contains("does not take it from the west"), "{}", e.0);
+        setup
+            .routes
+            .insert((1, 0, 1), Route::new(Dir::W, &[Dir::Ramp]));
+        let e = Sim::new(&fabric(), &setup).err().unwrap();
+        assert!(e.0.contains("no program runs"), "{}", e.0);
+    }
+}
