@@ -6,10 +6,15 @@
 //!
 //! SRAM holds 32-bit words (f32 values); addresses and lengths count words. A memory
 //! descriptor's address is affine in the counters of the loops around it:
-//! element `i` of `Mem { base, len, stride, step }` inside loops with counters
-//! `c0, c1, ...` (outermost first) is at `base + i * stride + sum_d c_d * step[d]`.
+//! element `i` of `Mem { base, len, stride, step, by }` inside loops with counters
+//! `c0, c1, ...` (outermost first) is at `base + i * stride + sum_d c_d * step[d]`,
+//! plus `n * s` when `by` is `Some((k, s))` and the PE's counter `k` is at `n` (a
+//! task's runs, counted with `Count`: which sample's slot of a buffer it uses).
 
 use std::fmt;
+
+/// The counters of a PE (`Count`).
+pub const COUNTERS: u8 = 8;
 
 /// A colour (virtual channel) of the fabric.
 pub type Colour = u8;
@@ -27,6 +32,8 @@ pub enum Dsd {
         stride: i32,
         /// Per enclosing loop (outermost first): how far the base moves per iteration.
         step: Vec<i32>,
+        /// A PE counter, and how far the base moves per count.
+        by: Option<(u8, i32)>,
     },
     /// The next `len` wavelets that arrive on `colour`.
     In { colour: Colour, len: u32 },
@@ -42,6 +49,7 @@ impl Dsd {
             len,
             stride: 1,
             step: Vec::new(),
+            by: None,
         }
     }
 
@@ -56,13 +64,27 @@ impl Dsd {
         self.len() == 0
     }
 
-    /// The word of element `i` of a memory descriptor under loop counters `counters`.
-    pub fn addr(base: u32, stride: i32, step: &[i32], i: u32, counters: &[u32]) -> i64 {
-        let mut a = i64::from(base) + i64::from(i) * i64::from(stride);
-        for (s, c) in step.iter().zip(counters) {
+    /// The word of element `i` of a memory descriptor inside loops at `loops`, on a
+    /// PE whose counters are at `counters` (`None` for the fabric's descriptors).
+    pub fn word(&self, i: u32, loops: &[u32], counters: &[u32]) -> Option<i64> {
+        let Dsd::Mem {
+            base,
+            stride,
+            step,
+            by,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let mut a = i64::from(*base) + i64::from(i) * i64::from(*stride);
+        for (s, c) in step.iter().zip(loops) {
             a += i64::from(*s) * i64::from(*c);
         }
-        a
+        if let Some((k, s)) = by {
+            a += i64::from(*s) * i64::from(counters.get(*k as usize).copied().unwrap_or(0));
+        }
+        Some(a)
     }
 }
 
@@ -193,11 +215,11 @@ pub enum Instr {
     /// Marks a local task ready to run.
     Activate(TaskId),
     /// Adds one to counter `counter`; when it reaches `every`, resets it and activates
-    /// `then` (a task that runs once per `every` runs of this one).
+    /// `then`, if any (a task that runs once per `every` runs of this one).
     Count {
         counter: u8,
         every: u32,
-        then: TaskId,
+        then: Option<TaskId>,
     },
 }
 
@@ -323,11 +345,15 @@ impl Program {
                         }
                     }
                     Instr::Loop { body, .. } => walk(body, depth + 1, known)?,
-                    Instr::Activate(id) | Instr::Count { then: id, .. } => {
+                    Instr::Activate(id) | Instr::Count { then: Some(id), .. } => {
                         if !known(*id) {
                             return Err(format!("task {id} does not exist"));
                         }
                     }
+                    Instr::Count { counter, .. } if *counter >= COUNTERS => {
+                        return Err(format!("counter {counter} is beyond the PE's {COUNTERS}"));
+                    }
+                    Instr::Count { .. } => {}
                 }
             }
             Ok(())
@@ -347,12 +373,16 @@ impl fmt::Display for Dsd {
                 len,
                 stride,
                 step,
+                by,
             } => {
                 write!(f, "mem[{base}")?;
                 for (d, s) in step.iter().enumerate() {
                     if *s != 0 {
                         write!(f, " + {s}*i{d}")?;
                     }
+                }
+                if let Some((k, s)) = by {
+                    write!(f, " + {s}*n{k}")?;
                 }
                 write!(f, "; {len}")?;
                 if *stride != 1 {
@@ -397,7 +427,10 @@ fn write_body(f: &mut fmt::Formatter<'_>, body: &[Instr], indent: usize) -> fmt:
                 counter,
                 every,
                 then,
-            } => writeln!(f, "{pad}count     n{counter}, every {every} -> t{then}")?,
+            } => match then {
+                Some(t) => writeln!(f, "{pad}count     n{counter}, every {every} -> t{t}")?,
+                None => writeln!(f, "{pad}count     n{counter}, every {every}")?,
+            },
         }
     }
     Ok(())
@@ -447,6 +480,7 @@ mod tests {
                             len: 4,
                             stride: 1,
                             step: vec![4],
+                            by: None,
                         }),
                         Src::Recv(1),
                     ],

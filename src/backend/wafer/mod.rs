@@ -12,4 +12,5 @@
 pub mod cost;
 pub mod fabric;
 pub mod isa;
+pub mod kernels;
 pub mod sim;

@@ -29,7 +29,7 @@
 
 use super::cost;
 use super::fabric::Fabric;
-use super::isa::{Colour, Dsd, Instr, Program, Src, Trigger, VecOp};
+use super::isa::{Colour, Dsd, Instr, Program, Src, Trigger, VecOp, COUNTERS};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt;
@@ -357,7 +357,7 @@ impl Sim {
                 feeds: vec![None; colours],
                 sends: vec![None; colours],
                 active,
-                counters: vec![0; 8],
+                counters: vec![0; COUNTERS as usize],
                 time: 0,
                 run: None,
                 wait: None,
@@ -862,7 +862,7 @@ impl Sim {
             }
             return Step::Continue;
         }
-        let counters: Vec<u32> = run.frames[1..].iter().map(|fr| fr.iter).collect();
+        let loops: Vec<u32> = run.frames[1..].iter().map(|fr| fr.iter).collect();
         match &body[top.pc] {
             Instr::Loop { count, .. } => {
                 if *count > 0 {
@@ -882,16 +882,18 @@ impl Sim {
                 every,
                 then,
             } => {
-                let c = &mut pe.counters[*counter as usize % 8];
+                let c = &mut pe.counters[*counter as usize];
                 *c += 1;
                 if *c >= *every {
                     *c = 0;
-                    pe.active |= 1u64 << then;
+                    if let Some(then) = then {
+                        pe.active |= 1u64 << then;
+                    }
                 }
                 run.frames[depth].pc += 1;
                 Step::Continue
             }
-            Instr::Vec { op, dst, srcs } => self.vec_instr(p, t, *op, dst, srcs, &counters),
+            Instr::Vec { op, dst, srcs } => self.vec_instr(p, t, *op, dst, srcs, &loops),
         }
     }
 
@@ -903,7 +905,7 @@ impl Sim {
         op: VecOp,
         dst: &Dsd,
         srcs: &[Src],
-        counters: &[u32],
+        loops: &[u32],
     ) -> Step {
         let f = &self.f;
         let n = dst.len();
@@ -925,8 +927,8 @@ impl Sim {
             if !fabric {
                 // on SRAM alone: all of it at once
                 for i in 0..n {
-                    let v = element(&pe.mem, op, srcs, i, counters, &[], None);
-                    store(&mut pe.mem, dst, i, counters, v);
+                    let v = element(&pe.mem, op, srcs, (i, loops, &pe.counters), &[], None);
+                    store(&mut pe.mem, dst, i, loops, &pe.counters, v);
                 }
                 let cycles = cost::vec_op(f, op, n, reads, writes);
                 pe.time += cycles;
@@ -998,7 +1000,14 @@ impl Sim {
             let pe = &mut self.pes[p];
             let run = pe.run.as_mut().expect("a running task");
             let i = run.elem;
-            let v = element(&pe.mem, op, srcs, i, counters, &fab[..j], scalar);
+            let v = element(
+                &pe.mem,
+                op,
+                srcs,
+                (i, loops, &pe.counters),
+                &fab[..j],
+                scalar,
+            );
             let stalled = at - run.next;
             run.scalar = scalar;
             run.stalled += stalled;
@@ -1011,7 +1020,7 @@ impl Sim {
             };
             match out {
                 Some(s) => self.send(s, at, v),
-                None => store(&mut pe.mem, dst, i, counters, v),
+                None => store(&mut pe.mem, dst, i, loops, &pe.counters, v),
             }
         }
     }
@@ -1076,8 +1085,7 @@ fn element(
     mem: &[f32],
     op: VecOp,
     srcs: &[Src],
-    i: u32,
-    counters: &[u32],
+    (i, loops, counters): (u32, &[u32], &[u32]),
     fab: &[f32],
     scalar: Option<f32>,
 ) -> f32 {
@@ -1085,16 +1093,14 @@ fn element(
     let mut j = 0;
     for (k, s) in srcs.iter().enumerate().take(3) {
         v[k] = match s {
-            Src::V(Dsd::Mem {
-                base, stride, step, ..
-            }) => load(mem, Dsd::addr(*base, *stride, step, i, counters)),
+            Src::V(d @ Dsd::Mem { .. }) => load(mem, d.word(i, loops, counters)),
             Src::V(Dsd::In { .. }) => {
                 let x = fab.get(j).copied().unwrap_or(f32::NAN);
                 j += 1;
                 x
             }
             Src::V(Dsd::Out { .. }) => f32::NAN,
-            Src::Scalar(a) => load(mem, i64::from(*a)),
+            Src::Scalar(a) => load(mem, Some(i64::from(*a))),
             Src::Recv(_) => scalar.unwrap_or(f32::NAN),
             Src::Imm(x) => *x,
         };
@@ -1102,25 +1108,20 @@ fn element(
     op.apply(v[0], v[1], v[2])
 }
 
-fn load(mem: &[f32], a: i64) -> f32 {
-    usize::try_from(a)
-        .ok()
+fn load(mem: &[f32], a: Option<i64>) -> f32 {
+    a.and_then(|a| usize::try_from(a).ok())
         .and_then(|a| mem.get(a))
         .copied()
         .unwrap_or(f32::NAN)
 }
 
-fn store(mem: &mut [f32], dst: &Dsd, i: u32, counters: &[u32], v: f32) {
-    if let Dsd::Mem {
-        base, stride, step, ..
-    } = dst
+fn store(mem: &mut [f32], dst: &Dsd, i: u32, loops: &[u32], counters: &[u32], v: f32) {
+    let word = dst.word(i, loops, counters);
+    if let Some(m) = word
+        .and_then(|a| usize::try_from(a).ok())
+        .and_then(|a| mem.get_mut(a))
     {
-        if let Some(m) = usize::try_from(Dsd::addr(*base, *stride, step, i, counters))
-            .ok()
-            .and_then(|a| mem.get_mut(a))
-        {
-            *m = v;
-        }
+        *m = v;
     }
 }
 
