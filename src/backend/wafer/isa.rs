@@ -13,6 +13,9 @@
 
 use std::fmt;
 
+/// The task ids of a PE (0 to 63; lower ids run first).
+pub const TASKS: u8 = 64;
+
 /// The counters of a PE (`Count`).
 pub const COUNTERS: u8 = 8;
 
@@ -288,6 +291,9 @@ impl Program {
     /// of sources or lengths that disagree.
     pub fn check(&self) -> Result<(), String> {
         for (i, t) in self.tasks.iter().enumerate() {
+            if t.id >= TASKS {
+                return Err(format!("task {} is beyond the PE's {TASKS} task ids", t.id));
+            }
             if self.tasks[..i].iter().any(|u| u.id == t.id) {
                 return Err(format!("task {} is defined twice", t.id));
             }
@@ -514,5 +520,8 @@ mod tests {
         let mut p = gemv_column();
         p.tasks[0].body.push(Instr::Activate(7));
         assert!(p.check().unwrap_err().contains("task 7"));
+        let mut p = gemv_column();
+        p.tasks[0].id = 64;
+        assert!(p.check().unwrap_err().contains("beyond"));
     }
 }
