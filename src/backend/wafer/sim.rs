@@ -251,17 +251,23 @@ struct Frame {
     iter: u32,
 }
 
+/// A task being run: where it is, and how far its current vector instruction got when
+/// that one goes element by element (operands on the fabric).
 #[derive(Debug, Clone)]
 struct Running {
     task: usize,
     frames: Vec<Frame>,
-    /// Within the current vector instruction: the next element, when it may be
-    /// computed, and the scalar received for it (a `Recv` operand).
+    vec: Option<Progress>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    /// The next element, the cycle it may be computed, and the scalar received for
+    /// the instruction (a `Recv` operand).
     elem: u32,
     next: u64,
-    started: bool,
     scalar: Option<f32>,
-    /// The cycle it started, and the cycles its elements waited.
+    /// The cycle the instruction started, and the cycles its elements waited.
     start: u64,
     stalled: u64,
 }
@@ -367,7 +373,14 @@ impl Sim {
         let mut sim = Sim {
             f: f.clone(),
             pes,
-            hosts: Vec::new(),
+            hosts: (setup.inputs.iter())
+                .map(|h| HostSrc {
+                    values: h.values.iter().copied().collect(),
+                    stream: usize::MAX,
+                    time: 0,
+                    waiting: false,
+                })
+                .collect(),
             streams: Vec::new(),
             link_free: Vec::new(),
             outs: Vec::new(),
@@ -375,14 +388,6 @@ impl Sim {
             pending: Vec::new(),
             now: 0,
         };
-        sim.hosts = (setup.inputs.iter())
-            .map(|h| HostSrc {
-                values: h.values.iter().copied().collect(),
-                stream: usize::MAX,
-                time: 0,
-                waiting: false,
-            })
-            .collect();
         let mut links = BTreeMap::new();
         // every stream starts at a router whose route takes the colour from its ramp,
         // or from off the grid (a host input)
@@ -755,53 +760,55 @@ impl Sim {
         let pe = &mut self.pes[p];
         pe.time = pe.time.max(t);
         pe.wait = None;
+        // the task runs outside the PE, which its instructions change
+        let mut run = pe.run.take();
         loop {
-            if self.pes[p].run.is_none() {
+            let Some(r) = run.as_mut() else {
                 // choose a task, only at an event of this PE's own time
-                let pe = &self.pes[p];
-                if pe.time > t {
-                    let at = pe.time;
-                    self.schedule(p, at);
+                if self.pes[p].time > t {
+                    self.schedule(p, self.pes[p].time);
                     return;
                 }
                 match self.ready(p) {
                     Ok(task) => {
                         let pe = &mut self.pes[p];
-                        let id = pe.prog.tasks[task].id;
-                        pe.active &= !(1u64 << id);
+                        pe.active &= !(1u64 << pe.prog.tasks[task].id);
                         pe.time += u64::from(self.f.task_switch);
                         pe.stats.busy += u64::from(self.f.task_switch);
-                        pe.run = Some(Running {
+                        run = Some(Running {
                             task,
                             frames: vec![Frame { pc: 0, iter: 0 }],
-                            elem: 0,
-                            next: 0,
-                            started: false,
-                            scalar: None,
-                            start: 0,
-                            stalled: 0,
+                            vec: None,
                         });
                     }
-                    Err(Some(at)) => {
-                        // a wavelet queued for later; one sent meanwhile may come first
+                    Err(at) => {
+                        // idle; a wavelet queued for later makes a task ready then,
+                        // unless one sent meanwhile comes first
                         self.pes[p].wait = Some(Wait::Idle);
-                        self.schedule(p, at);
-                        return;
-                    }
-                    Err(None) => {
-                        self.pes[p].wait = Some(Wait::Idle);
+                        if let Some(at) = at {
+                            self.schedule(p, at);
+                        }
                         return;
                     }
                 }
-            }
-            match self.advance(p, t) {
+                continue;
+            };
+            match self.advance(p, r, t) {
                 Step::Continue => {}
+                Step::Done => {
+                    let pe = &mut self.pes[p];
+                    pe.stats.done = pe.time;
+                    run = None;
+                }
                 Step::Yield(at) => {
+                    self.pes[p].run = run;
                     self.schedule(p, at);
                     return;
                 }
                 Step::Wait(w) => {
-                    self.pes[p].wait = Some(w);
+                    let pe = &mut self.pes[p];
+                    pe.run = run;
+                    pe.wait = Some(w);
                     return;
                 }
             }
@@ -833,11 +840,10 @@ impl Sim {
         best.map(|b| b.1).ok_or(soonest)
     }
 
-    /// Executes PE `p`'s current instruction as far as it can go.
-    fn advance(&mut self, p: usize, t: u64) -> Step {
+    /// Executes the current instruction of task `run` of PE `p` as far as it can go.
+    fn advance(&mut self, p: usize, run: &mut Running, t: u64) -> Step {
         let prog = self.pes[p].prog.clone();
         let pe = &mut self.pes[p];
-        let run = pe.run.as_mut().expect("a running task");
         let task = &prog.tasks[run.task];
         let depth = run.frames.len() - 1;
         let body = body_at(&task.body, &run.frames[..depth]);
@@ -846,9 +852,7 @@ impl Sim {
             // the end of a body: the loop's next iteration, past the loop, or the task's end
             run.frames.pop();
             if run.frames.is_empty() {
-                pe.run = None;
-                pe.stats.done = pe.time;
-                return Step::Continue;
+                return Step::Done;
             }
             let outer = body_at(&task.body, &run.frames[..depth - 1]);
             let pc = run.frames[depth - 1].pc;
@@ -893,18 +897,25 @@ impl Sim {
                 run.frames[depth].pc += 1;
                 Step::Continue
             }
-            Instr::Vec { op, dst, srcs } => self.vec_instr(p, t, *op, dst, srcs, &loops),
+            Instr::Vec { op, dst, srcs } => {
+                let step = self.vec_instr(p, &mut run.vec, t, (*op, dst, srcs), &loops);
+                if matches!(step, Step::Continue) {
+                    // finished: on to the next instruction
+                    run.frames[depth].pc += 1;
+                }
+                step
+            }
         }
     }
 
-    /// Executes (part of) a vector instruction of PE `p`.
+    /// Executes (part of) a vector instruction of PE `p`, whose progress element by
+    /// element is `progress`; `Continue` when it is done.
     fn vec_instr(
         &mut self,
         p: usize,
+        progress: &mut Option<Progress>,
         t: u64,
-        op: VecOp,
-        dst: &Dsd,
-        srcs: &[Src],
+        (op, dst, srcs): (VecOp, &Dsd, &[Src]),
         loops: &[u32],
     ) -> Step {
         let f = &self.f;
@@ -922,66 +933,48 @@ impl Sim {
         let lanes = if op.software() { 1 } else { f.fp32_lanes };
         let startup = u64::from(f.dsd_startup);
         let pe = &mut self.pes[p];
-        let run = pe.run.as_mut().expect("a running task");
-        if !run.started {
-            if !fabric {
-                // on SRAM alone: all of it at once
-                for i in 0..n {
-                    let v = element(&pe.mem, op, srcs, (i, loops, &pe.counters), &[], None);
-                    store(&mut pe.mem, dst, i, loops, &pe.counters, v);
-                }
-                let cycles = cost::vec_op(f, op, n, reads, writes);
-                pe.time += cycles;
-                pe.stats.busy += cycles;
-                finish(pe);
-                return Step::Continue;
+        if !fabric {
+            // on SRAM alone: all of it at once
+            for i in 0..n {
+                let v = element(&pe.mem, op, srcs, (i, loops, &pe.counters), &[], None);
+                store(&mut pe.mem, dst, i, loops, &pe.counters, v);
             }
-            *run = Running {
-                started: true,
-                elem: 0,
-                scalar: None,
-                start: pe.time,
-                next: pe.time + startup,
-                stalled: 0,
-                ..run.clone()
-            };
+            let cycles = cost::vec_op(f, op, n, reads, writes);
+            pe.time += cycles;
+            pe.stats.busy += cycles;
+            return Step::Continue;
         }
-        loop {
-            let pe = &self.pes[p];
-            let run = pe.run.as_ref().expect("a running task");
-            if run.elem >= n {
-                let pe = &mut self.pes[p];
-                let run = pe.run.as_mut().expect("a running task");
-                let end = run.next;
-                pe.stats.busy += end - run.start - run.stalled;
-                pe.stats.stalled += run.stalled;
-                pe.time = pe.time.max(end);
-                finish(pe);
-                return Step::Continue;
-            }
+        let mut g = progress.unwrap_or(Progress {
+            elem: 0,
+            next: pe.time + startup,
+            scalar: None,
+            start: pe.time,
+            stalled: 0,
+        });
+        while g.elem < n {
             // the wavelets this element needs must be queued, and its output needs room
-            let mut at = run.next;
+            let pe = &self.pes[p];
+            let mut at = g.next;
             for s in srcs {
                 let c = match s {
                     Src::V(Dsd::In { colour, .. }) => *colour,
-                    Src::Recv(c) if run.scalar.is_none() => *c,
+                    Src::Recv(c) if g.scalar.is_none() => *c,
                     _ => continue,
                 };
                 match pe.queues[c as usize].front() {
                     Some(&(arrive, _)) => at = at.max(arrive),
-                    None => return self.wait(p, t, Wait::In(c)),
+                    None => return self.wait(progress, g, t, Wait::In(c)),
                 }
             }
             let out = match dst {
                 Dsd::Out { colour, .. } => pe.sends[*colour as usize],
                 _ => None,
             };
-            let mut scalar = run.scalar;
             if let Some(s) = out {
                 match self.room(s, at) {
                     Room::Yes => {}
                     Room::At(later) => at = later,
-                    Room::No => return self.wait(p, t, Wait::Room(s)),
+                    Room::No => return self.wait(progress, g, t, Wait::Room(s)),
                 }
             }
             // compute it at `at`
@@ -993,27 +986,25 @@ impl Sim {
                         fab[j] = self.take(p, *colour, at);
                         j += 1;
                     }
-                    Src::Recv(c) if scalar.is_none() => scalar = Some(self.take(p, *c, at)),
+                    Src::Recv(c) if g.scalar.is_none() => g.scalar = Some(self.take(p, *c, at)),
                     _ => {}
                 }
             }
             let pe = &mut self.pes[p];
-            let run = pe.run.as_mut().expect("a running task");
-            let i = run.elem;
+            let i = g.elem;
             let v = element(
                 &pe.mem,
                 op,
                 srcs,
                 (i, loops, &pe.counters),
                 &fab[..j],
-                scalar,
+                g.scalar,
             );
-            let stalled = at - run.next;
-            run.scalar = scalar;
-            run.stalled += stalled;
-            run.elem += 1;
+            let stalled = at - g.next;
+            g.stalled += stalled;
+            g.elem += 1;
             // elements go `lanes` at a time, unless wavelets pace them
-            run.next = if run.elem.is_multiple_of(lanes) || stalled > 0 || j > 0 || out.is_some() {
+            g.next = if g.elem.is_multiple_of(lanes) || stalled > 0 || j > 0 || out.is_some() {
                 at + step
             } else {
                 at
@@ -1023,14 +1014,21 @@ impl Sim {
                 None => store(&mut pe.mem, dst, i, loops, &pe.counters, v),
             }
         }
+        let pe = &mut self.pes[p];
+        pe.stats.busy += g.next - g.start - g.stalled;
+        pe.stats.stalled += g.stalled;
+        pe.time = pe.time.max(g.next);
+        *progress = None;
+        Step::Continue
     }
 
-    /// PE `p` cannot go on before `w`. It waits for it, or, when it ran ahead of its
-    /// event's cycle `t`, comes back at the cycle it needs it, to decide then.
-    fn wait(&mut self, p: usize, t: u64, w: Wait) -> Step {
-        let run = self.pes[p].run.as_ref().expect("a running task");
-        if run.next > t {
-            return Step::Yield(run.next);
+    /// An instruction at `g` cannot go on before `w`. It waits for it, or, when the PE
+    /// ran ahead of its event's cycle `t`, comes back at the cycle it needs it, to
+    /// decide then.
+    fn wait(&self, progress: &mut Option<Progress>, g: Progress, t: u64, w: Wait) -> Step {
+        *progress = Some(g);
+        if g.next > t {
+            return Step::Yield(g.next);
         }
         Step::Wait(w)
     }
@@ -1057,8 +1055,13 @@ impl Sim {
     }
 }
 
+/// How far a PE got.
 enum Step {
+    /// On to the next instruction.
     Continue,
+    /// The task ended.
+    Done,
+    /// Back at this cycle (it ran ahead and must decide then).
     Yield(u64),
     Wait(Wait),
 }
@@ -1071,13 +1074,6 @@ fn body_at<'a>(mut body: &'a [Instr], frames: &[Frame]) -> &'a [Instr] {
         }
     }
     body
-}
-
-/// Moves past the current (finished) vector instruction.
-fn finish(pe: &mut Pe) {
-    let run = pe.run.as_mut().expect("a running task");
-    run.started = false;
-    run.frames.last_mut().expect("a frame").pc += 1;
 }
 
 /// The value of element `i` of an operation.
