@@ -128,14 +128,45 @@ pub enum VecOp {
     Exp,
     /// `ln(a)` (in software)
     Log,
+    /// `sqrt(a)`, `1 / sqrt(a)`, `tanh(a)`, `1 / (1 + exp(-a))`, `a` to the power `b`,
+    /// `floor(a)`, `a` rounded toward zero (in software)
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Pow,
+    Floor,
+    Trunc,
+    /// The sign of `a` (-1, 0 or 1; NaN stays NaN)
+    Sign,
+    /// Comparisons: 1 when `a` and `b` compare so, else 0
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    /// `if a != 0 { b } else { c }`
+    Sel,
 }
 
 impl VecOp {
     /// The sources it reads.
     pub fn arity(self) -> usize {
         match self {
-            VecOp::Mov | VecOp::Neg | VecOp::Relu | VecOp::Exp | VecOp::Log => 1,
-            VecOp::Fmac => 3,
+            VecOp::Mov
+            | VecOp::Neg
+            | VecOp::Relu
+            | VecOp::Exp
+            | VecOp::Log
+            | VecOp::Sqrt
+            | VecOp::Rsqrt
+            | VecOp::Tanh
+            | VecOp::Sigmoid
+            | VecOp::Floor
+            | VecOp::Trunc
+            | VecOp::Sign => 1,
+            VecOp::Fmac | VecOp::Sel => 3,
             _ => 2,
         }
     }
@@ -143,7 +174,19 @@ impl VecOp {
     /// Whether the PE computes it in software, element by element, rather than on its
     /// SIMD units.
     pub fn software(self) -> bool {
-        matches!(self, VecOp::Div | VecOp::Exp | VecOp::Log)
+        matches!(
+            self,
+            VecOp::Div
+                | VecOp::Exp
+                | VecOp::Log
+                | VecOp::Sqrt
+                | VecOp::Rsqrt
+                | VecOp::Tanh
+                | VecOp::Sigmoid
+                | VecOp::Pow
+                | VecOp::Floor
+                | VecOp::Trunc
+        )
     }
 
     /// The value of one element, computed in f32 as the interpreter does.
@@ -186,6 +229,35 @@ impl VecOp {
             VecOp::Div => a / b,
             VecOp::Exp => a.exp(),
             VecOp::Log => a.ln(),
+            VecOp::Sqrt => a.sqrt(),
+            VecOp::Rsqrt => 1.0 / a.sqrt(),
+            VecOp::Tanh => a.tanh(),
+            VecOp::Sigmoid => 1.0 / (1.0 + (-a).exp()),
+            VecOp::Pow => a.powf(b),
+            VecOp::Floor => a.floor(),
+            VecOp::Trunc => a.trunc(),
+            VecOp::Sign => {
+                if a > 0.0 {
+                    1.0
+                } else if a < 0.0 {
+                    -1.0
+                } else {
+                    a
+                }
+            }
+            VecOp::Eq => f32::from(u8::from(a == b)),
+            VecOp::Ne => f32::from(u8::from(a != b)),
+            VecOp::Lt => f32::from(u8::from(a < b)),
+            VecOp::Le => f32::from(u8::from(a <= b)),
+            VecOp::Gt => f32::from(u8::from(a > b)),
+            VecOp::Ge => f32::from(u8::from(a >= b)),
+            VecOp::Sel => {
+                if a != 0.0 {
+                    b
+                } else {
+                    c
+                }
+            }
         }
     }
 
@@ -204,6 +276,21 @@ impl VecOp {
             VecOp::Div => "div",
             VecOp::Exp => "exp",
             VecOp::Log => "log",
+            VecOp::Sqrt => "sqrt",
+            VecOp::Rsqrt => "rsqrt",
+            VecOp::Tanh => "tanh",
+            VecOp::Sigmoid => "sigmoid",
+            VecOp::Pow => "pow",
+            VecOp::Floor => "floor",
+            VecOp::Trunc => "trunc",
+            VecOp::Sign => "sign",
+            VecOp::Eq => "eq",
+            VecOp::Ne => "ne",
+            VecOp::Lt => "lt",
+            VecOp::Le => "le",
+            VecOp::Gt => "gt",
+            VecOp::Ge => "ge",
+            VecOp::Sel => "sel",
         }
     }
 }

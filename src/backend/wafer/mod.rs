@@ -13,4 +13,5 @@ pub mod cost;
 pub mod fabric;
 pub mod isa;
 pub mod kernels;
+pub mod lower;
 pub mod sim;

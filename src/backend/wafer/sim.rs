@@ -291,6 +291,7 @@ struct Pe {
 }
 
 struct HostSrc {
+    at: (u32, u32),
     values: VecDeque<f32>,
     stream: usize,
     time: u64,
@@ -375,6 +376,7 @@ impl Sim {
             pes,
             hosts: (setup.inputs.iter())
                 .map(|h| HostSrc {
+                    at: (h.x, h.y),
                     values: h.values.iter().copied().collect(),
                     stream: usize::MAX,
                     time: 0,
@@ -1031,6 +1033,73 @@ impl Sim {
             return Step::Yield(g.next);
         }
         Step::Wait(w)
+    }
+
+    /// The last cycle a run reached.
+    pub fn now(&self) -> u64 {
+        self.now.max(self.end())
+    }
+
+    fn pe_at(&self, x: u32, y: u32) -> Option<usize> {
+        self.pes.iter().position(|p| (p.x, p.y) == (x, y))
+    }
+
+    /// Writes `values` into the SRAM of the PE at `(x, y)` from word `addr` on (the
+    /// host's copy into the fabric between runs); false when there is no such PE or
+    /// the words are past its memory.
+    pub fn write(&mut self, x: u32, y: u32, addr: u32, values: &[f32]) -> bool {
+        let Some(p) = self.pe_at(x, y) else {
+            return false;
+        };
+        let mem = &mut self.pes[p].mem;
+        let a = addr as usize;
+        match mem.get_mut(a..a + values.len()) {
+            Some(m) => {
+                m.copy_from_slice(values);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Makes local task `task` of the PE at `(x, y)` ready now (the host launching a
+    /// function); false when there is no such PE or task.
+    pub fn launch(&mut self, x: u32, y: u32, task: super::isa::TaskId) -> bool {
+        let Some(p) = self.pe_at(x, y) else {
+            return false;
+        };
+        let now = self.now();
+        let pe = &mut self.pes[p];
+        if !pe.prog.tasks.iter().any(|t| t.id == task) {
+            return false;
+        }
+        pe.active |= 1u64 << task;
+        let at = pe.time.max(now);
+        self.schedule(p, at);
+        true
+    }
+
+    /// Queues more values for the host to send at the edge router `(x, y)` on
+    /// `colour` (one of the setup's inputs); false when the setup has no such input.
+    pub fn feed(&mut self, x: u32, y: u32, colour: Colour, values: &[f32]) -> bool {
+        let Some(h) = self.hosts.iter().position(|h| {
+            let s = &self.streams[h.stream];
+            h.at == (x, y) && s.colour == colour
+        }) else {
+            return false;
+        };
+        self.hosts[h].values.extend(values.iter().copied());
+        let at = self.hosts[h].time.max(self.now());
+        self.hosts[h].time = at;
+        self.schedule(self.pes.len() + h, at);
+        true
+    }
+
+    /// Forgets the values that left the fabric so far.
+    pub fn clear_outputs(&mut self) {
+        for (_, v) in &mut self.outs {
+            v.clear();
+        }
     }
 
     /// Per PE at `(x, y)`: what it did.

@@ -1,23 +1,75 @@
 //! The kernel library: each group of train-graph ops becomes a resizable kernel that,
-//! given a rectangle, yields its per-PE programs, initial memory and routes.
+//! given a rectangle, yields its per-PE programs, routes and the places of its tensors.
 //!
-//! - `dense`: `y = x W` (the forward pass so far) on the checkerboard GEMV mapping.
+//! - `dense`: `y = x W` with its input gradient, weight gradient and update, on the
+//!   checkerboard GEMV mapping.
+//!
+//! A kernel is laid out in its own frame: `i` counts its input lanes and `j` its output
+//! lanes, inputs enter at the north edge and outputs leave at the east edge. `Orient`
+//! maps that frame onto the fabric, as it is or transposed (inputs from the west,
+//! outputs to the south), so that a kernel's output edge can face the next one's input
+//! edge lane for lane.
 
 pub mod dense;
 
-use super::isa::{Colour, Program};
-use super::sim::Route;
+use super::isa::{Colour, Program, TaskId};
+use super::sim::{Dir, Route};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// A kernel laid out on its rectangle, in fabric coordinates: what a `sim::Setup`
-/// is made of.
+/// The task every PE with an update runs it as: the host launches it once per step,
+/// after the samples.
+pub const UPDATE: TaskId = 62;
+
+/// Where the words of one tensor are: pieces, each on a PE from a word on, holding
+/// runs of the tensor's flat elements (offset, length) one after another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub pe: (u32, u32),
+    pub word: u32,
+    pub runs: Vec<(u32, u32)>,
+}
+
+/// A kernel laid out on its rectangle, in fabric coordinates.
 #[derive(Debug, Clone, Default)]
 pub struct Laid {
     /// `(x, y)` -> program and initial SRAM words.
     pub pes: BTreeMap<(u32, u32), (Arc<Program>, Vec<f32>)>,
     /// `(x, y, colour)` -> route.
     pub routes: BTreeMap<(u32, u32, Colour), Route>,
+    /// Named tensors (variables, gradients, host values) and where they live.
+    pub tensors: BTreeMap<String, Vec<Piece>>,
+}
+
+impl Laid {
+    /// Adds a route, refusing a second one for the same router and colour.
+    pub fn route(&mut self, at: (u32, u32), c: Colour, r: Route) -> Result<(), String> {
+        if let Some(old) = self.routes.insert((at.0, at.1, c), r) {
+            if old != r {
+                return Err(format!(
+                    "router ({}, {}) has two routes for colour {c}",
+                    at.0, at.1
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds what another layout holds (disjoint PEs; routes must agree).
+    pub fn merge(&mut self, other: Laid) -> Result<(), String> {
+        for (k, v) in other.pes {
+            if self.pes.insert(k, v).is_some() {
+                return Err(format!("PE ({}, {}) is laid out twice", k.0, k.1));
+            }
+        }
+        for ((x, y, c), r) in other.routes {
+            self.route((x, y), c, r)?;
+        }
+        for (k, mut v) in other.tensors {
+            self.tensors.entry(k).or_default().append(&mut v);
+        }
+        Ok(())
+    }
 }
 
 /// A rectangle of PEs: its north-west corner and size.
@@ -29,9 +81,103 @@ pub struct Rect {
     pub h: u32,
 }
 
+/// How a kernel's frame lies on the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Orient {
+    /// As it is: inputs from the north, outputs to the east.
+    North,
+    /// Transposed: inputs from the west, outputs to the south.
+    West,
+}
+
+impl Orient {
+    /// The fabric PE of frame position `(i, j)` for a frame whose origin is at `o`.
+    pub fn at(self, o: (u32, u32), i: u32, j: u32) -> (u32, u32) {
+        match self {
+            Orient::North => (o.0 + i, o.1 + j),
+            Orient::West => (o.0 + j, o.1 + i),
+        }
+    }
+
+    /// The fabric direction of a frame direction.
+    pub fn dir(self, d: Dir) -> Dir {
+        match (self, d) {
+            (Orient::North, d) => d,
+            (Orient::West, Dir::N) => Dir::W,
+            (Orient::West, Dir::W) => Dir::N,
+            (Orient::West, Dir::S) => Dir::E,
+            (Orient::West, Dir::E) => Dir::S,
+            (Orient::West, Dir::Ramp) => Dir::Ramp,
+        }
+    }
+
+    /// The fabric size of a `w x h` frame.
+    pub fn size(self, w: u32, h: u32) -> (u32, u32) {
+        match self {
+            Orient::North => (w, h),
+            Orient::West => (h, w),
+        }
+    }
+
+    /// The other orientation.
+    pub fn flip(self) -> Orient {
+        match self {
+            Orient::North => Orient::West,
+            Orient::West => Orient::North,
+        }
+    }
+
+    /// A route given in frame directions.
+    pub fn route(self, rx: Dir, tx: &[Dir]) -> Route {
+        let tx: Vec<Dir> = tx.iter().map(|&d| self.dir(d)).collect();
+        Route::new(self.dir(rx), &tx)
+    }
+}
+
 /// `n` items dealt to `parts` in contiguous runs of `ceil(n / parts)`: the range of
 /// part `i` (empty for the parts past the end).
 pub fn split(n: u32, parts: u32, i: u32) -> std::ops::Range<u32> {
     let per = n.div_ceil(parts.max(1));
     (i * per).min(n)..((i + 1) * per).min(n)
+}
+
+/// The parts of `split(n, parts, _)` that are not empty.
+pub fn used(n: u32, parts: u32) -> u32 {
+    n.div_ceil(n.div_ceil(parts.max(1)).max(1))
+}
+
+/// Writes a tensor's flat `data` into its pieces (`write(pe, word, words)`).
+pub fn scatter(pieces: &[Piece], data: &[f32], mut write: impl FnMut((u32, u32), u32, &[f32])) {
+    for p in pieces {
+        let mut word = p.word;
+        for &(off, len) in &p.runs {
+            if let Some(d) = data.get(off as usize..(off + len) as usize) {
+                write(p.pe, word, d);
+            }
+            word += len;
+        }
+    }
+}
+
+/// Reads a tensor of `len` elements from its pieces (`read(pe)`: the PE's memory);
+/// elements no piece holds are NaN. Where pieces repeat an element (a value every PE
+/// holds a copy of), the last one read wins.
+pub fn gather<'a>(
+    pieces: &[Piece],
+    len: usize,
+    read: impl Fn((u32, u32)) -> Option<&'a [f32]>,
+) -> Vec<f32> {
+    let mut out = vec![f32::NAN; len];
+    for p in pieces {
+        let Some(mem) = read(p.pe) else { continue };
+        let mut word = p.word as usize;
+        for &(off, n) in &p.runs {
+            let (off, n) = (off as usize, n as usize);
+            if let (Some(dst), Some(src)) = (out.get_mut(off..off + n), mem.get(word..word + n)) {
+                dst.copy_from_slice(src);
+            }
+            word += n;
+        }
+    }
+    out
 }

@@ -1,0 +1,391 @@
+//! Elementwise code: IR ops over the values a PE holds, as vector operations. Every
+//! kernel uses it for what is elementwise in its part of the graph: the fused chains of
+//! the vector kernels (per sample) and the optimiser's update (once per step, over the
+//! PE's block of each variable).
+//!
+//! A value on a PE is a buffer of SRAM words (`len` words; one word broadcasts over any
+//! length) or a constant. A buffer may be one of `slots` per-sample slots chosen by a
+//! PE counter (a value stashed between a sample's forward and backward tasks).
+//! Temporaries come from a scratch area that every task of the PE shares (tasks run one
+//! at a time, to their end), reused once their last reader is done.
+
+use super::isa::{Dsd, Instr, Src, VecOp};
+use crate::ir::{BinaryOp, DType, Op, UnaryOp};
+
+/// Where a value lives on a PE.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Val {
+    /// `len` words at `base`; with `slot`, the slot (of `len` words) that counter
+    /// `slot` picks.
+    Buf {
+        base: u32,
+        len: u32,
+        slot: Option<u8>,
+    },
+    Imm(f32),
+}
+
+impl Val {
+    pub fn buf(base: u32, len: u32) -> Val {
+        Val::Buf {
+            base,
+            len,
+            slot: None,
+        }
+    }
+
+    /// The elements it holds (1 for a constant).
+    pub fn len(self) -> u32 {
+        match self {
+            Val::Buf { len, .. } => len,
+            Val::Imm(_) => 1,
+        }
+    }
+
+    /// Its `n` elements as a descriptor (a one-word buffer repeats its word); `None`
+    /// for a constant.
+    pub fn dsd(self, n: u32) -> Option<Dsd> {
+        match self {
+            Val::Buf { base, len, slot } => Some(Dsd::Mem {
+                base,
+                len: n,
+                stride: i32::from(len != 1),
+                step: Vec::new(),
+                by: slot.map(|c| (c, len as i32)),
+            }),
+            Val::Imm(_) => None,
+        }
+    }
+
+    /// Its `n` elements as a source.
+    pub fn src(self, n: u32) -> Src {
+        match self {
+            Val::Imm(v) => Src::Imm(v),
+            b => Src::V(b.dsd(n).unwrap_or_else(|| Dsd::mem(0, n))),
+        }
+    }
+
+    /// Element `i` of it, alone (a one-element source).
+    pub fn at(self, i: u32) -> Src {
+        match self {
+            Val::Imm(v) => Src::Imm(v),
+            Val::Buf { base, len, slot } => Src::V(Dsd::Mem {
+                base: base + if len == 1 { 0 } else { i },
+                len: 1,
+                stride: 1,
+                step: Vec::new(),
+                by: slot.map(|c| (c, len as i32)),
+            }),
+        }
+    }
+}
+
+/// The scratch area of a PE's tasks: temporaries placed at offsets from `base`, freed
+/// and reused; `high` is the words it needs.
+#[derive(Debug, Clone, Default)]
+pub struct Scratch {
+    pub base: u32,
+    /// Free runs (offset, length), sorted by offset.
+    free: Vec<(u32, u32)>,
+    top: u32,
+    pub high: u32,
+}
+
+impl Scratch {
+    pub fn new(base: u32) -> Scratch {
+        Scratch {
+            base,
+            ..Scratch::default()
+        }
+    }
+
+    /// A temporary of `len` words.
+    pub fn alloc(&mut self, len: u32) -> Val {
+        let len = len.max(1);
+        if let Some(i) = self.free.iter().position(|&(_, l)| l >= len) {
+            let (off, l) = self.free[i];
+            if l == len {
+                self.free.remove(i);
+            } else {
+                self.free[i] = (off + len, l - len);
+            }
+            return Val::buf(self.base + off, len);
+        }
+        let off = self.top;
+        self.top += len;
+        self.high = self.high.max(self.top);
+        Val::buf(self.base + off, len)
+    }
+
+    /// Gives back a temporary of this scratch (anything else is ignored).
+    pub fn release(&mut self, v: Val) {
+        let Val::Buf {
+            base,
+            len,
+            slot: None,
+        } = v
+        else {
+            return;
+        };
+        if base < self.base || base + len > self.base + self.top {
+            return;
+        }
+        let off = base - self.base;
+        let at = self.free.partition_point(|&(o, _)| o < off);
+        self.free.insert(at, (off, len));
+        // merge neighbours
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(self.free.len());
+        for &(o, l) in &self.free {
+            match merged.last_mut() {
+                Some((po, pl)) if *po + *pl == o => *pl += l,
+                _ => merged.push((o, l)),
+            }
+        }
+        if let Some(&(o, l)) = merged.last() {
+            if o + l == self.top {
+                self.top = o;
+                merged.pop();
+            }
+        }
+        self.free = merged;
+    }
+
+    /// Starts a new task: nothing is live (the high-water mark stays).
+    pub fn reset(&mut self) {
+        self.free.clear();
+        self.top = 0;
+    }
+}
+
+/// `dst = op(srcs)` over `n` elements.
+pub fn vec(op: VecOp, dst: Val, srcs: &[Val], n: u32) -> Instr {
+    Instr::Vec {
+        op,
+        dst: dst.dsd(n).unwrap_or_else(|| Dsd::mem(0, n)),
+        srcs: srcs.iter().map(|s| s.src(n)).collect(),
+    }
+}
+
+/// Whether an op is elementwise (with broadcasting of one-element operands) and what
+/// `emit` makes of it.
+pub fn elementwise(op: &Op) -> bool {
+    match op {
+        Op::Unary(_) | Op::Select | Op::Cast | Op::CrossShardMean => true,
+        Op::Binary(b) => !matches!(b, BinaryOp::Rem),
+        _ => false,
+    }
+}
+
+/// The code of an elementwise op (see `elementwise`) writing `dst` (`n` elements) from
+/// `args`, each of `n` elements or one; `to` is the result's dtype (for casts) and
+/// `from` the first operand's.
+pub fn emit(
+    op: &Op,
+    dst: Val,
+    args: &[Val],
+    n: u32,
+    (from, to): (DType, DType),
+    out: &mut Vec<Instr>,
+) -> Result<(), String> {
+    if let Some(a) = args.iter().find(|a| a.len() != 1 && a.len() != n) {
+        return Err(format!(
+            "`{}` of {} elements from an operand of {}",
+            op.name(),
+            n,
+            a.len()
+        ));
+    }
+    let un = |v: VecOp| vec(v, dst, &args[..1], n);
+    let ins = match op {
+        Op::Unary(u) => match u {
+            UnaryOp::Neg => un(VecOp::Neg),
+            UnaryOp::Exp => un(VecOp::Exp),
+            UnaryOp::Log => un(VecOp::Log),
+            UnaryOp::Sqrt => un(VecOp::Sqrt),
+            UnaryOp::Rsqrt => un(VecOp::Rsqrt),
+            UnaryOp::Tanh => un(VecOp::Tanh),
+            UnaryOp::Sigmoid => un(VecOp::Sigmoid),
+            UnaryOp::Relu => un(VecOp::Relu),
+            UnaryOp::Floor => un(VecOp::Floor),
+            UnaryOp::Sign => un(VecOp::Sign),
+            UnaryOp::Square => vec(VecOp::Mul, dst, &[args[0], args[0]], n),
+            UnaryOp::Not => vec(VecOp::Eq, dst, &[args[0], Val::Imm(0.0)], n),
+            UnaryOp::Abs => {
+                // max(a, -a) through dst, which must not be a itself
+                if args[0] == dst {
+                    return Err("`abs` in place".into());
+                }
+                out.push(vec(VecOp::Neg, dst, &args[..1], n));
+                vec(VecOp::Max, dst, &[args[0], dst], n)
+            }
+        },
+        Op::Binary(b) => {
+            let v = match b {
+                BinaryOp::Add => VecOp::Add,
+                BinaryOp::Sub => VecOp::Sub,
+                BinaryOp::Mul | BinaryOp::And => VecOp::Mul,
+                BinaryOp::Div => VecOp::Div,
+                BinaryOp::Pow => VecOp::Pow,
+                BinaryOp::Max | BinaryOp::Or => VecOp::Max,
+                BinaryOp::Min => VecOp::Min,
+                BinaryOp::Eq => VecOp::Eq,
+                BinaryOp::Ne => VecOp::Ne,
+                BinaryOp::Lt => VecOp::Lt,
+                BinaryOp::Le => VecOp::Le,
+                BinaryOp::Gt => VecOp::Gt,
+                BinaryOp::Ge => VecOp::Ge,
+                BinaryOp::Rem => return Err("`%` has no wafer kernel".into()),
+            };
+            vec(v, dst, &args[..2], n)
+        }
+        Op::Select => vec(VecOp::Sel, dst, &args[..3], n),
+        Op::Cast => {
+            if to == DType::Bool {
+                vec(VecOp::Ne, dst, &[args[0], Val::Imm(0.0)], n)
+            } else if to.is_float() || !from.is_float() {
+                un(VecOp::Mov)
+            } else {
+                un(VecOp::Trunc)
+            }
+        }
+        Op::CrossShardMean => un(VecOp::Mov),
+        other => return Err(format!("`{}` is not elementwise", other.name())),
+    };
+    out.push(ins);
+    Ok(())
+}
+
+/// An operand of an update's op: a variable the kernel holds, a gradient it
+/// accumulated, a value the host writes each step, a constant, or an earlier op's value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Operand {
+    Var(usize),
+    Acc(usize),
+    Host(usize),
+    Imm(f32),
+    Val(usize),
+}
+
+/// One elementwise op of an update, over the PE's block (`full`) or one word.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateOp {
+    pub op: Op,
+    pub args: Vec<Operand>,
+    pub full: bool,
+    /// The first operand's dtype and the result's (for casts).
+    pub types: (DType, DType),
+}
+
+/// What a kernel does once per step after the samples: elementwise ops over its blocks
+/// (the optimiser), then each variable replaced by a value.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Update {
+    pub ops: Vec<UpdateOp>,
+    pub commits: Vec<(usize, Operand)>,
+}
+
+impl Update {
+    /// The code of the update over blocks of `n` words: `vars`, `accs` and `hosts` are
+    /// where the operands of those kinds live; the accumulators are zeroed at its end.
+    pub fn code(
+        &self,
+        vars: &[Val],
+        accs: &[Val],
+        hosts: &[Val],
+        n: u32,
+        scratch: &mut Scratch,
+    ) -> Result<Vec<Instr>, String> {
+        let missing = || "an update reads a value the kernel does not hold".to_string();
+        let mut last = vec![0usize; self.ops.len()];
+        let uses = self
+            .ops
+            .iter()
+            .enumerate()
+            .flat_map(|(i, o)| o.args.iter().map(move |a| (i, *a)))
+            .chain(self.commits.iter().map(|&(_, a)| (self.ops.len(), a)));
+        for (i, a) in uses {
+            if let Operand::Val(v) = a {
+                *last.get_mut(v).ok_or_else(missing)? = i;
+            }
+        }
+        let mut vals: Vec<Val> = Vec::with_capacity(self.ops.len());
+        let mut out = Vec::new();
+        let get = |a: Operand, vals: &[Val]| -> Result<Val, String> {
+            match a {
+                Operand::Var(i) => vars.get(i).copied(),
+                Operand::Acc(i) => accs.get(i).copied(),
+                Operand::Host(i) => hosts.get(i).copied(),
+                Operand::Imm(v) => Some(Val::Imm(v)),
+                Operand::Val(i) => vals.get(i).copied(),
+            }
+            .ok_or_else(missing)
+        };
+        for (i, o) in self.ops.iter().enumerate() {
+            let len = if o.full { n } else { 1 };
+            let args = (o.args.iter())
+                .map(|&a| get(a, &vals))
+                .collect::<Result<Vec<Val>, String>>()?;
+            let dst = scratch.alloc(len);
+            emit(&o.op, dst, &args, len, o.types, &mut out)?;
+            vals.push(dst);
+            for a in &o.args {
+                if let Operand::Val(v) = *a {
+                    if last[v] == i {
+                        scratch.release(vals[v]);
+                    }
+                }
+            }
+        }
+        for &(v, a) in &self.commits {
+            let dst = *vars.get(v).ok_or_else(missing)?;
+            out.push(vec(VecOp::Mov, dst, &[get(a, &vals)?], dst.len()));
+        }
+        for &a in accs {
+            out.push(vec(VecOp::Mov, a, &[Val::Imm(0.0)], a.len()));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_reuses_what_is_released() {
+        let mut s = Scratch::new(100);
+        let a = s.alloc(4);
+        let b = s.alloc(2);
+        assert_eq!((a, b), (Val::buf(100, 4), Val::buf(104, 2)));
+        s.release(a);
+        assert_eq!(s.alloc(3), Val::buf(100, 3));
+        s.release(b);
+        s.release(Val::buf(100, 3));
+        // everything is free again: the next one starts at the base
+        assert_eq!(s.alloc(6), Val::buf(100, 6));
+        assert_eq!(s.high, 6);
+        s.reset();
+        assert_eq!(s.alloc(1), Val::buf(100, 1));
+    }
+
+    #[test]
+    fn one_word_values_broadcast() {
+        let v = Val::buf(8, 1);
+        assert_eq!(
+            v.dsd(5),
+            Some(Dsd::Mem {
+                base: 8,
+                len: 5,
+                stride: 0,
+                step: vec![],
+                by: None
+            })
+        );
+        let s = Val::Buf {
+            base: 8,
+            len: 3,
+            slot: Some(1),
+        };
+        assert_eq!(s.at(2).to_string(), "mem[10 + 3*n1; 1]");
+    }
+}
