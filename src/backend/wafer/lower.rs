@@ -35,7 +35,7 @@ impl Val {
     }
 
     /// The elements it holds (1 for a constant).
-    pub fn len(self) -> u32 {
+    pub fn elements(self) -> u32 {
         match self {
             Val::Buf { len, .. } => len,
             Val::Imm(_) => 1,
@@ -187,12 +187,12 @@ pub fn emit(
     (from, to): (DType, DType),
     out: &mut Vec<Instr>,
 ) -> Result<(), String> {
-    if let Some(a) = args.iter().find(|a| a.len() != 1 && a.len() != n) {
+    if let Some(a) = args.iter().find(|a| a.elements() != 1 && a.elements() != n) {
         return Err(format!(
             "`{}` of {} elements from an operand of {}",
             op.name(),
             n,
-            a.len()
+            a.elements()
         ));
     }
     let un = |v: VecOp| vec(v, dst, &args[..1], n);
@@ -338,10 +338,10 @@ impl Update {
         }
         for &(v, a) in &self.commits {
             let dst = *vars.get(v).ok_or_else(missing)?;
-            out.push(vec(VecOp::Mov, dst, &[get(a, &vals)?], dst.len()));
+            out.push(vec(VecOp::Mov, dst, &[get(a, &vals)?], dst.elements()));
         }
         for &a in accs {
-            out.push(vec(VecOp::Mov, a, &[Val::Imm(0.0)], a.len()));
+            out.push(vec(VecOp::Mov, a, &[Val::Imm(0.0)], a.elements()));
         }
         Ok(out)
     }
