@@ -11,7 +11,28 @@
 
 pub mod cost;
 pub mod fabric;
+pub mod form;
 pub mod isa;
 pub mod kernels;
 pub mod lower;
 pub mod sim;
+
+/// Graphs of small programs for the tests of the wafer's parts.
+#[cfg(test)]
+pub mod testing {
+    use crate::ir::Graph;
+    use crate::syntax::ast::SectionKind;
+
+    /// The checked graph of `mode` of the one estimator of `src`, for the wafer.
+    pub fn graph(src: &str, mode: SectionKind) -> Graph {
+        let p = crate::Program::from_source("t.est", src, None);
+        let opts = crate::CheckOptions {
+            target: crate::elab::Target::Wafer,
+            modes: vec![mode],
+            ..Default::default()
+        };
+        let c = crate::check(&p, &opts);
+        assert!(!c.has_errors(), "{:?}", c.diags);
+        c.graphs[0].graph.as_ref().clone()
+    }
+}

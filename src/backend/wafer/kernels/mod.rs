@@ -11,6 +11,7 @@
 //! edge lane for lane.
 
 pub mod dense;
+pub mod vector;
 
 use super::isa::{Colour, Program, TaskId};
 use super::sim::{Dir, Route};

@@ -1,0 +1,751 @@
+//! Kernel formation: which kernel computes each node of a train (or eval, predict)
+//! graph, and the streams between them.
+//!
+//! The wafer runs a step one sample at a time, so every node is first classed by how it
+//! relates to the batch:
+//!
+//! - **sample**: row `b` of its value depends only on row `b` of the inputs (the
+//!   forward and backward passes);
+//! - **batch**: a sum (or mean) over the samples (a weight or bias gradient, the loss),
+//!   accumulated in place as the samples pass;
+//! - **step**: once per step from variables and batch values (the optimiser), run
+//!   after the samples by the kernel that holds what it reads;
+//! - **host**: from constants and the global step alone (the learning rate and its
+//!   schedule), computed by the host and written into the PEs that read it.
+//!
+//! Then kernels form around the matrix products with a variable (`dense`: forward,
+//! input gradient, weight gradient, update); the other sample and batch nodes that touch
+//! form the fused elementwise kernels between them (`vector`). A value that crosses from
+//! one kernel to another is a stream; a stream into a layer's output gradient, or out of
+//! its input gradient, belongs to the backward pass.
+
+use super::lower::{self, Operand, Update, UpdateOp};
+use crate::ir::{Graph, NodeIndex, Op, ReduceOp, Role};
+use crate::span::Span;
+use petgraph::visit::NodeIndexable;
+use std::collections::BTreeSet;
+
+/// How a node relates to the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Sample,
+    /// The transpose of a sample value (only as a weight gradient's operand).
+    SampleT,
+    Batch,
+    Step,
+    Host,
+}
+
+/// Why a graph does not form into wafer kernels: where, what, and what would.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unsupported {
+    pub span: Span,
+    pub message: String,
+    pub help: String,
+}
+
+/// One kernel of a formed graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kernel {
+    pub kind: Kind,
+    /// The variables it holds (for a dense layer, the weight first).
+    pub vars: Vec<NodeIndex>,
+    /// Its step nodes, in order, and the variables they replace (name, node).
+    pub steps: Vec<NodeIndex>,
+    pub commits: Vec<(String, NodeIndex)>,
+    /// The host's values its code reads (scalars).
+    pub hosts: Vec<NodeIndex>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    /// `fwd = x W`; `bwd = dy W^T` (the input gradient) and `dw = x^T dy` when trained.
+    Dense {
+        w: NodeIndex,
+        x: NodeIndex,
+        fwd: NodeIndex,
+        dy: Option<NodeIndex>,
+        bwd: Option<NodeIndex>,
+        dw: Option<NodeIndex>,
+    },
+    /// Sample and batch nodes, in order.
+    Vector { nodes: Vec<NodeIndex> },
+}
+
+/// Where a stream starts or ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum End {
+    /// The host: an input it sends, or a per-sample output it collects.
+    Host,
+    Kernel(usize),
+}
+
+/// A value crossing from one kernel to others, sample by sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stream {
+    pub node: NodeIndex,
+    pub from: End,
+    pub to: Vec<End>,
+    /// Part of the backward pass.
+    pub bwd: bool,
+}
+
+/// A graph formed into kernels.
+#[derive(Debug, Clone)]
+pub struct Formed {
+    pub batch: u32,
+    pub class: Vec<Class>,
+    /// The kernel of each node (by index), if any.
+    pub owner: Vec<Option<usize>>,
+    pub kernels: Vec<Kernel>,
+    pub streams: Vec<Stream>,
+    /// What the host computes each step, in order (for the kernels and the outputs).
+    pub host: Vec<NodeIndex>,
+    /// For each node that is another's value under another name (a shard mean of one
+    /// shard, a label check the host makes), that node.
+    pub alias: Vec<Option<NodeIndex>>,
+}
+
+impl Formed {
+    /// The node whose value `n` is.
+    pub fn resolve(&self, mut n: NodeIndex) -> NodeIndex {
+        while let Some(a) = self.alias[n.index()] {
+            n = a;
+        }
+        n
+    }
+}
+
+fn unsupported(g: &Graph, n: NodeIndex, message: String, help: &str) -> Unsupported {
+    Unsupported {
+        span: g.node(n).span,
+        message,
+        help: help.to_string(),
+    }
+}
+
+/// The batch size of a graph: the leading dimension of its `features` input.
+pub fn batch_of(g: &Graph) -> Option<u32> {
+    let f = g.input("features")?;
+    g.ty(f).shape.first().map(|&b| b as u32)
+}
+
+/// Classes every node of `g` (see the module's doc).
+pub fn classify(
+    g: &Graph,
+    batch: u32,
+) -> Result<(Vec<Class>, Vec<Option<NodeIndex>>), Unsupported> {
+    let mut class = vec![Class::Host; g.g.node_bound()];
+    let mut alias = vec![None; g.g.node_bound()];
+    let b = batch as usize;
+    for n in g.topo_order() {
+        let node = g.node(n);
+        let ops = g.operands(n);
+        let cl = |o: &NodeIndex| class[o.index()];
+        let has = |c: Class| ops.iter().any(|o| cl(o) == c);
+        let leading = node.ty.shape.first() == Some(&b);
+        let c = match &node.op {
+            Op::Input { .. } => {
+                if !leading {
+                    return Err(unsupported(g, n, format!("the input `{}` has no batch dimension of {batch} first", node.op.name()), "the wafer streams the samples of a batch one by one: give every input the batch dimension first"));
+                }
+                Class::Sample
+            }
+            Op::Variable { .. } => Class::Step,
+            Op::Const { .. } | Op::GlobalStep => Class::Host,
+            Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
+                return Err(unsupported(g, n, format!("`{}` has no wafer kernel yet", node.op.name()), "the wafer does not generate random numbers on the fabric yet: train without dropout or noise on the wafer, or use `--target host`"))
+            }
+            Op::CrossShardMean if has(Class::Batch) => {
+                alias[n.index()] = Some(ops[0]);
+                Class::Batch
+            }
+            Op::CheckIndices { .. } if has(Class::Sample) => {
+                // the host checks the labels it sends
+                alias[n.index()] = Some(ops[0]);
+                Class::Sample
+            }
+            _ if has(Class::Sample) || has(Class::SampleT) => match &node.op {
+                Op::Reduce { axes, op, .. } if axes.contains(&0) => {
+                    if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+                        return Err(unsupported(g, n, format!("a `{}` over the batch has no wafer kernel", node.op.name()), "the wafer sums (or averages) over the batch as samples pass; take a maximum or minimum per sample instead"));
+                    }
+                    Class::Batch
+                }
+                Op::Transpose { perm } if perm.first() != Some(&0) => {
+                    if perm.as_slice() != [1, 0] {
+                        return Err(unsupported(g, n, "a transpose that moves the batch dimension has no wafer kernel".into(), "the wafer streams samples one by one: keep the batch dimension first"));
+                    }
+                    Class::SampleT
+                }
+                Op::MatMul if cl(&ops[0]) == Class::SampleT && cl(&ops[1]) == Class::Sample => Class::Batch,
+                _ if has(Class::SampleT) => {
+                    return Err(unsupported(g, n, format!("`{}` of a transposed batch has no wafer kernel", node.op.name()), "the wafer computes `transpose(x) @ dy` (a weight gradient) over the batch and nothing else of a transposed batch"));
+                }
+                _ => {
+                    if !leading {
+                        return Err(unsupported(g, n, format!("`{}` mixes the samples of a batch", node.op.name()), "the wafer streams the samples of a batch one by one: keep the batch dimension first and reduce over it only with a sum or mean"));
+                    }
+                    Class::Sample
+                }
+            },
+            _ if has(Class::Batch) || has(Class::Step) => Class::Step,
+            _ => Class::Host,
+        };
+        class[n.index()] = c;
+    }
+    Ok((class, alias))
+}
+
+/// Forms `g` into kernels.
+pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
+    let batch = batch_of(g).unwrap_or(1);
+    let (class, alias) = classify(g, batch)?;
+    let bound = g.g.node_bound();
+    let order = g.topo_order();
+    let mut owner: Vec<Option<usize>> = vec![None; bound];
+    let mut kernels: Vec<Kernel> = Vec::new();
+    let is_var = |n: NodeIndex| matches!(g.node(n).op, Op::Variable { .. });
+    let resolve = |mut n: NodeIndex| {
+        while let Some(a) = alias[n.index()] {
+            n = a;
+        }
+        n
+    };
+    // dense layers: x W with a variable W of rank 2
+    for &n in &order {
+        if !matches!(g.node(n).op, Op::MatMul) || class[n.index()] != Class::Sample {
+            continue;
+        }
+        let ops = g.operands(n);
+        let (x, w) = (ops[0], ops[1]);
+        if !is_var(w) || g.ty(x).rank() != 2 {
+            continue;
+        }
+        if let Some(k) = owner[w.index()] {
+            return Err(unsupported(g, n, "a weight used by two matrix products has no wafer kernel".into(), &format!("the wafer keeps each weight on the PEs of one layer; give this product its own variable (the other is kernel {k})")));
+        }
+        let k = kernels.len();
+        owner[n.index()] = Some(k);
+        owner[w.index()] = Some(k);
+        kernels.push(Kernel {
+            kind: Kind::Dense {
+                w,
+                x,
+                fwd: n,
+                dy: None,
+                bwd: None,
+                dw: None,
+            },
+            vars: vec![w],
+            steps: Vec::new(),
+            commits: Vec::new(),
+            hosts: Vec::new(),
+        });
+    }
+    // their gradients: dy W^T and x^T dy
+    for &n in &order {
+        if !matches!(g.node(n).op, Op::MatMul) {
+            continue;
+        }
+        let ops = g.operands(n);
+        let (a, b) = (ops[0], ops[1]);
+        let transposed_var = |t: NodeIndex| match g.node(t).op {
+            Op::Transpose { .. } if is_var(g.operands(t)[0]) => Some(g.operands(t)[0]),
+            _ => None,
+        };
+        if class[n.index()] == Class::Sample {
+            if let Some(w) = transposed_var(b) {
+                let Some(k) = owner[w.index()] else { continue };
+                if let Kind::Dense { dy, bwd, .. } = &mut kernels[k].kind {
+                    if bwd.is_some_and(|o| o != n) || dy.is_some_and(|d| d != a) {
+                        return Err(unsupported(
+                            g,
+                            n,
+                            "a layer with two input gradients has no wafer kernel".into(),
+                            "use each weight once in the forward pass",
+                        ));
+                    }
+                    *bwd = Some(n);
+                    *dy = Some(a);
+                }
+                owner[n.index()] = Some(k);
+                owner[b.index()] = Some(k);
+            }
+        } else if class[n.index()] == Class::Batch {
+            let xt = g.operands(a)[0];
+            let found = kernels
+                .iter()
+                .position(|kr| matches!(kr.kind, Kind::Dense { x, .. } if x == xt));
+            let Some(k) = found else {
+                return Err(unsupported(g, n, "a product over the batch that is no layer's weight gradient has no wafer kernel".into(), "the wafer computes `transpose(x) @ dy` only as the gradient of a dense layer's weight"));
+            };
+            if let Kind::Dense { dy, dw, .. } = &mut kernels[k].kind {
+                if dy.is_some_and(|d| d != b) || dw.is_some() {
+                    return Err(unsupported(g, n, "a layer whose weight gradient and input gradient disagree has no wafer kernel".into(), "use each weight once in the forward pass"));
+                }
+                *dy = Some(b);
+                *dw = Some(n);
+            }
+            owner[n.index()] = Some(k);
+            owner[a.index()] = Some(k);
+        }
+    }
+    // the other sample and batch nodes: connected groups
+    let free = |n: NodeIndex, owner: &[Option<usize>]| {
+        matches!(
+            class[n.index()],
+            Class::Sample | Class::Batch | Class::SampleT
+        ) && owner[n.index()].is_none()
+            && alias[n.index()].is_none()
+            && !matches!(g.node(n).op, Op::Input { .. })
+    };
+    let mut parent: Vec<usize> = (0..bound).collect();
+    fn find(p: &mut [usize], mut i: usize) -> usize {
+        while p[i] != i {
+            p[i] = p[p[i]];
+            i = p[i];
+        }
+        i
+    }
+    for &n in &order {
+        if !free(n, &owner) {
+            continue;
+        }
+        for o in g.operands(n) {
+            if free(o, &owner) {
+                let (a, b) = (find(&mut parent, n.index()), find(&mut parent, o.index()));
+                parent[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    let mut group_of: std::collections::BTreeMap<usize, usize> = Default::default();
+    for &n in &order {
+        if !free(n, &owner) {
+            continue;
+        }
+        let root = find(&mut parent, n.index());
+        let k = *group_of.entry(root).or_insert_with(|| {
+            kernels.push(Kernel {
+                kind: Kind::Vector { nodes: Vec::new() },
+                vars: Vec::new(),
+                steps: Vec::new(),
+                commits: Vec::new(),
+                hosts: Vec::new(),
+            });
+            kernels.len() - 1
+        });
+        owner[n.index()] = Some(k);
+        if let Kind::Vector { nodes } = &mut kernels[k].kind {
+            nodes.push(n);
+        }
+    }
+    // kernels in dataflow order (of their first node)
+    let pos: Vec<usize> = {
+        let mut p = vec![usize::MAX; bound];
+        for (i, n) in order.iter().enumerate() {
+            p[n.index()] = i;
+        }
+        p
+    };
+    let first = |k: &Kernel| match &k.kind {
+        Kind::Dense { fwd, .. } => pos[fwd.index()],
+        Kind::Vector { nodes } => nodes.iter().map(|n| pos[n.index()]).min().unwrap_or(0),
+    };
+    let mut perm: Vec<usize> = (0..kernels.len()).collect();
+    perm.sort_by_key(|&k| first(&kernels[k]));
+    let mut renum = vec![0; kernels.len()];
+    for (new, &old) in perm.iter().enumerate() {
+        renum[old] = new;
+    }
+    let mut sorted: Vec<Option<Kernel>> = kernels.into_iter().map(Some).collect();
+    let mut kernels: Vec<Kernel> = perm.iter().filter_map(|&k| sorted[k].take()).collect();
+    for o in owner.iter_mut().flatten() {
+        *o = renum[*o];
+    }
+    // a value under another name is where that value is
+    for &n in &order {
+        if alias[n.index()].is_some() {
+            owner[n.index()] = owner[resolve(n).index()];
+        }
+    }
+    // variables read per sample belong to the kernel that reads them
+    for &n in &order {
+        if let (Some(k), Class::Sample) = (owner[n.index()], class[n.index()]) {
+            for o in g.operands(n) {
+                if is_var(o) {
+                    match owner[o.index()] {
+                        None => {
+                            owner[o.index()] = Some(k);
+                            kernels[k].vars.push(o);
+                        }
+                        Some(k2)
+                            if k2 != k
+                                && !matches!(g.node(n).op, Op::MatMul | Op::Transpose { .. }) =>
+                        {
+                            return Err(unsupported(g, n, "a variable read by two layers has no wafer kernel".into(), "the wafer keeps each variable on the PEs of one kernel; give each layer its own"));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    // step nodes (and the optimiser's slots) belong to the kernel whose values they
+    // read; repeat until the slots, read only by step nodes, have found theirs
+    loop {
+        let mut changed = false;
+        for &n in &order {
+            if class[n.index()] != Class::Step || is_var(n) || owner[n.index()].is_some() {
+                continue;
+            }
+            let owners: BTreeSet<usize> = g
+                .operands(n)
+                .iter()
+                .filter_map(|o| owner[resolve(*o).index()])
+                .collect();
+            if owners.len() > 1 {
+                return Err(unsupported(g, n, format!("`{}` reads the variables of several layers", g.node(n).op.name()), "the wafer updates each layer's variables on its own PEs: an update that mixes layers (a global norm, clipping by it) has no wafer kernel; clip per layer instead"));
+            }
+            if let Some(&k) = owners.first() {
+                owner[n.index()] = Some(k);
+                kernels[k].steps.push(n);
+                changed = true;
+                for o in g.operands(n) {
+                    if is_var(o) && owner[o.index()].is_none() {
+                        owner[o.index()] = Some(k);
+                        kernels[k].vars.push(o);
+                    }
+                }
+            }
+        }
+        // and a step node that reads only slots and constants belongs to its users'
+        for &n in order.iter().rev() {
+            if class[n.index()] != Class::Step || is_var(n) || owner[n.index()].is_some() {
+                continue;
+            }
+            let users: BTreeSet<usize> =
+                g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
+                    .filter_map(|u| owner[u.index()])
+                    .collect();
+            if users.len() == 1 {
+                let k = users.first().copied().unwrap_or_default();
+                owner[n.index()] = Some(k);
+                kernels[k].steps.push(n);
+                changed = true;
+                for o in g.operands(n) {
+                    if is_var(o) && owner[o.index()].is_none() {
+                        owner[o.index()] = Some(k);
+                        kernels[k].vars.push(o);
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for k in &mut kernels {
+        k.steps.sort_by_key(|&n| n.index());
+    }
+    // the variables' new values
+    for (name, node) in g.outputs_with(Role::Update) {
+        let var = g.variable(&name);
+        let k = var.and_then(|v| owner[v.index()]);
+        let Some(k) = k else {
+            return Err(unsupported(
+                g,
+                node,
+                format!("the variable `{name}` is updated but no kernel holds it"),
+                "the wafer updates a variable on the PEs that read it",
+            ));
+        };
+        if owner[node.index()] != Some(k) && !(is_var(node) && node == var.unwrap_or(node)) {
+            return Err(unsupported(
+                g,
+                node,
+                format!("the update of `{name}` is made away from the kernel that holds it"),
+                "update each variable from its own layer's values",
+            ));
+        }
+        kernels[k].commits.push((name, node));
+    }
+    // the host's values the kernels read
+    let mut host = BTreeSet::new();
+    for (k, kr) in kernels.iter_mut().enumerate() {
+        let mut mine = BTreeSet::new();
+        for &n in &order {
+            if owner[n.index()] != Some(k) {
+                continue;
+            }
+            for o in g.operands(n) {
+                if class[o.index()] == Class::Host && !matches!(g.node(o).op, Op::Const { .. }) {
+                    if g.ty(o).rank() != 0 {
+                        return Err(unsupported(g, o, "a computed tensor the host would send each step has no wafer kernel".into(), "the host sends scalars (a learning rate) each step; compute tensors from the samples or the variables"));
+                    }
+                    mine.insert(o);
+                }
+            }
+        }
+        kr.hosts = mine.iter().copied().collect();
+        host.extend(mine);
+    }
+    for o in &g.outputs {
+        if class[o.node.index()] == Class::Host {
+            host.insert(o.node);
+        }
+    }
+    let host = g.schedule(&host.into_iter().collect::<Vec<_>>(), |_| false);
+    // streams: sample values crossing kernels
+    let mut streams: Vec<Stream> = Vec::new();
+    let wants: BTreeSet<NodeIndex> = g
+        .outputs
+        .iter()
+        .filter(|o| matches!(o.role, Role::Prediction | Role::MetricInput))
+        .map(|o| resolve(o.node))
+        .collect();
+    let mut users: Vec<Vec<NodeIndex>> = vec![Vec::new(); bound];
+    for &n in &order {
+        for o in g.operands(n) {
+            users[o.index()].push(n);
+        }
+    }
+    for &n in &order {
+        let n = resolve(n);
+        if !matches!(class[n.index()], Class::Sample) || streams.iter().any(|s| s.node == n) {
+            continue;
+        }
+        let from = owner[n.index()].map_or(End::Host, End::Kernel);
+        let mut to: BTreeSet<End> = BTreeSet::new();
+        let mut stack = users[n.index()].clone();
+        while let Some(u) = stack.pop() {
+            if alias[u.index()] == Some(n) {
+                stack.extend(users[u.index()].iter().copied());
+                continue;
+            }
+            if let Some(k) = owner[u.index()] {
+                if End::Kernel(k) != from {
+                    to.insert(End::Kernel(k));
+                }
+            }
+        }
+        if wants.contains(&n) && from != End::Host {
+            to.insert(End::Host);
+        }
+        if to.is_empty() {
+            continue;
+        }
+        let bwd = kernels.iter().any(|k| match k.kind {
+            Kind::Dense { dy, bwd, .. } => dy == Some(n) || bwd == Some(n),
+            Kind::Vector { .. } => false,
+        });
+        streams.push(Stream {
+            node: n,
+            from,
+            to: to.into_iter().collect(),
+            bwd,
+        });
+    }
+    Ok(Formed {
+        batch,
+        class,
+        owner,
+        kernels,
+        streams,
+        host,
+        alias,
+    })
+}
+
+/// The name under which a node's value is kept on the wafer (an accumulator, a host
+/// value): `%` and its index.
+pub fn key(n: NodeIndex) -> String {
+    format!("%{}", n.index())
+}
+
+/// The value of a constant node as an f32, if it is one.
+pub fn constant(g: &Graph, n: NodeIndex) -> Option<f32> {
+    match g.node(n).op {
+        Op::Const { bits } => Some(f64::from_bits(bits) as f32),
+        _ => None,
+    }
+}
+
+/// Kernel `k`'s step nodes as an update over its blocks: `vars`, `accs` and `hosts` number
+/// the operands of those kinds; a value shaped `block` is a whole block, a scalar one
+/// word.
+pub fn update_of(
+    g: &Graph,
+    f: &Formed,
+    k: usize,
+    (vars, accs, hosts): (&[NodeIndex], &[NodeIndex], &[NodeIndex]),
+    block: &[usize],
+) -> Result<Update, Unsupported> {
+    let kr = &f.kernels[k];
+    let mut u = Update::default();
+    let mut done: Vec<NodeIndex> = Vec::new();
+    let operand = |o: NodeIndex, done: &[NodeIndex]| -> Option<Operand> {
+        let o = f.resolve(o);
+        if let Some(v) = constant(g, o) {
+            return Some(Operand::Imm(v));
+        }
+        if let Some(i) = vars.iter().position(|&v| v == o) {
+            return Some(Operand::Var(i));
+        }
+        if let Some(i) = accs.iter().position(|&v| v == o) {
+            return Some(Operand::Acc(i));
+        }
+        if let Some(i) = hosts.iter().position(|&v| v == o) {
+            return Some(Operand::Host(i));
+        }
+        done.iter().position(|&v| v == o).map(Operand::Val)
+    };
+    for &n in &kr.steps {
+        let node = g.node(n);
+        if !lower::elementwise(&node.op) {
+            return Err(unsupported(
+                g,
+                n,
+                format!("`{}` in an update has no wafer kernel", node.op.name()),
+                "the wafer updates variables with elementwise ops over each PE's block",
+            ));
+        }
+        let full = if node.ty.shape.as_slice() == block {
+            true
+        } else if node.ty.rank() == 0 {
+            false
+        } else {
+            return Err(unsupported(
+                g,
+                n,
+                format!(
+                    "`{}` of shape {} in the update of a layer whose variables are {:?}",
+                    node.op.name(),
+                    node.ty,
+                    block
+                ),
+                "the wafer updates variables with elementwise ops over each PE's block",
+            ));
+        };
+        let ops = g.operands(n);
+        let mut args = Vec::new();
+        for &o in &ops {
+            args.push(operand(o, &done).ok_or_else(|| {
+                unsupported(
+                    g,
+                    n,
+                    format!(
+                        "`{}` reads a value its layer's PEs do not hold",
+                        node.op.name()
+                    ),
+                    "update each layer from its own variables and gradients",
+                )
+            })?);
+        }
+        let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
+        u.ops.push(UpdateOp {
+            op: node.op.clone(),
+            args,
+            full,
+            types: (from, node.ty.dtype),
+        });
+        done.push(n);
+    }
+    for (name, node) in &kr.commits {
+        let var = vars
+            .iter()
+            .position(|&v| matches!(&g.node(v).op, Op::Variable { name: m, .. } if m == name));
+        let (Some(var), Some(a)) = (var, operand(*node, &done)) else {
+            return Err(unsupported(
+                g,
+                *node,
+                format!("the update of `{name}` is made away from the PEs that hold it"),
+                "update each layer from its own variables and gradients",
+            ));
+        };
+        u.commits.push((var, a));
+    }
+    Ok(u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn train_graph(src: &str) -> Graph {
+        crate::backend::wafer::testing::graph(src, crate::syntax::ast::SectionKind::Train)
+    }
+
+    #[test]
+    fn an_mlp_forms_dense_and_vector_kernels_in_a_chain() {
+        let g = train_graph(MLP);
+        let f = form(&g).unwrap();
+        let kinds: Vec<&str> = f
+            .kernels
+            .iter()
+            .map(|k| match k.kind {
+                Kind::Dense { .. } => "dense",
+                Kind::Vector { .. } => "vector",
+            })
+            .collect();
+        assert_eq!(kinds, ["dense", "vector", "dense", "vector"]);
+        // the first layer sends no input gradient; the second does
+        assert!(matches!(
+            f.kernels[0].kind,
+            Kind::Dense {
+                bwd: None,
+                dw: Some(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            f.kernels[2].kind,
+            Kind::Dense {
+                bwd: Some(_),
+                dw: Some(_),
+                ..
+            }
+        ));
+        // each kernel updates its own variables: the weights and biases with their
+        // momentum slots
+        let commits: Vec<usize> = f.kernels.iter().map(|k| k.commits.len()).collect();
+        assert_eq!(commits, [2, 2, 2, 2]);
+        // features -> dense, dense -> vector (y), vector -> dense (relu), dense -> vector
+        // (logits), labels -> vector; and back: vector -> dense (dlogits), dense ->
+        // vector (dx), vector -> dense (relu grad)
+        let s: Vec<(End, Vec<End>, bool)> = f
+            .streams
+            .iter()
+            .map(|s| (s.from, s.to.clone(), s.bwd))
+            .collect();
+        use End::{Host, Kernel as K};
+        assert_eq!(
+            s,
+            [
+                (Host, vec![K(0)], false),
+                (Host, vec![K(3)], false),
+                (K(0), vec![K(1)], false),
+                (K(1), vec![K(2)], false),
+                (K(2), vec![K(3)], false),
+                (K(3), vec![K(2)], true),
+                (K(2), vec![K(1)], true),
+                (K(1), vec![K(0)], true),
+            ]
+        );
+        // the learning rate is the host's
+        assert!(f.kernels.iter().all(|k| k.hosts.is_empty()));
+    }
+
+    const MLP: &str = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+model m(features: f32[B, 8], labels: i32[B]) {
+  let h = dense(features, 16, activation: relu)
+  let logits = dense(h, 4)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with momentum(lr: 0.1, momentum: 0.9) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [8]), i % 4) |> repeat |> batch(4, drop_remainder: true) }
+estimator e { model = m  train_input = data() }
+"#;
+}

@@ -1,0 +1,702 @@
+//! Fused vector kernels: the sample and batch nodes between two layers (a bias and its
+//! activation, the activation's gradient, a softmax with its cross-entropy and their
+//! gradient) as one program per lane. A kernel of `L` lanes deals a sample's `N`
+//! features to `L` PEs (`split(N, L, l)`), which only elementwise groups allow; any
+//! reduction within a sample (a softmax, an argmax, a one-hot) runs on one lane.
+//!
+//! Tasks, one per phase: the forward task runs when a sample's forward inputs arrive,
+//! the backward task when its output gradients do. Values the backward task reads from
+//! the forward one are stashed, one slot per sample of the step. Sums over the batch
+//! accumulate as samples pass; after the step's last sample, a finishing task divides
+//! the means, and sends the gradients computed in the forward task (a loss's gradient
+//! needs no output gradient) toward the layers behind, once every sample went forward:
+//! the backward pass of a step starts when its forward pass has ended.
+
+use super::super::form::{self, constant, key, Class, Formed, Kind};
+use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
+use super::super::lower::{self, vec, Scratch, Val};
+use super::{split, Piece, UPDATE};
+use crate::ir::{Graph, NodeIndex, Op, ReduceOp};
+use std::collections::BTreeMap;
+
+/// A stream of a vector kernel: the node, its colour, and whether it is part of the
+/// backward pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Port {
+    pub node: NodeIndex,
+    pub colour: Colour,
+    pub bwd: bool,
+}
+
+/// Kernel `k` of a formed graph, a vector kernel, with its streams.
+pub struct Vector<'a> {
+    pub g: &'a Graph,
+    pub f: &'a Formed,
+    pub k: usize,
+    pub inputs: Vec<Port>,
+    pub outputs: Vec<Port>,
+}
+
+/// A lane's program, initial memory and tensors (pieces without their PE).
+pub struct Lane {
+    pub program: Program,
+    pub memory: Vec<f32>,
+    pub tensors: Vec<(String, Piece)>,
+}
+
+const SLOT_BASE: u8 = 0;
+
+impl Vector<'_> {
+    fn nodes(&self) -> &[NodeIndex] {
+        match &self.f.kernels[self.k].kind {
+            Kind::Vector { nodes } => nodes,
+            Kind::Dense { .. } => &[],
+        }
+    }
+
+    /// The width `N` its samples' features have, when it can run on several lanes:
+    /// every value it computes is a sample's `N` features or a sum of them over the
+    /// batch, by elementwise ops.
+    pub fn width(&self) -> Option<u32> {
+        let g = self.g;
+        let b = self.f.batch as usize;
+        let mut width = None;
+        let mut agree = |n: usize| match width {
+            None => {
+                width = Some(n);
+                true
+            }
+            Some(w) => w == n,
+        };
+        for &n in self.nodes() {
+            let node = g.node(n);
+            let ok = match self.f.class[n.index()] {
+                Class::Sample => {
+                    node.ty.rank() == 2
+                        && node.ty.shape[0] == b
+                        && agree(node.ty.shape[1])
+                        && (lower::elementwise(&node.op)
+                            || matches!(node.op, Op::CheckIndices { .. }))
+                }
+                Class::Batch => {
+                    node.ty.rank() == 1
+                        && agree(node.ty.shape[0])
+                        && matches!(&node.op, Op::Reduce { axes, .. } if axes.as_slice() == [0])
+                }
+                _ => true,
+            };
+            if !ok {
+                return None;
+            }
+        }
+        for p in &self.inputs {
+            let ty = g.ty(p.node);
+            if !(ty.rank() == 2 && agree(ty.shape[1])) {
+                return None;
+            }
+        }
+        width.map(|w| w as u32)
+    }
+
+    /// The elements of node `n` on lane `lane` of `lanes`: a sample's share of a
+    /// sample value, a variable's or sum's share, or one.
+    fn extent(&self, n: NodeIndex, lanes: u32, lane: u32) -> u32 {
+        let ty = self.g.ty(n);
+        let per = match self.f.class[n.index()] {
+            Class::Sample | Class::SampleT => ty.shape.iter().skip(1).product::<usize>(),
+            _ => ty.elements(),
+        } as u32;
+        if lanes > 1 && per > 1 {
+            split(per, lanes, lane).len() as u32
+        } else {
+            per
+        }
+    }
+
+    /// The flat elements of node `n` that lane `lane` holds (one run).
+    fn runs(&self, n: NodeIndex, lanes: u32, lane: u32) -> Vec<(u32, u32)> {
+        let ext = self.extent(n, lanes, lane);
+        if lanes > 1 && ext > 0 && self.extent(n, 1, 0) > 1 {
+            let per = self.extent(n, 1, 0);
+            vec![(split(per, lanes, lane).start, ext)]
+        } else {
+            vec![(0, ext)]
+        }
+    }
+
+    /// The phase of each of its nodes and inputs: 1 when it depends on a backward
+    /// input.
+    fn phases(&self) -> BTreeMap<NodeIndex, u8> {
+        let mut ph = BTreeMap::new();
+        for p in &self.inputs {
+            ph.insert(p.node, u8::from(p.bwd));
+        }
+        for &n in self.nodes() {
+            let p = self
+                .g
+                .operands(n)
+                .iter()
+                .map(|&o| ph.get(&self.f.resolve(o)).copied().unwrap_or(0))
+                .max()
+                .unwrap_or(0);
+            ph.insert(n, p);
+        }
+        ph
+    }
+
+    /// Lane `lane` of `lanes`.
+    pub fn lane(&self, lanes: u32, lane: u32) -> Result<Lane, String> {
+        let g = self.g;
+        let f = self.f;
+        let kr = &f.kernels[self.k];
+        let batch = f.batch;
+        let mut p = Program::default();
+        let mut tensors = Vec::new();
+        let mut init: Vec<(u32, Vec<f32>)> = Vec::new();
+        let phases = self.phases();
+        let name = |n: NodeIndex| match &g.node(n).op {
+            Op::Variable { name, .. } => name.clone(),
+            _ => key(n),
+        };
+        // what stays: variables, sums over the batch, the host's values
+        let mut vals: BTreeMap<NodeIndex, Val> = BTreeMap::new();
+        let mut vars = Vec::new();
+        for &v in &kr.vars {
+            let ext = self.extent(v, lanes, lane);
+            let base = p.alloc(&name(v), ext);
+            tensors.push((
+                name(v),
+                Piece {
+                    pe: (0, 0),
+                    word: base,
+                    runs: self.runs(v, lanes, lane),
+                },
+            ));
+            vals.insert(v, Val::buf(base, ext));
+            vars.push(v);
+        }
+        let accs: Vec<NodeIndex> = (self.nodes().iter())
+            .copied()
+            .filter(|&n| f.class[n.index()] == Class::Batch)
+            .collect();
+        for &a in &accs {
+            let ext = self.extent(a, lanes, lane);
+            let base = p.alloc(&key(a), ext);
+            tensors.push((
+                key(a),
+                Piece {
+                    pe: (0, 0),
+                    word: base,
+                    runs: self.runs(a, lanes, lane),
+                },
+            ));
+            vals.insert(a, Val::buf(base, ext));
+        }
+        for &h in &kr.hosts {
+            let base = p.alloc(&key(h), 1);
+            tensors.push((
+                key(h),
+                Piece {
+                    pe: (0, 0),
+                    word: base,
+                    runs: vec![(0, 1)],
+                },
+            ));
+            vals.insert(h, Val::buf(base, 1));
+        }
+        // counting 0, 1, 2, ... (one-hot, argmax)
+        let iota_len = (self.nodes().iter())
+            .map(|&n| match g.node(n).op {
+                Op::OneHot { depth } => depth,
+                Op::ArgMax { .. } | Op::ArgMin { .. } => {
+                    g.ty(g.operands(n)[0]).shape.last().copied().unwrap_or(1)
+                }
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0) as u32;
+        let iota = (iota_len > 0).then(|| {
+            let base = p.alloc("iota", iota_len);
+            init.push((base, (0..iota_len).map(|i| i as f32).collect()));
+            base
+        });
+        // stashes: values of the forward phase read later (by the backward task or the
+        // finishing one)
+        let late: Vec<NodeIndex> = {
+            let mut late = Vec::new();
+            for &n in self.nodes() {
+                for o in g.operands(n) {
+                    let o = f.resolve(o);
+                    if phases.get(&o) == Some(&0)
+                        && phases.get(&n) == Some(&1)
+                        && !late.contains(&o)
+                    {
+                        late.push(o);
+                    }
+                }
+            }
+            for out in &self.outputs {
+                if out.bwd && phases.get(&out.node) == Some(&0) && !late.contains(&out.node) {
+                    late.push(out.node);
+                }
+            }
+            late
+        };
+        let mut stash: BTreeMap<NodeIndex, (u32, u32)> = BTreeMap::new();
+        for &n in &late {
+            let ext = self.extent(n, lanes, lane);
+            stash.insert(n, (p.alloc(&format!("{} stash", key(n)), batch * ext), ext));
+        }
+        let mut scratch = Scratch::new(p.words());
+        let has_bwd = self.inputs.iter().any(|i| i.bwd);
+        let turnaround: Vec<Port> = (self.outputs.iter())
+            .filter(|o| o.bwd && phases.get(&o.node) == Some(&0))
+            .copied()
+            .collect();
+        for phase in 0..=u8::from(has_bwd) {
+            scratch.reset();
+            let mut body = Vec::new();
+            let mut cur = vals.clone();
+            let slot = SLOT_BASE + phase;
+            for (&n, &(base, ext)) in &stash {
+                cur.insert(
+                    n,
+                    Val::Buf {
+                        base,
+                        len: ext,
+                        slot: Some(slot),
+                    },
+                );
+            }
+            let ins: Vec<Port> = self
+                .inputs
+                .iter()
+                .filter(|i| u8::from(i.bwd) == phase)
+                .copied()
+                .collect();
+            let Some(first) = ins.first() else {
+                return Err("a vector kernel's phase without inputs".into());
+            };
+            for i in &ins {
+                let ext = self.extent(i.node, lanes, lane);
+                let dst = match cur.get(&i.node) {
+                    Some(&v) if stash.contains_key(&i.node) => v,
+                    _ => scratch.alloc(ext),
+                };
+                body.push(Instr::Vec {
+                    op: VecOp::Mov,
+                    dst: dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext)),
+                    srcs: vec![Src::V(Dsd::In {
+                        colour: i.colour,
+                        len: ext,
+                    })],
+                });
+                cur.insert(i.node, dst);
+            }
+            let mut means = Vec::new();
+            for &n in self.nodes() {
+                if phases.get(&n) != Some(&phase) {
+                    continue;
+                }
+                self.node(
+                    n,
+                    (lanes, lane),
+                    &mut cur,
+                    &stash,
+                    &mut scratch,
+                    iota,
+                    &mut body,
+                    &mut means,
+                )?;
+            }
+            for o in &self.outputs {
+                let ph = phases.get(&o.node).copied().unwrap_or(0);
+                let now = if o.bwd {
+                    ph == 1 && phase == 1
+                } else {
+                    ph == phase
+                };
+                if !now {
+                    continue;
+                }
+                let ext = self.extent(o.node, lanes, lane);
+                let v = cur
+                    .get(&f.resolve(o.node))
+                    .copied()
+                    .ok_or("a stream of a value not computed")?;
+                body.push(Instr::Vec {
+                    op: VecOp::Mov,
+                    dst: Dsd::Out {
+                        colour: o.colour,
+                        len: ext,
+                    },
+                    srcs: vec![v.src(ext)],
+                });
+            }
+            // after the step's last sample: the means, and the gradients held back
+            let mut fin = Vec::new();
+            for (a, scale) in means {
+                fin.push(vec(VecOp::Mul, a, &[a, Val::Imm(scale)], a.elements()));
+            }
+            if phase == 0 {
+                for o in &turnaround {
+                    let (base, ext) = stash[&o.node];
+                    fin.push(Instr::Loop {
+                        count: batch,
+                        body: vec![Instr::Vec {
+                            op: VecOp::Mov,
+                            dst: Dsd::Out {
+                                colour: o.colour,
+                                len: ext,
+                            },
+                            srcs: vec![Src::V(Dsd::Mem {
+                                base,
+                                len: ext,
+                                stride: 1,
+                                step: vec![ext as i32],
+                                by: None,
+                            })],
+                        }],
+                    });
+                }
+            }
+            let fin_id = 2 + phase;
+            body.push(Instr::Count {
+                counter: slot,
+                every: batch,
+                then: (!fin.is_empty()).then_some(fin_id),
+            });
+            p.tasks.push(Task {
+                id: phase,
+                name: if phase == 0 {
+                    "forward".into()
+                } else {
+                    "backward".into()
+                },
+                trigger: Trigger::Data(first.colour),
+                body,
+            });
+            if !fin.is_empty() {
+                p.tasks.push(Task {
+                    id: fin_id,
+                    name: if phase == 0 {
+                        "forward finish".into()
+                    } else {
+                        "backward finish".into()
+                    },
+                    trigger: Trigger::Local { at_start: false },
+                    body: fin,
+                });
+            }
+        }
+        // the update
+        if !kr.steps.is_empty() || !kr.commits.is_empty() || !accs.is_empty() {
+            scratch.reset();
+            let block: Vec<usize> = kr
+                .vars
+                .first()
+                .map_or(Vec::new(), |&v| g.ty(v).shape.to_vec());
+            let u = form::update_of(g, f, self.k, (&vars, &accs, &kr.hosts), &block)
+                .map_err(|e| e.message)?;
+            let n = kr.vars.first().map_or(1, |&v| self.extent(v, lanes, lane));
+            let at = |ns: &[NodeIndex]| -> Vec<Val> { ns.iter().map(|n| vals[n]).collect() };
+            let body = u.code(&at(&vars), &at(&accs), &at(&kr.hosts), n, &mut scratch)?;
+            p.tasks.push(Task {
+                id: UPDATE,
+                name: "update".into(),
+                trigger: Trigger::Local { at_start: false },
+                body,
+            });
+        }
+        if scratch.high > 0 {
+            p.alloc("scratch", scratch.high);
+        }
+        let mut memory = vec![0.0; p.words() as usize];
+        for (base, v) in init {
+            memory[base as usize..base as usize + v.len()].copy_from_slice(&v);
+        }
+        Ok(Lane {
+            program: p,
+            memory,
+            tensors,
+        })
+    }
+
+    /// The code of one node of the current phase.
+    #[allow(clippy::too_many_arguments)]
+    fn node(
+        &self,
+        n: NodeIndex,
+        (lanes, lane): (u32, u32),
+        cur: &mut BTreeMap<NodeIndex, Val>,
+        stash: &BTreeMap<NodeIndex, (u32, u32)>,
+        scratch: &mut Scratch,
+        iota: Option<u32>,
+        body: &mut Vec<Instr>,
+        means: &mut Vec<(Val, f32)>,
+    ) -> Result<(), String> {
+        let g = self.g;
+        let f = self.f;
+        let node = g.node(n);
+        let ext = self.extent(n, lanes, lane);
+        let ops = g.operands(n);
+        let arg = |o: NodeIndex, cur: &BTreeMap<NodeIndex, Val>| -> Result<Val, String> {
+            let o = f.resolve(o);
+            if let Some(v) = constant(g, o) {
+                return Ok(Val::Imm(v));
+            }
+            cur.get(&o).copied().ok_or_else(|| {
+                format!(
+                    "`{}` reads a value its kernel does not have",
+                    node.op.name()
+                )
+            })
+        };
+        if f.alias[n.index()].is_some() {
+            return Ok(());
+        }
+        let args = ops
+            .iter()
+            .map(|&o| arg(o, cur))
+            .collect::<Result<Vec<Val>, String>>()?;
+        if f.class[n.index()] == Class::Batch {
+            // a sum over the batch: this sample's share, reduced over the sample's own
+            // axes first
+            let Op::Reduce { op, axes, .. } = &node.op else {
+                return Err(format!("`{}` over the batch", node.op.name()));
+            };
+            let acc = cur[&n];
+            let src = ops[0];
+            let per = self.extent(src, lanes, lane);
+            let part = if per == acc.elements() {
+                args[0]
+            } else if acc.elements() == 1 {
+                let t = scratch.alloc(1);
+                body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], 1));
+                body.push(reduce_into(VecOp::Add, t, args[0], per));
+                t
+            } else {
+                return Err(format!(
+                    "a sum over the batch and some of a sample's axes ({axes:?})"
+                ));
+            };
+            body.push(vec(VecOp::Add, acc, &[acc, part], acc.elements()));
+            if *op == ReduceOp::Mean {
+                let count = g.ty(src).elements() / g.ty(n).elements().max(1);
+                means.push((acc, 1.0 / count as f32));
+            }
+            return Ok(());
+        }
+        let dst = match stash.get(&n) {
+            Some(&(base, len)) => Val::Buf {
+                base,
+                len,
+                slot: Some(SLOT_BASE),
+            },
+            None => scratch.alloc(ext),
+        };
+        cur.insert(n, dst);
+        let rank = node.ty.rank();
+        match &node.op {
+            op if lower::elementwise(op) => {
+                let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
+                lower::emit(op, dst, &args, ext, (from, node.ty.dtype), body)?;
+            }
+            Op::Reshape | Op::BroadcastTo => {
+                body.push(vec(VecOp::Mov, dst, &args[..1], ext));
+            }
+            Op::Reduce { op, axes, .. } => {
+                let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), axes)?;
+                let (v, init) = match op {
+                    ReduceOp::Sum | ReduceOp::Mean => (VecOp::Add, 0.0),
+                    ReduceOp::Max => (VecOp::Max, f32::NEG_INFINITY),
+                    ReduceOp::Min => (VecOp::Min, f32::INFINITY),
+                    ReduceOp::Prod => (VecOp::Mul, 1.0),
+                };
+                body.push(vec(VecOp::Mov, dst, &[Val::Imm(init)], ext));
+                body.push(reduce_rows(v, dst, args[0], outer, inner));
+                if *op == ReduceOp::Mean {
+                    body.push(vec(
+                        VecOp::Mul,
+                        dst,
+                        &[dst, Val::Imm(1.0 / inner as f32)],
+                        ext,
+                    ));
+                }
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } if *axis + 1 == rank => {
+                let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?;
+                let x = args[0];
+                let m = scratch.alloc(outer);
+                body.push(vec(VecOp::Mov, m, &[Val::Imm(f32::NEG_INFINITY)], outer));
+                body.push(reduce_rows(VecOp::Max, m, x, outer, inner));
+                // t = x - m, row by row
+                body.push(per_row(VecOp::Sub, dst, x, m, outer, inner));
+                let e = scratch.alloc(ext);
+                body.push(vec(VecOp::Exp, e, &[dst], ext));
+                let s = scratch.alloc(outer);
+                body.push(vec(VecOp::Mov, s, &[Val::Imm(0.0)], outer));
+                body.push(reduce_rows(VecOp::Add, s, e, outer, inner));
+                if matches!(node.op, Op::LogSoftmax { .. }) {
+                    body.push(vec(VecOp::Log, s, &[s], outer));
+                    body.push(per_row(VecOp::Sub, dst, dst, s, outer, inner));
+                } else {
+                    body.push(per_row(VecOp::Div, dst, e, s, outer, inner));
+                }
+            }
+            Op::ArgMax { axis } | Op::ArgMin { axis } if *axis + 1 == rank + 1 => {
+                let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?;
+                let max = matches!(node.op, Op::ArgMax { .. });
+                let x = args[0];
+                let m = scratch.alloc(outer);
+                let (best, init) = if max {
+                    (VecOp::Max, f32::NEG_INFINITY)
+                } else {
+                    (VecOp::Min, f32::INFINITY)
+                };
+                body.push(vec(VecOp::Mov, m, &[Val::Imm(init)], outer));
+                body.push(reduce_rows(best, m, x, outer, inner));
+                // the first position holding it: min over (x == m ? i : inner)
+                let hit = scratch.alloc(outer * inner);
+                body.push(per_row(VecOp::Eq, hit, x, m, outer, inner));
+                let iota = Val::buf(iota.ok_or("no counting buffer")?, inner);
+                for r in 0..outer {
+                    let row = |v: Val| match v {
+                        Val::Buf { base, len, slot } if len > 1 => Val::Buf {
+                            base: base + r * inner,
+                            len: inner,
+                            slot,
+                        },
+                        v => v,
+                    };
+                    body.push(vec(
+                        VecOp::Sel,
+                        row(hit),
+                        &[row(hit), iota, Val::Imm(inner as f32)],
+                        inner,
+                    ));
+                }
+                body.push(vec(VecOp::Mov, dst, &[Val::Imm(inner as f32)], ext));
+                body.push(reduce_rows(VecOp::Min, dst, hit, outer, inner));
+            }
+            Op::OneHot { depth } if ext == *depth as u32 => {
+                let iota = Val::buf(iota.ok_or("no counting buffer")?, *depth as u32);
+                body.push(vec(VecOp::Eq, dst, &[iota, args[0]], ext));
+            }
+            other => {
+                return Err(format!(
+                    "`{}` of {} has no wafer kernel yet",
+                    other.name(),
+                    node.ty
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A shape's elements as rows: those before the reduced axes and those in them (the
+/// reduced axes must be the last ones, after the batch).
+fn rows(shape: &[usize], axes: &[usize]) -> Result<(u32, u32), String> {
+    let r = shape.len();
+    let mut sorted = axes.to_vec();
+    sorted.sort_unstable();
+    let last = (r - sorted.len()..r).collect::<Vec<_>>();
+    if sorted.is_empty() || sorted != last || sorted[0] == 0 {
+        return Err(format!("a reduction over axes {axes:?} of a rank-{r} value (only the last axes, within a sample)"));
+    }
+    let inner: usize = shape[sorted[0]..].iter().product();
+    let outer: usize = shape[1..sorted[0]].iter().product();
+    Ok((outer as u32, inner as u32))
+}
+
+/// `dst[r] = op(dst[r], x[r * inner + i])` over every `i`, for each row `r`: a loop of
+/// accumulations into one word each.
+fn reduce_rows(op: VecOp, dst: Val, x: Val, outer: u32, inner: u32) -> Instr {
+    let (
+        Val::Buf {
+            base: d, slot: ds, ..
+        },
+        Val::Buf {
+            base: xb,
+            slot: xs,
+            len: xl,
+        },
+    ) = (dst, x)
+    else {
+        return Instr::Loop {
+            count: 0,
+            body: Vec::new(),
+        };
+    };
+    let by = |s: Option<u8>, len: u32| s.map(|c| (c, len as i32));
+    let dlen = dst.elements();
+    let acc = Dsd::Mem {
+        base: d,
+        len: inner,
+        stride: 0,
+        step: vec![1],
+        by: by(ds, dlen),
+    };
+    Instr::Loop {
+        count: outer,
+        body: vec![Instr::Vec {
+            op,
+            dst: acc.clone(),
+            srcs: vec![
+                Src::V(acc),
+                Src::V(Dsd::Mem {
+                    base: xb,
+                    len: inner,
+                    stride: 1,
+                    step: vec![inner as i32],
+                    by: by(xs, xl),
+                }),
+            ],
+        }],
+    }
+}
+
+/// `dst` of one row: the reduction of all of `x`.
+fn reduce_into(op: VecOp, dst: Val, x: Val, n: u32) -> Instr {
+    reduce_rows(op, dst, x, 1, n)
+}
+
+/// `dst[r * inner + i] = op(x[r * inner + i], s[r])`: a row's elements against the row's
+/// one value.
+fn per_row(op: VecOp, dst: Val, x: Val, s: Val, outer: u32, inner: u32) -> Instr {
+    let by = |v: Val| match v {
+        Val::Buf { slot, len, .. } => slot.map(|c| (c, len as i32)),
+        Val::Imm(_) => None,
+    };
+    let row = |v: Val, step: i32, stride: i32| match v {
+        Val::Buf { base, .. } => Src::V(Dsd::Mem {
+            base,
+            len: inner,
+            stride,
+            step: vec![step],
+            by: by(v),
+        }),
+        Val::Imm(x) => Src::Imm(x),
+    };
+    let Src::V(d) = row(dst, inner as i32, 1) else {
+        return Instr::Loop {
+            count: 0,
+            body: Vec::new(),
+        };
+    };
+    let xs = row(
+        x,
+        if x.elements() == 1 { 0 } else { inner as i32 },
+        i32::from(x.elements() != 1),
+    );
+    let ss = row(s, i32::from(s.elements() != 1), 0);
+    Instr::Loop {
+        count: outer,
+        body: vec![Instr::Vec {
+            op,
+            dst: d,
+            srcs: vec![xs, ss],
+        }],
+    }
+}
