@@ -203,13 +203,9 @@ pub fn open(target: Target, at: Span, threads: usize) -> Result<Box<dyn Device>,
         )
         .label("this estimator")
         .help("rebuild with `cargo build --features llvm` (it needs LLVM 19: `scripts/setup.sh` installs it), or run it with `--target interp`")),
-        Target::Wafer => Err(Diag::new(
-            Code::NoRuntime,
-            at,
-            format!("the {} target cannot run programs yet", target.name()),
-        )
-        .label("this estimator")
-        .help("run it with `--target interp`")),
+        Target::Wafer => Ok(Box::new(wafer::device::Device::new(
+            wafer::fabric::Fabric::test32(),
+        ))),
     }
 }
 

@@ -55,6 +55,11 @@ pub struct Fabric {
 pub const NAMES: &[&str] = &["test32", "test64", "wse2", "wse3"];
 
 impl Fabric {
+    /// The config runs use when `--wafer` names none: `test32`.
+    pub fn test32() -> Fabric {
+        Fabric::cerebras_like("test32", 32, 32, 4)
+    }
+
     /// A Cerebras-like PE on a `width` x `height` grid (hardware.md §6's defaults).
     fn cerebras_like(name: &str, width: u32, height: u32, fp16_lanes: u32) -> Fabric {
         Fabric {
@@ -83,7 +88,7 @@ impl Fabric {
     /// A named config, or `None`.
     pub fn named(name: &str) -> Option<Fabric> {
         Some(match name {
-            "test32" => Fabric::cerebras_like(name, 32, 32, 4),
+            "test32" => Fabric::test32(),
             "test64" => Fabric::cerebras_like(name, 64, 64, 4),
             "wse2" => Fabric::cerebras_like(name, 750, 994, 4),
             "wse3" => Fabric::cerebras_like(name, 755, 1170, 8),

@@ -10,11 +10,13 @@
 //!   and links.
 
 pub mod cost;
+pub mod device;
 pub mod fabric;
 pub mod form;
 pub mod isa;
 pub mod kernels;
 pub mod lower;
+pub mod place;
 pub mod sim;
 
 /// Graphs of small programs for the tests of the wafer's parts.

@@ -158,6 +158,15 @@ impl fmt::Display for Deadlock {
     }
 }
 
+/// What a whole run did: its last cycle, and the PEs' busy and stalled cycles summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub cycles: u64,
+    pub busy: u64,
+    pub stalled: u64,
+    pub pes: usize,
+}
+
 /// What a PE did over a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PeStats {
@@ -1099,6 +1108,16 @@ impl Sim {
     pub fn clear_outputs(&mut self) {
         for (_, v) in &mut self.outs {
             v.clear();
+        }
+    }
+
+    /// The run so far, summed over the PEs.
+    pub fn summary(&self) -> Stats {
+        Stats {
+            cycles: self.now(),
+            busy: self.pes.iter().map(|p| p.stats.busy).sum(),
+            stalled: self.pes.iter().map(|p| p.stats.stalled).sum(),
+            pes: self.pes.len(),
         }
     }
 

@@ -1,0 +1,440 @@
+//! The wafer as a `backend::Device`: each executable is a graph formed into kernels,
+//! laid out on the fabric and loaded into a simulator that lives as long as the device,
+//! with the variables resident in the PEs' memory.
+//!
+//! A train step, as the host drives it: write the host's values of the step (the
+//! learning rate) into the PEs that read them; check the labels (the host has them);
+//! stream the batch's samples in and run until the fabric is quiet (the forward pass of
+//! every sample, then the backward pass, the gradients accumulating in place); read the
+//! loss and the gradients and check them; launch every kernel's update and run again;
+//! read the new variables and check them. A step that fails a check puts the variables
+//! back. Reading and writing the PEs' memory stands for the host's copies over the
+//! fabric's I/O channels, which the cycle counts do not include.
+
+use super::fabric::Fabric;
+use super::form::{self, Formed, Unsupported};
+use super::kernels::{gather, scatter, UPDATE};
+use super::place::{self, Layout, LayoutError};
+use super::sim::{Sim, Stats};
+use crate::backend::interp::{execute, Env, Plan, Values};
+use crate::backend::{
+    self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
+};
+use crate::diag::{Code, Diag};
+use crate::ir::{Graph, NodeIndex, Op};
+use crate::span::Span;
+use crate::tensor::Tensor;
+use petgraph::visit::NodeIndexable;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::Arc;
+
+/// A graph loaded on the fabric.
+struct Exe {
+    graph: Arc<Graph>,
+    formed: Formed,
+    layout: Layout,
+    sim: Sim,
+    /// What the host computes: its values for the PEs and the outputs, and the label
+    /// checks.
+    host: Plan,
+    /// The variables' values the simulator holds are the device's (not stale).
+    current: bool,
+}
+
+/// The wafer's device.
+pub struct Device {
+    fabric: Fabric,
+    vars: FxHashMap<String, Tensor>,
+    train: Vec<(Exe, TrainSpec)>,
+    runs: Vec<(Exe, Vec<NodeIndex>)>,
+}
+
+/// E0601 for what the wafer's kernels do not do, E0602 for what does not fit.
+pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
+    match e {
+        LayoutError::Unsupported(Unsupported {
+            span,
+            message,
+            help,
+        }) => Diag::new(Code::UnsupportedOp, span, message)
+            .label("not on the wafer")
+            .help(help),
+        LayoutError::DoesNotFit(why) => Diag::new(
+            Code::OutOfMemory,
+            at,
+            format!("the program does not fit the {} fabric: {why}", fab.name),
+        )
+        .label("this estimator")
+        .help(
+            "use a larger fabric (`--wafer wse2`), a smaller batch per step, or fewer hidden units",
+        ),
+    }
+}
+
+impl Device {
+    pub fn new(fabric: Fabric) -> Device {
+        Device {
+            fabric,
+            vars: FxHashMap::default(),
+            train: Vec::new(),
+            runs: Vec::new(),
+        }
+    }
+
+    fn load(&self, graph: Arc<Graph>, at: Span) -> Result<Exe, Diag> {
+        let fab = &self.fabric;
+        let formed =
+            form::form(&graph).map_err(|u| layout_diag(LayoutError::Unsupported(u), fab, at))?;
+        let layout = place::layout(&graph, &formed, fab).map_err(|e| layout_diag(e, fab, at))?;
+        let sim = Sim::new(fab, &layout.setup).map_err(|e| {
+            Diag::new(
+                Code::HostCompile,
+                at,
+                format!("the wafer program is malformed: {}", e.0),
+            )
+            .label("this estimator")
+            .help("this is a bug in estc's wafer compiler; please report it with the program")
+        })?;
+        let mut host_targets: Vec<NodeIndex> = formed.host.clone();
+        host_targets.extend(
+            graph
+                .g
+                .node_indices()
+                .filter(|&n| matches!(graph.node(n).op, Op::CheckIndices { .. }))
+                .filter(|&n| formed.resolve(n) != n),
+        );
+        let host = Plan::new(&graph, &host_targets, &FxHashSet::default());
+        Ok(Exe {
+            graph,
+            formed,
+            layout,
+            sim,
+            host,
+            current: false,
+        })
+    }
+
+    /// Every simulator's cycle count and statistics, by executable (train ones first).
+    pub fn stats(&self) -> Vec<Stats> {
+        (self.train.iter().map(|t| &t.0))
+            .chain(self.runs.iter().map(|r| &r.0))
+            .map(|e| e.sim.summary())
+            .collect()
+    }
+}
+
+/// Writes the device's variables into an executable's PEs (once after they change).
+fn sync(exe: &mut Exe, vars: &FxHashMap<String, Tensor>) {
+    if exe.current {
+        return;
+    }
+    for (name, t) in vars {
+        if let Some(pieces) = exe.layout.tensors.get(name) {
+            let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
+            let sim = &mut exe.sim;
+            scatter(pieces, &data, |(x, y), a, v| {
+                sim.write(x, y, a, v);
+            });
+        }
+    }
+    exe.current = true;
+}
+
+/// Reads a tensor the PEs hold, shaped and typed as node `n`.
+fn read(exe: &Exe, name: &str, n: NodeIndex) -> Option<Tensor> {
+    let pieces = exe.layout.tensors.get(name)?;
+    let ty = exe.graph.ty(n);
+    let v = gather(pieces, ty.elements(), |(x, y)| exe.sim.memory(x, y));
+    Some(Tensor::from_f64(
+        ty,
+        v.iter().map(|&x| f64::from(x)).collect(),
+    ))
+}
+
+/// The key under which a node's value is kept on the fabric.
+fn kept(exe: &Exe, n: NodeIndex) -> String {
+    let n = exe.formed.resolve(n);
+    match &exe.graph.node(n).op {
+        Op::Variable { name, .. } => name.clone(),
+        _ => form::key(n),
+    }
+}
+
+fn fail(g: &Graph, n: NodeIndex, message: String) -> RunError {
+    RunError {
+        span: g.node(n).span,
+        op: g.node(n).op.name(),
+        message,
+    }
+}
+
+/// Runs one batch through an executable: the host's values, the label checks, the
+/// samples, until the fabric is quiet. The host's values, by node.
+fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError> {
+    let g = exe.graph.clone();
+    let no_vars = FxHashMap::default();
+    let env = Env {
+        feeds,
+        vars: &no_vars,
+        op: ctx.op_env(0),
+    };
+    let mut values = Values::new(g.g.node_bound());
+    execute(&g, &exe.host, &env, &mut values)?;
+    for &h in &exe.formed.host {
+        if let (Some(pieces), Some(t)) = (exe.layout.tensors.get(&form::key(h)), values.get(h)) {
+            let v = [t.to_f64().first().copied().unwrap_or(0.0) as f32];
+            let sim = &mut exe.sim;
+            scatter(pieces, &v, |(x, y), a, w| {
+                sim.write(x, y, a, w);
+            });
+        }
+    }
+    let batch = exe.layout.batch as usize;
+    for s in &exe.layout.inputs {
+        let Op::Input { name } = &g.node(s.node).op else {
+            return Err(fail(
+                &g,
+                s.node,
+                "a stream from the host that is not an input".into(),
+            ));
+        };
+        let t = feeds
+            .get(name)
+            .ok_or_else(|| fail(&g, s.node, format!("input `{name}` was not fed")))?;
+        if t.shape().first() != Some(&batch) {
+            return Err(fail(
+                &g,
+                s.node,
+                format!(
+                    "input `{name}` has {:?} rows, not the {batch} the wafer program streams",
+                    t.shape().first()
+                ),
+            ));
+        }
+        let v = t.to_f64();
+        let per = s.per_sample as usize;
+        for l in &s.lanes {
+            let lane: Vec<f32> = (0..batch)
+                .flat_map(|b| l.elems.clone().map(move |e| b * per + e as usize))
+                .map(|i| v.get(i).copied().unwrap_or(0.0) as f32)
+                .collect();
+            exe.sim.feed(l.x, l.y, l.colour, &lane);
+        }
+    }
+    exe.sim.clear_outputs();
+    exe.sim.run().map_err(|d| RunError {
+        span: Span::default(),
+        op: "wafer",
+        message: d.to_string(),
+    })?;
+    Ok(values)
+}
+
+/// Launches every update and runs it.
+fn update(exe: &mut Exe) -> Result<(), RunError> {
+    let pes: Vec<(u32, u32)> = exe.layout.setup.pes.keys().copied().collect();
+    for (x, y) in pes {
+        exe.sim.launch(x, y, UPDATE);
+    }
+    exe.sim.run().map_err(|d| RunError {
+        span: Span::default(),
+        op: "wafer",
+        message: d.to_string(),
+    })?;
+    Ok(())
+}
+
+fn first_bad(t: &Tensor, want: Finite) -> Option<(usize, f32)> {
+    let v = t.to_f64();
+    v.iter().enumerate().find_map(|(i, &x)| {
+        let bad = match want {
+            Finite::All => !x.is_finite(),
+            Finite::NoNan => x.is_nan(),
+        };
+        bad.then_some((i, x as f32))
+    })
+}
+
+impl backend::Device for Device {
+    fn compile_train(&mut self, graph: Arc<Graph>, at: Span) -> Result<TrainExe, Diag> {
+        let spec = TrainSpec::new(&graph, at)?;
+        let exe = self.load(graph, at)?;
+        self.train.push((exe, spec));
+        Ok(TrainExe(self.train.len() - 1))
+    }
+
+    fn compile_run(
+        &mut self,
+        graph: Arc<Graph>,
+        targets: Vec<NodeIndex>,
+        at: Span,
+    ) -> Result<RunExe, Diag> {
+        let exe = self.load(graph, at)?;
+        self.runs.push((exe, targets));
+        Ok(RunExe(self.runs.len() - 1))
+    }
+
+    fn bind(&mut self, vars: FxHashMap<String, Tensor>) -> Result<(), String> {
+        self.vars = vars;
+        for (e, _) in &mut self.train {
+            e.current = false;
+        }
+        for (e, _) in &mut self.runs {
+            e.current = false;
+        }
+        Ok(())
+    }
+
+    fn variables(&self) -> FxHashMap<String, Tensor> {
+        self.vars.clone()
+    }
+
+    fn variable(&self, name: &str) -> Option<Tensor> {
+        self.vars.get(name).cloned()
+    }
+
+    fn set_variable(&mut self, name: &str, value: Tensor) -> Result<(), String> {
+        self.vars.insert(name.to_string(), value);
+        for (e, _) in &mut self.train {
+            e.current = false;
+        }
+        for (e, _) in &mut self.runs {
+            e.current = false;
+        }
+        Ok(())
+    }
+
+    fn train_step(
+        &mut self,
+        exe: TrainExe,
+        batches: Vec<Feeds>,
+        ctx: StepCtx,
+    ) -> Result<StepOut, StepError> {
+        let (e, spec) = &mut self.train[exe.0];
+        let g = e.graph.clone();
+        if batches.len() != 1 {
+            return Err(StepError::Run {
+                shard: None,
+                error: fail(
+                    &g,
+                    spec.loss,
+                    format!("the wafer runs a step as one shard, not {}", batches.len()),
+                ),
+            });
+        }
+        sync(e, &self.vars);
+        let run = |error| StepError::Run { shard: None, error };
+        let values = stream(e, &batches[0], ctx).map_err(run)?;
+        let scan = |e: &Exe, n: NodeIndex, want: Finite| -> Option<(usize, f32)> {
+            read(e, &kept(e, n), n).and_then(|t| first_bad(&t, want))
+        };
+        if let Err(err) = spec.check_a(|n, want| scan(e, n, want)) {
+            // the gradients are dropped with the step
+            update_discarding(e, &self.vars);
+            return Err(err);
+        }
+        let loss = read(e, &kept(e, spec.loss), spec.loss)
+            .map(|t| t.scalar())
+            .unwrap_or(f64::NAN);
+        update(e).map_err(run)?;
+        let new: Vec<(String, Option<Tensor>)> = spec
+            .updates
+            .iter()
+            .map(|u| (u.name.clone(), read(e, &u.name, u.node)))
+            .collect();
+        if let Err(err) = spec.check_b(|n, want| {
+            let name = spec
+                .updates
+                .iter()
+                .find(|u| u.node == n)
+                .map(|u| u.name.clone());
+            name.and_then(|name| read(e, &name, n))
+                .and_then(|t| first_bad(&t, want))
+        }) {
+            e.current = false;
+            sync(e, &self.vars);
+            return Err(err);
+        }
+        for (name, t) in new {
+            if let Some(t) = t {
+                self.vars.insert(name, t);
+            }
+        }
+        for (r, _) in &mut self.runs {
+            r.current = false;
+        }
+        let host = |n: NodeIndex| values.get(n).map(|t| t.scalar());
+        Ok(StepOut {
+            loss,
+            learning_rate: host(spec.learning_rate).unwrap_or(f64::NAN),
+            next_step: spec.next_step.and_then(host).map(|v| v as i64),
+        })
+    }
+
+    fn run(
+        &mut self,
+        exe: RunExe,
+        feeds: Feeds,
+        ctx: StepCtx,
+        _shard: usize,
+    ) -> Result<Vec<Tensor>, RunError> {
+        let (e, targets) = &mut self.runs[exe.0];
+        sync(e, &self.vars);
+        let values = stream(e, &feeds, ctx)?;
+        let g = e.graph.clone();
+        let batch = e.layout.batch as usize;
+        let mut out = Vec::with_capacity(targets.len());
+        for &t in targets.iter() {
+            let n = e.formed.resolve(t);
+            let ty = g.ty(t);
+            if let Some(v) = values.get(t).or_else(|| values.get(n)) {
+                out.push(v.clone());
+                continue;
+            }
+            if let Op::Input { name } = &g.node(n).op {
+                let v = feeds
+                    .get(name)
+                    .ok_or_else(|| fail(&g, n, format!("input `{name}` was not fed")))?;
+                out.push(Tensor::from_f64(ty, v.to_f64()));
+                continue;
+            }
+            if let Some(s) = e.layout.outputs.iter().find(|s| s.node == n) {
+                let per = s.per_sample as usize;
+                let mut v = vec![f64::NAN; batch * per];
+                for l in &s.lanes {
+                    let got = e.sim.output(l.x, l.y, l.dir, l.colour);
+                    let w = l.elems.len();
+                    for (i, &(_, x)) in got.iter().enumerate() {
+                        let (b, j) = (i / w.max(1), i % w.max(1));
+                        if let Some(slot) = v.get_mut(b * per + l.elems.start as usize + j) {
+                            *slot = f64::from(x);
+                        }
+                    }
+                }
+                out.push(Tensor::from_f64(ty, v));
+                continue;
+            }
+            match read(e, &kept(e, t), t) {
+                Some(v) => out.push(v),
+                None => {
+                    return Err(fail(
+                        &g,
+                        t,
+                        format!("`{}` is not computed on the wafer", g.node(t).op.name()),
+                    ))
+                }
+            }
+        }
+        // the sums over the batch start again for the next batch
+        update(e)?;
+        Ok(out)
+    }
+}
+
+/// After a failed check: zero the step's accumulations (by running the update) and
+/// put the variables back.
+fn update_discarding(e: &mut Exe, vars: &FxHashMap<String, Tensor>) {
+    let _ = update(e);
+    e.current = false;
+    sync(e, vars);
+}

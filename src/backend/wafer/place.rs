@@ -1,0 +1,605 @@
+//! Placement, routing and colours: a formed graph laid out on a fabric, ready to run.
+//!
+//! **Shape.** The kernels of a chain (the forward streams run kernel to kernel) are laid
+//! out as a staircase from the fabric's north-west corner: each dense layer's output edge
+//! faces the next kernel's input edge lane for lane, so no stream needs an adapter. A
+//! dense layer lies as it is (inputs from the north, outputs to the east) or transposed,
+//! alternately; the vector kernel after a layer is a strip of its lanes along the
+//! layer's output edge.
+//!
+//! **Size.** Every layer gets blocks of about the same size `s`: `ceil(k / s)` columns and
+//! `ceil(n / s)` rows (one row before a kernel that needs a sample's values on one PE).
+//! The smallest `s` whose staircase fits the fabric (and every PE's memory) wins: the
+//! most PEs, so the shortest period.
+//!
+//! **Streams and colours.** Kernel to kernel, a stream's lanes go straight across the
+//! facing edges. The host's streams enter at the fabric's north edge and run down a
+//! column to their kernel; per-sample outputs run east to the fabric's east edge. Each
+//! stream takes the lowest colour that no router on its way uses yet; a dense layer's
+//! chains use the four colours below the streams'.
+
+use super::fabric::Fabric;
+use super::form::{self, End, Formed, Kind, Unsupported};
+use super::isa::Colour;
+use super::kernels::dense::{self, Dense};
+use super::kernels::vector::{Port, Vector};
+use super::kernels::{split, Laid, Orient, Piece};
+use super::lower::Update;
+use super::sim::{Dir, HostIn, Route, Setup};
+use crate::ir::{Graph, NodeIndex, Op};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// The colours a dense layer's chains take; streams take the ones above.
+const CHAIN_COLOURS: Colour = 4;
+
+/// One lane of a stream between the fabric and the host: the router it enters or
+/// leaves at (and through which port), its colour, and the elements of a sample it
+/// carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLane {
+    pub x: u32,
+    pub y: u32,
+    pub dir: Dir,
+    pub colour: Colour,
+    pub elems: std::ops::Range<u32>,
+}
+
+/// A stream between the fabric and the host: the node, its elements per sample, lanes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostStream {
+    pub node: NodeIndex,
+    pub per_sample: u32,
+    pub lanes: Vec<HostLane>,
+}
+
+/// A kernel's place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placed {
+    pub name: String,
+    pub x: u32,
+    pub y: u32,
+    pub w: u32,
+    pub h: u32,
+    pub orient: Orient,
+}
+
+/// A formed graph laid out on a fabric.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub fabric: Fabric,
+    pub batch: u32,
+    pub setup: Setup,
+    pub tensors: BTreeMap<String, Vec<Piece>>,
+    pub inputs: Vec<HostStream>,
+    pub outputs: Vec<HostStream>,
+    pub kernels: Vec<Placed>,
+    /// The block size every layer got.
+    pub block: u32,
+}
+
+/// Why a layout failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LayoutError {
+    /// The graph has something the wafer's kernels do not do.
+    Unsupported(Unsupported),
+    /// It does not fit the fabric even with the largest blocks: what was short.
+    DoesNotFit(String),
+}
+
+impl From<Unsupported> for LayoutError {
+    fn from(u: Unsupported) -> LayoutError {
+        LayoutError::Unsupported(u)
+    }
+}
+
+fn unsupported(g: &Graph, n: NodeIndex, message: String, help: &str) -> LayoutError {
+    LayoutError::Unsupported(Unsupported {
+        span: g.node(n).span,
+        message,
+        help: help.to_string(),
+    })
+}
+
+/// The name of a kernel for reports: its layer's variable scope, or its first op.
+fn kernel_name(g: &Graph, f: &Formed, k: usize) -> String {
+    let kr = &f.kernels[k];
+    let var = kr.vars.iter().find_map(|&v| match &g.node(v).op {
+        Op::Variable { name, .. } => Some(
+            name.rsplit_once('/')
+                .map_or(name.clone(), |(a, _)| a.to_string()),
+        ),
+        _ => None,
+    });
+    match (&kr.kind, var) {
+        (Kind::Dense { .. }, Some(v)) => v,
+        (Kind::Dense { .. }, None) => format!("dense #{k}"),
+        (Kind::Vector { nodes }, v) => {
+            let first = nodes.first().map_or("vector", |&n| g.node(n).op.name());
+            match v {
+                Some(v) => format!("{v} {first}"),
+                None => format!("{first} #{k}"),
+            }
+        }
+    }
+}
+
+/// Lays out `g` (formed as `f`) on fabric `fab`.
+pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError> {
+    let n = f.kernels.len();
+    if n == 0 {
+        return Err(LayoutError::DoesNotFit(
+            "the graph has no kernel to lay out".into(),
+        ));
+    }
+    // the chain: each kernel's forward input comes from the one before
+    for s in &f.streams {
+        if s.bwd {
+            continue;
+        }
+        if let End::Kernel(a) = s.from {
+            let ok = s.to.iter().all(|t| match t {
+                End::Kernel(b) => *b == a + 1,
+                End::Host => true,
+            });
+            if !ok {
+                return Err(unsupported(g, s.node, "a value that skips a layer (or feeds several) has no wafer layout yet".into(), "the wafer lays out chains of layers so far: each layer's output feeds the next one only"));
+            }
+        }
+    }
+    for (k, kr) in f.kernels.iter().enumerate() {
+        if let Kind::Dense { x, .. } = kr.kind {
+            let from = f
+                .streams
+                .iter()
+                .find(|s| s.node == f.resolve(x))
+                .map(|s| s.from);
+            let want = if k == 0 {
+                End::Host
+            } else {
+                End::Kernel(k - 1)
+            };
+            if from != Some(want) {
+                return Err(unsupported(g, x, "a layer whose input does not come from the kernel before it has no wafer layout yet".into(), "the wafer lays out chains of layers so far"));
+            }
+        }
+    }
+    let mut tried = Vec::new();
+    for s in [
+        1u32, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
+    ] {
+        match try_block(g, f, fab, s) {
+            Ok(l) => return Ok(l),
+            Err(LayoutError::DoesNotFit(why)) => tried.push(why),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(LayoutError::DoesNotFit(tried.pop().unwrap_or_default()))
+}
+
+/// The staircase with blocks of `s`.
+fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, LayoutError> {
+    let nk = f.kernels.len();
+    let vectors: Vec<Option<Vector>> = (0..nk)
+        .map(|k| match f.kernels[k].kind {
+            Kind::Vector { .. } => Some(Vector {
+                g,
+                f,
+                k,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+            }),
+            Kind::Dense { .. } => None,
+        })
+        .collect();
+    // lanes: each kernel's input and output lanes
+    let mut lanes_in = vec![0u32; nk];
+    let mut lanes_out = vec![0u32; nk];
+    for k in 0..nk {
+        match &f.kernels[k].kind {
+            Kind::Dense { w, .. } => {
+                let shape = &g.ty(*w).shape;
+                let (kk, nn) = (shape[0] as u32, shape[1] as u32);
+                lanes_in[k] = if k == 0 {
+                    kk.div_ceil(s)
+                } else {
+                    lanes_out[k - 1]
+                };
+                let single = vectors
+                    .get(k + 1)
+                    .and_then(|v| v.as_ref())
+                    .is_some_and(|v| v.width().is_none());
+                lanes_out[k] = if single { 1 } else { nn.div_ceil(s) };
+                if super::kernels::used(kk, lanes_in[k]) != lanes_in[k] {
+                    return Err(LayoutError::DoesNotFit(format!(
+                        "layer {} cannot split its {kk} inputs over {} lanes",
+                        kernel_name(g, f, k),
+                        lanes_in[k]
+                    )));
+                }
+            }
+            Kind::Vector { .. } => {
+                let v = vectors[k]
+                    .as_ref()
+                    .ok_or_else(|| LayoutError::DoesNotFit("no vector".into()))?;
+                let l = match v.width() {
+                    None => 1,
+                    Some(w) if k > 0 => {
+                        let l = lanes_out[k - 1];
+                        if super::kernels::used(w, l) != l {
+                            1
+                        } else {
+                            l
+                        }
+                    }
+                    Some(w) => w.div_ceil(s),
+                };
+                if k > 0 && l != lanes_out[k - 1] {
+                    return Err(LayoutError::DoesNotFit(format!(
+                        "{} takes {l} lanes from {}",
+                        kernel_name(g, f, k),
+                        lanes_out[k - 1]
+                    )));
+                }
+                lanes_in[k] = l;
+                lanes_out[k] = l;
+            }
+        }
+    }
+    // the staircase
+    let mut orient = Orient::North;
+    let mut at = (0u32, 0u32);
+    let mut placed = Vec::new();
+    for k in 0..nk {
+        let (fw, fh) = match f.kernels[k].kind {
+            Kind::Dense { .. } => {
+                if k > 0 {
+                    orient = orient.flip();
+                }
+                orient.size(lanes_in[k], lanes_out[k])
+            }
+            Kind::Vector { .. } => orient.size(1, lanes_out[k]),
+        };
+        if at.0 + fw > fab.width || at.1 + fh > fab.height {
+            return Err(LayoutError::DoesNotFit(format!(
+                "with blocks of {s}, {} ({fw}x{fh} PEs at ({}, {})) runs off the {}x{} fabric",
+                kernel_name(g, f, k),
+                at.0,
+                at.1,
+                fab.width,
+                fab.height
+            )));
+        }
+        placed.push(Placed {
+            name: kernel_name(g, f, k),
+            x: at.0,
+            y: at.1,
+            w: fw,
+            h: fh,
+            orient,
+        });
+        at = match orient {
+            Orient::North => (at.0 + fw, at.1),
+            Orient::West => (at.0, at.1 + fh),
+        };
+    }
+    // the routers each stream uses, for its colour
+    let pes_of = |k: usize| -> Vec<(u32, u32)> {
+        let p = &placed[k];
+        (p.x..p.x + p.w)
+            .flat_map(|x| (p.y..p.y + p.h).map(move |y| (x, y)))
+            .collect()
+    };
+    let mut used: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+    for (k, p) in placed.iter().enumerate() {
+        if matches!(f.kernels[k].kind, Kind::Dense { .. }) {
+            for (x, y) in pes_of(k) {
+                *used.entry((x, y)).or_default() |= (1u64 << CHAIN_COLOURS) - 1;
+            }
+        }
+        let _ = p;
+    }
+    let program_colours = fab.program_colours() as Colour;
+    let mut colour_of: BTreeMap<NodeIndex, Colour> = BTreeMap::new();
+    let mut paths: BTreeMap<NodeIndex, Vec<(u32, u32)>> = BTreeMap::new();
+    // the host's inputs come down a column from the north edge to their kernel (the
+    // first kernel's come straight in)
+    let mut inputs = Vec::new();
+    let mut outputs = Vec::new();
+    for st in &f.streams {
+        let mut routers: BTreeSet<(u32, u32)> = BTreeSet::new();
+        if let End::Kernel(a) = st.from {
+            routers.extend(pes_of(a));
+        }
+        for t in &st.to {
+            if let End::Kernel(b) = t {
+                routers.extend(pes_of(*b));
+            }
+        }
+        // paths to and from the host
+        let mut path = Vec::new();
+        if st.from == End::Host {
+            let End::Kernel(b) = st.to[0] else { continue };
+            if st.to.len() != 1 {
+                return Err(unsupported(
+                    g,
+                    st.node,
+                    "an input that several kernels read has no wafer layout yet".into(),
+                    "the wafer lays out chains of layers so far",
+                ));
+            }
+            let p = &placed[b];
+            if !(b == 0 && matches!(f.kernels[b].kind, Kind::Dense { .. })) {
+                if p.w * p.h != 1 {
+                    return Err(unsupported(g, st.node, "an input into a kernel of several lanes past the first layer has no wafer layout yet".into(), "the wafer lays out chains of layers so far"));
+                }
+                path = (0..p.y).map(|y| (p.x, y)).collect();
+            }
+        }
+        if st.to.contains(&End::Host) {
+            let End::Kernel(a) = st.from else { continue };
+            let p = &placed[a];
+            if p.w * p.h != 1 {
+                return Err(unsupported(
+                    g,
+                    st.node,
+                    "a per-sample output from a kernel of several lanes has no wafer layout yet"
+                        .into(),
+                    "the wafer lays out chains of layers so far",
+                ));
+            }
+            path.extend((p.x + 1..fab.width).map(|x| (x, p.y)));
+        }
+        routers.extend(path.iter().copied());
+        let busy = routers
+            .iter()
+            .fold(0u64, |m, r| m | used.get(r).copied().unwrap_or(0));
+        let Some(c) = (CHAIN_COLOURS..program_colours).find(|&c| busy & (1 << c) == 0) else {
+            return Err(LayoutError::DoesNotFit(format!(
+                "the stream of `{}` finds no free colour among the fabric's {program_colours}",
+                g.node(st.node).op.name()
+            )));
+        };
+        for r in &routers {
+            *used.entry(*r).or_default() |= 1 << c;
+        }
+        colour_of.insert(st.node, c);
+        paths.insert(st.node, path);
+    }
+    let colour = |n: Option<NodeIndex>| -> Colour {
+        n.and_then(|n| colour_of.get(&f.resolve(n)).copied())
+            .unwrap_or(0)
+    };
+    // lay out every kernel
+    let mut all = Laid::default();
+    for k in 0..nk {
+        let p = &placed[k];
+        let kr = &f.kernels[k];
+        let laid = match &kr.kind {
+            Kind::Dense {
+                w,
+                x,
+                fwd,
+                dy,
+                bwd,
+                dw,
+            } => {
+                let shape = &g.ty(*w).shape;
+                let names: Vec<String> = kr
+                    .vars
+                    .iter()
+                    .map(|&v| match &g.node(v).op {
+                        Op::Variable { name, .. } => name.clone(),
+                        _ => form::key(v),
+                    })
+                    .collect();
+                let train = dw.is_some();
+                let update = if train {
+                    form::update_of(
+                        g,
+                        f,
+                        k,
+                        (&kr.vars, &dw.iter().copied().collect::<Vec<_>>(), &kr.hosts),
+                        shape,
+                    )?
+                } else {
+                    Update::default()
+                };
+                let d = Dense {
+                    k: shape[0] as u32,
+                    n: shape[1] as u32,
+                    batch: f.batch,
+                    train,
+                    dx: bwd.is_some(),
+                    vars: names,
+                    grad: dw.map(form::key).unwrap_or_default(),
+                    hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
+                    update,
+                };
+                let c = dense::Colours {
+                    x: colour(Some(*x)),
+                    y: colour(Some(*fwd)),
+                    dy: colour(*dy),
+                    dx: colour(*bwd),
+                    chain: [0, 1],
+                    dchain: [2, 3],
+                };
+                d.lay((p.x, p.y), p.orient, (lanes_in[k], lanes_out[k]), c)
+                    .map_err(|e| {
+                        unsupported(g, *fwd, e, "this layer's update has no wafer kernel")
+                    })?
+            }
+            Kind::Vector { nodes } => {
+                let mut v = Vector {
+                    g,
+                    f,
+                    k,
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                };
+                for st in &f.streams {
+                    let c = colour_of[&st.node];
+                    if st.to.contains(&End::Kernel(k)) {
+                        v.inputs.push(Port {
+                            node: st.node,
+                            colour: c,
+                            bwd: st.bwd,
+                        });
+                    }
+                    if st.from == End::Kernel(k) {
+                        v.outputs.push(Port {
+                            node: st.node,
+                            colour: c,
+                            bwd: st.bwd,
+                        });
+                    }
+                }
+                let lanes = lanes_out[k];
+                let mut laid = Laid::default();
+                for l in 0..lanes {
+                    let lane = v.lane(lanes, l).map_err(|e| unsupported(g, nodes[0], e, "write it with the ops the wafer's vector kernels run: elementwise ops, reductions over a sample's last axes, softmax, argmax, one-hot"))?;
+                    let at = p.orient.at((p.x, p.y), 0, l);
+                    for (name, mut piece) in lane.tensors {
+                        piece.pe = at;
+                        laid.tensors.entry(name).or_default().push(piece);
+                    }
+                    laid.pes.insert(at, (Arc::new(lane.program), lane.memory));
+                    let o = p.orient;
+                    for port in &v.inputs {
+                        // forward inputs from the frame's west, backward ones from its east
+                        let from = if port.bwd { Dir::E } else { Dir::W };
+                        if paths.get(&port.node).is_some_and(|p| !p.is_empty())
+                            || (st_from_host(f, port.node) && k > 0)
+                        {
+                            continue;
+                        }
+                        laid.route(at, port.colour, o.route(from, &[Dir::Ramp]))
+                            .map_err(LayoutError::DoesNotFit)?;
+                    }
+                    for port in &v.outputs {
+                        if f.streams
+                            .iter()
+                            .any(|s| s.node == port.node && s.to.contains(&End::Host))
+                        {
+                            continue;
+                        }
+                        let to = if port.bwd { Dir::W } else { Dir::E };
+                        laid.route(at, port.colour, o.route(Dir::Ramp, &[to]))
+                            .map_err(LayoutError::DoesNotFit)?;
+                    }
+                }
+                laid
+            }
+        };
+        all.merge(laid).map_err(LayoutError::DoesNotFit)?;
+    }
+    // the host's streams
+    for st in &f.streams {
+        let c = colour_of[&st.node];
+        let per = (g.ty(st.node).elements() / f.batch.max(1) as usize) as u32;
+        if st.from == End::Host {
+            let End::Kernel(b) = st.to[0] else { continue };
+            let p = &placed[b];
+            let mut lanes = Vec::new();
+            if b == 0 && matches!(f.kernels[b].kind, Kind::Dense { .. }) {
+                for i in 0..lanes_in[b] {
+                    let (x, y) = p.orient.at((p.x, p.y), i, 0);
+                    lanes.push(HostLane {
+                        x,
+                        y,
+                        dir: p.orient.dir(Dir::N),
+                        colour: c,
+                        elems: split(per, lanes_in[b], i),
+                    });
+                }
+            } else {
+                let path = &paths[&st.node];
+                let mut hops: Vec<(u32, u32)> = path.clone();
+                hops.push((p.x, p.y));
+                for (i, &(x, y)) in hops.iter().enumerate() {
+                    let tx = if i + 1 == hops.len() {
+                        Dir::Ramp
+                    } else {
+                        Dir::S
+                    };
+                    all.route((x, y), c, Route::new(Dir::N, &[tx]))
+                        .map_err(LayoutError::DoesNotFit)?;
+                }
+                lanes.push(HostLane {
+                    x: p.x,
+                    y: 0,
+                    dir: Dir::N,
+                    colour: c,
+                    elems: 0..per,
+                });
+            }
+            inputs.push(HostStream {
+                node: st.node,
+                per_sample: per,
+                lanes,
+            });
+        }
+        if st.to.contains(&End::Host) {
+            let End::Kernel(a) = st.from else { continue };
+            let p = &placed[a];
+            all.route((p.x, p.y), c, Route::new(Dir::Ramp, &[Dir::E]))
+                .map_err(LayoutError::DoesNotFit)?;
+            for &(x, y) in &paths[&st.node] {
+                all.route((x, y), c, Route::new(Dir::W, &[Dir::E]))
+                    .map_err(LayoutError::DoesNotFit)?;
+            }
+            let x = fab.width - 1;
+            outputs.push(HostStream {
+                node: st.node,
+                per_sample: per,
+                lanes: vec![HostLane {
+                    x,
+                    y: p.y,
+                    dir: Dir::E,
+                    colour: c,
+                    elems: 0..per,
+                }],
+            });
+        }
+    }
+    // every PE's memory fits
+    let words = fab.usable_bytes() / super::cost::WORD;
+    for ((x, y), (prog, _)) in &all.pes {
+        if prog.words() > words {
+            return Err(LayoutError::DoesNotFit(format!(
+                "with blocks of {s}, PE ({x}, {y}) needs {} words of SRAM, more than its {words}",
+                prog.words()
+            )));
+        }
+    }
+    let mut setup = Setup {
+        pes: all.pes,
+        routes: all.routes,
+        inputs: Vec::new(),
+    };
+    for h in &inputs {
+        for l in &h.lanes {
+            setup.inputs.push(HostIn {
+                x: l.x,
+                y: l.y,
+                colour: l.colour,
+                values: Vec::new(),
+            });
+        }
+    }
+    Ok(Layout {
+        fabric: fab.clone(),
+        batch: f.batch,
+        setup,
+        tensors: all.tensors,
+        inputs,
+        outputs,
+        kernels: placed,
+        block: s,
+    })
+}
+
+/// Whether node `n` streams from the host.
+fn st_from_host(f: &Formed, n: NodeIndex) -> bool {
+    f.streams.iter().any(|s| s.node == n && s.from == End::Host)
+}
