@@ -82,13 +82,18 @@ fn wafer_trains_like_the_interpreter() {
     assert_eq!(pw.examples, pi.examples);
     let read = |d: &Path| std::fs::read_to_string(d.join("p/predictions.jsonl")).unwrap();
     let rows = |s: &str| -> Vec<serde_json::Value> {
-        s.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        s.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     };
     let (lw, li) = (rows(&read(&dw)), rows(&read(&di)));
     assert_eq!(lw.len(), li.len());
     for (a, b) in lw.iter().zip(&li) {
         assert_eq!(a["classes"], b["classes"]);
-        let (pa, pb) = (a["probabilities"].as_array().unwrap(), b["probabilities"].as_array().unwrap());
+        let (pa, pb) = (
+            a["probabilities"].as_array().unwrap(),
+            b["probabilities"].as_array().unwrap(),
+        );
         for (x, y) in pa.iter().zip(pb) {
             let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
             assert!((x - y).abs() <= 1e-5, "probability {x} vs {y}");

@@ -186,6 +186,12 @@ pub trait Device: Send {
     ) -> Result<Vec<Tensor>, RunError>;
 }
 
+/// Whether `EST_PROFILE` asks devices for their profiles.
+pub fn host_profile_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("EST_PROFILE").is_ok_and(|v| !v.is_empty()))
+}
+
 /// A device for `target` (E0908 for a target that cannot run programs in this build);
 /// the host runs its kernels on `threads` threads (the
 /// interpreter, the reference, on one).

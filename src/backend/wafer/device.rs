@@ -39,6 +39,8 @@ struct Exe {
     host: Plan,
     /// The variables' values the simulator holds are the device's (not stale).
     current: bool,
+    /// Wall time spent simulating.
+    wall: std::time::Duration,
 }
 
 /// The wafer's device.
@@ -111,6 +113,7 @@ impl Device {
             sim,
             host,
             current: false,
+            wall: std::time::Duration::ZERO,
         })
     }
 
@@ -120,6 +123,32 @@ impl Device {
             .chain(self.runs.iter().map(|r| &r.0))
             .map(|e| e.sim.summary())
             .collect()
+    }
+}
+
+impl Drop for Device {
+    /// With `EST_PROFILE` set: what each executable's simulator did.
+    fn drop(&mut self) {
+        if !crate::backend::host_profile_on() {
+            return;
+        }
+        let exes = (self.train.iter().map(|t| ("train", &t.0)))
+            .chain(self.runs.iter().map(|r| ("run", &r.0)));
+        for (what, e) in exes {
+            let s = e.sim.summary();
+            let secs = e.wall.as_secs_f64();
+            let pe_cycles = s.cycles as f64 * s.pes as f64;
+            eprintln!(
+                "wafer profile ({what}, block {}): {} cycles on {} PEs ({:.1}% busy, {:.1}% stalled); {:.3} s simulating, {:.3e} PE-cycles/s",
+                e.layout.block,
+                s.cycles,
+                s.pes,
+                100.0 * s.busy as f64 / pe_cycles.max(1.0),
+                100.0 * s.stalled as f64 / pe_cycles.max(1.0),
+                secs,
+                pe_cycles / secs.max(1e-9)
+            );
+        }
     }
 }
 
@@ -222,7 +251,10 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
         }
     }
     exe.sim.clear_outputs();
-    exe.sim.run().map_err(|d| RunError {
+    let t = std::time::Instant::now();
+    let r = exe.sim.run();
+    exe.wall += t.elapsed();
+    r.map_err(|d| RunError {
         span: Span::default(),
         op: "wafer",
         message: d.to_string(),
@@ -236,7 +268,10 @@ fn update(exe: &mut Exe) -> Result<(), RunError> {
     for (x, y) in pes {
         exe.sim.launch(x, y, UPDATE);
     }
-    exe.sim.run().map_err(|d| RunError {
+    let t = std::time::Instant::now();
+    let r = exe.sim.run();
+    exe.wall += t.elapsed();
+    r.map_err(|d| RunError {
         span: Span::default(),
         op: "wafer",
         message: d.to_string(),
