@@ -946,9 +946,11 @@ impl Sim {
         let pe = &mut self.pes[p];
         if !fabric {
             // on SRAM alone: all of it at once
+            let ops = resolve(srcs, &pe.mem, loops, &pe.counters);
+            let d = dest(dst, loops, &pe.counters);
             for i in 0..n {
-                let v = element(&pe.mem, op, srcs, (i, loops, &pe.counters), &[], None);
-                store(&mut pe.mem, dst, i, loops, &pe.counters, v);
+                let v = element(&pe.mem, op, &ops, i, &[], None);
+                store(&mut pe.mem, d, i, v);
             }
             let cycles = cost::vec_op(f, op, n, reads, writes);
             pe.time += cycles;
@@ -1003,14 +1005,8 @@ impl Sim {
             }
             let pe = &mut self.pes[p];
             let i = g.elem;
-            let v = element(
-                &pe.mem,
-                op,
-                srcs,
-                (i, loops, &pe.counters),
-                &fab[..j],
-                g.scalar,
-            );
+            let ops = resolve(srcs, &pe.mem, loops, &pe.counters);
+            let v = element(&pe.mem, op, &ops, i, &fab[..j], g.scalar);
             let stalled = at - g.next;
             g.stalled += stalled;
             g.elem += 1;
@@ -1022,7 +1018,7 @@ impl Sim {
             };
             match out {
                 Some(s) => self.send(s, at, v),
-                None => store(&mut pe.mem, dst, i, loops, &pe.counters, v),
+                None => store(&mut pe.mem, dest(dst, loops, &pe.counters), i, v),
             }
         }
         let pe = &mut self.pes[p];
@@ -1164,29 +1160,59 @@ fn body_at<'a>(mut body: &'a [Instr], frames: &[Frame]) -> &'a [Instr] {
     body
 }
 
-/// The value of element `i` of an operation.
-fn element(
-    mem: &[f32],
-    op: VecOp,
-    srcs: &[Src],
-    (i, loops, counters): (u32, &[u32], &[u32]),
-    fab: &[f32],
-    scalar: Option<f32>,
-) -> f32 {
+/// A source of a vector operation with its address resolved for the instruction's
+/// loops and counters: element `i` of a memory source is at `start + i * stride`.
+#[derive(Debug, Clone, Copy)]
+enum Opnd {
+    Mem(i64, i64),
+    Fab,
+    Const(f32),
+    Recv,
+    None,
+}
+
+/// The sources of an instruction, resolved.
+fn resolve(srcs: &[Src], mem: &[f32], loops: &[u32], counters: &[u32]) -> [Opnd; 3] {
+    let mut out = [Opnd::None; 3];
+    for (k, s) in srcs.iter().enumerate().take(3) {
+        out[k] = match s {
+            Src::V(d @ Dsd::Mem { stride, .. }) => match d.word(0, loops, counters) {
+                Some(a) => Opnd::Mem(a, i64::from(*stride)),
+                None => Opnd::Const(f32::NAN),
+            },
+            Src::V(Dsd::In { .. }) => Opnd::Fab,
+            Src::V(Dsd::Out { .. }) => Opnd::Const(f32::NAN),
+            Src::Scalar(a) => Opnd::Const(load(mem, Some(i64::from(*a)))),
+            Src::Recv(_) => Opnd::Recv,
+            Src::Imm(x) => Opnd::Const(*x),
+        };
+    }
+    out
+}
+
+/// Where element 0 of a memory destination is, and its stride.
+fn dest(dst: &Dsd, loops: &[u32], counters: &[u32]) -> Option<(i64, i64)> {
+    match dst {
+        Dsd::Mem { stride, .. } => dst.word(0, loops, counters).map(|a| (a, i64::from(*stride))),
+        _ => None,
+    }
+}
+
+/// The value of element `i` of an operation over resolved sources.
+fn element(mem: &[f32], op: VecOp, srcs: &[Opnd; 3], i: u32, fab: &[f32], scalar: Option<f32>) -> f32 {
     let mut v = [0.0f32; 3];
     let mut j = 0;
-    for (k, s) in srcs.iter().enumerate().take(3) {
-        v[k] = match s {
-            Src::V(d @ Dsd::Mem { .. }) => load(mem, d.word(i, loops, counters)),
-            Src::V(Dsd::In { .. }) => {
+    for (k, s) in srcs.iter().enumerate() {
+        v[k] = match *s {
+            Opnd::Mem(a, st) => load(mem, Some(a + i64::from(i) * st)),
+            Opnd::Fab => {
                 let x = fab.get(j).copied().unwrap_or(f32::NAN);
                 j += 1;
                 x
             }
-            Src::V(Dsd::Out { .. }) => f32::NAN,
-            Src::Scalar(a) => load(mem, Some(i64::from(*a))),
-            Src::Recv(_) => scalar.unwrap_or(f32::NAN),
-            Src::Imm(x) => *x,
+            Opnd::Const(x) => x,
+            Opnd::Recv => scalar.unwrap_or(f32::NAN),
+            Opnd::None => 0.0,
         };
     }
     op.apply(v[0], v[1], v[2])
@@ -1199,10 +1225,9 @@ fn load(mem: &[f32], a: Option<i64>) -> f32 {
         .unwrap_or(f32::NAN)
 }
 
-fn store(mem: &mut [f32], dst: &Dsd, i: u32, loops: &[u32], counters: &[u32], v: f32) {
-    let word = dst.word(i, loops, counters);
-    if let Some(m) = word
-        .and_then(|a| usize::try_from(a).ok())
+fn store(mem: &mut [f32], dst: Option<(i64, i64)>, i: u32, v: f32) {
+    if let Some(m) = dst
+        .and_then(|(a, st)| usize::try_from(a + i64::from(i) * st).ok())
         .and_then(|a| mem.get_mut(a))
     {
         *m = v;
