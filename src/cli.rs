@@ -179,6 +179,11 @@ enum InputArg {
     Predict,
 }
 
+/// `--wafer CONFIG`: a named fabric config or a `.toml` file.
+fn parse_fabric(arg: &str) -> Result<est::backend::wafer::fabric::Fabric, String> {
+    est::backend::wafer::fabric::resolve(arg)
+}
+
 #[derive(Parser)]
 struct RunArgs {
     #[command(flatten)]
@@ -190,6 +195,10 @@ struct RunArgs {
     /// built with the `llvm` feature), the reference interpreter, or the wafer.
     #[arg(long, value_enum, default_value_t = RunTarget::default())]
     target: RunTarget,
+    /// The fabric the wafer target runs on: a config (`test32`, `test64`, `wse2`,
+    /// `wse3`) or a `.toml` file with every figure (see docs/wafer.md). Default: test32.
+    #[arg(long, value_parser = parse_fabric)]
+    wafer: Option<est::backend::wafer::fabric::Fabric>,
     /// Overrides the estimator's model_dir.
     #[arg(long)]
     model_dir: Option<PathBuf>,

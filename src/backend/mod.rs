@@ -209,10 +209,13 @@ pub fn open(target: Target, at: Span, threads: usize) -> Result<Box<dyn Device>,
         )
         .label("this estimator")
         .help("rebuild with `cargo build --features llvm` (it needs LLVM 19: `scripts/setup.sh` installs it), or run it with `--target interp`")),
-        Target::Wafer => Ok(Box::new(wafer::device::Device::new(
-            wafer::fabric::Fabric::test32(),
-        ))),
+        Target::Wafer => Ok(open_wafer(wafer::fabric::Fabric::test32())),
     }
+}
+
+/// A wafer device on fabric `f`.
+pub fn open_wafer(f: wafer::fabric::Fabric) -> Box<dyn Device> {
+    Box::new(wafer::device::Device::new(f))
 }
 
 /// The analysis of a train graph every backend's train step follows: its phases, the

@@ -28,6 +28,7 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
         cache_dir: None,
         memory_limit: a.program.memory_limit,
         threads: a.threads.map(usize::from),
+        wafer: a.wafer.clone(),
     };
     let json = a.out.message_format == MessageFormat::Json;
     let mut est = match Estimator::new(&program, &opts) {

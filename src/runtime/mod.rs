@@ -76,6 +76,8 @@ pub struct RunOptions {
     /// The threads a step runs on (the host target): `None` is `EST_NUM_THREADS`,
     /// else every core.
     pub threads: Option<usize>,
+    /// The fabric the wafer target runs on (`None`: `test32`).
+    pub wafer: Option<crate::backend::wafer::fabric::Fabric>,
 }
 
 impl Default for RunOptions {
@@ -89,6 +91,7 @@ impl Default for RunOptions {
             cache_dir: None,
             memory_limit: None,
             threads: None,
+            wafer: None,
         }
     }
 }
@@ -167,6 +170,7 @@ pub struct Estimator {
     graphs: Vec<Arc<Compiled>>,
     target: Target,
     threads: usize,
+    wafer: Option<crate::backend::wafer::fabric::Fabric>,
     /// The device running this estimator's graphs; it holds the variables.
     dev: Option<Dev>,
     step: i64,
@@ -310,6 +314,7 @@ impl Estimator {
             graphs,
             target: opts.target,
             threads: opts.threads.unwrap_or_else(backend::pool::default_threads),
+            wafer: opts.wafer.clone(),
             dev: None,
             step: 0,
             input_position: 0,
@@ -390,7 +395,10 @@ impl Estimator {
     /// this build cannot run).
     fn dev(&mut self) -> Res<&mut Dev> {
         if self.dev.is_none() {
-            let device = backend::open(self.target, self.info.span, self.threads)?;
+            let device = match (self.target, &self.wafer) {
+                (Target::Wafer, Some(f)) => backend::open_wafer(f.clone()),
+                _ => backend::open(self.target, self.info.span, self.threads)?,
+            };
             self.dev = Some(Dev {
                 device,
                 train: None,
