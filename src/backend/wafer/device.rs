@@ -220,20 +220,21 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
     }
     let batch = exe.layout.batch as usize;
     for s in &exe.layout.inputs {
-        let Op::Input { name } = &g.node(s.node).op else {
+        let node = NodeIndex::new(s.node as usize);
+        let Op::Input { name } = &g.node(node).op else {
             return Err(fail(
                 &g,
-                s.node,
+                node,
                 "a stream from the host that is not an input".into(),
             ));
         };
         let t = feeds
             .get(name)
-            .ok_or_else(|| fail(&g, s.node, format!("input `{name}` was not fed")))?;
+            .ok_or_else(|| fail(&g, node, format!("input `{name}` was not fed")))?;
         if t.shape().first() != Some(&batch) {
             return Err(fail(
                 &g,
-                s.node,
+                node,
                 format!(
                     "input `{name}` has {:?} rows, not the {batch} the wafer program streams",
                     t.shape().first()
@@ -433,7 +434,7 @@ impl backend::Device for Device {
                 out.push(Tensor::from_f64(ty, v.to_f64()));
                 continue;
             }
-            if let Some(s) = e.layout.outputs.iter().find(|s| s.node == n) {
+            if let Some(s) = e.layout.outputs.iter().find(|s| s.node as usize == n.index()) {
                 let per = s.per_sample as usize;
                 let mut v = vec![f64::NAN; batch * per];
                 for l in &s.lanes {

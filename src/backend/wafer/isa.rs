@@ -26,7 +26,7 @@ pub type Colour = u8;
 pub type TaskId = u8;
 
 /// A vector operand or destination.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Dsd {
     /// `len` words of SRAM (see the module's doc for the address).
     Mem {
@@ -92,7 +92,7 @@ impl Dsd {
 }
 
 /// A scalar or vector source.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Src {
     /// A vector, element by element.
     V(Dsd),
@@ -105,7 +105,7 @@ pub enum Src {
 }
 
 /// What a vector operation computes per element from its sources `a, b, c`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum VecOp {
     /// `a`
     Mov,
@@ -296,7 +296,7 @@ impl VecOp {
 }
 
 /// One instruction of a task's body.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Instr {
     /// `dst[i] = op(srcs[0][i], srcs[1][i], srcs[2][i])` for every element of `dst`.
     Vec { op: VecOp, dst: Dsd, srcs: Vec<Src> },
@@ -314,7 +314,7 @@ pub enum Instr {
 }
 
 /// What starts a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Trigger {
     /// A wavelet waiting on this colour.
     Data(Colour),
@@ -322,7 +322,7 @@ pub enum Trigger {
     Local { at_start: bool },
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Task {
     pub id: TaskId,
     pub name: String,
@@ -331,7 +331,7 @@ pub struct Task {
 }
 
 /// A named buffer of a PE's memory map.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Symbol {
     pub name: String,
     pub base: u32,
@@ -339,7 +339,7 @@ pub struct Symbol {
 }
 
 /// A PE's program: its tasks and memory map.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Program {
     pub tasks: Vec<Task>,
     pub symbols: Vec<Symbol>,

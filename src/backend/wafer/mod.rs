@@ -9,6 +9,7 @@
 //! - `sim`: the cycle-level simulator, running PE programs on real data through routers
 //!   and links.
 
+pub mod artifact;
 pub mod cost;
 pub mod device;
 pub mod fabric;
@@ -17,6 +18,7 @@ pub mod isa;
 pub mod kernels;
 pub mod lower;
 pub mod place;
+pub mod report;
 pub mod sim;
 
 /// Graphs of small programs for the tests of the wafer's parts.

@@ -31,12 +31,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The colours a dense layer's chains take; streams take the ones above.
-const CHAIN_COLOURS: Colour = 4;
+pub const CHAIN_COLOURS: Colour = 4;
 
 /// One lane of a stream between the fabric and the host: the router it enters or
 /// leaves at (and through which port), its colour, and the elements of a sample it
 /// carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostLane {
     pub x: u32,
     pub y: u32,
@@ -45,16 +45,18 @@ pub struct HostLane {
     pub elems: std::ops::Range<u32>,
 }
 
-/// A stream between the fabric and the host: the node, its elements per sample, lanes.
-#[derive(Debug, Clone, PartialEq)]
+/// A stream between the fabric and the host: the node (its index in the graph, and its
+/// input's name or op), its elements per sample, lanes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HostStream {
-    pub node: NodeIndex,
+    pub node: u32,
+    pub name: String,
     pub per_sample: u32,
     pub lanes: Vec<HostLane>,
 }
 
 /// A kernel's place.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Placed {
     pub name: String,
     pub x: u32,
@@ -534,7 +536,8 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
                 });
             }
             inputs.push(HostStream {
-                node: st.node,
+                node: st.node.index() as u32,
+                name: stream_name(g, st.node),
                 per_sample: per,
                 lanes,
             });
@@ -550,7 +553,8 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
             }
             let x = fab.width - 1;
             outputs.push(HostStream {
-                node: st.node,
+                node: st.node.index() as u32,
+                name: stream_name(g, st.node),
                 per_sample: per,
                 lanes: vec![HostLane {
                     x,
@@ -602,4 +606,12 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
 /// Whether node `n` streams from the host.
 fn st_from_host(f: &Formed, n: NodeIndex) -> bool {
     f.streams.iter().any(|s| s.node == n && s.from == End::Host)
+}
+
+/// What a host stream carries: its input's name, or its op.
+fn stream_name(g: &Graph, n: NodeIndex) -> String {
+    match &g.node(n).op {
+        Op::Input { name } => name.clone(),
+        op => format!("{} %{}", op.name(), n.index()),
+    }
 }

@@ -39,7 +39,7 @@ use std::sync::Arc;
 pub type Port = (u32, u32, Dir, Colour);
 
 /// A router port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Dir {
     N,
     S,
@@ -91,7 +91,7 @@ impl Dir {
 
 /// A router's configuration for one colour: where its wavelets come from, and the set
 /// of ports each one leaves by (several: multicast).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Route {
     pub rx: Dir,
     tx: u8,
@@ -176,6 +176,8 @@ pub struct PeStats {
     pub stalled: u64,
     /// The cycle its last task ended.
     pub done: u64,
+    /// Elements of arithmetic (every vector operation but a move) computed.
+    pub work: u64,
 }
 
 /// Where a stream goes: the links of its route tree in order from the source, each
@@ -955,6 +957,9 @@ impl Sim {
             let cycles = cost::vec_op(f, op, n, reads, writes);
             pe.time += cycles;
             pe.stats.busy += cycles;
+            if op != VecOp::Mov {
+                pe.stats.work += u64::from(n);
+            }
             return Step::Continue;
         }
         let mut g = progress.unwrap_or(Progress {
@@ -1023,6 +1028,9 @@ impl Sim {
         }
         let pe = &mut self.pes[p];
         pe.stats.busy += g.next - g.start - g.stalled;
+        if op != VecOp::Mov {
+            pe.stats.work += u64::from(n);
+        }
         pe.stats.stalled += g.stalled;
         pe.time = pe.time.max(g.next);
         *progress = None;

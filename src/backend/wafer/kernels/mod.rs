@@ -24,7 +24,7 @@ pub const UPDATE: TaskId = 62;
 
 /// Where the words of one tensor are: pieces, each on a PE from a word on, holding
 /// runs of the tensor's flat elements (offset, length) one after another.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Piece {
     pub pe: (u32, u32),
     pub word: u32,
@@ -83,7 +83,7 @@ pub struct Rect {
 }
 
 /// How a kernel's frame lies on the fabric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Orient {
     /// As it is: inputs from the north, outputs to the east.
     North,
