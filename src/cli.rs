@@ -4,6 +4,7 @@
 mod build;
 mod data;
 mod run;
+mod wafer;
 
 use clap::{Parser, Subcommand, ValueEnum};
 // `log` writes a line to stderr and ignores a failed write: a full disk or a closed
@@ -41,6 +42,10 @@ enum Command {
     /// Compile one estimator's graph for a target without running it: write a stage
     /// (`--emit llvm-ir|asm|obj`) or report its kernels and memory plan (`--report`).
     Build(build::BuildArgs),
+    /// Run a wafer artifact (`estc build --target wafer -o FILE.estw`) on generated data in
+    /// the simulator and print its report: cycles per step, samples per second, each
+    /// kernel's PEs, cycles per sample, utilisation, memory and colours
+    Sim(wafer::SimArgs),
     /// Run an estimator's input pipeline alone and report its speed and the shapes of
     /// its batches (`--show N` prints the first N batches as JSON lines).
     PerfInput(PerfArgs),
@@ -340,6 +345,7 @@ pub fn main() -> i32 {
         Command::Eval(a) => run::run(a, SectionKind::Eval),
         Command::Predict(a) => run::run(a, SectionKind::Predict),
         Command::Build(a) => build::build(a),
+        Command::Sim(a) => wafer::sim(a),
         Command::PerfInput(a) => run::perf_input(a),
         Command::Data(a) => data::run(a),
         Command::Lsp(_) => est::lsp::run_stdio(),

@@ -16,6 +16,10 @@ pub struct BuildArgs {
     /// The target to compile for.
     #[arg(long, value_enum, default_value_t = BuildTarget::Host)]
     target: BuildTarget,
+    /// The fabric of the wafer target: a config (`test32`, `test64`, `wse2`, `wse3`) or
+    /// a `.toml` file. Default: test32.
+    #[arg(long, value_parser = super::parse_fabric)]
+    wafer: Option<est::backend::wafer::fabric::Fabric>,
     /// The graph to compile: the train step, the eval step or predict.
     #[arg(long, value_enum, default_value_t = ModeArg::Train)]
     mode: ModeArg,
@@ -46,9 +50,12 @@ pub struct BuildArgs {
     out: OutputArgs,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum BuildTarget {
     Host,
+    /// The simulated wafer: a laid-out program (`--emit wafer`, `-o FILE.estw`, a
+    /// measured `--report` and its SVG).
+    Wafer,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -56,6 +63,8 @@ pub enum Stage {
     LlvmIr,
     Asm,
     Obj,
+    /// The wafer program: kernels, programs by class, routes, memory maps.
+    Wafer,
 }
 
 pub fn build(a: BuildArgs) -> i32 {
@@ -63,7 +72,17 @@ pub fn build(a: BuildArgs) -> i32 {
         Ok(x) => x,
         Err(code) => return code,
     };
-    let BuildTarget::Host = a.target;
+    let wafer = a.target == BuildTarget::Wafer;
+    if wafer && a.lib {
+        return usage("--lib builds a native library for the host: leave out --target wafer");
+    }
+    if wafer != (a.emit == Some(Stage::Wafer)) && a.emit.is_some() {
+        return usage(if wafer {
+            "the wafer target emits `--emit wafer`"
+        } else {
+            "--emit wafer needs --target wafer"
+        });
+    }
     if a.emit == Some(Stage::Obj) && a.output.is_none() {
         return usage("--emit obj writes an object file: name it with -o FILE");
     }
@@ -74,7 +93,8 @@ pub fn build(a: BuildArgs) -> i32 {
     let [mode] = mode.modes()[..] else {
         return usage("build compiles one graph: --mode train, eval or predict");
     };
-    let opts = check_options(&a.program, Target::Host, vec![mode], &a.estimator, config);
+    let target = if wafer { Target::Wafer } else { Target::Host };
+    let opts = check_options(&a.program, target, vec![mode], &a.estimator, config);
     let checked = match check_program(&program, &opts) {
         Ok(c) => c,
         Err(code) => return code,
@@ -99,6 +119,34 @@ pub fn build(a: BuildArgs) -> i32 {
         }
     };
     let at = checked.estimator_span(c);
+    if wafer {
+        let fab = a
+            .wafer
+            .clone()
+            .unwrap_or_else(est::backend::wafer::fabric::Fabric::test32);
+        let emit = a.emit == Some(Stage::Wafer);
+        let b = match super::wafer::build(c, at, &fab, emit, a.output.as_deref(), a.report) {
+            Ok(b) => b,
+            Err(d) => return print_diags(&program, &[d], a.out.message_format, a.out.color),
+        };
+        let mut text = b.text;
+        if let (Some(p), Some(bytes)) = (&a.output, &b.artifact) {
+            if let Err(e) = std::fs::write(p, bytes) {
+                return write_failed(&p.display().to_string(), &e);
+            }
+            text.push_str(&format!("wrote {}\n", p.display()));
+        }
+        if let Some((p, svg)) = &b.svg {
+            if let Err(e) = std::fs::write(p, svg) {
+                return write_failed(&p.display().to_string(), &e);
+            }
+            text.push_str(&format!("wrote {}\n", p.display()));
+        }
+        return match print_result(&text) {
+            Ok(()) => 0,
+            Err(code) => code,
+        };
+    }
     let built = match (a.lib, &a.output) {
         (true, Some(dir)) => library(c, at, a.cpu.as_deref(), dir).map(|t| (t, None)),
         _ => host(&program, c, at, a.cpu.as_deref(), a.emit, a.report),
@@ -147,11 +195,12 @@ fn host(
 ) -> Result<(String, Option<Vec<u8>>), est::diag::Diag> {
     use est::backend::host;
     let phases = est::backend::phases(&c.graph, c.mode, at)?;
-    let emit = emit.map(|e| match e {
-        Stage::LlvmIr => host::Emit::LlvmIr,
-        Stage::Asm => host::Emit::Asm,
-        Stage::Obj => host::Emit::Obj,
-    });
+    let emit = match emit {
+        Some(Stage::LlvmIr) => Some(host::Emit::LlvmIr),
+        Some(Stage::Asm) => Some(host::Emit::Asm),
+        Some(Stage::Obj) => Some(host::Emit::Obj),
+        Some(Stage::Wafer) | None => None,
+    };
     let (r, stage) = host::build(&c.graph, &phases, at, cpu, emit)?;
     if !report {
         return Ok((String::new(), stage));

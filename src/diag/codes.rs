@@ -632,4 +632,14 @@ not know the name given, and would otherwise have gone on silently with a generi
 CPU. `llc-19 -mcpu=help` lists the names it knows (every x86-64 processor and the
 levels `x86-64`, `x86-64-v2`, `x86-64-v3`, `x86-64-v4`); leave `--cpu` out for this
 machine's own.";
+    WaferArtifact = "E0920", Error, "a wafer artifact cannot be run",
+"`estc sim FILE.estw` runs a program laid out for the wafer by `estc build --target
+wafer -o FILE.estw`. The file could not be run: it cannot be read, it is not such an
+artifact (another file, or one damaged: cut short, edited), it was written by another
+version of the format, or it was compiled for another fabric than the one it is to
+run on (the message names both: an artifact places every kernel for one fabric's
+size, memory and colours). Rebuild it for the fabric you run it on:
+
+    estc build model.est --target wafer --wafer wse2 -o model.estw
+    estc sim model.estw --wafer wse2";
 }

@@ -37,10 +37,19 @@ pub struct Stamp {
     pub graph: String,
 }
 
+/// A program and the initial memory of the PEs that run it: its words that are not
+/// zero, as (word, f32 bits).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProgramClass {
     pub program: Program,
-    pub memory: Vec<f32>,
+    pub memory: Vec<(u32, u32)>,
+}
+
+fn sparse(m: &[f32]) -> Vec<(u32, u32)> {
+    (m.iter().enumerate())
+        .filter(|(_, v)| v.to_bits() != 0)
+        .map(|(i, v)| (i as u32, v.to_bits()))
+        .collect()
 }
 
 /// A laid-out program, as the file holds it.
@@ -64,7 +73,10 @@ pub struct Artifact {
 /// The hash of a graph: FNV-1a of its text dump.
 pub fn graph_hash(g: &crate::ir::Graph) -> String {
     let text = crate::ir::dump_text(g, "");
-    format!("{:016x}", crate::hash::fnv1a(0xcbf2_9ce4_8422_2325, text.as_bytes()))
+    format!(
+        "{:016x}",
+        crate::hash::fnv1a(0xcbf2_9ce4_8422_2325, text.as_bytes())
+    )
 }
 
 impl Artifact {
@@ -75,7 +87,7 @@ impl Artifact {
         for (&(x, y), (p, m)) in &l.setup.pes {
             let class = ProgramClass {
                 program: p.as_ref().clone(),
-                memory: m.clone(),
+                memory: sparse(m),
             };
             let i = match programs.iter().position(|c| *c == class) {
                 Some(i) => i,
@@ -99,7 +111,12 @@ impl Artifact {
             kernels: l.kernels.clone(),
             programs,
             pes,
-            routes: l.setup.routes.iter().map(|(&(x, y, c), &r)| (x, y, c, r)).collect(),
+            routes: l
+                .setup
+                .routes
+                .iter()
+                .map(|(&(x, y, c), &r)| (x, y, c, r))
+                .collect(),
             tensors: l.tensors.clone(),
             inputs: l.inputs.clone(),
             outputs: l.outputs.clone(),
@@ -120,13 +137,18 @@ impl Artifact {
         struct Head {
             format: String,
         }
-        let head: Head = serde_json::from_slice(bytes)
-            .map_err(|_| "it is not an estw artifact (not the JSON `estc build --target wafer -o` writes)".to_string())?;
+        let head: Head = serde_json::from_slice(bytes).map_err(|_| {
+            "it is not an estw artifact (not the JSON `estc build --target wafer -o` writes)"
+                .to_string()
+        })?;
         if head.format != FORMAT {
-            return Err(format!("it is in format `{}`; this estc reads `{FORMAT}`", head.format));
+            return Err(format!(
+                "it is in format `{}`; this estc reads `{FORMAT}`",
+                head.format
+            ));
         }
-        let a: Artifact = serde_json::from_slice(bytes)
-            .map_err(|e| format!("it is damaged: {e}"))?;
+        let a: Artifact =
+            serde_json::from_slice(bytes).map_err(|e| format!("it is damaged: {e}"))?;
         if a.stamp.fabric_fingerprint != format!("{:016x}", fabric.fingerprint()) {
             return Err(format!(
                 "it was compiled for the fabric `{}` (fingerprint {}), not for `{}` (fingerprint {})",
@@ -136,8 +158,14 @@ impl Artifact {
                 format!("{:016x}", fabric.fingerprint())
             ));
         }
-        if let Some(&(x, y, p)) = a.pes.iter().find(|&&(x, y, p)| x >= fabric.width || y >= fabric.height || p >= a.programs.len()) {
-            return Err(format!("it is damaged: PE ({x}, {y}) runs program {p}, off the fabric or missing"));
+        if let Some(&(x, y, p)) = a
+            .pes
+            .iter()
+            .find(|&&(x, y, p)| x >= fabric.width || y >= fabric.height || p >= a.programs.len())
+        {
+            return Err(format!(
+                "it is damaged: PE ({x}, {y}) runs program {p}, off the fabric or missing"
+            ));
         }
         Ok(a)
     }
@@ -145,16 +173,32 @@ impl Artifact {
     /// The layout it holds, on `fabric`.
     pub fn layout(&self, fabric: &Fabric) -> Layout {
         let mut setup = Setup::default();
-        let classes: Vec<Arc<Program>> = self.programs.iter().map(|c| Arc::new(c.program.clone())).collect();
+        let classes: Vec<Arc<Program>> = self
+            .programs
+            .iter()
+            .map(|c| Arc::new(c.program.clone()))
+            .collect();
         for &(x, y, p) in &self.pes {
-            setup.pes.insert((x, y), (classes[p].clone(), self.programs[p].memory.clone()));
+            let class = &self.programs[p];
+            let mut m = vec![0.0; class.program.words() as usize];
+            for &(i, bits) in &class.memory {
+                if let Some(w) = m.get_mut(i as usize) {
+                    *w = f32::from_bits(bits);
+                }
+            }
+            setup.pes.insert((x, y), (classes[p].clone(), m));
         }
         for &(x, y, c, r) in &self.routes {
             setup.routes.insert((x, y, c), r);
         }
         for h in &self.inputs {
             for l in &h.lanes {
-                setup.inputs.push(HostIn { x: l.x, y: l.y, colour: l.colour, values: Vec::new() });
+                setup.inputs.push(HostIn {
+                    x: l.x,
+                    y: l.y,
+                    colour: l.colour,
+                    values: Vec::new(),
+                });
             }
         }
         Layout {

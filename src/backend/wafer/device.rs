@@ -434,7 +434,12 @@ impl backend::Device for Device {
                 out.push(Tensor::from_f64(ty, v.to_f64()));
                 continue;
             }
-            if let Some(s) = e.layout.outputs.iter().find(|s| s.node as usize == n.index()) {
+            if let Some(s) = e
+                .layout
+                .outputs
+                .iter()
+                .find(|s| s.node as usize == n.index())
+            {
                 let per = s.per_sample as usize;
                 let mut v = vec![f64::NAN; batch * per];
                 for l in &s.lanes {

@@ -101,7 +101,7 @@ pub enum Src {
     /// One wavelet received on a colour, the same for every element.
     Recv(Colour),
     /// A constant.
-    Imm(f32),
+    Imm(#[serde(with = "f32_json")] f32),
 }
 
 /// What a vector operation computes per element from its sources `a, b, c`.
@@ -610,5 +610,41 @@ mod tests {
         let mut p = gemv_column();
         p.tasks[0].id = 64;
         assert!(p.check().unwrap_err().contains("beyond"));
+    }
+}
+
+/// An f32 in JSON: a number, or `"inf"`, `"-inf"`, `"nan"` (which JSON numbers cannot
+/// be).
+pub mod f32_json {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f32(*v)
+        } else if v.is_nan() {
+            s.serialize_str("nan")
+        } else if *v > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum F {
+            N(f32),
+            S(String),
+        }
+        match F::deserialize(d)? {
+            F::N(v) => Ok(v),
+            F::S(s) => match s.as_str() {
+                "nan" => Ok(f32::NAN),
+                "inf" => Ok(f32::INFINITY),
+                "-inf" => Ok(f32::NEG_INFINITY),
+                _ => Err(serde::de::Error::custom(format!("`{s}` is not a number"))),
+            },
+        }
     }
 }

@@ -117,10 +117,33 @@ fn kernel_name(g: &Graph, f: &Formed, k: usize) -> String {
         (Kind::Dense { .. }, Some(v)) => v,
         (Kind::Dense { .. }, None) => format!("dense #{k}"),
         (Kind::Vector { nodes }, v) => {
-            let first = nodes.first().map_or("vector", |&n| g.node(n).op.name());
+            // its telling ops, else its first
+            let mut ops: Vec<&str> = Vec::new();
+            for &n in nodes {
+                let name = g.node(n).op.name();
+                let telling = matches!(
+                    name,
+                    "relu"
+                        | "sigmoid"
+                        | "tanh"
+                        | "softmax"
+                        | "log_softmax"
+                        | "one_hot"
+                        | "argmax"
+                        | "exp"
+                        | "log"
+                );
+                if telling && !ops.contains(&name) {
+                    ops.push(name);
+                }
+            }
+            if ops.is_empty() {
+                ops.extend(nodes.first().map(|&n| g.node(n).op.name()));
+            }
+            let ops = ops.join(" ");
             match v {
-                Some(v) => format!("{v} {first}"),
-                None => format!("{first} #{k}"),
+                Some(v) => format!("{v} {ops}"),
+                None => format!("{ops} #{k}"),
             }
         }
     }

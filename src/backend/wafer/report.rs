@@ -52,18 +52,37 @@ pub fn simulate(l: &Layout, steps: u32) -> Result<Sim, String> {
     let mut sim = Sim::new(&l.fabric, &l.setup).map_err(|e| e.0)?;
     let rng = crate::rng::Stream::new(7, 0);
     for (name, pieces) in &l.tensors {
-        let len = pieces.iter().flat_map(|p| p.runs.iter()).map(|r| (r.0 + r.1) as usize).max().unwrap_or(0);
+        let len = pieces
+            .iter()
+            .flat_map(|p| p.runs.iter())
+            .map(|r| (r.0 + r.1) as usize)
+            .max()
+            .unwrap_or(0);
         let v: Vec<f32> = if name.starts_with('%') {
             // a host value (a learning rate) or a sum the step starts from zero
-            vec![if pieces.iter().all(|p| p.runs == [(0, 1)]) { 0.01 } else { 0.0 }; len]
+            vec![
+                if pieces.iter().all(|p| p.runs == [(0, 1)]) {
+                    0.01
+                } else {
+                    0.0
+                };
+                len
+            ]
         } else {
-            rng.uniforms(0, len, 0).iter().map(|u| (u - 0.5) * 0.1).collect()
+            rng.uniforms(0, len, 0)
+                .iter()
+                .map(|u| (u - 0.5) * 0.1)
+                .collect()
         };
         scatter(pieces, &v, |(x, y), a, w| {
             sim.write(x, y, a, w);
         });
     }
-    let train = l.setup.pes.values().any(|(p, _)| p.tasks.iter().any(|t| t.id == UPDATE));
+    let train = l
+        .setup
+        .pes
+        .values()
+        .any(|(p, _)| p.tasks.iter().any(|t| t.id == UPDATE));
     for step in 0..steps {
         for (k, s) in l.inputs.iter().enumerate() {
             let labels = s.name == "labels";
@@ -130,7 +149,11 @@ pub fn measure(l: &Layout, sim: &Sim, steps: u32) -> Report {
         });
     }
     let slowest = (0..kernels.len())
-        .max_by(|&a, &b| kernels[a].cycles_per_sample.total_cmp(&kernels[b].cycles_per_sample))
+        .max_by(|&a, &b| {
+            kernels[a]
+                .cycles_per_sample
+                .total_cmp(&kernels[b].cycles_per_sample)
+        })
         .unwrap_or(0);
     let pes = stats.len() as u32;
     let step_cycles = total / f64::from(steps.max(1));
@@ -177,7 +200,11 @@ impl std::fmt::Display for Report {
                 100.0 * k.utilisation,
                 f64::from(k.sram_bytes) / 1024.0,
                 colours.join(","),
-                if i == self.slowest { "  <- slowest" } else { "" }
+                if i == self.slowest {
+                    "  <- slowest"
+                } else {
+                    ""
+                }
             )?;
         }
         Ok(())
@@ -199,7 +226,10 @@ pub fn svg(l: &Layout, r: &Report) -> String {
         h + 40.0,
         h + 40.0
     );
-    let _ = writeln!(s, r##"<rect x="0" y="0" width="{w:.1}" height="{h:.1}" fill="#f4f4f4" stroke="#999"/>"##);
+    let _ = writeln!(
+        s,
+        r##"<rect x="0" y="0" width="{w:.1}" height="{h:.1}" fill="#f4f4f4" stroke="#999"/>"##
+    );
     for k in &r.kernels {
         let u = k.utilisation.clamp(0.0, 1.0);
         let hue = 120.0 * u;
@@ -216,39 +246,63 @@ pub fn svg(l: &Layout, r: &Report) -> String {
             100.0 * u
         );
     }
-    // the streams' links
+    // the streams' links between kernels, and to and from the fabric's edges
+    let kernel_at = |x: u32, y: u32| {
+        r.kernels
+            .iter()
+            .position(|k| x >= k.x && x < k.x + k.w && y >= k.y && y < k.y + k.h)
+    };
     for (&(x, y, c), route) in &l.setup.routes {
         if c < CHAIN_COLOURS {
             continue;
         }
         let (cx, cy) = ((f64::from(x) + 0.5) * cell, (f64::from(y) + 0.5) * cell);
         for d in route.tx() {
-            let (dx, dy) = match d {
-                Dir::N => (0.0, -1.0),
-                Dir::S => (0.0, 1.0),
-                Dir::E => (1.0, 0.0),
-                Dir::W => (-1.0, 0.0),
+            let (dx, dy): (i64, i64) = match d {
+                Dir::N => (0, -1),
+                Dir::S => (0, 1),
+                Dir::E => (1, 0),
+                Dir::W => (-1, 0),
                 Dir::Ramp => continue,
             };
+            let (nx, ny) = (i64::from(x) + dx, i64::from(y) + dy);
+            let inside = nx >= 0 && ny >= 0 && {
+                let here = kernel_at(x, y);
+                here.is_some() && here == kernel_at(nx as u32, ny as u32)
+            };
+            if inside {
+                continue;
+            }
             let _ = writeln!(
                 s,
                 r##"<line x1="{cx:.1}" y1="{cy:.1}" x2="{:.1}" y2="{:.1}" stroke="#1f4e9a" stroke-width="{:.2}"/>"##,
-                cx + dx * cell,
-                cy + dy * cell,
-                (cell / 6.0).max(0.3)
+                cx + dx as f64 * cell,
+                cy + dy as f64 * cell,
+                (cell / 4.0).max(0.5)
             );
         }
     }
     for k in &r.kernels {
         let size = (cell * 0.9).clamp(6.0, 12.0);
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.1}" y="{:.1}" font-size="{size:.1}" fill="#000">{} {:.0}%</text>"##,
-            f64::from(k.x) * cell + 2.0,
-            f64::from(k.y) * cell + size + 1.0,
-            xml(&k.name),
-            100.0 * k.utilisation
-        );
+        let (x0, y0) = (f64::from(k.x) * cell, f64::from(k.y) * cell);
+        let label = format!("{} {:.0}%", xml(&k.name), 100.0 * k.utilisation);
+        if k.h > k.w {
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" font-size="{size:.1}" fill="#000" transform="rotate(90 {:.1} {:.1})">{label}</text>"##,
+                x0 + 2.0,
+                y0 + 2.0,
+                x0 + 2.0,
+                y0 + 2.0
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" font-size="{size:.1}" fill="#000">{label}</text>"##,
+                x0 + 2.0,
+                y0 + size + 1.0
+            );
+        }
     }
     let _ = writeln!(
         s,
@@ -265,5 +319,7 @@ pub fn svg(l: &Layout, r: &Report) -> String {
 }
 
 fn xml(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

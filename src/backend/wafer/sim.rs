@@ -39,7 +39,9 @@ use std::sync::Arc;
 pub type Port = (u32, u32, Dir, Colour);
 
 /// A router port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Dir {
     N,
     S,
@@ -1201,13 +1203,22 @@ fn resolve(srcs: &[Src], mem: &[f32], loops: &[u32], counters: &[u32]) -> [Opnd;
 /// Where element 0 of a memory destination is, and its stride.
 fn dest(dst: &Dsd, loops: &[u32], counters: &[u32]) -> Option<(i64, i64)> {
     match dst {
-        Dsd::Mem { stride, .. } => dst.word(0, loops, counters).map(|a| (a, i64::from(*stride))),
+        Dsd::Mem { stride, .. } => dst
+            .word(0, loops, counters)
+            .map(|a| (a, i64::from(*stride))),
         _ => None,
     }
 }
 
 /// The value of element `i` of an operation over resolved sources.
-fn element(mem: &[f32], op: VecOp, srcs: &[Opnd; 3], i: u32, fab: &[f32], scalar: Option<f32>) -> f32 {
+fn element(
+    mem: &[f32],
+    op: VecOp,
+    srcs: &[Opnd; 3],
+    i: u32,
+    fab: &[f32],
+    scalar: Option<f32>,
+) -> f32 {
     let mut v = [0.0f32; 3];
     let mut j = 0;
     for (k, s) in srcs.iter().enumerate() {

@@ -83,7 +83,9 @@ pub struct Rect {
 }
 
 /// How a kernel's frame lies on the fabric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Orient {
     /// As it is: inputs from the north, outputs to the east.
     North,
