@@ -614,7 +614,7 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
             });
         }
     }
-    Ok(Layout {
+    let l = Layout {
         fabric: fab.clone(),
         batch: f.batch,
         setup,
@@ -623,7 +623,10 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
         outputs,
         kernels: placed,
         block: s,
-    })
+    };
+    // every layout is checked: it is cheap beside the simulation it leads to
+    check(&l).map_err(|e| LayoutError::DoesNotFit(format!("an illegal layout (a bug in estc): {e}")))?;
+    Ok(l)
 }
 
 /// Whether node `n` streams from the host.
@@ -637,4 +640,39 @@ fn stream_name(g: &Graph, n: NodeIndex) -> String {
         Op::Input { name } => name.clone(),
         op => format!("{} %{}", op.name(), n.index()),
     }
+}
+
+/// Why a layout is not legal, if it is not: a kernel off the fabric or over another,
+/// a PE whose memory map exceeds its SRAM, a colour beyond the programs' budget, a
+/// route that leads nowhere, loops or merges (what `Sim::new` refuses), a link
+/// carrying more wavelets per sample than a cycle per wavelet allows within the
+/// slowest kernel's period is not checked here (the simulator measures it).
+pub fn check(l: &Layout) -> Result<(), String> {
+    let f = &l.fabric;
+    for (i, k) in l.kernels.iter().enumerate() {
+        if k.x + k.w > f.width || k.y + k.h > f.height {
+            return Err(format!("kernel {} runs off the {}x{} fabric", k.name, f.width, f.height));
+        }
+        for o in &l.kernels[..i] {
+            let apart = k.x + k.w <= o.x || o.x + o.w <= k.x || k.y + k.h <= o.y || o.y + o.h <= k.y;
+            if !apart {
+                return Err(format!("kernels {} and {} overlap", o.name, k.name));
+            }
+        }
+    }
+    let words = f.usable_bytes() / super::cost::WORD;
+    for ((x, y), (p, _)) in &l.setup.pes {
+        if p.words() > words {
+            return Err(format!("PE ({x}, {y}) needs {} words of SRAM, more than its {words}", p.words()));
+        }
+        let inside = l.kernels.iter().any(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
+        if !inside {
+            return Err(format!("PE ({x}, {y}) runs a program outside every kernel"));
+        }
+    }
+    let budget = f.program_colours();
+    if let Some((x, y, c)) = l.setup.routes.keys().find(|k| u32::from(k.2) >= budget) {
+        return Err(format!("router ({x}, {y}) routes colour {c}, beyond the {budget} programs may use"));
+    }
+    super::sim::Sim::new(f, &l.setup).map(|_| ()).map_err(|e| e.0)
 }
