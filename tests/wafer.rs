@@ -136,12 +136,26 @@ fn artifacts_are_deterministic_legal_and_checked_when_loaded() {
     let file = root().join("examples/digits_mlp.est");
     let file = file.to_str().unwrap();
     let (a, b) = (d.join("a.estw"), d.join("b.estw"));
-    let build = |out: &Path| estc(&["build", file, "--target", "wafer", "--report", "-o", out.to_str().unwrap()]);
+    let build = |out: &Path| {
+        estc(&[
+            "build",
+            file,
+            "--target",
+            "wafer",
+            "--report",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+    };
     let (code, report, err) = build(&a);
     assert_eq!(code, 0, "{err}");
     assert_eq!(build(&b).0, 0);
     let bytes = std::fs::read(&a).unwrap();
-    assert_eq!(bytes, std::fs::read(&b).unwrap(), "the same input gives other bytes");
+    assert_eq!(
+        bytes,
+        std::fs::read(&b).unwrap(),
+        "the same input gives other bytes"
+    );
     assert!(d.join("a.svg").exists());
     let art = Artifact::from_bytes(&bytes, &Fabric::test32()).unwrap();
     place::check(&art.layout(&Fabric::test32())).unwrap();
@@ -149,20 +163,32 @@ fn artifacts_are_deterministic_legal_and_checked_when_loaded() {
     let (code, sim, err) = estc(&["sim", a.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let first = |s: &str| s.lines().next().unwrap_or_default().to_string();
-    assert!(first(&sim).starts_with("wafer step on test32 (batch 32"), "{sim}");
+    assert!(
+        first(&sim).starts_with("wafer step on test32 (batch 32"),
+        "{sim}"
+    );
     assert_eq!(first(&sim), first(&report));
     // another fabric
     let (code, _, err) = estc(&["sim", a.to_str().unwrap(), "--wafer", "test64"]);
     assert_eq!(code, 1);
-    assert!(err.contains("E0920") && err.contains("`test32`") && err.contains("`test64`"), "{err}");
+    assert!(
+        err.contains("E0920") && err.contains("`test32`") && err.contains("`test64`"),
+        "{err}"
+    );
     // damaged: cut short
     let cut = d.join("cut.estw");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     let (code, _, err) = estc(&["sim", cut.to_str().unwrap(), "--wafer", "test32"]);
     assert_eq!(code, 1);
-    assert!(err.contains("E0920") && err.contains("not an estw artifact"), "{err}");
+    assert!(
+        err.contains("E0920") && err.contains("not an estw artifact"),
+        "{err}"
+    );
     // a number changed into something else
-    let text = String::from_utf8(bytes.clone()).unwrap().replacen("\"batch\":32", "\"batch\":\"x\"", 1);
+    let text =
+        String::from_utf8(bytes.clone())
+            .unwrap()
+            .replacen("\"batch\":32", "\"batch\":\"x\"", 1);
     let bad = d.join("bad.estw");
     std::fs::write(&bad, text).unwrap();
     let (code, _, err) = estc(&["sim", bad.to_str().unwrap()]);
@@ -171,7 +197,10 @@ fn artifacts_are_deterministic_legal_and_checked_when_loaded() {
     // foreign
     let (code, _, err) = estc(&["sim", file]);
     assert_eq!(code, 1);
-    assert!(err.contains("E0920") && err.contains("not an estw artifact"), "{err}");
+    assert!(
+        err.contains("E0920") && err.contains("not an estw artifact"),
+        "{err}"
+    );
 }
 
 /// The eval and predict graphs lay out too, and `--emit wafer` prints the programs.
@@ -180,9 +209,14 @@ fn every_mode_lays_out_and_prints() {
     let file = root().join("examples/digits_mlp.est");
     let file = file.to_str().unwrap();
     for mode in ["train", "eval", "predict"] {
-        let (code, out, err) = estc(&["build", file, "--target", "wafer", "--mode", mode, "--emit", "wafer"]);
+        let (code, out, err) = estc(&[
+            "build", file, "--target", "wafer", "--mode", mode, "--emit", "wafer",
+        ]);
         assert_eq!(code, 0, "{mode}: {err}");
-        assert!(out.starts_with(&format!("wafer program of digits ({mode}) on test32")), "{out}");
+        assert!(
+            out.starts_with(&format!("wafer program of digits ({mode}) on test32")),
+            "{out}"
+        );
         assert!(out.contains("task t0 dense forward"), "{out}");
         assert_eq!(out.contains("dense update"), mode == "train", "{mode}");
     }
@@ -192,7 +226,14 @@ fn every_mode_lays_out_and_prints() {
 #[test]
 fn a_model_too_large_for_the_fabric_is_a_diagnostic() {
     let file = root().join("examples/digits_mlp.est");
-    let (code, _, err) = estc(&["build", file.to_str().unwrap(), "--target", "wafer", "--param", "hidden=[4096, 4096]"]);
+    let (code, _, err) = estc(&[
+        "build",
+        file.to_str().unwrap(),
+        "--target",
+        "wafer",
+        "--param",
+        "hidden=[4096, 4096]",
+    ]);
     assert_eq!(code, 1);
     assert!(err.contains("E0602") && err.contains("test32"), "{err}");
 }

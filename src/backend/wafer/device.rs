@@ -61,6 +61,13 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
         }) => Diag::new(Code::UnsupportedOp, span, message)
             .label("not on the wafer")
             .help(help),
+        LayoutError::Sram(why) => Diag::new(
+            Code::OutOfMemory,
+            at,
+            format!("the program does not fit the {} fabric: {why}", fab.name),
+        )
+        .label("this estimator")
+        .help("a smaller batch per step stashes fewer activations; a larger fabric (`--wafer wse2`) or fewer hidden units leave each PE a smaller share"),
         LayoutError::DoesNotFit(why) => Diag::new(
             Code::OutOfMemory,
             at,

@@ -87,6 +87,9 @@ pub enum LayoutError {
     Unsupported(Unsupported),
     /// It does not fit the fabric even with the largest blocks: what was short.
     DoesNotFit(String),
+    /// With the smallest blocks whose kernels fit the fabric's PEs, a PE's memory does
+    /// not hold its share: which kernel, and what it holds.
+    Sram(String),
 }
 
 impl From<Unsupported> for LayoutError {
@@ -190,16 +193,24 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         }
     }
     let mut tried = Vec::new();
+    let mut sram = None;
     for s in [
         1u32, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
     ] {
         match try_block(g, f, fab, s) {
             Ok(l) => return Ok(l),
             Err(LayoutError::DoesNotFit(why)) => tried.push(why),
+            // the first (smallest blocks) is the one to report
+            Err(LayoutError::Sram(why)) => {
+                sram.get_or_insert(why);
+            }
             Err(e) => return Err(e),
         }
     }
-    Err(LayoutError::DoesNotFit(tried.pop().unwrap_or_default()))
+    Err(match sram {
+        Some(why) => LayoutError::Sram(why),
+        None => LayoutError::DoesNotFit(tried.pop().unwrap_or_default()),
+    })
 }
 
 /// The staircase with blocks of `s`.
@@ -591,11 +602,17 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
     }
     // every PE's memory fits
     let words = fab.usable_bytes() / super::cost::WORD;
-    for ((x, y), (prog, _)) in &all.pes {
+    if let Some(((x, y), (prog, _))) = all.pes.iter().max_by_key(|(_, (p, _))| p.words()) {
         if prog.words() > words {
-            return Err(LayoutError::DoesNotFit(format!(
-                "with blocks of {s}, PE ({x}, {y}) needs {} words of SRAM, more than its {words}",
-                prog.words()
+            let k = placed
+                .iter()
+                .find(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
+            let name = k.map_or(String::new(), |k| format!("{} ", k.name));
+            return Err(LayoutError::Sram(format!(
+                "kernel {name}needs {} of SRAM per PE (at PE ({x}, {y}), with blocks of {s}: {}), more than the {} a PE has for programs",
+                bytes(prog.words() * super::cost::WORD),
+                breakdown(prog),
+                bytes(fab.usable_bytes())
             )));
         }
     }
@@ -625,7 +642,8 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
         block: s,
     };
     // every layout is checked: it is cheap beside the simulation it leads to
-    check(&l).map_err(|e| LayoutError::DoesNotFit(format!("an illegal layout (a bug in estc): {e}")))?;
+    check(&l)
+        .map_err(|e| LayoutError::DoesNotFit(format!("an illegal layout (a bug in estc): {e}")))?;
     Ok(l)
 }
 
@@ -651,10 +669,14 @@ pub fn check(l: &Layout) -> Result<(), String> {
     let f = &l.fabric;
     for (i, k) in l.kernels.iter().enumerate() {
         if k.x + k.w > f.width || k.y + k.h > f.height {
-            return Err(format!("kernel {} runs off the {}x{} fabric", k.name, f.width, f.height));
+            return Err(format!(
+                "kernel {} runs off the {}x{} fabric",
+                k.name, f.width, f.height
+            ));
         }
         for o in &l.kernels[..i] {
-            let apart = k.x + k.w <= o.x || o.x + o.w <= k.x || k.y + k.h <= o.y || o.y + o.h <= k.y;
+            let apart =
+                k.x + k.w <= o.x || o.x + o.w <= k.x || k.y + k.h <= o.y || o.y + o.h <= k.y;
             if !apart {
                 return Err(format!("kernels {} and {} overlap", o.name, k.name));
             }
@@ -663,16 +685,72 @@ pub fn check(l: &Layout) -> Result<(), String> {
     let words = f.usable_bytes() / super::cost::WORD;
     for ((x, y), (p, _)) in &l.setup.pes {
         if p.words() > words {
-            return Err(format!("PE ({x}, {y}) needs {} words of SRAM, more than its {words}", p.words()));
+            return Err(format!(
+                "PE ({x}, {y}) needs {} words of SRAM, more than its {words}",
+                p.words()
+            ));
         }
-        let inside = l.kernels.iter().any(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
+        let inside = l
+            .kernels
+            .iter()
+            .any(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
         if !inside {
             return Err(format!("PE ({x}, {y}) runs a program outside every kernel"));
         }
     }
     let budget = f.program_colours();
     if let Some((x, y, c)) = l.setup.routes.keys().find(|k| u32::from(k.2) >= budget) {
-        return Err(format!("router ({x}, {y}) routes colour {c}, beyond the {budget} programs may use"));
+        return Err(format!(
+            "router ({x}, {y}) routes colour {c}, beyond the {budget} programs may use"
+        ));
     }
-    super::sim::Sim::new(f, &l.setup).map(|_| ()).map_err(|e| e.0)
+    super::sim::Sim::new(f, &l.setup)
+        .map(|_| ())
+        .map_err(|e| e.0)
+}
+
+fn bytes(b: u32) -> String {
+    if b >= 1 << 20 {
+        format!("{:.1} MiB", f64::from(b) / f64::from(1u32 << 20))
+    } else {
+        format!("{:.1} KiB", f64::from(b) / 1024.0)
+    }
+}
+
+/// A program's memory by what it holds: weights, gradients, optimiser state, stashed
+/// activations, buffers (streams in flight, temporaries, constants).
+fn breakdown(p: &super::isa::Program) -> String {
+    let mut parts = [0u32; 5];
+    for s in &p.symbols {
+        let i = if s.name.contains("stash") {
+            3
+        } else if s.name.starts_with('%') {
+            1
+        } else if s.name.contains('/')
+            && p.symbols
+                .iter()
+                .any(|o| o.name != s.name && s.name.starts_with(&format!("{}/", o.name)))
+        {
+            2
+        } else if s.name.contains('/') {
+            0
+        } else {
+            4
+        };
+        parts[i] += s.len * super::cost::WORD;
+    }
+    let names = [
+        "weights",
+        "gradients",
+        "optimiser state",
+        "stashed activations",
+        "buffers",
+    ];
+    names
+        .iter()
+        .zip(parts)
+        .filter(|(_, b)| *b > 0)
+        .map(|(n, b)| format!("{} {n}", bytes(b)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
