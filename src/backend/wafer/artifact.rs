@@ -149,13 +149,11 @@ impl Artifact {
         }
         let a: Artifact =
             serde_json::from_slice(bytes).map_err(|e| format!("it is damaged: {e}"))?;
-        if a.stamp.fabric_fingerprint != format!("{:016x}", fabric.fingerprint()) {
+        let mine = format!("{:016x}", fabric.fingerprint());
+        if a.stamp.fabric_fingerprint != mine {
             return Err(format!(
-                "it was compiled for the fabric `{}` (fingerprint {}), not for `{}` (fingerprint {})",
-                a.stamp.fabric,
-                a.stamp.fabric_fingerprint,
-                fabric.name,
-                format!("{:016x}", fabric.fingerprint())
+                "it was compiled for the fabric `{}` (fingerprint {}), not for `{}` (fingerprint {mine})",
+                a.stamp.fabric, a.stamp.fabric_fingerprint, fabric.name
             ));
         }
         if let Some(&(x, y, p)) = a
