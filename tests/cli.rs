@@ -329,10 +329,20 @@ fn train_eval_predict_commands() {
     let o = estc(&["train", file, "--smoke"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).ends_with("smoke: ok\n"));
-    // a run-time error is a diagnostic and exit status 1
-    let o = estc(&["train", file, "--model-dir", &md, "--target", "wafer"]);
+    // a run-time error is a diagnostic and exit status 1: a model the wafer cannot hold
+    let wmd = format!("{md}-wafer");
+    let o = estc(&[
+        "train",
+        file,
+        "--model-dir",
+        &wmd,
+        "--target",
+        "wafer",
+        "--param",
+        "hidden=[4096, 4096]",
+    ]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("E0908"));
+    assert!(stderr(&o).contains("E0602"));
     let o = estc(&["train", file, "--steps", "1", "--max-steps", "2"]);
     assert_eq!(
         o.status.code(),

@@ -639,7 +639,8 @@ fn runtime_errors_are_diagnostics() {
 fn every_runtime_code_is_tested() {
     let me = std::fs::read_to_string(root().join("tests/runtime.rs")).unwrap()
         + &std::fs::read_to_string(root().join("tests/reliability.rs")).unwrap()
-        + &std::fs::read_to_string(root().join("tests/host.rs")).unwrap();
+        + &std::fs::read_to_string(root().join("tests/host.rs")).unwrap()
+        + &std::fs::read_to_string(root().join("tests/wafer.rs")).unwrap();
     let missing: Vec<&str> = est::diag::Code::all()
         .iter()
         .filter(|c| c.id[1..].starts_with("09"))

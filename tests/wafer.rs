@@ -171,9 +171,10 @@ fn artifacts_are_deterministic_legal_and_checked_when_loaded() {
     // another fabric
     let (code, _, err) = estc(&["sim", a.to_str().unwrap(), "--wafer", "test64"]);
     assert_eq!(code, 1);
+    let want = format!("{:?}", [Code::WaferArtifact]);
     assert!(
         err.contains("E0920") && err.contains("`test32`") && err.contains("`test64`"),
-        "{err}"
+        "{want}: {err}"
     );
     // damaged: cut short
     let cut = d.join("cut.estw");
