@@ -431,7 +431,7 @@ fn without_llvm_the_host_target_says_how_to_build_it() {
     let d = tmp("nollvm");
     let mut h = estimator("examples/digits_mlp.est", Target::Host, &d).unwrap();
     let f = h.train(Steps::Max(1)).unwrap_err();
-    assert_eq!(f.diags[0].code, Code::NoRuntime);
+    assert_eq!([f.diags[0].code], [Code::NoRuntime]);
     assert!(f.diags[0]
         .help
         .as_deref()

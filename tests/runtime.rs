@@ -397,10 +397,8 @@ fn hooks_run_on_interp_and_are_refused_on_the_wafer() {
         .unwrap();
     let f = w.add_hook(Box::new(Counter(counts, 1))).unwrap_err();
     assert_eq!(codes(f), [Code::HooksOnWafer]);
-    assert_eq!(
-        codes(w.train(Steps::Max(1)).unwrap_err()),
-        [Code::NoRuntime]
-    );
+    // without the hook, the wafer trains
+    assert_eq!(w.train(Steps::Max(1)).unwrap().global_step, 1);
 }
 
 #[test]

@@ -552,10 +552,10 @@ division by zero. The message names the op and where it comes from in the progra
 would never end. Give `eval_steps` in the estimator (or `--steps` on the command line),
 or remove the `repeat` from the eval input.";
     NoRuntime = "E0908", Error, "target cannot run programs yet",
-"`estc train`, `eval` and `predict` run on the reference interpreter (`--target interp`)
-and on the host (`--target host`, through LLVM). The wafer backend checks programs but
-does not execute them yet; an estc built without the `llvm` cargo feature cannot run the
-host target (rebuild with `--features llvm`).";
+"`estc train`, `eval` and `predict` run on the reference interpreter (`--target interp`),
+on the host (`--target host`, through LLVM) and on the simulated wafer (`--target
+wafer`). An estc built without the `llvm` cargo feature cannot run the host target
+(rebuild with `--features llvm`).";
     ModelDirLocked = "E0909", Error, "model_dir is in use by another training run",
 "A training run holds an exclusive lock on its `model_dir` (`flock` on `.est.lock`, which
 names the holder's PID), so that two runs never overwrite each other's checkpoints. The
