@@ -5,52 +5,25 @@
 #[path = "common/mnist.rs"]
 mod mnist;
 
+mod common;
+use common::estimator;
+#[cfg(feature = "llvm")]
+use common::root;
+#[cfg(feature = "llvm")]
+use common::worst;
 use est::diag::Code;
 use est::elab::Target;
-use est::runtime::{Estimator, RunOptions, Steps};
+use est::runtime::Steps;
 #[cfg(feature = "llvm")]
-use est::tensor::Tensor;
+use est::runtime::{Estimator, RunOptions};
+#[cfg(feature = "llvm")]
 use est::Program;
 #[cfg(feature = "llvm")]
-use rustc_hash::FxHashMap;
-use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use std::path::Path;
+use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("est-host-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn estimator(file: &str, target: Target, dir: &Path) -> Result<Estimator, Vec<Code>> {
-    let p = Program::load(&root().join(file)).unwrap();
-    let opts = RunOptions {
-        target,
-        model_dir: Some(dir.to_path_buf()),
-        ..Default::default()
-    };
-    Estimator::new(&p, &opts).map_err(|f| f.diags.iter().map(|d| d.code).collect())
-}
-
-#[cfg(feature = "llvm")]
-/// The largest difference between two sets of variables, relative to the largest
-/// magnitude of each variable (so that a weight near zero is not held to a relative
-/// bound its neighbours' rounding cannot meet).
-fn worst(a: &FxHashMap<String, Tensor>, b: &FxHashMap<String, Tensor>) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let mut worst = 0f64;
-    for (k, x) in a {
-        let (x, y) = (x.to_f64(), b[k].to_f64());
-        let scale = x.iter().fold(1e-6f64, |m, v| m.max(v.abs()));
-        for (p, q) in x.iter().zip(&y) {
-            worst = worst.max((p - q).abs() / scale);
-        }
-    }
-    worst
+    common::scratch("host", name)
 }
 
 /// 20 train steps of digits_mlp on host and on the interpreter from the same seed:

@@ -9,46 +9,14 @@
 
 use est::diag::Code;
 use est::elab::Target;
-use est::runtime::{Estimator, RunOptions, Steps};
-use est::tensor::Tensor;
-use est::Program;
-use rustc_hash::FxHashMap;
+use est::runtime::Steps;
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+use common::{estimator, root, worst};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("est-wafer-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn estimator(file: &str, target: Target, dir: &Path) -> Result<Estimator, Vec<Code>> {
-    let p = Program::load(&root().join(file)).unwrap();
-    let opts = RunOptions {
-        target,
-        model_dir: Some(dir.to_path_buf()),
-        ..Default::default()
-    };
-    Estimator::new(&p, &opts).map_err(|f| f.diags.iter().map(|d| d.code).collect())
-}
-
-/// The largest difference between two sets of variables, relative to the largest
-/// magnitude of each variable.
-fn worst(a: &FxHashMap<String, Tensor>, b: &FxHashMap<String, Tensor>) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let mut worst = 0f64;
-    for (k, x) in a {
-        let (x, y) = (x.to_f64(), b[k].to_f64());
-        let scale = x.iter().fold(1e-6f64, |m, v| m.max(v.abs()));
-        for (p, q) in x.iter().zip(&y) {
-            worst = worst.max((p - q).abs() / scale);
-        }
-    }
-    worst
+    common::scratch("wafer", name)
 }
 
 /// 20 train steps of digits_mlp on the wafer and on the interpreter from the same

@@ -112,3 +112,51 @@ pub fn rel(path: &Path) -> String {
         .to_string_lossy()
         .replace('\\', "/")
 }
+
+/// The crate's root directory.
+pub fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh directory for one test of one suite (`suite` names it).
+pub fn scratch(suite: &str, name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("est-{suite}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// An estimator of the program `file` (from the crate's root) on `target`, with its
+/// model directory at `dir`; the codes of its diagnostics if it cannot be made.
+pub fn estimator(
+    file: &str,
+    target: Target,
+    dir: &Path,
+) -> Result<est::runtime::Estimator, Vec<est::diag::Code>> {
+    let p = Program::load(&root().join(file)).unwrap();
+    let opts = est::runtime::RunOptions {
+        target,
+        model_dir: Some(dir.to_path_buf()),
+        ..Default::default()
+    };
+    est::runtime::Estimator::new(&p, &opts).map_err(|f| f.diags.iter().map(|d| d.code).collect())
+}
+
+/// The largest difference between two sets of variables, relative to the largest
+/// magnitude of each variable (so that a weight near zero is not held to a relative
+/// bound its neighbours' rounding cannot meet).
+pub fn worst(
+    a: &rustc_hash::FxHashMap<String, est::tensor::Tensor>,
+    b: &rustc_hash::FxHashMap<String, est::tensor::Tensor>,
+) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0f64;
+    for (k, x) in a {
+        let (x, y) = (x.to_f64(), b[k].to_f64());
+        let scale = x.iter().fold(1e-6f64, |m, v| m.max(v.abs()));
+        for (p, q) in x.iter().zip(&y) {
+            worst = worst.max((p - q).abs() / scale);
+        }
+    }
+    worst
+}

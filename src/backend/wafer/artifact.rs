@@ -20,7 +20,7 @@ use super::isa::{Colour, Program};
 use super::kernels::Piece;
 use super::place::{HostStream, Layout, Placed};
 use super::report::Report;
-use super::sim::{HostIn, Route, Setup};
+use super::sim::{Route, Setup};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -189,16 +189,7 @@ impl Artifact {
         for &(x, y, c, r) in &self.routes {
             setup.routes.insert((x, y, c), r);
         }
-        for h in &self.inputs {
-            for l in &h.lanes {
-                setup.inputs.push(HostIn {
-                    x: l.x,
-                    y: l.y,
-                    colour: l.colour,
-                    values: Vec::new(),
-                });
-            }
-        }
+        setup.inputs = super::place::host_inputs(&self.inputs);
         Layout {
             fabric: fabric.clone(),
             batch: self.batch,

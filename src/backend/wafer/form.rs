@@ -393,6 +393,17 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     }
     // step nodes (and the optimiser's slots) belong to the kernel whose values they
     // read; repeat until the slots, read only by step nodes, have found theirs
+    let claim =
+        |n: NodeIndex, k: usize, owner: &mut Vec<Option<usize>>, kernels: &mut Vec<Kernel>| {
+            owner[n.index()] = Some(k);
+            kernels[k].steps.push(n);
+            for o in g.operands(n) {
+                if is_var(o) && owner[o.index()].is_none() {
+                    owner[o.index()] = Some(k);
+                    kernels[k].vars.push(o);
+                }
+            }
+        };
     loop {
         let mut changed = false;
         for &n in &order {
@@ -408,15 +419,8 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 return Err(unsupported(g, n, format!("`{}` reads the variables of several layers", g.node(n).op.name()), "the wafer updates each layer's variables on its own PEs: an update that mixes layers (a global norm, clipping by it) has no wafer kernel; clip per layer instead"));
             }
             if let Some(&k) = owners.first() {
-                owner[n.index()] = Some(k);
-                kernels[k].steps.push(n);
+                claim(n, k, &mut owner, &mut kernels);
                 changed = true;
-                for o in g.operands(n) {
-                    if is_var(o) && owner[o.index()].is_none() {
-                        owner[o.index()] = Some(k);
-                        kernels[k].vars.push(o);
-                    }
-                }
             }
         }
         // and a step node that reads only slots and constants belongs to its users'
@@ -428,17 +432,9 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
                     .filter_map(|u| owner[u.index()])
                     .collect();
-            if users.len() == 1 {
-                let k = users.first().copied().unwrap_or_default();
-                owner[n.index()] = Some(k);
-                kernels[k].steps.push(n);
+            if let (1, Some(&k)) = (users.len(), users.first()) {
+                claim(n, k, &mut owner, &mut kernels);
                 changed = true;
-                for o in g.operands(n) {
-                    if is_var(o) && owner[o.index()].is_none() {
-                        owner[o.index()] = Some(k);
-                        kernels[k].vars.push(o);
-                    }
-                }
             }
         }
         if !changed {

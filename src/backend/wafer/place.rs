@@ -616,21 +616,11 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
             )));
         }
     }
-    let mut setup = Setup {
+    let setup = Setup {
         pes: all.pes,
         routes: all.routes,
-        inputs: Vec::new(),
+        inputs: host_inputs(&inputs),
     };
-    for h in &inputs {
-        for l in &h.lanes {
-            setup.inputs.push(HostIn {
-                x: l.x,
-                y: l.y,
-                colour: l.colour,
-                values: Vec::new(),
-            });
-        }
-    }
     let l = Layout {
         fabric: fab.clone(),
         batch: f.batch,
@@ -753,4 +743,16 @@ fn breakdown(p: &super::isa::Program) -> String {
         .map(|(n, b)| format!("{} {n}", bytes(b)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The simulator's host inputs of the host's streams (empty: values come each step).
+pub fn host_inputs(streams: &[HostStream]) -> Vec<HostIn> {
+    (streams.iter().flat_map(|h| h.lanes.iter()))
+        .map(|l| HostIn {
+            x: l.x,
+            y: l.y,
+            colour: l.colour,
+            values: Vec::new(),
+        })
+        .collect()
 }
