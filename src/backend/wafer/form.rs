@@ -319,6 +319,38 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             }
         }
     }
+    // and the groups one step node reads from are one (a bias added in one group and
+    // its gradient summed in another, when no activation links them, update together):
+    // a step node's anchors are the batch nodes and the readers of the variables it
+    // reads, through other step nodes
+    let mut anchors: Vec<Vec<usize>> = vec![Vec::new(); bound];
+    for &n in &order {
+        if class[n.index()] != Class::Step || is_var(n) {
+            continue;
+        }
+        let mut mine: Vec<usize> = Vec::new();
+        for o in g.operands(n) {
+            let o = resolve(o);
+            if free(o, &owner) {
+                mine.push(o.index());
+            } else if is_var(o) {
+                mine.extend(
+                    g.g.neighbors_directed(o, petgraph::Direction::Outgoing)
+                        .filter(|&u| free(u, &owner))
+                        .map(|u| u.index()),
+                );
+            } else {
+                mine.extend(anchors[o.index()].iter().copied());
+            }
+        }
+        mine.sort_unstable();
+        mine.dedup();
+        for w in mine.windows(2) {
+            let (a, b) = (find(&mut parent, w[0]), find(&mut parent, w[1]));
+            parent[a.max(b)] = a.min(b);
+        }
+        anchors[n.index()] = mine;
+    }
     let mut group_of: std::collections::BTreeMap<usize, usize> = Default::default();
     for &n in &order {
         if !free(n, &owner) {

@@ -160,8 +160,24 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             "the graph has no kernel to lay out".into(),
         ));
     }
-    // the chain: each kernel's forward input comes from the one before
+    // the chain: each kernel's forward input comes from the one before (and goes on
+    // at most through a strip to the one after), each backward one from the one after
     for s in &f.streams {
+        if let (true, End::Kernel(a)) = (s.bwd, s.from) {
+            let ok = s.to.iter().all(|t| match t {
+                End::Kernel(b) => {
+                    *b + 1 == a
+                        || (*b + 2 == a
+                            && s.to.contains(&End::Kernel(a - 1))
+                            && matches!(f.kernels[a - 1].kind, Kind::Vector { .. }))
+                }
+                End::Host => false,
+            });
+            if !ok {
+                return Err(unsupported(g, s.node, "a gradient that skips a layer has no wafer layout yet".into(), "the wafer lays out chains of layers so far: each layer's output feeds the next one only"));
+            }
+            continue;
+        }
         if s.bwd {
             continue;
         }
@@ -509,7 +525,26 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
                         {
                             continue;
                         }
-                        laid.route(at, port.colour, o.route(from, &[Dir::Ramp]))
+                        // a stream that goes on to the kernel beyond this strip (a
+                        // layer's input gradient that the bias before it also sums)
+                        // passes through
+                        let beyond = if port.bwd {
+                            k.checked_sub(1)
+                        } else {
+                            Some(k + 1)
+                        };
+                        let through = beyond.is_some_and(|b| {
+                            f.streams
+                                .iter()
+                                .any(|s| s.node == port.node && s.to.contains(&End::Kernel(b)))
+                        });
+                        let to = if port.bwd { Dir::W } else { Dir::E };
+                        let tx: &[Dir] = if through {
+                            &[Dir::Ramp, to]
+                        } else {
+                            &[Dir::Ramp]
+                        };
+                        laid.route(at, port.colour, o.route(from, tx))
                             .map_err(LayoutError::DoesNotFit)?;
                     }
                     for port in &v.outputs {
@@ -686,6 +721,24 @@ pub fn check(l: &Layout) -> Result<(), String> {
             .any(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
         if !inside {
             return Err(format!("PE ({x}, {y}) runs a program outside every kernel"));
+        }
+    }
+    for ((x, y), (p, _)) in &l.setup.pes {
+        let brought = |c: Colour| {
+            l.setup
+                .routes
+                .get(&(*x, *y, c))
+                .is_some_and(|r| r.tx().any(|d| d == Dir::Ramp))
+        };
+        for t in &p.tasks {
+            if let super::isa::Trigger::Data(c) = t.trigger {
+                if !brought(c) {
+                    return Err(format!(
+                        "PE ({x}, {y}): task `{}` runs on colour {c}, which no route brings",
+                        t.name
+                    ));
+                }
+            }
         }
     }
     let budget = f.program_colours();

@@ -1,0 +1,143 @@
+//! The wafer target's figures: for each program, the compile time (kernel formation and
+//! layout, median of 5), and two simulated train steps on generated data: cycles per
+//! step, samples per second at the fabric's clock, the utilisation of the used PEs and
+//! of each dense layer, the slowest kernel against the balanced period (the busy
+//! cycles per sample of every PE, spread evenly over them), and the simulator's speed
+//! in simulated PE-cycles per second of wall time. There is no peer to run beside: no
+//! public wafer compiler or simulator exists.
+//!
+//! `cargo bench --bench wafer`; `EST_BENCH_STEPS` (default 2) simulated steps.
+
+use est::backend::wafer::fabric::Fabric;
+use est::backend::wafer::{form, place, report};
+use est::elab::Target;
+use est::syntax::ast::SectionKind;
+use est::{check, CheckOptions, Program};
+use std::time::Instant;
+
+/// An MLP with one large layer: 1024 -> 1024 (relu) -> 10, batch 32.
+const LARGE_DENSE: &str = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+model large(features: f32[B, 1024], labels: i32[B]) {
+  let h = dense(features, 1024, activation: relu)
+  let logits = dense(h, 10)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.01) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [1024]), i % 10) |> repeat |> batch(32, drop_remainder: true) }
+estimator large { model = large  train_input = data() }
+"#;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn bench(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric, steps: u32) {
+    for (k, v) in params {
+        program.add_override(k, v, "bench");
+    }
+    let opts = CheckOptions {
+        target: Target::Wafer,
+        modes: vec![SectionKind::Train],
+        ..Default::default()
+    };
+    let checked = check(&program, &opts);
+    let Some(c) = checked.graphs.first() else {
+        println!(
+            "{name:<28} {:<7} does not check: {:?}",
+            fab.name,
+            checked.diags.first().map(|d| &d.message)
+        );
+        return;
+    };
+    let g = &c.graph;
+    let mut times = Vec::new();
+    let mut laid = None;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let r = form::form(g)
+            .map_err(|u| u.message)
+            .and_then(|f| place::layout(g, &f, fab).map_err(|e| format!("{e:?}")));
+        times.push(t.elapsed().as_secs_f64());
+        laid = Some(r);
+    }
+    let compile = median(times);
+    let l = match laid {
+        Some(Ok(l)) => l,
+        Some(Err(e)) => {
+            println!(
+                "{name:<28} {:<7} compile {:>7.1} ms, not laid out: {e}",
+                fab.name,
+                compile * 1e3
+            );
+            return;
+        }
+        None => return,
+    };
+    let t = Instant::now();
+    let sim = match report::simulate(&l, steps) {
+        Ok(s) => s,
+        Err(e) => {
+            println!("{name:<28} {:<7} did not run: {e}", fab.name);
+            return;
+        }
+    };
+    let wall = t.elapsed().as_secs_f64();
+    let r = report::measure(&l, &sim, steps);
+    let s = sim.summary();
+    let pe_cycles = s.cycles as f64 * s.pes as f64;
+    let samples = f64::from(steps * r.batch);
+    let busy: f64 = sim.stats().iter().map(|(_, p)| p.busy as f64).sum::<f64>() / samples;
+    let balanced = busy / f64::from(r.pes.max(1));
+    let slowest = &r.kernels[r.slowest];
+    let dense: Vec<String> = (r.kernels.iter())
+        .filter(|k| !k.name.contains(' '))
+        .map(|k| format!("{} {}x{} {:.1}%", k.name, k.w, k.h, 100.0 * k.utilisation))
+        .collect();
+    println!(
+        "{name:<28} {:<7} compile {:>6.1} ms | step {:>8.0} cycles, {:>9.0} samples/s, {:>5} PEs at {:>5.1}% | slowest {} {:.1} cyc/sample = {:.2}x balanced | sim {:.2e} PE-cycles/s | dense: {}",
+        fab.name,
+        compile * 1e3,
+        r.step_cycles,
+        r.samples_per_second,
+        r.pes,
+        100.0 * r.utilisation,
+        slowest.name,
+        slowest.cycles_per_sample,
+        slowest.cycles_per_sample / balanced.max(1e-9),
+        pe_cycles / wall,
+        dense.join(", ")
+    );
+}
+
+fn main() {
+    let steps: u32 = std::env::var("EST_BENCH_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let load = |f: &str| Program::load(&root.join("examples").join(f)).expect("example");
+    let (t32, t64) = (Fabric::test32(), Fabric::named("test64").expect("test64"));
+    bench("digits_mlp", load("digits_mlp.est"), &[], &t32, steps);
+    bench("digits_mlp", load("digits_mlp.est"), &[], &t64, steps);
+    bench("fc_mnist", load("fc_mnist.est"), &[], &t32, steps);
+    bench("fc_mnist", load("fc_mnist.est"), &[], &t64, steps);
+    bench(
+        "linear_regression",
+        load("linear_regression.est"),
+        &[],
+        &t32,
+        steps,
+    );
+    bench(
+        "mnist_cnn hidden=[128]",
+        load("mnist_cnn.est"),
+        &[("hidden", "[128]")],
+        &t64,
+        steps,
+    );
+    let large = Program::from_source("large_dense.est", LARGE_DENSE, None);
+    bench("dense 1024x1024, batch 32", large, &[], &t64, steps);
+}
