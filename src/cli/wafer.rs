@@ -80,7 +80,7 @@ fn dump(c: &Compiled, l: &Layout) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "wafer program of {} ({}) on {} ({}x{}): {} PEs, batch {}, blocks of {}",
+        "wafer program of {} ({}) on {} ({}x{}): {} PEs, batch {}, {}",
         c.estimator,
         c.mode.name(),
         l.fabric.name,
@@ -88,7 +88,7 @@ fn dump(c: &Compiled, l: &Layout) -> String {
         l.fabric.height,
         l.setup.pes.len(),
         l.batch,
-        l.block
+        place::sizing(l.block)
     );
     t.push_str("kernels:\n");
     for k in &l.kernels {

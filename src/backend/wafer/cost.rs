@@ -4,7 +4,7 @@
 //! so that the two cannot disagree about a primitive.
 
 use super::fabric::Fabric;
-use super::isa::VecOp;
+use super::isa::{Dsd, Instr, Program, Src, TaskId, Trigger, VecOp};
 
 /// Bytes per SRAM word (f32).
 pub const WORD: u32 = 4;
@@ -53,6 +53,44 @@ pub fn stream(f: &Fabric, n: u32, hops: u32) -> u64 {
         return 0;
     }
     u64::from(n - 1) + latency(f, hops) + 1
+}
+
+/// Cycles of a task body with every fabric operand ready and every stream room: its
+/// vector operations (`vec_op`), loops counted. The simulator takes at least this
+/// long; stalls come on top.
+pub fn body(f: &Fabric, instrs: &[Instr]) -> u64 {
+    instrs
+        .iter()
+        .map(|i| match i {
+            Instr::Vec { op, dst, srcs } => {
+                let reads = srcs
+                    .iter()
+                    .filter(|s| matches!(s, Src::V(Dsd::Mem { .. })))
+                    .count() as u32;
+                vec_op(f, *op, dst.len(), reads, matches!(dst, Dsd::Mem { .. }))
+            }
+            Instr::Loop { count, body: b } => u64::from(*count) * body(f, b),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// A program's cycles per sample, stalls aside: its data tasks once each (a sample's
+/// forward and backward tasks) with their switches, and its other tasks but the
+/// update (the step's finishing ones) spread over the `batch` samples.
+pub fn per_sample(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> u64 {
+    let switch = u64::from(f.task_switch);
+    let mut once = 0;
+    let mut per_step = 0;
+    for t in &p.tasks {
+        let c = switch + body(f, &t.body);
+        match t.trigger {
+            Trigger::Data(_) => once += c,
+            Trigger::Local { .. } if t.id != update => per_step += c,
+            Trigger::Local { .. } => {}
+        }
+    }
+    once + per_step / u64::from(batch.max(1))
 }
 
 #[cfg(test)]

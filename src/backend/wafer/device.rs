@@ -146,8 +146,8 @@ impl Drop for Device {
             let secs = e.wall.as_secs_f64();
             let pe_cycles = s.cycles as f64 * s.pes as f64;
             eprintln!(
-                "wafer profile ({what}, block {}): {} cycles on {} PEs ({:.1}% busy, {:.1}% stalled); {:.3} s simulating, {:.3e} PE-cycles/s",
-                e.layout.block,
+                "wafer profile ({what}, {}): {} cycles on {} PEs ({:.1}% busy, {:.1}% stalled); {:.3} s simulating, {:.3e} PE-cycles/s",
+                place::sizing(e.layout.block),
                 s.cycles,
                 s.pes,
                 100.0 * s.busy as f64 / pe_cycles.max(1.0),

@@ -308,6 +308,24 @@ impl Update {
                 *last.get_mut(v).ok_or_else(missing)? = i;
             }
         }
+        // an op whose value replaces a variable is computed straight into the
+        // variable's words when nothing after it reads the old value (and its code is
+        // one instruction, which reads an element before it writes it)
+        let mut into: Vec<Option<usize>> = vec![None; self.ops.len()];
+        for &(v, a) in &self.commits {
+            let Operand::Val(i) = a else { continue };
+            let old_read_later = self.ops[i + 1..]
+                .iter()
+                .any(|o| o.args.contains(&Operand::Var(v)))
+                || self.commits.iter().any(|c| c.1 == Operand::Var(v));
+            let once = self.commits.iter().filter(|c| c.1 == a).count() == 1;
+            let len = if self.ops[i].full { n } else { 1 };
+            let fits = vars.get(v).is_some_and(|w| w.elements() == len);
+            let single = !matches!(self.ops[i].op, Op::Unary(UnaryOp::Abs));
+            if !old_read_later && once && fits && single && into[i].is_none() {
+                into[i] = Some(v);
+            }
+        }
         let mut vals: Vec<Val> = Vec::with_capacity(self.ops.len());
         let mut out = Vec::new();
         let get = |a: Operand, vals: &[Val]| -> Result<Val, String> {
@@ -325,7 +343,10 @@ impl Update {
             let args = (o.args.iter())
                 .map(|&a| get(a, &vals))
                 .collect::<Result<Vec<Val>, String>>()?;
-            let dst = scratch.alloc(len);
+            let dst = match into[i].and_then(|v| vars.get(v)) {
+                Some(&w) => w,
+                None => scratch.alloc(len),
+            };
             emit(&o.op, dst, &args, len, o.types, &mut out)?;
             vals.push(dst);
             for a in &o.args {
@@ -337,6 +358,9 @@ impl Update {
             }
         }
         for &(v, a) in &self.commits {
+            if matches!(a, Operand::Val(i) if into[i] == Some(v)) {
+                continue;
+            }
             let dst = *vars.get(v).ok_or_else(missing)?;
             out.push(vec(VecOp::Mov, dst, &[get(a, &vals)?], dst.elements()));
         }
@@ -366,6 +390,56 @@ mod tests {
         assert_eq!(s.high, 6);
         s.reset();
         assert_eq!(s.alloc(1), Val::buf(100, 1));
+    }
+
+    /// Momentum (`m = 0.9 m + g; w = w - lr m`) writes its new slot and weight in place:
+    /// one block of scratch (for `0.9 m`, then `lr m`) and no copies at the end.
+    #[test]
+    fn updates_write_variables_in_place() {
+        let op = |b, args: Vec<Operand>| UpdateOp {
+            op: Op::Binary(b),
+            args,
+            full: true,
+            types: (DType::F32, DType::F32),
+        };
+        let u = Update {
+            ops: vec![
+                op(BinaryOp::Mul, vec![Operand::Var(1), Operand::Imm(0.9)]),
+                op(BinaryOp::Add, vec![Operand::Val(0), Operand::Acc(0)]),
+                op(BinaryOp::Mul, vec![Operand::Val(1), Operand::Host(0)]),
+                op(BinaryOp::Sub, vec![Operand::Var(0), Operand::Val(2)]),
+            ],
+            commits: vec![(1, Operand::Val(1)), (0, Operand::Val(3))],
+        };
+        let (w, m, g, lr) = (
+            Val::buf(0, 8),
+            Val::buf(8, 8),
+            Val::buf(16, 8),
+            Val::buf(24, 1),
+        );
+        let mut s = Scratch::new(32);
+        let code = u.code(&[w, m], &[g], &[lr], 8, &mut s).unwrap();
+        let text: Vec<String> = code
+            .iter()
+            .map(|i| match i {
+                Instr::Vec { op, dst, srcs } => {
+                    let srcs: Vec<String> = srcs.iter().map(|s| s.to_string()).collect();
+                    format!("{} {dst} {}", op.name(), srcs.join(" "))
+                }
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(
+            text,
+            [
+                "mul mem[32; 8] mem[8; 8] 0.9",
+                "add mem[8; 8] mem[32; 8] mem[16; 8]",
+                "mul mem[32; 8] mem[8; 8] mem[24; 8 by 0]",
+                "sub mem[0; 8] mem[0; 8] mem[32; 8]",
+                "mov mem[16; 8] 0.0",
+            ]
+        );
+        assert_eq!(s.high, 8);
     }
 
     #[test]

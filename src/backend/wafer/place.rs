@@ -76,7 +76,7 @@ pub struct Layout {
     pub inputs: Vec<HostStream>,
     pub outputs: Vec<HostStream>,
     pub kernels: Vec<Placed>,
-    /// The block size every layer got.
+    /// The block size every layer got, or 0 when each was sized to a common period.
     pub block: u32,
 }
 
@@ -208,13 +208,33 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             }
         }
     }
+    // two ways to size the kernels: one block size for every layer (the smallest that
+    // fits), and each layer sized to a common period (the shortest whose staircase
+    // fits); the layout with the shorter estimated step wins, then the one with fewer
+    // PEs
     let mut tried = Vec::new();
     let mut sram = None;
-    for s in [
-        1u32, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
-    ] {
-        match try_block(g, f, fab, s) {
-            Ok(l) => return Ok(l),
+    let mut best: Option<(u64, usize, Layout)> = None;
+    let mut consider = |r: Result<(Lanes, Layout), LayoutError>| -> Result<(), LayoutError> {
+        match r {
+            Ok((lanes, l)) => {
+                let key = (period(g, f, fab, &lanes), l.setup.pes.len());
+                if std::env::var_os("EST_WAFER_DEBUG").is_some() {
+                    let each: Vec<u64> = (0..f.kernels.len())
+                        .map(|k| match dense_dims(g, &f.kernels[k].kind) {
+                            Some(d) => dense_period(fab, d, lanes.inp[k], lanes.out[k]),
+                            None => vector_period(g, f, fab, k, lanes.out[k]).unwrap_or(u64::MAX),
+                        })
+                        .collect();
+                    eprintln!(
+                        "sizing {:?}: step {} on {} PEs ({each:?})",
+                        lanes, key.0, key.1
+                    );
+                }
+                if best.as_ref().is_none_or(|b| key < (b.0, b.1)) {
+                    best = Some((key.0, key.1, l));
+                }
+            }
             Err(LayoutError::DoesNotFit(why)) => tried.push(why),
             // the first (smallest blocks) is the one to report
             Err(LayoutError::Sram(why)) => {
@@ -222,6 +242,25 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             }
             Err(e) => return Err(e),
         }
+        Ok(())
+    };
+    for s in [
+        1u32, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
+    ] {
+        let r = block_lanes(g, f, s)
+            .and_then(|lanes| try_lanes(g, f, fab, &lanes, s).map(|l| (lanes, l)));
+        let fits = r.is_ok();
+        consider(r)?;
+        if fits {
+            break;
+        }
+    }
+    if let Some(lanes) = balanced_lanes(g, f, fab) {
+        let r = try_lanes(g, f, fab, &lanes, 0).map(|l| (lanes, l));
+        consider(r)?;
+    }
+    if let Some((_, _, l)) = best {
+        return Ok(l);
     }
     Err(match sram {
         Some(why) => LayoutError::Sram(why),
@@ -229,55 +268,299 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     })
 }
 
-/// The staircase with blocks of `s`.
-fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, LayoutError> {
-    let nk = f.kernels.len();
-    let vectors: Vec<Option<Vector>> = (0..nk)
-        .map(|k| match f.kernels[k].kind {
-            Kind::Vector { .. } => Some(Vector {
-                g,
-                f,
-                k,
-                inputs: Vec::new(),
-                outputs: Vec::new(),
-            }),
-            Kind::Dense { .. } => None,
+/// Each kernel's input and output lanes.
+#[derive(Debug, Clone, PartialEq)]
+struct Lanes {
+    inp: Vec<u32>,
+    out: Vec<u32>,
+}
+
+/// The vector kernel `k` with its streams (colours from `colour`).
+fn vector_of<'a>(
+    g: &'a Graph,
+    f: &'a Formed,
+    k: usize,
+    colour: impl Fn(NodeIndex) -> Colour,
+) -> Vector<'a> {
+    let mut v = Vector {
+        g,
+        f,
+        k,
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    };
+    for st in &f.streams {
+        let c = colour(st.node);
+        if st.to.contains(&End::Kernel(k)) {
+            v.inputs.push(Port {
+                node: st.node,
+                colour: c,
+                bwd: st.bwd,
+            });
+        }
+        if st.from == End::Kernel(k) {
+            v.outputs.push(Port {
+                node: st.node,
+                colour: c,
+                bwd: st.bwd,
+            });
+        }
+    }
+    v
+}
+
+/// A dense layer's `(k, n)`, whether it trains and whether it sends `dx`.
+fn dense_dims(g: &Graph, kind: &Kind) -> Option<(u32, u32, bool, bool)> {
+    match kind {
+        Kind::Dense { w, dw, bwd, .. } => {
+            let shape = &g.ty(*w).shape;
+            Some((
+                shape[0] as u32,
+                shape[1] as u32,
+                dw.is_some(),
+                bwd.is_some(),
+            ))
+        }
+        Kind::Vector { .. } => None,
+    }
+}
+
+/// A dense layer's cycles per sample on `w x h` lanes, stalls aside (its program's
+/// operations, as `kernels/dense.rs` makes them).
+fn dense_period(fab: &Fabric, (k, n, train, dx): (u32, u32, bool, bool), w: u32, h: u32) -> u64 {
+    use super::cost::vec_op;
+    use super::isa::VecOp::{Add, Fmac, Mov};
+    let (a, b) = (k.div_ceil(w.max(1)), n.div_ceil(h.max(1)));
+    let sw = u64::from(fab.task_switch);
+    let fwd = sw
+        + vec_op(fab, Mov, a, 0, true)
+        + vec_op(fab, Mov, b, 0, true)
+        + u64::from(a) * vec_op(fab, Fmac, b, 3, true)
+        + vec_op(fab, Add, b, 1, false);
+    if !train {
+        return fwd;
+    }
+    let back = if dx {
+        vec_op(fab, Mov, a, 0, true)
+            + u64::from(b) * vec_op(fab, Fmac, a, 3, true)
+            + vec_op(fab, Add, a, 1, false)
+    } else {
+        0
+    };
+    fwd + sw + vec_op(fab, Mov, b, 0, true) + back + u64::from(a) * vec_op(fab, Fmac, b, 3, true)
+}
+
+/// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
+/// program), stalls aside; `None` when it cannot run on that many.
+fn vector_period(g: &Graph, f: &Formed, fab: &Fabric, k: usize, lanes: u32) -> Option<u64> {
+    let v = vector_of(g, f, k, |_| CHAIN_COLOURS);
+    let lane = v.lane(lanes, 0).ok()?;
+    Some(super::cost::per_sample(
+        fab,
+        &lane.program,
+        f.batch,
+        super::kernels::UPDATE,
+    ))
+}
+
+/// The estimated cycles of a step of a sizing: its samples one period apart (its
+/// slowest kernel's cycles per sample), plus the pipeline's filling and draining (about
+/// one sample's time through every kernel).
+fn period(g: &Graph, f: &Formed, fab: &Fabric, lanes: &Lanes) -> u64 {
+    let each: Vec<u64> = (0..f.kernels.len())
+        .map(|k| match dense_dims(g, &f.kernels[k].kind) {
+            Some(d) => dense_period(fab, d, lanes.inp[k], lanes.out[k]),
+            None => vector_period(g, f, fab, k, lanes.out[k]).unwrap_or(u64::MAX / 4),
         })
         .collect();
-    // lanes: each kernel's input and output lanes
-    let mut lanes_in = vec![0u32; nk];
-    let mut lanes_out = vec![0u32; nk];
+    let slowest = each.iter().copied().max().unwrap_or(0);
+    u64::from(f.batch.saturating_sub(1)) * slowest + each.iter().sum::<u64>()
+}
+
+/// Whether kernel `k` must hand its outputs to a one-lane kernel.
+fn single_next(g: &Graph, f: &Formed, k: usize) -> bool {
+    matches!(
+        f.kernels.get(k + 1).map(|kr| &kr.kind),
+        Some(Kind::Vector { .. })
+    ) && vector_of(g, f, k + 1, |_| 0).width().is_none()
+}
+
+/// The staircase's width and height for a sizing.
+fn extents(f: &Formed, lanes: &Lanes) -> (u32, u32) {
+    let mut orient = Orient::North;
+    let (mut x, mut y) = (0u32, 0u32);
+    let (mut w, mut h) = (0u32, 0u32);
+    for (k, kr) in f.kernels.iter().enumerate() {
+        let (fw, fh) = match kr.kind {
+            Kind::Dense { .. } => {
+                if k > 0 {
+                    orient = orient.flip();
+                }
+                orient.size(lanes.inp[k], lanes.out[k])
+            }
+            Kind::Vector { .. } => orient.size(1, lanes.out[k]),
+        };
+        w = w.max(x + fw);
+        h = h.max(y + fh);
+        match orient {
+            Orient::North => x += fw,
+            Orient::West => y += fh,
+        }
+    }
+    (w, h)
+}
+
+/// Each kernel sized to period `t`: every layer gets the fewest lanes whose period is
+/// at most `t` (the first layer the smallest `w x h`); `None` when some kernel cannot
+/// reach `t` on the lanes its neighbours leave it.
+fn lanes_for_period(g: &Graph, f: &Formed, fab: &Fabric, t: u64) -> Option<Lanes> {
+    let nk = f.kernels.len();
+    let mut lanes = Lanes {
+        inp: vec![0; nk],
+        out: vec![0; nk],
+    };
     for k in 0..nk {
-        match &f.kernels[k].kind {
-            Kind::Dense { w, .. } => {
-                let shape = &g.ty(*w).shape;
-                let (kk, nn) = (shape[0] as u32, shape[1] as u32);
-                lanes_in[k] = if k == 0 {
-                    kk.div_ceil(s)
+        match dense_dims(g, &f.kernels[k].kind) {
+            Some(d @ (kk, nn, _, _)) => {
+                let single = single_next(g, f, k);
+                let hs: Vec<u32> = if single {
+                    vec![1]
                 } else {
-                    lanes_out[k - 1]
+                    (1..=nn.min(fab.height.max(fab.width))).collect()
                 };
-                let single = vectors
-                    .get(k + 1)
-                    .and_then(|v| v.as_ref())
-                    .is_some_and(|v| v.width().is_none());
-                lanes_out[k] = if single { 1 } else { nn.div_ceil(s) };
-                if super::kernels::used(kk, lanes_in[k]) != lanes_in[k] {
+                // the next layer (past a strip) takes these rows as its columns: it
+                // must still reach `t` on them
+                let next =
+                    (k + 1..nk).find_map(|j| dense_dims(g, &f.kernels[j].kind).map(|d| (j, d)));
+                let reachable = |h: u32| match next {
+                    Some((j, d2 @ (k2, n2, _, _))) => {
+                        super::kernels::used(k2, h) == h && {
+                            let h2s: Vec<u32> = if single_next(g, f, j) {
+                                vec![1]
+                            } else {
+                                (1..=n2.min(fab.height.max(fab.width))).collect()
+                            };
+                            h2s.iter().any(|&h2| {
+                                dense_period(fab, d2, h, super::kernels::used(n2, h2)) <= t
+                            })
+                        }
+                    }
+                    None => true,
+                };
+                let ok = |w: u32, h: u32| dense_period(fab, d, w, h) <= t && reachable(h);
+                let (w, h) = if k == 0 {
+                    let mut best: Option<(u32, u32)> = None;
+                    for w in 1..=kk.min(fab.width.max(fab.height)) {
+                        let w = super::kernels::used(kk, w);
+                        if let Some(&h) = hs.iter().find(|&&h| ok(w, super::kernels::used(nn, h))) {
+                            let h = super::kernels::used(nn, h);
+                            // the smallest area, then the fewest rows (which the next
+                            // layer takes as columns)
+                            if best.is_none_or(|(bw, bh)| (w * h, h) < (bw * bh, bh)) {
+                                best = Some((w, h));
+                            }
+                        }
+                    }
+                    best?
+                } else {
+                    let w = lanes.out[k - 1];
+                    if super::kernels::used(kk, w) != w {
+                        return None;
+                    }
+                    let h = *hs.iter().find(|&&h| ok(w, super::kernels::used(nn, h)))?;
+                    (w, super::kernels::used(nn, h))
+                };
+                lanes.inp[k] = w;
+                lanes.out[k] = h;
+            }
+            None => {
+                let v = vector_of(g, f, k, |_| 0);
+                let l = match (v.width(), k) {
+                    (None, _) => 1,
+                    (Some(_), 0) => 1,
+                    (Some(wd), _) => {
+                        let l = lanes.out[k - 1];
+                        if super::kernels::used(wd, l) != l {
+                            return None;
+                        }
+                        l
+                    }
+                };
+                if k > 0 && l != lanes.out[k - 1] {
+                    return None;
+                }
+                if vector_period(g, f, fab, k, l)? > t {
+                    return None;
+                }
+                lanes.inp[k] = l;
+                lanes.out[k] = l;
+            }
+        }
+    }
+    Some(lanes)
+}
+
+/// The sizing of the shortest period whose staircase fits the fabric: periods tried
+/// from the slowest vector kernel's up in steps of 2% (the greedy sizing is not
+/// monotone in the period, so no bisection).
+fn balanced_lanes(g: &Graph, f: &Formed, fab: &Fabric) -> Option<Lanes> {
+    let fits = |t: u64| {
+        lanes_for_period(g, f, fab, t).filter(|l| {
+            let (w, h) = extents(f, l);
+            w <= fab.width && h <= fab.height
+        })
+    };
+    let mut t = 1u64;
+    for k in 0..f.kernels.len() {
+        if dense_dims(g, &f.kernels[k].kind).is_none()
+            && vector_of(g, f, k, |_| 0).width().is_none()
+        {
+            t = t.max(vector_period(g, f, fab, k, 1).unwrap_or(1));
+        }
+    }
+    while t < 1 << 24 {
+        if let Some(l) = fits(t) {
+            return Some(l);
+        }
+        t += (t / 50).max(1);
+    }
+    None
+}
+
+/// One block size `s` for every layer.
+fn block_lanes(g: &Graph, f: &Formed, s: u32) -> Result<Lanes, LayoutError> {
+    let nk = f.kernels.len();
+    let mut lanes = Lanes {
+        inp: vec![0; nk],
+        out: vec![0; nk],
+    };
+    for k in 0..nk {
+        match dense_dims(g, &f.kernels[k].kind) {
+            Some((kk, nn, _, _)) => {
+                lanes.inp[k] = if k == 0 {
+                    super::kernels::used(kk, kk.div_ceil(s))
+                } else {
+                    lanes.out[k - 1]
+                };
+                lanes.out[k] = if single_next(g, f, k) {
+                    1
+                } else {
+                    super::kernels::used(nn, nn.div_ceil(s))
+                };
+                if super::kernels::used(kk, lanes.inp[k]) != lanes.inp[k] {
                     return Err(LayoutError::DoesNotFit(format!(
                         "layer {} cannot split its {kk} inputs over {} lanes",
                         kernel_name(g, f, k),
-                        lanes_in[k]
+                        lanes.inp[k]
                     )));
                 }
             }
-            Kind::Vector { .. } => {
-                let v = vectors[k]
-                    .as_ref()
-                    .ok_or_else(|| LayoutError::DoesNotFit("no vector".into()))?;
+            None => {
+                let v = vector_of(g, f, k, |_| 0);
                 let l = match v.width() {
                     None => 1,
                     Some(w) if k > 0 => {
-                        let l = lanes_out[k - 1];
+                        let l = lanes.out[k - 1];
                         if super::kernels::used(w, l) != l {
                             1
                         } else {
@@ -286,18 +569,32 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
                     }
                     Some(w) => w.div_ceil(s),
                 };
-                if k > 0 && l != lanes_out[k - 1] {
+                if k > 0 && l != lanes.out[k - 1] {
                     return Err(LayoutError::DoesNotFit(format!(
                         "{} takes {l} lanes from {}",
                         kernel_name(g, f, k),
-                        lanes_out[k - 1]
+                        lanes.out[k - 1]
                     )));
                 }
-                lanes_in[k] = l;
-                lanes_out[k] = l;
+                lanes.inp[k] = l;
+                lanes.out[k] = l;
             }
         }
     }
+    Ok(lanes)
+}
+
+/// The staircase of a sizing (`s`, the block size it came from, or 0).
+fn try_lanes(
+    g: &Graph,
+    f: &Formed,
+    fab: &Fabric,
+    lanes: &Lanes,
+    s: u32,
+) -> Result<Layout, LayoutError> {
+    let nk = f.kernels.len();
+    let lanes_in = &lanes.inp;
+    let lanes_out = &lanes.out;
     // the staircase
     let mut orient = Orient::North;
     let mut at = (0u32, 0u32);
@@ -314,7 +611,8 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
         };
         if at.0 + fw > fab.width || at.1 + fh > fab.height {
             return Err(LayoutError::DoesNotFit(format!(
-                "with blocks of {s}, {} ({fw}x{fh} PEs at ({}, {})) runs off the {}x{} fabric",
+                "{}, {} ({fw}x{fh} PEs at ({}, {})) runs off the {}x{} fabric",
+                sizing(s),
                 kernel_name(g, f, k),
                 at.0,
                 at.1,
@@ -482,30 +780,7 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
                     })?
             }
             Kind::Vector { nodes } => {
-                let mut v = Vector {
-                    g,
-                    f,
-                    k,
-                    inputs: Vec::new(),
-                    outputs: Vec::new(),
-                };
-                for st in &f.streams {
-                    let c = colour_of[&st.node];
-                    if st.to.contains(&End::Kernel(k)) {
-                        v.inputs.push(Port {
-                            node: st.node,
-                            colour: c,
-                            bwd: st.bwd,
-                        });
-                    }
-                    if st.from == End::Kernel(k) {
-                        v.outputs.push(Port {
-                            node: st.node,
-                            colour: c,
-                            bwd: st.bwd,
-                        });
-                    }
-                }
+                let v = vector_of(g, f, k, |n| colour_of.get(&n).copied().unwrap_or(0));
                 let lanes = lanes_out[k];
                 let mut laid = Laid::default();
                 for l in 0..lanes {
@@ -644,8 +919,9 @@ fn try_block(g: &Graph, f: &Formed, fab: &Fabric, s: u32) -> Result<Layout, Layo
                 .find(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
             let name = k.map_or(String::new(), |k| format!("{} ", k.name));
             return Err(LayoutError::Sram(format!(
-                "kernel {name}needs {} of SRAM per PE (at PE ({x}, {y}), with blocks of {s}: {}), more than the {} a PE has for programs",
+                "kernel {name}needs {} of SRAM per PE (at PE ({x}, {y}), {}: {}), more than the {} a PE has for programs",
                 bytes(prog.words() * super::cost::WORD),
+                sizing(s),
                 breakdown(prog),
                 bytes(fab.usable_bytes())
             )));
@@ -808,4 +1084,13 @@ pub fn host_inputs(streams: &[HostStream]) -> Vec<HostIn> {
             values: Vec::new(),
         })
         .collect()
+}
+
+/// How a layout sized its kernels: one block size, or each to a common period (0).
+pub fn sizing(block: u32) -> String {
+    if block == 0 {
+        "each kernel sized to a common period".to_string()
+    } else {
+        format!("with blocks of {block}")
+    }
 }
