@@ -385,13 +385,14 @@ fn single_next(g: &Graph, f: &Formed, k: usize) -> bool {
     ) && vector_of(g, f, k + 1, |_| 0).width().is_none()
 }
 
-/// The staircase's width and height for a sizing.
-fn extents(f: &Formed, lanes: &Lanes) -> (u32, u32) {
+/// Each kernel's place on the staircase of a sizing: its north-west corner, its size
+/// on the fabric and its orientation (layers alternate; a strip keeps its layer's).
+fn staircase(f: &Formed, lanes: &Lanes) -> Vec<((u32, u32), (u32, u32), Orient)> {
     let mut orient = Orient::North;
-    let (mut x, mut y) = (0u32, 0u32);
-    let (mut w, mut h) = (0u32, 0u32);
+    let mut at = (0u32, 0u32);
+    let mut out = Vec::with_capacity(f.kernels.len());
     for (k, kr) in f.kernels.iter().enumerate() {
-        let (fw, fh) = match kr.kind {
+        let size = match kr.kind {
             Kind::Dense { .. } => {
                 if k > 0 {
                     orient = orient.flip();
@@ -400,14 +401,22 @@ fn extents(f: &Formed, lanes: &Lanes) -> (u32, u32) {
             }
             Kind::Vector { .. } => orient.size(1, lanes.out[k]),
         };
-        w = w.max(x + fw);
-        h = h.max(y + fh);
-        match orient {
-            Orient::North => x += fw,
-            Orient::West => y += fh,
-        }
+        out.push((at, size, orient));
+        at = match orient {
+            Orient::North => (at.0 + size.0, at.1),
+            Orient::West => (at.0, at.1 + size.1),
+        };
     }
-    (w, h)
+    out
+}
+
+/// The staircase's width and height for a sizing.
+fn extents(f: &Formed, lanes: &Lanes) -> (u32, u32) {
+    staircase(f, lanes)
+        .iter()
+        .fold((0, 0), |(w, h), &((x, y), (fw, fh), _)| {
+            (w.max(x + fw), h.max(y + fh))
+        })
 }
 
 /// Each kernel sized to period `t`: every layer gets the fewest lanes whose period is
@@ -596,19 +605,8 @@ fn try_lanes(
     let lanes_in = &lanes.inp;
     let lanes_out = &lanes.out;
     // the staircase
-    let mut orient = Orient::North;
-    let mut at = (0u32, 0u32);
     let mut placed = Vec::new();
-    for k in 0..nk {
-        let (fw, fh) = match f.kernels[k].kind {
-            Kind::Dense { .. } => {
-                if k > 0 {
-                    orient = orient.flip();
-                }
-                orient.size(lanes_in[k], lanes_out[k])
-            }
-            Kind::Vector { .. } => orient.size(1, lanes_out[k]),
-        };
+    for (k, (at, (fw, fh), orient)) in staircase(f, lanes).into_iter().enumerate() {
         if at.0 + fw > fab.width || at.1 + fh > fab.height {
             return Err(LayoutError::DoesNotFit(format!(
                 "{}, {} ({fw}x{fh} PEs at ({}, {})) runs off the {}x{} fabric",
@@ -628,10 +626,6 @@ fn try_lanes(
             h: fh,
             orient,
         });
-        at = match orient {
-            Orient::North => (at.0 + fw, at.1),
-            Orient::West => (at.0, at.1 + fh),
-        };
     }
     // the routers each stream uses, for its colour
     let pes_of = |k: usize| -> Vec<(u32, u32)> {
