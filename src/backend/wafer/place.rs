@@ -385,9 +385,13 @@ fn single_next(g: &Graph, f: &Formed, k: usize) -> bool {
     ) && vector_of(g, f, k + 1, |_| 0).width().is_none()
 }
 
-/// Each kernel's place on the staircase of a sizing: its north-west corner, its size
-/// on the fabric and its orientation (layers alternate; a strip keeps its layer's).
-fn staircase(f: &Formed, lanes: &Lanes) -> Vec<((u32, u32), (u32, u32), Orient)> {
+/// A kernel's place on a staircase: its north-west corner, its size on the fabric, its
+/// orientation.
+type Stair = ((u32, u32), (u32, u32), Orient);
+
+/// Each kernel's place on the staircase of a sizing (layers alternate orientation; a
+/// strip keeps its layer's).
+fn staircase(f: &Formed, lanes: &Lanes) -> Vec<Stair> {
     let mut orient = Orient::North;
     let mut at = (0u32, 0u32);
     let mut out = Vec::with_capacity(f.kernels.len());
