@@ -262,6 +262,16 @@ pub enum Finite {
     NoNan,
 }
 
+impl Finite {
+    /// The first element of `t` that is not as wanted: (flat index, value).
+    pub fn first_bad(self, t: &Tensor) -> Option<(usize, f32)> {
+        match self {
+            Finite::All => crate::tensor::first_non_finite(t),
+            Finite::NoNan => crate::tensor::first_nan(t),
+        }
+    }
+}
+
 impl TrainSpec {
     /// The spec of a train graph; an error (at `at`) when it has no loss to minimise.
     pub fn new(g: &Graph, at: Span) -> Result<TrainSpec, Diag> {

@@ -9,7 +9,7 @@ use crate::backend::{
 use crate::diag::Diag;
 use crate::ir::{Graph, NodeIndex};
 use crate::span::Span;
-use crate::tensor::{first_nan, first_non_finite, Data, Tensor};
+use crate::tensor::{Data, Tensor};
 use petgraph::visit::NodeIndexable;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
@@ -198,9 +198,5 @@ impl backend::Device for Device {
 }
 
 fn scan(values: &Values, node: NodeIndex, want: Finite) -> Option<(usize, f32)> {
-    let t = values.get(node).expect("checked value");
-    match want {
-        Finite::All => first_non_finite(t),
-        Finite::NoNan => first_nan(t),
-    }
+    want.first_bad(values.get(node).expect("checked value"))
 }

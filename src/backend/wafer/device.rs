@@ -15,7 +15,7 @@ use super::fabric::Fabric;
 use super::form::{self, Formed, Unsupported};
 use super::kernels::{gather, scatter, UPDATE};
 use super::place::{self, Layout, LayoutError};
-use super::sim::{Sim, Stats};
+use super::sim::Sim;
 use crate::backend::interp::{execute, Env, Plan, Values};
 use crate::backend::{
     self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
@@ -124,12 +124,12 @@ impl Device {
         })
     }
 
-    /// Every simulator's cycle count and statistics, by executable (train ones first).
-    pub fn stats(&self) -> Vec<Stats> {
-        (self.train.iter().map(|t| &t.0))
-            .chain(self.runs.iter().map(|r| &r.0))
-            .map(|e| e.sim.summary())
-            .collect()
+    /// Marks every executable's copy of the variables stale.
+    fn stale(&mut self) {
+        let exes = self.train.iter_mut().map(|t| &mut t.0);
+        for e in exes.chain(self.runs.iter_mut().map(|r| &mut r.0)) {
+            e.current = false;
+        }
     }
 }
 
@@ -285,17 +285,6 @@ fn update(exe: &mut Exe) -> Result<(), RunError> {
     quiet(exe)
 }
 
-fn first_bad(t: &Tensor, want: Finite) -> Option<(usize, f32)> {
-    let v = t.to_f64();
-    v.iter().enumerate().find_map(|(i, &x)| {
-        let bad = match want {
-            Finite::All => !x.is_finite(),
-            Finite::NoNan => x.is_nan(),
-        };
-        bad.then_some((i, x as f32))
-    })
-}
-
 impl backend::Device for Device {
     fn compile_train(&mut self, graph: Arc<Graph>, at: Span) -> Result<TrainExe, Diag> {
         let spec = TrainSpec::new(&graph, at)?;
@@ -317,12 +306,7 @@ impl backend::Device for Device {
 
     fn bind(&mut self, vars: FxHashMap<String, Tensor>) -> Result<(), String> {
         self.vars = vars;
-        for (e, _) in &mut self.train {
-            e.current = false;
-        }
-        for (e, _) in &mut self.runs {
-            e.current = false;
-        }
+        self.stale();
         Ok(())
     }
 
@@ -336,12 +320,7 @@ impl backend::Device for Device {
 
     fn set_variable(&mut self, name: &str, value: Tensor) -> Result<(), String> {
         self.vars.insert(name.to_string(), value);
-        for (e, _) in &mut self.train {
-            e.current = false;
-        }
-        for (e, _) in &mut self.runs {
-            e.current = false;
-        }
+        self.stale();
         Ok(())
     }
 
@@ -367,7 +346,7 @@ impl backend::Device for Device {
         let run = |error| StepError::Run { shard: None, error };
         let values = stream(e, &batches[0], ctx).map_err(run)?;
         let scan = |e: &Exe, n: NodeIndex, want: Finite| -> Option<(usize, f32)> {
-            read(e, &kept(e, n), n).and_then(|t| first_bad(&t, want))
+            read(e, &kept(e, n), n).and_then(|t| want.first_bad(&t))
         };
         if let Err(err) = spec.check_a(|n, want| scan(e, n, want)) {
             // the gradients are dropped with the step
@@ -384,13 +363,8 @@ impl backend::Device for Device {
             .map(|u| (u.name.clone(), read(e, &u.name, u.node)))
             .collect();
         if let Err(err) = spec.check_b(|n, want| {
-            let name = spec
-                .updates
-                .iter()
-                .find(|u| u.node == n)
-                .map(|u| u.name.clone());
-            name.and_then(|name| read(e, &name, n))
-                .and_then(|t| first_bad(&t, want))
+            let i = spec.updates.iter().position(|u| u.node == n)?;
+            new[i].1.as_ref().and_then(|t| want.first_bad(t))
         }) {
             e.current = false;
             sync(e, &self.vars);

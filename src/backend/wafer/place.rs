@@ -212,23 +212,20 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     // fits), and each layer sized to a common period (the shortest whose staircase
     // fits); the layout with the shorter estimated step wins, then the one with fewer
     // PEs
+    let sizer = Sizer::new(g, f, fab);
+    let debug = std::env::var_os("EST_WAFER_DEBUG").is_some();
     let mut tried = Vec::new();
     let mut sram = None;
     let mut best: Option<(u64, usize, Layout)> = None;
     let mut consider = |r: Result<(Lanes, Layout), LayoutError>| -> Result<(), LayoutError> {
         match r {
             Ok((lanes, l)) => {
-                let key = (period(g, f, fab, &lanes), l.setup.pes.len());
-                if std::env::var_os("EST_WAFER_DEBUG").is_some() {
-                    let each: Vec<u64> = (0..f.kernels.len())
-                        .map(|k| match dense_dims(g, &f.kernels[k].kind) {
-                            Some(d) => dense_period(fab, d, lanes.inp[k], lanes.out[k]),
-                            None => vector_period(g, f, fab, k, lanes.out[k]).unwrap_or(u64::MAX),
-                        })
-                        .collect();
+                let key = (sizer.step(&lanes), l.setup.pes.len());
+                if debug {
+                    let each = sizer.periods(&lanes);
                     eprintln!(
-                        "sizing {:?}: step {} on {} PEs ({each:?})",
-                        lanes, key.0, key.1
+                        "sizing {lanes:?}: step {} on {} PEs ({each:?})",
+                        key.0, key.1
                     );
                 }
                 if best.as_ref().is_none_or(|b| key < (b.0, b.1)) {
@@ -247,7 +244,8 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     for s in [
         1u32, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
     ] {
-        let r = block_lanes(g, f, s)
+        let r = sizer
+            .block(s)
             .and_then(|lanes| try_lanes(g, f, fab, &lanes, s).map(|l| (lanes, l)));
         let fits = r.is_ok();
         consider(r)?;
@@ -255,7 +253,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             break;
         }
     }
-    if let Some(lanes) = balanced_lanes(g, f, fab) {
+    if let Some(lanes) = sizer.balanced() {
         let r = try_lanes(g, f, fab, &lanes, 0).map(|l| (lanes, l));
         consider(r)?;
     }
@@ -350,41 +348,6 @@ fn dense_period(fab: &Fabric, (k, n, train, dx): (u32, u32, bool, bool), w: u32,
     fwd + sw + vec_op(fab, Mov, b, 0, true) + back + u64::from(a) * vec_op(fab, Fmac, b, 3, true)
 }
 
-/// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
-/// program), stalls aside; `None` when it cannot run on that many.
-fn vector_period(g: &Graph, f: &Formed, fab: &Fabric, k: usize, lanes: u32) -> Option<u64> {
-    let v = vector_of(g, f, k, |_| CHAIN_COLOURS);
-    let lane = v.lane(lanes, 0).ok()?;
-    Some(super::cost::per_sample(
-        fab,
-        &lane.program,
-        f.batch,
-        super::kernels::UPDATE,
-    ))
-}
-
-/// The estimated cycles of a step of a sizing: its samples one period apart (its
-/// slowest kernel's cycles per sample), plus the pipeline's filling and draining (about
-/// one sample's time through every kernel).
-fn period(g: &Graph, f: &Formed, fab: &Fabric, lanes: &Lanes) -> u64 {
-    let each: Vec<u64> = (0..f.kernels.len())
-        .map(|k| match dense_dims(g, &f.kernels[k].kind) {
-            Some(d) => dense_period(fab, d, lanes.inp[k], lanes.out[k]),
-            None => vector_period(g, f, fab, k, lanes.out[k]).unwrap_or(u64::MAX / 4),
-        })
-        .collect();
-    let slowest = each.iter().copied().max().unwrap_or(0);
-    u64::from(f.batch.saturating_sub(1)) * slowest + each.iter().sum::<u64>()
-}
-
-/// Whether kernel `k` must hand its outputs to a one-lane kernel.
-fn single_next(g: &Graph, f: &Formed, k: usize) -> bool {
-    matches!(
-        f.kernels.get(k + 1).map(|kr| &kr.kind),
-        Some(Kind::Vector { .. })
-    ) && vector_of(g, f, k + 1, |_| 0).width().is_none()
-}
-
 /// A kernel's place on a staircase: its north-west corner, its size on the fabric, its
 /// orientation.
 type Stair = ((u32, u32), (u32, u32), Orient);
@@ -423,50 +386,150 @@ fn extents(f: &Formed, lanes: &Lanes) -> (u32, u32) {
         })
 }
 
-/// Each kernel sized to period `t`: every layer gets the fewest lanes whose period is
-/// at most `t` (the first layer the smallest `w x h`); `None` when some kernel cannot
-/// reach `t` on the lanes its neighbours leave it.
-fn lanes_for_period(g: &Graph, f: &Formed, fab: &Fabric, t: u64) -> Option<Lanes> {
-    let nk = f.kernels.len();
-    let mut lanes = Lanes {
-        inp: vec![0; nk],
-        out: vec![0; nk],
-    };
-    for k in 0..nk {
-        match dense_dims(g, &f.kernels[k].kind) {
-            Some(d @ (kk, nn, _, _)) => {
-                let single = single_next(g, f, k);
-                let hs: Vec<u32> = if single {
-                    vec![1]
+/// What sizing needs of a formed graph, worked out once: each kernel's dense sizes,
+/// vector width and whether it hands its outputs to a one-lane kernel, and the vector
+/// kernels' periods as they are asked for (each one a generated program).
+struct Sizer<'a> {
+    g: &'a Graph,
+    f: &'a Formed,
+    fab: &'a Fabric,
+    dims: Vec<Option<(u32, u32, bool, bool)>>,
+    /// A vector kernel's width on several lanes (`None`: one lane only; dense: `None`).
+    width: Vec<Option<u32>>,
+    single_next: Vec<bool>,
+    periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<u64>>>,
+}
+
+impl<'a> Sizer<'a> {
+    fn new(g: &'a Graph, f: &'a Formed, fab: &'a Fabric) -> Sizer<'a> {
+        let nk = f.kernels.len();
+        let dims: Vec<_> = f.kernels.iter().map(|k| dense_dims(g, &k.kind)).collect();
+        let width: Vec<Option<u32>> = (0..nk)
+            .map(|k| {
+                if dims[k].is_some() {
+                    None
                 } else {
-                    (1..=nn.min(fab.height.max(fab.width))).collect()
-                };
-                // the next layer (past a strip) takes these rows as its columns: it
-                // must still reach `t` on them
-                let next =
-                    (k + 1..nk).find_map(|j| dense_dims(g, &f.kernels[j].kind).map(|d| (j, d)));
-                let reachable = |h: u32| match next {
-                    Some((j, d2 @ (k2, n2, _, _))) => {
-                        super::kernels::used(k2, h) == h && {
-                            let h2s: Vec<u32> = if single_next(g, f, j) {
-                                vec![1]
-                            } else {
-                                (1..=n2.min(fab.height.max(fab.width))).collect()
-                            };
-                            h2s.iter().any(|&h2| {
-                                dense_period(fab, d2, h, super::kernels::used(n2, h2)) <= t
-                            })
-                        }
-                    }
-                    None => true,
-                };
-                let ok = |w: u32, h: u32| dense_period(fab, d, w, h) <= t && reachable(h);
-                let (w, h) = if k == 0 {
+                    vector_of(g, f, k, |_| 0).width()
+                }
+            })
+            .collect();
+        let single_next = (0..nk)
+            .map(|k| k + 1 < nk && dims[k + 1].is_none() && width[k + 1].is_none())
+            .collect();
+        Sizer {
+            g,
+            f,
+            fab,
+            dims,
+            width,
+            single_next,
+            periods: Default::default(),
+        }
+    }
+
+    /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
+    /// program), stalls aside; `None` when it cannot run on that many.
+    fn vector_period(&self, k: usize, lanes: u32) -> Option<u64> {
+        *self
+            .periods
+            .borrow_mut()
+            .entry((k, lanes))
+            .or_insert_with(|| {
+                let lane = vector_of(self.g, self.f, k, |_| CHAIN_COLOURS)
+                    .lane(lanes, 0)
+                    .ok()?;
+                Some(super::cost::per_sample(
+                    self.fab,
+                    &lane.program,
+                    self.f.batch,
+                    super::kernels::UPDATE,
+                ))
+            })
+    }
+
+    /// Each kernel's estimated cycles per sample on a sizing.
+    fn periods(&self, lanes: &Lanes) -> Vec<u64> {
+        (0..self.f.kernels.len())
+            .map(|k| match self.dims[k] {
+                Some(d) => dense_period(self.fab, d, lanes.inp[k], lanes.out[k]),
+                None => self.vector_period(k, lanes.out[k]).unwrap_or(u64::MAX / 4),
+            })
+            .collect()
+    }
+
+    /// The estimated cycles of a step of a sizing: its samples one period apart (its
+    /// slowest kernel's cycles per sample), plus the pipeline's filling and draining
+    /// (about one sample's time through every kernel).
+    fn step(&self, lanes: &Lanes) -> u64 {
+        let each = self.periods(lanes);
+        let slowest = each.iter().copied().max().unwrap_or(0);
+        u64::from(self.f.batch.saturating_sub(1)) * slowest + each.iter().sum::<u64>()
+    }
+
+    /// The lanes of vector kernel `k` after a kernel with `prev` output lanes (or, first
+    /// in the chain, `first` when it can run on several); `None` when its width does not
+    /// split over them.
+    fn vector_lanes(&self, k: usize, prev: Option<u32>, first: u32) -> Option<u32> {
+        match (self.width[k], prev) {
+            (None, _) => Some(1),
+            (Some(_), None) => Some(first),
+            (Some(w), Some(l)) => (super::kernels::used(w, l) == l).then_some(l),
+        }
+    }
+
+    /// The output lanes a dense layer may take: 1 before a one-lane kernel.
+    fn rows(&self, k: usize, n: u32) -> Vec<u32> {
+        if self.single_next[k] {
+            vec![1]
+        } else {
+            (1..=n.min(self.fab.height.max(self.fab.width))).collect()
+        }
+    }
+
+    /// Each kernel sized to period `t`: every layer gets the fewest lanes whose period
+    /// is at most `t` (the first layer the smallest `w x h`) and that leave the next
+    /// layer able to reach `t`; `None` when some kernel cannot reach `t` on the lanes
+    /// its neighbours leave it.
+    fn for_period(&self, t: u64) -> Option<Lanes> {
+        let (fab, nk) = (self.fab, self.f.kernels.len());
+        let used = super::kernels::used;
+        let mut lanes = Lanes {
+            inp: vec![0; nk],
+            out: vec![0; nk],
+        };
+        for k in 0..nk {
+            let prev = k.checked_sub(1).map(|p| lanes.out[p]);
+            let Some(d @ (kk, nn, _, _)) = self.dims[k] else {
+                let l = self.vector_lanes(k, prev, 1)?;
+                if prev.is_some_and(|p| p != l) || self.vector_period(k, l)? > t {
+                    return None;
+                }
+                lanes.inp[k] = l;
+                lanes.out[k] = l;
+                continue;
+            };
+            let hs = self.rows(k, nn);
+            // the next layer (past a strip) takes these rows as its columns: it must
+            // still reach `t` on them
+            let next = (k + 1..nk).find_map(|j| self.dims[j].map(|d| (j, d)));
+            let reachable = |h: u32| match next {
+                Some((j, d2 @ (k2, n2, _, _))) => {
+                    used(k2, h) == h
+                        && self
+                            .rows(j, n2)
+                            .iter()
+                            .any(|&h2| dense_period(fab, d2, h, used(n2, h2)) <= t)
+                }
+                None => true,
+            };
+            let ok = |w: u32, h: u32| dense_period(fab, d, w, h) <= t && reachable(h);
+            let (w, h) = match prev {
+                None => {
                     let mut best: Option<(u32, u32)> = None;
                     for w in 1..=kk.min(fab.width.max(fab.height)) {
-                        let w = super::kernels::used(kk, w);
-                        if let Some(&h) = hs.iter().find(|&&h| ok(w, super::kernels::used(nn, h))) {
-                            let h = super::kernels::used(nn, h);
+                        let w = used(kk, w);
+                        if let Some(&h) = hs.iter().find(|&&h| ok(w, used(nn, h))) {
+                            let h = used(nn, h);
                             // the smallest area, then the fewest rows (which the next
                             // layer takes as columns)
                             if best.is_none_or(|(bw, bh)| (w * h, h) < (bw * bh, bh)) {
@@ -475,126 +538,88 @@ fn lanes_for_period(g: &Graph, f: &Formed, fab: &Fabric, t: u64) -> Option<Lanes
                         }
                     }
                     best?
-                } else {
-                    let w = lanes.out[k - 1];
-                    if super::kernels::used(kk, w) != w {
+                }
+                Some(w) => {
+                    if used(kk, w) != w {
                         return None;
                     }
-                    let h = *hs.iter().find(|&&h| ok(w, super::kernels::used(nn, h)))?;
-                    (w, super::kernels::used(nn, h))
-                };
-                lanes.inp[k] = w;
-                lanes.out[k] = h;
-            }
-            None => {
-                let v = vector_of(g, f, k, |_| 0);
-                let l = match (v.width(), k) {
-                    (None, _) => 1,
-                    (Some(_), 0) => 1,
-                    (Some(wd), _) => {
-                        let l = lanes.out[k - 1];
-                        if super::kernels::used(wd, l) != l {
-                            return None;
-                        }
-                        l
-                    }
-                };
-                if k > 0 && l != lanes.out[k - 1] {
-                    return None;
+                    let h = *hs.iter().find(|&&h| ok(w, used(nn, h)))?;
+                    (w, used(nn, h))
                 }
-                if vector_period(g, f, fab, k, l)? > t {
-                    return None;
-                }
-                lanes.inp[k] = l;
-                lanes.out[k] = l;
-            }
+            };
+            lanes.inp[k] = w;
+            lanes.out[k] = h;
         }
+        Some(lanes)
     }
-    Some(lanes)
-}
 
-/// The sizing of the shortest period whose staircase fits the fabric: periods tried
-/// from the slowest vector kernel's up in steps of 2% (the greedy sizing is not
-/// monotone in the period, so no bisection).
-fn balanced_lanes(g: &Graph, f: &Formed, fab: &Fabric) -> Option<Lanes> {
-    let fits = |t: u64| {
-        lanes_for_period(g, f, fab, t).filter(|l| {
-            let (w, h) = extents(f, l);
-            w <= fab.width && h <= fab.height
-        })
-    };
-    let mut t = 1u64;
-    for k in 0..f.kernels.len() {
-        if dense_dims(g, &f.kernels[k].kind).is_none()
-            && vector_of(g, f, k, |_| 0).width().is_none()
-        {
-            t = t.max(vector_period(g, f, fab, k, 1).unwrap_or(1));
+    /// The sizing of the shortest period whose staircase fits the fabric: periods tried
+    /// from the slowest one-lane kernel's up in steps of 2% (the greedy sizing is not
+    /// monotone in the period, so no bisection).
+    fn balanced(&self) -> Option<Lanes> {
+        let fab = self.fab;
+        let mut t = (0..self.f.kernels.len())
+            .filter(|&k| self.dims[k].is_none() && self.width[k].is_none())
+            .filter_map(|k| self.vector_period(k, 1))
+            .fold(1, u64::max);
+        while t < 1 << 24 {
+            let fits = self.for_period(t).filter(|l| {
+                let (w, h) = extents(self.f, l);
+                w <= fab.width && h <= fab.height
+            });
+            if fits.is_some() {
+                return fits;
+            }
+            t += (t / 50).max(1);
         }
+        None
     }
-    while t < 1 << 24 {
-        if let Some(l) = fits(t) {
-            return Some(l);
-        }
-        t += (t / 50).max(1);
-    }
-    None
-}
 
-/// One block size `s` for every layer.
-fn block_lanes(g: &Graph, f: &Formed, s: u32) -> Result<Lanes, LayoutError> {
-    let nk = f.kernels.len();
-    let mut lanes = Lanes {
-        inp: vec![0; nk],
-        out: vec![0; nk],
-    };
-    for k in 0..nk {
-        match dense_dims(g, &f.kernels[k].kind) {
-            Some((kk, nn, _, _)) => {
-                lanes.inp[k] = if k == 0 {
-                    super::kernels::used(kk, kk.div_ceil(s))
-                } else {
-                    lanes.out[k - 1]
-                };
-                lanes.out[k] = if single_next(g, f, k) {
-                    1
-                } else {
-                    super::kernels::used(nn, nn.div_ceil(s))
-                };
-                if super::kernels::used(kk, lanes.inp[k]) != lanes.inp[k] {
-                    return Err(LayoutError::DoesNotFit(format!(
-                        "layer {} cannot split its {kk} inputs over {} lanes",
-                        kernel_name(g, f, k),
-                        lanes.inp[k]
-                    )));
-                }
-            }
-            None => {
-                let v = vector_of(g, f, k, |_| 0);
-                let l = match v.width() {
-                    None => 1,
-                    Some(w) if k > 0 => {
-                        let l = lanes.out[k - 1];
-                        if super::kernels::used(w, l) != l {
-                            1
-                        } else {
-                            l
-                        }
+    /// One block size `s` for every layer.
+    fn block(&self, s: u32) -> Result<Lanes, LayoutError> {
+        let (g, f, nk) = (self.g, self.f, self.f.kernels.len());
+        let used = super::kernels::used;
+        let mut lanes = Lanes {
+            inp: vec![0; nk],
+            out: vec![0; nk],
+        };
+        for k in 0..nk {
+            let prev = k.checked_sub(1).map(|p| lanes.out[p]);
+            match self.dims[k] {
+                Some((kk, nn, _, _)) => {
+                    lanes.inp[k] = prev.unwrap_or_else(|| used(kk, kk.div_ceil(s)));
+                    lanes.out[k] = if self.single_next[k] {
+                        1
+                    } else {
+                        used(nn, nn.div_ceil(s))
+                    };
+                    if used(kk, lanes.inp[k]) != lanes.inp[k] {
+                        return Err(LayoutError::DoesNotFit(format!(
+                            "layer {} cannot split its {kk} inputs over {} lanes",
+                            kernel_name(g, f, k),
+                            lanes.inp[k]
+                        )));
                     }
-                    Some(w) => w.div_ceil(s),
-                };
-                if k > 0 && l != lanes.out[k - 1] {
-                    return Err(LayoutError::DoesNotFit(format!(
-                        "{} takes {l} lanes from {}",
-                        kernel_name(g, f, k),
-                        lanes.out[k - 1]
-                    )));
                 }
-                lanes.inp[k] = l;
-                lanes.out[k] = l;
+                None => {
+                    let first = self.width[k].map_or(1, |w| w.div_ceil(s));
+                    let l = self
+                        .vector_lanes(k, prev, first)
+                        .filter(|&l| prev.is_none_or(|p| p == l));
+                    let Some(l) = l else {
+                        return Err(LayoutError::DoesNotFit(format!(
+                            "{} cannot take the {} lanes of the kernel before it",
+                            kernel_name(g, f, k),
+                            prev.unwrap_or_default()
+                        )));
+                    };
+                    lanes.inp[k] = l;
+                    lanes.out[k] = l;
+                }
             }
         }
+        Ok(lanes)
     }
-    Ok(lanes)
 }
 
 /// The staircase of a sizing (`s`, the block size it came from, or 0).
