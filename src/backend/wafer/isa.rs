@@ -11,6 +11,7 @@
 //! plus `n * s` when `by` is `Some((k, s))` and the PE's counter `k` is at `n` (a
 //! task's runs, counted with `Count`: which sample's slot of a buffer it uses).
 
+use crate::ir::float;
 use std::fmt;
 
 /// The task ids of a PE (0 to 63; lower ids run first).
@@ -118,7 +119,7 @@ pub enum VecOp {
     Min,
     /// `-a`
     Neg,
-    /// `max(a, 0)`
+    /// `max(a, 0)` (NaN stays NaN)
     Relu,
     /// `if a > 0 { b } else { 0 }`: a gradient through ReLU (`a` the ReLU's output)
     ReluGrad,
@@ -197,28 +198,10 @@ impl VecOp {
             VecOp::Add => a + b,
             VecOp::Sub => a - b,
             VecOp::Mul => a * b,
-            VecOp::Max => {
-                if a.is_nan() || a >= b {
-                    a
-                } else {
-                    b
-                }
-            }
-            VecOp::Min => {
-                if a.is_nan() || a <= b {
-                    a
-                } else {
-                    b
-                }
-            }
+            VecOp::Max => float::maximum(a, b),
+            VecOp::Min => float::minimum(a, b),
             VecOp::Neg => -a,
-            VecOp::Relu => {
-                if a > 0.0 {
-                    a
-                } else {
-                    0.0
-                }
-            }
+            VecOp::Relu => float::relu(a),
             VecOp::ReluGrad => {
                 if a > 0.0 {
                     b
@@ -236,15 +219,7 @@ impl VecOp {
             VecOp::Pow => a.powf(b),
             VecOp::Floor => a.floor(),
             VecOp::Trunc => a.trunc(),
-            VecOp::Sign => {
-                if a > 0.0 {
-                    1.0
-                } else if a < 0.0 {
-                    -1.0
-                } else {
-                    a
-                }
-            }
+            VecOp::Sign => float::sign(a),
             VecOp::Eq => f32::from(u8::from(a == b)),
             VecOp::Ne => f32::from(u8::from(a != b)),
             VecOp::Lt => f32::from(u8::from(a < b)),

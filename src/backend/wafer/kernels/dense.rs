@@ -53,6 +53,54 @@ pub struct Colours {
     pub dchain: [Colour; 2],
 }
 
+impl Colours {
+    /// Column `i` of `wc`'s link in the forward chain: the colour it sends its partial
+    /// sums on (the outputs' at the east end), and the one it receives them on (none at
+    /// the west end).
+    fn forward_link(&self, i: u32, wc: u32) -> (Colour, Option<Colour>) {
+        let send = if i + 1 == wc {
+            self.y
+        } else {
+            self.chain[(i % 2) as usize]
+        };
+        (send, i.checked_sub(1).map(|p| self.chain[(p % 2) as usize]))
+    }
+
+    /// Row `j` of `hr`'s link in the input gradients' chain, south to north: the colour
+    /// it sends on (the input gradients' at the north end), and the one it receives on
+    /// (none at the south end).
+    fn backward_link(&self, j: u32, hr: u32) -> (Colour, Option<Colour>) {
+        let send = if j == 0 {
+            self.dx
+        } else {
+            self.dchain[(j % 2) as usize]
+        };
+        (
+            send,
+            (j + 1 < hr).then(|| self.dchain[((j + 1) % 2) as usize]),
+        )
+    }
+}
+
+/// A chain's link: the `len` partial sums at `part`, plus those received on `recv` if
+/// any, sent on `send`.
+fn link(part: u32, len: u32, send: Colour, recv: Option<Colour>) -> Instr {
+    let dst = Dsd::Out { colour: send, len };
+    let mine = Src::V(Dsd::mem(part, len));
+    match recv {
+        None => Instr::Vec {
+            op: VecOp::Mov,
+            dst,
+            srcs: vec![mine],
+        },
+        Some(colour) => Instr::Vec {
+            op: VecOp::Add,
+            dst,
+            srcs: vec![mine, Src::V(Dsd::In { colour, len })],
+        },
+    }
+}
+
 impl Dense {
     /// A forward-only layer (eval, predict, tests).
     pub fn forward_only(k: u32, n: u32, batch: u32) -> Dense {
@@ -211,33 +259,8 @@ impl Dense {
                 }],
             },
         ];
-        let out = Dsd::Out {
-            colour: if i + 1 == wc {
-                c.y
-            } else {
-                c.chain[(i % 2) as usize]
-            },
-            len: b,
-        };
-        body.push(if i == 0 {
-            Instr::Vec {
-                op: VecOp::Mov,
-                dst: out,
-                srcs: vec![Src::V(Dsd::mem(y, b))],
-            }
-        } else {
-            Instr::Vec {
-                op: VecOp::Add,
-                dst: out,
-                srcs: vec![
-                    Src::V(Dsd::mem(y, b)),
-                    Src::V(Dsd::In {
-                        colour: c.chain[((i - 1) % 2) as usize],
-                        len: b,
-                    }),
-                ],
-            }
-        });
+        let (send, recv) = c.forward_link(i, wc);
+        body.push(link(y, b, send, recv));
         if self.train {
             body.push(Instr::Count {
                 counter: 0,
@@ -295,33 +318,8 @@ impl Dense {
                     ],
                 }],
             });
-            let out = Dsd::Out {
-                colour: if j == 0 {
-                    c.dx
-                } else {
-                    c.dchain[(j % 2) as usize]
-                },
-                len: a,
-            };
-            body.push(if j + 1 == hr {
-                Instr::Vec {
-                    op: VecOp::Mov,
-                    dst: out,
-                    srcs: vec![Src::V(Dsd::mem(dxp, a))],
-                }
-            } else {
-                Instr::Vec {
-                    op: VecOp::Add,
-                    dst: out,
-                    srcs: vec![
-                        Src::V(Dsd::mem(dxp, a)),
-                        Src::V(Dsd::In {
-                            colour: c.dchain[((j + 1) % 2) as usize],
-                            len: a,
-                        }),
-                    ],
-                }
-            });
+            let (send, recv) = c.backward_link(j, hr);
+            body.push(link(dxp, a, send, recv));
         }
         body.push(Instr::Loop {
             count: a,
@@ -400,18 +398,10 @@ impl Dense {
         };
         laid.route(at, c.x, o.route(Dir::N, down))?;
         // the partial sums go east, the last ones out
-        let send = if i + 1 == wc {
-            c.y
-        } else {
-            c.chain[(i % 2) as usize]
-        };
+        let (send, recv) = c.forward_link(i, wc);
         laid.route(at, send, o.route(Dir::Ramp, &[Dir::E]))?;
-        if i > 0 {
-            laid.route(
-                at,
-                c.chain[((i - 1) % 2) as usize],
-                o.route(Dir::W, &[Dir::Ramp]),
-            )?;
+        if let Some(r) = recv {
+            laid.route(at, r, o.route(Dir::W, &[Dir::Ramp]))?;
         }
         if !self.train {
             return Ok(());
@@ -425,18 +415,10 @@ impl Dense {
         laid.route(at, c.dy, o.route(Dir::E, west))?;
         if self.dx {
             // the input gradients' partial sums go north, the last ones out
-            let send = if j == 0 {
-                c.dx
-            } else {
-                c.dchain[(j % 2) as usize]
-            };
+            let (send, recv) = c.backward_link(j, hr);
             laid.route(at, send, o.route(Dir::Ramp, &[Dir::N]))?;
-            if j + 1 < hr {
-                laid.route(
-                    at,
-                    c.dchain[((j + 1) % 2) as usize],
-                    o.route(Dir::S, &[Dir::Ramp]),
-                )?;
+            if let Some(r) = recv {
+                laid.route(at, r, o.route(Dir::S, &[Dir::Ramp]))?;
             }
         }
         Ok(())
