@@ -46,13 +46,7 @@ impl Val {
     /// for a constant.
     pub fn dsd(self, n: u32) -> Option<Dsd> {
         match self {
-            Val::Buf { base, len, slot } => Some(Dsd::Mem {
-                base,
-                len: n,
-                stride: i32::from(len != 1),
-                step: Vec::new(),
-                by: slot.map(|c| (c, len as i32)),
-            }),
+            Val::Buf { base, len, slot } => Some(words(base, len, slot, n)),
             Val::Imm(_) => None,
         }
     }
@@ -60,23 +54,20 @@ impl Val {
     /// Its `n` elements as a source.
     pub fn src(self, n: u32) -> Src {
         match self {
+            Val::Buf { base, len, slot } => Src::V(words(base, len, slot, n)),
             Val::Imm(v) => Src::Imm(v),
-            b => Src::V(b.dsd(n).unwrap_or_else(|| Dsd::mem(0, n))),
         }
     }
+}
 
-    /// Element `i` of it, alone (a one-element source).
-    pub fn at(self, i: u32) -> Src {
-        match self {
-            Val::Imm(v) => Src::Imm(v),
-            Val::Buf { base, len, slot } => Src::V(Dsd::Mem {
-                base: base + if len == 1 { 0 } else { i },
-                len: 1,
-                stride: 1,
-                step: Vec::new(),
-                by: slot.map(|c| (c, len as i32)),
-            }),
-        }
+/// `n` elements of a buffer of `len` words at `base` (in counter `slot`'s slot).
+fn words(base: u32, len: u32, slot: Option<u8>, n: u32) -> Dsd {
+    Dsd::Mem {
+        base,
+        len: n,
+        stride: i32::from(len != 1),
+        step: Vec::new(),
+        by: slot.map(|c| (c, len as i32)),
     }
 }
 
@@ -460,6 +451,6 @@ mod tests {
             len: 3,
             slot: Some(1),
         };
-        assert_eq!(s.at(2).to_string(), "mem[10 + 3*n1; 1]");
+        assert_eq!(s.dsd(3).unwrap().to_string(), "mem[8 + 3*n1; 3]");
     }
 }

@@ -159,50 +159,24 @@ impl Vector<'_> {
             _ => key(n),
         };
         // what stays: variables, sums over the batch, the host's values
-        let mut vals: BTreeMap<NodeIndex, Val> = BTreeMap::new();
-        let mut vars = Vec::new();
-        for &v in &kr.vars {
-            let ext = self.extent(v, lanes, lane);
-            let base = p.alloc(&name(v), ext);
-            tensors.push((
-                name(v),
-                Piece {
-                    pe: (0, 0),
-                    word: base,
-                    runs: self.runs(v, lanes, lane),
-                },
-            ));
-            vals.insert(v, Val::buf(base, ext));
-            vars.push(v);
-        }
         let accs: Vec<NodeIndex> = (self.nodes().iter())
             .copied()
             .filter(|&n| f.class[n.index()] == Class::Batch)
             .collect();
-        for &a in &accs {
-            let ext = self.extent(a, lanes, lane);
-            let base = p.alloc(&key(a), ext);
+        let mut vals: BTreeMap<NodeIndex, Val> = BTreeMap::new();
+        for &n in kr.vars.iter().chain(&accs).chain(&kr.hosts) {
+            let ext = self.extent(n, lanes, lane);
+            let base = p.alloc(&name(n), ext);
+            let runs = self.runs(n, lanes, lane);
             tensors.push((
-                key(a),
+                name(n),
                 Piece {
                     pe: (0, 0),
                     word: base,
-                    runs: self.runs(a, lanes, lane),
+                    runs,
                 },
             ));
-            vals.insert(a, Val::buf(base, ext));
-        }
-        for &h in &kr.hosts {
-            let base = p.alloc(&key(h), 1);
-            tensors.push((
-                key(h),
-                Piece {
-                    pe: (0, 0),
-                    word: base,
-                    runs: vec![(0, 1)],
-                },
-            ));
-            vals.insert(h, Val::buf(base, 1));
+            vals.insert(n, Val::buf(base, ext));
         }
         // counting 0, 1, 2, ... (one-hot, argmax)
         let iota_len = (self.nodes().iter())
@@ -396,11 +370,11 @@ impl Vector<'_> {
                 .vars
                 .first()
                 .map_or(Vec::new(), |&v| g.ty(v).shape.to_vec());
-            let u = form::update_of(g, f, self.k, (&vars, &accs, &kr.hosts), &block)
+            let u = form::update_of(g, f, self.k, (&kr.vars, &accs, &kr.hosts), &block)
                 .map_err(|e| e.message)?;
             let n = kr.vars.first().map_or(1, |&v| self.extent(v, lanes, lane));
             let at = |ns: &[NodeIndex]| -> Vec<Val> { ns.iter().map(|n| vals[n]).collect() };
-            let body = u.code(&at(&vars), &at(&accs), &at(&kr.hosts), n, &mut scratch)?;
+            let body = u.code(&at(&kr.vars), &at(&accs), &at(&kr.hosts), n, &mut scratch)?;
             p.tasks.push(Task {
                 id: UPDATE,
                 name: "update".into(),
@@ -473,7 +447,7 @@ impl Vector<'_> {
             } else if acc.elements() == 1 {
                 let t = scratch.alloc(1);
                 body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], 1));
-                body.push(reduce_into(VecOp::Add, t, args[0], per));
+                body.push(reduce_rows(VecOp::Add, t, args[0], 1, per));
                 t
             } else {
                 return Err(format!(
@@ -655,11 +629,6 @@ fn reduce_rows(op: VecOp, dst: Val, x: Val, outer: u32, inner: u32) -> Instr {
             ],
         }],
     }
-}
-
-/// `dst` of one row: the reduction of all of `x`.
-fn reduce_into(op: VecOp, dst: Val, x: Val, n: u32) -> Instr {
-    reduce_rows(op, dst, x, 1, n)
 }
 
 /// `dst[r * inner + i] = op(x[r * inner + i], s[r])`: a row's elements against the row's
