@@ -108,12 +108,17 @@ pub struct Formed {
 
 impl Formed {
     /// The node whose value `n` is.
-    pub fn resolve(&self, mut n: NodeIndex) -> NodeIndex {
-        while let Some(a) = self.alias[n.index()] {
-            n = a;
-        }
-        n
+    pub fn resolve(&self, n: NodeIndex) -> NodeIndex {
+        resolve(&self.alias, n)
     }
+}
+
+/// The node whose value `n` is, through `alias`.
+fn resolve(alias: &[Option<NodeIndex>], mut n: NodeIndex) -> NodeIndex {
+    while let Some(a) = alias[n.index()] {
+        n = a;
+    }
+    n
 }
 
 fn unsupported(g: &Graph, n: NodeIndex, message: String, help: &str) -> Unsupported {
@@ -206,12 +211,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     let mut owner: Vec<Option<usize>> = vec![None; bound];
     let mut kernels: Vec<Kernel> = Vec::new();
     let is_var = |n: NodeIndex| matches!(g.node(n).op, Op::Variable { .. });
-    let resolve = |mut n: NodeIndex| {
-        while let Some(a) = alias[n.index()] {
-            n = a;
-        }
-        n
-    };
+    let resolve = |n: NodeIndex| resolve(&alias, n);
     // dense layers: x W with a variable W of rank 2
     for &n in &order {
         if !matches!(g.node(n).op, Op::MatMul) || class[n.index()] != Class::Sample {
