@@ -273,6 +273,15 @@ struct Lanes {
     out: Vec<u32>,
 }
 
+impl Lanes {
+    fn new(kernels: usize) -> Lanes {
+        Lanes {
+            inp: vec![0; kernels],
+            out: vec![0; kernels],
+        }
+    }
+}
+
 /// The vector kernel `k` with its streams (colours from `colour`).
 fn vector_of<'a>(
     g: &'a Graph,
@@ -493,10 +502,7 @@ impl<'a> Sizer<'a> {
     fn for_period(&self, t: u64) -> Option<Lanes> {
         let (fab, nk) = (self.fab, self.f.kernels.len());
         let used = super::kernels::used;
-        let mut lanes = Lanes {
-            inp: vec![0; nk],
-            out: vec![0; nk],
-        };
+        let mut lanes = Lanes::new(nk);
         for k in 0..nk {
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
             let Some(d @ (kk, nn, _, _)) = self.dims[k] else {
@@ -579,10 +585,7 @@ impl<'a> Sizer<'a> {
     fn block(&self, s: u32) -> Result<Lanes, LayoutError> {
         let (g, f, nk) = (self.g, self.f, self.f.kernels.len());
         let used = super::kernels::used;
-        let mut lanes = Lanes {
-            inp: vec![0; nk],
-            out: vec![0; nk],
-        };
+        let mut lanes = Lanes::new(nk);
         for k in 0..nk {
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
             match self.dims[k] {

@@ -82,6 +82,29 @@ impl Colours {
     }
 }
 
+/// `len` words at `acc` set to zero.
+fn zero(acc: u32, len: u32) -> Instr {
+    Instr::Vec {
+        op: VecOp::Mov,
+        dst: Dsd::mem(acc, len),
+        srcs: vec![Src::Imm(0.0)],
+    }
+}
+
+/// `acc[..len] += w * x` over `count` iterations of a loop whose counter moves the
+/// descriptors `w` and `x` (a product's partial sums, one input at a time).
+fn macs(acc: u32, len: u32, count: u32, w: Dsd, x: Dsd) -> Instr {
+    let a = Dsd::mem(acc, len);
+    Instr::Loop {
+        count,
+        body: vec![Instr::Vec {
+            op: VecOp::Fmac,
+            dst: a.clone(),
+            srcs: vec![Src::V(a), Src::V(w), Src::V(x)],
+        }],
+    }
+}
+
 /// A chain's link: the `len` partial sums at `part`, plus those received on `recv` if
 /// any, sent on `send`.
 fn link(part: u32, len: u32, send: Colour, recv: Option<Colour>) -> Instr {
@@ -229,35 +252,26 @@ impl Dense {
                     len: a,
                 })],
             },
-            Instr::Vec {
-                op: VecOp::Mov,
-                dst: Dsd::mem(y, b),
-                srcs: vec![Src::Imm(0.0)],
-            },
-            Instr::Loop {
-                count: a,
-                body: vec![Instr::Vec {
-                    op: VecOp::Fmac,
-                    dst: Dsd::mem(y, b),
-                    srcs: vec![
-                        Src::V(Dsd::mem(y, b)),
-                        Src::V(Dsd::Mem {
-                            base: w,
-                            len: b,
-                            stride: 1,
-                            step: vec![b as i32],
-                            by: None,
-                        }),
-                        Src::V(Dsd::Mem {
-                            base: xs,
-                            len: b,
-                            stride: 0,
-                            step: vec![1],
-                            by: by(0),
-                        }),
-                    ],
-                }],
-            },
+            zero(y, b),
+            macs(
+                y,
+                b,
+                a,
+                Dsd::Mem {
+                    base: w,
+                    len: b,
+                    stride: 1,
+                    step: vec![b as i32],
+                    by: None,
+                },
+                Dsd::Mem {
+                    base: xs,
+                    len: b,
+                    stride: 0,
+                    step: vec![1],
+                    by: by(0),
+                },
+            ),
         ];
         let (send, recv) = c.forward_link(i, wc);
         body.push(link(y, b, send, recv));
@@ -289,35 +303,26 @@ impl Dense {
         }];
         if self.dx {
             let dxp = p.alloc("dx", a);
-            body.push(Instr::Vec {
-                op: VecOp::Mov,
-                dst: Dsd::mem(dxp, a),
-                srcs: vec![Src::Imm(0.0)],
-            });
-            body.push(Instr::Loop {
-                count: b,
-                body: vec![Instr::Vec {
-                    op: VecOp::Fmac,
-                    dst: Dsd::mem(dxp, a),
-                    srcs: vec![
-                        Src::V(Dsd::mem(dxp, a)),
-                        Src::V(Dsd::Mem {
-                            base: w,
-                            len: a,
-                            stride: b as i32,
-                            step: vec![1],
-                            by: None,
-                        }),
-                        Src::V(Dsd::Mem {
-                            base: dy,
-                            len: a,
-                            stride: 0,
-                            step: vec![1],
-                            by: None,
-                        }),
-                    ],
-                }],
-            });
+            body.push(zero(dxp, a));
+            body.push(macs(
+                dxp,
+                a,
+                b,
+                Dsd::Mem {
+                    base: w,
+                    len: a,
+                    stride: b as i32,
+                    step: vec![1],
+                    by: None,
+                },
+                Dsd::Mem {
+                    base: dy,
+                    len: a,
+                    stride: 0,
+                    step: vec![1],
+                    by: None,
+                },
+            ));
             let (send, recv) = c.backward_link(j, hr);
             body.push(link(dxp, a, send, recv));
         }
