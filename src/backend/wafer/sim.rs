@@ -881,7 +881,8 @@ impl Sim {
             }
             return Step::Continue;
         }
-        let loops: smallvec::SmallVec<[u32; 4]> = run.frames[1..].iter().map(|fr| fr.iter).collect();
+        let loops: smallvec::SmallVec<[u32; 4]> =
+            run.frames[1..].iter().map(|fr| fr.iter).collect();
         match &body[top.pc] {
             Instr::Loop { count, .. } => {
                 if *count > 0 {
