@@ -105,6 +105,14 @@ impl Device {
             .help("this is a bug in estc's wafer compiler; please report it with the program")
         })?;
         let mut host_targets: Vec<NodeIndex> = formed.host.clone();
+        // the random numbers the host draws and streams
+        host_targets.extend(
+            layout
+                .inputs
+                .iter()
+                .map(|s| NodeIndex::new(s.node as usize))
+                .filter(|&n| !matches!(graph.node(n).op, Op::Input { .. })),
+        );
         host_targets.extend(
             graph
                 .g
@@ -228,16 +236,15 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
     let batch = exe.layout.batch as usize;
     for s in &exe.layout.inputs {
         let node = NodeIndex::new(s.node as usize);
-        let Op::Input { name } = &g.node(node).op else {
-            return Err(fail(
-                &g,
-                node,
-                "a stream from the host that is not an input".into(),
-            ));
+        let t = match &g.node(node).op {
+            Op::Input { name } => feeds
+                .get(name)
+                .ok_or_else(|| fail(&g, node, format!("input `{name}` was not fed")))?,
+            _ => values
+                .get(node)
+                .ok_or_else(|| fail(&g, node, "a stream the host did not compute".into()))?,
         };
-        let t = feeds
-            .get(name)
-            .ok_or_else(|| fail(&g, node, format!("input `{name}` was not fed")))?;
+        let name = g.node(node).op.name();
         if t.shape().first() != Some(&batch) {
             return Err(fail(
                 &g,
@@ -248,8 +255,19 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
                 ),
             ));
         }
-        let v = t.to_f64();
+        let mut v = t.to_f64();
         let per = s.per_sample as usize;
+        // an image sent planar: each sample's channels one after another
+        let c = s.channels as usize;
+        if c > 1 {
+            let hw = per / c;
+            for sample in v.chunks_mut(per) {
+                let nhwc = sample.to_vec();
+                for (i, x) in nhwc.into_iter().enumerate() {
+                    sample[(i % c) * hw + i / c] = x;
+                }
+            }
+        }
         for l in &s.lanes {
             let lane: Vec<f32> = (0..batch)
                 .flat_map(|b| l.elems.clone().map(move |e| b * per + e as usize))

@@ -158,8 +158,10 @@ pub fn classify(
             }
             Op::Variable { .. } => Class::Step,
             Op::Const { .. } | Op::GlobalStep => Class::Host,
+            // the host draws a step's random numbers and streams them with the samples
+            Op::RandomUniform { .. } | Op::RandomNormal { .. } if leading => Class::Sample,
             Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
-                return Err(unsupported(g, n, format!("`{}` has no wafer kernel yet", node.op.name()), "the wafer does not generate random numbers on the fabric yet: train without dropout or noise on the wafer, or use `--target host`"))
+                return Err(unsupported(g, n, format!("`{}` of {} has no wafer kernel", node.op.name(), node.ty), "the host streams random numbers to the wafer per sample: draw them with the batch dimension first"))
             }
             Op::CrossShardMean if has(Class::Batch) => {
                 alias[n.index()] = Some(ops[0]);
@@ -184,6 +186,12 @@ pub fn classify(
                     Class::SampleT
                 }
                 Op::MatMul if cl(&ops[0]) == Class::SampleT && cl(&ops[1]) == Class::Sample => Class::Batch,
+                Op::Conv2dBackpropFilter(_) => Class::Batch,
+                Op::Reshape if leading && planar_view(g, ops[0], n) => {
+                    // the same words in the same order: images travel planar
+                    alias[n.index()] = Some(ops[0]);
+                    Class::Sample
+                }
                 _ if has(Class::SampleT) => {
                     return Err(unsupported(g, n, format!("`{}` of a transposed batch has no wafer kernel", node.op.name()), "the wafer computes `transpose(x) @ dy` (a weight gradient) over the batch and nothing else of a transposed batch"));
                 }
@@ -202,6 +210,23 @@ pub fn classify(
     Ok((class, alias))
 }
 
+/// Whether reshaping sample value `from` into `to` keeps a sample's words in their
+/// order on the wafer, where images (rank 4) travel planar: a plane's pixels regrouped,
+/// a one-channel image flattened or made, or an image flattened into a vector (which
+/// only a dense layer reads, with its weight's rows in the image's order).
+fn planar_view(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
+    let (a, b) = (&g.ty(from).shape, &g.ty(to).shape);
+    let channels = |s: &[usize]| (s.len() == 4).then(|| s[3]);
+    match (channels(a), channels(b)) {
+        (Some(c), Some(d)) => c == d,
+        (Some(_), None) => b.len() == 2,
+        // a vector made an image of one channel, or a dense layer's input gradient
+        // made the image it flattened again
+        (None, Some(_)) => a.len() == 2,
+        (None, None) => false,
+    }
+}
+
 /// Forms `g` into kernels.
 pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     let batch = batch_of(g).unwrap_or(1);
@@ -214,12 +239,27 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     let resolve = |n: NodeIndex| resolve(&alias, n);
     // dense layers: x W with a variable W of rank 2
     for &n in &order {
-        if !matches!(g.node(n).op, Op::MatMul) || class[n.index()] != Class::Sample {
+        let layer = match &g.node(n).op {
+            Op::MatMul => true,
+            Op::Conv2d(c) => {
+                if c.strides != [1, 1] {
+                    return Err(unsupported(g, n, format!("a convolution of strides {:?} has no wafer kernel yet", c.strides), "the wafer convolves with stride 1: use stride 1 and pool after the convolution (`max_pool2d(2, 2)`)"));
+                }
+                true
+            }
+            _ => false,
+        };
+        if !layer || class[n.index()] != Class::Sample {
             continue;
         }
         let ops = g.operands(n);
         let (x, w) = (ops[0], ops[1]);
-        if !is_var(w) || g.ty(x).rank() != 2 {
+        let rank = if matches!(g.node(n).op, Op::MatMul) {
+            2
+        } else {
+            4
+        };
+        if !is_var(w) || g.ty(x).rank() != rank {
             continue;
         }
         if let Some(k) = owner[w.index()] {
@@ -243,15 +283,20 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             hosts: Vec::new(),
         });
     }
-    // their gradients: dy W^T and x^T dy
+    // their gradients: dy W^T and x^T dy (a convolution's: the gradients of its
+    // input, from dy and the filter, and of its filter, from x and dy)
     for &n in &order {
-        if !matches!(g.node(n).op, Op::MatMul) {
-            continue;
-        }
         let ops = g.operands(n);
-        let (a, b) = (ops[0], ops[1]);
+        let (a, b) = match g.node(n).op {
+            Op::MatMul => (ops[0], ops[1]),
+            Op::Conv2dBackpropInput(_) => (ops[0], ops[1]),
+            Op::Conv2dBackpropFilter(_) => (ops[0], ops[1]),
+            _ => continue,
+        };
+        let conv = !matches!(g.node(n).op, Op::MatMul);
         let transposed_var = |t: NodeIndex| match g.node(t).op {
             Op::Transpose { .. } if is_var(g.operands(t)[0]) => Some(g.operands(t)[0]),
+            _ if conv && is_var(t) => Some(t),
             _ => None,
         };
         if class[n.index()] == Class::Sample {
@@ -270,10 +315,12 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                     *dy = Some(a);
                 }
                 owner[n.index()] = Some(k);
-                owner[b.index()] = Some(k);
+                if !conv {
+                    owner[b.index()] = Some(k);
+                }
             }
         } else if class[n.index()] == Class::Batch {
-            let xt = g.operands(a)[0];
+            let xt = if conv { a } else { g.operands(a)[0] };
             let found = kernels
                 .iter()
                 .position(|kr| matches!(kr.kind, Kind::Dense { x, .. } if x == xt));
@@ -288,7 +335,9 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 *dw = Some(n);
             }
             owner[n.index()] = Some(k);
-            owner[a.index()] = Some(k);
+            if !conv {
+                owner[a.index()] = Some(k);
+            }
         }
     }
     // the other sample and batch nodes: connected groups
@@ -298,7 +347,10 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             Class::Sample | Class::Batch | Class::SampleT
         ) && owner[n.index()].is_none()
             && alias[n.index()].is_none()
-            && !matches!(g.node(n).op, Op::Input { .. })
+            && !matches!(
+                g.node(n).op,
+                Op::Input { .. } | Op::RandomUniform { .. } | Op::RandomNormal { .. }
+            )
     };
     let mut parent: Vec<usize> = (0..bound).collect();
     fn find(p: &mut [usize], mut i: usize) -> usize {
@@ -573,6 +625,35 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             to: to.into_iter().collect(),
             bwd,
         });
+    }
+    // an image is flattened for dense layers only, and made again only from their
+    // input gradients (planar both ways)
+    let image = |n: NodeIndex| {
+        let s = &g.ty(n).shape;
+        s.len() == 4 && s[3] > 1
+    };
+    for &n in &order {
+        let Some(src) = alias[n.index()] else {
+            continue;
+        };
+        if !matches!(g.node(n).op, Op::Reshape) {
+            continue;
+        }
+        let dense_x = |k: Option<usize>| {
+            k.is_some_and(|k| matches!(kernels[k].kind, Kind::Dense { x, .. } if x == n))
+        };
+        if image(src) && !image(n) && !users[n.index()].iter().all(|u| dense_x(owner[u.index()])) {
+            return Err(unsupported(g, n, "an image flattened for anything but a dense layer has no wafer kernel yet".into(), "the wafer keeps images planar (channel by channel): flatten an image only into a dense layer"));
+        }
+        let from_dense = kernels.iter().any(|k| match k.kind {
+            Kind::Dense { x, bwd, .. } => {
+                bwd == Some(src) && g.ty(resolve(x)).shape == g.ty(n).shape
+            }
+            Kind::Vector { .. } => false,
+        });
+        if image(n) && !image(src) && !from_dense {
+            return Err(unsupported(g, n, "a vector reshaped into an image of several channels has no wafer kernel yet".into(), "the wafer keeps images planar (channel by channel): make images of one channel from vectors"));
+        }
     }
     Ok(Formed {
         batch,

@@ -21,12 +21,12 @@
 use super::fabric::Fabric;
 use super::form::{self, End, Formed, Kind, Unsupported};
 use super::isa::Colour;
-use super::kernels::dense::{self, Dense};
+use super::kernels::dense::{self, Dense, Geom, Shape};
 use super::kernels::vector::{Port, Vector};
 use super::kernels::{split, Laid, Orient, Piece};
 use super::lower::Update;
 use super::sim::{Dir, HostIn, Route, Setup};
-use crate::ir::{Graph, NodeIndex, Op};
+use crate::ir::{Graph, NodeIndex, Op, Padding};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -52,6 +52,9 @@ pub struct HostStream {
     pub node: u32,
     pub name: String,
     pub per_sample: u32,
+    /// An image's channels when the host sends it planar (channel by channel), else 0.
+    #[serde(default)]
+    pub channels: u32,
     pub lanes: Vec<HostLane>,
 }
 
@@ -214,6 +217,17 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     // PEs
     let sizer = Sizer::new(g, f, fab);
     let debug = std::env::var_os("EST_WAFER_DEBUG").is_some();
+    if debug {
+        for k in 0..n {
+            eprintln!(
+                "kernel {k} {}: {:?}, width {:?}, floor {}",
+                kernel_name(g, f, k),
+                sizer.dims[k],
+                sizer.width[k],
+                sizer.floor[k]
+            );
+        }
+    }
     let mut tried = Vec::new();
     let mut sram = None;
     let mut best: Option<(u64, usize, Layout)> = None;
@@ -232,9 +246,17 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
                     best = Some((key.0, key.1, l));
                 }
             }
-            Err(LayoutError::DoesNotFit(why)) => tried.push(why),
+            Err(LayoutError::DoesNotFit(why)) => {
+                if debug {
+                    eprintln!("does not fit: {why}");
+                }
+                tried.push(why)
+            }
             // the first (smallest blocks) is the one to report
             Err(LayoutError::Sram(why)) => {
+                if debug {
+                    eprintln!("memory: {why}");
+                }
                 sram.get_or_insert(why);
             }
             Err(e) => return Err(e),
@@ -303,6 +325,7 @@ fn vector_of<'a>(
                 node: st.node,
                 colour: c,
                 bwd: st.bwd,
+                whole: st.from == End::Host,
             });
         }
         if st.from == End::Kernel(k) {
@@ -310,34 +333,72 @@ fn vector_of<'a>(
                 node: st.node,
                 colour: c,
                 bwd: st.bwd,
+                whole: false,
             });
         }
     }
     v
 }
 
-/// A dense layer's `(k, n)`, whether it trains and whether it sends `dx`.
-fn dense_dims(g: &Graph, kind: &Kind) -> Option<(u32, u32, bool, bool)> {
-    match kind {
-        Kind::Dense { w, dw, bwd, .. } => {
-            let shape = &g.ty(*w).shape;
-            Some((
-                shape[0] as u32,
-                shape[1] as u32,
-                dw.is_some(),
-                bwd.is_some(),
-            ))
-        }
-        Kind::Vector { .. } => None,
-    }
+/// A layer's input and output groups (features or channels), whether it trains and
+/// whether it sends `dx`, and what it computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Dims {
+    k: u32,
+    n: u32,
+    train: bool,
+    dx: bool,
+    shape: Shape,
 }
 
-/// A dense layer's cycles per sample on `w x h` lanes, stalls aside (its program's
+/// A layer kernel's dimensions (`None` for a vector kernel).
+fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
+    let Kind::Dense {
+        w, x, fwd, dw, bwd, ..
+    } = kind
+    else {
+        return None;
+    };
+    let ws: Vec<u32> = g.ty(*w).shape.iter().map(|&d| d as u32).collect();
+    let xs: Vec<u32> = g
+        .ty(f.resolve(*x))
+        .shape
+        .iter()
+        .map(|&d| d as u32)
+        .collect();
+    let (k, n, shape) = match &g.node(*fwd).op {
+        Op::Conv2d(c) => {
+            let xs: Vec<u32> = g.ty(*x).shape.iter().map(|&d| d as u32).collect();
+            let dil = (c.dilation[0] as u32, c.dilation[1] as u32);
+            let same = c.padding == Padding::Same;
+            let geom = Geom::new(xs[1], xs[2], (ws[0], ws[1]), dil, same)?;
+            (ws[2], ws[3], Shape::Conv(geom))
+        }
+        // an image flattened: its channels split over the columns
+        _ if xs.len() == 4 => (xs[3], ws[1], Shape::Planar { hw: xs[1] * xs[2] }),
+        _ => (ws[0], ws[1], Shape::Matmul),
+    };
+    Some(Dims {
+        k,
+        n,
+        train: dw.is_some(),
+        dx: bwd.is_some(),
+        shape,
+    })
+}
+
+/// A product layer's cycles per sample on `w x h` lanes, stalls aside (its program's
 /// operations, as `kernels/dense.rs` makes them).
-fn dense_period(fab: &Fabric, (k, n, train, dx): (u32, u32, bool, bool), w: u32, h: u32) -> u64 {
+fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> u64 {
     use super::cost::vec_op;
     use super::isa::VecOp::{Add, Fmac, Mov};
-    let (a, b) = (k.div_ceil(w.max(1)), n.div_ceil(h.max(1)));
+    let Dims {
+        k, n, train, dx, ..
+    } = d;
+    let (a, b) = (
+        k.div_ceil(w.max(1)) * d.shape.per_in(),
+        n.div_ceil(h.max(1)),
+    );
     let sw = u64::from(fab.task_switch);
     let fwd = sw
         + vec_op(fab, Mov, a, 0, true)
@@ -402,17 +463,26 @@ struct Sizer<'a> {
     g: &'a Graph,
     f: &'a Formed,
     fab: &'a Fabric,
-    dims: Vec<Option<(u32, u32, bool, bool)>>,
+    dims: Vec<Option<Dims>>,
     /// A vector kernel's width on several lanes (`None`: one lane only; dense: `None`).
     width: Vec<Option<u32>>,
     single_next: Vec<bool>,
+    /// A layer's fewest output lanes: those the vector kernel after it needs for its
+    /// lanes' memory to fit (1 when none does).
+    floor: Vec<u32>,
     periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<u64>>>,
+    /// Convolutions' periods by (kernel, columns, rows), as they are asked for.
+    convs: std::cell::RefCell<BTreeMap<(usize, u32, u32), u64>>,
 }
 
 impl<'a> Sizer<'a> {
     fn new(g: &'a Graph, f: &'a Formed, fab: &'a Fabric) -> Sizer<'a> {
         let nk = f.kernels.len();
-        let dims: Vec<_> = f.kernels.iter().map(|k| dense_dims(g, &k.kind)).collect();
+        let dims: Vec<_> = f
+            .kernels
+            .iter()
+            .map(|k| dense_dims(g, f, &k.kind))
+            .collect();
         let width: Vec<Option<u32>> = (0..nk)
             .map(|k| {
                 if dims[k].is_some() {
@@ -425,6 +495,20 @@ impl<'a> Sizer<'a> {
         let single_next = (0..nk)
             .map(|k| k + 1 < nk && dims[k + 1].is_none() && width[k + 1].is_none())
             .collect();
+        let words = fab.usable_bytes() / super::cost::WORD;
+        let floor = (0..nk)
+            .map(|k| match (dims[k], width.get(k + 1).copied().flatten()) {
+                (Some(_), Some(wd)) => (1..=wd)
+                    .filter(|&l| super::kernels::used(wd, l) == l)
+                    .find(|&l| {
+                        vector_of(g, f, k + 1, |_| CHAIN_COLOURS)
+                            .lane(l, 0)
+                            .is_ok_and(|lane| lane.program.words() <= words)
+                    })
+                    .unwrap_or(wd),
+                _ => 1,
+            })
+            .collect();
         Sizer {
             g,
             f,
@@ -432,8 +516,48 @@ impl<'a> Sizer<'a> {
             dims,
             width,
             single_next,
+            floor,
             periods: Default::default(),
+            convs: Default::default(),
         }
+    }
+
+    /// Layer `k`'s cycles per sample on `w x h` lanes, stalls aside: a product's by
+    /// formula, a convolution's from its first PE's program.
+    fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> u64 {
+        if !matches!(d.shape, Shape::Conv(_)) {
+            return dense_period(self.fab, d, w, h);
+        }
+        *self.convs.borrow_mut().entry((k, w, h)).or_insert_with(|| {
+            let layer = Dense {
+                k: d.k,
+                n: d.n,
+                shape: d.shape,
+                batch: self.f.batch,
+                train: d.train,
+                dx: d.dx,
+                vars: vec!["W".into()],
+                grad: "dW".into(),
+                hosts: Vec::new(),
+                update: Update::default(),
+            };
+            let (wc, hr) = layer.used(w, h);
+            let c = dense::Colours {
+                x: 4,
+                y: 5,
+                dy: 6,
+                dx: 7,
+                chain: [0, 1],
+                dchain: [2, 3],
+            };
+            let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
+            let mut scratch = Laid::default();
+            layer
+                .program(0, 0, (wc, hr), c, &mut scratch, (0, 0), ranges)
+                .map_or(u64::MAX / 4, |p| {
+                    super::cost::per_sample(self.fab, &p, self.f.batch, super::kernels::UPDATE)
+                })
+        })
     }
 
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
@@ -460,7 +584,7 @@ impl<'a> Sizer<'a> {
     fn periods(&self, lanes: &Lanes) -> Vec<u64> {
         (0..self.f.kernels.len())
             .map(|k| match self.dims[k] {
-                Some(d) => dense_period(self.fab, d, lanes.inp[k], lanes.out[k]),
+                Some(d) => self.layer_period(k, d, lanes.inp[k], lanes.out[k]),
                 None => self.vector_period(k, lanes.out[k]).unwrap_or(u64::MAX / 4),
             })
             .collect()
@@ -486,12 +610,13 @@ impl<'a> Sizer<'a> {
         }
     }
 
-    /// The output lanes a dense layer may take: 1 before a one-lane kernel.
+    /// The output lanes a dense layer may take: 1 before a one-lane kernel, else at
+    /// least its floor.
     fn rows(&self, k: usize, n: u32) -> Vec<u32> {
         if self.single_next[k] {
             vec![1]
         } else {
-            (1..=n.min(self.fab.height.max(self.fab.width))).collect()
+            (self.floor[k]..=n.min(self.fab.height.max(self.fab.width))).collect()
         }
     }
 
@@ -505,7 +630,7 @@ impl<'a> Sizer<'a> {
         let mut lanes = Lanes::new(nk);
         for k in 0..nk {
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
-            let Some(d @ (kk, nn, _, _)) = self.dims[k] else {
+            let Some(d) = self.dims[k] else {
                 let l = self.vector_lanes(k, prev, 1)?;
                 if prev.is_some_and(|p| p != l) || self.vector_period(k, l)? > t {
                     return None;
@@ -514,21 +639,22 @@ impl<'a> Sizer<'a> {
                 lanes.out[k] = l;
                 continue;
             };
+            let (kk, nn) = (d.k, d.n);
             let hs = self.rows(k, nn);
             // the next layer (past a strip) takes these rows as its columns: it must
             // still reach `t` on them
             let next = (k + 1..nk).find_map(|j| self.dims[j].map(|d| (j, d)));
             let reachable = |h: u32| match next {
-                Some((j, d2 @ (k2, n2, _, _))) => {
-                    used(k2, h) == h
+                Some((j, d2)) => {
+                    used(d2.k, h) == h
                         && self
-                            .rows(j, n2)
+                            .rows(j, d2.n)
                             .iter()
-                            .any(|&h2| dense_period(fab, d2, h, used(n2, h2)) <= t)
+                            .any(|&h2| self.layer_period(j, d2, h, used(d2.n, h2)) <= t)
                 }
                 None => true,
             };
-            let ok = |w: u32, h: u32| dense_period(fab, d, w, h) <= t && reachable(h);
+            let ok = |w: u32, h: u32| self.layer_period(k, d, w, h) <= t && reachable(h);
             let (w, h) = match prev {
                 None => {
                     let mut best: Option<(u32, u32)> = None;
@@ -589,12 +715,14 @@ impl<'a> Sizer<'a> {
         for k in 0..nk {
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
             match self.dims[k] {
-                Some((kk, nn, _, _)) => {
+                Some(Dims { k: kk, n: nn, .. }) => {
                     lanes.inp[k] = prev.unwrap_or_else(|| used(kk, kk.div_ceil(s)));
                     lanes.out[k] = if self.single_next[k] {
                         1
                     } else {
-                        used(nn, nn.div_ceil(s))
+                        // as many as the block size gives, or the floor, split evenly
+                        let l = used(nn, nn.div_ceil(s)).max(self.floor[k]);
+                        (l..=nn).find(|&l| used(nn, l) == l).unwrap_or(nn)
                     };
                     if used(kk, lanes.inp[k]) != lanes.inp[k] {
                         return Err(LayoutError::DoesNotFit(format!(
@@ -706,9 +834,15 @@ fn try_lanes(
             }
             let p = &placed[b];
             if !(b == 0 && matches!(f.kernels[b].kind, Kind::Dense { .. })) {
-                if p.w * p.h != 1 {
-                    return Err(unsupported(g, st.node, "an input into a kernel of several lanes past the first layer has no wafer layout yet".into(), "the wafer lays out chains of layers so far"));
+                if matches!(f.kernels[b].kind, Kind::Dense { .. }) {
+                    return Err(unsupported(
+                        g,
+                        st.node,
+                        "an input into a layer past the first has no wafer layout yet".into(),
+                        "the wafer lays out chains of layers so far",
+                    ));
                 }
+                // down the column to the strip's first lane (then along the strip)
                 path = (0..p.y).map(|y| (p.x, y)).collect();
             }
         }
@@ -781,9 +915,18 @@ fn try_lanes(
                 } else {
                     Update::default()
                 };
+                let Some(dims) = dense_dims(g, f, &kr.kind) else {
+                    return Err(unsupported(
+                        g,
+                        *fwd,
+                        "a layer without an output".into(),
+                        "give the convolution an output of at least one pixel",
+                    ));
+                };
                 let d = Dense {
-                    k: shape[0] as u32,
-                    n: shape[1] as u32,
+                    k: dims.k,
+                    n: dims.n,
+                    shape: dims.shape,
                     batch: f.batch,
                     train,
                     dx: bwd.is_some(),
@@ -821,9 +964,7 @@ fn try_lanes(
                     for port in &v.inputs {
                         // forward inputs from the frame's west, backward ones from its east
                         let from = if port.bwd { Dir::E } else { Dir::W };
-                        if paths.get(&port.node).is_some_and(|p| !p.is_empty())
-                            || (st_from_host(f, port.node) && k > 0)
-                        {
+                        if st_from_host(f, port.node) {
                             continue;
                         }
                         // a stream that goes on to the kernel beyond this strip (a
@@ -873,28 +1014,41 @@ fn try_lanes(
             let End::Kernel(b) = st.to[0] else { continue };
             let p = &placed[b];
             let mut lanes = Vec::new();
-            if b == 0 && matches!(f.kernels[b].kind, Kind::Dense { .. }) {
+            let mut channels = 0;
+            if let (0, Some(d)) = (b, dense_dims(g, f, &f.kernels[b].kind)) {
+                if let (Shape::Conv(_), Some((_, _, c))) = (d.shape, image(g, st.node)) {
+                    channels = c;
+                }
                 for i in 0..lanes_in[b] {
                     let (x, y) = p.orient.at((p.x, p.y), i, 0);
+                    let groups = split(d.k, lanes_in[b], i);
+                    let per_in = d.shape.per_in();
                     lanes.push(HostLane {
                         x,
                         y,
                         dir: p.orient.dir(Dir::N),
                         colour: c,
-                        elems: split(per, lanes_in[b], i),
+                        elems: groups.start * per_in..groups.end * per_in,
                     });
                 }
             } else {
+                // down the column, then through every lane of the strip (each keeps
+                // its share)
                 let path = &paths[&st.node];
-                let mut hops: Vec<(u32, u32)> = path.clone();
-                hops.push((p.x, p.y));
-                for (i, &(x, y)) in hops.iter().enumerate() {
-                    let tx = if i + 1 == hops.len() {
-                        Dir::Ramp
+                for &(x, y) in path {
+                    all.route((x, y), c, Route::new(Dir::N, &[Dir::S]))
+                        .map_err(LayoutError::DoesNotFit)?;
+                }
+                let n = lanes_out[b];
+                for l in 0..n {
+                    let at = p.orient.at((p.x, p.y), 0, l);
+                    let rx = if l == 0 { Dir::N } else { p.orient.dir(Dir::N) };
+                    let tx: &[Dir] = if l + 1 < n {
+                        &[Dir::Ramp, p.orient.dir(Dir::S)]
                     } else {
-                        Dir::S
+                        &[Dir::Ramp]
                     };
-                    all.route((x, y), c, Route::new(Dir::N, &[tx]))
+                    all.route(at, c, Route::new(rx, tx))
                         .map_err(LayoutError::DoesNotFit)?;
                 }
                 lanes.push(HostLane {
@@ -909,6 +1063,7 @@ fn try_lanes(
                 node: st.node.index() as u32,
                 name: stream_name(g, st.node),
                 per_sample: per,
+                channels,
                 lanes,
             });
         }
@@ -926,6 +1081,7 @@ fn try_lanes(
                 node: st.node.index() as u32,
                 name: stream_name(g, st.node),
                 per_sample: per,
+                channels: 0,
                 lanes: vec![HostLane {
                     x,
                     y: p.y,
@@ -940,6 +1096,9 @@ fn try_lanes(
     let words = fab.usable_bytes() / super::cost::WORD;
     if let Some(((x, y), (prog, _))) = all.pes.iter().max_by_key(|(_, (p, _))| p.words()) {
         if prog.words() > words {
+            if std::env::var_os("EST_WAFER_DEBUG").is_some() {
+                eprintln!("{:?}", prog.symbols);
+            }
             let k = placed
                 .iter()
                 .find(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
@@ -972,6 +1131,12 @@ fn try_lanes(
     check(&l)
         .map_err(|e| LayoutError::DoesNotFit(format!("an illegal layout (a bug in estc): {e}")))?;
     Ok(l)
+}
+
+/// A rank-4 value's height, width and channels.
+fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
+    let s = &g.ty(n).shape;
+    (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
 }
 
 /// Whether node `n` streams from the host.

@@ -1,7 +1,9 @@
-//! A dense layer `y = x W` (`k` inputs, `n` outputs) on a `w x h` frame, one sample at
-//! a time, on the checkerboard GEMV mapping of `../shared/wafer/design.md` §1.3: PE
-//! `(i, j)` holds the block of `W` whose rows are column `i`'s inputs and whose columns
-//! are row `j`'s outputs.
+//! A layer that multiplies a sample by a resident weight: a dense layer `y = x W` (`k`
+//! inputs, `n` outputs) or a 2-D convolution (`k` channels in, `n` out), on a `w x h`
+//! frame, one sample at a time, on the checkerboard GEMV mapping of
+//! `../shared/wafer/design.md` §1.3: PE `(i, j)` holds the block of `W` whose rows
+//! are column `i`'s inputs (features, or channels with their filter taps) and whose
+//! columns are row `j`'s outputs.
 //!
 //! - **Forward.** Column `i`'s slice of a sample enters at the north edge and is
 //!   multicast down the column; each PE stashes it (for the weight gradient) and
@@ -15,6 +17,13 @@
 //!   adds the outer product of the stashed `x` slice and `dy` to its block of `dW`.
 //! - **Update.** Once per step, launched by the host: the optimiser's elementwise code
 //!   over the PE's blocks of `W`, its slots and `dW` (which it then zeroes).
+//!
+//! Images travel planar: a sample's channels one after another, each an `h x w` plane
+//! row by row, so that a column's channels are one run of the stream. A convolution's
+//! PE pads its channels into planes of pitch `wp` and computes each output plane as
+//! one vector operation per (filter tap, input channel, output channel): the outputs
+//! of a plane, `wp` apart row to row, read the padded input at one offset (stride 1;
+//! the `wp - wo` words past each output row are computed and never sent).
 
 use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{Scratch, Update, Val};
@@ -22,12 +31,92 @@ use super::super::sim::Dir;
 use super::{split, used, Laid, Orient, Piece, UPDATE};
 use std::sync::Arc;
 
+/// What a layer computes with its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `y = x W`: `k` features in, `n` out.
+    Matmul,
+    /// `y = x W` of an image of `k` channels of `hw` pixels flattened in NHWC order
+    /// (`W`'s rows), which arrives planar.
+    Planar { hw: u32 },
+    /// A convolution of an image of `k` channels into one of `n`.
+    Conv(Geom),
+}
+
+/// A stride-1 convolution's geometry: input plane, filter, dilation, the padding
+/// before the first row and column, output plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geom {
+    pub h: u32,
+    pub w: u32,
+    pub r: u32,
+    pub s: u32,
+    pub dil: (u32, u32),
+    pub pad: (u32, u32),
+    pub ho: u32,
+    pub wo: u32,
+}
+
+impl Geom {
+    /// The geometry of an `h x w` input under an `r x s` filter, `same` or valid
+    /// padding (TensorFlow's: the odd padding after); `None` when no output is left.
+    pub fn new(h: u32, w: u32, (r, s): (u32, u32), dil: (u32, u32), same: bool) -> Option<Geom> {
+        let (er, es) = ((r - 1) * dil.0 + 1, (s - 1) * dil.1 + 1);
+        let (ho, wo, pad) = if same {
+            (h, w, ((er - 1) / 2, (es - 1) / 2))
+        } else {
+            (h.checked_sub(er - 1)?, w.checked_sub(es - 1)?, (0, 0))
+        };
+        (ho > 0 && wo > 0).then_some(Geom {
+            h,
+            w,
+            r,
+            s,
+            dil,
+            pad,
+            ho,
+            wo,
+        })
+    }
+
+    /// The padded input plane's rows and pitch (also the output planes' pitch).
+    pub fn hp(&self) -> u32 {
+        self.ho + (self.r - 1) * self.dil.0
+    }
+    pub fn wp(&self) -> u32 {
+        self.wo + (self.s - 1) * self.dil.1
+    }
+
+    /// The words an output plane spans at pitch `wp`: one vector operation's length.
+    pub fn span(&self) -> u32 {
+        (self.ho - 1) * self.wp() + self.wo
+    }
+}
+
+impl Shape {
+    /// A sample's elements per input group (feature or channel), and per output group.
+    pub fn per_in(&self) -> u32 {
+        match self {
+            Shape::Matmul => 1,
+            Shape::Planar { hw } => *hw,
+            Shape::Conv(g) => g.h * g.w,
+        }
+    }
+    pub fn per_out(&self) -> u32 {
+        match self {
+            Shape::Conv(g) => g.ho * g.wo,
+            _ => 1,
+        }
+    }
+}
+
 /// The layer's sizes, the samples of a step, and what it computes besides the forward
 /// pass.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dense {
     pub k: u32,
     pub n: u32,
+    pub shape: Shape,
     pub batch: u32,
     /// Whether it trains: the backward pass, the weight gradient and the update.
     pub train: bool,
@@ -82,6 +171,18 @@ impl Colours {
     }
 }
 
+/// `len` words at `base`, moved `step[d]` per iteration of the `d`th loop around it
+/// (and a slot's length per count of `by`'s counter).
+fn mem(base: u32, len: u32, stride: i32, step: &[u32], by: Option<(u8, i32)>) -> Dsd {
+    Dsd::Mem {
+        base,
+        len,
+        stride,
+        step: step.iter().map(|&s| s as i32).collect(),
+        by,
+    }
+}
+
 /// `len` words at `acc` set to zero.
 fn zero(acc: u32, len: u32) -> Instr {
     Instr::Vec {
@@ -105,12 +206,35 @@ fn macs(acc: u32, len: u32, count: u32, w: Dsd, x: Dsd) -> Instr {
     }
 }
 
-/// A chain's link: the `len` partial sums at `part`, plus those received on `recv` if
-/// any, sent on `send`.
-fn link(part: u32, len: u32, send: Colour, recv: Option<Colour>) -> Instr {
+/// `loops` nested loops (outermost first) around `body`.
+fn nest(loops: &[u32], body: Instr) -> Instr {
+    loops.iter().rev().fold(body, |b, &count| Instr::Loop {
+        count,
+        body: vec![b],
+    })
+}
+
+/// `dst += a * b` (element by element, `dst` and `a`/`b` as given) in the loops of a
+/// convolution's taps: filter row, filter column, input channel, output channel.
+fn taps(loops: [u32; 4], dst: Dsd, a: Dsd, b: Dsd) -> Instr {
+    nest(
+        &loops,
+        Instr::Vec {
+            op: VecOp::Fmac,
+            dst: dst.clone(),
+            srcs: vec![Src::V(dst), Src::V(a), Src::V(b)],
+        },
+    )
+}
+
+/// A chain's link: `rows` rows of `len` partial sums, the row `r` at `part + r *
+/// pitch` (one row at `part` when `rows` is 1), plus those received on `recv` if any,
+/// sent on `send`. `loops` nest the rows (their counts, and how far each moves `part`).
+fn link(part: u32, len: u32, loops: &[(u32, u32)], send: Colour, recv: Option<Colour>) -> Instr {
     let dst = Dsd::Out { colour: send, len };
-    let mine = Src::V(Dsd::mem(part, len));
-    match recv {
+    let steps: Vec<u32> = loops.iter().map(|l| l.1).collect();
+    let mine = Src::V(mem(part, len, 1, &steps, None));
+    let v = match recv {
         None => Instr::Vec {
             op: VecOp::Mov,
             dst,
@@ -121,7 +245,8 @@ fn link(part: u32, len: u32, send: Colour, recv: Option<Colour>) -> Instr {
             dst,
             srcs: vec![mine, Src::V(Dsd::In { colour, len })],
         },
-    }
+    };
+    nest(&loops.iter().map(|l| l.0).collect::<Vec<_>>(), v)
 }
 
 impl Dense {
@@ -130,6 +255,7 @@ impl Dense {
         Dense {
             k,
             n,
+            shape: Shape::Matmul,
             batch,
             train: false,
             dx: false,
@@ -146,9 +272,25 @@ impl Dense {
         (used(self.k, w), used(self.n, h))
     }
 
+    /// The rows of `W` (seen as `[rows, n]`) that a column with input groups `ks`
+    /// holds, in the order of its block: its features; its channels' pixels in NHWC
+    /// order; or its filter taps (row, column), then its channels.
+    fn rows(&self, ks: &std::ops::Range<u32>) -> Vec<u32> {
+        match self.shape {
+            Shape::Matmul => ks.clone().collect(),
+            Shape::Planar { hw } => ks
+                .clone()
+                .flat_map(|c| (0..hw).map(move |p| p * self.k + c))
+                .collect(),
+            Shape::Conv(g) => (0..g.r * g.s)
+                .flat_map(|t| ks.clone().map(move |c| t * self.k + c))
+                .collect(),
+        }
+    }
+
     /// Lays the layer out on a `w x h` frame at `origin`, oriented `o`. Column `i`
-    /// takes inputs `split(k, w, i)`; row `j` gives outputs `split(n, h, j)`, one
-    /// sample after another.
+    /// takes input groups `split(k, w, i)`; row `j` gives output groups
+    /// `split(n, h, j)`, one sample after another.
     pub fn lay(
         &self,
         origin: (u32, u32),
@@ -160,12 +302,10 @@ impl Dense {
         let mut laid = Laid::default();
         for i in 0..wc {
             let ks = split(self.k, wc, i);
-            let a = ks.len() as u32;
             for j in 0..hr {
                 let ns = split(self.n, hr, j);
-                let b = ns.len() as u32;
                 let at = o.at(origin, i, j);
-                let p = self.program(i, j, (wc, hr), (a, b), c, &mut laid, at, &ks, &ns)?;
+                let p = self.program(i, j, (wc, hr), c, &mut laid, at, (&ks, &ns))?;
                 let words = p.words() as usize;
                 laid.pes.insert(at, (Arc::new(p), vec![0.0; words]));
                 self.routes(i, j, (wc, hr), c, o, at, &mut laid)?;
@@ -174,35 +314,36 @@ impl Dense {
         Ok(laid)
     }
 
+    /// The program of PE `(i, j)` of a `wc x hr` frame, holding input groups `ks` and
+    /// output groups `ns` (the tensors it holds added to `laid`, at PE `at`).
     #[allow(clippy::too_many_arguments)]
-    fn program(
+    pub fn program(
         &self,
         i: u32,
         j: u32,
         (wc, hr): (u32, u32),
-        (a, b): (u32, u32),
         c: Colours,
         laid: &mut Laid,
         at: (u32, u32),
-        ks: &std::ops::Range<u32>,
-        ns: &std::ops::Range<u32>,
+        (ks, ns): (&std::ops::Range<u32>, &std::ops::Range<u32>),
     ) -> Result<Program, String> {
         let mut p = Program::default();
-        let block = |k0: u32| -> Vec<(u32, u32)> {
-            (0..a)
-                .map(|kk| ((k0 + kk) * self.n + ns.start, b))
-                .collect()
+        let b = ns.len() as u32;
+        let rows = self.rows(ks);
+        let block: Vec<(u32, u32)> = rows.iter().map(|&r| (r * self.n + ns.start, b)).collect();
+        let size = rows.len() as u32 * b;
+        let piece = |laid: &mut Laid, name: &str, word: u32, runs: Vec<(u32, u32)>| {
+            laid.tensors
+                .entry(name.to_string())
+                .or_default()
+                .push(Piece { pe: at, word, runs });
         };
         let nvars = if self.train { self.vars.len() } else { 1 };
         let mut vars = Vec::new();
         for name in &self.vars[..nvars] {
-            let base = p.alloc(name, a * b);
-            laid.tensors.entry(name.clone()).or_default().push(Piece {
-                pe: at,
-                word: base,
-                runs: block(ks.start),
-            });
-            vars.push(Val::buf(base, a * b));
+            let base = p.alloc(name, size);
+            piece(laid, name, base, block.clone());
+            vars.push(Val::buf(base, size));
         }
         let w = match vars[0] {
             Val::Buf { base, .. } => base,
@@ -210,43 +351,89 @@ impl Dense {
         };
         let mut hosts = Vec::new();
         let dw = if self.train {
-            let base = p.alloc(&self.grad, a * b);
-            laid.tensors
-                .entry(self.grad.clone())
-                .or_default()
-                .push(Piece {
-                    pe: at,
-                    word: base,
-                    runs: block(ks.start),
-                });
+            let base = p.alloc(&self.grad, size);
+            piece(laid, &self.grad, base, block.clone());
             for name in &self.hosts {
                 let base = p.alloc(name, 1);
-                laid.tensors.entry(name.clone()).or_default().push(Piece {
-                    pe: at,
-                    word: base,
-                    runs: vec![(0, 1)],
-                });
+                piece(laid, name, base, vec![(0, 1)]);
                 hosts.push(Val::buf(base, 1));
             }
             Some(base)
         } else {
             None
         };
+        let links = Links {
+            fwd: c.forward_link(i, wc),
+            bwd: c.backward_link(j, hr),
+        };
+        let a = ks.len() as u32;
+        let (fwd, bwd) = match self.shape {
+            Shape::Conv(g) => self.conv(&mut p, g, (a, b), w, dw, c, links),
+            _ => self.gemv(&mut p, a * self.shape.per_in(), b, w, dw, c, links),
+        };
+        let kind = if matches!(self.shape, Shape::Conv(_)) {
+            "conv"
+        } else {
+            "dense"
+        };
+        p.tasks.push(Task {
+            id: 0,
+            name: format!("{kind} forward"),
+            trigger: Trigger::Data(c.x),
+            body: fwd,
+        });
+        let Some(dw) = dw else {
+            return Ok(p);
+        };
+        p.tasks.push(Task {
+            id: 1,
+            name: format!("{kind} backward"),
+            trigger: Trigger::Data(c.dy),
+            body: bwd,
+        });
+        // the update, over the blocks
+        let mut scratch = Scratch::new(p.words());
+        let body = self
+            .update
+            .code(&vars, &[Val::buf(dw, size)], &hosts, size, &mut scratch)?;
+        if scratch.high > 0 {
+            p.alloc("scratch", scratch.high);
+        }
+        p.tasks.push(Task {
+            id: UPDATE,
+            name: format!("{kind} update"),
+            trigger: Trigger::Local { at_start: false },
+            body,
+        });
+        Ok(p)
+    }
+
+    /// The slot counter `k`'s stash descriptor offset for slots of `len` words (none
+    /// when the layer does not train: one slot).
+    fn by(&self, k: u8, len: u32) -> Option<(u8, i32)> {
+        self.train.then_some((k, len as i32))
+    }
+
+    /// A product's forward and backward bodies on a PE with `a` inputs and `b` outputs
+    /// (weight block at `w`, its gradient at `dw`).
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        p: &mut Program,
+        a: u32,
+        b: u32,
+        w: u32,
+        dw: Option<u32>,
+        c: Colours,
+        links: Links,
+    ) -> (Vec<Instr>, Vec<Instr>) {
         let slots = if self.train { self.batch } else { 1 };
         let xs = p.alloc("x stash", slots * a);
         let y = p.alloc("y", b);
-        let by = |k: u8| self.train.then_some((k, a as i32));
-        // forward
-        let mut body = vec![
+        let mut fwd = vec![
             Instr::Vec {
                 op: VecOp::Mov,
-                dst: Dsd::Mem {
-                    base: xs,
-                    len: a,
-                    stride: 1,
-                    step: vec![],
-                    by: by(0),
-                },
+                dst: mem(xs, a, 1, &[], self.by(0, a)),
                 srcs: vec![Src::V(Dsd::In {
                     colour: c.x,
                     len: a,
@@ -257,43 +444,20 @@ impl Dense {
                 y,
                 b,
                 a,
-                Dsd::Mem {
-                    base: w,
-                    len: b,
-                    stride: 1,
-                    step: vec![b as i32],
-                    by: None,
-                },
-                Dsd::Mem {
-                    base: xs,
-                    len: b,
-                    stride: 0,
-                    step: vec![1],
-                    by: by(0),
-                },
+                mem(w, b, 1, &[b], None),
+                mem(xs, b, 0, &[1], self.by(0, a)),
             ),
         ];
-        let (send, recv) = c.forward_link(i, wc);
-        body.push(link(y, b, send, recv));
+        let (send, recv) = links.fwd;
+        fwd.push(link(y, b, &[], send, recv));
         if self.train {
-            body.push(Instr::Count {
-                counter: 0,
-                every: self.batch,
-                then: None,
-            });
+            fwd.push(self.count(0));
         }
-        p.tasks.push(Task {
-            id: 0,
-            name: "dense forward".into(),
-            trigger: Trigger::Data(c.x),
-            body,
-        });
         let Some(dw) = dw else {
-            return Ok(p);
+            return (fwd, Vec::new());
         };
-        // backward
         let dy = p.alloc("dy", b);
-        let mut body = vec![Instr::Vec {
+        let mut bwd = vec![Instr::Vec {
             op: VecOp::Mov,
             dst: Dsd::mem(dy, b),
             srcs: vec![Src::V(Dsd::In {
@@ -303,85 +467,143 @@ impl Dense {
         }];
         if self.dx {
             let dxp = p.alloc("dx", a);
-            body.push(zero(dxp, a));
-            body.push(macs(
+            bwd.push(zero(dxp, a));
+            bwd.push(macs(
                 dxp,
                 a,
                 b,
-                Dsd::Mem {
-                    base: w,
-                    len: a,
-                    stride: b as i32,
-                    step: vec![1],
-                    by: None,
-                },
-                Dsd::Mem {
-                    base: dy,
-                    len: a,
-                    stride: 0,
-                    step: vec![1],
-                    by: None,
-                },
+                mem(w, a, b as i32, &[1], None),
+                mem(dy, a, 0, &[1], None),
             ));
-            let (send, recv) = c.backward_link(j, hr);
-            body.push(link(dxp, a, send, recv));
+            let (send, recv) = links.bwd;
+            bwd.push(link(dxp, a, &[], send, recv));
         }
-        body.push(Instr::Loop {
+        let g = mem(dw, b, 1, &[b], None);
+        bwd.push(Instr::Loop {
             count: a,
             body: vec![Instr::Vec {
                 op: VecOp::Fmac,
-                dst: Dsd::Mem {
-                    base: dw,
-                    len: b,
-                    stride: 1,
-                    step: vec![b as i32],
-                    by: None,
-                },
+                dst: g.clone(),
                 srcs: vec![
-                    Src::V(Dsd::Mem {
-                        base: dw,
-                        len: b,
-                        stride: 1,
-                        step: vec![b as i32],
-                        by: None,
-                    }),
+                    Src::V(g),
                     Src::V(Dsd::mem(dy, b)),
-                    Src::V(Dsd::Mem {
-                        base: xs,
-                        len: b,
-                        stride: 0,
-                        step: vec![1],
-                        by: by(1),
-                    }),
+                    Src::V(mem(xs, b, 0, &[1], self.by(1, a))),
                 ],
             }],
         });
-        body.push(Instr::Count {
-            counter: 1,
+        bwd.push(self.count(1));
+        (fwd, bwd)
+    }
+
+    /// A convolution's forward and backward bodies on a PE with `a` input channels and
+    /// `b` output channels (filter block at `w` as `[r][s][a][b]`, its gradient at `dw`).
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &self,
+        p: &mut Program,
+        g: Geom,
+        (a, b): (u32, u32),
+        w: u32,
+        dw: Option<u32>,
+        c: Colours,
+        links: Links,
+    ) -> (Vec<Instr>, Vec<Instr>) {
+        let (hp, wp, span) = (g.hp(), g.wp(), g.span());
+        let (plane_in, plane_pad, plane_out) = (g.h * g.w, hp * wp, g.ho * wp);
+        let slots = if self.train { self.batch } else { 1 };
+        let xs = p.alloc("x stash", slots * a * plane_in);
+        // the padded input (its border stays zero), also the input gradient's planes
+        let xp = p.alloc("padded x", a * plane_pad);
+        // the output planes at pitch wp, also the output gradient's
+        let y = p.alloc("y", b * plane_out);
+        let inner = g.pad.0 * wp + g.pad.1;
+        // the stashed slot's channels into the padded planes' interiors
+        let pad = |k: u8| {
+            nest(
+                &[a, g.h],
+                Instr::Vec {
+                    op: VecOp::Mov,
+                    dst: mem(xp + inner, g.w, 1, &[plane_pad, wp], None),
+                    srcs: vec![Src::V(mem(
+                        xs,
+                        g.w,
+                        1,
+                        &[plane_in, g.w],
+                        self.by(k, a * plane_in),
+                    ))],
+                },
+            )
+        };
+        let tap_loops = [g.r, g.s, a, b];
+        let wt = mem(w, span, 0, &[g.s * a * b, a * b, b, 1], None);
+        let xin = mem(xp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
+        let yout = mem(y, span, 1, &[0, 0, 0, plane_out], None);
+        let mut fwd = vec![
+            Instr::Vec {
+                op: VecOp::Mov,
+                dst: mem(xs, a * plane_in, 1, &[], self.by(0, a * plane_in)),
+                srcs: vec![Src::V(Dsd::In {
+                    colour: c.x,
+                    len: a * plane_in,
+                })],
+            },
+            pad(0),
+            zero(y, b * plane_out),
+            taps(tap_loops, yout.clone(), wt.clone(), xin.clone()),
+        ];
+        let (send, recv) = links.fwd;
+        fwd.push(link(y, g.wo, &[(b * g.ho, wp)], send, recv));
+        if self.train {
+            fwd.push(self.count(0));
+        }
+        let Some(dw) = dw else {
+            return (fwd, Vec::new());
+        };
+        // the output gradient into the output planes (the words past each row zero)
+        let mut bwd = vec![
+            zero(y, b * plane_out),
+            nest(
+                &[b * g.ho],
+                Instr::Vec {
+                    op: VecOp::Mov,
+                    dst: mem(y, g.wo, 1, &[wp], None),
+                    srcs: vec![Src::V(Dsd::In {
+                        colour: c.dy,
+                        len: g.wo,
+                    })],
+                },
+            ),
+        ];
+        if self.dx {
+            // the input gradient: each output's gradient back through every tap
+            bwd.push(zero(xp, a * plane_pad));
+            bwd.push(taps(tap_loops, xin.clone(), wt, yout.clone()));
+            let (send, recv) = links.bwd;
+            bwd.push(link(
+                xp + inner,
+                g.w,
+                &[(a, plane_pad), (g.h, wp)],
+                send,
+                recv,
+            ));
+            bwd.push(zero(xp, a * plane_pad));
+        }
+        // the filter's gradient: per tap, the dot product of the shifted input and the
+        // output gradient
+        bwd.push(pad(1));
+        let acc = mem(dw, span, 0, &[g.s * a * b, a * b, b, 1], None);
+        bwd.push(taps(tap_loops, acc, xin, yout));
+        bwd.push(self.count(1));
+        (fwd, bwd)
+    }
+
+    /// The count of counter `k` (0 forward, 1 backward) that moves the stash's slot.
+    fn count(&self, k: u8) -> Instr {
+        Instr::Count {
+            counter: k,
             every: self.batch,
             then: None,
-        });
-        p.tasks.push(Task {
-            id: 1,
-            name: "dense backward".into(),
-            trigger: Trigger::Data(c.dy),
-            body,
-        });
-        // the update, over the blocks
-        let mut scratch = Scratch::new(p.words());
-        let body = self
-            .update
-            .code(&vars, &[Val::buf(dw, a * b)], &hosts, a * b, &mut scratch)?;
-        if scratch.high > 0 {
-            p.alloc("scratch", scratch.high);
         }
-        p.tasks.push(Task {
-            id: UPDATE,
-            name: "dense update".into(),
-            trigger: Trigger::Local { at_start: false },
-            body,
-        });
-        Ok(p)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -428,6 +650,14 @@ impl Dense {
         }
         Ok(())
     }
+}
+
+/// A PE's links in the forward chain and in the input gradients' chain: the colours it
+/// sends on and receives on.
+#[derive(Debug, Clone, Copy)]
+struct Links {
+    fwd: (Colour, Option<Colour>),
+    bwd: (Colour, Option<Colour>),
 }
 
 #[cfg(test)]
@@ -498,6 +728,10 @@ mod tests {
     ) -> Run {
         let f = Fabric::named("test32").unwrap();
         let (wc, hr) = d.used(w, h);
+        // a sample's inputs and outputs, and each lane's
+        let (pi, po) = (d.shape.per_in(), d.shape.per_out());
+        let (kk, nn) = (d.k * pi, d.n * po);
+        let scaled = |r: std::ops::Range<u32>, by: u32| r.start * by..r.end * by;
         let (fw, fh) = o.size(wc, hr);
         // inputs at the fabric's edge, outputs off the opposite one
         let origin = match o {
@@ -540,23 +774,23 @@ mod tests {
             });
         }
         for i in 0..wc {
-            let ks = split(d.k, wc, i);
+            let ks = scaled(split(d.k, wc, i), pi);
             let values: Vec<f32> = (0..d.batch)
-                .flat_map(|s| ks.clone().map(move |k| x[(s * d.k + k) as usize]))
+                .flat_map(|s| ks.clone().map(move |k| x[(s * kk + k) as usize]))
                 .collect();
             let (px, py) = o.at(origin, i, 0);
             assert!(sim.feed(px, py, C.x, &values));
         }
         let forward = sim.run().unwrap();
-        let mut y = vec![f32::NAN; (d.batch * d.n) as usize];
+        let mut y = vec![f32::NAN; (d.batch * nn) as usize];
         for j in 0..hr {
-            let ns = split(d.n, hr, j);
+            let ns = scaled(split(d.n, hr, j), po);
             let (px, py) = o.at(origin, wc - 1, j);
             let out = sim.output(px, py, o.dir(Dir::E), C.y);
             assert_eq!(out.len() as u32, d.batch * ns.len() as u32);
             for (t, &(_, v)) in out.iter().enumerate() {
                 let (s, m) = (t as u32 / ns.len() as u32, t as u32 % ns.len() as u32);
-                y[(s * d.n + ns.start + m) as usize] = v;
+                y[(s * nn + ns.start + m) as usize] = v;
             }
         }
         let mut r = Run {
@@ -570,28 +804,28 @@ mod tests {
             return r;
         }
         for j in 0..hr {
-            let ns = split(d.n, hr, j);
+            let ns = scaled(split(d.n, hr, j), po);
             let values: Vec<f32> = (0..d.batch)
-                .flat_map(|s| ns.clone().map(move |n| dy[(s * d.n + n) as usize]))
+                .flat_map(|s| ns.clone().map(move |n| dy[(s * nn + n) as usize]))
                 .collect();
             let (px, py) = o.at(origin, wc - 1, j);
             assert!(sim.feed(px, py, C.dy, &values));
         }
         sim.run().unwrap();
         if d.dx {
-            r.dx = vec![f32::NAN; (d.batch * d.k) as usize];
+            r.dx = vec![f32::NAN; (d.batch * kk) as usize];
             for i in 0..wc {
-                let ks = split(d.k, wc, i);
+                let ks = scaled(split(d.k, wc, i), pi);
                 let (px, py) = o.at(origin, i, 0);
                 let out = sim.output(px, py, o.dir(Dir::N), C.dx);
                 assert_eq!(out.len() as u32, d.batch * ks.len() as u32);
                 for (t, &(_, v)) in out.iter().enumerate() {
                     let (s, m) = (t as u32 / ks.len() as u32, t as u32 % ks.len() as u32);
-                    r.dx[(s * d.k + ks.start + m) as usize] = v;
+                    r.dx[(s * kk + ks.start + m) as usize] = v;
                 }
             }
         }
-        let kn = (d.k * d.n) as usize;
+        let kn = weights.len();
         r.dw = gather(&laid.tensors["dW"], kn, |(x, y)| sim.memory(x, y));
         for (x, y) in laid.pes.keys() {
             assert!(sim.launch(*x, *y, UPDATE));
@@ -609,6 +843,7 @@ mod tests {
         Dense {
             k,
             n,
+            shape: Shape::Matmul,
             batch,
             train: true,
             dx,
@@ -678,6 +913,102 @@ mod tests {
                     let after = std::iter::once(w64(kk * n + m)).chain(g.map(|v| -0.25 * v));
                     close(r.w[(kk * n + m) as usize], after, 1e-5)
                         .map_err(|e| TestCaseError::fail(format!("W[{kk}][{m}] = {e}")))?;
+                }
+            }
+        }
+    }
+
+    /// The input pixel under output `(oh, ow)` at filter tap `(r, s)`, if inside.
+    fn under(g: &Geom, (oh, ow): (u32, u32), (r, s): (u32, u32)) -> Option<(u32, u32)> {
+        let ih = (oh + r * g.dil.0)
+            .checked_sub(g.pad.0)
+            .filter(|&v| v < g.h)?;
+        let iw = (ow + s * g.dil.1)
+            .checked_sub(g.pad.1)
+            .filter(|&v| v < g.w)?;
+        Some((ih, iw))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+        /// A convolution's forward pass, input and filter gradients and an SGD update,
+        /// against the same sums in f64 (planar images, an HWIO filter): within 1e-5
+        /// of the sum of the terms' magnitudes.
+        #[test]
+        fn a_convolution_equals_the_sums(
+            k in 1u32..5, n in 1u32..5, h in 1u32..9, w in 1u32..9, r in 1u32..4, s in 1u32..4,
+            dil in (1u32..3, 1u32..3), same in any::<bool>(), batch in 1u32..3,
+            fw in 1u32..4, fh in 1u32..4, seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
+        ) {
+            let Some(g) = Geom::new(h, w, (r, s), dil, same) else {
+                return Ok(());
+            };
+            let mut d = trained(k, n, batch, dx);
+            d.shape = Shape::Conv(g);
+            let (pi, po) = (h * w, g.ho * g.wo);
+            let taps = r * s;
+            let x = uniforms(seed, 0, batch * k * pi);
+            let wt = uniforms(seed, 1 << 20, taps * k * n);
+            let dy = uniforms(seed, 2 << 20, batch * n * po);
+            let o = if west { Orient::West } else { Orient::North };
+            let run = run(&d, o, (fw, fh), &x, &dy, &wt, 0.25);
+            let xv = |b: u32, c: u32, (ih, iw): (u32, u32)| f64::from(x[(((b * k + c) * h + ih) * w + iw) as usize]);
+            let wv = |t: u32, c: u32, m: u32| f64::from(wt[((t * k + c) * n + m) as usize]);
+            let dyv = |b: u32, m: u32, oh: u32, ow: u32| f64::from(dy[(((b * n + m) * g.ho + oh) * g.wo + ow) as usize]);
+            let at = |t: u32| (t / s, t % s);
+            for b in 0..batch {
+                for m in 0..n {
+                    for oh in 0..g.ho {
+                        for ow in 0..g.wo {
+                            let terms: Vec<f64> = (0..taps).flat_map(|t| (0..k).filter_map(move |c| under(&g, (oh, ow), at(t)).map(|p| xv(b, c, p) * wv(t, c, m)))).collect();
+                            close(run.y[(((b * n + m) * g.ho + oh) * g.wo + ow) as usize], terms.into_iter(), 1e-5)
+                                .map_err(|e| TestCaseError::fail(format!("y[{b}][{m}][{oh}][{ow}] = {e}")))?;
+                        }
+                    }
+                }
+                if dx {
+                    for c in 0..k {
+                        for ih in 0..h {
+                            for iw in 0..w {
+                                let mut terms = Vec::new();
+                                for t in 0..taps {
+                                    for m in 0..n {
+                                        for oh in 0..g.ho {
+                                            for ow in 0..g.wo {
+                                                if under(&g, (oh, ow), at(t)) == Some((ih, iw)) {
+                                                    terms.push(dyv(b, m, oh, ow) * wv(t, c, m));
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                                close(run.dx[(((b * k + c) * h + ih) * w + iw) as usize], terms.into_iter(), 1e-5)
+                                    .map_err(|e| TestCaseError::fail(format!("dx[{b}][{c}][{ih}][{iw}] = {e}")))?;
+                            }
+                        }
+                    }
+                }
+            }
+            for t in 0..taps {
+                for c in 0..k {
+                    for m in 0..n {
+                        let mut terms = Vec::new();
+                        for b in 0..batch {
+                            for oh in 0..g.ho {
+                                for ow in 0..g.wo {
+                                    if let Some(p) = under(&g, (oh, ow), at(t)) {
+                                        terms.push(xv(b, c, p) * dyv(b, m, oh, ow));
+                                    }
+                                }
+                            }
+                        }
+                        let i = ((t * k + c) * n + m) as usize;
+                        close(run.dw[i], terms.iter().copied(), 1e-5)
+                            .map_err(|e| TestCaseError::fail(format!("dW[{t}][{c}][{m}] = {e}")))?;
+                        let after = std::iter::once(wv(t, c, m)).chain(terms.iter().map(|v| -0.25 * v));
+                        close(run.w[i], after, 1e-5)
+                            .map_err(|e| TestCaseError::fail(format!("W[{t}][{c}][{m}] = {e}")))?;
+                    }
                 }
             }
         }

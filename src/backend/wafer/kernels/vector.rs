@@ -19,13 +19,21 @@ use super::{split, Piece, UPDATE};
 use crate::ir::{Graph, NodeIndex, Op, ReduceOp};
 use std::collections::BTreeMap;
 
-/// A stream of a vector kernel: the node, its colour, and whether it is part of the
-/// backward pass.
+/// A stream of a vector kernel: the node, its colour, whether it is part of the
+/// backward pass, and whether every lane receives the whole sample (a stream from the
+/// host, multicast along the strip) and keeps its share.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Port {
     pub node: NodeIndex,
     pub colour: Colour,
     pub bwd: bool,
+    pub whole: bool,
+}
+
+/// A rank-4 (image) value's shape: height, width, channels.
+fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
+    let s = &g.ty(n).shape;
+    (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
 }
 
 /// Kernel `k` of a formed graph, a vector kernel, with its streams.
@@ -47,6 +55,18 @@ pub struct Lane {
 const SLOT_BASE: u8 = 0;
 
 impl Vector<'_> {
+    /// The image a sample value is: its own shape's, or (a vector a layer sends back
+    /// for an image it flattened) the shape this kernel reads it as.
+    fn image(&self, n: NodeIndex) -> Option<(u32, u32, u32)> {
+        image(self.g, n).or_else(|| {
+            self.nodes()
+                .iter()
+                .flat_map(|&u| self.g.operands(u))
+                .find(|&o| o != n && self.f.resolve(o) == n && image(self.g, o).is_some())
+                .and_then(|o| image(self.g, o))
+        })
+    }
+
     fn nodes(&self) -> &[NodeIndex] {
         match &self.f.kernels[self.k].kind {
             Kind::Vector { nodes } => nodes,
@@ -56,32 +76,42 @@ impl Vector<'_> {
 
     /// The width `N` its samples' features have, when it can run on several lanes:
     /// every value it computes is a sample's `N` features or a sum of them over the
-    /// batch, by elementwise ops.
+    /// batch, by elementwise ops; or every value is an image of `N` channels (or a sum
+    /// of one over the batch and its pixels, per channel), by elementwise ops and
+    /// pooling, and each lane holds some channels' planes.
     pub fn width(&self) -> Option<u32> {
         let g = self.g;
         let b = self.f.batch as usize;
         let mut width = None;
-        let mut agree = |n: usize| match width {
+        // the width, and whether it counts an image's channels
+        let mut agree = |n: usize, planes: bool| match width {
             None => {
-                width = Some(n);
+                width = Some((n, planes));
                 true
             }
-            Some(w) => w == n,
+            Some(w) => w == (n, planes),
         };
         for &n in self.nodes() {
             let node = g.node(n);
+            let src = g.operands(n).first().map(|&o| self.f.resolve(o));
             let ok = match self.f.class[n.index()] {
+                Class::Sample if node.ty.rank() == 4 => {
+                    agree(node.ty.shape[3], true)
+                        && (lower::elementwise(&node.op) || pooling(&node.op))
+                }
                 Class::Sample => {
                     node.ty.rank() == 2
                         && node.ty.shape[0] == b
-                        && agree(node.ty.shape[1])
+                        && agree(node.ty.shape[1], false)
                         && (lower::elementwise(&node.op)
                             || matches!(node.op, Op::CheckIndices { .. }))
                 }
                 Class::Batch => {
+                    let planes = src.is_some_and(|s| g.ty(s).rank() == 4);
+                    let axes: &[usize] = if planes { &[0, 1, 2] } else { &[0] };
                     node.ty.rank() == 1
-                        && agree(node.ty.shape[0])
-                        && matches!(&node.op, Op::Reduce { axes, .. } if axes.as_slice() == [0])
+                        && agree(node.ty.shape[0], planes)
+                        && matches!(&node.op, Op::Reduce { axes: a, .. } if a.as_slice() == axes)
                 }
                 _ => true,
             };
@@ -91,17 +121,26 @@ impl Vector<'_> {
         }
         for p in &self.inputs {
             let ty = g.ty(p.node);
-            if !(ty.rank() == 2 && agree(ty.shape[1])) {
+            let ok = match (self.image(p.node), ty.rank()) {
+                (Some((_, _, c)), _) => agree(c as usize, true),
+                (None, 2) => agree(ty.shape[1], false),
+                _ => false,
+            };
+            if !ok {
                 return None;
             }
         }
-        width.map(|w| w as u32)
+        width.map(|w| w.0 as u32)
     }
 
     /// The elements of node `n` on lane `lane` of `lanes`: a sample's share of a
     /// sample value, a variable's or sum's share, or one.
     fn extent(&self, n: NodeIndex, lanes: u32, lane: u32) -> u32 {
         let ty = self.g.ty(n);
+        if let (Some((h, w, c)), Class::Sample) = (self.image(n), self.f.class[n.index()]) {
+            // some channels' planes
+            return split(c, lanes, lane).len() as u32 * h * w;
+        }
         let per = match self.f.class[n.index()] {
             Class::Sample | Class::SampleT => ty.shape.iter().skip(1).product::<usize>(),
             _ => ty.elements(),
@@ -140,6 +179,34 @@ impl Vector<'_> {
                 .max()
                 .unwrap_or(0);
             ph.insert(n, p);
+        }
+        // a forward value only the backward task reads is computed there, from what it
+        // reads (which the backward task then stashes instead, if anything: one value
+        // of the same size, or none, since it reads stashed values)
+        let mine: std::collections::BTreeSet<NodeIndex> = self.nodes().iter().copied().collect();
+        for &n in self.nodes().iter().rev() {
+            let node = self.g.node(n);
+            if ph.get(&n) != Some(&0)
+                || self.f.class[n.index()] != Class::Sample
+                || !lower::elementwise(&node.op)
+                || self.outputs.iter().any(|o| o.node == n)
+            {
+                continue;
+            }
+            let mut users = self
+                .g
+                .g
+                .neighbors_directed(n, petgraph::Direction::Outgoing)
+                .peekable();
+            let late = users.peek().is_some()
+                && users.all(|u| mine.contains(&u) && ph.get(&u) == Some(&1));
+            let small = self.g.operands(n).iter().all(|&o| {
+                let o = self.f.resolve(o);
+                constant(self.g, o).is_some() || self.g.ty(o).elements() == node.ty.elements()
+            });
+            if late && small {
+                ph.insert(n, 1);
+            }
         }
         ph
     }
@@ -221,6 +288,11 @@ impl Vector<'_> {
             let ext = self.extent(n, lanes, lane);
             stash.insert(n, (p.alloc(&format!("{} stash", key(n)), batch * ext), ext));
         }
+        let junk = if self.inputs.iter().any(|i| i.whole) {
+            p.alloc("dropped", 1)
+        } else {
+            0
+        };
         let mut scratch = Scratch::new(p.words());
         let has_bwd = self.inputs.iter().any(|i| i.bwd);
         let turnaround: Vec<Port> = (self.outputs.iter())
@@ -257,6 +329,31 @@ impl Vector<'_> {
                     Some(&v) if stash.contains_key(&i.node) => v,
                     _ => scratch.alloc(ext),
                 };
+                // a whole sample: the words before and after this lane's share dropped
+                let (before, after) = if i.whole {
+                    let all = self.extent(i.node, 1, 0);
+                    let start = self.runs(i.node, lanes, lane).first().map_or(0, |r| r.0);
+                    (start, all - start - ext)
+                } else {
+                    (0, 0)
+                };
+                let drop = |len: u32| Instr::Vec {
+                    op: VecOp::Mov,
+                    dst: Dsd::Mem {
+                        base: junk,
+                        len,
+                        stride: 0,
+                        step: Vec::new(),
+                        by: None,
+                    },
+                    srcs: vec![Src::V(Dsd::In {
+                        colour: i.colour,
+                        len,
+                    })],
+                };
+                if before > 0 {
+                    body.push(drop(before));
+                }
                 body.push(Instr::Vec {
                     op: VecOp::Mov,
                     dst: dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext)),
@@ -265,6 +362,9 @@ impl Vector<'_> {
                         len: ext,
                     })],
                 });
+                if after > 0 {
+                    body.push(drop(after));
+                }
                 cur.insert(i.node, dst);
             }
             let mut means = Vec::new();
@@ -444,10 +544,12 @@ impl Vector<'_> {
             let per = self.extent(src, lanes, lane);
             let part = if per == acc.elements() {
                 args[0]
-            } else if acc.elements() == 1 {
-                let t = scratch.alloc(1);
-                body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], 1));
-                body.push(reduce_rows(VecOp::Add, t, args[0], 1, per));
+            } else if acc.elements() == 1 || per.is_multiple_of(acc.elements()) {
+                // over the whole sample, or (an image) over each channel's plane
+                let rows = acc.elements();
+                let t = scratch.alloc(rows);
+                body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], rows));
+                body.push(reduce_rows(VecOp::Add, t, args[0], rows, per / rows));
                 t
             } else {
                 return Err(format!(
@@ -474,7 +576,32 @@ impl Vector<'_> {
         match &node.op {
             op if lower::elementwise(op) => {
                 let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
+                // an image's per-channel operands (a bias) spread over their planes
+                let mut args = args;
+                if let Some((h, w, _)) = image(g, n) {
+                    for a in &mut args {
+                        let cl = a.elements();
+                        if cl > 1 && cl * h * w == ext {
+                            let t = scratch.alloc(ext);
+                            body.push(spread(t, *a, cl, h * w));
+                            *a = t;
+                        }
+                    }
+                }
                 lower::emit(op, dst, &args, ext, (from, node.ty.dtype), body)?;
+            }
+            op if pooling(op) => {
+                // the image pooled and the pooled one
+                let (x, y) = match op {
+                    Op::MaxPool2d(_) | Op::AvgPool2d(_) => (f.resolve(ops[0]), n),
+                    Op::MaxPool2dGrad(_) => (n, f.resolve(ops[1])),
+                    _ => (n, f.resolve(ops[0])),
+                };
+                let (Some(x), Some(y)) = (self.image(x), self.image(y)) else {
+                    return Err(format!("`{}` of values not images", op.name()));
+                };
+                let cl = split(x.2, lanes, lane).len() as u32;
+                pool(op, dst, &args, cl, (x.0, x.1), (y.0, y.1), scratch, body)?;
             }
             Op::Reshape | Op::BroadcastTo => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
@@ -567,6 +694,179 @@ impl Vector<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether an op pools an image (or is pooling's gradient).
+fn pooling(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::MaxPool2d(_) | Op::AvgPool2d(_) | Op::MaxPool2dGrad(_) | Op::AvgPool2dGrad(_)
+    )
+}
+
+/// `len` words of `v` from word `off` on, `stride` apart, moved `step[d]` per
+/// iteration of the `d`th loop around it (in `v`'s slot, if it has one).
+fn view(v: Val, off: u32, len: u32, stride: u32, step: &[u32]) -> Src {
+    match v {
+        Val::Buf {
+            base,
+            len: whole,
+            slot,
+        } => Src::V(Dsd::Mem {
+            base: base + off,
+            len,
+            stride: stride as i32,
+            step: step.iter().map(|&s| s as i32).collect(),
+            by: slot.map(|c| (c, whole as i32)),
+        }),
+        Val::Imm(x) => Src::Imm(x),
+    }
+}
+
+/// `op` over `rows x cols` elements, as `rows` vector operations of `cols` (`dst` and
+/// each source a view per row: the first row's offset, stride and step).
+fn rows_of(op: VecOp, (channels, rows): (u32, u32), dst: Src, srcs: Vec<Src>) -> Instr {
+    let Src::V(dst) = dst else {
+        return Instr::Loop {
+            count: 0,
+            body: Vec::new(),
+        };
+    };
+    Instr::Loop {
+        count: channels,
+        body: vec![Instr::Loop {
+            count: rows,
+            body: vec![Instr::Vec { op, dst, srcs }],
+        }],
+    }
+}
+
+/// `t` = each of the `cl` words of `v` repeated over a plane of `hw`.
+fn spread(t: Val, v: Val, cl: u32, hw: u32) -> Instr {
+    let (Src::V(dst), src) = (view(t, 0, hw, 1, &[hw]), view(v, 0, hw, 0, &[1])) else {
+        return Instr::Loop {
+            count: 0,
+            body: Vec::new(),
+        };
+    };
+    Instr::Loop {
+        count: cl,
+        body: vec![Instr::Vec {
+            op: VecOp::Mov,
+            dst,
+            srcs: vec![src],
+        }],
+    }
+}
+
+/// A pooling (or its gradient) over `cl` planes of `x` (`h x w`, the image pooled)
+/// into `y` (`ho x wo`): `dst` is `y` (pooling) or `x` (a gradient); `args` the op's
+/// operands. Valid windows only (a `same` pooling whose windows need no padding is
+/// one).
+#[allow(clippy::too_many_arguments)]
+fn pool(
+    op: &Op,
+    dst: Val,
+    args: &[Val],
+    cl: u32,
+    (h, w): (u32, u32),
+    (ho, wo): (u32, u32),
+    scratch: &mut Scratch,
+    body: &mut Vec<Instr>,
+) -> Result<(), String> {
+    let (Op::MaxPool2d(p) | Op::AvgPool2d(p) | Op::MaxPool2dGrad(p) | Op::AvgPool2dGrad(p)) = op
+    else {
+        return Err(format!("`{}` is no pooling", op.name()));
+    };
+    let ([kh, kw], [sh, sw]) = (p.window.map(|v| v as u32), p.strides.map(|v| v as u32));
+    if (ho - 1) * sh + kh > h || (wo - 1) * sw + kw > w {
+        return Err(format!(
+            "`{}` whose windows cross the image's border (padding)",
+            op.name()
+        ));
+    }
+    let dims = (cl, ho);
+    // a window position's input pixels, per output row; an output row
+    let win = |v: Val, (r, c): (u32, u32)| view(v, r * w + c, wo, sw, &[h * w, sh * w]);
+    let out = |v: Val| view(v, 0, wo, 1, &[ho * wo, wo]);
+    let taps: Vec<(u32, u32)> = (0..kh).flat_map(|r| (0..kw).map(move |c| (r, c))).collect();
+    let area = Val::Imm(1.0 / (kh * kw) as f32);
+    // the maximum of each window of `x` into `m`
+    let max = |m: Val, x: Val, body: &mut Vec<Instr>| {
+        for (i, &t) in taps.iter().enumerate() {
+            let (v, srcs) = if i == 0 {
+                (VecOp::Mov, vec![win(x, t)])
+            } else {
+                (VecOp::Max, vec![out(m), win(x, t)])
+            };
+            body.push(rows_of(v, dims, out(m), srcs));
+        }
+    };
+    match op {
+        Op::MaxPool2d(_) => max(dst, args[0], body),
+        Op::AvgPool2d(_) => {
+            for (i, &t) in taps.iter().enumerate() {
+                let (v, srcs) = if i == 0 {
+                    (VecOp::Mov, vec![win(args[0], t)])
+                } else {
+                    (VecOp::Add, vec![out(dst), win(args[0], t)])
+                };
+                body.push(rows_of(v, dims, out(dst), srcs));
+            }
+            body.push(rows_of(
+                VecOp::Mul,
+                dims,
+                out(dst),
+                vec![out(dst), area.src(1)],
+            ));
+        }
+        Op::MaxPool2dGrad(_) => {
+            // the gradient goes to each window's first maximum
+            let (x, dy) = (args[0], args[1]);
+            let n = cl * ho * wo;
+            let (m, taken, hit) = (scratch.alloc(n), scratch.alloc(n), scratch.alloc(n));
+            max(m, x, body);
+            body.push(vec(VecOp::Mov, taken, &[Val::Imm(0.0)], n));
+            body.push(vec(VecOp::Mov, dst, &[Val::Imm(0.0)], dst.elements()));
+            for &t in &taps {
+                body.push(rows_of(VecOp::Eq, dims, out(hit), vec![win(x, t), out(m)]));
+                body.push(rows_of(
+                    VecOp::Sel,
+                    dims,
+                    out(hit),
+                    vec![out(taken), Src::Imm(0.0), out(hit)],
+                ));
+                body.push(rows_of(
+                    VecOp::Add,
+                    dims,
+                    out(taken),
+                    vec![out(taken), out(hit)],
+                ));
+                body.push(rows_of(
+                    VecOp::Fmac,
+                    dims,
+                    win(dst, t),
+                    vec![win(dst, t), out(hit), out(dy)],
+                ));
+            }
+            scratch.release(hit);
+            scratch.release(taken);
+            scratch.release(m);
+        }
+        _ => {
+            let dy = args[0];
+            body.push(vec(VecOp::Mov, dst, &[Val::Imm(0.0)], dst.elements()));
+            for &t in &taps {
+                body.push(rows_of(
+                    VecOp::Fmac,
+                    dims,
+                    win(dst, t),
+                    vec![win(dst, t), out(dy), area.src(1)],
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A shape's elements as rows: those before the reduced axes and those in them (the
