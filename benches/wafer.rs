@@ -132,9 +132,9 @@ fn main() {
         steps,
     );
     bench(
-        "mnist_cnn hidden=[128]",
+        "mnist_cnn hidden=[128], batch 8",
         load("mnist_cnn.est"),
-        &[("hidden", "[128]")],
+        &[("hidden", "[128]"), ("batch_size", "8")],
         &t64,
         steps,
     );
