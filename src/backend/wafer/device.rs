@@ -255,22 +255,16 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
                 ),
             ));
         }
-        let mut v = t.to_f64();
+        let v = t.to_f64();
         let per = s.per_sample as usize;
-        // an image sent planar: each sample's channels one after another
-        let c = s.channels as usize;
-        if c > 1 {
-            let hw = per / c;
-            for sample in v.chunks_mut(per) {
-                let nhwc = sample.to_vec();
-                for (i, x) in nhwc.into_iter().enumerate() {
-                    sample[(i % c) * hw + i / c] = x;
-                }
-            }
-        }
+        // an image sent planar (channel by channel): the NHWC element of planar
+        // position `e`
+        let c = (s.channels as usize).max(1);
+        let hw = per / c;
+        let nhwc = |e: usize| (e % hw) * c + e / hw;
         for l in &s.lanes {
             let lane: Vec<f32> = (0..batch)
-                .flat_map(|b| l.elems.clone().map(move |e| b * per + e as usize))
+                .flat_map(|b| l.elems.clone().map(move |e| b * per + nhwc(e as usize)))
                 .map(|i| v.get(i).copied().unwrap_or(0.0) as f32)
                 .collect();
             exe.sim.feed(l.x, l.y, l.colour, &lane);

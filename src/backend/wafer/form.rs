@@ -215,16 +215,21 @@ pub fn classify(
 /// a one-channel image flattened or made, or an image flattened into a vector (which
 /// only a dense layer reads, with its weight's rows in the image's order).
 fn planar_view(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
-    let (a, b) = (&g.ty(from).shape, &g.ty(to).shape);
-    let channels = |s: &[usize]| (s.len() == 4).then(|| s[3]);
-    match (channels(a), channels(b)) {
-        (Some(c), Some(d)) => c == d,
-        (Some(_), None) => b.len() == 2,
+    let rank = |n: NodeIndex| g.ty(n).rank();
+    match (image(g, from), image(g, to)) {
+        (Some(a), Some(b)) => a.2 == b.2,
+        (Some(_), None) => rank(to) == 2,
         // a vector made an image of one channel, or a dense layer's input gradient
         // made the image it flattened again
-        (None, Some(_)) => a.len() == 2,
+        (None, Some(_)) => rank(from) == 2,
         (None, None) => false,
     }
+}
+
+/// A rank-4 (image) value's height, width and channels.
+pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
+    let s = &g.ty(n).shape;
+    (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
 }
 
 /// Forms `g` into kernels.
@@ -287,12 +292,13 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     // input, from dy and the filter, and of its filter, from x and dy)
     for &n in &order {
         let ops = g.operands(n);
-        let (a, b) = match g.node(n).op {
-            Op::MatMul => (ops[0], ops[1]),
-            Op::Conv2dBackpropInput(_) => (ops[0], ops[1]),
-            Op::Conv2dBackpropFilter(_) => (ops[0], ops[1]),
-            _ => continue,
-        };
+        if !matches!(
+            g.node(n).op,
+            Op::MatMul | Op::Conv2dBackpropInput(_) | Op::Conv2dBackpropFilter(_)
+        ) {
+            continue;
+        }
+        let (a, b) = (ops[0], ops[1]);
         let conv = !matches!(g.node(n).op, Op::MatMul);
         let transposed_var = |t: NodeIndex| match g.node(t).op {
             Op::Transpose { .. } if is_var(g.operands(t)[0]) => Some(g.operands(t)[0]),
@@ -628,10 +634,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     }
     // an image is flattened for dense layers only, and made again only from their
     // input gradients (planar both ways)
-    let image = |n: NodeIndex| {
-        let s = &g.ty(n).shape;
-        s.len() == 4 && s[3] > 1
-    };
+    let image = |n: NodeIndex| image(g, n).is_some_and(|(_, _, c)| c > 1);
     for &n in &order {
         let Some(src) = alias[n.index()] else {
             continue;

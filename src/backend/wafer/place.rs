@@ -268,7 +268,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     ] {
         let r = sizer
             .block(s)
-            .and_then(|lanes| try_lanes(g, f, fab, &lanes, s).map(|l| (lanes, l)));
+            .and_then(|lanes| try_lanes(g, f, fab, &sizer.dims, &lanes, s).map(|l| (lanes, l)));
         let fits = r.is_ok();
         consider(r)?;
         if fits {
@@ -276,7 +276,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         }
     }
     if let Some(lanes) = sizer.balanced() {
-        let r = try_lanes(g, f, fab, &lanes, 0).map(|l| (lanes, l));
+        let r = try_lanes(g, f, fab, &sizer.dims, &lanes, 0).map(|l| (lanes, l));
         consider(r)?;
     }
     if let Some((_, _, l)) = best {
@@ -351,6 +351,24 @@ struct Dims {
     shape: Shape,
 }
 
+impl Dims {
+    /// The layer with placeholder tensor names and no update (to size it).
+    fn layer(&self, batch: u32) -> Dense {
+        Dense {
+            k: self.k,
+            n: self.n,
+            shape: self.shape,
+            batch,
+            train: self.train,
+            dx: self.dx,
+            vars: vec!["W".into()],
+            grad: "dW".into(),
+            hosts: Vec::new(),
+            update: Update::default(),
+        }
+    }
+}
+
 /// A layer kernel's dimensions (`None` for a vector kernel).
 fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
     let Kind::Dense {
@@ -360,22 +378,15 @@ fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
         return None;
     };
     let ws: Vec<u32> = g.ty(*w).shape.iter().map(|&d| d as u32).collect();
-    let xs: Vec<u32> = g
-        .ty(f.resolve(*x))
-        .shape
-        .iter()
-        .map(|&d| d as u32)
-        .collect();
-    let (k, n, shape) = match &g.node(*fwd).op {
-        Op::Conv2d(c) => {
-            let xs: Vec<u32> = g.ty(*x).shape.iter().map(|&d| d as u32).collect();
+    let (k, n, shape) = match (&g.node(*fwd).op, image(g, *x), image(g, f.resolve(*x))) {
+        (Op::Conv2d(c), Some((h, wd, _)), _) => {
             let dil = (c.dilation[0] as u32, c.dilation[1] as u32);
             let same = c.padding == Padding::Same;
-            let geom = Geom::new(xs[1], xs[2], (ws[0], ws[1]), dil, same)?;
+            let geom = Geom::new(h, wd, (ws[0], ws[1]), dil, same)?;
             (ws[2], ws[3], Shape::Conv(geom))
         }
         // an image flattened: its channels split over the columns
-        _ if xs.len() == 4 => (xs[3], ws[1], Shape::Planar { hw: xs[1] * xs[2] }),
+        (_, _, Some((h, wd, c))) => (c, ws[1], Shape::Planar { hw: h * wd }),
         _ => (ws[0], ws[1], Shape::Matmul),
     };
     Some(Dims {
@@ -529,27 +540,9 @@ impl<'a> Sizer<'a> {
             return dense_period(self.fab, d, w, h);
         }
         *self.convs.borrow_mut().entry((k, w, h)).or_insert_with(|| {
-            let layer = Dense {
-                k: d.k,
-                n: d.n,
-                shape: d.shape,
-                batch: self.f.batch,
-                train: d.train,
-                dx: d.dx,
-                vars: vec!["W".into()],
-                grad: "dW".into(),
-                hosts: Vec::new(),
-                update: Update::default(),
-            };
+            let layer = d.layer(self.f.batch);
             let (wc, hr) = layer.used(w, h);
-            let c = dense::Colours {
-                x: 4,
-                y: 5,
-                dy: 6,
-                dx: 7,
-                chain: [0, 1],
-                dchain: [2, 3],
-            };
+            let c = dense::Colours::with_streams(4, 5, 6, 7);
             let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
             let mut scratch = Laid::default();
             layer
@@ -758,6 +751,7 @@ fn try_lanes(
     g: &Graph,
     f: &Formed,
     fab: &Fabric,
+    dims: &[Option<Dims>],
     lanes: &Lanes,
     s: u32,
 ) -> Result<Layout, LayoutError> {
@@ -915,7 +909,7 @@ fn try_lanes(
                 } else {
                     Update::default()
                 };
-                let Some(dims) = dense_dims(g, f, &kr.kind) else {
+                let Some(layer) = dims[k] else {
                     return Err(unsupported(
                         g,
                         *fwd,
@@ -924,25 +918,18 @@ fn try_lanes(
                     ));
                 };
                 let d = Dense {
-                    k: dims.k,
-                    n: dims.n,
-                    shape: dims.shape,
-                    batch: f.batch,
-                    train,
-                    dx: bwd.is_some(),
                     vars: names,
                     grad: dw.map(form::key).unwrap_or_default(),
                     hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
                     update,
+                    ..layer.layer(f.batch)
                 };
-                let c = dense::Colours {
-                    x: colour(Some(*x)),
-                    y: colour(Some(*fwd)),
-                    dy: colour(*dy),
-                    dx: colour(*bwd),
-                    chain: [0, 1],
-                    dchain: [2, 3],
-                };
+                let c = dense::Colours::with_streams(
+                    colour(Some(*x)),
+                    colour(Some(*fwd)),
+                    colour(*dy),
+                    colour(*bwd),
+                );
                 d.lay((p.x, p.y), p.orient, (lanes_in[k], lanes_out[k]), c)
                     .map_err(|e| {
                         unsupported(g, *fwd, e, "this layer's update has no wafer kernel")
@@ -1015,7 +1002,7 @@ fn try_lanes(
             let p = &placed[b];
             let mut lanes = Vec::new();
             let mut channels = 0;
-            if let (0, Some(d)) = (b, dense_dims(g, f, &f.kernels[b].kind)) {
+            if let (0, Some(d)) = (b, dims[b]) {
                 if let (Shape::Conv(_), Some((_, _, c))) = (d.shape, image(g, st.node)) {
                     channels = c;
                 }

@@ -28,7 +28,7 @@
 use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{Scratch, Update, Val};
 use super::super::sim::Dir;
-use super::{split, used, Laid, Orient, Piece, UPDATE};
+use super::{nest, split, used, Laid, Orient, Piece, UPDATE};
 use std::sync::Arc;
 
 /// What a layer computes with its inputs.
@@ -143,6 +143,19 @@ pub struct Colours {
 }
 
 impl Colours {
+    /// A layer's colours for its streams; its chains take the four below them
+    /// (`place::CHAIN_COLOURS`).
+    pub const fn with_streams(x: Colour, y: Colour, dy: Colour, dx: Colour) -> Colours {
+        Colours {
+            x,
+            y,
+            dy,
+            dx,
+            chain: [0, 1],
+            dchain: [2, 3],
+        }
+    }
+
     /// Column `i` of `wc`'s link in the forward chain: the colour it sends its partial
     /// sums on (the outputs' at the east end), and the one it receives them on (none at
     /// the west end).
@@ -204,14 +217,6 @@ fn macs(acc: u32, len: u32, count: u32, w: Dsd, x: Dsd) -> Instr {
             srcs: vec![Src::V(a), Src::V(w), Src::V(x)],
         }],
     }
-}
-
-/// `loops` nested loops (outermost first) around `body`.
-fn nest(loops: &[u32], body: Instr) -> Instr {
-    loops.iter().rev().fold(body, |b, &count| Instr::Loop {
-        count,
-        body: vec![b],
-    })
 }
 
 /// `dst += a * b` (element by element, `dst` and `a`/`b` as given) in the loops of a
@@ -339,16 +344,14 @@ impl Dense {
                 .push(Piece { pe: at, word, runs });
         };
         let nvars = if self.train { self.vars.len() } else { 1 };
+        // the weight first
+        let w = p.words();
         let mut vars = Vec::new();
         for name in &self.vars[..nvars] {
             let base = p.alloc(name, size);
             piece(laid, name, base, block.clone());
             vars.push(Val::buf(base, size));
         }
-        let w = match vars[0] {
-            Val::Buf { base, .. } => base,
-            Val::Imm(_) => 0,
-        };
         let mut hosts = Vec::new();
         let dw = if self.train {
             let base = p.alloc(&self.grad, size);
@@ -670,14 +673,7 @@ mod tests {
     use crate::ir::{BinaryOp, DType, Op};
     use proptest::prelude::*;
 
-    const C: Colours = Colours {
-        x: 4,
-        y: 5,
-        dy: 6,
-        dx: 7,
-        chain: [0, 1],
-        dchain: [2, 3],
-    };
+    const C: Colours = Colours::with_streams(4, 5, 6, 7);
 
     /// SGD: `W - lr * dW`, lr the host's value 0.
     fn sgd() -> Update {

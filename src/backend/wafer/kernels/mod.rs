@@ -13,7 +13,7 @@
 pub mod dense;
 pub mod vector;
 
-use super::isa::{Colour, Program, TaskId};
+use super::isa::{Colour, Instr, Program, TaskId};
 use super::sim::{Dir, Route};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -135,6 +135,14 @@ impl Orient {
         let tx: Vec<Dir> = tx.iter().map(|&d| self.dir(d)).collect();
         Route::new(self.dir(rx), &tx)
     }
+}
+
+/// `loops` nested loops (outermost first) around `body`.
+pub fn nest(loops: &[u32], body: Instr) -> Instr {
+    loops.iter().rev().fold(body, |b, &count| Instr::Loop {
+        count,
+        body: vec![b],
+    })
 }
 
 /// `n` items dealt to `parts` in contiguous runs of `ceil(n / parts)`: the range of

@@ -12,10 +12,10 @@
 //! needs no output gradient) toward the layers behind, once every sample went forward:
 //! the backward pass of a step starts when its forward pass has ended.
 
-use super::super::form::{self, constant, key, Class, Formed, Kind};
+use super::super::form::{self, constant, image, key, Class, Formed, Kind};
 use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{self, vec, Scratch, Val};
-use super::{split, Piece, UPDATE};
+use super::{nest, split, Piece, UPDATE};
 use crate::ir::{Graph, NodeIndex, Op, ReduceOp};
 use std::collections::BTreeMap;
 
@@ -28,12 +28,6 @@ pub struct Port {
     pub colour: Colour,
     pub bwd: bool,
     pub whole: bool,
-}
-
-/// A rank-4 (image) value's shape: height, width, channels.
-fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
-    let s = &g.ty(n).shape;
-    (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
 }
 
 /// Kernel `k` of a formed graph, a vector kernel, with its streams.
@@ -440,24 +434,17 @@ impl Vector<'_> {
                 every: batch,
                 then: (!fin.is_empty()).then_some(fin_id),
             });
+            let pass = if phase == 0 { "forward" } else { "backward" };
             p.tasks.push(Task {
                 id: phase,
-                name: if phase == 0 {
-                    "forward".into()
-                } else {
-                    "backward".into()
-                },
+                name: pass.into(),
                 trigger: Trigger::Data(first.colour),
                 body,
             });
             if !fin.is_empty() {
                 p.tasks.push(Task {
                     id: fin_id,
-                    name: if phase == 0 {
-                        "forward finish".into()
-                    } else {
-                        "backward finish".into()
-                    },
+                    name: format!("{pass} finish"),
                     trigger: Trigger::Local { at_start: false },
                     body: fin,
                 });
@@ -704,59 +691,52 @@ fn pooling(op: &Op) -> bool {
     )
 }
 
-/// `len` words of `v` from word `off` on, `stride` apart, moved `step[d]` per
-/// iteration of the `d`th loop around it (in `v`'s slot, if it has one).
-fn view(v: Val, off: u32, len: u32, stride: u32, step: &[u32]) -> Src {
-    match v {
-        Val::Buf {
-            base,
-            len: whole,
-            slot,
-        } => Src::V(Dsd::Mem {
-            base: base + off,
-            len,
-            stride: stride as i32,
-            step: step.iter().map(|&s| s as i32).collect(),
-            by: slot.map(|c| (c, whole as i32)),
-        }),
-        Val::Imm(x) => Src::Imm(x),
+/// `len` words of buffer `v` from word `off` on, `stride` apart, moved `step[d]` per
+/// iteration of the `d`th loop around it (in `v`'s slot, if it has one); a constant
+/// describes no words.
+fn at(v: Val, off: u32, len: u32, stride: u32, step: &[u32]) -> Dsd {
+    let Val::Buf {
+        base,
+        len: whole,
+        slot,
+    } = v
+    else {
+        return Dsd::mem(0, 0);
+    };
+    Dsd::Mem {
+        base: base + off,
+        len,
+        stride: stride as i32,
+        step: step.iter().map(|&s| s as i32).collect(),
+        by: slot.map(|c| (c, whole as i32)),
     }
 }
 
-/// `op` over `rows x cols` elements, as `rows` vector operations of `cols` (`dst` and
-/// each source a view per row: the first row's offset, stride and step).
-fn rows_of(op: VecOp, (channels, rows): (u32, u32), dst: Src, srcs: Vec<Src>) -> Instr {
-    let Src::V(dst) = dst else {
-        return Instr::Loop {
-            count: 0,
-            body: Vec::new(),
-        };
-    };
-    Instr::Loop {
-        count: channels,
-        body: vec![Instr::Loop {
-            count: rows,
-            body: vec![Instr::Vec { op, dst, srcs }],
-        }],
+/// `v` as a source: the words `at` describes, or the constant.
+fn view(v: Val, off: u32, len: u32, stride: u32, step: &[u32]) -> Src {
+    match v {
+        Val::Imm(x) => Src::Imm(x),
+        _ => Src::V(at(v, off, len, stride, step)),
     }
+}
+
+/// `op` over `channels x rows` rows, one vector operation per row (`dst` and each
+/// source as their first row, moved by their steps).
+fn rows_of(op: VecOp, (channels, rows): (u32, u32), dst: Dsd, srcs: Vec<Src>) -> Instr {
+    nest(&[channels, rows], Instr::Vec { op, dst, srcs })
 }
 
 /// `t` = each of the `cl` words of `v` repeated over a plane of `hw`.
 fn spread(t: Val, v: Val, cl: u32, hw: u32) -> Instr {
-    let (Src::V(dst), src) = (view(t, 0, hw, 1, &[hw]), view(v, 0, hw, 0, &[1])) else {
-        return Instr::Loop {
-            count: 0,
-            body: Vec::new(),
-        };
-    };
-    Instr::Loop {
-        count: cl,
-        body: vec![Instr::Vec {
+    let srcs = vec![view(v, 0, hw, 0, &[1])];
+    nest(
+        &[cl],
+        Instr::Vec {
             op: VecOp::Mov,
-            dst,
-            srcs: vec![src],
-        }],
-    }
+            dst: at(t, 0, hw, 1, &[hw]),
+            srcs,
+        },
+    )
 }
 
 /// A pooling (or its gradient) over `cl` planes of `x` (`h x w`, the image pooled)
@@ -787,6 +767,8 @@ fn pool(
     }
     let dims = (cl, ho);
     // a window position's input pixels, per output row; an output row
+    let win_at = |v: Val, (r, c): (u32, u32)| at(v, r * w + c, wo, sw, &[h * w, sh * w]);
+    let out_at = |v: Val| at(v, 0, wo, 1, &[ho * wo, wo]);
     let win = |v: Val, (r, c): (u32, u32)| view(v, r * w + c, wo, sw, &[h * w, sh * w]);
     let out = |v: Val| view(v, 0, wo, 1, &[ho * wo, wo]);
     let taps: Vec<(u32, u32)> = (0..kh).flat_map(|r| (0..kw).map(move |c| (r, c))).collect();
@@ -799,7 +781,7 @@ fn pool(
             } else {
                 (VecOp::Max, vec![out(m), win(x, t)])
             };
-            body.push(rows_of(v, dims, out(m), srcs));
+            body.push(rows_of(v, dims, out_at(m), srcs));
         }
     };
     match op {
@@ -811,12 +793,12 @@ fn pool(
                 } else {
                     (VecOp::Add, vec![out(dst), win(args[0], t)])
                 };
-                body.push(rows_of(v, dims, out(dst), srcs));
+                body.push(rows_of(v, dims, out_at(dst), srcs));
             }
             body.push(rows_of(
                 VecOp::Mul,
                 dims,
-                out(dst),
+                out_at(dst),
                 vec![out(dst), area.src(1)],
             ));
         }
@@ -829,23 +811,28 @@ fn pool(
             body.push(vec(VecOp::Mov, taken, &[Val::Imm(0.0)], n));
             body.push(vec(VecOp::Mov, dst, &[Val::Imm(0.0)], dst.elements()));
             for &t in &taps {
-                body.push(rows_of(VecOp::Eq, dims, out(hit), vec![win(x, t), out(m)]));
+                body.push(rows_of(
+                    VecOp::Eq,
+                    dims,
+                    out_at(hit),
+                    vec![win(x, t), out(m)],
+                ));
                 body.push(rows_of(
                     VecOp::Sel,
                     dims,
-                    out(hit),
+                    out_at(hit),
                     vec![out(taken), Src::Imm(0.0), out(hit)],
                 ));
                 body.push(rows_of(
                     VecOp::Add,
                     dims,
-                    out(taken),
+                    out_at(taken),
                     vec![out(taken), out(hit)],
                 ));
                 body.push(rows_of(
                     VecOp::Fmac,
                     dims,
-                    win(dst, t),
+                    win_at(dst, t),
                     vec![win(dst, t), out(hit), out(dy)],
                 ));
             }
@@ -860,7 +847,7 @@ fn pool(
                 body.push(rows_of(
                     VecOp::Fmac,
                     dims,
-                    win(dst, t),
+                    win_at(dst, t),
                     vec![win(dst, t), out(dy), area.src(1)],
                 ));
             }
