@@ -251,6 +251,10 @@ struct CheckArgs {
     /// The target whose rules to check.
     #[arg(long, value_enum, default_value_t = TargetArg::Host)]
     target: TargetArg,
+    /// The fabric `--target wafer` lays the program out on: a config (`test32`,
+    /// `test64`, `wse2`, `wse3`) or a `.toml` file. Default: test32.
+    #[arg(long, value_parser = parse_fabric)]
+    wafer: Option<est::backend::wafer::fabric::Fabric>,
     /// The modes to elaborate.
     #[arg(long, value_enum, default_value_t = ModeArg::All)]
     mode: ModeArg,
@@ -412,7 +416,14 @@ fn check(a: CheckArgs) -> i32 {
         TargetArg::Host => Target::Host,
         TargetArg::Wafer => Target::Wafer,
     };
-    let opts = check_options(&a.program, target, a.mode.modes(), &a.estimator, config);
+    let opts = check_options(
+        &a.program,
+        target,
+        a.mode.modes(),
+        &a.estimator,
+        config,
+        a.wafer,
+    );
     let checked = match check_program(&program, &opts) {
         Ok(c) => c,
         Err(code) => return code,
@@ -462,6 +473,7 @@ fn check_options(
     modes: Vec<SectionKind>,
     estimator: &Option<String>,
     config: Vec<(String, i64)>,
+    fabric: Option<est::backend::wafer::fabric::Fabric>,
 ) -> CheckOptions {
     CheckOptions {
         target,
@@ -472,6 +484,7 @@ fn check_options(
         max_steps: est::elab::MAX_STEPS,
         hover: false,
         memory_limit: a.memory_limit,
+        fabric,
     }
 }
 

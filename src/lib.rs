@@ -52,6 +52,8 @@ pub struct CheckOptions {
     /// The memory a graph's run may need (E0602 beyond it); `None` is this machine's
     /// memory, and no limit when that is unknown.
     pub memory_limit: Option<u64>,
+    /// The fabric the wafer target lays programs out on (`None`: `test32`).
+    pub fabric: Option<backend::wafer::fabric::Fabric>,
 }
 
 impl Default for CheckOptions {
@@ -65,6 +67,7 @@ impl Default for CheckOptions {
             max_steps: elab::MAX_STEPS,
             hover: false,
             memory_limit: None,
+            fabric: None,
         }
     }
 }
@@ -170,6 +173,10 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
         }
     }
     check_memory(&graphs, &estimators, opts, &mut diags);
+    if opts.target == Target::Wafer && !diags.iter().any(|d| d.severity() == diag::Severity::Error)
+    {
+        check_wafer(&graphs, &estimators, opts, &mut diags);
+    }
     Checked {
         diags: diags.sorted(),
         estimators,
@@ -211,6 +218,35 @@ fn check_memory(
         let what = format!("the {} graph of `{}`", c.mode.name(), c.estimator);
         if let Some(d) = passes::memory::check(&e, limit, &what, info.span) {
             diags.push(d);
+        }
+    }
+}
+
+/// On the wafer target, lays each estimator's graphs out on the fabric: what does not
+/// fit (E0603-E0605) or has no layout (E0601) is found here, before anything runs. One
+/// diagnostic per estimator, from its first graph that fails (train, eval, predict).
+fn check_wafer(
+    graphs: &[Compiled],
+    estimators: &[EstimatorInfo],
+    opts: &CheckOptions,
+    diags: &mut diag::Diags,
+) {
+    use backend::wafer::{device, fabric::Fabric, form, place};
+    let fab = opts.fabric.clone().unwrap_or_else(Fabric::test32);
+    for info in estimators {
+        let failed = graphs
+            .iter()
+            .filter(|c| c.estimator == info.name)
+            .find_map(|c| {
+                match form::form(&c.graph) {
+                    Err(u) => Some(place::LayoutError::Unsupported(u)),
+                    // a graph with nothing to run on the fabric (a mode without sections)
+                    Ok(f) if f.kernels.is_empty() => None,
+                    Ok(f) => place::layout(&c.graph, &f, &fab).err(),
+                }
+            });
+        if let Some(e) = failed {
+            diags.push(device::layout_diag(e, &fab, info.span));
         }
     }
 }

@@ -329,7 +329,8 @@ fn train_eval_predict_commands() {
     let o = estc(&["train", file, "--smoke"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).ends_with("smoke: ok\n"));
-    // a run-time error is a diagnostic and exit status 1: a model the wafer cannot hold
+    // a model the wafer cannot hold is found when the program is checked: a diagnostic
+    // and exit status 1
     let wmd = format!("{md}-wafer");
     let o = estc(&[
         "train",
@@ -342,7 +343,7 @@ fn train_eval_predict_commands() {
         "hidden=[4096, 4096]",
     ]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("E0602"));
+    assert!(stderr(&o).contains("E0603"), "{}", stderr(&o));
     let o = estc(&["train", file, "--steps", "1", "--max-steps", "2"]);
     assert_eq!(
         o.status.code(),

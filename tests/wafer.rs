@@ -256,7 +256,8 @@ fn every_mode_lays_out_and_prints() {
     }
 }
 
-/// A model too large for the fabric is E0602, naming the fabric.
+/// A model too large for the fabric is E0603 when it is built, naming the fabric and
+/// breaking a PE's memory down.
 #[test]
 fn a_model_too_large_for_the_fabric_is_a_diagnostic() {
     let file = root().join("examples/digits_mlp.est");
@@ -269,7 +270,15 @@ fn a_model_too_large_for_the_fabric_is_a_diagnostic() {
         "hidden=[4096, 4096]",
     ]);
     assert_eq!(code, 1);
-    assert!(err.contains("E0602") && err.contains("test32"), "{err}");
+    for part in [
+        "E0603",
+        "test32",
+        "weights",
+        "optimiser state",
+        "code and runtime",
+    ] {
+        assert!(err.contains(part), "{part}: {err}");
+    }
 }
 
 /// A two-layer classifier of random sizes, activation, bias, optimiser and batch,

@@ -94,7 +94,14 @@ pub fn build(a: BuildArgs) -> i32 {
         return usage("build compiles one graph: --mode train, eval or predict");
     };
     let target = if wafer { Target::Wafer } else { Target::Host };
-    let opts = check_options(&a.program, target, vec![mode], &a.estimator, config);
+    let opts = check_options(
+        &a.program,
+        target,
+        vec![mode],
+        &a.estimator,
+        config,
+        a.wafer.clone(),
+    );
     let checked = match check_program(&program, &opts) {
         Ok(c) => c,
         Err(code) => return code,

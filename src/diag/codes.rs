@@ -476,6 +476,42 @@ the largest tensors.
 
 Make the largest tensors smaller (the batch size, a layer's width), or set the limit
 with `--memory-limit SIZE` (default: this machine's memory, `MemTotal`).";
+    WaferSram = "E0603", Error, "a wafer kernel does not fit a PE's memory",
+"On the wafer every layer keeps its weights, their gradients, the optimiser's state and
+the activations its backward pass needs in the SRAM of its own PEs (48 KiB each on the
+named configs, of which 6 KiB hold code and runtime). `estc check --target wafer` lays
+the program out on the fabric (`--wafer CONFIG`, default `test32`) and tries every
+block size: larger blocks need fewer PEs but more memory per PE. When even the
+smallest blocks whose kernels fit the fabric's PEs leave one PE more to hold than its
+SRAM, this is the error. The message names the kernel and breaks its PE's memory down
+(code and runtime, weights, gradients, optimiser state, stashed activations, buffers).
+
+    let h = dense(x, 4096)        // error on test32: 4096x4096 weights over 1,024 PEs
+
+Stashed activations shrink with a smaller batch per step; every share shrinks on a
+larger fabric (`--wafer test64`, `wse2`) or with fewer hidden units.";
+    WaferPes = "E0604", Error, "the program needs more PEs than the fabric has",
+"The wafer lays a program's kernels out as a staircase from the fabric's north-west
+corner, each layer's output edge facing the next kernel's input. Each kernel takes at
+least one PE per group of its inputs and outputs; when even the smallest staircase is
+wider or taller than the fabric, the program does not fit. The message says how many
+columns, rows and PEs are missing and which kernel runs off first.
+
+    // 40 layers on a 32x32 fabric: each takes at least a PE on the diagonal
+    for i in 0..40 { x = dense(x, 8) }
+
+Use a larger fabric (`--wafer test64`, `wse2`), or fewer layers.";
+    WaferColours = "E0605", Error, "the program needs more colours than the fabric has",
+"Streams between kernels travel on colours (virtual channels); two streams crossing one
+router need two colours, and each dense layer's own chains take four. A fabric gives
+programs `colours` less `reserved_colours` of them. When the streams that meet on some
+router need more, the program does not fit. The message names the first stream that
+found no free colour and how many colours the layout needs.
+
+    # fabric.toml: colours = 6, reserved_colours = 1   (5 for programs)
+
+Use a fabric with more colours, or feed fewer separate inputs into the same layers.";
+
     UnusedValue = "W0701", Warning, "unused value",
 "A `let` binding, a parameter or an import is never used in any mode. Names starting
 with `_` are exempt.

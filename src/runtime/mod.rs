@@ -211,6 +211,7 @@ impl Estimator {
             estimator: opts.estimator.clone(),
             config: opts.config.clone(),
             memory_limit: opts.memory_limit,
+            fabric: opts.wafer.clone(),
             ..Default::default()
         };
         let checked = crate::check(program, &copts);

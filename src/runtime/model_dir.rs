@@ -39,7 +39,7 @@ pub fn lock(dir: &Path) -> Result<Lock, DirError> {
         .truncate(false)
         .open(&path)
         .map_err(|e| unwritable(dir, &e))?;
-    match try_flock(&file) {
+    match flock_patiently(&file) {
         Ok(true) => {}
         Ok(false) => {
             let mut text = String::new();
@@ -69,6 +69,26 @@ pub fn lock(dir: &Path) -> Result<Lock, DirError> {
         .map_err(|e| unwritable(dir, &e))?;
     remove_stale_temps(dir);
     Ok(Lock { _file: file })
+}
+
+/// How long a held lock is waited for before it counts as another run's: a process
+/// that forks (another thread of an embedding program starting a compiler or linker)
+/// holds a copy of every open file until its child execs, and with it the lock this
+/// process just released.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// `try_flock`, retried for `LOCK_PATIENCE` while another open file holds the lock.
+fn flock_patiently(f: &std::fs::File) -> std::io::Result<bool> {
+    let start = std::time::Instant::now();
+    loop {
+        if try_flock(f)? {
+            return Ok(true);
+        }
+        if start.elapsed() >= LOCK_PATIENCE {
+            return Ok(false);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: whether the lock was taken (`false` when another open

@@ -21,6 +21,9 @@ pub struct Directives {
     /// `// memory_limit: BYTES`, the memory a graph's run may need (E0602); 16 GiB
     /// otherwise, so that results do not depend on the machine.
     pub memory_limit: u64,
+    /// `// wafer: CONFIG`, the fabric `target: wafer` lays the program out on: a named
+    /// config or a `.toml` file relative to the crate's root (`test32` otherwise).
+    pub fabric: Option<est::backend::wafer::fabric::Fabric>,
 }
 
 /// The memory limit of the tests (see `Directives::memory_limit`).
@@ -34,6 +37,7 @@ pub fn directives(text: &str) -> Directives {
         max_steps: None,
         max_source_bytes: None,
         memory_limit: TEST_MEMORY_LIMIT,
+        fabric: None,
     };
     for line in text
         .lines()
@@ -55,6 +59,14 @@ pub fn directives(text: &str) -> Directives {
                 "eval" => SectionKind::Eval,
                 _ => SectionKind::Predict,
             }),
+            "wafer" => {
+                let arg = if v.ends_with(".toml") {
+                    root().join(v).to_string_lossy().into_owned()
+                } else {
+                    v.to_string()
+                };
+                d.fabric = Some(est::backend::wafer::fabric::resolve(&arg).expect("a fabric"));
+            }
             "max_steps" => d.max_steps = v.parse().ok(),
             "max_source_bytes" => d.max_source_bytes = v.parse().ok(),
             "memory_limit" => d.memory_limit = v.parse().unwrap_or(TEST_MEMORY_LIMIT),
@@ -90,6 +102,7 @@ pub fn check_file(path: &Path, name: &str, target: Target, d: &Directives) -> (P
         modes: d.modes.clone(),
         verify: true,
         memory_limit: Some(d.memory_limit),
+        fabric: d.fabric.clone(),
         ..CheckOptions::default()
     };
     if let Some(m) = d.max_steps {

@@ -51,8 +51,10 @@ pub struct Device {
     runs: Vec<(Exe, Vec<NodeIndex>)>,
 }
 
-/// E0601 for what the wafer's kernels do not do, E0602 for what does not fit.
+/// E0601 for what the wafer's kernels do not do; E0603, E0604 and E0605 for what does
+/// not fit (a PE's memory, the fabric's PEs, its colours).
 pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
+    let larger = larger_fabric(fab);
     match e {
         LayoutError::Unsupported(Unsupported {
             span,
@@ -61,22 +63,124 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
         }) => Diag::new(Code::UnsupportedOp, span, message)
             .label("not on the wafer")
             .help(help),
-        LayoutError::Sram(why) => Diag::new(
-            Code::OutOfMemory,
+        LayoutError::Sram(s) => {
+            let parts: Vec<String> = (s.parts.iter())
+                .map(|(what, b)| format!("{} {what}", place::bytes(*b)))
+                .collect();
+            // the options that shrink a large part (a quarter of the whole or more)
+            let large = |what: &str| {
+                s.parts
+                    .iter()
+                    .any(|(w, b)| *w == what && u64::from(*b) * 4 >= u64::from(s.need))
+            };
+            let mut helps = Vec::new();
+            if large("stashed activations") {
+                helps.push("a smaller batch per step (it stashes fewer activations)".to_string());
+            }
+            helps.push(larger);
+            if large("weights") || large("gradients") || large("optimiser state") {
+                helps.push("fewer hidden units".to_string());
+            }
+            Diag::new(
+                Code::WaferSram,
+                s.span.unwrap_or(at),
+                format!(
+                    "kernel `{}` needs {} of SRAM per PE on the {} fabric, which has {} ({} over): {} (at PE ({}, {}), {})",
+                    s.kernel,
+                    place::bytes(s.need),
+                    fab.name,
+                    place::bytes(s.have),
+                    place::bytes(s.need - s.have.min(s.need)),
+                    parts.join(", "),
+                    s.at.0,
+                    s.at.1,
+                    place::sizing(s.block),
+                ),
+            )
+            .label(format!("{} per PE", place::bytes(s.need)))
+            .with(at, "on the wafer: this estimator")
+            .help(format!("try {}", or_list(&helps)))
+        }
+        LayoutError::Pes(p) => {
+            let (dw, dh) = (
+                p.extent.0.saturating_sub(fab.width),
+                p.extent.1.saturating_sub(fab.height),
+            );
+            let mut short = Vec::new();
+            if dw > 0 {
+                short.push(format!("{dw} columns"));
+            }
+            if dh > 0 {
+                short.push(format!("{dh} rows"));
+            }
+            let mut helps = vec![larger];
+            if p.floor {
+                helps.push("a smaller batch per step (kernels take enough PEs to hold a step's stashed activations)".to_string());
+            }
+            helps.push("fewer layers".to_string());
+            Diag::new(
+                Code::WaferPes,
+                p.span.unwrap_or(at),
+                format!(
+                    "the program needs more PEs than the {} fabric has: its smallest layout spans {}x{} PEs ({} in kernels, {}), the fabric {}x{}; {} short ({} PEs), and kernel `{}` runs off it first",
+                    fab.name,
+                    p.extent.0,
+                    p.extent.1,
+                    p.pes,
+                    place::sizing(p.block),
+                    fab.width,
+                    fab.height,
+                    short.join(" and "),
+                    p.missing(fab.width, fab.height),
+                    p.kernel,
+                ),
+            )
+            .label("runs off the fabric")
+            .with(at, "on the wafer: this estimator")
+            .help(format!("try {}", or_list(&helps)))
+        }
+        LayoutError::Colours(c) => Diag::new(
+            Code::WaferColours,
             at,
-            format!("the program does not fit the {} fabric: {why}", fab.name),
+            format!(
+                "the program needs {} colours where its streams meet, and the {} fabric gives programs {}: {} short (the stream of `{}` found none free)",
+                c.need,
+                fab.name,
+                c.have,
+                c.need - c.have.min(c.need),
+                c.stream
+            ),
         )
         .label("this estimator")
-        .help("a smaller batch per step stashes fewer activations; a larger fabric (`--wafer wse2`) or fewer hidden units leave each PE a smaller share"),
+        .help("try a fabric with more colours (`colours` in its .toml, or a named config: they give programs 18), or fewer separate inputs into the same layers"),
         LayoutError::DoesNotFit(why) => Diag::new(
-            Code::OutOfMemory,
+            Code::WaferPes,
             at,
             format!("the program does not fit the {} fabric: {why}", fab.name),
         )
         .label("this estimator")
-        .help(
-            "use a larger fabric (`--wafer wse2`), a smaller batch per step, or fewer hidden units",
-        ),
+        .help(format!("try {}", or_list(&[larger, "fewer hidden units".to_string()]))),
+    }
+}
+
+/// The next larger named config, said as an option.
+fn larger_fabric(fab: &Fabric) -> String {
+    let next = super::fabric::NAMES
+        .iter()
+        .filter_map(|n| Fabric::named(n))
+        .find(|f| f.pes() > fab.pes() && f.sram_bytes >= fab.sram_bytes);
+    match next {
+        Some(f) => format!("a larger fabric (`--wafer {}`)", f.name),
+        None => "a fabric with more PEs or SRAM (a `.toml` config)".to_string(),
+    }
+}
+
+/// "a, b or c".
+fn or_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
     }
 }
 

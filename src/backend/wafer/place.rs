@@ -27,6 +27,7 @@ use super::kernels::{split, Laid, Orient, Piece};
 use super::lower::Update;
 use super::sim::{Dir, HostIn, Route, Setup};
 use crate::ir::{Graph, NodeIndex, Op, Padding};
+use crate::span::Span;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -88,11 +89,67 @@ pub struct Layout {
 pub enum LayoutError {
     /// The graph has something the wafer's kernels do not do.
     Unsupported(Unsupported),
-    /// It does not fit the fabric even with the largest blocks: what was short.
-    DoesNotFit(String),
     /// With the smallest blocks whose kernels fit the fabric's PEs, a PE's memory does
-    /// not hold its share: which kernel, and what it holds.
-    Sram(String),
+    /// not hold its share.
+    Sram(SramShort),
+    /// Even the smallest staircase runs off the fabric.
+    Pes(PesShort),
+    /// The streams need more colours than the fabric's routers give programs.
+    Colours(ColoursShort),
+    /// No sizing works for another reason: what went wrong.
+    DoesNotFit(String),
+}
+
+/// A kernel whose PE needs more SRAM than a PE has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SramShort {
+    pub kernel: String,
+    /// Where its layer is written.
+    pub span: Option<Span>,
+    /// The PE (the kernel's largest memory map).
+    pub at: (u32, u32),
+    /// The sizing (`sizing`'s argument).
+    pub block: u32,
+    /// Bytes by what they hold (code and runtime first), the non-zero ones.
+    pub parts: Vec<(&'static str, u32)>,
+    /// All of them, and the PE's SRAM.
+    pub need: u32,
+    pub have: u32,
+}
+
+/// A staircase larger than the fabric.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PesShort {
+    /// The first kernel that runs off the fabric, and where its layer is written.
+    pub kernel: String,
+    pub span: Option<Span>,
+    /// Some kernel takes more lanes than its block size gives, for its memory (a
+    /// smaller batch per step would shrink it).
+    pub floor: bool,
+    pub block: u32,
+    /// The columns and rows the staircase spans, and the PEs its kernels take.
+    pub extent: (u32, u32),
+    pub pes: u64,
+}
+
+impl PesShort {
+    /// The PEs a fabric of `w` x `h` lacks for the staircase's rectangle.
+    pub fn missing(&self, w: u32, h: u32) -> u64 {
+        let (sw, sh) = (
+            u64::from(self.extent.0.max(w)),
+            u64::from(self.extent.1.max(h)),
+        );
+        sw * sh - u64::from(w) * u64::from(h)
+    }
+}
+
+/// More colours needed than a fabric gives programs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColoursShort {
+    /// The first stream that found none free.
+    pub stream: String,
+    pub need: u32,
+    pub have: u32,
 }
 
 impl From<Unsupported> for LayoutError {
@@ -107,6 +164,16 @@ fn unsupported(g: &Graph, n: NodeIndex, message: String, help: &str) -> LayoutEr
         message,
         help: help.to_string(),
     })
+}
+
+/// Where a kernel's layer is written: its first variable's, else its first node's span.
+fn kernel_span(g: &Graph, f: &Formed, k: usize) -> Option<Span> {
+    let kr = &f.kernels[k];
+    let first = match &kr.kind {
+        Kind::Dense { fwd, .. } => Some(*fwd),
+        Kind::Vector { nodes } => nodes.first().copied(),
+    };
+    kr.vars.first().copied().or(first).map(|n| g.node(n).span)
 }
 
 /// The name of a kernel for reports: its layer's variable scope, or its first op.
@@ -228,10 +295,19 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             );
         }
     }
-    let mut tried = Vec::new();
+    // what no sizing had enough of: a PE's memory (the smallest blocks that got that
+    // far), colours, PEs (the staircase nearest to fitting), something else
     let mut sram = None;
+    let mut colours = None;
+    let mut pes: Option<PesShort> = None;
+    let mut other = None;
     let mut best: Option<(u64, usize, Layout)> = None;
     let mut consider = |r: Result<(Lanes, Layout), LayoutError>| -> Result<(), LayoutError> {
+        if debug {
+            if let Err(e) = &r {
+                eprintln!("does not fit: {e:?}");
+            }
+        }
         match r {
             Ok((lanes, l)) => {
                 let key = (sizer.step(&lanes), l.setup.pes.len());
@@ -246,19 +322,20 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
                     best = Some((key.0, key.1, l));
                 }
             }
-            Err(LayoutError::DoesNotFit(why)) => {
-                if debug {
-                    eprintln!("does not fit: {why}");
-                }
-                tried.push(why)
+            Err(LayoutError::Sram(e)) => {
+                sram.get_or_insert(e);
             }
-            // the first (smallest blocks) is the one to report
-            Err(LayoutError::Sram(why)) => {
-                if debug {
-                    eprintln!("memory: {why}");
-                }
-                sram.get_or_insert(why);
+            Err(LayoutError::Colours(e)) => {
+                colours.get_or_insert(e);
             }
+            Err(LayoutError::Pes(mut e)) => {
+                e.floor = sizer.floor.iter().any(|&l| l > 1);
+                let area = |p: &PesShort| p.missing(fab.width, fab.height);
+                if pes.as_ref().is_none_or(|p| area(&e) < area(p)) {
+                    pes = Some(e);
+                }
+            }
+            Err(LayoutError::DoesNotFit(why)) => other = Some(why),
             Err(e) => return Err(e),
         }
         Ok(())
@@ -282,9 +359,14 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     if let Some((_, _, l)) = best {
         return Ok(l);
     }
-    Err(match sram {
-        Some(why) => LayoutError::Sram(why),
-        None => LayoutError::DoesNotFit(tried.pop().unwrap_or_default()),
+    Err(if let Some(e) = sram {
+        LayoutError::Sram(e)
+    } else if let Some(e) = colours {
+        LayoutError::Colours(e)
+    } else if let Some(e) = pes {
+        LayoutError::Pes(e)
+    } else {
+        LayoutError::DoesNotFit(other.unwrap_or_default())
     })
 }
 
@@ -760,18 +842,14 @@ fn try_lanes(
     let lanes_out = &lanes.out;
     // the staircase
     let mut placed = Vec::new();
+    let mut off = None;
+    let (mut sw, mut sh) = (0, 0);
     for (k, (at, (fw, fh), orient)) in staircase(f, lanes).into_iter().enumerate() {
-        if at.0 + fw > fab.width || at.1 + fh > fab.height {
-            return Err(LayoutError::DoesNotFit(format!(
-                "{}, {} ({fw}x{fh} PEs at ({}, {})) runs off the {}x{} fabric",
-                sizing(s),
-                kernel_name(g, f, k),
-                at.0,
-                at.1,
-                fab.width,
-                fab.height
-            )));
+        if off.is_none() && (at.0 + fw > fab.width || at.1 + fh > fab.height) {
+            off = Some(k);
         }
+        sw = sw.max(at.0 + fw);
+        sh = sh.max(at.1 + fh);
         placed.push(Placed {
             name: kernel_name(g, f, k),
             x: at.0,
@@ -780,6 +858,16 @@ fn try_lanes(
             h: fh,
             orient,
         });
+    }
+    if let Some(k) = off {
+        return Err(LayoutError::Pes(PesShort {
+            kernel: placed[k].name.clone(),
+            span: kernel_span(g, f, k),
+            floor: false,
+            block: s,
+            extent: (sw, sh),
+            pes: placed.iter().map(|p| u64::from(p.w * p.h)).sum(),
+        }));
     }
     // the routers each stream uses, for its colour
     let pes_of = |k: usize| -> Vec<(u32, u32)> {
@@ -799,6 +887,7 @@ fn try_lanes(
     }
     let program_colours = fab.program_colours() as Colour;
     let mut colour_of: BTreeMap<NodeIndex, Colour> = BTreeMap::new();
+    let (mut need, mut short) = (CHAIN_COLOURS.min(program_colours), None);
     let mut paths: BTreeMap<NodeIndex, Vec<(u32, u32)>> = BTreeMap::new();
     // the host's inputs come down a column from the north edge to their kernel (the
     // first kernel's come straight in)
@@ -858,17 +947,28 @@ fn try_lanes(
         let busy = routers
             .iter()
             .fold(0u64, |m, r| m | used.get(r).copied().unwrap_or(0));
-        let Some(c) = (CHAIN_COLOURS..program_colours).find(|&c| busy & (1 << c) == 0) else {
-            return Err(LayoutError::DoesNotFit(format!(
-                "the stream of `{}` finds no free colour among the fabric's {program_colours}",
-                g.node(st.node).op.name()
-            )));
+        // the lowest free colour; beyond the budget only to count how many are needed
+        let Some(c) = (CHAIN_COLOURS..64).find(|&c| busy & (1 << c) == 0) else {
+            return Err(LayoutError::DoesNotFit(
+                "a router would carry more than 64 streams".into(),
+            ));
         };
+        if c >= program_colours && short.is_none() {
+            short = Some(stream_name(g, st.node));
+        }
+        need = need.max(c + 1);
         for r in &routers {
             *used.entry(*r).or_default() |= 1 << c;
         }
         colour_of.insert(st.node, c);
         paths.insert(st.node, path);
+    }
+    if let Some(stream) = short {
+        return Err(LayoutError::Colours(ColoursShort {
+            stream,
+            need: u32::from(need),
+            have: u32::from(program_colours),
+        }));
     }
     let colour = |n: Option<NodeIndex>| -> Colour {
         n.and_then(|n| colour_of.get(&f.resolve(n)).copied())
@@ -1088,15 +1188,18 @@ fn try_lanes(
             }
             let k = placed
                 .iter()
-                .find(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
-            let name = k.map_or(String::new(), |k| format!("{} ", k.name));
-            return Err(LayoutError::Sram(format!(
-                "kernel {name}needs {} of SRAM per PE (at PE ({x}, {y}), {}: {}), more than the {} a PE has for programs",
-                bytes(prog.words() * super::cost::WORD),
-                sizing(s),
-                breakdown(prog),
-                bytes(fab.usable_bytes())
-            )));
+                .position(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
+            let mut parts = vec![("code and runtime", fab.reserved_bytes)];
+            parts.extend(breakdown(prog));
+            return Err(LayoutError::Sram(SramShort {
+                kernel: k.map_or_else(|| "a kernel".to_string(), |k| placed[k].name.clone()),
+                span: k.and_then(|k| kernel_span(g, f, k)),
+                at: (*x, *y),
+                block: s,
+                parts,
+                need: prog.words() * super::cost::WORD + fab.reserved_bytes,
+                have: fab.sram_bytes,
+            }));
         }
     }
     let setup = Setup {
@@ -1206,7 +1309,7 @@ pub fn check(l: &Layout) -> Result<(), String> {
         .map_err(|e| e.0)
 }
 
-fn bytes(b: u32) -> String {
+pub fn bytes(b: u32) -> String {
     if b >= 1 << 20 {
         format!("{:.1} MiB", f64::from(b) / f64::from(1u32 << 20))
     } else {
@@ -1215,8 +1318,8 @@ fn bytes(b: u32) -> String {
 }
 
 /// A program's memory by what it holds: weights, gradients, optimiser state, stashed
-/// activations, buffers (streams in flight, temporaries, constants).
-fn breakdown(p: &super::isa::Program) -> String {
+/// activations, buffers (streams in flight, temporaries, constants); the non-zero ones.
+fn breakdown(p: &super::isa::Program) -> Vec<(&'static str, u32)> {
     let mut parts = [0u32; 5];
     for s in &p.symbols {
         let i = if s.name.contains("stash") {
@@ -1244,12 +1347,10 @@ fn breakdown(p: &super::isa::Program) -> String {
         "buffers",
     ];
     names
-        .iter()
+        .into_iter()
         .zip(parts)
         .filter(|(_, b)| *b > 0)
-        .map(|(n, b)| format!("{} {n}", bytes(b)))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect()
 }
 
 /// The simulator's host inputs of the host's streams (empty: values come each step).
