@@ -6,7 +6,8 @@
 //! in simulated PE-cycles per second of wall time. There is no peer to run beside: no
 //! public wafer compiler or simulator exists.
 //!
-//! `cargo bench --bench wafer`; `EST_BENCH_STEPS` (default 2) simulated steps.
+//! `cargo bench --bench wafer`; `EST_BENCH_STEPS` (default 2) simulated steps;
+//! `EST_BENCH_ONLY=NAME` runs the programs whose name contains `NAME`.
 
 use est::backend::wafer::fabric::Fabric;
 use est::backend::wafer::{form, place, report};
@@ -35,20 +36,27 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn bench(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric, steps: u32) {
+    if std::env::var("EST_BENCH_ONLY").is_ok_and(|only| !name.contains(&only)) {
+        return;
+    }
     for (k, v) in params {
         program.add_override(k, v, "bench");
     }
     let opts = CheckOptions {
         target: Target::Wafer,
         modes: vec![SectionKind::Train],
+        fabric: Some(fab.clone()),
         ..Default::default()
     };
     let checked = check(&program, &opts);
-    let Some(c) = checked.graphs.first() else {
+    let Some(c) = checked.graphs.first().filter(|_| !checked.has_errors()) else {
         println!(
             "{name:<28} {:<7} does not check: {:?}",
             fab.name,
-            checked.diags.first().map(|d| &d.message)
+            checked
+                .diags
+                .first()
+                .map(|d| format!("{}: {}", d.code.id(), d.message))
         );
         return;
     };

@@ -564,9 +564,13 @@ struct Sizer<'a> {
     /// lanes' memory to fit (1 when none does).
     floor: Vec<u32>,
     periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<u64>>>,
-    /// Convolutions' periods by (kernel, columns, rows), as they are asked for.
-    convs: std::cell::RefCell<BTreeMap<(usize, u32, u32), u64>>,
+    /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
+    /// sample, and whether the memory fits.
+    layers: std::cell::RefCell<BTreeMap<KernelLanes, (u64, bool)>>,
 }
+
+/// A kernel on `w x h` lanes: (kernel, w, h).
+type KernelLanes = (usize, u32, u32);
 
 impl<'a> Sizer<'a> {
     fn new(g: &'a Graph, f: &'a Formed, fab: &'a Fabric) -> Sizer<'a> {
@@ -611,7 +615,7 @@ impl<'a> Sizer<'a> {
             single_next,
             floor,
             periods: Default::default(),
-            convs: Default::default(),
+            layers: Default::default(),
         }
     }
 
@@ -621,18 +625,43 @@ impl<'a> Sizer<'a> {
         if !matches!(d.shape, Shape::Conv(_)) {
             return dense_period(self.fab, d, w, h);
         }
-        *self.convs.borrow_mut().entry((k, w, h)).or_insert_with(|| {
-            let layer = d.layer(self.f.batch);
-            let (wc, hr) = layer.used(w, h);
-            let c = dense::Colours::with_streams(4, 5, 6, 7);
-            let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
-            let mut scratch = Laid::default();
-            layer
-                .program(0, 0, (wc, hr), c, &mut scratch, (0, 0), ranges)
-                .map_or(u64::MAX / 4, |p| {
-                    super::cost::per_sample(self.fab, &p, self.f.batch, super::kernels::UPDATE)
-                })
-        })
+        self.first_pe(k, d, w, h).0
+    }
+
+    /// Whether layer `k`'s first PE (the one with the largest share) fits its memory on
+    /// `w x h` lanes.
+    fn layer_fits(&self, k: usize, d: Dims, w: u32, h: u32) -> bool {
+        self.first_pe(k, d, w, h).1
+    }
+
+    /// Layer `k`'s first PE on `w x h` lanes, from its program: its cycles per sample,
+    /// and whether its memory fits (memoised).
+    fn first_pe(&self, k: usize, d: Dims, w: u32, h: u32) -> (u64, bool) {
+        *self
+            .layers
+            .borrow_mut()
+            .entry((k, w, h))
+            .or_insert_with(|| {
+                let Ok(layer) = dense_kernel(self.g, self.f, k, Some(d)) else {
+                    return (u64::MAX / 4, false);
+                };
+                let (wc, hr) = layer.used(w, h);
+                let c = dense::Colours::with_streams(4, 5, 6, 7);
+                let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
+                let mut scratch = Laid::default();
+                let words = self.fab.usable_bytes() / super::cost::WORD;
+                layer
+                    .program(0, 0, (wc, hr), c, &mut scratch, (0, 0), ranges)
+                    .map_or((u64::MAX / 4, false), |p| {
+                        let t = super::cost::per_sample(
+                            self.fab,
+                            &p,
+                            self.f.batch,
+                            super::kernels::UPDATE,
+                        );
+                        (t, p.words() <= words)
+                    })
+            })
     }
 
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
@@ -722,14 +751,16 @@ impl<'a> Sizer<'a> {
             let reachable = |h: u32| match next {
                 Some((j, d2)) => {
                     used(d2.k, h) == h
-                        && self
-                            .rows(j, d2.n)
-                            .iter()
-                            .any(|&h2| self.layer_period(j, d2, h, used(d2.n, h2)) <= t)
+                        && self.rows(j, d2.n).iter().any(|&h2| {
+                            let h2 = used(d2.n, h2);
+                            self.layer_period(j, d2, h, h2) <= t && self.layer_fits(j, d2, h, h2)
+                        })
                 }
                 None => true,
             };
-            let ok = |w: u32, h: u32| self.layer_period(k, d, w, h) <= t && reachable(h);
+            let ok = |w: u32, h: u32| {
+                self.layer_period(k, d, w, h) <= t && self.layer_fits(k, d, w, h) && reachable(h)
+            };
             let (w, h) = match prev {
                 None => {
                     let mut best: Option<(u32, u32)> = None;
@@ -826,6 +857,51 @@ impl<'a> Sizer<'a> {
         }
         Ok(lanes)
     }
+}
+
+/// Dense kernel `k` (of dims `dims`) with its variables, gradient, host values and
+/// update: all but its lanes.
+fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<Dense, LayoutError> {
+    let kr = &f.kernels[k];
+    let Kind::Dense { w, fwd, dw, .. } = kr.kind else {
+        return Err(LayoutError::DoesNotFit(format!(
+            "kernel {k} is not a layer"
+        )));
+    };
+    let names: Vec<String> = kr
+        .vars
+        .iter()
+        .map(|&v| match &g.node(v).op {
+            Op::Variable { name, .. } => name.clone(),
+            _ => form::key(v),
+        })
+        .collect();
+    let update = if dw.is_some() {
+        form::update_of(
+            g,
+            f,
+            k,
+            (&kr.vars, &dw.iter().copied().collect::<Vec<_>>(), &kr.hosts),
+            &g.ty(w).shape,
+        )?
+    } else {
+        Update::default()
+    };
+    let Some(layer) = dims else {
+        return Err(unsupported(
+            g,
+            fwd,
+            "a layer without an output".into(),
+            "give the convolution an output of at least one pixel",
+        ));
+    };
+    Ok(Dense {
+        vars: names,
+        grad: dw.map(form::key).unwrap_or_default(),
+        hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
+        update,
+        ..layer.layer(f.batch)
+    })
 }
 
 /// The staircase of a sizing (`s`, the block size it came from, or 0).
@@ -981,49 +1057,9 @@ fn try_lanes(
         let kr = &f.kernels[k];
         let laid = match &kr.kind {
             Kind::Dense {
-                w,
-                x,
-                fwd,
-                dy,
-                bwd,
-                dw,
+                x, fwd, dy, bwd, ..
             } => {
-                let shape = &g.ty(*w).shape;
-                let names: Vec<String> = kr
-                    .vars
-                    .iter()
-                    .map(|&v| match &g.node(v).op {
-                        Op::Variable { name, .. } => name.clone(),
-                        _ => form::key(v),
-                    })
-                    .collect();
-                let train = dw.is_some();
-                let update = if train {
-                    form::update_of(
-                        g,
-                        f,
-                        k,
-                        (&kr.vars, &dw.iter().copied().collect::<Vec<_>>(), &kr.hosts),
-                        shape,
-                    )?
-                } else {
-                    Update::default()
-                };
-                let Some(layer) = dims[k] else {
-                    return Err(unsupported(
-                        g,
-                        *fwd,
-                        "a layer without an output".into(),
-                        "give the convolution an output of at least one pixel",
-                    ));
-                };
-                let d = Dense {
-                    vars: names,
-                    grad: dw.map(form::key).unwrap_or_default(),
-                    hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
-                    update,
-                    ..layer.layer(f.batch)
-                };
+                let d = dense_kernel(g, f, k, dims[k])?;
                 let c = dense::Colours::with_streams(
                     colour(Some(*x)),
                     colour(Some(*fwd)),
