@@ -299,23 +299,12 @@ fn train_like_the_interpreter(
     side: u32,
     seed: u64,
 ) -> Result<(), String> {
-    let d = tmp(&format!(
-        "prop-{k}-{n}-{c}-{act}-{bias}-{opt}-{batch}-{side}-{seed}"
-    ));
-    let rng = est::rng::Stream::new(seed, 0);
-    let xs = rng.uniforms(0, 64 * k, 0);
-    let mut csv = String::new();
-    for r in 0..64 {
-        let row: Vec<String> = (0..k)
-            .map(|j| format!("{:.6}", xs[r * k + j] * 2.0 - 1.0))
-            .collect();
-        csv.push_str(&format!(
-            "{},{}\n",
-            row.join(","),
-            (r * 7 + seed as usize) % c
-        ));
-    }
-    std::fs::write(d.join("data.csv"), csv).unwrap();
+    let d = random_data(
+        &format!("prop-{k}-{n}-{c}-{act}-{bias}-{opt}-{batch}-{side}-{seed}"),
+        k,
+        c,
+        seed,
+    );
     let act = [
         "",
         ", activation: relu",
@@ -329,13 +318,35 @@ fn train_like_the_interpreter(
         "adam(lr: 0.05)",
         "rmsprop(lr: 0.01)",
     ][opt];
+    let body = format!(
+        "  let h = dense(features, {n}, use_bias: {bias}{act})\n  let logits = dense(h, {c})\n"
+    );
+    // Random programs meet sums that nearly cancel (a gradient through a saturated
+    // tanh), whose summation-order error is larger against the variable than in
+    // digits_mlp: 1e-4 (in 200 cases the worst was 1.3e-5). Adam and RMSProp divide
+    // each gradient by its running magnitude, which turns that error for a gradient
+    // near zero into a step of the learning rate's order: 1e-3 (a wrong op in an
+    // update is off by O(1))
+    let bound = if adaptive { 1e-3 } else { 1e-4 };
+    compare(&d, &body, opt, (k, batch, side, seed), bound)
+}
+
+/// Trains the model of `body` (features `f32[B, k]` in, `logits` out, over the random
+/// data in `d`) 3 steps with `opt` on a `side x side` fabric and on the interpreter:
+/// the weights within `bound` of each variable's largest magnitude, the loss within
+/// 1e-5.
+fn compare(
+    d: &Path,
+    body: &str,
+    opt: &str,
+    (k, batch, side, seed): (usize, usize, u32, u64),
+    bound: f64,
+) -> Result<(), String> {
     let src = format!(
         r#"use std.nn.dense
 use std.losses.softmax_cross_entropy
 model m(features: f32[B, {k}], labels: i32[B]) {{
-  let h = dense(features, {n}, use_bias: {bias}{act})
-  let logits = dense(h, {c})
-  let loss = softmax_cross_entropy(labels, logits)
+{body}  let loss = softmax_cross_entropy(labels, logits)
   train {{ minimize loss with {opt} }}
 }}
 input data() {{ csv("data.csv", header: false, columns: {{ x: f32[{k}], label: i32 }}) |> map |r| (r.x, r.label) |> repeat |> batch({batch}, drop_remainder: true) }}
@@ -363,14 +374,7 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
     };
     let (lw, vw) = run(Target::Wafer, "w")?;
     let (li, vi) = run(Target::Interp, "i")?;
-    let _ = std::fs::remove_dir_all(&d);
-    // Random programs meet sums that nearly cancel (a gradient through a saturated
-    // tanh), whose summation-order error is larger against the variable than in
-    // digits_mlp: 1e-4 (in 200 cases the worst was 1.3e-5). Adam and RMSProp divide
-    // each gradient by its running magnitude, which turns that error for a gradient
-    // near zero into a step of the learning rate's order: 1e-3 (a wrong op in an
-    // update is off by O(1))
-    let bound = if adaptive { 1e-3 } else { 1e-4 };
+    let _ = std::fs::remove_dir_all(d);
     let w = worst(&vw, &vi);
     if w > bound {
         return Err(format!("weights differ by {w:e} of their scale\n{src}"));
@@ -381,6 +385,55 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
     Ok(())
 }
 
+/// Random data for a classifier of `k` features and `c` classes in a new directory.
+fn random_data(name: &str, k: usize, c: usize, seed: u64) -> PathBuf {
+    let d = tmp(name);
+    let rng = est::rng::Stream::new(seed, 0);
+    let xs = rng.uniforms(0, 64 * k, 0);
+    let mut csv = String::new();
+    for r in 0..64 {
+        let row: Vec<String> = (0..k)
+            .map(|j| format!("{:.6}", xs[r * k + j] * 2.0 - 1.0))
+            .collect();
+        csv.push_str(&format!(
+            "{},{}\n",
+            row.join(","),
+            (r * 7 + seed as usize) % c
+        ));
+    }
+    std::fs::write(d.join("data.csv"), csv).unwrap();
+    d
+}
+
+/// A layer's output moved about within a sample (sliced, transposed as a matrix,
+/// concatenated with itself and a product) before the next layer: the wafer's
+/// data-movement ops and their gradients (slice's is a concat with zeros, concat's
+/// slices, a transpose's the inverse one) like the interpreter, within 1e-4.
+fn moved_like_the_interpreter(
+    (r, cols): (usize, usize),
+    (s0, len): (usize, usize),
+    batch: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let (k, n, c) = (8, r * cols, 4);
+    let s1 = (s0 + len).min(n);
+    let s0 = s0.min(s1 - 1);
+    let d = random_data(
+        &format!("moved-{r}-{cols}-{s0}-{s1}-{batch}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let body = format!(
+        "  let h = dense(features, {n}, activation: tanh)
+  let a = slice(h, axis: 1, start: {s0}, end: {s1})
+  let t = reshape(transpose(reshape(h, [B, {r}, {cols}]), [0, 2, 1]), [B, {n}])
+  let logits = dense(concat([a, t, a * a], axis: 1), {c})
+"
+    );
+    compare(&d, &body, "sgd(lr: 0.5)", (k, batch, 24, seed), 1e-4)
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
     #[test]
@@ -389,6 +442,15 @@ proptest::proptest! {
         opt in 0usize..4, batch in 1usize..6, side in 12u32..33, seed in 0u64..1000,
     ) {
         train_like_the_interpreter(k, n, c, act, bias, opt, batch, side, seed)
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn moved_values_train_like_the_interpreter(
+        r in 1usize..5, cols in 1usize..6, s0 in 0usize..12, len in 1usize..8,
+        batch in 1usize..4, seed in 0u64..1000,
+    ) {
+        moved_like_the_interpreter((r, cols), (s0, len), batch, seed)
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 }

@@ -327,6 +327,15 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             }
         } else if class[n.index()] == Class::Batch {
             let xt = if conv { a } else { g.operands(a)[0] };
+            let reading = |kr: &&Kernel| matches!(kr.kind, Kind::Dense { x, .. } if x == xt);
+            if kernels.iter().filter(reading).count() > 1 {
+                return Err(unsupported(
+                    g,
+                    xt,
+                    "a value that several layers read has no wafer layout yet".into(),
+                    "the wafer lays out chains of layers so far: feed each value to one layer",
+                ));
+            }
             let found = kernels
                 .iter()
                 .position(|kr| matches!(kr.kind, Kind::Dense { x, .. } if x == xt));

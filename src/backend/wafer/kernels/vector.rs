@@ -667,6 +667,70 @@ impl Vector<'_> {
                 body.push(vec(VecOp::Mov, dst, &[Val::Imm(inner as f32)], ext));
                 body.push(reduce_rows(VecOp::Min, dst, hit, outer, inner));
             }
+            Op::Slice { axis, start, end } if *axis > 0 => {
+                // each run of the sliced axis (and the axes inside it), row by row
+                let shape = g.ty(ops[0]).shape.as_slice();
+                let (outer, inner) = around(shape, *axis);
+                let (whole, part) = (shape[*axis] as u32 * inner, (end - start) as u32 * inner);
+                body.push(nest(
+                    &[outer],
+                    Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: at(dst, 0, part, 1, &[part]),
+                        srcs: vec![view(args[0], *start as u32 * inner, part, 1, &[whole])],
+                    },
+                ));
+            }
+            Op::Concat { axis } if *axis > 0 => {
+                // each operand's rows into their place in each row of the result
+                let (outer, inner) = around(&node.ty.shape, *axis);
+                let whole = node.ty.shape[*axis] as u32 * inner;
+                let mut off = 0;
+                for (&o, &a) in ops.iter().zip(&args) {
+                    let part = g.ty(o).shape[*axis] as u32 * inner;
+                    let step: &[u32] = if matches!(a, Val::Buf { len: 1, .. }) {
+                        &[0]
+                    } else {
+                        &[part]
+                    };
+                    let stride = u32::from(!matches!(a, Val::Buf { len: 1, .. }));
+                    body.push(nest(
+                        &[outer],
+                        Instr::Vec {
+                            op: VecOp::Mov,
+                            dst: at(dst, off, part, 1, &[whole]),
+                            srcs: vec![view(a, 0, part, stride, step)],
+                        },
+                    ));
+                    off += part;
+                }
+            }
+            Op::Transpose { perm } if perm.first() == Some(&0) => {
+                // the result in its own order: a loop over each of its axes but the
+                // last, whose elements are read `stride` apart in the operand
+                let from = g.ty(ops[0]).shape.as_slice();
+                let strides = |shape: &[usize]| -> Vec<u32> {
+                    let mut st = vec![1u32; shape.len()];
+                    for d in (0..shape.len().saturating_sub(1)).rev() {
+                        st[d] = st[d + 1] * shape[d + 1] as u32;
+                    }
+                    st
+                };
+                let (si, so) = (strides(from), strides(&node.ty.shape));
+                let last = node.ty.rank() - 1;
+                let loops: Vec<u32> = (1..last).map(|d| node.ty.shape[d] as u32).collect();
+                let dst_step: Vec<u32> = (1..last).map(|d| so[d]).collect();
+                let src_step: Vec<u32> = (1..last).map(|d| si[perm[d]]).collect();
+                let len = node.ty.shape[last] as u32;
+                body.push(nest(
+                    &loops,
+                    Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: at(dst, 0, len, 1, &dst_step),
+                        srcs: vec![view(args[0], 0, len, si[perm[last]], &src_step)],
+                    },
+                ));
+            }
             Op::OneHot { depth } if ext == *depth as u32 => {
                 let iota = Val::buf(iota.ok_or("no counting buffer")?, *depth as u32);
                 body.push(vec(VecOp::Eq, dst, &[iota, args[0]], ext));
@@ -681,6 +745,15 @@ impl Vector<'_> {
         }
         Ok(())
     }
+}
+
+/// The rows of a sample (`shape` with the batch first) around `axis`: how many runs of
+/// it there are (the axes before it, but the batch), and the elements of one of its
+/// entries (the axes after it).
+fn around(shape: &[usize], axis: usize) -> (u32, u32) {
+    let outer: usize = shape[1..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    (outer as u32, inner as u32)
 }
 
 /// Whether an op pools an image (or is pooling's gradient).
