@@ -593,6 +593,10 @@ impl Vector<'_> {
             Op::Reshape | Op::BroadcastTo => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
             }
+            // a transpose of a batch of scalars keeps them where they are
+            Op::Transpose { perm } if perm.len() == 1 => {
+                body.push(vec(VecOp::Mov, dst, &args[..1], ext));
+            }
             Op::Reduce { op, axes, .. } => {
                 let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), axes)?;
                 let (v, init) = match op {
