@@ -173,8 +173,7 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
         }
     }
     check_memory(&graphs, &estimators, opts, &mut diags);
-    if opts.target == Target::Wafer && !diags.iter().any(|d| d.severity() == diag::Severity::Error)
-    {
+    if opts.target == Target::Wafer && !diags.has_errors() {
         check_wafer(&graphs, &estimators, opts, &mut diags);
     }
     Checked {

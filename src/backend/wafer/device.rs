@@ -81,9 +81,10 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
             if large("weights") || large("gradients") || large("optimiser state") {
                 helps.push("fewer hidden units".to_string());
             }
-            Diag::new(
+            let layer = s.span.map(|l| (l, format!("{} per PE", place::bytes(s.need))));
+            short(
                 Code::WaferSram,
-                s.span.unwrap_or(at),
+                (layer, at),
                 format!(
                     "kernel `{}` needs {} of SRAM per PE on the {} fabric, which has {} ({} over): {} (at PE ({}, {}), {})",
                     s.kernel,
@@ -96,31 +97,29 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
                     s.at.1,
                     place::sizing(s.block),
                 ),
+                &helps,
             )
-            .label(format!("{} per PE", place::bytes(s.need)))
-            .with(at, "on the wafer: this estimator")
-            .help(format!("try {}", or_list(&helps)))
         }
         LayoutError::Pes(p) => {
             let (dw, dh) = (
                 p.extent.0.saturating_sub(fab.width),
                 p.extent.1.saturating_sub(fab.height),
             );
-            let mut short = Vec::new();
+            let mut missing = Vec::new();
             if dw > 0 {
-                short.push(format!("{dw} columns"));
+                missing.push(format!("{dw} columns"));
             }
             if dh > 0 {
-                short.push(format!("{dh} rows"));
+                missing.push(format!("{dh} rows"));
             }
             let mut helps = vec![larger];
             if p.floor {
                 helps.push("a smaller batch per step (kernels take enough PEs to hold a step's stashed activations)".to_string());
             }
             helps.push("fewer layers".to_string());
-            Diag::new(
+            short(
                 Code::WaferPes,
-                p.span.unwrap_or(at),
+                (p.span.map(|l| (l, "runs off the fabric".into())), at),
                 format!(
                     "the program needs more PEs than the {} fabric has: its smallest layout spans {}x{} PEs ({} in kernels, {}), the fabric {}x{}; {} short ({} PEs), and kernel `{}` runs off it first",
                     fab.name,
@@ -130,18 +129,16 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
                     place::sizing(p.block),
                     fab.width,
                     fab.height,
-                    short.join(" and "),
+                    missing.join(" and "),
                     p.missing(fab.width, fab.height),
                     p.kernel,
                 ),
+                &helps,
             )
-            .label("runs off the fabric")
-            .with(at, "on the wafer: this estimator")
-            .help(format!("try {}", or_list(&helps)))
         }
-        LayoutError::Colours(c) => Diag::new(
+        LayoutError::Colours(c) => short(
             Code::WaferColours,
-            at,
+            (None, at),
             format!(
                 "the program needs {} colours where its streams meet, and the {} fabric gives programs {}: {} short (the stream of `{}` found none free)",
                 c.need,
@@ -150,17 +147,33 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
                 c.need - c.have.min(c.need),
                 c.stream
             ),
-        )
-        .label("this estimator")
-        .help("try a fabric with more colours (`colours` in its .toml, or a named config: they give programs 18), or fewer separate inputs into the same layers"),
-        LayoutError::DoesNotFit(why) => Diag::new(
+            &["a fabric with more colours (`colours` in its .toml, or a named config: they give programs 18), or fewer separate inputs into the same layers".to_string()],
+        ),
+        LayoutError::DoesNotFit(why) => short(
             Code::WaferPes,
-            at,
+            (None, at),
             format!("the program does not fit the {} fabric: {why}", fab.name),
-        )
-        .label("this estimator")
-        .help(format!("try {}", or_list(&[larger, "fewer hidden units".to_string()]))),
+            &[larger, "fewer hidden units".to_string()],
+        ),
     }
+}
+
+/// A does-not-fit diagnostic at the kernel's layer (with its label; the estimator
+/// beside it), or at the estimator when the layer is not known; its help the options
+/// that would help.
+fn short(
+    code: Code,
+    (layer, at): (Option<(Span, String)>, Span),
+    message: String,
+    helps: &[String],
+) -> Diag {
+    let d = match layer {
+        Some((span, label)) => Diag::new(code, span, message)
+            .label(label)
+            .with(at, "on the wafer: this estimator"),
+        None => Diag::new(code, at, message).label("this estimator"),
+    };
+    d.help(format!("try {}", or_list(helps)))
 }
 
 /// The next larger named config, said as an option.

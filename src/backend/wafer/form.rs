@@ -327,8 +327,11 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             }
         } else if class[n.index()] == Class::Batch {
             let xt = if conv { a } else { g.operands(a)[0] };
-            let reading = |kr: &&Kernel| matches!(kr.kind, Kind::Dense { x, .. } if x == xt);
-            if kernels.iter().filter(reading).count() > 1 {
+            let mut readers = (kernels.iter().enumerate())
+                .filter(|(_, kr)| matches!(kr.kind, Kind::Dense { x, .. } if x == xt))
+                .map(|(k, _)| k);
+            let found = readers.next();
+            if readers.next().is_some() {
                 return Err(unsupported(
                     g,
                     xt,
@@ -336,9 +339,6 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                     "the wafer lays out chains of layers so far: feed each value to one layer",
                 ));
             }
-            let found = kernels
-                .iter()
-                .position(|kr| matches!(kr.kind, Kind::Dense { x, .. } if x == xt));
             let Some(k) = found else {
                 return Err(unsupported(g, n, "a product over the batch that is no layer's weight gradient has no wafer kernel".into(), "the wafer computes `transpose(x) @ dy` only as the gradient of a dense layer's weight"));
             };

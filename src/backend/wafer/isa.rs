@@ -48,12 +48,18 @@ pub enum Dsd {
 impl Dsd {
     /// `len` contiguous words at `base`.
     pub fn mem(base: u32, len: u32) -> Dsd {
+        Dsd::strided(base, len, 1, &[], None)
+    }
+
+    /// `len` words at `base`, `stride` apart, moved `step[d]` per iteration of the
+    /// `d`th loop around it (and `by.1` words per count of the PE's counter `by.0`).
+    pub fn strided(base: u32, len: u32, stride: i32, step: &[u32], by: Option<(u8, i32)>) -> Dsd {
         Dsd::Mem {
             base,
             len,
-            stride: 1,
-            step: Vec::new(),
-            by: None,
+            stride,
+            step: step.iter().map(|&s| s as i32).collect(),
+            by,
         }
     }
 

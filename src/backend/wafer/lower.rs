@@ -62,13 +62,13 @@ impl Val {
 
 /// `n` elements of a buffer of `len` words at `base` (in counter `slot`'s slot).
 fn words(base: u32, len: u32, slot: Option<u8>, n: u32) -> Dsd {
-    Dsd::Mem {
+    Dsd::strided(
         base,
-        len: n,
-        stride: i32::from(len != 1),
-        step: Vec::new(),
-        by: slot.map(|c| (c, len as i32)),
-    }
+        n,
+        i32::from(len != 1),
+        &[],
+        slot.map(|c| (c, len as i32)),
+    )
 }
 
 /// The scratch area of a PE's tasks: temporaries placed at offsets from `base`, freed

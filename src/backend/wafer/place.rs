@@ -19,7 +19,7 @@
 //! chains use the four colours below the streams'.
 
 use super::fabric::Fabric;
-use super::form::{self, End, Formed, Kind, Unsupported};
+use super::form::{self, image, End, Formed, Kind, Unsupported};
 use super::isa::Colour;
 use super::kernels::dense::{self, Dense, Geom, Shape};
 use super::kernels::vector::{Port, Vector};
@@ -282,7 +282,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     // fits), and each layer sized to a common period (the shortest whose staircase
     // fits); the layout with the shorter estimated step wins, then the one with fewer
     // PEs
-    let sizer = Sizer::new(g, f, fab);
+    let sizer = Sizer::new(g, f, fab)?;
     let debug = std::env::var_os("EST_WAFER_DEBUG").is_some();
     if debug {
         for k in 0..n {
@@ -345,7 +345,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     ] {
         let r = sizer
             .block(s)
-            .and_then(|lanes| try_lanes(g, f, fab, &sizer.dims, &lanes, s).map(|l| (lanes, l)));
+            .and_then(|lanes| try_lanes(&sizer, &lanes, s).map(|l| (lanes, l)));
         let fits = r.is_ok();
         consider(r)?;
         if fits {
@@ -353,7 +353,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         }
     }
     if let Some(lanes) = sizer.balanced() {
-        let r = try_lanes(g, f, fab, &sizer.dims, &lanes, 0).map(|l| (lanes, l));
+        let r = try_lanes(&sizer, &lanes, 0).map(|l| (lanes, l));
         consider(r)?;
     }
     if let Some((_, _, l)) = best {
@@ -431,24 +431,6 @@ struct Dims {
     train: bool,
     dx: bool,
     shape: Shape,
-}
-
-impl Dims {
-    /// The layer with placeholder tensor names and no update (to size it).
-    fn layer(&self, batch: u32) -> Dense {
-        Dense {
-            k: self.k,
-            n: self.n,
-            shape: self.shape,
-            batch,
-            train: self.train,
-            dx: self.dx,
-            vars: vec!["W".into()],
-            grad: "dW".into(),
-            hosts: Vec::new(),
-            update: Update::default(),
-        }
-    }
 }
 
 /// A layer kernel's dimensions (`None` for a vector kernel).
@@ -563,6 +545,8 @@ struct Sizer<'a> {
     /// A layer's fewest output lanes: those the vector kernel after it needs for its
     /// lanes' memory to fit (1 when none does).
     floor: Vec<u32>,
+    /// Each layer kernel with its tensors and update (`None` for a vector kernel).
+    dense: Vec<Option<Dense>>,
     periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<u64>>>,
     /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
     /// sample, and whether the memory fits.
@@ -573,13 +557,20 @@ struct Sizer<'a> {
 type KernelLanes = (usize, u32, u32);
 
 impl<'a> Sizer<'a> {
-    fn new(g: &'a Graph, f: &'a Formed, fab: &'a Fabric) -> Sizer<'a> {
+    /// The sizer of `f`; an error when a layer has no kernel (its update, or no output).
+    fn new(g: &'a Graph, f: &'a Formed, fab: &'a Fabric) -> Result<Sizer<'a>, LayoutError> {
         let nk = f.kernels.len();
         let dims: Vec<_> = f
             .kernels
             .iter()
             .map(|k| dense_dims(g, f, &k.kind))
             .collect();
+        let dense = (0..nk)
+            .map(|k| match f.kernels[k].kind {
+                Kind::Dense { .. } => dense_kernel(g, f, k, dims[k]).map(Some),
+                Kind::Vector { .. } => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let width: Vec<Option<u32>> = (0..nk)
             .map(|k| {
                 if dims[k].is_some() {
@@ -606,7 +597,7 @@ impl<'a> Sizer<'a> {
                 _ => 1,
             })
             .collect();
-        Sizer {
+        Ok(Sizer {
             g,
             f,
             fab,
@@ -614,9 +605,10 @@ impl<'a> Sizer<'a> {
             width,
             single_next,
             floor,
+            dense,
             periods: Default::default(),
             layers: Default::default(),
-        }
+        })
     }
 
     /// Layer `k`'s cycles per sample on `w x h` lanes, stalls aside: a product's by
@@ -642,7 +634,7 @@ impl<'a> Sizer<'a> {
             .borrow_mut()
             .entry((k, w, h))
             .or_insert_with(|| {
-                let Ok(layer) = dense_kernel(self.g, self.f, k, Some(d)) else {
+                let Some(layer) = &self.dense[k] else {
                     return (u64::MAX / 4, false);
                 };
                 let (wc, hr) = layer.used(w, h);
@@ -887,7 +879,7 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
     } else {
         Update::default()
     };
-    let Some(layer) = dims else {
+    let Some(d) = dims else {
         return Err(unsupported(
             g,
             fwd,
@@ -896,23 +888,22 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
         ));
     };
     Ok(Dense {
+        k: d.k,
+        n: d.n,
+        shape: d.shape,
+        batch: f.batch,
+        train: d.train,
+        dx: d.dx,
         vars: names,
         grad: dw.map(form::key).unwrap_or_default(),
         hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
         update,
-        ..layer.layer(f.batch)
     })
 }
 
 /// The staircase of a sizing (`s`, the block size it came from, or 0).
-fn try_lanes(
-    g: &Graph,
-    f: &Formed,
-    fab: &Fabric,
-    dims: &[Option<Dims>],
-    lanes: &Lanes,
-    s: u32,
-) -> Result<Layout, LayoutError> {
+fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError> {
+    let (g, f, fab, dims) = (sizer.g, sizer.f, sizer.fab, &sizer.dims);
     let nk = f.kernels.len();
     let lanes_in = &lanes.inp;
     let lanes_out = &lanes.out;
@@ -1055,11 +1046,13 @@ fn try_lanes(
     for k in 0..nk {
         let p = &placed[k];
         let kr = &f.kernels[k];
-        let laid = match &kr.kind {
-            Kind::Dense {
-                x, fwd, dy, bwd, ..
-            } => {
-                let d = dense_kernel(g, f, k, dims[k])?;
+        let laid = match (&kr.kind, &sizer.dense[k]) {
+            (
+                Kind::Dense {
+                    x, fwd, dy, bwd, ..
+                },
+                Some(d),
+            ) => {
                 let c = dense::Colours::with_streams(
                     colour(Some(*x)),
                     colour(Some(*fwd)),
@@ -1071,7 +1064,15 @@ fn try_lanes(
                         unsupported(g, *fwd, e, "this layer's update has no wafer kernel")
                     })?
             }
-            Kind::Vector { nodes } => {
+            (Kind::Dense { fwd, .. }, None) => {
+                return Err(unsupported(
+                    g,
+                    *fwd,
+                    "a layer the sizer did not make".into(),
+                    "this is a bug in estc's wafer compiler",
+                ))
+            }
+            (Kind::Vector { nodes }, _) => {
                 let v = vector_of(g, f, k, |n| colour_of.get(&n).copied().unwrap_or(0));
                 let lanes = lanes_out[k];
                 let mut laid = Laid::default();
@@ -1257,12 +1258,6 @@ fn try_lanes(
     check(&l)
         .map_err(|e| LayoutError::DoesNotFit(format!("an illegal layout (a bug in estc): {e}")))?;
     Ok(l)
-}
-
-/// A rank-4 value's height, width and channels.
-fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
-    let s = &g.ty(n).shape;
-    (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
 }
 
 /// Whether node `n` streams from the host.

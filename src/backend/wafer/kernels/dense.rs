@@ -184,18 +184,6 @@ impl Colours {
     }
 }
 
-/// `len` words at `base`, moved `step[d]` per iteration of the `d`th loop around it
-/// (and a slot's length per count of `by`'s counter).
-fn mem(base: u32, len: u32, stride: i32, step: &[u32], by: Option<(u8, i32)>) -> Dsd {
-    Dsd::Mem {
-        base,
-        len,
-        stride,
-        step: step.iter().map(|&s| s as i32).collect(),
-        by,
-    }
-}
-
 /// `len` words at `acc` set to zero.
 fn zero(acc: u32, len: u32) -> Instr {
     Instr::Vec {
@@ -238,7 +226,7 @@ fn taps(loops: [u32; 4], dst: Dsd, a: Dsd, b: Dsd) -> Instr {
 fn link(part: u32, len: u32, loops: &[(u32, u32)], send: Colour, recv: Option<Colour>) -> Instr {
     let dst = Dsd::Out { colour: send, len };
     let steps: Vec<u32> = loops.iter().map(|l| l.1).collect();
-    let mine = Src::V(mem(part, len, 1, &steps, None));
+    let mine = Src::V(Dsd::strided(part, len, 1, &steps, None));
     let v = match recv {
         None => Instr::Vec {
             op: VecOp::Mov,
@@ -436,7 +424,7 @@ impl Dense {
         let mut fwd = vec![
             Instr::Vec {
                 op: VecOp::Mov,
-                dst: mem(xs, a, 1, &[], self.by(0, a)),
+                dst: Dsd::strided(xs, a, 1, &[], self.by(0, a)),
                 srcs: vec![Src::V(Dsd::In {
                     colour: c.x,
                     len: a,
@@ -447,8 +435,8 @@ impl Dense {
                 y,
                 b,
                 a,
-                mem(w, b, 1, &[b], None),
-                mem(xs, b, 0, &[1], self.by(0, a)),
+                Dsd::strided(w, b, 1, &[b], None),
+                Dsd::strided(xs, b, 0, &[1], self.by(0, a)),
             ),
         ];
         let (send, recv) = links.fwd;
@@ -475,13 +463,13 @@ impl Dense {
                 dxp,
                 a,
                 b,
-                mem(w, a, b as i32, &[1], None),
-                mem(dy, a, 0, &[1], None),
+                Dsd::strided(w, a, b as i32, &[1], None),
+                Dsd::strided(dy, a, 0, &[1], None),
             ));
             let (send, recv) = links.bwd;
             bwd.push(link(dxp, a, &[], send, recv));
         }
-        let g = mem(dw, b, 1, &[b], None);
+        let g = Dsd::strided(dw, b, 1, &[b], None);
         bwd.push(Instr::Loop {
             count: a,
             body: vec![Instr::Vec {
@@ -490,7 +478,7 @@ impl Dense {
                 srcs: vec![
                     Src::V(g),
                     Src::V(Dsd::mem(dy, b)),
-                    Src::V(mem(xs, b, 0, &[1], self.by(1, a))),
+                    Src::V(Dsd::strided(xs, b, 0, &[1], self.by(1, a))),
                 ],
             }],
         });
@@ -526,8 +514,8 @@ impl Dense {
                 &[a, g.h],
                 Instr::Vec {
                     op: VecOp::Mov,
-                    dst: mem(xp + inner, g.w, 1, &[plane_pad, wp], None),
-                    srcs: vec![Src::V(mem(
+                    dst: Dsd::strided(xp + inner, g.w, 1, &[plane_pad, wp], None),
+                    srcs: vec![Src::V(Dsd::strided(
                         xs,
                         g.w,
                         1,
@@ -538,13 +526,13 @@ impl Dense {
             )
         };
         let tap_loops = [g.r, g.s, a, b];
-        let wt = mem(w, span, 0, &[g.s * a * b, a * b, b, 1], None);
-        let xin = mem(xp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
-        let yout = mem(y, span, 1, &[0, 0, 0, plane_out], None);
+        let wt = Dsd::strided(w, span, 0, &[g.s * a * b, a * b, b, 1], None);
+        let xin = Dsd::strided(xp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
+        let yout = Dsd::strided(y, span, 1, &[0, 0, 0, plane_out], None);
         let mut fwd = vec![
             Instr::Vec {
                 op: VecOp::Mov,
-                dst: mem(xs, a * plane_in, 1, &[], self.by(0, a * plane_in)),
+                dst: Dsd::strided(xs, a * plane_in, 1, &[], self.by(0, a * plane_in)),
                 srcs: vec![Src::V(Dsd::In {
                     colour: c.x,
                     len: a * plane_in,
@@ -569,7 +557,7 @@ impl Dense {
                 &[b * g.ho],
                 Instr::Vec {
                     op: VecOp::Mov,
-                    dst: mem(y, g.wo, 1, &[wp], None),
+                    dst: Dsd::strided(y, g.wo, 1, &[wp], None),
                     srcs: vec![Src::V(Dsd::In {
                         colour: c.dy,
                         len: g.wo,
@@ -594,7 +582,7 @@ impl Dense {
         // the filter's gradient: per tap, the dot product of the shifted input and the
         // output gradient
         bwd.push(pad(1));
-        let acc = mem(dw, span, 0, &[g.s * a * b, a * b, b, 1], None);
+        let acc = Dsd::strided(dw, span, 0, &[g.s * a * b, a * b, b, 1], None);
         bwd.push(taps(tap_loops, acc, xin, yout));
         bwd.push(self.count(1));
         (fwd, bwd)

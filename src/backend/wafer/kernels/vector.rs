@@ -333,13 +333,7 @@ impl Vector<'_> {
                 };
                 let drop = |len: u32| Instr::Vec {
                     op: VecOp::Mov,
-                    dst: Dsd::Mem {
-                        base: junk,
-                        len,
-                        stride: 0,
-                        step: Vec::new(),
-                        by: None,
-                    },
+                    dst: Dsd::strided(junk, len, 0, &[], None),
                     srcs: vec![Src::V(Dsd::In {
                         colour: i.colour,
                         len,
@@ -417,13 +411,7 @@ impl Vector<'_> {
                                 colour: o.colour,
                                 len: ext,
                             },
-                            srcs: vec![Src::V(Dsd::Mem {
-                                base,
-                                len: ext,
-                                stride: 1,
-                                step: vec![ext as i32],
-                                by: None,
-                            })],
+                            srcs: vec![Src::V(Dsd::strided(base, ext, 1, &[ext], None))],
                         }],
                     });
                 }
@@ -692,18 +680,14 @@ impl Vector<'_> {
                 let mut off = 0;
                 for (&o, &a) in ops.iter().zip(&args) {
                     let part = g.ty(o).shape[*axis] as u32 * inner;
-                    let step: &[u32] = if matches!(a, Val::Buf { len: 1, .. }) {
-                        &[0]
-                    } else {
-                        &[part]
-                    };
-                    let stride = u32::from(!matches!(a, Val::Buf { len: 1, .. }));
+                    // a one-word operand repeats its word
+                    let stride = u32::from(a.elements() != 1);
                     body.push(nest(
                         &[outer],
                         Instr::Vec {
                             op: VecOp::Mov,
                             dst: at(dst, off, part, 1, &[whole]),
-                            srcs: vec![view(a, 0, part, stride, step)],
+                            srcs: vec![view(a, 0, part, stride, &[stride * part])],
                         },
                     ));
                     off += part;
@@ -780,13 +764,13 @@ fn at(v: Val, off: u32, len: u32, stride: u32, step: &[u32]) -> Dsd {
     else {
         return Dsd::mem(0, 0);
     };
-    Dsd::Mem {
-        base: base + off,
+    Dsd::strided(
+        base + off,
         len,
-        stride: stride as i32,
-        step: step.iter().map(|&s| s as i32).collect(),
-        by: slot.map(|c| (c, whole as i32)),
-    }
+        stride as i32,
+        step,
+        slot.map(|c| (c, whole as i32)),
+    )
 }
 
 /// `v` as a source: the words `at` describes, or the constant.
@@ -951,85 +935,31 @@ fn rows(shape: &[usize], axes: &[usize]) -> Result<(u32, u32), String> {
 /// `dst[r] = op(dst[r], x[r * inner + i])` over every `i`, for each row `r`: a loop of
 /// accumulations into one word each.
 fn reduce_rows(op: VecOp, dst: Val, x: Val, outer: u32, inner: u32) -> Instr {
-    let (
-        Val::Buf {
-            base: d, slot: ds, ..
-        },
-        Val::Buf {
-            base: xb,
-            slot: xs,
-            len: xl,
-        },
-    ) = (dst, x)
-    else {
-        return Instr::Loop {
-            count: 0,
-            body: Vec::new(),
-        };
-    };
-    let by = |s: Option<u8>, len: u32| s.map(|c| (c, len as i32));
-    let dlen = dst.elements();
-    let acc = Dsd::Mem {
-        base: d,
-        len: inner,
-        stride: 0,
-        step: vec![1],
-        by: by(ds, dlen),
-    };
-    Instr::Loop {
-        count: outer,
-        body: vec![Instr::Vec {
+    let acc = at(dst, 0, inner, 0, &[1]);
+    nest(
+        &[outer],
+        Instr::Vec {
             op,
             dst: acc.clone(),
-            srcs: vec![
-                Src::V(acc),
-                Src::V(Dsd::Mem {
-                    base: xb,
-                    len: inner,
-                    stride: 1,
-                    step: vec![inner as i32],
-                    by: by(xs, xl),
-                }),
-            ],
-        }],
-    }
+            srcs: vec![Src::V(acc), view(x, 0, inner, 1, &[inner])],
+        },
+    )
 }
 
 /// `dst[r * inner + i] = op(x[r * inner + i], s[r])`: a row's elements against the row's
 /// one value.
 fn per_row(op: VecOp, dst: Val, x: Val, s: Val, outer: u32, inner: u32) -> Instr {
-    let by = |v: Val| match v {
-        Val::Buf { slot, len, .. } => slot.map(|c| (c, len as i32)),
-        Val::Imm(_) => None,
-    };
-    let row = |v: Val, step: i32, stride: i32| match v {
-        Val::Buf { base, .. } => Src::V(Dsd::Mem {
-            base,
-            len: inner,
-            stride,
-            step: vec![step],
-            by: by(v),
-        }),
-        Val::Imm(x) => Src::Imm(x),
-    };
-    let Src::V(d) = row(dst, inner as i32, 1) else {
-        return Instr::Loop {
-            count: 0,
-            body: Vec::new(),
-        };
-    };
-    let xs = row(
-        x,
-        if x.elements() == 1 { 0 } else { inner as i32 },
-        i32::from(x.elements() != 1),
-    );
-    let ss = row(s, i32::from(s.elements() != 1), 0);
-    Instr::Loop {
-        count: outer,
-        body: vec![Instr::Vec {
+    // a one-word operand repeats its word
+    let many = |v: Val| u32::from(v.elements() != 1);
+    nest(
+        &[outer],
+        Instr::Vec {
             op,
-            dst: d,
-            srcs: vec![xs, ss],
-        }],
-    }
+            dst: at(dst, 0, inner, 1, &[inner]),
+            srcs: vec![
+                view(x, 0, inner, many(x), &[many(x) * inner]),
+                view(s, 0, inner, 0, &[many(s)]),
+            ],
+        },
+    )
 }
