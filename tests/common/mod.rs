@@ -162,11 +162,20 @@ pub fn worst(
     a: &rustc_hash::FxHashMap<String, est::tensor::Tensor>,
     b: &rustc_hash::FxHashMap<String, est::tensor::Tensor>,
 ) -> f64 {
+    worst_above(a, b, 1e-6)
+}
+
+/// `worst`, each variable's magnitude taken as at least `floor`.
+pub fn worst_above(
+    a: &rustc_hash::FxHashMap<String, est::tensor::Tensor>,
+    b: &rustc_hash::FxHashMap<String, est::tensor::Tensor>,
+    floor: f64,
+) -> f64 {
     assert_eq!(a.len(), b.len());
     let mut worst = 0f64;
     for (k, x) in a {
         let (x, y) = (x.to_f64(), b[k].to_f64());
-        let scale = x.iter().fold(1e-6f64, |m, v| m.max(v.abs()));
+        let scale = x.iter().fold(floor, |m, v| m.max(v.abs()));
         for (p, q) in x.iter().zip(&y) {
             worst = worst.max((p - q).abs() / scale);
         }

@@ -373,6 +373,15 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
             ));
         }
         let v = t.to_f64();
+        if let Some((at, rows)) = s.ids {
+            if let Some(&k) = v.iter().find(|&&k| !(0.0..f64::from(rows)).contains(&k)) {
+                return Err(fail(
+                    &g,
+                    NodeIndex::new(at as usize),
+                    format!("gather index {k} is out of range for a table of {rows} rows"),
+                ));
+            }
+        }
         let per = s.per_sample as usize;
         // an image sent planar (channel by channel): the NHWC element of planar
         // position `e`

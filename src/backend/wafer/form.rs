@@ -187,7 +187,9 @@ pub fn classify(
                 }
                 Op::MatMul if cl(&ops[0]) == Class::SampleT && cl(&ops[1]) == Class::Sample => Class::Batch,
                 Op::Conv2dBackpropFilter(_) => Class::Batch,
-                Op::Reshape if leading && planar_view(g, ops[0], n) => {
+                // a gather's gradient: every sample's rows added into one table
+                Op::ScatterAdd => Class::Batch,
+                Op::Reshape if leading && (planar_view(g, ops[0], n) || flat(g, ops[0], n)) => {
                     // the same words in the same order: images travel planar
                     alias[n.index()] = Some(ops[0]);
                     Class::Sample
@@ -226,6 +228,13 @@ fn planar_view(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
     }
 }
 
+/// Whether reshaping sample value `from` into `to` regroups axes neither of which is an
+/// image's: the same words in the same order (an embedding's rows of a sample made
+/// one vector for a dense layer, and that layer's input gradient made rows again).
+fn flat(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
+    image(g, from).is_none() && image(g, to).is_none()
+}
+
 /// A rank-4 (image) value's height, width and channels.
 pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
     let s = &g.ty(n).shape;
@@ -246,6 +255,33 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     for &n in &order {
         let layer = match &g.node(n).op {
             Op::MatMul => true,
+            // an embedding: rows of a variable table, chosen per sample
+            Op::Gather => {
+                let (table, ids) = (g.operands(n)[0], g.operands(n)[1]);
+                if is_var(table) && g.ty(table).rank() == 2 && class[ids.index()] == Class::Sample {
+                    if owner[table.index()].is_some() {
+                        return Err(unsupported(g, n, "a table looked up twice has no wafer kernel".into(), "the wafer keeps each table on the PEs of one embedding: look it up once (concatenate the ids) or give each lookup its own table"));
+                    }
+                    let k = kernels.len();
+                    owner[n.index()] = Some(k);
+                    owner[table.index()] = Some(k);
+                    kernels.push(Kernel {
+                        kind: Kind::Dense {
+                            w: table,
+                            x: ids,
+                            fwd: n,
+                            dy: None,
+                            bwd: None,
+                            dw: None,
+                        },
+                        vars: vec![table],
+                        steps: Vec::new(),
+                        commits: Vec::new(),
+                        hosts: Vec::new(),
+                    });
+                }
+                continue;
+            }
             Op::Conv2d(c) => {
                 if c.strides != [1, 1] {
                     return Err(unsupported(g, n, format!("a convolution of strides {:?} has no wafer kernel yet", c.strides), "the wafer convolves with stride 1: use stride 1 and pool after the convolution (`max_pool2d(2, 2)`)"));
@@ -289,9 +325,36 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         });
     }
     // their gradients: dy W^T and x^T dy (a convolution's: the gradients of its
-    // input, from dy and the filter, and of its filter, from x and dy)
+    // input, from dy and the filter, and of its filter, from x and dy; an embedding's:
+    // dy's rows added into its table's)
     for &n in &order {
         let ops = g.operands(n);
+        if matches!(g.node(n).op, Op::ScatterAdd) && class[n.index()] == Class::Batch {
+            let (ids, dy) = (ops[0], ops[1]);
+            let table = (kernels.iter().enumerate()).find_map(|(k, kr)| match kr.kind {
+                Kind::Dense { x, fwd, .. } if x == ids && matches!(g.node(fwd).op, Op::Gather) => {
+                    Some(k)
+                }
+                _ => None,
+            });
+            let Some(k) = table else {
+                return Err(unsupported(g, n, "a `scatter_add` that is no embedding's gradient has no wafer kernel".into(), "the wafer adds rows into a table only as the gradient of `gather` from a variable (an embedding)"));
+            };
+            if let Kind::Dense { dy: d, dw, .. } = &mut kernels[k].kind {
+                if d.is_some() || dw.is_some() {
+                    return Err(unsupported(
+                        g,
+                        n,
+                        "an embedding with two gradients has no wafer kernel".into(),
+                        "look each table up once in the forward pass",
+                    ));
+                }
+                *d = Some(dy);
+                *dw = Some(n);
+            }
+            owner[n.index()] = Some(k);
+            continue;
+        }
         if !matches!(
             g.node(n).op,
             Op::MatMul | Op::Conv2dBackpropInput(_) | Op::Conv2dBackpropFilter(_)
@@ -380,8 +443,52 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             continue;
         }
         for o in g.operands(n) {
+            // through values under other names (a reshape that keeps the words)
+            let o = resolve(o);
             if free(o, &owner) {
                 let (a, b) = (find(&mut parent, n.index()), find(&mut parent, o.index()));
+                parent[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    // a layer's neighbours in both directions are one: what makes its input with what
+    // reads its input gradient, what makes its output gradient with what reads its
+    // output (a linear op, such as a mean over a sample's axis, and its gradient share
+    // no value, but they sit between the same two layers)
+    let readers = |n: NodeIndex, owner: &[Option<usize>]| {
+        let mut out = Vec::new();
+        let mut stack = vec![n];
+        while let Some(v) = stack.pop() {
+            for u in g.g.neighbors_directed(v, petgraph::Direction::Outgoing) {
+                if alias[u.index()].is_some() {
+                    stack.push(u);
+                } else if free(u, owner) {
+                    out.push(u);
+                }
+            }
+        }
+        out
+    };
+    for kr in &kernels {
+        let Kind::Dense {
+            x, fwd, dy, bwd, ..
+        } = kr.kind
+        else {
+            continue;
+        };
+        let pairs = [(Some(x), bwd), (dy, Some(fwd))];
+        for (made, read) in pairs {
+            let (Some(made), Some(read)) = (made.map(resolve), read) else {
+                continue;
+            };
+            if !free(made, &owner) {
+                continue;
+            }
+            for u in readers(read, &owner) {
+                let (a, b) = (
+                    find(&mut parent, made.index()),
+                    find(&mut parent, u.index()),
+                );
                 parent[a.max(b)] = a.min(b);
             }
         }

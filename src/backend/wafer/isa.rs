@@ -9,7 +9,9 @@
 //! element `i` of `Mem { base, len, stride, step, by }` inside loops with counters
 //! `c0, c1, ...` (outermost first) is at `base + i * stride + sum_d c_d * step[d]`,
 //! plus `n * s` when `by` is `Some((k, s))` and the PE's counter `k` is at `n` (a
-//! task's runs, counted with `Count`: which sample's slot of a buffer it uses).
+//! task's runs, counted with `Count`: which sample's slot of a buffer it uses), plus
+//! `scale * v` when it has an `index` whose word holds `v` (a gather's row: the word's
+//! address is affine in the loops' counters too, and `v` is read as an integer).
 
 use crate::ir::float;
 use std::fmt;
@@ -38,6 +40,9 @@ pub enum Dsd {
         step: Vec<i32>,
         /// A PE counter, and how far the base moves per count.
         by: Option<(u8, i32)>,
+        /// A word whose value moves the base (an indexed row).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        index: Option<Index>,
     },
     /// The next `len` wavelets that arrive on `colour`.
     In { colour: Colour, len: u32 },
@@ -60,6 +65,35 @@ impl Dsd {
             stride,
             step: step.iter().map(|&s| s as i32).collect(),
             by,
+            index: None,
+        }
+    }
+
+    /// `len` contiguous words at `base + scale * v`, `v` the value of the word at `at`,
+    /// moved `step[d]` words per iteration of the `d`th loop around it (a row of a
+    /// table, chosen by a word the PE computed).
+    pub fn indexed(base: u32, len: u32, at: u32, step: &[u32], scale: u32) -> Dsd {
+        Dsd::Mem {
+            base,
+            len,
+            stride: 1,
+            step: Vec::new(),
+            by: None,
+            index: Some(Index {
+                at,
+                step: step.iter().map(|&s| s as i32).collect(),
+                scale: scale as i32,
+            }),
+        }
+    }
+
+    /// The loops a memory descriptor steps over (0 for the fabric's).
+    pub fn depth(&self) -> usize {
+        match self {
+            Dsd::Mem { step, index, .. } => {
+                step.len().max(index.as_ref().map_or(0, |x| x.step.len()))
+            }
+            _ => 0,
         }
     }
 
@@ -75,27 +109,46 @@ impl Dsd {
     }
 
     /// The word of element `i` of a memory descriptor inside loops at `loops`, on a
-    /// PE whose counters are at `counters` (`None` for the fabric's descriptors).
-    pub fn word(&self, i: u32, loops: &[u32], counters: &[u32]) -> Option<i64> {
+    /// PE whose counters are at `counters` and whose memory is `mem` (`None` for the
+    /// fabric's descriptors, and for an index word outside memory or not a number).
+    pub fn word(&self, i: u32, loops: &[u32], counters: &[u32], mem: &[f32]) -> Option<i64> {
         let Dsd::Mem {
             base,
             stride,
             step,
             by,
+            index,
             ..
         } = self
         else {
             return None;
         };
-        let mut a = i64::from(*base) + i64::from(i) * i64::from(*stride);
-        for (s, c) in step.iter().zip(loops) {
-            a += i64::from(*s) * i64::from(*c);
-        }
+        let affine = |base: i64, step: &[i32]| {
+            step.iter()
+                .zip(loops)
+                .fold(base, |a, (s, c)| a + i64::from(*s) * i64::from(*c))
+        };
+        let mut a = affine(i64::from(*base) + i64::from(i) * i64::from(*stride), step);
         if let Some((k, s)) = by {
             a += i64::from(*s) * i64::from(counters.get(*k as usize).copied().unwrap_or(0));
         }
+        if let Some(x) = index {
+            let at = usize::try_from(affine(i64::from(x.at), &x.step)).ok()?;
+            let v = mem.get(at).copied().filter(|v| v.is_finite())?;
+            a += i64::from(x.scale) * v.trunc() as i64;
+        }
         Some(a)
     }
+}
+
+/// The word of SRAM that moves a memory descriptor's base: `scale` words per unit of
+/// its value (truncated to an integer), the word at `at + sum_d c_d * step[d]` in loops
+/// with counters `c0, c1, ...`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Index {
+    pub at: u32,
+    pub step: Vec<i32>,
+    pub scale: i32,
 }
 
 /// A scalar or vector source.
@@ -410,7 +463,7 @@ impl Program {
                                 Src::V(d) => Some(d),
                                 _ => None,
                             }))
-                            .any(|d| matches!(d, Dsd::Mem { step, .. } if step.len() > depth));
+                            .any(|d| d.depth() > depth);
                         if deep {
                             return Err(format!(
                                 "`{}` steps over more loops than the {depth} around it",
@@ -448,15 +501,25 @@ impl fmt::Display for Dsd {
                 stride,
                 step,
                 by,
+                index,
             } => {
-                write!(f, "mem[{base}")?;
-                for (d, s) in step.iter().enumerate() {
-                    if *s != 0 {
-                        write!(f, " + {s}*i{d}")?;
+                let steps = |f: &mut fmt::Formatter<'_>, step: &[i32]| {
+                    for (d, s) in step.iter().enumerate() {
+                        if *s != 0 {
+                            write!(f, " + {s}*i{d}")?;
+                        }
                     }
-                }
+                    Ok(())
+                };
+                write!(f, "mem[{base}")?;
+                steps(f, step)?;
                 if let Some((k, s)) = by {
                     write!(f, " + {s}*n{k}")?;
+                }
+                if let Some(x) = index {
+                    write!(f, " + {}*mem[{}", x.scale, x.at)?;
+                    steps(f, &x.step)?;
+                    write!(f, "]")?;
                 }
                 write!(f, "; {len}")?;
                 if *stride != 1 {
@@ -549,13 +612,7 @@ mod tests {
                     dst: Dsd::mem(y, 4),
                     srcs: vec![
                         Src::V(Dsd::mem(y, 4)),
-                        Src::V(Dsd::Mem {
-                            base: w,
-                            len: 4,
-                            stride: 1,
-                            step: vec![4],
-                            by: None,
-                        }),
+                        Src::V(Dsd::strided(w, 4, 1, &[4], None)),
                         Src::Recv(1),
                     ],
                 }],

@@ -436,16 +436,7 @@ mod tests {
     #[test]
     fn one_word_values_broadcast() {
         let v = Val::buf(8, 1);
-        assert_eq!(
-            v.dsd(5),
-            Some(Dsd::Mem {
-                base: 8,
-                len: 5,
-                stride: 0,
-                step: vec![],
-                by: None
-            })
-        );
+        assert_eq!(v.dsd(5), Some(Dsd::strided(8, 5, 0, &[], None)));
         let s = Val::Buf {
             base: 8,
             len: 3,

@@ -56,6 +56,10 @@ pub struct HostStream {
     /// An image's channels when the host sends it planar (channel by channel), else 0.
     #[serde(default)]
     pub channels: u32,
+    /// The ids of an embedding: the gather's node and its table's rows (the host checks
+    /// every id is below them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<(u32, u32)>,
     pub lanes: Vec<HostLane>,
 }
 
@@ -262,12 +266,15 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         }
     }
     for (k, kr) in f.kernels.iter().enumerate() {
-        if let Kind::Dense { x, .. } = kr.kind {
+        if let Kind::Dense { x, fwd, .. } = kr.kind {
             let from = f
                 .streams
                 .iter()
                 .find(|s| s.node == f.resolve(x))
                 .map(|s| s.from);
+            if matches!(g.node(fwd).op, Op::Gather) && from != Some(End::Host) {
+                return Err(unsupported(g, fwd, "an embedding of ids computed on the wafer has no wafer layout yet".into(), "every column of an embedding takes a sample's ids from the host: compute the ids in the input pipeline (`map`) and feed them to `embedding` as they are"));
+            }
             let want = if k == 0 {
                 End::Host
             } else {
@@ -443,6 +450,10 @@ fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
     };
     let ws: Vec<u32> = g.ty(*w).shape.iter().map(|&d| d as u32).collect();
     let (k, n, shape) = match (&g.node(*fwd).op, image(g, *x), image(g, f.resolve(*x))) {
+        (Op::Gather, _, _) => {
+            let t = g.ty(*x).elements() / f.batch.max(1) as usize;
+            (ws[0], ws[1], Shape::Gather { t: t as u32 })
+        }
         (Op::Conv2d(c), Some((h, wd, _)), _) => {
             let dil = (c.dilation[0] as u32, c.dilation[1] as u32);
             let same = c.padding == Padding::Same;
@@ -614,7 +625,7 @@ impl<'a> Sizer<'a> {
     /// Layer `k`'s cycles per sample on `w x h` lanes, stalls aside: a product's by
     /// formula, a convolution's from its first PE's program.
     fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> u64 {
-        if !matches!(d.shape, Shape::Conv(_)) {
+        if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) {
             return dense_period(self.fab, d, w, h);
         }
         self.first_pe(k, d, w, h).0
@@ -706,10 +717,17 @@ impl<'a> Sizer<'a> {
         }
     }
 
+    /// Whether layer `k` takes one row: before a one-lane kernel, or an embedding of
+    /// several ids a sample (whose rows would each send a part of every id's row).
+    fn one_row(&self, k: usize) -> bool {
+        self.single_next[k]
+            || self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Gather { t } if t > 1))
+    }
+
     /// The output lanes a dense layer may take: 1 before a one-lane kernel, else at
     /// least its floor.
     fn rows(&self, k: usize, n: u32) -> Vec<u32> {
-        if self.single_next[k] {
+        if self.one_row(k) {
             vec![1]
         } else {
             (self.floor[k]..=n.min(self.fab.height.max(self.fab.width))).collect()
@@ -815,7 +833,7 @@ impl<'a> Sizer<'a> {
             match self.dims[k] {
                 Some(Dims { k: kk, n: nn, .. }) => {
                     lanes.inp[k] = prev.unwrap_or_else(|| used(kk, kk.div_ceil(s)));
-                    lanes.out[k] = if self.single_next[k] {
+                    lanes.out[k] = if self.one_row(k) {
                         1
                     } else {
                         // as many as the block size gives, or the floor, split evenly
@@ -1139,6 +1157,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             let p = &placed[b];
             let mut lanes = Vec::new();
             let mut channels = 0;
+            let mut ids = None;
             if let (0, Some(d)) = (b, dims[b]) {
                 if let (Shape::Conv(_), Some((_, _, c))) = (d.shape, image(g, st.node)) {
                     channels = c;
@@ -1147,13 +1166,23 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     let (x, y) = p.orient.at((p.x, p.y), i, 0);
                     let groups = split(d.k, lanes_in[b], i);
                     let per_in = d.shape.per_in();
+                    // an embedding's columns each take every id
+                    let elems = match d.shape {
+                        Shape::Gather { t } => 0..t,
+                        _ => groups.start * per_in..groups.end * per_in,
+                    };
                     lanes.push(HostLane {
                         x,
                         y,
                         dir: p.orient.dir(Dir::N),
                         colour: c,
-                        elems: groups.start * per_in..groups.end * per_in,
+                        elems,
                     });
+                }
+                if let (Shape::Gather { .. }, Kind::Dense { fwd, .. }) =
+                    (d.shape, &f.kernels[b].kind)
+                {
+                    ids = Some((fwd.index() as u32, d.k));
                 }
             } else {
                 // down the column, then through every lane of the strip (each keeps
@@ -1188,6 +1217,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 name: stream_name(g, st.node),
                 per_sample: per,
                 channels,
+                ids,
                 lanes,
             });
         }
@@ -1206,6 +1236,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 name: stream_name(g, st.node),
                 per_sample: per,
                 channels: 0,
+                ids: None,
                 lanes: vec![HostLane {
                     x,
                     y: p.y,

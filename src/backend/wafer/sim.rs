@@ -952,7 +952,7 @@ impl Sim {
         if !fabric {
             // on SRAM alone: all of it at once
             let ops = resolve(srcs, &pe.mem, loops, &pe.counters);
-            let d = dest(dst, loops, &pe.counters);
+            let d = dest(dst, loops, &pe.counters, &pe.mem);
             for i in 0..n {
                 let v = element(&pe.mem, op, &ops, i, &[], None);
                 store(&mut pe.mem, d, i, v);
@@ -1026,7 +1026,10 @@ impl Sim {
             };
             match out {
                 Some(s) => self.send(s, at, v),
-                None => store(&mut pe.mem, dest(dst, loops, &pe.counters), i, v),
+                None => {
+                    let d = dest(dst, loops, &pe.counters, &pe.mem);
+                    store(&mut pe.mem, d, i, v)
+                }
             }
         }
         let pe = &mut self.pes[p];
@@ -1187,7 +1190,7 @@ fn resolve(srcs: &[Src], mem: &[f32], loops: &[u32], counters: &[u32]) -> [Opnd;
     let mut out = [Opnd::None; 3];
     for (k, s) in srcs.iter().enumerate().take(3) {
         out[k] = match s {
-            Src::V(d @ Dsd::Mem { stride, .. }) => match d.word(0, loops, counters) {
+            Src::V(d @ Dsd::Mem { stride, .. }) => match d.word(0, loops, counters, mem) {
                 Some(a) => Opnd::Mem(a, i64::from(*stride)),
                 None => Opnd::Const(f32::NAN),
             },
@@ -1202,10 +1205,10 @@ fn resolve(srcs: &[Src], mem: &[f32], loops: &[u32], counters: &[u32]) -> [Opnd;
 }
 
 /// Where element 0 of a memory destination is, and its stride.
-fn dest(dst: &Dsd, loops: &[u32], counters: &[u32]) -> Option<(i64, i64)> {
+fn dest(dst: &Dsd, loops: &[u32], counters: &[u32], mem: &[f32]) -> Option<(i64, i64)> {
     match dst {
         Dsd::Mem { stride, .. } => dst
-            .word(0, loops, counters)
+            .word(0, loops, counters, mem)
             .map(|a| (a, i64::from(*stride))),
         _ => None,
     }

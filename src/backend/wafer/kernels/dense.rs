@@ -41,6 +41,8 @@ pub enum Shape {
     Planar { hw: u32 },
     /// A convolution of an image of `k` channels into one of `n`.
     Conv(Geom),
+    /// An embedding: each of a sample's `t` ids picks a row of the `k x n` table (`W`).
+    Gather { t: u32 },
 }
 
 /// A stride-1 convolution's geometry: input plane, filter, dilation, the padding
@@ -97,7 +99,7 @@ impl Shape {
     /// A sample's elements per input group (feature or channel), and per output group.
     pub fn per_in(&self) -> u32 {
         match self {
-            Shape::Matmul => 1,
+            Shape::Matmul | Shape::Gather { .. } => 1,
             Shape::Planar { hw } => *hw,
             Shape::Conv(g) => g.h * g.w,
         }
@@ -105,6 +107,7 @@ impl Shape {
     pub fn per_out(&self) -> u32 {
         match self {
             Shape::Conv(g) => g.ho * g.wo,
+            Shape::Gather { t } => *t,
             _ => 1,
         }
     }
@@ -270,7 +273,7 @@ impl Dense {
     /// order; or its filter taps (row, column), then its channels.
     fn rows(&self, ks: &std::ops::Range<u32>) -> Vec<u32> {
         match self.shape {
-            Shape::Matmul => ks.clone().collect(),
+            Shape::Matmul | Shape::Gather { .. } => ks.clone().collect(),
             Shape::Planar { hw } => ks
                 .clone()
                 .flat_map(|c| (0..hw).map(move |p| p * self.k + c))
@@ -360,12 +363,13 @@ impl Dense {
         let a = ks.len() as u32;
         let (fwd, bwd) = match self.shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), w, dw, c, links),
+            Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), w, dw, c, links),
             _ => self.gemv(&mut p, a * self.shape.per_in(), b, w, dw, c, links),
         };
-        let kind = if matches!(self.shape, Shape::Conv(_)) {
-            "conv"
-        } else {
-            "dense"
+        let kind = match self.shape {
+            Shape::Conv(_) => "conv",
+            Shape::Gather { .. } => "embedding",
+            _ => "dense",
         };
         p.tasks.push(Task {
             id: 0,
@@ -588,6 +592,112 @@ impl Dense {
         (fwd, bwd)
     }
 
+    /// An embedding's forward and backward bodies on a PE holding rows `lo..lo + a` of
+    /// the table (`b` of its columns, at `w`; its gradient at `dw`), for `t` ids a
+    /// sample. Every column receives a sample's ids and stashes them; for each id, the
+    /// PE whose rows hold it puts its row's part into the chain of partial sums (the
+    /// others zeros), and the backward pass adds the row's gradient into that row.
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &self,
+        p: &mut Program,
+        (t, lo): (u32, u32),
+        (a, b): (u32, u32),
+        w: u32,
+        dw: Option<u32>,
+        c: Colours,
+        links: Links,
+    ) -> (Vec<Instr>, Vec<Instr>) {
+        let slots = if self.train { self.batch } else { 1 };
+        let ids = p.alloc("ids stash", slots * t);
+        // per id: its row in this PE's block (clamped into it), and whether it is here
+        let row = p.alloc("row", t);
+        let here = p.alloc("here", t);
+        let below = p.alloc("below", t);
+        let y = p.alloc("y", t * b);
+        let v = |base: u32| Src::V(Dsd::mem(base, t));
+        let op = |op: VecOp, dst: u32, srcs: Vec<Src>| Instr::Vec {
+            op,
+            dst: Dsd::mem(dst, t),
+            srcs,
+        };
+        // from the stashed ids of the slot of counter `k`
+        let rows = |k: u8| {
+            let slot = Src::V(Dsd::strided(ids, t, 1, &[], self.by(k, t)));
+            vec![
+                op(VecOp::Sub, row, vec![slot, Src::Imm(lo as f32)]),
+                op(VecOp::Ge, here, vec![v(row), Src::Imm(0.0)]),
+                op(VecOp::Lt, below, vec![v(row), Src::Imm(a as f32)]),
+                op(VecOp::Sel, here, vec![v(here), v(below), Src::Imm(0.0)]),
+                op(VecOp::Max, row, vec![v(row), Src::Imm(0.0)]),
+                op(VecOp::Min, row, vec![v(row), Src::Imm(a as f32 - 1.0)]),
+            ]
+        };
+        // each id's flag, spread over a row's `b` words
+        let flag = Src::V(Dsd::strided(here, b, 0, &[1], None));
+        let mut fwd = vec![Instr::Vec {
+            op: VecOp::Mov,
+            dst: Dsd::strided(ids, t, 1, &[], self.by(0, t)),
+            srcs: vec![Src::V(Dsd::In {
+                colour: c.x,
+                len: t,
+            })],
+        }];
+        fwd.extend(rows(0));
+        fwd.push(Instr::Loop {
+            count: t,
+            body: vec![Instr::Vec {
+                op: VecOp::Sel,
+                dst: Dsd::strided(y, b, 1, &[b], None),
+                srcs: vec![
+                    flag.clone(),
+                    Src::V(Dsd::indexed(w, b, row, &[1], b)),
+                    Src::Imm(0.0),
+                ],
+            }],
+        });
+        let (send, recv) = links.fwd;
+        fwd.push(link(y, b, &[(t, b)], send, recv));
+        if self.train {
+            fwd.push(self.count(0));
+        }
+        let Some(dw) = dw else {
+            return (fwd, Vec::new());
+        };
+        // the output gradients into `y`, each id's (or zeros) added into its row
+        let mut bwd = vec![Instr::Vec {
+            op: VecOp::Mov,
+            dst: Dsd::mem(y, t * b),
+            srcs: vec![Src::V(Dsd::In {
+                colour: c.dy,
+                len: t * b,
+            })],
+        }];
+        bwd.extend(rows(1));
+        let g = Dsd::indexed(dw, b, row, &[1], b);
+        bwd.push(Instr::Loop {
+            count: t,
+            body: vec![
+                Instr::Vec {
+                    op: VecOp::Sel,
+                    dst: Dsd::strided(y, b, 1, &[b], None),
+                    srcs: vec![
+                        flag,
+                        Src::V(Dsd::strided(y, b, 1, &[b], None)),
+                        Src::Imm(0.0),
+                    ],
+                },
+                Instr::Vec {
+                    op: VecOp::Add,
+                    dst: g.clone(),
+                    srcs: vec![Src::V(g), Src::V(Dsd::strided(y, b, 1, &[b], None))],
+                },
+            ],
+        });
+        bwd.push(self.count(1));
+        (fwd, bwd)
+    }
+
     /// The count of counter `k` (0 forward, 1 backward) that moves the stash's slot.
     fn count(&self, k: u8) -> Instr {
         Instr::Count {
@@ -716,6 +826,15 @@ mod tests {
         let (pi, po) = (d.shape.per_in(), d.shape.per_out());
         let (kk, nn) = (d.k * pi, d.n * po);
         let scaled = |r: std::ops::Range<u32>, by: u32| r.start * by..r.end * by;
+        // each column's inputs of a sample: its groups, or an embedding's every id
+        let column = |i: u32| match d.shape {
+            Shape::Gather { t } => 0..t,
+            _ => scaled(split(d.k, wc, i), pi),
+        };
+        let kk = match d.shape {
+            Shape::Gather { t } => t,
+            _ => kk,
+        };
         let (fw, fh) = o.size(wc, hr);
         // inputs at the fabric's edge, outputs off the opposite one
         let origin = match o {
@@ -758,7 +877,7 @@ mod tests {
             });
         }
         for i in 0..wc {
-            let ks = scaled(split(d.k, wc, i), pi);
+            let ks = column(i);
             let values: Vec<f32> = (0..d.batch)
                 .flat_map(|s| ks.clone().map(move |k| x[(s * kk + k) as usize]))
                 .collect();
@@ -995,6 +1114,42 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+        /// An embedding of `t` ids a sample from a `v x n` table: the rows it looks up,
+        /// the rows' gradients added into the table's (an id met twice, twice) and an
+        /// SGD update, exactly.
+        #[test]
+        fn an_embedding_looks_up_and_adds_its_rows(
+            v in 1u32..40, n in 1u32..12, t in 1u32..4, batch in 1u32..4, w in 1u32..7,
+            h in 1u32..4, seed in 0u64..1000, west in any::<bool>(),
+        ) {
+            let mut d = trained(v, n, batch, false);
+            d.shape = Shape::Gather { t };
+            // several ids a sample come out of one row of PEs (in the sample's order)
+            let h = if t > 1 { 1 } else { h };
+            let ids: Vec<f32> = uniforms(seed, 0, batch * t)
+                .iter()
+                .map(|u| ((u + 1.0) / 2.0 * v as f32).floor().min(v as f32 - 1.0))
+                .collect();
+            let wt = uniforms(seed, 1 << 20, v * n);
+            let dy = uniforms(seed, 2 << 20, batch * t * n);
+            let o = if west { Orient::West } else { Orient::North };
+            let r = run(&d, o, (w, h), &ids, &dy, &wt, 0.25);
+            let mut dw = vec![0.0f32; (v * n) as usize];
+            for (q, &id) in ids.iter().enumerate() {
+                for m in 0..n as usize {
+                    let row = id as usize * n as usize + m;
+                    prop_assert_eq!(r.y[q * n as usize + m], wt[row], "y[{}][{}]", q, m);
+                    dw[row] += dy[q * n as usize + m];
+                }
+            }
+            prop_assert_eq!(&r.dw, &dw);
+            let after: Vec<f32> = wt.iter().zip(&dw).map(|(w, g)| w - 0.25 * g).collect();
+            prop_assert_eq!(&r.w, &after);
         }
     }
 

@@ -578,15 +578,18 @@ impl Vector<'_> {
                 let cl = split(x.2, lanes, lane).len() as u32;
                 pool(op, dst, &args, cl, (x.0, x.1), (y.0, y.1), scratch, body)?;
             }
-            Op::Reshape | Op::BroadcastTo => {
+            Op::Reshape => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
+            }
+            Op::BroadcastTo => {
+                body.push(broadcast(dst, args[0], &g.ty(ops[0]).shape, &node.ty.shape));
             }
             // a transpose of a batch of scalars keeps them where they are
             Op::Transpose { perm } if perm.len() == 1 => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
             }
             Op::Reduce { op, axes, .. } => {
-                let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), axes)?;
+                let (outer, inner, post) = reduced(g.ty(ops[0]).shape.as_slice(), axes)?;
                 let (v, init) = match op {
                     ReduceOp::Sum | ReduceOp::Mean => (VecOp::Add, 0.0),
                     ReduceOp::Max => (VecOp::Max, f32::NEG_INFINITY),
@@ -594,7 +597,24 @@ impl Vector<'_> {
                     ReduceOp::Prod => (VecOp::Mul, 1.0),
                 };
                 body.push(vec(VecOp::Mov, dst, &[Val::Imm(init)], ext));
-                body.push(reduce_rows(v, dst, args[0], outer, inner));
+                if post == 1 {
+                    body.push(reduce_rows(v, dst, args[0], outer, inner));
+                } else {
+                    // axes in the middle: each run of the axes after them, accumulated
+                    // into its place, for every entry of the reduced ones
+                    let acc = at(dst, 0, post, 1, &[post, 0]);
+                    body.push(nest(
+                        &[outer, inner],
+                        Instr::Vec {
+                            op: v,
+                            dst: acc.clone(),
+                            srcs: vec![
+                                Src::V(acc),
+                                view(args[0], 0, post, 1, &[inner * post, post]),
+                            ],
+                        },
+                    ));
+                }
                 if *op == ReduceOp::Mean {
                     body.push(vec(
                         VecOp::Mul,
@@ -915,6 +935,71 @@ fn pool(
         }
     }
     Ok(())
+}
+
+/// A shape's elements around reduced axes: the runs before them (the batch aside), the
+/// entries of the reduced axes, and the elements after them (the reduced axes must be
+/// next to each other, after the batch).
+fn reduced(shape: &[usize], axes: &[usize]) -> Result<(u32, u32, u32), String> {
+    let r = shape.len();
+    let mut sorted = axes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let together = sorted.windows(2).all(|w| w[1] == w[0] + 1);
+    let (Some(&first), Some(&last)) = (sorted.first(), sorted.last()) else {
+        return Err(format!("a reduction over no axes of a rank-{r} value"));
+    };
+    if first == 0 || !together || last >= r {
+        return Err(format!("a reduction over axes {axes:?} of a rank-{r} value (only axes next to each other, within a sample)"));
+    }
+    let size = |a: &[usize]| a.iter().product::<usize>() as u32;
+    Ok((
+        size(&shape[1..first]),
+        size(&shape[first..=last]),
+        size(&shape[last + 1..]),
+    ))
+}
+
+/// `dst` = `x` (of shape `from`) broadcast to shape `to` (both with the batch first
+/// when they are sample values; `from` aligned to the right): a loop over every axis of
+/// a sample but the last, one move per run of the last, reading `x` 0 words apart
+/// along the axes it is broadcast over.
+fn broadcast(dst: Val, x: Val, from: &[usize], to: &[usize]) -> Instr {
+    let r = to.len();
+    let mut padded = vec![1usize; r.saturating_sub(from.len())];
+    padded.extend(from);
+    let strides = |shape: &[usize]| -> Vec<u32> {
+        let mut st = vec![1u32; shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            st[d] = st[d + 1] * shape[d + 1] as u32;
+        }
+        st
+    };
+    let (so, mut sx) = (strides(to), strides(&padded));
+    for d in 0..r {
+        if padded[d] == 1 {
+            sx[d] = 0;
+        }
+    }
+    if r < 2 {
+        // a scalar of each sample, or a value of none: one word each
+        return Instr::Vec {
+            op: VecOp::Mov,
+            dst: at(dst, 0, 1, 1, &[]),
+            srcs: vec![view(x, 0, 1, 0, &[])],
+        };
+    }
+    let last = r - 1;
+    let loops: Vec<u32> = (1..last).map(|d| to[d] as u32).collect();
+    let len = to[last] as u32;
+    nest(
+        &loops,
+        Instr::Vec {
+            op: VecOp::Mov,
+            dst: at(dst, 0, len, 1, &so[1..last]),
+            srcs: vec![view(x, 0, len, sx[last], &sx[1..last])],
+        },
+    )
 }
 
 /// A shape's elements as rows: those before the reduced axes and those in them (the
