@@ -350,7 +350,7 @@ fn compare(
 ) -> Result<(), String> {
     let (features, columns) = ty;
     let src = format!(
-        r#"use std.nn.{{dense, embedding}}
+        r#"use std.nn.{{conv2d, dense, embedding}}
 use std.losses.softmax_cross_entropy
 model m(features: {features}, labels: i32[B]) {{
 {body}  let loss = softmax_cross_entropy(labels, logits)
@@ -515,6 +515,37 @@ fn embedded_like_the_interpreter(
     compare(&d, &body, opt, (&ty, batch, side, seed), 1e-4)
 }
 
+/// A convolution of random strides, filter, padding and filters over an 8 x 8 image
+/// (with its bias and ReLU), then one of stride 2 over its channels, flattened into a
+/// dense layer, trained 3 steps like the interpreter (within 1e-4, as `compare`
+/// measures): the wafer computes every stride-1 output between the strided ones and
+/// sends those `stride` apart.
+fn strided_like_the_interpreter(
+    (sh, sw): (usize, usize),
+    (r, s): (usize, usize),
+    same: bool,
+    filters: usize,
+    (batch, seed): (usize, u64),
+) -> Result<(), String> {
+    let (k, c) = (64, 3);
+    let d = random_data(
+        &format!("strided-{sh}-{sw}-{r}-{s}-{same}-{filters}-{batch}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let padding = if same { "same" } else { "valid" };
+    let body = format!(
+        "  let x = reshape(features, [B, 8, 8, 1])
+  let y = conv2d(x, {filters}, [{r}, {s}], strides: [{sh}, {sw}], padding: {padding}, activation: relu)
+  let z = conv2d(y, 2, [2, 2], strides: [2, 2], padding: same)
+  let logits = dense(reshape(z, [B, -1]), {c})
+"
+    );
+    let ty = (format!("f32[B, {k}]"), format!("f32[{k}]"));
+    compare(&d, &body, "sgd(lr: 0.1)", (&ty, batch, 24, seed), 1e-4)
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
     #[test]
@@ -535,6 +566,15 @@ proptest::proptest! {
         // epsilon 1e-3: see `train_like_the_interpreter`
         let opt = if adam { "adam(lr: 0.05, epsilon: 0.001)" } else { "sgd(lr: 0.5)" };
         embedded_like_the_interpreter((v, dim, t, scalar), (pool, hidden), opt, (batch, side, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn strided_convolutions_train_like_the_interpreter(
+        stride in (1usize..4, 1usize..4), filter in (1usize..4, 1usize..4), same in proptest::bool::ANY,
+        filters in 1usize..4, batch in 1usize..4, seed in 0u64..1000,
+    ) {
+        strided_like_the_interpreter(stride, filter, same, filters, (batch, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

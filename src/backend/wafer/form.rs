@@ -282,12 +282,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 }
                 continue;
             }
-            Op::Conv2d(c) => {
-                if c.strides != [1, 1] {
-                    return Err(unsupported(g, n, format!("a convolution of strides {:?} has no wafer kernel yet", c.strides), "the wafer convolves with stride 1: use stride 1 and pool after the convolution (`max_pool2d(2, 2)`)"));
-                }
-                true
-            }
+            Op::Conv2d(_) => true,
             _ => false,
         };
         if !layer || class[n.index()] != Class::Sample {

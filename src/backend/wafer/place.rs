@@ -457,7 +457,8 @@ fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
         (Op::Conv2d(c), Some((h, wd, _)), _) => {
             let dil = (c.dilation[0] as u32, c.dilation[1] as u32);
             let same = c.padding == Padding::Same;
-            let geom = Geom::new(h, wd, (ws[0], ws[1]), dil, same)?;
+            let stride = (c.strides[0] as u32, c.strides[1] as u32);
+            let geom = Geom::new(h, wd, (ws[0], ws[1]), dil, stride, same)?;
             (ws[2], ws[3], Shape::Conv(geom))
         }
         // an image flattened: its channels split over the columns

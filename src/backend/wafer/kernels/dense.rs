@@ -45,8 +45,10 @@ pub enum Shape {
     Gather { t: u32 },
 }
 
-/// A stride-1 convolution's geometry: input plane, filter, dilation, the padding
-/// before the first row and column, output plane.
+/// A convolution's geometry: input plane, filter, dilation, strides, the padding
+/// before the first row and column, output plane. A PE computes the outputs of every
+/// position from the first to the last strided one (`h1 x w1`, stride 1) and sends
+/// those `stride` apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geom {
     pub h: u32,
@@ -54,20 +56,38 @@ pub struct Geom {
     pub r: u32,
     pub s: u32,
     pub dil: (u32, u32),
+    pub stride: (u32, u32),
     pub pad: (u32, u32),
     pub ho: u32,
     pub wo: u32,
 }
 
 impl Geom {
-    /// The geometry of an `h x w` input under an `r x s` filter, `same` or valid
-    /// padding (TensorFlow's: the odd padding after); `None` when no output is left.
-    pub fn new(h: u32, w: u32, (r, s): (u32, u32), dil: (u32, u32), same: bool) -> Option<Geom> {
+    /// The geometry of an `h x w` input under an `r x s` filter at `stride`, `same` or
+    /// valid padding (TensorFlow's: `ceil(h / stride)` outputs, the odd padding after);
+    /// `None` when no output is left.
+    pub fn new(
+        h: u32,
+        w: u32,
+        (r, s): (u32, u32),
+        dil: (u32, u32),
+        stride: (u32, u32),
+        same: bool,
+    ) -> Option<Geom> {
         let (er, es) = ((r - 1) * dil.0 + 1, (s - 1) * dil.1 + 1);
-        let (ho, wo, pad) = if same {
-            (h, w, ((er - 1) / 2, (es - 1) / 2))
+        let (sh, sw) = (stride.0.max(1), stride.1.max(1));
+        let (ho, wo) = if same {
+            (h.div_ceil(sh), w.div_ceil(sw))
         } else {
-            (h.checked_sub(er - 1)?, w.checked_sub(es - 1)?, (0, 0))
+            ((h.checked_sub(er)? / sh) + 1, (w.checked_sub(es)? / sw) + 1)
+        };
+        let pad = if same {
+            (
+                ((ho.saturating_sub(1) * sh + er).saturating_sub(h)) / 2,
+                ((wo.saturating_sub(1) * sw + es).saturating_sub(w)) / 2,
+            )
+        } else {
+            (0, 0)
         };
         (ho > 0 && wo > 0).then_some(Geom {
             h,
@@ -75,23 +95,33 @@ impl Geom {
             r,
             s,
             dil,
+            stride: (sh, sw),
             pad,
             ho,
             wo,
         })
     }
 
-    /// The padded input plane's rows and pitch (also the output planes' pitch).
+    /// The stride-1 outputs a PE computes: from the first strided output to the last.
+    pub fn h1(&self) -> u32 {
+        (self.ho - 1) * self.stride.0 + 1
+    }
+    pub fn w1(&self) -> u32 {
+        (self.wo - 1) * self.stride.1 + 1
+    }
+
+    /// The padded input plane's rows and pitch (also the output planes' pitch): what
+    /// the outputs read, and room for the whole input at its padding.
     pub fn hp(&self) -> u32 {
-        self.ho + (self.r - 1) * self.dil.0
+        (self.h1() + (self.r - 1) * self.dil.0).max(self.pad.0 + self.h)
     }
     pub fn wp(&self) -> u32 {
-        self.wo + (self.s - 1) * self.dil.1
+        (self.w1() + (self.s - 1) * self.dil.1).max(self.pad.1 + self.w)
     }
 
     /// The words an output plane spans at pitch `wp`: one vector operation's length.
     pub fn span(&self) -> u32 {
-        (self.ho - 1) * self.wp() + self.wo
+        (self.h1() - 1) * self.wp() + self.w1()
     }
 }
 
@@ -223,13 +253,19 @@ fn taps(loops: [u32; 4], dst: Dsd, a: Dsd, b: Dsd) -> Instr {
     )
 }
 
-/// A chain's link: `rows` rows of `len` partial sums, the row `r` at `part + r *
-/// pitch` (one row at `part` when `rows` is 1), plus those received on `recv` if any,
-/// sent on `send`. `loops` nest the rows (their counts, and how far each moves `part`).
-fn link(part: u32, len: u32, loops: &[(u32, u32)], send: Colour, recv: Option<Colour>) -> Instr {
+/// A chain's link: rows of `len` partial sums `stride` apart, plus those received on
+/// `recv` if any, sent on `send`; `loops` nest the rows (their counts, and how far each
+/// moves the row from `part`; one row at `part` without loops).
+fn link(
+    part: u32,
+    (len, stride): (u32, u32),
+    loops: &[(u32, u32)],
+    send: Colour,
+    recv: Option<Colour>,
+) -> Instr {
     let dst = Dsd::Out { colour: send, len };
     let steps: Vec<u32> = loops.iter().map(|l| l.1).collect();
-    let mine = Src::V(Dsd::strided(part, len, 1, &steps, None));
+    let mine = Src::V(Dsd::strided(part, len, stride as i32, &steps, None));
     let v = match recv {
         None => Instr::Vec {
             op: VecOp::Mov,
@@ -444,7 +480,7 @@ impl Dense {
             ),
         ];
         let (send, recv) = links.fwd;
-        fwd.push(link(y, b, &[], send, recv));
+        fwd.push(link(y, (b, 1), &[], send, recv));
         if self.train {
             fwd.push(self.count(0));
         }
@@ -471,7 +507,7 @@ impl Dense {
                 Dsd::strided(dy, a, 0, &[1], None),
             ));
             let (send, recv) = links.bwd;
-            bwd.push(link(dxp, a, &[], send, recv));
+            bwd.push(link(dxp, (a, 1), &[], send, recv));
         }
         let g = Dsd::strided(dw, b, 1, &[b], None);
         bwd.push(Instr::Loop {
@@ -504,7 +540,9 @@ impl Dense {
         links: Links,
     ) -> (Vec<Instr>, Vec<Instr>) {
         let (hp, wp, span) = (g.hp(), g.wp(), g.span());
-        let (plane_in, plane_pad, plane_out) = (g.h * g.w, hp * wp, g.ho * wp);
+        let (plane_in, plane_pad, plane_out) = (g.h * g.w, hp * wp, g.h1() * wp);
+        // an output row's strided outputs, and the rows' distance, in the planes
+        let (sw, row) = (g.stride.1, g.stride.0 * wp);
         let slots = if self.train { self.batch } else { 1 };
         let xs = p.alloc("x stash", slots * a * plane_in);
         // the padded input (its border stays zero), also the input gradient's planes
@@ -547,7 +585,13 @@ impl Dense {
             taps(tap_loops, yout.clone(), wt.clone(), xin.clone()),
         ];
         let (send, recv) = links.fwd;
-        fwd.push(link(y, g.wo, &[(b * g.ho, wp)], send, recv));
+        fwd.push(link(
+            y,
+            (g.wo, sw),
+            &[(b, plane_out), (g.ho, row)],
+            send,
+            recv,
+        ));
         if self.train {
             fwd.push(self.count(0));
         }
@@ -558,10 +602,10 @@ impl Dense {
         let mut bwd = vec![
             zero(y, b * plane_out),
             nest(
-                &[b * g.ho],
+                &[b, g.ho],
                 Instr::Vec {
                     op: VecOp::Mov,
-                    dst: Dsd::strided(y, g.wo, 1, &[wp], None),
+                    dst: Dsd::strided(y, g.wo, sw as i32, &[plane_out, row], None),
                     srcs: vec![Src::V(Dsd::In {
                         colour: c.dy,
                         len: g.wo,
@@ -576,7 +620,7 @@ impl Dense {
             let (send, recv) = links.bwd;
             bwd.push(link(
                 xp + inner,
-                g.w,
+                (g.w, 1),
                 &[(a, plane_pad), (g.h, wp)],
                 send,
                 recv,
@@ -657,7 +701,7 @@ impl Dense {
             }],
         });
         let (send, recv) = links.fwd;
-        fwd.push(link(y, b, &[(t, b)], send, recv));
+        fwd.push(link(y, (b, 1), &[(t, b)], send, recv));
         if self.train {
             fwd.push(self.count(0));
         }
@@ -1023,10 +1067,10 @@ mod tests {
 
     /// The input pixel under output `(oh, ow)` at filter tap `(r, s)`, if inside.
     fn under(g: &Geom, (oh, ow): (u32, u32), (r, s): (u32, u32)) -> Option<(u32, u32)> {
-        let ih = (oh + r * g.dil.0)
+        let ih = (oh * g.stride.0 + r * g.dil.0)
             .checked_sub(g.pad.0)
             .filter(|&v| v < g.h)?;
-        let iw = (ow + s * g.dil.1)
+        let iw = (ow * g.stride.1 + s * g.dil.1)
             .checked_sub(g.pad.1)
             .filter(|&v| v < g.w)?;
         Some((ih, iw))
@@ -1034,16 +1078,16 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(40))]
-        /// A convolution's forward pass, input and filter gradients and an SGD update,
+        /// A convolution's (any strides, dilations, padding) forward pass, input and filter gradients and an SGD update,
         /// against the same sums in f64 (planar images, an HWIO filter): within 1e-5
         /// of the sum of the terms' magnitudes.
         #[test]
         fn a_convolution_equals_the_sums(
             k in 1u32..5, n in 1u32..5, h in 1u32..9, w in 1u32..9, r in 1u32..4, s in 1u32..4,
-            dil in (1u32..3, 1u32..3), same in any::<bool>(), batch in 1u32..3,
+            dil in (1u32..3, 1u32..3), stride in (1u32..4, 1u32..4), same in any::<bool>(), batch in 1u32..3,
             fw in 1u32..4, fh in 1u32..4, seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
         ) {
-            let Some(g) = Geom::new(h, w, (r, s), dil, same) else {
+            let Some(g) = Geom::new(h, w, (r, s), dil, stride, same) else {
                 return Ok(());
             };
             let mut d = trained(k, n, batch, dx);
