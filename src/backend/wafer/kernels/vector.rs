@@ -822,10 +822,145 @@ fn spread(t: Val, v: Val, cl: u32, hw: u32) -> Instr {
 
 /// A pooling (or its gradient) over `cl` planes of `x` (`h x w`, the image pooled)
 /// into `y` (`ho x wo`): `dst` is `y` (pooling) or `x` (a gradient); `args` the op's
-/// operands. Valid windows only (a `same` pooling whose windows need no padding is
-/// one).
+/// operands. Windows that cross the image's border (`same` padding, TensorFlow's: the
+/// odd row or column after) pool a copy of the image padded with what changes nothing
+/// (`-inf` for a maximum, 0 for a sum); an average then divides by the pixels inside
+/// each window, as TensorFlow does, and a gradient is taken in the padded planes and
+/// its interior kept.
 #[allow(clippy::too_many_arguments)]
 fn pool(
+    op: &Op,
+    dst: Val,
+    args: &[Val],
+    cl: u32,
+    (h, w): (u32, u32),
+    (ho, wo): (u32, u32),
+    scratch: &mut Scratch,
+    body: &mut Vec<Instr>,
+) -> Result<(), String> {
+    let (Op::MaxPool2d(p) | Op::AvgPool2d(p) | Op::MaxPool2dGrad(p) | Op::AvgPool2dGrad(p)) = op
+    else {
+        return Err(format!("`{}` is no pooling", op.name()));
+    };
+    let ([kh, kw], [sh, sw]) = (p.window.map(|v| v as u32), p.strides.map(|v| v as u32));
+    let (eh, ew) = ((ho - 1) * sh + kh, (wo - 1) * sw + kw);
+    if eh <= h && ew <= w {
+        return pool_valid(op, dst, args, cl, (h, w), (ho, wo), scratch, body);
+    }
+    let (pt, pl) = (eh.saturating_sub(h) / 2, ew.saturating_sub(w) / 2);
+    let (hp, wp) = (eh.max(pt + h), ew.max(pl + w));
+    let (plane, plane_p) = (h * w, hp * wp);
+    let n = cl * plane_p;
+    // the image's planes into the interior of padded ones (filled with `fill`)
+    let padded = |x: Val, fill: f32, scratch: &mut Scratch, body: &mut Vec<Instr>| {
+        let xp = scratch.alloc(n);
+        body.push(vec(VecOp::Mov, xp, &[Val::Imm(fill)], n));
+        body.push(rows_of(
+            VecOp::Mov,
+            (cl, h),
+            at(xp, pt * wp + pl, w, 1, &[plane_p, wp]),
+            vec![view(x, 0, w, 1, &[plane, w])],
+        ));
+        xp
+    };
+    // a padded plane's interior into `dst`'s planes
+    let interior = |xp: Val, body: &mut Vec<Instr>| {
+        body.push(rows_of(
+            VecOp::Mov,
+            (cl, h),
+            at(dst, 0, w, 1, &[plane, w]),
+            vec![view(xp, pt * wp + pl, w, 1, &[plane_p, wp])],
+        ));
+    };
+    // an average's correction per output: the window's area over the pixels inside it
+    let correction = |scratch: &mut Scratch, body: &mut Vec<Instr>| {
+        let ones = scratch.alloc(plane_p);
+        body.push(vec(VecOp::Mov, ones, &[Val::Imm(0.0)], plane_p));
+        body.push(rows_of(
+            VecOp::Mov,
+            (1, h),
+            at(ones, pt * wp + pl, w, 1, &[0, wp]),
+            vec![Src::Imm(1.0)],
+        ));
+        let fix = scratch.alloc(ho * wo);
+        let sum = Op::AvgPool2d(*p);
+        pool_valid(&sum, fix, &[ones], 1, (hp, wp), (ho, wo), scratch, body)?;
+        // the mean over the whole window, so its area over the pixels inside
+        body.push(vec(VecOp::Div, fix, &[Val::Imm(1.0), fix], ho * wo));
+        scratch.release(ones);
+        Ok::<_, String>(fix)
+    };
+    let by = |v: Val, fix: Val| {
+        rows_of(
+            VecOp::Mul,
+            (cl, ho),
+            at(v, 0, wo, 1, &[ho * wo, wo]),
+            vec![
+                view(v, 0, wo, 1, &[ho * wo, wo]),
+                view(fix, 0, wo, 1, &[0, wo]),
+            ],
+        )
+    };
+    match op {
+        Op::MaxPool2d(_) | Op::AvgPool2d(_) => {
+            let max = matches!(op, Op::MaxPool2d(_));
+            let xp = padded(
+                args[0],
+                if max { f32::NEG_INFINITY } else { 0.0 },
+                scratch,
+                body,
+            );
+            pool_valid(op, dst, &[xp], cl, (hp, wp), (ho, wo), scratch, body)?;
+            if !max {
+                let fix = correction(scratch, body)?;
+                body.push(by(dst, fix));
+                scratch.release(fix);
+            }
+            scratch.release(xp);
+        }
+        Op::MaxPool2dGrad(_) => {
+            let xp = padded(args[0], f32::NEG_INFINITY, scratch, body);
+            let dxp = scratch.alloc(n);
+            pool_valid(
+                op,
+                dxp,
+                &[xp, args[1]],
+                cl,
+                (hp, wp),
+                (ho, wo),
+                scratch,
+                body,
+            )?;
+            interior(dxp, body);
+            scratch.release(dxp);
+            scratch.release(xp);
+        }
+        _ => {
+            let fix = correction(scratch, body)?;
+            let dy = scratch.alloc(cl * ho * wo);
+            body.push(rows_of(
+                VecOp::Mul,
+                (cl, ho),
+                at(dy, 0, wo, 1, &[ho * wo, wo]),
+                vec![
+                    view(args[0], 0, wo, 1, &[ho * wo, wo]),
+                    view(fix, 0, wo, 1, &[0, wo]),
+                ],
+            ));
+            let dxp = scratch.alloc(n);
+            pool_valid(op, dxp, &[dy], cl, (hp, wp), (ho, wo), scratch, body)?;
+            interior(dxp, body);
+            scratch.release(dxp);
+            scratch.release(dy);
+            scratch.release(fix);
+        }
+    }
+    Ok(())
+}
+
+/// `pool` when every window lies inside the image.
+#[allow(clippy::too_many_arguments)]
+fn pool_valid(
     op: &Op,
     dst: Val,
     args: &[Val],
