@@ -298,8 +298,8 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         if !is_var(w) || g.ty(x).rank() != rank {
             continue;
         }
-        if let Some(k) = owner[w.index()] {
-            return Err(unsupported(g, n, "a weight used by two matrix products has no wafer kernel".into(), &format!("the wafer keeps each weight on the PEs of one layer; give this product its own variable (the other is kernel {k})")));
+        if owner[w.index()].is_some() {
+            return Err(unsupported(g, n, "a weight used by several matrix products (shared across the time steps of an unrolled recurrent network, or by two layers) has no wafer kernel yet".into(), "the wafer keeps each weight on the PEs of one layer and does not share it between layers yet: train a network that shares weights with `--target host`; on the wafer, only layers with their own variables run"));
         }
         let k = kernels.len();
         owner[n.index()] = Some(k);
