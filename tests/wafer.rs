@@ -285,7 +285,7 @@ fn a_model_too_large_for_the_fabric_is_a_diagnostic() {
 /// trained 3 steps on a fabric of random size (so random block sizes and lanes) and
 /// on the interpreter, from random data, each wafer step from the interpreter's
 /// variables: the same weights (within 1e-4 of each variable's largest magnitude; Adam
-/// and RMSProp with epsilon 1e-3, see below) and loss. This runs every kernel the wafer
+/// and RMSProp with epsilon 1e-3, see `ADAM`) and loss. This runs every kernel the wafer
 /// has (dense forward, input and weight gradients, updates; elementwise chains on
 /// several lanes; softmax, cross-entropy, one-hot on one) on random shapes and
 /// rectangles.
@@ -314,41 +314,53 @@ fn train_like_the_interpreter(
         ", activation: tanh",
     ][act];
     let opt = [
-        "sgd(lr: 0.5)",
-        "momentum(lr: 0.1, momentum: 0.9)",
-        "adam(lr: 0.05, epsilon: 0.001)",
-        "rmsprop(lr: 0.01, epsilon: 0.001)",
+        SGD,
+        ("momentum", 0.1, ", momentum: 0.9"),
+        ADAM,
+        ("rmsprop", 0.01, ", epsilon: 0.001"),
     ][opt];
     let body = format!(
         "  let h = dense(features, {n}, use_bias: {bias}{act})\n  let logits = dense(h, {c})\n"
     );
-    // Random programs meet sums that nearly cancel (a gradient through a saturated
-    // tanh), whose summation-order error is larger against the variable than in
-    // digits_mlp: 1e-4 of the variable's scale after a step. Adam and RMSProp divide
-    // each gradient by its running magnitude plus epsilon: at their default epsilon
-    // (1e-7) a gradient that cancels to within rounding of zero (seen: -4.8e-8 on the
-    // interpreter, -4.9e-8 on the wafer) takes a step of a third of the learning rate
-    // on one and not the other, whatever the order of the sums; epsilon 1e-3 keeps the
-    // step a smooth function of the gradient, so the same bound holds and still
-    // catches a wrong op in an update (off by O(1))
-    let bound = 1e-4;
-    let ty = (format!("f32[B, {k}]"), format!("f32[{k}]"));
-    compare(&d, &body, opt, (&ty, batch, side, seed), bound)
+    compare(&d, &body, opt, (&floats(k), batch, side, seed))
+}
+
+/// An optimiser of the comparisons: its name, its learning rate and its other
+/// arguments.
+type Opt = (&'static str, f64, &'static str);
+
+const SGD: Opt = ("sgd", 0.5, "");
+
+/// Adam and RMSProp divide each gradient by its running magnitude plus epsilon: at
+/// their default epsilon (1e-7) a gradient that cancels to within rounding of zero
+/// (seen: -4.8e-8 on the interpreter, -4.9e-8 on the wafer) takes a step of a third of
+/// the learning rate on one and not the other, whatever the order of the sums; epsilon
+/// 1e-3 keeps the step a smooth function of the gradient, so `compare`'s bound holds
+/// and still catches a wrong op in an update (off by O(1)).
+const ADAM: Opt = ("adam", 0.05, ", epsilon: 0.001");
+
+/// Features of `k` floats: their type in the model and in the CSV columns.
+fn floats(k: usize) -> (String, String) {
+    (format!("f32[B, {k}]"), format!("f32[{k}]"))
 }
 
 /// Trains the model of `body` (features of type `ty.0` in, read from CSV columns of
 /// type `ty.1`; `logits` out; over the random data in `d`) 3 steps with `opt` on a
 /// `side x side` fabric and on the interpreter, each step on the wafer from the
-/// interpreter's variables: after each, the weights within `bound` of each variable's
-/// largest magnitude, the loss within 1e-5.
+/// interpreter's variables: after each, the weights within 1e-4 of each variable's
+/// largest magnitude (or of the learning rate, see below), the loss within 1e-5.
+/// Random programs meet sums that nearly cancel (a gradient through a saturated
+/// tanh), whose summation-order error is larger against the variable than in
+/// digits_mlp: hence 1e-4 of the variable's scale after a step.
 fn compare(
     d: &Path,
     body: &str,
-    opt: &str,
+    (name, lr, rest): Opt,
     (ty, batch, side, seed): (&(String, String), usize, u32, u64),
-    bound: f64,
 ) -> Result<(), String> {
     let (features, columns) = ty;
+    let opt = format!("{name}(lr: {lr}{rest})");
+    let bound = 1e-4;
     let src = format!(
         r#"use std.nn.{{avg_pool2d, conv2d, dense, embedding, max_pool2d}}
 use std.losses.softmax_cross_entropy
@@ -379,10 +391,6 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
     // that starts at zero (a bias) moves by steps of the learning rate's order, and
     // after a step it may be a sum that cancels (seen: 1.3e-5 from terms of 0.33, its
     // rounding 7e-9), which no bound relative to itself holds
-    let lr: f64 = (opt.split("lr: ").nth(1))
-        .and_then(|r| r.split([',', ')']).next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1e-6);
     // each step from the interpreter's variables (its optimiser's slots too), so that
     // what is compared is one step's rounding, not three steps' compounded
     let result = (1..=3).try_for_each(|step| {
@@ -461,8 +469,7 @@ fn moved_like_the_interpreter(
   let logits = dense(concat([a, t, a * a], axis: 1), {c})
 "
     );
-    let ty = (format!("f32[B, {k}]"), format!("f32[{k}]"));
-    compare(&d, &body, "sgd(lr: 0.5)", (&ty, batch, 24, seed), 1e-4)
+    compare(&d, &body, SGD, (&floats(k), batch, 24, seed))
 }
 
 /// An embedding of `t` ids a sample (a vector of ids, or one id a sample when `t` is 1
@@ -473,13 +480,13 @@ fn moved_like_the_interpreter(
 fn embedded_like_the_interpreter(
     (v, dim, t, scalar): (usize, usize, usize, bool),
     (pool, hidden): (bool, bool),
-    opt: &str,
+    opt: Opt,
     (batch, side, seed): (usize, u32, u64),
 ) -> Result<(), String> {
     let c = 3;
     let d = tmp(&format!(
         "embed-{v}-{dim}-{t}-{scalar}-{pool}-{hidden}-{batch}-{side}-{seed}-{}",
-        opt.len()
+        opt.0
     ));
     let rng = est::rng::Stream::new(seed, 0);
     let us = rng.uniforms(0, 64 * t, 0);
@@ -512,7 +519,7 @@ fn embedded_like_the_interpreter(
         format!("dense({flat}, {c})")
     };
     let body = format!("  let e = embedding(features, {v}, {dim})\n  let logits = {logits}\n");
-    compare(&d, &body, opt, (&ty, batch, side, seed), 1e-4)
+    compare(&d, &body, opt, (&ty, batch, side, seed))
 }
 
 /// A convolution of random strides, filter, padding and filters over an 8 x 8 image
@@ -542,8 +549,7 @@ fn strided_like_the_interpreter(
   let logits = dense(reshape(z, [B, -1]), {c})
 "
     );
-    let ty = (format!("f32[B, {k}]"), format!("f32[{k}]"));
-    compare(&d, &body, "sgd(lr: 0.1)", (&ty, batch, 24, seed), 1e-4)
+    compare(&d, &body, ("sgd", 0.1, ""), (&floats(k), batch, 24, seed))
 }
 
 /// A convolution's output max- or average-pooled with random windows, strides and
@@ -573,8 +579,7 @@ fn pooled_like_the_interpreter(
   let logits = dense(reshape(z, [B, -1]), {c})
 "
     );
-    let ty = (format!("f32[B, {k}]"), format!("f32[{k}]"));
-    compare(&d, &body, "sgd(lr: 0.1)", (&ty, batch, 24, seed), 1e-4)
+    compare(&d, &body, ("sgd", 0.1, ""), (&floats(k), batch, 24, seed))
 }
 
 proptest::proptest! {
@@ -594,8 +599,7 @@ proptest::proptest! {
         pool in proptest::bool::ANY, hidden in proptest::bool::ANY, adam in proptest::bool::ANY, batch in 1usize..5,
         side in 12u32..33, seed in 0u64..1000,
     ) {
-        // epsilon 1e-3: see `train_like_the_interpreter`
-        let opt = if adam { "adam(lr: 0.05, epsilon: 0.001)" } else { "sgd(lr: 0.5)" };
+        let opt = if adam { ADAM } else { SGD };
         embedded_like_the_interpreter((v, dim, t, scalar), (pool, hidden), opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }

@@ -44,12 +44,8 @@ impl Geo {
         d: [usize; 2],
         padding: Padding,
     ) -> Geo {
-        let pad = |len: usize, o: usize, k: usize, s: usize, d: usize| match padding {
-            Padding::Valid => 0,
-            Padding::Same => {
-                let eff = (k - 1) * d + 1;
-                (o.saturating_sub(1) * s + eff).saturating_sub(len) / 2
-            }
+        let pad = |len: usize, o: usize, k: usize, s: usize, d: usize| {
+            crate::ir::window_pad(len, o, (k - 1) * d + 1, s, padding)
         };
         Geo {
             n: x[0],

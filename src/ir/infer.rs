@@ -468,6 +468,17 @@ pub fn window_out(len: usize, window: usize, stride: usize, padding: Padding) ->
     }
 }
 
+/// The padding before a sliding window's first position along one axis of `len`, for
+/// `out` positions `stride` apart of a `window` (its effective extent, dilation
+/// included): none when valid; when `same`, half of what the positions overrun the
+/// axis by, the odd one after (TensorFlow's).
+pub fn window_pad(len: usize, out: usize, window: usize, stride: usize, padding: Padding) -> usize {
+    match padding {
+        Padding::Valid => 0,
+        Padding::Same => (out.saturating_sub(1) * stride + window).saturating_sub(len) / 2,
+    }
+}
+
 fn conv2d(x: &TensorType, w: &TensorType, c: &Conv) -> R {
     let Conv {
         strides,

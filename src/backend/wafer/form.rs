@@ -251,55 +251,40 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     let mut kernels: Vec<Kernel> = Vec::new();
     let is_var = |n: NodeIndex| matches!(g.node(n).op, Op::Variable { .. });
     let resolve = |n: NodeIndex| resolve(&alias, n);
-    // dense layers: x W with a variable W of rank 2
+    // layers: x W with a variable W of rank 2 (dense), a convolution with a variable
+    // filter, and rows of a variable table of rank 2 chosen per sample (an embedding)
     for &n in &order {
-        let layer = match &g.node(n).op {
-            Op::MatMul => true,
-            // an embedding: rows of a variable table, chosen per sample
-            Op::Gather => {
-                let (table, ids) = (g.operands(n)[0], g.operands(n)[1]);
-                if is_var(table) && g.ty(table).rank() == 2 && class[ids.index()] == Class::Sample {
-                    if owner[table.index()].is_some() {
-                        return Err(unsupported(g, n, "a table looked up twice has no wafer kernel".into(), "the wafer keeps each table on the PEs of one embedding: look it up once (concatenate the ids) or give each lookup its own table"));
-                    }
-                    let k = kernels.len();
-                    owner[n.index()] = Some(k);
-                    owner[table.index()] = Some(k);
-                    kernels.push(Kernel {
-                        kind: Kind::Dense {
-                            w: table,
-                            x: ids,
-                            fwd: n,
-                            dy: None,
-                            bwd: None,
-                            dw: None,
-                        },
-                        vars: vec![table],
-                        steps: Vec::new(),
-                        commits: Vec::new(),
-                        hosts: Vec::new(),
-                    });
-                }
-                continue;
-            }
-            Op::Conv2d(_) => true,
-            _ => false,
-        };
-        if !layer || class[n.index()] != Class::Sample {
+        if class[n.index()] != Class::Sample {
             continue;
         }
         let ops = g.operands(n);
-        let (x, w) = (ops[0], ops[1]);
-        let rank = if matches!(g.node(n).op, Op::MatMul) {
-            2
-        } else {
-            4
+        // its input and weight, and what to say when another layer holds the weight
+        let (x, w, (taken, help)) = match &g.node(n).op {
+            Op::MatMul | Op::Conv2d(_) => {
+                let rank = if matches!(g.node(n).op, Op::MatMul) {
+                    2
+                } else {
+                    4
+                };
+                if g.ty(ops[0]).rank() != rank {
+                    continue;
+                }
+                (ops[0], ops[1], (
+                    "a weight used by several matrix products (shared across the time steps of an unrolled recurrent network, or by two layers) has no wafer kernel yet",
+                    "the wafer keeps each weight on the PEs of one layer and does not share it between layers yet: train a network that shares weights with `--target host`; on the wafer, only layers with their own variables run",
+                ))
+            }
+            Op::Gather if g.ty(ops[0]).rank() == 2 && class[ops[1].index()] == Class::Sample => (ops[1], ops[0], (
+                "a table looked up twice has no wafer kernel",
+                "the wafer keeps each table on the PEs of one embedding: look it up once (concatenate the ids) or give each lookup its own table",
+            )),
+            _ => continue,
         };
-        if !is_var(w) || g.ty(x).rank() != rank {
+        if !is_var(w) {
             continue;
         }
         if owner[w.index()].is_some() {
-            return Err(unsupported(g, n, "a weight used by several matrix products (shared across the time steps of an unrolled recurrent network, or by two layers) has no wafer kernel yet".into(), "the wafer keeps each weight on the PEs of one layer and does not share it between layers yet: train a network that shares weights with `--target host`; on the wafer, only layers with their own variables run"));
+            return Err(unsupported(g, n, taken.into(), help));
         }
         let k = kernels.len();
         owner[n.index()] = Some(k);
@@ -433,6 +418,10 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         }
         i
     }
+    fn union(p: &mut [usize], a: usize, b: usize) {
+        let (a, b) = (find(p, a), find(p, b));
+        p[a.max(b)] = a.min(b);
+    }
     for &n in &order {
         if !free(n, &owner) {
             continue;
@@ -441,8 +430,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             // through values under other names (a reshape that keeps the words)
             let o = resolve(o);
             if free(o, &owner) {
-                let (a, b) = (find(&mut parent, n.index()), find(&mut parent, o.index()));
-                parent[a.max(b)] = a.min(b);
+                union(&mut parent, n.index(), o.index());
             }
         }
     }
@@ -480,11 +468,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 continue;
             }
             for u in readers(read, &owner) {
-                let (a, b) = (
-                    find(&mut parent, made.index()),
-                    find(&mut parent, u.index()),
-                );
-                parent[a.max(b)] = a.min(b);
+                union(&mut parent, made.index(), u.index());
             }
         }
     }
@@ -515,8 +499,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         mine.sort_unstable();
         mine.dedup();
         for w in mine.windows(2) {
-            let (a, b) = (find(&mut parent, w[0]), find(&mut parent, w[1]));
-            parent[a.max(b)] = a.min(b);
+            union(&mut parent, w[0], w[1]);
         }
         anchors[n.index()] = mine;
     }

@@ -29,6 +29,7 @@ use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{Scratch, Update, Val};
 use super::super::sim::Dir;
 use super::{nest, split, used, Laid, Orient, Piece, UPDATE};
+use crate::ir::{window_out, window_pad, Padding};
 use std::sync::Arc;
 
 /// What a layer computes with its inputs.
@@ -74,29 +75,30 @@ impl Geom {
         stride: (u32, u32),
         same: bool,
     ) -> Option<Geom> {
-        let (er, es) = ((r - 1) * dil.0 + 1, (s - 1) * dil.1 + 1);
-        let (sh, sw) = (stride.0.max(1), stride.1.max(1));
-        let (ho, wo) = if same {
-            (h.div_ceil(sh), w.div_ceil(sw))
-        } else {
-            ((h.checked_sub(er)? / sh) + 1, (w.checked_sub(es)? / sw) + 1)
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        // along one axis of `len`: the outputs and the padding before them
+        let axis = |len: u32, window: u32, dil: u32, stride: u32| {
+            let (len, eff, stride) = (
+                len as usize,
+                ((window - 1) * dil + 1) as usize,
+                stride as usize,
+            );
+            let out = window_out(len, eff, stride, padding).filter(|&o| o > 0)?;
+            Some((
+                out as u32,
+                window_pad(len, out, eff, stride, padding) as u32,
+            ))
         };
-        let pad = if same {
-            (
-                ((ho.saturating_sub(1) * sh + er).saturating_sub(h)) / 2,
-                ((wo.saturating_sub(1) * sw + es).saturating_sub(w)) / 2,
-            )
-        } else {
-            (0, 0)
-        };
-        (ho > 0 && wo > 0).then_some(Geom {
+        let (ho, pt) = axis(h, r, dil.0, stride.0)?;
+        let (wo, pl) = axis(w, s, dil.1, stride.1)?;
+        Some(Geom {
             h,
             w,
             r,
             s,
             dil,
-            stride: (sh, sw),
-            pad,
+            stride,
+            pad: (pt, pl),
             ho,
             wo,
         })
@@ -214,6 +216,16 @@ impl Colours {
             send,
             (j + 1 < hr).then(|| self.dchain[((j + 1) % 2) as usize]),
         )
+    }
+}
+
+/// The next wavelets on `colour` into the words `dst` describes.
+fn receive(dst: Dsd, colour: Colour) -> Instr {
+    let len = dst.len();
+    Instr::Vec {
+        op: VecOp::Mov,
+        dst,
+        srcs: vec![Src::V(Dsd::In { colour, len })],
     }
 }
 
@@ -397,10 +409,11 @@ impl Dense {
             bwd: c.backward_link(j, hr),
         };
         let a = ks.len() as u32;
+        let blk = Block { w, dw, c, links };
         let (fwd, bwd) = match self.shape {
-            Shape::Conv(g) => self.conv(&mut p, g, (a, b), w, dw, c, links),
-            Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), w, dw, c, links),
-            _ => self.gemv(&mut p, a * self.shape.per_in(), b, w, dw, c, links),
+            Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
+            Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), blk),
+            _ => self.gemv(&mut p, a * self.shape.per_in(), b, blk),
         };
         let kind = match self.shape {
             Shape::Conv(_) => "conv",
@@ -445,31 +458,18 @@ impl Dense {
         self.train.then_some((k, len as i32))
     }
 
-    /// A product's forward and backward bodies on a PE with `a` inputs and `b` outputs
-    /// (weight block at `w`, its gradient at `dw`).
-    #[allow(clippy::too_many_arguments)]
+    /// A product's forward and backward bodies on a PE with `a` inputs and `b` outputs.
     fn gemv(
         &self,
         p: &mut Program,
         a: u32,
         b: u32,
-        w: u32,
-        dw: Option<u32>,
-        c: Colours,
-        links: Links,
+        Block { w, dw, c, links }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
-        let slots = if self.train { self.batch } else { 1 };
-        let xs = p.alloc("x stash", slots * a);
+        let (xs, take) = self.stash(p, "x stash", a, c.x);
         let y = p.alloc("y", b);
         let mut fwd = vec![
-            Instr::Vec {
-                op: VecOp::Mov,
-                dst: Dsd::strided(xs, a, 1, &[], self.by(0, a)),
-                srcs: vec![Src::V(Dsd::In {
-                    colour: c.x,
-                    len: a,
-                })],
-            },
+            take,
             zero(y, b),
             macs(
                 y,
@@ -488,14 +488,7 @@ impl Dense {
             return (fwd, Vec::new());
         };
         let dy = p.alloc("dy", b);
-        let mut bwd = vec![Instr::Vec {
-            op: VecOp::Mov,
-            dst: Dsd::mem(dy, b),
-            srcs: vec![Src::V(Dsd::In {
-                colour: c.dy,
-                len: b,
-            })],
-        }];
+        let mut bwd = vec![receive(Dsd::mem(dy, b), c.dy)];
         if self.dx {
             let dxp = p.alloc("dx", a);
             bwd.push(zero(dxp, a));
@@ -527,24 +520,19 @@ impl Dense {
     }
 
     /// A convolution's forward and backward bodies on a PE with `a` input channels and
-    /// `b` output channels (filter block at `w` as `[r][s][a][b]`, its gradient at `dw`).
-    #[allow(clippy::too_many_arguments)]
+    /// `b` output channels (filter block as `[r][s][a][b]`).
     fn conv(
         &self,
         p: &mut Program,
         g: Geom,
         (a, b): (u32, u32),
-        w: u32,
-        dw: Option<u32>,
-        c: Colours,
-        links: Links,
+        Block { w, dw, c, links }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
         let (hp, wp, span) = (g.hp(), g.wp(), g.span());
         let (plane_in, plane_pad, plane_out) = (g.h * g.w, hp * wp, g.h1() * wp);
         // an output row's strided outputs, and the rows' distance, in the planes
         let (sw, row) = (g.stride.1, g.stride.0 * wp);
-        let slots = if self.train { self.batch } else { 1 };
-        let xs = p.alloc("x stash", slots * a * plane_in);
+        let (xs, take) = self.stash(p, "x stash", a * plane_in, c.x);
         // the padded input (its border stays zero), also the input gradient's planes
         let xp = p.alloc("padded x", a * plane_pad);
         // the output planes at pitch wp, also the output gradient's
@@ -572,14 +560,7 @@ impl Dense {
         let xin = Dsd::strided(xp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
         let yout = Dsd::strided(y, span, 1, &[0, 0, 0, plane_out], None);
         let mut fwd = vec![
-            Instr::Vec {
-                op: VecOp::Mov,
-                dst: Dsd::strided(xs, a * plane_in, 1, &[], self.by(0, a * plane_in)),
-                srcs: vec![Src::V(Dsd::In {
-                    colour: c.x,
-                    len: a * plane_in,
-                })],
-            },
+            take,
             pad(0),
             zero(y, b * plane_out),
             taps(tap_loops, yout.clone(), wt.clone(), xin.clone()),
@@ -603,14 +584,10 @@ impl Dense {
             zero(y, b * plane_out),
             nest(
                 &[b, g.ho],
-                Instr::Vec {
-                    op: VecOp::Mov,
-                    dst: Dsd::strided(y, g.wo, sw as i32, &[plane_out, row], None),
-                    srcs: vec![Src::V(Dsd::In {
-                        colour: c.dy,
-                        len: g.wo,
-                    })],
-                },
+                receive(
+                    Dsd::strided(y, g.wo, sw as i32, &[plane_out, row], None),
+                    c.dy,
+                ),
             ),
         ];
         if self.dx {
@@ -637,23 +614,17 @@ impl Dense {
     }
 
     /// An embedding's forward and backward bodies on a PE holding rows `lo..lo + a` of
-    /// the table (`b` of its columns, at `w`; its gradient at `dw`), for `t` ids a
-    /// sample. Every column receives a sample's ids and stashes them; for each id, the
+    /// the table (`b` of its columns), for `t` ids a sample. Every column receives a sample's ids and stashes them; for each id, the
     /// PE whose rows hold it puts its row's part into the chain of partial sums (the
     /// others zeros), and the backward pass adds the row's gradient into that row.
-    #[allow(clippy::too_many_arguments)]
     fn gather(
         &self,
         p: &mut Program,
         (t, lo): (u32, u32),
         (a, b): (u32, u32),
-        w: u32,
-        dw: Option<u32>,
-        c: Colours,
-        links: Links,
+        Block { w, dw, c, links }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
-        let slots = if self.train { self.batch } else { 1 };
-        let ids = p.alloc("ids stash", slots * t);
+        let (ids, take) = self.stash(p, "ids stash", t, c.x);
         // per id: its row in this PE's block (clamped into it), and whether it is here
         let row = p.alloc("row", t);
         let here = p.alloc("here", t);
@@ -677,22 +648,16 @@ impl Dense {
                 op(VecOp::Min, row, vec![v(row), Src::Imm(a as f32 - 1.0)]),
             ]
         };
-        // each id's flag, spread over a row's `b` words
+        // each id's flag, spread over a row's `b` words; each id's row of `y`
         let flag = Src::V(Dsd::strided(here, b, 0, &[1], None));
-        let mut fwd = vec![Instr::Vec {
-            op: VecOp::Mov,
-            dst: Dsd::strided(ids, t, 1, &[], self.by(0, t)),
-            srcs: vec![Src::V(Dsd::In {
-                colour: c.x,
-                len: t,
-            })],
-        }];
+        let yt = Dsd::strided(y, b, 1, &[b], None);
+        let mut fwd = vec![take];
         fwd.extend(rows(0));
         fwd.push(Instr::Loop {
             count: t,
             body: vec![Instr::Vec {
                 op: VecOp::Sel,
-                dst: Dsd::strided(y, b, 1, &[b], None),
+                dst: yt.clone(),
                 srcs: vec![
                     flag.clone(),
                     Src::V(Dsd::indexed(w, b, row, &[1], b)),
@@ -709,14 +674,7 @@ impl Dense {
             return (fwd, Vec::new());
         };
         // the output gradients into `y`, each id's (or zeros) added into its row
-        let mut bwd = vec![Instr::Vec {
-            op: VecOp::Mov,
-            dst: Dsd::mem(y, t * b),
-            srcs: vec![Src::V(Dsd::In {
-                colour: c.dy,
-                len: t * b,
-            })],
-        }];
+        let mut bwd = vec![receive(Dsd::mem(y, t * b), c.dy)];
         bwd.extend(rows(1));
         let g = Dsd::indexed(dw, b, row, &[1], b);
         bwd.push(Instr::Loop {
@@ -724,22 +682,28 @@ impl Dense {
             body: vec![
                 Instr::Vec {
                     op: VecOp::Sel,
-                    dst: Dsd::strided(y, b, 1, &[b], None),
-                    srcs: vec![
-                        flag,
-                        Src::V(Dsd::strided(y, b, 1, &[b], None)),
-                        Src::Imm(0.0),
-                    ],
+                    dst: yt.clone(),
+                    srcs: vec![flag, Src::V(yt.clone()), Src::Imm(0.0)],
                 },
                 Instr::Vec {
                     op: VecOp::Add,
                     dst: g.clone(),
-                    srcs: vec![Src::V(g), Src::V(Dsd::strided(y, b, 1, &[b], None))],
+                    srcs: vec![Src::V(g), Src::V(yt)],
                 },
             ],
         });
         bwd.push(self.count(1));
         (fwd, bwd)
+    }
+
+    /// A stash of `len` words a slot (a slot per sample of a step when the layer trains,
+    /// else one) named `name`, and the instruction that receives a sample's `len` inputs
+    /// on `colour` into its slot (counter 0's).
+    fn stash(&self, p: &mut Program, name: &str, len: u32, colour: Colour) -> (u32, Instr) {
+        let slots = if self.train { self.batch } else { 1 };
+        let base = p.alloc(name, slots * len);
+        let dst = Dsd::strided(base, len, 1, &[], self.by(0, len));
+        (base, receive(dst, colour))
     }
 
     /// The count of counter `k` (0 forward, 1 backward) that moves the stash's slot.
@@ -795,6 +759,16 @@ impl Dense {
         }
         Ok(())
     }
+}
+
+/// What a PE's bodies work on: its weight block (at `w`) and that block's gradient (at
+/// `dw`, when it trains), its colours and its links in the chains.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    w: u32,
+    dw: Option<u32>,
+    c: Colours,
+    links: Links,
 }
 
 /// A PE's links in the forward chain and in the input gradients' chain: the colours it

@@ -16,7 +16,7 @@ use super::super::form::{self, constant, image, key, Class, Formed, Kind};
 use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{self, vec, Scratch, Val};
 use super::{nest, split, Piece, UPDATE};
-use crate::ir::{Graph, NodeIndex, Op, ReduceOp};
+use crate::ir::{window_pad, Graph, NodeIndex, Op, ReduceOp};
 use std::collections::BTreeMap;
 
 /// A stream of a vector kernel: the node, its colour, whether it is part of the
@@ -717,13 +717,6 @@ impl Vector<'_> {
                 // the result in its own order: a loop over each of its axes but the
                 // last, whose elements are read `stride` apart in the operand
                 let from = g.ty(ops[0]).shape.as_slice();
-                let strides = |shape: &[usize]| -> Vec<u32> {
-                    let mut st = vec![1u32; shape.len()];
-                    for d in (0..shape.len().saturating_sub(1)).rev() {
-                        st[d] = st[d + 1] * shape[d + 1] as u32;
-                    }
-                    st
-                };
                 let (si, so) = (strides(from), strides(&node.ty.shape));
                 let last = node.ty.rank() - 1;
                 let loops: Vec<u32> = (1..last).map(|d| node.ty.shape[d] as u32).collect();
@@ -847,7 +840,16 @@ fn pool(
     if eh <= h && ew <= w {
         return pool_valid(op, dst, args, cl, (h, w), (ho, wo), scratch, body);
     }
-    let (pt, pl) = (eh.saturating_sub(h) / 2, ew.saturating_sub(w) / 2);
+    let pad = |len: u32, out: u32, k: u32, s: u32| {
+        window_pad(
+            len as usize,
+            out as usize,
+            k as usize,
+            s as usize,
+            p.padding,
+        ) as u32
+    };
+    let (pt, pl) = (pad(h, ho, kh, sh), pad(w, wo, kw, sw));
     let (hp, wp) = (eh.max(pt + h), ew.max(pl + w));
     let (plane, plane_p) = (h * w, hp * wp);
     let n = cl * plane_p;
@@ -890,11 +892,12 @@ fn pool(
         scratch.release(ones);
         Ok::<_, String>(fix)
     };
-    let by = |v: Val, fix: Val| {
+    // `dst = v * fix`, each plane by the one correction plane
+    let by = |dst: Val, v: Val, fix: Val| {
         rows_of(
             VecOp::Mul,
             (cl, ho),
-            at(v, 0, wo, 1, &[ho * wo, wo]),
+            at(dst, 0, wo, 1, &[ho * wo, wo]),
             vec![
                 view(v, 0, wo, 1, &[ho * wo, wo]),
                 view(fix, 0, wo, 1, &[0, wo]),
@@ -913,7 +916,7 @@ fn pool(
             pool_valid(op, dst, &[xp], cl, (hp, wp), (ho, wo), scratch, body)?;
             if !max {
                 let fix = correction(scratch, body)?;
-                body.push(by(dst, fix));
+                body.push(by(dst, dst, fix));
                 scratch.release(fix);
             }
             scratch.release(xp);
@@ -938,15 +941,7 @@ fn pool(
         _ => {
             let fix = correction(scratch, body)?;
             let dy = scratch.alloc(cl * ho * wo);
-            body.push(rows_of(
-                VecOp::Mul,
-                (cl, ho),
-                at(dy, 0, wo, 1, &[ho * wo, wo]),
-                vec![
-                    view(args[0], 0, wo, 1, &[ho * wo, wo]),
-                    view(fix, 0, wo, 1, &[0, wo]),
-                ],
-            ));
+            body.push(by(dy, args[0], fix));
             let dxp = scratch.alloc(n);
             pool_valid(op, dxp, &[dy], cl, (hp, wp), (ho, wo), scratch, body)?;
             interior(dxp, body);
@@ -1072,6 +1067,15 @@ fn pool_valid(
     Ok(())
 }
 
+/// The words between neighbours along each axis of a row-major `shape`.
+fn strides(shape: &[usize]) -> Vec<u32> {
+    let mut st = vec![1u32; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        st[d] = st[d + 1] * shape[d + 1] as u32;
+    }
+    st
+}
+
 /// A shape's elements around reduced axes: the runs before them (the batch aside), the
 /// entries of the reduced axes, and the elements after them (the reduced axes must be
 /// next to each other, after the batch).
@@ -1103,13 +1107,6 @@ fn broadcast(dst: Val, x: Val, from: &[usize], to: &[usize]) -> Instr {
     let r = to.len();
     let mut padded = vec![1usize; r.saturating_sub(from.len())];
     padded.extend(from);
-    let strides = |shape: &[usize]| -> Vec<u32> {
-        let mut st = vec![1u32; shape.len()];
-        for d in (0..shape.len().saturating_sub(1)).rev() {
-            st[d] = st[d + 1] * shape[d + 1] as u32;
-        }
-        st
-    };
     let (so, mut sx) = (strides(to), strides(&padded));
     for d in 0..r {
         if padded[d] == 1 {
@@ -1140,16 +1137,13 @@ fn broadcast(dst: Val, x: Val, from: &[usize], to: &[usize]) -> Instr {
 /// A shape's elements as rows: those before the reduced axes and those in them (the
 /// reduced axes must be the last ones, after the batch).
 fn rows(shape: &[usize], axes: &[usize]) -> Result<(u32, u32), String> {
-    let r = shape.len();
-    let mut sorted = axes.to_vec();
-    sorted.sort_unstable();
-    let last = (r - sorted.len()..r).collect::<Vec<_>>();
-    if sorted.is_empty() || sorted != last || sorted[0] == 0 {
-        return Err(format!("a reduction over axes {axes:?} of a rank-{r} value (only the last axes, within a sample)"));
+    match reduced(shape, axes) {
+        Ok((outer, inner, 1)) => Ok((outer, inner)),
+        _ => Err(format!(
+            "a reduction over axes {axes:?} of a rank-{} value (only the last axes, within a sample)",
+            shape.len()
+        )),
     }
-    let inner: usize = shape[sorted[0]..].iter().product();
-    let outer: usize = shape[1..sorted[0]].iter().product();
-    Ok((outer as u32, inner as u32))
 }
 
 /// `dst[r] = op(dst[r], x[r * inner + i])` over every `i`, for each row `r`: a loop of
