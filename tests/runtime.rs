@@ -794,3 +794,97 @@ fn integer_state_under_shards() {
     let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
     assert!(first["classes"].is_number());
 }
+
+/// `pad` gives tf.pad's values (the examples of TensorFlow's documentation, for
+/// `[[1, 2, 3], [4, 5, 6]]` padded `[[1, 1], [2, 2]]`) in each mode, and a constant of
+/// its own, on every target that runs a predict graph here.
+#[test]
+fn pad_follows_tensorflow() {
+    const SRC: &str = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+input rows() {
+  csv("d.csv", header: false, columns: { x: f32[6], label: i32 }) |> map |r| (r.x, r.label) |> repeat |> batch(2, drop_remainder: true)
+}
+input once() {
+  csv("d.csv", header: false, columns: { x: f32[6], label: i32 }) |> map |r| (r.x, r.label) |> batch(2, drop_remainder: true)
+}
+model m(features: f32[B, 6], labels: i32[B]) {
+  let x = reshape(features, [B, 2, 3])
+  let r = pad(x, [[0, 0], [1, 1], [2, 2]], mode: "reflect")
+  let logits = dense(reshape(r, [B, 28]), 2)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.1) }
+  predict {
+    constant = pad(x, [[0, 0], [1, 1], [2, 2]])
+    reflect = r
+    symmetric = pad(x, [[0, 0], [1, 1], [2, 2]], mode: "symmetric")
+    filled = pad(x, [[0, 0], [0, 1], [1, 0]], value: -1.5)
+  }
+}
+estimator e { model = m  train_input = rows()  predict_input = once() }
+"#;
+    let want = [
+        (
+            "constant",
+            vec![
+                [0., 0., 0., 0., 0., 0., 0.],
+                [0., 0., 1., 2., 3., 0., 0.],
+                [0., 0., 4., 5., 6., 0., 0.],
+                [0., 0., 0., 0., 0., 0., 0.],
+            ],
+        ),
+        (
+            "reflect",
+            vec![
+                [6., 5., 4., 5., 6., 5., 4.],
+                [3., 2., 1., 2., 3., 2., 1.],
+                [6., 5., 4., 5., 6., 5., 4.],
+                [3., 2., 1., 2., 3., 2., 1.],
+            ],
+        ),
+        (
+            "symmetric",
+            vec![
+                [2., 1., 1., 2., 3., 3., 2.],
+                [2., 1., 1., 2., 3., 3., 2.],
+                [5., 4., 4., 5., 6., 6., 5.],
+                [5., 4., 4., 5., 6., 6., 5.],
+            ],
+        ),
+    ];
+    let filled = [
+        [-1.5, 1., 2., 3.],
+        [-1.5, 4., 5., 6.],
+        [-1.5, -1.5, -1.5, -1.5],
+    ];
+    let mut targets = vec![Target::Interp];
+    if cfg!(feature = "llvm") {
+        targets.push(Target::Host);
+    }
+    for target in targets {
+        let dir = tmp(&format!("pad-{}", target.name()));
+        std::fs::write(dir.join("d.csv"), "1,2,3,4,5,6,0\n10,20,30,40,50,60,1\n").unwrap();
+        let p = Program::from_source("pad.est", SRC, None);
+        let opts = RunOptions {
+            target,
+            model_dir: Some(dir.join("model")),
+            data_dir: Some(dir.clone()),
+            ..Default::default()
+        };
+        let mut e = Estimator::new(&p, &opts).map_err(|f| f.diags).unwrap();
+        e.train(Steps::Max(1)).unwrap();
+        e.predict(&dir.join("pred"), None).unwrap();
+        let text = std::fs::read_to_string(dir.join("pred/predictions.jsonl")).unwrap();
+        let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        let rows = |k: &str| -> Vec<Vec<f64>> {
+            serde_json::from_value(first[k].clone()).unwrap_or_else(|e| panic!("{k}: {e}"))
+        };
+        for (mode, w) in &want {
+            let w: Vec<Vec<f64>> = w.iter().map(|r| r.to_vec()).collect();
+            assert_eq!(rows(mode), w, "{mode} on {}", target.name());
+        }
+        let w: Vec<Vec<f64>> = filled.iter().map(|r| r.to_vec()).collect();
+        assert_eq!(rows("filled"), w, "filled on {}", target.name());
+    }
+}

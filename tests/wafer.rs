@@ -582,6 +582,52 @@ fn pooled_like_the_interpreter(
     compare(&d, &body, ("sgd", 0.1, ""), (&floats(k), batch, 24, seed))
 }
 
+/// A value padded with `pad` (constant, reflect or symmetric, random paddings on a
+/// sample's axes), as a matrix between two dense layers or as an image between two
+/// convolutions (its channels padded too), trained 3 steps like the interpreter
+/// (within 1e-4, as `compare` measures): `pad` is concats of constants and one-wide
+/// slices, which move an image's planes on the wafer.
+fn padded_like_the_interpreter(
+    image: bool,
+    mode: usize,
+    pads: [(usize, usize); 3],
+    (batch, seed): (usize, u64),
+) -> Result<(), String> {
+    let (k, c) = (25, 3);
+    let mode = ["constant", "reflect", "symmetric"][mode];
+    // the most a side of an axis of n takes: reflect leaves the edge out
+    let (r, cols, ch) = if image { (4, 4, 2) } else { (3, 4, 1) };
+    let most = |n: usize| if mode == "reflect" { n - 1 } else { n };
+    let fit =
+        |(a, b): (usize, usize), n: usize| format!("[{}, {}]", a.min(most(n)), b.min(most(n)));
+    let (p1, p2, p3) = (fit(pads[0], r), fit(pads[1], cols), fit(pads[2], ch));
+    let d = random_data(
+        &format!("padded-{image}-{mode}-{p1}-{p2}-{p3}-{batch}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let body = if image {
+        format!(
+            "  let x = reshape(features, [B, 5, 5, 1])
+  let y = conv2d(x, {ch}, [2, 2], padding: valid, activation: relu)
+  let p = pad(y, [[0, 0], {p1}, {p2}, {p3}], mode: \"{mode}\")
+  let z = conv2d(p, 2, [3, 3], padding: valid)
+  let logits = dense(reshape(z, [B, -1]), {c})
+"
+        )
+    } else {
+        format!(
+            "  let h = dense(features, {}, activation: tanh)
+  let p = pad(reshape(h, [B, {r}, {cols}]), [[0, 0], {p1}, {p2}], mode: \"{mode}\", value: 0.5)
+  let logits = dense(reshape(p, [B, -1]), {c})
+",
+            r * cols
+        )
+    };
+    compare(&d, &body, ("sgd", 0.1, ""), (&floats(k), batch, 24, seed))
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
     #[test]
@@ -619,6 +665,15 @@ proptest::proptest! {
         same in proptest::bool::ANY, batch in 1usize..4, seed in 0u64..1000,
     ) {
         pooled_like_the_interpreter(max, window, stride, same, (batch, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn padded_values_train_like_the_interpreter(
+        image in proptest::bool::ANY, mode in 0usize..3,
+        pads in proptest::array::uniform3((0usize..3, 0usize..3)), batch in 1usize..4, seed in 0u64..1000,
+    ) {
+        padded_like_the_interpreter(image, mode, pads, (batch, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -64,6 +64,7 @@ impl<'p> Elab<'p> {
             "expand_dims" | "squeeze" => self.b_expand_squeeze(name, &a),
             "concat" => self.b_concat(&a),
             "slice" => self.b_slice(&a),
+            "pad" => self.b_pad(&a),
             "matmul" => self.b_matmul(&a),
             "reduce_sum" | "reduce_mean" | "reduce_max" | "reduce_min" | "reduce_prod" => {
                 self.b_reduce(name, &a)
@@ -503,6 +504,159 @@ impl<'p> Elab<'p> {
             scalar(DType::F32),
             a.call,
         )
+    }
+
+    /// `pad(x, paddings, mode, value)`, TensorFlow's `tf.pad`: `paddings` gives each axis
+    /// its `[before, after]`. It is made of the ops every target runs: each padded axis a
+    /// `concat` of `x` with constants (`constant`) or with one-wide slices of `x` in
+    /// mirrored order (`reflect` leaves the edge out, `symmetric` repeats it), so its
+    /// gradient is theirs.
+    fn b_pad(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
+        let ty = self.graph.ty(x).clone();
+        let rank = ty.rank();
+        let (vp, sp) = a.get("paddings");
+        let entries = match &vp {
+            Value::List(xs) | Value::Tuple(xs) => xs.clone(),
+            other => {
+                return self.expected("a list of [before, after] pairs, one per axis", other, sp)
+            }
+        };
+        if entries.len() != rank {
+            return self.error(
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(sp),
+                    format!(
+                        "pad of a tensor of rank {rank} takes {rank} [before, after] pairs, found {}",
+                        entries.len()
+                    ),
+                )
+                .label(format!("{} pairs", entries.len()))
+                .with(self.site(sx), format!("this is {ty}"))
+                .help(format!("give one pair per axis of {ty}, [0, 0] for an axis left as it is")),
+            );
+        }
+        let mut pads = Vec::with_capacity(rank);
+        for e in entries.iter() {
+            let Some(p) = self.ints(e, sp, Some(2)) else {
+                return Value::Error;
+            };
+            if p.iter().any(|&n| n < 0) {
+                return self.error(
+                    Diag::new(
+                        Code::InvalidShape,
+                        self.site(sp),
+                        "paddings must not be negative",
+                    )
+                    .label("negative padding")
+                    .help("to cut a tensor, use `slice`"),
+                );
+            }
+            pads.push((p[0] as usize, p[1] as usize));
+        }
+        let (vm, sm) = a.get("mode");
+        let mode = match &vm {
+            Value::Str(m) if ["constant", "reflect", "symmetric"].contains(&&**m) => m.to_string(),
+            other => return self.expected("\"constant\", \"reflect\" or \"symmetric\"", other, sm),
+        };
+        let value = if mode == "constant" {
+            match self.float_arg(a, "value") {
+                Some(v) => v,
+                None => return Value::Error,
+            }
+        } else {
+            0.0
+        };
+        // reflect mirrors about the edge, symmetric through it: at most n - 1 or n
+        let edge = usize::from(mode == "reflect");
+        for (axis, &(b, e)) in pads.iter().enumerate() {
+            let n = ty.shape[axis];
+            if mode != "constant" && b.max(e) + edge > n {
+                return self.error(
+                    Diag::new(
+                        Code::InvalidShape,
+                        self.site(sp),
+                        format!(
+                            "{mode} padding of {} on axis {axis} needs an axis of at least {}, and axis {axis} of {ty} has {n}",
+                            b.max(e),
+                            b.max(e) + edge
+                        ),
+                    )
+                    .label("more padding than the axis can mirror")
+                    .with(self.site(sx), format!("this is {ty}"))
+                    .help(format!(
+                        "{mode} padding takes at most {} on each side of this axis; pad less, or use mode: \"constant\"",
+                        n - edge
+                    )),
+                );
+            }
+        }
+        let site = self.site(a.call);
+        let mut y = x;
+        for (axis, &(b, e)) in pads.iter().enumerate() {
+            if b == 0 && e == 0 {
+                continue;
+            }
+            let n = self.graph.ty(y).shape[axis];
+            let mut parts = Vec::new();
+            let piece = |el: &mut Self, from: usize, count: usize, before: bool| {
+                if count == 0 {
+                    return Vec::new();
+                }
+                if mode == "constant" {
+                    let mut shape = el.graph.ty(y).shape.clone();
+                    shape[axis] = count;
+                    let c = el.graph.add(
+                        Op::Const {
+                            bits: value.to_bits(),
+                        },
+                        &[],
+                        TensorType::new(ty.dtype, shape),
+                        site,
+                    );
+                    return vec![c];
+                }
+                // one-wide slices, nearest the edge last before it and first after it
+                let order: Vec<usize> = if before {
+                    (0..count).rev().map(|i| from + i).collect()
+                } else {
+                    (0..count).map(|i| from - i).collect()
+                };
+                order
+                    .into_iter()
+                    .filter_map(|i| {
+                        match el.op(
+                            Op::Slice {
+                                axis,
+                                start: i,
+                                end: i + 1,
+                            },
+                            &[(y, a.call)],
+                            scalar(DType::F32),
+                            a.call,
+                        ) {
+                            Value::Tensor(t) => Some(t),
+                            _ => None,
+                        }
+                    })
+                    .collect()
+            };
+            // before: elements edge..edge+b mirrored; after: n-1-edge down to n-edge-e
+            parts.extend(piece(self, edge, b, true));
+            parts.push(y);
+            if e > 0 {
+                parts.extend(piece(self, n - 1 - edge, e, false));
+            }
+            let ops: Vec<(NodeIndex, Span)> = parts.into_iter().map(|p| (p, a.call)).collect();
+            match self.op(Op::Concat { axis }, &ops, scalar(DType::F32), a.call) {
+                Value::Tensor(t) => y = t,
+                other => return other,
+            }
+        }
+        Value::Tensor(y)
     }
 
     fn b_matmul(&mut self, a: &Args<'p>) -> Value<'p> {

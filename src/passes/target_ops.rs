@@ -1,7 +1,8 @@
 //! The per-target op table. The host (and the interpreter) run every op; the wafer runs
 //! what a layer-pipelined wafer can: matmul, convolution, elementwise ops, reductions,
 //! pooling, softmax, embeddings (gather, whose gradient is scatter_add), random numbers,
-//! and moving a sample's elements (slice, concat, transpose, reshape); their gradients
+//! and moving a sample's elements (slice, concat, transpose, reshape, and `pad`, made of
+//! concats and slices); their gradients
 //! are made of the same ops.
 
 use super::PassCtx;
@@ -92,7 +93,7 @@ pub fn run(g: &mut Graph, ctx: &PassCtx, diags: &mut Diags) {
         diags.push(
             Diag::new(Code::UnsupportedOp, node.span, format!("`{}` is not supported on the {} target", node.op.name(), ctx.target.name()))
                 .label(format!("makes a {}", node.op.name()))
-                .help(format!("the wafer runs: matmul, convolution, elementwise ops, reductions, pooling, softmax, embeddings (`gather` from a variable table), random numbers and moves within a sample (slice, concat, transpose, reshape); express `{}` with those or use `--target host`", node.op.name())),
+                .help(format!("the wafer runs: matmul, convolution, elementwise ops, reductions, pooling, softmax, embeddings (`gather` from a variable table), random numbers and moves within a sample (slice, concat, pad, transpose, reshape); express `{}` with those or use `--target host`", node.op.name())),
         );
     }
 }

@@ -456,11 +456,29 @@ impl<'c> Codegen<'c> {
     fn round(&self, x: FloatValue<'c>, dtype: DType) -> R<FloatValue<'c>> {
         let narrow = match dtype {
             DType::F16 => self.ctx.f16_type(),
-            DType::BF16 => self.ctx.bf16_type(),
+            DType::BF16 => return self.round_bf16(x),
             _ => return Ok(x),
         };
         let t = e(self.b.build_float_trunc(x, narrow, "n"))?;
         e(self.b.build_float_ext(t, self.ctx.f32_type(), "w"))
+    }
+
+    /// Rounds an f32 to bf16's precision (to nearest, ties to even; NaN stays NaN) with
+    /// integer operations: LLVM lowers `fptrunc` to bf16 on CPUs without bf16
+    /// instructions to a call of `__truncsfbf2`, which Debian 12's libgcc lacks.
+    fn round_bf16(&self, x: FloatValue<'c>) -> R<FloatValue<'c>> {
+        let i32t = self.ctx.i32_type();
+        let k = |v: u64| i32t.const_int(v, false);
+        let b = &self.b;
+        let bits = e(b.build_bit_cast(x, i32t, "bits"))?.into_int_value();
+        let high = e(b.build_right_shift(bits, k(16), false, "high"))?;
+        let lsb = e(b.build_and(high, k(1), "lsb"))?;
+        let bias = e(b.build_int_add(lsb, k(0x7fff), "bias"))?;
+        let up = e(b.build_int_add(bits, bias, "up"))?;
+        let kept = e(b.build_and(up, k(0xffff_0000), "kept"))?;
+        let r = e(b.build_bit_cast(kept, self.ctx.f32_type(), "r"))?.into_float_value();
+        let nan = e(b.build_float_compare(FloatPredicate::UNO, x, x, "nan"))?;
+        Ok(e(b.build_select(nan, x, r, "bf16"))?.into_float_value())
     }
 
     /// Wraps an integer result to its dtype's width.

@@ -699,7 +699,8 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         let mut to: BTreeSet<End> = BTreeSet::new();
         let mut stack = users[n.index()].clone();
         while let Some(u) = stack.pop() {
-            if alias[u.index()] == Some(n) {
+            // through its other names (a reshape of a reshape of it too)
+            if alias[u.index()].is_some() && resolve(u) == n {
                 stack.extend(users[u.index()].iter().copied());
                 continue;
             }

@@ -681,9 +681,9 @@ impl Vector<'_> {
             }
             Op::Slice { axis, start, end } if *axis > 0 => {
                 // each run of the sliced axis (and the axes inside it), row by row
-                let shape = g.ty(ops[0]).shape.as_slice();
-                let (outer, inner) = around(shape, *axis);
-                let (whole, part) = (shape[*axis] as u32 * inner, (end - start) as u32 * inner);
+                let (shape, axis) = laid(&g.ty(ops[0]).shape, *axis);
+                let (outer, inner) = around(&shape, axis);
+                let (whole, part) = (shape[axis] as u32 * inner, (end - start) as u32 * inner);
                 body.push(nest(
                     &[outer],
                     Instr::Vec {
@@ -695,11 +695,12 @@ impl Vector<'_> {
             }
             Op::Concat { axis } if *axis > 0 => {
                 // each operand's rows into their place in each row of the result
-                let (outer, inner) = around(&node.ty.shape, *axis);
-                let whole = node.ty.shape[*axis] as u32 * inner;
+                let (shape, axis) = laid(&node.ty.shape, *axis);
+                let (outer, inner) = around(&shape, axis);
+                let whole = shape[axis] as u32 * inner;
                 let mut off = 0;
                 for (&o, &a) in ops.iter().zip(&args) {
-                    let part = g.ty(o).shape[*axis] as u32 * inner;
+                    let part = laid(&g.ty(o).shape, axis).0[axis] as u32 * inner;
                     // a one-word operand repeats its word
                     let stride = u32::from(a.elements() != 1);
                     body.push(nest(
@@ -714,21 +715,29 @@ impl Vector<'_> {
                 }
             }
             Op::Transpose { perm } if perm.first() == Some(&0) => {
-                // the result in its own order: a loop over each of its axes but the
-                // last, whose elements are read `stride` apart in the operand
-                let from = g.ty(ops[0]).shape.as_slice();
-                let (si, so) = (strides(from), strides(&node.ty.shape));
-                let last = node.ty.rank() - 1;
-                let loops: Vec<u32> = (1..last).map(|d| node.ty.shape[d] as u32).collect();
+                // the result in the order its axes lie in: a loop over each of them
+                // but the last, whose elements are read `stride` apart in the operand
+                // (images lie planar: an axis's stride is its place in that order's)
+                let (from, to) = (&g.ty(ops[0]).shape, &node.ty.shape);
+                let (ri, ro) = (laid_order(from.len()), laid_order(to.len()));
+                let si = strides(&laid(from, 0).0);
+                let so = strides(&laid(to, 0).0);
+                // the operand's stride along the result's `d`th laid axis
+                let src = |d: usize| {
+                    let a = perm[ro[d]];
+                    si[ri.iter().position(|&x| x == a).unwrap_or(0)]
+                };
+                let last = to.len() - 1;
+                let loops: Vec<u32> = (1..last).map(|d| to[ro[d]] as u32).collect();
                 let dst_step: Vec<u32> = (1..last).map(|d| so[d]).collect();
-                let src_step: Vec<u32> = (1..last).map(|d| si[perm[d]]).collect();
-                let len = node.ty.shape[last] as u32;
+                let src_step: Vec<u32> = (1..last).map(src).collect();
+                let len = to[ro[last]] as u32;
                 body.push(nest(
                     &loops,
                     Instr::Vec {
                         op: VecOp::Mov,
                         dst: at(dst, 0, len, 1, &dst_step),
-                        srcs: vec![view(args[0], 0, len, si[perm[last]], &src_step)],
+                        srcs: vec![view(args[0], 0, len, src(last), &src_step)],
                     },
                 ));
             }
@@ -746,6 +755,23 @@ impl Vector<'_> {
         }
         Ok(())
     }
+}
+
+/// The order a sample value's axes lie in on the wafer: an image's (rank 4, NHWC in
+/// the graph) planar, channel by channel (N, C, H, W); any other's as they are.
+fn laid_order(rank: usize) -> Vec<usize> {
+    if rank == 4 {
+        vec![0, 3, 1, 2]
+    } else {
+        (0..rank).collect()
+    }
+}
+
+/// `shape` in the order its axes lie in on the wafer, and where `axis` lies in it.
+fn laid(shape: &[usize], axis: usize) -> (Vec<usize>, usize) {
+    let order = laid_order(shape.len());
+    let at = order.iter().position(|&a| a == axis).unwrap_or(axis);
+    (order.iter().map(|&a| shape[a]).collect(), at)
 }
 
 /// The rows of a sample (`shape` with the batch first) around `axis`: how many runs of
