@@ -237,6 +237,60 @@ fn artifacts_are_deterministic_legal_and_checked_when_loaded() {
     );
 }
 
+/// The link loads the legality checker bounds (`place::link_loads`, counted from the
+/// programs and routes) are what the simulator counts, link by link, over two steps:
+/// the digits MLP's three graphs on test32, and the MNIST CNN's train step on test64.
+#[test]
+fn link_loads_are_what_the_simulator_counts() {
+    use est::backend::wafer::{artifact::Artifact, fabric::Fabric, place, report};
+    let d = tmp("links");
+    let digits = root().join("examples/digits_mlp.est");
+    let cnn = root().join("examples/mnist_cnn.est");
+    let cases: [(&Path, &str, &str, &[&str]); 4] = [
+        (&digits, "train", "test32", &[]),
+        (&digits, "eval", "test32", &[]),
+        (&digits, "predict", "test32", &[]),
+        (
+            &cnn,
+            "train",
+            "test64",
+            &["--param", "hidden=[128]", "--param", "batch_size=4"],
+        ),
+    ];
+    for (file, mode, fabric, extra) in cases {
+        let out = d.join(format!("{mode}-{fabric}.estw"));
+        let mut args = vec![
+            "build",
+            file.to_str().unwrap(),
+            "--target",
+            "wafer",
+            "--wafer",
+            fabric,
+            "--mode",
+            mode,
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let (code, _, err) = estc(&args);
+        assert_eq!(code, 0, "{mode} on {fabric}: {err}");
+        let fab = Fabric::named(fabric).unwrap();
+        let l = Artifact::from_bytes(&std::fs::read(&out).unwrap(), &fab)
+            .unwrap()
+            .layout(&fab);
+        let sim = report::simulate(&l, 2).unwrap();
+        let counted: std::collections::BTreeMap<_, u64> = place::link_loads(&l)
+            .into_iter()
+            .map(|(link, n)| (link, 2 * n))
+            .collect();
+        assert!(
+            !counted.is_empty(),
+            "{mode} on {fabric}: no link carries anything"
+        );
+        assert_eq!(sim.link_loads(), counted, "{mode} on {fabric}");
+    }
+}
+
 /// The eval and predict graphs lay out too, and `--emit wafer` prints the programs.
 #[test]
 fn every_mode_lays_out_and_prints() {

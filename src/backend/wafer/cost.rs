@@ -4,7 +4,7 @@
 //! so that the two cannot disagree about a primitive.
 
 use super::fabric::Fabric;
-use super::isa::{Dsd, Instr, Program, Src, TaskId, Trigger, VecOp};
+use super::isa::{Colour, Dsd, Instr, Program, Src, TaskId, Trigger, VecOp};
 
 /// Bytes per SRAM word (f32).
 pub const WORD: u32 = 4;
@@ -91,6 +91,31 @@ pub fn per_sample(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> u64 {
         }
     }
     once + per_step / u64::from(batch.max(1))
+}
+
+/// The wavelets a program sends on colour `c` in a step of `batch` samples: its data
+/// tasks' sends once a sample, its other tasks' once a step (as `per_sample` counts
+/// their cycles).
+pub fn sends(p: &Program, c: Colour, batch: u64) -> u64 {
+    fn out(body: &[Instr], c: Colour) -> u64 {
+        body.iter()
+            .map(|i| match i {
+                Instr::Vec {
+                    dst: Dsd::Out { colour, len },
+                    ..
+                } if *colour == c => u64::from(*len),
+                Instr::Loop { count, body } => u64::from(*count) * out(body, c),
+                _ => 0,
+            })
+            .sum()
+    }
+    p.tasks
+        .iter()
+        .map(|t| match t.trigger {
+            Trigger::Data(_) => out(&t.body, c) * batch,
+            Trigger::Local { .. } => out(&t.body, c),
+        })
+        .sum()
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use super::form::{self, image, End, Formed, Kind, Unsupported};
 use super::isa::Colour;
 use super::kernels::dense::{self, Dense, Geom, Shape};
 use super::kernels::vector::{Port, Vector};
-use super::kernels::{split, Laid, Orient, Piece};
+use super::kernels::{split, Laid, Orient, Piece, UPDATE};
 use super::lower::Update;
 use super::sim::{Dir, HostIn, Route, Setup};
 use crate::ir::{Graph, NodeIndex, Op, Padding};
@@ -1307,9 +1307,9 @@ fn stream_name(g: &Graph, n: NodeIndex) -> String {
 
 /// Why a layout is not legal, if it is not: a kernel off the fabric or over another,
 /// a PE whose memory map exceeds its SRAM, a colour beyond the programs' budget, a
-/// route that leads nowhere, loops or merges (what `Sim::new` refuses), a link
-/// carrying more wavelets per sample than a cycle per wavelet allows within the
-/// slowest kernel's period is not checked here (the simulator measures it).
+/// route that leads nowhere, loops or merges (what `Sim::new` refuses), or a link that
+/// carries more wavelets a step (`link_loads`) than the busiest PE has cycles in one (a
+/// link carries one a cycle: the fabric, not the kernels, would bound the step).
 pub fn check(l: &Layout) -> Result<(), String> {
     let f = &l.fabric;
     for (i, k) in l.kernels.iter().enumerate() {
@@ -1367,9 +1367,59 @@ pub fn check(l: &Layout) -> Result<(), String> {
             "router ({x}, {y}) routes colour {c}, beyond the {budget} programs may use"
         ));
     }
-    super::sim::Sim::new(f, &l.setup)
-        .map(|_| ())
-        .map_err(|e| e.0)
+    super::sim::Sim::new(f, &l.setup).map_err(|e| e.0)?;
+    let batch = l.batch.max(1);
+    let busiest = (l.setup.pes.values())
+        .map(|(p, _)| super::cost::per_sample(f, p, batch, UPDATE) * u64::from(batch))
+        .max()
+        .unwrap_or(0);
+    if let Some(((x, y, d), n)) = link_loads(l).into_iter().max_by_key(|&(_, n)| n) {
+        if n > busiest {
+            return Err(format!(
+                "the link leaving router ({x}, {y}) {} carries {n} wavelets a step, more than the {busiest} cycles a step of the busiest PE",
+                d.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Per link (a router, and the port wavelets leave it by): the wavelets a step sends
+/// across it. Each stream's are counted at its source (a PE's program's, `cost::sends`;
+/// a host lane's elements of every sample) and cross every link of its route tree.
+pub fn link_loads(l: &Layout) -> BTreeMap<(u32, u32, Dir), u64> {
+    let f = &l.fabric;
+    let batch = u64::from(l.batch.max(1));
+    let routes = &l.setup.routes;
+    let mut load = BTreeMap::new();
+    for (&(x, y, c), r) in routes {
+        let sent = if r.rx == Dir::Ramp {
+            (l.setup.pes.get(&(x, y))).map_or(0, |(p, _)| super::cost::sends(p, c, batch))
+        } else if r.rx.step(x, y, f).is_none() {
+            (l.inputs.iter().flat_map(|s| &s.lanes))
+                .filter(|h| (h.x, h.y, h.colour) == (x, y, c))
+                .map(|h| h.elems.len() as u64 * batch)
+                .sum()
+        } else {
+            continue;
+        };
+        let mut todo = vec![(x, y)];
+        let mut seen = BTreeSet::new();
+        while let Some((x, y)) = todo.pop() {
+            let Some(r) = routes.get(&(x, y, c)) else {
+                continue;
+            };
+            if !seen.insert((x, y)) {
+                continue;
+            }
+            for d in r.tx().filter(|&d| d != Dir::Ramp) {
+                *load.entry((x, y, d)).or_default() += sent;
+                todo.extend(d.step(x, y, f));
+            }
+        }
+    }
+    load.retain(|_, n| *n > 0);
+    load
 }
 
 pub fn bytes(b: u32) -> String {
@@ -1434,5 +1484,114 @@ pub fn sizing(block: u32) -> String {
         "each kernel sized to a common period".to_string()
     } else {
         format!("with blocks of {block}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::wafer::isa::{Dsd, Instr, Program, Src, Task, Trigger, VecOp};
+
+    /// A program that sends `n` words on colour `c` at start, or (`recv`) adds `n`
+    /// wavelets of colour `c` into its words when they come.
+    fn pe(c: Colour, n: u32, recv: bool) -> Arc<Program> {
+        let mut p = Program::default();
+        let x = p.alloc("x", n);
+        let (trigger, dst, srcs) = if recv {
+            let srcs = vec![
+                Src::V(Dsd::mem(x, n)),
+                Src::V(Dsd::In { colour: c, len: n }),
+            ];
+            (Trigger::Data(c), Dsd::mem(x, n), srcs)
+        } else {
+            let srcs = vec![Src::V(Dsd::mem(x, n))];
+            (
+                Trigger::Local { at_start: true },
+                Dsd::Out { colour: c, len: n },
+                srcs,
+            )
+        };
+        let op = if recv { VecOp::Add } else { VecOp::Mov };
+        p.tasks.push(Task {
+            id: 0,
+            name: "t".into(),
+            trigger,
+            body: vec![Instr::Vec { op, dst, srcs }],
+        });
+        Arc::new(p)
+    }
+
+    /// PEs along row 0 from column 0; `streams` as (colour, from, to) columns, routed
+    /// east.
+    fn row(pes: &[(u32, Arc<Program>)], streams: &[(Colour, u32, u32)]) -> Layout {
+        let fabric = Fabric::named("test32").unwrap();
+        let mut setup = Setup::default();
+        for (x, p) in pes {
+            setup
+                .pes
+                .insert((*x, 0), (p.clone(), vec![0.0; p.words() as usize]));
+        }
+        for &(c, a, b) in streams {
+            for x in a..=b {
+                let route = match (x == a, x == b) {
+                    (true, _) => Route::new(Dir::Ramp, &[Dir::E]),
+                    (false, true) => Route::new(Dir::W, &[Dir::Ramp]),
+                    (false, false) => Route::new(Dir::W, &[Dir::E]),
+                };
+                setup.routes.insert((x, 0, c), route);
+            }
+        }
+        Layout {
+            fabric,
+            batch: 1,
+            setup,
+            tensors: BTreeMap::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            kernels: vec![Placed {
+                name: "row".into(),
+                x: 0,
+                y: 0,
+                w: 4,
+                h: 1,
+                orient: Orient::North,
+            }],
+            block: 0,
+        }
+    }
+
+    /// A link that two streams share carries both; the checker refuses a link that
+    /// carries more wavelets a step than the busiest PE has cycles (here 75: a task
+    /// switch of 10, a start-up of 5 and 60 elements).
+    #[test]
+    fn a_link_carries_its_streams_and_an_overloaded_one_is_refused() {
+        // PE 0 sends 60 words to PE 3 through PEs 1 and 2
+        let alone = row(&[(0, pe(1, 60, false)), (3, pe(1, 60, true))], &[(1, 0, 3)]);
+        let loads: Vec<_> = link_loads(&alone).into_iter().collect();
+        assert_eq!(
+            loads,
+            [
+                ((0, 0, Dir::E), 60),
+                ((1, 0, Dir::E), 60),
+                ((2, 0, Dir::E), 60)
+            ]
+        );
+        check(&alone).unwrap();
+        // and PE 1 sends 60 more to PE 2 on the link out of it
+        let shared = row(
+            &[
+                (0, pe(1, 60, false)),
+                (1, pe(2, 60, false)),
+                (2, pe(2, 60, true)),
+                (3, pe(1, 60, true)),
+            ],
+            &[(1, 0, 3), (2, 1, 2)],
+        );
+        assert_eq!(link_loads(&shared)[&(1, 0, Dir::E)], 120);
+        let e = check(&shared).unwrap_err();
+        assert!(
+            e.contains("router (1, 0) east carries 120 wavelets a step, more than the 75 cycles"),
+            "{e}"
+        );
     }
 }

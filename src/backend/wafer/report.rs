@@ -44,6 +44,10 @@ pub struct Report {
     pub kernels: Vec<KernelReport>,
     /// The kernel with the most cycles per sample.
     pub slowest: usize,
+    /// The link that carried the most wavelets (its router and the port they left by),
+    /// and how many a sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busiest_link: Option<(u32, u32, Dir, f64)>,
 }
 
 /// Runs `steps` steps of `l` on generated data (inputs uniform in [0, 1), labels and
@@ -157,6 +161,9 @@ pub fn measure(l: &Layout, sim: &Sim, steps: u32) -> Report {
         .unwrap_or(0);
     let pes = stats.len() as u32;
     let step_cycles = total / f64::from(steps.max(1));
+    let busiest_link = (sim.link_loads().into_iter())
+        .max_by_key(|&(_, n)| n)
+        .map(|((x, y, d), n)| (x, y, d, n as f64 / samples));
     Report {
         fabric: f.name.clone(),
         batch: l.batch,
@@ -167,6 +174,7 @@ pub fn measure(l: &Layout, sim: &Sim, steps: u32) -> Report {
         pes,
         kernels,
         slowest,
+        busiest_link,
     }
 }
 
@@ -205,6 +213,15 @@ impl std::fmt::Display for Report {
                 } else {
                     ""
                 }
+            )?;
+        }
+        if let Some((x, y, d, n)) = self.busiest_link {
+            let per_sample = self.step_cycles / f64::from(self.batch.max(1));
+            writeln!(
+                f,
+                "  busiest link: out of ({x},{y}) {}, {n:.1} wavelets a sample ({:.1}% of a sample's cycles)",
+                d.name(),
+                100.0 * n / per_sample.max(1.0)
             )?;
         }
         Ok(())

@@ -70,7 +70,7 @@ impl Dir {
     }
 
     /// The neighbour of `(x, y)` through this port (y grows southward), if on the grid.
-    fn step(self, x: u32, y: u32, f: &Fabric) -> Option<(u32, u32)> {
+    pub fn step(self, x: u32, y: u32, f: &Fabric) -> Option<(u32, u32)> {
         match self {
             Dir::N => y.checked_sub(1).map(|y| (x, y)),
             Dir::S => (y + 1 < f.height).then_some((x, y + 1)),
@@ -319,6 +319,9 @@ pub struct Sim {
     streams: Vec<Stream>,
     /// Per link: the first cycle it is free.
     link_free: Vec<u64>,
+    /// Per link: its router and the port wavelets leave by, and how many have crossed.
+    link_at: Vec<(u32, u32, Dir)>,
+    link_sent: Vec<u64>,
     /// Per output port `(x, y, dir, colour)`: the values that left, with their cycles.
     outs: Vec<(Port, Vec<(u64, f32)>)>,
     events: BinaryHeap<Reverse<(u64, usize)>>,
@@ -398,6 +401,8 @@ impl Sim {
                 .collect(),
             streams: Vec::new(),
             link_free: Vec::new(),
+            link_at: Vec::new(),
+            link_sent: Vec::new(),
             outs: Vec::new(),
             events: BinaryHeap::new(),
             pending: Vec::new(),
@@ -456,6 +461,11 @@ impl Sim {
             return err(format!("the host sends on colour {} at ({}, {}), where no route takes it from off the grid", h.colour, h.x, h.y));
         }
         sim.link_free = vec![0; links.len()];
+        sim.link_sent = vec![0; links.len()];
+        sim.link_at = vec![(0, 0, Dir::Ramp); links.len()];
+        for (&at, &i) in &links {
+            sim.link_at[i] = at;
+        }
         sim.pending = vec![None; sim.pes.len() + sim.hosts.len()];
         for p in 0..sim.pes.len() {
             sim.schedule(p, 0);
@@ -671,6 +681,7 @@ impl Sim {
             let reach = parent.map_or(t + ramp, |p| at[p]);
             let leave = reach.max(self.link_free[link]);
             self.link_free[link] = leave + 1;
+            self.link_sent[link] += 1;
             at.push(leave + hop);
         }
         let c = st.colour as usize;
@@ -1129,6 +1140,15 @@ impl Sim {
             stalled: self.pes.iter().map(|p| p.stats.stalled).sum(),
             pes: self.pes.len(),
         }
+    }
+
+    /// Per link (a router, and the port wavelets leave it by): the wavelets that have
+    /// crossed it.
+    pub fn link_loads(&self) -> BTreeMap<(u32, u32, Dir), u64> {
+        (self.link_at.iter().copied())
+            .zip(self.link_sent.iter().copied())
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     /// Per PE at `(x, y)`: what it did.
