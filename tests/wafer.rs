@@ -410,10 +410,19 @@ fn compare(
     d: &Path,
     body: &str,
     (name, lr, rest): Opt,
+    run: (&(String, String), usize, u32, u64),
+) -> Result<(), String> {
+    compare_with(d, body, (&format!("{name}(lr: {lr}{rest})"), lr), run)
+}
+
+/// `compare` with the optimiser as source (`opt`) and its learning rate.
+fn compare_with(
+    d: &Path,
+    body: &str,
+    (opt, lr): (&str, f64),
     (ty, batch, side, seed): (&(String, String), usize, u32, u64),
 ) -> Result<(), String> {
     let (features, columns) = ty;
-    let opt = format!("{name}(lr: {lr}{rest})");
     let bound = 1e-4;
     let src = format!(
         r#"use std.nn.{{avg_pool2d, conv2d, dense, embedding, max_pool2d}}
@@ -682,6 +691,34 @@ fn padded_like_the_interpreter(
     compare(&d, &body, ("sgd", 0.1, ""), (&floats(k), batch, 24, seed))
 }
 
+/// Two dense layers (and their biases) trained with `clip_by_global_norm` around SGD,
+/// momentum or Adam, with a norm that clips (small) or does not (large), 3 steps like
+/// the interpreter (within 1e-4, as `compare` measures): the global norm mixes every
+/// layer's gradients, so the host computes it (and the clipping factor) between the
+/// backward pass and the updates.
+fn clipped_like_the_interpreter(
+    (k, n, c): (usize, usize, usize),
+    opt: usize,
+    norm: f64,
+    (batch, side, seed): (usize, u32, u64),
+) -> Result<(), String> {
+    let d = random_data(
+        &format!("clipped-{k}-{n}-{c}-{opt}-{norm}-{batch}-{side}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let (inner, lr) = [
+        ("sgd(lr: 0.5)", 0.5),
+        ("momentum(lr: 0.1, momentum: 0.9)", 0.1),
+        ("adam(lr: 0.05, epsilon: 0.001)", 0.05),
+    ][opt];
+    let body =
+        format!("  let h = dense(features, {n}, activation: tanh)\n  let logits = dense(h, {c})\n");
+    let opt = format!("clip_by_global_norm({inner}, norm: {norm})");
+    compare_with(&d, &body, (&opt, lr), (&floats(k), batch, side, seed))
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
     #[test]
@@ -728,6 +765,16 @@ proptest::proptest! {
         pads in proptest::array::uniform3((0usize..3, 0usize..3)), batch in 1usize..4, seed in 0u64..1000,
     ) {
         padded_like_the_interpreter(image, mode, pads, (batch, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn clipped_updates_train_like_the_interpreter(
+        k in 1usize..16, n in 1usize..24, c in 2usize..6, opt in 0usize..3,
+        clips in proptest::bool::ANY, batch in 1usize..5, side in 12u32..25, seed in 0u64..1000,
+    ) {
+        let norm = if clips { 0.05 } else { 1000.0 };
+        clipped_like_the_interpreter((k, n, c), opt, norm, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -456,10 +456,10 @@ other's. Give each estimator its own `model_dir`.";
     UnsupportedOp = "E0601", Error, "operation not supported on the target",
 "The chosen target cannot run this operation. The host runs every operation; the wafer
 runs a declared list (matmul, convolution, elementwise, reductions, pooling, softmax,
-embeddings, random numbers, slice, concat, transpose, reshape, and their gradients),
-and lays out chains of layers: a value several layers read, or one that skips a layer,
-is E0601 too, as is an update that mixes layers (a global norm), or a table looked up
-twice. The label points at the expression that makes it, and the help names the
+embeddings, random numbers, slice, concat, pad, transpose, reshape, and their
+gradients), and lays out chains of layers: a value several layers read, or one that
+skips a layer, is E0601 too, as is an update that mixes layers in anything but a
+scalar (a global norm is computed by the host), or a table looked up twice. The label points at the expression that makes it, and the help names the
 nearest formulation the target runs.
 
     let bucket = ids % 1_000     // error with --target wafer: `rem` is not supported

@@ -6,7 +6,9 @@
 //! learning rate) into the PEs that read them; check the labels (the host has them);
 //! stream the batch's samples in and run until the fabric is quiet (the forward pass of
 //! every sample, then the backward pass, the gradients accumulating in place); read the
-//! loss and the gradients and check them; launch every kernel's update and run again;
+//! loss and the gradients and check them; compute the step values that mix layers (a
+//! global norm's clipping factor) from the gradients and write them into the PEs that
+//! read them; launch every kernel's update and run again;
 //! read the new variables and check them. A step that fails a check puts the variables
 //! back. Reading and writing the PEs' memory stands for the host's copies over the
 //! fabric's I/O channels, which the cycle counts do not include.
@@ -37,6 +39,10 @@ struct Exe {
     /// What the host computes: its values for the PEs and the outputs, and the label
     /// checks.
     host: Plan,
+    /// What the host computes between the backward pass and the updates (`Formed::mixed`),
+    /// and the gradients (batch values) it reads for that.
+    mixed: Plan,
+    mixed_reads: Vec<NodeIndex>,
     /// The variables' values the simulator holds are the device's (not stale).
     current: bool,
     /// Wall time spent simulating.
@@ -238,12 +244,26 @@ impl Device {
                 .filter(|&n| formed.resolve(n) != n),
         );
         let host = Plan::new(&graph, &host_targets, &FxHashSet::default());
+        // the mixed values from the batch values (gradients) the PEs hold
+        let batch: FxHashSet<NodeIndex> = (graph.g.node_indices())
+            .filter(|n| formed.class[n.index()] == form::Class::Batch)
+            .collect();
+        let mixed = Plan::new(&graph, &formed.mixed, &batch);
+        let order = graph.schedule(&formed.mixed, |n| batch.contains(&n));
+        let mut mixed_reads: Vec<NodeIndex> = (order.iter())
+            .flat_map(|&n| graph.operands(n))
+            .filter(|o| batch.contains(o))
+            .collect();
+        mixed_reads.sort();
+        mixed_reads.dedup();
         Ok(Exe {
             graph,
             formed,
             layout,
             sim,
             host,
+            mixed,
+            mixed_reads,
             current: false,
             wall: std::time::Duration::ZERO,
         })
@@ -414,6 +434,38 @@ fn quiet(exe: &mut Exe) -> Result<(), RunError> {
     })
 }
 
+/// Computes the step values that mix layers (`Formed::mixed`) from the gradients the
+/// PEs hold and the variables, and writes them into the PEs whose updates read them.
+fn mix(exe: &mut Exe, vars: &FxHashMap<String, Tensor>, ctx: StepCtx) -> Result<(), RunError> {
+    if exe.formed.mixed.is_empty() {
+        return Ok(());
+    }
+    let g = exe.graph.clone();
+    let mut values = Values::new(g.g.node_bound());
+    for &n in &exe.mixed_reads {
+        let t = read(exe, &kept(exe, n), n)
+            .ok_or_else(|| fail(&g, n, "a gradient the PEs do not hold".into()))?;
+        values.set(n, t);
+    }
+    let feeds = Feeds::default();
+    let env = Env {
+        feeds: &feeds,
+        vars,
+        op: ctx.op_env(0),
+    };
+    execute(&g, &exe.mixed, &env, &mut values)?;
+    for &m in &exe.formed.mixed {
+        if let (Some(pieces), Some(t)) = (exe.layout.tensors.get(&form::key(m)), values.get(m)) {
+            let v = [t.to_f64().first().copied().unwrap_or(0.0) as f32];
+            let sim = &mut exe.sim;
+            scatter(pieces, &v, |(x, y), a, w| {
+                sim.write(x, y, a, w);
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Launches every update and runs it.
 fn update(exe: &mut Exe) -> Result<(), RunError> {
     let pes: Vec<(u32, u32)> = exe.layout.setup.pes.keys().copied().collect();
@@ -494,6 +546,7 @@ impl backend::Device for Device {
         let loss = read(e, &kept(e, spec.loss), spec.loss)
             .map(|t| t.scalar())
             .unwrap_or(f64::NAN);
+        mix(e, &self.vars, ctx).map_err(run)?;
         update(e).map_err(run)?;
         let new: Vec<(String, Option<Tensor>)> = spec
             .updates

@@ -101,6 +101,11 @@ pub struct Formed {
     pub streams: Vec<Stream>,
     /// What the host computes each step, in order (for the kernels and the outputs).
     pub host: Vec<NodeIndex>,
+    /// What the host computes between a train step's backward pass and its updates,
+    /// from the gradients it reads: the step values that mix layers (a global norm),
+    /// which kernels' updates read (scalars, written into their PEs as the host's
+    /// values are).
+    pub mixed: Vec<NodeIndex>,
     /// For each node that is another's value under another name (a shard mean of one
     /// shard, a label check the host makes), that node.
     pub alias: Vec<Option<NodeIndex>>,
@@ -475,10 +480,26 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     // and the groups one step node reads from are one (a bias added in one group and
     // its gradient summed in another, when no activation links them, update together):
     // a step node's anchors are the batch nodes and the readers of the variables it
-    // reads, through other step nodes
+    // reads, through other step nodes; a scalar computed from scalars (a global norm
+    // from each layer's sum of squares) ties no groups together (the host computes it
+    // when it mixes groups: see `mixed` below)
     let mut anchors: Vec<Vec<usize>> = vec![Vec::new(); bound];
+    let scalar_step =
+        |o: NodeIndex| class[o.index()] == Class::Step && !is_var(o) && g.ty(o).rank() == 0;
     for &n in &order {
         if class[n.index()] != Class::Step || is_var(n) {
+            continue;
+        }
+        let ops = g.operands(n).into_iter().map(resolve);
+        let (mut steps, mut others) = (0, 0);
+        for o in ops {
+            if scalar_step(o) {
+                steps += 1;
+            } else if class[o.index()] != Class::Host {
+                others += 1;
+            }
+        }
+        if g.ty(n).rank() == 0 && steps > 0 && others == 0 {
             continue;
         }
         let mut mine: Vec<usize> = Vec::new();
@@ -588,19 +609,29 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 }
             }
         };
+    // a step node that reads the values of several kernels (a global norm) is the
+    // host's, and so is one that reads such a node and no kernel's
+    let mut mixed: BTreeSet<NodeIndex> = BTreeSet::new();
     loop {
         let mut changed = false;
         for &n in &order {
-            if class[n.index()] != Class::Step || is_var(n) || owner[n.index()].is_some() {
+            if class[n.index()] != Class::Step
+                || is_var(n)
+                || owner[n.index()].is_some()
+                || mixed.contains(&n)
+            {
                 continue;
             }
-            let owners: BTreeSet<usize> = g
-                .operands(n)
+            let ops = g.operands(n);
+            let owners: BTreeSet<usize> = ops
                 .iter()
                 .filter_map(|o| owner[resolve(*o).index()])
                 .collect();
-            if owners.len() > 1 {
-                return Err(unsupported(g, n, format!("`{}` reads the variables of several layers", g.node(n).op.name()), "the wafer updates each layer's variables on its own PEs: an update that mixes layers (a global norm, clipping by it) has no wafer kernel; clip per layer instead"));
+            let reads_mixed = ops.iter().any(|o| mixed.contains(&resolve(*o)));
+            if owners.len() > 1 || (owners.is_empty() && reads_mixed) {
+                mixed.insert(n);
+                changed = true;
+                continue;
             }
             if let Some(&k) = owners.first() {
                 claim(n, k, &mut owner, &mut kernels);
@@ -623,6 +654,24 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         }
         if !changed {
             break;
+        }
+    }
+    // what a kernel would compute only for the host's mixed values, the host computes
+    // itself from the gradients (a layer's sum of squares for a global norm)
+    if !mixed.is_empty() {
+        for &n in order.iter().rev() {
+            let Some(k) = owner[n.index()] else { continue };
+            if class[n.index()] != Class::Step || is_var(n) {
+                continue;
+            }
+            let mut users =
+                g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
+                    .peekable();
+            if users.peek().is_some() && users.all(|u| mixed.contains(&u)) {
+                owner[n.index()] = None;
+                kernels[k].steps.retain(|&m| m != n);
+                mixed.insert(n);
+            }
         }
     }
     for k in &mut kernels {
@@ -659,17 +708,26 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 continue;
             }
             for o in g.operands(n) {
-                if class[o.index()] == Class::Host && !matches!(g.node(o).op, Op::Const { .. }) {
+                let computed =
+                    class[o.index()] == Class::Host && !matches!(g.node(o).op, Op::Const { .. });
+                if computed || mixed.contains(&o) {
                     if g.ty(o).rank() != 0 {
-                        return Err(unsupported(g, o, "a computed tensor the host would send each step has no wafer kernel".into(), "the host sends scalars (a learning rate) each step; compute tensors from the samples or the variables"));
+                        return Err(unsupported(g, o, "a computed tensor the host would send each step has no wafer kernel".into(), "the host sends scalars (a learning rate, a global norm's clipping factor) each step; compute tensors from the samples or the variables"));
                     }
                     mine.insert(o);
                 }
             }
         }
         kr.hosts = mine.iter().copied().collect();
-        host.extend(mine);
+        host.extend(mine.into_iter().filter(|o| !mixed.contains(o)));
     }
+    // the mixed values the kernels read, which the host computes after the gradients
+    let mixed: Vec<NodeIndex> = (kernels.iter())
+        .flat_map(|k| k.hosts.iter().copied())
+        .filter(|o| mixed.contains(o))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     for o in &g.outputs {
         if class[o.node.index()] == Class::Host {
             host.insert(o.node);
@@ -760,6 +818,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         kernels,
         streams,
         host,
+        mixed,
         alias,
     })
 }
