@@ -797,7 +797,8 @@ fn integer_state_under_shards() {
 
 /// `pad` gives tf.pad's values (the examples of TensorFlow's documentation, for
 /// `[[1, 2, 3], [4, 5, 6]]` padded `[[1, 1], [2, 2]]`) in each mode, and a constant of
-/// its own, on every target that runs a predict graph here.
+/// its own, on every target (on the wafer, each output a kernel the host's features
+/// are sent to).
 #[test]
 fn pad_follows_tensorflow() {
     const SRC: &str = r#"
@@ -858,7 +859,7 @@ estimator e { model = m  train_input = rows()  predict_input = once() }
         [-1.5, 4., 5., 6.],
         [-1.5, -1.5, -1.5, -1.5],
     ];
-    let mut targets = vec![Target::Interp];
+    let mut targets = vec![Target::Interp, Target::Wafer];
     if cfg!(feature = "llvm") {
         targets.push(Target::Host);
     }

@@ -719,6 +719,34 @@ fn clipped_like_the_interpreter(
     compare_with(&d, &body, (&opt, lr), (&floats(k), batch, side, seed))
 }
 
+/// The features read by several kernels (the host sends them to each): added to the
+/// first layer's output (a residual), or averaged into the logits in the loss's
+/// kernel, trained 3 steps like the interpreter (within 1e-4, as `compare` measures).
+fn shared_input_like_the_interpreter(
+    (k, c): (usize, usize),
+    residual: bool,
+    adam: bool,
+    (batch, side, seed): (usize, u32, u64),
+) -> Result<(), String> {
+    let d = random_data(
+        &format!("shared-{k}-{c}-{residual}-{adam}-{batch}-{side}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let body = if residual {
+        format!(
+            "  let h = tanh(dense(features, {k}) + features * 0.5)\n  let logits = dense(h, {c})\n"
+        )
+    } else {
+        format!(
+            "  let h = dense(features, {k}, activation: relu)\n  let logits = dense(h, {c}) + reduce_mean(features, axis: 1, keep_dims: true)\n"
+        )
+    };
+    let opt = if adam { ADAM } else { SGD };
+    compare(&d, &body, opt, (&floats(k), batch, side, seed))
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
     #[test]
@@ -775,6 +803,15 @@ proptest::proptest! {
     ) {
         let norm = if clips { 0.05 } else { 1000.0 };
         clipped_like_the_interpreter((k, n, c), opt, norm, (batch, side, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn shared_inputs_train_like_the_interpreter(
+        k in 1usize..20, c in 2usize..6, residual in proptest::bool::ANY, adam in proptest::bool::ANY,
+        batch in 1usize..5, side in 12u32..25, seed in 0u64..1000,
+    ) {
+        shared_input_like_the_interpreter((k, c), residual, adam, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -14,9 +14,10 @@
 //!
 //! **Streams and colours.** Kernel to kernel, a stream's lanes go straight across the
 //! facing edges. The host's streams enter at the fabric's north edge and run down a
-//! column to their kernel; per-sample outputs run east to the fabric's east edge. Each
-//! stream takes the lowest colour that no router on its way uses yet; a dense layer's
-//! chains use the four colours below the streams'.
+//! column to their kernel (an input several kernels read, to each); per-sample outputs
+//! run east to the fabric's east edge. Each stream takes the lowest colour that no
+//! router on its way uses yet; a dense layer's chains use the four colours below the
+//! streams'.
 
 use super::fabric::Fabric;
 use super::form::{self, image, End, Formed, Kind, Unsupported};
@@ -920,6 +921,10 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
     })
 }
 
+/// A host input's leg to one kernel that reads it: its colour, and the routers of its
+/// path down to the kernel.
+type Leg = (Colour, Vec<(u32, u32)>);
+
 /// The staircase of a sizing (`s`, the block size it came from, or 0).
 fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError> {
     let (g, f, fab, dims) = (sizer.g, sizer.f, sizer.fab, &sizer.dims);
@@ -976,31 +981,37 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
     let (mut need, mut short) = (CHAIN_COLOURS.min(program_colours), None);
     let mut paths: BTreeMap<NodeIndex, Vec<(u32, u32)>> = BTreeMap::new();
     // the host's inputs come down a column from the north edge to their kernel (the
-    // first kernel's come straight in)
+    // first kernel's come straight in); an input several kernels read is sent to each
+    // (a leg each, with its own colour and path)
+    let mut legs: BTreeMap<(NodeIndex, usize), Leg> = BTreeMap::new();
     let mut inputs = Vec::new();
     let mut outputs = Vec::new();
-    for st in &f.streams {
+    for (st, leg) in f.streams.iter().flat_map(|st| {
+        let legs: Vec<Option<usize>> = match st.from {
+            End::Host => (st.to.iter())
+                .filter_map(|t| match t {
+                    End::Kernel(b) => Some(Some(*b)),
+                    End::Host => None,
+                })
+                .collect(),
+            End::Kernel(_) => vec![None],
+        };
+        legs.into_iter().map(move |l| (st, l))
+    }) {
         let mut routers: BTreeSet<(u32, u32)> = BTreeSet::new();
         if let End::Kernel(a) = st.from {
             routers.extend(pes_of(a));
         }
         for t in &st.to {
             if let End::Kernel(b) = t {
-                routers.extend(pes_of(*b));
+                if leg.is_none_or(|l| l == *b) {
+                    routers.extend(pes_of(*b));
+                }
             }
         }
         // paths to and from the host
         let mut path = Vec::new();
-        if st.from == End::Host {
-            let End::Kernel(b) = st.to[0] else { continue };
-            if st.to.len() != 1 {
-                return Err(unsupported(
-                    g,
-                    st.node,
-                    "an input that several kernels read has no wafer layout yet".into(),
-                    "the wafer lays out chains of layers so far",
-                ));
-            }
+        if let Some(b) = leg {
             let p = &placed[b];
             if !(b == 0 && matches!(f.kernels[b].kind, Kind::Dense { .. })) {
                 if matches!(f.kernels[b].kind, Kind::Dense { .. }) {
@@ -1015,7 +1026,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 path = (0..p.y).map(|y| (p.x, y)).collect();
             }
         }
-        if st.to.contains(&End::Host) {
+        if leg.is_none() && st.to.contains(&End::Host) {
             let End::Kernel(a) = st.from else { continue };
             let p = &placed[a];
             if p.w * p.h != 1 {
@@ -1046,8 +1057,15 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
         for r in &routers {
             *used.entry(*r).or_default() |= 1 << c;
         }
-        colour_of.insert(st.node, c);
-        paths.insert(st.node, path);
+        match leg {
+            Some(b) => {
+                legs.insert((st.node, b), (c, path));
+            }
+            None => {
+                colour_of.insert(st.node, c);
+                paths.insert(st.node, path);
+            }
+        }
     }
     if let Some(stream) = short {
         return Err(LayoutError::Colours(ColoursShort {
@@ -1056,9 +1074,12 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             have: u32::from(program_colours),
         }));
     }
-    let colour = |n: Option<NodeIndex>| -> Colour {
-        n.and_then(|n| colour_of.get(&f.resolve(n)).copied())
-            .unwrap_or(0)
+    // a stream's colour into kernel `k` (a host input's leg to it, or the stream's)
+    let colour_in = |n: NodeIndex, k: usize| -> Option<Colour> {
+        (legs.get(&(n, k)).map(|l| l.0)).or_else(|| colour_of.get(&n).copied())
+    };
+    let colour = |n: Option<NodeIndex>, k: usize| -> Colour {
+        n.and_then(|n| colour_in(f.resolve(n), k)).unwrap_or(0)
     };
     // lay out every kernel
     let mut all = Laid::default();
@@ -1073,10 +1094,10 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 Some(d),
             ) => {
                 let c = dense::Colours::with_streams(
-                    colour(Some(*x)),
-                    colour(Some(*fwd)),
-                    colour(*dy),
-                    colour(*bwd),
+                    colour(Some(*x), k),
+                    colour(Some(*fwd), k),
+                    colour(*dy, k),
+                    colour(*bwd, k),
                 );
                 d.lay((p.x, p.y), p.orient, (lanes_in[k], lanes_out[k]), c)
                     .map_err(|e| {
@@ -1092,7 +1113,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 ))
             }
             (Kind::Vector { nodes }, _) => {
-                let v = vector_of(g, f, k, |n| colour_of.get(&n).copied().unwrap_or(0));
+                let v = vector_of(g, f, k, |n| colour_in(n, k).unwrap_or(0));
                 let lanes = lanes_out[k];
                 let mut laid = Laid::default();
                 for l in 0..lanes {
@@ -1149,12 +1170,12 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
         };
         all.merge(laid).map_err(LayoutError::DoesNotFit)?;
     }
-    // the host's streams
-    for st in &f.streams {
-        let c = colour_of[&st.node];
+    // the host's streams: a leg to each kernel that reads an input, and the outputs
+    for (&(node, b), (c, path)) in &legs {
+        let (c, st) = (*c, f.streams.iter().find(|s| s.node == node));
+        let Some(st) = st else { continue };
         let per = (g.ty(st.node).elements() / f.batch.max(1) as usize) as u32;
-        if st.from == End::Host {
-            let End::Kernel(b) = st.to[0] else { continue };
+        {
             let p = &placed[b];
             let mut lanes = Vec::new();
             let mut channels = 0;
@@ -1188,7 +1209,6 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             } else {
                 // down the column, then through every lane of the strip (each keeps
                 // its share)
-                let path = &paths[&st.node];
                 for &(x, y) in path {
                     all.route((x, y), c, Route::new(Dir::N, &[Dir::S]))
                         .map_err(LayoutError::DoesNotFit)?;
@@ -1222,6 +1242,12 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 lanes,
             });
         }
+    }
+    for st in &f.streams {
+        let Some(&c) = colour_of.get(&st.node) else {
+            continue;
+        };
+        let per = (g.ty(st.node).elements() / f.batch.max(1) as usize) as u32;
         if st.to.contains(&End::Host) {
             let End::Kernel(a) = st.from else { continue };
             let p = &placed[a];
