@@ -361,15 +361,7 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
     };
     let mut values = Values::new(g.g.node_bound());
     execute(&g, &exe.host, &env, &mut values)?;
-    for &h in &exe.formed.host {
-        if let (Some(pieces), Some(t)) = (exe.layout.tensors.get(&form::key(h)), values.get(h)) {
-            let v = [t.to_f64().first().copied().unwrap_or(0.0) as f32];
-            let sim = &mut exe.sim;
-            scatter(pieces, &v, |(x, y), a, w| {
-                sim.write(x, y, a, w);
-            });
-        }
-    }
+    write_scalars(&exe.layout, &mut exe.sim, &exe.formed.host, &values);
     let batch = exe.layout.batch as usize;
     for s in &exe.layout.inputs {
         let node = NodeIndex::new(s.node as usize);
@@ -454,16 +446,20 @@ fn mix(exe: &mut Exe, vars: &FxHashMap<String, Tensor>, ctx: StepCtx) -> Result<
         op: ctx.op_env(0),
     };
     execute(&g, &exe.mixed, &env, &mut values)?;
-    for &m in &exe.formed.mixed {
-        if let (Some(pieces), Some(t)) = (exe.layout.tensors.get(&form::key(m)), values.get(m)) {
+    write_scalars(&exe.layout, &mut exe.sim, &exe.formed.mixed, &values);
+    Ok(())
+}
+
+/// Writes the host's scalar `values` of `nodes` into the PEs that hold them.
+fn write_scalars(layout: &Layout, sim: &mut Sim, nodes: &[NodeIndex], values: &Values) {
+    for &n in nodes {
+        if let (Some(pieces), Some(t)) = (layout.tensors.get(&form::key(n)), values.get(n)) {
             let v = [t.to_f64().first().copied().unwrap_or(0.0) as f32];
-            let sim = &mut exe.sim;
             scatter(pieces, &v, |(x, y), a, w| {
                 sim.write(x, y, a, w);
             });
         }
     }
-    Ok(())
 }
 
 /// Launches every update and runs it.

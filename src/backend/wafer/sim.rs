@@ -137,19 +137,28 @@ pub struct HostIn {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SetupError(pub String);
 
-/// A deadlock: the PEs waiting at the end, each with what it waits for.
+/// A deadlock: the PEs waiting at the end, each with what it waits for; or (none
+/// waiting) the wavelets left in queues that no task took.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Deadlock {
     pub cycle: u64,
     /// The chain of waits from the first waiting PE: each line names a PE and what it
     /// waits for, ending at a PE already named (a cycle) or one that waits for nothing.
     pub chain: Vec<String>,
-    /// Every waiting PE.
+    /// Every waiting PE (0: the run ended with wavelets left over, which `chain` lists).
     pub waiting: usize,
 }
 
 impl fmt::Display for Deadlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.waiting == 0 {
+            return write!(
+                f,
+                "the fabric went quiet at cycle {} with wavelets left over: {}",
+                self.cycle,
+                self.chain.join(", ")
+            );
+        }
         write!(
             f,
             "deadlock at cycle {}: {} PEs wait for ever; {}",
@@ -577,7 +586,29 @@ impl Sim {
             .filter(|&p| self.pes[p].run.is_some())
             .collect();
         if waiting.is_empty() {
-            return Ok(self.end());
+            // a wavelet no task took is a program that sends more than it receives
+            let left: Vec<String> = (self.pes.iter())
+                .flat_map(|pe| {
+                    (pe.queues.iter().enumerate())
+                        .filter(|(_, q)| !q.is_empty())
+                        .map(move |(c, q)| {
+                            format!(
+                                "PE ({}, {}) holds {} wavelets on colour {c} that no task took",
+                                pe.x,
+                                pe.y,
+                                q.len()
+                            )
+                        })
+                })
+                .collect();
+            if left.is_empty() {
+                return Ok(self.end());
+            }
+            return Err(Deadlock {
+                cycle: self.now,
+                chain: left,
+                waiting: 0,
+            });
         }
         Err(Deadlock {
             cycle: self.now,
@@ -1374,19 +1405,51 @@ mod tests {
 
     /// PE (0, 0) streams `n` words east to PE (1, 0), which adds them to its own.
     fn pair(n: u32) -> Sim {
-        let mut setup = Setup::default();
         let xs: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
-        setup.pes.insert((0, 0), (Arc::new(sender(n)), xs));
-        setup
-            .pes
-            .insert((1, 0), (Arc::new(receiver(n)), vec![100.0; n as usize]));
+        let to = (receiver(n), vec![100.0; n as usize]);
+        Sim::new(&fabric(), &east((sender(n), xs), to)).unwrap()
+    }
+
+    /// PE (0, 0) running `from` and PE (1, 0) running `to` (with their memories), colour
+    /// 1 routed from the first to the second.
+    fn east(from: (Program, Vec<f32>), to: (Program, Vec<f32>)) -> Setup {
+        let mut setup = Setup::default();
+        setup.pes.insert((0, 0), (Arc::new(from.0), from.1));
+        setup.pes.insert((1, 0), (Arc::new(to.0), to.1));
         setup
             .routes
             .insert((0, 0, 1), Route::new(Dir::Ramp, &[Dir::E]));
         setup
             .routes
             .insert((1, 0, 1), Route::new(Dir::W, &[Dir::Ramp]));
-        Sim::new(&fabric(), &setup).unwrap()
+        setup
+    }
+
+    /// A run that ends with wavelets in a queue that no task took (a receiver that takes
+    /// 3 of the 8 sent, once) is an error naming the PE, the colour and the count.
+    #[test]
+    fn wavelets_left_over_are_reported() {
+        let mut once = Program::default();
+        let y = once.alloc("y", 3);
+        once.tasks.push(task(
+            0,
+            "take three",
+            START,
+            vec![vec(
+                VecOp::Mov,
+                Dsd::mem(y, 3),
+                vec![Src::V(Dsd::In { colour: 1, len: 3 })],
+            )],
+        ));
+        let setup = east((sender(8), vec![1.0; 8]), (once, vec![0.0; 3]));
+        let mut sim = Sim::new(&fabric(), &setup).unwrap();
+        let e = sim.run().unwrap_err();
+        assert_eq!(e.waiting, 0);
+        assert_eq!(
+            e.chain,
+            ["PE (1, 0) holds 5 wavelets on colour 1 that no task took"]
+        );
+        assert!(e.to_string().contains("wavelets left over"), "{e}");
     }
 
     #[test]
