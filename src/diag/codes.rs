@@ -459,8 +459,9 @@ runs a declared list (matmul, convolution, elementwise, reductions, pooling, sof
 embeddings, random numbers, slice, concat, pad, transpose, reshape, and their
 gradients), and lays out chains of layers: a value several layers read, or one that
 skips a layer, is E0601 too, as is an update that mixes layers in anything but a
-scalar (a global norm is computed by the host), or a table looked up twice. The label points at the expression that makes it, and the help names the
-nearest formulation the target runs.
+scalar (a global norm is computed by the host), or a table looked up twice. The
+label points at the expression that makes it, and the help names the nearest
+formulation the target runs.
 
     let bucket = ids % 1_000     // error with --target wafer: `rem` is not supported
 

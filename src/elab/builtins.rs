@@ -602,53 +602,39 @@ impl<'p> Elab<'p> {
             }
             let n = self.graph.ty(y).shape[axis];
             let mut parts = Vec::new();
-            let piece = |el: &mut Self, from: usize, count: usize, before: bool| {
+            for (count, before) in [(b, true), (e, false)] {
+                if !before {
+                    parts.push(y);
+                }
                 if count == 0 {
-                    return Vec::new();
+                    continue;
                 }
                 if mode == "constant" {
-                    let mut shape = el.graph.ty(y).shape.clone();
+                    let mut shape = self.graph.ty(y).shape.clone();
                     shape[axis] = count;
-                    let c = el.graph.add(
-                        Op::Const {
-                            bits: value.to_bits(),
-                        },
-                        &[],
-                        TensorType::new(ty.dtype, shape),
-                        site,
-                    );
-                    return vec![c];
+                    let bits = value.to_bits();
+                    let ty = TensorType::new(ty.dtype, shape);
+                    parts.push(self.graph.add(Op::Const { bits }, &[], ty, site));
+                    continue;
                 }
-                // one-wide slices, nearest the edge last before it and first after it
-                let order: Vec<usize> = if before {
-                    (0..count).rev().map(|i| from + i).collect()
+                // one-wide slices in mirrored order: before the value the elements
+                // `edge + count - 1` down to `edge`, after it `n - 1 - edge` downwards
+                let at: Vec<usize> = if before {
+                    (edge..edge + count).rev().collect()
                 } else {
-                    (0..count).map(|i| from - i).collect()
+                    (0..count).map(|i| n - 1 - edge - i).collect()
                 };
-                order
-                    .into_iter()
-                    .filter_map(|i| {
-                        match el.op(
-                            Op::Slice {
-                                axis,
-                                start: i,
-                                end: i + 1,
-                            },
-                            &[(y, a.call)],
-                            scalar(DType::F32),
-                            a.call,
-                        ) {
-                            Value::Tensor(t) => Some(t),
-                            _ => None,
-                        }
-                    })
-                    .collect()
-            };
-            // before: elements edge..edge+b mirrored; after: n-1-edge down to n-edge-e
-            parts.extend(piece(self, edge, b, true));
-            parts.push(y);
-            if e > 0 {
-                parts.extend(piece(self, n - 1 - edge, e, false));
+                for i in at {
+                    let slice = Op::Slice {
+                        axis,
+                        start: i,
+                        end: i + 1,
+                    };
+                    match self.op(slice, &[(y, a.call)], scalar(DType::F32), a.call) {
+                        Value::Tensor(t) => parts.push(t),
+                        other => return other,
+                    }
+                }
             }
             let ops: Vec<(NodeIndex, Span)> = parts.into_iter().map(|p| (p, a.call)).collect();
             match self.op(Op::Concat { axis }, &ops, scalar(DType::F32), a.call) {

@@ -490,16 +490,12 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         if class[n.index()] != Class::Step || is_var(n) {
             continue;
         }
-        let ops = g.operands(n).into_iter().map(resolve);
-        let (mut steps, mut others) = (0, 0);
-        for o in ops {
-            if scalar_step(o) {
-                steps += 1;
-            } else if class[o.index()] != Class::Host {
-                others += 1;
-            }
-        }
-        if g.ty(n).rank() == 0 && steps > 0 && others == 0 {
+        let ops: Vec<NodeIndex> = g.operands(n).into_iter().map(resolve).collect();
+        let from_scalars = ops.iter().any(|&o| scalar_step(o))
+            && ops
+                .iter()
+                .all(|&o| scalar_step(o) || class[o.index()] == Class::Host);
+        if g.ty(n).rank() == 0 && from_scalars {
             continue;
         }
         let mut mine: Vec<usize> = Vec::new();
@@ -722,11 +718,8 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         host.extend(mine.into_iter().filter(|o| !mixed.contains(o)));
     }
     // the mixed values the kernels read, which the host computes after the gradients
-    let mixed: Vec<NodeIndex> = (kernels.iter())
-        .flat_map(|k| k.hosts.iter().copied())
-        .filter(|o| mixed.contains(o))
-        .collect::<BTreeSet<_>>()
-        .into_iter()
+    let mixed: Vec<NodeIndex> = (mixed.into_iter())
+        .filter(|m| kernels.iter().any(|k| k.hosts.contains(m)))
         .collect();
     for o in &g.outputs {
         if class[o.node.index()] == Class::Host {

@@ -925,6 +925,14 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
 /// path down to the kernel.
 type Leg = (Colour, Vec<(u32, u32)>);
 
+/// The kernels a stream from the host is sent to, a leg each (none for another stream).
+fn host_legs(st: &form::Stream) -> impl Iterator<Item = usize> + '_ {
+    st.to.iter().filter_map(|t| match (st.from, t) {
+        (End::Host, End::Kernel(b)) => Some(*b),
+        _ => None,
+    })
+}
+
 /// The staircase of a sizing (`s`, the block size it came from, or 0).
 fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError> {
     let (g, f, fab, dims) = (sizer.g, sizer.f, sizer.fab, &sizer.dims);
@@ -988,12 +996,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
     let mut outputs = Vec::new();
     for (st, leg) in f.streams.iter().flat_map(|st| {
         let legs: Vec<Option<usize>> = match st.from {
-            End::Host => (st.to.iter())
-                .filter_map(|t| match t {
-                    End::Kernel(b) => Some(Some(*b)),
-                    End::Host => None,
-                })
-                .collect(),
+            End::Host => host_legs(st).map(Some).collect(),
             End::Kernel(_) => vec![None],
         };
         legs.into_iter().map(move |l| (st, l))
@@ -1171,11 +1174,10 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
         all.merge(laid).map_err(LayoutError::DoesNotFit)?;
     }
     // the host's streams: a leg to each kernel that reads an input, and the outputs
-    for (&(node, b), (c, path)) in &legs {
-        let (c, st) = (*c, f.streams.iter().find(|s| s.node == node));
-        let Some(st) = st else { continue };
+    for st in &f.streams {
         let per = (g.ty(st.node).elements() / f.batch.max(1) as usize) as u32;
-        {
+        for b in host_legs(st) {
+            let (c, path) = (legs[&(st.node, b)].0, &legs[&(st.node, b)].1);
             let p = &placed[b];
             let mut lanes = Vec::new();
             let mut channels = 0;
