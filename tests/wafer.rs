@@ -747,6 +747,49 @@ fn shared_input_like_the_interpreter(
     compare(&d, &body, opt, (&floats(k), batch, side, seed))
 }
 
+/// A recurrent chain: one weight (and, with `bias`, one bias) applied at each of `t`
+/// time steps after an input layer, as an unrolled recurrent network whose input enters
+/// at the first step, trained 3 steps like the interpreter (within 1e-4, as `compare`
+/// measures) with SGD, momentum, Adam or Adam under `clip_by_global_norm`: each layer
+/// holds a replica of the shared weight, and the host sums the replicas' gradients and
+/// updates them alike.
+fn recurrent_like_the_interpreter(
+    (k, n, c, t): (usize, usize, usize, usize),
+    bias: bool,
+    opt: usize,
+    (batch, side, seed): (usize, u32, u64),
+) -> Result<(), String> {
+    let d = random_data(
+        &format!("recurrent-{k}-{n}-{c}-{t}-{bias}-{opt}-{batch}-{side}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let (opt, lr) = [
+        ("sgd(lr: 0.5)", 0.5),
+        ("momentum(lr: 0.1, momentum: 0.9)", 0.1),
+        ("adam(lr: 0.05, epsilon: 0.001)", 0.05),
+        (
+            "clip_by_global_norm(adam(lr: 0.05, epsilon: 0.001), norm: 0.05)",
+            0.05,
+        ),
+    ][opt];
+    let mut body = format!(
+        "  let wh = variable(\"wh\", [{n}, {n}], init: init_normal(0.4))\n  let h = dense(features, {n}, activation: tanh)\n"
+    );
+    if bias {
+        body.push_str(&format!(
+            "  let bh = variable(\"bh\", [{n}], init: init_normal(0.1))\n"
+        ));
+    }
+    let b = if bias { " + bh" } else { "" };
+    for _ in 0..t {
+        body.push_str(&format!("  h = tanh(matmul(h, wh){b})\n"));
+    }
+    body.push_str(&format!("  let logits = dense(h, {c})\n"));
+    compare_with(&d, &body, (opt, lr), (&floats(k), batch, side, seed))
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
     #[test]
@@ -812,6 +855,15 @@ proptest::proptest! {
         batch in 1usize..5, side in 12u32..25, seed in 0u64..1000,
     ) {
         shared_input_like_the_interpreter((k, c), residual, adam, (batch, side, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn shared_weights_train_like_the_interpreter(
+        k in 1usize..12, n in 1usize..12, c in 2usize..6, t in 2usize..5, bias in proptest::bool::ANY,
+        opt in 0usize..4, batch in 1usize..5, side in 16u32..33, seed in 0u64..1000,
+    ) {
+        recurrent_like_the_interpreter((k, n, c, t), bias, opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -427,10 +427,16 @@ fn quiet(exe: &mut Exe) -> Result<(), RunError> {
 }
 
 /// Computes the step values that mix layers (`Formed::mixed`) from the gradients the
-/// PEs hold and the variables, and writes them into the PEs whose updates read them.
-fn mix(exe: &mut Exe, vars: &FxHashMap<String, Tensor>, ctx: StepCtx) -> Result<(), RunError> {
+/// PEs hold and the variables, and writes them into the PEs whose updates read them;
+/// the variables the host updates (`Formed::host_commits`) are written into every PE
+/// that holds them and returned by name.
+fn mix(
+    exe: &mut Exe,
+    vars: &FxHashMap<String, Tensor>,
+    ctx: StepCtx,
+) -> Result<Vec<(String, Tensor)>, RunError> {
     if exe.formed.mixed.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let g = exe.graph.clone();
     let mut values = Values::new(g.g.node_bound());
@@ -447,7 +453,20 @@ fn mix(exe: &mut Exe, vars: &FxHashMap<String, Tensor>, ctx: StepCtx) -> Result<
     };
     execute(&g, &exe.mixed, &env, &mut values)?;
     write_scalars(&exe.layout, &mut exe.sim, &exe.formed.mixed, &values);
-    Ok(())
+    let mut commits = Vec::new();
+    for (name, n) in &exe.formed.host_commits {
+        let t = (values.get(*n).cloned())
+            .ok_or_else(|| fail(&g, *n, "an update the host did not compute".into()))?;
+        if let Some(pieces) = exe.layout.tensors.get(name) {
+            let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
+            let sim = &mut exe.sim;
+            scatter(pieces, &data, |(x, y), a, v| {
+                sim.write(x, y, a, v);
+            });
+        }
+        commits.push((name.clone(), t));
+    }
+    Ok(commits)
 }
 
 /// Writes the host's scalar `values` of `nodes` into the PEs that hold them.
@@ -542,12 +561,14 @@ impl backend::Device for Device {
         let loss = read(e, &kept(e, spec.loss), spec.loss)
             .map(|t| t.scalar())
             .unwrap_or(f64::NAN);
-        mix(e, &self.vars, ctx).map_err(run)?;
+        let mut hosts = mix(e, &self.vars, ctx).map_err(run)?;
         update(e).map_err(run)?;
-        let new: Vec<(String, Option<Tensor>)> = spec
-            .updates
-            .iter()
-            .map(|u| (u.name.clone(), read(e, &u.name, u.node)))
+        let new: Vec<(String, Option<Tensor>)> = (spec.updates.iter())
+            .map(|u| {
+                let host = hosts.iter().position(|h| h.0 == u.name);
+                let t = host.map(|i| hosts.swap_remove(i).1);
+                (u.name.clone(), t.or_else(|| read(e, &u.name, u.node)))
+            })
             .collect();
         if let Err(err) = spec.check_b(|n, want| {
             let i = spec.updates.iter().position(|u| u.node == n)?;

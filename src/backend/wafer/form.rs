@@ -106,6 +106,11 @@ pub struct Formed {
     /// which kernels' updates read (scalars, written into their PEs as the host's
     /// values are).
     pub mixed: Vec<NodeIndex>,
+    /// The variables the host updates (a weight several kernels hold, and its
+    /// optimiser's slots): each name with its new value, one of `mixed`. The host
+    /// writes it into every PE that holds the variable after the backward pass, so
+    /// the replicas stay equal.
+    pub host_commits: Vec<(String, NodeIndex)>,
     /// For each node that is another's value under another name (a shard mean of one
     /// shard, a label check the host makes), that node.
     pub alias: Vec<Option<NodeIndex>>,
@@ -263,8 +268,8 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             continue;
         }
         let ops = g.operands(n);
-        // its input and weight, and what to say when another layer holds the weight
-        let (x, w, (taken, help)) = match &g.node(n).op {
+        // its input and weight
+        let (x, w) = match &g.node(n).op {
             Op::MatMul | Op::Conv2d(_) => {
                 let rank = if matches!(g.node(n).op, Op::MatMul) {
                     2
@@ -274,26 +279,22 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 if g.ty(ops[0]).rank() != rank {
                     continue;
                 }
-                (ops[0], ops[1], (
-                    "a weight used by several matrix products (shared across the time steps of an unrolled recurrent network, or by two layers) has no wafer kernel yet",
-                    "the wafer keeps each weight on the PEs of one layer and does not share it between layers yet: train a network that shares weights with `--target host`; on the wafer, only layers with their own variables run",
-                ))
+                (ops[0], ops[1])
             }
-            Op::Gather if g.ty(ops[0]).rank() == 2 && class[ops[1].index()] == Class::Sample => (ops[1], ops[0], (
-                "a table looked up twice has no wafer kernel",
-                "the wafer keeps each table on the PEs of one embedding: look it up once (concatenate the ids) or give each lookup its own table",
-            )),
+            Op::Gather if g.ty(ops[0]).rank() == 2 && class[ops[1].index()] == Class::Sample => {
+                (ops[1], ops[0])
+            }
             _ => continue,
         };
         if !is_var(w) {
             continue;
         }
-        if owner[w.index()].is_some() {
-            return Err(unsupported(g, n, taken.into(), help));
-        }
+        // a weight several products use (across the time steps of an unrolled
+        // recurrent network, a table looked up twice) is held by each of their layers:
+        // a replica each, which the host keeps equal (see `Formed::host_commits`)
         let k = kernels.len();
         owner[n.index()] = Some(k);
-        owner[w.index()] = Some(k);
+        owner[w.index()].get_or_insert(k);
         kernels.push(Kernel {
             kind: Kind::Dense {
                 w,
@@ -311,8 +312,11 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     }
     // their gradients: dy W^T and x^T dy (a convolution's: the gradients of its
     // input, from dy and the filter, and of its filter, from x and dy; an embedding's:
-    // dy's rows added into its table's)
-    for &n in &order {
+    // dy's rows added into its table's); the weight gradients first, which tie each
+    // replica of a shared weight to its output gradient
+    let gradients = (order.iter().filter(|n| class[n.index()] == Class::Batch))
+        .chain(order.iter().filter(|n| class[n.index()] != Class::Batch));
+    for &n in gradients {
         let ops = g.operands(n);
         if matches!(g.node(n).op, Op::ScatterAdd) && class[n.index()] == Class::Batch {
             let (ids, dy) = (ops[0], ops[1]);
@@ -355,7 +359,28 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         };
         if class[n.index()] == Class::Sample {
             if let Some(w) = transposed_var(b) {
-                let Some(k) = owner[w.index()] else { continue };
+                // the layer of `w` whose output gradient this is (of its replicas,
+                // the one whose weight gradient reads the same)
+                let layers: Vec<usize> = (kernels.iter().enumerate())
+                    .filter(|(_, kr)| matches!(kr.kind, Kind::Dense { w: v, .. } if v == w))
+                    .map(|(k, _)| k)
+                    .collect();
+                let mine = layers.iter().copied().find(
+                    |&k| matches!(kernels[k].kind, Kind::Dense { dy: Some(d), .. } if d == a),
+                );
+                let k = match (mine, layers.as_slice()) {
+                    (Some(k), _) | (None, &[k]) => k,
+                    (None, []) => continue,
+                    (None, _) => {
+                        return Err(unsupported(
+                            g,
+                            n,
+                            "a frozen weight shared by several layers has no wafer kernel yet"
+                                .into(),
+                            "train the shared weight, or give each layer its own",
+                        ));
+                    }
+                };
                 if let Kind::Dense { dy, bwd, .. } = &mut kernels[k].kind {
                     if bwd.is_some_and(|o| o != n) || dy.is_some_and(|d| d != a) {
                         return Err(unsupported(
@@ -483,11 +508,15 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     // reads, through other step nodes; a scalar computed from scalars (a global norm
     // from each layer's sum of squares) ties no groups together (the host computes it
     // when it mixes groups: see `mixed` below)
+    // when it mixes groups: see `mixed` below); nor does the update of a variable
+    // several kernels hold (a weight of several layers, a bias added at every time
+    // step), which the host makes from their gradients
     let mut anchors: Vec<Vec<usize>> = vec![Vec::new(); bound];
     let scalar_step =
         |o: NodeIndex| class[o.index()] == Class::Step && !is_var(o) && g.ty(o).rank() == 0;
+    let by_host = shared_updates(g, &class, &kernels, |n| free(n, &owner));
     for &n in &order {
-        if class[n.index()] != Class::Step || is_var(n) {
+        if class[n.index()] != Class::Step || is_var(n) || by_host.contains(&n) {
             continue;
         }
         let ops: Vec<NodeIndex> = g.operands(n).into_iter().map(resolve).collect();
@@ -570,28 +599,28 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             owner[n.index()] = owner[resolve(n).index()];
         }
     }
-    // variables read per sample belong to the kernel that reads them
+    // variables read per sample belong to the kernel that reads them (each kernel that
+    // reads one holds a replica: a bias shared across time steps)
     for &n in &order {
         if let (Some(k), Class::Sample) = (owner[n.index()], class[n.index()]) {
             for o in g.operands(n) {
-                if is_var(o) {
-                    match owner[o.index()] {
-                        None => {
-                            owner[o.index()] = Some(k);
-                            kernels[k].vars.push(o);
-                        }
-                        Some(k2)
-                            if k2 != k
-                                && !matches!(g.node(n).op, Op::MatMul | Op::Transpose { .. }) =>
-                        {
-                            return Err(unsupported(g, n, "a variable read by two layers has no wafer kernel".into(), "the wafer keeps each variable on the PEs of one kernel; give each layer its own"));
-                        }
-                        _ => {}
-                    }
+                let elsewhere = owner[o.index()].is_some_and(|k2| k2 != k)
+                    && matches!(g.node(n).op, Op::MatMul | Op::Transpose { .. });
+                if is_var(o) && !kernels[k].vars.contains(&o) && !elsewhere {
+                    owner[o.index()].get_or_insert(k);
+                    kernels[k].vars.push(o);
                 }
             }
         }
     }
+    // the variables several kernels hold: their updates are the host's
+    let mut holders: Vec<usize> = vec![0; bound];
+    for kr in &kernels {
+        for v in &kr.vars {
+            holders[v.index()] += 1;
+        }
+    }
+    let shared = |v: NodeIndex| holders[v.index()] > 1;
     // step nodes (and the optimiser's slots) belong to the kernel whose values they
     // read; repeat until the slots, read only by step nodes, have found theirs
     let claim =
@@ -624,7 +653,11 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 .filter_map(|o| owner[resolve(*o).index()])
                 .collect();
             let reads_mixed = ops.iter().any(|o| mixed.contains(&resolve(*o)));
-            if owners.len() > 1 || (owners.is_empty() && reads_mixed) {
+            // (or a tensor of such: a sum of a shared weight's gradients, in steps)
+            let reads_shared = ops.iter().any(|&o| {
+                (is_var(o) && shared(o)) || (mixed.contains(&resolve(o)) && g.ty(o).rank() > 0)
+            });
+            if owners.len() > 1 || (owners.is_empty() && reads_mixed) || reads_shared {
                 mixed.insert(n);
                 changed = true;
                 continue;
@@ -635,8 +668,21 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             }
         }
         // and a step node that reads only slots and constants belongs to its users'
+        // (the host's, when they are all the host's: a shared weight's slots)
         for &n in order.iter().rev() {
-            if class[n.index()] != Class::Step || is_var(n) || owner[n.index()].is_some() {
+            if class[n.index()] != Class::Step
+                || is_var(n)
+                || owner[n.index()].is_some()
+                || mixed.contains(&n)
+            {
+                continue;
+            }
+            let mut users =
+                g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
+                    .peekable();
+            if users.peek().is_some() && users.all(|u| mixed.contains(&u)) {
+                mixed.insert(n);
+                changed = true;
                 continue;
             }
             let users: BTreeSet<usize> =
@@ -673,9 +719,14 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     for k in &mut kernels {
         k.steps.sort_by_key(|&n| n.index());
     }
-    // the variables' new values
+    // the variables' new values (the host's for a shared variable and its slots)
+    let mut host_commits = Vec::new();
     for (name, node) in g.outputs_with(Role::Update) {
         let var = g.variable(&name);
+        if mixed.contains(&node) || var.is_some_and(|v| shared(v) && node != v) {
+            host_commits.push((name, node));
+            continue;
+        }
         let k = var.and_then(|v| owner[v.index()]);
         let Some(k) = k else {
             return Err(unsupported(
@@ -719,7 +770,9 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     }
     // the mixed values the kernels read, which the host computes after the gradients
     let mixed: Vec<NodeIndex> = (mixed.into_iter())
-        .filter(|m| kernels.iter().any(|k| k.hosts.contains(m)))
+        .filter(|m| {
+            kernels.iter().any(|k| k.hosts.contains(m)) || host_commits.iter().any(|(_, c)| c == m)
+        })
         .collect();
     for o in &g.outputs {
         if class[o.node.index()] == Class::Host {
@@ -812,8 +865,42 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         streams,
         host,
         mixed,
+        host_commits,
         alias,
     })
+}
+
+/// The step nodes that make the new values of variables several kernels will hold
+/// (from `kernels`, the layers alone, and `free`, whether a node will be in a vector
+/// kernel): a weight of several layers, a variable that several vector nodes read.
+fn shared_updates(
+    g: &Graph,
+    class: &[Class],
+    kernels: &[Kernel],
+    free: impl Fn(NodeIndex) -> bool,
+) -> BTreeSet<NodeIndex> {
+    let mut out = BTreeSet::new();
+    for (name, node) in g.outputs_with(Role::Update) {
+        let Some(v) = g.variable(&name) else { continue };
+        let layers = (kernels.iter())
+            .filter(|k| matches!(k.kind, Kind::Dense { w, .. } if w == v))
+            .count();
+        let readers = (g.g.neighbors_directed(v, petgraph::Direction::Outgoing))
+            .filter(|&u| class[u.index()] == Class::Sample && free(u))
+            .count();
+        if layers < 2 && readers < 2 {
+            continue;
+        }
+        let mut stack = vec![node];
+        while let Some(n) = stack.pop() {
+            let step =
+                class[n.index()] == Class::Step && !matches!(g.node(n).op, Op::Variable { .. });
+            if step && out.insert(n) {
+                stack.extend(g.operands(n));
+            }
+        }
+    }
+    out
 }
 
 /// The name under which a node's value is kept on the wafer (an accumulator, a host
@@ -994,6 +1081,50 @@ mod tests {
         // the learning rate is the host's
         assert!(f.kernels.iter().all(|k| k.hosts.is_empty()));
     }
+
+    #[test]
+    fn a_weight_of_several_layers_is_held_by_each_and_updated_by_the_host() {
+        let g = train_graph(RECURRENT);
+        let f = form(&g).unwrap();
+        let wh = g.variable("wh").unwrap();
+        let holders: Vec<usize> = (0..f.kernels.len())
+            .filter(|&k| f.kernels[k].vars.contains(&wh))
+            .collect();
+        // its two layers, and nothing else
+        assert_eq!(holders.len(), 2);
+        assert!(holders
+            .iter()
+            .all(|&k| matches!(f.kernels[k].kind, Kind::Dense { w, dw: Some(_), .. } if w == wh)));
+        // the host updates it (from the sum of both gradients); the other layers'
+        // updates stay theirs
+        let names: Vec<&str> = f.host_commits.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(names, ["wh"]);
+        assert!(f.mixed.contains(&f.host_commits[0].1));
+        assert!(holders.iter().all(|&k| f.kernels[k].commits.is_empty()));
+        let on_kernels: usize = f.kernels.iter().map(|k| k.commits.len()).sum();
+        assert_eq!(on_kernels, 4);
+        // a chain still: each kernel's forward output feeds the next
+        assert!(f.streams.iter().filter(|s| !s.bwd).all(|s| match s.from {
+            End::Kernel(a) => s.to == [End::Kernel(a + 1)],
+            End::Host => true,
+        }));
+    }
+
+    const RECURRENT: &str = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+model m(features: f32[B, 8], labels: i32[B]) {
+  let wh = variable("wh", [16, 16], init: init_normal(0.1))
+  let h = dense(features, 16, activation: relu)
+  h = tanh(matmul(h, wh))
+  h = tanh(matmul(h, wh))
+  let logits = dense(h, 4)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.1) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [8]), i % 4) |> repeat |> batch(4, drop_remainder: true) }
+estimator e { model = m  train_input = data() }
+"#;
 
     const MLP: &str = r#"
 use std.nn.dense
