@@ -72,6 +72,58 @@ fn wafer_trains_like_the_interpreter() {
     }
 }
 
+/// A recurrent chain (one weight and one bias at three time steps, each layer a
+/// replica) trains 20 steps on the wafer with Adam straight on, the host writing each
+/// step's shared weights into every replica, like the interpreter from the same seed
+/// (weights within 1e-5 of each variable's largest magnitude, losses within 1e-5),
+/// then evaluates alike.
+#[test]
+fn a_recurrent_chain_trains_20_steps_like_the_interpreter() {
+    let d = random_data("recurrent-20", 6, 3, 11);
+    let src = r#"use std.nn.dense
+use std.losses.softmax_cross_entropy
+use std.metrics.accuracy
+model m(features: f32[B, 6], labels: i32[B]) {
+  let wh = variable("wh", [8, 8], init: init_normal(0.4))
+  let bh = variable("bh", [8], init: init_normal(0.1))
+  let h = dense(features, 8, activation: tanh)
+  for t in [1, 2, 3] {
+    h = tanh(matmul(h, wh) + bh)
+  }
+  let logits = dense(h, 3)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with adam(lr: 0.05, epsilon: 0.001) }
+  eval { metric accuracy = accuracy(labels, argmax(logits, 1)) }
+}
+input data() { csv("data.csv", header: false, columns: { x: f32[6], label: i32 }) |> map |r| (r.x, r.label) |> repeat |> batch(8, drop_remainder: true) }
+input held() { csv("data.csv", header: false, columns: { x: f32[6], label: i32 }) |> map |r| (r.x, r.label) |> batch(8, drop_remainder: true) }
+estimator e { model = m  train_input = data()  eval_input = held()  config { random_seed = 5 } }
+"#;
+    std::fs::write(d.join("m.est"), src).unwrap();
+    let file = d.join("m.est");
+    let file = file.to_str().unwrap();
+    let mut w = estimator(file, Target::Wafer, &d.join("w")).unwrap();
+    let mut i = estimator(file, Target::Interp, &d.join("i")).unwrap();
+    let (rw, ri) = (
+        w.train(Steps::Max(20)).unwrap(),
+        i.train(Steps::Max(20)).unwrap(),
+    );
+    let worst = worst(&w.variables(), &i.variables());
+    assert!(worst <= 1e-5, "largest relative difference {worst:e}");
+    assert!(
+        (rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs().max(1.0),
+        "{} vs {}",
+        rw.final_loss,
+        ri.final_loss
+    );
+    let (ew, ei) = (w.evaluate(None).unwrap(), i.evaluate(None).unwrap());
+    assert_eq!(ew.examples, ei.examples);
+    assert_eq!(ew.metrics, ei.metrics);
+    assert!((ew.loss - ei.loss).abs() <= 1e-5 * ei.loss.abs().max(1.0));
+    drop((w, i));
+    let _ = std::fs::remove_dir_all(d);
+}
+
 /// The MNIST CNN (`hidden=[128]`, 4 images a step, dropout drawn by the host) trains
 /// 20 steps on the wafer (`test64`: its first convolution's 32 output planes and their
 /// stashed activations need a lane per channel, which `test32`'s 32 rows cannot give
