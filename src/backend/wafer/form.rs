@@ -67,9 +67,24 @@ pub enum Kind {
         dy: Option<NodeIndex>,
         bwd: Option<NodeIndex>,
         dw: Option<NodeIndex>,
+        /// Further products summed into `fwd` (which is then their sum), each of an
+        /// input the host sends.
+        more: Vec<Part>,
     },
     /// Sample and batch nodes, in order.
     Vector { nodes: Vec<NodeIndex> },
+}
+
+/// A further product of a layer that sums several (`x W + h U`, the step of a
+/// recurrent network): its weight, its input (from the host), the product, and its
+/// weight gradient when it trains. Its columns lie beside the layer's own, its partial
+/// sums joining theirs in the row's chain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    pub w: NodeIndex,
+    pub x: NodeIndex,
+    pub mm: NodeIndex,
+    pub dw: Option<NodeIndex>,
 }
 
 /// Where a stream starts or ends.
@@ -303,6 +318,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 dy: None,
                 bwd: None,
                 dw: None,
+                more: Vec::new(),
             },
             vars: vec![w],
             steps: Vec::new(),
@@ -428,6 +444,52 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             }
         }
     }
+    // a layer's input computed from the inputs alone (a time step's slice of the
+    // features, ids computed from others) is the host's: it computes it from the
+    // inputs it has and streams it, as it streams random numbers; and so is what only
+    // such values read
+    let source = |n: NodeIndex| {
+        matches!(
+            g.node(n).op,
+            Op::Input { .. } | Op::RandomUniform { .. } | Op::RandomNormal { .. }
+        )
+    };
+    let mut inputs_only = vec![false; bound];
+    for &n in &order {
+        let ops = g.operands(n);
+        inputs_only[n.index()] = class[n.index()] == Class::Sample
+            && (source(n)
+                || (ops.iter().any(|o| inputs_only[o.index()])
+                    && ops
+                        .iter()
+                        .all(|o| inputs_only[o.index()] || class[o.index()] == Class::Host)));
+    }
+    let mut hosted = vec![false; bound];
+    for kr in &kernels {
+        if let Kind::Dense { x, .. } = kr.kind {
+            let x = resolve(x);
+            hosted[x.index()] = inputs_only[x.index()] && !source(x);
+        }
+    }
+    for &n in order.iter().rev() {
+        let mut users =
+            g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
+                .peekable();
+        if inputs_only[n.index()]
+            && !source(n)
+            && users.peek().is_some()
+            && users.all(|u| hosted[u.index()])
+        {
+            hosted[n.index()] = true;
+        }
+    }
+    // a sum of products, one of them of an input from the kernel before and the others
+    // of inputs the host sends (`x W + h U`), is one layer: its products' columns side
+    // by side, their partial sums in one chain
+    merge_sums(g, &mut kernels, &mut owner, |x| {
+        let x = resolve(x);
+        source(x) || hosted[x.index()]
+    });
     // the other sample and batch nodes: connected groups
     let free = |n: NodeIndex, owner: &[Option<usize>]| {
         matches!(
@@ -435,6 +497,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             Class::Sample | Class::Batch | Class::SampleT
         ) && owner[n.index()].is_none()
             && alias[n.index()].is_none()
+            && !hosted[n.index()]
             && !matches!(
                 g.node(n).op,
                 Op::Input { .. } | Op::RandomUniform { .. } | Op::RandomNormal { .. }
@@ -657,7 +720,14 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             let reads_shared = ops.iter().any(|&o| {
                 (is_var(o) && shared(o)) || (mixed.contains(&resolve(o)) && g.ty(o).rank() > 0)
             });
-            if owners.len() > 1 || (owners.is_empty() && reads_mixed) || reads_shared {
+            // and a scalar from a mixed scalar and kernels' scalars (a running sum of
+            // the layers' sums of squares, whichever layer comes last)
+            let scalars = g.ty(n).rank() == 0
+                && reads_mixed
+                && ops
+                    .iter()
+                    .all(|o| owner[resolve(*o).index()].is_none() || g.ty(*o).rank() == 0);
+            if owners.len() > 1 || (owners.is_empty() && reads_mixed) || reads_shared || scalars {
                 mixed.insert(n);
                 changed = true;
                 continue;
@@ -870,6 +940,113 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     })
 }
 
+/// Merges the layers whose products are summed (`add(x W, h U)`, each product read
+/// by the sum alone, with one output gradient) into one layer of several parts: the
+/// layer whose input comes from another kernel keeps its place, the others (whose
+/// inputs the host sends: `from_host`) become its further parts, and `fwd` becomes the
+/// sum. Sums of sums merge in turn.
+fn merge_sums(
+    g: &Graph,
+    kernels: &mut Vec<Kernel>,
+    owner: &mut [Option<usize>],
+    from_host: impl Fn(NodeIndex) -> bool,
+) {
+    let product = |kr: &Kernel| match kr.kind {
+        Kind::Dense {
+            x,
+            fwd,
+            bwd,
+            dw,
+            dy,
+            ..
+        } if matches!(
+            g.node(fwd).op,
+            Op::MatMul | Op::Binary(crate::ir::BinaryOp::Add)
+        ) && g.ty(x).rank() == 2
+            && image(g, x).is_none() =>
+        {
+            Some((fwd, dy, bwd, dw))
+        }
+        _ => None,
+    };
+    loop {
+        let by_fwd = |n: NodeIndex, kernels: &[Kernel]| {
+            kernels
+                .iter()
+                .position(|kr| matches!(kr.kind, Kind::Dense { fwd, .. } if fwd == n))
+        };
+        let mut found = None;
+        for n in g.topo_order() {
+            if !matches!(g.node(n).op, Op::Binary(crate::ir::BinaryOp::Add)) {
+                continue;
+            }
+            let ops = g.operands(n);
+            let (Some(a), Some(b)) = (by_fwd(ops[0], kernels), by_fwd(ops[1], kernels)) else {
+                continue;
+            };
+            let (Some(pa), Some(pb)) = (product(&kernels[a]), product(&kernels[b])) else {
+                continue;
+            };
+            let only_sum = |m: NodeIndex| {
+                g.g.neighbors_directed(m, petgraph::Direction::Outgoing)
+                    .all(|u| u == n)
+            };
+            let same = g.ty(ops[0]).shape == g.ty(n).shape && g.ty(ops[1]).shape == g.ty(n).shape;
+            // the part: a plain product of a host input, with no input gradient
+            let part_of = |k: usize| match &kernels[k].kind {
+                Kind::Dense {
+                    w,
+                    x,
+                    fwd,
+                    dw,
+                    bwd: None,
+                    more,
+                    ..
+                } if more.is_empty() && matches!(g.node(*fwd).op, Op::MatMul) && from_host(*x) => {
+                    Some(Part {
+                        w: *w,
+                        x: *x,
+                        mm: *fwd,
+                        dw: *dw,
+                    })
+                }
+                _ => None,
+            };
+            if a == b || !same || !only_sum(ops[0]) || !only_sum(ops[1]) || pa.1 != pb.1 {
+                continue;
+            }
+            let pick = match (part_of(b), part_of(a)) {
+                (Some(p), _) => Some((a, b, p)),
+                (None, Some(p)) => Some((b, a, p)),
+                _ => None,
+            };
+            if let Some((main, gone, part)) = pick {
+                found = Some((n, main, gone, part));
+                break;
+            }
+        }
+        let Some((sum, main, gone, part)) = found else {
+            return;
+        };
+        let taken = kernels.remove(gone);
+        let main = if gone < main { main - 1 } else { main };
+        for o in owner.iter_mut() {
+            match *o {
+                Some(k) if k == gone => *o = Some(main),
+                Some(k) if k > gone => *o = Some(k - 1),
+                _ => {}
+            }
+        }
+        owner[sum.index()] = Some(main);
+        let kr = &mut kernels[main];
+        kr.vars.extend(taken.vars);
+        if let Kind::Dense { fwd, more, .. } = &mut kr.kind {
+            *fwd = sum;
+            more.push(part);
+        }
+    }
+}
+
 /// The step nodes that make the new values of variables several kernels will hold
 /// (from `kernels`, the layers alone, and `free`, whether a node will be in a vector
 /// kernel): a weight of several layers, a variable that several vector nodes read.
@@ -883,7 +1060,10 @@ fn shared_updates(
     for (name, node) in g.outputs_with(Role::Update) {
         let Some(v) = g.variable(&name) else { continue };
         let layers = (kernels.iter())
-            .filter(|k| matches!(k.kind, Kind::Dense { w, .. } if w == v))
+            .filter(|k| match &k.kind {
+                Kind::Dense { w, more, .. } => *w == v || more.iter().any(|p| p.w == v),
+                Kind::Vector { .. } => false,
+            })
             .count();
         let readers = (g.g.neighbors_directed(v, petgraph::Direction::Outgoing))
             .filter(|&u| class[u.index()] == Class::Sample && free(u))
@@ -917,6 +1097,75 @@ pub fn constant(g: &Graph, n: NodeIndex) -> Option<f32> {
     }
 }
 
+/// The share of layer `k`'s update that part `p` makes (0: its own product, then each
+/// of `more`): its variables (the weight, then the optimiser's slots), its step nodes
+/// and its commits. A layer of one part has it all.
+#[allow(clippy::type_complexity)]
+pub fn part_update(
+    g: &Graph,
+    f: &Formed,
+    k: usize,
+    p: usize,
+) -> (Vec<NodeIndex>, Vec<NodeIndex>, Vec<(String, NodeIndex)>) {
+    let kr = &f.kernels[k];
+    let Kind::Dense { w, dw, more, .. } = &kr.kind else {
+        return (kr.vars.clone(), kr.steps.clone(), kr.commits.clone());
+    };
+    if more.is_empty() {
+        return (kr.vars.clone(), kr.steps.clone(), kr.commits.clone());
+    }
+    let (w, dw) = match p {
+        0 => (*w, *dw),
+        _ => (more[p - 1].w, more[p - 1].dw),
+    };
+    let name = |v: NodeIndex| match &g.node(v).op {
+        Op::Variable { name, .. } => Some(name.clone()),
+        _ => None,
+    };
+    // what the weight and its gradient lead to, then what those commits read
+    let mut ahead: BTreeSet<NodeIndex> = [w].into_iter().chain(dw).collect();
+    loop {
+        let before = ahead.len();
+        for &n in &kr.steps {
+            if g.operands(n).iter().any(|o| ahead.contains(&f.resolve(*o))) {
+                ahead.insert(n);
+            }
+        }
+        if ahead.len() == before {
+            break;
+        }
+    }
+    let commits: Vec<(String, NodeIndex)> = (kr.commits.iter())
+        .filter(|(c, n)| ahead.contains(n) || name(w).as_ref() == Some(c))
+        .cloned()
+        .collect();
+    let mut needed: BTreeSet<NodeIndex> = commits.iter().map(|c| c.1).collect();
+    loop {
+        let before = needed.len();
+        for &n in &kr.steps {
+            if needed.contains(&n) {
+                needed.extend(g.operands(n).into_iter().map(|o| f.resolve(o)));
+            }
+        }
+        if needed.len() == before {
+            break;
+        }
+    }
+    let steps: Vec<NodeIndex> = (kr.steps.iter())
+        .copied()
+        .filter(|n| needed.contains(n))
+        .collect();
+    let committed = |v: &NodeIndex| commits.iter().any(|c| name(*v).as_ref() == Some(&c.0));
+    let mut vars = vec![w];
+    vars.extend(
+        (kr.vars.iter())
+            .filter(|&&v| v != w && (needed.contains(&v) || committed(&v)))
+            .filter(|&&v| !matches!(&kr.kind, Kind::Dense { more, .. } if more.iter().any(|q| q.w == v)))
+            .copied(),
+    );
+    (vars, steps, commits)
+}
+
 /// Kernel `k`'s step nodes as an update over its blocks: `vars`, `accs` and `hosts` number
 /// the operands of those kinds; a value shaped `block` is a whole block, a scalar one
 /// word.
@@ -928,6 +1177,17 @@ pub fn update_of(
     block: &[usize],
 ) -> Result<Update, Unsupported> {
     let kr = &f.kernels[k];
+    update_over(g, f, (&kr.steps, &kr.commits), (vars, accs, hosts), block)
+}
+
+/// `update_of` over the step nodes `steps` and the commits `commits` (a part's).
+pub fn update_over(
+    g: &Graph,
+    f: &Formed,
+    (steps, commits): (&[NodeIndex], &[(String, NodeIndex)]),
+    (vars, accs, hosts): (&[NodeIndex], &[NodeIndex], &[NodeIndex]),
+    block: &[usize],
+) -> Result<Update, Unsupported> {
     let mut u = Update::default();
     let mut done: Vec<NodeIndex> = Vec::new();
     let operand = |o: NodeIndex, done: &[NodeIndex]| -> Option<Operand> {
@@ -946,7 +1206,7 @@ pub fn update_of(
         }
         done.iter().position(|&v| v == o).map(Operand::Val)
     };
-    for &n in &kr.steps {
+    for &n in steps {
         let node = g.node(n);
         if !lower::elementwise(&node.op) {
             return Err(unsupported(
@@ -997,7 +1257,7 @@ pub fn update_of(
         });
         done.push(n);
     }
-    for (name, node) in &kr.commits {
+    for (name, node) in commits {
         let var = vars
             .iter()
             .position(|&v| matches!(&g.node(v).op, Op::Variable { name: m, .. } if m == name));

@@ -284,6 +284,12 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             if from != Some(want) {
                 return Err(unsupported(g, x, "a layer whose input does not come from the kernel before it has no wafer layout yet".into(), "the wafer lays out chains of layers so far"));
             }
+            for part in parts_of(f, k) {
+                let from = f.streams.iter().find(|s| s.node == f.resolve(part.x));
+                if from.is_none_or(|s| s.from != End::Host) {
+                    return Err(unsupported(g, part.x, "a sum of products whose inputs come from two kernels has no wafer layout yet".into(), "the wafer sums a layer's products over its own input and inputs the host sends (`x W + h U`): compute the other input from the features alone"));
+                }
+            }
         }
     }
     // two ways to size the kernels: one block size for every layer (the smallest that
@@ -383,6 +389,8 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
 struct Lanes {
     inp: Vec<u32>,
     out: Vec<u32>,
+    /// A layer's further parts' input lanes (columns beside its own).
+    more: Vec<Vec<u32>>,
 }
 
 impl Lanes {
@@ -390,7 +398,13 @@ impl Lanes {
         Lanes {
             inp: vec![0; kernels],
             out: vec![0; kernels],
+            more: vec![Vec::new(); kernels],
         }
+    }
+
+    /// Kernel `k`'s input lanes: its own and its further parts'.
+    fn columns(&self, k: usize) -> u32 {
+        self.inp[k] + self.more[k].iter().sum::<u32>()
     }
 }
 
@@ -522,7 +536,7 @@ fn staircase(f: &Formed, lanes: &Lanes) -> Vec<Stair> {
                 if k > 0 {
                     orient = orient.flip();
                 }
-                orient.size(lanes.inp[k], lanes.out[k])
+                orient.size(lanes.columns(k), lanes.out[k])
             }
             Kind::Vector { .. } => orient.size(1, lanes.out[k]),
         };
@@ -560,6 +574,8 @@ struct Sizer<'a> {
     floor: Vec<u32>,
     /// Each layer kernel with its tensors and update (`None` for a vector kernel).
     dense: Vec<Option<Dense>>,
+    /// A layer's further parts' dimensions.
+    parts: Vec<Vec<Dims>>,
     periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<u64>>>,
     /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
     /// sample, and whether the memory fits.
@@ -596,6 +612,20 @@ impl<'a> Sizer<'a> {
         let single_next = (0..nk)
             .map(|k| k + 1 < nk && dims[k + 1].is_none() && width[k + 1].is_none())
             .collect();
+        let parts = (dense.iter())
+            .map(|d| {
+                d.iter()
+                    .flat_map(|d| &d.more)
+                    .map(|p| Dims {
+                        k: p.k,
+                        n: p.n,
+                        train: p.train,
+                        dx: false,
+                        shape: Shape::Matmul,
+                    })
+                    .collect()
+            })
+            .collect();
         let words = fab.usable_bytes() / super::cost::WORD;
         let floor = (0..nk)
             .map(|k| match (dims[k], width.get(k + 1).copied().flatten()) {
@@ -619,6 +649,7 @@ impl<'a> Sizer<'a> {
             single_next,
             floor,
             dense,
+            parts,
             periods: Default::default(),
             layers: Default::default(),
         })
@@ -693,8 +724,26 @@ impl<'a> Sizer<'a> {
     fn periods(&self, lanes: &Lanes) -> Vec<u64> {
         (0..self.f.kernels.len())
             .map(|k| match self.dims[k] {
-                Some(d) => self.layer_period(k, d, lanes.inp[k], lanes.out[k]),
+                Some(d) => {
+                    let h = lanes.out[k];
+                    let parts = (self.parts[k].iter().zip(&lanes.more[k]))
+                        .map(|(&pd, &l)| dense_period(self.fab, pd, l, h));
+                    parts.fold(self.layer_period(k, d, lanes.inp[k], h), u64::max)
+                }
                 None => self.vector_period(k, lanes.out[k]).unwrap_or(u64::MAX / 4),
+            })
+            .collect()
+    }
+
+    /// The fewest lanes each further part of layer `k` needs on `h` rows to reach
+    /// period `t` (`None` when one cannot).
+    fn part_lanes(&self, k: usize, h: u32, t: u64) -> Option<Vec<u32>> {
+        let used = super::kernels::used;
+        (self.parts[k].iter())
+            .map(|&pd| {
+                (1..=pd.k)
+                    .filter(|&l| used(pd.k, l) == l)
+                    .find(|&l| dense_period(self.fab, pd, l, h) <= t)
             })
             .collect()
     }
@@ -771,7 +820,10 @@ impl<'a> Sizer<'a> {
                 None => true,
             };
             let ok = |w: u32, h: u32| {
-                self.layer_period(k, d, w, h) <= t && self.layer_fits(k, d, w, h) && reachable(h)
+                self.layer_period(k, d, w, h) <= t
+                    && self.layer_fits(k, d, w, h)
+                    && reachable(h)
+                    && self.part_lanes(k, h, t).is_some()
             };
             let (w, h) = match prev {
                 None => {
@@ -799,6 +851,7 @@ impl<'a> Sizer<'a> {
             };
             lanes.inp[k] = w;
             lanes.out[k] = h;
+            lanes.more[k] = self.part_lanes(k, h, t)?;
         }
         Some(lanes)
     }
@@ -842,6 +895,9 @@ impl<'a> Sizer<'a> {
                         let l = used(nn, nn.div_ceil(s)).max(self.floor[k]);
                         (l..=nn).find(|&l| used(nn, l) == l).unwrap_or(nn)
                     };
+                    lanes.more[k] = (self.parts[k].iter())
+                        .map(|pd| used(pd.k, pd.k.div_ceil(s)))
+                        .collect();
                     if used(kk, lanes.inp[k]) != lanes.inp[k] {
                         return Err(LayoutError::DoesNotFit(format!(
                             "layer {} cannot split its {kk} inputs over {} lanes",
@@ -875,30 +931,61 @@ impl<'a> Sizer<'a> {
 /// update: all but its lanes.
 fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<Dense, LayoutError> {
     let kr = &f.kernels[k];
-    let Kind::Dense { w, fwd, dw, .. } = kr.kind else {
+    let Kind::Dense {
+        w,
+        fwd,
+        dw,
+        ref more,
+        ..
+    } = kr.kind
+    else {
         return Err(LayoutError::DoesNotFit(format!(
             "kernel {k} is not a layer"
         )));
     };
-    let names: Vec<String> = kr
-        .vars
-        .iter()
-        .map(|&v| match &g.node(v).op {
-            Op::Variable { name, .. } => name.clone(),
-            _ => form::key(v),
-        })
-        .collect();
-    let update = if dw.is_some() {
-        form::update_of(
-            g,
-            f,
-            k,
-            (&kr.vars, &dw.iter().copied().collect::<Vec<_>>(), &kr.hosts),
-            &g.ty(w).shape,
-        )?
-    } else {
-        Update::default()
+    let names = |vars: &[NodeIndex]| -> Vec<String> {
+        vars.iter()
+            .map(|&v| match &g.node(v).op {
+                Op::Variable { name, .. } => name.clone(),
+                _ => form::key(v),
+            })
+            .collect()
     };
+    // each part's update over its own weight, slots and gradient
+    let update = |p: usize, w: NodeIndex, dw: Option<NodeIndex>| -> Result<_, LayoutError> {
+        let (vars, steps, commits) = form::part_update(g, f, k, p);
+        let u = match dw {
+            Some(dw) => form::update_over(
+                g,
+                f,
+                (&steps, &commits),
+                (&vars, &[dw], &kr.hosts),
+                &g.ty(w).shape,
+            )?,
+            None => Update::default(),
+        };
+        Ok((names(&vars), u))
+    };
+    let (vars, update_main) = update(0, w, dw)?;
+    let mut parts = Vec::new();
+    for (p, part) in more.iter().enumerate() {
+        let (vars, u) = update(p + 1, part.w, part.dw)?;
+        let ws = &g.ty(part.w).shape;
+        parts.push(Dense {
+            k: ws[0] as u32,
+            n: ws[1] as u32,
+            shape: Shape::Matmul,
+            batch: f.batch,
+            train: part.dw.is_some(),
+            dx: false,
+            vars,
+            grad: part.dw.map(form::key).unwrap_or_default(),
+            hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
+            update: u,
+            more: Vec::new(),
+        });
+    }
+    let update = update_main;
     let Some(d) = dims else {
         return Err(unsupported(
             g,
@@ -914,10 +1001,11 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
         batch: f.batch,
         train: d.train,
         dx: d.dx,
-        vars: names,
+        vars,
         grad: dw.map(form::key).unwrap_or_default(),
         hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
         update,
+        more: parts,
     })
 }
 
@@ -931,6 +1019,41 @@ fn host_legs(st: &form::Stream) -> impl Iterator<Item = usize> + '_ {
         (End::Host, End::Kernel(b)) => Some(*b),
         _ => None,
     })
+}
+
+/// Layer `k`'s further parts (none for another kernel).
+fn parts_of(f: &Formed, k: usize) -> &[form::Part] {
+    match &f.kernels[k].kind {
+        Kind::Dense { more, .. } => more,
+        Kind::Vector { .. } => &[],
+    }
+}
+
+/// The columns of layer `b` whose part reads host stream `node`, if a further part
+/// does (after the layer's own columns and the parts' before it).
+fn part_columns(
+    f: &Formed,
+    lanes: &Lanes,
+    b: usize,
+    node: NodeIndex,
+) -> Option<std::ops::Range<u32>> {
+    let parts = parts_of(f, b);
+    let p = parts.iter().position(|p| f.resolve(p.x) == node)?;
+    let first = lanes.inp[b] + lanes.more[b][..p].iter().sum::<u32>();
+    Some(first..first + lanes.more[b][p])
+}
+
+/// The way into column `col` of kernel `p` from the fabric's edge on its inputs'
+/// side: the router a host lane enters at and the port it enters by, and the routers
+/// before the kernel (each passing it on straight).
+fn edge_path(p: &Placed, col: u32) -> ((u32, u32), Dir, Vec<(u32, u32)>) {
+    let at = p.orient.at((p.x, p.y), col, 0);
+    let dir = p.orient.dir(Dir::N);
+    if dir == Dir::N {
+        ((at.0, 0), dir, (0..at.1).map(|y| (at.0, y)).collect())
+    } else {
+        ((0, at.1), dir, (0..at.0).map(|x| (x, at.1)).collect())
+    }
 }
 
 /// The staircase of a sizing (`s`, the block size it came from, or 0).
@@ -1014,7 +1137,16 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
         }
         // paths to and from the host
         let mut path = Vec::new();
-        if let Some(b) = leg {
+        if let Some((b, cols)) =
+            leg.and_then(|b| part_columns(f, lanes, b, st.node).map(|c| (b, c)))
+        {
+            // a further part's input: straight in from the fabric's edge to each
+            // of its columns
+            let p = &placed[b];
+            for col in cols {
+                path.extend(edge_path(p, col).2);
+            }
+        } else if let Some(b) = leg {
             let p = &placed[b];
             if !(b == 0 && matches!(f.kernels[b].kind, Kind::Dense { .. })) {
                 if matches!(f.kernels[b].kind, Kind::Dense { .. }) {
@@ -1102,7 +1234,11 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     colour(*dy, k),
                     colour(*bwd, k),
                 );
-                d.lay((p.x, p.y), p.orient, (lanes_in[k], lanes_out[k]), c)
+                let more: Vec<(u32, Colour)> = (lanes.more[k].iter())
+                    .zip(parts_of(f, k))
+                    .map(|(&l, part)| (l, colour(Some(part.x), k)))
+                    .collect();
+                d.lay_parts((p.x, p.y), p.orient, (lanes_in[k], lanes_out[k]), &more, c)
                     .map_err(|e| {
                         unsupported(g, *fwd, e, "this layer's update has no wafer kernel")
                     })?
@@ -1179,10 +1315,29 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
         for b in host_legs(st) {
             let (c, path) = (legs[&(st.node, b)].0, &legs[&(st.node, b)].1);
             let p = &placed[b];
-            let mut lanes = Vec::new();
+            let mut host_lanes = Vec::new();
             let mut channels = 0;
             let mut ids = None;
-            if let (0, Some(d)) = (b, dims[b]) {
+            if let Some(cols) = part_columns(f, lanes, b, st.node) {
+                // a further part's columns, each from the fabric's edge
+                let n = cols.len() as u32;
+                let k = per;
+                for (i, col) in cols.enumerate() {
+                    let (entry, dir, path) = edge_path(p, col);
+                    for r in path {
+                        all.route(r, c, Route::new(dir, &[dir.opposite()]))
+                            .map_err(LayoutError::DoesNotFit)?;
+                    }
+                    let groups = split(k, n, i as u32);
+                    host_lanes.push(HostLane {
+                        x: entry.0,
+                        y: entry.1,
+                        dir,
+                        colour: c,
+                        elems: groups,
+                    });
+                }
+            } else if let (0, Some(d)) = (b, dims[b]) {
                 if let (Shape::Conv(_), Some((_, _, c))) = (d.shape, image(g, st.node)) {
                     channels = c;
                 }
@@ -1195,7 +1350,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                         Shape::Gather { t } => 0..t,
                         _ => groups.start * per_in..groups.end * per_in,
                     };
-                    lanes.push(HostLane {
+                    host_lanes.push(HostLane {
                         x,
                         y,
                         dir: p.orient.dir(Dir::N),
@@ -1227,7 +1382,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     all.route(at, c, Route::new(rx, tx))
                         .map_err(LayoutError::DoesNotFit)?;
                 }
-                lanes.push(HostLane {
+                host_lanes.push(HostLane {
                     x: p.x,
                     y: 0,
                     dir: Dir::N,
@@ -1241,7 +1396,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 per_sample: per,
                 channels,
                 ids,
-                lanes,
+                lanes: host_lanes,
             });
         }
     }

@@ -163,6 +163,10 @@ pub struct Dense {
     pub grad: String,
     pub hosts: Vec<String>,
     pub update: Update,
+    /// Further products summed into the outputs (`x W + h U`): each a layer of the
+    /// same outputs over its own inputs, weight and update, whose columns lie east of
+    /// this one's (after each other) in the rows' chains. They send no input gradient.
+    pub more: Vec<Dense>,
 }
 
 /// The colours a dense kernel uses: its streams (inputs in, outputs out, output
@@ -307,6 +311,7 @@ impl Dense {
             grad: "dW".into(),
             hosts: Vec::new(),
             update: Update::default(),
+            more: Vec::new(),
         }
     }
 
@@ -342,20 +347,53 @@ impl Dense {
         (w, h): (u32, u32),
         c: Colours,
     ) -> Result<Laid, String> {
+        self.lay_parts(origin, o, (w, h), &[], c)
+    }
+
+    /// `lay` with the further parts (`more`) on `lanes` columns each, their inputs
+    /// arriving on the colours beside them: `(lanes, colour)` a part.
+    pub fn lay_parts(
+        &self,
+        origin: (u32, u32),
+        o: Orient,
+        (w, h): (u32, u32),
+        more: &[(u32, Colour)],
+        c: Colours,
+    ) -> Result<Laid, String> {
         let (wc, hr) = self.used(w, h);
+        // each part: its layer, its first column, its columns, its colours
+        let mut parts = vec![(self, 0, wc, c)];
+        let mut all = wc;
+        for (d, &(lanes, x)) in self.more.iter().zip(more) {
+            let cols = used(d.k, lanes);
+            parts.push((d, all, cols, Colours { x, ..c }));
+            all += cols;
+        }
         let mut laid = Laid::default();
-        for i in 0..wc {
-            let ks = split(self.k, wc, i);
-            for j in 0..hr {
-                let ns = split(self.n, hr, j);
-                let at = o.at(origin, i, j);
-                let p = self.program(i, j, (wc, hr), c, &mut laid, at, (&ks, &ns))?;
-                let words = p.words() as usize;
-                laid.pes.insert(at, (Arc::new(p), vec![0.0; words]));
-                self.routes(i, j, (wc, hr), c, o, at, &mut laid)?;
+        for (d, first, cols, c) in parts {
+            for i in 0..cols {
+                let ks = split(d.k, cols, i);
+                let col = first + i;
+                for j in 0..hr {
+                    let ns = split(self.n, hr, j);
+                    let at = o.at(origin, col, j);
+                    let p = d.program(col, j, (all, hr), c, &mut laid, at, (&ks, &ns))?;
+                    let words = p.words() as usize;
+                    laid.pes.insert(at, (Arc::new(p), vec![0.0; words]));
+                    d.routes(col, j, (all, hr), c, o, at, &mut laid)?;
+                }
             }
         }
         Ok(laid)
+    }
+
+    /// The columns every part takes on `w` lanes (the layer's own) and `more` lanes
+    /// (each further part's).
+    pub fn columns(&self, w: u32, more: &[u32]) -> u32 {
+        used(self.k, w)
+            + (self.more.iter().zip(more))
+                .map(|(d, &l)| used(d.k, l))
+                .sum::<u32>()
     }
 
     /// The program of PE `(i, j)` of a `wc x hr` frame, holding input groups `ks` and
@@ -972,6 +1010,7 @@ mod tests {
             grad: "dW".into(),
             hosts: vec!["lr".into()],
             update: sgd(),
+            more: Vec::new(),
         }
     }
 
