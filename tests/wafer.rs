@@ -594,13 +594,13 @@ fn moved_like_the_interpreter(
 /// another order).
 fn embedded_like_the_interpreter(
     (v, dim, t, scalar): (usize, usize, usize, bool),
-    (pool, hidden): (bool, bool),
+    (pool, hidden, sum): (bool, bool, usize),
     opt: Opt,
     (batch, side, seed): (usize, u32, u64),
 ) -> Result<(), String> {
     let c = 3;
     let d = tmp(&format!(
-        "embed-{v}-{dim}-{t}-{scalar}-{pool}-{hidden}-{batch}-{side}-{seed}-{}",
+        "embed-{v}-{dim}-{t}-{scalar}-{pool}-{hidden}-{sum}-{batch}-{side}-{seed}-{}",
         opt.0
     ));
     let rng = est::rng::Stream::new(seed, 0);
@@ -633,7 +633,22 @@ fn embedded_like_the_interpreter(
     } else {
         format!("dense({flat}, {c})")
     };
-    let body = format!("  let e = embedding(features, {v}, {dim})\n  let logits = {logits}\n");
+    // one embedding; one table looked up twice (the ids and their mirror image, which
+    // the host computes) and summed; or two tables summed
+    let e = match sum {
+        0 => format!("  let e = embedding(features, {v}, {dim})\n"),
+        _ => format!(
+            "  let t1 = variable(\"t1\", [{v}, {dim}], init: init_normal(0.3))\n  let t2 = variable(\"t2\", [{v}, {dim}], init: init_normal(0.3))\n  let e = gather(t1, features) + gather({}, {} - features)\n",
+            if sum == 1 { "t1" } else { "t2" },
+            v - 1
+        ),
+    };
+    let body = format!("{e}  let logits = {logits}\n");
+    let body = if sum == 1 {
+        body.replace("  let t2 = ", "  let _t2 = ")
+    } else {
+        body
+    };
     compare(&d, &body, opt, (&ty, batch, side, seed))
 }
 
@@ -936,7 +951,7 @@ proptest::proptest! {
         side in 12u32..33, seed in 0u64..1000,
     ) {
         let opt = if adam { ADAM } else { SGD };
-        embedded_like_the_interpreter((v, dim, t, scalar), (pool, hidden), opt, (batch, side, seed))
+        embedded_like_the_interpreter((v, dim, t, scalar), (pool, hidden, 0), opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 
@@ -1002,6 +1017,18 @@ proptest::proptest! {
         opt in 0usize..4, batch in 1usize..5, side in 20u32..33, seed in 0u64..1000,
     ) {
         sequence_like_the_interpreter((k, n, c, t), (shared, bias, swap), opt, (batch, side, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn summed_embeddings_train_like_the_interpreter(
+        v in 2usize..40, dim in 1usize..8, t in 1usize..4, scalar in proptest::bool::ANY,
+        pool in proptest::bool::ANY, tied in proptest::bool::ANY, adam in proptest::bool::ANY,
+        batch in 1usize..5, side in 16u32..33, seed in 0u64..1000,
+    ) {
+        let opt = if adam { ADAM } else { SGD };
+        let sum = if tied { 1 } else { 2 };
+        embedded_like_the_interpreter((v, dim, t, scalar), (pool, false, sum), opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

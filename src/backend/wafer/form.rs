@@ -87,6 +87,24 @@ pub struct Part {
     pub dw: Option<NodeIndex>,
 }
 
+/// Layer `kind`'s own product: its `fwd` when it has no further parts, else the
+/// product its sums start from.
+pub fn product(g: &Graph, kind: &Kind) -> Option<NodeIndex> {
+    let Kind::Dense { fwd, more, .. } = kind else {
+        return None;
+    };
+    let mut n = *fwd;
+    while !more.is_empty() && matches!(g.node(n).op, Op::Binary(crate::ir::BinaryOp::Add)) {
+        let ops = g.operands(n);
+        n = if more.iter().any(|p| p.mm == ops[1]) {
+            ops[0]
+        } else {
+            ops[1]
+        };
+    }
+    Some(n)
+}
+
 /// Where a stream starts or ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum End {
@@ -951,21 +969,23 @@ fn merge_sums(
     owner: &mut [Option<usize>],
     from_host: impl Fn(NodeIndex) -> bool,
 ) {
-    let product = |kr: &Kernel| match kr.kind {
-        Kind::Dense {
-            x,
-            fwd,
-            bwd,
-            dw,
-            dy,
-            ..
-        } if matches!(
+    // a product of rank-2 values (a dense layer's, or an embedding's of each
+    // sample's ids), or a sum of them already merged
+    let plain = |fwd: NodeIndex| {
+        matches!(
             g.node(fwd).op,
-            Op::MatMul | Op::Binary(crate::ir::BinaryOp::Add)
-        ) && g.ty(x).rank() == 2
-            && image(g, x).is_none() =>
+            Op::MatMul | Op::Gather | Op::Binary(crate::ir::BinaryOp::Add)
+        )
+    };
+    let layer = |kr: &Kernel| match kr.kind {
+        Kind::Dense { x, fwd, dy, .. }
+            if plain(fwd)
+                && (g.ty(x).rank() == 2
+                    || product(g, &kr.kind)
+                        .is_some_and(|p| matches!(g.node(p).op, Op::Gather)))
+                && image(g, x).is_none() =>
         {
-            Some((fwd, dy, bwd, dw))
+            product(g, &kr.kind).map(|p| (p, dy))
         }
         _ => None,
     };
@@ -984,7 +1004,7 @@ fn merge_sums(
             let (Some(a), Some(b)) = (by_fwd(ops[0], kernels), by_fwd(ops[1], kernels)) else {
                 continue;
             };
-            let (Some(pa), Some(pb)) = (product(&kernels[a]), product(&kernels[b])) else {
+            let (Some(pa), Some(pb)) = (layer(&kernels[a]), layer(&kernels[b])) else {
                 continue;
             };
             let only_sum = |m: NodeIndex| {
@@ -1002,7 +1022,10 @@ fn merge_sums(
                     bwd: None,
                     more,
                     ..
-                } if more.is_empty() && matches!(g.node(*fwd).op, Op::MatMul) && from_host(*x) => {
+                } if more.is_empty()
+                    && matches!(g.node(*fwd).op, Op::MatMul | Op::Gather)
+                    && from_host(*x) =>
+                {
                     Some(Part {
                         w: *w,
                         x: *x,
@@ -1012,7 +1035,16 @@ fn merge_sums(
                 }
                 _ => None,
             };
-            if a == b || !same || !only_sum(ops[0]) || !only_sum(ops[1]) || pa.1 != pb.1 {
+            // the products alike (both dense layers' or both embeddings'), with one
+            // output gradient
+            let gather = |n: NodeIndex| matches!(g.node(n).op, Op::Gather);
+            if a == b
+                || !same
+                || !only_sum(ops[0])
+                || !only_sum(ops[1])
+                || pa.1 != pb.1
+                || gather(pa.0) != gather(pb.0)
+            {
                 continue;
             }
             let pick = match (part_of(b), part_of(a)) {

@@ -273,7 +273,9 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
                 .iter()
                 .find(|s| s.node == f.resolve(x))
                 .map(|s| s.from);
-            if matches!(g.node(fwd).op, Op::Gather) && from != Some(End::Host) {
+            let gathers =
+                form::product(g, &kr.kind).is_some_and(|p| matches!(g.node(p).op, Op::Gather));
+            if gathers && from != Some(End::Host) {
                 return Err(unsupported(g, fwd, "an embedding of ids computed on the wafer has no wafer layout yet".into(), "every column of an embedding takes a sample's ids from the host: compute the ids in the input pipeline (`map`) and feed them to `embedding` as they are"));
             }
             let want = if k == 0 {
@@ -464,7 +466,8 @@ fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
         return None;
     };
     let ws: Vec<u32> = g.ty(*w).shape.iter().map(|&d| d as u32).collect();
-    let (k, n, shape) = match (&g.node(*fwd).op, image(g, *x), image(g, f.resolve(*x))) {
+    let made = form::product(g, kind).unwrap_or(*fwd);
+    let (k, n, shape) = match (&g.node(made).op, image(g, *x), image(g, f.resolve(*x))) {
         (Op::Gather, _, _) => {
             let t = g.ty(*x).elements() / f.batch.max(1) as usize;
             (ws[0], ws[1], Shape::Gather { t: t as u32 })
@@ -621,7 +624,7 @@ impl<'a> Sizer<'a> {
                         n: p.n,
                         train: p.train,
                         dx: false,
-                        shape: Shape::Matmul,
+                        shape: p.shape,
                     })
                     .collect()
             })
@@ -971,10 +974,16 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
     for (p, part) in more.iter().enumerate() {
         let (vars, u) = update(p + 1, part.w, part.dw)?;
         let ws = &g.ty(part.w).shape;
+        let shape = match g.node(part.mm).op {
+            Op::Gather => Shape::Gather {
+                t: (g.ty(part.x).elements() / f.batch.max(1) as usize) as u32,
+            },
+            _ => Shape::Matmul,
+        };
         parts.push(Dense {
             k: ws[0] as u32,
             n: ws[1] as u32,
-            shape: Shape::Matmul,
+            shape,
             batch: f.batch,
             train: part.dw.is_some(),
             dx: false,
@@ -1319,16 +1328,25 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             let mut channels = 0;
             let mut ids = None;
             if let Some(cols) = part_columns(f, lanes, b, st.node) {
-                // a further part's columns, each from the fabric's edge
+                // a further part's columns, each from the fabric's edge (an
+                // embedding's each take every id)
                 let n = cols.len() as u32;
                 let k = per;
+                let part = (parts_of(f, b).iter()).find(|p| f.resolve(p.x) == st.node);
+                let table = part.filter(|p| matches!(g.node(p.mm).op, Op::Gather));
+                if let Some(p) = table {
+                    ids = Some((p.mm.index() as u32, g.ty(p.w).shape[0] as u32));
+                }
                 for (i, col) in cols.enumerate() {
                     let (entry, dir, path) = edge_path(p, col);
                     for r in path {
                         all.route(r, c, Route::new(dir, &[dir.opposite()]))
                             .map_err(LayoutError::DoesNotFit)?;
                     }
-                    let groups = split(k, n, i as u32);
+                    let groups = match table {
+                        Some(_) => 0..k,
+                        None => split(k, n, i as u32),
+                    };
                     host_lanes.push(HostLane {
                         x: entry.0,
                         y: entry.1,
