@@ -30,6 +30,27 @@ input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [1024]), i % 10)
 estimator large { model = large  train_input = data() }
 "#;
 
+/// An unrolled recurrent network: 8 steps of 16 features, a state of 128 shared by
+/// every step (each step one layer summing `x_t Wx + h Wh`), batch 16.
+const UNROLLED_RNN: &str = r#"
+use std.losses.softmax_cross_entropy
+model rnn(features: f32[B, 128], labels: i32[B]) {
+  let x = reshape(features, [B, 8, 16])
+  let wx = variable("wx", [16, 128], init: init_normal(0.1))
+  let wh = variable("wh", [128, 128], init: init_normal(0.1))
+  let b = variable("b", [128], init: "zeros")
+  let wo = variable("wo", [128, 10], init: init_normal(0.1))
+  let h = tanh(matmul(reshape(slice(x, axis: 1, start: 0, end: 1), [B, 16]), wx) + b)
+  for t in [1, 2, 3, 4, 5, 6, 7] {
+    h = tanh(matmul(reshape(slice(x, axis: 1, start: t, end: t + 1), [B, 16]), wx) + matmul(h, wh) + b)
+  }
+  let loss = softmax_cross_entropy(labels, matmul(h, wo))
+  train { minimize loss with sgd(lr: 0.1) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [128]), i % 10) |> repeat |> batch(16, drop_remainder: true) }
+estimator rnn { model = rnn  train_input = data() }
+"#;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -148,4 +169,6 @@ fn main() {
     );
     let large = Program::from_source("large_dense.est", LARGE_DENSE, None);
     bench("dense 1024x1024, batch 32", large, &[], &t64, steps);
+    let rnn = Program::from_source("unrolled_rnn.est", UNROLLED_RNN, None);
+    bench("unrolled rnn 8x16->128, b16", rnn, &[], &t64, steps);
 }
