@@ -457,9 +457,11 @@ other's. Give each estimator its own `model_dir`.";
 "The chosen target cannot run this operation. The host runs every operation; the wafer
 runs a declared list (matmul, convolution, elementwise, reductions, pooling, softmax,
 embeddings, random numbers, slice, concat, pad, transpose, reshape, and their
-gradients), and lays out chains of layers: a value several layers read, or one that
-skips a layer, is E0601 too, as is an update that mixes layers in anything but a
-scalar (a global norm is computed by the host), or a table looked up twice. The
+gradients), and lays out chains of layers (a sum of products, one of them of the
+layer before and the others of the inputs, is one layer): a value several layers
+read, or one that skips a layer, is E0601 too, as is a value a kernel reads that
+mixes layers in anything but a scalar (a global norm and a shared weight's update
+are computed by the host). The
 label points at the expression that makes it, and the help names the nearest
 formulation the target runs.
 
