@@ -228,7 +228,8 @@ impl Device {
             .help("this is a bug in estc's wafer compiler; please report it with the program")
         })?;
         let mut host_targets: Vec<NodeIndex> = formed.host.clone();
-        // the random numbers the host draws and streams
+        // the random numbers the host draws and the values it computes from the inputs
+        // (a layer's input made of the features alone), which it streams
         host_targets.extend(
             layout
                 .inputs
@@ -310,15 +311,20 @@ fn sync(exe: &mut Exe, vars: &FxHashMap<String, Tensor>) {
         return;
     }
     for (name, t) in vars {
-        if let Some(pieces) = exe.layout.tensors.get(name) {
-            let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
-            let sim = &mut exe.sim;
-            scatter(pieces, &data, |(x, y), a, v| {
-                sim.write(x, y, a, v);
-            });
-        }
+        write_tensor(exe, name, t);
     }
     exe.current = true;
+}
+
+/// Writes tensor `t` into every PE that holds a piece of `name` (each replica).
+fn write_tensor(exe: &mut Exe, name: &str, t: &Tensor) {
+    if let Some(pieces) = exe.layout.tensors.get(name) {
+        let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
+        let sim = &mut exe.sim;
+        scatter(pieces, &data, |(x, y), a, v| {
+            sim.write(x, y, a, v);
+        });
+    }
 }
 
 /// Reads a tensor the PEs hold, shaped and typed as node `n`.
@@ -454,17 +460,11 @@ fn mix(
     execute(&g, &exe.mixed, &env, &mut values)?;
     write_scalars(&exe.layout, &mut exe.sim, &exe.formed.mixed, &values);
     let mut commits = Vec::new();
-    for (name, n) in &exe.formed.host_commits {
-        let t = (values.get(*n).cloned())
-            .ok_or_else(|| fail(&g, *n, "an update the host did not compute".into()))?;
-        if let Some(pieces) = exe.layout.tensors.get(name) {
-            let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
-            let sim = &mut exe.sim;
-            scatter(pieces, &data, |(x, y), a, v| {
-                sim.write(x, y, a, v);
-            });
-        }
-        commits.push((name.clone(), t));
+    for (name, n) in exe.formed.host_commits.clone() {
+        let t = (values.get(n).cloned())
+            .ok_or_else(|| fail(&g, n, "an update the host did not compute".into()))?;
+        write_tensor(exe, &name, &t);
+        commits.push((name, t));
     }
     Ok(commits)
 }
@@ -561,8 +561,12 @@ impl backend::Device for Device {
         let loss = read(e, &kept(e, spec.loss), spec.loss)
             .map(|t| t.scalar())
             .unwrap_or(f64::NAN);
-        let mut hosts = mix(e, &self.vars, ctx).map_err(run)?;
-        update(e).map_err(run)?;
+        // a failed mix or update leaves the PEs' variables unlike the device's
+        let mixed = mix(e, &self.vars, ctx).and_then(|h| update(e).map(|_| h));
+        let mut hosts = mixed.map_err(|err| {
+            e.current = false;
+            run(err)
+        })?;
         let new: Vec<(String, Option<Tensor>)> = (spec.updates.iter())
             .map(|u| {
                 let host = hosts.iter().position(|h| h.0 == u.name);

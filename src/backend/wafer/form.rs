@@ -504,7 +504,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     // a sum of products, one of them of an input from the kernel before and the others
     // of inputs the host sends (`x W + h U`), is one layer: its products' columns side
     // by side, their partial sums in one chain
-    merge_sums(g, &mut kernels, &mut owner, |x| {
+    merge_sums(g, &mut kernels, &mut owner, resolve, |x| {
         let x = resolve(x);
         source(x) || hosted[x.index()]
     });
@@ -588,7 +588,6 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     // a step node's anchors are the batch nodes and the readers of the variables it
     // reads, through other step nodes; a scalar computed from scalars (a global norm
     // from each layer's sum of squares) ties no groups together (the host computes it
-    // when it mixes groups: see `mixed` below)
     // when it mixes groups: see `mixed` below); nor does the update of a variable
     // several kernels hold (a weight of several layers, a bias added at every time
     // step), which the host makes from their gradients
@@ -738,13 +737,15 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             let reads_shared = ops.iter().any(|&o| {
                 (is_var(o) && shared(o)) || (mixed.contains(&resolve(o)) && g.ty(o).rank() > 0)
             });
-            // and a scalar from a mixed scalar and kernels' scalars (a running sum of
-            // the layers' sums of squares, whichever layer comes last)
+            // and a scalar computed from scalars (a running sum of the layers' sums of
+            // squares, whichever layer comes last, or of two parts' of one layer): the
+            // host's, as it ties no groups together
             let scalars = g.ty(n).rank() == 0
-                && reads_mixed
-                && ops
-                    .iter()
-                    .all(|o| owner[resolve(*o).index()].is_none() || g.ty(*o).rank() == 0);
+                && ops.iter().any(|&o| scalar_step(resolve(o)))
+                && ops.iter().all(|&o| {
+                    let o = resolve(o);
+                    scalar_step(o) || class[o.index()] == Class::Host
+                });
             if owners.len() > 1 || (owners.is_empty() && reads_mixed) || reads_shared || scalars {
                 mixed.insert(n);
                 changed = true;
@@ -812,6 +813,8 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     for (name, node) in g.outputs_with(Role::Update) {
         let var = g.variable(&name);
         if mixed.contains(&node) || var.is_some_and(|v| shared(v) && node != v) {
+            // the host computes it (and what it reads that no kernel holds)
+            mixed.insert(node);
             host_commits.push((name, node));
             continue;
         }
@@ -967,6 +970,7 @@ fn merge_sums(
     g: &Graph,
     kernels: &mut Vec<Kernel>,
     owner: &mut [Option<usize>],
+    resolve: impl Fn(NodeIndex) -> NodeIndex,
     from_host: impl Fn(NodeIndex) -> bool,
 ) {
     // a product of rank-2 values (a dense layer's, or an embedding's of each
@@ -1052,7 +1056,16 @@ fn merge_sums(
                 (None, Some(p)) => Some((b, a, p)),
                 _ => None,
             };
-            if let Some((main, gone, part)) = pick {
+            // a part's input is its own (the host sends each stream to one part's
+            // columns): one the layer or another part reads stays a join
+            let taken = |main: usize, part: &Part| match &kernels[main].kind {
+                Kind::Dense { x, more, .. } => {
+                    resolve(*x) == resolve(part.x)
+                        || more.iter().any(|p| resolve(p.x) == resolve(part.x))
+                }
+                Kind::Vector { .. } => true,
+            };
+            if let Some((main, gone, part)) = pick.filter(|(m, _, p)| !taken(*m, p)) {
                 found = Some((n, main, gone, part));
                 break;
             }

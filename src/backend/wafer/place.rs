@@ -579,11 +579,17 @@ struct Sizer<'a> {
     dense: Vec<Option<Dense>>,
     /// A layer's further parts' dimensions.
     parts: Vec<Vec<Dims>>,
+    /// Further parts' first PEs by (kernel, part, columns, rows), as they are asked
+    /// for: cycles per sample, and whether the memory fits.
+    part_pes: std::cell::RefCell<BTreeMap<(usize, usize, u32, u32), Measured>>,
     periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<u64>>>,
     /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
     /// sample, and whether the memory fits.
     layers: std::cell::RefCell<BTreeMap<KernelLanes, (u64, bool)>>,
 }
+
+/// A layer's first PE as measured: cycles per sample, and whether its memory fits.
+type Measured = (u64, bool);
 
 /// A kernel on `w x h` lanes: (kernel, w, h).
 type KernelLanes = (usize, u32, u32);
@@ -653,6 +659,7 @@ impl<'a> Sizer<'a> {
             floor,
             dense,
             parts,
+            part_pes: Default::default(),
             periods: Default::default(),
             layers: Default::default(),
         })
@@ -680,26 +687,25 @@ impl<'a> Sizer<'a> {
             .layers
             .borrow_mut()
             .entry((k, w, h))
-            .or_insert_with(|| {
-                let Some(layer) = &self.dense[k] else {
-                    return (u64::MAX / 4, false);
-                };
-                let (wc, hr) = layer.used(w, h);
-                let c = dense::Colours::with_streams(4, 5, 6, 7);
-                let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
-                let mut scratch = Laid::default();
-                let words = self.fab.usable_bytes() / super::cost::WORD;
-                layer
-                    .program(0, 0, (wc, hr), c, &mut scratch, (0, 0), ranges)
-                    .map_or((u64::MAX / 4, false), |p| {
-                        let t = super::cost::per_sample(
-                            self.fab,
-                            &p,
-                            self.f.batch,
-                            super::kernels::UPDATE,
-                        );
-                        (t, p.words() <= words)
-                    })
+            .or_insert_with(|| match &self.dense[k] {
+                Some(layer) => self.measure(layer, d, w, h),
+                None => (u64::MAX / 4, false),
+            })
+    }
+
+    /// `layer` (of dims `d`) on `w x h` lanes, from its first PE's program: its cycles
+    /// per sample, and whether its memory fits.
+    fn measure(&self, layer: &Dense, d: Dims, w: u32, h: u32) -> (u64, bool) {
+        let (wc, hr) = layer.used(w, h);
+        let c = dense::Colours::with_streams(4, 5, 6, 7);
+        let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
+        let mut scratch = Laid::default();
+        let words = self.fab.usable_bytes() / super::cost::WORD;
+        layer
+            .program(0, 0, (wc, hr), c, &mut scratch, (0, 0), ranges)
+            .map_or((u64::MAX / 4, false), |p| {
+                let t = super::cost::per_sample(self.fab, &p, self.f.batch, super::kernels::UPDATE);
+                (t, p.words() <= words)
             })
     }
 
@@ -729,8 +735,8 @@ impl<'a> Sizer<'a> {
             .map(|k| match self.dims[k] {
                 Some(d) => {
                     let h = lanes.out[k];
-                    let parts = (self.parts[k].iter().zip(&lanes.more[k]))
-                        .map(|(&pd, &l)| dense_period(self.fab, pd, l, h));
+                    let parts = (lanes.more[k].iter().enumerate())
+                        .map(|(p, &l)| self.part_pe(k, p, l, h).0);
                     parts.fold(self.layer_period(k, d, lanes.inp[k], h), u64::max)
                 }
                 None => self.vector_period(k, lanes.out[k]).unwrap_or(u64::MAX / 4),
@@ -739,16 +745,43 @@ impl<'a> Sizer<'a> {
     }
 
     /// The fewest lanes each further part of layer `k` needs on `h` rows to reach
-    /// period `t` (`None` when one cannot).
+    /// period `t` with its memory fitting (`None` when one cannot on the fabric).
     fn part_lanes(&self, k: usize, h: u32, t: u64) -> Option<Vec<u32>> {
         let used = super::kernels::used;
-        (self.parts[k].iter())
-            .map(|&pd| {
-                (1..=pd.k)
+        let most = self.fab.width.max(self.fab.height);
+        (self.parts[k].iter().enumerate())
+            .map(|(p, pd)| {
+                (1..=pd.k.min(most))
                     .filter(|&l| used(pd.k, l) == l)
-                    .find(|&l| dense_period(self.fab, pd, l, h) <= t)
+                    .find(|&l| {
+                        let (period, fits) = self.part_pe(k, p, l, h);
+                        period <= t && fits
+                    })
             })
             .collect()
+    }
+
+    /// Further part `p` of layer `k` on `l x h` lanes, from its first PE's program (a
+    /// product's period by formula, as `layer_period`): its cycles per sample, and
+    /// whether its memory fits (memoised).
+    fn part_pe(&self, k: usize, p: usize, l: u32, h: u32) -> (u64, bool) {
+        *self
+            .part_pes
+            .borrow_mut()
+            .entry((k, p, l, h))
+            .or_insert_with(|| {
+                let (Some(part), Some(&d)) = (
+                    self.dense[k].as_ref().and_then(|d| d.more.get(p)),
+                    self.parts[k].get(p),
+                ) else {
+                    return (u64::MAX / 4, false);
+                };
+                let (t, fits) = self.measure(part, d, l, h);
+                match d.shape {
+                    Shape::Matmul => (dense_period(self.fab, d, l, h), fits),
+                    _ => (t, fits),
+                }
+            })
     }
 
     /// The estimated cycles of a step of a sizing: its samples one period apart (its
@@ -969,6 +1002,31 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
         };
         Ok((names(&vars), u))
     };
+    // the parts' updates partition the layer's: each step node and commit in one
+    if !more.is_empty() {
+        let shares: Vec<_> = (0..=more.len())
+            .map(|p| form::part_update(g, f, k, p))
+            .collect();
+        // each in exactly one: as many in all as in the layer, and all different
+        let once = |all: Vec<NodeIndex>, want: usize| {
+            let n = all.len();
+            n == want && all.into_iter().collect::<BTreeSet<_>>().len() == n
+        };
+        let steps = shares.iter().flat_map(|s| s.1.iter().copied()).collect();
+        let commits = shares
+            .iter()
+            .flat_map(|s| s.2.iter().map(|c| c.1))
+            .collect();
+        if !once(steps, kr.steps.len()) || !once(commits, kr.commits.len()) {
+            return Err(unsupported(
+                g,
+                fwd,
+                "a layer of several products whose updates share a value has no wafer kernel yet"
+                    .into(),
+                "update each product's weight from its own gradient and slots",
+            ));
+        }
+    }
     let (vars, update_main) = update(0, w, dw)?;
     let mut parts = Vec::new();
     for (p, part) in more.iter().enumerate() {

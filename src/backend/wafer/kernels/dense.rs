@@ -360,6 +360,13 @@ impl Dense {
         more: &[(u32, Colour)],
         c: Colours,
     ) -> Result<Laid, String> {
+        if more.len() != self.more.len() {
+            return Err(format!(
+                "a layer of {} further parts laid out with lanes for {}",
+                self.more.len(),
+                more.len()
+            ));
+        }
         let (wc, hr) = self.used(w, h);
         // each part: its layer, its first column, its columns, its colours
         let mut parts = vec![(self, 0, wc, c)];
@@ -385,15 +392,6 @@ impl Dense {
             }
         }
         Ok(laid)
-    }
-
-    /// The columns every part takes on `w` lanes (the layer's own) and `more` lanes
-    /// (each further part's).
-    pub fn columns(&self, w: u32, more: &[u32]) -> u32 {
-        used(self.k, w)
-            + (self.more.iter().zip(more))
-                .map(|(d, &l)| used(d.k, l))
-                .sum::<u32>()
     }
 
     /// The program of PE `(i, j)` of a `wc x hr` frame, holding input groups `ks` and
