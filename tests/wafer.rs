@@ -445,6 +445,26 @@ const SGD: Opt = ("sgd", 0.5, "");
 /// and still catches a wrong op in an update (off by O(1)).
 const ADAM: Opt = ("adam", 0.05, ", epsilon: 0.001");
 
+/// Optimisers as source with their learning rates: SGD, momentum and Adam (epsilon
+/// 1e-3, see `ADAM`).
+const OPTIMISERS: [(&str, f64); 3] = [
+    ("sgd(lr: 0.5)", 0.5),
+    ("momentum(lr: 0.1, momentum: 0.9)", 0.1),
+    ("adam(lr: 0.05, epsilon: 0.001)", 0.05),
+];
+
+/// `OPTIMISERS[i]`, and as the fourth Adam under `clip_by_global_norm` at a norm that
+/// clips.
+fn optimiser(i: usize) -> (String, f64) {
+    match OPTIMISERS.get(i) {
+        Some(&(opt, lr)) => (opt.to_string(), lr),
+        None => {
+            let (adam, lr) = OPTIMISERS[2];
+            (format!("clip_by_global_norm({adam}, norm: 0.05)"), lr)
+        }
+    }
+}
+
 /// Features of `k` floats: their type in the model and in the CSV columns.
 fn floats(k: usize) -> (String, String) {
     (format!("f32[B, {k}]"), format!("f32[{k}]"))
@@ -775,11 +795,7 @@ fn clipped_like_the_interpreter(
         c,
         seed,
     );
-    let (inner, lr) = [
-        ("sgd(lr: 0.5)", 0.5),
-        ("momentum(lr: 0.1, momentum: 0.9)", 0.1),
-        ("adam(lr: 0.05, epsilon: 0.001)", 0.05),
-    ][opt];
+    let (inner, lr) = OPTIMISERS[opt];
     let body =
         format!("  let h = dense(features, {n}, activation: tanh)\n  let logits = dense(h, {c})\n");
     let opt = format!("clip_by_global_norm({inner}, norm: {norm})");
@@ -832,15 +848,7 @@ fn recurrent_like_the_interpreter(
         c,
         seed,
     );
-    let (opt, lr) = [
-        ("sgd(lr: 0.5)", 0.5),
-        ("momentum(lr: 0.1, momentum: 0.9)", 0.1),
-        ("adam(lr: 0.05, epsilon: 0.001)", 0.05),
-        (
-            "clip_by_global_norm(adam(lr: 0.05, epsilon: 0.001), norm: 0.05)",
-            0.05,
-        ),
-    ][opt];
+    let (opt, lr) = optimiser(opt);
     let mut body = format!(
         "  let wh = variable(\"wh\", [{n}, {n}], init: init_normal(0.4))\n  let h = dense(features, {n}, activation: tanh)\n"
     );
@@ -854,7 +862,7 @@ fn recurrent_like_the_interpreter(
         body.push_str(&format!("  h = tanh(matmul(h, wh){b})\n"));
     }
     body.push_str(&format!("  let logits = dense(h, {c})\n"));
-    compare_with(&d, &body, (opt, lr), (&floats(k), batch, side, seed))
+    compare_with(&d, &body, (&opt, lr), (&floats(k), batch, side, seed))
 }
 
 /// An unrolled recurrent network over a sequence of `t` steps of `k` features (the
@@ -877,15 +885,7 @@ fn sequence_like_the_interpreter(
         c,
         seed,
     );
-    let (opt, lr) = [
-        ("sgd(lr: 0.5)", 0.5),
-        ("momentum(lr: 0.1, momentum: 0.9)", 0.1),
-        ("adam(lr: 0.05, epsilon: 0.001)", 0.05),
-        (
-            "clip_by_global_norm(adam(lr: 0.05, epsilon: 0.001), norm: 0.05)",
-            0.05,
-        ),
-    ][opt];
+    let (opt, lr) = optimiser(opt);
     let mut body = format!("  let x = reshape(features, [B, {t}, {k}])\n");
     let var = |name: &str, shape: String, body: &mut String| {
         body.push_str(&format!(
@@ -930,7 +930,7 @@ fn sequence_like_the_interpreter(
         );
     }
     body.push_str(&format!("  let logits = dense(h, {c})\n"));
-    compare_with(&d, &body, (opt, lr), (&floats(t * k), batch, side, seed))
+    compare_with(&d, &body, (&opt, lr), (&floats(t * k), batch, side, seed))
 }
 
 proptest::proptest! {

@@ -68,6 +68,17 @@ impl Plan {
         self.steps.len()
     }
 
+    /// The `provided` nodes its steps read, in index order.
+    pub fn reads(&self, provided: &FxHashSet<NodeIndex>) -> Vec<NodeIndex> {
+        let mut out: Vec<NodeIndex> = (self.steps.iter())
+            .flat_map(|s| s.operands.iter().copied())
+            .filter(|o| provided.contains(o))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
     }

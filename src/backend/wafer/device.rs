@@ -250,13 +250,7 @@ impl Device {
             .filter(|n| formed.class[n.index()] == form::Class::Batch)
             .collect();
         let mixed = Plan::new(&graph, &formed.mixed, &batch);
-        let order = graph.schedule(&formed.mixed, |n| batch.contains(&n));
-        let mut mixed_reads: Vec<NodeIndex> = (order.iter())
-            .flat_map(|&n| graph.operands(n))
-            .filter(|o| batch.contains(o))
-            .collect();
-        mixed_reads.sort();
-        mixed_reads.dedup();
+        let mixed_reads = mixed.reads(&batch);
         Ok(Exe {
             graph,
             formed,
@@ -311,16 +305,15 @@ fn sync(exe: &mut Exe, vars: &FxHashMap<String, Tensor>) {
         return;
     }
     for (name, t) in vars {
-        write_tensor(exe, name, t);
+        write_tensor(&exe.layout, &mut exe.sim, name, t);
     }
     exe.current = true;
 }
 
 /// Writes tensor `t` into every PE that holds a piece of `name` (each replica).
-fn write_tensor(exe: &mut Exe, name: &str, t: &Tensor) {
-    if let Some(pieces) = exe.layout.tensors.get(name) {
+fn write_tensor(layout: &Layout, sim: &mut Sim, name: &str, t: &Tensor) {
+    if let Some(pieces) = layout.tensors.get(name) {
         let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
-        let sim = &mut exe.sim;
         scatter(pieces, &data, |(x, y), a, v| {
             sim.write(x, y, a, v);
         });
@@ -460,11 +453,11 @@ fn mix(
     execute(&g, &exe.mixed, &env, &mut values)?;
     write_scalars(&exe.layout, &mut exe.sim, &exe.formed.mixed, &values);
     let mut commits = Vec::new();
-    for (name, n) in exe.formed.host_commits.clone() {
-        let t = (values.get(n).cloned())
-            .ok_or_else(|| fail(&g, n, "an update the host did not compute".into()))?;
-        write_tensor(exe, &name, &t);
-        commits.push((name, t));
+    for (name, n) in &exe.formed.host_commits {
+        let t = (values.get(*n).cloned())
+            .ok_or_else(|| fail(&g, *n, "an update the host did not compute".into()))?;
+        write_tensor(&exe.layout, &mut exe.sim, name, &t);
+        commits.push((name.clone(), t));
     }
     Ok(commits)
 }
@@ -472,11 +465,8 @@ fn mix(
 /// Writes the host's scalar `values` of `nodes` into the PEs that hold them.
 fn write_scalars(layout: &Layout, sim: &mut Sim, nodes: &[NodeIndex], values: &Values) {
     for &n in nodes {
-        if let (Some(pieces), Some(t)) = (layout.tensors.get(&form::key(n)), values.get(n)) {
-            let v = [t.to_f64().first().copied().unwrap_or(0.0) as f32];
-            scatter(pieces, &v, |(x, y), a, w| {
-                sim.write(x, y, a, w);
-            });
+        if let Some(t) = values.get(n) {
+            write_tensor(layout, sim, &form::key(n), t);
         }
     }
 }

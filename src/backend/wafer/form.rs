@@ -490,14 +490,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         }
     }
     for &n in order.iter().rev() {
-        let mut users =
-            g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
-                .peekable();
-        if inputs_only[n.index()]
-            && !source(n)
-            && users.peek().is_some()
-            && users.all(|u| hosted[u.index()])
-        {
+        if inputs_only[n.index()] && !source(n) && read_only_by(g, n, |u| hosted[u.index()]) {
             hosted[n.index()] = true;
         }
     }
@@ -516,10 +509,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         ) && owner[n.index()].is_none()
             && alias[n.index()].is_none()
             && !hosted[n.index()]
-            && !matches!(
-                g.node(n).op,
-                Op::Input { .. } | Op::RandomUniform { .. } | Op::RandomNormal { .. }
-            )
+            && !source(n)
     };
     let mut parent: Vec<usize> = (0..bound).collect();
     fn find(p: &mut [usize], mut i: usize) -> usize {
@@ -594,17 +584,15 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     let mut anchors: Vec<Vec<usize>> = vec![Vec::new(); bound];
     let scalar_step =
         |o: NodeIndex| class[o.index()] == Class::Step && !is_var(o) && g.ty(o).rank() == 0;
+    let from_scalars = |n: NodeIndex| {
+        let ops: Vec<NodeIndex> = g.operands(n).into_iter().map(resolve).collect();
+        g.ty(n).rank() == 0
+            && ops.iter().any(|&o| scalar_step(o))
+            && (ops.iter()).all(|&o| scalar_step(o) || class[o.index()] == Class::Host)
+    };
     let by_host = shared_updates(g, &class, &kernels, |n| free(n, &owner));
     for &n in &order {
-        if class[n.index()] != Class::Step || is_var(n) || by_host.contains(&n) {
-            continue;
-        }
-        let ops: Vec<NodeIndex> = g.operands(n).into_iter().map(resolve).collect();
-        let from_scalars = ops.iter().any(|&o| scalar_step(o))
-            && ops
-                .iter()
-                .all(|&o| scalar_step(o) || class[o.index()] == Class::Host);
-        if g.ty(n).rank() == 0 && from_scalars {
+        if class[n.index()] != Class::Step || is_var(n) || by_host.contains(&n) || from_scalars(n) {
             continue;
         }
         let mut mine: Vec<usize> = Vec::new();
@@ -740,13 +728,11 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             // and a scalar computed from scalars (a running sum of the layers' sums of
             // squares, whichever layer comes last, or of two parts' of one layer): the
             // host's, as it ties no groups together
-            let scalars = g.ty(n).rank() == 0
-                && ops.iter().any(|&o| scalar_step(resolve(o)))
-                && ops.iter().all(|&o| {
-                    let o = resolve(o);
-                    scalar_step(o) || class[o.index()] == Class::Host
-                });
-            if owners.len() > 1 || (owners.is_empty() && reads_mixed) || reads_shared || scalars {
+            if owners.len() > 1
+                || (owners.is_empty() && reads_mixed)
+                || reads_shared
+                || from_scalars(n)
+            {
                 mixed.insert(n);
                 changed = true;
                 continue;
@@ -766,10 +752,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             {
                 continue;
             }
-            let mut users =
-                g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
-                    .peekable();
-            if users.peek().is_some() && users.all(|u| mixed.contains(&u)) {
+            if read_only_by(g, n, |u| mixed.contains(&u)) {
                 mixed.insert(n);
                 changed = true;
                 continue;
@@ -795,10 +778,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             if class[n.index()] != Class::Step || is_var(n) {
                 continue;
             }
-            let mut users =
-                g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
-                    .peekable();
-            if users.peek().is_some() && users.all(|u| mixed.contains(&u)) {
+            if read_only_by(g, n, |u| mixed.contains(&u)) {
                 owner[n.index()] = None;
                 kernels[k].steps.retain(|&m| m != n);
                 mixed.insert(n);
@@ -981,17 +961,13 @@ fn merge_sums(
             Op::MatMul | Op::Gather | Op::Binary(crate::ir::BinaryOp::Add)
         )
     };
-    let layer = |kr: &Kernel| match kr.kind {
-        Kind::Dense { x, fwd, dy, .. }
-            if plain(fwd)
-                && (g.ty(x).rank() == 2
-                    || product(g, &kr.kind)
-                        .is_some_and(|p| matches!(g.node(p).op, Op::Gather)))
-                && image(g, x).is_none() =>
-        {
-            product(g, &kr.kind).map(|p| (p, dy))
-        }
-        _ => None,
+    let layer = |kr: &Kernel| {
+        let Kind::Dense { x, fwd, dy, .. } = kr.kind else {
+            return None;
+        };
+        let p = product(g, &kr.kind)?;
+        let gather = matches!(g.node(p).op, Op::Gather);
+        (plain(fwd) && (g.ty(x).rank() == 2 || gather) && image(g, x).is_none()).then_some((p, dy))
     };
     loop {
         let by_fwd = |n: NodeIndex, kernels: &[Kernel]| {
@@ -1128,6 +1104,14 @@ fn shared_updates(
     out
 }
 
+/// Whether node `n` has users and `of` holds every one of them.
+fn read_only_by(g: &Graph, n: NodeIndex, of: impl Fn(NodeIndex) -> bool) -> bool {
+    let mut users =
+        g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
+            .peekable();
+    users.peek().is_some() && users.all(of)
+}
+
 /// The name under which a node's value is kept on the wafer (an accumulator, a host
 /// value): `%` and its index.
 pub fn key(n: NodeIndex) -> String {
@@ -1153,12 +1137,10 @@ pub fn part_update(
     p: usize,
 ) -> (Vec<NodeIndex>, Vec<NodeIndex>, Vec<(String, NodeIndex)>) {
     let kr = &f.kernels[k];
-    let Kind::Dense { w, dw, more, .. } = &kr.kind else {
-        return (kr.vars.clone(), kr.steps.clone(), kr.commits.clone());
+    let (w, dw, more) = match &kr.kind {
+        Kind::Dense { w, dw, more, .. } if !more.is_empty() => (w, dw, more),
+        _ => return (kr.vars.clone(), kr.steps.clone(), kr.commits.clone()),
     };
-    if more.is_empty() {
-        return (kr.vars.clone(), kr.steps.clone(), kr.commits.clone());
-    }
     let (w, dw) = match p {
         0 => (*w, *dw),
         _ => (more[p - 1].w, more[p - 1].dw),
@@ -1168,33 +1150,22 @@ pub fn part_update(
         _ => None,
     };
     // what the weight and its gradient lead to, then what those commits read
+    let reads = |n: NodeIndex| g.operands(n).into_iter().map(|o| f.resolve(o));
     let mut ahead: BTreeSet<NodeIndex> = [w].into_iter().chain(dw).collect();
-    loop {
-        let before = ahead.len();
-        for &n in &kr.steps {
-            if g.operands(n).iter().any(|o| ahead.contains(&f.resolve(*o))) {
-                ahead.insert(n);
-            }
-        }
-        if ahead.len() == before {
-            break;
-        }
+    while let Some(n) =
+        (kr.steps.iter()).find(|&&n| !ahead.contains(&n) && reads(n).any(|o| ahead.contains(&o)))
+    {
+        ahead.insert(*n);
     }
     let commits: Vec<(String, NodeIndex)> = (kr.commits.iter())
         .filter(|(c, n)| ahead.contains(n) || name(w).as_ref() == Some(c))
         .cloned()
         .collect();
     let mut needed: BTreeSet<NodeIndex> = commits.iter().map(|c| c.1).collect();
-    loop {
-        let before = needed.len();
-        for &n in &kr.steps {
-            if needed.contains(&n) {
-                needed.extend(g.operands(n).into_iter().map(|o| f.resolve(o)));
-            }
-        }
-        if needed.len() == before {
-            break;
-        }
+    while let Some(n) =
+        (kr.steps.iter()).find(|&&n| needed.contains(&n) && reads(n).any(|o| !needed.contains(&o)))
+    {
+        needed.extend(reads(*n));
     }
     let steps: Vec<NodeIndex> = (kr.steps.iter())
         .copied()

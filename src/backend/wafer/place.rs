@@ -577,8 +577,6 @@ struct Sizer<'a> {
     floor: Vec<u32>,
     /// Each layer kernel with its tensors and update (`None` for a vector kernel).
     dense: Vec<Option<Dense>>,
-    /// A layer's further parts' dimensions.
-    parts: Vec<Vec<Dims>>,
     /// Further parts' first PEs by (kernel, part, columns, rows), as they are asked
     /// for: cycles per sample, and whether the memory fits.
     part_pes: std::cell::RefCell<BTreeMap<(usize, usize, u32, u32), Measured>>,
@@ -621,20 +619,6 @@ impl<'a> Sizer<'a> {
         let single_next = (0..nk)
             .map(|k| k + 1 < nk && dims[k + 1].is_none() && width[k + 1].is_none())
             .collect();
-        let parts = (dense.iter())
-            .map(|d| {
-                d.iter()
-                    .flat_map(|d| &d.more)
-                    .map(|p| Dims {
-                        k: p.k,
-                        n: p.n,
-                        train: p.train,
-                        dx: false,
-                        shape: p.shape,
-                    })
-                    .collect()
-            })
-            .collect();
         let words = fab.usable_bytes() / super::cost::WORD;
         let floor = (0..nk)
             .map(|k| match (dims[k], width.get(k + 1).copied().flatten()) {
@@ -658,7 +642,6 @@ impl<'a> Sizer<'a> {
             single_next,
             floor,
             dense,
-            parts,
             part_pes: Default::default(),
             periods: Default::default(),
             layers: Default::default(),
@@ -744,13 +727,25 @@ impl<'a> Sizer<'a> {
             .collect()
     }
 
+    /// Layer `k`'s further parts, each with its dimensions.
+    fn parts(&self, k: usize) -> impl Iterator<Item = (&Dense, Dims)> + '_ {
+        let dims = |p: &Dense| Dims {
+            k: p.k,
+            n: p.n,
+            train: p.train,
+            dx: false,
+            shape: p.shape,
+        };
+        (self.dense[k].iter().flat_map(|d| &d.more)).map(move |p| (p, dims(p)))
+    }
+
     /// The fewest lanes each further part of layer `k` needs on `h` rows to reach
     /// period `t` with its memory fitting (`None` when one cannot on the fabric).
     fn part_lanes(&self, k: usize, h: u32, t: u64) -> Option<Vec<u32>> {
         let used = super::kernels::used;
         let most = self.fab.width.max(self.fab.height);
-        (self.parts[k].iter().enumerate())
-            .map(|(p, pd)| {
+        (self.parts(k).enumerate())
+            .map(|(p, (_, pd))| {
                 (1..=pd.k.min(most))
                     .filter(|&l| used(pd.k, l) == l)
                     .find(|&l| {
@@ -770,10 +765,7 @@ impl<'a> Sizer<'a> {
             .borrow_mut()
             .entry((k, p, l, h))
             .or_insert_with(|| {
-                let (Some(part), Some(&d)) = (
-                    self.dense[k].as_ref().and_then(|d| d.more.get(p)),
-                    self.parts[k].get(p),
-                ) else {
+                let Some((part, d)) = self.parts(k).nth(p) else {
                     return (u64::MAX / 4, false);
                 };
                 let (t, fits) = self.measure(part, d, l, h);
@@ -931,8 +923,8 @@ impl<'a> Sizer<'a> {
                         let l = used(nn, nn.div_ceil(s)).max(self.floor[k]);
                         (l..=nn).find(|&l| used(nn, l) == l).unwrap_or(nn)
                     };
-                    lanes.more[k] = (self.parts[k].iter())
-                        .map(|pd| used(pd.k, pd.k.div_ceil(s)))
+                    lanes.more[k] = (self.parts(k))
+                        .map(|(_, pd)| used(pd.k, pd.k.div_ceil(s)))
                         .collect();
                     if used(kk, lanes.inp[k]) != lanes.inp[k] {
                         return Err(LayoutError::DoesNotFit(format!(
@@ -987,26 +979,26 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
             })
             .collect()
     };
-    // each part's update over its own weight, slots and gradient
+    // each part's share of the update: its own weight, slots and gradient
+    let shares: Vec<_> = (0..=more.len())
+        .map(|p| form::part_update(g, f, k, p))
+        .collect();
     let update = |p: usize, w: NodeIndex, dw: Option<NodeIndex>| -> Result<_, LayoutError> {
-        let (vars, steps, commits) = form::part_update(g, f, k, p);
+        let (vars, steps, commits) = &shares[p];
         let u = match dw {
             Some(dw) => form::update_over(
                 g,
                 f,
-                (&steps, &commits),
-                (&vars, &[dw], &kr.hosts),
+                (steps, commits),
+                (vars, &[dw], &kr.hosts),
                 &g.ty(w).shape,
             )?,
             None => Update::default(),
         };
-        Ok((names(&vars), u))
+        Ok((names(vars), u))
     };
     // the parts' updates partition the layer's: each step node and commit in one
     if !more.is_empty() {
-        let shares: Vec<_> = (0..=more.len())
-            .map(|p| form::part_update(g, f, k, p))
-            .collect();
         // each in exactly one: as many in all as in the layer, and all different
         let once = |all: Vec<NodeIndex>, want: usize| {
             let n = all.len();
@@ -1096,18 +1088,18 @@ fn parts_of(f: &Formed, k: usize) -> &[form::Part] {
     }
 }
 
-/// The columns of layer `b` whose part reads host stream `node`, if a further part
-/// does (after the layer's own columns and the parts' before it).
-fn part_columns(
-    f: &Formed,
+/// The further part of layer `b` that reads host stream `node`, if one does, and its
+/// columns (after the layer's own columns and the parts' before it).
+fn part_columns<'f>(
+    f: &'f Formed,
     lanes: &Lanes,
     b: usize,
     node: NodeIndex,
-) -> Option<std::ops::Range<u32>> {
+) -> Option<(&'f form::Part, std::ops::Range<u32>)> {
     let parts = parts_of(f, b);
     let p = parts.iter().position(|p| f.resolve(p.x) == node)?;
     let first = lanes.inp[b] + lanes.more[b][..p].iter().sum::<u32>();
-    Some(first..first + lanes.more[b][p])
+    Some((&parts[p], first..first + lanes.more[b][p]))
 }
 
 /// The way into column `col` of kernel `p` from the fabric's edge on its inputs'
@@ -1204,7 +1196,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
         }
         // paths to and from the host
         let mut path = Vec::new();
-        if let Some((b, cols)) =
+        if let Some((b, (_, cols))) =
             leg.and_then(|b| part_columns(f, lanes, b, st.node).map(|c| (b, c)))
         {
             // a further part's input: straight in from the fabric's edge to each
@@ -1380,18 +1372,18 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
     for st in &f.streams {
         let per = (g.ty(st.node).elements() / f.batch.max(1) as usize) as u32;
         for b in host_legs(st) {
-            let (c, path) = (legs[&(st.node, b)].0, &legs[&(st.node, b)].1);
+            let (c, path) = &legs[&(st.node, b)];
+            let c = *c;
             let p = &placed[b];
             let mut host_lanes = Vec::new();
             let mut channels = 0;
             let mut ids = None;
-            if let Some(cols) = part_columns(f, lanes, b, st.node) {
+            if let Some((part, cols)) = part_columns(f, lanes, b, st.node) {
                 // a further part's columns, each from the fabric's edge (an
                 // embedding's each take every id)
                 let n = cols.len() as u32;
                 let k = per;
-                let part = (parts_of(f, b).iter()).find(|p| f.resolve(p.x) == st.node);
-                let table = part.filter(|p| matches!(g.node(p.mm).op, Op::Gather));
+                let table = Some(part).filter(|p| matches!(g.node(p.mm).op, Op::Gather));
                 if let Some(p) = table {
                     ids = Some((p.mm.index() as u32, g.ty(p.w).shape[0] as u32));
                 }
