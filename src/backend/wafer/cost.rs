@@ -56,8 +56,9 @@ pub fn stream(f: &Fabric, n: u32, hops: u32) -> u64 {
 }
 
 /// Cycles of a task body with every fabric operand ready and every stream room: its
-/// vector operations (`vec_op`), loops counted. The simulator takes at least this
-/// long; stalls come on top.
+/// vector operations (`vec_op`), loops counted; a loop nest that is one
+/// multi-dimensional operation (`Instr::dims`) pays its start-up once. The simulator
+/// takes at least this long; stalls come on top.
 pub fn body(f: &Fabric, instrs: &[Instr]) -> u64 {
     instrs
         .iter()
@@ -68,6 +69,11 @@ pub fn body(f: &Fabric, instrs: &[Instr]) -> u64 {
                     .filter(|s| matches!(s, Src::V(Dsd::Mem { .. })))
                     .count() as u32;
                 vec_op(f, *op, dst.len(), reads, matches!(dst, Dsd::Mem { .. }))
+            }
+            // one multi-dimensional operation: started once
+            Instr::Loop { count, body: b } if *count > 0 && i.dims().is_some() => {
+                let start = u64::from(f.dsd_startup);
+                start + u64::from(*count) * (body(f, b) - start)
             }
             Instr::Loop { count, body: b } => u64::from(*count) * body(f, b),
             _ => 0,

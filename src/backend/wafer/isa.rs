@@ -329,6 +329,10 @@ impl VecOp {
     }
 }
 
+/// The most dimensions one vector operation's memory descriptors span (CSL's
+/// `mem4d_dsd`): the operation's own, and up to three loops around it.
+pub const DSD_DIMS: usize = 4;
+
 /// One instruction of a task's body.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Instr {
@@ -544,6 +548,35 @@ impl fmt::Display for Src {
     }
 }
 
+impl Instr {
+    /// The dimensions of the one vector operation this instruction is, if it is one: a
+    /// vector operation (1), or a loop whose body is one such operation (one more), up
+    /// to `DSD_DIMS`. Its descriptors then move affinely with the loops, as a
+    /// multi-dimensional descriptor's, so the machine starts it once. A descriptor
+    /// moved by a word of SRAM (an indexed row) or a source received once per operation
+    /// is not affine in the loops: such an operation starts at every iteration.
+    pub fn dims(&self) -> Option<usize> {
+        let d = match self {
+            Instr::Vec { dst, srcs, .. } => {
+                let indexed = |d: &Dsd| matches!(d, Dsd::Mem { index: Some(_), .. });
+                let ok = !indexed(dst)
+                    && srcs.iter().all(|s| match s {
+                        Src::V(d) => !indexed(d),
+                        Src::Recv(_) => false,
+                        _ => true,
+                    });
+                ok.then_some(1)?
+            }
+            Instr::Loop { body, .. } => match &body[..] {
+                [one] => one.dims()? + 1,
+                _ => return None,
+            },
+            _ => return None,
+        };
+        (d <= DSD_DIMS).then_some(d)
+    }
+}
+
 fn write_body(f: &mut fmt::Formatter<'_>, body: &[Instr], indent: usize) -> fmt::Result {
     let pad = "  ".repeat(indent);
     for ins in body {
@@ -556,7 +589,11 @@ fn write_body(f: &mut fmt::Formatter<'_>, body: &[Instr], indent: usize) -> fmt:
                 writeln!(f)?;
             }
             Instr::Loop { count, body } => {
-                writeln!(f, "{pad}loop i{} in 0..{count}", indent - 1)?;
+                let one = match ins.dims() {
+                    Some(d) => format!(" ({d}-d operation)"),
+                    None => String::new(),
+                };
+                writeln!(f, "{pad}loop i{} in 0..{count}{one}", indent - 1)?;
                 write_body(f, body, indent + 1)?;
             }
             Instr::Activate(t) => writeln!(f, "{pad}activate  t{t}")?,

@@ -505,22 +505,25 @@ fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> u64 {
         n.div_ceil(h.max(1)),
     );
     let sw = u64::from(fab.task_switch);
+    // `count` multiply-adds of `len` elements: one two-dimensional operation
+    let macs = |count: u32, len: u32| match count {
+        0 => 0,
+        _ => vec_op(fab, Fmac, count * len, 3, true),
+    };
     let fwd = sw
         + vec_op(fab, Mov, a, 0, true)
         + vec_op(fab, Mov, b, 0, true)
-        + u64::from(a) * vec_op(fab, Fmac, b, 3, true)
+        + macs(a, b)
         + vec_op(fab, Add, b, 1, false);
     if !train {
         return fwd;
     }
     let back = if dx {
-        vec_op(fab, Mov, a, 0, true)
-            + u64::from(b) * vec_op(fab, Fmac, a, 3, true)
-            + vec_op(fab, Add, a, 1, false)
+        vec_op(fab, Mov, a, 0, true) + macs(b, a) + vec_op(fab, Add, a, 1, false)
     } else {
         0
     };
-    fwd + sw + vec_op(fab, Mov, b, 0, true) + back + u64::from(a) * vec_op(fab, Fmac, b, 3, true)
+    fwd + sw + vec_op(fab, Mov, b, 0, true) + back + macs(a, b)
 }
 
 /// A kernel's place on a staircase: its north-west corner, its size on the fabric, its

@@ -956,7 +956,8 @@ impl Sim {
                 Step::Continue
             }
             Instr::Vec { op, dst, srcs } => {
-                let step = self.vec_instr(p, &mut run.vec, t, (*op, dst, srcs), &loops);
+                let start = !continues(&task.body, &run.frames);
+                let step = self.vec_instr(p, &mut run.vec, t, (*op, dst, srcs), &loops, start);
                 if matches!(step, Step::Continue) {
                     // finished: on to the next instruction
                     run.frames[depth].pc += 1;
@@ -967,7 +968,8 @@ impl Sim {
     }
 
     /// Executes (part of) a vector instruction of PE `p`, whose progress element by
-    /// element is `progress`; `Continue` when it is done.
+    /// element is `progress`, paying the start-up if it `start`s an operation;
+    /// `Continue` when it is done.
     fn vec_instr(
         &mut self,
         p: usize,
@@ -975,6 +977,7 @@ impl Sim {
         t: u64,
         (op, dst, srcs): (VecOp, &Dsd, &[Src]),
         loops: &[u32],
+        start: bool,
     ) -> Step {
         let f = &self.f;
         let n = dst.len();
@@ -989,7 +992,7 @@ impl Sim {
                 .any(|s| matches!(s, Src::V(Dsd::In { .. }) | Src::Recv(_)));
         let step = cost::step(f, op, reads, writes).max(1);
         let lanes = if op.software() { 1 } else { f.fp32_lanes };
-        let startup = u64::from(f.dsd_startup);
+        let startup = if start { u64::from(f.dsd_startup) } else { 0 };
         let pe = &mut self.pes[p];
         if !fabric {
             // on SRAM alone: all of it at once
@@ -999,7 +1002,7 @@ impl Sim {
                 let v = element(&pe.mem, op, &ops, i, &[], None);
                 store(&mut pe.mem, d, i, v);
             }
-            let cycles = cost::vec_op(f, op, n, reads, writes);
+            let cycles = cost::vec_op(f, op, n, reads, writes) + startup - u64::from(f.dsd_startup);
             pe.time += cycles;
             pe.stats.busy += cycles;
             if op != VecOp::Mov {
@@ -1215,6 +1218,22 @@ enum Step {
     Wait(Wait),
 }
 
+/// Whether the vector operation that `frames` lead to from `body` continues one
+/// begun at an earlier iteration of the loops around it: those loops, from the
+/// innermost out, that are one multi-dimensional operation with it (`Instr::dims`).
+fn continues(body: &[Instr], frames: &[Frame]) -> bool {
+    for k in (1..frames.len()).rev() {
+        let around = &body_at(body, &frames[..k - 1])[frames[k - 1].pc];
+        if around.dims().is_none() {
+            return false;
+        }
+        if frames[k].iter > 0 {
+            return true;
+        }
+    }
+    false
+}
+
 /// The body that `frames` (each a position in a loop) lead to from `body`.
 fn body_at<'a>(mut body: &'a [Instr], frames: &[Frame]) -> &'a [Instr] {
     for fr in frames {
@@ -1401,6 +1420,53 @@ mod tests {
         let m = sim.memory(3, 4).unwrap();
         assert_eq!(m[5], 5.0 + 2.0 * 69.0);
         assert_eq!(stats(&sim, 3, 4).busy, 79);
+    }
+
+    #[test]
+    fn a_loop_around_one_operation_starts_it_once() {
+        // y[0..4] += W[i][0..4] * x[i] for i in 0..3: one two-dimensional operation;
+        // the same with a second operation in the loop's body starts both each time
+        let fmacs = |two: bool| {
+            let mut p = Program::default();
+            let (y, w, x, z) = (
+                p.alloc("y", 4),
+                p.alloc("W", 12),
+                p.alloc("x", 3),
+                p.alloc("z", 1),
+            );
+            let mut body = vec![vec(
+                VecOp::Fmac,
+                Dsd::mem(y, 4),
+                vec![
+                    Src::V(Dsd::mem(y, 4)),
+                    Src::V(Dsd::strided(w, 4, 1, &[4], None)),
+                    Src::V(Dsd::strided(x, 4, 0, &[1], None)),
+                ],
+            )];
+            if two {
+                body.push(vec(VecOp::Mov, Dsd::mem(z, 1), vec![Src::Imm(1.0)]));
+            }
+            p.tasks
+                .push(task(0, "gemv", START, vec![Instr::Loop { count: 3, body }]));
+            let mem: Vec<f32> = (0..20)
+                .map(|i| if i < 4 { 0.0 } else { i as f32 })
+                .collect();
+            let mut setup = Setup::default();
+            setup.pes.insert((0, 0), (Arc::new(p), mem));
+            let mut sim = Sim::new(&fabric(), &setup).unwrap();
+            let end = sim.run().unwrap();
+            (end, sim.memory(0, 0).unwrap()[..4].to_vec())
+        };
+        // switch 10, start-up 5, 3 x 4 elements
+        let (end, y) = fmacs(false);
+        assert_eq!(end, 10 + 5 + 12);
+        // y[j] = sum_i W[i][j] x[i], W[i][j] = 4 + 4i + j, x[i] = 16 + i
+        let want: Vec<f32> = (0..4)
+            .map(|j| (0..3).map(|i| ((4 + 4 * i + j) * (16 + i)) as f32).sum())
+            .collect();
+        assert_eq!(y, want);
+        // each iteration: start-up 5 + 4, start-up 5 + 1
+        assert_eq!(fmacs(true), (10 + 3 * (9 + 6), want));
     }
 
     /// PE (0, 0) streams `n` words east to PE (1, 0), which adds them to its own.

@@ -1212,9 +1212,9 @@ mod tests {
     fn a_one_pe_layer_takes_hand_computed_cycles() {
         // k = 2, n = 3 on one PE, one sample: the inputs arrive at 4, 5 (the host sends
         // at 0, 1; ramp 2 + ramp 2); the task starts at 4 and runs 10 (switch) + 7
-        // (receive 2: start-up 5, elements at 19, 20) + 8 (zero y: 5 + 3) + 2 x 8 (two
-        // fmacs of 3) + 8 (send 3) = 49 cycles: the last output leaves at 4 + 48 and
-        // crosses the east link (ramp 2, hop 1)
+        // (receive 2: start-up 5, elements at 19, 20) + 8 (zero y: 5 + 3) + 11 (two
+        // fmacs of 3 as one two-dimensional operation: 5 + 6) + 8 (send 3) = 44 cycles:
+        // the last output leaves at 4 + 43 and crosses the east link (ramp 2, hop 1)
         let d = Dense::forward_only(2, 3, 1);
         let r = run(
             &d,
@@ -1226,6 +1226,6 @@ mod tests {
             0.0,
         );
         assert_eq!(r.y, [9.0, 12.0, 15.0]);
-        assert_eq!(r.forward, 4 + 48 + 3);
+        assert_eq!(r.forward, 4 + 43 + 3);
     }
 }

@@ -16,7 +16,7 @@ use super::super::form::{self, constant, image, key, Class, Formed, Kind};
 use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{self, vec, Scratch, Val};
 use super::{nest, split, Piece, UPDATE};
-use crate::ir::{window_pad, Graph, NodeIndex, Op, ReduceOp};
+use crate::ir::{window_pad, Graph, NodeIndex, Op, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
 
 /// A stream of a vector kernel: the node, its colour, whether it is part of the
@@ -47,6 +47,33 @@ pub struct Lane {
 }
 
 const SLOT_BASE: u8 = 0;
+
+/// What a log-softmax computed on the way, in scratch of the current phase: its rows'
+/// exponentials (of `x` less the row's maximum) and their sums, `outer` rows of
+/// `inner`.
+#[derive(Debug, Clone, Copy)]
+struct Soft {
+    e: Val,
+    s: Val,
+    outer: u32,
+    inner: u32,
+}
+
+/// `dst = e / s` row by row: each row's reciprocal once (in software), then a multiply.
+fn normalise(
+    dst: Val,
+    e: Val,
+    s: Val,
+    outer: u32,
+    inner: u32,
+    scratch: &mut Scratch,
+) -> [Instr; 2] {
+    let r = scratch.alloc(outer);
+    [
+        vec(VecOp::Div, r, &[Val::Imm(1.0), s], outer),
+        per_row(VecOp::Mul, dst, e, r, outer, inner),
+    ]
+}
 
 impl Vector<'_> {
     /// The image a sample value is: its own shape's, or (a vector a layer sends back
@@ -356,6 +383,7 @@ impl Vector<'_> {
                 cur.insert(i.node, dst);
             }
             let mut means = Vec::new();
+            let mut soft = BTreeMap::new();
             for &n in self.nodes() {
                 if phases.get(&n) != Some(&phase) {
                     continue;
@@ -369,6 +397,7 @@ impl Vector<'_> {
                     iota,
                     &mut body,
                     &mut means,
+                    &mut soft,
                 )?;
             }
             for o in &self.outputs {
@@ -483,6 +512,7 @@ impl Vector<'_> {
         iota: Option<u32>,
         body: &mut Vec<Instr>,
         means: &mut Vec<(Val, f32)>,
+        soft: &mut BTreeMap<NodeIndex, Soft>,
     ) -> Result<(), String> {
         let g = self.g;
         let f = self.f;
@@ -548,7 +578,16 @@ impl Vector<'_> {
         };
         cur.insert(n, dst);
         let rank = node.ty.rank();
+        let of_softmax = ops.first().and_then(|&o| soft.get(&f.resolve(o)).copied());
         match &node.op {
+            // the softmax a log-softmax's gradient takes: its exponentials over their
+            // row sums, which it computed
+            Op::Unary(UnaryOp::Exp) if of_softmax.is_some() => {
+                let Some(Soft { e, s, outer, inner }) = of_softmax else {
+                    unreachable!()
+                };
+                body.extend(normalise(dst, e, s, outer, inner, scratch));
+            }
             op if lower::elementwise(op) => {
                 let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
                 // an image's per-channel operands (a bias) spread over their planes
@@ -638,10 +677,12 @@ impl Vector<'_> {
                 body.push(vec(VecOp::Mov, s, &[Val::Imm(0.0)], outer));
                 body.push(reduce_rows(VecOp::Add, s, e, outer, inner));
                 if matches!(node.op, Op::LogSoftmax { .. }) {
-                    body.push(vec(VecOp::Log, s, &[s], outer));
-                    body.push(per_row(VecOp::Sub, dst, dst, s, outer, inner));
+                    let ls = scratch.alloc(outer);
+                    body.push(vec(VecOp::Log, ls, &[s], outer));
+                    body.push(per_row(VecOp::Sub, dst, dst, ls, outer, inner));
+                    soft.insert(n, Soft { e, s, outer, inner });
                 } else {
-                    body.push(per_row(VecOp::Div, dst, e, s, outer, inner));
+                    body.extend(normalise(dst, e, s, outer, inner, scratch));
                 }
             }
             Op::ArgMax { axis } | Op::ArgMin { axis } if *axis + 1 == rank + 1 => {
