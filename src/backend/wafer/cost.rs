@@ -85,18 +85,27 @@ pub fn body(f: &Fabric, instrs: &[Instr]) -> u64 {
 /// forward and backward tasks) with their switches, and its other tasks but the
 /// update (the step's finishing ones) spread over the `batch` samples.
 pub fn per_sample(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> u64 {
+    per_pass(f, p, batch, update).iter().sum()
+}
+
+/// `per_sample` split between the forward pass and the backward pass: kernels number
+/// the tasks of the forward pass (a sample's, then the step's finishing one) even and
+/// those of the backward pass odd.
+pub fn per_pass(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> [u64; 2] {
     let switch = u64::from(f.task_switch);
-    let mut once = 0;
-    let mut per_step = 0;
+    let mut once = [0; 2];
+    let mut per_step = [0; 2];
     for t in &p.tasks {
         let c = switch + body(f, &t.body);
+        let pass = usize::from(t.id % 2);
         match t.trigger {
-            Trigger::Data(_) => once += c,
-            Trigger::Local { .. } if t.id != update => per_step += c,
+            Trigger::Data(_) => once[pass] += c,
+            Trigger::Local { .. } if t.id != update => per_step[pass] += c,
             Trigger::Local { .. } => {}
         }
     }
-    once + per_step / u64::from(batch.max(1))
+    let b = u64::from(batch.max(1));
+    [once[0] + per_step[0] / b, once[1] + per_step[1] / b]
 }
 
 /// The wavelets a program sends on colour `c` in a step of `batch` samples: its data

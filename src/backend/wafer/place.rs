@@ -368,7 +368,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             break;
         }
     }
-    if let Some(lanes) = sizer.balanced() {
+    for lanes in sizer.balanced() {
         let r = try_lanes(&sizer, &lanes, 0).map(|l| (lanes, l));
         consider(r)?;
     }
@@ -492,9 +492,10 @@ fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
     })
 }
 
-/// A product layer's cycles per sample on `w x h` lanes, stalls aside (its program's
-/// operations, as `kernels/dense.rs` makes them).
-fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> u64 {
+/// A product layer's cycles per sample on `w x h` lanes in the forward and the
+/// backward pass, stalls aside (its program's operations, as `kernels/dense.rs` makes
+/// them).
+fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> Cost {
     use super::cost::vec_op;
     use super::isa::VecOp::{Add, Fmac, Mov};
     let Dims {
@@ -516,14 +517,14 @@ fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> u64 {
         + macs(a, b)
         + vec_op(fab, Add, b, 1, false);
     if !train {
-        return fwd;
+        return [fwd, 0];
     }
     let back = if dx {
         vec_op(fab, Mov, a, 0, true) + macs(b, a) + vec_op(fab, Add, a, 1, false)
     } else {
         0
     };
-    fwd + sw + vec_op(fab, Mov, b, 0, true) + back + macs(a, b)
+    [fwd, sw + vec_op(fab, Mov, b, 0, true) + back + macs(a, b)]
 }
 
 /// A kernel's place on a staircase: its north-west corner, its size on the fabric, its
@@ -583,14 +584,59 @@ struct Sizer<'a> {
     /// Further parts' first PEs by (kernel, part, columns, rows), as they are asked
     /// for: cycles per sample, and whether the memory fits.
     part_pes: std::cell::RefCell<BTreeMap<(usize, usize, u32, u32), Measured>>,
-    periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<u64>>>,
+    periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<Cost>>>,
     /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
     /// sample, and whether the memory fits.
-    layers: std::cell::RefCell<BTreeMap<KernelLanes, (u64, bool)>>,
+    layers: std::cell::RefCell<BTreeMap<KernelLanes, Measured>>,
+}
+
+/// A kernel's cycles per sample in the forward pass and in the backward pass. A
+/// step's backward pass starts when its forward pass has ended (`kernels/vector.rs`),
+/// so each pass goes at its slowest kernel's pace.
+type Cost = [u64; 2];
+
+/// A cost that rules a kernel out.
+const NEVER: Cost = [u64::MAX / 4, 0];
+
+/// What a sizing allows each kernel: cycles per sample in all, and in each pass.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    total: u64,
+    pass: Cost,
+}
+
+impl Budget {
+    fn admits(&self, c: Cost) -> bool {
+        c[0].saturating_add(c[1]) <= self.total && c[0] <= self.pass[0] && c[1] <= self.pass[1]
+    }
+}
+
+/// A kind of budget: one period for both passes together, or one for each pass, the
+/// backward's `num / den` of the forward's.
+#[derive(Debug, Clone, Copy)]
+enum Pace {
+    Together,
+    Passes(u64, u64),
+}
+
+impl Pace {
+    /// The budget of period `t`.
+    fn at(self, t: u64) -> Budget {
+        match self {
+            Pace::Together => Budget {
+                total: t,
+                pass: [u64::MAX; 2],
+            },
+            Pace::Passes(num, den) => Budget {
+                total: u64::MAX,
+                pass: [t, t.saturating_mul(num) / den],
+            },
+        }
+    }
 }
 
 /// A layer's first PE as measured: cycles per sample, and whether its memory fits.
-type Measured = (u64, bool);
+type Measured = (Cost, bool);
 
 /// A kernel on `w x h` lanes: (kernel, w, h).
 type KernelLanes = (usize, u32, u32);
@@ -653,7 +699,7 @@ impl<'a> Sizer<'a> {
 
     /// Layer `k`'s cycles per sample on `w x h` lanes, stalls aside: a product's by
     /// formula, a convolution's from its first PE's program.
-    fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> u64 {
+    fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> Cost {
         if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) {
             return dense_period(self.fab, d, w, h);
         }
@@ -668,20 +714,20 @@ impl<'a> Sizer<'a> {
 
     /// Layer `k`'s first PE on `w x h` lanes, from its program: its cycles per sample,
     /// and whether its memory fits (memoised).
-    fn first_pe(&self, k: usize, d: Dims, w: u32, h: u32) -> (u64, bool) {
+    fn first_pe(&self, k: usize, d: Dims, w: u32, h: u32) -> Measured {
         *self
             .layers
             .borrow_mut()
             .entry((k, w, h))
             .or_insert_with(|| match &self.dense[k] {
                 Some(layer) => self.measure(layer, d, w, h),
-                None => (u64::MAX / 4, false),
+                None => (NEVER, false),
             })
     }
 
     /// `layer` (of dims `d`) on `w x h` lanes, from its first PE's program: its cycles
     /// per sample, and whether its memory fits.
-    fn measure(&self, layer: &Dense, d: Dims, w: u32, h: u32) -> (u64, bool) {
+    fn measure(&self, layer: &Dense, d: Dims, w: u32, h: u32) -> Measured {
         let (wc, hr) = layer.used(w, h);
         let c = dense::Colours::with_streams(4, 5, 6, 7);
         let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
@@ -689,15 +735,15 @@ impl<'a> Sizer<'a> {
         let words = self.fab.usable_bytes() / super::cost::WORD;
         layer
             .program(0, 0, (wc, hr), c, &mut scratch, (0, 0), ranges)
-            .map_or((u64::MAX / 4, false), |p| {
-                let t = super::cost::per_sample(self.fab, &p, self.f.batch, super::kernels::UPDATE);
+            .map_or((NEVER, false), |p| {
+                let t = super::cost::per_pass(self.fab, &p, self.f.batch, super::kernels::UPDATE);
                 (t, p.words() <= words)
             })
     }
 
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
     /// program), stalls aside; `None` when it cannot run on that many.
-    fn vector_period(&self, k: usize, lanes: u32) -> Option<u64> {
+    fn vector_period(&self, k: usize, lanes: u32) -> Option<Cost> {
         *self
             .periods
             .borrow_mut()
@@ -706,7 +752,7 @@ impl<'a> Sizer<'a> {
                 let lane = vector_of(self.g, self.f, k, |_| CHAIN_COLOURS)
                     .lane(lanes, 0)
                     .ok()?;
-                Some(super::cost::per_sample(
+                Some(super::cost::per_pass(
                     self.fab,
                     &lane.program,
                     self.f.batch,
@@ -716,16 +762,18 @@ impl<'a> Sizer<'a> {
     }
 
     /// Each kernel's estimated cycles per sample on a sizing.
-    fn periods(&self, lanes: &Lanes) -> Vec<u64> {
+    fn periods(&self, lanes: &Lanes) -> Vec<Cost> {
         (0..self.f.kernels.len())
             .map(|k| match self.dims[k] {
                 Some(d) => {
                     let h = lanes.out[k];
                     let parts = (lanes.more[k].iter().enumerate())
                         .map(|(p, &l)| self.part_pe(k, p, l, h).0);
-                    parts.fold(self.layer_period(k, d, lanes.inp[k], h), u64::max)
+                    parts.fold(self.layer_period(k, d, lanes.inp[k], h), |a, b| {
+                        [a[0].max(b[0]), a[1].max(b[1])]
+                    })
                 }
-                None => self.vector_period(k, lanes.out[k]).unwrap_or(u64::MAX / 4),
+                None => self.vector_period(k, lanes.out[k]).unwrap_or(NEVER),
             })
             .collect()
     }
@@ -743,8 +791,8 @@ impl<'a> Sizer<'a> {
     }
 
     /// The fewest lanes each further part of layer `k` needs on `h` rows to reach
-    /// period `t` with its memory fitting (`None` when one cannot on the fabric).
-    fn part_lanes(&self, k: usize, h: u32, t: u64) -> Option<Vec<u32>> {
+    /// budget `t` with its memory fitting (`None` when one cannot on the fabric).
+    fn part_lanes(&self, k: usize, h: u32, t: Budget) -> Option<Vec<u32>> {
         let used = super::kernels::used;
         let most = self.fab.width.max(self.fab.height);
         (self.parts(k).enumerate())
@@ -753,7 +801,7 @@ impl<'a> Sizer<'a> {
                     .filter(|&l| used(pd.k, l) == l)
                     .find(|&l| {
                         let (period, fits) = self.part_pe(k, p, l, h);
-                        period <= t && fits
+                        t.admits(period) && fits
                     })
             })
             .collect()
@@ -762,14 +810,14 @@ impl<'a> Sizer<'a> {
     /// Further part `p` of layer `k` on `l x h` lanes, from its first PE's program (a
     /// product's period by formula, as `layer_period`): its cycles per sample, and
     /// whether its memory fits (memoised).
-    fn part_pe(&self, k: usize, p: usize, l: u32, h: u32) -> (u64, bool) {
+    fn part_pe(&self, k: usize, p: usize, l: u32, h: u32) -> Measured {
         *self
             .part_pes
             .borrow_mut()
             .entry((k, p, l, h))
             .or_insert_with(|| {
                 let Some((part, d)) = self.parts(k).nth(p) else {
-                    return (u64::MAX / 4, false);
+                    return (NEVER, false);
                 };
                 let (t, fits) = self.measure(part, d, l, h);
                 match d.shape {
@@ -779,13 +827,14 @@ impl<'a> Sizer<'a> {
             })
     }
 
-    /// The estimated cycles of a step of a sizing: its samples one period apart (its
-    /// slowest kernel's cycles per sample), plus the pipeline's filling and draining
-    /// (about one sample's time through every kernel).
+    /// The estimated cycles of a step of a sizing: in each pass its samples one period
+    /// apart (the pass's slowest kernel's cycles per sample), plus the pipeline's
+    /// filling and draining (about one sample's time through every kernel).
     fn step(&self, lanes: &Lanes) -> u64 {
         let each = self.periods(lanes);
-        let slowest = each.iter().copied().max().unwrap_or(0);
-        u64::from(self.f.batch.saturating_sub(1)) * slowest + each.iter().sum::<u64>()
+        let slowest = |p: usize| each.iter().map(|c| c[p]).max().unwrap_or(0);
+        let through: u64 = each.iter().map(|c| c[0] + c[1]).sum();
+        u64::from(self.f.batch.saturating_sub(1)) * (slowest(0) + slowest(1)) + through
     }
 
     /// The lanes of vector kernel `k` after a kernel with `prev` output lanes (or, first
@@ -816,11 +865,11 @@ impl<'a> Sizer<'a> {
         }
     }
 
-    /// Each kernel sized to period `t`: every layer gets the fewest lanes whose period
-    /// is at most `t` (the first layer the smallest `w x h`) and that leave the next
-    /// layer able to reach `t`; `None` when some kernel cannot reach `t` on the lanes
-    /// its neighbours leave it.
-    fn for_period(&self, t: u64) -> Option<Lanes> {
+    /// Each kernel sized to budget `t`: every layer gets the fewest lanes whose cost `t`
+    /// admits (the first layer the smallest `w x h`) and that leave the next layer able
+    /// to meet `t`; `None` when some kernel cannot meet `t` on the lanes its neighbours
+    /// leave it.
+    fn for_period(&self, t: Budget) -> Option<Lanes> {
         let (fab, nk) = (self.fab, self.f.kernels.len());
         let used = super::kernels::used;
         let mut lanes = Lanes::new(nk);
@@ -828,7 +877,7 @@ impl<'a> Sizer<'a> {
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
             let Some(d) = self.dims[k] else {
                 let l = self.vector_lanes(k, prev, 1)?;
-                if prev.is_some_and(|p| p != l) || self.vector_period(k, l)? > t {
+                if prev.is_some_and(|p| p != l) || !t.admits(self.vector_period(k, l)?) {
                     return None;
                 }
                 lanes.inp[k] = l;
@@ -845,13 +894,14 @@ impl<'a> Sizer<'a> {
                     used(d2.k, h) == h
                         && self.rows(j, d2.n).iter().any(|&h2| {
                             let h2 = used(d2.n, h2);
-                            self.layer_period(j, d2, h, h2) <= t && self.layer_fits(j, d2, h, h2)
+                            t.admits(self.layer_period(j, d2, h, h2))
+                                && self.layer_fits(j, d2, h, h2)
                         })
                 }
                 None => true,
             };
             let ok = |w: u32, h: u32| {
-                self.layer_period(k, d, w, h) <= t
+                t.admits(self.layer_period(k, d, w, h))
                     && self.layer_fits(k, d, w, h)
                     && reachable(h)
                     && self.part_lanes(k, h, t).is_some()
@@ -887,26 +937,54 @@ impl<'a> Sizer<'a> {
         Some(lanes)
     }
 
-    /// The sizing of the shortest period whose staircase fits the fabric: periods tried
-    /// from the slowest one-lane kernel's up in steps of 2% (the greedy sizing is not
-    /// monotone in the period, so no bisection).
-    fn balanced(&self) -> Option<Lanes> {
+    /// The sizings of the tightest budgets whose staircases fit the fabric: a common
+    /// period for both passes together, and periods for each pass at several ratios
+    /// of the backward pass's to the forward's (a step's passes go one after the
+    /// other, each at its slowest kernel's pace: a kernel whose work is all in one
+    /// pass, as a loss, leaves the layers room in the other). Each budget is tried
+    /// from the slowest one-lane kernel's cost up in steps of 2% (the greedy sizing is
+    /// not monotone in the budget, so no bisection).
+    fn balanced(&self) -> Vec<Lanes> {
         let fab = self.fab;
-        let mut t = (0..self.f.kernels.len())
+        let single: Vec<Cost> = (0..self.f.kernels.len())
             .filter(|&k| self.dims[k].is_none() && self.width[k].is_none())
             .filter_map(|k| self.vector_period(k, 1))
-            .fold(1, u64::max);
-        while t < 1 << 24 {
-            let fits = self.for_period(t).filter(|l| {
-                let (w, h) = extents(self.f, l);
-                w <= fab.width && h <= fab.height
-            });
-            if fits.is_some() {
-                return fits;
+            .collect();
+        // the smallest period at which a pace admits every one-lane kernel
+        let least = |pace: Pace| {
+            let ok = |t: u64| single.iter().all(|&c| pace.at(t).admits(c));
+            let (mut lo, mut hi) = (0u64, 1u64 << 24);
+            while lo + 1 < hi {
+                let mid = (lo + hi) / 2;
+                if ok(mid) {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
             }
-            t += (t / 50).max(1);
+            hi
+        };
+        let paces = [Pace::Together]
+            .into_iter()
+            .chain([(1, 2), (3, 4), (1, 1), (4, 3), (2, 1)].map(|(n, d)| Pace::Passes(n, d)));
+        let mut found: Vec<Lanes> = Vec::new();
+        for pace in paces {
+            let mut t = least(pace);
+            while t < 1 << 24 {
+                let fits = self.for_period(pace.at(t)).filter(|l| {
+                    let (w, h) = extents(self.f, l);
+                    w <= fab.width && h <= fab.height
+                });
+                if let Some(l) = fits {
+                    if !found.contains(&l) {
+                        found.push(l);
+                    }
+                    break;
+                }
+                t += (t / 50).max(1);
+            }
         }
-        None
+        found
     }
 
     /// One block size `s` for every layer.
