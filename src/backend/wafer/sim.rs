@@ -292,6 +292,10 @@ struct Progress {
     /// The cycle the instruction started, and the cycles its elements waited.
     start: u64,
     stalled: u64,
+    /// Its sources and destination, resolved when it started (its loops' counters and
+    /// the PE's counters stay as they are while it runs).
+    ops: [Opnd; 3],
+    dst: Option<(i64, i64)>,
 }
 
 struct Pe {
@@ -337,6 +341,8 @@ pub struct Sim {
     /// Per event target (PEs, then hosts): the cycle of its pending event.
     pending: Vec<Option<u64>>,
     now: u64,
+    /// A wavelet's cycles at its stream's links (kept to spare an allocation a send).
+    reach: Vec<u64>,
 }
 
 impl Sim {
@@ -410,6 +416,7 @@ impl Sim {
                 .collect(),
             streams: Vec::new(),
             link_free: Vec::new(),
+            reach: Vec::new(),
             link_at: Vec::new(),
             link_sent: Vec::new(),
             outs: Vec::new(),
@@ -707,7 +714,8 @@ impl Sim {
         let ramp = u64::from(f.ramp_latency);
         let st = &self.streams[s];
         // per link of the tree: the cycle the wavelet reaches the router it leads to
-        let mut at: Vec<u64> = Vec::with_capacity(st.links.len());
+        let mut at = std::mem::take(&mut self.reach);
+        at.clear();
         for &(link, parent) in &st.links {
             let reach = parent.map_or(t + ramp, |p| at[p]);
             let leave = reach.max(self.link_free[link]);
@@ -743,6 +751,7 @@ impl Sim {
                 }
             }
         }
+        self.reach = at;
     }
 
     /// Whether stream `s` has room for one more wavelet at every destination at cycle
@@ -819,6 +828,7 @@ impl Sim {
         pe.wait = None;
         // the task runs outside the PE, which its instructions change
         let mut run = pe.run.take();
+        let prog = Arc::clone(&pe.prog);
         loop {
             let Some(r) = run.as_mut() else {
                 // choose a task, only at an event of this PE's own time
@@ -850,7 +860,7 @@ impl Sim {
                 }
                 continue;
             };
-            match self.advance(p, r, t) {
+            match self.advance(p, &prog, r, t) {
                 Step::Continue => {}
                 Step::Done => {
                     let pe = &mut self.pes[p];
@@ -898,8 +908,7 @@ impl Sim {
     }
 
     /// Executes the current instruction of task `run` of PE `p` as far as it can go.
-    fn advance(&mut self, p: usize, run: &mut Running, t: u64) -> Step {
-        let prog = self.pes[p].prog.clone();
+    fn advance(&mut self, p: usize, prog: &Program, run: &mut Running, t: u64) -> Step {
         let pe = &mut self.pes[p];
         let task = &prog.tasks[run.task];
         let depth = run.frames.len() - 1;
@@ -998,9 +1007,11 @@ impl Sim {
             // on SRAM alone: all of it at once
             let ops = resolve(srcs, &pe.mem, loops, &pe.counters);
             let d = dest(dst, loops, &pe.counters, &pe.mem);
-            for i in 0..n {
-                let v = element(&pe.mem, op, &ops, i, &[], None);
-                store(&mut pe.mem, d, i, v);
+            if !sweep(&mut pe.mem, op, &ops, d, n) {
+                for i in 0..n {
+                    let v = element(&pe.mem, op, &ops, i, &[], None);
+                    store(&mut pe.mem, d, i, v);
+                }
             }
             let cycles = cost::vec_op(f, op, n, reads, writes) + startup - u64::from(f.dsd_startup);
             pe.time += cycles;
@@ -1010,12 +1021,14 @@ impl Sim {
             }
             return Step::Continue;
         }
-        let mut g = progress.unwrap_or(Progress {
+        let mut g = progress.unwrap_or_else(|| Progress {
             elem: 0,
             next: pe.time + startup,
             scalar: None,
             start: pe.time,
             stalled: 0,
+            ops: resolve(srcs, &pe.mem, loops, &pe.counters),
+            dst: dest(dst, loops, &pe.counters, &pe.mem),
         });
         while g.elem < n {
             // the wavelets this element needs must be queued, and its output needs room
@@ -1058,8 +1071,7 @@ impl Sim {
             }
             let pe = &mut self.pes[p];
             let i = g.elem;
-            let ops = resolve(srcs, &pe.mem, loops, &pe.counters);
-            let v = element(&pe.mem, op, &ops, i, &fab[..j], g.scalar);
+            let v = element(&pe.mem, op, &g.ops, i, &fab[..j], g.scalar);
             let stalled = at - g.next;
             g.stalled += stalled;
             g.elem += 1;
@@ -1071,10 +1083,7 @@ impl Sim {
             };
             match out {
                 Some(s) => self.send(s, at, v),
-                None => {
-                    let d = dest(dst, loops, &pe.counters, &pe.mem);
-                    store(&mut pe.mem, d, i, v)
-                }
+                None => store(&mut pe.mem, g.dst, i, v),
             }
         }
         let pe = &mut self.pes[p];
@@ -1309,6 +1318,59 @@ fn element(
         };
     }
     op.apply(v[0], v[1], v[2])
+}
+
+/// An operation on SRAM alone over `n` elements whose operands all lie within memory,
+/// as `element` and `store` would compute it, with the operation chosen once and each
+/// operand's place worked out once; false (nothing done) when some operand or the
+/// destination leaves memory, which `element` and `store` handle word by word.
+fn sweep(mem: &mut [f32], op: VecOp, ops: &[Opnd; 3], dst: Option<(i64, i64)>, n: u32) -> bool {
+    #[derive(Clone, Copy)]
+    enum At {
+        Mem(usize, isize),
+        Const(f32),
+    }
+    let len = mem.len() as i64;
+    let last = i64::from(n.max(1) - 1);
+    let within = |a: i64, st: i64| a >= 0 && a < len && a + last * st >= 0 && a + last * st < len;
+    let Some((d, ds)) = dst.filter(|&(a, st)| within(a, st)) else {
+        return false;
+    };
+    let mut at = [At::Const(0.0); 3];
+    for (k, o) in ops.iter().enumerate() {
+        at[k] = match *o {
+            Opnd::Mem(a, st) if within(a, st) => At::Mem(a as usize, st as isize),
+            Opnd::Const(x) => At::Const(x),
+            Opnd::None => At::Const(0.0),
+            _ => return false,
+        };
+    }
+    fn run(
+        mem: &mut [f32],
+        at: [At; 3],
+        (d, ds): (usize, isize),
+        n: u32,
+        f: impl Fn(f32, f32, f32) -> f32,
+    ) {
+        let get = |mem: &[f32], a: At, i: isize| match a {
+            At::Mem(b, st) => mem[(b as isize + i * st) as usize],
+            At::Const(x) => x,
+        };
+        for i in 0..n as isize {
+            let v = f(get(mem, at[0], i), get(mem, at[1], i), get(mem, at[2], i));
+            mem[(d as isize + i * ds) as usize] = v;
+        }
+    }
+    let d = (d as usize, ds as isize);
+    match op {
+        VecOp::Fmac => run(mem, at, d, n, |a, b, c| a + b * c),
+        VecOp::Mov => run(mem, at, d, n, |a, _, _| a),
+        VecOp::Add => run(mem, at, d, n, |a, b, _| a + b),
+        VecOp::Sub => run(mem, at, d, n, |a, b, _| a - b),
+        VecOp::Mul => run(mem, at, d, n, |a, b, _| a * b),
+        op => run(mem, at, d, n, |a, b, c| op.apply(a, b, c)),
+    }
+    true
 }
 
 fn load(mem: &[f32], a: Option<i64>) -> f32 {
