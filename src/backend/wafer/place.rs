@@ -317,7 +317,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     let mut colours = None;
     let mut pes: Option<PesShort> = None;
     let mut other = None;
-    let mut best: Option<(u64, usize, Layout)> = None;
+    let mut fit: Vec<((u64, usize), Layout)> = Vec::new();
     let mut consider = |r: Result<(Lanes, Layout), LayoutError>| -> Result<(), LayoutError> {
         if debug {
             if let Err(e) = &r {
@@ -334,9 +334,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
                         key.0, key.1
                     );
                 }
-                if best.as_ref().is_none_or(|b| key < (b.0, b.1)) {
-                    best = Some((key.0, key.1, l));
-                }
+                fit.push((key, l));
             }
             Err(LayoutError::Sram(e)) => {
                 sram.get_or_insert(e);
@@ -372,8 +370,8 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         let r = try_lanes(&sizer, &lanes, 0).map(|l| (lanes, l));
         consider(r)?;
     }
-    if let Some((_, _, l)) = best {
-        return Ok(l);
+    if let Some(i) = thrifty(fit.iter().map(|f| f.0)) {
+        return Ok(fit.swap_remove(i).1);
     }
     Err(if let Some(e) = sram {
         LayoutError::Sram(e)
@@ -384,6 +382,22 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     } else {
         LayoutError::DoesNotFit(other.unwrap_or_default())
     })
+}
+
+/// How much longer (in 1/1000) an estimated step may be to save PEs: the estimates
+/// are not closer than that to what the simulator measures.
+const STEP_SLACK: u64 = 20;
+
+/// Of sizings as (estimated step, PEs), the one with the fewest PEs of those whose
+/// step is within `STEP_SLACK` of the shortest (then the shorter step, then the
+/// first).
+fn thrifty(keys: impl Iterator<Item = (u64, usize)> + Clone) -> Option<usize> {
+    let shortest = keys.clone().map(|k| k.0).min()?;
+    let limit = shortest + shortest * STEP_SLACK / 1000;
+    (keys.enumerate())
+        .filter(|(_, k)| k.0 <= limit)
+        .min_by_key(|&(i, (step, pes))| (pes, step, i))
+        .map(|(i, _)| i)
 }
 
 /// Each kernel's input and output lanes.
@@ -866,10 +880,46 @@ impl<'a> Sizer<'a> {
     }
 
     /// Each kernel sized to budget `t`: every layer gets the fewest lanes whose cost `t`
-    /// admits (the first layer the smallest `w x h`) and that leave the next layer able
-    /// to meet `t`; `None` when some kernel cannot meet `t` on the lanes its neighbours
-    /// leave it.
+    /// admits and that leave the next layer able to meet `t`; `None` when some kernel
+    /// cannot meet `t` on the lanes its neighbours leave it. The first layer's rows are
+    /// the next layer's columns, so its shape decides the chain's: of its few smallest
+    /// shapes, the one whose chain takes the fewest PEs for about the shortest
+    /// estimated step (`thrifty`).
     fn for_period(&self, t: Budget) -> Option<Lanes> {
+        const SHAPES: usize = 8;
+        let mut shapes = Vec::new();
+        let first = self.chain(t, None, &mut shapes)?;
+        let others = shapes.into_iter().skip(1).take(SHAPES - 1);
+        let chains = others.filter_map(|s| self.chain(t, Some(s), &mut Vec::new()));
+        let mut all: Vec<Lanes> = std::iter::once(first).chain(chains).collect();
+        let keys: Vec<(u64, usize)> = (all.iter())
+            .map(|l| (self.step(l), self.area(l) as usize))
+            .collect();
+        thrifty(keys.into_iter()).map(|i| all.swap_remove(i))
+    }
+
+    /// The PEs a sizing's kernels take.
+    fn area(&self, lanes: &Lanes) -> u32 {
+        (0..self.f.kernels.len())
+            .map(|k| match self.dims[k] {
+                Some(_) => {
+                    let more: u32 = lanes.more[k].iter().sum();
+                    (lanes.inp[k] + more) * lanes.out[k]
+                }
+                None => lanes.out[k],
+            })
+            .sum()
+    }
+
+    /// `for_period` with the first layer's shape `first`, or (none given) its
+    /// smallest (the fewest PEs, then the fewest rows), its shapes that meet `t` put in
+    /// `shapes` smallest first.
+    fn chain(
+        &self,
+        t: Budget,
+        first: Option<(u32, u32)>,
+        shapes: &mut Vec<(u32, u32)>,
+    ) -> Option<Lanes> {
         let (fab, nk) = (self.fab, self.f.kernels.len());
         let used = super::kernels::used;
         let mut lanes = Lanes::new(nk);
@@ -906,23 +956,20 @@ impl<'a> Sizer<'a> {
                     && reachable(h)
                     && self.part_lanes(k, h, t).is_some()
             };
-            let (w, h) = match prev {
-                None => {
-                    let mut best: Option<(u32, u32)> = None;
+            let (w, h) = match (prev, first) {
+                (None, Some(shape)) => shape,
+                (None, None) => {
                     for w in 1..=kk.min(fab.width.max(fab.height)) {
                         let w = used(kk, w);
                         if let Some(&h) = hs.iter().find(|&&h| ok(w, used(nn, h))) {
-                            let h = used(nn, h);
-                            // the smallest area, then the fewest rows (which the next
-                            // layer takes as columns)
-                            if best.is_none_or(|(bw, bh)| (w * h, h) < (bw * bh, bh)) {
-                                best = Some((w, h));
-                            }
+                            shapes.push((w, used(nn, h)));
                         }
                     }
-                    best?
+                    shapes.sort_by_key(|&(w, h)| (w * h, h));
+                    shapes.dedup();
+                    *shapes.first()?
                 }
-                Some(w) => {
+                (Some(w), _) => {
                     if used(kk, w) != w {
                         return None;
                     }
