@@ -732,6 +732,24 @@ fn pooled_like_the_interpreter(
     compare(&d, &body, ("sgd", 0.1, ""), (&floats(k), batch, 24, seed))
 }
 
+/// An image pooled to one pixel and flattened into a vector kernel (its channels in
+/// either order) before a dense layer trains 3 steps like the interpreter (within
+/// 1e-4, as `compare` measures).
+#[test]
+fn an_image_of_one_pixel_flattens_into_a_vector_kernel() {
+    let (k, c) = (49, 3);
+    let body = "  let x = reshape(features, [B, 7, 7, 1])
+  let y = conv2d(x, 4, [3, 3], activation: relu)
+  let z = avg_pool2d(y, [5, 5], strides: [5, 5])
+  let v = tanh(reshape(z, [B, 4]))
+  let logits = dense(v, 3)
+";
+    for (batch, seed) in [(1, 3), (3, 4)] {
+        let d = random_data(&format!("pixel-{batch}-{seed}"), k, c, seed);
+        compare(&d, body, ("sgd", 0.1, ""), (&floats(k), batch, 24, seed)).unwrap();
+    }
+}
+
 /// A value padded with `pad` (constant, reflect or symmetric, random paddings on a
 /// sample's axes), as a matrix between two dense layers or as an image between two
 /// convolutions (its channels padded too), trained 3 steps like the interpreter

@@ -903,8 +903,9 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         });
     }
     // an image is flattened for dense layers only, and made again only from their
-    // input gradients (planar both ways)
-    let image = |n: NodeIndex| image(g, n).is_some_and(|(_, _, c)| c > 1);
+    // input gradients (planar both ways); an image of one pixel is its channels in
+    // either order
+    let image = |n: NodeIndex| image(g, n).is_some_and(|(h, w, c)| c > 1 && h * w > 1);
     for &n in &order {
         let Some(src) = alias[n.index()] else {
             continue;
