@@ -278,7 +278,7 @@ struct Frame {
 #[derive(Debug, Clone)]
 struct Running {
     task: usize,
-    frames: Vec<Frame>,
+    frames: smallvec::SmallVec<[Frame; 4]>,
     vec: Option<Progress>,
 }
 
@@ -353,7 +353,22 @@ impl Sim {
         let colours = f.colours as usize;
         let mut index = BTreeMap::new();
         let mut pes = Vec::new();
+        // PEs with equal programs share one copy (fewer cache lines to fetch from)
+        let mut shared: BTreeMap<(u32, usize, usize), Vec<Arc<Program>>> = BTreeMap::new();
         for (&(x, y), (prog, mem)) in &setup.pes {
+            let alike =
+                (shared.entry((prog.words(), prog.tasks.len(), prog.symbols.len()))).or_default();
+            let prog = match alike
+                .iter()
+                .find(|s| Arc::ptr_eq(s, prog) || ***s == **prog)
+            {
+                Some(s) => s.clone(),
+                None => {
+                    alike.push(prog.clone());
+                    prog.clone()
+                }
+            };
+            let prog = &prog;
             if x >= f.width || y >= f.height {
                 return err(format!(
                     "PE ({x}, {y}) is off the {}x{} fabric",
@@ -844,7 +859,7 @@ impl Sim {
                         pe.stats.busy += u64::from(self.f.task_switch);
                         run = Some(Running {
                             task,
-                            frames: vec![Frame { pc: 0, iter: 0 }],
+                            frames: smallvec::smallvec![Frame { pc: 0, iter: 0 }],
                             vec: None,
                         });
                     }
@@ -935,6 +950,20 @@ impl Sim {
         let loops: smallvec::SmallVec<[u32; 4]> =
             run.frames[1..].iter().map(|fr| fr.iter).collect();
         match &body[top.pc] {
+            // one multi-dimensional operation on SRAM alone: all of it at once
+            nest @ Instr::Loop { count, .. } if *count > 0 && on_sram(nest) => {
+                let mut at = loops.clone();
+                let pe = &mut self.pes[p];
+                let (op, n, steps) = run_nest(&self.f, pe, nest, &mut at);
+                let cycles = u64::from(self.f.dsd_startup) + steps;
+                pe.time += cycles;
+                pe.stats.busy += cycles;
+                if op != VecOp::Mov {
+                    pe.stats.work += u64::from(n);
+                }
+                run.frames[depth].pc += 1;
+                Step::Continue
+            }
             Instr::Loop { count, .. } => {
                 if *count > 0 {
                     run.frames.push(Frame { pc: 0, iter: 0 });
@@ -1005,14 +1034,7 @@ impl Sim {
         let pe = &mut self.pes[p];
         if !fabric {
             // on SRAM alone: all of it at once
-            let ops = resolve(srcs, &pe.mem, loops, &pe.counters);
-            let d = dest(dst, loops, &pe.counters, &pe.mem);
-            if !sweep(&mut pe.mem, op, &ops, d, n) {
-                for i in 0..n {
-                    let v = element(&pe.mem, op, &ops, i, &[], None);
-                    store(&mut pe.mem, d, i, v);
-                }
-            }
+            sram_op(pe, (op, dst, srcs), loops);
             let cycles = cost::vec_op(f, op, n, reads, writes) + startup - u64::from(f.dsd_startup);
             pe.time += cycles;
             pe.stats.busy += cycles;
@@ -1225,6 +1247,66 @@ enum Step {
     /// Back at this cycle (it ran ahead and must decide then).
     Yield(u64),
     Wait(Wait),
+}
+
+/// Whether `nest` is a multi-dimensional operation (`Instr::dims`) on SRAM alone.
+fn on_sram(nest: &Instr) -> bool {
+    let mut i = nest;
+    while let Instr::Loop { body, .. } = i {
+        i = &body[0];
+    }
+    i.dims().is_some()
+        && nest.dims().is_some()
+        && matches!(i, Instr::Vec { dst: Dsd::Mem { .. }, srcs, .. }
+            if srcs.iter().all(|s| !matches!(s, Src::V(Dsd::In { .. } | Dsd::Out { .. }) | Src::Recv(_))))
+}
+
+/// Runs every iteration of `nest` (a loop nest around one operation on SRAM alone,
+/// inside the loops at `at`, which it extends) on `pe`: its operation, elements, and
+/// cycles past the start-up (`cost::body`'s).
+fn run_nest(
+    f: &Fabric,
+    pe: &mut Pe,
+    nest: &Instr,
+    at: &mut smallvec::SmallVec<[u32; 4]>,
+) -> (VecOp, u32, u64) {
+    match nest {
+        Instr::Loop { count, body } => {
+            let (mut op, mut n, mut steps) = (VecOp::Mov, 0, 0);
+            at.push(0);
+            for i in 0..*count {
+                *at.last_mut().expect("pushed") = i;
+                let r = run_nest(f, pe, &body[0], at);
+                (op, n, steps) = (r.0, n + r.1, steps + r.2);
+            }
+            at.pop();
+            (op, n, steps)
+        }
+        Instr::Vec { op, dst, srcs } => {
+            sram_op(pe, (*op, dst, srcs), at);
+            let reads = srcs
+                .iter()
+                .filter(|s| matches!(s, Src::V(Dsd::Mem { .. })))
+                .count() as u32;
+            let n = dst.len();
+            let steps = cost::vec_op(f, *op, n, reads, true) - u64::from(f.dsd_startup);
+            (*op, n, steps)
+        }
+        _ => (VecOp::Mov, 0, 0),
+    }
+}
+
+/// An operation on SRAM alone, inside loops at `loops`, on `pe`'s memory.
+fn sram_op(pe: &mut Pe, (op, dst, srcs): (VecOp, &Dsd, &[Src]), loops: &[u32]) {
+    let ops = resolve(srcs, &pe.mem, loops, &pe.counters);
+    let d = dest(dst, loops, &pe.counters, &pe.mem);
+    let n = dst.len();
+    if !sweep(&mut pe.mem, op, &ops, d, n) {
+        for i in 0..n {
+            let v = element(&pe.mem, op, &ops, i, &[], None);
+            store(&mut pe.mem, d, i, v);
+        }
+    }
 }
 
 /// Whether the vector operation that `frames` lead to from `body` continues one
