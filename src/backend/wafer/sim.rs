@@ -308,6 +308,8 @@ struct Pe {
     feeds: Vec<Option<(usize, usize)>>,
     /// Per colour: the stream this PE sends on it.
     sends: Vec<Option<usize>>,
+    /// The colours a data task runs on (bit per colour).
+    triggers: u64,
     active: u64,
     counters: Vec<u32>,
     time: u64,
@@ -410,6 +412,12 @@ impl Sim {
                 feeds: vec![None; colours],
                 sends: vec![None; colours],
                 active,
+                triggers: (prog.tasks.iter())
+                    .filter_map(|t| match t.trigger {
+                        Trigger::Data(c) => 1u64.checked_shl(u32::from(c)),
+                        Trigger::Local { .. } => None,
+                    })
+                    .fold(0, |m, b| m | b),
                 counters: vec![0; COUNTERS as usize],
                 time: 0,
                 run: None,
@@ -752,11 +760,9 @@ impl Sim {
                     let pe = &self.pes[q];
                     let wake = match pe.wait {
                         Some(Wait::In(w)) if w as usize == c => true,
-                        Some(Wait::Idle) => pe
-                            .prog
-                            .tasks
-                            .iter()
-                            .any(|t| t.trigger == Trigger::Data(c as Colour)),
+                        Some(Wait::Idle) => {
+                            pe.triggers & 1u64.checked_shl(c as u32).unwrap_or(0) != 0
+                        }
                         _ => false,
                     };
                     if wake {
