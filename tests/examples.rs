@@ -28,10 +28,9 @@ fn examples_check_clean_on_both_targets() {
             "examples/{want}.est is missing"
         );
     }
-    // what the larger examples need on the wafer (at their own batch, they are too
-    // large for test32: only a does-not-fit code may say so)
+    // what the larger example needs on the wafer (at its own batch, it is too large
+    // for test32: only a does-not-fit code may say so)
     let wafer = |name: &str| match name {
-        "examples/fc_mnist.est" => "// wafer: test64\n",
         "examples/mnist_cnn.est" => {
             "// wafer: test64\n// param: batch_size=8\n// param: hidden=[128]\n"
         }

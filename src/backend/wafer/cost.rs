@@ -73,7 +73,7 @@ pub fn body(f: &Fabric, instrs: &[Instr]) -> u64 {
             // one multi-dimensional operation: started once
             Instr::Loop { count, body: b } if *count > 0 && i.dims().is_some() => {
                 let start = u64::from(f.dsd_startup);
-                start + u64::from(*count) * (body(f, b) - start)
+                start + u64::from(*count) * body(f, b).saturating_sub(start)
             }
             Instr::Loop { count, body: b } => u64::from(*count) * body(f, b),
             _ => 0,

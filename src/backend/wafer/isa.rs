@@ -553,8 +553,9 @@ impl Instr {
     /// vector operation (1), or a loop whose body is one such operation (one more), up
     /// to `DSD_DIMS`. Its descriptors then move affinely with the loops, as a
     /// multi-dimensional descriptor's, so the machine starts it once. A descriptor
-    /// moved by a word of SRAM (an indexed row) or a source received once per operation
-    /// is not affine in the loops: such an operation starts at every iteration.
+    /// moved by a word of SRAM (an indexed row), a source received or read once per
+    /// operation (a scalar), and a loop that runs no iteration are not affine in the
+    /// loops: such an operation starts at every iteration.
     pub fn dims(&self) -> Option<usize> {
         let d = match self {
             Instr::Vec { dst, srcs, .. } => {
@@ -562,13 +563,13 @@ impl Instr {
                 let ok = !indexed(dst)
                     && srcs.iter().all(|s| match s {
                         Src::V(d) => !indexed(d),
-                        Src::Recv(_) => false,
-                        _ => true,
+                        Src::Recv(_) | Src::Scalar(_) => false,
+                        Src::Imm(_) => true,
                     });
                 ok.then_some(1)?
             }
-            Instr::Loop { body, .. } => match &body[..] {
-                [one] => one.dims()? + 1,
+            Instr::Loop { count, body } => match &body[..] {
+                [one] if *count > 0 => one.dims()? + 1,
                 _ => return None,
             },
             _ => return None,
@@ -578,6 +579,17 @@ impl Instr {
 }
 
 fn write_body(f: &mut fmt::Formatter<'_>, body: &[Instr], indent: usize) -> fmt::Result {
+    write_nest(f, body, indent, false)
+}
+
+/// `write_body`, `inside` a loop nest that is one operation (whose outermost loop says
+/// so).
+fn write_nest(
+    f: &mut fmt::Formatter<'_>,
+    body: &[Instr],
+    indent: usize,
+    inside: bool,
+) -> fmt::Result {
     let pad = "  ".repeat(indent);
     for ins in body {
         match ins {
@@ -589,12 +601,13 @@ fn write_body(f: &mut fmt::Formatter<'_>, body: &[Instr], indent: usize) -> fmt:
                 writeln!(f)?;
             }
             Instr::Loop { count, body } => {
-                let one = match ins.dims() {
-                    Some(d) => format!(" ({d}-d operation)"),
-                    None => String::new(),
+                let dims = ins.dims();
+                let one = match dims {
+                    Some(d) if !inside => format!(" ({d}-d operation)"),
+                    _ => String::new(),
                 };
                 writeln!(f, "{pad}loop i{} in 0..{count}{one}", indent - 1)?;
-                write_body(f, body, indent + 1)?;
+                write_nest(f, body, indent + 1, dims.is_some())?;
             }
             Instr::Activate(t) => writeln!(f, "{pad}activate  t{t}")?,
             Instr::Count {

@@ -294,10 +294,10 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             }
         }
     }
-    // two ways to size the kernels: one block size for every layer (the smallest that
-    // fits), and each layer sized to a common period (the shortest whose staircase
-    // fits); the layout with the shorter estimated step wins, then the one with fewer
-    // PEs
+    // the sizings: one block size for every layer (the smallest that fits), and each
+    // kernel sized to the tightest budget of each pace whose staircase fits (`balanced`);
+    // of the layouts within 2% of the shortest estimated step, the one with the fewest
+    // PEs wins (`thrifty`)
     let sizer = Sizer::new(g, f, fab)?;
     let debug = std::env::var_os("EST_WAFER_DEBUG").is_some();
     if debug {
@@ -626,11 +626,13 @@ impl Budget {
 }
 
 /// A kind of budget: one period for both passes together, or one for each pass, the
-/// backward's `num / den` of the forward's.
+/// backward's `num / den` of the forward's, or the forward pass's fixed (at what a
+/// one-lane kernel takes: no layer need be faster) and the backward's the period.
 #[derive(Debug, Clone, Copy)]
 enum Pace {
     Together,
     Passes(u64, u64),
+    Back(u64),
 }
 
 impl Pace {
@@ -644,6 +646,10 @@ impl Pace {
             Pace::Passes(num, den) => Budget {
                 total: u64::MAX,
                 pass: [t, t.saturating_mul(num) / den],
+            },
+            Pace::Back(forward) => Budget {
+                total: u64::MAX,
+                pass: [forward, t],
             },
         }
     }
@@ -880,22 +886,52 @@ impl<'a> Sizer<'a> {
     }
 
     /// Each kernel sized to budget `t`: every layer gets the fewest lanes whose cost `t`
-    /// admits and that leave the next layer able to meet `t`; `None` when some kernel
-    /// cannot meet `t` on the lanes its neighbours leave it. The first layer's rows are
+    /// admits and that leave the next layer able to meet `t`, and the staircase fits the
+    /// fabric; `None` when some kernel cannot meet `t` on the lanes its neighbours leave
+    /// it, or no staircase fits. The first layer's rows are
     /// the next layer's columns, so its shape decides the chain's: of its few smallest
     /// shapes, the one whose chain takes the fewest PEs for about the shortest
     /// estimated step (`thrifty`).
     fn for_period(&self, t: Budget) -> Option<Lanes> {
         const SHAPES: usize = 8;
         let mut shapes = Vec::new();
-        let first = self.chain(t, None, &mut shapes)?;
+        let first = self.chain(t, None, &mut shapes);
         let others = shapes.into_iter().skip(1).take(SHAPES - 1);
         let chains = others.filter_map(|s| self.chain(t, Some(s), &mut Vec::new()));
-        let mut all: Vec<Lanes> = std::iter::once(first).chain(chains).collect();
+        let fits = |l: &Lanes| {
+            let (w, h) = extents(self.f, l);
+            w <= self.fab.width && h <= self.fab.height
+        };
+        let mut all: Vec<Lanes> = first.into_iter().chain(chains).filter(fits).collect();
         let keys: Vec<(u64, usize)> = (all.iter())
             .map(|l| (self.step(l), self.area(l) as usize))
             .collect();
         thrifty(keys.into_iter()).map(|i| all.swap_remove(i))
+    }
+
+    /// `lanes` with the first layer given the fewest columns that keep the estimated step
+    /// within half of `STEP_SLACK` (its columns are its own: no other kernel's size
+    /// depends on them). A budget sizes every kernel to the pass it bounds; a layer
+    /// faster than a pass's slowest kernel gains nothing from its extra PEs.
+    fn trim(&self, mut lanes: Lanes) -> Lanes {
+        let Some(d) = self.dims.first().copied().flatten() else {
+            return lanes;
+        };
+        let step = self.step(&lanes);
+        let limit = step + step * STEP_SLACK / 2000;
+        let h = lanes.out[0];
+        let used = super::kernels::used;
+        let fewest = (1..lanes.inp[0])
+            .filter(|&w| used(d.k, w) == w && self.layer_fits(0, d, w, h))
+            .find(|&w| {
+                let mut l = lanes.clone();
+                l.inp[0] = w;
+                self.step(&l) <= limit
+            });
+        if let Some(w) = fewest {
+            lanes.inp[0] = w;
+        }
+        lanes
     }
 
     /// The PEs a sizing's kernels take.
@@ -988,11 +1024,10 @@ impl<'a> Sizer<'a> {
     /// period for both passes together, and periods for each pass at several ratios
     /// of the backward pass's to the forward's (a step's passes go one after the
     /// other, each at its slowest kernel's pace: a kernel whose work is all in one
-    /// pass, as a loss, leaves the layers room in the other). Each budget is tried
-    /// from the slowest one-lane kernel's cost up in steps of 2% (the greedy sizing is
-    /// not monotone in the budget, so no bisection).
+    /// pass, as a loss, leaves the layers room in the other). Each pace's budgets are
+    /// tried from the least that admits every one-lane kernel up in steps of 2% (the
+    /// greedy sizing is not monotone in the budget, so no bisection).
     fn balanced(&self) -> Vec<Lanes> {
-        let fab = self.fab;
         let single: Vec<Cost> = (0..self.f.kernels.len())
             .filter(|&k| self.dims[k].is_none() && self.width[k].is_none())
             .filter_map(|k| self.vector_period(k, 1))
@@ -1011,18 +1046,17 @@ impl<'a> Sizer<'a> {
             }
             hi
         };
+        let forward = single.iter().map(|c| c[0]).max().filter(|&f| f > 0);
         let paces = [Pace::Together]
             .into_iter()
-            .chain([(1, 2), (3, 4), (1, 1), (4, 3), (2, 1)].map(|(n, d)| Pace::Passes(n, d)));
+            .chain([(1, 2), (3, 4), (1, 1), (4, 3), (2, 1)].map(|(n, d)| Pace::Passes(n, d)))
+            .chain(forward.map(Pace::Back));
         let mut found: Vec<Lanes> = Vec::new();
         for pace in paces {
             let mut t = least(pace);
             while t < 1 << 24 {
-                let fits = self.for_period(pace.at(t)).filter(|l| {
-                    let (w, h) = extents(self.f, l);
-                    w <= fab.width && h <= fab.height
-                });
-                if let Some(l) = fits {
+                if let Some(l) = self.for_period(pace.at(t)) {
+                    let l = self.trim(l);
                     if !found.contains(&l) {
                         found.push(l);
                     }

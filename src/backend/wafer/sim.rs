@@ -3,7 +3,9 @@
 //!
 //! **Model.** Each placed PE runs one task at a time (the lowest-numbered ready one),
 //! paying `task_switch` cycles to start it. A vector operation costs `cost::vec_op`:
-//! its start-up, then one step per `fp32_lanes` elements. Operands on the fabric go
+//! its start-up, then one step per `fp32_lanes` elements; a loop nest that is one
+//! multi-dimensional operation (`Instr::dims`) pays the start-up once. Operands on the
+//! fabric go
 //! element by element, at most one wavelet per cycle: an element waits for its input
 //! wavelet and for room downstream for its output. A wavelet sent at `t` crosses each
 //! link of its colour's route tree `hop_latency` after the previous one, one wavelet
@@ -14,7 +16,8 @@
 //! (`queue_depth x (hops + 1)`), and a sender waits while a destination is full.
 //!
 //! **Engine.** Event-driven: a PE is touched only when it has something to do, and a
-//! vector operation on SRAM alone is one event however long it is. A PE may run ahead
+//! vector operation on SRAM alone (or a nest of them that is one operation) is one
+//! event however long it is. A PE may run ahead
 //! of the others while it only uses what it has (its SRAM, wavelets already queued); it
 //! decides to wait, or which task to run, only at an event of its own time, when every
 //! wavelet that can arrive by then has been sent. So results and cycle counts are
@@ -1257,13 +1260,14 @@ enum Step {
 
 /// Whether `nest` is a multi-dimensional operation (`Instr::dims`) on SRAM alone.
 fn on_sram(nest: &Instr) -> bool {
+    if nest.dims().is_none() {
+        return false;
+    }
     let mut i = nest;
     while let Instr::Loop { body, .. } = i {
         i = &body[0];
     }
-    i.dims().is_some()
-        && nest.dims().is_some()
-        && matches!(i, Instr::Vec { dst: Dsd::Mem { .. }, srcs, .. }
+    matches!(i, Instr::Vec { dst: Dsd::Mem { .. }, srcs, .. }
             if srcs.iter().all(|s| !matches!(s, Src::V(Dsd::In { .. } | Dsd::Out { .. }) | Src::Recv(_))))
 }
 
