@@ -288,6 +288,14 @@ pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
 pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     let batch = batch_of(g).unwrap_or(1);
     let (class, alias) = classify(g, batch)?;
+    // a sample's value made from a statistic of its whole batch (batch norm in
+    // training): the kernels see a sample at a time, so the statistic is not whole yet
+    for n in g.topo_order() {
+        let of_batch = |o: NodeIndex| class[resolve(&alias, o).index()] == Class::Batch;
+        if class[n.index()] == Class::Sample && g.operands(n).into_iter().any(of_batch) {
+            return Err(unsupported(g, n, "a sample's value made from a statistic of its whole batch (batch norm in training) has no wafer kernel yet".into(), "the wafer's kernels see one sample at a time: normalise each sample on its own (`layer_norm`), or train this model on the host (`--target host`)"));
+        }
+    }
     let bound = g.g.node_bound();
     let order = g.topo_order();
     let mut owner: Vec<Option<usize>> = vec![None; bound];
