@@ -185,14 +185,14 @@ fn mnist_cnn_on_wafer_trains_like_the_interpreter() {
     }
 }
 
-/// digits_mlp trained on the wafer reaches 0.95 test accuracy. 500 steps (a third of
-/// the example's 1,500) are enough, and keep the test under two minutes in a debug
-/// build.
+/// digits_mlp trained on the wafer reaches 0.95 test accuracy. 700 steps (under half of
+/// the example's 1,500) are enough (500 reached 0.942 to 0.95, by layout: its sums'
+/// order), and keep the test under two minutes in a debug build.
 #[test]
 fn digits_mlp_on_wafer_reaches_095() {
     let d = tmp("mlp-full");
     let mut w = estimator("examples/digits_mlp.est", Target::Wafer, &d).unwrap();
-    w.train(Steps::Max(500)).unwrap();
+    w.train(Steps::Max(700)).unwrap();
     let e = w.evaluate(None).unwrap();
     let acc = e.metrics.iter().find(|m| m.0 == "accuracy").unwrap().1;
     assert!(acc >= 0.95, "accuracy {acc}");
