@@ -30,6 +30,22 @@ pub fn vec_op(f: &Fabric, op: VecOp, n: u32, reads: u32, writes: bool) -> u64 {
     start + u64::from(n.div_ceil(lanes)) * cycles_per_step(f, lanes, reads, u32::from(writes))
 }
 
+/// The sources of an operation that are vectors in SRAM (what its steps read).
+pub fn reads(srcs: &[Src]) -> u32 {
+    srcs.iter()
+        .filter(|s| matches!(s, Src::V(Dsd::Mem { .. })))
+        .count() as u32
+}
+
+/// Whether an operation writing `dst` from `srcs` uses the fabric: it sends, or it
+/// receives (a stream or one wavelet); else it runs on SRAM alone.
+pub fn on_fabric(dst: &Dsd, srcs: &[Src]) -> bool {
+    !matches!(dst, Dsd::Mem { .. })
+        || srcs
+            .iter()
+            .any(|s| matches!(s, Src::V(Dsd::In { .. }) | Src::Recv(_)))
+}
+
 /// Cycles between element steps of an operation: `vec_op` without its start-up, per
 /// step of `fp32_lanes` elements.
 pub fn step(f: &Fabric, op: VecOp, reads: u32, writes: bool) -> u64 {
@@ -63,13 +79,13 @@ pub fn body(f: &Fabric, instrs: &[Instr]) -> u64 {
     instrs
         .iter()
         .map(|i| match i {
-            Instr::Vec { op, dst, srcs } => {
-                let reads = srcs
-                    .iter()
-                    .filter(|s| matches!(s, Src::V(Dsd::Mem { .. })))
-                    .count() as u32;
-                vec_op(f, *op, dst.len(), reads, matches!(dst, Dsd::Mem { .. }))
-            }
+            Instr::Vec { op, dst, srcs } => vec_op(
+                f,
+                *op,
+                dst.len(),
+                reads(srcs),
+                matches!(dst, Dsd::Mem { .. }),
+            ),
             // one multi-dimensional operation: started once
             Instr::Loop { count, body: b } if *count > 0 && i.dims().is_some() => {
                 let start = u64::from(f.dsd_startup);

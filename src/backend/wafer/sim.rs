@@ -1028,15 +1028,9 @@ impl Sim {
     ) -> Step {
         let f = &self.f;
         let n = dst.len();
-        let reads = srcs
-            .iter()
-            .filter(|s| matches!(s, Src::V(Dsd::Mem { .. })))
-            .count() as u32;
+        let reads = cost::reads(srcs);
         let writes = matches!(dst, Dsd::Mem { .. });
-        let fabric = !writes
-            || srcs
-                .iter()
-                .any(|s| matches!(s, Src::V(Dsd::In { .. }) | Src::Recv(_)));
+        let fabric = cost::on_fabric(dst, srcs);
         let step = cost::step(f, op, reads, writes).max(1);
         let lanes = if op.software() { 1 } else { f.fp32_lanes };
         let startup = if start { u64::from(f.dsd_startup) } else { 0 };
@@ -1267,8 +1261,7 @@ fn on_sram(nest: &Instr) -> bool {
     while let Instr::Loop { body, .. } = i {
         i = &body[0];
     }
-    matches!(i, Instr::Vec { dst: Dsd::Mem { .. }, srcs, .. }
-            if srcs.iter().all(|s| !matches!(s, Src::V(Dsd::In { .. } | Dsd::Out { .. }) | Src::Recv(_))))
+    matches!(i, Instr::Vec { dst, srcs, .. } if !cost::on_fabric(dst, srcs))
 }
 
 /// Runs every iteration of `nest` (a loop nest around one operation on SRAM alone,
@@ -1294,12 +1287,8 @@ fn run_nest(
         }
         Instr::Vec { op, dst, srcs } => {
             sram_op(pe, (*op, dst, srcs), at);
-            let reads = srcs
-                .iter()
-                .filter(|s| matches!(s, Src::V(Dsd::Mem { .. })))
-                .count() as u32;
             let n = dst.len();
-            let steps = cost::vec_op(f, *op, n, reads, true) - u64::from(f.dsd_startup);
+            let steps = cost::vec_op(f, *op, n, cost::reads(srcs), true) - u64::from(f.dsd_startup);
             (*op, n, steps)
         }
         _ => (VecOp::Mov, 0, 0),

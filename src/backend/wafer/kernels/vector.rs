@@ -578,16 +578,15 @@ impl Vector<'_> {
         };
         cur.insert(n, dst);
         let rank = node.ty.rank();
+        // the softmax a log-softmax's gradient takes: its exponentials over their row
+        // sums, which it computed
         let of_softmax = ops.first().and_then(|&o| soft.get(&f.resolve(o)).copied());
+        if let (Op::Unary(UnaryOp::Exp), Some(Soft { e, s, outer, inner })) = (&node.op, of_softmax)
+        {
+            body.extend(normalise(dst, e, s, outer, inner, scratch));
+            return Ok(());
+        }
         match &node.op {
-            // the softmax a log-softmax's gradient takes: its exponentials over their
-            // row sums, which it computed
-            Op::Unary(UnaryOp::Exp) if of_softmax.is_some() => {
-                let Some(Soft { e, s, outer, inner }) = of_softmax else {
-                    unreachable!()
-                };
-                body.extend(normalise(dst, e, s, outer, inner, scratch));
-            }
             op if lower::elementwise(op) => {
                 let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
                 // an image's per-channel operands (a bias) spread over their planes
