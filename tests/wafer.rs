@@ -848,6 +848,44 @@ fn shared_input_like_the_interpreter(
     compare(&d, &body, opt, (&floats(k), batch, side, seed))
 }
 
+/// Residual blocks (`h + f(h W)`, `blocks` of them) after an input layer: each
+/// block's layer carries its input to its sum and the skip's gradient back into its
+/// input gradient. A block's branch has an activation and a bias, or neither (its
+/// sum's gradient is then the layer's output gradient), and may be scaled; the last
+/// block's sum may be the logits. Trained 3 steps like the interpreter (within 1e-4,
+/// as `compare` measures).
+fn residual_like_the_interpreter(
+    (k, n, c): (usize, usize, usize),
+    (blocks, branch, into_loss): (usize, usize, bool),
+    opt: usize,
+    (batch, side, seed): (usize, u32, u64),
+) -> Result<(), String> {
+    let d = random_data(
+        &format!("residual-{k}-{n}-{c}-{blocks}-{branch}-{into_loss}-{opt}-{batch}-{side}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let width = if into_loss { c } else { n };
+    let mut body = format!("  let h = dense(features, {width}, activation: relu)\n");
+    for b in 0..blocks {
+        let f = match (branch + b) % 4 {
+            0 => format!("dense(h, {width}, activation: relu)"),
+            1 => format!("dense(h, {width})"),
+            2 => format!("dense(h, {width}, use_bias: false)"),
+            _ => format!("dense(h, {width}, activation: tanh) * 0.5"),
+        };
+        body.push_str(&format!("  let h = h + {f}\n"));
+    }
+    body.push_str(&if into_loss {
+        "  let logits = h\n".to_string()
+    } else {
+        format!("  let logits = dense(h, {c})\n")
+    });
+    let (opt, lr) = optimiser(opt);
+    compare_with(&d, &body, (&opt, lr), (&floats(k), batch, side, seed))
+}
+
 /// A recurrent chain: one weight (and, with `bias`, one bias) applied at each of `t`
 /// time steps after an input layer, as an unrolled recurrent network whose input enters
 /// at the first step, trained 3 steps like the interpreter (within 1e-4, as `compare`
@@ -1047,6 +1085,16 @@ proptest::proptest! {
         let opt = if adam { ADAM } else { SGD };
         let sum = if tied { 1 } else { 2 };
         embedded_like_the_interpreter((v, dim, t, scalar), (pool, false, sum), opt, (batch, side, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn residual_blocks_train_like_the_interpreter(
+        k in 1usize..12, n in 1usize..24, c in 2usize..6, blocks in 1usize..3, branch in 0usize..4,
+        into_loss in proptest::bool::ANY, opt in 0usize..4, batch in 1usize..5, side in 16u32..33,
+        seed in 0u64..1000,
+    ) {
+        residual_like_the_interpreter((k, n, c), (blocks, branch, into_loss), opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -16,7 +16,7 @@
 use super::fabric::Fabric;
 use super::form::{self, Formed, Unsupported};
 use super::kernels::{gather, scatter, UPDATE};
-use super::place::{self, Layout, LayoutError};
+use super::place::{self, Layout, LayoutError, SramShort};
 use super::sim::Sim;
 use crate::backend::interp::{execute, Env, Plan, Values};
 use crate::backend::{
@@ -69,6 +69,25 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
         }) => Diag::new(Code::UnsupportedOp, span, message)
             .label("not on the wafer")
             .help(help),
+        // a layer between two one-lane kernels: on one PE on any fabric
+        LayoutError::Sram(SramShort {
+            kernel,
+            span: Some(span),
+            pinned: Some(beside),
+            need,
+            have,
+            ..
+        }) => Diag::new(
+            Code::UnsupportedOp,
+            span,
+            format!(
+                "layer `{kernel}` has no wafer layout: the kernels on both sides of it (`{beside}` before it) run on one PE each, so it does too, and needs {} of SRAM there against {}",
+                place::bytes(need),
+                place::bytes(have)
+            ),
+        )
+        .label("on one PE")
+        .help("the wafer runs a reduction within a sample (`layer_norm`, a softmax) on one PE so far: move it off this layer's sides, use fewer units in this layer, or use the host target (`--target host`)"),
         LayoutError::Sram(s) => {
             let parts: Vec<String> = (s.parts.iter())
                 .map(|(what, b)| format!("{} {what}", place::bytes(*b)))
@@ -87,6 +106,7 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
             if large("weights") || large("gradients") || large("optimiser state") {
                 helps.push("fewer hidden units".to_string());
             }
+
             let layer = s.span.map(|l| (l, format!("{} per PE", place::bytes(s.need))));
             short(
                 Code::WaferSram,

@@ -70,6 +70,8 @@ pub enum Kind {
         /// Further products summed into `fwd` (which is then their sum), each of an
         /// input the host sends.
         more: Vec<Part>,
+        /// What it carries past itself for a residual (`h + f(h W)`).
+        carry: Option<Carry>,
     },
     /// Sample and batch nodes, in order.
     Vector { nodes: Vec<NodeIndex> },
@@ -85,6 +87,19 @@ pub struct Part {
     pub x: NodeIndex,
     pub mm: NodeIndex,
     pub dw: Option<NodeIndex>,
+}
+
+/// A residual around a layer (`h + f(h W)`): its input `x` is read past it too, by the
+/// kernel after it, and the layer carries it there along its rows' chains beside its
+/// outputs; the gradient that way comes back beside its output gradient, and the layer
+/// adds it into its input gradient along its columns' chains, which then sends the
+/// sum (`bwd` is the sum).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Carry {
+    pub x: NodeIndex,
+    /// The layer's own input gradient (its product) and the skip's gradient, when the
+    /// layer sends an input gradient.
+    pub grad: Option<(NodeIndex, NodeIndex)>,
 }
 
 /// Layer `kind`'s own product: its `fwd` when it has no further parts, else the
@@ -153,6 +168,33 @@ impl Formed {
     /// The node whose value `n` is.
     pub fn resolve(&self, n: NodeIndex) -> NodeIndex {
         resolve(&self.alias, n)
+    }
+
+    /// Layer `k`'s carry, if it has one.
+    pub fn carry(&self, k: usize) -> Option<&Carry> {
+        match &self.kernels.get(k)?.kind {
+            Kind::Dense { carry, .. } => carry.as_ref(),
+            Kind::Vector { .. } => None,
+        }
+    }
+
+    /// Whether stream `n` reaches kernel `to` beside another, carried by a layer: a
+    /// residual's value into the kernel after the layer that carries it, or the skip's
+    /// gradient into that layer.
+    pub fn carried(&self, n: NodeIndex, to: usize) -> bool {
+        let into_next = to
+            .checked_sub(1)
+            .and_then(|l| self.carry(l))
+            .is_some_and(|c| c.x == n);
+        // (not when the skip's gradient is the layer's output gradient: see
+        // `dense::Back::Same`)
+        let dy = match self.kernels.get(to).map(|k| &k.kind) {
+            Some(Kind::Dense { dy, .. }) => dy.map(|d| self.resolve(d)),
+            _ => None,
+        };
+        let into_layer = (self.carry(to).and_then(|c| c.grad))
+            .is_some_and(|(_, skip)| skip == n && dy != Some(n));
+        into_next || into_layer
     }
 }
 
@@ -345,6 +387,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 bwd: None,
                 dw: None,
                 more: Vec::new(),
+                carry: None,
             },
             vars: vec![w],
             steps: Vec::new(),
@@ -625,12 +668,105 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         }
         anchors[n.index()] = mine;
     }
+    // a residual: a group that makes a layer's input and reads its output (through
+    // the sum `h + f(h W)`) is two, the nodes before the layer and those after it; the
+    // layer carries its input to the kernel after it, and the skip's gradient back into
+    // its input gradient (see `Carry`)
+    let mut group: Vec<usize> = (0..bound).map(|i| find(&mut parent, i)).collect();
+    let reach = |from: NodeIndex, dir: petgraph::Direction| {
+        let mut seen = vec![false; bound];
+        seen[from.index()] = true;
+        let mut stack = vec![from];
+        while let Some(v) = stack.pop() {
+            for u in g.g.neighbors_directed(v, dir) {
+                if !seen[u.index()] {
+                    seen[u.index()] = true;
+                    stack.push(u);
+                }
+            }
+        }
+        seen
+    };
+    for (k, kr) in kernels.iter_mut().enumerate() {
+        let Kind::Dense {
+            x,
+            fwd,
+            bwd,
+            ref more,
+            ..
+        } = kr.kind
+        else {
+            continue;
+        };
+        let x = resolve(x);
+        if !more.is_empty() || !free(x, &owner) {
+            continue;
+        }
+        let before = group[x.index()];
+        if !readers(fwd, &owner)
+            .iter()
+            .any(|u| group[u.index()] == before)
+        {
+            continue;
+        }
+        // after: what the output makes but not the input gradient, and what only such
+        // nodes read (the labels' share of a loss); before: the rest (what makes the
+        // input, what its gradient makes, an activation's mask for its gradient)
+        let after = bound + k;
+        let to_x = reach(x, petgraph::Direction::Incoming);
+        let from_fwd = reach(fwd, petgraph::Direction::Outgoing);
+        let from_bwd = bwd.map_or_else(
+            || vec![false; bound],
+            |m| reach(m, petgraph::Direction::Outgoing),
+        );
+        for &n in order.iter().rev() {
+            let i = n.index();
+            if group[i] != before || from_bwd[i] || to_x[i] {
+                continue;
+            }
+            let mut readers = (g.g.neighbors_directed(n, petgraph::Direction::Outgoing))
+                .filter(|u| group[u.index()] == before || group[u.index()] == after)
+                .peekable();
+            let read_after = readers.peek().is_some() && readers.all(|u| group[u.index()] == after);
+            if from_fwd[i] || read_after {
+                group[i] = after;
+            }
+        }
+        // the skip's gradient summed with the layer's input gradient: the layer's
+        let sum = bwd.and_then(|m| {
+            let mut users = g.g.neighbors_directed(m, petgraph::Direction::Outgoing);
+            let (u, None) = (users.next()?, users.next()) else {
+                return None;
+            };
+            let ops = g.operands(u);
+            let add = matches!(g.node(u).op, Op::Binary(crate::ir::BinaryOp::Add));
+            let skip = *ops.iter().find(|&&o| o != m)?;
+            let same = g.ty(skip).shape == g.ty(m).shape && g.ty(u).shape == g.ty(m).shape;
+            (add && same
+                && free(u, &owner)
+                && group[u.index()] == before
+                && !from_bwd[skip.index()])
+            .then_some((u, m, resolve(skip)))
+        });
+        if let Some((u, _, _)) = sum {
+            owner[u.index()] = Some(k);
+        }
+        if let Kind::Dense { bwd, carry, .. } = &mut kr.kind {
+            *carry = Some(Carry {
+                x,
+                grad: sum.map(|(_, m, skip)| (m, skip)),
+            });
+            if let Some((u, _, _)) = sum {
+                *bwd = Some(u);
+            }
+        }
+    }
     let mut group_of: std::collections::BTreeMap<usize, usize> = Default::default();
     for &n in &order {
         if !free(n, &owner) {
             continue;
         }
-        let root = find(&mut parent, n.index());
+        let root = group[n.index()];
         let k = *group_of.entry(root).or_insert_with(|| {
             kernels.push(Kernel {
                 kind: Kind::Vector { nodes: Vec::new() },
@@ -900,7 +1036,13 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             continue;
         }
         let bwd = kernels.iter().any(|k| match k.kind {
-            Kind::Dense { dy, bwd, .. } => dy == Some(n) || bwd == Some(n),
+            Kind::Dense { dy, bwd, carry, .. } => {
+                dy == Some(n)
+                    || bwd == Some(n)
+                    || carry
+                        .and_then(|c| c.grad)
+                        .is_some_and(|(_, skip)| skip == n)
+            }
             Kind::Vector { .. } => false,
         });
         streams.push(Stream {

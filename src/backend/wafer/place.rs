@@ -20,7 +20,7 @@
 //! streams'.
 
 use super::fabric::Fabric;
-use super::form::{self, image, End, Formed, Kind, Unsupported};
+use super::form::{self, image, Carry, End, Formed, Kind, Unsupported};
 use super::isa::Colour;
 use super::kernels::dense::{self, Dense, Geom, Shape};
 use super::kernels::vector::{Port, Vector};
@@ -31,6 +31,9 @@ use crate::ir::{Graph, NodeIndex, Op, Padding};
 use crate::span::Span;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// What the wafer lays out, for the help of what it does not.
+const RESIDUALS: &str = "the wafer lays out chains of layers, and residuals around one dense layer (`h + f(h W)`, the layer carrying `h` past itself): feed each value to the next layer, or to the sum just after it";
 
 /// The colours a dense layer's chains take; streams take the ones above.
 pub const CHAIN_COLOURS: Colour = 4;
@@ -120,6 +123,9 @@ pub struct SramShort {
     /// All of them, and the PE's SRAM.
     pub need: u32,
     pub have: u32,
+    /// The kernel beside a layer that keeps it on one PE, whatever the fabric: the
+    /// kernels on both sides of it run on one lane (a reduction within a sample).
+    pub pinned: Option<String>,
 }
 
 /// A staircase larger than the fabric.
@@ -235,21 +241,33 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             "the graph has no kernel to lay out".into(),
         ));
     }
+    if std::env::var_os("EST_WAFER_DEBUG").is_some() {
+        for (k, kr) in f.kernels.iter().enumerate() {
+            eprintln!("kernel {k}: {:?}", kr.kind);
+        }
+        for s in &f.streams {
+            eprintln!("stream {s:?} ({})", g.node(s.node).op.name());
+        }
+    }
     // the chain: each kernel's forward input comes from the one before (and goes on
     // at most through a strip to the one after), each backward one from the one after
     for s in &f.streams {
         if let (true, End::Kernel(a)) = (s.bwd, s.from) {
+            // (or past a strip, through its routers)
             let ok = s.to.iter().all(|t| match t {
                 End::Kernel(b) => {
                     *b + 1 == a
-                        || (*b + 2 == a
-                            && s.to.contains(&End::Kernel(a - 1))
-                            && matches!(f.kernels[a - 1].kind, Kind::Vector { .. }))
+                        || (*b + 2 == a && matches!(f.kernels[a - 1].kind, Kind::Vector { .. }))
                 }
                 End::Host => false,
             });
             if !ok {
-                return Err(unsupported(g, s.node, "a gradient that skips a layer has no wafer layout yet".into(), "the wafer lays out chains of layers so far: each layer's output feeds the next one only"));
+                return Err(unsupported(
+                    g,
+                    s.node,
+                    "a gradient that skips a layer has no wafer layout yet".into(),
+                    RESIDUALS,
+                ));
             }
             continue;
         }
@@ -257,12 +275,13 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             continue;
         }
         if let End::Kernel(a) = s.from {
+            // (or past the layer after it, which carries it: a residual)
             let ok = s.to.iter().all(|t| match t {
-                End::Kernel(b) => *b == a + 1,
+                End::Kernel(b) => *b == a + 1 || (*b == a + 2 && f.carried(s.node, *b)),
                 End::Host => true,
             });
             if !ok {
-                return Err(unsupported(g, s.node, "a value that skips a layer (or feeds several) has no wafer layout yet".into(), "the wafer lays out chains of layers so far: each layer's output feeds the next one only"));
+                return Err(unsupported(g, s.node, "a value read past the layer after it (or by several layers) has no wafer layout yet".into(), RESIDUALS));
             }
         }
     }
@@ -438,25 +457,70 @@ fn vector_of<'a>(
         inputs: Vec::new(),
         outputs: Vec::new(),
     };
+    // a residual's value comes in after the outputs of the layer before, which carries
+    // it, and its gradient goes out after that layer's output gradient
+    let carrier = k.checked_sub(1).and_then(|l| match f.kernels[l].kind {
+        Kind::Dense {
+            fwd,
+            dy,
+            carry: Some(c),
+            ..
+        } => Some((fwd, dy, c)),
+        _ => None,
+    });
     for st in &f.streams {
         let c = colour(st.node);
         if st.to.contains(&End::Kernel(k)) {
+            let carried = f.carried(st.node, k);
             v.inputs.push(Port {
                 node: st.node,
-                colour: c,
+                colour: match carrier {
+                    Some((fwd, ..)) if carried => colour(fwd),
+                    _ => c,
+                },
                 bwd: st.bwd,
                 whole: st.from == End::Host,
+                carried,
             });
         }
-        if st.from == End::Kernel(k) {
+        if st.from == End::Kernel(k) && !(k > 0 && f.carried(st.node, k - 1)) {
             v.outputs.push(Port {
                 node: st.node,
                 colour: c,
                 bwd: st.bwd,
                 whole: false,
+                carried: false,
             });
         }
     }
+    if let Some((
+        _,
+        Some(dy),
+        Carry {
+            grad: Some((_, skip)),
+            ..
+        },
+    )) = carrier
+    {
+        if f.resolve(dy) == skip {
+            // (its output gradient is the skip's: no more to send)
+            return sorted(v);
+        }
+        v.outputs.push(Port {
+            node: skip,
+            colour: colour(dy),
+            bwd: true,
+            whole: false,
+            carried: true,
+        });
+    }
+    sorted(v)
+}
+
+/// Vector kernel `v` with each carried stream after what carries it.
+fn sorted(mut v: Vector<'_>) -> Vector<'_> {
+    v.inputs.sort_by_key(|p| p.carried);
+    v.outputs.sort_by_key(|p| p.carried);
     v
 }
 
@@ -720,7 +784,8 @@ impl<'a> Sizer<'a> {
     /// Layer `k`'s cycles per sample on `w x h` lanes, stalls aside: a product's by
     /// formula, a convolution's from its first PE's program.
     fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> Cost {
-        if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) {
+        let carries = self.f.carry(k).is_some();
+        if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) && !carries {
             return dense_period(self.fab, d, w, h);
         }
         self.first_pe(k, d, w, h).0
@@ -1204,6 +1269,7 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
             hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
             update: u,
             more: Vec::new(),
+            carry: None,
         });
     }
     let update = update_main;
@@ -1227,6 +1293,13 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
         hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
         update,
         more: parts,
+        carry: f.carry(k).map(|c| match (c.grad, kr.kind.clone()) {
+            (Some((_, skip)), Kind::Dense { dy: Some(dy), .. }) if f.resolve(dy) == skip => {
+                dense::Back::Same
+            }
+            (Some(_), _) => dense::Back::Beside,
+            (None, _) => dense::Back::Not,
+        }),
     })
 }
 
@@ -1345,13 +1418,26 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
         };
         legs.into_iter().map(move |l| (st, l))
     }) {
+        // (a stream carried to a kernel goes there on its carrier's colour; one
+        // carried to every kernel it reaches has no colour of its own)
+        let direct = |b: usize| !f.carried(st.node, b);
+        if st
+            .to
+            .iter()
+            .all(|t| matches!(t, End::Kernel(b) if !direct(*b)))
+        {
+            continue;
+        }
         let mut routers: BTreeSet<(u32, u32)> = BTreeSet::new();
         if let End::Kernel(a) = st.from {
             routers.extend(pes_of(a));
+            if let Some(strip) = passes_over(f, st) {
+                routers.extend(pes_of(strip));
+            }
         }
         for t in &st.to {
             if let End::Kernel(b) = t {
-                if leg.is_none_or(|l| l == *b) {
+                if leg.is_none_or(|l| l == *b) && direct(*b) {
                     routers.extend(pes_of(*b));
                 }
             }
@@ -1488,7 +1574,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     for port in &v.inputs {
                         // forward inputs from the frame's west, backward ones from its east
                         let from = if port.bwd { Dir::E } else { Dir::W };
-                        if st_from_host(f, port.node) {
+                        if st_from_host(f, port.node) || port.carried {
                             continue;
                         }
                         // a stream that goes on to the kernel beyond this strip (a
@@ -1500,9 +1586,10 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                             Some(k + 1)
                         };
                         let through = beyond.is_some_and(|b| {
-                            f.streams
-                                .iter()
-                                .any(|s| s.node == port.node && s.to.contains(&End::Kernel(b)))
+                            !f.carried(port.node, b)
+                                && f.streams
+                                    .iter()
+                                    .any(|s| s.node == port.node && s.to.contains(&End::Kernel(b)))
                         });
                         let to = if port.bwd { Dir::W } else { Dir::E };
                         let tx: &[Dir] = if through {
@@ -1513,10 +1600,19 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                         laid.route(at, port.colour, o.route(from, tx))
                             .map_err(LayoutError::DoesNotFit)?;
                     }
+                    // a gradient that passes over the strip without it reading it
+                    for st in &f.streams {
+                        if passes_over(f, st) == Some(k) && !st.to.contains(&End::Kernel(k)) {
+                            let c = colour_in(st.node, k).unwrap_or(0);
+                            laid.route(at, c, o.route(Dir::E, &[Dir::W]))
+                                .map_err(LayoutError::DoesNotFit)?;
+                        }
+                    }
                     for port in &v.outputs {
-                        if f.streams
-                            .iter()
-                            .any(|s| s.node == port.node && s.to.contains(&End::Host))
+                        if port.carried
+                            || f.streams
+                                .iter()
+                                .any(|s| s.node == port.node && s.to.contains(&End::Host))
                         {
                             continue;
                         }
@@ -1673,7 +1769,20 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 .position(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
             let mut parts = vec![("code and runtime", fab.reserved_bytes)];
             parts.extend(breakdown(prog));
+            let one_lane = |j: usize| {
+                matches!(f.kernels[j].kind, Kind::Vector { .. }) && sizer.width[j].is_none()
+            };
+            let pinned = k
+                .filter(|&k| {
+                    matches!(f.kernels[k].kind, Kind::Dense { .. })
+                        && k > 0
+                        && k + 1 < nk
+                        && one_lane(k - 1)
+                        && one_lane(k + 1)
+                })
+                .map(|k| placed[k - 1].name.clone());
             return Err(LayoutError::Sram(SramShort {
+                pinned,
                 kernel: k.map_or_else(|| "a kernel".to_string(), |k| placed[k].name.clone()),
                 span: k.and_then(|k| kernel_span(g, f, k)),
                 at: (*x, *y),
@@ -1703,6 +1812,19 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
     check(&l)
         .map_err(|e| LayoutError::DoesNotFit(format!("an illegal layout (a bug in estc): {e}")))?;
     Ok(l)
+}
+
+/// The strip a backward stream passes on its way from a layer to the one before it.
+fn passes_over(f: &Formed, st: &form::Stream) -> Option<usize> {
+    let End::Kernel(a) = st.from else {
+        return None;
+    };
+    let strip = a.checked_sub(1)?;
+    (st.bwd
+        && a >= 2
+        && st.to.contains(&End::Kernel(a - 2))
+        && matches!(f.kernels[strip].kind, Kind::Vector { .. }))
+    .then_some(strip)
 }
 
 /// Whether node `n` streams from the host.

@@ -167,6 +167,23 @@ pub struct Dense {
     /// same outputs over its own inputs, weight and update, whose columns lie east of
     /// this one's (after each other) in the rows' chains. They send no input gradient.
     pub more: Vec<Dense>,
+    /// Whether it carries its input past itself (a residual, `form::Carry`), and how
+    /// their gradient comes back: row `j` sends input features `split(k, h, j)` after
+    /// its outputs, each PE adding in those of its column's; and takes their gradient,
+    /// each PE adding those of its column's into its partial input gradient.
+    pub carry: Option<Back>,
+}
+
+/// How a layer that carries its input gets that input's gradient back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Back {
+    /// Not at all (the layer sends no input gradient).
+    Not,
+    /// After its output gradient, in the same stream.
+    Beside,
+    /// As its output gradient (a residual's branch that passes gradients unchanged
+    /// from its sum to the layer's outputs: `h + h W`, its sum's gradient both).
+    Same,
 }
 
 /// The colours a dense kernel uses: its streams (inputs in, outputs out, output
@@ -312,6 +329,7 @@ impl Dense {
             hosts: Vec::new(),
             update: Update::default(),
             more: Vec::new(),
+            carry: None,
         }
     }
 
@@ -445,7 +463,34 @@ impl Dense {
             bwd: c.backward_link(j, hr),
         };
         let a = ks.len() as u32;
-        let blk = Block { w, dw, c, links };
+        let carry = if let Some(back) = self.carry {
+            if self.shape != Shape::Matmul {
+                return Err(
+                    "a residual around a convolution or an embedding has no wafer kernel yet"
+                        .into(),
+                );
+            }
+            if back == Back::Same && self.k != self.n {
+                return Err("a residual whose sum has another width than its layer's input".into());
+            }
+            let row = split(self.k, hr, j);
+            let (lo, hi) = (ks.start.max(row.start), ks.end.min(row.end));
+            Carrying {
+                len: row.len() as u32,
+                mine: hi.saturating_sub(lo),
+                at: lo.saturating_sub(ks.start),
+                to: lo.saturating_sub(row.start),
+            }
+        } else {
+            Carrying::default()
+        };
+        let blk = Block {
+            w,
+            dw,
+            c,
+            links,
+            carry,
+        };
         let (fwd, bwd) = match self.shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
             Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), blk),
@@ -500,13 +545,20 @@ impl Dense {
         p: &mut Program,
         a: u32,
         b: u32,
-        Block { w, dw, c, links }: Block,
+        Block {
+            w,
+            dw,
+            c,
+            links,
+            carry,
+        }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
         let (xs, take) = self.stash(p, "x stash", a, c.x);
-        let y = p.alloc("y", b);
+        // the outputs, then the carried features
+        let y = p.alloc("y", b + carry.len);
         let mut fwd = vec![
             take,
-            zero(y, b),
+            zero(y, b + carry.len),
             macs(
                 y,
                 b,
@@ -515,16 +567,41 @@ impl Dense {
                 Dsd::strided(xs, b, 0, &[1], self.by(0, a)),
             ),
         ];
+        if carry.mine > 0 {
+            fwd.push(Instr::Vec {
+                op: VecOp::Mov,
+                dst: Dsd::mem(y + b + carry.to, carry.mine),
+                srcs: vec![Src::V(Dsd::strided(
+                    xs + carry.at,
+                    carry.mine,
+                    1,
+                    &[],
+                    self.by(0, a),
+                ))],
+            });
+        }
         let (send, recv) = links.fwd;
-        fwd.push(link(y, (b, 1), &[], send, recv));
+        fwd.push(link(y, (b + carry.len, 1), &[], send, recv));
         if self.train {
             fwd.push(self.count(0));
         }
         let Some(dw) = dw else {
             return (fwd, Vec::new());
         };
-        let dy = p.alloc("dy", b);
-        let mut bwd = vec![receive(Dsd::mem(dy, b), c.dy)];
+        // the output gradient, then the carried features' (when it sends `dx`)
+        let back = if self.carry == Some(Back::Beside) {
+            carry.len
+        } else {
+            0
+        };
+        // where row `j`'s carried features' gradient is in `dy`
+        let skip = match self.carry {
+            Some(Back::Beside) => Some(b),
+            Some(Back::Same) => Some(0),
+            _ => None,
+        };
+        let dy = p.alloc("dy", b + back);
+        let mut bwd = vec![receive(Dsd::mem(dy, b + back), c.dy)];
         if self.dx {
             let dxp = p.alloc("dx", a);
             bwd.push(zero(dxp, a));
@@ -535,6 +612,17 @@ impl Dense {
                 Dsd::strided(w, a, b as i32, &[1], None),
                 Dsd::strided(dy, a, 0, &[1], None),
             ));
+            if let (Some(at), true) = (skip, carry.mine > 0) {
+                let part = Dsd::mem(dxp + carry.at, carry.mine);
+                bwd.push(Instr::Vec {
+                    op: VecOp::Add,
+                    dst: part.clone(),
+                    srcs: vec![
+                        Src::V(part),
+                        Src::V(Dsd::mem(dy + at + carry.to, carry.mine)),
+                    ],
+                });
+            }
             let (send, recv) = links.bwd;
             bwd.push(link(dxp, (a, 1), &[], send, recv));
         }
@@ -562,7 +650,9 @@ impl Dense {
         p: &mut Program,
         g: Geom,
         (a, b): (u32, u32),
-        Block { w, dw, c, links }: Block,
+        Block {
+            w, dw, c, links, ..
+        }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
         let (hp, wp, span) = (g.hp(), g.wp(), g.span());
         let (plane_in, plane_pad, plane_out) = (g.h * g.w, hp * wp, g.h1() * wp);
@@ -658,7 +748,9 @@ impl Dense {
         p: &mut Program,
         (t, lo): (u32, u32),
         (a, b): (u32, u32),
-        Block { w, dw, c, links }: Block,
+        Block {
+            w, dw, c, links, ..
+        }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
         let (ids, take) = self.stash(p, "ids stash", t, c.x);
         // per id: its row in this PE's block (clamped into it), and whether it is here
@@ -805,6 +897,18 @@ struct Block {
     dw: Option<u32>,
     c: Colours,
     links: Links,
+    carry: Carrying,
+}
+
+/// What a PE of a layer that carries its input adds to its row's chain: its row's
+/// carried features (`len`), and of those its column's (`mine`: from input `at` of its
+/// column, to place `to` of its row's). Nothing for another layer.
+#[derive(Debug, Clone, Copy, Default)]
+struct Carrying {
+    len: u32,
+    mine: u32,
+    at: u32,
+    to: u32,
 }
 
 /// A PE's links in the forward chain and in the input gradients' chain: the colours it
@@ -1009,6 +1113,7 @@ mod tests {
             hosts: vec!["lr".into()],
             update: sgd(),
             more: Vec::new(),
+            carry: None,
         }
     }
 

@@ -20,14 +20,17 @@ use crate::ir::{window_pad, Graph, NodeIndex, Op, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
 
 /// A stream of a vector kernel: the node, its colour, whether it is part of the
-/// backward pass, and whether every lane receives the whole sample (a stream from the
-/// host, multicast along the strip) and keeps its share.
+/// backward pass, whether every lane receives the whole sample (a stream from the
+/// host, multicast along the strip) and keeps its share, and whether it follows
+/// another on the same colour (a residual's, carried by the layer before: see
+/// `form::Carry`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Port {
     pub node: NodeIndex,
     pub colour: Colour,
     pub bwd: bool,
     pub whole: bool,
+    pub carried: bool,
 }
 
 /// Kernel `k` of a formed graph, a vector kernel, with its streams.
@@ -430,19 +433,30 @@ impl Vector<'_> {
                 fin.push(vec(VecOp::Mul, a, &[a, Val::Imm(scale)], a.elements()));
             }
             if phase == 0 {
-                for o in &turnaround {
+                let send = |o: &Port| {
                     let (base, ext) = stash[&o.node];
+                    Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: Dsd::Out {
+                            colour: o.colour,
+                            len: ext,
+                        },
+                        srcs: vec![Src::V(Dsd::strided(base, ext, 1, &[ext], None))],
+                    }
+                };
+                // sample by sample; a carried gradient right after what carries it
+                if turnaround.iter().any(|o| o.carried) {
                     fin.push(Instr::Loop {
                         count: batch,
-                        body: vec![Instr::Vec {
-                            op: VecOp::Mov,
-                            dst: Dsd::Out {
-                                colour: o.colour,
-                                len: ext,
-                            },
-                            srcs: vec![Src::V(Dsd::strided(base, ext, 1, &[ext], None))],
-                        }],
+                        body: turnaround.iter().map(send).collect(),
                     });
+                } else {
+                    for o in &turnaround {
+                        fin.push(Instr::Loop {
+                            count: batch,
+                            body: vec![send(o)],
+                        });
+                    }
                 }
             }
             let fin_id = 2 + phase;
