@@ -428,7 +428,17 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
         }
     }
     exe.sim.clear_outputs();
+    let before = exe.sim.data_runs();
     quiet(exe)?;
+    // every data task ran once a sample (else a task waits for a stream that never
+    // came, and the step's results would be wrong without a deadlock to show it)
+    if let Some(why) = exe.sim.short_runs(&before, batch as u64) {
+        return Err(RunError {
+            span: Span::default(),
+            op: "wafer",
+            message: why,
+        });
+    }
     Ok(values)
 }
 

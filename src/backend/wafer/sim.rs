@@ -192,6 +192,8 @@ pub struct PeStats {
     pub done: u64,
     /// Elements of arithmetic (every vector operation but a move) computed.
     pub work: u64,
+    /// Tasks started by data.
+    pub data_runs: u64,
 }
 
 /// Where a stream goes: the links of its route tree in order from the source, each
@@ -650,6 +652,29 @@ impl Sim {
         })
     }
 
+    /// Each PE's data tasks started so far.
+    pub fn data_runs(&self) -> Vec<u64> {
+        self.pes.iter().map(|p| p.stats.data_runs).collect()
+    }
+
+    /// The first PE whose data tasks did not each run `each` times since `before`
+    /// (`data_runs` then): a program that lost a stream, which a run that ends quiet
+    /// would not show otherwise (a task never started waits for nothing).
+    pub fn short_runs(&self, before: &[u64], each: u64) -> Option<String> {
+        self.pes.iter().zip(before).find_map(|(pe, &b)| {
+            let tasks = (pe.prog.tasks.iter())
+                .filter(|t| matches!(t.trigger, Trigger::Data(_)))
+                .count() as u64;
+            let ran = pe.stats.data_runs - b;
+            (ran != tasks * each).then(|| {
+                format!(
+                    "PE ({}, {}) started its {tasks} data tasks {ran} times in all, not {each} times each: a stream was lost",
+                    pe.x, pe.y
+                )
+            })
+        })
+    }
+
     /// The cycle the last task ended or the last output left the fabric.
     fn end(&self) -> u64 {
         let pes = self.pes.iter().map(|p| p.stats.done);
@@ -863,6 +888,9 @@ impl Sim {
                 match self.ready(p) {
                     Ok(task) => {
                         let pe = &mut self.pes[p];
+                        if matches!(pe.prog.tasks[task].trigger, Trigger::Data(_)) {
+                            pe.stats.data_runs += 1;
+                        }
                         pe.active &= !(1u64 << pe.prog.tasks[task].id);
                         pe.time += u64::from(self.f.task_switch);
                         pe.stats.busy += u64::from(self.f.task_switch);
@@ -1659,6 +1687,33 @@ mod tests {
             ["PE (1, 0) holds 5 wavelets on colour 1 that no task took"]
         );
         assert!(e.to_string().contains("wavelets left over"), "{e}");
+    }
+
+    /// A data task that never ran (its stream lost) ends a run quietly; `short_runs`
+    /// names its PE, and counts the runs of one that did.
+    #[test]
+    fn a_data_task_that_never_ran_is_found() {
+        // 8 wavelets into a task that takes 4: it runs twice
+        let setup = east((sender(8), vec![1.0; 8]), (receiver(4), vec![0.0; 4]));
+        let mut sim = Sim::new(&fabric(), &setup).unwrap();
+        let before = sim.data_runs();
+        sim.run().unwrap();
+        assert_eq!(sim.short_runs(&before, 2), None);
+        assert_eq!(
+            sim.short_runs(&before, 3).as_deref(),
+            Some("PE (1, 0) started its 1 data tasks 2 times in all, not 3 times each: a stream was lost")
+        );
+        // a receiver nothing sends to
+        let mut setup = Setup::default();
+        setup
+            .pes
+            .insert((1, 0), (Arc::new(receiver(4)), vec![0.0; 4]));
+        let mut sim = Sim::new(&fabric(), &setup).unwrap();
+        let before = sim.data_runs();
+        assert_eq!(sim.run(), Ok(0));
+        assert!(sim
+            .short_runs(&before, 1)
+            .is_some_and(|m| m.contains("0 times")));
     }
 
     #[test]
