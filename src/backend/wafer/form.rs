@@ -81,12 +81,19 @@ pub enum Kind {
 /// recurrent network): its weight, its input (from the host), the product, and its
 /// weight gradient when it trains. Its columns lie beside the layer's own, its partial
 /// sums joining theirs in the row's chain.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Part {
     pub w: NodeIndex,
     pub x: NodeIndex,
     pub mm: NodeIndex,
     pub dw: Option<NodeIndex>,
+    /// A side part: a layer of the host's inputs whose product is not summed into
+    /// the layer's but read beside it by the kernel after it (a tower or a shortcut
+    /// of the features that joins the chain there). Its outputs travel in the rows'
+    /// chains after the layer's, as a residual's do (`Carry`), and their gradient
+    /// (`dy`, when it trains) comes back after the layer's output gradient.
+    pub side: bool,
+    pub dy: Option<NodeIndex>,
 }
 
 /// A residual around a layer (`h + f(h W)`): its input `x` is read past it too, by the
@@ -179,22 +186,45 @@ impl Formed {
     }
 
     /// Whether stream `n` reaches kernel `to` beside another, carried by a layer: a
-    /// residual's value into the kernel after the layer that carries it, or the skip's
-    /// gradient into that layer.
+    /// residual's value or a side part's product into the kernel after the layer that
+    /// carries it, or their gradients into that layer.
     pub fn carried(&self, n: NodeIndex, to: usize) -> bool {
-        let into_next = to
-            .checked_sub(1)
-            .and_then(|l| self.carry(l))
-            .is_some_and(|c| c.x == n);
+        self.carried_rank(n, to) > 0
+    }
+
+    /// Where stream `n` comes into kernel `to` beside another, carried by a layer (see
+    /// `carried`): 1 for a residual's value or gradient, 2 + `i` for side part `i`'s
+    /// (in the order they follow the layer's own values); 0 when not carried.
+    pub fn carried_rank(&self, n: NodeIndex, to: usize) -> u8 {
+        let sides = |l: usize| match self.kernels.get(l).map(|k| &k.kind) {
+            Some(Kind::Dense { more, .. }) => (more.iter())
+                .filter(|p| p.side)
+                .copied()
+                .collect::<Vec<Part>>(),
+            _ => Vec::new(),
+        };
+        if let Some(l) = to.checked_sub(1) {
+            if self.carry(l).is_some_and(|c| c.x == n) {
+                return 1;
+            }
+            if let Some(i) = sides(l).iter().position(|p| p.mm == n) {
+                return 2 + i as u8;
+            }
+        }
         // (not when the skip's gradient is the layer's output gradient: see
         // `dense::Back::Same`)
         let dy = match self.kernels.get(to).map(|k| &k.kind) {
             Some(Kind::Dense { dy, .. }) => dy.map(|d| self.resolve(d)),
             _ => None,
         };
-        let into_layer = (self.carry(to).and_then(|c| c.grad))
-            .is_some_and(|(_, skip)| skip == n && dy != Some(n));
-        into_next || into_layer
+        if (self.carry(to).and_then(|c| c.grad)).is_some_and(|(_, skip)| skip == n && dy != Some(n))
+        {
+            return 1;
+        }
+        match (sides(to).iter()).position(|p| p.dy == Some(n) && dy != Some(n)) {
+            Some(i) => 2 + i as u8,
+            None => 0,
+        }
     }
 }
 
@@ -485,9 +515,21 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             }
         } else if class[n.index()] == Class::Batch {
             let xt = if conv { a } else { g.operands(a)[0] };
-            let mut readers = (kernels.iter().enumerate())
+            // of the layers that read `x` (several: two towers on the features), the
+            // one whose weight the update of this gradient reads
+            let updated = updates_read(g, &class, n);
+            let all: Vec<usize> = (kernels.iter().enumerate())
                 .filter(|(_, kr)| matches!(kr.kind, Kind::Dense { x, .. } if x == xt))
-                .map(|(k, _)| k);
+                .map(|(k, _)| k)
+                .collect();
+            let mine: Vec<usize> = if all.len() > 1 {
+                (all.iter().copied())
+                    .filter(|&k| matches!(kernels[k].kind, Kind::Dense { w, .. } if updated.contains(&w)))
+                    .collect()
+            } else {
+                all
+            };
+            let mut readers = mine.into_iter();
             let found = readers.next();
             if readers.next().is_some() {
                 return Err(unsupported(
@@ -782,6 +824,12 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
             nodes.push(n);
         }
     }
+    // a layer of the host's inputs whose product only the kernel after another layer
+    // reads (a tower, a shortcut of the features) is a side part of that layer
+    side_parts(g, &mut kernels, &mut owner, &|x| {
+        let x = resolve(x);
+        source(x) || hosted[x.index()]
+    });
     // kernels in dataflow order (of their first node)
     let pos: Vec<usize> = {
         let mut p = vec![usize::MAX; bound];
@@ -790,9 +838,28 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         }
         p
     };
+    // (a vector kernel just after the last layer whose outputs it reads: a side part's
+    // nodes may come long before its layer's)
+    let outputs: BTreeSet<NodeIndex> = (kernels.iter())
+        .flat_map(|k| match &k.kind {
+            Kind::Dense { fwd, more, .. } => std::iter::once(*fwd)
+                .chain(more.iter().filter(|p| p.side).map(|p| p.mm))
+                .collect(),
+            Kind::Vector { .. } => Vec::new(),
+        })
+        .collect();
     let first = |k: &Kernel| match &k.kind {
-        Kind::Dense { fwd, .. } => pos[fwd.index()],
-        Kind::Vector { nodes } => nodes.iter().map(|n| pos[n.index()]).min().unwrap_or(0),
+        Kind::Dense { fwd, .. } => (pos[fwd.index()], 0),
+        Kind::Vector { nodes } => {
+            let after = (nodes.iter())
+                .flat_map(|&n| g.operands(n))
+                .map(resolve)
+                .filter(|o| outputs.contains(o))
+                .map(|o| pos[o.index()])
+                .max();
+            let own = nodes.iter().map(|n| pos[n.index()]).min().unwrap_or(0);
+            (after.unwrap_or(own), 1)
+        }
     };
     let mut perm: Vec<usize> = (0..kernels.len()).collect();
     perm.sort_by_key(|&k| first(&kernels[k]));
@@ -1035,13 +1102,20 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         if to.is_empty() {
             continue;
         }
-        let bwd = kernels.iter().any(|k| match k.kind {
-            Kind::Dense { dy, bwd, carry, .. } => {
-                dy == Some(n)
-                    || bwd == Some(n)
+        let bwd = kernels.iter().any(|k| match &k.kind {
+            Kind::Dense {
+                dy,
+                bwd,
+                carry,
+                more,
+                ..
+            } => {
+                *dy == Some(n)
+                    || *bwd == Some(n)
                     || carry
                         .and_then(|c| c.grad)
                         .is_some_and(|(_, skip)| skip == n)
+                    || more.iter().any(|p| p.side && p.dy == Some(n))
             }
             Kind::Vector { .. } => false,
         });
@@ -1162,6 +1236,8 @@ fn merge_sums(
                         x: *x,
                         mm: *fwd,
                         dw: *dw,
+                        side: false,
+                        dy: None,
                     })
                 }
                 _ => None,
@@ -1256,6 +1332,114 @@ fn shared_updates(
 }
 
 /// Whether node `n` has users and `of` holds every one of them.
+/// Makes each layer of the host's inputs (`from_host`) whose product only a vector
+/// kernel reads that also reads another layer's product a side part of that other
+/// layer (see `Part::side`). Run before the step nodes find their kernels.
+fn side_parts(
+    g: &Graph,
+    kernels: &mut Vec<Kernel>,
+    owner: &mut [Option<usize>],
+    from_host: &dyn Fn(NodeIndex) -> bool,
+) {
+    // the one kernel that reads node `n` (none when several do, or none)
+    let reader = |n: NodeIndex, owner: &[Option<usize>]| {
+        let ks: BTreeSet<Option<usize>> =
+            (g.g.neighbors_directed(n, petgraph::Direction::Outgoing))
+                .map(|u| owner[u.index()])
+                .collect();
+        match ks.into_iter().collect::<Vec<_>>().as_slice() {
+            [Some(k)] => Some(*k),
+            _ => None,
+        }
+    };
+    let plain = |kr: &Kernel| match &kr.kind {
+        Kind::Dense {
+            x,
+            fwd,
+            bwd: None,
+            more,
+            carry: None,
+            ..
+        } => {
+            more.is_empty()
+                && matches!(g.node(*fwd).op, Op::MatMul)
+                && g.ty(*x).rank() == 2
+                && from_host(*x)
+        }
+        _ => false,
+    };
+    loop {
+        let vector = |k: usize| matches!(kernels[k].kind, Kind::Vector { .. });
+        let found = (0..kernels.len()).find_map(|s| {
+            let Kind::Dense { fwd, .. } = kernels[s].kind else {
+                return None;
+            };
+            if !plain(&kernels[s]) {
+                return None;
+            }
+            let v = reader(fwd, owner).filter(|&v| vector(v))?;
+            let l = (0..kernels.len()).find(|&l| {
+                l != s
+                    && matches!(kernels[l].kind, Kind::Dense { fwd, .. } if reader(fwd, owner) == Some(v))
+            })?;
+            Some((s, l))
+        });
+        let Some((gone, main)) = found else {
+            return;
+        };
+        let taken = kernels.remove(gone);
+        let main = if gone < main { main - 1 } else { main };
+        for o in owner.iter_mut() {
+            match *o {
+                Some(k) if k == gone => *o = Some(main),
+                Some(k) if k > gone => *o = Some(k - 1),
+                _ => {}
+            }
+        }
+        let Kind::Dense {
+            w, x, fwd, dy, dw, ..
+        } = taken.kind
+        else {
+            return;
+        };
+        let kr = &mut kernels[main];
+        kr.vars.extend(taken.vars);
+        if let Kind::Dense { more, .. } = &mut kr.kind {
+            more.push(Part {
+                w,
+                x,
+                mm: fwd,
+                dw,
+                side: true,
+                dy,
+            });
+        }
+    }
+}
+
+/// The variables the step nodes after node `n` read (a weight gradient's: its
+/// weight, and its optimiser's slots).
+fn updates_read(g: &Graph, class: &[Class], n: NodeIndex) -> BTreeSet<NodeIndex> {
+    let mut vars = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![n];
+    while let Some(v) = stack.pop() {
+        for u in g.g.neighbors_directed(v, petgraph::Direction::Outgoing) {
+            // (through the batch values it makes: a mean across shards; not through
+            // scalars, which may mix every layer's: a global norm)
+            let tensor = g.ty(u).rank() > 0;
+            if matches!(class[u.index()], Class::Step | Class::Batch) && tensor && seen.insert(u) {
+                vars.extend(
+                    (g.operands(u).into_iter())
+                        .filter(|&o| matches!(g.node(o).op, Op::Variable { .. })),
+                );
+                stack.push(u);
+            }
+        }
+    }
+    vars
+}
+
 fn read_only_by(g: &Graph, n: NodeIndex, of: impl Fn(NodeIndex) -> bool) -> bool {
     let mut users =
         g.g.neighbors_directed(n, petgraph::Direction::Outgoing)

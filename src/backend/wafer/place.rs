@@ -20,7 +20,7 @@
 //! streams'.
 
 use super::fabric::Fabric;
-use super::form::{self, image, Carry, End, Formed, Kind, Unsupported};
+use super::form::{self, image, End, Formed, Kind, Unsupported};
 use super::isa::Colour;
 use super::kernels::dense::{self, Dense, Geom, Shape};
 use super::kernels::vector::{Port, Vector};
@@ -457,25 +457,27 @@ fn vector_of<'a>(
         inputs: Vec::new(),
         outputs: Vec::new(),
     };
-    // a residual's value comes in after the outputs of the layer before, which carries
-    // it, and its gradient goes out after that layer's output gradient
-    let carrier = k.checked_sub(1).and_then(|l| match f.kernels[l].kind {
+    // a residual's value and a side part's outputs come in after the outputs of the
+    // layer before, which carries them; their gradients go out after that layer's
+    // output gradient, in the same order
+    let layer = k.checked_sub(1).and_then(|l| match &f.kernels[l].kind {
         Kind::Dense {
             fwd,
             dy,
-            carry: Some(c),
+            carry,
+            more,
             ..
-        } => Some((fwd, dy, c)),
-        _ => None,
+        } => Some((*fwd, *dy, *carry, more)),
+        Kind::Vector { .. } => None,
     });
     for st in &f.streams {
         let c = colour(st.node);
         if st.to.contains(&End::Kernel(k)) {
-            let carried = f.carried(st.node, k);
+            let carried = f.carried_rank(st.node, k);
             v.inputs.push(Port {
                 node: st.node,
-                colour: match carrier {
-                    Some((fwd, ..)) if carried => colour(fwd),
+                colour: match layer {
+                    Some((fwd, ..)) if carried > 0 => colour(fwd),
                     _ => c,
                 },
                 bwd: st.bwd,
@@ -489,30 +491,30 @@ fn vector_of<'a>(
                 colour: c,
                 bwd: st.bwd,
                 whole: false,
-                carried: false,
+                carried: 0,
             });
         }
     }
-    if let Some((
-        _,
-        Some(dy),
-        Carry {
-            grad: Some((_, skip)),
-            ..
-        },
-    )) = carrier
-    {
-        if f.resolve(dy) == skip {
-            // (its output gradient is the skip's: no more to send)
-            return sorted(v);
+    if let Some((_, Some(dy), carry, more)) = layer {
+        let dy = f.resolve(dy);
+        let skip = carry.and_then(|c| c.grad).map(|g| g.1);
+        let sides = more
+            .iter()
+            .filter(|p| p.side && p.dw.is_some())
+            .filter_map(|p| p.dy);
+        // (a residual's gradient that is the layer's output gradient is sent once)
+        for (rank, node) in (1u8..).zip(std::iter::once(skip).chain(sides.map(Some))) {
+            match node {
+                Some(node) if node != dy => v.outputs.push(Port {
+                    node,
+                    colour: colour(dy),
+                    bwd: true,
+                    whole: false,
+                    carried: rank,
+                }),
+                _ => {}
+            }
         }
-        v.outputs.push(Port {
-            node: skip,
-            colour: colour(dy),
-            bwd: true,
-            whole: false,
-            carried: true,
-        });
     }
     sorted(v)
 }
@@ -819,7 +821,16 @@ impl<'a> Sizer<'a> {
         let mut scratch = Laid::default();
         let words = self.fab.usable_bytes() / super::cost::WORD;
         layer
-            .program(0, 0, (wc, hr), c, &mut scratch, (0, 0), ranges)
+            .program(
+                0,
+                0,
+                (wc, hr),
+                c,
+                &mut scratch,
+                (0, 0),
+                ranges,
+                layer.row(0, hr, None),
+            )
             .map_or((NEVER, false), |p| {
                 let t = super::cost::per_pass(self.fab, &p, self.f.batch, super::kernels::UPDATE);
                 (t, p.words() <= words)
@@ -1190,6 +1201,7 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
         w,
         fwd,
         dw,
+        dy,
         ref more,
         ..
     } = kr.kind
@@ -1270,6 +1282,11 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
             update: u,
             more: Vec::new(),
             carry: None,
+            side: part.side.then(|| match (part.dy, dy) {
+                (Some(a), Some(b)) if f.resolve(a) == f.resolve(b) => dense::Back::Same,
+                (Some(_), _) => dense::Back::Beside,
+                (None, _) => dense::Back::Not,
+            }),
         });
     }
     let update = update_main;
@@ -1300,6 +1317,7 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
             (Some(_), _) => dense::Back::Beside,
             (None, _) => dense::Back::Not,
         }),
+        side: None,
     })
 }
 
@@ -1574,7 +1592,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     for port in &v.inputs {
                         // forward inputs from the frame's west, backward ones from its east
                         let from = if port.bwd { Dir::E } else { Dir::W };
-                        if st_from_host(f, port.node) || port.carried {
+                        if st_from_host(f, port.node) || port.carried > 0 {
                             continue;
                         }
                         // a stream that goes on to the kernel beyond this strip (a
@@ -1609,7 +1627,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                         }
                     }
                     for port in &v.outputs {
-                        if port.carried
+                        if port.carried > 0
                             || f.streams
                                 .iter()
                                 .any(|s| s.node == port.node && s.to.contains(&End::Host))

@@ -172,6 +172,25 @@ pub struct Dense {
     /// its outputs, each PE adding in those of its column's; and takes their gradient,
     /// each PE adding those of its column's into its partial input gradient.
     pub carry: Option<Back>,
+    /// Whether it is a side part (`form::Part::side`), and how its outputs' gradient
+    /// comes back: its outputs travel in the rows' chains after the layer's (and a
+    /// residual's), not summed into them; so do their gradients, after the layer's
+    /// output gradient, unless they are the layer's (`Back::Same`: the two summed).
+    pub side: Option<Back>,
+}
+
+/// Where a PE's values lie in its row's chain: the chain's words forward, and where
+/// this PE's outputs go in them; the row's output gradient's words, and where this
+/// PE's part of it is. A row carries the layer's outputs (those of its summed parts
+/// too), then its carried inputs (a residual's), then each side part's outputs; its
+/// output gradient the layer's, then the residual's (when it comes beside), then each
+/// side part's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    pub len: u32,
+    pub at: u32,
+    pub back_len: u32,
+    pub back_at: u32,
 }
 
 /// How a layer that carries its input gets that input's gradient back.
@@ -330,6 +349,7 @@ impl Dense {
             update: Update::default(),
             more: Vec::new(),
             carry: None,
+            side: None,
         }
     }
 
@@ -337,6 +357,43 @@ impl Dense {
     /// `ceil(k / w)` inputs, so fewer columns may do).
     pub fn used(&self, w: u32, h: u32) -> (u32, u32) {
         (used(self.k, w), used(self.n, h))
+    }
+
+    /// Row `j` of `hr` as part `part` of this layer sees it (`None`: the layer's own
+    /// columns; `Some(p)`: its further part `p`).
+    pub fn row(&self, j: u32, hr: u32, part: Option<usize>) -> Row {
+        let own = split(self.n, hr, j).len() as u32;
+        let carried = match self.carry {
+            Some(_) => split(self.k, hr, j).len() as u32,
+            None => 0,
+        };
+        let back = if self.carry == Some(Back::Beside) {
+            carried
+        } else {
+            0
+        };
+        let (mut len, mut back_len) = (own + carried, own + back);
+        let (mut at, mut back_at) = (0, 0);
+        for (p, d) in self.more.iter().enumerate() {
+            let Some(back) = d.side else {
+                continue;
+            };
+            if part == Some(p) {
+                at = len;
+                back_at = if back == Back::Beside { back_len } else { 0 };
+            }
+            let n = split(d.n, hr, j).len() as u32;
+            len += n;
+            if back == Back::Beside {
+                back_len += n;
+            }
+        }
+        Row {
+            len,
+            at,
+            back_len,
+            back_at,
+        }
     }
 
     /// The rows of `W` (seen as `[rows, n]`) that a column with input groups `ks`
@@ -387,22 +444,24 @@ impl Dense {
         }
         let (wc, hr) = self.used(w, h);
         // each part: its layer, its first column, its columns, its colours
-        let mut parts = vec![(self, 0, wc, c)];
+        let mut parts = vec![(self, None, 0, wc, c)];
         let mut all = wc;
-        for (d, &(lanes, x)) in self.more.iter().zip(more) {
+        for (p, (d, &(lanes, x))) in self.more.iter().zip(more).enumerate() {
             let cols = used(d.k, lanes);
-            parts.push((d, all, cols, Colours { x, ..c }));
+            parts.push((d, Some(p), all, cols, Colours { x, ..c }));
             all += cols;
         }
         let mut laid = Laid::default();
-        for (d, first, cols, c) in parts {
+        for (d, part, first, cols, c) in parts {
             for i in 0..cols {
                 let ks = split(d.k, cols, i);
                 let col = first + i;
                 for j in 0..hr {
-                    let ns = split(self.n, hr, j);
+                    // a side part's own outputs; the others', the layer's
+                    let ns = split(if d.side.is_some() { d.n } else { self.n }, hr, j);
                     let at = o.at(origin, col, j);
-                    let p = d.program(col, j, (all, hr), c, &mut laid, at, (&ks, &ns))?;
+                    let row = self.row(j, hr, part);
+                    let p = d.program(col, j, (all, hr), c, &mut laid, at, (&ks, &ns), row)?;
                     let words = p.words() as usize;
                     laid.pes.insert(at, (Arc::new(p), vec![0.0; words]));
                     d.routes(col, j, (all, hr), c, o, at, &mut laid)?;
@@ -424,6 +483,7 @@ impl Dense {
         laid: &mut Laid,
         at: (u32, u32),
         (ks, ns): (&std::ops::Range<u32>, &std::ops::Range<u32>),
+        row: Row,
     ) -> Result<Program, String> {
         let mut p = Program::default();
         let b = ns.len() as u32;
@@ -476,7 +536,6 @@ impl Dense {
             let row = split(self.k, hr, j);
             let (lo, hi) = (ks.start.max(row.start), ks.end.min(row.end));
             Carrying {
-                len: row.len() as u32,
                 mine: hi.saturating_sub(lo),
                 at: lo.saturating_sub(ks.start),
                 to: lo.saturating_sub(row.start),
@@ -484,12 +543,22 @@ impl Dense {
         } else {
             Carrying::default()
         };
+        let plain = Row {
+            len: b,
+            at: 0,
+            back_len: b,
+            back_at: 0,
+        };
+        if row != plain && !matches!(self.shape, Shape::Matmul) {
+            return Err("a side part or a residual of a convolution or an embedding has no wafer kernel yet".into());
+        }
         let blk = Block {
             w,
             dw,
             c,
             links,
             carry,
+            row,
         };
         let (fwd, bwd) = match self.shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
@@ -551,14 +620,16 @@ impl Dense {
             c,
             links,
             carry,
+            row,
         }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
         let (xs, take) = self.stash(p, "x stash", a, c.x);
-        // the outputs, then the carried features
-        let y = p.alloc("y", b + carry.len);
+        // the row's chain: this PE's outputs at `row.at` (see `Row`)
+        let chain = p.alloc("y", row.len);
+        let y = chain + row.at;
         let mut fwd = vec![
             take,
-            zero(y, b + carry.len),
+            zero(chain, row.len),
             macs(
                 y,
                 b,
@@ -581,27 +652,24 @@ impl Dense {
             });
         }
         let (send, recv) = links.fwd;
-        fwd.push(link(y, (b + carry.len, 1), &[], send, recv));
+        fwd.push(link(chain, (row.len, 1), &[], send, recv));
         if self.train {
             fwd.push(self.count(0));
         }
         let Some(dw) = dw else {
             return (fwd, Vec::new());
         };
-        // the output gradient, then the carried features' (when it sends `dx`)
-        let back = if self.carry == Some(Back::Beside) {
-            carry.len
-        } else {
-            0
-        };
+        // the row's output gradient: this PE's at `row.back_at`, a residual's after
+        // the layer's
         // where row `j`'s carried features' gradient is in `dy`
         let skip = match self.carry {
             Some(Back::Beside) => Some(b),
             Some(Back::Same) => Some(0),
             _ => None,
         };
-        let dy = p.alloc("dy", b + back);
-        let mut bwd = vec![receive(Dsd::mem(dy, b + back), c.dy)];
+        let grads = p.alloc("dy", row.back_len);
+        let dy = grads + row.back_at;
+        let mut bwd = vec![receive(Dsd::mem(grads, row.back_len), c.dy)];
         if self.dx {
             let dxp = p.alloc("dx", a);
             bwd.push(zero(dxp, a));
@@ -898,14 +966,14 @@ struct Block {
     c: Colours,
     links: Links,
     carry: Carrying,
+    row: Row,
 }
 
-/// What a PE of a layer that carries its input adds to its row's chain: its row's
-/// carried features (`len`), and of those its column's (`mine`: from input `at` of its
-/// column, to place `to` of its row's). Nothing for another layer.
+/// What a PE of a layer that carries its input adds to its row's chain: of its row's
+/// carried features, its column's (`mine`: from input `at` of its column, to place `to`
+/// of its row's, after the layer's outputs). Nothing for another layer.
 #[derive(Debug, Clone, Copy, Default)]
 struct Carrying {
-    len: u32,
     mine: u32,
     at: u32,
     to: u32,
@@ -1114,6 +1182,7 @@ mod tests {
             update: sgd(),
             more: Vec::new(),
             carry: None,
+            side: None,
         }
     }
 

@@ -21,16 +21,17 @@ use std::collections::BTreeMap;
 
 /// A stream of a vector kernel: the node, its colour, whether it is part of the
 /// backward pass, whether every lane receives the whole sample (a stream from the
-/// host, multicast along the strip) and keeps its share, and whether it follows
-/// another on the same colour (a residual's, carried by the layer before: see
-/// `form::Carry`).
+/// host, multicast along the strip) and keeps its share, and where it follows others
+/// on the same colour (0: it does not; else its rank among those the layer before
+/// carries: a residual's value, side parts' outputs, and their gradients; see
+/// `form::Formed::carried_rank`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Port {
     pub node: NodeIndex,
     pub colour: Colour,
     pub bwd: bool,
     pub whole: bool,
-    pub carried: bool,
+    pub carried: u8,
 }
 
 /// Kernel `k` of a formed graph, a vector kernel, with its streams.
@@ -445,7 +446,7 @@ impl Vector<'_> {
                     }
                 };
                 // sample by sample; a carried gradient right after what carries it
-                if turnaround.iter().any(|o| o.carried) {
+                if turnaround.iter().any(|o| o.carried > 0) {
                     fin.push(Instr::Loop {
                         count: batch,
                         body: turnaround.iter().map(send).collect(),
