@@ -826,10 +826,16 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
     }
     // a layer of the host's inputs whose product only the kernel after another layer
     // reads (a tower, a shortcut of the features) is a side part of that layer
-    side_parts(g, &mut kernels, &mut owner, &|x| {
-        let x = resolve(x);
-        source(x) || hosted[x.index()]
-    });
+    side_parts(
+        g,
+        &mut kernels,
+        &mut owner,
+        &|x| {
+            let x = resolve(x);
+            source(x) || hosted[x.index()]
+        },
+        &resolve,
+    );
     // kernels in dataflow order (of their first node)
     let pos: Vec<usize> = {
         let mut p = vec![usize::MAX; bound];
@@ -1340,6 +1346,7 @@ fn side_parts(
     kernels: &mut Vec<Kernel>,
     owner: &mut [Option<usize>],
     from_host: &dyn Fn(NodeIndex) -> bool,
+    resolve: &dyn Fn(NodeIndex) -> NodeIndex,
 ) {
     // the one kernel that reads node `n` (none when several do, or none)
     let reader = |n: NodeIndex, owner: &[Option<usize>]| {
@@ -1370,6 +1377,26 @@ fn side_parts(
     };
     loop {
         let vector = |k: usize| matches!(kernels[k].kind, Kind::Vector { .. });
+        // the layer it joins: a product of its own input (the host sends an input to
+        // one part of a layer), which trains if the side part does (its output
+        // gradient brings the side part's)
+        let joins = |l: usize, s: usize, v: usize| {
+            let (
+                Kind::Dense { x: xs, dy: ds, .. },
+                Kind::Dense {
+                    x, fwd, dy, more, ..
+                },
+            ) = (&kernels[s].kind, &kernels[l].kind)
+            else {
+                return false;
+            };
+            let inputs = std::iter::once(*x).chain(more.iter().map(|p| p.x));
+            l != s
+                && reader(*fwd, owner) == Some(v)
+                && product(g, &kernels[l].kind).is_some_and(|p| matches!(g.node(p).op, Op::MatMul))
+                && inputs.into_iter().all(|i| resolve(i) != resolve(*xs))
+                && (ds.is_none() || dy.is_some())
+        };
         let found = (0..kernels.len()).find_map(|s| {
             let Kind::Dense { fwd, .. } = kernels[s].kind else {
                 return None;
@@ -1378,10 +1405,7 @@ fn side_parts(
                 return None;
             }
             let v = reader(fwd, owner).filter(|&v| vector(v))?;
-            let l = (0..kernels.len()).find(|&l| {
-                l != s
-                    && matches!(kernels[l].kind, Kind::Dense { fwd, .. } if reader(fwd, owner) == Some(v))
-            })?;
+            let l = (0..kernels.len()).find(|&l| joins(l, s, v))?;
             Some((s, l))
         });
         let Some((gone, main)) = found else {
@@ -1411,7 +1435,7 @@ fn side_parts(
                 mm: fwd,
                 dw,
                 side: true,
-                dy,
+                dy: dy.map(resolve),
             });
         }
     }

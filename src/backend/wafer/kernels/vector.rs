@@ -324,6 +324,23 @@ impl Vector<'_> {
             .filter(|o| o.bwd && phases.get(&o.node) == Some(&0))
             .copied()
             .collect();
+        // the values sent on one colour go in one phase (a carried gradient with
+        // what carries it: each sample's together)
+        let sent_when = |o: &Port| {
+            let ph = phases.get(&o.node).copied().unwrap_or(0);
+            (o.bwd, ph)
+        };
+        let carrier = (self.k.checked_sub(1))
+            .and_then(|l| match f.kernels[l].kind {
+                Kind::Dense { dy, .. } => dy.map(|d| f.resolve(d)),
+                Kind::Vector { .. } => None,
+            })
+            .and_then(|dy| self.outputs.iter().find(|o| o.node == dy));
+        for o in self.outputs.iter().filter(|o| o.carried > 0) {
+            if carrier.is_some_and(|c| sent_when(c) != sent_when(o)) {
+                return Err("a gradient carried beside another that is computed in the other pass has no wafer kernel yet".into());
+            }
+        }
         for phase in 0..=u8::from(has_bwd) {
             scratch.reset();
             let mut body = Vec::new();
