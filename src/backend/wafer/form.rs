@@ -196,18 +196,18 @@ impl Formed {
     /// `carried`): 1 for a residual's value or gradient, 2 + `i` for side part `i`'s
     /// (in the order they follow the layer's own values); 0 when not carried.
     pub fn carried_rank(&self, n: NodeIndex, to: usize) -> u8 {
-        let sides = |l: usize| match self.kernels.get(l).map(|k| &k.kind) {
-            Some(Kind::Dense { more, .. }) => (more.iter())
-                .filter(|p| p.side)
-                .copied()
-                .collect::<Vec<Part>>(),
-            _ => Vec::new(),
+        let sides = |l: usize| {
+            let more = self.kernels.get(l).and_then(|k| match &k.kind {
+                Kind::Dense { more, .. } => Some(more),
+                Kind::Vector { .. } => None,
+            });
+            more.into_iter().flatten().filter(|p| p.side)
         };
         if let Some(l) = to.checked_sub(1) {
             if self.carry(l).is_some_and(|c| c.x == n) {
                 return 1;
             }
-            if let Some(i) = sides(l).iter().position(|p| p.mm == n) {
+            if let Some(i) = sides(l).position(|p| p.mm == n) {
                 return 2 + i as u8;
             }
         }
@@ -221,7 +221,7 @@ impl Formed {
         {
             return 1;
         }
-        match (sides(to).iter()).position(|p| p.dy == Some(n) && dy != Some(n)) {
+        match sides(to).position(|p| p.dy == Some(n) && dy != Some(n)) {
             Some(i) => 2 + i as u8,
             None => 0,
         }
@@ -1282,23 +1282,37 @@ fn merge_sums(
         let Some((sum, main, gone, part)) = found else {
             return;
         };
-        let taken = kernels.remove(gone);
-        let main = if gone < main { main - 1 } else { main };
-        for o in owner.iter_mut() {
-            match *o {
-                Some(k) if k == gone => *o = Some(main),
-                Some(k) if k > gone => *o = Some(k - 1),
-                _ => {}
-            }
-        }
+        let main = absorb(kernels, owner, (gone, main), |_| Some(part));
         owner[sum.index()] = Some(main);
-        let kr = &mut kernels[main];
-        kr.vars.extend(taken.vars);
-        if let Kind::Dense { fwd, more, .. } = &mut kr.kind {
+        if let Kind::Dense { fwd, .. } = &mut kernels[main].kind {
             *fwd = sum;
-            more.push(part);
         }
     }
+}
+
+/// Removes layer `gone` and makes it a further part of layer `main` (the part `part`
+/// makes of it): its nodes and variables become `main`'s. Returns `main`'s new index.
+fn absorb(
+    kernels: &mut Vec<Kernel>,
+    owner: &mut [Option<usize>],
+    (gone, main): (usize, usize),
+    part: impl FnOnce(&Kind) -> Option<Part>,
+) -> usize {
+    let taken = kernels.remove(gone);
+    let main = if gone < main { main - 1 } else { main };
+    for o in owner.iter_mut() {
+        match *o {
+            Some(k) if k == gone => *o = Some(main),
+            Some(k) if k > gone => *o = Some(k - 1),
+            _ => {}
+        }
+    }
+    let kr = &mut kernels[main];
+    kr.vars.extend(taken.vars);
+    if let (Some(p), Kind::Dense { more, .. }) = (part(&taken.kind), &mut kr.kind) {
+        more.push(p);
+    }
+    main
 }
 
 /// The step nodes that make the new values of variables several kernels will hold
@@ -1411,33 +1425,19 @@ fn side_parts(
         let Some((gone, main)) = found else {
             return;
         };
-        let taken = kernels.remove(gone);
-        let main = if gone < main { main - 1 } else { main };
-        for o in owner.iter_mut() {
-            match *o {
-                Some(k) if k == gone => *o = Some(main),
-                Some(k) if k > gone => *o = Some(k - 1),
-                _ => {}
-            }
-        }
-        let Kind::Dense {
-            w, x, fwd, dy, dw, ..
-        } = taken.kind
-        else {
-            return;
-        };
-        let kr = &mut kernels[main];
-        kr.vars.extend(taken.vars);
-        if let Kind::Dense { more, .. } = &mut kr.kind {
-            more.push(Part {
+        absorb(kernels, owner, (gone, main), |kind| match *kind {
+            Kind::Dense {
+                w, x, fwd, dy, dw, ..
+            } => Some(Part {
                 w,
                 x,
                 mm: fwd,
                 dw,
                 side: true,
                 dy: dy.map(resolve),
-            });
-        }
+            }),
+            Kind::Vector { .. } => None,
+        });
     }
 }
 

@@ -1218,6 +1218,13 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
             })
             .collect()
     };
+    // how a carried value's gradient (a residual's, a side part's) comes back: not at
+    // all, as the layer's output gradient itself, or beside it
+    let back = |grad: Option<NodeIndex>| match grad {
+        None => dense::Back::Not,
+        Some(g) if dy.is_some_and(|d| f.resolve(d) == f.resolve(g)) => dense::Back::Same,
+        Some(_) => dense::Back::Beside,
+    };
     // each part's share of the update: its own weight, slots and gradient
     let shares: Vec<_> = (0..=more.len())
         .map(|p| form::part_update(g, f, k, p))
@@ -1282,11 +1289,7 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
             update: u,
             more: Vec::new(),
             carry: None,
-            side: part.side.then(|| match (part.dy, dy) {
-                (Some(a), Some(b)) if f.resolve(a) == f.resolve(b) => dense::Back::Same,
-                (Some(_), _) => dense::Back::Beside,
-                (None, _) => dense::Back::Not,
-            }),
+            side: part.side.then(|| back(part.dy)),
         });
     }
     let update = update_main;
@@ -1310,13 +1313,7 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
         hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
         update,
         more: parts,
-        carry: f.carry(k).map(|c| match (c.grad, kr.kind.clone()) {
-            (Some((_, skip)), Kind::Dense { dy: Some(dy), .. }) if f.resolve(dy) == skip => {
-                dense::Back::Same
-            }
-            (Some(_), _) => dense::Back::Beside,
-            (None, _) => dense::Back::Not,
-        }),
+        carry: f.carry(k).map(|c| back(c.grad.map(|g| g.1))),
         side: None,
     })
 }
