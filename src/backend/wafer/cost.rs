@@ -97,9 +97,9 @@ pub fn body(f: &Fabric, instrs: &[Instr]) -> u64 {
         .sum()
 }
 
-/// A program's cycles per sample, stalls aside: its data tasks once each (a sample's
-/// forward and backward tasks) with their switches, and its other tasks but the
-/// update (the step's finishing ones) spread over the `batch` samples.
+/// A program's cycles per sample, stalls aside: its tasks' cycles with their switches,
+/// each as many times as it runs in a step (`runs`), over the step's `batch` samples;
+/// the update (the step's finishing task, launched by the host) aside.
 pub fn per_sample(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> u64 {
     per_pass(f, p, batch, update).iter().sum()
 }
@@ -109,24 +109,75 @@ pub fn per_sample(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> u64 {
 /// those of the backward pass odd.
 pub fn per_pass(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> [u64; 2] {
     let switch = u64::from(f.task_switch);
-    let mut once = [0; 2];
-    let mut per_step = [0; 2];
-    for t in &p.tasks {
-        let c = switch + body(f, &t.body);
-        let pass = usize::from(t.id % 2);
-        match t.trigger {
-            Trigger::Data(_) => once[pass] += c,
-            Trigger::Local { .. } if t.id != update => per_step[pass] += c,
-            Trigger::Local { .. } => {}
+    let mut all = [0; 2];
+    for (t, n) in p.tasks.iter().zip(runs(p, batch)) {
+        if t.id != update {
+            all[usize::from(t.id % 2)] += n * (switch + body(f, &t.body));
         }
     }
     let b = u64::from(batch.max(1));
-    [once[0] + per_step[0] / b, once[1] + per_step[1] / b]
+    [all[0] / b, all[1] / b]
 }
 
-/// The wavelets a program sends on colour `c` in a step of `batch` samples: its data
-/// tasks' sends once a sample, its other tasks' once a step (as `per_sample` counts
-/// their cycles).
+/// How many times each task of `p` (in its order) runs in a step of `batch` samples:
+/// a data task once for each sample dealt to it (`Program::share`); a local task as
+/// often as the tasks that activate it do, over a count's `every`; one at start
+/// never within a step (the host's launches, the update, count once).
+pub fn runs(p: &Program, batch: u32) -> Vec<u64> {
+    let mut n: Vec<u64> = (p.tasks.iter())
+        .map(|t| match t.trigger {
+            Trigger::Data(_) => u64::from(batch / p.share()),
+            Trigger::Local { .. } => 0,
+        })
+        .collect();
+    fn activations(body: &[Instr], times: u64, out: &mut Vec<(TaskId, u64)>) {
+        for i in body {
+            match i {
+                Instr::Activate(t) => out.push((*t, times)),
+                Instr::Count {
+                    every,
+                    then: Some(t),
+                    ..
+                } => out.push((*t, times / u64::from((*every).max(1)))),
+                Instr::Loop { count, body } => activations(body, times * u64::from(*count), out),
+                _ => {}
+            }
+        }
+    }
+    // tasks activate ones after them in a chain (data, then finishing): a few passes
+    // settle it
+    for _ in 0..p.tasks.len().min(8) {
+        let mut add = Vec::new();
+        for (t, &times) in p.tasks.iter().zip(&n) {
+            activations(&t.body, times, &mut add);
+        }
+        let mut next: Vec<u64> = (p.tasks.iter())
+            .map(|t| match t.trigger {
+                Trigger::Data(_) => u64::from(batch / p.share()),
+                Trigger::Local { .. } => 0,
+            })
+            .collect();
+        for (id, times) in add {
+            if let Some(i) = p.tasks.iter().position(|t| t.id == id) {
+                next[i] += times;
+            }
+        }
+        // a local task nothing activates in a step runs once (the host launches it)
+        for (i, t) in p.tasks.iter().enumerate() {
+            if t.trigger == (Trigger::Local { at_start: false }) && next[i] == 0 {
+                next[i] = 1;
+            }
+        }
+        if next == n {
+            break;
+        }
+        n = next;
+    }
+    n
+}
+
+/// The wavelets a program sends on colour `c` in a step of `batch` samples: each
+/// task's sends as many times as it runs (`runs`).
 pub fn sends(p: &Program, c: Colour, batch: u64) -> u64 {
     fn out(body: &[Instr], c: Colour) -> u64 {
         body.iter()
@@ -140,12 +191,10 @@ pub fn sends(p: &Program, c: Colour, batch: u64) -> u64 {
             })
             .sum()
     }
-    p.tasks
-        .iter()
-        .map(|t| match t.trigger {
-            Trigger::Data(_) => out(&t.body, c) * batch,
-            Trigger::Local { .. } => out(&t.body, c),
-        })
+    let batch = u32::try_from(batch).unwrap_or(u32::MAX);
+    (p.tasks.iter())
+        .zip(runs(p, batch))
+        .map(|(t, n)| out(&t.body, c) * n)
         .sum()
 }
 

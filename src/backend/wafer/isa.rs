@@ -381,9 +381,22 @@ pub struct Symbol {
 pub struct Program {
     pub tasks: Vec<Task>,
     pub symbols: Vec<Symbol>,
+    /// A replica's share of the samples: its data tasks run for one sample in `deal`
+    /// (0 or 1: for every sample; see `kernels/vector.rs`, replicas).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deal: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Program {
+    /// One sample in how many its data tasks run for.
+    pub fn share(&self) -> u32 {
+        self.deal.max(1)
+    }
+
     /// The SRAM words its memory map spans.
     pub fn words(&self) -> u32 {
         self.symbols
@@ -625,6 +638,9 @@ fn write_nest(
 
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.share() > 1 {
+            writeln!(f, "one sample in {} dealt to it", self.share())?;
+        }
         writeln!(f, "memory ({} words):", self.words())?;
         for s in &self.symbols {
             writeln!(f, "  {:>6} .. {:<6} {}", s.base, s.base + s.len, s.name)?;

@@ -23,7 +23,7 @@ use super::fabric::Fabric;
 use super::form::{self, image, End, Formed, Kind, Unsupported};
 use super::isa::Colour;
 use super::kernels::dense::{self, Dense, Geom, Shape};
-use super::kernels::vector::{Port, Vector};
+use super::kernels::vector::{Port, Rep, Vector};
 use super::kernels::{split, Laid, Orient, Piece, UPDATE};
 use super::lower::Update;
 use super::sim::{Dir, HostIn, Route, Setup};
@@ -403,6 +403,10 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     })
 }
 
+/// The most replicas a one-lane kernel runs as (its dealer counts each one's samples
+/// on a counter of its own, and one the batch's).
+const MAX_REPS: u32 = 6;
+
 /// How much longer (in 1/1000) an estimated step may be to save PEs: the estimates
 /// are not closer than that to what the simulator measures.
 const STEP_SLACK: u64 = 20;
@@ -426,6 +430,9 @@ struct Lanes {
     out: Vec<u32>,
     /// A layer's further parts' input lanes (columns beside its own).
     more: Vec<Vec<u32>>,
+    /// A one-lane kernel's replicas (1: it runs on its lane; more: a dealer on the
+    /// lane deals the samples to them, in the lanes after it).
+    reps: Vec<u32>,
 }
 
 impl Lanes {
@@ -434,6 +441,16 @@ impl Lanes {
             inp: vec![0; kernels],
             out: vec![0; kernels],
             more: vec![Vec::new(); kernels],
+            reps: vec![1; kernels],
+        }
+    }
+
+    /// Vector kernel `k`'s PEs along its layer's output edge: its lanes, or its
+    /// dealer and replicas.
+    fn strip(&self, k: usize) -> u32 {
+        match self.reps[k] {
+            0 | 1 => self.out[k],
+            r => 1 + r,
         }
     }
 
@@ -625,7 +642,7 @@ fn staircase(f: &Formed, lanes: &Lanes) -> Vec<Stair> {
                 }
                 orient.size(lanes.columns(k), lanes.out[k])
             }
-            Kind::Vector { .. } => orient.size(1, lanes.out[k]),
+            Kind::Vector { .. } => orient.size(1, lanes.strip(k)),
         };
         out.push((at, size, orient));
         at = match orient {
@@ -664,7 +681,9 @@ struct Sizer<'a> {
     /// Further parts' first PEs by (kernel, part, columns, rows), as they are asked
     /// for: cycles per sample, and whether the memory fits.
     part_pes: std::cell::RefCell<BTreeMap<(usize, usize, u32, u32), Measured>>,
-    periods: std::cell::RefCell<BTreeMap<(usize, u32), Option<Cost>>>,
+    periods: std::cell::RefCell<BTreeMap<(usize, u32, u32), Option<Cost>>>,
+    /// Whether a one-lane kernel can run as replicas (`Vector::replicable`).
+    replicable: Vec<bool>,
     /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
     /// sample, and whether the memory fits.
     layers: std::cell::RefCell<BTreeMap<KernelLanes, Measured>>,
@@ -751,6 +770,9 @@ impl<'a> Sizer<'a> {
                 }
             })
             .collect();
+        let replicable = (0..nk)
+            .map(|k| dims[k].is_none() && vector_of(g, f, k, |_| 0).replicable())
+            .collect();
         let single_next = (0..nk)
             .map(|k| k + 1 < nk && dims[k + 1].is_none() && width[k + 1].is_none())
             .collect();
@@ -777,6 +799,7 @@ impl<'a> Sizer<'a> {
             single_next,
             floor,
             dense,
+            replicable,
             part_pes: Default::default(),
             periods: Default::default(),
             layers: Default::default(),
@@ -838,23 +861,46 @@ impl<'a> Sizer<'a> {
     }
 
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
-    /// program), stalls aside; `None` when it cannot run on that many.
-    fn vector_period(&self, k: usize, lanes: u32) -> Option<Cost> {
+    /// program), or on one lane as `reps` replicas (the slower of the dealer and a
+    /// replica), stalls aside; `None` when it cannot run so.
+    fn vector_period(&self, k: usize, lanes: u32, reps: u32) -> Option<Cost> {
         *self
             .periods
             .borrow_mut()
-            .entry((k, lanes))
+            .entry((k, lanes, reps))
             .or_insert_with(|| {
-                let lane = vector_of(self.g, self.f, k, |_| CHAIN_COLOURS)
-                    .lane(lanes, 0)
-                    .ok()?;
-                Some(super::cost::per_pass(
-                    self.fab,
-                    &lane.program,
-                    self.f.batch,
-                    super::kernels::UPDATE,
-                ))
+                let v = vector_of(self.g, self.f, k, |_| CHAIN_COLOURS);
+                let cost = |p: &super::isa::Program| {
+                    super::cost::per_pass(self.fab, p, self.f.batch, super::kernels::UPDATE)
+                };
+                if reps > 1 {
+                    let c = CHAIN_COLOURS;
+                    let to: Vec<(Colour, Colour)> =
+                        (0..reps as u8).map(|r| (c, c + 1 + r)).collect();
+                    let dealer = cost(&v.dealer(&to).ok()?);
+                    let rep = v
+                        .replica(Rep {
+                            of: reps,
+                            to: c,
+                            back: c + 1,
+                        })
+                        .ok()?;
+                    let one = cost(&rep.program);
+                    return Some([dealer[0].max(one[0]), dealer[1].max(one[1])]);
+                }
+                Some(cost(&v.lane(lanes, 0).ok()?.program))
             })
+    }
+
+    /// The replicas one-lane kernel `k` may run as, fewest first: 1, and when it can
+    /// run as replicas (`Vector::replicable`), each count up to `MAX_REPS` that
+    /// divides the batch.
+    fn reps(&self, k: usize) -> Vec<u32> {
+        let mut out = vec![1];
+        if self.replicable[k] {
+            out.extend((2..=MAX_REPS).filter(|&r| self.f.batch.is_multiple_of(r)));
+        }
+        out
     }
 
     /// Each kernel's estimated cycles per sample on a sizing.
@@ -869,7 +915,9 @@ impl<'a> Sizer<'a> {
                         [a[0].max(b[0]), a[1].max(b[1])]
                     })
                 }
-                None => self.vector_period(k, lanes.out[k]).unwrap_or(NEVER),
+                None => self
+                    .vector_period(k, lanes.out[k], lanes.reps[k])
+                    .unwrap_or(NEVER),
             })
             .collect()
     }
@@ -1018,7 +1066,7 @@ impl<'a> Sizer<'a> {
                     let more: u32 = lanes.more[k].iter().sum();
                     (lanes.inp[k] + more) * lanes.out[k]
                 }
-                None => lanes.out[k],
+                None => lanes.strip(k),
             })
             .sum()
     }
@@ -1039,11 +1087,17 @@ impl<'a> Sizer<'a> {
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
             let Some(d) = self.dims[k] else {
                 let l = self.vector_lanes(k, prev, 1)?;
-                if prev.is_some_and(|p| p != l) || !t.admits(self.vector_period(k, l)?) {
+                if prev.is_some_and(|p| p != l) {
                     return None;
                 }
+                // (a one-lane kernel as the fewest replicas that meet `t`)
+                let reps = if l == 1 { self.reps(k) } else { vec![1] };
+                let r = reps
+                    .into_iter()
+                    .find(|&r| self.vector_period(k, l, r).is_some_and(|c| t.admits(c)))?;
                 lanes.inp[k] = l;
                 lanes.out[k] = l;
+                lanes.reps[k] = r;
                 continue;
             };
             let (kk, nn) = (d.k, d.n);
@@ -1104,10 +1158,16 @@ impl<'a> Sizer<'a> {
     /// tried from the least that admits every one-lane kernel up in steps of 2% (the
     /// greedy sizing is not monotone in the budget, so no bisection).
     fn balanced(&self) -> Vec<Lanes> {
-        let single: Vec<Cost> = (0..self.f.kernels.len())
-            .filter(|&k| self.dims[k].is_none() && self.width[k].is_none())
-            .filter_map(|k| self.vector_period(k, 1))
-            .collect();
+        // (each at its fastest: on its most replicas)
+        let fastest = |k: usize| {
+            (self.reps(k).into_iter())
+                .filter_map(|r| self.vector_period(k, 1, r))
+                .min_by_key(|c| c[0] + c[1])
+        };
+        let ones = (0..self.f.kernels.len())
+            .filter(|&k| self.dims[k].is_none() && self.width[k].is_none());
+        let single: Vec<Cost> = ones.clone().filter_map(fastest).collect();
+        let on_one: Vec<Cost> = ones.filter_map(|k| self.vector_period(k, 1, 1)).collect();
         // the smallest period at which a pace admits every one-lane kernel
         let least = |pace: Pace| {
             let ok = |t: u64| single.iter().all(|&c| pace.at(t).admits(c));
@@ -1122,11 +1182,18 @@ impl<'a> Sizer<'a> {
             }
             hi
         };
-        let forward = single.iter().map(|c| c[0]).max().filter(|&f| f > 0);
+        // the forward pass fixed at the one-lane kernels' pace, at their fastest and
+        // on one PE each
+        let forward = |s: &[Cost]| s.iter().map(|c| c[0]).max().filter(|&f| f > 0);
+        let mut fixed: Vec<u64> = [forward(&single), forward(&on_one)]
+            .into_iter()
+            .flatten()
+            .collect();
+        fixed.dedup();
         let paces = [Pace::Together]
             .into_iter()
             .chain([(1, 2), (3, 4), (1, 1), (4, 3), (2, 1)].map(|(n, d)| Pace::Passes(n, d)))
-            .chain(forward.map(Pace::Back));
+            .chain(fixed.into_iter().map(Pace::Back));
         let mut found: Vec<Lanes> = Vec::new();
         for pace in paces {
             let mut t = least(pace);
@@ -1524,6 +1591,39 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             }
         }
     }
+    // a one-lane kernel's replicas: a colour from the dealer to each, and one back,
+    // free on the lanes between
+    let mut rep_colours: BTreeMap<usize, Vec<(Colour, Colour)>> = BTreeMap::new();
+    for (k, p) in placed.iter().enumerate() {
+        if lanes.reps[k] < 2 {
+            continue;
+        }
+        let mut cs = Vec::new();
+        for j in 0..lanes.reps[k] {
+            let routers: Vec<(u32, u32)> =
+                (0..=j + 1).map(|l| p.orient.at((p.x, p.y), 0, l)).collect();
+            let mut pair = [0; 2];
+            for c in &mut pair {
+                let busy =
+                    (routers.iter()).fold(0u64, |m, r| m | used.get(r).copied().unwrap_or(0));
+                let Some(free) = (CHAIN_COLOURS..64).find(|&c| busy & (1 << c) == 0) else {
+                    return Err(LayoutError::DoesNotFit(
+                        "a router would carry more than 64 streams".into(),
+                    ));
+                };
+                if free >= program_colours && short.is_none() {
+                    short = Some(format!("the samples dealt to {}'s replicas", p.name));
+                }
+                need = need.max(free + 1);
+                for r in &routers {
+                    *used.entry(*r).or_default() |= 1 << free;
+                }
+                *c = free;
+            }
+            cs.push((pair[0], pair[1]));
+        }
+        rep_colours.insert(k, cs);
+    }
     if let Some(stream) = short {
         return Err(LayoutError::Colours(ColoursShort {
             stream,
@@ -1575,16 +1675,60 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             }
             (Kind::Vector { nodes }, _) => {
                 let v = vector_of(g, f, k, |n| colour_in(n, k).unwrap_or(0));
+                let reps = rep_colours.get(&k);
                 let lanes = lanes_out[k];
                 let mut laid = Laid::default();
-                for l in 0..lanes {
-                    let lane = v.lane(lanes, l).map_err(|e| unsupported(g, nodes[0], e, "write it with the ops the wafer's vector kernels run: elementwise ops, reductions over a sample's last axes, softmax, argmax, one-hot"))?;
+                let no_kernel = |e: String| {
+                    unsupported(g, nodes[0], e, "write it with the ops the wafer's vector kernels run: elementwise ops, reductions over a sample's last axes, softmax, argmax, one-hot")
+                };
+                // its lanes, or its replicas in the lanes after the dealer's
+                let mut programs = Vec::new();
+                match reps {
+                    None => {
+                        for l in 0..lanes {
+                            programs.push((l, v.lane(lanes, l).map_err(no_kernel)?));
+                        }
+                    }
+                    Some(cs) => {
+                        let of = cs.len() as u32;
+                        for (j, &(to, back)) in (1..).zip(cs) {
+                            let rep = Rep { of, to, back };
+                            programs.push((j, v.replica(rep).map_err(no_kernel)?));
+                        }
+                    }
+                }
+                for (l, lane) in programs {
                     let at = p.orient.at((p.x, p.y), 0, l);
                     for (name, mut piece) in lane.tensors {
                         piece.pe = at;
                         laid.tensors.entry(name).or_default().push(piece);
                     }
                     laid.pes.insert(at, (Arc::new(lane.program), lane.memory));
+                }
+                if let Some(cs) = reps {
+                    let o = p.orient;
+                    let at = |l: u32| o.at((p.x, p.y), 0, l);
+                    let dealer = v.dealer(cs).map_err(no_kernel)?;
+                    let words = dealer.words() as usize;
+                    laid.pes.insert(at(0), (Arc::new(dealer), vec![0.0; words]));
+                    // down the strip to each replica, and back
+                    let route = |laid: &mut Laid, l: u32, c: Colour, rx: Dir, tx: Dir| {
+                        laid.route(at(l), c, o.route(rx, &[tx]))
+                            .map_err(LayoutError::DoesNotFit)
+                    };
+                    for (j, &(to, back)) in (1..).zip(cs) {
+                        route(&mut laid, 0, to, Dir::Ramp, Dir::S)?;
+                        route(&mut laid, 0, back, Dir::S, Dir::Ramp)?;
+                        for m in 1..j {
+                            route(&mut laid, m, to, Dir::N, Dir::S)?;
+                            route(&mut laid, m, back, Dir::S, Dir::N)?;
+                        }
+                        route(&mut laid, j, to, Dir::N, Dir::Ramp)?;
+                        route(&mut laid, j, back, Dir::Ramp, Dir::N)?;
+                    }
+                }
+                for l in 0..lanes {
+                    let at = p.orient.at((p.x, p.y), 0, l);
                     let o = p.orient;
                     for port in &v.inputs {
                         // forward inputs from the frame's west, backward ones from its east

@@ -658,10 +658,12 @@ impl Sim {
     }
 
     /// The first PE whose data tasks did not each run `each` times since `before`
-    /// (`data_runs` then): a program that lost a stream, which a run that ends quiet
-    /// would not show otherwise (a task never started waits for nothing).
-    pub fn short_runs(&self, before: &[u64], each: u64) -> Option<String> {
+    /// (`data_runs` then; a replica's, for the samples dealt to it): a program that
+    /// lost a stream, which a run that ends quiet would not show otherwise (a task
+    /// never started waits for nothing).
+    pub fn short_runs(&self, before: &[u64], batch: u64) -> Option<String> {
         self.pes.iter().zip(before).find_map(|(pe, &b)| {
+            let each = batch / u64::from(pe.prog.share());
             let tasks = (pe.prog.tasks.iter())
                 .filter(|t| matches!(t.trigger, Trigger::Data(_)))
                 .count() as u64;

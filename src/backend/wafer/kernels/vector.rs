@@ -50,6 +50,16 @@ pub struct Lane {
     pub tensors: Vec<(String, Piece)>,
 }
 
+/// A replica of a one-lane kernel (`Vector::replica`): which of how many, the colour
+/// its samples come on from the dealer (and, at the step's end, the sums over the
+/// batch of every replica), and the one it sends its sums and gradients back on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rep {
+    pub of: u32,
+    pub to: Colour,
+    pub back: Colour,
+}
+
 const SLOT_BASE: u8 = 0;
 
 /// What a log-softmax computed on the way, in scratch of the current phase: its rows'
@@ -238,11 +248,188 @@ impl Vector<'_> {
 
     /// Lane `lane` of `lanes`.
     pub fn lane(&self, lanes: u32, lane: u32) -> Result<Lane, String> {
+        self.build(lanes, lane, None)
+    }
+
+    /// Whether it can run as replicas, each taking one sample in so many
+    /// (`replica`, `dealer`): it runs on one lane, has no backward phase, and sends
+    /// nothing while a sample passes (only the gradients it holds back to the step's
+    /// end, and sums over the batch the host reads), as a loss.
+    pub fn replicable(&self) -> bool {
+        let phases = self.phases();
+        self.width().is_none()
+            && self.inputs.iter().all(|i| !i.bwd)
+            && (self.outputs.iter()).all(|o| o.bwd && phases.get(&o.node) == Some(&0))
+    }
+
+    /// A replica of a one-lane kernel: the lane's program for the samples the dealer
+    /// sends it (one in `rep.of`), all its inputs on `rep.to`. At the step's end it
+    /// sends its sums over the batch back to the dealer, takes every replica's total
+    /// from it, and sends its gradients back sample by sample; the dealer puts them
+    /// in order.
+    pub fn replica(&self, rep: Rep) -> Result<Lane, String> {
+        self.build(1, 0, Some(rep))
+    }
+
+    /// The dealer of `to.len()` replicas (`to`: each one's colours to it and back):
+    /// it takes each sample's inputs and sends them on to one replica in turn (a
+    /// counter per replica, started so that each reaches its count on that replica's
+    /// samples); at the step's end it sums the replicas' sums over the batch and sends
+    /// the total to each, then takes their gradients in the samples' order and sends
+    /// them on toward the layers.
+    pub fn dealer(&self, to: &[(Colour, Colour)]) -> Result<Program, String> {
+        let f = self.f;
+        let r = to.len() as u32;
+        if r < 2 || r > u32::from(super::super::isa::COUNTERS) - 1 || !f.batch.is_multiple_of(r) {
+            return Err(format!("{r} replicas of a batch of {}", f.batch));
+        }
+        let phases = self.phases();
+        let mut p = Program::default();
+        let ins: Vec<(Port, u32, u32)> = (self.inputs.iter())
+            .map(|i| {
+                let ext = self.extent(i.node, 1, 0);
+                (*i, ext, p.alloc(&format!("{} in", key(i.node)), ext))
+            })
+            .collect();
+        let sums: u32 = (self.nodes().iter())
+            .filter(|&&n| f.class[n.index()] == Class::Batch)
+            .map(|&n| self.extent(n, 1, 0))
+            .sum();
+        let total = (sums > 0).then(|| p.alloc("sums", sums));
+        let back: Vec<(Colour, u32)> = (self.outputs.iter())
+            .filter(|o| o.bwd && phases.get(&o.node) == Some(&0))
+            .map(|o| (o.colour, self.extent(o.node, 1, 0)))
+            .collect();
+        let mov = |dst: Dsd, src: Dsd| Instr::Vec {
+            op: VecOp::Mov,
+            dst,
+            srcs: vec![Src::V(src)],
+        };
+        for (k, &(c, _)) in to.iter().enumerate() {
+            p.tasks.push(Task {
+                id: 2 * k as u8,
+                name: format!("deal to replica {k}"),
+                trigger: Trigger::Local { at_start: false },
+                body: (ins.iter())
+                    .map(|&(_, len, base)| mov(Dsd::Out { colour: c, len }, Dsd::mem(base, len)))
+                    .collect(),
+            });
+        }
+        let Some(first) = ins.first() else {
+            return Err("a vector kernel without inputs".into());
+        };
+        let gather = (sums > 0 || !back.is_empty()).then_some(2 * r as u8 + 2);
+        let mut take: Vec<Instr> = (ins.iter())
+            .map(|&(i, len, base)| {
+                mov(
+                    Dsd::mem(base, len),
+                    Dsd::In {
+                        colour: i.colour,
+                        len,
+                    },
+                )
+            })
+            .collect();
+        take.extend((0..r).map(|k| Instr::Count {
+            counter: k as u8,
+            every: r,
+            then: Some(2 * k as u8),
+        }));
+        if gather.is_some() {
+            take.push(Instr::Count {
+                counter: r as u8,
+                every: f.batch,
+                then: gather,
+            });
+        }
+        p.tasks.push(Task {
+            id: 2 * r as u8,
+            name: "take".into(),
+            trigger: Trigger::Data(first.0.colour),
+            body: take,
+        });
+        if let Some(id) = gather {
+            let mut body = Vec::new();
+            if let Some(t) = total {
+                let t = Val::buf(t, sums);
+                body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], sums));
+                for &(_, b) in to {
+                    body.push(Instr::Vec {
+                        op: VecOp::Add,
+                        dst: Dsd::mem(total.unwrap_or(0), sums),
+                        srcs: vec![
+                            t.src(sums),
+                            Src::V(Dsd::In {
+                                colour: b,
+                                len: sums,
+                            }),
+                        ],
+                    });
+                }
+                for &(c, _) in to {
+                    body.push(Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: Dsd::Out {
+                            colour: c,
+                            len: sums,
+                        },
+                        srcs: vec![t.src(sums)],
+                    });
+                }
+            }
+            if !back.is_empty() {
+                let each = (to.iter())
+                    .flat_map(|&(_, b)| {
+                        back.iter().map(move |&(c, len)| {
+                            mov(Dsd::Out { colour: c, len }, Dsd::In { colour: b, len })
+                        })
+                    })
+                    .collect();
+                body.push(Instr::Loop {
+                    count: f.batch / r,
+                    body: each,
+                });
+            }
+            p.tasks.push(Task {
+                id,
+                name: "gather".into(),
+                trigger: Trigger::Local { at_start: false },
+                body,
+            });
+        }
+        // counter k reaches `r` on replica k's samples
+        let prime: Vec<Instr> = (0..r)
+            .flat_map(|k| {
+                (0..r - 1 - k).map(move |_| Instr::Count {
+                    counter: k as u8,
+                    every: r,
+                    then: None,
+                })
+            })
+            .collect();
+        if !prime.is_empty() {
+            p.tasks.push(Task {
+                id: 2 * r as u8 + 4,
+                name: "prime".into(),
+                trigger: Trigger::Local { at_start: true },
+                body: prime,
+            });
+        }
+        Ok(p)
+    }
+
+    /// Lane `lane` of `lanes`, or a replica of the one lane.
+    fn build(&self, lanes: u32, lane: u32, rep: Option<Rep>) -> Result<Lane, String> {
         let g = self.g;
         let f = self.f;
         let kr = &f.kernels[self.k];
         let batch = f.batch;
+        // the samples it takes in a step
+        let samples = rep.map_or(batch, |r| batch / r.of.max(1));
         let mut p = Program::default();
+        if let Some(r) = rep {
+            p.deal = r.of;
+        }
         let mut tensors = Vec::new();
         let mut init: Vec<(u32, Vec<f32>)> = Vec::new();
         let phases = self.phases();
@@ -311,7 +498,10 @@ impl Vector<'_> {
         let mut stash: BTreeMap<NodeIndex, (u32, u32)> = BTreeMap::new();
         for &n in &late {
             let ext = self.extent(n, lanes, lane);
-            stash.insert(n, (p.alloc(&format!("{} stash", key(n)), batch * ext), ext));
+            stash.insert(
+                n,
+                (p.alloc(&format!("{} stash", key(n)), samples * ext), ext),
+            );
         }
         let junk = if self.inputs.iter().any(|i| i.whole) {
             p.alloc("dropped", 1)
@@ -366,6 +556,7 @@ impl Vector<'_> {
                 return Err("a vector kernel's phase without inputs".into());
             };
             for i in &ins {
+                let colour = rep.map_or(i.colour, |r| r.to);
                 let ext = self.extent(i.node, lanes, lane);
                 let dst = match cur.get(&i.node) {
                     Some(&v) if stash.contains_key(&i.node) => v,
@@ -382,10 +573,7 @@ impl Vector<'_> {
                 let drop = |len: u32| Instr::Vec {
                     op: VecOp::Mov,
                     dst: Dsd::strided(junk, len, 0, &[], None),
-                    srcs: vec![Src::V(Dsd::In {
-                        colour: i.colour,
-                        len,
-                    })],
+                    srcs: vec![Src::V(Dsd::In { colour, len })],
                 };
                 if before > 0 {
                     body.push(drop(before));
@@ -393,10 +581,7 @@ impl Vector<'_> {
                 body.push(Instr::Vec {
                     op: VecOp::Mov,
                     dst: dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext)),
-                    srcs: vec![Src::V(Dsd::In {
-                        colour: i.colour,
-                        len: ext,
-                    })],
+                    srcs: vec![Src::V(Dsd::In { colour, len: ext })],
                 });
                 if after > 0 {
                     body.push(drop(after));
@@ -447,6 +632,31 @@ impl Vector<'_> {
             }
             // after the step's last sample: the means, and the gradients held back
             let mut fin = Vec::new();
+            if let (Some(r), 0) = (rep, phase) {
+                // every replica's sums, through the dealer
+                for a in &accs {
+                    let v = vals[a];
+                    fin.push(Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: Dsd::Out {
+                            colour: r.back,
+                            len: v.elements(),
+                        },
+                        srcs: vec![v.src(v.elements())],
+                    });
+                }
+                for a in &accs {
+                    let v = vals[a];
+                    fin.push(Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: v.dsd(v.elements()).unwrap_or_else(|| Dsd::mem(0, 0)),
+                        srcs: vec![Src::V(Dsd::In {
+                            colour: r.to,
+                            len: v.elements(),
+                        })],
+                    });
+                }
+            }
             for (a, scale) in means {
                 fin.push(vec(VecOp::Mul, a, &[a, Val::Imm(scale)], a.elements()));
             }
@@ -456,18 +666,21 @@ impl Vector<'_> {
                     Instr::Vec {
                         op: VecOp::Mov,
                         dst: Dsd::Out {
-                            colour: o.colour,
+                            colour: rep.map_or(o.colour, |r| r.back),
                             len: ext,
                         },
                         srcs: vec![Src::V(Dsd::strided(base, ext, 1, &[ext], None))],
                     }
                 };
-                // sample by sample; a carried gradient right after what carries it
-                if turnaround.iter().any(|o| o.carried > 0) {
-                    fin.push(Instr::Loop {
-                        count: batch,
-                        body: turnaround.iter().map(send).collect(),
-                    });
+                // sample by sample; a carried gradient right after what carries it (a
+                // replica's all so: the dealer puts them in order)
+                if turnaround.iter().any(|o| o.carried > 0) || rep.is_some() {
+                    if !turnaround.is_empty() {
+                        fin.push(Instr::Loop {
+                            count: samples,
+                            body: turnaround.iter().map(send).collect(),
+                        });
+                    }
                 } else {
                     for o in &turnaround {
                         fin.push(Instr::Loop {
@@ -480,14 +693,14 @@ impl Vector<'_> {
             let fin_id = 2 + phase;
             body.push(Instr::Count {
                 counter: slot,
-                every: batch,
+                every: samples,
                 then: (!fin.is_empty()).then_some(fin_id),
             });
             let pass = if phase == 0 { "forward" } else { "backward" };
             p.tasks.push(Task {
                 id: phase,
                 name: pass.into(),
-                trigger: Trigger::Data(first.colour),
+                trigger: Trigger::Data(rep.map_or(first.colour, |r| r.to)),
                 body,
             });
             if !fin.is_empty() {
