@@ -121,8 +121,8 @@ pub fn per_pass(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> [u64; 2]
 
 /// How many times each task of `p` (in its order) runs in a step of `batch` samples:
 /// a data task once for each sample dealt to it (`Program::share`); a local task as
-/// often as the tasks that activate it do, over a count's `every`; one at start
-/// never within a step (the host's launches, the update, count once).
+/// often as the tasks that activate it do, over a count's `every`; one that nothing
+/// activates (the host's launches, the update, a task at start) once.
 pub fn runs(p: &Program, batch: u32) -> Vec<u64> {
     let mut n: Vec<u64> = (p.tasks.iter())
         .map(|t| match t.trigger {
@@ -162,9 +162,10 @@ pub fn runs(p: &Program, batch: u32) -> Vec<u64> {
                 next[i] += times;
             }
         }
-        // a local task nothing activates in a step runs once (the host launches it)
+        // a local task nothing activates runs once (the host launches it, or it
+        // starts with the program: counted once a step, an upper bound)
         for (i, t) in p.tasks.iter().enumerate() {
-            if t.trigger == (Trigger::Local { at_start: false }) && next[i] == 0 {
+            if matches!(t.trigger, Trigger::Local { .. }) && next[i] == 0 {
                 next[i] = 1;
             }
         }

@@ -894,11 +894,18 @@ impl<'a> Sizer<'a> {
 
     /// The replicas one-lane kernel `k` may run as, fewest first: 1, and when it can
     /// run as replicas (`Vector::replicable`), each count up to `MAX_REPS` that
-    /// divides the batch.
+    /// divides the batch and whose two colours each (to a replica and back) the
+    /// dealer's router has beside the chains' and the kernel's streams.
     fn reps(&self, k: usize) -> Vec<u32> {
         let mut out = vec![1];
         if self.replicable[k] {
-            out.extend((2..=MAX_REPS).filter(|&r| self.f.batch.is_multiple_of(r)));
+            let streams = (self.f.streams.iter())
+                .filter(|s| s.from == End::Kernel(k) || s.to.contains(&End::Kernel(k)))
+                .filter(|s| !self.f.carried(s.node, k))
+                .count() as u32;
+            let room =
+                (self.fab.program_colours()).saturating_sub(u32::from(CHAIN_COLOURS) + streams) / 2;
+            out.extend((2..=MAX_REPS.min(room)).filter(|&r| self.f.batch.is_multiple_of(r)));
         }
         out
     }
@@ -2287,5 +2294,102 @@ mod tests {
             e.contains("router (1, 0) east carries 120 wavelets a step, more than the 75 cycles"),
             "{e}"
         );
+    }
+
+    /// A loss run as replicas (a dealer dealing the samples, the step's sums gathered
+    /// and sent back, the gradients put back in order) computes what it computes on
+    /// one lane: the same sizing but for the loss's replicas, the same weights and
+    /// inputs, one train step and its update in the simulator; every tensor within
+    /// 1e-6 of its largest magnitude (the sums over the batch add the replicas'
+    /// shares in another order). Counts of 2, 3, 4 and 6 replicas of a batch of 12.
+    #[test]
+    fn a_loss_as_replicas_computes_what_it_does_on_one_lane() {
+        use crate::backend::wafer::kernels::{gather, scatter};
+        use crate::backend::wafer::sim::Sim;
+        let src = r#"use std.nn.dense
+use std.losses.softmax_cross_entropy
+model m(features: f32[B, 7], labels: i32[B]) {
+  let h = dense(features, 9, activation: relu)
+  let logits = dense(h, 5)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with momentum(lr: 0.1, momentum: 0.9) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [7]), i % 5) |> repeat |> batch(12, drop_remainder: true) }
+estimator e { model = m  train_input = data() }
+"#;
+        let g = crate::backend::wafer::testing::graph(src, crate::syntax::ast::SectionKind::Train);
+        let f = form::form(&g).unwrap();
+        // a fabric with colours for six replicas
+        let mut fab = Fabric::named("test32").unwrap();
+        fab.colours += 4;
+        let sizer = Sizer::new(&g, &f, &fab).unwrap();
+        let last = f.kernels.len() - 1;
+        assert!(sizer.replicable[last]);
+        let base = sizer.block(4).unwrap();
+        let value = |seed: usize| {
+            let z = (seed as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let run = |reps: u32| -> BTreeMap<String, Vec<f32>> {
+            let mut lanes = base.clone();
+            lanes.reps[last] = reps;
+            let l = try_lanes(&sizer, &lanes, 4).unwrap();
+            let mut sim = Sim::new(&fab, &l.setup).unwrap();
+            let len = |pieces: &[Piece]| {
+                (pieces.iter().flat_map(|p| &p.runs))
+                    .map(|&(o, n)| (o + n) as usize)
+                    .max()
+                    .unwrap_or(0)
+            };
+            // the variables (sums over the batch start at zero, as the update leaves
+            // them)
+            for (t, (name, pieces)) in l.tensors.iter().enumerate() {
+                if name.starts_with('%') {
+                    continue;
+                }
+                let data: Vec<f32> = (0..len(pieces)).map(|i| value(1000 * t + i)).collect();
+                scatter(pieces, &data, |(x, y), a, v| {
+                    sim.write(x, y, a, v);
+                });
+            }
+            for s in &l.inputs {
+                for lane in &s.lanes {
+                    let v: Vec<f32> = (0..l.batch)
+                        .flat_map(|b| lane.elems.clone().map(move |e| (b, e)))
+                        .map(|(b, e)| match s.name.as_str() {
+                            "labels" => ((b * 3 + 1) % 5) as f32,
+                            _ => value((b * 7 + e) as usize + 77),
+                        })
+                        .collect();
+                    sim.feed(lane.x, lane.y, lane.colour, &v);
+                }
+            }
+            sim.run().unwrap();
+            for &(x, y) in l.setup.pes.keys() {
+                sim.launch(x, y, UPDATE);
+            }
+            sim.run().unwrap();
+            (l.tensors.iter())
+                .map(|(name, pieces)| {
+                    let v = gather(pieces, len(pieces), |(x, y)| sim.memory(x, y));
+                    (name.clone(), v)
+                })
+                .collect()
+        };
+        let one = run(1);
+        assert!(one.len() >= 6, "{:?}", one.keys());
+        for reps in [2, 3, 4, 6] {
+            let many = run(reps);
+            for (name, a) in &one {
+                let b = &many[name];
+                let scale = a.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+                for (x, y) in a.iter().zip(b) {
+                    assert!(
+                        (x - y).abs() <= 1e-6 * scale,
+                        "{reps} replicas: {name}: {x} against {y} on one lane"
+                    );
+                }
+            }
+        }
     }
 }
