@@ -205,6 +205,12 @@ struct Stream {
     colour: Colour,
     links: Vec<(usize, Option<usize>)>,
     dests: Vec<Dest>,
+    /// Wavelets it may still send without asking its destinations for room: the
+    /// least room any had when last asked (room only grows as they take).
+    credit: u64,
+    /// The destination its sender waits on (full, with nothing taken since): only a
+    /// take there can give it room, so only that one wakes it.
+    blocked: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -538,6 +544,8 @@ impl Sim {
             colour: c,
             links: Vec::new(),
             dests: Vec::new(),
+            credit: 0,
+            blocked: None,
         };
         // (router, the link that reached it, hops)
         let mut todo = VecDeque::from([((x, y), None::<usize>, 0u32)]);
@@ -765,6 +773,7 @@ impl Sim {
         let f = &self.f;
         let hop = u64::from(f.hop_latency);
         let ramp = u64::from(f.ramp_latency);
+        self.streams[s].credit = self.streams[s].credit.saturating_sub(1);
         let st = &self.streams[s];
         // per link of the tree: the cycle the wavelet reaches the router it leads to
         let mut at = std::mem::take(&mut self.reach);
@@ -807,20 +816,40 @@ impl Sim {
 
     /// Whether stream `s` has room for one more wavelet at every destination at cycle
     /// `t` (a sender asks at cycles that never go back).
+    ///
+    /// When it has none, the destination it waits on is kept (`Stream::blocked`);
+    /// when it has, it may send the least room any destination has without asking
+    /// again (`Stream::credit`).
     fn room(&mut self, s: usize, t: u64) -> Room {
+        let st = &mut self.streams[s];
+        if st.credit > 0 {
+            return Room::Yes;
+        }
         let mut room = Room::Yes;
-        for d in &mut self.streams[s].dests {
+        let mut least = u64::MAX;
+        let mut blocked = None;
+        for (i, d) in st.dests.iter_mut().enumerate() {
             while d.frees.front().is_some_and(|&at| at <= t) {
                 d.frees.pop_front();
                 d.counted += 1;
             }
-            if d.sent - d.counted >= d.cap {
+            let held = d.sent - d.counted;
+            if held >= d.cap {
+                if d.frees.is_empty() && blocked.is_none() {
+                    blocked = Some(i);
+                }
                 room = match (d.frees.front(), room) {
                     (None, _) | (_, Room::No) => Room::No,
                     (Some(&at), Room::At(b)) => Room::At(at.max(b)),
                     (Some(&at), Room::Yes) => Room::At(at),
                 };
+            } else {
+                least = least.min(d.cap - held);
             }
+        }
+        st.blocked = blocked.filter(|_| matches!(room, Room::No));
+        if matches!(room, Room::Yes) {
+            st.credit = least;
         }
         room
     }
@@ -833,6 +862,10 @@ impl Sim {
             .unwrap_or((0, f32::NAN));
         if let Some((s, d)) = self.pes[p].feeds[c as usize] {
             self.streams[s].dests[d].frees.push_back(t);
+            // (a sender waiting on another destination still has no room)
+            if self.streams[s].blocked.is_some_and(|b| b != d) {
+                return v;
+            }
             match self.streams[s].src {
                 Endpoint::Pe(q) if self.pes[q].wait == Some(Wait::Room(s)) => {
                     let at = self.pes[q].time.max(t);
@@ -1304,6 +1337,47 @@ fn run_nest(
     at: &mut smallvec::SmallVec<[u32; 4]>,
 ) -> (VecOp, u32, u64) {
     match nest {
+        // the innermost loop: its operands resolved once, then moved by their steps
+        Instr::Loop { count, body } if matches!(&body[..], [Instr::Vec { srcs, .. }] if !srcs.iter().any(|s| matches!(s, Src::Scalar(_)))) =>
+        {
+            let Instr::Vec { op, dst, srcs } = &body[0] else {
+                return (VecOp::Mov, 0, 0);
+            };
+            let level = at.len();
+            at.push(0);
+            let ops = resolve(srcs, &pe.mem, at, &pe.counters);
+            let d = dest(dst, at, &pe.counters, &pe.mem);
+            at.pop();
+            let moves = |x: &Dsd| match x {
+                Dsd::Mem { step, .. } => i64::from(step.get(level).copied().unwrap_or(0)),
+                _ => 0,
+            };
+            let mut by = [0i64; 3];
+            for (k, s) in srcs.iter().enumerate().take(3) {
+                if let Src::V(x) = s {
+                    by[k] = moves(x);
+                }
+            }
+            let dby = moves(dst);
+            let n = dst.len();
+            for i in 0..i64::from(*count) {
+                let mut o = ops;
+                for (k, x) in o.iter_mut().enumerate() {
+                    if let Opnd::Mem(a, st) = *x {
+                        *x = Opnd::Mem(a + i * by[k], st);
+                    }
+                }
+                let di = d.map(|(a, st)| (a + i * dby, st));
+                if !sweep(&mut pe.mem, *op, &o, di, n) {
+                    for e in 0..n {
+                        let v = element(&pe.mem, *op, &o, e, &[], None);
+                        store(&mut pe.mem, di, e, v);
+                    }
+                }
+            }
+            let steps = cost::vec_op(f, *op, n, cost::reads(srcs), true) - u64::from(f.dsd_startup);
+            (*op, n * count, steps * u64::from(*count))
+        }
         Instr::Loop { count, body } => {
             let (mut op, mut n, mut steps) = (VecOp::Mov, 0, 0);
             at.push(0);
