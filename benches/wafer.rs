@@ -16,7 +16,8 @@ use est::syntax::ast::SectionKind;
 use est::{check, CheckOptions, Program};
 use std::time::Instant;
 
-/// An MLP with one large layer: 1024 -> 1024 (relu) -> 10, batch 32.
+/// An MLP with one large layer: 1024 -> 1024 (relu) -> 10, batch 32 (and, replaced,
+/// 64).
 const LARGE_DENSE: &str = r#"
 use std.nn.dense
 use std.losses.softmax_cross_entropy
@@ -169,6 +170,10 @@ fn main() {
     );
     let large = Program::from_source("large_dense.est", LARGE_DENSE, None);
     bench("dense 1024x1024, batch 32", large, &[], &t64, steps);
+    // the same at batch 64: a step's fill, drain and update over twice the samples
+    let src = LARGE_DENSE.replace("batch(32,", "batch(64,");
+    let large = Program::from_source("large_dense.est", &src, None);
+    bench("dense 1024x1024, batch 64", large, &[], &t64, steps);
     let rnn = Program::from_source("unrolled_rnn.est", UNROLLED_RNN, None);
     bench("unrolled rnn 8x16->128, b16", rnn, &[], &t64, steps);
 }

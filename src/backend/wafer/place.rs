@@ -594,7 +594,7 @@ fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
 /// them).
 fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> Cost {
     use super::cost::vec_op;
-    use super::isa::VecOp::{Add, Fmac, Mov};
+    use super::isa::VecOp::{Add, Fmac, Mov, Mul};
     let Dims {
         k, n, train, dx, ..
     } = d;
@@ -608,16 +608,17 @@ fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> Cost {
         0 => 0,
         _ => vec_op(fab, Fmac, count * len, 3, true),
     };
-    let fwd = sw
-        + vec_op(fab, Mov, a, 0, true)
-        + vec_op(fab, Mov, b, 0, true)
-        + macs(a, b)
-        + vec_op(fab, Add, b, 1, false);
+    // `count` products of `len` elements summed: a multiply, then the multiply-adds
+    let products = |count: u32, len: u32| match count {
+        0 => vec_op(fab, Mov, len, 0, true),
+        _ => vec_op(fab, Mul, len, 2, true) + macs(count - 1, len),
+    };
+    let fwd = sw + vec_op(fab, Mov, a, 0, true) + products(a, b) + vec_op(fab, Add, b, 1, false);
     if !train {
         return [fwd, 0];
     }
     let back = if dx {
-        vec_op(fab, Mov, a, 0, true) + macs(b, a) + vec_op(fab, Add, a, 1, false)
+        products(b, a) + vec_op(fab, Add, a, 1, false)
     } else {
         0
     };

@@ -278,6 +278,49 @@ fn zero(acc: u32, len: u32) -> Instr {
     }
 }
 
+/// `acc[..len] = sum of w * x` over `count` iterations of a loop whose counter moves
+/// the descriptors `w` and `x` by their steps (a product's partial sums, one input at
+/// a time): the first a multiply, the others one multi-dimensional multiply-add, so
+/// that `acc` need not be zeroed first.
+fn products(acc: u32, len: u32, count: u32, w: Dsd, x: Dsd) -> Vec<Instr> {
+    let a = Dsd::mem(acc, len);
+    // a descriptor moved on by `n` iterations of its loop, in the loop or (`inside`
+    // false) outside it
+    let moved = |d: &Dsd, n: i32, inside: bool| match d {
+        Dsd::Mem {
+            base,
+            len,
+            stride,
+            step,
+            by,
+            index,
+        } => Dsd::Mem {
+            base: base.wrapping_add_signed(n * step.first().copied().unwrap_or(0)),
+            len: *len,
+            stride: *stride,
+            step: if inside { step.clone() } else { Vec::new() },
+            by: *by,
+            index: index.clone(),
+        },
+        d => d.clone(),
+    };
+    let mut out = vec![Instr::Vec {
+        op: VecOp::Mul,
+        dst: a,
+        srcs: vec![Src::V(moved(&w, 0, false)), Src::V(moved(&x, 0, false))],
+    }];
+    if count > 1 {
+        out.push(macs(
+            acc,
+            len,
+            count - 1,
+            moved(&w, 1, true),
+            moved(&x, 1, true),
+        ));
+    }
+    out
+}
+
 /// `acc[..len] += w * x` over `count` iterations of a loop whose counter moves the
 /// descriptors `w` and `x` (a product's partial sums, one input at a time).
 fn macs(acc: u32, len: u32, count: u32, w: Dsd, x: Dsd) -> Instr {
@@ -627,17 +670,18 @@ impl Dense {
         // the row's chain: this PE's outputs at `row.at` (see `Row`)
         let chain = p.alloc("y", row.len);
         let y = chain + row.at;
-        let mut fwd = vec![
-            take,
-            zero(chain, row.len),
-            macs(
-                y,
-                b,
-                a,
-                Dsd::strided(w, b, 1, &[b], None),
-                Dsd::strided(xs, b, 0, &[1], self.by(0, a)),
-            ),
-        ];
+        let (wy, xy) = (
+            Dsd::strided(w, b, 1, &[b], None),
+            Dsd::strided(xs, b, 0, &[1], self.by(0, a)),
+        );
+        let mut fwd = vec![take];
+        if row.len == b && a > 0 {
+            // the row is this layer's outputs alone: no zeros needed around them
+            fwd.extend(products(y, b, a, wy, xy));
+        } else {
+            fwd.push(zero(chain, row.len));
+            fwd.push(macs(y, b, a, wy, xy));
+        }
         if carry.mine > 0 {
             fwd.push(Instr::Vec {
                 op: VecOp::Mov,
@@ -672,14 +716,15 @@ impl Dense {
         let mut bwd = vec![receive(Dsd::mem(grads, row.back_len), c.dy)];
         if self.dx {
             let dxp = p.alloc("dx", a);
-            bwd.push(zero(dxp, a));
-            bwd.push(macs(
-                dxp,
-                a,
-                b,
+            let (wt, dyt) = (
                 Dsd::strided(w, a, b as i32, &[1], None),
                 Dsd::strided(dy, a, 0, &[1], None),
-            ));
+            );
+            if b > 0 {
+                bwd.extend(products(dxp, a, b, wt, dyt));
+            } else {
+                bwd.push(zero(dxp, a));
+            }
             if let (Some(at), true) = (skip, carry.mine > 0) {
                 let part = Dsd::mem(dxp + carry.at, carry.mine);
                 bwd.push(Instr::Vec {
@@ -1386,9 +1431,10 @@ mod tests {
     fn a_one_pe_layer_takes_hand_computed_cycles() {
         // k = 2, n = 3 on one PE, one sample: the inputs arrive at 4, 5 (the host sends
         // at 0, 1; ramp 2 + ramp 2); the task starts at 4 and runs 10 (switch) + 7
-        // (receive 2: start-up 5, elements at 19, 20) + 8 (zero y: 5 + 3) + 11 (two
-        // fmacs of 3 as one two-dimensional operation: 5 + 6) + 8 (send 3) = 44 cycles:
-        // the last output leaves at 4 + 43 and crosses the east link (ramp 2, hop 1)
+        // (receive 2: start-up 5, elements at 19, 20) + 8 (the first input's products:
+        // a multiply of 3, 5 + 3) + 8 (the second's: a multiply-add of 3, 5 + 3) + 8
+        // (send 3) = 41 cycles: the last output leaves at 4 + 40 and crosses the east
+        // link (ramp 2, hop 1)
         let d = Dense::forward_only(2, 3, 1);
         let r = run(
             &d,
@@ -1400,6 +1446,6 @@ mod tests {
             0.0,
         );
         assert_eq!(r.y, [9.0, 12.0, 15.0]);
-        assert_eq!(r.forward, 4 + 43 + 3);
+        assert_eq!(r.forward, 4 + 40 + 3);
     }
 }
