@@ -299,6 +299,39 @@ impl Update {
                 *last.get_mut(v).ok_or_else(missing)? = i;
             }
         }
+        // a product read once, by the sum or difference right after it, is one
+        // multiply-add with it (`w - lr g`, `0.9 m + g`): at the sum, its other operand,
+        // the product's two, and whether the product is subtracted
+        let mut fused: Vec<Option<[Operand; 3]>> = vec![None; self.ops.len()];
+        let mut negated = vec![false; self.ops.len()];
+        for i in 1..self.ops.len() {
+            let (m, o) = (&self.ops[i - 1], &self.ops[i]);
+            let f32s = (DType::F32, DType::F32);
+            if m.op != Op::Binary(BinaryOp::Mul)
+                || last[i - 1] != i
+                || m.full != o.full
+                || m.types != f32s
+                || o.types != f32s
+            {
+                continue;
+            }
+            let t = Operand::Val(i - 1);
+            let (c, neg) = match (&o.op, o.args.as_slice()) {
+                (Op::Binary(BinaryOp::Add), &[a, b]) if b == t && a != t => (a, false),
+                (Op::Binary(BinaryOp::Add), &[a, b]) if a == t && b != t => (b, false),
+                (Op::Binary(BinaryOp::Sub), &[a, b]) if b == t && a != t => (a, true),
+                _ => continue,
+            };
+            let [x, y] = [m.args[0], m.args[1]];
+            fused[i] = Some([c, x, y]);
+            negated[i] = neg;
+            // the product's operands are read at the sum now
+            for a in [x, y] {
+                if let Operand::Val(v) = a {
+                    last[v] = last[v].max(i);
+                }
+            }
+        }
         // an op whose value replaces a variable is computed straight into the
         // variable's words when nothing after it reads the old value (and its code is
         // one instruction, which reads an element before it writes it)
@@ -331,6 +364,11 @@ impl Update {
         };
         for (i, o) in self.ops.iter().enumerate() {
             let len = if o.full { n } else { 1 };
+            if fused.get(i + 1).is_some_and(|f| f.is_some()) {
+                // computed in the multiply-add after it
+                vals.push(Val::Imm(f32::NAN));
+                continue;
+            }
             let args = (o.args.iter())
                 .map(|&a| get(a, &vals))
                 .collect::<Result<Vec<Val>, String>>()?;
@@ -338,14 +376,40 @@ impl Update {
                 Some(&w) => w,
                 None => scratch.alloc(len),
             };
-            emit(&o.op, dst, &args, len, o.types, &mut out)?;
-            vals.push(dst);
-            for a in &o.args {
-                if let Operand::Val(v) = *a {
-                    if last[v] == i {
-                        scratch.release(vals[v]);
+            match fused[i] {
+                Some([c, x, y]) => {
+                    let (c, mut x, mut y) = (get(c, &vals)?, get(x, &vals)?, get(y, &vals)?);
+                    let mut temp = None;
+                    if negated[i] {
+                        if let Val::Imm(v) = x {
+                            (x, y) = (y, Val::Imm(-v));
+                        } else if let Val::Imm(v) = y {
+                            y = Val::Imm(-v);
+                        } else {
+                            let t = scratch.alloc(y.elements());
+                            out.push(vec(VecOp::Neg, t, &[y], y.elements()));
+                            (y, temp) = (t, Some(t));
+                        }
+                    }
+                    out.push(vec(VecOp::Fmac, dst, &[c, x, y], len));
+                    if let Some(t) = temp {
+                        scratch.release(t);
                     }
                 }
+                None => emit(&o.op, dst, &args, len, o.types, &mut out)?,
+            }
+            vals.push(dst);
+            let product = fused[i].map_or(&[][..], |_| &self.ops[i - 1].args[..]);
+            let mut read: Vec<usize> = (o.args.iter().chain(product))
+                .filter_map(|a| match *a {
+                    Operand::Val(v) if last[v] == i => Some(v),
+                    _ => None,
+                })
+                .collect();
+            read.sort_unstable();
+            read.dedup();
+            for v in read {
+                scratch.release(vals[v]);
             }
         }
         for &(v, a) in &self.commits {
@@ -383,8 +447,10 @@ mod tests {
         assert_eq!(s.alloc(1), Val::buf(100, 1));
     }
 
-    /// Momentum (`m = 0.9 m + g; w = w - lr m`) writes its new slot and weight in place:
-    /// one block of scratch (for `0.9 m`, then `lr m`) and no copies at the end.
+    /// Momentum (`m = 0.9 m + g; w = w - lr m`) writes its new slot and weight in place,
+    /// each product fused with the sum that reads it into one multiply-add (the
+    /// learning rate negated first, into one word of scratch), and no copies at the
+    /// end.
     #[test]
     fn updates_write_variables_in_place() {
         let op = |b, args: Vec<Operand>| UpdateOp {
@@ -423,14 +489,13 @@ mod tests {
         assert_eq!(
             text,
             [
-                "mul mem[32; 8] mem[8; 8] 0.9",
-                "add mem[8; 8] mem[32; 8] mem[16; 8]",
-                "mul mem[32; 8] mem[8; 8] mem[24; 8 by 0]",
-                "sub mem[0; 8] mem[0; 8] mem[32; 8]",
+                "fmac mem[8; 8] mem[16; 8] mem[8; 8] 0.9",
+                "neg mem[32; 1 by 0] mem[24; 1 by 0]",
+                "fmac mem[0; 8] mem[0; 8] mem[8; 8] mem[32; 8 by 0]",
                 "mov mem[16; 8] 0.0",
             ]
         );
-        assert_eq!(s.high, 8);
+        assert_eq!(s.high, 1);
     }
 
     #[test]
