@@ -1659,7 +1659,7 @@ mod tests {
 
     #[test]
     fn an_mlp_forms_dense_and_vector_kernels_in_a_chain() {
-        let g = train_graph(MLP);
+        let g = train_graph(&crate::backend::wafer::testing::mlp(8, 16, 4, 4));
         let f = form(&g).unwrap();
         let kinds: Vec<&str> = f
             .kernels
@@ -1756,19 +1756,6 @@ model m(features: f32[B, 8], labels: i32[B]) {
   let logits = dense(h, 4)
   let loss = softmax_cross_entropy(labels, logits)
   train { minimize loss with sgd(lr: 0.1) }
-}
-input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [8]), i % 4) |> repeat |> batch(4, drop_remainder: true) }
-estimator e { model = m  train_input = data() }
-"#;
-
-    const MLP: &str = r#"
-use std.nn.dense
-use std.losses.softmax_cross_entropy
-model m(features: f32[B, 8], labels: i32[B]) {
-  let h = dense(features, 16, activation: relu)
-  let logits = dense(h, 4)
-  let loss = softmax_cross_entropy(labels, logits)
-  train { minimize loss with momentum(lr: 0.1, momentum: 0.9) }
 }
 input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [8]), i % 4) |> repeat |> batch(4, drop_remainder: true) }
 estimator e { model = m  train_input = data() }

@@ -304,6 +304,14 @@ impl Update {
         // the product's two, and whether the product is subtracted
         let mut fused: Vec<Option<[Operand; 3]>> = vec![None; self.ops.len()];
         let mut negated = vec![false; self.ops.len()];
+        // an operand's elements (a value of an earlier op: a block's or one)
+        let elements = |a: Operand| match a {
+            Operand::Var(i) => vars.get(i).map(|v| v.elements()),
+            Operand::Acc(i) => accs.get(i).map(|v| v.elements()),
+            Operand::Host(i) => hosts.get(i).map(|v| v.elements()),
+            Operand::Imm(_) => Some(1),
+            Operand::Val(i) => self.ops.get(i).map(|o| if o.full { n } else { 1 }),
+        };
         for i in 1..self.ops.len() {
             let (m, o) = (&self.ops[i - 1], &self.ops[i]);
             let f32s = (DType::F32, DType::F32);
@@ -323,6 +331,14 @@ impl Update {
                 _ => continue,
             };
             let [x, y] = [m.args[0], m.args[1]];
+            // (each operand of a block's length or one word, as `emit` requires)
+            let len = if o.full { n } else { 1 };
+            if ![c, x, y]
+                .into_iter()
+                .all(|a| elements(a).is_some_and(|e| e == 1 || e == len))
+            {
+                continue;
+            }
             fused[i] = Some([c, x, y]);
             negated[i] = neg;
             // the product's operands are read at the sum now
@@ -381,6 +397,10 @@ impl Update {
                     let (c, mut x, mut y) = (get(c, &vals)?, get(x, &vals)?, get(y, &vals)?);
                     let mut temp = None;
                     if negated[i] {
+                        // the constant, or the shorter, negated
+                        if x.elements() < y.elements() {
+                            (x, y) = (y, x);
+                        }
                         if let Val::Imm(v) = x {
                             (x, y) = (y, Val::Imm(-v));
                         } else if let Val::Imm(v) = y {

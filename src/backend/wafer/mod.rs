@@ -39,4 +39,23 @@ pub mod testing {
         assert!(!c.has_errors(), "{:?}", c.diags);
         c.graphs[0].graph.as_ref().clone()
     }
+
+    /// A classifier of `k` features through a ReLU layer of `n` to `c` classes, trained
+    /// with momentum on batches of `batch` made up from a counter.
+    pub fn mlp(k: usize, n: usize, c: usize, batch: usize) -> String {
+        format!(
+            r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+model m(features: f32[B, {k}], labels: i32[B]) {{
+  let h = dense(features, {n}, activation: relu)
+  let logits = dense(h, {c})
+  let loss = softmax_cross_entropy(labels, logits)
+  train {{ minimize loss with momentum(lr: 0.1, momentum: 0.9) }}
+}}
+input data() {{ range(64) |> map |i| (broadcast_to(cast(i, f32), [{k}]), i % {c}) |> repeat |> batch({batch}, drop_remainder: true) }}
+estimator e {{ model = m  train_input = data() }}
+"#
+        )
+    }
 }

@@ -2307,18 +2307,8 @@ mod tests {
     fn a_loss_as_replicas_computes_what_it_does_on_one_lane() {
         use crate::backend::wafer::kernels::{gather, scatter};
         use crate::backend::wafer::sim::Sim;
-        let src = r#"use std.nn.dense
-use std.losses.softmax_cross_entropy
-model m(features: f32[B, 7], labels: i32[B]) {
-  let h = dense(features, 9, activation: relu)
-  let logits = dense(h, 5)
-  let loss = softmax_cross_entropy(labels, logits)
-  train { minimize loss with momentum(lr: 0.1, momentum: 0.9) }
-}
-input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [7]), i % 5) |> repeat |> batch(12, drop_remainder: true) }
-estimator e { model = m  train_input = data() }
-"#;
-        let g = crate::backend::wafer::testing::graph(src, crate::syntax::ast::SectionKind::Train);
+        let src = crate::backend::wafer::testing::mlp(7, 9, 5, 12);
+        let g = crate::backend::wafer::testing::graph(&src, crate::syntax::ast::SectionKind::Train);
         let f = form::form(&g).unwrap();
         // a fabric with colours for six replicas
         let mut fab = Fabric::named("test32").unwrap();

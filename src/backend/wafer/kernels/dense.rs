@@ -286,23 +286,15 @@ fn products(acc: u32, len: u32, count: u32, w: Dsd, x: Dsd) -> Vec<Instr> {
     let a = Dsd::mem(acc, len);
     // a descriptor moved on by `n` iterations of its loop, in the loop or (`inside`
     // false) outside it
-    let moved = |d: &Dsd, n: i32, inside: bool| match d {
-        Dsd::Mem {
-            base,
-            len,
-            stride,
-            step,
-            by,
-            index,
-        } => Dsd::Mem {
-            base: base.wrapping_add_signed(n * step.first().copied().unwrap_or(0)),
-            len: *len,
-            stride: *stride,
-            step: if inside { step.clone() } else { Vec::new() },
-            by: *by,
-            index: index.clone(),
-        },
-        d => d.clone(),
+    let moved = |d: &Dsd, n: i32, inside: bool| {
+        let mut d = d.clone();
+        if let Dsd::Mem { base, step, .. } = &mut d {
+            *base = base.wrapping_add_signed(n * step.first().copied().unwrap_or(0));
+            if !inside {
+                step.clear();
+            }
+        }
+        d
     };
     let mut out = vec![Instr::Vec {
         op: VecOp::Mul,

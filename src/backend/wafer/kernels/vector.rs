@@ -408,8 +408,9 @@ impl Vector<'_> {
             })
             .collect();
         if !prime.is_empty() {
+            // (before any take, whatever the timing: the lowest id ready first)
             p.tasks.push(Task {
-                id: 2 * r as u8 + 4,
+                id: 2 * r as u8 - 1,
                 name: "prime".into(),
                 trigger: Trigger::Local { at_start: true },
                 body: prime,
