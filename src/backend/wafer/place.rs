@@ -591,7 +591,7 @@ fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
 
 /// A product layer's cycles per sample on `w x h` lanes in the forward and the
 /// backward pass, stalls aside (its program's operations, as `kernels/dense.rs` makes
-/// them).
+/// them for a row of its own outputs alone).
 fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> Cost {
     use super::cost::vec_op;
     use super::isa::VecOp::{Add, Fmac, Mov, Mul};
@@ -810,7 +810,9 @@ impl<'a> Sizer<'a> {
     /// Layer `k`'s cycles per sample on `w x h` lanes, stalls aside: a product's by
     /// formula, a convolution's from its first PE's program.
     fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> Cost {
-        let carries = self.f.carry(k).is_some();
+        // (a row that carries more than the layer's outputs, a residual's features or
+        // side parts' outputs, is zeroed first: measured from the program)
+        let carries = self.f.carry(k).is_some() || parts_of(self.f, k).iter().any(|p| p.side);
         if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) && !carries {
             return dense_period(self.fab, d, w, h);
         }
