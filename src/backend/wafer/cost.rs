@@ -124,12 +124,14 @@ pub fn per_pass(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> [u64; 2]
 /// often as the tasks that activate it do, over a count's `every`; one that nothing
 /// activates (the host's launches, the update, a task at start) once.
 pub fn runs(p: &Program, batch: u32) -> Vec<u64> {
-    let mut n: Vec<u64> = (p.tasks.iter())
+    // the data tasks' runs, before any activation
+    let data: Vec<u64> = (p.tasks.iter())
         .map(|t| match t.trigger {
             Trigger::Data(_) => u64::from(batch / p.share()),
             Trigger::Local { .. } => 0,
         })
         .collect();
+    let mut n = data.clone();
     fn activations(body: &[Instr], times: u64, out: &mut Vec<(TaskId, u64)>) {
         for i in body {
             match i {
@@ -151,12 +153,7 @@ pub fn runs(p: &Program, batch: u32) -> Vec<u64> {
         for (t, &times) in p.tasks.iter().zip(&n) {
             activations(&t.body, times, &mut add);
         }
-        let mut next: Vec<u64> = (p.tasks.iter())
-            .map(|t| match t.trigger {
-                Trigger::Data(_) => u64::from(batch / p.share()),
-                Trigger::Local { .. } => 0,
-            })
-            .collect();
+        let mut next = data.clone();
         for (id, times) in add {
             if let Some(i) = p.tasks.iter().position(|t| t.id == id) {
                 next[i] += times;

@@ -1484,18 +1484,21 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             .flat_map(|x| (p.y..p.y + p.h).map(move |y| (x, y)))
             .collect()
     };
-    let mut used: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    for (k, p) in placed.iter().enumerate() {
+    let program_colours = fab.program_colours() as Colour;
+    let mut colours = Palette {
+        used: BTreeMap::new(),
+        need: CHAIN_COLOURS.min(program_colours),
+        have: program_colours,
+        short: None,
+    };
+    for k in 0..nk {
         if matches!(f.kernels[k].kind, Kind::Dense { .. }) {
             for (x, y) in pes_of(k) {
-                *used.entry((x, y)).or_default() |= (1u64 << CHAIN_COLOURS) - 1;
+                *colours.used.entry((x, y)).or_default() |= (1u64 << CHAIN_COLOURS) - 1;
             }
         }
-        let _ = p;
     }
-    let program_colours = fab.program_colours() as Colour;
     let mut colour_of: BTreeMap<NodeIndex, Colour> = BTreeMap::new();
-    let (mut need, mut short) = (CHAIN_COLOURS.min(program_colours), None);
     let mut paths: BTreeMap<NodeIndex, Vec<(u32, u32)>> = BTreeMap::new();
     // the host's inputs come down a column from the north edge to their kernel (the
     // first kernel's come straight in); an input several kernels read is sent to each
@@ -1575,22 +1578,8 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             path.extend((p.x + 1..fab.width).map(|x| (x, p.y)));
         }
         routers.extend(path.iter().copied());
-        let busy = routers
-            .iter()
-            .fold(0u64, |m, r| m | used.get(r).copied().unwrap_or(0));
-        // the lowest free colour; beyond the budget only to count how many are needed
-        let Some(c) = (CHAIN_COLOURS..64).find(|&c| busy & (1 << c) == 0) else {
-            return Err(LayoutError::DoesNotFit(
-                "a router would carry more than 64 streams".into(),
-            ));
-        };
-        if c >= program_colours && short.is_none() {
-            short = Some(stream_name(g, st.node));
-        }
-        need = need.max(c + 1);
-        for r in &routers {
-            *used.entry(*r).or_default() |= 1 << c;
-        }
+        let routers: Vec<(u32, u32)> = routers.into_iter().collect();
+        let c = colours.take(&routers, || stream_name(g, st.node))?;
         match leg {
             Some(b) => {
                 legs.insert((st.node, b), (c, path));
@@ -1612,32 +1601,19 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
         for j in 0..lanes.reps[k] {
             let routers: Vec<(u32, u32)> =
                 (0..=j + 1).map(|l| p.orient.at((p.x, p.y), 0, l)).collect();
-            let mut pair = [0; 2];
-            for c in &mut pair {
-                let busy =
-                    (routers.iter()).fold(0u64, |m, r| m | used.get(r).copied().unwrap_or(0));
-                let Some(free) = (CHAIN_COLOURS..64).find(|&c| busy & (1 << c) == 0) else {
-                    return Err(LayoutError::DoesNotFit(
-                        "a router would carry more than 64 streams".into(),
-                    ));
-                };
-                if free >= program_colours && short.is_none() {
-                    short = Some(format!("the samples dealt to {}'s replicas", p.name));
-                }
-                need = need.max(free + 1);
-                for r in &routers {
-                    *used.entry(*r).or_default() |= 1 << free;
-                }
-                *c = free;
-            }
-            cs.push((pair[0], pair[1]));
+            let mut take = || {
+                colours.take(&routers, || {
+                    format!("the samples dealt to {}'s replicas", p.name)
+                })
+            };
+            cs.push((take()?, take()?));
         }
         rep_colours.insert(k, cs);
     }
-    if let Some(stream) = short {
+    if let Some(stream) = colours.short {
         return Err(LayoutError::Colours(ColoursShort {
             stream,
-            need: u32::from(need),
+            need: u32::from(colours.need),
             have: u32::from(program_colours),
         }));
     }
@@ -1981,6 +1957,43 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
     check(&l)
         .map_err(|e| LayoutError::DoesNotFit(format!("an illegal layout (a bug in estc): {e}")))?;
     Ok(l)
+}
+
+/// The colours a layout's streams take, router by router.
+struct Palette {
+    /// Per router: the colours streams through it use (a bit each).
+    used: BTreeMap<(u32, u32), u64>,
+    /// The colours needed so far, and the programs' budget.
+    need: Colour,
+    have: Colour,
+    /// The first stream past the budget.
+    short: Option<String>,
+}
+
+impl Palette {
+    /// The lowest colour no router of `routers` uses yet, now theirs; beyond the
+    /// budget only to count how many are needed (`name`: the stream, for the
+    /// diagnostic).
+    fn take(
+        &mut self,
+        routers: &[(u32, u32)],
+        name: impl FnOnce() -> String,
+    ) -> Result<Colour, LayoutError> {
+        let busy = (routers.iter()).fold(0u64, |m, r| m | self.used.get(r).copied().unwrap_or(0));
+        let Some(c) = (CHAIN_COLOURS..64).find(|&c| busy & (1 << c) == 0) else {
+            return Err(LayoutError::DoesNotFit(
+                "a router would carry more than 64 streams".into(),
+            ));
+        };
+        if c >= self.have && self.short.is_none() {
+            self.short = Some(name());
+        }
+        self.need = self.need.max(c + 1);
+        for r in routers {
+            *self.used.entry(*r).or_default() |= 1 << c;
+        }
+        Ok(c)
+    }
 }
 
 /// The strip a backward stream passes on its way from a layer to the one before it.

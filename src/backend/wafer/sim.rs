@@ -1367,13 +1367,7 @@ fn run_nest(
                         *x = Opnd::Mem(a + i * by[k], st);
                     }
                 }
-                let di = d.map(|(a, st)| (a + i * dby, st));
-                if !sweep(&mut pe.mem, *op, &o, di, n) {
-                    for e in 0..n {
-                        let v = element(&pe.mem, *op, &o, e, &[], None);
-                        store(&mut pe.mem, di, e, v);
-                    }
-                }
+                compute(&mut pe.mem, *op, &o, d.map(|(a, st)| (a + i * dby, st)), n);
             }
             let steps = cost::vec_op(f, *op, n, cost::reads(srcs), true) - u64::from(f.dsd_startup);
             (*op, n * count, steps * u64::from(*count))
@@ -1403,11 +1397,16 @@ fn run_nest(
 fn sram_op(pe: &mut Pe, (op, dst, srcs): (VecOp, &Dsd, &[Src]), loops: &[u32]) {
     let ops = resolve(srcs, &pe.mem, loops, &pe.counters);
     let d = dest(dst, loops, &pe.counters, &pe.mem);
-    let n = dst.len();
-    if !sweep(&mut pe.mem, op, &ops, d, n) {
+    compute(&mut pe.mem, op, &ops, d, dst.len());
+}
+
+/// An operation on SRAM alone over `n` elements of resolved operands: all at once
+/// (`sweep`), or element by element where some word leaves memory.
+fn compute(mem: &mut [f32], op: VecOp, ops: &[Opnd; 3], d: Option<(i64, i64)>, n: u32) {
+    if !sweep(mem, op, ops, d, n) {
         for i in 0..n {
-            let v = element(&pe.mem, op, &ops, i, &[], None);
-            store(&mut pe.mem, d, i, v);
+            let v = element(mem, op, ops, i, &[], None);
+            store(mem, d, i, v);
         }
     }
 }

@@ -62,6 +62,15 @@ pub struct Rep {
 
 const SLOT_BASE: u8 = 0;
 
+/// `dst = src`, word by word (either may be a stream).
+fn mov(dst: Dsd, src: Dsd) -> Instr {
+    Instr::Vec {
+        op: VecOp::Mov,
+        dst,
+        srcs: vec![Src::V(src)],
+    }
+}
+
 /// What a log-softmax computed on the way, in scratch of the current phase: its rows'
 /// exponentials (of `x` less the row's maximum) and their sums, `outer` rows of
 /// `inner`.
@@ -300,11 +309,6 @@ impl Vector<'_> {
             .filter(|o| o.bwd && phases.get(&o.node) == Some(&0))
             .map(|o| (o.colour, self.extent(o.node, 1, 0)))
             .collect();
-        let mov = |dst: Dsd, src: Dsd| Instr::Vec {
-            op: VecOp::Mov,
-            dst,
-            srcs: vec![Src::V(src)],
-        };
         for (k, &(c, _)) in to.iter().enumerate() {
             p.tasks.push(Task {
                 id: 2 * k as u8,
@@ -351,30 +355,18 @@ impl Vector<'_> {
         if let Some(id) = gather {
             let mut body = Vec::new();
             if let Some(t) = total {
-                let t = Val::buf(t, sums);
-                body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], sums));
+                let len = sums;
+                body.push(vec(VecOp::Mov, Val::buf(t, len), &[Val::Imm(0.0)], len));
+                let t = Dsd::mem(t, len);
                 for &(_, b) in to {
                     body.push(Instr::Vec {
                         op: VecOp::Add,
-                        dst: Dsd::mem(total.unwrap_or(0), sums),
-                        srcs: vec![
-                            t.src(sums),
-                            Src::V(Dsd::In {
-                                colour: b,
-                                len: sums,
-                            }),
-                        ],
+                        dst: t.clone(),
+                        srcs: vec![Src::V(t.clone()), Src::V(Dsd::In { colour: b, len })],
                     });
                 }
                 for &(c, _) in to {
-                    body.push(Instr::Vec {
-                        op: VecOp::Mov,
-                        dst: Dsd::Out {
-                            colour: c,
-                            len: sums,
-                        },
-                        srcs: vec![t.src(sums)],
-                    });
+                    body.push(mov(Dsd::Out { colour: c, len }, t.clone()));
                 }
             }
             if !back.is_empty() {
@@ -635,27 +627,21 @@ impl Vector<'_> {
             let mut fin = Vec::new();
             if let (Some(r), 0) = (rep, phase) {
                 // every replica's sums, through the dealer
-                for a in &accs {
-                    let v = vals[a];
-                    fin.push(Instr::Vec {
-                        op: VecOp::Mov,
-                        dst: Dsd::Out {
+                let sums = accs.iter().filter_map(|a| vals[a].dsd(vals[a].elements()));
+                let sums: Vec<Dsd> = sums.collect();
+                for d in &sums {
+                    let len = d.len();
+                    fin.push(mov(
+                        Dsd::Out {
                             colour: r.back,
-                            len: v.elements(),
+                            len,
                         },
-                        srcs: vec![v.src(v.elements())],
-                    });
+                        d.clone(),
+                    ));
                 }
-                for a in &accs {
-                    let v = vals[a];
-                    fin.push(Instr::Vec {
-                        op: VecOp::Mov,
-                        dst: v.dsd(v.elements()).unwrap_or_else(|| Dsd::mem(0, 0)),
-                        srcs: vec![Src::V(Dsd::In {
-                            colour: r.to,
-                            len: v.elements(),
-                        })],
-                    });
+                for d in sums {
+                    let len = d.len();
+                    fin.push(mov(d, Dsd::In { colour: r.to, len }));
                 }
             }
             for (a, scale) in means {
