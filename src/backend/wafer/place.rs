@@ -23,7 +23,7 @@ use super::fabric::Fabric;
 use super::form::{self, image, End, Formed, Kind, Unsupported};
 use super::isa::Colour;
 use super::kernels::dense::{self, Dense, Geom, Shape};
-use super::kernels::vector::{Port, Rep, Vector};
+use super::kernels::vector::{Fan, Port, Rep, Vector};
 use super::kernels::{split, Laid, Orient, Piece, UPDATE};
 use super::lower::Update;
 use super::sim::{Dir, HostIn, Route, Setup};
@@ -682,9 +682,12 @@ struct Sizer<'a> {
     /// Further parts' first PEs by (kernel, part, columns, rows), as they are asked
     /// for: cycles per sample, and whether the memory fits.
     part_pes: std::cell::RefCell<BTreeMap<(usize, usize, u32, u32), Measured>>,
-    periods: std::cell::RefCell<BTreeMap<(usize, u32, u32), Option<Cost>>>,
+    periods: std::cell::RefCell<BTreeMap<(usize, u32, u32, u32), Option<Cost>>>,
     /// Whether a one-lane kernel can run as replicas (`Vector::replicable`).
     replicable: Vec<bool>,
+    /// A replicable one-lane kernel's input from the layer before it and that input's
+    /// gradient, when its dealer can gather them from the layer's rows (`fanned`).
+    fanned: Vec<Option<(NodeIndex, Option<NodeIndex>)>>,
     /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
     /// sample, and whether the memory fits.
     layers: std::cell::RefCell<BTreeMap<KernelLanes, Measured>>,
@@ -771,8 +774,18 @@ impl<'a> Sizer<'a> {
                 }
             })
             .collect();
-        let replicable = (0..nk)
+        let replicable: Vec<bool> = (0..nk)
             .map(|k| dims[k].is_none() && vector_of(g, f, k, |_| 0).replicable())
+            .collect();
+        let fanned = (0..nk)
+            .map(|k| {
+                let plain = |l: usize| {
+                    dims[l].is_some_and(|d| matches!(d.shape, Shape::Matmul | Shape::Planar { .. }))
+                };
+                k.checked_sub(1)
+                    .filter(|&l| replicable[k] && plain(l))
+                    .and_then(|l| fanned(f, l, k))
+            })
             .collect();
         let single_next = (0..nk)
             .map(|k| k + 1 < nk && dims[k + 1].is_none() && width[k + 1].is_none())
@@ -801,6 +814,7 @@ impl<'a> Sizer<'a> {
             floor,
             dense,
             replicable,
+            fanned,
             part_pes: Default::default(),
             periods: Default::default(),
             layers: Default::default(),
@@ -865,12 +879,13 @@ impl<'a> Sizer<'a> {
 
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
     /// program), or on one lane as `reps` replicas (the slower of the dealer and a
-    /// replica), stalls aside; `None` when it cannot run so.
-    fn vector_period(&self, k: usize, lanes: u32, reps: u32) -> Option<Cost> {
+    /// replica; the dealer gathering its input from `fan` rows of the layer before),
+    /// stalls aside; `None` when it cannot run so.
+    fn vector_period(&self, k: usize, lanes: u32, reps: u32, fan: u32) -> Option<Cost> {
         *self
             .periods
             .borrow_mut()
-            .entry((k, lanes, reps))
+            .entry((k, lanes, reps, fan))
             .or_insert_with(|| {
                 let v = vector_of(self.g, self.f, k, |_| CHAIN_COLOURS);
                 let cost = |p: &super::isa::Program| {
@@ -880,7 +895,18 @@ impl<'a> Sizer<'a> {
                     let c = CHAIN_COLOURS;
                     let to: Vec<(Colour, Colour)> =
                         (0..reps as u8).map(|r| (c, c + 1 + r)).collect();
-                    let dealer = cost(&v.dealer(&to).ok()?);
+                    let fan = if fan > 1 {
+                        let (input, grad) = self.fanned[k]?;
+                        let colours = (0..fan as u8).map(|l| (c + 2 * l, c + 2 * l + 1)).collect();
+                        Some(Fan {
+                            input,
+                            grad,
+                            colours,
+                        })
+                    } else {
+                        None
+                    };
+                    let dealer = cost(&v.dealer(&to, fan.as_ref()).ok()?);
                     let rep = v
                         .replica(Rep {
                             of: reps,
@@ -895,20 +921,25 @@ impl<'a> Sizer<'a> {
             })
     }
 
-    /// The replicas one-lane kernel `k` may run as, fewest first: 1, and when it can
-    /// run as replicas (`Vector::replicable`), each count up to `MAX_REPS` that
-    /// divides the batch and whose two colours each (to a replica and back) the
-    /// dealer's router has beside the chains' and the kernel's streams.
-    fn reps(&self, k: usize) -> Vec<u32> {
-        let mut out = vec![1];
+    /// The replicas one-lane kernel `k` may run as, fewest first: 1 (when it need
+    /// gather no rows), and when it can run as replicas (`Vector::replicable`), each
+    /// count up to `MAX_REPS` that divides the batch, reaches the `fan` rows of the
+    /// layer before whose outputs its dealer gathers (the replicas lie along them), and
+    /// whose two colours each (to a replica and back) the dealer's router has beside
+    /// the chains', the kernel's streams and two for each row past the first.
+    fn reps(&self, k: usize, fan: u32) -> Vec<u32> {
+        let mut out = if fan > 1 { vec![] } else { vec![1] };
         if self.replicable[k] {
             let streams = (self.f.streams.iter())
                 .filter(|s| s.from == End::Kernel(k) || s.to.contains(&End::Kernel(k)))
                 .filter(|s| !self.f.carried(s.node, k))
                 .count() as u32;
-            let room =
-                (self.fab.program_colours()).saturating_sub(u32::from(CHAIN_COLOURS) + streams) / 2;
-            out.extend((2..=MAX_REPS.min(room)).filter(|&r| self.f.batch.is_multiple_of(r)));
+            let room = (self.fab.program_colours())
+                .saturating_sub(u32::from(CHAIN_COLOURS) + streams + 2 * (fan - 1))
+                / 2;
+            out.extend(
+                (2.max(fan - 1)..=MAX_REPS.min(room)).filter(|&r| self.f.batch.is_multiple_of(r)),
+            );
         }
         out
     }
@@ -926,7 +957,7 @@ impl<'a> Sizer<'a> {
                     })
                 }
                 None => self
-                    .vector_period(k, lanes.out[k], lanes.reps[k])
+                    .vector_period(k, lanes.out[k], lanes.reps[k], fan_of(self.f, lanes, k))
                     .unwrap_or(NEVER),
             })
             .collect()
@@ -1009,10 +1040,13 @@ impl<'a> Sizer<'a> {
             || self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Gather { t } if t > 1))
     }
 
-    /// The output lanes a dense layer may take: 1 before a one-lane kernel, else at
-    /// least its floor.
+    /// The output lanes a dense layer may take: 1 before a one-lane kernel, or up to
+    /// one more than its most replicas when its dealer gathers them (`fanned`); else
+    /// at least its floor.
     fn rows(&self, k: usize, n: u32) -> Vec<u32> {
-        if self.one_row(k) {
+        if self.fanned.get(k + 1).is_some_and(Option::is_some) {
+            (1..=n.min(1 + MAX_REPS)).collect()
+        } else if self.one_row(k) {
             vec![1]
         } else {
             (self.floor[k]..=n.min(self.fab.height.max(self.fab.width))).collect()
@@ -1097,14 +1131,18 @@ impl<'a> Sizer<'a> {
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
             let Some(d) = self.dims[k] else {
                 let l = self.vector_lanes(k, prev, 1)?;
-                if prev.is_some_and(|p| p != l) {
-                    return None;
-                }
+                // (a one-lane kernel's dealer may gather the rows of the layer before)
+                let fan = match prev {
+                    Some(p) if p != l && l == 1 && self.fanned[k].is_some() => p,
+                    Some(p) if p != l => return None,
+                    _ => 1,
+                };
                 // (a one-lane kernel as the fewest replicas that meet `t`)
-                let reps = if l == 1 { self.reps(k) } else { vec![1] };
-                let r = reps
-                    .into_iter()
-                    .find(|&r| self.vector_period(k, l, r).is_some_and(|c| t.admits(c)))?;
+                let reps = if l == 1 { self.reps(k, fan) } else { vec![1] };
+                let r = reps.into_iter().find(|&r| {
+                    self.vector_period(k, l, r, fan)
+                        .is_some_and(|c| t.admits(c))
+                })?;
                 lanes.inp[k] = l;
                 lanes.out[k] = l;
                 lanes.reps[k] = r;
@@ -1170,14 +1208,16 @@ impl<'a> Sizer<'a> {
     fn balanced(&self) -> Vec<Lanes> {
         // (each at its fastest: on its most replicas)
         let fastest = |k: usize| {
-            (self.reps(k).into_iter())
-                .filter_map(|r| self.vector_period(k, 1, r))
+            (self.reps(k, 1).into_iter())
+                .filter_map(|r| self.vector_period(k, 1, r, 1))
                 .min_by_key(|c| c[0] + c[1])
         };
         let ones = (0..self.f.kernels.len())
             .filter(|&k| self.dims[k].is_none() && self.width[k].is_none());
         let single: Vec<Cost> = ones.clone().filter_map(fastest).collect();
-        let on_one: Vec<Cost> = ones.filter_map(|k| self.vector_period(k, 1, 1)).collect();
+        let on_one: Vec<Cost> = ones
+            .filter_map(|k| self.vector_period(k, 1, 1, 1))
+            .collect();
         // the smallest period at which a pace admits every one-lane kernel
         let least = |pace: Pace| {
             let ok = |t: u64| single.iter().all(|&c| pace.at(t).admits(c));
@@ -1593,6 +1633,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
     // a one-lane kernel's replicas: a colour from the dealer to each, and one back,
     // free on the lanes between
     let mut rep_colours: BTreeMap<usize, Vec<(Colour, Colour)>> = BTreeMap::new();
+    let mut fans: BTreeMap<usize, Vec<(Colour, Colour)>> = BTreeMap::new();
     for (k, p) in placed.iter().enumerate() {
         if lanes.reps[k] < 2 {
             continue;
@@ -1609,6 +1650,33 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             cs.push((take()?, take()?));
         }
         rep_colours.insert(k, cs);
+        // the rows of the layer before whose outputs the dealer gathers: from each
+        // row's east end up the strip to the dealer, and its share of their gradient
+        // back down and west along the row, a colour each beside the first row's
+        let fan = fan_of(f, lanes, k);
+        let Some((_, grad)) = sizer.fanned[k].filter(|_| fan > 1) else {
+            continue;
+        };
+        let l = &placed[k - 1];
+        let cols = lanes.columns(k - 1);
+        let mut fc = Vec::new();
+        for j in 1..fan {
+            let strip = (0..=j).map(|m| p.orient.at((p.x, p.y), 0, m));
+            let mut routers: Vec<(u32, u32)> = strip.clone().collect();
+            routers.push(l.orient.at((l.x, l.y), cols - 1, j));
+            let name = || format!("the outputs {} gathers", p.name);
+            let y = colours.take(&routers, name)?;
+            let dy = match grad {
+                Some(_) => {
+                    let mut routers: Vec<(u32, u32)> = strip.collect();
+                    routers.extend((0..cols).map(|i| l.orient.at((l.x, l.y), i, j)));
+                    colours.take(&routers, || format!("the gradients {} sends back", p.name))?
+                }
+                None => 0,
+            };
+            fc.push((y, dy));
+        }
+        fans.insert(k, fc);
     }
     if let Some(stream) = colours.short {
         return Err(LayoutError::Colours(ColoursShort {
@@ -1646,10 +1714,16 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     .zip(parts_of(f, k))
                     .map(|(&l, part)| (l, colour(Some(part.x), k)))
                     .collect();
-                d.lay_parts((p.x, p.y), p.orient, (lanes_in[k], lanes_out[k]), &more, c)
-                    .map_err(|e| {
-                        unsupported(g, *fwd, e, "this layer's update has no wafer kernel")
-                    })?
+                let fan = fans.get(&(k + 1)).map_or(&[][..], Vec::as_slice);
+                d.lay_parts(
+                    (p.x, p.y),
+                    p.orient,
+                    (lanes_in[k], lanes_out[k]),
+                    &more,
+                    c,
+                    fan,
+                )
+                .map_err(|e| unsupported(g, *fwd, e, "this layer's update has no wafer kernel"))?
             }
             (Kind::Dense { fwd, .. }, None) => {
                 return Err(unsupported(
@@ -1694,7 +1768,26 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 if let Some(cs) = reps {
                     let o = p.orient;
                     let at = |l: u32| o.at((p.x, p.y), 0, l);
-                    let dealer = v.dealer(cs).map_err(no_kernel)?;
+                    // (gathering the rows of the layer before, the first on the ports'
+                    // colours)
+                    let fan = match (fans.get(&k), sizer.fanned[k]) {
+                        (Some(more), Some((input, grad))) => {
+                            let port = |n: NodeIndex| colour_in(n, k).unwrap_or(0);
+                            let first = (
+                                port(input),
+                                grad.map_or(0, |g| colour_of.get(&g).copied().unwrap_or(0)),
+                            );
+                            Some(Fan {
+                                input,
+                                grad,
+                                colours: std::iter::once(first)
+                                    .chain(more.iter().copied())
+                                    .collect(),
+                            })
+                        }
+                        _ => None,
+                    };
+                    let dealer = v.dealer(cs, fan.as_ref()).map_err(no_kernel)?;
                     let words = dealer.words() as usize;
                     laid.pes.insert(at(0), (Arc::new(dealer), vec![0.0; words]));
                     // down the strip to each replica, and back
@@ -1702,6 +1795,21 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                         laid.route(at(l), c, o.route(rx, &[tx]))
                             .map_err(LayoutError::DoesNotFit)
                     };
+                    for (j, &(y, dy)) in (1..).zip(fans.get(&k).into_iter().flatten()) {
+                        // up the strip from row `j`, and its gradient's share down
+                        route(&mut laid, j, y, Dir::W, Dir::N)?;
+                        for m in 1..j {
+                            route(&mut laid, m, y, Dir::S, Dir::N)?;
+                        }
+                        route(&mut laid, 0, y, Dir::S, Dir::Ramp)?;
+                        if sizer.fanned[k].is_some_and(|(_, g)| g.is_some()) {
+                            route(&mut laid, 0, dy, Dir::Ramp, Dir::S)?;
+                            for m in 1..j {
+                                route(&mut laid, m, dy, Dir::N, Dir::S)?;
+                            }
+                            route(&mut laid, j, dy, Dir::N, Dir::W)?;
+                        }
+                    }
                     for (j, &(to, back)) in (1..).zip(cs) {
                         route(&mut laid, 0, to, Dir::Ramp, Dir::S)?;
                         route(&mut laid, 0, back, Dir::S, Dir::Ramp)?;
@@ -1993,6 +2101,34 @@ impl Palette {
             *self.used.entry(*r).or_default() |= 1 << c;
         }
         Ok(c)
+    }
+}
+
+/// The input one-lane kernel `k` takes from layer `l` before it, and that input's
+/// gradient it sends back, when its dealer can gather them from the layer's rows
+/// (`vector::Fan`): the layer's rows carry its outputs alone (no residual's features,
+/// no side part's outputs).
+fn fanned(f: &Formed, l: usize, k: usize) -> Option<(NodeIndex, Option<NodeIndex>)> {
+    if f.carry(l).is_some() || parts_of(f, l).iter().any(|p| p.side) {
+        return None;
+    }
+    let input = (f.streams.iter())
+        .find(|s| !s.bwd && s.from == End::Kernel(l) && s.to == [End::Kernel(k)])?
+        .node;
+    let grad = (f.streams.iter())
+        .find(|s| s.bwd && s.from == End::Kernel(k) && s.to.contains(&End::Kernel(l)))
+        .map(|s| s.node);
+    Some((input, grad))
+}
+
+/// The rows of the layer before one-lane kernel `k` whose outputs its dealer gathers
+/// on a sizing (1: it takes them from one).
+fn fan_of(f: &Formed, lanes: &Lanes, k: usize) -> u32 {
+    match k.checked_sub(1) {
+        Some(l) if lanes.out[k] == 1 && matches!(f.kernels[l].kind, Kind::Dense { .. }) => {
+            lanes.out[l].max(1)
+        }
+        _ => 1,
     }
 }
 
@@ -2317,7 +2453,9 @@ mod tests {
     /// one lane: the same sizing but for the loss's replicas, the same weights and
     /// inputs, one train step and its update in the simulator; every tensor within
     /// 1e-6 of its largest magnitude (the sums over the batch add the replicas'
-    /// shares in another order). Counts of 2, 3, 4 and 6 replicas of a batch of 12.
+    /// shares in another order). Counts of 2, 3, 4 and 6 replicas of a batch of 12,
+    /// the dealer taking the logits from one row of the last layer, or gathering them
+    /// from 2 to 5 rows (and sending each row its share of their gradient).
     #[test]
     fn a_loss_as_replicas_computes_what_it_does_on_one_lane() {
         use crate::backend::wafer::kernels::{gather, scatter};
@@ -2325,9 +2463,9 @@ mod tests {
         let src = crate::backend::wafer::testing::mlp(7, 9, 5, 12);
         let g = crate::backend::wafer::testing::graph(&src, crate::syntax::ast::SectionKind::Train);
         let f = form::form(&g).unwrap();
-        // a fabric with colours for six replicas
+        // a fabric with colours for six replicas gathering five rows
         let mut fab = Fabric::named("test32").unwrap();
-        fab.colours += 4;
+        fab.colours += 10;
         let sizer = Sizer::new(&g, &f, &fab).unwrap();
         let last = f.kernels.len() - 1;
         assert!(sizer.replicable[last]);
@@ -2336,9 +2474,11 @@ mod tests {
             let z = (seed as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         };
-        let run = |reps: u32| -> BTreeMap<String, Vec<f32>> {
+        // (the last layer's rows, whose outputs the dealer gathers)
+        let run = |reps: u32, rows: u32| -> BTreeMap<String, Vec<f32>> {
             let mut lanes = base.clone();
             lanes.reps[last] = reps;
+            lanes.out[last - 1] = rows;
             let l = try_lanes(&sizer, &lanes, 4).unwrap();
             let mut sim = Sim::new(&fab, &l.setup).unwrap();
             let len = |pieces: &[Piece]| {
@@ -2382,17 +2522,29 @@ mod tests {
                 })
                 .collect()
         };
-        let one = run(1);
+        let one = run(1, 1);
         assert!(one.len() >= 6, "{:?}", one.keys());
-        for reps in [2, 3, 4, 6] {
-            let many = run(reps);
+        // (rows a layer of 5 outputs uses all of)
+        let cases = [
+            (2, 1),
+            (3, 1),
+            (4, 1),
+            (6, 1),
+            (2, 2),
+            (2, 3),
+            (3, 3),
+            (4, 5),
+            (6, 5),
+        ];
+        for (reps, rows) in cases {
+            let many = run(reps, rows);
             for (name, a) in &one {
                 let b = &many[name];
                 let scale = a.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
                 for (x, y) in a.iter().zip(b) {
                     assert!(
                         (x - y).abs() <= 1e-6 * scale,
-                        "{reps} replicas: {name}: {x} against {y} on one lane"
+                        "{reps} replicas, {rows} rows: {name}: {x} against {y} on one lane"
                     );
                 }
             }

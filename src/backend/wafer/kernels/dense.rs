@@ -231,6 +231,16 @@ impl Colours {
         }
     }
 
+    /// Row `j`'s colours when rows after the first send their outputs and take their
+    /// output gradients on colours of their own (`fan[j - 1]`: a layer whose rows a
+    /// one-lane kernel's dealer gathers, `place.rs`).
+    pub fn row(self, j: u32, fan: &[(Colour, Colour)]) -> Colours {
+        match j.checked_sub(1).and_then(|l| fan.get(l as usize)) {
+            Some(&(y, dy)) => Colours { y, dy, ..self },
+            None => self,
+        }
+    }
+
     /// Column `i` of `wc`'s link in the forward chain: the colour it sends its partial
     /// sums on (the outputs' at the east end), and the one it receives them on (none at
     /// the west end).
@@ -457,11 +467,13 @@ impl Dense {
         (w, h): (u32, u32),
         c: Colours,
     ) -> Result<Laid, String> {
-        self.lay_parts(origin, o, (w, h), &[], c)
+        self.lay_parts(origin, o, (w, h), &[], c, &[])
     }
 
     /// `lay` with the further parts (`more`) on `lanes` columns each, their inputs
-    /// arriving on the colours beside them: `(lanes, colour)` a part.
+    /// arriving on the colours beside them: `(lanes, colour)` a part; and rows after
+    /// the first on the output and output-gradient colours `fan` gives them
+    /// (`Colours::row`).
     pub fn lay_parts(
         &self,
         origin: (u32, u32),
@@ -469,6 +481,7 @@ impl Dense {
         (w, h): (u32, u32),
         more: &[(u32, Colour)],
         c: Colours,
+        fan: &[(Colour, Colour)],
     ) -> Result<Laid, String> {
         if more.len() != self.more.len() {
             return Err(format!(
@@ -492,6 +505,7 @@ impl Dense {
                 let ks = split(d.k, cols, i);
                 let col = first + i;
                 for j in 0..hr {
+                    let c = c.row(j, fan);
                     // a side part's own outputs; the others', the layer's
                     let ns = split(if d.side.is_some() { d.n } else { self.n }, hr, j);
                     let at = o.at(origin, col, j);

@@ -60,6 +60,28 @@ pub struct Rep {
     pub back: Colour,
 }
 
+/// A one-lane kernel's input that the several rows of the layer before it send
+/// (`place.rs`): row `l` sends its share `split(N, L, l)` of `input` on
+/// `colours[l].0`, and takes its share of `grad` back on `colours[l].1`. Only a dealer
+/// gathers one (its replicas take whole samples from it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fan {
+    pub input: NodeIndex,
+    pub grad: Option<NodeIndex>,
+    pub colours: Vec<(Colour, Colour)>,
+}
+
+impl Fan {
+    /// Each row's share of `len` words: its offset, length, and colours.
+    fn shares(&self, len: u32) -> impl Iterator<Item = (u32, u32, (Colour, Colour))> + '_ {
+        let rows = self.colours.len() as u32;
+        (0..rows).zip(&self.colours).map(move |(l, &c)| {
+            let s = split(len, rows, l);
+            (s.start, s.len() as u32, c)
+        })
+    }
+}
+
 const SLOT_BASE: u8 = 0;
 
 /// `dst = src`, word by word (either may be a stream).
@@ -286,7 +308,9 @@ impl Vector<'_> {
     /// samples); at the step's end it sums the replicas' sums over the batch and sends
     /// the total to each, then takes their gradients in the samples' order and sends
     /// them on toward the layers.
-    pub fn dealer(&self, to: &[(Colour, Colour)]) -> Result<Program, String> {
+    /// With a `fan`, it gathers that input from the rows of the layer before it, and
+    /// sends its gradient back to them in shares.
+    pub fn dealer(&self, to: &[(Colour, Colour)], fan: Option<&Fan>) -> Result<Program, String> {
         let f = self.f;
         let r = to.len() as u32;
         if r < 2 || r > u32::from(super::super::isa::COUNTERS) - 1 || !f.batch.is_multiple_of(r) {
@@ -305,10 +329,26 @@ impl Vector<'_> {
             .map(|&n| self.extent(n, 1, 0))
             .sum();
         let total = (sums > 0).then(|| p.alloc("sums", sums));
-        let back: Vec<(Colour, u32)> = (self.outputs.iter())
+        let back: Vec<(Port, u32)> = (self.outputs.iter())
             .filter(|o| o.bwd && phases.get(&o.node) == Some(&0))
-            .map(|o| (o.colour, self.extent(o.node, 1, 0)))
+            .map(|o| (*o, self.extent(o.node, 1, 0)))
             .collect();
+        // a stream's shares: (offset, length, colour), one for a stream no fan gathers
+        let shares = |port: &Port, len: u32, bwd: bool| -> Vec<(u32, u32, Colour)> {
+            let fanned = fan.filter(|f| {
+                if bwd {
+                    f.grad == Some(port.node)
+                } else {
+                    f.input == port.node
+                }
+            });
+            match fanned {
+                Some(f) => (f.shares(len))
+                    .map(|(at, n, c)| (at, n, if bwd { c.1 } else { c.0 }))
+                    .collect(),
+                None => vec![(0, len, port.colour)],
+            }
+        };
         for (k, &(c, _)) in to.iter().enumerate() {
             p.tasks.push(Task {
                 id: 2 * k as u8,
@@ -324,14 +364,10 @@ impl Vector<'_> {
         };
         let gather = (sums > 0 || !back.is_empty()).then_some(2 * r as u8 + 2);
         let mut take: Vec<Instr> = (ins.iter())
-            .map(|&(i, len, base)| {
-                mov(
-                    Dsd::mem(base, len),
-                    Dsd::In {
-                        colour: i.colour,
-                        len,
-                    },
-                )
+            .flat_map(|&(i, len, base)| {
+                (shares(&i, len, false).into_iter()).map(move |(at, len, colour)| {
+                    mov(Dsd::mem(base + at, len), Dsd::In { colour, len })
+                })
             })
             .collect();
         take.extend((0..r).map(|k| Instr::Count {
@@ -372,8 +408,10 @@ impl Vector<'_> {
             if !back.is_empty() {
                 let each = (to.iter())
                     .flat_map(|&(_, b)| {
-                        back.iter().map(move |&(c, len)| {
-                            mov(Dsd::Out { colour: c, len }, Dsd::In { colour: b, len })
+                        back.iter().flat_map(move |(port, len)| {
+                            (shares(port, *len, true).into_iter()).map(move |(_, len, c)| {
+                                mov(Dsd::Out { colour: c, len }, Dsd::In { colour: b, len })
+                            })
                         })
                     })
                     .collect();
