@@ -682,7 +682,7 @@ struct Sizer<'a> {
     /// Further parts' first PEs by (kernel, part, columns, rows), as they are asked
     /// for: cycles per sample, and whether the memory fits.
     part_pes: std::cell::RefCell<BTreeMap<(usize, usize, u32, u32), Measured>>,
-    periods: std::cell::RefCell<BTreeMap<(usize, u32, u32, u32), Option<Cost>>>,
+    periods: std::cell::RefCell<BTreeMap<VectorSizing, Option<Cost>>>,
     /// Whether a one-lane kernel can run as replicas (`Vector::replicable`).
     replicable: Vec<bool>,
     /// A replicable one-lane kernel's input from the layer before it and that input's
@@ -746,6 +746,9 @@ impl Pace {
 
 /// A layer's first PE as measured: cycles per sample, and whether its memory fits.
 type Measured = (Cost, bool);
+
+/// A vector kernel on lanes, replicas, and rows it gathers: (kernel, lanes, reps, fan).
+type VectorSizing = (usize, u32, u32, u32);
 
 /// A kernel on `w x h` lanes: (kernel, w, h).
 type KernelLanes = (usize, u32, u32);
