@@ -208,7 +208,7 @@ fn broadcast_of(s: &[usize], drop: usize, ones: u32) -> Vec<usize> {
         .collect()
 }
 
-const UNARY: [UnaryOp; 12] = [
+const UNARY: [UnaryOp; 16] = [
     UnaryOp::Neg,
     UnaryOp::Abs,
     UnaryOp::Exp,
@@ -221,6 +221,10 @@ const UNARY: [UnaryOp; 12] = [
     UnaryOp::Relu,
     UnaryOp::Floor,
     UnaryOp::Sign,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Erf,
+    UnaryOp::StopGradient,
 ];
 
 const BINARY: [BinaryOp; 8] = [

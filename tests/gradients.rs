@@ -120,9 +120,26 @@ fn forward(
     values.get(loss).expect("loss").scalar()
 }
 
-/// Checks the gradients of `reduce_sum(out * w)` for every variable of the case.
+/// The analytic gradients of `reduce_sum(out * w)` for every variable of the case (`w`
+/// fixed weights, fed as `__w`), as the autodiff pass makes them and the interpreter
+/// runs them: per variable, its name, type, values and gradient; with the graph, the
+/// loss, the variables and the feeds, to run the forward pass again.
+struct Analytic {
+    g: Graph,
+    loss: NodeIndex,
+    vars: FxHashMap<String, Tensor>,
+    feeds: FxHashMap<String, Tensor>,
+    grads: Vec<(String, TensorType, Vec<f64>)>,
+}
+
 /// `lo` is where each variable's values start (positive for log, sqrt, ...).
-fn check(name: &str, mut c: Case, out: NodeIndex, lo: f64, feeds: FxHashMap<String, Tensor>) {
+fn analytic(
+    name: &str,
+    mut c: Case,
+    out: NodeIndex,
+    lo: f64,
+    feeds: FxHashMap<String, Tensor>,
+) -> Analytic {
     let oty = c.g.ty(out).clone();
     let w = c.input("__w", DType::F32, &oty.shape);
     let prod = c.op(Op::Binary(BinaryOp::Mul), &[out, w]);
@@ -175,6 +192,7 @@ fn check(name: &str, mut c: Case, out: NodeIndex, lo: f64, feeds: FxHashMap<Stri
         c.vars.len(),
         "{name}: every variable gets a gradient"
     );
+    let mut out = Vec::new();
     for ((vnode, _), (_, gt)) in grads
         .iter()
         .zip(results.iter().skip(results.len() - grads.len()))
@@ -183,21 +201,36 @@ fn check(name: &str, mut c: Case, out: NodeIndex, lo: f64, feeds: FxHashMap<Stri
             unreachable!()
         };
         let ty = c.g.ty(*vnode).clone();
-        let analytic = gt.to_f64();
         assert_eq!(
             gt.shape(),
             ty.shape.as_slice(),
             "{name}: gradient shape of {vname}"
         );
-        let base = vars[vname].to_f64();
-        let eps = c.eps;
+        out.push((vname.clone(), ty, gt.to_f64()));
+    }
+    Analytic {
+        g: c.g,
+        loss,
+        vars,
+        feeds,
+        grads: out,
+    }
+}
+
+/// Checks the gradients of `reduce_sum(out * w)` for every variable of the case
+/// against central finite differences.
+fn check(name: &str, c: Case, out: NodeIndex, lo: f64, feeds: FxHashMap<String, Tensor>) {
+    let eps = c.eps;
+    let a = analytic(name, c, out, lo, feeds);
+    for (vname, ty, analytic) in &a.grads {
+        let base = a.vars[vname].to_f64();
         for i in 0..base.len() {
             let at = |d: f64| {
                 let mut v = base.clone();
                 v[i] += d;
-                let mut vs = vars.clone();
-                vs.insert(vname.clone(), Tensor::from_f64(&ty, v));
-                forward(&c.g, loss, &vs, &feeds)
+                let mut vs = a.vars.clone();
+                vs.insert(vname.clone(), Tensor::from_f64(ty, v));
+                forward(&a.g, a.loss, &vs, &a.feeds)
             };
             let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
             let tol = 2e-2 * numeric.abs().max(1.0);
@@ -227,12 +260,34 @@ fn unary_gradients() {
         (UnaryOp::Tanh, -1.0),
         (UnaryOp::Sigmoid, -1.0),
         (UnaryOp::Relu, -1.0),
+        (UnaryOp::Sin, -1.0),
+        (UnaryOp::Cos, -1.0),
+        (UnaryOp::Erf, -1.0),
     ];
     for (u, lo) in cases {
         let mut c = Case::new();
         let x = c.var("x", &[3, 4]);
         let y = c.op(Op::Unary(u), &[x]);
         check(Op::Unary(u).name(), c, y, lo, none());
+    }
+}
+
+/// `stop_gradient(x)` is a constant to the train step: the gradient of
+/// `reduce_sum(x * stop_gradient(x) * w)` is `x * w`, not the `2 x w` finite
+/// differences see.
+#[test]
+fn stop_gradient_stops_gradients() {
+    let mut c = Case::new();
+    let x = c.var("x", &[3, 4]);
+    let s = c.op(Op::Unary(UnaryOp::StopGradient), &[x]);
+    let y = c.op(Op::Binary(BinaryOp::Mul), &[x, s]);
+    let a = analytic("stop_gradient", c, y, -1.0, none());
+    let xs = a.vars["x"].to_f64();
+    let w = a.feeds["__w"].to_f64();
+    let (_, _, g) = &a.grads[0];
+    for i in 0..xs.len() {
+        let want = xs[i] * w[i];
+        assert!((g[i] - want).abs() <= 1e-6, "d/dx[{i}] {} vs {want}", g[i]);
     }
 }
 

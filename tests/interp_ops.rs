@@ -37,7 +37,7 @@ fn expect(op: Op, args: &[&Tensor], dtype: DType, shape: &[usize], want: &[f64])
 #[test]
 fn unary_ops() {
     let x = f(&[4], &[-2.0, -0.5, 0.0, 1.5]);
-    let cases: [(UnaryOp, [f64; 4]); 8] = [
+    let cases: [(UnaryOp, [f64; 4]); 12] = [
         (UnaryOp::Neg, [2.0, 0.5, 0.0, -1.5]),
         (UnaryOp::Abs, [2.0, 0.5, 0.0, 1.5]),
         (UnaryOp::Square, [4.0, 0.25, 0.0, 2.25]),
@@ -62,6 +62,34 @@ fn unary_ops() {
                 0.817_574_476_193_643_7,
             ],
         ),
+        (
+            UnaryOp::Sin,
+            [
+                -0.909_297_426_825_681_7,
+                -0.479_425_538_604_203,
+                0.0,
+                0.997_494_986_604_054_4,
+            ],
+        ),
+        (
+            UnaryOp::Cos,
+            [
+                -0.416_146_836_547_142_4,
+                0.877_582_561_890_372_8,
+                1.0,
+                0.070_737_201_667_702_9,
+            ],
+        ),
+        (
+            UnaryOp::Erf,
+            [
+                -0.995_322_265_018_952_7,
+                -0.520_499_877_813_046_5,
+                0.0,
+                0.966_105_146_475_310_8,
+            ],
+        ),
+        (UnaryOp::StopGradient, [-2.0, -0.5, 0.0, 1.5]),
     ];
     for (u, want) in cases {
         expect(Op::Unary(u), &[&x], DType::F32, &[4], &want);
@@ -764,6 +792,10 @@ fn nan_propagates_through_every_float_op() {
         UnaryOp::Relu,
         UnaryOp::Floor,
         UnaryOp::Sign,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Erf,
+        UnaryOp::StopGradient,
     ] {
         let m = nan_mask(Op::Unary(u), &[&x], DType::F32, &[4]);
         assert!(m[1], "{} of NaN is NaN", Op::Unary(u).name());

@@ -242,7 +242,12 @@ impl<'p> Elab<'p> {
         if let Some(x) = static_unary(u, &v) {
             let keeps_ints = matches!(
                 u,
-                UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Square | UnaryOp::Relu | UnaryOp::Floor
+                UnaryOp::Abs
+                    | UnaryOp::Sign
+                    | UnaryOp::Square
+                    | UnaryOp::Relu
+                    | UnaryOp::Floor
+                    | UnaryOp::StopGradient
             );
             return match v {
                 Value::Int(_) if keeps_ints && x.abs() < 9.0e15 => Value::Int(x as i64),
@@ -1274,6 +1279,10 @@ fn unary_op(name: &str) -> Option<UnaryOp> {
         "square" => UnaryOp::Square,
         "floor" => UnaryOp::Floor,
         "sign" => UnaryOp::Sign,
+        "sin" => UnaryOp::Sin,
+        "cos" => UnaryOp::Cos,
+        "erf" => UnaryOp::Erf,
+        "stop_gradient" => UnaryOp::StopGradient,
         _ => return None,
     })
 }
@@ -1288,22 +1297,7 @@ fn static_num(v: &Value<'_>) -> Option<f64> {
 
 /// Unary math on a static number, so schedules and shapes can use it statically.
 fn static_unary(u: UnaryOp, v: &Value<'_>) -> Option<f64> {
-    let x = static_num(v)?;
-    Some(match u {
-        UnaryOp::Relu => float::relu(x),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Square => x * x,
-        UnaryOp::Floor => x.floor(),
-        UnaryOp::Sign => float::sign(x),
-        UnaryOp::Neg => -x,
-        UnaryOp::Not => return None,
-    })
+    u.eval(static_num(v)?)
 }
 
 fn init_by_name(s: &str) -> Option<Init> {

@@ -171,6 +171,7 @@ fn unary(u: UnaryOp, a: &TensorType) -> R {
                 ));
             }
         }
+        UnaryOp::StopGradient => {}
         UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Square => {
             if !a.dtype.is_numeric() {
                 return Err(err(

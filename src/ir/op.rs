@@ -115,6 +115,39 @@ pub enum UnaryOp {
     Relu,
     Floor,
     Sign,
+    Sin,
+    Cos,
+    /// The error function, `2 / sqrt(pi) * integral of exp(-t^2) from 0 to x`.
+    Erf,
+    /// The identity whose gradient is zero (`tf.stop_gradient`).
+    StopGradient,
+}
+
+impl UnaryOp {
+    /// The op on a number, in f64: what constant folding and static values compute
+    /// (`None` for `!`, which is not arithmetic).
+    pub fn eval(self, x: f64) -> Option<f64> {
+        use super::float;
+        Some(match self {
+            UnaryOp::Neg => -x,
+            UnaryOp::Not => return None,
+            UnaryOp::Abs => x.abs(),
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Log => x.ln(),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+            UnaryOp::Square => x * x,
+            UnaryOp::Tanh => x.tanh(),
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Relu => float::relu(x),
+            UnaryOp::Floor => x.floor(),
+            UnaryOp::Sign => float::sign(x),
+            UnaryOp::Sin => x.sin(),
+            UnaryOp::Cos => x.cos(),
+            UnaryOp::Erf => float::erf(x),
+            UnaryOp::StopGradient => x,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -245,6 +278,10 @@ impl Op {
                 UnaryOp::Relu => "relu",
                 UnaryOp::Floor => "floor",
                 UnaryOp::Sign => "sign",
+                UnaryOp::Sin => "sin",
+                UnaryOp::Cos => "cos",
+                UnaryOp::Erf => "erf",
+                UnaryOp::StopGradient => "stop_gradient",
             },
             Op::Binary(b) => match b {
                 BinaryOp::Add => "add",

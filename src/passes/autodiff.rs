@@ -224,6 +224,8 @@ impl Ad<'_> {
         for &n in &order {
             depends[n.index()] = match &self.g.node(n).op {
                 Op::Variable { trainable, .. } => *trainable,
+                // (a constant to the train step, on purpose)
+                Op::Unary(UnaryOp::StopGradient) => false,
                 _ => self
                     .g
                     .g
@@ -254,7 +256,7 @@ impl Ad<'_> {
                         ),
                     )
                     .label(format!("`{}` makes {}", node.op.name(), node.ty))
-                    .help("compute the loss from differentiable ops, or cut the path on purpose with a value that does not depend on the variables"),
+                    .help("compute the loss from differentiable ops, or cut the path on purpose with `stop_gradient(...)`"),
                 );
                 ok = false;
             }
@@ -362,8 +364,25 @@ impl Ad<'_> {
                     let z = self.zeros(self.ty(dy), sp);
                     self.select(stop, z, dy, sp)
                 }
+                UnaryOp::Sin => {
+                    let c = self.un(UnaryOp::Cos, x, sp);
+                    self.bin(BinaryOp::Mul, dy, c, sp)
+                }
+                UnaryOp::Cos => {
+                    let s = self.un(UnaryOp::Sin, x, sp);
+                    let t = self.bin(BinaryOp::Mul, dy, s, sp);
+                    self.un(UnaryOp::Neg, t, sp)
+                }
+                UnaryOp::Erf => {
+                    // 2 / sqrt(pi) exp(-x^2)
+                    let x2 = self.bin(BinaryOp::Mul, x, x, sp);
+                    let n = self.un(UnaryOp::Neg, x2, sp);
+                    let e = self.un(UnaryOp::Exp, n, sp);
+                    let t = self.scale(e, std::f64::consts::FRAC_2_SQRT_PI, sp);
+                    self.bin(BinaryOp::Mul, dy, t, sp)
+                }
                 UnaryOp::Sign => return None, // zero almost everywhere
-                UnaryOp::Floor | UnaryOp::Not => return None,
+                UnaryOp::Floor | UnaryOp::Not | UnaryOp::StopGradient => return None,
             },
             Op::Binary(b) => {
                 let (a0, a1) = (ops[0], ops[1]);
@@ -817,7 +836,7 @@ impl Ad<'_> {
 fn has_gradient(op: &Op) -> bool {
     !matches!(
         op,
-        Op::Unary(UnaryOp::Floor | UnaryOp::Sign | UnaryOp::Not)
+        Op::Unary(UnaryOp::Floor | UnaryOp::Sign | UnaryOp::Not | UnaryOp::StopGradient)
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::RandomUniform { .. }

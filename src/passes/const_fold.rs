@@ -67,21 +67,7 @@ fn fold(op: &Op, v: &[f64]) -> Option<f64> {
 }
 
 fn unary(u: UnaryOp, x: f64) -> f64 {
-    match u {
-        UnaryOp::Neg => -x,
-        UnaryOp::Not => f64::from(u8::from(x == 0.0)),
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Square => x * x,
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Relu => float::relu(x),
-        UnaryOp::Floor => x.floor(),
-        UnaryOp::Sign => float::sign(x),
-    }
+    u.eval(x).unwrap_or_else(|| f64::from(u8::from(x == 0.0)))
 }
 
 fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {

@@ -617,6 +617,9 @@ impl<'c> Codegen<'c> {
 
     fn unary(&self, u: UnaryOp, x: Val<'c>, dtype: DType) -> R<Val<'c>> {
         let b = &self.b;
+        if u == UnaryOp::StopGradient {
+            return Ok(x);
+        }
         Ok(match x {
             Val::F(x) => {
                 let zero = self.f32c(0.0);
@@ -645,6 +648,10 @@ impl<'c> Codegen<'c> {
                         e(b.build_select(c, x, zero, "relu"))?.into_float_value()
                     }
                     UnaryOp::Floor => self.intrinsic1("llvm.floor", x)?,
+                    // (libm's, as the interpreter's `f32::sin` and `cos` are)
+                    UnaryOp::Sin => self.libm("sinf", &[x])?,
+                    UnaryOp::Cos => self.libm("cosf", &[x])?,
+                    UnaryOp::Erf => self.libm("erff", &[x])?,
                     UnaryOp::Sign => {
                         let pos = e(b.build_float_compare(FloatPredicate::OGT, x, zero, "p"))?;
                         let neg = e(b.build_float_compare(FloatPredicate::OLT, x, zero, "n"))?;
@@ -654,7 +661,7 @@ impl<'c> Codegen<'c> {
                             e(b.build_select(neg, self.f32c(-1.0), r0, "s1"))?.into_float_value();
                         e(b.build_select(pos, one, r1, "sign"))?.into_float_value()
                     }
-                    UnaryOp::Not => return Err("not of a float".into()),
+                    UnaryOp::Not | UnaryOp::StopGradient => return Err("not of a float".into()),
                 };
                 Val::F(self.round(r, dtype)?)
             }
@@ -715,14 +722,7 @@ impl<'c> Codegen<'c> {
                     BinaryOp::Mul => e(b.build_float_mul(x, y, "mul"))?,
                     BinaryOp::Div => e(b.build_float_div(x, y, "div"))?,
                     BinaryOp::Rem => e(b.build_float_rem(x, y, "rem"))?,
-                    BinaryOp::Pow => {
-                        let f = self.libm2("powf");
-                        e(b.build_call(f, &[x.into(), y.into()], "pow"))?
-                            .try_as_basic_value()
-                            .basic()
-                            .expect("a value")
-                            .into_float_value()
-                    }
+                    BinaryOp::Pow => self.libm("powf", &[x, y])?,
                     BinaryOp::Max | BinaryOp::Min => self.fextremum(x, y, op == BinaryOp::Max)?,
                     _ => return Err(format!("{} of floats", Op::Binary(op).name())),
                 };
@@ -904,15 +904,20 @@ impl<'c> Codegen<'c> {
             .expect("a value"))
     }
 
-    fn libm2(&self, name: &str) -> FunctionValue<'c> {
-        self.module.get_function(name).unwrap_or_else(|| {
+    /// A call of libm's f32 function `name` (`powf`, `sinf`, ...) on `args`.
+    fn libm(&self, name: &str, args: &[FloatValue<'c>]) -> R<FloatValue<'c>> {
+        let f = self.module.get_function(name).unwrap_or_else(|| {
             let f32t = self.ctx.f32_type();
-            self.module.add_function(
-                name,
-                f32t.fn_type(&[f32t.into(), f32t.into()], false),
-                Some(Linkage::External),
-            )
-        })
+            let params: Vec<_> = args.iter().map(|_| f32t.into()).collect();
+            self.module
+                .add_function(name, f32t.fn_type(&params, false), Some(Linkage::External))
+        });
+        let args: Vec<_> = args.iter().map(|&a| a.into()).collect();
+        Ok(e(self.b.build_call(f, &args, name))?
+            .try_as_basic_value()
+            .basic()
+            .ok_or("a libm call without a value")?
+            .into_float_value())
     }
 
     fn fma(&self, a: FloatValue<'c>, x: FloatValue<'c>, c: f64) -> R<FloatValue<'c>> {

@@ -142,6 +142,9 @@ fn sliced<T: Clone>(a: &Arr<T>, axis: usize, s: Slice) -> Arr<T> {
 }
 
 fn unary(u: UnaryOp, a: &Tensor, ty: &TensorType) -> R {
+    if u == UnaryOp::StopGradient {
+        return Ok(a.clone());
+    }
     Ok(match &a.data {
         Data::F(x) => {
             let f: fn(f32) -> f32 = match u {
@@ -157,6 +160,10 @@ fn unary(u: UnaryOp, a: &Tensor, ty: &TensorType) -> R {
                 UnaryOp::Relu => float::relu,
                 UnaryOp::Floor => f32::floor,
                 UnaryOp::Sign => float::sign,
+                UnaryOp::Sin => f32::sin,
+                UnaryOp::Cos => f32::cos,
+                UnaryOp::Erf => |x| float::erf(f64::from(x)) as f32,
+                UnaryOp::StopGradient => |x| x,
                 UnaryOp::Not => return Err("not of a float".into()),
             };
             Tensor::float(ty.dtype, x.map(|&v| f(v)).into_shared())

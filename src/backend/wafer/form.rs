@@ -20,7 +20,7 @@
 //! its input gradient, belongs to the backward pass.
 
 use super::lower::{self, Operand, Update, UpdateOp};
-use crate::ir::{Graph, NodeIndex, Op, ReduceOp, Role};
+use crate::ir::{Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
 use crate::span::Span;
 use petgraph::visit::NodeIndexable;
 use std::collections::BTreeSet;
@@ -277,6 +277,11 @@ pub fn classify(
             Op::RandomUniform { .. } | Op::RandomNormal { .. } if leading => Class::Sample,
             Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
                 return Err(unsupported(g, n, format!("`{}` of {} has no wafer kernel", node.op.name(), node.ty), "the host streams random numbers to the wafer per sample: draw them with the batch dimension first"))
+            }
+            // the identity once the train step is made: its operand's value
+            Op::Unary(UnaryOp::StopGradient) => {
+                alias[n.index()] = Some(ops[0]);
+                cl(&ops[0])
             }
             Op::CrossShardMean if has(Class::Batch) => {
                 alias[n.index()] = Some(ops[0]);

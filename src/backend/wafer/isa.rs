@@ -199,6 +199,10 @@ pub enum VecOp {
     Trunc,
     /// The sign of `a` (-1, 0 or 1; NaN stays NaN)
     Sign,
+    /// `sin(a)`, `cos(a)`, `erf(a)` (in software)
+    Sin,
+    Cos,
+    Erf,
     /// Comparisons: 1 when `a` and `b` compare so, else 0
     Eq,
     Ne,
@@ -225,7 +229,10 @@ impl VecOp {
             | VecOp::Sigmoid
             | VecOp::Floor
             | VecOp::Trunc
-            | VecOp::Sign => 1,
+            | VecOp::Sign
+            | VecOp::Sin
+            | VecOp::Cos
+            | VecOp::Erf => 1,
             VecOp::Fmac | VecOp::Sel => 3,
             _ => 2,
         }
@@ -246,6 +253,9 @@ impl VecOp {
                 | VecOp::Pow
                 | VecOp::Floor
                 | VecOp::Trunc
+                | VecOp::Sin
+                | VecOp::Cos
+                | VecOp::Erf
         )
     }
 
@@ -279,6 +289,9 @@ impl VecOp {
             VecOp::Floor => a.floor(),
             VecOp::Trunc => a.trunc(),
             VecOp::Sign => float::sign(a),
+            VecOp::Sin => a.sin(),
+            VecOp::Cos => a.cos(),
+            VecOp::Erf => float::erf(f64::from(a)) as f32,
             VecOp::Eq => f32::from(u8::from(a == b)),
             VecOp::Ne => f32::from(u8::from(a != b)),
             VecOp::Lt => f32::from(u8::from(a < b)),
@@ -318,6 +331,9 @@ impl VecOp {
             VecOp::Floor => "floor",
             VecOp::Trunc => "trunc",
             VecOp::Sign => "sign",
+            VecOp::Sin => "sin",
+            VecOp::Cos => "cos",
+            VecOp::Erf => "erf",
             VecOp::Eq => "eq",
             VecOp::Ne => "ne",
             VecOp::Lt => "lt",

@@ -199,6 +199,10 @@ pub fn emit(
             UnaryOp::Relu => un(VecOp::Relu),
             UnaryOp::Floor => un(VecOp::Floor),
             UnaryOp::Sign => un(VecOp::Sign),
+            UnaryOp::Sin => un(VecOp::Sin),
+            UnaryOp::Cos => un(VecOp::Cos),
+            UnaryOp::Erf => un(VecOp::Erf),
+            UnaryOp::StopGradient => un(VecOp::Mov),
             UnaryOp::Square => vec(VecOp::Mul, dst, &[args[0], args[0]], n),
             UnaryOp::Not => vec(VecOp::Eq, dst, &[args[0], Val::Imm(0.0)], n),
             UnaryOp::Abs => {
