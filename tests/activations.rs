@@ -185,22 +185,25 @@ fn targets() -> Vec<Target> {
     t
 }
 
-fn estimator(target: Target, dir: &std::path::Path) -> Estimator {
+/// An estimator of `SRC` on `target` after one train step, in a fresh directory
+/// (`tag` names it).
+fn trained(target: Target, tag: &str) -> (Estimator, std::path::PathBuf) {
+    let dir = common::scratch("activations", &format!("{tag}-{target:?}"));
     let p = Program::from_source("acts.est", SRC, None);
     let opts = RunOptions {
         target,
-        model_dir: Some(dir.to_path_buf()),
+        model_dir: Some(dir.clone()),
         ..Default::default()
     };
-    Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{target:?}: {:?}", f.diags))
+    let mut e = Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{target:?}: {:?}", f.diags));
+    e.train(Steps::Max(1)).unwrap();
+    (e, dir)
 }
 
 #[test]
 fn activations_predict_tensorflows_values_on_every_target() {
     for target in targets() {
-        let dir = common::scratch("activations", &format!("{target:?}"));
-        let mut e = estimator(target, &dir);
-        e.train(Steps::Max(1)).unwrap();
+        let (mut e, dir) = trained(target, "acts");
         let out = dir.join("pred");
         let p = e.predict(&out, None).unwrap();
         assert_eq!(p.examples, 10, "{target:?}");
@@ -227,9 +230,7 @@ fn activations_predict_tensorflows_values_on_every_target() {
 #[test]
 fn stop_gradient_keeps_a_term_out_of_the_step_on_every_target() {
     for target in targets() {
-        let dir = common::scratch("activations", &format!("sg-{target:?}"));
-        let mut e = estimator(target, &dir);
-        e.train(Steps::Max(1)).unwrap();
+        let (e, _) = trained(target, "sg");
         let w = e.variables()["w"].to_f64()[0];
         assert!(
             (w - (0.5 - 0.625)).abs() <= 1e-6,
