@@ -177,12 +177,42 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
         check_wafer(&graphs, &estimators, opts, &mut diags);
     }
     Checked {
-        diags: diags.sorted(),
+        diags: continued(program, diags.sorted()),
         estimators,
         graphs,
         bug,
         refs,
     }
+}
+
+/// Each diagnostic inside a call or an index whose bracket starts a line of its own
+/// (`ast::Module::continuations`), as `let y = relu(x)` followed by `(y + 1.0) |> relu`
+/// makes: it points at that bracket, and (within the brackets, where the line was meant
+/// as a statement of its own) says to put `;` before it.
+fn continued(program: &Program, diags: Vec<diag::Diag>) -> Vec<diag::Diag> {
+    let all: Vec<&(span::Span, span::Span)> = (program.modules.iter())
+        .flat_map(|m| &m.ast.continuations)
+        .collect();
+    diags
+        .into_iter()
+        .map(|mut d| {
+            let p = d.primary.span;
+            let inside = |(at, whole): &&&(span::Span, span::Span)| {
+                at.file == p.file && p.lo >= whole.lo && p.hi <= whole.hi
+            };
+            if let Some((at, _)) = all.iter().find(inside) {
+                let bracket = program.sources.text(*at).to_string();
+                d = d.with(
+                    *at,
+                    format!("this `{bracket}` starts a line but continues the expression above it"),
+                );
+                if p.lo >= at.lo {
+                    d.help = Some(syntax::parser::LEAD_HELP.to_string());
+                }
+            }
+            d
+        })
+        .collect()
 }
 
 /// E0602 for each graph whose run would need more memory than the limit.

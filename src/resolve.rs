@@ -427,7 +427,7 @@ impl<'p> Resolver<'p> {
             }
             ExprKind::Closure { params, body } => {
                 self.scopes.push(Vec::new());
-                for p in params {
+                for p in params.iter().flat_map(Pat::names) {
                     self.bind(p, false);
                 }
                 self.expr(body);

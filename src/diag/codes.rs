@@ -176,6 +176,12 @@ The help shows the function's signature.
     fn block(x, units: int) { dense(x, units) }
     ... block(x)          // error: missing argument `units`
 
+A pipeline's `map` passes each element to its closure as one value: a `(features,
+labels)` pair is one tuple, which a tuple pattern takes apart.
+
+    ds |> map |x, y| (x / 255.0, y)       // error: the closure takes 2 arguments
+    ds |> map |(x, y)| (x / 255.0, y)     // ok
+
 Pass every parameter that has no default, and no more than the function takes.";
 
     UnknownArgument = "E0304", Error, "unknown named argument",
@@ -372,8 +378,9 @@ Use a multiple of `iterations_per_loop` (and at least 100 on the wafer).";
 
     UnsupportedConfig = "E0507", Error, "unsupported config key",
 "Some RunConfig keys of TensorFlow's Estimator are not supported by est:
-`save_checkpoint_secs`, `train_distribute`, `device_fn`, `protocol`, `eval_distribute`,
-`experimental_distribute` and `experimental_max_worker_delay_secs`.
+`save_checkpoints_secs` (or `save_checkpoint_secs`), `keep_checkpoint_every_n_hours`,
+`train_distribute`, `device_fn`, `protocol`, `eval_distribute`, `experimental_distribute`
+and `experimental_max_worker_delay_secs`.
 
     config { save_checkpoint_secs = 600 }     // error
 
@@ -387,6 +394,12 @@ Use `save_checkpoint_steps` instead of seconds, and `num_shards` for distributio
 `input_workers`, `log_step_count_steps`.
 
     config { iteration_per_loop = 100 }   // error: did you mean `iterations_per_loop`?
+
+TensorFlow's names get est's: `max_steps` is the field `train_steps`, `steps` (an
+EvalSpec's) `eval_steps`, `model_fn` `model`, `input_fn` `train_input`,
+`save_checkpoints_steps` the key `save_checkpoint_steps`, `tf_random_seed` `random_seed`.
+
+    max_steps = 1000   // error: TensorFlow's `max_steps` is est's `train_steps`
 
 Correct the key.";
 

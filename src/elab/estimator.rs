@@ -79,6 +79,14 @@ const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
         "use `save_checkpoint_steps`: checkpoints are taken at step boundaries",
     ),
     (
+        "save_checkpoints_secs",
+        "use `save_checkpoint_steps`: checkpoints are taken at step boundaries",
+    ),
+    (
+        "keep_checkpoint_every_n_hours",
+        "use `keep_checkpoint_max`: est keeps the newest checkpoints by count",
+    ),
+    (
         "train_distribute",
         "use `num_shards` to replicate the step over shards",
     ),
@@ -100,6 +108,34 @@ const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
         "shards run synchronously; there is no worker delay",
     ),
 ];
+
+/// TensorFlow's names (its `Estimator`, `RunConfig`, `TrainSpec` and `EvalSpec`
+/// arguments) for what est names otherwise: TF's, est's, and whether est's is a config
+/// key (else an estimator field).
+const TF_NAMES: &[(&str, &str, bool)] = &[
+    ("max_steps", "train_steps", false),
+    ("steps", "eval_steps", false),
+    ("model_fn", "model", false),
+    ("input_fn", "train_input", false),
+    ("train_input_fn", "train_input", false),
+    ("eval_input_fn", "eval_input", false),
+    ("predict_input_fn", "predict_input", false),
+    ("save_checkpoints_steps", "save_checkpoint_steps", true),
+    ("tf_random_seed", "random_seed", true),
+    ("num_cores", "num_shards", true),
+];
+
+/// The help for `name`, an unknown field or config key, when it is TensorFlow's name for
+/// one of est's: what est calls it, and where it goes.
+fn tf_name(name: &str) -> Option<String> {
+    let &(_, ours, key) = TF_NAMES.iter().find(|(tf, ..)| *tf == name)?;
+    let place = if key {
+        format!("a key of the `config` block: `config {{ {ours} = ... }}`")
+    } else {
+        format!("an estimator field: `{ours} = ...`")
+    };
+    Some(format!("TensorFlow's `{name}` is est's `{ours}`, {place}"))
+}
 
 const FIELDS: &[&str] = &[
     "model",
@@ -603,7 +639,9 @@ fn check_fields<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) {
             format!("unknown estimator field `{}`", f.name.name),
         )
         .label("unknown field");
-        d = match did_you_mean(&f.name.name, FIELDS.iter().copied()) {
+        d = match tf_name(&f.name.name)
+            .or_else(|| did_you_mean(&f.name.name, FIELDS.iter().copied()))
+        {
             Some(h) => d.help(h),
             None => d.help(format!("estimator fields: {}", FIELDS.join(", "))),
         };
@@ -663,7 +701,7 @@ fn config<'p>(
                 format!("unknown config key `{key}`"),
             )
             .label("unknown key");
-            d = match did_you_mean(key, CONFIG_KEYS.iter().copied()) {
+            d = match tf_name(key).or_else(|| did_you_mean(key, CONFIG_KEYS.iter().copied())) {
                 Some(h) => d.help(h),
                 None => d.help(format!("config keys: {}", CONFIG_KEYS.join(", "))),
             };

@@ -781,29 +781,79 @@ impl<'p> Elab<'p> {
         span: Span,
     ) -> Value<'p> {
         if args.len() != c.params.len() || args.iter().any(|a| a.name.is_some()) {
+            let n = c.params.len();
+            // (a pipeline's stage passes each element as one value, a tuple of the
+            // features and the labels)
+            let help = match args.as_slice() {
+                [a] if matches!(&a.value, Value::Tuple(t) if t.len() == n) => {
+                    let names: Vec<String> = c
+                        .params
+                        .iter()
+                        .flat_map(Pat::names)
+                        .map(|p| p.name.clone())
+                        .collect();
+                    format!(
+                        "it gets one value, a tuple of {n}: take it apart with `|({})| ...`",
+                        names.join(", ")
+                    )
+                }
+                _ => "pass one positional argument per closure parameter".into(),
+            };
             return self.error(
                 Diag::new(
                     Code::WrongArity,
                     self.site(span),
                     format!(
-                        "the closure takes {} positional argument{}",
-                        c.params.len(),
-                        if c.params.len() == 1 { "" } else { "s" }
+                        "the closure takes {n} positional argument{}",
+                        if n == 1 { "" } else { "s" }
                     ),
                 )
                 .label(format!("called with {}", args.len()))
                 .with(c.body.span, "the closure")
-                .help("pass one positional argument per closure parameter"),
+                .help(help),
             );
         }
         let mut locals = c.env.clone();
-        locals.extend(
-            c.params
-                .iter()
-                .zip(args)
-                .map(|(p, a)| (p.name.clone(), a.value)),
-        );
+        for (p, a) in c.params.iter().zip(args) {
+            self.bind_pat(p, a.value, &mut locals);
+        }
         self.in_frame(c.module, locals, span, |el| el.expr(c.body))
+    }
+
+    /// Binds the names of closure parameter `p` to the parts of `v` (a tuple pattern
+    /// takes a tuple of as many values apart; anything else is E0305 there, and its
+    /// names are bound to the error).
+    fn bind_pat(&mut self, p: &'p Pat, v: Value<'p>, locals: &mut Vec<(String, Value<'p>)>) {
+        let ps = match p {
+            Pat::Name(id) => {
+                locals.push((id.name.clone(), v));
+                return;
+            }
+            Pat::Tuple(ps, _) => ps,
+        };
+        let parts = match &v {
+            Value::Tuple(t) if t.len() == ps.len() => t.as_ref().clone(),
+            Value::Error => vec![Value::Error; ps.len()],
+            other => {
+                let found = match other {
+                    Value::Tuple(t) => format!("a tuple of {}", t.len()),
+                    _ => other.kind(),
+                };
+                self.diags.push(
+                    Diag::new(
+                        Code::TypeMismatch,
+                        p.span(),
+                        format!("this pattern takes a tuple of {} apart, but the value is {found}", ps.len()),
+                    )
+                    .label(format!("a tuple of {}", ps.len()))
+                    .help("match the pattern to the value: one name per part of the tuple, or one name for the whole value"),
+                );
+                vec![Value::Error; ps.len()]
+            }
+        };
+        for (q, part) in ps.iter().zip(parts) {
+            self.bind_pat(q, part, locals);
+        }
     }
 
     /// Checks a value against a declared type (`units: int`, `x: f32[B, 10]`), converting

@@ -5,7 +5,7 @@ use super::data::Dataset;
 use crate::ir::{DType, Init, NodeIndex};
 use crate::program::ModId;
 use crate::span::Span;
-use crate::syntax::ast::{Expr, Ident, SectionKind};
+use crate::syntax::ast::{Expr, Pat, SectionKind};
 use std::fmt;
 use std::rc::Rc;
 
@@ -68,7 +68,7 @@ impl Target {
 /// A closure: parameters, body, and the locals it captured.
 #[derive(Debug)]
 pub struct Closure<'p> {
-    pub params: &'p [Ident],
+    pub params: &'p [Pat],
     pub body: &'p Expr,
     pub env: Vec<(String, Value<'p>)>,
     pub module: ModId,

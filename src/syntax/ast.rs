@@ -15,6 +15,9 @@ pub struct Ident {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Module {
     pub items: Vec<Item>,
+    /// Calls and indexing whose `(` or `[` starts a line of its own: that bracket, and
+    /// the whole call (see `parser::continuations`).
+    pub continuations: Vec<(Span, Span)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -271,11 +274,36 @@ pub enum ExprKind {
     Binary(BinOp, Box<Expr>, Box<Expr>),
     Range(Box<Expr>, Box<Expr>),
     Closure {
-        params: Vec<Ident>,
+        params: Vec<Pat>,
         body: Box<Expr>,
     },
     If(Box<IfStmt>),
     Error,
+}
+
+/// A closure's parameter: a name, or a tuple of patterns that takes a tuple value apart
+/// (`|(x, y)| ...`, as an input pipeline's `map` over `(features, labels)` elements).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pat {
+    Name(Ident),
+    Tuple(Vec<Pat>, Span),
+}
+
+impl Pat {
+    /// The names it binds, in order.
+    pub fn names(&self) -> Vec<&Ident> {
+        match self {
+            Pat::Name(id) => vec![id],
+            Pat::Tuple(ps, _) => ps.iter().flat_map(Pat::names).collect(),
+        }
+    }
+
+    pub fn span(&self) -> Span {
+        match self {
+            Pat::Name(id) => id.span,
+            Pat::Tuple(_, s) => *s,
+        }
+    }
 }
 
 /// A call argument, positional or named (`padding: same`).

@@ -110,6 +110,19 @@ fn roots(item: &Item) -> Vec<Node<'_>> {
     }
 }
 
+/// Calls `f` on every expression of an item, without recursion.
+pub fn each_expr<'a>(item: &'a Item, mut f: impl FnMut(&'a Expr)) {
+    let mut stack = roots(item);
+    let mut kids = Vec::new();
+    while let Some(n) = stack.pop() {
+        if let Node::Expr(e) = n {
+            f(e);
+        }
+        children(&n, &mut kids);
+        stack.append(&mut kids);
+    }
+}
+
 /// The deepest nesting in an item, counted without recursion.
 pub fn depth(item: &Item) -> usize {
     let mut max = 0;

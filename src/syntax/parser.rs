@@ -40,6 +40,7 @@ pub fn parse(file: FileId, src: &str) -> (Module, Vec<Diag>) {
     };
     super::depth::limit(&mut module, &mut diags);
     name_broken_items(&mut module, file, src);
+    module.continuations = continuations(&module, src);
     let mut all: Vec<Diag> = recovered
         .into_iter()
         .map(|r| recovery(file, src, r))
@@ -131,13 +132,20 @@ fn parse_error(file: FileId, src: &str, e: ParseError<usize, Tok<'_>, Infallible
         ParseError::UnrecognizedToken {
             token: (lo, tok, hi),
             expected,
-        } => Diag::new(
-            Code::SyntaxError,
-            Span::new(file, lo, hi),
-            format!("unexpected {}", tok.describe()),
-        )
-        .label("unexpected here")
-        .help(expected_help(&expected)),
+        } => {
+            let d = Diag::new(
+                Code::SyntaxError,
+                Span::new(file, lo, hi),
+                format!("unexpected {}", tok.describe()),
+            )
+            .label("unexpected here");
+            let leads = matches!(tok, Tok::LBrace | Tok::LParen | Tok::LBracket);
+            if leads && first_on_line(src, lo) && expected.iter().any(|e| e == "\";\"") {
+                d.help(LEAD_HELP)
+            } else {
+                d.help(expected_help(&expected))
+            }
+        }
         ParseError::ExtraToken {
             token: (lo, tok, hi),
         } => Diag::new(
@@ -148,6 +156,44 @@ fn parse_error(file: FileId, src: &str, e: ParseError<usize, Tok<'_>, Infallible
         .label("expected the end of the file"),
         ParseError::User { error } => match error {},
     }
+}
+
+/// The help for a statement that starts with a bracket and needs `;` before it.
+pub const LEAD_HELP: &str = "a statement that starts with `(`, `[`, `{` or `-` needs `;` before it: without one, its line continues the line above (`;(x + 1.0) |> relu`)";
+
+/// Whether the text before byte `at` on its line is blank (`at` starts the line).
+fn first_on_line(src: &str, at: usize) -> bool {
+    let before = src.get(..at).unwrap_or("");
+    let line = before.rsplit('\n').next().unwrap_or("");
+    before.contains('\n') && line.trim().is_empty()
+}
+
+/// Where a call or an index continues on a line of its own (`let y = relu(x)` and then
+/// `(y + 1.0) |> relu`, which is `relu(x)(y + 1.0) |> relu`): the `(` or `[` that starts
+/// the line, and the whole call or index. A later stage's diagnostic there says so
+/// (`continuation::explain`).
+fn continuations(module: &Module, src: &str) -> Vec<(Span, Span)> {
+    let mut out = Vec::new();
+    for item in &module.items {
+        super::depth::each_expr(item, |e| {
+            let callee = match &e.kind {
+                ExprKind::Call {
+                    callee,
+                    piped: false,
+                    ..
+                } => callee,
+                ExprKind::Index(x, _) => x,
+                _ => return,
+            };
+            let from = callee.span.hi as usize;
+            let gap = src.get(from..e.span.hi as usize).unwrap_or("");
+            let at = from + (gap.len() - gap.trim_start().len());
+            if gap.trim_start().starts_with(['(', '[']) && first_on_line(src, at) {
+                out.push((Span::new(e.span.file, at, at + 1), e.span));
+            }
+        });
+    }
+    out
 }
 
 /// The innermost bracket still open at the end of the text, if any.
