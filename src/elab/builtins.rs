@@ -218,8 +218,8 @@ impl<'p> Elab<'p> {
             return None;
         }
         let mut out = Vec::with_capacity(xs.len());
-        for x in xs {
-            out.push(self.as_dim(&Value::Int(x), s)?);
+        for (k, x) in xs.into_iter().enumerate() {
+            out.push(self.as_axis_dim(&Value::Int(x), s, Some(k))?);
         }
         let elements = out.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         if elements.is_none_or(|e| e > MAX_ELEMENTS) {
@@ -339,13 +339,23 @@ impl<'p> Elab<'p> {
             .filter(|&&d| d != -1)
             .try_fold(1i64, |a, &d| a.checked_mul(d))
             .unwrap_or(0);
-        let holes = dims.iter().filter(|&&d| d == -1).count();
-        let bad = dims.iter().any(|&d| d == 0 || d < -1)
-            || holes > 1
-            || (holes == 1 && (known == 0 || ty.elements() as i64 % known != 0));
-        if bad {
+        let holes: Vec<usize> = (0..dims.len()).filter(|&k| dims[k] == -1).collect();
+        // what is wrong, naming the axis
+        let why = if let Some(k) = dims.iter().position(|&d| d == 0 || d < -1) {
+            Some(format!("axis {k} is {}", dims[k]))
+        } else if let [a, b, ..] = holes[..] {
+            Some(format!("axes {a} and {b} are both -1"))
+        } else if !holes.is_empty() && (known == 0 || ty.elements() as i64 % known != 0) {
+            Some(format!(
+                "the {} elements do not divide into axes of {known} elements and one inferred",
+                ty.elements()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
             return self.error(
-                Diag::new(Code::InvalidShape, self.site(ss), format!("{dims:?} is not a valid shape for {ty}"))
+                Diag::new(Code::InvalidShape, self.site(ss), format!("{dims:?} is not a valid shape for {ty}: {why}"))
                     .label("invalid shape")
                     .help("dimensions are positive; at most one may be -1 (inferred), and the element count must match"),
             );

@@ -347,8 +347,8 @@ impl<'p> Elab<'p> {
     /// `f32[64, 10]`: a tensor type as a value.
     fn tensor_type(&mut self, d: DType, ix: Vec<(Value<'p>, Span)>) -> Value<'p> {
         let mut dims = Vec::with_capacity(ix.len());
-        for (v, s) in ix {
-            match self.as_dim(&v, s) {
+        for (k, (v, s)) in ix.into_iter().enumerate() {
+            match self.as_axis_dim(&v, s, Some(k)) {
                 Some(n) => dims.push(Some(n)),
                 None => return Value::Error,
             }
@@ -990,16 +990,22 @@ impl<'p> Elab<'p> {
 
     /// A dimension: a positive static integer.
     pub fn as_dim(&mut self, v: &Value<'p>, span: Span) -> Option<usize> {
+        self.as_axis_dim(v, span, None)
+    }
+
+    /// Dimension `axis` of a shape (when known, the message names it): a positive
+    /// static integer.
+    pub fn as_axis_dim(&mut self, v: &Value<'p>, span: Span, axis: Option<usize>) -> Option<usize> {
         let i = self.as_int(v, span)?;
         if i <= 0 {
+            let message = match axis {
+                Some(k) => format!("axis {k} of the shape is {i}: a dimension must be positive"),
+                None => format!("dimension {i} is not positive"),
+            };
             self.diags.push(
-                Diag::new(
-                    Code::InvalidShape,
-                    self.site(span),
-                    format!("dimension {i} is not positive"),
-                )
-                .label("must be 1 or more")
-                .help("every dimension of a tensor is a positive integer"),
+                Diag::new(Code::InvalidShape, self.site(span), message)
+                    .label("must be 1 or more")
+                    .help("every dimension of a tensor is a positive integer"),
             );
             return None;
         }
