@@ -101,9 +101,16 @@ impl<'p> Elab<'p> {
             }
             "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" => self.b_optimizer(name, &a),
             "clip_by_global_norm" => self.b_clip(&a),
-            "accuracy" | "mean" | "precision" | "recall" | "auc" | "reducer" => {
-                self.b_metric(name, &a)
-            }
+            "accuracy"
+            | "mean"
+            | "precision"
+            | "recall"
+            | "auc"
+            | "reducer"
+            | "mean_squared_error"
+            | "root_mean_squared_error"
+            | "mean_absolute_error"
+            | "accuracy_baseline" => self.b_metric(name, &a),
             "logging_hook" | "stop_at_step_hook" | "nan_hook" => self.b_hook(name, &a),
             _ => self.data_builtin(name, &a),
         }
@@ -1204,6 +1211,7 @@ impl<'p> Elab<'p> {
     fn b_metric(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
         let names: &[&'static str] = match name {
             "mean" => &["values"],
+            "accuracy_baseline" => &["labels"],
             "reducer" => &["a", "b"],
             "auc" => &["labels", "scores"],
             _ => &["labels", "predictions"],

@@ -28,8 +28,16 @@ pub fn builtin(name: &str) -> Option<ReducerFactory> {
         "recall" => Arc::new(|| Box::new(Ratio::new(RatioKind::Recall)) as Box<dyn Reducer>),
         "mean" => Arc::new(|| Box::new(Ratio::new(RatioKind::Mean)) as Box<dyn Reducer>),
         "auc" => Arc::new(|| Box::new(Auc::default()) as Box<dyn Reducer>),
+        "mean_squared_error" => ratio(RatioKind::SquaredError),
+        "root_mean_squared_error" => ratio(RatioKind::RootSquaredError),
+        "mean_absolute_error" => ratio(RatioKind::AbsoluteError),
+        "accuracy_baseline" => ratio(RatioKind::Baseline),
         _ => return None,
     })
+}
+
+fn ratio(kind: RatioKind) -> ReducerFactory {
+    Arc::new(move || Box::new(Ratio::new(kind)) as Box<dyn Reducer>)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -38,9 +46,16 @@ enum RatioKind {
     Precision,
     Recall,
     Mean,
+    /// Of `(labels - predictions)^2`; its square root at the end; of their `|.|`.
+    SquaredError,
+    RootSquaredError,
+    AbsoluteError,
+    /// `max(m, 1 - m)` of the labels' mean `m`.
+    Baseline,
 }
 
-/// A metric that is a sum over a count: accuracy, precision, recall, mean.
+/// A metric that is a sum over a count: accuracy, precision, recall, mean, the mean
+/// squared or absolute error (and its root), the accuracy baseline.
 #[derive(Debug, Clone)]
 struct Ratio {
     kind: RatioKind,
@@ -60,7 +75,7 @@ impl Ratio {
 
 impl Reducer for Ratio {
     fn accumulate(&mut self, args: &[&Tensor]) {
-        if self.kind == RatioKind::Mean {
+        if matches!(self.kind, RatioKind::Mean | RatioKind::Baseline) {
             for v in args[0].to_f64() {
                 self.num += v;
                 self.den += 1.0;
@@ -83,6 +98,14 @@ impl Reducer for Ratio {
                     self.den += 1.0;
                     self.num += f64::from(u8::from(p != 0.0));
                 }
+                RatioKind::SquaredError | RatioKind::RootSquaredError => {
+                    self.den += 1.0;
+                    self.num += (l - p) * (l - p);
+                }
+                RatioKind::AbsoluteError => {
+                    self.den += 1.0;
+                    self.num += (l - p).abs();
+                }
                 _ => {}
             }
         }
@@ -96,10 +119,15 @@ impl Reducer for Ratio {
     }
 
     fn result(&self) -> f64 {
-        if self.den == 0.0 {
+        let m = if self.den == 0.0 {
             0.0
         } else {
             self.num / self.den
+        };
+        match self.kind {
+            RatioKind::RootSquaredError => m.sqrt(),
+            RatioKind::Baseline => m.max(1.0 - m),
+            _ => m,
         }
     }
 
@@ -158,5 +186,42 @@ impl Reducer for Auc {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, TensorType};
+
+    fn t(v: &[f64]) -> Tensor {
+        Tensor::from_f64(&TensorType::new(DType::F32, vec![v.len()]), v.to_vec())
+    }
+
+    /// Two batches, the second merged in from another shard, against values by hand.
+    fn two_batches(name: &str, a: [&[f64]; 2], b: [&[f64]; 2]) -> f64 {
+        let make = builtin(name).unwrap();
+        let (mut r, mut other) = (make(), make());
+        r.accumulate(&[&t(a[0]), &t(a[1])]);
+        other.accumulate(&[&t(b[0]), &t(b[1])]);
+        r.merge(other.as_ref());
+        r.result()
+    }
+
+    #[test]
+    fn error_metrics_and_the_baseline_are_exact_over_merged_batches() {
+        // errors 1, -2 | 3, 0, 0: squares 1, 4, 9, 0, 0; absolute 1, 2, 3, 0, 0
+        let a: [&[f64]; 2] = [&[1.0, 0.0], &[0.0, 2.0]];
+        let b: [&[f64]; 2] = [&[3.0, 1.0, 2.0], &[0.0, 1.0, 2.0]];
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-12;
+        assert!(close(two_batches("mean_squared_error", a, b), 14.0 / 5.0));
+        assert!(close(
+            two_batches("root_mean_squared_error", a, b),
+            (14.0f64 / 5.0).sqrt()
+        ));
+        assert!(close(two_batches("mean_absolute_error", a, b), 6.0 / 5.0));
+        // labels 1, 0 | 0, 0, 0 (no second argument read): mean 0.2, baseline 0.8
+        let (x, y): ([&[f64]; 2], [&[f64]; 2]) = ([&[1.0, 0.0], &[]], [&[0.0, 0.0, 0.0], &[]]);
+        assert!(close(two_batches("accuracy_baseline", x, y), 0.8));
     }
 }
