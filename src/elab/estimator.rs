@@ -122,7 +122,6 @@ const TF_NAMES: &[(&str, &str, bool)] = &[
     ("predict_input_fn", "predict_input", false),
     ("save_checkpoints_steps", "save_checkpoint_steps", true),
     ("tf_random_seed", "random_seed", true),
-    ("num_cores", "num_shards", true),
 ];
 
 /// The help for `name`, an unknown field or config key, when it is TensorFlow's name for

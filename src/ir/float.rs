@@ -84,11 +84,14 @@ pub fn sign<T: Float>(x: T) -> T {
 }
 
 /// The error function in f64, to within 1e-14 relative: its Taylor series below 2.5
-/// (whose terms peak near 80 there, so little is lost to cancellation), `1 - erfc`
+/// (whose terms peak near 18 there, so little is lost to cancellation), `1 - erfc`
 /// from erfc's continued fraction up to 6 (60 terms, evaluated from the tail), and
 /// +-1 beyond (erfc(6) is 2e-17). The interpreter, the wafer's software operation and
 /// constant folding all compute it so, then round to the tensor's type.
 pub fn erf(x: f64) -> f64 {
+    if x == 0.0 {
+        return x; // (-0 stays -0)
+    }
     let a = x.abs();
     if a < 2.5 {
         let x2 = x * x;

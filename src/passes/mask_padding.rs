@@ -332,7 +332,7 @@ fn affine(op: &Op, all: &[Rows], dtype: DType) -> bool {
     use crate::ir::{BinaryOp, UnaryOp};
     let means = all.iter().filter(|&&r| r == Rows::Mean).count();
     match op {
-        Op::Unary(UnaryOp::Neg) | Op::BroadcastTo => true,
+        Op::Unary(UnaryOp::Neg | UnaryOp::StopGradient) | Op::BroadcastTo => true,
         Op::Cast => dtype.is_float(),
         Op::Binary(BinaryOp::Add | BinaryOp::Sub) => true,
         Op::Binary(BinaryOp::Mul) => means == 1,

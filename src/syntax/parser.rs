@@ -168,27 +168,39 @@ fn first_on_line(src: &str, at: usize) -> bool {
     before.contains('\n') && line.trim().is_empty()
 }
 
+/// `s` after its leading white space and comments.
+fn skip_blank(mut s: &str) -> &str {
+    loop {
+        s = s.trim_start();
+        if let Some(rest) = s.strip_prefix("//") {
+            s = rest.split_once('\n').map_or("", |x| x.1);
+        } else if let Some(rest) = s.strip_prefix("/*") {
+            s = rest.split_once("*/").map_or("", |x| x.1);
+        } else {
+            return s;
+        }
+    }
+}
+
 /// Where a call or an index continues on a line of its own (`let y = relu(x)` and then
 /// `(y + 1.0) |> relu`, which is `relu(x)(y + 1.0) |> relu`): the `(` or `[` that starts
 /// the line, and the whole call or index. A later stage's diagnostic there says so
-/// (`continuation::explain`).
+/// (`lib.rs::continued`).
 fn continuations(module: &Module, src: &str) -> Vec<(Span, Span)> {
     let mut out = Vec::new();
     for item in &module.items {
         super::depth::each_expr(item, |e| {
+            // (a piped call's callee is its stage's function: `x |> relu` and a line
+            // `(y + 1.0)` after it are `x |> relu(y + 1.0)`)
             let callee = match &e.kind {
-                ExprKind::Call {
-                    callee,
-                    piped: false,
-                    ..
-                } => callee,
+                ExprKind::Call { callee, .. } => callee,
                 ExprKind::Index(x, _) => x,
                 _ => return,
             };
             let from = callee.span.hi as usize;
             let gap = src.get(from..e.span.hi as usize).unwrap_or("");
-            let at = from + (gap.len() - gap.trim_start().len());
-            if gap.trim_start().starts_with(['(', '[']) && first_on_line(src, at) {
+            let at = from + (gap.len() - skip_blank(gap).len());
+            if skip_blank(gap).starts_with(['(', '[']) && first_on_line(src, at) {
                 out.push((Span::new(e.span.file, at, at + 1), e.span));
             }
         });
