@@ -23,10 +23,10 @@ pub type ReducerFactory = Arc<dyn Fn() -> Box<dyn Reducer> + Send + Sync>;
 /// The built-in reducers by name.
 pub fn builtin(name: &str) -> Option<ReducerFactory> {
     Some(match name {
-        "accuracy" => Arc::new(|| Box::new(Ratio::new(RatioKind::Accuracy)) as Box<dyn Reducer>),
-        "precision" => Arc::new(|| Box::new(Ratio::new(RatioKind::Precision)) as Box<dyn Reducer>),
-        "recall" => Arc::new(|| Box::new(Ratio::new(RatioKind::Recall)) as Box<dyn Reducer>),
-        "mean" => Arc::new(|| Box::new(Ratio::new(RatioKind::Mean)) as Box<dyn Reducer>),
+        "accuracy" => ratio(RatioKind::Accuracy),
+        "precision" => ratio(RatioKind::Precision),
+        "recall" => ratio(RatioKind::Recall),
+        "mean" => ratio(RatioKind::Mean),
         "auc" => Arc::new(|| Box::new(Auc::default()) as Box<dyn Reducer>),
         "mean_squared_error" => ratio(RatioKind::SquaredError),
         "root_mean_squared_error" => ratio(RatioKind::RootSquaredError),

@@ -110,29 +110,31 @@ fn roots(item: &Item) -> Vec<Node<'_>> {
     }
 }
 
+/// Calls `f` on every node of an item with its depth (the roots at 1), without
+/// recursion.
+fn walk<'a>(item: &'a Item, mut f: impl FnMut(&Node<'a>, usize)) {
+    let mut stack: Vec<(Node<'_>, usize)> = roots(item).into_iter().map(|n| (n, 1)).collect();
+    let mut kids = Vec::new();
+    while let Some((n, d)) = stack.pop() {
+        f(&n, d);
+        children(&n, &mut kids);
+        stack.extend(kids.drain(..).map(|k| (k, d + 1)));
+    }
+}
+
 /// Calls `f` on every expression of an item, without recursion.
 pub fn each_expr<'a>(item: &'a Item, mut f: impl FnMut(&'a Expr)) {
-    let mut stack = roots(item);
-    let mut kids = Vec::new();
-    while let Some(n) = stack.pop() {
+    walk(item, |n, _| {
         if let Node::Expr(e) = n {
             f(e);
         }
-        children(&n, &mut kids);
-        stack.append(&mut kids);
-    }
+    });
 }
 
 /// The deepest nesting in an item, counted without recursion.
 pub fn depth(item: &Item) -> usize {
     let mut max = 0;
-    let mut stack: Vec<(Node<'_>, usize)> = roots(item).into_iter().map(|n| (n, 1)).collect();
-    let mut kids = Vec::new();
-    while let Some((n, d)) = stack.pop() {
-        max = max.max(d);
-        children(&n, &mut kids);
-        stack.extend(kids.drain(..).map(|k| (k, d + 1)));
-    }
+    walk(item, |_, d| max = max.max(d));
     max
 }
 

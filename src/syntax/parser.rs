@@ -199,8 +199,9 @@ fn continuations(module: &Module, src: &str) -> Vec<(Span, Span)> {
             };
             let from = callee.span.hi as usize;
             let gap = src.get(from..e.span.hi as usize).unwrap_or("");
-            let at = from + (gap.len() - skip_blank(gap).len());
-            if skip_blank(gap).starts_with(['(', '[']) && first_on_line(src, at) {
+            let rest = skip_blank(gap);
+            let at = from + (gap.len() - rest.len());
+            if rest.starts_with(['(', '[']) && first_on_line(src, at) {
                 out.push((Span::new(e.span.file, at, at + 1), e.span));
             }
         });

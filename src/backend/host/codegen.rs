@@ -661,7 +661,9 @@ impl<'c> Codegen<'c> {
                             e(b.build_select(neg, self.f32c(-1.0), r0, "s1"))?.into_float_value();
                         e(b.build_select(pos, one, r1, "sign"))?.into_float_value()
                     }
-                    UnaryOp::Not | UnaryOp::StopGradient => return Err("not of a float".into()),
+                    // (returned as it is above)
+                    UnaryOp::StopGradient => x,
+                    UnaryOp::Not => return Err("not of a float".into()),
                 };
                 Val::F(self.round(r, dtype)?)
             }

@@ -1793,35 +1793,38 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     let dealer = v.dealer(cs, fan.as_ref()).map_err(no_kernel)?;
                     let words = dealer.words() as usize;
                     laid.pes.insert(at(0), (Arc::new(dealer), vec![0.0; words]));
-                    // down the strip to each replica, and back
-                    let route = |laid: &mut Laid, l: u32, c: Colour, rx: Dir, tx: Dir| {
-                        laid.route(at(l), c, o.route(rx, &[tx]))
-                            .map_err(LayoutError::DoesNotFit)
-                    };
-                    for (j, &(y, dy)) in (1..).zip(fans.get(&k).into_iter().flatten()) {
-                        // up the strip from row `j`, and its gradient's share down
-                        route(&mut laid, j, y, Dir::W, Dir::N)?;
-                        for m in 1..j {
-                            route(&mut laid, m, y, Dir::S, Dir::N)?;
-                        }
-                        route(&mut laid, 0, y, Dir::S, Dir::Ramp)?;
-                        if sizer.fanned[k].is_some_and(|(_, g)| g.is_some()) {
-                            route(&mut laid, 0, dy, Dir::Ramp, Dir::S)?;
+                    // colour `c` along the strip between the dealer (lane 0) and lane
+                    // `j`, entering at one end from `rx` and leaving at the other to `tx`:
+                    // down from the dealer, or up to it
+                    let along =
+                        |laid: &mut Laid, c: Colour, j: u32, down: bool, rx: Dir, tx: Dir| {
+                            let (first, last, on) = if down {
+                                (0, j, [Dir::N, Dir::S])
+                            } else {
+                                (j, 0, [Dir::S, Dir::N])
+                            };
+                            let mut hop = |l: u32, rx: Dir, tx: Dir| {
+                                laid.route(at(l), c, o.route(rx, &[tx]))
+                                    .map_err(LayoutError::DoesNotFit)
+                            };
+                            hop(first, rx, on[1])?;
                             for m in 1..j {
-                                route(&mut laid, m, dy, Dir::N, Dir::S)?;
+                                hop(m, on[0], on[1])?;
                             }
-                            route(&mut laid, j, dy, Dir::N, Dir::W)?;
+                            hop(last, on[0], tx)
+                        };
+                    // each row past the first up the strip from its east end, and its
+                    // share of the gradient back down and west along it
+                    for (j, &(y, dy)) in (1..).zip(fan.iter().flat_map(|f| &f.colours[1..])) {
+                        along(&mut laid, y, j, false, Dir::W, Dir::Ramp)?;
+                        if fan.as_ref().is_some_and(|f| f.grad.is_some()) {
+                            along(&mut laid, dy, j, true, Dir::Ramp, Dir::W)?;
                         }
                     }
+                    // each replica's samples down the strip, and back
                     for (j, &(to, back)) in (1..).zip(cs) {
-                        route(&mut laid, 0, to, Dir::Ramp, Dir::S)?;
-                        route(&mut laid, 0, back, Dir::S, Dir::Ramp)?;
-                        for m in 1..j {
-                            route(&mut laid, m, to, Dir::N, Dir::S)?;
-                            route(&mut laid, m, back, Dir::S, Dir::N)?;
-                        }
-                        route(&mut laid, j, to, Dir::N, Dir::Ramp)?;
-                        route(&mut laid, j, back, Dir::Ramp, Dir::N)?;
+                        along(&mut laid, to, j, true, Dir::Ramp, Dir::Ramp)?;
+                        along(&mut laid, back, j, false, Dir::Ramp, Dir::Ramp)?;
                     }
                 }
                 for l in 0..lanes {
