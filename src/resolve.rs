@@ -253,6 +253,11 @@ impl<'p> Resolver<'p> {
     /// Dimension names in a parameter's type: known names are uses; unknown ones are
     /// named dimensions, bound for the body.
     fn type_dims(&mut self, t: &TypeExpr) {
+        self.dims_in(t);
+        self.type_name(t, false);
+    }
+
+    fn dims_in(&mut self, t: &TypeExpr) {
         match t {
             TypeExpr::Named {
                 dims: Some(dims), ..
@@ -271,17 +276,45 @@ impl<'p> Resolver<'p> {
                 }
             }
             TypeExpr::Named { dims: None, .. } => {}
-            TypeExpr::List { elem, .. } => self.type_dims(elem),
+            _ => t.parts().into_iter().for_each(|p| self.dims_in(p)),
         }
-        self.type_name(t, false);
     }
 
     /// The name of a type must be a static type (`int`, `float`, `bool`, `string`) or,
     /// unless `static_only`, a dtype (`f32[B, 10]`).
     fn type_name(&mut self, t: &TypeExpr, static_only: bool) {
         let TypeExpr::Named { name, dims, span } = t else {
-            if let TypeExpr::List { elem, .. } = t {
-                self.type_name(elem, static_only);
+            if static_only && !matches!(t, TypeExpr::List { .. }) {
+                self.diags.push(
+                    Diag::new(
+                        Code::TypeMismatch,
+                        t.span(),
+                        format!("`{}` is not allowed here", self.p.sources.text(t.span())),
+                    )
+                    .label("not a valid type here")
+                    .help("params fields are static: int, float, bool, string, or lists of them"),
+                );
+                return;
+            }
+            if let TypeExpr::Record { fields, .. } = t {
+                let mut seen: FxHashMap<&str, Span> = FxHashMap::default();
+                for (k, _) in fields {
+                    if let Some(prev) = seen.insert(&k.name, k.span) {
+                        self.diags.push(
+                            Diag::new(
+                                Code::DuplicateDefinition,
+                                k.span,
+                                format!("field `{}` is declared twice", k.name),
+                            )
+                            .label("second declaration")
+                            .with(prev, "first declaration")
+                            .help("rename or remove one of them"),
+                        );
+                    }
+                }
+            }
+            for p in t.parts() {
+                self.type_name(p, static_only);
             }
             return;
         };

@@ -319,14 +319,18 @@ or backend.
     predict { raw = cast(logits, bytes) }   // error: bytes in a model
 
 Decode byte strings in the input's `map` and give the model numeric tensors.";
-    InputNotDataset = "E0501", Error, "input does not produce a dataset of (features, labels)",
-"An `input` must end in a dataset whose elements are pairs `(features, labels)`, with
-features a tensor and labels a tensor. It may not return another value, and its elements
-may not be records or single tensors.
+    InputNotDataset = "E0501", Error, "input does not produce the model's (features, labels)",
+"An estimator's input must be a dataset. As in TensorFlow, an element that is a pair is
+`(features, labels)`, and any other element (a tensor or a record) is the features alone;
+features and labels may each be a tensor, a record of tensors or a tuple of them, as the
+model's signature declares. Labels are needed only by a model that takes them, and
+never in predict mode. A tuple of three or more is neither.
 
-    input d() { range(100) |> batch(10, drop_remainder: true) }   // error: elements are i32[10]
+    input d() { range(100) |> map |i| (i, i, i) |> batch(10) }   // error: a tuple of 3
+    model m(features: f32[B, 4], labels: i32[B])                   // error if the input yields features only
 
-End the pipeline with a `map` that makes pairs: `|> map |r| (r.x, r.y)`.";
+Make the element a pair with a `map` (`|> map |(a, b, y)| ({ a: a, b: b }, y)`), or drop
+the model's labels parameter if it learns from the features alone.";
 
     BatchNotFixed = "E0502", Error, "batch size is not fixed",
 "Every step must see the same batch size, because every tensor has a static shape. A

@@ -411,18 +411,31 @@ fn estimator<'p>(
                 } else {
                     labels
                 };
-                if mode != SectionKind::Predict && labels.is_none() {
+                let takes = match &p.item(mm, mi).kind {
+                    ItemKind::Model(f) => Some(f),
+                    _ => None,
+                }
+                .filter(|f| f.params.len() == 2);
+                if let (Some(f), true) = (takes, mode != SectionKind::Predict && labels.is_none()) {
                     el.diags.push(
                         Diag::new(
                             Code::InputNotDataset,
                             input_expr.span,
                             format!(
-                                "the {input_field} yields features only, but {} needs labels",
-                                mode.name()
+                                "the {input_field} yields features only, but model `{}` takes labels",
+                                f.name.name
                             ),
                         )
                         .label("no labels")
-                        .help("make the elements `(features, labels)` pairs with a `map`"),
+                        .with(f.params[1].name.span, "the labels parameter")
+                        .help(match &features {
+                            Elem::Record(fs) if fs.len() >= 2 => format!(
+                                "make the elements `(features, labels)` pairs with a `map` (`|> map |r| (r.{}, r.{})`), or drop the model's labels parameter if it learns from the features alone",
+                                fs[0].0,
+                                fs[fs.len() - 1].0
+                            ),
+                            _ => "make the elements `(features, labels)` pairs with a `map`, or drop the model's labels parameter if it learns from the features alone".to_string(),
+                        }),
                     );
                 } else {
                     el.elaborate_model(mm, mi, &features, labels.as_ref(), input_expr.span);
@@ -573,6 +586,7 @@ fn conforms<'p>(v: &Value<'p>, ty: &TypeExpr) -> Option<Value<'p>> {
 fn example_of(ty: &TypeExpr) -> String {
     match ty {
         TypeExpr::List { elem, .. } => format!("[{}, {}]", example_of(elem), example_of(elem)),
+        TypeExpr::Record { .. } | TypeExpr::Tuple { .. } => "a literal".into(),
         TypeExpr::Named { name, .. } => match name.name.as_str() {
             "int" => "32".into(),
             "float" => "0.5".into(),
@@ -939,27 +953,26 @@ fn input_rules(
     at: Span,
 ) -> Option<(Elem, Option<Elem>)> {
     let elem = ds.elem().clone();
+    // TensorFlow's rule: a pair is (features, labels); anything else is features alone
     let (features, labels) = match &elem {
-        Elem::Tuple(xs) if xs.len() == 2 && xs.iter().all(|x| matches!(x, Elem::Tensor { .. })) => {
-            (xs[0].clone(), Some(xs[1].clone()))
-        }
-        Elem::Tensor { .. } if mode == SectionKind::Predict => (elem.clone(), None),
-        _ => {
+        Elem::Tuple(xs) if xs.len() == 2 => (xs[0].clone(), Some(xs[1].clone())),
+        Elem::Tuple(_) => {
             el.diags.push(
                 Diag::new(
                     Code::InputNotDataset,
                     at,
-                    format!("the input's elements are {elem}, not (features, labels)"),
+                    format!("the input's elements are {elem}, neither (features, labels) nor features"),
                 )
                 .label("this input")
                 .with(
                     ds.stages[ds.stages.len() - 1].span,
                     "the pipeline ends here",
                 )
-                .help("end the pipeline with a map to pairs of tensors: `|> map |r| (r.x, r.y)`"),
+                .help("a tuple of two is (features, labels); make the features a record or a tuple inside the pair: `|> map |(a, b, y)| ({ a: a, b: b }, y)`"),
             );
             return None;
         }
+        _ => (elem.clone(), None),
     };
     let wafer = el.target == Target::Wafer;
     match ds.batch() {
@@ -1043,18 +1056,26 @@ fn input_rules(
 /// The size the model's signature gave the dimensions the pipeline left unknown (the
 /// length of `decode_raw` without `length`), if they all got one size.
 fn bound_unknown_dim(g: &crate::ir::Graph, features: &Elem) -> Option<usize> {
-    let Elem::Tensor { dims, .. } = features else {
-        return None;
-    };
-    let input =
+    fn leaves<'e>(e: &'e Elem, out: &mut Vec<&'e [Option<usize>]>) {
+        match e {
+            Elem::Tensor { dims, .. } => out.push(dims),
+            Elem::Tuple(xs) => xs.iter().for_each(|x| leaves(x, out)),
+            Elem::Record(fs) => fs.iter().for_each(|(_, x)| leaves(x, out)),
+        }
+    }
+    let mut dims = Vec::new();
+    leaves(features, &mut dims);
+    // the model's inputs, made in the order of the element's leaves
+    let inputs =
         g.g.node_indices()
-            .find(|&n| matches!(g.node(n).op, crate::ir::Op::Input { .. }))?;
-    let bound = &g.ty(input).shape;
-    let mut sizes = dims
-        .iter()
-        .zip(bound.iter())
-        .filter(|(d, _)| d.is_none())
-        .map(|(_, &b)| b);
+            .filter(|&n| matches!(g.node(n).op, crate::ir::Op::Input { .. }));
+    let mut sizes = dims.into_iter().zip(inputs).flat_map(|(d, n)| {
+        d.iter()
+            .zip(g.ty(n).shape.iter())
+            .filter(|(d, _)| d.is_none())
+            .map(|(_, &b)| b)
+            .collect::<Vec<_>>()
+    });
     let first = sizes.next()?;
     sizes.all(|s| s == first).then_some(first)
 }

@@ -929,6 +929,51 @@ impl<'p> Elab<'p> {
                 Value::List(_) => v,
                 _ => self.expected("a list", &v, span),
             },
+            TypeExpr::Record { fields, .. } => {
+                let Value::Record(fs) = &v else {
+                    return self.expected("a record", &v, span);
+                };
+                let have: Vec<&str> = fs.iter().map(|(k, _)| k.as_str()).collect();
+                let want: Vec<&str> = fields.iter().map(|(k, _)| k.name.as_str()).collect();
+                let (mut a, mut b) = (have.clone(), want.clone());
+                a.sort_unstable();
+                b.sort_unstable();
+                if a != b {
+                    return self.error(
+                        Diag::new(
+                            Code::TypeMismatch,
+                            self.site(span),
+                            format!(
+                                "expected a record with fields {}, found one with {}",
+                                want.join(", "),
+                                have.join(", ")
+                            ),
+                        )
+                        .label("this record")
+                        .with(self.site(t.span()), "declared here")
+                        .help("give the record the declared fields"),
+                    );
+                }
+                let out = fields
+                    .iter()
+                    .map(|(k, ft)| {
+                        let x = fs.iter().find(|(n, _)| *n == k.name).expect("same fields");
+                        (k.name.clone(), self.check_annotation(x.1.clone(), span, ft))
+                    })
+                    .collect();
+                Value::Record(Rc::new(out))
+            }
+            TypeExpr::Tuple { elems, .. } => match &v {
+                Value::Tuple(xs) if xs.len() == elems.len() => {
+                    let out = xs
+                        .iter()
+                        .zip(elems)
+                        .map(|(x, et)| self.check_annotation(x.clone(), span, et))
+                        .collect();
+                    Value::Tuple(Rc::new(out))
+                }
+                _ => self.expected(&format!("a tuple of {}", elems.len()), &v, span),
+            },
         }
     }
 

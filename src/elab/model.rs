@@ -43,10 +43,10 @@ impl<'p> Elab<'p> {
                 Diag::new(
                     Code::InvalidModel,
                     f.name.span,
-                    format!("model `{}` must take (features, labels)", f.name.name),
+                    format!("model `{}` must take features, and labels unless it learns without them", f.name.name),
                 )
                 .label(format!("{} parameters", f.params.len()))
-                .help("declare `model m(features: f32[B, n], labels: i32[B])`"),
+                .help("declare `model m(features: f32[B, n], labels: i32[B])`, or `model m(features: f32[B, n])`; several features or labels are a record: `features: { ids: i32[B, T], len: i32[B] }`"),
             );
             return;
         }
@@ -76,7 +76,8 @@ impl<'p> Elab<'p> {
     }
 
     /// Binds one model parameter to the input's element type, unifying named
-    /// dimensions. Returns the input tensor, or `None` after a diagnostic.
+    /// dimensions. Returns the parameter's value (a tensor, or a record or tuple of
+    /// them), or `None` after a diagnostic.
     fn bind_param(
         &mut self,
         m: ModId,
@@ -85,121 +86,210 @@ impl<'p> Elab<'p> {
         dims: &mut FxHashMap<String, usize>,
         input_span: Span,
     ) -> Option<Value<'p>> {
-        let Elem::Tensor { dtype, dims: edims } = e else {
-            self.diags.push(
-                Diag::new(
-                    Code::InputNotDataset,
-                    input_span,
-                    format!(
-                        "`{}` must be a tensor, but the input yields {e}",
-                        param.name.name
-                    ),
-                )
-                .label("the input")
-                .with(param.name.span, "the model parameter")
-                .help(
-                    "make the input's elements `(features, labels)` pairs of tensors with a `map`",
-                ),
-            );
-            return None;
-        };
-        let Some(TypeExpr::Named {
-            name,
-            dims: Some(tdims),
-            span,
-        }) = &param.ty
-        else {
+        let Some(ty) = &param.ty else {
             self.diags.push(
                 Diag::new(
                     Code::InvalidModel,
                     param.name.span,
-                    format!("model parameter `{}` needs a tensor type", param.name.name),
+                    format!("model parameter `{}` needs a type", param.name.name),
                 )
                 .label("no type")
                 .help(format!("declare it, e.g. `{}: {e}`", param.name.name)),
             );
             return None;
         };
-        let declared = crate::ir::DType::from_name(&name.name);
-        if declared == Some(crate::ir::DType::I64) {
-            self.int64_type(*span);
-            return None;
-        }
+        let at = Binding {
+            param: &param.name,
+            input: input_span,
+            whole: e,
+        };
+        self.bind_type(m, &param.name.name, ty, e, dims, &at)
+    }
+
+    /// Binds the part `path` of a model parameter, declared `ty`, to the element part
+    /// `e`. Input nodes are made in the element's order, the order in which the
+    /// pipeline's leaves arrive, each named by its path (`features.ids`).
+    fn bind_type(
+        &mut self,
+        m: ModId,
+        path: &str,
+        ty: &'p TypeExpr,
+        e: &Elem,
+        dims: &mut FxHashMap<String, usize>,
+        at: &Binding<'_>,
+    ) -> Option<Value<'p>> {
         let mismatch = |el: &mut Self, why: String| {
             el.diags.push(
                 Diag::new(
                     Code::InputModelMismatch,
-                    *span,
+                    ty.span(),
                     format!(
-                        "the input yields {e} for `{}`, but the model declares {}",
-                        param.name.name,
-                        el.p.sources.text(*span)
+                        "the input yields {e} for `{path}`, but the model declares {}",
+                        el.p.sources.text(ty.span())
                     ),
                 )
                 .label(why)
-                .with(input_span, format!("this input yields {e}"))
+                .with(at.input, format!("this input yields {}", at.whole))
                 .help("change the model's signature or the input pipeline so that they agree"),
             );
         };
-        if declared != Some(*dtype) || tdims.len() != edims.len() {
-            let why = if declared != Some(*dtype) {
-                format!("dtype {} vs {dtype}", name.name)
-            } else {
-                format!("rank {} vs {}", tdims.len(), edims.len())
-            };
-            mismatch(self, why);
-            return None;
-        }
-        let mut shape = Vec::with_capacity(edims.len());
-        for (dexpr, ed) in tdims.iter().zip(edims) {
-            let named = match &dexpr.kind {
-                ExprKind::Name(n)
-                    if self.p.lookup(m, n).is_none()
-                        && !crate::resolve::BUILTIN_VALUES.contains(&n.as_str()) =>
-                {
-                    Some(n.clone())
-                }
-                _ => None,
-            };
-            let want = match &named {
-                Some(n) => dims.get(n).copied(),
-                None => {
-                    let v = self.in_frame(m, Vec::new(), dexpr.span, |el| el.expr(dexpr));
-                    Some(self.as_dim(&v, dexpr.span)?)
-                }
-            };
-            let size = match (want, ed) {
-                (Some(w), Some(a)) if w != *a => {
-                    mismatch(self, format!("dimension {w} vs {a}"));
+        match (ty, e) {
+            (
+                TypeExpr::Named {
+                    name,
+                    dims: Some(tdims),
+                    span,
+                },
+                Elem::Tensor { dtype, dims: edims },
+            ) => {
+                let declared = crate::ir::DType::from_name(&name.name);
+                if declared == Some(crate::ir::DType::I64) {
+                    self.int64_type(*span);
                     return None;
                 }
-                (_, Some(a)) => *a,
-                (Some(w), None) => w,
-                (None, None) => {
-                    self.diags.push(
-                        Diag::new(Code::UnboundDimension, dexpr.span, format!("dimension `{}` cannot be determined", named.clone().unwrap_or_default()))
-                            .label("not fixed by the input")
-                            .with(input_span, format!("this input yields {e}"))
-                            .help("write the size as a number in the model's signature, or give the pipeline a fixed length (e.g. `decode_raw(x, u8, length: 784)`)"),
-                    );
+                if declared != Some(*dtype) || tdims.len() != edims.len() {
+                    let why = if declared != Some(*dtype) {
+                        format!("dtype {} vs {dtype}", name.name)
+                    } else {
+                        format!("rank {} vs {}", tdims.len(), edims.len())
+                    };
+                    mismatch(self, why);
                     return None;
                 }
-            };
-            if let Some(n) = named {
-                dims.insert(n, size);
+                let mut shape = Vec::with_capacity(edims.len());
+                for (dexpr, ed) in tdims.iter().zip(edims) {
+                    let size = self.bind_dim(m, dexpr, *ed, dims, at)?;
+                    if let Err(why) = size {
+                        mismatch(self, why);
+                        return None;
+                    }
+                    shape.push(size.expect("checked"));
+                }
+                self.graph.feeds.push(path.to_string());
+                let node = self.graph.add(
+                    Op::Input {
+                        name: path.to_string(),
+                    },
+                    &[],
+                    TensorType::new(*dtype, shape),
+                    at.param.span,
+                );
+                Some(Value::Tensor(node))
             }
-            shape.push(size);
+            (TypeExpr::Record { fields, .. }, Elem::Record(efs)) => {
+                let mut have: Vec<&str> = efs.iter().map(|(k, _)| k.as_str()).collect();
+                let mut want: Vec<&str> = fields.iter().map(|(k, _)| k.name.as_str()).collect();
+                have.sort_unstable();
+                want.sort_unstable();
+                if have != want {
+                    let missing: Vec<&str> =
+                        want.iter().filter(|k| !have.contains(k)).copied().collect();
+                    let extra: Vec<&str> =
+                        have.iter().filter(|k| !want.contains(k)).copied().collect();
+                    let mut why = Vec::new();
+                    if !missing.is_empty() {
+                        why.push(format!("the input has no {}", ticks(&missing)));
+                    }
+                    if !extra.is_empty() {
+                        why.push(format!("the model does not declare {}", ticks(&extra)));
+                    }
+                    mismatch(self, why.join("; "));
+                    return None;
+                }
+                let mut parts: Vec<Option<Value<'p>>> = vec![None; fields.len()];
+                for (k, part) in efs {
+                    let i = fields.iter().position(|(f, _)| f.name == *k)?;
+                    parts[i] = Some(self.bind_type(
+                        m,
+                        &format!("{path}.{k}"),
+                        &fields[i].1,
+                        part,
+                        dims,
+                        at,
+                    )?);
+                }
+                let out = fields
+                    .iter()
+                    .zip(parts)
+                    .map(|((k, _), v)| Some((k.name.clone(), v?)))
+                    .collect::<Option<Vec<_>>>()?;
+                Some(Value::Record(Rc::new(out)))
+            }
+            (TypeExpr::Tuple { elems, .. }, Elem::Tuple(es)) if elems.len() == es.len() => {
+                let mut out = Vec::with_capacity(es.len());
+                for (i, (t, part)) in elems.iter().zip(es).enumerate() {
+                    out.push(self.bind_type(m, &format!("{path}.{i}"), t, part, dims, at)?);
+                }
+                Some(Value::Tuple(Rc::new(out)))
+            }
+            _ => {
+                let why = format!("{} vs {}", type_kind(ty), elem_kind(e));
+                self.diags.push(
+                    Diag::new(
+                        Code::InputModelMismatch,
+                        ty.span(),
+                        format!(
+                            "the input yields {e} for `{path}`, but the model declares {}",
+                            self.p.sources.text(ty.span())
+                        ),
+                    )
+                    .label(why)
+                    .with(at.input, format!("this input yields {}", at.whole))
+                    .help(format!(
+                        "declare what the input yields, `{path}: {}`, or change the input's `map`",
+                        declaration(e)
+                    )),
+                );
+                None
+            }
         }
-        let site = param.name.span;
-        let node = self.graph.add(
-            Op::Input {
-                name: param.name.name.clone(),
-            },
-            &[],
-            TensorType::new(*dtype, shape),
-            site,
-        );
-        Some(Value::Tensor(node))
+    }
+
+    /// The size of one declared dimension against the input's: `Ok(size)`, `Err(why)`
+    /// when they differ, `None` after a diagnostic. A name the program does not define
+    /// is a named dimension, bound by its first use.
+    fn bind_dim(
+        &mut self,
+        m: ModId,
+        dexpr: &'p Expr,
+        actual: Option<usize>,
+        dims: &mut FxHashMap<String, usize>,
+        at: &Binding<'_>,
+    ) -> Option<Result<usize, String>> {
+        let named = match &dexpr.kind {
+            ExprKind::Name(n)
+                if self.p.lookup(m, n).is_none()
+                    && !crate::resolve::BUILTIN_VALUES.contains(&n.as_str()) =>
+            {
+                Some(n.clone())
+            }
+            _ => None,
+        };
+        let want = match &named {
+            Some(n) => dims.get(n).copied(),
+            None => {
+                let v = self.in_frame(m, Vec::new(), dexpr.span, |el| el.expr(dexpr));
+                Some(self.as_dim(&v, dexpr.span)?)
+            }
+        };
+        let size = match (want, actual) {
+            (Some(w), Some(a)) if w != a => return Some(Err(format!("dimension {w} vs {a}"))),
+            (_, Some(a)) => a,
+            (Some(w), None) => w,
+            (None, None) => {
+                self.diags.push(
+                    Diag::new(Code::UnboundDimension, dexpr.span, format!("dimension `{}` cannot be determined", named.clone().unwrap_or_default()))
+                        .label("not fixed by the input")
+                        .with(at.input, format!("this input yields {}", at.whole))
+                        .help("write the size as a number in the model's signature, or give the pipeline a fixed length (e.g. `decode_raw(x, u8, length: 784)`)"),
+                );
+                return None;
+            }
+        };
+        if let Some(n) = named {
+            dims.insert(n, size);
+        }
+        Some(Ok(size))
     }
 
     fn model_body(&mut self, body: &'p Block) -> Sections<'p> {
@@ -526,6 +616,62 @@ impl<'p> Elab<'p> {
                     .help("predictions are tensors computed from the features"),
                 );
             }
+        }
+    }
+}
+
+/// Where a model parameter is bound, for diagnostics about its parts.
+struct Binding<'a> {
+    param: &'a Ident,
+    input: Span,
+    whole: &'a Elem,
+}
+
+fn ticks(names: &[&str]) -> String {
+    let v: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    v.join(", ")
+}
+
+fn type_kind(t: &TypeExpr) -> &'static str {
+    match t {
+        TypeExpr::Named { dims: Some(_), .. } => "a tensor",
+        TypeExpr::Named { dims: None, .. } => "a type without dimensions",
+        TypeExpr::List { .. } => "a list",
+        TypeExpr::Record { .. } => "a record",
+        TypeExpr::Tuple { .. } => "a tuple",
+    }
+}
+
+fn elem_kind(e: &Elem) -> String {
+    match e {
+        Elem::Tensor { .. } => "a tensor".into(),
+        Elem::Record(_) => "a record".into(),
+        Elem::Tuple(xs) => format!("a tuple of {}", xs.len()),
+    }
+}
+
+/// A model parameter's declaration for an element part, the batch dimension `B`.
+fn declaration(e: &Elem) -> String {
+    match e {
+        Elem::Tensor { dtype, dims } => {
+            let d: Vec<String> = (dims.iter().enumerate())
+                .map(|(i, d)| match (i, d) {
+                    (0, _) => "B".to_string(),
+                    (_, Some(v)) => v.to_string(),
+                    (_, None) => "?".to_string(),
+                })
+                .collect();
+            format!("{dtype}[{}]", d.join(", "))
+        }
+        Elem::Tuple(xs) => {
+            let v: Vec<String> = xs.iter().map(declaration).collect();
+            format!("({})", v.join(", "))
+        }
+        Elem::Record(fs) => {
+            let v: Vec<String> = (fs.iter())
+                .map(|(k, x)| format!("{k}: {}", declaration(x)))
+                .collect();
+            format!("{{ {} }}", v.join(", "))
         }
     }
 }

@@ -76,6 +76,10 @@ pub struct Graph {
     pub partial_batches: bool,
     /// How the graph ignores padding rows (set by the `mask_padding` pass).
     pub batch_mask: Option<BatchMask>,
+    /// The names of the model's inputs (`features`, `labels.class`), one per leaf of
+    /// the input's element, in the element's order (set by elaboration). An input the
+    /// model does not read keeps its place here after a pass removed its node.
+    pub feeds: Vec<String>,
 }
 
 /// The mask of real examples of a graph whose last batch may be padded: the runtime

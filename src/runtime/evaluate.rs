@@ -85,8 +85,12 @@ impl Feeder {
     }
 }
 
-/// The model's input names in order (features, then labels); the mask is fed apart.
+/// The model's input names in the order of the element's leaves (features, then
+/// labels); the mask is fed apart.
 pub(super) fn input_names(g: &Graph) -> Vec<String> {
+    if !g.feeds.is_empty() {
+        return g.feeds.clone();
+    }
     let mut v: Vec<(NodeIndex, String)> =
         g.g.node_indices()
             .filter_map(|n| match &g.node(n).op {

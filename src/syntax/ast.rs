@@ -116,12 +116,36 @@ pub enum TypeExpr {
         elem: Box<TypeExpr>,
         span: Span,
     },
+    /// `{ ids: i32[B, T], len: i32[B] }`: a record of model inputs (or of params fields).
+    Record {
+        fields: Vec<(Ident, TypeExpr)>,
+        span: Span,
+    },
+    /// `(f32[B, 4], i32[B])`: a tuple of at least two.
+    Tuple {
+        elems: Vec<TypeExpr>,
+        span: Span,
+    },
 }
 
 impl TypeExpr {
     pub fn span(&self) -> Span {
         match self {
-            TypeExpr::Named { span, .. } | TypeExpr::List { span, .. } => *span,
+            TypeExpr::Named { span, .. }
+            | TypeExpr::List { span, .. }
+            | TypeExpr::Record { span, .. }
+            | TypeExpr::Tuple { span, .. } => *span,
+        }
+    }
+
+    /// The types this one is made of, in order (a list's element, a record's fields,
+    /// a tuple's parts).
+    pub fn parts(&self) -> Vec<&TypeExpr> {
+        match self {
+            TypeExpr::Named { .. } => Vec::new(),
+            TypeExpr::List { elem, .. } => vec![elem],
+            TypeExpr::Record { fields, .. } => fields.iter().map(|(_, t)| t).collect(),
+            TypeExpr::Tuple { elems, .. } => elems.iter().collect(),
         }
     }
 }

@@ -74,8 +74,8 @@ fn children<'a>(n: &Node<'a>, out: &mut Vec<Node<'a>>) {
         }
         Node::Type(t) => match t {
             TypeExpr::Named { dims: Some(d), .. } => out.extend(d.iter().map(Node::Expr)),
-            TypeExpr::List { elem, .. } => out.push(Node::Type(elem)),
-            TypeExpr::Named { .. } => {}
+            TypeExpr::Named { dims: None, .. } => {}
+            _ => out.extend(t.parts().into_iter().map(Node::Type)),
         },
     }
 }

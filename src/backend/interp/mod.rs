@@ -82,6 +82,11 @@ impl Plan {
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
     }
+
+    /// The nodes it computes, in order.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeIndex> + '_ {
+        self.steps.iter().map(|s| s.node)
+    }
 }
 
 /// Where sources get their values.

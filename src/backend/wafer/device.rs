@@ -668,19 +668,53 @@ impl backend::Device for Device {
             }
             match read(e, &kept(e, t), t) {
                 Some(v) => out.push(v),
-                None => {
-                    return Err(fail(
-                        &g,
-                        t,
-                        format!("`{}` is not computed on the wafer", g.node(t).op.name()),
-                    ))
-                }
+                None => out.push(epilogue(e, t, &feeds, &self.vars, ctx)?),
             }
         }
         // the sums over the batch start again for the next batch
         update(e)?;
         Ok(out)
     }
+}
+
+/// An output the fabric does not hold, computed on the host from the batch values the
+/// PEs hold (a masked mean: the sum over the real rows divided by their count, both
+/// sums over the batch), as the host computes the mixed values of a train step.
+fn epilogue(
+    e: &Exe,
+    t: NodeIndex,
+    feeds: &Feeds,
+    vars: &FxHashMap<String, Tensor>,
+    ctx: StepCtx,
+) -> Result<Tensor, RunError> {
+    let g = &e.graph;
+    let held: FxHashSet<NodeIndex> = (g.g.node_indices())
+        .filter(|&n| e.formed.class[n.index()] == form::Class::Batch)
+        .filter(|&n| e.layout.tensors.contains_key(&kept(e, n)))
+        .collect();
+    let plan = Plan::new(g, &[t], &held);
+    let fabric = |n: NodeIndex| {
+        e.formed.class[n.index()] == form::Class::Sample
+            || e.formed.class[n.index()] == form::Class::SampleT
+    };
+    if (plan.nodes()).any(fabric) {
+        return Err(fail(
+            g,
+            t,
+            format!("`{}` is not computed on the wafer", g.node(t).op.name()),
+        ));
+    }
+    let mut values = Values::new(g.g.node_bound());
+    for n in plan.reads(&held) {
+        values.set(n, read(e, &kept(e, n), n).expect("held"));
+    }
+    let env = Env {
+        feeds,
+        vars,
+        op: ctx.op_env(0),
+    };
+    execute(g, &plan, &env, &mut values)?;
+    Ok(values.take(t).expect("computed"))
 }
 
 /// After a failed check: zero the step's accumulations (by running the update) and

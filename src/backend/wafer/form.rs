@@ -244,9 +244,12 @@ fn unsupported(g: &Graph, n: NodeIndex, message: String, help: &str) -> Unsuppor
     }
 }
 
-/// The batch size of a graph: the leading dimension of its `features` input.
+/// The batch size of a graph: the leading dimension of its first input (the features,
+/// or their first part).
 pub fn batch_of(g: &Graph) -> Option<u32> {
-    let f = g.input("features")?;
+    let f =
+        g.g.node_indices()
+            .find(|&n| matches!(g.node(n).op, Op::Input { .. }))?;
     g.ty(f).shape.first().map(|&b| b as u32)
 }
 

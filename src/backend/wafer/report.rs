@@ -89,7 +89,7 @@ pub fn simulate(l: &Layout, steps: u32) -> Result<Sim, String> {
         .any(|(p, _)| p.tasks.iter().any(|t| t.id == UPDATE));
     for step in 0..steps {
         for (k, s) in l.inputs.iter().enumerate() {
-            let labels = s.name == "labels";
+            let labels = s.name == "labels" || s.name.starts_with("labels.");
             for lane in &s.lanes {
                 let n = lane.elems.len() * l.batch as usize;
                 let v: Vec<f32> = if labels {
