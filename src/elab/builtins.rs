@@ -5,7 +5,7 @@
 
 use super::value::{HookVal, MetricVal, OptimizerVal, Value};
 use super::Elab;
-use crate::diag::{Code, Diag};
+use crate::diag::{did_you_mean, Code, Diag};
 use crate::ir::{
     float, BinaryOp, DType, Init, NodeIndex, Op, Padding, ReduceOp, TensorType, UnaryOp,
 };
@@ -96,7 +96,8 @@ impl<'p> Elab<'p> {
             }
             "float" | "int" => self.b_convert(name, &a),
             "assign" => self.b_assign(&a),
-            "init_normal" | "init_truncated_normal" | "init_uniform" | "init_constant" => {
+            "init_normal" | "init_truncated_normal" | "init_uniform" | "init_constant"
+            | "init_variance_scaling" | "init_orthogonal" => {
                 self.b_init(name, &a)
             }
             "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" => self.b_optimizer(name, &a),
@@ -862,7 +863,10 @@ impl<'p> Elab<'p> {
                     return self.error(
                         Diag::new(Code::TypeMismatch, self.site(si), format!("unknown initialiser \"{s}\""))
                             .label("not an initialiser")
-                            .help("use \"zeros\", \"ones\", \"glorot_uniform\", \"glorot_normal\", \"he_uniform\", \"he_normal\", \"lecun_normal\", a number, or init_normal(stddev) / init_uniform(lo, hi) / init_truncated_normal(stddev)"),
+                            .help(match did_you_mean(s, INIT_NAMES.iter().copied()) {
+                                Some(h) => h,
+                                None => format!("use {}, a number, or an `init_*` value (`init_normal(stddev)`, `init_truncated_normal(stddev)`, `init_uniform(lo, hi)`, `init_variance_scaling(scale, mode, distribution)`, `init_orthogonal(gain)`)", INIT_NAMES.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")),
+                            }),
                     )
                 }
             },
@@ -1120,6 +1124,42 @@ impl<'p> Elab<'p> {
             "init_truncated_normal" => Init::TruncatedNormal {
                 stddev_bits: bits(self.float_arg(a, "stddev").unwrap_or(0.0)),
             },
+            "init_variance_scaling" => {
+                let scale = self.float_arg(a, "scale").unwrap_or(1.0);
+                let pick = |el: &mut Self, key: &str, names: &[&str]| -> Option<String> {
+                    let (v, sp) = a.get(key);
+                    match &v {
+                        Value::Str(x) if names.contains(&&x[..]) || (key == "distribution" && &x[..] == "normal") => Some(x.to_string()),
+                        Value::Str(x) => {
+                            let mut d = Diag::new(Code::TypeMismatch, el.site(sp), format!("unknown {key} \"{x}\""))
+                                .label(format!("not a {key}"));
+                            d = match did_you_mean(x, names.iter().copied()) {
+                                Some(h) => d.help(h),
+                                None => d.help(format!("use one of {}", names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "))),
+                            };
+                            el.error(d);
+                            None
+                        }
+                        other => {
+                            el.expected("a string", &other.clone(), sp);
+                            None
+                        }
+                    }
+                };
+                let mode = pick(self, "mode", &crate::ir::FanMode::NAMES);
+                let dist = pick(self, "distribution", &crate::ir::Distribution::NAMES);
+                let (Some(mode), Some(dist)) = (mode, dist) else {
+                    return Value::Error;
+                };
+                Init::VarianceScaling {
+                    scale_bits: bits(scale),
+                    mode: crate::ir::FanMode::from_name(&mode).expect("checked"),
+                    distribution: crate::ir::Distribution::from_name(&dist).expect("checked"),
+                }
+            }
+            "init_orthogonal" => Init::Orthogonal {
+                gain_bits: bits(self.float_arg(a, "gain").unwrap_or(1.0)),
+            },
             "init_uniform" => {
                 let (lo, hi) = (
                     self.float_arg(a, "lo").unwrap_or(0.0),
@@ -1318,6 +1358,23 @@ fn static_unary(u: UnaryOp, v: &Value<'_>) -> Option<f64> {
     u.eval(static_num(v)?)
 }
 
+/// The initialisers a string names (Keras's names).
+const INIT_NAMES: [&str; 13] = [
+    "zeros",
+    "ones",
+    "glorot_uniform",
+    "glorot_normal",
+    "he_uniform",
+    "he_normal",
+    "lecun_uniform",
+    "lecun_normal",
+    "variance_scaling",
+    "orthogonal",
+    "random_normal",
+    "truncated_normal",
+    "random_uniform",
+];
+
 fn init_by_name(s: &str) -> Option<Init> {
     Some(match s {
         "zeros" => Init::Zeros,
@@ -1327,6 +1384,30 @@ fn init_by_name(s: &str) -> Option<Init> {
         "he_uniform" => Init::HeUniform,
         "he_normal" => Init::HeNormal,
         "lecun_normal" => Init::LecunNormal,
+        "lecun_uniform" => Init::VarianceScaling {
+            scale_bits: 1f32.to_bits(),
+            mode: crate::ir::FanMode::FanIn,
+            distribution: crate::ir::Distribution::Uniform,
+        },
+        "variance_scaling" => Init::VarianceScaling {
+            scale_bits: 1f32.to_bits(),
+            mode: crate::ir::FanMode::FanIn,
+            distribution: crate::ir::Distribution::TruncatedNormal,
+        },
+        "orthogonal" => Init::Orthogonal {
+            gain_bits: 1f32.to_bits(),
+        },
+        // Keras's defaults for its plain initialisers
+        "random_normal" => Init::Normal {
+            stddev_bits: 0.05f32.to_bits(),
+        },
+        "truncated_normal" => Init::TruncatedNormal {
+            stddev_bits: 0.05f32.to_bits(),
+        },
+        "random_uniform" => Init::Uniform {
+            lo_bits: (-0.05f32).to_bits(),
+            hi_bits: 0.05f32.to_bits(),
+        },
         _ => return None,
     })
 }

@@ -228,6 +228,67 @@ pub enum Init {
     Uniform { lo_bits: u32, hi_bits: u32 },
     Normal { stddev_bits: u32 },
     TruncatedNormal { stddev_bits: u32 },
+    /// Keras's `VarianceScaling`: variance `scale / n` for `n` the fan of `mode`.
+    VarianceScaling {
+        scale_bits: u32,
+        mode: FanMode,
+        distribution: Distribution,
+    },
+    /// Keras's `Orthogonal`: the kernel, flattened to `[fan, units]`, an orthogonal
+    /// matrix (of a normal one's QR decomposition) times `gain`.
+    Orthogonal { gain_bits: u32 },
+}
+
+/// Which fan a variance-scaling initialiser divides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FanMode {
+    FanIn,
+    FanOut,
+    /// `(fan_in + fan_out) / 2`.
+    FanAvg,
+}
+
+/// The distribution of a variance-scaling initialiser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Distribution {
+    /// A normal truncated at two deviations, rescaled to the variance.
+    TruncatedNormal,
+    UntruncatedNormal,
+    Uniform,
+}
+
+impl FanMode {
+    pub const NAMES: [&'static str; 3] = ["fan_in", "fan_out", "fan_avg"];
+
+    pub fn from_name(s: &str) -> Option<FanMode> {
+        Some(match s {
+            "fan_in" => FanMode::FanIn,
+            "fan_out" => FanMode::FanOut,
+            "fan_avg" => FanMode::FanAvg,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+impl Distribution {
+    pub const NAMES: [&'static str; 3] = ["truncated_normal", "untruncated_normal", "uniform"];
+
+    pub fn from_name(s: &str) -> Option<Distribution> {
+        Some(match s {
+            "truncated_normal" => Distribution::TruncatedNormal,
+            "untruncated_normal" | "normal" => Distribution::UntruncatedNormal,
+            "uniform" => Distribution::Uniform,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
 }
 
 impl Init {
@@ -251,6 +312,19 @@ impl Init {
             Init::Normal { stddev_bits } => format!("normal({})", f32::from_bits(*stddev_bits)),
             Init::TruncatedNormal { stddev_bits } => {
                 format!("truncated_normal({})", f32::from_bits(*stddev_bits))
+            }
+            Init::VarianceScaling {
+                scale_bits,
+                mode,
+                distribution,
+            } => format!(
+                "variance_scaling({}, {}, {})",
+                f32::from_bits(*scale_bits),
+                mode.name(),
+                distribution.name()
+            ),
+            Init::Orthogonal { gain_bits } => {
+                format!("orthogonal({})", f32::from_bits(*gain_bits))
             }
         }
     }
