@@ -184,7 +184,9 @@ pub fn init_values(init: &Init, name: &str, ty: &TensorType, seed: u64) -> Vec<f
                 Distribution::Uniform => uniform((3.0 * var).sqrt()),
             }
         }
-        Init::Orthogonal { gain_bits } => orthogonal(&s, &ty.shape, f64::from(f32::from_bits(*gain_bits))),
+        Init::Orthogonal { gain_bits } => {
+            orthogonal(&s, &ty.shape, f64::from(f32::from_bits(*gain_bits)))
+        }
     }
 }
 
@@ -311,7 +313,10 @@ mod tests {
         // not merely the identity: a seed's matrix differs from another's
         let a = values(&o(1.0), &[8, 8]);
         let b = init_values(&o(1.0), "w", &TensorType::new(DType::F32, vec![8, 8]), 12);
-        assert!(a.iter().zip(&b).any(|(x, y)| (x - f64::from(*y)).abs() > 1e-3));
+        assert!(a
+            .iter()
+            .zip(&b)
+            .any(|(x, y)| (x - f64::from(*y)).abs() > 1e-3));
     }
 
     #[test]
@@ -346,7 +351,10 @@ mod tests {
                     Distribution::Uniform => (3.0 * want).sqrt(),
                     Distribution::UntruncatedNormal => f64::INFINITY,
                 };
-                assert!(v.iter().all(|x| x.abs() <= bound * 1.000_001), "{mode:?} {dist:?}");
+                assert!(
+                    v.iter().all(|x| x.abs() <= bound * 1.000_001),
+                    "{mode:?} {dist:?}"
+                );
             }
         }
     }

@@ -1,5 +1,9 @@
 //! Optimisers and learning-rate schedules against reference values computed by
-//! PyTorch (`scripts/optim_reference.py` wrote tests/fixtures/optim_reference.json).
+//! PyTorch (`scripts/optim_reference.py` wrote tests/fixtures/optim_reference.json)
+//! and, for the optimisers TensorFlow defines otherwise (Adagrad, FTRL, TF1's RMSProp
+//! and Adam, BERT's AdamWeightDecay), by TensorFlow (`scripts/tf_optim_reference.py`
+//! wrote tests/fixtures/tf_optim_reference.json). Each optimiser runs on every target
+//! this build has.
 //!
 //! The program's loss is `reduce_sum(w * g)` with `g` fed from the input, so the
 //! gradient of step t is exactly the fixture's g_t; after each step `w` must match
@@ -13,10 +17,13 @@ use serde_json::Value;
 use std::sync::{Arc, Mutex};
 
 fn fixture() -> Value {
-    let p = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/optim_reference.json"
-    );
+    read_fixture("optim_reference.json")
+}
+
+fn read_fixture(file: &str) -> Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(file);
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -37,7 +44,7 @@ input grads() {{
 
 model m(features: f32[B, 4], labels: i32[B]) {{
   let w = variable("w", [4], init: "zeros")
-  let loss = reduce_sum(reshape(features, [4]) * w)
+  let loss = reduce_sum(features * w)
   train {{ minimize loss with {optimizer} }}
 }}
 
@@ -51,7 +58,32 @@ estimator e {{
 }
 
 fn run(name: &str, optimizer: &str, f: &Value) {
-    let dir = std::env::temp_dir().join(format!("est-optim-{}-{name}", std::process::id()));
+    run_against(name, optimizer, f, "PyTorch")
+}
+
+/// Trains `w` from the fixture's `w0` on its gradients with `optimizer`, comparing
+/// every step with the fixture's trajectory `name`, computed by `reference`.
+fn run_against(name: &str, optimizer: &str, f: &Value, reference: &str) {
+    for target in targets() {
+        run_on(name, optimizer, f, reference, target);
+    }
+}
+
+/// The interpreter, the host when this build has it, and the wafer: each computes the
+/// update rule's graph itself (the wafer on its PEs).
+fn targets() -> Vec<est::elab::Target> {
+    let mut t = vec![est::elab::Target::Interp, est::elab::Target::Wafer];
+    if cfg!(feature = "llvm") {
+        t.push(est::elab::Target::Host);
+    }
+    t
+}
+
+fn run_on(name: &str, optimizer: &str, f: &Value, reference: &str, target: est::elab::Target) {
+    let dir = std::env::temp_dir().join(format!(
+        "est-optim-{}-{name}-{target:?}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let grads: Vec<Vec<f64>> = f["grads"].as_array().unwrap().iter().map(floats).collect();
@@ -70,15 +102,17 @@ fn run(name: &str, optimizer: &str, f: &Value) {
     std::fs::write(dir.join("grads.csv"), csv).unwrap();
     let src = program(
         optimizer,
-        "csv(\"grads.csv\", header: false, columns: { g: f32[4], label: i32 }) |> map |r| (r.g, r.label) |> batch(1, drop_remainder: true)",
+        "csv(\"grads.csv\", header: false, columns: { g: f32[4], label: i32 }) |> map |r| (r.g, r.label) |> repeat |> batch(1, drop_remainder: true)",
     );
     let p = Program::from_source("optim.est", &src, None);
     let opts = RunOptions {
+        target,
         model_dir: Some(dir.join("run")),
         data_dir: Some(dir.clone()),
         ..Default::default()
     };
-    let mut e = Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{name}: {:?}", f.diags));
+    let mut e =
+        Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{name} on {target:?}: {:?}", f.diags));
     e.restore_or_init().unwrap();
     let w0 = floats(&f["w0"]);
     let ty = TensorType::new(DType::F32, vec![4]);
@@ -98,7 +132,7 @@ fn run(name: &str, optimizer: &str, f: &Value) {
             let tol = 1e-5 * w_t[i].abs().max(1.0);
             assert!(
                 (got[i] - w_t[i]).abs() <= tol,
-                "{name} step {}: w[{i}] = {} but PyTorch has {}",
+                "{name} on {target:?}, step {}: w[{i}] = {} but {reference} has {}",
                 t + 1,
                 got[i],
                 w_t[i]
@@ -141,6 +175,54 @@ fn optimisers_match_pytorch() {
     assert_eq!(names.len(), cases.len(), "every fixture case is tested");
     for (name, opt) in cases {
         run(name, opt, &f);
+    }
+}
+
+/// The optimisers TensorFlow defines differently from PyTorch, or PyTorch lacks,
+/// against TensorFlow's own trajectories (`scripts/tf_optim_reference.py` wrote
+/// tests/fixtures/tf_optim_reference.json).
+#[test]
+fn tensorflow_optimisers_match_tensorflow() {
+    let f = read_fixture("tf_optim_reference.json");
+    let cases = [
+        ("adagrad", "adagrad(lr: 0.1, initial_accumulator_value: 0.1, epsilon: 0.0000001)"),
+        ("ftrl", "ftrl(lr: 0.1, l1: 0.01, l2: 0.01)"),
+        (
+            "ftrl_shrinkage",
+            "ftrl(lr: 0.1, l1: 0.001, l2: 0.02, l2_shrinkage: 0.01, beta: 0.5)",
+        ),
+        (
+            "ftrl_power",
+            "ftrl(lr: 0.05, learning_rate_power: -0.25, initial_accumulator_value: 0.2)",
+        ),
+        ("tf_rmsprop", "tf_rmsprop(lr: 0.01, rho: 0.9, epsilon: 0.0000000001)"),
+        (
+            "tf_rmsprop_momentum",
+            "tf_rmsprop(lr: 0.01, rho: 0.9, momentum: 0.5, epsilon: 0.001)",
+        ),
+        ("tf_adam", "tf_adam(lr: 0.01, epsilon: 0.00000001)"),
+        (
+            "tf_adam_large_epsilon",
+            "tf_adam(lr: 0.01, beta1: 0.8, beta2: 0.99, epsilon: 0.1)",
+        ),
+        (
+            "bert_adamw",
+            "adamw(lr: 0.01, weight_decay: 0.01, epsilon: 0.000001, bias_correction: false)",
+        ),
+        (
+            "bert_adamw_excluded",
+            "adamw(lr: 0.01, weight_decay: 0.01, epsilon: 0.000001, bias_correction: false, exclude_from_weight_decay: [\"LayerNorm\", \"w\"])",
+        ),
+    ];
+    let names: Vec<&str> = f["optimizers"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(names.len(), cases.len(), "every fixture case is tested");
+    for (name, opt) in cases {
+        run_against(name, opt, &f, "TensorFlow");
     }
 }
 

@@ -96,11 +96,15 @@ impl<'p> Elab<'p> {
             }
             "float" | "int" => self.b_convert(name, &a),
             "assign" => self.b_assign(&a),
-            "init_normal" | "init_truncated_normal" | "init_uniform" | "init_constant"
-            | "init_variance_scaling" | "init_orthogonal" => {
-                self.b_init(name, &a)
-            }
-            "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" => self.b_optimizer(name, &a),
+            "trainable_variables" => self.b_trainable_variables(&a),
+            "init_normal"
+            | "init_truncated_normal"
+            | "init_uniform"
+            | "init_constant"
+            | "init_variance_scaling"
+            | "init_orthogonal" => self.b_init(name, &a),
+            "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" | "adagrad" | "ftrl"
+            | "tf_rmsprop" | "tf_adam" => self.b_optimizer(name, &a),
             "clip_by_global_norm" => self.b_clip(&a),
             "accuracy"
             | "mean"
@@ -872,6 +876,37 @@ impl<'p> Elab<'p> {
             },
             other => return self.expected("an initialiser", &other.clone(), si),
         };
+        let (vr, sr) = a.get("regularizer");
+        let penalty = match &vr {
+            Value::None => None,
+            Value::Record(fs)
+                if fs.len() == 2 && fs.iter().all(|(k, _)| k == "l1" || k == "l2") =>
+            {
+                let get = |k: &str| {
+                    fs.iter()
+                        .find(|(n, _)| n == k)
+                        .and_then(|(_, v)| static_num(v))
+                };
+                match (get("l1"), get("l2")) {
+                    (Some(l1), Some(l2)) if l1 >= 0.0 && l2 >= 0.0 => Some((l1, l2)),
+                    _ => {
+                        return self.error(
+                            Diag::new(Code::StaticEvalError, self.site(sr), "a regularizer's factors must be static numbers of at least 0")
+                                .label("this regularizer")
+                                .help("write `l2(0.0001)`, `l1(0.00001)` or `l1_l2(l1: ..., l2: ...)` with factors >= 0"),
+                        )
+                    }
+                }
+            }
+            Value::Error => return Value::Error,
+            other => {
+                return self.expected(
+                    "a regularizer (`l1(...)`, `l2(...)` or `l1_l2(...)`)",
+                    &other.clone(),
+                    sr,
+                )
+            }
+        };
         let name = self.variable_name(&local);
         if self.variables.contains_key(&name) {
             return self.error(
@@ -896,7 +931,57 @@ impl<'p> Elab<'p> {
             site,
         );
         self.variables.insert(name, n);
+        if let (Some((l1, l2)), true) = (penalty, trainable) {
+            self.regularizers.push((n, l1, l2));
+        }
         Value::Tensor(n)
+    }
+
+    /// `trainable_variables(filter = none, exclude = [])`: the trainable variables made
+    /// so far, in the order they were made, whose names match `filter` and no pattern
+    /// of `exclude` (see `ir::name_matches`).
+    fn b_trainable_variables(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (vf, sf) = a.get("filter");
+        let filter = match &vf {
+            Value::None => None,
+            Value::Str(s) => Some(s.to_string()),
+            other => return self.expected("a name pattern (a string)", &other.clone(), sf),
+        };
+        let (ve, se) = a.get("exclude");
+        let mut exclude = Vec::new();
+        match &ve {
+            Value::List(xs) => {
+                for x in xs.iter() {
+                    match x {
+                        Value::Str(s) => exclude.push(s.to_string()),
+                        other => return self.expected("a name pattern (a string)", other, se),
+                    }
+                }
+            }
+            other => return self.expected("a list of name patterns", &other.clone(), se),
+        }
+        let mut vars: Vec<(&String, NodeIndex)> = (self.variables.iter())
+            .filter(|(_, &n)| {
+                matches!(
+                    self.graph.node(n).op,
+                    Op::Variable {
+                        trainable: true,
+                        ..
+                    }
+                )
+            })
+            .filter(|(name, _)| {
+                filter
+                    .as_deref()
+                    .is_none_or(|f| crate::ir::name_matches(f, name))
+            })
+            .filter(|(name, _)| !exclude.iter().any(|p| crate::ir::name_matches(p, name)))
+            .map(|(k, &n)| (k, n))
+            .collect();
+        vars.sort_by_key(|v| v.1);
+        Value::List(Rc::new(
+            vars.into_iter().map(|(_, n)| Value::Tensor(n)).collect(),
+        ))
     }
 
     fn b_fill(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
@@ -1129,13 +1214,29 @@ impl<'p> Elab<'p> {
                 let pick = |el: &mut Self, key: &str, names: &[&str]| -> Option<String> {
                     let (v, sp) = a.get(key);
                     match &v {
-                        Value::Str(x) if names.contains(&&x[..]) || (key == "distribution" && &x[..] == "normal") => Some(x.to_string()),
+                        Value::Str(x)
+                            if names.contains(&&x[..])
+                                || (key == "distribution" && &x[..] == "normal") =>
+                        {
+                            Some(x.to_string())
+                        }
                         Value::Str(x) => {
-                            let mut d = Diag::new(Code::TypeMismatch, el.site(sp), format!("unknown {key} \"{x}\""))
-                                .label(format!("not a {key}"));
+                            let mut d = Diag::new(
+                                Code::TypeMismatch,
+                                el.site(sp),
+                                format!("unknown {key} \"{x}\""),
+                            )
+                            .label(format!("not a {key}"));
                             d = match did_you_mean(x, names.iter().copied()) {
                                 Some(h) => d.help(h),
-                                None => d.help(format!("use one of {}", names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "))),
+                                None => d.help(format!(
+                                    "use one of {}",
+                                    names
+                                        .iter()
+                                        .map(|n| format!("\"{n}\""))
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                )),
                             };
                             el.error(d);
                             None
@@ -1190,36 +1291,95 @@ impl<'p> Elab<'p> {
                 )
             }
         }
-        let keys: &[&'static str] = match name {
-            "sgd" => &[],
-            "momentum" => &["momentum", "nesterov"],
-            "adam" => &["beta1", "beta2", "epsilon"],
-            "adamw" => &["weight_decay", "beta1", "beta2", "epsilon"],
-            _ => &["rho", "momentum", "epsilon"],
+        let (kind, keys): (&'static str, &[&'static str]) = match name {
+            "sgd" => ("sgd", &[]),
+            "momentum" => ("momentum", &["momentum", "nesterov"]),
+            "adam" => ("adam", &["beta1", "beta2", "epsilon"]),
+            "adamw" => (
+                "adamw",
+                &[
+                    "weight_decay",
+                    "beta1",
+                    "beta2",
+                    "epsilon",
+                    "bias_correction",
+                ],
+            ),
+            "adagrad" => ("adagrad", &["initial_accumulator_value", "epsilon"]),
+            "ftrl" => (
+                "ftrl",
+                &[
+                    "learning_rate_power",
+                    "initial_accumulator_value",
+                    "l1",
+                    "l2",
+                    "l2_shrinkage",
+                    "beta",
+                ],
+            ),
+            "tf_rmsprop" => ("tf_rmsprop", &["rho", "momentum", "epsilon"]),
+            "tf_adam" => ("tf_adam", &["beta1", "beta2", "epsilon"]),
+            _ => ("rmsprop", &["rho", "momentum", "epsilon"]),
         };
         let mut hyper = Vec::new();
         for &k in keys {
-            let v = match a.get(k) {
-                (Value::Bool(b), _) => f64::from(u8::from(b)),
-                (v, s) => match self.as_float(&v, s) {
+            let (v, s) = a.get(k);
+            let f = match v {
+                Value::Bool(b) => f64::from(u8::from(b)),
+                v => match self.as_float(&v, s) {
                     Some(f) => f,
                     None => return Value::Error,
                 },
             };
-            hyper.push((k, v));
+            // the ranges TensorFlow's kernels check
+            let bad = match k {
+                "learning_rate_power" => (f > 0.0).then_some("at most 0"),
+                "initial_accumulator_value" if kind == "ftrl" => {
+                    (f <= 0.0).then_some("above 0 (FTRL divides by its power)")
+                }
+                "initial_accumulator_value"
+                | "l1"
+                | "l2"
+                | "l2_shrinkage"
+                | "beta"
+                | "epsilon"
+                | "weight_decay"
+                | "momentum" => (f < 0.0).then_some("at least 0"),
+                "beta1" | "beta2" | "rho" => (!(0.0..1.0).contains(&f)).then_some("in [0, 1)"),
+                _ => None,
+            };
+            if let Some(range) = bad {
+                return self.error(
+                    Diag::new(
+                        Code::StaticEvalError,
+                        self.site(s),
+                        format!("`{k}` of `{name}` must be {range}"),
+                    )
+                    .label(format!("{f}"))
+                    .help(format!("give `{k}` a value {range}")),
+                );
+            }
+            hyper.push((k, f));
         }
-        let kind = match name {
-            "sgd" => "sgd",
-            "momentum" => "momentum",
-            "adam" => "adam",
-            "adamw" => "adamw",
-            _ => "rmsprop",
-        };
+        let mut decay_exclude = Vec::new();
+        if kind == "adamw" {
+            let (v, s) = a.get("exclude_from_weight_decay");
+            let Value::List(xs) = &v else {
+                return self.expected("a list of name patterns", &v, s);
+            };
+            for x in xs.iter() {
+                match x {
+                    Value::Str(p) => decay_exclude.push(p.to_string()),
+                    other => return self.expected("a name pattern (a string)", other, s),
+                }
+            }
+        }
         Value::Optimizer(Rc::new(OptimizerVal {
             kind,
             lr,
             hyper,
             clip_global_norm: None,
+            decay_exclude,
             span: self.site(a.call),
         }))
     }

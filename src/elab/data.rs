@@ -231,13 +231,21 @@ impl Dataset {
     }
 
     /// Whether the dataset repeats forever.
+    /// Whether the stream never ends: an endless `repeat` (or `synthetic`) that no
+    /// later `take` cuts short.
     pub fn repeats_forever(&self) -> bool {
-        self.stages.iter().any(|s| {
+        let endless = |s: &Stage| {
             matches!(
                 s.kind,
                 StageKind::Repeat { count: None } | StageKind::Synthetic { count: None, .. }
             )
-        })
+        };
+        match self.stages.iter().rposition(endless) {
+            Some(i) => !self.stages[i..]
+                .iter()
+                .any(|s| matches!(s.kind, StageKind::Take { .. })),
+            None => false,
+        }
     }
 
     pub fn shuffles(&self) -> impl Iterator<Item = &Stage> {

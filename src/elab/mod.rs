@@ -66,6 +66,8 @@ pub(crate) struct Elab<'p> {
     variables: FxHashMap<String, NodeIndex>,
     /// Pending assignments to non-trainable variables (batch-norm moving averages).
     pub updates: Vec<(String, NodeIndex)>,
+    /// The penalties of regularised variables: (variable, l1, l2).
+    pub regularizers: Vec<(NodeIndex, f64, f64)>,
     random_count: u64,
     /// Set once unbounded recursion has been reported, so it is reported once.
     recursion_reported: bool,
@@ -97,6 +99,7 @@ impl<'p> Elab<'p> {
             name_counts: FxHashMap::default(),
             variables: FxHashMap::default(),
             updates: Vec::new(),
+            regularizers: Vec::new(),
             random_count: 0,
             recursion_reported: false,
             steps: 0,

@@ -5,7 +5,9 @@ use super::data::Elem;
 use super::value::{MetricVal, OptimizerVal, Value};
 use super::Elab;
 use crate::diag::{Code, Diag};
-use crate::ir::{Metric, NodeIndex, Op, Optimizer, Output, Role, TensorType};
+use crate::ir::{
+    BinaryOp, Metric, NodeIndex, Op, Optimizer, Output, ReduceOp, Role, TensorType, UnaryOp,
+};
 use crate::program::ModId;
 use crate::span::Span;
 use crate::syntax::ast::*;
@@ -471,12 +473,80 @@ impl<'p> Elab<'p> {
         self.graph.ty(first).shape.first().copied()
     }
 
+    /// The penalties of the regularised variables (`kernel_regularizer: l2(...)`)
+    /// added to `loss`, as Keras adds its layers' losses; their sum is the summary
+    /// `regularization_loss` of a train graph.
+    fn regularized(&mut self, loss: NodeIndex, span: Span) -> NodeIndex {
+        let regs = std::mem::take(&mut self.regularizers);
+        if regs.is_empty() {
+            return loss;
+        }
+        let dt = self.graph.ty(loss).dtype;
+        let site = self.site(span);
+        let mut total: Option<NodeIndex> = None;
+        for (w, l1, l2) in regs {
+            let wt = self.graph.ty(w).clone();
+            let axes: Vec<usize> = (0..wt.rank()).collect();
+            for (factor, op) in [(l1, UnaryOp::Abs), (l2, UnaryOp::Square)] {
+                if factor == 0.0 {
+                    continue;
+                }
+                let u = self.graph.add(Op::Unary(op), &[w], wt.clone(), site);
+                let s = self.graph.add(
+                    Op::Reduce {
+                        op: ReduceOp::Sum,
+                        axes: axes.clone(),
+                        keep_dims: false,
+                    },
+                    &[u],
+                    TensorType::scalar(wt.dtype),
+                    site,
+                );
+                let s = if wt.dtype == dt {
+                    s
+                } else {
+                    self.graph.add(Op::Cast, &[s], TensorType::scalar(dt), site)
+                };
+                let f = self.constant(factor, dt, span);
+                let p = self.graph.add(
+                    Op::Binary(BinaryOp::Mul),
+                    &[s, f],
+                    TensorType::scalar(dt),
+                    site,
+                );
+                total = Some(match total {
+                    Some(t) => self.graph.add(
+                        Op::Binary(BinaryOp::Add),
+                        &[t, p],
+                        TensorType::scalar(dt),
+                        site,
+                    ),
+                    None => p,
+                });
+            }
+        }
+        let Some(reg) = total else { return loss };
+        if self.mode == SectionKind::Train {
+            self.graph.outputs.push(Output {
+                name: "regularization_loss".into(),
+                role: Role::Summary,
+                node: reg,
+            });
+        }
+        self.graph.add(
+            Op::Binary(BinaryOp::Add),
+            &[loss, reg],
+            TensorType::scalar(dt),
+            site,
+        )
+    }
+
     fn loss_node(&mut self, loss: Value<'p>, span: Span) -> Option<NodeIndex> {
         match loss {
             Value::Tensor(n) => {
                 let ty = self.graph.ty(n).clone();
                 if ty.rank() == 0 && ty.dtype.is_float() {
-                    return Some(n);
+                    return Some(self.regularized(n, span));
                 }
                 self.diags.push(
                     Diag::new(Code::InvalidModel, span, format!("the loss must be a scalar float, this is {ty}"))
@@ -505,7 +575,7 @@ impl<'p> Elab<'p> {
                         format!("expected an optimizer, found {}", other.kind()),
                     )
                     .label(other.kind())
-                    .help("use one of std.optim's: sgd, momentum, adam, adamw, rmsprop"),
+                    .help("use one of std.optim's: sgd, momentum, adam, adamw, rmsprop, adagrad, ftrl, tf_rmsprop, tf_adam"),
                 );
                 return;
             }
@@ -530,6 +600,7 @@ impl<'p> Elab<'p> {
             kind: o.kind.to_string(),
             hyper: o.hyper.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             clip_global_norm: o.clip_global_norm,
+            decay_exclude: o.decay_exclude.clone(),
             span: o.span,
         });
     }

@@ -81,6 +81,7 @@ pub struct OptimizerVal<'p> {
     pub lr: Value<'p>,
     pub hyper: Vec<(&'static str, f64)>,
     pub clip_global_norm: Option<f64>,
+    pub decay_exclude: Vec<String>,
     pub span: Span,
 }
 

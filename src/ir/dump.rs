@@ -22,6 +22,7 @@ fn role_name(r: &Role) -> &'static str {
         Role::Element => "element",
         Role::NextStep => "next_step",
         Role::Gradient => "gradient",
+        Role::Summary => "summary",
     }
 }
 

@@ -37,6 +37,9 @@ pub enum Role {
     /// The gradient of a trainable variable, averaged over shards (named by the
     /// variable; made by autodiff, so that the runtime can check it is finite).
     Gradient,
+    /// A value written to TensorBoard with the train summaries (named by its tag):
+    /// the regularisation loss.
+    Summary,
 }
 
 #[derive(Debug, Clone)]
@@ -62,7 +65,28 @@ pub struct Optimizer {
     pub kind: String,
     pub hyper: Vec<(String, f64)>,
     pub clip_global_norm: Option<f64>,
+    /// Name patterns of the variables a decoupled weight decay skips (`adamw`'s
+    /// `exclude_from_weight_decay`; see `name_matches`).
+    pub decay_exclude: Vec<String>,
     pub span: Span,
+}
+
+/// Whether a variable's name matches a pattern: the name contains the pattern, where a
+/// `*` in it stands for any characters (`"bias"` matches `dense_1/bias`, `"dense*/kernel"`
+/// matches `block/dense_2/kernel`), as BERT's `re.search` of plain words does.
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut at) = name.find(first).map(|i| i + first.len()) else {
+        return false;
+    };
+    for p in parts {
+        match name[at..].find(p) {
+            Some(i) => at += i + p.len(),
+            None => return false,
+        }
+    }
+    true
 }
 
 #[derive(Debug, Clone, Default)]

@@ -10,11 +10,13 @@ mod op;
 mod types;
 
 pub use dump::{dump_dot, dump_text};
-pub use graph::{BatchMask, Graph, Metric, Node, Operands, Optimizer, Output, Role, MASK_INPUT};
+pub use graph::{
+    name_matches, BatchMask, Graph, Metric, Node, Operands, Optimizer, Output, Role, MASK_INPUT,
+};
 pub use infer::{arity, infer, window_out, window_pad, InferError};
 pub use op::{
-    fmt_f64, padding_name, BinaryOp, Conv, Distribution, FanMode, Init, Op, Padding, Pool, ReduceOp,
-    UnaryOp,
+    fmt_f64, padding_name, BinaryOp, Conv, Distribution, FanMode, Init, Op, Padding, Pool,
+    ReduceOp, UnaryOp,
 };
 pub use petgraph::stable_graph::NodeIndex;
 pub use types::{broadcast, DType, Shape, TensorType};

@@ -219,15 +219,24 @@ pub enum Padding {
 pub enum Init {
     Zeros,
     Ones,
-    Constant { bits: u32 },
+    Constant {
+        bits: u32,
+    },
     GlorotUniform,
     GlorotNormal,
     HeUniform,
     HeNormal,
     LecunNormal,
-    Uniform { lo_bits: u32, hi_bits: u32 },
-    Normal { stddev_bits: u32 },
-    TruncatedNormal { stddev_bits: u32 },
+    Uniform {
+        lo_bits: u32,
+        hi_bits: u32,
+    },
+    Normal {
+        stddev_bits: u32,
+    },
+    TruncatedNormal {
+        stddev_bits: u32,
+    },
     /// Keras's `VarianceScaling`: variance `scale / n` for `n` the fan of `mode`.
     VarianceScaling {
         scale_bits: u32,
@@ -236,7 +245,9 @@ pub enum Init {
     },
     /// Keras's `Orthogonal`: the kernel, flattened to `[fan, units]`, an orthogonal
     /// matrix (of a normal one's QR decomposition) times `gain`.
-    Orthogonal { gain_bits: u32 },
+    Orthogonal {
+        gain_bits: u32,
+    },
 }
 
 /// Which fan a variance-scaling initialiser divides by.

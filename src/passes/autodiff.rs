@@ -19,8 +19,8 @@
 use super::PassCtx;
 use crate::diag::{Code, Diag, Diags};
 use crate::ir::{
-    infer, BinaryOp, DType, Graph, Init, Op, Optimizer, Output, ReduceOp, Role, Shape, TensorType,
-    UnaryOp,
+    infer, name_matches, BinaryOp, DType, Graph, Init, Op, Optimizer, Output, ReduceOp, Role,
+    Shape, TensorType, UnaryOp,
 };
 use crate::span::Span;
 use petgraph::stable_graph::NodeIndex;
@@ -686,10 +686,11 @@ impl Ad<'_> {
                     let t = self.bin(BinaryOp::Mul, step_dir, lr_v, sp);
                     self.bin(BinaryOp::Sub, v, t, sp)
                 }
-                "adam" | "adamw" => {
+                "adam" | "adamw" | "tf_adam" => {
                     let (b1, b2) = (hyper("beta1", 0.9), hyper("beta2", 0.999));
                     let eps = hyper("epsilon", 1e-7);
-                    let w = if opt.kind == "adamw" {
+                    let decays = !opt.decay_exclude.iter().any(|p| name_matches(p, &name));
+                    let w = if opt.kind == "adamw" && decays {
                         let wd = hyper("weight_decay", 0.01);
                         // w * (1 - lr * wd), as PyTorch's AdamW
                         let kwd = k(self, wd);
@@ -731,14 +732,33 @@ impl Ad<'_> {
                             c
                         }
                     };
-                    let mh = self.bin(BinaryOp::Div, nm, c1, sp);
-                    let vh = self.bin(BinaryOp::Div, ns, c2, sp);
-                    let r = self.un(UnaryOp::Sqrt, vh, sp);
                     let keps = k(self, eps);
-                    let den = self.bin(BinaryOp::Add, r, keps, sp);
-                    let q = self.bin(BinaryOp::Div, mh, den, sp);
-                    let t = self.bin(BinaryOp::Mul, q, lr_v, sp);
-                    self.bin(BinaryOp::Sub, w, t, sp)
+                    if opt.kind == "tf_adam" {
+                        // epsilon-hat: lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
+                        let r2 = self.un(UnaryOp::Sqrt, c2, sp);
+                        let f = self.bin(BinaryOp::Div, r2, c1, sp);
+                        let rate = self.bin(BinaryOp::Mul, lr_v, f, sp);
+                        let r = self.un(UnaryOp::Sqrt, ns, sp);
+                        let den = self.bin(BinaryOp::Add, r, keps, sp);
+                        let q = self.bin(BinaryOp::Div, nm, den, sp);
+                        let t = self.bin(BinaryOp::Mul, q, rate, sp);
+                        self.bin(BinaryOp::Sub, w, t, sp)
+                    } else {
+                        // without bias correction (BERT's AdamWeightDecay), m and v as they are
+                        let (mh, vh) = if hyper("bias_correction", 1.0) != 0.0 {
+                            (
+                                self.bin(BinaryOp::Div, nm, c1, sp),
+                                self.bin(BinaryOp::Div, ns, c2, sp),
+                            )
+                        } else {
+                            (nm, ns)
+                        };
+                        let r = self.un(UnaryOp::Sqrt, vh, sp);
+                        let den = self.bin(BinaryOp::Add, r, keps, sp);
+                        let q = self.bin(BinaryOp::Div, mh, den, sp);
+                        let t = self.bin(BinaryOp::Mul, q, lr_v, sp);
+                        self.bin(BinaryOp::Sub, w, t, sp)
+                    }
                 }
                 "rmsprop" => {
                     let rho = hyper("rho", 0.9);
@@ -769,6 +789,52 @@ impl Ad<'_> {
                     let t = self.bin(BinaryOp::Mul, dir, lr_v, sp);
                     self.bin(BinaryOp::Sub, v, t, sp)
                 }
+                "tf_rmsprop" => {
+                    // TF1: ms from 1, mom = momentum mom + lr g / sqrt(ms + eps), w -= mom
+                    let rho = hyper("rho", 0.9);
+                    let mom = hyper("momentum", 0.0);
+                    let eps = hyper("epsilon", 1e-10);
+                    let ms = self.slot_from(&name, "rms", &vt, Init::Ones, sp);
+                    let krho = k(self, rho);
+                    let k1rho = k(self, 1.0 - rho);
+                    let g2 = self.un(UnaryOp::Square, grad, sp);
+                    let t0 = self.bin(BinaryOp::Mul, ms, krho, sp);
+                    let t1 = self.bin(BinaryOp::Mul, g2, k1rho, sp);
+                    let nms = self.bin(BinaryOp::Add, t0, t1, sp);
+                    updates.push((format!("{name}/rms"), nms));
+                    let keps = k(self, eps);
+                    let d = self.bin(BinaryOp::Add, nms, keps, sp);
+                    let r = self.un(UnaryOp::Sqrt, d, sp);
+                    let q = self.bin(BinaryOp::Div, grad, r, sp);
+                    let q = self.bin(BinaryOp::Mul, q, lr_v, sp);
+                    let dir = if mom > 0.0 {
+                        let buf = self.slot(&name, "momentum", &vt, sp);
+                        let km = k(self, mom);
+                        let t = self.bin(BinaryOp::Mul, buf, km, sp);
+                        let nb = self.bin(BinaryOp::Add, t, q, sp);
+                        updates.push((format!("{name}/momentum"), nb));
+                        nb
+                    } else {
+                        q
+                    };
+                    self.bin(BinaryOp::Sub, v, dir, sp)
+                }
+                "adagrad" => {
+                    // acc += g^2; w -= lr g / sqrt(acc + eps)
+                    let init = hyper("initial_accumulator_value", 0.1);
+                    let eps = hyper("epsilon", 1e-7);
+                    let acc = self.slot_from(&name, "accumulator", &vt, constant(init), sp);
+                    let g2 = self.un(UnaryOp::Square, grad, sp);
+                    let na = self.bin(BinaryOp::Add, acc, g2, sp);
+                    updates.push((format!("{name}/accumulator"), na));
+                    let keps = k(self, eps);
+                    let d = self.bin(BinaryOp::Add, na, keps, sp);
+                    let r = self.un(UnaryOp::Sqrt, d, sp);
+                    let q = self.bin(BinaryOp::Div, grad, r, sp);
+                    let t = self.bin(BinaryOp::Mul, q, lr_v, sp);
+                    self.bin(BinaryOp::Sub, v, t, sp)
+                }
+                "ftrl" => self.ftrl(&name, v, grad, lr_v, &hyper, &mut updates, sp),
                 _ => {
                     let t = self.bin(BinaryOp::Mul, grad, lr_v, sp);
                     self.bin(BinaryOp::Sub, v, t, sp)
@@ -797,6 +863,70 @@ impl Ad<'_> {
         });
     }
 
+    /// FTRL-Proximal's update of variable `v` (TensorFlow's `ApplyFtrlV2`, as Keras
+    /// writes it): the new weight, with the accumulator and linear slots' updates
+    /// pushed to `updates`.
+    #[allow(clippy::too_many_arguments)]
+    fn ftrl(
+        &mut self,
+        name: &str,
+        v: NodeIndex,
+        grad: NodeIndex,
+        lr: NodeIndex,
+        hyper: &dyn Fn(&str, f64) -> f64,
+        updates: &mut Vec<(String, NodeIndex)>,
+        sp: Span,
+    ) -> NodeIndex {
+        let vt = self.ty(v);
+        let dt = vt.dtype;
+        let k = |ad: &mut Self, x: f64| ad.konst(x, dt, sp);
+        let power = hyper("learning_rate_power", -0.5);
+        let (l1, l2) = (hyper("l1", 0.0), hyper("l2", 0.0));
+        let (shrink, beta) = (hyper("l2_shrinkage", 0.0), hyper("beta", 0.0));
+        let init = hyper("initial_accumulator_value", 0.1);
+        let acc = self.slot_from(name, "accumulator", &vt, constant(init), sp);
+        let linear = self.slot(name, "linear", &vt, sp);
+        // the gradient with shrinkage, g + 2 shrink w, feeds the linear term only
+        let g_lin = if shrink > 0.0 {
+            let ks = k(self, 2.0 * shrink);
+            let t = self.bin(BinaryOp::Mul, v, ks, sp);
+            self.bin(BinaryOp::Add, grad, t, sp)
+        } else {
+            grad
+        };
+        let g2 = self.un(UnaryOp::Square, grad, sp);
+        let na = self.bin(BinaryOp::Add, acc, g2, sp);
+        let kp = k(self, -power);
+        let pn = self.bin(BinaryOp::Pow, na, kp, sp);
+        let po = self.bin(BinaryOp::Pow, acc, kp, sp);
+        // sigma = (na^-p - acc^-p) / lr; linear += g_lin - sigma w
+        let dp = self.bin(BinaryOp::Sub, pn, po, sp);
+        let sigma = self.bin(BinaryOp::Div, dp, lr, sp);
+        let sw = self.bin(BinaryOp::Mul, sigma, v, sp);
+        let t = self.bin(BinaryOp::Sub, g_lin, sw, sp);
+        let nl = self.bin(BinaryOp::Add, linear, t, sp);
+        // quadratic = na^-p / lr + 2 (l2 + beta / (2 lr))
+        let q0 = self.bin(BinaryOp::Div, pn, lr, sp);
+        let kl2 = k(self, 2.0 * l2);
+        let q1 = self.bin(BinaryOp::Add, q0, kl2, sp);
+        let quad = if beta > 0.0 {
+            let kb = k(self, beta);
+            let b = self.bin(BinaryOp::Div, kb, lr, sp);
+            self.bin(BinaryOp::Add, q1, b, sp)
+        } else {
+            q1
+        };
+        // w = (clip(linear, -l1, l1) - linear) / quadratic: 0 where |linear| <= l1
+        let kl1 = k(self, l1);
+        let kml1 = k(self, -l1);
+        let c = self.bin(BinaryOp::Min, nl, kl1, sp);
+        let c = self.bin(BinaryOp::Max, c, kml1, sp);
+        let num = self.bin(BinaryOp::Sub, c, nl, sp);
+        updates.push((format!("{name}/accumulator"), na));
+        updates.push((format!("{name}/linear"), nl));
+        self.bin(BinaryOp::Div, num, quad, sp)
+    }
+
     /// 1 - beta^t, as an f32 scalar.
     fn bias_correction(&mut self, beta: f64, t: NodeIndex, sp: Span) -> NodeIndex {
         let kb = self.konst(beta, DType::F32, sp);
@@ -819,16 +949,35 @@ impl Ad<'_> {
 
     /// A slot variable of the optimiser (zeros, not trainable), `<var>/<slot>`.
     fn slot(&mut self, var: &str, slot: &str, ty: &TensorType, sp: Span) -> NodeIndex {
+        self.slot_from(var, slot, ty, Init::Zeros, sp)
+    }
+
+    /// A slot variable starting at `init`.
+    fn slot_from(
+        &mut self,
+        var: &str,
+        slot: &str,
+        ty: &TensorType,
+        init: Init,
+        sp: Span,
+    ) -> NodeIndex {
         self.g.add(
             Op::Variable {
                 name: format!("{var}/{slot}"),
-                init: Init::Zeros,
+                init,
                 trainable: false,
             },
             &[],
             ty.clone(),
             sp,
         )
+    }
+}
+
+/// A constant initialiser of `x`.
+fn constant(x: f64) -> Init {
+    Init::Constant {
+        bits: (x as f32).to_bits(),
     }
 }
 

@@ -30,7 +30,7 @@ use crate::diag::{Code, Diag};
 use crate::elab::data::Dataset;
 use crate::elab::{Compiled, EstimatorInfo, Target};
 use crate::hash::{fnv1a, FNV_OFFSET};
-use crate::ir::{Graph, NodeIndex, Op, TensorType};
+use crate::ir::{Graph, NodeIndex, Op, Role, TensorType};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;
 use crate::tensor::Tensor;
@@ -599,6 +599,45 @@ impl Estimator {
         names.iter().cloned().zip(batch).collect()
     }
 
+    /// The train graph's summaries (`Role::Summary`: the regularisation loss) on one
+    /// batch, before the step that batch feeds, as TensorFlow computes them with the
+    /// step: by the device, or on the wafer by the interpreter from the variables the
+    /// wafer holds (its layouts are of whole train steps).
+    fn train_summaries(&mut self, c: &Arc<Compiled>, feeds: &Feeds) -> Res<Vec<(String, f32)>> {
+        let outs: Vec<(String, NodeIndex)> = c.graph.outputs_with(Role::Summary);
+        if outs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
+        let ctx = StepCtx {
+            step: self.step,
+            seed: self.seed,
+        };
+        let at = self.info.span;
+        let values = if self.target == Target::Wafer {
+            let mut interp: Box<dyn Device> = Box::new(crate::backend::interp::Device::default());
+            interp
+                .bind(self.variables())
+                .map_err(|m| Diag::new(Code::RunFailed, at, m))?;
+            let exe = interp.compile_run(c.graph.clone(), targets, at)?;
+            interp.run(exe, feeds.clone(), ctx, 0)
+        } else {
+            let exe = self.run_exe(c, SectionKind::Train, &targets)?;
+            self.dev()?.device.run(exe, feeds.clone(), ctx, 0)
+        }
+        .map_err(|e| {
+            run_diag(
+                e,
+                &format!("the summaries at global step {}", self.step + 1),
+            )
+        })?;
+        Ok(outs
+            .into_iter()
+            .zip(values)
+            .map(|((name, _), t)| (name, t.scalar() as f32))
+            .collect())
+    }
+
     /// Pulls one batch per shard; `None` when the input has ended.
     fn next_batches(
         &mut self,
@@ -656,6 +695,8 @@ impl Estimator {
         let mut lr = 0.0;
         let mut stopped = None;
         let ipl = cfg.iterations_per_loop.max(1);
+        let crossed = |every: i64, from: i64, to: i64| every > 0 && to / every > from / every;
+        let mut extra: Vec<(String, f32)> = Vec::new();
         while self.step < last && stopped.is_none() {
             // One loop: up to `iterations_per_loop` steps without a round trip.
             let loop_end = self.step.saturating_add(ipl).min(last);
@@ -674,6 +715,14 @@ impl Estimator {
                     ));
                     break;
                 };
+                // the summaries of the loop's last step, when it writes them
+                let step_end = self.step + 1;
+                if step_end == loop_end
+                    && (crossed(cfg.save_summary_steps, loop_start, step_end) || step_end == last)
+                {
+                    let feeds = Self::feeds(&names, batches[0].clone());
+                    extra = self.train_summaries(&c, &feeds)?;
+                }
                 let (loss, rate) = match self.train_step(exe, &names, batches) {
                     Ok(x) => x,
                     // Bad data in a batch (a label out of range, an index a gather
@@ -714,7 +763,6 @@ impl Estimator {
             let secs = loop_t.elapsed().as_secs_f64().max(1e-9);
             let rate = (self.step - loop_start) as f64 / secs;
             loop_t = Instant::now();
-            let crossed = |every: i64, from: i64, to: i64| every > 0 && to / every > from / every;
             if crossed(cfg.save_summary_steps, loop_start, self.step) || self.step == last {
                 let w = match &mut summaries {
                     Some(w) => w,
@@ -734,15 +782,14 @@ impl Estimator {
                         summaries.insert(w)
                     }
                 };
-                w.scalars(
-                    self.step,
-                    &[
-                        ("loss", final_loss as f32),
-                        ("learning_rate", lr as f32),
-                        ("global_step/sec", rate as f32),
-                    ],
-                )
-                .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
+                let mut scalars = vec![
+                    ("loss", final_loss as f32),
+                    ("learning_rate", lr as f32),
+                    ("global_step/sec", rate as f32),
+                ];
+                scalars.extend(extra.iter().map(|(k, v)| (k.as_str(), *v)));
+                w.scalars(self.step, &scalars)
+                    .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
             }
             let at_end = self.step >= last || stopped.is_some();
             if (crossed(cfg.save_checkpoint_steps, loop_start, self.step) || at_end)

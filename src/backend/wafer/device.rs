@@ -578,9 +578,14 @@ impl backend::Device for Device {
             update_discarding(e, &self.vars);
             return Err(err);
         }
-        let loss = read(e, &kept(e, spec.loss), spec.loss)
-            .map(|t| t.scalar())
-            .unwrap_or(f64::NAN);
+        let loss = match read(e, &kept(e, spec.loss), spec.loss) {
+            Some(t) => t.scalar(),
+            // a loss the PEs do not hold (a mean plus a regularisation penalty): the
+            // host computes it from the batch sums and the variables before the step
+            None => epilogue(e, spec.loss, &batches[0], &self.vars, ctx)
+                .map_err(run)?
+                .scalar(),
+        };
         // a failed mix or update leaves the PEs' variables unlike the device's
         let mixed = mix(e, &self.vars, ctx).and_then(|h| update(e).map(|_| h));
         let mut hosts = mixed.map_err(|err| {
