@@ -207,3 +207,80 @@ fn trainable_variables_name_the_kernels_a_decay_is_written_over() {
         }
     }
 }
+
+/// Wide & deep: the linear part trained by FTRL, the deep part by Adagrad, one loss.
+fn wide_and_deep(train: &str) -> String {
+    format!(
+        r#"
+use std.nn.dense
+use std.losses.sigmoid_cross_entropy
+
+input d() {{
+  range(64)
+    |> map |i| ({{ wide: broadcast_to(cast(i % 5, f32) / 5.0, [6]), deep: broadcast_to(cast(i % 3, f32), [4]) }}, cast(i % 2, f32))
+    |> repeat
+    |> batch(8, drop_remainder: true)
+}}
+
+fn linear(x) {{ dense(x, 1) }}
+
+model m(features: {{ wide: f32[B, 6], deep: f32[B, 4] }}, labels: f32[B]) {{
+  let wide = linear(features.wide)
+  let h = dense(features.deep, 8, activation: relu)
+  let logits = reshape(wide + dense(h, 1), [B])
+  let loss = sigmoid_cross_entropy(labels, logits)
+  train {{ {train} }}
+}}
+
+estimator e {{ model = m  train_input = d()  config {{ random_seed = 1 }} }}
+"#
+    )
+}
+
+/// Several `minimize` clauses over disjoint variables: after one step from the same
+/// weights, each group's variables are what its optimiser alone makes of them (the
+/// gradients of the first step do not depend on the other group's rule), on every
+/// target; and the same optimiser twice over a partition is that optimiser once.
+#[test]
+fn each_minimize_trains_its_own_variables() {
+    let split = wide_and_deep(
+        "minimize loss with ftrl(lr: 0.1, l1: 0.01) |> only(trainable_variables(\"linear\"))\n    minimize loss with adagrad(lr: 0.05)",
+    );
+    let ftrl = wide_and_deep("minimize loss with ftrl(lr: 0.1, l1: 0.01)");
+    let adagrad = wide_and_deep("minimize loss with adagrad(lr: 0.05)");
+    let sgd_twice = wide_and_deep(
+        "minimize loss with sgd(lr: 0.1) |> only(trainable_variables(\"linear\"))\n    minimize loss with sgd(lr: 0.1)",
+    );
+    let sgd = wide_and_deep("minimize loss with sgd(lr: 0.1)");
+    let step = |src: &str, target: Target, tag: &str, steps: u64| {
+        let (mut e, _) = estimator(src, target, tag);
+        e.train(Steps::Max(steps)).unwrap();
+        e.variables()
+    };
+    for target in targets() {
+        let got = step(&split, target, "split", 1);
+        let (f, a) = (
+            step(&ftrl, target, "ftrl", 1),
+            step(&adagrad, target, "adagrad", 1),
+        );
+        for (name, t) in &got {
+            let want = if name.starts_with("linear/") { &f } else { &a };
+            let (x, y) = (t.to_f64(), want[name].to_f64());
+            for (p, q) in x.iter().zip(&y) {
+                assert!(close(*p, *q), "{target:?}: {name} {p} against {q}");
+            }
+        }
+        // the groups' slots: FTRL's accumulator and linear for the linear part only
+        assert!(got.contains_key("linear/dense/kernel/linear"));
+        assert!(!got.contains_key("dense/kernel/linear"));
+        assert!(got.contains_key("dense/kernel/accumulator"));
+        let d = common::worst(
+            &step(&sgd_twice, target, "sgd-twice", 5),
+            &step(&sgd, target, "sgd", 5),
+        );
+        assert!(
+            d <= 1e-6,
+            "{target:?}: sgd over a partition differs by {d:e}"
+        );
+    }
+}

@@ -106,6 +106,7 @@ impl<'p> Elab<'p> {
             "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" | "adagrad" | "ftrl"
             | "tf_rmsprop" | "tf_adam" => self.b_optimizer(name, &a),
             "clip_by_global_norm" => self.b_clip(&a),
+            "only" => self.b_only(&a),
             "accuracy"
             | "mean"
             | "precision"
@@ -1380,8 +1381,63 @@ impl<'p> Elab<'p> {
             hyper,
             clip_global_norm: None,
             decay_exclude,
+            variables: None,
             span: self.site(a.call),
         }))
+    }
+
+    /// `only(optimizer, variables)`: the optimiser, updating these variables alone.
+    fn b_only(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (v, s) = a.get("optimizer");
+        let Value::Optimizer(o) = v else {
+            return self.expected("an optimizer", &v, s);
+        };
+        let (vs, ss) = a.get("variables");
+        let Value::List(xs) = &vs else {
+            return self.expected(
+                "a list of variables (`trainable_variables(\"linear\")`)",
+                &vs,
+                ss,
+            );
+        };
+        let mut names = Vec::new();
+        for x in xs.iter() {
+            match x {
+                Value::Tensor(n) => match &self.graph.node(*n).op {
+                    Op::Variable {
+                        name,
+                        trainable: true,
+                        ..
+                    } => names.push(name.clone()),
+                    _ => {
+                        return self.error(
+                            Diag::new(
+                                Code::TypeMismatch,
+                                self.site(ss),
+                                "`only` takes trainable variables",
+                            )
+                            .label(format!(
+                                "this list holds a {} that is not one",
+                                self.graph.node(*n).op.name()
+                            ))
+                            .help("list variables, e.g. `trainable_variables(\"linear\")`"),
+                        )
+                    }
+                },
+                Value::Error => return Value::Error,
+                other => return self.expected("a variable", &other.clone(), ss),
+            }
+        }
+        if names.is_empty() {
+            return self.error(
+                Diag::new(Code::InvalidModel, self.site(ss), "`only` names no variable")
+                    .label("an empty list")
+                    .help("check the filter of `trainable_variables`: it must match the names of variables made before it"),
+            );
+        }
+        let mut o = (*o).clone();
+        o.variables = Some((names, self.site(ss)));
+        Value::Optimizer(Rc::new(o))
     }
 
     fn b_clip(&mut self, a: &Args<'p>) -> Value<'p> {

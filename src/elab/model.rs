@@ -17,7 +17,8 @@ use std::rc::Rc;
 /// What the sections of a model produced in one mode.
 #[derive(Default)]
 struct Sections<'p> {
-    minimize: Option<(Value<'p>, Span, Value<'p>, Span)>,
+    /// Each `minimize`: the loss, the optimiser and their spans.
+    minimize: Vec<(Value<'p>, Span, Value<'p>, Span)>,
     metrics: Vec<(String, Value<'p>, Span)>,
     predictions: Vec<(String, Value<'p>, Span)>,
     has_predict: bool,
@@ -361,16 +362,7 @@ impl<'p> Elab<'p> {
                     } else {
                         self.expr(optimizer)
                     };
-                    if let Some((_, prev, _, _)) = &out.minimize {
-                        self.diags.push(
-                            Diag::new(Code::InvalidModel, s.span, "a second `minimize`")
-                                .label("second")
-                                .with(*prev, "first")
-                                .help("a model minimizes one loss; add losses together to train on several"),
-                        );
-                        continue;
-                    }
-                    out.minimize = Some((l, loss.span, o, optimizer.span));
+                    out.minimize.push((l, loss.span, o, optimizer.span));
                 }
                 StmtKind::Metric { name, value } if kind != SectionKind::Predict => {
                     if loss_only {
@@ -404,18 +396,8 @@ impl<'p> Elab<'p> {
     fn finish(&mut self, s: Sections<'p>, f: &'p FnItem, model_span: Span) {
         match self.mode {
             SectionKind::Train => {
-                match s.minimize {
-                    Some((loss, ls, opt, os)) => {
-                        if let Some(l) = self.loss_node(loss, ls) {
-                            self.graph.outputs.push(Output {
-                                name: "loss".into(),
-                                role: Role::Loss,
-                                node: l,
-                            });
-                        }
-                        self.optimizer(opt, os);
-                    }
-                    None => self.diags.push(
+                if s.minimize.is_empty() {
+                    self.diags.push(
                         Diag::new(
                             Code::InvalidModel,
                             model_span,
@@ -423,8 +405,9 @@ impl<'p> Elab<'p> {
                         )
                         .label("no `minimize` in a train section")
                         .help("add `train { minimize loss with sgd(lr: 0.01) }`"),
-                    ),
+                    );
                 }
+                self.minimize_all(s.minimize);
                 if self.target == super::Target::Wafer {
                     for (name, _, span) in &s.metrics {
                         self.diags.push(
@@ -444,7 +427,8 @@ impl<'p> Elab<'p> {
                 }
             }
             SectionKind::Eval => {
-                if let Some((loss, ls, _, _)) = s.minimize {
+                // the loss evaluated is the first `minimize`'s
+                if let Some((loss, ls, _, _)) = s.minimize.into_iter().next() {
                     if let Some(l) = self.loss_node(loss, ls) {
                         self.graph.outputs.push(Output {
                             name: "loss".into(),
@@ -526,7 +510,12 @@ impl<'p> Elab<'p> {
             }
         }
         let Some(reg) = total else { return loss };
-        if self.mode == SectionKind::Train {
+        let named = self
+            .graph
+            .outputs
+            .iter()
+            .any(|o| o.name == "regularization_loss");
+        if self.mode == SectionKind::Train && !named {
             self.graph.outputs.push(Output {
                 name: "regularization_loss".into(),
                 role: Role::Summary,
@@ -563,10 +552,91 @@ impl<'p> Elab<'p> {
         }
     }
 
-    fn optimizer(&mut self, opt: Value<'p>, span: Span) {
+    /// The train graph's losses and optimisers, one per `minimize`: the first's loss
+    /// and learning rate are the outputs `loss` and `learning_rate`, the k-th's (when
+    /// it minimises another loss) `loss/k` and `learning_rate/k`. Each optimiser
+    /// updates the variables its `only(...)` names, or, for one without, those no other
+    /// names; no variable may be in two groups.
+    fn minimize_all(&mut self, clauses: Vec<(Value<'p>, Span, Value<'p>, Span)>) {
+        // (the loss as written, and its output's name)
+        let mut losses: Vec<(NodeIndex, String)> = Vec::new();
+        let mut claimed: FxHashMap<String, Span> = FxHashMap::default();
+        let mut open: Option<Span> = None;
+        let regs = self.regularizers.clone();
+        for (k, (loss, ls, opt, os)) in clauses.into_iter().enumerate() {
+            let suffix = if k == 0 {
+                String::new()
+            } else {
+                format!("/{k}")
+            };
+            let written = match &loss {
+                Value::Tensor(n) => Some(*n),
+                _ => None,
+            };
+            let seen = losses
+                .iter()
+                .find(|x| Some(x.0) == written)
+                .map(|x| x.1.clone());
+            let loss_name = match seen {
+                Some(name) => name,
+                None => {
+                    // each loss gets the penalties (a variable's counts for its group)
+                    self.regularizers = regs.clone();
+                    let Some(l) = self.loss_node(loss, ls) else {
+                        continue;
+                    };
+                    let name = format!("loss{suffix}");
+                    self.graph.outputs.push(Output {
+                        name: name.clone(),
+                        role: Role::Loss,
+                        node: l,
+                    });
+                    losses.push((written.unwrap_or(l), name.clone()));
+                    name
+                }
+            };
+            let Some(o) = self.optimizer(opt, os, &suffix, loss_name) else {
+                continue;
+            };
+            match &o.variables {
+                Some(vars) => {
+                    for v in vars {
+                        if let Some(prev) = claimed.insert(v.clone(), os) {
+                            self.diags.push(
+                                Diag::new(Code::InvalidModel, os, format!("variable `{v}` is trained by two optimisers"))
+                                    .label("second")
+                                    .with(prev, "first")
+                                    .help("give each variable one optimiser: make the `only(...)` lists disjoint"),
+                            );
+                        }
+                    }
+                }
+                None => {
+                    if let Some(prev) = open.replace(os) {
+                        self.diags.push(
+                            Diag::new(Code::InvalidModel, os, "two optimisers train every variable")
+                                .label("second")
+                                .with(prev, "first")
+                                .help("say which variables each trains: `minimize loss with ftrl(lr: 0.1) |> only(trainable_variables(\"linear\"))`; one may be left to train the rest"),
+                        );
+                    }
+                }
+            }
+            self.graph.optimizers.push(o);
+        }
+        self.regularizers.clear();
+    }
+
+    fn optimizer(
+        &mut self,
+        opt: Value<'p>,
+        span: Span,
+        suffix: &str,
+        loss: String,
+    ) -> Option<Optimizer> {
         let o: Rc<OptimizerVal<'p>> = match opt {
             Value::Optimizer(o) => o,
-            Value::Error => return,
+            Value::Error => return None,
             other => {
                 self.diags.push(
                     Diag::new(
@@ -577,7 +647,7 @@ impl<'p> Elab<'p> {
                     .label(other.kind())
                     .help("use one of std.optim's: sgd, momentum, adam, adamw, rmsprop, adagrad, ftrl, tf_rmsprop, tf_adam"),
                 );
-                return;
+                return None;
             }
         };
         let lr = match &o.lr {
@@ -586,23 +656,27 @@ impl<'p> Elab<'p> {
                 let x = match v {
                     Value::Int(i) => *i as f64,
                     Value::Float(f) => *f,
-                    _ => return,
+                    _ => return None,
                 };
                 self.constant(x, crate::ir::DType::F32, span)
             }
         };
+        let learning_rate = format!("learning_rate{suffix}");
         self.graph.outputs.push(Output {
-            name: "learning_rate".into(),
+            name: learning_rate.clone(),
             role: Role::LearningRate,
             node: lr,
         });
-        self.graph.optimizer = Some(Optimizer {
+        Some(Optimizer {
             kind: o.kind.to_string(),
             hyper: o.hyper.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             clip_global_norm: o.clip_global_norm,
             decay_exclude: o.decay_exclude.clone(),
+            loss,
+            learning_rate,
+            variables: o.variables.as_ref().map(|v| v.0.clone()),
             span: o.span,
-        });
+        })
     }
 
     fn metrics(&mut self, metrics: Vec<(String, Value<'p>, Span)>) {

@@ -82,6 +82,8 @@ pub struct OptimizerVal<'p> {
     pub hyper: Vec<(&'static str, f64)>,
     pub clip_global_norm: Option<f64>,
     pub decay_exclude: Vec<String>,
+    /// The variables `only(...)` restricts it to, and where.
+    pub variables: Option<(Vec<String>, Span)>,
     pub span: Span,
 }
 

@@ -66,7 +66,7 @@ pub fn dump_text(g: &Graph, title: &str) -> String {
             args.join(", ")
         );
     }
-    if let Some(opt) = &g.optimizer {
+    for opt in &g.optimizers {
         let hyper: Vec<String> = opt
             .hyper
             .iter()
@@ -76,9 +76,19 @@ pub fn dump_text(g: &Graph, title: &str) -> String {
             .clip_global_norm
             .map(|c| format!(" clip_global_norm={}", super::fmt_f64(c)))
             .unwrap_or_default();
+        let of = if opt.loss == "loss" {
+            String::new()
+        } else {
+            format!(" minimizing {}", opt.loss)
+        };
+        let only = opt
+            .variables
+            .as_ref()
+            .map(|v| format!(" only({})", v.join(", ")))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "  optimizer {}({}){}",
+            "  optimizer {}({}){}{of}{only}",
             opt.kind,
             hyper.join(", "),
             clip

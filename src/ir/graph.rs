@@ -68,6 +68,13 @@ pub struct Optimizer {
     /// Name patterns of the variables a decoupled weight decay skips (`adamw`'s
     /// `exclude_from_weight_decay`; see `name_matches`).
     pub decay_exclude: Vec<String>,
+    /// The names of the outputs of the loss it minimises and of its learning rate
+    /// (`loss` and `learning_rate` for the first `minimize`).
+    pub loss: String,
+    pub learning_rate: String,
+    /// The variables it updates (`only(...)`); `None`: every trainable variable no
+    /// other optimiser of the graph names.
+    pub variables: Option<Vec<String>>,
     pub span: Span,
 }
 
@@ -94,7 +101,8 @@ pub struct Graph {
     pub g: StableDiGraph<Node, u32>,
     pub outputs: Vec<Output>,
     pub metrics: Vec<Metric>,
-    pub optimizer: Option<Optimizer>,
+    /// One per `minimize` of the train section, over disjoint variables.
+    pub optimizers: Vec<Optimizer>,
     /// Whether the input feeding this (eval or predict) graph may end with a partial
     /// batch, which the runtime pads to the static batch size (set by elaboration).
     pub partial_batches: bool,

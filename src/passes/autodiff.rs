@@ -29,23 +29,54 @@ use petgraph::Direction;
 use rustc_hash::FxHashMap;
 
 pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
-    let Some(opt) = g.optimizer.clone() else {
-        return;
-    };
-    if g.output(Role::NextStep).is_some() {
-        return; // already differentiated
+    if g.optimizers.is_empty() || g.output(Role::NextStep).is_some() {
+        return; // nothing to train, or already differentiated
     }
-    let (Some(loss), Some(lr)) = (g.output(Role::Loss), g.output(Role::LearningRate)) else {
-        return;
-    };
-    if !g.ty(loss).dtype.is_float() {
-        return; // reported by the front end
-    }
+    let opts = g.optimizers.clone();
+    let named = |g: &Graph, name: &str| g.outputs.iter().find(|o| o.name == name).map(|o| o.node);
+    // the variables some optimiser names; an optimiser without a list takes the rest
+    let claimed: Vec<String> = opts
+        .iter()
+        .filter_map(|o| o.variables.clone())
+        .flatten()
+        .collect();
     let mut ad = Ad { g, diags };
-    let Some(grads) = ad.backward(loss) else {
-        return;
-    };
-    ad.apply(&opt, lr, grads);
+    // each loss differentiated once, for all the optimisers that minimise it
+    let mut grads_of: FxHashMap<NodeIndex, Vec<(NodeIndex, NodeIndex)>> = FxHashMap::default();
+    let sp = opts[0].span;
+    for opt in &opts {
+        let (Some(loss), Some(lr)) = (named(ad.g, &opt.loss), named(ad.g, &opt.learning_rate))
+        else {
+            return;
+        };
+        if !ad.g.ty(loss).dtype.is_float() {
+            return; // reported by the front end
+        }
+        let grads = match grads_of.entry(loss) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let Some(grads) = ad.backward(loss) else {
+                    return;
+                };
+                e.insert(grads)
+            }
+        };
+        let mine: Vec<(NodeIndex, NodeIndex)> = grads
+            .iter()
+            .copied()
+            .filter(|&(v, _)| {
+                let Op::Variable { name, .. } = &ad.g.node(v).op else {
+                    return false;
+                };
+                match &opt.variables {
+                    Some(vars) => vars.contains(name),
+                    None => !claimed.contains(name),
+                }
+            })
+            .collect();
+        ad.apply(opt, lr, mine);
+    }
+    ad.next_step(sp);
 }
 
 /// The gradients of `loss` with respect to the trainable variables it depends on, as
@@ -599,7 +630,7 @@ impl Ad<'_> {
     }
 
     /// Averages the gradients across shards, clips them, and adds the optimiser's
-    /// update of every variable and slot, and the step increment, as outputs.
+    /// update of every variable and slot, as outputs.
     fn apply(&mut self, opt: &Optimizer, lr: NodeIndex, grads: Vec<(NodeIndex, NodeIndex)>) {
         let sp = opt.span;
         let mut gs: Vec<(NodeIndex, NodeIndex)> = grads
@@ -849,6 +880,11 @@ impl Ad<'_> {
                 node,
             });
         }
+    }
+
+    /// The global step plus one, as the `next_step` output.
+    fn next_step(&mut self, sp: Span) {
+        let step = self.global_step(sp);
         let one = self.konst(1.0, DType::I64, sp);
         let next = self.g.add(
             Op::Binary(BinaryOp::Add),
