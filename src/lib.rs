@@ -172,6 +172,7 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
             }
         }
     }
+    read_moving_averages(&mut graphs);
     check_memory(&graphs, &estimators, opts, &mut diags);
     if opts.target == Target::Wafer && !diags.has_errors() {
         check_wafer(&graphs, &estimators, opts, &mut diags);
@@ -286,5 +287,37 @@ fn stage_graph(s: &elab::data::Stage) -> Option<&ir::Graph> {
             Some(graph)
         }
         _ => None,
+    }
+}
+
+/// Eval and predict graphs read the moving averages of the variables their estimator's
+/// train graph averages (`moving_average(...)`), as TensorFlow restores
+/// `ExponentialMovingAverage.variables_to_restore()` to evaluate.
+fn read_moving_averages(graphs: &mut [elab::Compiled]) {
+    use crate::syntax::ast::SectionKind;
+    let averaged: Vec<(String, Vec<String>)> = graphs
+        .iter()
+        .filter(|c| c.mode == SectionKind::Train)
+        .map(|c| {
+            let names = c
+                .graph
+                .g
+                .node_weights()
+                .filter_map(|n| match &n.op {
+                    ir::Op::Variable { name, .. } if name.ends_with(ir::AVERAGE_SUFFIX) => {
+                        Some(name.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            (c.estimator.clone(), names)
+        })
+        .collect();
+    for c in graphs.iter_mut().filter(|c| c.mode != SectionKind::Train) {
+        if let Some((_, names)) = averaged.iter().find(|a| a.0 == c.estimator) {
+            if !names.is_empty() {
+                ir::read_averages(std::sync::Arc::make_mut(&mut c.graph), names);
+            }
+        }
     }
 }

@@ -187,6 +187,7 @@ pub fn init_values(init: &Init, name: &str, ty: &TensorType, seed: u64) -> Vec<f
         Init::Orthogonal { gain_bits } => {
             orthogonal(&s, &ty.shape, f64::from(f32::from_bits(*gain_bits)))
         }
+        Init::As { init, name } => init_values(init, name, ty, seed),
     }
 }
 

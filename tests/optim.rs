@@ -287,3 +287,95 @@ fn schedules_match_reference_values() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// `moving_average` keeps `w/ExponentialMovingAverage`, starting at `w`'s initial
+/// value and moving towards each new `w` (PyTorch's SGD trajectory of the fixture):
+/// `avg -= (1 - d) (avg - w)`, with `d` fixed or ramped by the step
+/// (`min(decay, (1 + t) / (10 + t))`); evaluation reads the average, not `w`. On every
+/// target.
+#[test]
+fn moving_averages_follow_the_weights_and_evaluation_reads_them() {
+    let f = fixture();
+    let grads: Vec<Vec<f64>> = f["grads"].as_array().unwrap().iter().map(floats).collect();
+    let sgd: Vec<Vec<f64>> = f["optimizers"]["sgd"]["trajectory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(floats)
+        .collect();
+    for (decay, ramp) in [(0.5, false), (0.9, true)] {
+        for target in targets() {
+            let tag = format!("ema-{decay}-{target:?}");
+            let dir = std::env::temp_dir().join(format!("est-optim-{}-{tag}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let csv: String = grads
+                .iter()
+                .map(|g| {
+                    let v: Vec<String> = g.iter().map(|x| format!("{x:?}")).collect();
+                    format!("{},0\n", v.join(","))
+                })
+                .collect();
+            std::fs::write(dir.join("grads.csv"), csv).unwrap();
+            let src = program(
+                &format!("moving_average(sgd(lr: 0.1), decay: {decay}, num_updates: {ramp})"),
+                "csv(\"grads.csv\", header: false, columns: { g: f32[4], label: i32 }) |> map |r| (r.g, r.label) |> repeat |> batch(1, drop_remainder: true)",
+            )
+            .replace(
+                "  train_input = grads()",
+                "  train_input = grads()\n  eval_input = csv(\"grads.csv\", header: false, columns: { g: f32[4], label: i32 }) |> map |r| (r.g, r.label) |> take(1) |> batch(1)",
+            );
+            let p = Program::from_source("ema.est", &src, None);
+            let opts = RunOptions {
+                target,
+                model_dir: Some(dir.join("run")),
+                data_dir: Some(dir.clone()),
+                ..Default::default()
+            };
+            let mut e =
+                Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{tag}: {:?}", f.diags));
+            e.restore_or_init().unwrap();
+            let w0 = floats(&f["w0"]);
+            let ty = TensorType::new(DType::F32, vec![4]);
+            e.set_variable("w", Tensor::from_f64(&ty, w0.clone()))
+                .unwrap();
+            e.set_variable(
+                "w/ExponentialMovingAverage",
+                Tensor::from_f64(&ty, w0.clone()),
+            )
+            .unwrap();
+            let mut avg = w0;
+            for (t, w_t) in sgd.iter().enumerate() {
+                e.train(Steps::Add(1)).unwrap();
+                let step = (t + 1) as f64;
+                let d = if ramp {
+                    f64::min(decay, (1.0 + step) / (10.0 + step))
+                } else {
+                    decay
+                };
+                for (a, w) in avg.iter_mut().zip(w_t) {
+                    *a -= (1.0 - d) * (*a - w);
+                }
+                let got = e.variables()["w/ExponentialMovingAverage"].to_f64();
+                for i in 0..4 {
+                    assert!(
+                        (got[i] - avg[i]).abs() <= 1e-5 * avg[i].abs().max(1.0),
+                        "{tag} step {}: average {} against {}",
+                        t + 1,
+                        got[i],
+                        avg[i]
+                    );
+                }
+            }
+            // the eval loss is sum(g_0 * w) of the average
+            let want: f64 = grads[0].iter().zip(&avg).map(|(g, a)| g * a).sum();
+            let raw: f64 = grads[0].iter().zip(&sgd[5]).map(|(g, w)| g * w).sum();
+            let ev = e.evaluate(None).unwrap();
+            assert!(
+                (ev.loss - want).abs() <= 1e-5 * want.abs().max(1.0) && (want - raw).abs() > 1e-3,
+                "{tag}: eval loss {} against {want} (the raw weights' {raw})",
+                ev.loss
+            );
+        }
+    }
+}

@@ -107,6 +107,7 @@ impl<'p> Elab<'p> {
             | "tf_rmsprop" | "tf_adam" => self.b_optimizer(name, &a),
             "clip_by_global_norm" => self.b_clip(&a),
             "only" => self.b_only(&a),
+            "moving_average" => self.b_moving_average(&a),
             "accuracy"
             | "mean"
             | "precision"
@@ -1382,6 +1383,7 @@ impl<'p> Elab<'p> {
             clip_global_norm: None,
             decay_exclude,
             variables: None,
+            moving_average: None,
             span: self.site(a.call),
         }))
     }
@@ -1437,6 +1439,36 @@ impl<'p> Elab<'p> {
         }
         let mut o = (*o).clone();
         o.variables = Some((names, self.site(ss)));
+        Value::Optimizer(Rc::new(o))
+    }
+
+    /// `moving_average(optimizer, decay, num_updates)`: the optimiser, also keeping an
+    /// exponential moving average of each variable it updates.
+    fn b_moving_average(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (v, s) = a.get("optimizer");
+        let Value::Optimizer(o) = v else {
+            return self.expected("an optimizer", &v, s);
+        };
+        let Some(decay) = self.float_arg(a, "decay") else {
+            return Value::Error;
+        };
+        if !(0.0..1.0).contains(&decay) {
+            return self.error(
+                Diag::new(
+                    Code::StaticEvalError,
+                    self.site(a.get("decay").1),
+                    "a moving average's decay must be in [0, 1)",
+                )
+                .label(format!("{decay}"))
+                .help("use a decay such as 0.9999 (MobileNet's)"),
+            );
+        }
+        let (vn, sn) = a.get("num_updates");
+        let Value::Bool(ramp) = vn else {
+            return self.expected("bool", &vn, sn);
+        };
+        let mut o = (*o).clone();
+        o.moving_average = Some((decay, ramp));
         Value::Optimizer(Rc::new(o))
     }
 

@@ -675,6 +675,7 @@ impl<'p> Elab<'p> {
             loss,
             learning_rate,
             variables: o.variables.as_ref().map(|v| v.0.clone()),
+            moving_average: o.moving_average,
             span: o.span,
         })
     }

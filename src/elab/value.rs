@@ -84,6 +84,8 @@ pub struct OptimizerVal<'p> {
     pub decay_exclude: Vec<String>,
     /// The variables `only(...)` restricts it to, and where.
     pub variables: Option<(Vec<String>, Span)>,
+    /// `moving_average(...)`'s decay and whether it ramps up with the step.
+    pub moving_average: Option<(f64, bool)>,
     pub span: Span,
 }
 

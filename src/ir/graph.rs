@@ -2,7 +2,7 @@
 //! runs from an operand to its user and carries the operand's index. Beside the nodes,
 //! a graph lists what the program reads from it: outputs, metrics and the optimiser.
 
-use super::{Op, TensorType};
+use super::{Init, Op, TensorType};
 use crate::span::Span;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
@@ -75,7 +75,36 @@ pub struct Optimizer {
     /// The variables it updates (`only(...)`); `None`: every trainable variable no
     /// other optimiser of the graph names.
     pub variables: Option<Vec<String>>,
+    /// `moving_average(...)`: the decay of the exponential moving averages of the
+    /// variables it updates, and whether the decay ramps up with the global step.
+    pub moving_average: Option<(f64, bool)>,
     pub span: Span,
+}
+
+/// The suffix of the variable holding another's exponential moving average
+/// (TensorFlow's name).
+pub const AVERAGE_SUFFIX: &str = "/ExponentialMovingAverage";
+
+/// Makes the variables of `g` that have a moving average in `averaged` (the names of
+/// the train graph's average variables) read their averages: eval and predict on the
+/// averaged weights, as MobileNet's recipe evaluates.
+pub fn read_averages(g: &mut Graph, averaged: &[String]) {
+    for n in g.g.node_indices().collect::<Vec<_>>() {
+        if let Op::Variable { name, init, .. } = &g.g[n].op {
+            let avg = format!("{name}{AVERAGE_SUFFIX}");
+            if averaged.contains(&avg) {
+                let init = Init::As {
+                    init: Box::new(init.clone()),
+                    name: name.clone(),
+                };
+                g.g[n].op = Op::Variable {
+                    name: avg,
+                    init,
+                    trainable: false,
+                };
+            }
+        }
+    }
 }
 
 /// Whether a variable's name matches a pattern: the name contains the pattern, where a

@@ -248,6 +248,12 @@ pub enum Init {
     Orthogonal {
         gain_bits: u32,
     },
+    /// The initial values of another variable (`name`, made with `init`): a moving
+    /// average starts where its variable starts.
+    As {
+        init: Box<Init>,
+        name: String,
+    },
 }
 
 /// Which fan a variance-scaling initialiser divides by.
@@ -337,6 +343,7 @@ impl Init {
             Init::Orthogonal { gain_bits } => {
                 format!("orthogonal({})", f32::from_bits(*gain_bits))
             }
+            Init::As { name, .. } => format!("as({name})"),
         }
     }
 }

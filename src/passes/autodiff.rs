@@ -20,7 +20,7 @@ use super::PassCtx;
 use crate::diag::{Code, Diag, Diags};
 use crate::ir::{
     infer, name_matches, BinaryOp, DType, Graph, Init, Op, Optimizer, Output, ReduceOp, Role,
-    Shape, TensorType, UnaryOp,
+    Shape, TensorType, UnaryOp, AVERAGE_SUFFIX,
 };
 use crate::span::Span;
 use petgraph::stable_graph::NodeIndex;
@@ -676,6 +676,7 @@ impl Ad<'_> {
         let step = self.global_step(sp);
         let mut corrections: FxHashMap<DType, (NodeIndex, NodeIndex)> = FxHashMap::default();
         let mut rates: FxHashMap<DType, NodeIndex> = FxHashMap::default();
+        let mut averaging: FxHashMap<DType, NodeIndex> = FxHashMap::default();
         let hyper = |k: &str, default: f64| {
             opt.hyper
                 .iter()
@@ -871,6 +872,50 @@ impl Ad<'_> {
                     self.bin(BinaryOp::Sub, v, t, sp)
                 }
             };
+            if let Some((decay, ramp)) = opt.moving_average {
+                // avg -= (1 - d) (avg - w'), the average of the new weights
+                let init = match &self.g.node(v).op {
+                    Op::Variable { init, .. } => init.clone(),
+                    _ => Init::Zeros,
+                };
+                let avg = self.slot_from(
+                    &name,
+                    &AVERAGE_SUFFIX[1..],
+                    &vt,
+                    Init::As {
+                        init: Box::new(init),
+                        name: name.clone(),
+                    },
+                    sp,
+                );
+                let keep = match averaging.get(&dt) {
+                    Some(&k) => k,
+                    None => {
+                        let one = self.konst(1.0, DType::F32, sp);
+                        let d = self.konst(decay, DType::F32, sp);
+                        let d = if ramp {
+                            // min(decay, (1 + t) / (10 + t)), t the new global step
+                            let t = self.cast(step, DType::F32, sp);
+                            let t = self.bin(BinaryOp::Add, t, one, sp);
+                            let a = self.bin(BinaryOp::Add, t, one, sp);
+                            let ten = self.konst(10.0, DType::F32, sp);
+                            let b = self.bin(BinaryOp::Add, t, ten, sp);
+                            let r = self.bin(BinaryOp::Div, a, b, sp);
+                            self.bin(BinaryOp::Min, d, r, sp)
+                        } else {
+                            d
+                        };
+                        let k = self.bin(BinaryOp::Sub, one, d, sp);
+                        let k = self.cast(k, dt, sp);
+                        averaging.insert(dt, k);
+                        k
+                    }
+                };
+                let diff = self.bin(BinaryOp::Sub, avg, new_w, sp);
+                let t = self.bin(BinaryOp::Mul, diff, keep, sp);
+                let na = self.bin(BinaryOp::Sub, avg, t, sp);
+                updates.push((format!("{name}{AVERAGE_SUFFIX}"), na));
+            }
             updates.push((name, new_w));
         }
         for (name, node) in updates {
