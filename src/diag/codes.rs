@@ -706,4 +706,17 @@ size, memory and colours). Rebuild it for the fabric you run it on:
 
     estc build model.est --target wafer --wafer wse2 -o model.estw
     estc sim model.estw --wafer wse2";
+    WarmStart = "E0921", Error, "a warm start cannot be made",
+"An estimator's `warm_start_from` starts a fresh run's variables from another run's
+checkpoint (TensorFlow's `WarmStartSettings`), for fine-tuning from pre-trained weights.
+It failed: the checkpoint cannot be found or read, or a variable to warm-start is not
+in it (under its name, or the name `rename` maps it to), or it is there with another
+shape or dtype. The message names the variable. Nothing is trained and nothing is
+written to the model directory.
+
+    warm_start_from = warm_start(\"../pretrained\", rename: [(\"classifier/kernel\", \"head/kernel\")])
+
+Map the variable to its name in the checkpoint with `rename`, leave it to its
+initialiser with `skip: [\"classifier\"]` (a new head), or restrict the warm start to
+some variables with `vars: \"encoder\"`.";
 }

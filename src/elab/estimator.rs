@@ -146,6 +146,7 @@ const FIELDS: &[&str] = &[
     "eval_steps",
     "hooks",
     "config",
+    "warm_start_from",
 ];
 
 /// What `estc` needs to run an estimator, besides its graphs.
@@ -163,6 +164,25 @@ pub struct EstimatorInfo {
     pub params: Vec<(String, String)>,
     /// Expressions of the estimator's fields and params, with their values (hover).
     pub hovers: Vec<(Span, String)>,
+    /// `warm_start_from`: where a fresh run takes its first weights.
+    pub warm_start: Option<WarmStart>,
+}
+
+/// TensorFlow's `WarmStartSettings`: a fresh training run (no checkpoint in its
+/// model_dir) starts the model's variables from another run's checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmStart {
+    /// A model directory (its newest intact checkpoint) or a `ckpt-N.safetensors` file,
+    /// relative to the program's directory.
+    pub from: String,
+    /// The variables warm-started: those whose names match (`ir::name_matches`); all
+    /// the model's when empty.
+    pub vars: String,
+    /// (name in this model, name in the checkpoint).
+    pub rename: Vec<(String, String)>,
+    /// Patterns of variables left to their initialisers.
+    pub skip: Vec<String>,
+    pub span: Span,
 }
 
 /// The graph of one (estimator, mode, target), with the input that feeds it.
@@ -336,6 +356,7 @@ fn estimator<'p>(
     let train_steps = steps(&mut el, e, "train_steps");
     let eval_steps = steps(&mut el, e, "eval_steps");
     let hooks = hooks(&mut el, e);
+    let warm_start = warm_start(&mut el, e);
     let model = model_ref(&mut el, e);
     let mut diags = std::mem::take(&mut el.diags);
     let info_hovers = el.hovers.take().unwrap_or_default();
@@ -480,6 +501,7 @@ fn estimator<'p>(
         hooks,
         params: params_shown,
         hovers: info_hovers,
+        warm_start,
     };
     (info, compiled, diags)
 }
@@ -921,6 +943,83 @@ fn hooks<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Vec<HookVal> {
             Vec::new()
         }
     }
+}
+
+/// `warm_start_from = "dir"` or `= warm_start("dir", vars: ..., rename: [...], skip: [...])`.
+fn warm_start<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<WarmStart> {
+    let x = field(e, "warm_start_from")?;
+    let v = el.expr(x);
+    let strings = |el: &mut Elab<'p>, v: &Value<'p>| -> Option<Vec<String>> {
+        match v {
+            Value::List(xs) => xs
+                .iter()
+                .map(|x| match x {
+                    Value::Str(s) => Some(s.to_string()),
+                    other => {
+                        el.expected("a name pattern (a string)", other, x_span(e));
+                        None
+                    }
+                })
+                .collect(),
+            other => {
+                el.expected("a list of name patterns", other, x_span(e));
+                None
+            }
+        }
+    };
+    let mut ws = WarmStart {
+        from: String::new(),
+        vars: String::new(),
+        rename: Vec::new(),
+        skip: Vec::new(),
+        span: x.span,
+    };
+    match &v {
+        Value::Str(s) => ws.from = s.to_string(),
+        Value::Record(fs) => {
+            for (k, f) in fs.iter() {
+                match (k.as_str(), f) {
+                    ("from", Value::Str(s)) => ws.from = s.to_string(),
+                    ("vars", Value::Str(s)) => ws.vars = s.to_string(),
+                    ("skip", v) => ws.skip = strings(el, v)?,
+                    ("rename", Value::List(xs)) => {
+                        for p in xs.iter() {
+                            match p {
+                                Value::Tuple(t) if t.len() == 2 => match (&t[0], &t[1]) {
+                                    (Value::Str(a), Value::Str(b)) => {
+                                        ws.rename.push((a.to_string(), b.to_string()))
+                                    }
+                                    _ => {
+                                        el.expected("a pair of names (\"in this model\", \"in the checkpoint\")", p, x.span);
+                                        return None;
+                                    }
+                                },
+                                other => {
+                                    el.expected("a pair of names (\"in this model\", \"in the checkpoint\")", other, x.span);
+                                    return None;
+                                }
+                            }
+                        }
+                    }
+                    (_, Value::Error) => return None,
+                    (k, other) => {
+                        el.expected(&format!("`{k}` of a warm start"), other, x.span);
+                        return None;
+                    }
+                }
+            }
+        }
+        Value::Error => return None,
+        other => {
+            el.expected("a checkpoint directory or `warm_start(...)`", other, x.span);
+            return None;
+        }
+    }
+    Some(ws)
+}
+
+fn x_span(e: &EstimatorItem) -> Span {
+    field(e, "warm_start_from").map_or(e.name.span, |x| x.span)
 }
 
 fn model_ref<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<(ModId, usize)> {

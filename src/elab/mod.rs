@@ -16,7 +16,7 @@ pub mod value;
 
 pub use datasets::UNKNOWN_DIM;
 pub use estimator::{
-    elaborate, Compiled, Config, ElabOptions, EstimatorInfo, ParamOverride, CONFIG_KEYS,
+    elaborate, Compiled, Config, ElabOptions, EstimatorInfo, ParamOverride, WarmStart, CONFIG_KEYS,
     MAX_NUM_SHARDS,
 };
 pub use value::{Target, Value};

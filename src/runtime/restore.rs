@@ -3,10 +3,12 @@
 //! when there is none, and saving checkpoints.
 
 use super::model_dir::{self, DirError};
-use super::{checkpoint, health, Estimator, Res};
+use super::{checkpoint, health, Estimator, Res, RunFailure};
 use crate::diag::{Code, Diag};
-use crate::ir::TensorType;
+use crate::elab::WarmStart;
+use crate::ir::{name_matches, TensorType};
 use crate::{rng, tensor::Tensor};
+use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
 /// What a run needs of `model_dir`'s checkpoints.
@@ -218,11 +220,123 @@ impl Estimator {
             let t = Tensor::from_f64(&ty, v.into_iter().map(f64::from).collect());
             vars.insert(name, t);
         }
+        if let Some(ws) = self.info.warm_start.clone() {
+            self.warm_start(&ws, &mut vars)?;
+        }
         self.bind(vars)?;
         self.step = 0;
         self.input_position = 0;
         self.max_shards = 1;
         self.note_seen();
+        Ok(())
+    }
+
+    /// Starts the model's variables of a fresh run from another run's checkpoint
+    /// (`warm_start_from`): every variable the model made (not an optimiser's slot:
+    /// those start again, as TensorFlow's warm start leaves them) that matches `vars`
+    /// and no `skip` pattern, read under its `rename`d name; a moving average starts
+    /// at its variable's new value. E0921 names a variable the checkpoint lacks or
+    /// holds with another type.
+    fn warm_start(&mut self, ws: &WarmStart, vars: &mut FxHashMap<String, Tensor>) -> Res<()> {
+        let fail = |m: String, help: &str| -> RunFailure {
+            Diag::new(Code::WarmStart, ws.span, m)
+                .label("this warm start")
+                .help(help)
+                .into()
+        };
+        let path = self.base.join(&ws.from);
+        let found = if path.is_dir() {
+            match checkpoint::restore(&path) {
+                Ok(Some(r)) => Ok((r.found, r.vars)),
+                Ok(None) => Err(format!("{} holds no checkpoint", path.display())),
+                Err(checkpoint::RestoreError::Io(m)) => Err(m),
+                Err(checkpoint::RestoreError::NoneIntact(d)) => Err(format!(
+                    "every checkpoint in {} is damaged ({} of them)",
+                    path.display(),
+                    d.len()
+                )),
+            }
+        } else {
+            let step = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("ckpt-"))
+                .and_then(|n| n.strip_suffix(".safetensors"))
+                .and_then(|n| n.parse::<i64>().ok());
+            match (step, path.parent()) {
+                (Some(step), Some(dir)) => {
+                    let f = checkpoint::Found {
+                        step,
+                        tensors: checkpoint::tensors_path(dir, step),
+                        meta: checkpoint::meta_path(dir, step),
+                    };
+                    checkpoint::load(&f)
+                        .map(|(_, v)| (f, v))
+                        .map_err(|e| match e {
+                            checkpoint::LoadError::Io(m) | checkpoint::LoadError::Damaged(m) => m,
+                            checkpoint::LoadError::Gone => format!("{} is gone", path.display()),
+                        })
+                }
+                _ => Err(format!(
+                    "{} is neither a model directory nor a checkpoint (`ckpt-N.safetensors`)",
+                    path.display()
+                )),
+            }
+        };
+        let (found, from) = found.map_err(|m| {
+            fail(
+                format!("cannot warm-start from {}: {m}", ws.from),
+                "point `warm_start_from` at the model_dir of a training run, or at one of its ckpt-N.safetensors files; the path is relative to the program's directory",
+            )
+        })?;
+        let mut names: Vec<String> = vars.keys().cloned().collect();
+        names.sort_unstable();
+        // an optimiser's slot is named after its variable: `VAR/momentum`
+        let slot = |n: &str| {
+            n.rsplit_once('/')
+                .is_some_and(|(base, _)| vars.contains_key(base))
+        };
+        let mut warmed = Vec::new();
+        for name in names.iter().filter(|n| !slot(n)) {
+            let wanted = (ws.vars.is_empty() || name_matches(&ws.vars, name))
+                && !ws.skip.iter().any(|p| name_matches(p, name));
+            if !wanted {
+                continue;
+            }
+            let src =
+                (ws.rename.iter().find(|r| &r.0 == name)).map_or(name.as_str(), |r| r.1.as_str());
+            let here = &vars[name];
+            let Some(t) = from.get(src) else {
+                let mut names: Vec<&str> = from.keys().map(|k| k.as_str()).collect();
+                names.sort_unstable();
+                let close = crate::diag::did_you_mean(src, names.iter().copied())
+                    .map(|h| format!(" ({h})"))
+                    .unwrap_or_default();
+                return Err(fail(
+                    format!("cannot warm-start `{name}`: ckpt-{} of {} has no `{src}`{close}", found.step, ws.from),
+                    &format!("map it to its name there with `rename: [(\"{name}\", \"...\")]`, or leave it to its initialiser with `skip: [\"{name}\"]`"),
+                ));
+            };
+            if t.ty() != here.ty() {
+                return Err(fail(
+                    format!("cannot warm-start `{name}` ({}) from `{src}`, which is {}", here.ty(), t.ty()),
+                    &format!("the checkpoint's variable has another shape: leave `{name}` to its initialiser with `skip: [\"{name}\"]` (a new head), or map it to a variable of its shape with `rename`"),
+                ));
+            }
+            warmed.push((name.clone(), t.clone()));
+        }
+        let n = warmed.len();
+        for (name, t) in warmed {
+            let avg = format!("{name}{}", crate::ir::AVERAGE_SUFFIX);
+            if vars.contains_key(&avg) {
+                vars.insert(avg, t.clone());
+            }
+            vars.insert(name, t);
+        }
+        self.say(&format!(
+            "warm-started {n} variables from {} (ckpt-{})",
+            ws.from, found.step
+        ));
         Ok(())
     }
 
