@@ -268,11 +268,12 @@ fn check_wafer(
             .iter()
             .filter(|c| c.estimator == info.name)
             .find_map(|c| {
-                match form::form(&c.graph) {
+                let g = passes::without_summaries(&c.graph);
+                match form::form(&g) {
                     Err(u) => Some(place::LayoutError::Unsupported(u)),
                     // a graph with nothing to run on the fabric (a mode without sections)
                     Ok(f) if f.kernels.is_empty() => None,
-                    Ok(f) => place::layout(&c.graph, &f, &fab).err(),
+                    Ok(f) => place::layout(&g, &f, &fab).err(),
                 }
             });
         if let Some(e) = failed {

@@ -142,7 +142,8 @@ fn a_variable_the_checkpoint_lacks_or_shapes_otherwise_is_e0921_naming_it() {
         .unwrap()
         .train(Steps::Add(1))
         .unwrap_err();
-    assert_eq!(f.diags[0].code, Code::WarmStart);
+    let codes: Vec<Code> = f.diags.iter().map(|d| d.code).collect();
+    assert_eq!(codes, [Code::WarmStart]);
     assert!(
         f.diags[0].message.contains("no/such/run"),
         "{}",

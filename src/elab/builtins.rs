@@ -7,7 +7,8 @@ use super::value::{HookVal, MetricVal, OptimizerVal, Value};
 use super::Elab;
 use crate::diag::{did_you_mean, Code, Diag};
 use crate::ir::{
-    float, BinaryOp, DType, Init, NodeIndex, Op, Padding, ReduceOp, TensorType, UnaryOp,
+    float, BinaryOp, DType, Init, NodeIndex, Op, Output, Padding, ReduceOp, Role, TensorType,
+    UnaryOp,
 };
 use crate::span::Span;
 use crate::syntax::ast::Param;
@@ -96,6 +97,7 @@ impl<'p> Elab<'p> {
             }
             "float" | "int" => self.b_convert(name, &a),
             "assign" => self.b_assign(&a),
+            "summary_scalar" | "summary_image" => self.b_summary(name, &a),
             "trainable_variables" => self.b_trainable_variables(&a),
             "init_normal"
             | "init_truncated_normal"
@@ -1149,6 +1151,108 @@ impl<'p> Elab<'p> {
             },
             _ => self.expected("a static number", &v, s),
         }
+    }
+
+    /// `summary_scalar(name, value)` and `summary_image(name, images, max_outputs)`:
+    /// values written to TensorBoard with the train summaries, recorded in train mode
+    /// only (as outputs the backends compute apart from the step).
+    fn b_summary(&mut self, kind: &str, a: &Args<'p>) -> Value<'p> {
+        let (vn, sn) = a.get("name");
+        let Value::Str(tag) = vn else {
+            return self.expected("a string", &vn, sn);
+        };
+        let value = if kind == "summary_scalar" {
+            "value"
+        } else {
+            "images"
+        };
+        let Some((x, sx)) = self.tensor_arg(a, value) else {
+            return Value::Error;
+        };
+        let ty = self.graph.ty(x).clone();
+        let node = if kind == "summary_scalar" {
+            if ty.rank() != 0 || ty.dtype == DType::Bytes || ty.dtype == DType::Bool {
+                return self.error(
+                    Diag::new(
+                        Code::ShapeMismatch,
+                        self.site(sx),
+                        format!("a scalar summary of {ty}"),
+                    )
+                    .label("not a number")
+                    .help("summarise a scalar: `reduce_mean(x)`, or `summary_image` for images"),
+                );
+            }
+            x
+        } else {
+            let channels = ty.shape.get(3).copied();
+            if ty.rank() != 4
+                || !matches!(channels, Some(1 | 3 | 4))
+                || !(ty.dtype.is_float() || ty.dtype == DType::U8)
+            {
+                return self.error(
+                    Diag::new(Code::ShapeMismatch, self.site(sx), format!("an image summary of {ty}"))
+                        .label("not a batch of images")
+                        .help("give `[batch, height, width, channels]` images with 1, 3 or 4 channels, floats in [0, 1] or u8"),
+                );
+            }
+            let Some(max) = self.int_arg(a, "max_outputs") else {
+                return Value::Error;
+            };
+            if max < 1 {
+                return self.error(
+                    Diag::new(
+                        Code::StaticEvalError,
+                        self.site(a.get("max_outputs").1),
+                        "`max_outputs` must be at least 1",
+                    )
+                    .label(format!("{max}"))
+                    .help("write `max_outputs: 3` (TensorFlow's default)"),
+                );
+            }
+            let n = (max as usize).min(ty.shape[0]);
+            if n == ty.shape[0] {
+                x
+            } else {
+                let mut shape = ty.shape.to_vec();
+                shape[0] = n;
+                let site = self.site(a.call);
+                self.graph.add(
+                    Op::Slice {
+                        axis: 0,
+                        start: 0,
+                        end: n,
+                    },
+                    &[x],
+                    TensorType::new(ty.dtype, shape),
+                    site,
+                )
+            }
+        };
+        if self.mode != crate::syntax::ast::SectionKind::Train {
+            return Value::None;
+        }
+        if self
+            .graph
+            .outputs
+            .iter()
+            .any(|o| o.role == Role::Summary && *o.name == *tag)
+        {
+            return self.error(
+                Diag::new(
+                    Code::DuplicateDefinition,
+                    self.site(sn),
+                    format!("a second summary `{tag}`"),
+                )
+                .label("the same name again")
+                .help("give each summary its own name"),
+            );
+        }
+        self.graph.outputs.push(Output {
+            name: tag.to_string(),
+            role: Role::Summary,
+            node,
+        });
+        Value::None
     }
 
     fn b_assign(&mut self, a: &Args<'p>) -> Value<'p> {

@@ -82,6 +82,21 @@ pub const PIPELINE: &[Pass] = &[
     },
 ];
 
+/// `g` without its train summaries (`Role::Summary` outputs) and the nodes only they
+/// read: for a backend that computes the summaries apart (the wafer).
+pub fn without_summaries(g: &Graph) -> std::borrow::Cow<'_, Graph> {
+    if g.outputs.iter().all(|o| o.role != crate::ir::Role::Summary) {
+        return std::borrow::Cow::Borrowed(g);
+    }
+    let mut g = g.clone();
+    g.outputs.retain(|o| o.role != crate::ir::Role::Summary);
+    let ctx = PassCtx {
+        target: crate::elab::Target::Wafer,
+    };
+    dce::run(&mut g, &ctx, &mut Diags::default());
+    std::borrow::Cow::Owned(g)
+}
+
 /// A pass broke an invariant of the IR: a compiler bug, reported with the pass's name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PassBug {

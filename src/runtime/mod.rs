@@ -157,6 +157,13 @@ struct Dev {
     runs: Vec<(SectionKind, RunExe)>,
 }
 
+/// The train summaries of one step: scalars and encoded images, by tag.
+#[derive(Default)]
+struct Summaries {
+    scalars: Vec<(String, f32)>,
+    images: Vec<(String, summary::Image)>,
+}
+
 /// Where the runtime's log lines go.
 pub type LogFn = Box<dyn FnMut(&str) + Send>;
 
@@ -603,10 +610,10 @@ impl Estimator {
     /// batch, before the step that batch feeds, as TensorFlow computes them with the
     /// step: by the device, or on the wafer by the interpreter from the variables the
     /// wafer holds (its layouts are of whole train steps).
-    fn train_summaries(&mut self, c: &Arc<Compiled>, feeds: &Feeds) -> Res<Vec<(String, f32)>> {
+    fn train_summaries(&mut self, c: &Arc<Compiled>, feeds: &Feeds) -> Res<Summaries> {
         let outs: Vec<(String, NodeIndex)> = c.graph.outputs_with(Role::Summary);
         if outs.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Summaries::default());
         }
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
         let ctx = StepCtx {
@@ -631,11 +638,39 @@ impl Estimator {
                 &format!("the summaries at global step {}", self.step + 1),
             )
         })?;
-        Ok(outs
-            .into_iter()
-            .zip(values)
-            .map(|((name, _), t)| (name, t.scalar() as f32))
-            .collect())
+        let mut out = Summaries::default();
+        for ((name, _), t) in outs.into_iter().zip(values) {
+            if t.shape().is_empty() {
+                out.scalars.push((name, t.scalar() as f32));
+                continue;
+            }
+            // [n, height, width, channels]: `name/image/i`, as TensorFlow tags them
+            let s = t.shape().to_vec();
+            let (n, h, w, ch) = (s[0], s[1], s[2], s[3]);
+            let scale = if t.dtype.is_float() { 255.0 } else { 1.0 };
+            let px: Vec<u8> = (t.to_f64().iter())
+                .map(|v| (v * scale).round().clamp(0.0, 255.0) as u8)
+                .collect();
+            let per = h * w * ch;
+            for i in 0..n {
+                let tag = if n == 1 {
+                    format!("{name}/image")
+                } else {
+                    format!("{name}/image/{i}")
+                };
+                let im = summary::Image::encode(
+                    h as u32,
+                    w as u32,
+                    ch as u32,
+                    &px[i * per..(i + 1) * per],
+                )
+                .map_err(|m| {
+                    self.io_diag(format!("cannot encode the image summary `{name}`: {m}"))
+                })?;
+                out.images.push((tag, im));
+            }
+        }
+        Ok(out)
     }
 
     /// Pulls one batch per shard; `None` when the input has ended.
@@ -696,7 +731,7 @@ impl Estimator {
         let mut stopped = None;
         let ipl = cfg.iterations_per_loop.max(1);
         let crossed = |every: i64, from: i64, to: i64| every > 0 && to / every > from / every;
-        let mut extra: Vec<(String, f32)> = Vec::new();
+        let mut extra = Summaries::default();
         while self.step < last && stopped.is_none() {
             // One loop: up to `iterations_per_loop` steps without a round trip.
             let loop_end = self.step.saturating_add(ipl).min(last);
@@ -787,8 +822,9 @@ impl Estimator {
                     ("learning_rate", lr as f32),
                     ("global_step/sec", rate as f32),
                 ];
-                scalars.extend(extra.iter().map(|(k, v)| (k.as_str(), *v)));
+                scalars.extend(extra.scalars.iter().map(|(k, v)| (k.as_str(), *v)));
                 w.scalars(self.step, &scalars)
+                    .and_then(|_| w.images(self.step, &extra.images))
                     .map_err(|e| self.io_diag(format!("cannot write summaries: {e}")))?;
             }
             let at_end = self.step >= last || stopped.is_some();

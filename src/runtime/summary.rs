@@ -30,6 +30,118 @@ pub fn event(wall_time: f64, step: i64, version: Option<&str>, scalars: &[(&str,
     e
 }
 
+/// An image for an image summary: its size, channels (1 grey, 3 RGB, 4 RGBA) and PNG
+/// bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    pub height: u32,
+    pub width: u32,
+    pub channels: u32,
+    pub png: Vec<u8>,
+}
+
+impl Image {
+    /// Encodes 8-bit `pixels` (height x width x channels, row-major) as a PNG.
+    pub fn encode(height: u32, width: u32, channels: u32, pixels: &[u8]) -> Result<Image, String> {
+        let mut png = Vec::new();
+        {
+            let mut enc = png::Encoder::new(&mut png, width, height);
+            enc.set_color(match channels {
+                1 => png::ColorType::Grayscale,
+                3 => png::ColorType::Rgb,
+                _ => png::ColorType::Rgba,
+            });
+            enc.set_depth(png::BitDepth::Eight);
+            let mut w = enc.write_header().map_err(|e| e.to_string())?;
+            w.write_image_data(pixels).map_err(|e| e.to_string())?;
+        }
+        Ok(Image {
+            height,
+            width,
+            channels,
+            png,
+        })
+    }
+}
+
+/// An `Event` at `step` with image summaries (`Summary.Value.image`).
+pub fn image_event(wall_time: f64, step: i64, images: &[(String, Image)]) -> Vec<u8> {
+    let mut e = event(wall_time, step, None, &[]);
+    let mut summary = Vec::new();
+    for (tag, im) in images {
+        let mut img = Vec::new();
+        put_key(1, 0, &mut img);
+        put_varint(u64::from(im.height), &mut img);
+        put_key(2, 0, &mut img);
+        put_varint(u64::from(im.width), &mut img);
+        put_key(3, 0, &mut img);
+        put_varint(u64::from(im.channels), &mut img);
+        put_bytes(4, &im.png, &mut img);
+        let mut value = Vec::new();
+        put_bytes(1, tag.as_bytes(), &mut value);
+        put_bytes(4, &img, &mut value);
+        put_bytes(1, &value, &mut summary);
+    }
+    put_bytes(5, &summary, &mut e);
+    e
+}
+
+/// Reads the image summaries of an event file back: (step, tag, image) in file order.
+pub fn read_images(path: &Path) -> Result<Vec<(i64, String, Image)>, String> {
+    let b = std::fs::read(path).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for rec in unframe(&b).map_err(|e| e.to_string())? {
+        let event = fields(&rec).ok_or("malformed Event")?;
+        let step = event
+            .iter()
+            .find_map(|f| match f {
+                (2, Field::Varint(s)) => Some(*s as i64),
+                _ => None,
+            })
+            .unwrap_or(0);
+        for (_, summary) in event.iter().filter(|f| f.0 == 5) {
+            let Field::Bytes(summary) = summary else {
+                return Err("malformed Summary".into());
+            };
+            for (_, value) in fields(summary).ok_or("malformed Summary")? {
+                let Field::Bytes(value) = value else {
+                    return Err("malformed Summary.Value".into());
+                };
+                let mut tag = String::new();
+                let mut image = None;
+                for f in fields(value).ok_or("malformed Summary.Value")? {
+                    match f {
+                        (1, Field::Bytes(t)) => tag = String::from_utf8_lossy(t).into_owned(),
+                        (4, Field::Bytes(im)) => {
+                            let mut i = Image {
+                                height: 0,
+                                width: 0,
+                                channels: 0,
+                                png: Vec::new(),
+                            };
+                            for g in fields(im).ok_or("malformed Image")? {
+                                match g {
+                                    (1, Field::Varint(v)) => i.height = v as u32,
+                                    (2, Field::Varint(v)) => i.width = v as u32,
+                                    (3, Field::Varint(v)) => i.channels = v as u32,
+                                    (4, Field::Bytes(p)) => i.png = p.to_vec(),
+                                    _ => {}
+                                }
+                            }
+                            image = Some(i);
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some(i) = image {
+                    out.push((step, tag, i));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// An open event file.
 pub struct EventWriter {
     file: std::fs::File,
@@ -77,6 +189,13 @@ impl EventWriter {
 
     pub fn scalars(&mut self, step: i64, values: &[(&str, f32)]) -> std::io::Result<()> {
         self.write(&event(now(), step, None, values))
+    }
+
+    pub fn images(&mut self, step: i64, images: &[(String, Image)]) -> std::io::Result<()> {
+        if images.is_empty() {
+            return Ok(());
+        }
+        self.write(&image_event(now(), step, images))
     }
 
     /// A `SessionLog` START event at `step`, written when a training run starts (as
