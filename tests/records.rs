@@ -19,7 +19,7 @@ use std::path::Path;
 const TWO_HEADS: &str = r#"
 use std.nn.dense
 use std.losses.{softmax_cross_entropy, mean_squared_error}
-use std.metrics.{accuracy, root_mean_squared_error}
+use std.metrics.{accuracy, root_mean_squared_error, auc_pr}
 
 fn example(i) {
   let x = cast(i % 7, f32) / 7.0
@@ -46,6 +46,7 @@ model two_heads(
   eval    {
     metric class_accuracy = accuracy(labels.class, argmax(logits, 1))
     metric value_rmse = root_mean_squared_error(labels.value, value)
+    metric weighted_auc_pr = auc_pr(labels.class == 0, reshape(slice(softmax(logits), 1, 0, 1), [B]), weights: reshape(features.weight, [B]))
   }
   predict { class = argmax(logits, 1)  value = value }
 }
@@ -212,7 +213,7 @@ fn record_features_and_two_label_heads_train_alike_on_every_target() {
     let want = alike(TWO_HEADS, "two-heads", false, true);
     assert_eq!(want.examples, 90);
     let names: Vec<&str> = want.metrics.iter().map(|m| m.0.as_str()).collect();
-    assert_eq!(names, ["class_accuracy", "value_rmse"]);
+    assert_eq!(names, ["class_accuracy", "value_rmse", "weighted_auc_pr"]);
     // the loss is the sum of the heads': the class head alone is above the value's rmse
     let rmse = want.metrics[1].1;
     assert!(

@@ -119,7 +119,8 @@ impl<'p> Elab<'p> {
             | "mean_squared_error"
             | "root_mean_squared_error"
             | "mean_absolute_error"
-            | "accuracy_baseline" => self.b_metric(name, &a),
+            | "accuracy_baseline"
+            | "auc_pr" => self.b_metric(name, &a),
             "logging_hook" | "stop_at_step_hook" | "nan_hook" => self.b_hook(name, &a),
             _ => self.data_builtin(name, &a),
         }
@@ -1605,7 +1606,7 @@ impl<'p> Elab<'p> {
             "mean" => &["values"],
             "accuracy_baseline" => &["labels"],
             "reducer" => &["a", "b"],
-            "auc" => &["labels", "scores"],
+            "auc" | "auc_pr" => &["labels", "scores"],
             _ => &["labels", "predictions"],
         };
         let mut args = Vec::new();
@@ -1639,6 +1640,63 @@ impl<'p> Elab<'p> {
                     .with(self.site(args[1].2), format!("this is {t1}"))
                     .help("for classes, compare labels with `argmax(logits, 1)`"),
                 );
+            }
+        }
+        if name != "reducer" {
+            let (w, sw) = a.get("weights");
+            match w {
+                Value::None => {}
+                w => {
+                    let Some(wn) = self.operand(&w, sw, Some(DType::F32)) else {
+                        return Value::Error;
+                    };
+                    let want = self.graph.ty(args[0].1).clone();
+                    let wt = self.graph.ty(wn).clone();
+                    if !wt.dtype.is_float() && wt.dtype != DType::I32 {
+                        return self.expected("float weights", &Value::Tensor(wn), sw);
+                    }
+                    let fits = crate::ir::broadcast(&wt.shape, &want.shape)
+                        .is_some_and(|b| b.as_slice() == want.shape.as_slice());
+                    if !fits {
+                        return self.error(
+                            Diag::new(
+                                Code::ShapeMismatch,
+                                self.site(sw),
+                                format!(
+                                    "`weights` of {wt} do not broadcast to the {} of {want}",
+                                    args[0].0
+                                ),
+                            )
+                            .label(format!("this is {wt}"))
+                            .help(format!(
+                                "give one weight per example or per element: {}",
+                                want
+                            )),
+                        );
+                    }
+                    let site = self.site(sw);
+                    let wf = if wt.dtype == DType::F32 {
+                        wn
+                    } else {
+                        self.graph.add(
+                            Op::Cast,
+                            &[wn],
+                            TensorType::new(DType::F32, wt.shape.to_vec()),
+                            site,
+                        )
+                    };
+                    let wb = if wt.shape == want.shape {
+                        wf
+                    } else {
+                        self.graph.add(
+                            Op::BroadcastTo,
+                            &[wf],
+                            TensorType::new(DType::F32, want.shape.to_vec()),
+                            site,
+                        )
+                    };
+                    args.push(("weights", wb, sw));
+                }
             }
         }
         let reducer = match name {

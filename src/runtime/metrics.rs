@@ -28,6 +28,12 @@ pub fn builtin(name: &str) -> Option<ReducerFactory> {
         "recall" => ratio(RatioKind::Recall),
         "mean" => ratio(RatioKind::Mean),
         "auc" => Arc::new(|| Box::new(Auc::default()) as Box<dyn Reducer>),
+        "auc_pr" => Arc::new(|| {
+            Box::new(Auc {
+                pr: true,
+                ..Auc::default()
+            }) as Box<dyn Reducer>
+        }),
         "mean_squared_error" => ratio(RatioKind::SquaredError),
         "root_mean_squared_error" => ratio(RatioKind::RootSquaredError),
         "mean_absolute_error" => ratio(RatioKind::AbsoluteError),
@@ -73,38 +79,46 @@ impl Ratio {
     }
 }
 
+/// The weights of a metric's batch: its argument after the `arity` values, or ones.
+fn weights(args: &[&Tensor], arity: usize) -> Vec<f64> {
+    match args.get(arity) {
+        Some(w) => w.to_f64(),
+        None => vec![1.0; args[0].shape().iter().product()],
+    }
+}
+
 impl Reducer for Ratio {
     fn accumulate(&mut self, args: &[&Tensor]) {
         if matches!(self.kind, RatioKind::Mean | RatioKind::Baseline) {
-            for v in args[0].to_f64() {
-                self.num += v;
-                self.den += 1.0;
+            for (v, w) in args[0].to_f64().into_iter().zip(weights(args, 1)) {
+                self.num += w * v;
+                self.den += w;
             }
             return;
         }
         let labels = args[0].to_f64();
         let preds = args[1].to_f64();
-        for (l, p) in labels.into_iter().zip(preds) {
+        for ((l, p), w) in labels.into_iter().zip(preds).zip(weights(args, 2)) {
             match self.kind {
                 RatioKind::Accuracy => {
-                    self.den += 1.0;
-                    self.num += f64::from(u8::from(l == p));
+                    self.den += w;
+                    self.num += w * f64::from(u8::from(l == p));
                 }
                 RatioKind::Precision if p != 0.0 => {
-                    self.den += 1.0;
-                    self.num += f64::from(u8::from(l != 0.0));
+                    self.den += w;
+                    self.num += w * f64::from(u8::from(l != 0.0));
                 }
                 RatioKind::Recall if l != 0.0 => {
-                    self.den += 1.0;
-                    self.num += f64::from(u8::from(p != 0.0));
+                    self.den += w;
+                    self.num += w * f64::from(u8::from(p != 0.0));
                 }
                 RatioKind::SquaredError | RatioKind::RootSquaredError => {
-                    self.den += 1.0;
-                    self.num += (l - p) * (l - p);
+                    self.den += w;
+                    self.num += w * (l - p) * (l - p);
                 }
                 RatioKind::AbsoluteError => {
-                    self.den += 1.0;
-                    self.num += (l - p).abs();
+                    self.den += w;
+                    self.num += w * (l - p).abs();
                 }
                 _ => {}
             }
@@ -136,19 +150,27 @@ impl Reducer for Ratio {
     }
 }
 
-/// Exact ROC AUC: keeps every (score, label) and ranks them at the end (ties count
-/// half, as in the Mann-Whitney statistic).
+/// Exact areas: keeps every (score, label, weight) and sorts them at the end. ROC AUC
+/// is the weighted Mann-Whitney statistic (a positive above a negative counts the
+/// product of their weights, a tie half of it); with `pr`, the area under the
+/// precision-recall curve as the average precision (each distinct score's precision
+/// times the recall it adds).
 #[derive(Debug, Clone, Default)]
 pub struct Auc {
-    pairs: Vec<(f64, bool)>,
+    pairs: Vec<(f64, bool, f64)>,
+    pr: bool,
 }
 
 impl Reducer for Auc {
     fn accumulate(&mut self, args: &[&Tensor]) {
         let labels = args[0].to_f64();
         let scores = args[1].to_f64();
-        self.pairs
-            .extend(scores.into_iter().zip(labels.into_iter().map(|l| l != 0.0)));
+        let w = weights(args, 2);
+        self.pairs.extend(
+            (scores.into_iter().zip(labels).zip(w))
+                .filter(|x| x.1 != 0.0)
+                .map(|((s, l), w)| (s, l != 0.0, w)),
+        );
     }
 
     fn merge(&mut self, other: &dyn Reducer) {
@@ -163,25 +185,57 @@ impl Reducer for Auc {
             return f64::NAN;
         }
         let mut p = self.pairs.clone();
-        p.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let pos = p.iter().filter(|x| x.1).count() as f64;
-        let neg = p.len() as f64 - pos;
-        if pos == 0.0 || neg == 0.0 {
+        let pos: f64 = p.iter().filter(|x| x.1).map(|x| x.2).sum();
+        let neg: f64 = p.iter().filter(|x| !x.1).map(|x| x.2).sum();
+        if pos == 0.0 || (neg == 0.0 && !self.pr) {
             return 0.0;
         }
-        // Sum of the ranks of the positives, with tied scores sharing their mean rank.
-        let mut rank_sum = 0.0;
+        if self.pr {
+            // from the highest score down: at each distinct score, the precision of
+            // everything at or above it, times the recall that score adds
+            p.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let (mut tp, mut fp, mut ap) = (0.0, 0.0, 0.0);
+            let mut i = 0;
+            while i < p.len() {
+                let mut j = i;
+                let mut added = 0.0;
+                while j < p.len() && p[j].0 == p[i].0 {
+                    if p[j].1 {
+                        tp += p[j].2;
+                        added += p[j].2;
+                    } else {
+                        fp += p[j].2;
+                    }
+                    j += 1;
+                }
+                if added > 0.0 {
+                    ap += tp / (tp + fp) * added / pos;
+                }
+                i = j;
+            }
+            return ap;
+        }
+        // from the lowest score up: each positive beats the negative weight below it,
+        // and ties with half its score group's negative weight
+        p.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (mut below, mut sum) = (0.0, 0.0);
         let mut i = 0;
         while i < p.len() {
-            let mut j = i + 1;
+            let mut j = i;
+            let (mut gp, mut gn) = (0.0, 0.0);
             while j < p.len() && p[j].0 == p[i].0 {
+                if p[j].1 {
+                    gp += p[j].2;
+                } else {
+                    gn += p[j].2;
+                }
                 j += 1;
             }
-            let mean_rank = (i + 1 + j) as f64 / 2.0;
-            rank_sum += mean_rank * p[i..j].iter().filter(|x| x.1).count() as f64;
+            sum += gp * (below + gn / 2.0);
+            below += gn;
             i = j;
         }
-        (rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg)
+        sum / (pos * neg)
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -202,8 +256,13 @@ mod tests {
     fn two_batches(name: &str, a: [&[f64]; 2], b: [&[f64]; 2]) -> f64 {
         let make = builtin(name).unwrap();
         let (mut r, mut other) = (make(), make());
-        r.accumulate(&[&t(a[0]), &t(a[1])]);
-        other.accumulate(&[&t(b[0]), &t(b[1])]);
+        // (an empty second argument is none: the baseline's one argument)
+        let args = |x: [&[f64]; 2]| -> Vec<Tensor> {
+            x.iter().filter(|v| !v.is_empty()).map(|v| t(v)).collect()
+        };
+        let (ta, tb) = (args(a), args(b));
+        r.accumulate(&ta.iter().collect::<Vec<_>>());
+        other.accumulate(&tb.iter().collect::<Vec<_>>());
         r.merge(other.as_ref());
         r.result()
     }
@@ -223,5 +282,50 @@ mod tests {
         // labels 1, 0 | 0, 0, 0 (no second argument read): mean 0.2, baseline 0.8
         let (x, y): ([&[f64]; 2], [&[f64]; 2]) = ([&[1.0, 0.0], &[]], [&[0.0, 0.0, 0.0], &[]]);
         assert!(close(two_batches("accuracy_baseline", x, y), 0.8));
+    }
+
+    /// Weighting an element by k is counting it k times, for every weighted metric;
+    /// and the average precision of a small case by hand.
+    #[test]
+    fn a_weight_counts_an_element_that_many_times() {
+        let labels = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+        let scores = [0.9, 0.8, 0.7, 0.7, 0.2, 0.4];
+        let preds = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0];
+        let w = [2.0, 1.0, 3.0, 0.0, 1.0, 2.0];
+        // the same batch with each element repeated its weight's times
+        let rep = |v: &[f64]| -> Vec<f64> {
+            v.iter()
+                .zip(&w)
+                .flat_map(|(x, &k)| std::iter::repeat_n(*x, k as usize))
+                .collect()
+        };
+        let one = |name: &str, args: &[&[f64]]| -> f64 {
+            let mut r = builtin(name).unwrap()();
+            let ts: Vec<Tensor> = args.iter().map(|a| t(a)).collect();
+            r.accumulate(&ts.iter().collect::<Vec<_>>());
+            r.result()
+        };
+        for (name, second) in [
+            ("accuracy", &preds),
+            ("precision", &preds),
+            ("recall", &preds),
+            ("mean_squared_error", &scores),
+            ("mean_absolute_error", &scores),
+            ("auc", &scores),
+            ("auc_pr", &scores),
+        ] {
+            let weighted = one(name, &[&labels, second, &w]);
+            let repeated = one(name, &[&rep(&labels), &rep(second)]);
+            assert!(
+                (weighted - repeated).abs() <= 1e-12,
+                "{name}: weighted {weighted}, repeated {repeated}"
+            );
+        }
+        let weighted = one("mean", &[&scores, &w]);
+        assert!((weighted - one("mean", &[&rep(&scores)])).abs() <= 1e-12);
+        // scores 0.9 (+), 0.8 (-), 0.7 (+), 0.6 (-): precision 1 at recall 1/2, then
+        // 2/3 at recall 1
+        let ap = one("auc_pr", &[&[1.0, 0.0, 1.0, 0.0], &[0.9, 0.8, 0.7, 0.6]]);
+        assert!((ap - (0.5 + 2.0 / 3.0 * 0.5)).abs() <= 1e-12, "{ap}");
     }
 }
