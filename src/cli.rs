@@ -217,6 +217,10 @@ struct RunArgs {
     /// Train up to this global step (a total, as the Estimator API's max_steps).
     #[arg(long)]
     max_steps: Option<u64>,
+    /// Train this many passes over the train input: converted to steps from the
+    /// input's size (read from its source; an error when it cannot be known).
+    #[arg(long, conflicts_with_all = ["steps", "max_steps"], value_parser = clap::value_parser!(u64).range(1..))]
+    epochs: Option<u64>,
     /// One train step, one checkpoint save and restore, one eval step, in a temporary
     /// directory: finds errors in seconds.
     #[arg(long)]

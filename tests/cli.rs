@@ -790,3 +790,58 @@ fn emit_tokens_is_linear_in_line_length() {
         format!("1:{} RBrace \"}}\"", 2 * n + 12)
     );
 }
+
+/// `--epochs` counts the train input's examples (the CSV's rows) and trains that many
+/// passes of whole batches; evaluation refuses it.
+#[test]
+fn epochs_convert_to_steps_from_the_input_size() {
+    let dir = std::env::temp_dir().join(format!("estc-cli-epochs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let md = dir.to_string_lossy().into_owned();
+    let rows = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/digits_train.csv"),
+    )
+    .unwrap()
+    .lines()
+    .filter(|l| !l.is_empty())
+    .count()
+        - 1;
+    let per = rows / 32; // digits_mlp's batches of 32, the remainder dropped
+    let o = estc(&[
+        "train",
+        "examples/digits_mlp.est",
+        "--model-dir",
+        &md,
+        "--epochs",
+        "2",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let line = format!(
+        "2 epochs of {rows} examples (the rows of data/digits_train.csv) in batches of 32: {per} steps an epoch, {} steps",
+        2 * per
+    );
+    assert!(stderr(&o).contains(&line), "{}", stderr(&o));
+    assert!(
+        stdout(&o).starts_with(&format!(
+            "trained {} steps (global step 0 -> {})",
+            2 * per,
+            2 * per
+        )),
+        "{}",
+        stdout(&o)
+    );
+    let o = estc(&[
+        "eval",
+        "examples/digits_mlp.est",
+        "--model-dir",
+        &md,
+        "--epochs",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("`--epochs` is for training"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -80,9 +80,18 @@ pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
 type Res = Result<String, est::runtime::RunFailure>;
 
 fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
-    let steps = match (a.steps, a.max_steps) {
-        (Some(n), _) => Steps::Add(n),
-        (_, Some(n)) => Steps::Max(n),
+    let steps = match (a.steps, a.max_steps, a.epochs) {
+        (Some(n), _, _) => Steps::Add(n),
+        (_, Some(n), _) => Steps::Max(n),
+        (_, _, Some(e)) => {
+            let (per, how) = est.steps_per_epoch()?;
+            let total = per.saturating_mul(e);
+            log(&format!(
+                "{e} epoch{} of {how}: {per} steps an epoch, {total} steps",
+                if e == 1 { "" } else { "s" }
+            ));
+            Steps::Add(total)
+        }
         _ => Steps::Default,
     };
     if !json {
@@ -127,7 +136,25 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
     Ok(out)
 }
 
+/// `--epochs` counts train steps; evaluation and prediction read their input once.
+fn no_epochs(est: &Estimator, a: &RunArgs, what: &str) -> Result<(), est::runtime::RunFailure> {
+    match a.epochs {
+        Some(_) => Err(est::diag::Diag::new(
+            est::diag::Code::InvalidEstimator,
+            est.info.span,
+            format!("`--epochs` is for training; {what} reads its input once"),
+        )
+        .label("this estimator")
+        .help(format!(
+            "drop `--epochs`, or give `--steps N` to {what} N batches"
+        ))
+        .into()),
+        None => Ok(()),
+    }
+}
+
 fn eval(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
+    no_epochs(est, a, "evaluation")?;
     let r = est.evaluate(a.steps)?;
     if json {
         let mut m = serde_json::Map::new();
@@ -152,6 +179,7 @@ fn eval(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
 }
 
 fn predict(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
+    no_epochs(est, a, "prediction")?;
     let out = a
         .output
         .clone()

@@ -673,6 +673,114 @@ impl Estimator {
         Ok(out)
     }
 
+    /// The train steps of one epoch (one pass over the train input's examples, before
+    /// its `repeat`), for `--epochs`: with how they were counted. The size is read
+    /// from the source (a `range`, a counted `synthetic`, the rows of a CSV or lines
+    /// of a text file, a `.npy`'s first dimension, `take` and `skip`); E0510 when it
+    /// cannot be known before the run (a `filter`, a TFRecord or PNG source).
+    pub fn steps_per_epoch(&self) -> Res<(u64, String)> {
+        use crate::elab::data::StageKind as K;
+        let (_, ds) = self.input(SectionKind::Train)?;
+        let unknown = |why: String| -> RunFailure {
+            Diag::new(
+                Code::InvalidEstimator,
+                ds.span(),
+                format!("the train input's size is not known before the run: {why}"),
+            )
+            .label("this input")
+            .help("give the steps instead: `--steps N` (an epoch is the examples divided by the global batch)")
+            .into()
+        };
+        let count_lines = |path: &str, header: bool| -> Res<u64> {
+            let p = self.base.join(path);
+            let text = std::fs::read(&p)
+                .map_err(|e| self.io_diag(format!("cannot read {}: {e}", p.display())))?;
+            let lines = text
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty() && *l != b"\r")
+                .count() as u64;
+            Ok(lines.saturating_sub(u64::from(header)))
+        };
+        let mut n: Option<u64> = None;
+        let mut batch: Option<(u64, bool)> = None;
+        let mut how = String::new();
+        let mut repeated = false;
+        for s in &ds.stages {
+            // after the `repeat`, only the batch matters: an epoch is one pass before it
+            if repeated && !matches!(s.kind, K::Batch { .. }) {
+                continue;
+            }
+            match &s.kind {
+                K::Range { n: r } => n = Some((*r).max(0) as u64),
+                K::Synthetic { count: Some(c), .. } => n = Some(*c as u64),
+                K::Csv { path, header, .. } => {
+                    n = Some(count_lines(path, *header)?);
+                    how = format!(" (the rows of {path})");
+                }
+                K::Text { path } => {
+                    n = Some(count_lines(path, false)?);
+                    how = format!(" (the lines of {path})");
+                }
+                K::Npy { path, .. } => {
+                    let p = self.base.join(path);
+                    let b = std::fs::read(&p)
+                        .map_err(|e| self.io_diag(format!("cannot read {}: {e}", p.display())))?;
+                    let (_, shape, _) = crate::data::records::npy_header(&b)
+                        .map_err(|m| self.io_diag(format!("{}: {m}", p.display())))?;
+                    n = Some(shape.first().copied().unwrap_or(0) as u64);
+                    how = format!(" (the rows of {path})");
+                }
+                K::Take { n: t } => n = n.map(|x| x.min(*t as u64)),
+                K::Skip { n: k } => n = n.map(|x| x.saturating_sub(*k as u64)),
+                K::Shard { n: k, index } => {
+                    n = n.map(|x| x / *k as u64 + u64::from((*index as u64) < x % *k as u64))
+                }
+                K::Filter { .. } => {
+                    return Err(unknown("a `filter` drops an unknown number".into()))
+                }
+                K::Zip { .. } | K::Interleave { .. } => {
+                    return Err(unknown(format!("`{}` combines sources", s.kind.name())))
+                }
+                K::Batch {
+                    size,
+                    drop_remainder,
+                    ..
+                } => batch = Some((*size as u64, *drop_remainder)),
+                K::Repeat { .. } => repeated = true,
+                K::TfRecord { .. } | K::Png { .. } | K::Synthetic { count: None, .. } => {
+                    return Err(unknown(format!(
+                        "a `{}` source is not counted",
+                        s.kind.name()
+                    )))
+                }
+                _ => {}
+            }
+        }
+        let (Some(n), Some((b, drop))) = (n, batch) else {
+            return Err(unknown("it has no size or no batch".into()));
+        };
+        let batches = if drop { n / b } else { n.div_ceil(b) };
+        let shards = self.info.config.num_shards.max(1) as u64;
+        let steps = batches / shards;
+        if steps == 0 {
+            return Err(unknown(format!(
+                "{n} examples make no step of {} batches of {b}",
+                shards
+            )));
+        }
+        Ok((
+            steps,
+            format!(
+                "{n} examples{how} in batches of {b}{}",
+                if shards > 1 {
+                    format!(" on {shards} shards")
+                } else {
+                    String::new()
+                }
+            ),
+        ))
+    }
+
     /// Pulls one batch per shard; `None` when the input has ended.
     fn next_batches(
         &mut self,
