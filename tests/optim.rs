@@ -57,6 +57,20 @@ estimator e {{
     )
 }
 
+/// A fresh `dir` with `grads.csv`: one row per step, the gradient and a label 0.
+fn write_grads(dir: &std::path::Path, grads: &[Vec<f64>]) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let csv: String = grads
+        .iter()
+        .map(|g| {
+            let v: Vec<String> = g.iter().map(|x| format!("{x:?}")).collect();
+            format!("{},0\n", v.join(","))
+        })
+        .collect();
+    std::fs::write(dir.join("grads.csv"), csv).unwrap();
+}
+
 fn run(name: &str, optimizer: &str, f: &Value) {
     run_against(name, optimizer, f, "PyTorch")
 }
@@ -84,22 +98,8 @@ fn run_on(name: &str, optimizer: &str, f: &Value, reference: &str, target: est::
         "est-optim-{}-{name}-{target:?}",
         std::process::id()
     ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
     let grads: Vec<Vec<f64>> = f["grads"].as_array().unwrap().iter().map(floats).collect();
-    let csv: String = grads
-        .iter()
-        .map(|g| {
-            format!(
-                "{},0\n",
-                g.iter()
-                    .map(|x| format!("{x:?}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )
-        })
-        .collect();
-    std::fs::write(dir.join("grads.csv"), csv).unwrap();
+    write_grads(&dir, &grads);
     let src = program(
         optimizer,
         "csv(\"grads.csv\", header: false, columns: { g: f32[4], label: i32 }) |> map |r| (r.g, r.label) |> repeat |> batch(1, drop_remainder: true)",
@@ -307,16 +307,7 @@ fn moving_averages_follow_the_weights_and_evaluation_reads_them() {
         for target in targets() {
             let tag = format!("ema-{decay}-{target:?}");
             let dir = std::env::temp_dir().join(format!("est-optim-{}-{tag}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            let csv: String = grads
-                .iter()
-                .map(|g| {
-                    let v: Vec<String> = g.iter().map(|x| format!("{x:?}")).collect();
-                    format!("{},0\n", v.join(","))
-                })
-                .collect();
-            std::fs::write(dir.join("grads.csv"), csv).unwrap();
+            write_grads(&dir, &grads);
             let src = program(
                 &format!("moving_average(sgd(lr: 0.1), decay: {decay}, num_updates: {ramp})"),
                 "csv(\"grads.csv\", header: false, columns: { g: f32[4], label: i32 }) |> map |r| (r.g, r.label) |> repeat |> batch(1, drop_remainder: true)",

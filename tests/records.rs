@@ -12,15 +12,9 @@ use est::runtime::{Estimator, RunOptions, Steps};
 use est::Program;
 use std::path::Path;
 
-/// Two feature tensors and two label heads, as dicts from a TensorFlow `input_fn`. The
-/// model declares the fields in another order than the element has them: they are
-/// bound by name. The wafer does not lay out two heads on one layer (E0601), so this
-/// one runs on the interpreter and the host.
-const TWO_HEADS: &str = r#"
-use std.nn.dense
-use std.losses.{softmax_cross_entropy, mean_squared_error}
-use std.metrics.{accuracy, root_mean_squared_error, auc_pr}
-
+/// The examples of `TWO_HEADS` and `ONE_HEAD`, in place of their `{EXAMPLES}`: two
+/// features and two labels per row, as dicts.
+const EXAMPLES: &str = r#"
 fn example(i) {
   let x = cast(i % 7, f32) / 7.0
   let w = cast(i % 3, f32)
@@ -33,7 +27,18 @@ input examples(training: bool) {
   let rows = if training { rows |> shuffle(90) |> repeat } else { rows }
   rows |> batch(16, drop_remainder: training)
 }
+"#;
 
+/// Two feature tensors and two label heads, as dicts from a TensorFlow `input_fn`. The
+/// model declares the fields in another order than the element has them: they are
+/// bound by name. The wafer does not lay out two heads on one layer (E0601), so this
+/// one runs on the interpreter and the host.
+const TWO_HEADS: &str = r#"
+use std.nn.dense
+use std.losses.{softmax_cross_entropy, mean_squared_error}
+use std.metrics.{accuracy, root_mean_squared_error, auc_pr}
+
+{EXAMPLES}
 model two_heads(
   features: { weight: f32[B, 1], x: f32[B, 4] },
   labels: { class: i32[B], value: f32[B, 1] },
@@ -66,19 +71,7 @@ use std.nn.dense
 use std.losses.softmax_cross_entropy
 use std.metrics.accuracy
 
-fn example(i) {
-  let x = cast(i % 7, f32) / 7.0
-  let w = cast(i % 3, f32)
-  let labels = { value: reshape(x * 2.0 + w, [1]), class: (i % 7) / 3 };
-  ({ x: reshape(x, [1]) * fill([4], 1.0), weight: reshape(w, [1]) }, labels)
-}
-
-input examples(training: bool) {
-  let rows = range(90) |> map |i| example(i)
-  let rows = if training { rows |> shuffle(90) |> repeat } else { rows }
-  rows |> batch(16, drop_remainder: training)
-}
-
+{EXAMPLES}
 model one_head(
   features: { weight: f32[B, 1], x: f32[B, 4] },
   labels: { value: f32[B, 1], class: i32[B] },
@@ -148,7 +141,8 @@ fn targets(wafer: bool) -> Vec<Target> {
 
 fn trained(src: &str, target: Target, tag: &str, steps: u64) -> (Estimator, std::path::PathBuf) {
     let dir = common::scratch("records", &format!("{tag}-{target:?}"));
-    let p = Program::from_source(&format!("{tag}.est"), src, None);
+    let src = src.replace("{EXAMPLES}", EXAMPLES);
+    let p = Program::from_source(&format!("{tag}.est"), &src, None);
     let opts = RunOptions {
         target,
         model_dir: Some(dir.clone()),

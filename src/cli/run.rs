@@ -84,12 +84,8 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
         (Some(n), _, _) => Steps::Add(n),
         (_, Some(n), _) => Steps::Max(n),
         (_, _, Some(e)) => {
-            let (per, how) = est.steps_per_epoch()?;
-            let total = per.saturating_mul(e);
-            log(&format!(
-                "{e} epoch{} of {how}: {per} steps an epoch, {total} steps",
-                if e == 1 { "" } else { "s" }
-            ));
+            let (total, how) = est.epoch_steps(e)?;
+            log(&format!("{how}: {total} steps"));
             Steps::Add(total)
         }
         _ => Steps::Default,

@@ -1535,6 +1535,7 @@ impl<'p> Elab<'p> {
                 other => return self.expected("a variable", &other.clone(), ss),
             }
         }
+        names.dedup();
         if names.is_empty() {
             return self.error(
                 Diag::new(Code::InvalidModel, self.site(ss), "`only` names no variable")

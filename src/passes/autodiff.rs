@@ -797,27 +797,14 @@ impl Ad<'_> {
                     let mom = hyper("momentum", 0.0);
                     let eps = hyper("epsilon", 1e-7);
                     let ms = self.slot(&name, "rms", &vt, sp);
-                    let krho = k(self, rho);
-                    let k1rho = k(self, 1.0 - rho);
                     let g2 = self.un(UnaryOp::Square, grad, sp);
-                    let t0 = self.bin(BinaryOp::Mul, ms, krho, sp);
-                    let t1 = self.bin(BinaryOp::Mul, g2, k1rho, sp);
-                    let nms = self.bin(BinaryOp::Add, t0, t1, sp);
+                    let nms = self.decayed(ms, g2, rho, sp);
                     updates.push((format!("{name}/rms"), nms));
                     let r = self.un(UnaryOp::Sqrt, nms, sp);
                     let keps = k(self, eps);
                     let den = self.bin(BinaryOp::Add, r, keps, sp);
                     let q = self.bin(BinaryOp::Div, grad, den, sp);
-                    let dir = if mom > 0.0 {
-                        let buf = self.slot(&name, "rms_momentum", &vt, sp);
-                        let km = k(self, mom);
-                        let t = self.bin(BinaryOp::Mul, buf, km, sp);
-                        let nb = self.bin(BinaryOp::Add, t, q, sp);
-                        updates.push((format!("{name}/rms_momentum"), nb));
-                        nb
-                    } else {
-                        q
-                    };
+                    let dir = self.with_momentum(&name, "rms_momentum", mom, q, &mut updates, sp);
                     let t = self.bin(BinaryOp::Mul, dir, lr_v, sp);
                     self.bin(BinaryOp::Sub, v, t, sp)
                 }
@@ -827,28 +814,15 @@ impl Ad<'_> {
                     let mom = hyper("momentum", 0.0);
                     let eps = hyper("epsilon", 1e-10);
                     let ms = self.slot_from(&name, "rms", &vt, Init::Ones, sp);
-                    let krho = k(self, rho);
-                    let k1rho = k(self, 1.0 - rho);
                     let g2 = self.un(UnaryOp::Square, grad, sp);
-                    let t0 = self.bin(BinaryOp::Mul, ms, krho, sp);
-                    let t1 = self.bin(BinaryOp::Mul, g2, k1rho, sp);
-                    let nms = self.bin(BinaryOp::Add, t0, t1, sp);
+                    let nms = self.decayed(ms, g2, rho, sp);
                     updates.push((format!("{name}/rms"), nms));
                     let keps = k(self, eps);
                     let d = self.bin(BinaryOp::Add, nms, keps, sp);
                     let r = self.un(UnaryOp::Sqrt, d, sp);
                     let q = self.bin(BinaryOp::Div, grad, r, sp);
                     let q = self.bin(BinaryOp::Mul, q, lr_v, sp);
-                    let dir = if mom > 0.0 {
-                        let buf = self.slot(&name, "momentum", &vt, sp);
-                        let km = k(self, mom);
-                        let t = self.bin(BinaryOp::Mul, buf, km, sp);
-                        let nb = self.bin(BinaryOp::Add, t, q, sp);
-                        updates.push((format!("{name}/momentum"), nb));
-                        nb
-                    } else {
-                        q
-                    };
+                    let dir = self.with_momentum(&name, "momentum", mom, q, &mut updates, sp);
                     self.bin(BinaryOp::Sub, v, dir, sp)
                 }
                 "adagrad" => {
@@ -942,6 +916,39 @@ impl Ad<'_> {
             role: Role::NextStep,
             node: next,
         });
+    }
+
+    /// `beta * acc + (1 - beta) * x`: a slot's exponential average.
+    fn decayed(&mut self, acc: NodeIndex, x: NodeIndex, beta: f64, sp: Span) -> NodeIndex {
+        let dt = self.g.ty(acc).dtype;
+        let kb = self.konst(beta, dt, sp);
+        let k1b = self.konst(1.0 - beta, dt, sp);
+        let t0 = self.bin(BinaryOp::Mul, acc, kb, sp);
+        let t1 = self.bin(BinaryOp::Mul, x, k1b, sp);
+        self.bin(BinaryOp::Add, t0, t1, sp)
+    }
+
+    /// With `momentum` > 0, the momentum slot `VAR/slot` updated to
+    /// `momentum * buf + q` (pushed to `updates`) as the direction; else `q`.
+    fn with_momentum(
+        &mut self,
+        name: &str,
+        slot: &str,
+        momentum: f64,
+        q: NodeIndex,
+        updates: &mut Vec<(String, NodeIndex)>,
+        sp: Span,
+    ) -> NodeIndex {
+        if momentum <= 0.0 {
+            return q;
+        }
+        let vt = self.ty(q);
+        let buf = self.slot(name, slot, &vt, sp);
+        let km = self.konst(momentum, vt.dtype, sp);
+        let t = self.bin(BinaryOp::Mul, buf, km, sp);
+        let nb = self.bin(BinaryOp::Add, t, q, sp);
+        updates.push((format!("{name}/{slot}"), nb));
+        nb
     }
 
     /// FTRL-Proximal's update of variable `v` (TensorFlow's `ApplyFtrlV2`, as Keras

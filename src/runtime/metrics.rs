@@ -91,6 +91,9 @@ impl Reducer for Ratio {
     fn accumulate(&mut self, args: &[&Tensor]) {
         if matches!(self.kind, RatioKind::Mean | RatioKind::Baseline) {
             for (v, w) in args[0].to_f64().into_iter().zip(weights(args, 1)) {
+                if w == 0.0 {
+                    continue; // left out, even a NaN
+                }
                 self.num += w * v;
                 self.den += w;
             }
@@ -99,6 +102,9 @@ impl Reducer for Ratio {
         let labels = args[0].to_f64();
         let preds = args[1].to_f64();
         for ((l, p), w) in labels.into_iter().zip(preds).zip(weights(args, 2)) {
+            if w == 0.0 {
+                continue; // left out, even a NaN
+            }
             match self.kind {
                 RatioKind::Accuracy => {
                     self.den += w;

@@ -673,12 +673,14 @@ impl Estimator {
         Ok(out)
     }
 
-    /// The train steps of one epoch (one pass over the train input's examples, before
-    /// its `repeat`), for `--epochs`: with how they were counted. The size is read
+    /// The train steps of `epochs` passes over the train input's examples (before its
+    /// `repeat`), for `--epochs`, with how they were counted: whole batches of one pass
+    /// when the input batches before its `repeat`, else the examples of all passes in
+    /// batches; divided by the shards a step reads. The size is read
     /// from the source (a `range`, a counted `synthetic`, the rows of a CSV or lines
     /// of a text file, a `.npy`'s first dimension, `take` and `skip`); E0510 when it
     /// cannot be known before the run (a `filter`, a TFRecord or PNG source).
-    pub fn steps_per_epoch(&self) -> Res<(u64, String)> {
+    pub fn epoch_steps(&self, epochs: u64) -> Res<(u64, String)> {
         use crate::elab::data::StageKind as K;
         let (_, ds) = self.input(SectionKind::Train)?;
         let unknown = |why: String| -> RunFailure {
@@ -705,10 +707,24 @@ impl Estimator {
         let mut batch: Option<(u64, bool)> = None;
         let mut how = String::new();
         let mut repeated = false;
+        let mut batch_after = false;
         for s in &ds.stages {
-            // after the `repeat`, only the batch matters: an epoch is one pass before it
-            if repeated && !matches!(s.kind, K::Batch { .. }) {
-                continue;
+            // after the `repeat`, only stages that keep every element may come
+            if repeated {
+                match &s.kind {
+                    K::Batch { .. } => batch_after = true,
+                    K::Map { .. }
+                    | K::Parse { .. }
+                    | K::Shuffle { .. }
+                    | K::Cache { .. }
+                    | K::Prefetch { .. } => continue,
+                    k => {
+                        return Err(unknown(format!(
+                            "a `{}` after the `repeat` changes what a pass is",
+                            k.name()
+                        )))
+                    }
+                }
             }
             match &s.kind {
                 K::Range { n: r } => n = Some((*r).max(0) as u64),
@@ -759,19 +775,24 @@ impl Estimator {
         let (Some(n), Some((b, drop))) = (n, batch) else {
             return Err(unknown("it has no size or no batch".into()));
         };
-        let batches = if drop { n / b } else { n.div_ceil(b) };
         let shards = self.info.config.num_shards.max(1) as u64;
+        // a pass's batches end with it when it batches first; else batches run on
+        let batches = if batch_after {
+            epochs.saturating_mul(n) / b
+        } else {
+            epochs.saturating_mul(if drop { n / b } else { n.div_ceil(b) })
+        };
         let steps = batches / shards;
         if steps == 0 {
             return Err(unknown(format!(
-                "{n} examples make no step of {} batches of {b}",
-                shards
+                "{epochs} passes over {n} examples make no step of {shards} batches of {b}"
             )));
         }
         Ok((
             steps,
             format!(
-                "{n} examples{how} in batches of {b}{}",
+                "{epochs} epoch{} of {n} examples{how} in batches of {b}{}",
+                if epochs == 1 { "" } else { "s" },
                 if shards > 1 {
                     format!(" on {shards} shards")
                 } else {
@@ -839,10 +860,12 @@ impl Estimator {
         let mut stopped = None;
         let ipl = cfg.iterations_per_loop.max(1);
         let crossed = |every: i64, from: i64, to: i64| every > 0 && to / every > from / every;
-        let mut extra = Summaries::default();
+        let mut extra: Summaries;
         while self.step < last && stopped.is_none() {
             // One loop: up to `iterations_per_loop` steps without a round trip.
             let loop_end = self.step.saturating_add(ipl).min(last);
+            // (the summaries of this loop's last step, when it gets there)
+            extra = Summaries::default();
             while self.step < loop_end {
                 for h in &mut self.hooks {
                     h.before_step(self.step);

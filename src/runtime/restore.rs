@@ -11,6 +11,19 @@ use crate::{rng, tensor::Tensor};
 use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
+/// The names of the slots the optimisers add to a variable `VAR` (`VAR/momentum`):
+/// a warm start leaves them to start again.
+const SLOTS: &[&str] = &[
+    "momentum",
+    "adam_m",
+    "adam_v",
+    "rms",
+    "rms_momentum",
+    "accumulator",
+    "linear",
+    "ExponentialMovingAverage",
+];
+
 /// What a run needs of `model_dir`'s checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Need {
@@ -294,7 +307,7 @@ impl Estimator {
         // an optimiser's slot is named after its variable: `VAR/momentum`
         let slot = |n: &str| {
             n.rsplit_once('/')
-                .is_some_and(|(base, _)| vars.contains_key(base))
+                .is_some_and(|(base, s)| vars.contains_key(base) && SLOTS.contains(&s))
         };
         let mut warmed = Vec::new();
         for name in names.iter().filter(|n| !slot(n)) {
@@ -326,6 +339,12 @@ impl Estimator {
             warmed.push((name.clone(), t.clone()));
         }
         let n = warmed.len();
+        if n == 0 {
+            return Err(fail(
+                format!("the warm start from {} matches no variable of the model", ws.from),
+                "`vars` is a name pattern, not a regular expression: a part of the names (`encoder`), `*` for any characters; leave it empty for every variable",
+            ));
+        }
         for (name, t) in warmed {
             let avg = format!("{name}{}", crate::ir::AVERAGE_SUFFIX);
             if vars.contains_key(&avg) {

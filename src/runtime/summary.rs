@@ -88,8 +88,49 @@ pub fn image_event(wall_time: f64, step: i64, images: &[(String, Image)]) -> Vec
 
 /// Reads the image summaries of an event file back: (step, tag, image) in file order.
 pub fn read_images(path: &Path) -> Result<Vec<(i64, String, Image)>, String> {
-    let b = std::fs::read(path).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
+    each_value(path, |step, value| {
+        let mut tag = String::new();
+        let mut image = None;
+        for f in fields(value).ok_or("malformed Summary.Value")? {
+            match f {
+                (1, Field::Bytes(t)) => tag = String::from_utf8_lossy(t).into_owned(),
+                (4, Field::Bytes(im)) => {
+                    let mut i = Image {
+                        height: 0,
+                        width: 0,
+                        channels: 0,
+                        png: Vec::new(),
+                    };
+                    for g in fields(im).ok_or("malformed Image")? {
+                        match g {
+                            (1, Field::Varint(v)) => i.height = v as u32,
+                            (2, Field::Varint(v)) => i.width = v as u32,
+                            (3, Field::Varint(v)) => i.channels = v as u32,
+                            (4, Field::Bytes(p)) => i.png = p.to_vec(),
+                            _ => {}
+                        }
+                    }
+                    image = Some(i);
+                }
+                _ => {}
+            }
+        }
+        if let Some(i) = image {
+            out.push((step, tag, i));
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Calls `f` with the step and bytes of every `Summary.Value` of an event file, in
+/// file order.
+fn each_value(
+    path: &Path,
+    mut f: impl FnMut(i64, &[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    let b = std::fs::read(path).map_err(|e| e.to_string())?;
     for rec in unframe(&b).map_err(|e| e.to_string())? {
         let event = fields(&rec).ok_or("malformed Event")?;
         let step = event
@@ -107,39 +148,11 @@ pub fn read_images(path: &Path) -> Result<Vec<(i64, String, Image)>, String> {
                 let Field::Bytes(value) = value else {
                     return Err("malformed Summary.Value".into());
                 };
-                let mut tag = String::new();
-                let mut image = None;
-                for f in fields(value).ok_or("malformed Summary.Value")? {
-                    match f {
-                        (1, Field::Bytes(t)) => tag = String::from_utf8_lossy(t).into_owned(),
-                        (4, Field::Bytes(im)) => {
-                            let mut i = Image {
-                                height: 0,
-                                width: 0,
-                                channels: 0,
-                                png: Vec::new(),
-                            };
-                            for g in fields(im).ok_or("malformed Image")? {
-                                match g {
-                                    (1, Field::Varint(v)) => i.height = v as u32,
-                                    (2, Field::Varint(v)) => i.width = v as u32,
-                                    (3, Field::Varint(v)) => i.channels = v as u32,
-                                    (4, Field::Bytes(p)) => i.png = p.to_vec(),
-                                    _ => {}
-                                }
-                            }
-                            image = Some(i);
-                        }
-                        _ => {}
-                    }
-                }
-                if let Some(i) = image {
-                    out.push((step, tag, i));
-                }
+                f(step, value)?;
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// An open event file.
@@ -250,36 +263,20 @@ pub fn read_session_starts(path: &Path) -> Result<Vec<i64>, String> {
 
 /// Reads the scalars of an event file back: (step, tag, value) in file order.
 pub fn read_scalars(path: &Path) -> Result<Vec<(i64, String, f32)>, String> {
-    let b = std::fs::read(path).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for rec in unframe(&b).map_err(|e| e.to_string())? {
-        let event = fields(&rec).ok_or("malformed Event")?;
-        let step = event
-            .iter()
-            .find_map(|f| match f {
-                (2, Field::Varint(s)) => Some(*s as i64),
-                _ => None,
-            })
-            .unwrap_or(0);
-        for (_, summary) in event.iter().filter(|f| f.0 == 5) {
-            let Field::Bytes(summary) = summary else {
-                return Err("malformed Summary".into());
-            };
-            for (_, value) in fields(summary).ok_or("malformed Summary")? {
-                let Field::Bytes(value) = value else {
-                    return Err("malformed Summary.Value".into());
-                };
-                let (mut tag, mut v) = (String::new(), 0f32);
-                for f in fields(value).ok_or("malformed Summary.Value")? {
-                    match f {
-                        (1, Field::Bytes(t)) => tag = String::from_utf8_lossy(t).into_owned(),
-                        (2, Field::Fixed32(bits)) => v = f32::from_bits(bits),
-                        _ => {}
-                    }
-                }
-                out.push((step, tag, v));
+    each_value(path, |step, value| {
+        let (mut tag, mut v) = (String::new(), None);
+        for f in fields(value).ok_or("malformed Summary.Value")? {
+            match f {
+                (1, Field::Bytes(t)) => tag = String::from_utf8_lossy(t).into_owned(),
+                (2, Field::Fixed32(bits)) => v = Some(f32::from_bits(bits)),
+                _ => {}
             }
         }
-    }
+        if let Some(v) = v {
+            out.push((step, tag, v));
+        }
+        Ok(())
+    })?;
     Ok(out)
 }
