@@ -121,7 +121,8 @@ impl<'p> Elab<'p> {
         dims: &mut FxHashMap<String, usize>,
         at: &Binding<'_>,
     ) -> Option<Value<'p>> {
-        let mismatch = |el: &mut Self, why: String| {
+        let agree = "change the model's signature or the input pipeline so that they agree";
+        let mismatch = |el: &mut Self, why: String, help: String| {
             el.diags.push(
                 Diag::new(
                     Code::InputModelMismatch,
@@ -133,7 +134,7 @@ impl<'p> Elab<'p> {
                 )
                 .label(why)
                 .with(at.input, format!("this input yields {}", at.whole))
-                .help("change the model's signature or the input pipeline so that they agree"),
+                .help(help),
             );
         };
         match (ty, e) {
@@ -156,17 +157,18 @@ impl<'p> Elab<'p> {
                     } else {
                         format!("rank {} vs {}", tdims.len(), edims.len())
                     };
-                    mismatch(self, why);
+                    mismatch(self, why, agree.into());
                     return None;
                 }
                 let mut shape = Vec::with_capacity(edims.len());
                 for (dexpr, ed) in tdims.iter().zip(edims) {
-                    let size = self.bind_dim(m, dexpr, *ed, dims, at)?;
-                    if let Err(why) = size {
-                        mismatch(self, why);
-                        return None;
+                    match self.bind_dim(m, dexpr, *ed, dims, at)? {
+                        Ok(size) => shape.push(size),
+                        Err(why) => {
+                            mismatch(self, why, agree.into());
+                            return None;
+                        }
                     }
-                    shape.push(size.expect("checked"));
                 }
                 self.graph.feeds.push(path.to_string());
                 let node = self.graph.add(
@@ -196,7 +198,7 @@ impl<'p> Elab<'p> {
                     if !extra.is_empty() {
                         why.push(format!("the model does not declare {}", ticks(&extra)));
                     }
-                    mismatch(self, why.join("; "));
+                    mismatch(self, why.join("; "), agree.into());
                     return None;
                 }
                 let mut parts: Vec<Option<Value<'p>>> = vec![None; fields.len()];
@@ -227,22 +229,11 @@ impl<'p> Elab<'p> {
             }
             _ => {
                 let why = format!("{} vs {}", type_kind(ty), elem_kind(e));
-                self.diags.push(
-                    Diag::new(
-                        Code::InputModelMismatch,
-                        ty.span(),
-                        format!(
-                            "the input yields {e} for `{path}`, but the model declares {}",
-                            self.p.sources.text(ty.span())
-                        ),
-                    )
-                    .label(why)
-                    .with(at.input, format!("this input yields {}", at.whole))
-                    .help(format!(
-                        "declare what the input yields, `{path}: {}`, or change the input's `map`",
-                        declaration(e)
-                    )),
+                let help = format!(
+                    "declare what the input yields, `{path}: {}`, or change the input's `map`",
+                    declaration(e)
                 );
+                mismatch(self, why, help);
                 None
             }
         }
