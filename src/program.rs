@@ -37,6 +37,11 @@ pub const STDLIB: &[(&str, &str, &str)] = &[
         include_str!("../stdlib/metrics.est"),
     ),
     (
+        "std.image",
+        "stdlib/image.est",
+        include_str!("../stdlib/image.est"),
+    ),
+    (
         "std.hooks",
         "stdlib/hooks.est",
         include_str!("../stdlib/hooks.est"),

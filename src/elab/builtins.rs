@@ -14,6 +14,8 @@ use crate::span::Span;
 use crate::syntax::ast::Param;
 use std::rc::Rc;
 
+mod composite;
+
 /// The arguments of a builtin call, by parameter name.
 pub(super) struct Args<'p> {
     params: &'p [Param],
@@ -66,6 +68,21 @@ impl<'p> Elab<'p> {
             "concat" => self.b_concat(&a),
             "slice" => self.b_slice(&a),
             "pad" => self.b_pad(&a),
+            "iota" => self.b_iota(&a),
+            "reverse" => self.b_reverse(&a),
+            "tile" => self.b_tile(&a),
+            "cumsum" => self.b_cumsum(&a),
+            "top_k" => self.b_top_k(&a),
+            "in_top_k" => self.b_in_top_k(&a),
+            "einsum" => self.b_einsum(&a),
+            "resize" => self.b_resize(&a),
+            "flip_left_right"
+            | "flip_up_down"
+            | "random_flip_left_right"
+            | "random_flip_up_down" => self.b_flip(name, &a),
+            "random_crop" => self.b_random_crop(&a),
+            "conv_transpose" => self.b_conv_transpose(&a),
+            "depthwise_conv" => self.b_depthwise_conv(&a),
             "matmul" => self.b_matmul(&a),
             "reduce_sum" | "reduce_mean" | "reduce_max" | "reduce_min" | "reduce_prod" => {
                 self.b_reduce(name, &a)
@@ -786,16 +803,21 @@ impl<'p> Elab<'p> {
         else {
             return Value::Error;
         };
-        self.op(
-            Op::Conv2d(crate::ir::Conv {
-                strides,
-                padding,
-                dilation,
-            }),
-            &[x, w],
-            scalar(DType::F32),
-            a.call,
-        )
+        let c = crate::ir::Conv {
+            strides,
+            padding,
+            dilation,
+        };
+        let (vg, sg) = a.get("groups");
+        let Some(groups) = self.as_dim(&vg, sg) else {
+            return Value::Error;
+        };
+        if groups > 1 {
+            return self
+                .grouped_conv(x, w, c, groups, sg, a.call)
+                .map_or(Value::Error, Value::Tensor);
+        }
+        self.op(Op::Conv2d(c), &[x, w], scalar(DType::F32), a.call)
     }
 
     fn b_pool(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {

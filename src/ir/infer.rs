@@ -37,6 +37,16 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
     match op {
         Op::Input { .. } | Op::Variable { .. } | Op::Const { .. } => Ok(declared.clone()),
         Op::GlobalStep => Ok(TensorType::scalar(DType::I64)),
+        Op::Iota { axis } => {
+            need_axis(*axis, declared)?;
+            if declared.dtype == DType::Bytes || declared.dtype == DType::Bool {
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!("iota counts in a number type, not {}", declared.dtype),
+                ));
+            }
+            Ok(declared.clone())
+        }
         Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
             if declared.dtype.is_float() {
                 Ok(declared.clone())
@@ -126,6 +136,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
 pub fn arity(op: &Op) -> usize {
     match op {
         Op::Input { .. } | Op::Variable { .. } | Op::Const { .. } | Op::GlobalStep => 0,
+        Op::Iota { .. } => 0,
         Op::RandomUniform { .. } | Op::RandomNormal { .. } => 0,
         Op::Binary(_) | Op::MatMul | Op::Gather | Op::Conv2d(_) => 2,
         Op::Conv2dBackpropInput(_)

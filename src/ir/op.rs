@@ -20,6 +20,11 @@ pub enum Op {
     },
     /// The global step counter, the one i64 value.
     GlobalStep,
+    /// Each element's index along `axis`, in the node's dtype (`tf.range` broadcast over
+    /// the node's shape): the counting that `cumsum`, `resize` and `reverse`'s masks use.
+    Iota {
+        axis: usize,
+    },
     Unary(UnaryOp),
     Binary(BinaryOp),
     /// `where(cond, a, b)`, elementwise with broadcasting.
@@ -411,6 +416,7 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::Slice { .. } => "slice",
             Op::OneHot { .. } => "one_hot",
+            Op::Iota { .. } => "iota",
             Op::CheckIndices { .. } => "check_indices",
             Op::Gather => "gather",
             Op::Conv2d(_) => "conv2d",
@@ -449,7 +455,7 @@ impl Op {
             Op::Reduce {
                 axes, keep_dims, ..
             } => format!("axes={axes:?} keep_dims={keep_dims}"),
-            Op::ArgMax { axis } | Op::ArgMin { axis } | Op::Concat { axis } => {
+            Op::ArgMax { axis } | Op::ArgMin { axis } | Op::Concat { axis } | Op::Iota { axis } => {
                 format!("axis={axis}")
             }
             Op::Softmax { axis } | Op::LogSoftmax { axis } => format!("axis={axis}"),

@@ -593,6 +593,16 @@ impl Ad<'_> {
                     self.mk(Op::Conv2dBackpropFilter(*c), &[ops[0], dy], t, sp)
                 }
             }
+            // a transposed convolution (conv2d_transpose): the adjoint of conv2d in its
+            // input, so its input's gradient is conv2d and its filter's conv2d's
+            Op::Conv2dBackpropInput(c) => {
+                let t = self.ty(x);
+                if i == 0 {
+                    self.mk(Op::Conv2d(*c), &[dy, ops[1]], t, sp)
+                } else {
+                    self.mk(Op::Conv2dBackpropFilter(*c), &[dy, ops[0]], t, sp)
+                }
+            }
             Op::MaxPool2d(p) => {
                 let t = self.ty(x);
                 self.mk(Op::MaxPool2dGrad(*p), &[x, dy], t, sp)
@@ -1079,6 +1089,7 @@ fn has_gradient(op: &Op) -> bool {
             | Op::RandomUniform { .. }
             | Op::RandomNormal { .. }
             | Op::DecodeRaw
+            | Op::Iota { .. }
             | Op::CheckIndices { .. }
             | Op::Binary(
                 BinaryOp::Eq

@@ -221,6 +221,7 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
         Op::Variable { .. }
         | Op::Const { .. }
         | Op::GlobalStep
+        | Op::Iota { .. }
         | Op::RandomUniform { .. }
         | Op::RandomNormal { .. } => Rows::Shared,
         // Elementwise, with numpy broadcasting (right-aligned axes).

@@ -567,6 +567,7 @@ impl<'c> Codegen<'c> {
                     Val::I(e(b.build_int_z_extend(hit, self.ctx.i64_type(), "oh"))?)
                 }
             }
+            Op::Iota { axis } => self.cast(Val::I(idx[*axis]), dtype)?,
             Op::Transpose { perm } => {
                 let mut j = idx.to_vec();
                 for (k, &p) in perm.iter().enumerate() {

@@ -570,6 +570,7 @@ fn needs_memory(op: &Op) -> bool {
             | Op::Cast
             | Op::Const { .. }
             | Op::OneHot { .. }
+            | Op::Iota { .. }
             | Op::Reduce { .. }
             | Op::Transpose { .. }
             | Op::BroadcastTo
@@ -769,6 +770,7 @@ impl Lowering<'_> {
             | Op::Select
             | Op::Cast
             | Op::OneHot { .. }
+            | Op::Iota { .. }
             | Op::Const { .. } => {
                 self.elem(n)?;
                 let konst = matches!(node.op, Op::Const { .. });

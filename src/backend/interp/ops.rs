@@ -67,6 +67,7 @@ pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
             }
         })),
         Op::OneHot { depth } => Ok(one_hot(args[0], *depth, ty)),
+        Op::Iota { axis } => Ok(iota(*axis, ty)),
         Op::CheckIndices { depth } => check_indices(args[0], *depth),
         Op::Gather => gather(args[0], args[1], ty),
         Op::ScatterAdd => scatter_add(args[0], args[1], ty),
@@ -101,6 +102,16 @@ pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
         Op::Input { .. } | Op::Variable { .. } => {
             Err(format!("{} has no value (not fed)", op.name()))
         }
+    }
+}
+
+/// Each element's index along `axis`.
+fn iota(axis: usize, ty: &TensorType) -> Tensor {
+    let at = Arr::from_shape_fn(dyn_shape(ty), |ix| ix[axis] as i64);
+    if ty.dtype.is_float() {
+        Tensor::float(ty.dtype, at.mapv(|i| i as f32).into_shared())
+    } else {
+        Tensor::int(ty.dtype, at)
     }
 }
 

@@ -373,6 +373,14 @@ fn fail(g: &Graph, n: NodeIndex, message: String) -> RunError {
     }
 }
 
+/// For a stream of `per` elements a sample, the NHWC element of planar position `e`
+/// (an image sent channel by channel); the identity for other streams (`channels` 0).
+fn planar_to_nhwc(per: usize, channels: u32) -> impl Fn(usize) -> usize + Copy {
+    let c = (channels as usize).max(1);
+    let hw = per / c;
+    move |e| (e % hw) * c + e / hw
+}
+
 /// Runs one batch through an executable: the host's values, the label checks, the
 /// samples, until the fabric is quiet. The host's values, by node.
 fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError> {
@@ -419,11 +427,7 @@ fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError
             }
         }
         let per = s.per_sample as usize;
-        // an image sent planar (channel by channel): the NHWC element of planar
-        // position `e`
-        let c = (s.channels as usize).max(1);
-        let hw = per / c;
-        let nhwc = |e: usize| (e % hw) * c + e / hw;
+        let nhwc = planar_to_nhwc(per, s.channels);
         for l in &s.lanes {
             let lane: Vec<f32> = (0..batch)
                 .flat_map(|b| l.elems.clone().map(move |e| b * per + nhwc(e as usize)))
@@ -663,12 +667,14 @@ impl backend::Device for Device {
             {
                 let per = s.per_sample as usize;
                 let mut v = vec![f64::NAN; batch * per];
+                let nhwc = planar_to_nhwc(per, s.channels);
                 for l in &s.lanes {
                     let got = e.sim.output(l.x, l.y, l.dir, l.colour);
                     let w = l.elems.len();
                     for (i, &(_, x)) in got.iter().enumerate() {
                         let (b, j) = (i / w.max(1), i % w.max(1));
-                        if let Some(slot) = v.get_mut(b * per + l.elems.start as usize + j) {
+                        let at = b * per + nhwc(l.elems.start as usize + j);
+                        if let Some(slot) = v.get_mut(at) {
                             *slot = f64::from(x);
                         }
                     }

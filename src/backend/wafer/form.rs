@@ -317,6 +317,11 @@ pub fn classify(
                     alias[n.index()] = Some(ops[0]);
                     Class::Sample
                 }
+                // any other reshape moves the words as they are, which would scramble
+                // an image of several channels and pixels (planar, not NHWC)
+                Op::Reshape if [ops[0], n].iter().any(|&v| image(g, v).is_some_and(|(h, w, c)| c > 1 && h * w > 1)) => {
+                    return Err(unsupported(g, n, format!("a reshape of {} into {} has no wafer kernel yet", g.ty(ops[0]), node.ty), "the wafer keeps images planar (channel by channel) and regroups their pixels or flattens them for a dense layer, nothing else: keep the image's channels and reshape only its height and width, or use `--target host`"));
+                }
                 _ if has(Class::SampleT) => {
                     return Err(unsupported(g, n, format!("`{}` of a transposed batch has no wafer kernel", node.op.name()), "the wafer computes `transpose(x) @ dy` (a weight gradient) over the batch and nothing else of a transposed batch"));
                 }

@@ -1949,6 +1949,10 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     ids = Some((fwd.index() as u32, d.k));
                 }
             } else {
+                // a vector kernel's images lie planar, as it computes them
+                if let Some((_, _, c)) = image(g, st.node) {
+                    channels = c;
+                }
                 // down the column, then through every lane of the strip (each keeps
                 // its share)
                 for &(x, y) in path {
@@ -2004,7 +2008,8 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 node: st.node.index() as u32,
                 name: stream_name(g, st.node),
                 per_sample: per,
-                channels: 0,
+                // an image comes back planar, as kernels keep it
+                channels: image(g, st.node).map_or(0, |(_, _, c)| c),
                 ids: None,
                 lanes: vec![HostLane {
                     x,

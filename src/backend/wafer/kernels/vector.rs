@@ -1443,7 +1443,11 @@ fn broadcast(dst: Val, x: Val, from: &[usize], to: &[usize]) -> Instr {
     let r = to.len();
     let mut padded = vec![1usize; r.saturating_sub(from.len())];
     padded.extend(from);
-    let (so, mut sx) = (strides(to), strides(&padded));
+    // in the order the axes lie in (an image's planar; an operand of lower rank, or an
+    // image of one channel or one pixel, has the same words in either order)
+    let to: Vec<usize> = laid(to, 0).0;
+    let padded: Vec<usize> = laid(&padded, 0).0;
+    let (so, mut sx) = (strides(&to), strides(&padded));
     for d in 0..r {
         if padded[d] == 1 {
             sx[d] = 0;

@@ -1,0 +1,190 @@
+//! The ops ported from TensorFlow (`reverse`, `tile`, `cumsum`, `top_k`, `in_top_k`,
+//! `einsum`, `pad`, `conv_transpose`, `depthwise_conv`, grouped `conv`, and
+//! `std.image`'s `resize`, flips and `per_image_standardization`) predicted on every
+//! target this build has, against TensorFlow's own outputs on the same inputs
+//! (`tests/fixtures/tf_ops_reference.json`, written by `scripts/tf_ops_reference.py`
+//! with TensorFlow 2.21). Tolerance: 1e-5 of `max(1, |value|)`: the inputs are f32
+//! sines (libm's on the host, Rust's in the interpreter, numpy's in the fixture), and
+//! sums of up to 18 products reorder their roundings. Indices and booleans are exact.
+//!
+//! The wafer runs the ops made of moves within a sample (`reverse`, `tile`, `cumsum`,
+//! `pad`, flips); the others count with `iota` or mix a sample's axes in ways its
+//! kernels do not, and are E0601 there (checked below).
+
+mod common;
+use est::elab::Target;
+use est::runtime::{Estimator, RunOptions, Steps};
+use est::Program;
+
+/// The inputs (see the script), the ops, and an estimator. `OUTPUTS` is spliced into
+/// the predict section.
+const SRC: &str = r#"
+use std.image
+use std.nn.dense
+
+fn grid(shape, i) {
+  let a = cast(iota(shape, axis: 0), f32)
+  let b = cast(iota(shape, axis: 1), f32)
+  let c = cast(iota(shape, axis: 2), f32)
+  sin(a * 0.37 + b * 0.71 + c * 1.3 + cast(i, f32) * 0.5)
+}
+
+input xs(repeats: bool) {
+  let d = range(4) |> map |i| (grid([6, 5, 3], i), 0.0)
+  let d = if repeats { d |> repeat } else { d }
+  d |> batch(4, drop_remainder: true)
+}
+
+model m(features: f32[B, 6, 5, 3], labels: f32[B]) {
+  let x = features
+  let loss = reduce_mean(square(dense(reshape(x, [x.shape[0], 90]), 1)))
+  train { minimize loss with sgd(lr: 0.1) }
+  predict {
+OUTPUTS
+  }
+}
+
+estimator m {
+  model = m
+  train_input = xs(true)
+  predict_input = xs(false)
+  config { save_checkpoint_steps = 100 }
+}
+"#;
+
+/// What the wafer runs: moves within a sample.
+const MOVES: &[(&str, &str)] = &[
+    ("rev", "reverse(x, axis: [1, 2])"),
+    ("cs", "cumsum(x, axis: 2)"),
+    ("cse", "cumsum(x, axis: 1, exclusive: true, reverse: true)"),
+    ("fl", "image.flip_left_right(x)"),
+    (
+        "pad_reflect",
+        "pad(x, [[0, 0], [2, 1], [1, 3], [0, 0]], mode: \"reflect\")",
+    ),
+];
+
+/// What the wafer does not run (E0601 there).
+const OTHERS: &[(&str, &str)] = &[
+    ("tiled", "tile(x, [1, 2, 1, 2])"),
+    ("tk", "top_k(reshape(x, [4, 90]), k: 3)[0]"),
+    ("tki", "top_k(reshape(x, [4, 90]), k: 3)[1]"),
+    ("ein", "einsum(\"bhwc,bhvc->bwv\", x, x)"),
+    (
+        "ein_dense",
+        "einsum(\"bhwc,cd->bhwd\", x, reshape(slice(grid([3, 3, 6], 2), 0, 0, 1) |> slice(1, 0, 1), [3, 2]))",
+    ),
+    ("rs", "image.resize(x, [9, 4])"),
+    ("rs_down", "image.resize(x, [4, 3])"),
+    ("rsn", "image.resize(x, [9, 4], method: \"nearest\")"),
+    (
+        "ct",
+        "conv_transpose(x, tile(reshape(grid([3, 3, 2], 1), [3, 3, 2, 1]), [1, 1, 1, 3]), strides: 2)",
+    ),
+    (
+        "ct_valid",
+        "conv_transpose(x, tile(reshape(grid([3, 3, 2], 1), [3, 3, 2, 1]), [1, 1, 1, 3]), strides: 2, padding: valid)",
+    ),
+    (
+        "dw",
+        "depthwise_conv(x, reshape(grid([3, 3, 6], 2), [3, 3, 3, 2]), strides: 2)",
+    ),
+    (
+        "dw_valid",
+        "depthwise_conv(x, reshape(grid([3, 3, 6], 2), [3, 3, 3, 2]), padding: valid, dilation: [2, 1])",
+    ),
+    (
+        "gc",
+        "conv(x, reshape(grid([3, 3, 6], 3), [3, 3, 1, 6]), groups: 3)",
+    ),
+    (
+        "gc2",
+        "conv(tile(x, [1, 1, 1, 2]), reshape(grid([3, 3, 12], 4), [3, 3, 3, 4]), groups: 2, strides: 2, padding: valid)",
+    ),
+    (
+        "itk",
+        "cast(in_top_k(cast(abs(reduce_sum(x, axis: [1, 2, 3])) * 10.0, i32) % 3, reshape(x, [4, 90]), 10), f32)",
+    ),
+    ("pis", "image.per_image_standardization(x)"),
+];
+
+fn source(outputs: &[(&str, &str)]) -> String {
+    let lines: Vec<String> = outputs
+        .iter()
+        .map(|(n, e)| format!("    {n} = {e}"))
+        .collect();
+    SRC.replace("OUTPUTS", &lines.join("\n"))
+}
+
+fn reference() -> serde_json::Value {
+    let path = common::root().join("tests/fixtures/tf_ops_reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn flat(v: &serde_json::Value, out: &mut Vec<f64>) {
+    match v {
+        serde_json::Value::Array(xs) => xs.iter().for_each(|x| flat(x, out)),
+        serde_json::Value::Bool(b) => out.push(f64::from(u8::from(*b))),
+        x => out.push(x.as_f64().unwrap()),
+    }
+}
+
+/// Predicts `outputs` on `target` and compares each with TensorFlow's.
+fn matches_tensorflow(target: Target, tag: &str, outputs: &[(&str, &str)]) {
+    let dir = common::scratch("ops", &format!("{tag}-{target:?}"));
+    let src = source(outputs);
+    let p = Program::from_source("ops.est", &src, None);
+    let opts = RunOptions {
+        target,
+        model_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let mut e = Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{target:?}: {:?}", f.diags));
+    e.train(Steps::Max(1)).unwrap();
+    let out = dir.join("pred");
+    let p = e.predict(&out, None).unwrap();
+    assert_eq!(p.examples, 4, "{target:?}");
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("predictions.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let want = reference();
+    for (name, _) in outputs {
+        for (i, row) in rows.iter().enumerate() {
+            let mut got = Vec::new();
+            flat(&row[*name], &mut got);
+            let mut w = Vec::new();
+            flat(&want[*name][i], &mut w);
+            assert_eq!(got.len(), w.len(), "{target:?}: {name} of example {i}");
+            for (k, (g, w)) in got.iter().zip(&w).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{target:?}: {name}[{k}] of example {i}: {g} against TensorFlow's {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn moves_match_tensorflow_on_every_target() {
+    let mut targets = vec![Target::Interp, Target::Wafer];
+    if cfg!(feature = "llvm") {
+        targets.push(Target::Host);
+    }
+    for t in targets {
+        matches_tensorflow(t, "moves", MOVES);
+    }
+}
+
+#[test]
+fn counting_and_mixing_ops_match_tensorflow() {
+    let mut targets = vec![Target::Interp];
+    if cfg!(feature = "llvm") {
+        targets.push(Target::Host);
+    }
+    for t in targets {
+        matches_tensorflow(t, "others", OTHERS);
+    }
+}
