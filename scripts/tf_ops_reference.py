@@ -29,6 +29,42 @@ def grid(shape, i):
     return np.sin(a * f(0.37) + b * f(0.71) + c * f(1.3) + f(i) * f(0.5)).astype(np.float32)
 
 
+def sines(shape, a, b):
+    """reshape(sin(iota(n) * a + b), shape) * 0.5, as tests/ops.rs's `sines`."""
+    n = int(np.prod(shape))
+    f = np.float32
+    v = np.sin(np.arange(n, dtype=np.float32) * f(a) + f(b)).astype(np.float32) * f(0.5)
+    return v.reshape(shape)
+
+
+def recurrent():
+    """Keras's LSTM and GRU (reset_after) over fixed weights: x[i][t, f] = sin(t * 0.37 +
+    f * 0.71 + i * 0.5), lengths [5, 2, 4, 1]. The LSTM's bias gets est's forget_bias of
+    1 on its forget gate. Masked sequences output zeros from their length on (TF 1's
+    dynamic_rnn; Keras repeats the last output, so its outputs are zeroed here)."""
+    x = np.stack([grid([5, 3, 1], i)[:, :, 0] for i in range(4)])
+    lengths = np.array([5, 2, 4, 1])
+    mask = tf.sequence_mask(lengths, 5)
+    u = 4
+    lk, lr, lb = sines([3, 4 * u], 0.7, 0.3), sines([u, 4 * u], 0.45, 1.1), sines([4 * u], 0.9, 0.2)
+    gk, gr, gb = sines([3, 3 * u], 0.6, 0.5), sines([u, 3 * u], 0.35, 0.8), sines([2, 3 * u], 0.8, 0.1)
+    keras_lb = lb.copy()
+    keras_lb[u:2 * u] += 1.0
+    out = {}
+    for name, layer, weights in [
+        ("lstm", tf.keras.layers.LSTM(u, return_sequences=True, return_state=True), [lk, lr, keras_lb]),
+        ("gru", tf.keras.layers.GRU(u, return_sequences=True, return_state=True, reset_after=True), [gk, gr, gb]),
+    ]:
+        layer.build((4, 5, 3))
+        layer.set_weights(weights)
+        seq = layer(tf.constant(x))[0]
+        masked, h = layer(tf.constant(x), mask=mask)[:2]
+        out[name + "_seq"] = seq
+        out[name + "_masked"] = masked * tf.cast(mask, tf.float32)[:, :, None]
+        out[name + "_last"] = h
+    return out
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "tests/fixtures/tf_ops_reference.json")
@@ -70,6 +106,7 @@ def main():
         "fl": tf.image.flip_left_right(x),
         "pad_reflect": tf.pad(x, [[0, 0], [2, 1], [1, 3], [0, 0]], mode="REFLECT"),
     }
+    outs.update(recurrent())
     ref = {}
     for name, v in outs.items():
         v = np.asarray(v)

@@ -632,3 +632,231 @@ fn gradients_follow_nan() {
         assert_eq!(g, [0.0, 1.0, 0.0], "reduce {r:?}: to the NaN");
     }
 }
+
+/// The gradient of conv2d_transpose (conv2d's input gradient as a forward op): its
+/// input's is a convolution, its filter's conv2d's filter gradient with the roles of
+/// input and output gradient exchanged.
+#[test]
+fn conv2d_transpose_gradients() {
+    for (padding, strides, out) in [
+        (Padding::Same, [2, 2], [2, 6, 6, 3]),
+        (Padding::Valid, [2, 1], [2, 7, 5, 3]),
+        (Padding::Same, [1, 1], [2, 3, 3, 3]),
+    ] {
+        let mut c = Case::new();
+        c.eps = 0.25; // linear in each operand
+        let x = c.var("x", &[2, 3, 3, 2]);
+        let w = c.var("w", &[3, 3, 3, 2]);
+        let y = c.op_as(
+            Op::Conv2dBackpropInput(Conv {
+                strides,
+                padding,
+                dilation: [1, 1],
+            }),
+            &[x, w],
+            TensorType::new(DType::F32, out.to_vec()),
+        );
+        check(
+            &format!("conv2d_transpose {padding:?} {strides:?}"),
+            c,
+            y,
+            -2.0,
+            none(),
+        );
+    }
+}
+
+/// The op an est expression makes of `x`, a variable of `shape`: the predict graph of
+/// a program whose one prediction is `expr` (flattened and repeated for each example),
+/// as a case (its trainable variables the case's), and the prediction's node.
+fn elaborated(shape: &[usize], expr: &str) -> (Case, NodeIndex) {
+    let src = format!(
+        r#"
+use std.image
+use std.nn.{{unrolled_lstm, unrolled_gru, layer_norm}}
+input ones() {{ range(2) |> map |i| (broadcast_to(cast(i, f32), [1]), 0.0) |> batch(2) }}
+model m(features: f32[B, 1], labels: f32[B]) {{
+  let x = variable("x", {shape:?}, init: "zeros")
+  let loss = reduce_mean(features)
+  train {{ minimize loss with sgd(lr: 0.1) }}
+  predict {{
+    let e = {expr}
+    let n = 1
+    for d in e.shape {{ n = n * d }}
+    // every element of `e`, for each example of the batch
+    y = broadcast_to(reshape(e, [1, n]), [features.shape[0], n])
+  }}
+}}
+estimator m {{
+  model = m
+  train_input = ones()
+  predict_input = ones()
+  config {{ save_checkpoint_steps = 100 }}
+}}
+"#
+    );
+    let p = est::Program::from_source("grad.est", &src, None);
+    let opts = est::CheckOptions {
+        target: est::elab::Target::Interp,
+        modes: vec![est::syntax::ast::SectionKind::Predict],
+        ..Default::default()
+    };
+    let checked = est::check(&p, &opts);
+    assert!(!checked.has_errors(), "{expr}: {:?}", checked.diags);
+    let mut g: Graph = (*checked.graphs[0].graph).clone();
+    let y = g.outputs.iter().find(|o| o.name == "y").expect("y").node;
+    g.outputs.clear();
+    let mut vars = Vec::new();
+    for n in g.g.node_indices() {
+        if let Op::Variable {
+            name,
+            trainable: true,
+            ..
+        } = &g.node(n).op
+        {
+            vars.push((name.clone(), g.ty(n).clone()));
+        }
+    }
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(vars.iter().any(|v| v.0 == "x"), "{expr}: the variable x");
+    (Case { g, vars, eps: 1e-2 }, y)
+}
+
+/// Fixed values of `shape` for an est expression: sines of the flat index.
+fn sines(shape: &[usize]) -> String {
+    let n: usize = shape.iter().product();
+    format!("reshape(sin(cast(iota([{n}]), f32) * 0.7 + 0.3), {shape:?})")
+}
+
+/// The ops made of primitives (`std.prim`'s `reverse`, `tile`, `cumsum`, `top_k`,
+/// `einsum`, `depthwise_conv`, grouped `conv`, `conv_transpose`; `std.image`'s
+/// `resize`, `random_crop`, `per_image_standardization`; `std.nn`'s LSTM, GRU and
+/// `layer_norm` over an axis), differentiated through.
+#[test]
+fn composite_op_gradients() {
+    let cases: Vec<(&str, Vec<usize>, String)> = vec![
+        ("reverse", vec![3, 4], "reverse(x, axis: [0, 1])".into()),
+        (
+            "tile",
+            vec![2, 3],
+            "tile(x, [2, 3]) * tile(x, [2, 3])".into(),
+        ),
+        ("cumsum", vec![3, 5], "cumsum(x, axis: 1)".into()),
+        (
+            "cumsum exclusive reverse",
+            vec![5, 3],
+            "cumsum(x, axis: 0, exclusive: true, reverse: true)".into(),
+        ),
+        ("top_k", vec![3, 6], "top_k(x, k: 3)[0]".into()),
+        (
+            "einsum batched",
+            vec![2, 3, 4],
+            format!("einsum(\"bij,bkj->bki\", x, {})", sines(&[2, 5, 4])),
+        ),
+        ("einsum sum", vec![3, 4], "einsum(\"ij->j\", x)".into()),
+        (
+            "resize bilinear",
+            vec![1, 4, 5, 2],
+            "image.resize(x, [7, 3])".into(),
+        ),
+        (
+            "resize nearest",
+            vec![1, 4, 5, 2],
+            "image.resize(x, [6, 2], method: \"nearest\")".into(),
+        ),
+        (
+            "random_crop",
+            vec![2, 5, 4, 2],
+            "image.random_crop(x, [2, 3, 3, 2])".into(),
+        ),
+        (
+            "per_image_standardization",
+            vec![2, 3, 3, 2],
+            "image.per_image_standardization(x)".into(),
+        ),
+        (
+            "conv_transpose input",
+            vec![1, 3, 3, 2],
+            format!("conv_transpose(x, {}, strides: 2)", sines(&[3, 3, 4, 2])),
+        ),
+        (
+            "conv_transpose filter",
+            vec![3, 3, 4, 2],
+            format!(
+                "conv_transpose({}, x, strides: 2, padding: valid)",
+                sines(&[1, 3, 3, 2])
+            ),
+        ),
+        (
+            "depthwise_conv input",
+            vec![1, 5, 5, 2],
+            format!("depthwise_conv(x, {}, strides: 2)", sines(&[3, 3, 2, 2])),
+        ),
+        (
+            "depthwise_conv filter",
+            vec![3, 2, 2, 3],
+            format!(
+                "depthwise_conv({}, x, padding: valid, dilation: [1, 2])",
+                sines(&[1, 5, 6, 2])
+            ),
+        ),
+        (
+            "grouped conv",
+            vec![3, 3, 2, 4],
+            format!("conv({}, x, groups: 2)", sines(&[1, 4, 4, 4])),
+        ),
+        (
+            "lstm input, with lengths",
+            vec![2, 3, 2],
+            format!(
+                "unrolled_lstm(x, {}, {}, {}, lengths: iota([2]) + 2, return_sequences: true)",
+                sines(&[2, 8]),
+                sines(&[2, 8]),
+                sines(&[8])
+            ),
+        ),
+        (
+            "lstm recurrent kernel",
+            vec![2, 8],
+            format!(
+                "unrolled_lstm({}, {}, x, {})",
+                sines(&[2, 3, 2]),
+                sines(&[2, 8]),
+                sines(&[8])
+            ),
+        ),
+        (
+            "gru input, with lengths",
+            vec![2, 3, 2],
+            format!(
+                "unrolled_gru(x, {}, {}, {}, lengths: iota([2]) + 2, return_sequences: true)",
+                sines(&[2, 6]),
+                sines(&[2, 6]),
+                sines(&[2, 6])
+            ),
+        ),
+        (
+            "gru bias",
+            vec![2, 6],
+            format!(
+                "unrolled_gru({}, {}, {}, x)",
+                sines(&[2, 3, 2]),
+                sines(&[2, 6]),
+                sines(&[2, 6])
+            ),
+        ),
+        (
+            "layer_norm over a middle axis",
+            vec![2, 3, 4],
+            "layer_norm(x, axis: 1)".into(),
+        ),
+    ];
+    for (name, shape, expr) in cases {
+        let (mut c, y) = elaborated(&shape, &expr);
+        if name.starts_with("conv") || name.starts_with("depthwise") || name.starts_with("grouped")
+        {
+            c.eps = 0.25; // linear
+        }
+        check(name, c, y, -1.0, none());
+    }
+}

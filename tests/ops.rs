@@ -7,6 +7,9 @@
 //! sines (libm's on the host, Rust's in the interpreter, numpy's in the fixture), and
 //! sums of up to 18 products reorder their roundings. Indices and booleans are exact.
 //!
+//! `std.nn`'s LSTM and GRU (unrolled over given weights, with and without sequence
+//! lengths) against Keras's layers with the same weights.
+//!
 //! The wafer runs the ops made of moves within a sample (`reverse`, `tile`, `cumsum`,
 //! `pad`, flips); the others count with `iota` or mix a sample's axes in ways its
 //! kernels do not, and are E0601 there (checked below).
@@ -129,11 +132,10 @@ fn flat(v: &serde_json::Value, out: &mut Vec<f64>) {
     }
 }
 
-/// Predicts `outputs` on `target` and compares each with TensorFlow's.
-fn matches_tensorflow(target: Target, tag: &str, outputs: &[(&str, &str)]) {
+/// The predictions of program `src` on `target` after one train step, by row.
+fn predicted(target: Target, tag: &str, src: &str) -> Vec<serde_json::Value> {
     let dir = common::scratch("ops", &format!("{tag}-{target:?}"));
-    let src = source(outputs);
-    let p = Program::from_source("ops.est", &src, None);
+    let p = Program::from_source("ops.est", src, None);
     let opts = RunOptions {
         target,
         model_dir: Some(dir.clone()),
@@ -144,13 +146,17 @@ fn matches_tensorflow(target: Target, tag: &str, outputs: &[(&str, &str)]) {
     let out = dir.join("pred");
     let p = e.predict(&out, None).unwrap();
     assert_eq!(p.examples, 4, "{target:?}");
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("predictions.jsonl"))
+    std::fs::read_to_string(out.join("predictions.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+        .collect()
+}
+
+/// Each prediction of `names` against TensorFlow's.
+fn compare(target: Target, rows: &[serde_json::Value], names: &[&str]) {
     let want = reference();
-    for (name, _) in outputs {
+    for name in names {
         for (i, row) in rows.iter().enumerate() {
             let mut got = Vec::new();
             flat(&row[*name], &mut got);
@@ -165,6 +171,13 @@ fn matches_tensorflow(target: Target, tag: &str, outputs: &[(&str, &str)]) {
             }
         }
     }
+}
+
+/// Predicts `outputs` on `target` and compares each with TensorFlow's.
+fn matches_tensorflow(target: Target, tag: &str, outputs: &[(&str, &str)]) {
+    let rows = predicted(target, tag, &source(outputs));
+    let names: Vec<&str> = outputs.iter().map(|(n, _)| *n).collect();
+    compare(target, &rows, &names);
 }
 
 #[test]
@@ -186,5 +199,78 @@ fn counting_and_mixing_ops_match_tensorflow() {
     }
     for t in targets {
         matches_tensorflow(t, "others", OTHERS);
+    }
+}
+
+/// The recurrent layers' program: sequences `[4, 5, 3]` of lengths [5, 2, 4, 1], and
+/// weights `sines(shape, a, b)` as the script's.
+const RNN: &str = r#"
+use std.nn.{unrolled_lstm, unrolled_gru, dense}
+
+fn sines(shape, a: float, b: float) {
+  let n = 1
+  for d in shape { n = n * d }
+  reshape(sin(cast(iota([n]), f32) * a + b), shape) * 0.5
+}
+
+fn example(i) {
+  let t = cast(iota([5, 3], axis: 0), f32)
+  let f = cast(iota([5, 3], axis: 1), f32)
+  let seq = sin(t * 0.37 + f * 0.71 + cast(i, f32) * 0.5);
+  ({ seq: seq, len: cast(5 - (i * 3) % 5, i32) }, 0.0)
+}
+
+input seqs(repeats: bool) {
+  let d = range(4) |> map |i| example(i)
+  let d = if repeats { d |> repeat } else { d }
+  d |> batch(4, drop_remainder: true)
+}
+
+model r(features: { seq: f32[B, 5, 3], len: i32[B] }, labels: f32[B]) {
+  let x = features.seq
+  let n = features.len
+  let lk = sines([3, 16], 0.7, 0.3)
+  let lr = sines([4, 16], 0.45, 1.1)
+  let lb = sines([16], 0.9, 0.2)
+  let gk = sines([3, 12], 0.6, 0.5)
+  let gr = sines([4, 12], 0.35, 0.8)
+  let gb = sines([2, 12], 0.8, 0.1)
+  let loss = reduce_mean(square(dense(reshape(x, [x.shape[0], 15]), 1)))
+  train { minimize loss with sgd(lr: 0.1) }
+  predict {
+    lstm_seq = unrolled_lstm(x, lk, lr, lb, return_sequences: true)
+    lstm_masked = unrolled_lstm(x, lk, lr, lb, lengths: n, return_sequences: true)
+    lstm_last = unrolled_lstm(x, lk, lr, lb, lengths: n)
+    gru_seq = unrolled_gru(x, gk, gr, gb, return_sequences: true)
+    gru_masked = unrolled_gru(x, gk, gr, gb, lengths: n, return_sequences: true)
+    gru_last = unrolled_gru(x, gk, gr, gb, lengths: n)
+  }
+}
+
+estimator r {
+  model = r
+  train_input = seqs(true)
+  predict_input = seqs(false)
+  config { save_checkpoint_steps = 100 }
+}
+"#;
+
+#[test]
+fn lstm_and_gru_match_keras() {
+    let mut targets = vec![Target::Interp];
+    if cfg!(feature = "llvm") {
+        targets.push(Target::Host);
+    }
+    let names = [
+        "lstm_seq",
+        "lstm_masked",
+        "lstm_last",
+        "gru_seq",
+        "gru_masked",
+        "gru_last",
+    ];
+    for target in targets {
+        let rows = predicted(target, "rnn", RNN);
+        compare(target, &rows, &names);
     }
 }
