@@ -72,7 +72,7 @@ fn examples_check_clean_on_both_targets() {
 
 #[test]
 fn stdlib_is_clean() {
-    let text = "use std.nn\nuse std.losses\nuse std.metrics\nuse std.hooks\nuse std.optim\nuse std.data\nuse std.prim\n";
+    let text = "use std.nn\nuse std.losses\nuse std.metrics\nuse std.hooks\nuse std.optim\nuse std.data\nuse std.prim\nuse std.image\n";
     let program = est::Program::from_source("all_std.est", text, None);
     let resolved = est::resolve::resolve(&program);
     let in_std: Vec<String> = program

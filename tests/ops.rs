@@ -51,7 +51,7 @@ estimator m {
   model = m
   train_input = xs(true)
   predict_input = xs(false)
-  config { save_checkpoint_steps = 100 }
+  config { save_checkpoint_steps = 100  random_seed = 7 }
 }
 "#;
 
@@ -251,7 +251,7 @@ estimator r {
   model = r
   train_input = seqs(true)
   predict_input = seqs(false)
-  config { save_checkpoint_steps = 100 }
+  config { save_checkpoint_steps = 100  random_seed = 7 }
 }
 "#;
 
@@ -273,4 +273,126 @@ fn lstm_and_gru_match_keras() {
         let rows = predicted(target, "rnn", RNN);
         compare(target, &rows, &names);
     }
+}
+
+/// `grid([6, 5, 3], i)` of the programs here, in f32 as the interpreter computes it:
+/// element `[a, b, c]` at `(a * 5 + b) * 3 + c`.
+fn grid(i: usize) -> Vec<f64> {
+    let mut v = Vec::new();
+    for a in 0..6 {
+        for b in 0..5 {
+            for c in 0..3 {
+                let t = a as f32 * 0.37 + b as f32 * 0.71 + c as f32 * 1.3 + i as f32 * 0.5;
+                v.push(f64::from(t.sin()));
+            }
+        }
+    }
+    v
+}
+
+/// The window `[h, w, 3]` of `img` (`[6, 5, 3]`) at `(oh, ow)`.
+fn window(img: &[f64], (oh, ow): (usize, usize), (h, w): (usize, usize)) -> Vec<f64> {
+    let mut v = Vec::new();
+    for a in oh..oh + h {
+        for b in ow..ow + w {
+            for c in 0..3 {
+                v.push(img[(a * 5 + b) * 3 + c]);
+            }
+        }
+    }
+    v
+}
+
+fn close(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-5)
+}
+
+/// Where `got` is a window of `img`, if it is one.
+fn offset_of(img: &[f64], got: &[f64], size: (usize, usize)) -> Option<(usize, usize)> {
+    (0..=6 - size.0)
+        .flat_map(|a| (0..=5 - size.1).map(move |b| (a, b)))
+        .find(|&o| close(&window(img, o, size), got))
+}
+
+/// Random flips and crops in the model: a coin per image (the same draws on every
+/// target), and one window for the whole batch (`tf.image.random_crop`'s one offset
+/// per axis).
+#[test]
+fn random_flips_and_crops_in_the_model() {
+    let outputs = [
+        ("rf", "image.random_flip_left_right(x)"),
+        ("crop", "image.random_crop(x, [4, 4, 3, 3])"),
+    ];
+    let mut targets = vec![Target::Interp];
+    if cfg!(feature = "llvm") {
+        targets.push(Target::Host);
+    }
+    let mut flips = Vec::new();
+    for target in targets {
+        let rows = predicted(target, "random", &source(&outputs));
+        let mut these = Vec::new();
+        let mut offsets = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            let img = grid(i);
+            let mut rf = Vec::new();
+            flat(&row["rf"], &mut rf);
+            let mirrored: Vec<f64> = (0..6)
+                .flat_map(|a| (0..5).rev().map(move |b| (a, b)))
+                .flat_map(|(a, b)| (0..3).map(move |c| (a * 5 + b) * 3 + c))
+                .map(|k| img[k])
+                .collect();
+            let flipped = close(&rf, &mirrored);
+            assert!(
+                flipped || close(&rf, &img),
+                "{target:?}: example {i} neither flipped nor kept"
+            );
+            these.push(flipped);
+            let mut crop = Vec::new();
+            flat(&row["crop"], &mut crop);
+            let o = offset_of(&img, &crop, (4, 3));
+            assert!(
+                o.is_some(),
+                "{target:?}: example {i}'s crop is no window of it"
+            );
+            offsets.push(o);
+        }
+        assert!(
+            offsets.windows(2).all(|w| w[0] == w[1]),
+            "{target:?}: one window for the batch: {offsets:?}"
+        );
+        flips.push(these);
+    }
+    assert!(
+        flips.windows(2).all(|w| w[0] == w[1]),
+        "the same coins on every target: {flips:?}"
+    );
+}
+
+/// Random crops and flips in an input pipeline's `map`, as TensorFlow programs augment:
+/// each element gets its own window, and new draws in each epoch.
+#[test]
+fn random_crops_in_a_pipeline_vary_by_element_and_epoch() {
+    let src = SRC
+        .replace(
+            "let d = range(4) |> map |i| (grid([6, 5, 3], i), 0.0)",
+            "let d = range(4) |> map |i| (image.random_crop(grid([6, 5, 3], i), [4, 3, 3]), 0.0)",
+        )
+        .replace("f32[B, 6, 5, 3]", "f32[B, 4, 3, 3]")
+        .replace("[x.shape[0], 90]", "[x.shape[0], 36]")
+        .replace("OUTPUTS", "    crop = x");
+    let rows = predicted(Target::Interp, "pipeline-crop", &src);
+    let offsets: Vec<(usize, usize)> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let mut crop = Vec::new();
+            flat(&row["crop"], &mut crop);
+            offset_of(&grid(i), &crop, (4, 3))
+                .unwrap_or_else(|| panic!("example {i}'s crop is no window of it"))
+        })
+        .collect();
+    assert!(
+        offsets.iter().any(|&o| o != offsets[0]),
+        "each element draws its own window: {offsets:?}"
+    );
 }
