@@ -221,6 +221,11 @@ struct RunArgs {
     /// input's size (read from its source; an error when it cannot be known).
     #[arg(long, conflicts_with_all = ["steps", "max_steps"], value_parser = clap::value_parser!(u64).range(1..))]
     epochs: Option<u64>,
+    /// Train-and-evaluate: evaluate the eval input every N steps (each time from a
+    /// fresh checkpoint), as the estimator's `eval_every` field does; the `early_stopping`
+    /// and `keep_best` hooks watch these evaluations.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    eval_every: Option<u64>,
     /// One train step, one checkpoint save and restore, one eval step, in a temporary
     /// directory: finds errors in seconds.
     #[arg(long)]

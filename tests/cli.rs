@@ -845,3 +845,42 @@ fn epochs_convert_to_steps_from_the_input_size() {
         stderr(&o)
     );
 }
+
+/// `--eval-every N` trains and evaluates: the JSON result lists each evaluation, by
+/// global step, with its loss and metrics.
+#[test]
+fn eval_every_trains_and_evaluates() {
+    let dir = std::env::temp_dir().join(format!("estc-cli-eval-every-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let md = dir.to_string_lossy().into_owned();
+    let o = estc(&[
+        "train",
+        "examples/digits_mlp.est",
+        "--model-dir",
+        &md,
+        "--steps",
+        "6",
+        "--eval-every",
+        "4",
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["global_step"], 6);
+    let evals = v["evaluations"].as_array().unwrap();
+    let steps: Vec<i64> = evals
+        .iter()
+        .map(|e| e["global_step"].as_i64().unwrap())
+        .collect();
+    assert_eq!(steps, [4, 6]);
+    assert!(evals
+        .iter()
+        .all(|e| e["loss"].as_f64().unwrap().is_finite()));
+    assert!(
+        stderr(&o).contains("eval at global step 4: loss = "),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

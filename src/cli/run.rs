@@ -94,7 +94,21 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
         let every = est.info.config.log_step_count_steps.max(1);
         est.add_observer(Box::new(Progress::new(every)));
     }
-    let r = est.train(steps)?;
+    let every = a
+        .eval_every
+        .or(est.info.eval_every.map(|e| e.max(1) as u64));
+    let (r, evals) = match every {
+        Some(n) => {
+            let te = est.train_and_evaluate(steps, n)?;
+            (te.train, te.evals)
+        }
+        None => (est.train(steps)?, Vec::new()),
+    };
+    let best = est.model_dir().join("best").join("best.json");
+    let best: Option<serde_json::Value> = std::fs::read_to_string(&best)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .filter(|_| !evals.is_empty());
     if json {
         let v = serde_json::json!({
             "global_step": r.global_step,
@@ -104,6 +118,16 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
             "seconds": r.seconds,
             "stopped_early": r.stopped_early,
             "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
+            "evaluations": evals.iter().map(|e| {
+                let mut m = serde_json::Map::new();
+                m.insert("global_step".into(), e.global_step.into());
+                m.insert("loss".into(), e.loss.into());
+                for (k, v) in &e.metrics {
+                    m.insert(k.clone(), (*v).into());
+                }
+                serde_json::Value::Object(m)
+            }).collect::<Vec<_>>(),
+            "best": best,
         });
         return Ok(format!("{v}\n"));
     }
@@ -128,6 +152,18 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
     };
     if let Some(p) = &r.checkpoint {
         out.push_str(&format!("checkpoint: {}\n", p.display()));
+    }
+    if !evals.is_empty() {
+        out.push_str(&format!("evaluated {} times\n", evals.len()));
+    }
+    if let Some(b) = best {
+        out.push_str(&format!(
+            "best: {} = {} at global step {} ({})\n",
+            b["metric"].as_str().unwrap_or("?"),
+            b["value"],
+            b["global_step"],
+            est.model_dir().join("best").display()
+        ));
     }
     Ok(out)
 }

@@ -138,7 +138,9 @@ impl<'p> Elab<'p> {
             | "mean_absolute_error"
             | "accuracy_baseline"
             | "auc_pr" => self.b_metric(name, &a),
-            "logging_hook" | "stop_at_step_hook" | "nan_hook" => self.b_hook(name, &a),
+            "logging_hook" | "stop_at_step_hook" | "nan_hook" | "early_stopping" | "keep_best" => {
+                self.b_hook(name, &a)
+            }
             _ => self.data_builtin(name, &a),
         }
     }
@@ -1737,23 +1739,55 @@ impl<'p> Elab<'p> {
     }
 
     fn b_hook(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
-        let (kind, keys): (&'static str, &[&'static str]) = match name {
-            "logging_hook" => ("logging_hook", &["every_n_steps"]),
-            "stop_at_step_hook" => ("stop_at_step_hook", &["last_step"]),
-            _ => ("nan_hook", &[]),
+        type Keys = &'static [&'static str];
+        let (kind, ints, strings, floats): (&'static str, Keys, Keys, Keys) = match name {
+            "logging_hook" => ("logging_hook", &["every_n_steps"], &[], &[]),
+            "stop_at_step_hook" => ("stop_at_step_hook", &["last_step"], &[], &[]),
+            "early_stopping" => (
+                "early_stopping",
+                &["patience", "min_steps"],
+                &["monitor", "mode"],
+                &["min_delta"],
+            ),
+            "keep_best" => ("keep_best", &[], &["monitor", "mode"], &[]),
+            _ => ("nan_hook", &[], &[], &[]),
         };
-        let mut args = Vec::new();
-        for &k in keys {
+        let mut h = HookVal {
+            kind,
+            args: Vec::new(),
+            strings: Vec::new(),
+            floats: Vec::new(),
+            span: self.site(a.call),
+        };
+        for &k in ints {
             let Some(v) = self.int_arg(a, k) else {
                 return Value::Error;
             };
-            args.push((k, v));
+            h.args.push((k, v));
         }
-        Value::Hook(Rc::new(HookVal {
-            kind,
-            args,
-            span: self.site(a.call),
-        }))
+        for &k in floats {
+            let Some(v) = self.float_arg(a, k) else {
+                return Value::Error;
+            };
+            h.floats.push((k, v));
+        }
+        for &k in strings {
+            match a.get(k) {
+                (Value::Str(s), _) => h.strings.push((k, s.to_string())),
+                (v, s) => return self.expected("a string", &v, s),
+            }
+        }
+        if let Some(mode) = h.strings.iter().find(|s| s.0 == "mode") {
+            if !["auto", "min", "max"].contains(&mode.1.as_str()) {
+                let (_, s) = a.get("mode");
+                return self.error(
+                    Diag::new(Code::InvalidEstimator, self.site(s), format!("mode \"{}\" is not a way a metric improves", mode.1))
+                        .label("not \"auto\", \"min\" or \"max\"")
+                        .help("\"max\" for a metric that improves upwards (accuracy), \"min\" for one that improves downwards (a loss), \"auto\" to decide by its name"),
+                );
+            }
+        }
+        Value::Hook(Rc::new(h))
     }
 }
 

@@ -147,6 +147,7 @@ const FIELDS: &[&str] = &[
     "hooks",
     "config",
     "warm_start_from",
+    "eval_every",
 ];
 
 /// What `estc` needs to run an estimator, besides its graphs.
@@ -166,6 +167,8 @@ pub struct EstimatorInfo {
     pub hovers: Vec<(Span, String)>,
     /// `warm_start_from`: where a fresh run takes its first weights.
     pub warm_start: Option<WarmStart>,
+    /// `eval_every`: training evaluates every this many steps (train-and-evaluate).
+    pub eval_every: Option<i64>,
 }
 
 /// TensorFlow's `WarmStartSettings`: a fresh training run (no checkpoint in its
@@ -355,6 +358,7 @@ fn estimator<'p>(
     });
     let train_steps = steps(&mut el, e, "train_steps");
     let eval_steps = steps(&mut el, e, "eval_steps");
+    let eval_every = steps(&mut el, e, "eval_every");
     let hooks = hooks(&mut el, e);
     let warm_start = warm_start(&mut el, e);
     let model = model_ref(&mut el, e);
@@ -389,8 +393,13 @@ fn estimator<'p>(
         el.max_steps = opts.max_steps;
         el.hovers = opts.hover.then(Vec::new);
         el.params = per_shard.clone();
-        if mode == SectionKind::Train && opts.target == Target::Wafer && !hooks.is_empty() {
-            for h in &hooks {
+        // (the hooks that watch evaluations run between loops, on every target)
+        let step_hooks: Vec<&HookVal> = hooks
+            .iter()
+            .filter(|h| !matches!(h.kind, "early_stopping" | "keep_best"))
+            .collect();
+        if mode == SectionKind::Train && opts.target == Target::Wafer && !step_hooks.is_empty() {
+            for h in step_hooks {
                 el.diags.push(
                     Diag::new(
                         Code::WaferTrainingExtras,
@@ -502,6 +511,7 @@ fn estimator<'p>(
         params: params_shown,
         hovers: info_hovers,
         warm_start,
+        eval_every,
     };
     (info, compiled, diags)
 }

@@ -22,6 +22,9 @@ struct Sections<'p> {
     metrics: Vec<(String, Value<'p>, Span)>,
     predictions: Vec<(String, Value<'p>, Span)>,
     has_predict: bool,
+    /// `loss = EXPR` in the eval section: the loss evaluation reports, in place of the
+    /// minimised one.
+    eval_loss: Option<(Value<'p>, Span)>,
 }
 
 impl<'p> Elab<'p> {
@@ -362,6 +365,12 @@ impl<'p> Elab<'p> {
                     let v = self.expr(value);
                     out.metrics.push((name.name.clone(), v, value.span));
                 }
+                StmtKind::Assign { name, value }
+                    if kind == SectionKind::Eval && name.name == "loss" =>
+                {
+                    let v = self.expr(value);
+                    out.eval_loss = Some((v, value.span));
+                }
                 StmtKind::Assign { name, value } if kind == SectionKind::Predict => {
                     let v = self.expr(value);
                     out.predictions
@@ -418,9 +427,24 @@ impl<'p> Elab<'p> {
                 }
             }
             SectionKind::Eval => {
-                // the loss evaluated is the first `minimize`'s
-                if let Some((loss, ls, _, _)) = s.minimize.into_iter().next() {
-                    if let Some(l) = self.loss_node(loss, ls) {
+                // the loss evaluated is the eval section's `loss = ...` as written, or
+                // else the first `minimize`'s (with the regularizers' penalties)
+                let explicit = s.eval_loss.is_some();
+                let chosen = match s.eval_loss {
+                    Some((v, span)) => Some((v, span)),
+                    None => s.minimize.into_iter().next().map(|(l, ls, _, _)| (l, ls)),
+                };
+                let regs = if explicit {
+                    std::mem::take(&mut self.regularizers)
+                } else {
+                    Vec::new()
+                };
+                if let Some((loss, ls)) = chosen {
+                    let l = self.loss_node(loss, ls);
+                    if explicit {
+                        self.regularizers = regs;
+                    }
+                    if let Some(l) = l {
                         self.graph.outputs.push(Output {
                             name: "loss".into(),
                             role: Role::Loss,

@@ -102,7 +102,25 @@ pub struct MetricVal {
 pub struct HookVal {
     pub kind: &'static str,
     pub args: Vec<(&'static str, i64)>,
+    /// Its string and float arguments (`early_stopping`'s metric, mode and min_delta).
+    pub strings: Vec<(&'static str, String)>,
+    pub floats: Vec<(&'static str, f64)>,
     pub span: Span,
+}
+
+impl HookVal {
+    /// A string argument ("" when it has none of that name).
+    pub fn string(&self, k: &str) -> &str {
+        self.strings
+            .iter()
+            .find(|a| a.0 == k)
+            .map_or("", |a| a.1.as_str())
+    }
+
+    /// A float argument (0 when it has none of that name).
+    pub fn float(&self, k: &str) -> f64 {
+        self.floats.iter().find(|a| a.0 == k).map_or(0.0, |a| a.1)
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -35,7 +35,7 @@ use crate::span::Span;
 use crate::syntax::ast::SectionKind;
 use crate::tensor::Tensor;
 use crate::Program;
-pub use hooks::{Action, RunHook, StepInfo};
+pub use hooks::{Action, EarlyStopping, EvalInfo, KeepBest, RunHook, StepInfo};
 pub use metrics::{Reducer, ReducerFactory};
 use pipeline::{PipeOptions, Pipeline};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -133,6 +133,13 @@ pub struct TrainReport {
     pub checkpoint: Option<PathBuf>,
 }
 
+/// What train-and-evaluate did: its training, and each evaluation by global step.
+#[derive(Debug, Clone)]
+pub struct TrainEvalReport {
+    pub train: TrainReport,
+    pub evals: Vec<EvalReport>,
+}
+
 #[derive(Debug, Clone)]
 pub struct EvalReport {
     pub global_step: i64,
@@ -189,6 +196,9 @@ pub struct Estimator {
     hooks: Vec<Box<dyn RunHook>>,
     reducers: FxHashMap<String, ReducerFactory>,
     last_checkpoint: Option<PathBuf>,
+    /// The train summaries' event file, kept across calls of `train` (the stretches of
+    /// train-and-evaluate write one file, as one run).
+    train_events: Option<summary::EventWriter>,
     /// What was checked of the last checkpoint saved or restored (for E0902's help).
     last_checked: Option<health::Checked>,
     /// The loss of the last train step.
@@ -302,6 +312,17 @@ impl Estimator {
             match h.kind {
                 "logging_hook" => hooks.push(Box::new(hooks::Logging(arg("every_n_steps")))),
                 "stop_at_step_hook" => hooks.push(Box::new(hooks::StopAtStep(arg("last_step")))),
+                "early_stopping" => hooks.push(Box::new(hooks::EarlyStopping::new(
+                    h.string("monitor"),
+                    arg("patience").max(1) as u64,
+                    h.float("min_delta"),
+                    h.string("mode"),
+                    arg("min_steps"),
+                ))),
+                "keep_best" => hooks.push(Box::new(hooks::KeepBest::new(
+                    h.string("monitor"),
+                    h.string("mode"),
+                ))),
                 // NaN and Inf losses always stop training (E0902).
                 _ => {}
             }
@@ -332,6 +353,7 @@ impl Estimator {
             hooks,
             reducers: FxHashMap::default(),
             last_checkpoint: None,
+            train_events: None,
             last_checked: None,
             last_loss: None,
             max_shards: 1,
@@ -351,6 +373,11 @@ impl Estimator {
 
     fn io_diag(&self, m: String) -> Diag {
         Diag::new(Code::RunIo, self.info.span, m).label("this estimator")
+    }
+
+    /// Where the run's checkpoints, summaries and predictions go.
+    pub fn model_dir(&self) -> &std::path::Path {
+        &self.model_dir
     }
 
     pub fn global_step(&self) -> i64 {
@@ -818,6 +845,133 @@ impl Estimator {
         Ok(Some(out))
     }
 
+    /// Train-and-evaluate (`tf.estimator.train_and_evaluate`): trains in stretches of
+    /// `every` steps (to the next multiple of `every`), each ending with a checkpoint
+    /// that the eval input evaluates (its metrics written to `MODEL_DIR/eval`), until
+    /// the last step, the end of the train input, or a hook's `after_eval` asking to
+    /// stop (`early_stopping`); `keep_best` keeps the best checkpoint. The hooks'
+    /// metrics must be the eval section's or `loss`.
+    pub fn train_and_evaluate(&mut self, steps: Steps, every: u64) -> Res<TrainEvalReport> {
+        self.locked(|s| s.train_and_evaluate_locked(steps, every))
+    }
+
+    fn train_and_evaluate_locked(&mut self, steps: Steps, every: u64) -> Res<TrainEvalReport> {
+        let every = i64::try_from(every.max(1)).unwrap_or(i64::MAX);
+        self.check_eval_hooks()?;
+        self.restore_or_init()?;
+        let last = match steps {
+            Steps::Default => self
+                .info
+                .train_steps
+                .unwrap_or(self.step.saturating_add(1000)),
+            Steps::Add(n) => self
+                .step
+                .saturating_add(i64::try_from(n).unwrap_or(i64::MAX)),
+            Steps::Max(n) => i64::try_from(n).unwrap_or(i64::MAX),
+        };
+        let start = self.step;
+        let t0 = Instant::now();
+        let mut evals = Vec::new();
+        let mut report: Option<TrainReport> = None;
+        let mut stopped: Option<String> = None;
+        while self.step < last && stopped.is_none() {
+            let to = ((self.step / every).saturating_add(1))
+                .saturating_mul(every)
+                .min(last);
+            let r = self.train(Steps::Max(to as u64))?;
+            stopped = r.stopped_early.clone();
+            let e = self.evaluate(None)?;
+            let mut metrics = vec![("loss".to_string(), e.loss)];
+            metrics.extend(e.metrics.iter().cloned());
+            let shown: Vec<String> = metrics
+                .iter()
+                .map(|(k, v)| format!("{k} = {v:.6}"))
+                .collect();
+            crate::diag::log(&format!(
+                "eval at global step {}: {}",
+                e.global_step,
+                shown.join(", ")
+            ));
+            let info = EvalInfo {
+                global_step: e.global_step,
+                metrics,
+                checkpoint: self.last_checkpoint.clone().unwrap_or_default(),
+                model_dir: self.model_dir.clone(),
+            };
+            let mut stop = false;
+            for h in &mut self.hooks {
+                stop |= h.after_eval(&info) == Action::Stop;
+            }
+            if stop && stopped.is_none() {
+                stopped = Some(format!(
+                    "a hook stopped training after the evaluation at global step {}",
+                    e.global_step
+                ));
+            }
+            evals.push(e);
+            report = Some(r);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let train = match report {
+            Some(r) => TrainReport {
+                start_step: start,
+                steps_per_sec: (self.step - start) as f64 / secs.max(1e-9),
+                seconds: secs,
+                stopped_early: stopped,
+                ..r
+            },
+            None => TrainReport {
+                start_step: start,
+                global_step: self.step,
+                final_loss: self.last_loss.unwrap_or(f64::NAN),
+                steps_per_sec: 0.0,
+                seconds: secs,
+                stopped_early: None,
+                checkpoint: self.last_checkpoint.clone(),
+            },
+        };
+        Ok(TrainEvalReport { train, evals })
+    }
+
+    /// Every metric an evaluation hook watches is the eval section's, or `loss`
+    /// (E0201 naming the ones there are).
+    fn check_eval_hooks(&self) -> Res<()> {
+        let eval = self.graphs.iter().find(|c| c.mode == SectionKind::Eval);
+        let names: Vec<String> = eval.map_or_else(Vec::new, |c| {
+            c.graph.metrics.iter().map(|m| m.name.clone()).collect()
+        });
+        for h in &self.info.hooks {
+            if !matches!(h.kind, "early_stopping" | "keep_best") {
+                continue;
+            }
+            let m = h.string("monitor");
+            if m != "loss" && !names.iter().any(|n| n == m) {
+                let mut there = vec!["`loss`".to_string()];
+                there.extend(names.iter().map(|n| format!("`{n}`")));
+                let mut d = Diag::new(
+                    Code::UnknownName,
+                    h.span,
+                    format!(
+                        "`{}` watches the metric `{m}`, which the eval section does not report",
+                        h.kind
+                    ),
+                )
+                .label("no such metric")
+                .help(format!("the evaluation reports {}", there.join(", ")));
+                if let Some(s) =
+                    crate::diag::did_you_mean(m, names.iter().map(String::as_str).chain(["loss"]))
+                {
+                    d = d.help(format!(
+                        "did you mean `{s}`? the evaluation reports {}",
+                        there.join(", ")
+                    ));
+                }
+                return Err(d.into());
+            }
+        }
+        Ok(())
+    }
+
     /// Trains: restores or initialises, then runs loops of steps until the last step,
     /// the end of the input, or a hook's request to stop.
     pub fn train(&mut self, steps: Steps) -> Res<TrainReport> {
@@ -848,7 +1002,7 @@ impl Estimator {
             &self.pipe_options(SectionKind::Train),
             self.input_position,
         )?;
-        let mut summaries = None;
+        let mut summaries = self.train_events.take();
         for h in &mut self.hooks {
             h.begin(start, last);
         }
@@ -969,6 +1123,7 @@ impl Estimator {
         for h in &mut self.hooks {
             h.end(self.step);
         }
+        self.train_events = summaries;
         let secs = t0.elapsed().as_secs_f64();
         self.note_skipped(&pipe);
         Ok(TrainReport {
