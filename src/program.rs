@@ -666,6 +666,11 @@ impl Program {
         self.modules.iter().any(|m| m.file == f && m.is_std)
     }
 
+    /// The directory of the root file, which the program's data paths start from.
+    pub fn root_dir(&self) -> Option<&Path> {
+        self.root_module().dir.as_deref()
+    }
+
     pub fn root_module(&self) -> &Module {
         self.module(self.root)
     }

@@ -24,7 +24,7 @@ use super::records;
 use super::sources::{self, bytes_scalar, RangeSource, TfRecordSource, VecSource};
 use crate::backend::interp::{self, OpEnv};
 use crate::diag::{Code, Diag};
-use crate::elab::data::{Dataset, Elem, Stage, StageKind};
+use crate::elab::data::{CsvValue, Dataset, Elem, Stage, StageKind};
 use crate::ir::{DType, Graph, TensorType};
 use crate::rng::Stream as Rng;
 use crate::tensor::{Arr, Data, Tensor};
@@ -365,19 +365,27 @@ fn build(chain: &Arc<Chain>, upto: usize, ctx: &Arc<Ctx>, epoch: u64, file: Opti
             header,
             columns,
             delimiter,
+            defaults,
+            missing,
+            skip_invalid,
         } => {
             let full = sources::resolve(&ctx.base, path);
+            let how = CsvRules {
+                header: *header,
+                columns,
+                shapes: &leaf_shapes(&stage.elem),
+                delimiter: *delimiter,
+                defaults,
+                missing,
+                skip_invalid: *skip_invalid,
+            };
             match std::fs::read_to_string(&full) {
                 Err(e) => err_src(io_diag(span, &full, &e)),
-                Ok(text) => match read_csv(
-                    &full,
-                    &text,
-                    *header,
-                    columns,
-                    &leaf_shapes(&stage.elem),
-                    *delimiter,
-                ) {
-                    Ok(rows) => Box::new(VecSource::new(rows)),
+                Ok(text) => match read_csv(&full, &text, &how) {
+                    Ok((rows, skipped)) => {
+                        ctx.skipped.fetch_add(skipped, Ordering::Relaxed);
+                        Box::new(VecSource::new(rows))
+                    }
                     Err(msg) => err_src(Diag::new(Code::BadData, span, msg).label("this source")),
                 },
             }
@@ -1411,75 +1419,114 @@ fn out_of_range(x: f64, d: DType) -> Option<String> {
     }
 }
 
-/// Reads a CSV file into elements: one tensor per column group (`n` values of a vector
-/// column take `n` fields).
-fn read_csv(
-    path: &Path,
-    text: &str,
+/// How to read a CSV source's rows.
+struct CsvRules<'a> {
     header: bool,
-    columns: &[(String, DType, usize)],
-    shapes: &[Vec<usize>],
+    columns: &'a [(String, DType, usize)],
+    shapes: &'a [Vec<usize>],
     delimiter: u8,
-) -> Result<Vec<Element>, String> {
-    let want: usize = columns.iter().map(|(_, _, n)| (*n).max(1)).sum();
+    defaults: &'a [Option<CsvValue>],
+    missing: &'a [String],
+    skip_invalid: bool,
+}
+
+/// Reads a CSV text into elements, one tensor per column group (`n` values of a vector
+/// column take `n` fields), and says how many rows `skip_invalid` skipped.
+fn read_csv(path: &Path, text: &str, how: &CsvRules) -> Result<(Vec<Element>, u64), String> {
     // A byte order mark (Excel writes one) is not part of the first field.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut rows = Vec::new();
-    for (line_no, line) in text.lines().enumerate().skip(usize::from(header)) {
+    let mut skipped = 0;
+    for (line_no, line) in text.lines().enumerate().skip(usize::from(how.header)) {
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {
             continue;
         }
-        let fields: Vec<&str> = line.split(delimiter as char).collect();
-        if fields.len() != want {
-            return Err(format!(
-                "{}:{}: {} fields, but the columns need {want}",
-                path.display(),
-                line_no + 1,
-                fields.len()
-            ));
+        match csv_row(path, line_no, line, how) {
+            Ok(elem) => rows.push(elem),
+            Err(_) if how.skip_invalid => skipped += 1,
+            Err(e) => return Err(e),
         }
-        let mut at = 0;
-        let mut elem = Vec::with_capacity(columns.len());
-        for ((name, dtype, n), shape) in columns.iter().zip(shapes) {
-            let count = (*n).max(1);
-            let ty = TensorType::new(*dtype, shape.clone());
-            let fs = &fields[at..at + count];
-            at += count;
-            if *dtype == DType::Bytes {
-                elem.push(bytes_scalar(fs[0].as_bytes().to_vec()));
-                continue;
-            }
-            let mut v = Vec::with_capacity(count);
-            for (k, f) in fs.iter().enumerate() {
-                // file:line:column, the column counted in fields from 1 (made only
-                // for an error: this runs for every field of every row)
-                let at = || format!("{}:{}:{}", path.display(), line_no + 1, at - count + k + 1);
-                let x: f64 = f
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("{}: column `{name}`: `{f}` is not a number", at()))?;
-                if dtype.is_int() && x.fract() != 0.0 {
-                    return Err(format!(
-                        "{}: column `{name}`: `{f}` is not an integer ({dtype})",
-                        at()
-                    ));
-                }
-                if let Some(range) = out_of_range(x, *dtype) {
-                    return Err(format!(
-                        "{}: column `{name}`: {} is out of range for {dtype} ({range})",
-                        at(),
-                        f.trim()
-                    ));
-                }
-                v.push(x);
-            }
-            elem.push(Tensor::from_f64(&ty, v));
-        }
-        rows.push(elem);
     }
     if rows.is_empty() {
-        return Err(format!("{} has no rows", path.display()));
+        return Err(if skipped > 0 {
+            format!("{} has no valid rows ({skipped} skipped)", path.display())
+        } else {
+            format!("{} has no rows", path.display())
+        });
     }
-    Ok(rows)
+    Ok((rows, skipped))
+}
+
+/// One row of a CSV text: its columns' tensors.
+fn csv_row(path: &Path, line_no: usize, line: &str, how: &CsvRules) -> Result<Element, String> {
+    let want: usize = how.columns.iter().map(|(_, _, n)| (*n).max(1)).sum();
+    let fields: Vec<&str> = line.split(how.delimiter as char).collect();
+    if fields.len() != want {
+        return Err(format!(
+            "{}:{}: {} fields, but the columns need {want}",
+            path.display(),
+            line_no + 1,
+            fields.len()
+        ));
+    }
+    let mut at = 0;
+    let mut elem = Vec::with_capacity(how.columns.len());
+    for (((name, dtype, n), shape), default) in how.columns.iter().zip(how.shapes).zip(how.defaults)
+    {
+        let count = (*n).max(1);
+        let ty = TensorType::new(*dtype, shape.clone());
+        let fs = &fields[at..at + count];
+        at += count;
+        let missing = |f: &str| how.missing.iter().any(|m| m == f.trim());
+        if *dtype == DType::Bytes {
+            let text = match default {
+                Some(CsvValue::Text(d)) if missing(fs[0]) => d.as_bytes().to_vec(),
+                _ => fs[0].as_bytes().to_vec(),
+            };
+            elem.push(bytes_scalar(text));
+            continue;
+        }
+        let mut v = Vec::with_capacity(count);
+        for (k, f) in fs.iter().enumerate() {
+            // file:line:column, the column counted in fields from 1 (made only for an
+            // error: this runs for every field of every row)
+            let at = || format!("{}:{}:{}", path.display(), line_no + 1, at - count + k + 1);
+            if missing(f) {
+                match default {
+                    Some(CsvValue::Number(x)) => {
+                        v.push(*x);
+                        continue;
+                    }
+                    _ => {
+                        return Err(format!(
+                            "{}: column `{name}`: `{}` is a missing value, and the column has no default (give one in `defaults`, or skip such rows with `skip_invalid: true`)",
+                            at(),
+                            f.trim()
+                        ))
+                    }
+                }
+            }
+            let x: f64 = f
+                .trim()
+                .parse()
+                .map_err(|_| format!("{}: column `{name}`: `{f}` is not a number", at()))?;
+            if dtype.is_int() && x.fract() != 0.0 {
+                return Err(format!(
+                    "{}: column `{name}`: `{f}` is not an integer ({dtype})",
+                    at()
+                ));
+            }
+            if let Some(range) = out_of_range(x, *dtype) {
+                return Err(format!(
+                    "{}: column `{name}`: {} is out of range for {dtype} ({range})",
+                    at(),
+                    f.trim()
+                ));
+            }
+            v.push(x);
+        }
+        elem.push(Tensor::from_f64(&ty, v));
+    }
+    Ok(elem)
 }

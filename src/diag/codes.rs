@@ -102,6 +102,16 @@ Split a large module into smaller files, save the file as UTF-8, or fix its
 permissions. A root file that cannot be read is not a diagnostic but an error of
 `estc` itself (`error: cannot read ...`, exit status 2).";
 
+    UnreadableFile = "E0106", Error, "a file read at compile time cannot be read",
+"A file the program reads while it is compiled, such as the vocabulary file of
+`lookup`, does not exist, cannot be read, or is not UTF-8 text. Paths are relative to
+the directory of the program's root file.
+
+    let ids = lookup(row.workclass, \"vocab/workclas.txt\")   // error: cannot read
+                                                              // vocab/workclas.txt
+
+Fix the path, or give the vocabulary as a list of strings.";
+
     UnknownName = "E0201", Error, "unknown name",
 "A name is used that no `let`, parameter, item, import or the prelude defines. The
 help suggests a close name when there is one.

@@ -99,6 +99,8 @@ impl<'p> Elab<'p> {
             "variable" => self.b_variable(&a),
             "zeros" | "ones" | "fill" => self.b_fill(name, &a),
             "decode_raw" => self.b_decode_raw(&a),
+            "lookup" => self.b_lookup(&a),
+            "hash_bucket" => self.b_hash_bucket(&a),
             "shape" => self.b_shape(&a),
             "len" => self.b_len(&a),
             "static_assert" => self.b_static_assert(&a),
@@ -1036,6 +1038,157 @@ impl<'p> Elab<'p> {
             TensorType::new(d, shape),
             site,
         ))
+    }
+
+    /// `lookup(x, vocabulary, num_oov_buckets, default_value)`: strings to their
+    /// indices in a vocabulary (a list of strings, or a file of one per line).
+    fn b_lookup(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
+        let (vv, sv) = a.get("vocabulary");
+        let vocab: Vec<String> = match &vv {
+            Value::List(xs) => {
+                let mut out = Vec::new();
+                for x in xs.iter() {
+                    match x {
+                        Value::Str(s) => out.push(s.to_string()),
+                        other => return self.expected("a list of strings", other, sv),
+                    }
+                }
+                out
+            }
+            Value::Str(path) => {
+                let full = match self.p.root_dir() {
+                    Some(d) => d.join(&**path),
+                    None => std::path::PathBuf::from(&**path),
+                };
+                match std::fs::read_to_string(&full) {
+                    Ok(text) => text
+                        .lines()
+                        .map(|l| l.trim_end_matches('\r').to_string())
+                        .filter(|l| !l.is_empty())
+                        .collect(),
+                    Err(e) => {
+                        return self.error(
+                            Diag::new(Code::UnreadableFile, self.site(sv), format!("cannot read the vocabulary {}: {e}", full.display()))
+                                .label("this vocabulary file")
+                                .help("paths are relative to the program's directory; or give the vocabulary as a list of strings"),
+                        )
+                    }
+                }
+            }
+            other => {
+                return self.expected(
+                    "a vocabulary: a list of strings, or the path of a file of one per line",
+                    other,
+                    sv,
+                )
+            }
+        };
+        if let Some(dup) = vocab
+            .iter()
+            .enumerate()
+            .find(|(i, v)| vocab[..*i].contains(v))
+        {
+            return self.error(
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(sv),
+                    format!("the vocabulary has `{}` twice", dup.1),
+                )
+                .label("a repeated entry")
+                .help("each string of a vocabulary has one id: remove the repeat"),
+            );
+        }
+        let (Some(oov), Some(default)) = (
+            self.int_arg(a, "num_oov_buckets"),
+            self.int_arg(a, "default_value"),
+        ) else {
+            return Value::Error;
+        };
+        if oov < 0 {
+            let (_, so) = a.get("num_oov_buckets");
+            return self.error(
+                Diag::new(Code::InvalidShape, self.site(so), format!("{oov} out-of-vocabulary buckets"))
+                    .label("negative")
+                    .help("0 maps unknown strings to `default_value`; 1 or more to ids after the vocabulary's"),
+            );
+        }
+        self.op(
+            Op::Lookup {
+                vocab,
+                oov: oov as usize,
+                default,
+            },
+            &[(x, sx)],
+            scalar(DType::I32),
+            a.call,
+        )
+    }
+
+    /// `hash_bucket(x, buckets)`: strings hashed into `buckets` ids; integers mixed
+    /// (Knuth's multiplicative hash) into them.
+    fn b_hash_bucket(&mut self, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "x") else {
+            return Value::Error;
+        };
+        let (vb, sb) = a.get("buckets");
+        let Some(buckets) = self.as_dim(&vb, sb) else {
+            return Value::Error;
+        };
+        let d = self.graph.ty(x).dtype;
+        if d == DType::Bytes {
+            return self.op(
+                Op::HashBucket { buckets },
+                &[(x, sx)],
+                scalar(DType::I32),
+                a.call,
+            );
+        }
+        if !d.is_int() {
+            return self.expected("strings or integer ids", &Value::Tensor(x), sx);
+        }
+        // ((x * 2654435761) mod 2^32) mod buckets, in i64
+        let sp = a.call;
+        let site = self.site(sp);
+        let c = |e: &mut Self, v: f64| {
+            e.graph.add(
+                Op::Const { bits: v.to_bits() },
+                &[],
+                TensorType::scalar(DType::I64),
+                site,
+            )
+        };
+        let (k, m, b) = (
+            c(self, 2_654_435_761.0),
+            c(self, 4_294_967_296.0),
+            c(self, buckets as f64),
+        );
+        let steps = (|| {
+            let x64 = match self.op(Op::Cast, &[(x, sx)], scalar(DType::I64), sp) {
+                Value::Tensor(t) => t,
+                _ => return None,
+            };
+            let mut y = x64;
+            for (op, c) in [
+                (BinaryOp::Mul, k),
+                (BinaryOp::Rem, m),
+                (BinaryOp::Add, m),
+                (BinaryOp::Rem, m),
+                (BinaryOp::Rem, b),
+            ] {
+                y = match self.op(Op::Binary(op), &[(y, sp), (c, sp)], scalar(DType::F32), sp) {
+                    Value::Tensor(t) => t,
+                    _ => return None,
+                };
+            }
+            match self.op(Op::Cast, &[(y, sp)], scalar(DType::I32), sp) {
+                Value::Tensor(t) => Some(t),
+                _ => None,
+            }
+        })();
+        steps.map_or(Value::Error, Value::Tensor)
     }
 
     fn b_decode_raw(&mut self, a: &Args<'p>) -> Value<'p> {

@@ -76,6 +76,13 @@ pub enum PngLabels {
     Csv(String),
 }
 
+/// A CSV column's default: a number, or a string for a string column.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CsvValue {
+    Number(f64),
+    Text(String),
+}
+
 /// One stage of a pipeline. Sources come first; every other stage transforms the
 /// stream of the stage before it.
 #[derive(Debug, Clone)]
@@ -90,6 +97,12 @@ pub enum StageKind {
         header: bool,
         columns: Vec<(String, DType, usize)>,
         delimiter: u8,
+        /// What a missing field of each column becomes (`defaults`), by column.
+        defaults: Vec<Option<CsvValue>>,
+        /// The fields that are missing values (after trimming), as `na_values`.
+        missing: Vec<String>,
+        /// Skip (and count) a row that cannot be read, instead of failing.
+        skip_invalid: bool,
     },
     Text {
         path: String,

@@ -2,11 +2,11 @@
 //! compilation of `map` and `filter` closures into small graphs of their own.
 
 use super::builtins::Args;
-use super::data::{Dataset, Elem, PngLabels, Stage, StageKind};
+use super::data::{CsvValue, Dataset, Elem, PngLabels, Stage, StageKind};
 use super::expr::ArgVal;
 use super::value::Value;
 use super::Elab;
-use crate::diag::{Code, Diag};
+use crate::diag::{did_you_mean, Code, Diag};
 use crate::ir::{DType, Graph, Op, Output, Role, TensorType};
 use crate::program::ModId;
 use crate::span::Span;
@@ -233,6 +233,27 @@ impl<'p> Elab<'p> {
         }
         let elem = Self::record_elem(&schema);
         let delimiter = if name == "tsv" { b'\t' } else { b',' };
+        let Some(defaults) = self.csv_defaults(a, &columns) else {
+            return Value::Error;
+        };
+        let (vm, sm) = a.get("na_values");
+        let missing = match &vm {
+            Value::List(xs) => {
+                let mut out = Vec::new();
+                for x in xs.iter() {
+                    match x {
+                        Value::Str(s) => out.push(s.trim().to_string()),
+                        other => return self.expected("a list of strings", other, sm),
+                    }
+                }
+                out
+            }
+            other => return self.expected("a list of strings", other, sm),
+        };
+        let (vs, ss) = a.get("skip_invalid");
+        let Value::Bool(skip_invalid) = vs else {
+            return self.expected("bool", &vs, ss);
+        };
         let call = self.site(a.call);
         Value::Dataset(Rc::new(Dataset {
             stages: vec![Stage {
@@ -241,11 +262,73 @@ impl<'p> Elab<'p> {
                     header,
                     columns,
                     delimiter,
+                    defaults,
+                    missing,
+                    skip_invalid,
                 },
                 span: call,
                 elem,
             }],
         }))
+    }
+
+    /// `defaults`: `none`, or a record giving some columns the value of a missing field
+    /// (a number for a number column, a string for a string one).
+    fn csv_defaults(
+        &mut self,
+        a: &Args<'p>,
+        columns: &[(String, DType, usize)],
+    ) -> Option<Vec<Option<CsvValue>>> {
+        let (v, sp) = a.get("defaults");
+        let fields = match &v {
+            Value::None => return Some(vec![None; columns.len()]),
+            Value::Record(fs) => fs.clone(),
+            other => {
+                self.expected(
+                    "a record of column defaults, e.g. `{ age: 0, workclass: \"?\" }`",
+                    other,
+                    sp,
+                );
+                return None;
+            }
+        };
+        let mut out = vec![None; columns.len()];
+        for (k, v) in fields.iter() {
+            let Some(i) = columns.iter().position(|c| &c.0 == k) else {
+                let names: Vec<&str> = columns.iter().map(|c| c.0.as_str()).collect();
+                let mut d = Diag::new(
+                    Code::UnknownField,
+                    self.site(sp),
+                    format!("`defaults` names `{k}`, which is not a column"),
+                )
+                .label("no such column");
+                d = match did_you_mean(k, names.iter().copied()) {
+                    Some(s) => d.help(format!(
+                        "did you mean `{s}`? the columns are {}",
+                        names.join(", ")
+                    )),
+                    None => d.help(format!("the columns are {}", names.join(", "))),
+                };
+                self.error(d);
+                return None;
+            };
+            let bytes = columns[i].1 == DType::Bytes;
+            out[i] = Some(match v {
+                Value::Str(s) if bytes => CsvValue::Text(s.to_string()),
+                Value::Int(n) if !bytes => CsvValue::Number(*n as f64),
+                Value::Float(x) if !bytes && columns[i].1.is_float() => CsvValue::Number(*x),
+                other => {
+                    let want = if bytes {
+                        "a string (the column is a string)".to_string()
+                    } else {
+                        format!("a number of the column's type, {}", columns[i].1)
+                    };
+                    self.expected(&want, other, sp);
+                    return None;
+                }
+            });
+        }
+        Some(out)
     }
 
     fn png(&mut self, a: &Args<'p>) -> Value<'p> {

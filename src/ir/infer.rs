@@ -94,6 +94,16 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
             }
             Ok(args[0].clone())
         }
+        Op::Lookup { .. } | Op::HashBucket { .. } => {
+            if args[0].dtype != DType::Bytes {
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!("{} reads strings, not {}", op.name(), args[0].dtype),
+                )
+                .help("give it a string column (`bytes`); integer ids need no lookup"));
+            }
+            Ok(TensorType::new(DType::I32, args[0].shape.clone()))
+        }
         Op::DecodeRaw => {
             if args[0].dtype != DType::Bytes {
                 return Err(err(

@@ -87,6 +87,19 @@ pub enum Op {
     },
     /// Reinterpret a byte string as a vector of `dtype` (input pipelines).
     DecodeRaw,
+    /// Each string's index in `vocab` (i32); a string not in it gets
+    /// `vocab.len() + hash % oov` with `oov` buckets, else `default`
+    /// (`tf.feature_column.categorical_column_with_vocabulary_list`). Input pipelines.
+    Lookup {
+        vocab: Vec<String>,
+        oov: usize,
+        default: i64,
+    },
+    /// Each string's hash modulo `buckets` (i32; FNV-1a 64, not TensorFlow's
+    /// Fingerprint64). Input pipelines.
+    HashBucket {
+        buckets: usize,
+    },
     /// Gradients made by autodiff. The gradient of conv2d's input: operands (dy, filter),
     /// result shaped like the input (the node's type).
     Conv2dBackpropInput(Conv),
@@ -427,6 +440,8 @@ impl Op {
             Op::RandomUniform { .. } => "random_uniform",
             Op::RandomNormal { .. } => "random_normal",
             Op::DecodeRaw => "decode_raw",
+            Op::Lookup { .. } => "lookup",
+            Op::HashBucket { .. } => "hash_bucket",
             Op::Conv2dBackpropInput(_) => "conv2d_backprop_input",
             Op::Conv2dBackpropFilter(_) => "conv2d_backprop_filter",
             Op::MaxPool2dGrad(_) => "max_pool2d_grad",
@@ -481,6 +496,12 @@ impl Op {
             Op::RandomUniform { stream } | Op::RandomNormal { stream } => {
                 format!("stream={stream:#x}")
             }
+            Op::Lookup {
+                vocab,
+                oov,
+                default,
+            } => format!("vocab={} oov={oov} default={default}", vocab.len()),
+            Op::HashBucket { buckets } => format!("buckets={buckets}"),
             _ => String::new(),
         }
     }

@@ -1089,6 +1089,8 @@ fn has_gradient(op: &Op) -> bool {
             | Op::RandomUniform { .. }
             | Op::RandomNormal { .. }
             | Op::DecodeRaw
+            | Op::Lookup { .. }
+            | Op::HashBucket { .. }
             | Op::Iota { .. }
             | Op::CheckIndices { .. }
             | Op::Binary(

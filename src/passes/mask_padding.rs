@@ -238,7 +238,11 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
             }
         }
         Op::CrossShardMean => of(0),
-        Op::OneHot { .. } | Op::DecodeRaw | Op::CheckIndices { .. } => nonlinear(of(0)),
+        Op::OneHot { .. }
+        | Op::DecodeRaw
+        | Op::CheckIndices { .. }
+        | Op::Lookup { .. }
+        | Op::HashBucket { .. } => nonlinear(of(0)),
         Op::ArgMax { axis } | Op::ArgMin { axis } => match of(0) {
             Rows::Axis(a) if a == *axis => mixed,
             Rows::Axis(a) if a > *axis => Rows::Axis(a - 1),

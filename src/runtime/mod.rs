@@ -606,7 +606,7 @@ impl Estimator {
         if n > 0 {
             self.skipped_records += n;
             self.say(&format!(
-                "skipped {n} damaged input record(s) (skip_corrupt)"
+                "skipped {n} damaged input record(s) (skip_corrupt, skip_invalid)"
             ));
         }
     }

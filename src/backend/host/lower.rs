@@ -853,6 +853,12 @@ impl Lowering<'_> {
                 let len = pixels[..3].iter().product::<usize>() * window[0] * window[1] * c;
                 self.native(n, &ops, len)?;
             }
+            Op::Lookup { .. } | Op::HashBucket { .. } => {
+                return Err(self.unsupported(
+                    n,
+                    "strings: look them up in the input pipeline's `map`, which gives the model integer ids",
+                ));
+            }
             Op::DecodeRaw => {
                 let input = ops[0];
                 match &g.node(input).op {

@@ -99,9 +99,36 @@ pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
             ))
         }
         Op::DecodeRaw => crate::tensor::decode_raw(args[0], ty),
+        Op::Lookup {
+            vocab,
+            oov,
+            default,
+        } => Ok(strings_to_ids(args[0], ty, |s| {
+            match vocab.iter().position(|v| v.as_bytes() == s) {
+                Some(i) => i as i64,
+                None if *oov > 0 => (vocab.len() + bucket(s, *oov)) as i64,
+                None => *default,
+            }
+        })),
+        Op::HashBucket { buckets } => {
+            Ok(strings_to_ids(args[0], ty, |s| bucket(s, *buckets) as i64))
+        }
         Op::Input { .. } | Op::Variable { .. } => {
             Err(format!("{} has no value (not fed)", op.name()))
         }
+    }
+}
+
+/// A string's bucket among `n`: FNV-1a 64 of its bytes, modulo `n`.
+fn bucket(s: &[u8], n: usize) -> usize {
+    (crate::hash::fnv1a(crate::hash::FNV_OFFSET, s) % n.max(1) as u64) as usize
+}
+
+/// Each string of `x` mapped to an integer id.
+fn strings_to_ids(x: &Tensor, ty: &TensorType, f: impl Fn(&[u8]) -> i64) -> Tensor {
+    match &x.data {
+        Data::S(a) => Tensor::int(ty.dtype, a.mapv(|s| f(&s)).into_shared()),
+        _ => Tensor::splat(ty, 0.0),
     }
 }
 
