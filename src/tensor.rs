@@ -383,8 +383,25 @@ fn first_where(t: &Tensor, bad: impl Fn(f32) -> bool) -> Option<(usize, f32)> {
 /// The records of byte-string tensor `a` decoded as little-endian values of `ty`'s
 /// dtype: one row of `ty`'s last axis per record.
 pub fn decode_raw(a: &Tensor, ty: &TensorType) -> Result<Tensor, String> {
-    let n = *ty.shape.last().unwrap_or(&1);
+    let mut n = *ty.shape.last().unwrap_or(&1);
     let size = dtype_size(ty.dtype).ok_or("decode_raw to bytes")?;
+    // a length left open (`decode_raw` without `length`, in a pipeline): the record's
+    // own, when it holds whole values
+    let mut ty = ty.clone();
+    if n == crate::elab::UNKNOWN_DIM {
+        let first = a.s().iter().next().map_or(0, |s| s.len());
+        if first % size != 0 {
+            return Err(format!(
+                "decode_raw: a record of {first} bytes is no whole number of {} values",
+                ty.dtype
+            ));
+        }
+        n = first / size;
+        if let Some(last) = ty.shape.last_mut() {
+            *last = n;
+        }
+    }
+    let ty = &ty;
     let mut flat = Vec::new();
     for (i, s) in a.s().iter().enumerate() {
         if s.len() != n * size {

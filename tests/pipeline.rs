@@ -1028,3 +1028,20 @@ fn zip_caches_epochs_closures_and_lines() {
         "{e}"
     );
 }
+
+/// `padded_batch(length: L)` cuts or zero-pads each variable-length sequence (here the
+/// bytes of a line) to `L`, so the model sees `[batch, L]`; fixed leaves are kept.
+#[test]
+fn padded_batch_to_a_fixed_length() {
+    let d = tmp("padded-length");
+    std::fs::write(d.join("lines.txt"), "ab\nabcdef\nabc\n").unwrap();
+    let body = "text(\"lines.txt\") |> map(|l| (cast(decode_raw(l, u8), f32), 7)) |> padded_batch(3, length: 4, drop_remainder: true)";
+    let mut p = pipe(&d, body, 4, "");
+    let b = batches(&mut p, 10);
+    assert_eq!(b.len(), 1);
+    assert_eq!(
+        feats(&b),
+        [97.0, 98.0, 0.0, 0.0, 97.0, 98.0, 99.0, 100.0, 97.0, 98.0, 99.0, 0.0]
+    );
+    assert_eq!(labels(&b), [7, 7, 7]);
+}

@@ -505,11 +505,13 @@ fn build(chain: &Arc<Chain>, upto: usize, ctx: &Arc<Ctx>, epoch: u64, file: Opti
             size,
             drop_remainder,
             padded,
+            length,
         } => Box::new(Batch {
             up: up(),
             size: *size,
             drop_remainder: *drop_remainder,
             padded: *padded,
+            length: length.clone(),
             span,
         }),
         StageKind::Cache { id, version } => {
@@ -998,6 +1000,7 @@ struct Batch {
     size: usize,
     drop_remainder: bool,
     padded: bool,
+    length: Option<(usize, Vec<bool>)>,
     span: crate::span::Span,
 }
 
@@ -1017,6 +1020,13 @@ impl Stream for Batch {
         }
         if items.is_empty() || (self.drop_remainder && items.len() < self.size) {
             return Ok(None);
+        }
+        if let Some((l, fit)) = &self.length {
+            for e in &mut items {
+                for (t, _) in e.iter_mut().zip(fit).filter(|(_, f)| **f) {
+                    *t = fit_length(t, *l);
+                }
+            }
         }
         stack(&items, self.padded)
             .map(Some)
@@ -1310,6 +1320,32 @@ impl ClosureRunner {
             .iter()
             .map(|o| values.get(o.node).cloned().expect("target"))
             .collect())
+    }
+}
+
+/// `t` cut or zero-padded to `l` along its first axis.
+fn fit_length(t: &Tensor, l: usize) -> Tensor {
+    fn fit<T: Clone>(a: &Arr<T>, l: usize, zero: T) -> Arr<T> {
+        let mut shape = a.shape().to_vec();
+        let k = shape[0].min(l);
+        shape[0] = l;
+        let mut out = ndarray::ArrayD::from_elem(IxDyn(&shape), zero);
+        out.slice_axis_mut(ndarray::Axis(0), ndarray::Slice::from(0..k))
+            .assign(&a.slice_axis(ndarray::Axis(0), ndarray::Slice::from(0..k)));
+        out.into_shared()
+    }
+    if t.shape().is_empty() {
+        return t.clone();
+    }
+    let data = match &t.data {
+        Data::F(a) => Data::F(fit(a, l, 0.0)),
+        Data::I(a) => Data::I(fit(a, l, 0)),
+        Data::B(a) => Data::B(fit(a, l, false)),
+        Data::S(a) => Data::S(fit(a, l, Vec::new())),
+    };
+    Tensor {
+        dtype: t.dtype,
+        data,
     }
 }
 

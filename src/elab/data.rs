@@ -27,6 +27,35 @@ impl Elem {
     }
 
     /// The element with a leading batch dimension on every tensor.
+    /// Whether each leaf's first axis is of unknown length (a variable-length
+    /// sequence), in leaf order.
+    pub fn variable_leaves(&self) -> Vec<bool> {
+        match self {
+            Elem::Tensor { dims, .. } => vec![dims.first() == Some(&None)],
+            Elem::Tuple(xs) => xs.iter().flat_map(Elem::variable_leaves).collect(),
+            Elem::Record(fs) => fs.iter().flat_map(|(_, x)| x.variable_leaves()).collect(),
+        }
+    }
+
+    /// The element with each variable-length leaf's first axis `n` long.
+    pub fn fixed(&self, n: usize) -> Elem {
+        match self {
+            Elem::Tensor { dtype, dims } if dims.first() == Some(&None) => {
+                let mut d = dims.clone();
+                d[0] = Some(n);
+                Elem::Tensor {
+                    dtype: *dtype,
+                    dims: d,
+                }
+            }
+            Elem::Tensor { .. } => self.clone(),
+            Elem::Tuple(xs) => Elem::Tuple(xs.iter().map(|x| x.fixed(n)).collect()),
+            Elem::Record(fs) => {
+                Elem::Record(fs.iter().map(|(k, x)| (k.clone(), x.fixed(n))).collect())
+            }
+        }
+    }
+
     pub fn batched(&self, n: Option<usize>) -> Elem {
         match self {
             Elem::Tensor { dtype, dims } => {
@@ -154,6 +183,9 @@ pub enum StageKind {
         size: usize,
         drop_remainder: bool,
         padded: bool,
+        /// `padded_batch(length:)`: the length each variable-length leaf (one whose
+        /// first axis is unknown, flagged by leaf) is cut or padded to.
+        length: Option<(usize, Vec<bool>)>,
     },
     Cache {
         id: Option<String>,

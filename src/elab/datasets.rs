@@ -538,7 +538,31 @@ impl<'p> Elab<'p> {
                 let Some(size) = self.as_dim(&vs, ss) else { return Value::Error };
                 let (vr, sr) = a.get("drop_remainder");
                 let Value::Bool(drop_remainder) = vr else { return self.expected("bool", &vr, sr) };
-                (StageKind::Batch { size, drop_remainder, padded: name == "padded_batch" }, before.batched(Some(size)))
+                let padded = name == "padded_batch";
+                let length = match a.get("length") {
+                    (Value::None, _) => None,
+                    _ if !padded => None,
+                    (v, s) => match self.as_dim(&v, s) {
+                        Some(l) => Some(l),
+                        None => return Value::Error,
+                    },
+                };
+                let (length, elem) = match length {
+                    Some(l) => {
+                        let fit = before.variable_leaves();
+                        if !fit.contains(&true) {
+                            let (_, s) = a.get("length");
+                            return self.error(
+                                Diag::new(Code::InvalidShape, self.site(s), format!("`length` cuts or pads variable-length sequences, and the elements ({before}) have none"))
+                                    .label("nothing to cut or pad")
+                                    .help("a leaf whose first axis is unknown (`?`, as `decode_raw` without a length makes) is a sequence; leave `length` out, or use `batch`"),
+                            );
+                        }
+                        (Some((l, fit)), before.fixed(l).batched(Some(size)))
+                    }
+                    None => (None, before.batched(Some(size))),
+                };
+                (StageKind::Batch { size, drop_remainder, padded, length }, elem)
             }
             "cache" => {
                 let id = match a.get("id") {
