@@ -390,7 +390,7 @@ pub fn decode_raw(a: &Tensor, ty: &TensorType) -> Result<Tensor, String> {
     let mut ty = ty.clone();
     if n == crate::elab::UNKNOWN_DIM {
         let first = a.s().iter().next().map_or(0, |s| s.len());
-        if first % size != 0 {
+        if !first.is_multiple_of(size) {
             return Err(format!(
                 "decode_raw: a record of {first} bytes is no whole number of {} values",
                 ty.dtype
