@@ -1045,3 +1045,34 @@ fn padded_batch_to_a_fixed_length() {
     );
     assert_eq!(labels(&b), [7, 7, 7]);
 }
+
+/// `from_tensor_slices` of static lists (a tuple of features and labels), and
+/// `fixed_length_record` of CIFAR-10-shaped binary records (a label byte, then the image
+/// channel by channel), decoded in a `map`.
+#[test]
+fn slices_and_fixed_length_records() {
+    let d = tmp("slices");
+    let body = "from_tensor_slices(([[1.5, 2.0], [3.0, 4.0], [5.0, 6.5]], [2, 0, 1])) |> batch(3, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 2, ""), 10);
+    assert_eq!(feats(&b), [1.5, 2.0, 3.0, 4.0, 5.0, 6.5]);
+    assert_eq!(labels(&b), [2, 0, 1]);
+    // two records of 1 + 2x2x3 bytes after a 4-byte header, a 2-byte footer
+    let mut bytes = vec![9, 9, 9, 9];
+    for (label, base) in [(3u8, 10u8), (7, 100)] {
+        bytes.push(label);
+        bytes.extend((0..12).map(|k| base + k));
+    }
+    bytes.extend([8, 8]);
+    std::fs::write(d.join("batch.bin"), &bytes).unwrap();
+    let body = "fixed_length_record(\"batch.bin\", record_bytes: 13, header_bytes: 4, footer_bytes: 2)
+      |> map(|r| decode_raw(r, u8, length: 13))
+      |> map(|b| (reshape(cast(transpose(reshape(slice(b, 0, 1, 13), [3, 2, 2]), [1, 2, 0]), f32), [12]), reshape(cast(slice(b, 0, 0, 1), i32), [])))
+      |> batch(2, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 12, ""), 10);
+    // channel-major in the file, HWC after the transpose: pixel (0, 0) is 10, 14, 18
+    assert_eq!(feats(&b)[..6], [10.0, 14.0, 18.0, 11.0, 15.0, 19.0]);
+    assert_eq!(labels(&b), [3, 7]);
+    std::fs::write(d.join("batch.bin"), &bytes[..20]).unwrap();
+    let e = err_of(&mut pipe(&d, body, 12, ""));
+    assert!(e.contains("are no header of 4, whole records of 13"), "{e}");
+}

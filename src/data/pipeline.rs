@@ -406,6 +406,48 @@ fn build(chain: &Arc<Chain>, upto: usize, ctx: &Arc<Ctx>, epoch: u64, file: Opti
             }
         }
         StageKind::Range { n } => Box::new(RangeSource::new(*n)),
+        StageKind::Slices { rows } => Box::new(VecSource::new(rows.clone())),
+        StageKind::FixedLength {
+            record_bytes,
+            header_bytes,
+            footer_bytes,
+            ..
+        } => match sources::files(stage, &ctx.base) {
+            Err(d) => err_src(d),
+            Ok(files) => {
+                let mut rows = Vec::new();
+                let mut failed = None;
+                for f in &files {
+                    match std::fs::read(f) {
+                        Err(e) => {
+                            failed = Some(io_diag(span, f, &e));
+                            break;
+                        }
+                        Ok(bytes) => {
+                            let body = bytes.len().saturating_sub(header_bytes + footer_bytes);
+                            if bytes.len() < header_bytes + footer_bytes || body % record_bytes != 0
+                            {
+                                failed = Some(
+                                    Diag::new(Code::BadData, span, format!("{}: {} bytes are no header of {header_bytes}, whole records of {record_bytes} and a footer of {footer_bytes}", f.display(), bytes.len()))
+                                        .label("this source")
+                                        .help("check `record_bytes`, `header_bytes` and `footer_bytes` against the file's format"),
+                                );
+                                break;
+                            }
+                            let body = &bytes[*header_bytes..header_bytes + body];
+                            rows.extend(
+                                body.chunks(*record_bytes)
+                                    .map(|r| vec![bytes_scalar(r.to_vec())]),
+                            );
+                        }
+                    }
+                }
+                match failed {
+                    Some(d) => err_src(d),
+                    None => Box::new(VecSource::new(rows)),
+                }
+            }
+        },
         StageKind::Npy { path, dtype, dims } => {
             let full = sources::resolve(&ctx.base, path);
             match records::read_npy(&full, *dtype, dims) {
@@ -603,6 +645,8 @@ fn stage_is_source(s: &Stage) -> bool {
             | StageKind::Npy { .. }
             | StageKind::Png { .. }
             | StageKind::Range { .. }
+            | StageKind::Slices { .. }
+            | StageKind::FixedLength { .. }
             | StageKind::Synthetic { .. }
     )
 }

@@ -34,7 +34,7 @@ pub fn resolve(base: &Path, p: &str) -> PathBuf {
 pub fn files(stage: &Stage, base: &Path) -> Result<Vec<PathBuf>, Diag> {
     let one = |p: &str| Ok(vec![resolve(base, p)]);
     match &stage.kind {
-        StageKind::TfRecord { paths, .. } => {
+        StageKind::TfRecord { paths, .. } | StageKind::FixedLength { paths, .. } => {
             let mut out = Vec::new();
             for p in paths {
                 let mut f = records::glob(&resolve(base, p)).map_err(|m| {

@@ -152,6 +152,20 @@ pub enum StageKind {
     Range {
         n: i64,
     },
+    /// In-memory elements (`from_tensor_slices` of static lists): each element's
+    /// leaves, in leaf order.
+    Slices {
+        rows: Vec<Vec<crate::tensor::Tensor>>,
+    },
+    /// Records of `record_bytes` bytes from binary files, after `header_bytes` and
+    /// before `footer_bytes` of each (CIFAR-10's; TensorFlow's
+    /// `FixedLengthRecordDataset`).
+    FixedLength {
+        paths: Vec<String>,
+        record_bytes: usize,
+        header_bytes: usize,
+        footer_bytes: usize,
+    },
     /// Random elements of the given leaf types from the run seed; endless without a
     /// count. Integer leaves are uniform in `[0, classes)`.
     Synthetic {
@@ -224,6 +238,8 @@ impl StageKind {
             StageKind::Png { .. } => "png",
             StageKind::Npy { .. } => "npy",
             StageKind::Range { .. } => "range",
+            StageKind::Slices { .. } => "from_tensor_slices",
+            StageKind::FixedLength { .. } => "fixed_length_record",
             StageKind::Synthetic { .. } => "synthetic",
             StageKind::Parse { .. } => "parse",
             StageKind::Map { .. } => "map",

@@ -79,10 +79,116 @@ impl<'p> Elab<'p> {
                 Some(n) => source(StageKind::Range { n: n as i64 }, Elem::scalar(DType::I32)),
                 None => Value::Error,
             },
+            "fixed_length_record" => {
+                let (Some(paths), Some(record_bytes)) =
+                    (self.paths(a, "paths"), self.int_pos(a, "record_bytes"))
+                else {
+                    return Value::Error;
+                };
+                let (Some(header_bytes), Some(footer_bytes)) = (
+                    self.int_nonneg(a, "header_bytes"),
+                    self.int_nonneg(a, "footer_bytes"),
+                ) else {
+                    return Value::Error;
+                };
+                source(
+                    StageKind::FixedLength {
+                        paths,
+                        record_bytes,
+                        header_bytes,
+                        footer_bytes,
+                    },
+                    Elem::scalar(DType::Bytes),
+                )
+            }
+            "from_tensor_slices" => self.from_tensor_slices(a),
             "csv" | "tsv" => self.csv(name, a),
             "png" => self.png(a),
             "npy" => self.npy(a),
             _ => self.transform(name, a),
+        }
+    }
+
+    /// `from_tensor_slices(values)`: the rows of static lists (numbers or strings,
+    /// nested for more axes), or of a tuple or record of them with as many rows each.
+    fn from_tensor_slices(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (v, sv) = a.get("values");
+        let mut leaves: Vec<(Vec<usize>, StaticLeaf)> = Vec::new();
+        let Some(shape_elem) = self.slices_elem(&v, sv, &mut leaves) else {
+            return Value::Error;
+        };
+        let n = leaves[0].0[0];
+        if let Some((shape, _)) = leaves.iter().find(|(s, _)| s[0] != n) {
+            return self.error(
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(sv),
+                    format!("the parts have {n} and {} rows", shape[0]),
+                )
+                .label("parts of different lengths")
+                .help("every part of `from_tensor_slices`'s value needs one row per element"),
+            );
+        }
+        let mut rows = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut row = Vec::with_capacity(leaves.len());
+            for (shape, leaf) in &leaves {
+                let per: usize = shape[1..].iter().product();
+                row.push(leaf.row(i, per, &shape[1..]));
+            }
+            rows.push(row);
+        }
+        let call = self.site(a.call);
+        Value::Dataset(Rc::new(Dataset {
+            stages: vec![Stage {
+                kind: StageKind::Slices { rows },
+                span: call,
+                elem: shape_elem,
+            }],
+        }))
+    }
+
+    /// The element type of `from_tensor_slices(v)`, its leaves gathered.
+    fn slices_elem(
+        &mut self,
+        v: &Value<'p>,
+        sv: Span,
+        leaves: &mut Vec<(Vec<usize>, StaticLeaf)>,
+    ) -> Option<Elem> {
+        match v {
+            Value::Tuple(xs) => Some(Elem::Tuple(
+                xs.iter()
+                    .map(|x| self.slices_elem(x, sv, leaves))
+                    .collect::<Option<Vec<_>>>()?,
+            )),
+            Value::Record(fs) => Some(Elem::Record(
+                fs.iter()
+                    .map(|(k, x)| Some((k.clone(), self.slices_elem(x, sv, leaves)?)))
+                    .collect::<Option<Vec<_>>>()?,
+            )),
+            Value::List(_) => {
+                let mut shape = Vec::new();
+                let mut flat = Vec::new();
+                if let Err(why) = flatten_static(v, 0, &mut shape, &mut flat) {
+                    self.error(
+                        Diag::new(Code::InvalidShape, self.site(sv), why)
+                            .label("in this value")
+                            .help("give a list of numbers or strings, nested lists of equal lengths for more axes, or a tuple or record of such lists"),
+                    );
+                    return None;
+                }
+                let leaf = StaticLeaf::of(flat);
+                let elem = Elem::Tensor {
+                    dtype: leaf.dtype(),
+                    dims: shape[1..].iter().map(|&d| Some(d)).collect(),
+                };
+                leaves.push((shape, leaf));
+                Some(elem)
+            }
+            other => {
+                self.expected("a list (or a tuple or record of lists)", other, sv);
+                None
+            }
         }
     }
 
@@ -738,5 +844,123 @@ fn join(path: &str, k: &str) -> String {
         k.to_string()
     } else {
         format!("{path}.{k}")
+    }
+}
+
+/// A static scalar of `from_tensor_slices`.
+#[derive(Clone)]
+enum Scalar {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+}
+
+/// `v`'s scalars in row-major order and its shape (`depth` axes in), or why it is not
+/// a rectangular list of scalars.
+fn flatten_static(
+    v: &Value<'_>,
+    depth: usize,
+    shape: &mut Vec<usize>,
+    out: &mut Vec<Scalar>,
+) -> Result<(), String> {
+    match v {
+        Value::List(xs) => {
+            if xs.is_empty() {
+                return Err("an empty list has no rows".into());
+            }
+            match shape.get(depth) {
+                Some(&n) if n != xs.len() => {
+                    return Err(format!(
+                        "lists of {n} and {} elements at the same depth",
+                        xs.len()
+                    ))
+                }
+                None => shape.push(xs.len()),
+                _ => {}
+            }
+            for x in xs.iter() {
+                flatten_static(x, depth + 1, shape, out)?;
+            }
+            Ok(())
+        }
+        _ if depth < shape.len() => {
+            Err("a number where a list was expected (lists of unequal depth)".into())
+        }
+        Value::Int(i) => {
+            out.push(Scalar::Int(*i));
+            Ok(())
+        }
+        Value::Float(f) => {
+            out.push(Scalar::Float(*f));
+            Ok(())
+        }
+        Value::Bool(b) => {
+            out.push(Scalar::Bool(*b));
+            Ok(())
+        }
+        Value::Str(s) => {
+            out.push(Scalar::Str(s.to_string()));
+            Ok(())
+        }
+        other => Err(format!("{} in a list of values", other.kind())),
+    }
+}
+
+/// The scalars of one part of `from_tensor_slices`, as one dtype: i32 for integers,
+/// f32 when any is a float, bool, or bytes for strings.
+struct StaticLeaf {
+    dtype: DType,
+    values: Vec<Scalar>,
+}
+
+impl StaticLeaf {
+    fn of(values: Vec<Scalar>) -> StaticLeaf {
+        let dtype = if values.iter().any(|v| matches!(v, Scalar::Str(_))) {
+            DType::Bytes
+        } else if values.iter().any(|v| matches!(v, Scalar::Float(_))) {
+            DType::F32
+        } else if values.iter().all(|v| matches!(v, Scalar::Bool(_))) {
+            DType::Bool
+        } else {
+            DType::I32
+        };
+        StaticLeaf { dtype, values }
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Row `i` (of `per` scalars) as a tensor of `shape`.
+    fn row(&self, i: usize, per: usize, shape: &[usize]) -> crate::tensor::Tensor {
+        let part = &self.values[i * per..(i + 1) * per];
+        let ty = TensorType::new(self.dtype, shape.to_vec());
+        if self.dtype == DType::Bytes {
+            let strings: Vec<Vec<u8>> = part
+                .iter()
+                .map(|v| match v {
+                    Scalar::Str(s) => s.as_bytes().to_vec(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            return crate::tensor::Tensor {
+                dtype: DType::Bytes,
+                data: crate::tensor::Data::S(
+                    crate::tensor::Arr::from_shape_vec(ndarray::IxDyn(shape), strings)
+                        .expect("the row's shape"),
+                ),
+            };
+        }
+        let nums: Vec<f64> = part
+            .iter()
+            .map(|v| match v {
+                Scalar::Int(i) => *i as f64,
+                Scalar::Float(f) => *f,
+                Scalar::Bool(b) => f64::from(u8::from(*b)),
+                Scalar::Str(_) => 0.0,
+            })
+            .collect();
+        crate::tensor::Tensor::from_f64(&ty, nums)
     }
 }

@@ -755,6 +755,7 @@ impl Estimator {
             }
             match &s.kind {
                 K::Range { n: r } => n = Some((*r).max(0) as u64),
+                K::Slices { rows } => n = Some(rows.len() as u64),
                 K::Synthetic { count: Some(c), .. } => n = Some(*c as u64),
                 K::Csv { path, header, .. } => {
                     n = Some(count_lines(path, *header)?);
