@@ -101,7 +101,7 @@ impl<'p> Elab<'p> {
                     Elem::scalar(DType::Bytes),
                 )
             }
-            "from_tensor_slices" => self.from_tensor_slices(a),
+            "from_tensor_slices" => self.tensor_slices(a),
             "csv" | "tsv" => self.csv(name, a),
             "png" => self.png(a),
             "npy" => self.npy(a),
@@ -111,7 +111,7 @@ impl<'p> Elab<'p> {
 
     /// `from_tensor_slices(values)`: the rows of static lists (numbers or strings,
     /// nested for more axes), or of a tuple or record of them with as many rows each.
-    fn from_tensor_slices(&mut self, a: &Args<'p>) -> Value<'p> {
+    fn tensor_slices(&mut self, a: &Args<'p>) -> Value<'p> {
         let (v, sv) = a.get("values");
         let mut leaves: Vec<(Vec<usize>, StaticLeaf)> = Vec::new();
         let Some(shape_elem) = self.slices_elem(&v, sv, &mut leaves) else {
