@@ -50,7 +50,15 @@ fn examples_check_clean_on_both_targets() {
                 .map(|x| format!("{}: {}", x.code.id(), x.message))
                 .collect();
             let sizes = d.is_empty() && target == Target::Wafer && !wafer(&name).is_empty();
-            if sizes {
+            // wide & deep adds its wide part after the deep layers, a value read past
+            // the layer after it, which the wafer does not lay out yet
+            let unlaid = target == Target::Wafer && name == "examples/wide_deep.est";
+            if unlaid {
+                assert!(
+                    !found.is_empty() && found.iter().all(|f| f.starts_with("E0601")),
+                    "{name} on the wafer: {found:?}"
+                );
+            } else if sizes {
                 assert!(
                     !found.is_empty()
                         && found
@@ -142,4 +150,34 @@ fn pipeline_graphs_get_the_length_the_model_binds() {
     );
     assert!(est::passes::verify(map).is_ok());
     assert_eq!(input.elem().to_string(), "(f32[128, 784], i32[128])");
+}
+
+/// `examples/wide_deep.est` trains a few steps on the interpreter (and the host), with
+/// its evaluations and best checkpoint: CSV defaults, a vocabulary file, hashed,
+/// bucketized and crossed columns, FTRL and Adagrad over disjoint variables.
+#[test]
+fn wide_deep_trains_a_few_steps() {
+    let mut targets = vec![Target::Interp];
+    if cfg!(feature = "llvm") {
+        targets.push(Target::Host);
+    }
+    for target in targets {
+        let dir = common::scratch("examples", &format!("wide-deep-{target:?}"));
+        let mut e = common::estimator("examples/wide_deep.est", target, &dir)
+            .unwrap_or_else(|c| panic!("{c:?}"));
+        let r = e
+            .train_and_evaluate(est::runtime::Steps::Max(20), 10)
+            .unwrap();
+        assert_eq!(r.train.global_step, 20);
+        assert_eq!(r.evals.len(), 2);
+        for ev in &r.evals {
+            assert_eq!(ev.examples, 200, "{target:?}: the whole test split");
+            let auc = ev.metrics.iter().find(|m| m.0 == "auc").unwrap().1;
+            assert!(
+                (0.0..=1.0).contains(&auc) && ev.loss.is_finite(),
+                "{target:?}: {ev:?}"
+            );
+        }
+        assert!(dir.join("best/best.json").exists(), "{target:?}: keep_best");
+    }
 }

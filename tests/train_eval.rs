@@ -231,3 +231,51 @@ fn an_eval_section_reports_a_loss_of_its_own() {
         "{own} against 3 x {base}"
     );
 }
+
+/// A train input that ends at an evaluation's step is not evaluated twice.
+#[test]
+fn an_input_ending_at_an_evaluation_is_evaluated_once() {
+    let dir = common::scratch("train_eval", "ends");
+    let src = SRC
+        .replace("HOOKS", "")
+        .replace("EVAL_LOSS", "")
+        .replace("rows |> shuffle(64) |> repeat", "rows");
+    let p = Program::from_source("te.est", &src, None);
+    let opts = RunOptions {
+        target: Target::Interp,
+        model_dir: Some(dir),
+        ..Default::default()
+    };
+    let mut e = Estimator::new(&p, &opts).unwrap();
+    // 64 rows in batches of 16: the input ends after step 4
+    let r = e.train_and_evaluate(Steps::Max(100), 2).unwrap();
+    let steps: Vec<i64> = r.evals.iter().map(|e| e.global_step).collect();
+    assert_eq!(steps, [2, 4]);
+    assert_eq!(r.train.global_step, 4);
+    assert!(r.train.final_loss.is_finite());
+    assert!(r.train.stopped_early.unwrap().contains("input ended"));
+}
+
+/// `mode: "auto"` goes by the metric's kind; a mean could go either way and is refused.
+#[test]
+fn auto_mode_needs_a_metric_whose_direction_is_known() {
+    let (mut e, _) = estimator("auto", "early_stopping(monitor: \"zero\")", "");
+    let f = e.train_and_evaluate(Steps::Max(10), 5).unwrap_err();
+    assert_eq!(f.diags[0].code, est::diag::Code::InvalidEstimator);
+    assert!(f.diags[0]
+        .message
+        .contains("cannot tell which way `zero` improves"));
+    // accuracy improves upwards without being told
+    let (mut e, dir) = estimator("auto-acc", "keep_best(monitor: \"acc\")", "");
+    let r = e.train_and_evaluate(Steps::Max(10), 5).unwrap();
+    let best = r
+        .evals
+        .iter()
+        .map(|e| e.metrics[0].1)
+        .fold(f64::MIN, f64::max);
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("best/best.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["value"].as_f64().unwrap(), best);
+    assert_eq!(record["higher_is_better"], true);
+}

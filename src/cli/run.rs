@@ -108,7 +108,7 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
     let best: Option<serde_json::Value> = std::fs::read_to_string(&best)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
-        .filter(|_| !evals.is_empty());
+        .filter(|_| !evals.is_empty() && est.info.hooks.iter().any(|h| h.kind == "keep_best"));
     if json {
         let v = serde_json::json!({
             "global_step": r.global_step,
@@ -154,7 +154,11 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
         out.push_str(&format!("checkpoint: {}\n", p.display()));
     }
     if !evals.is_empty() {
-        out.push_str(&format!("evaluated {} times\n", evals.len()));
+        let n = evals.len();
+        out.push_str(&format!(
+            "evaluated {n} time{}\n",
+            if n == 1 { "" } else { "s" }
+        ));
     }
     if let Some(b) = best {
         out.push_str(&format!(

@@ -1071,7 +1071,7 @@ impl<'p> Elab<'p> {
                         .collect(),
                     Err(e) => {
                         return self.error(
-                            Diag::new(Code::UnreadableFile, self.site(sv), format!("cannot read the vocabulary {}: {e}", full.display()))
+                            Diag::new(Code::UnreadableFile, self.site(sv), format!("cannot read the vocabulary {path}: {}", io_reason(&e)))
                                 .label("this vocabulary file")
                                 .help("paths are relative to the program's directory; or give the vocabulary as a list of strings"),
                         )
@@ -1086,16 +1086,13 @@ impl<'p> Elab<'p> {
                 )
             }
         };
-        if let Some(dup) = vocab
-            .iter()
-            .enumerate()
-            .find(|(i, v)| vocab[..*i].contains(v))
-        {
+        let mut seen = rustc_hash::FxHashSet::default();
+        if let Some(dup) = vocab.iter().find(|v| !seen.insert(v.as_str())) {
             return self.error(
                 Diag::new(
                     Code::InvalidShape,
                     self.site(sv),
-                    format!("the vocabulary has `{}` twice", dup.1),
+                    format!("the vocabulary has `{dup}` twice"),
                 )
                 .label("a repeated entry")
                 .help("each string of a vocabulary has one id: remove the repeat"),
@@ -1941,6 +1938,16 @@ impl<'p> Elab<'p> {
             }
         }
         Value::Hook(Rc::new(h))
+    }
+}
+
+/// An I/O error without the OS's error number, the same on every machine.
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        std::io::ErrorKind::InvalidData => "it is not UTF-8 text".into(),
+        _ => e.to_string(),
     }
 }
 

@@ -117,7 +117,17 @@ impl<'p> Elab<'p> {
         let Some(shape_elem) = self.slices_elem(&v, sv, &mut leaves) else {
             return Value::Error;
         };
-        let n = leaves[0].0[0];
+        let Some(n) = leaves.first().map(|l| l.0[0]) else {
+            return self.error(
+                Diag::new(
+                    Code::InvalidShape,
+                    self.site(sv),
+                    "`from_tensor_slices` of no lists",
+                )
+                .label("no list here")
+                .help("give a list, or a tuple or record of lists"),
+            );
+        };
         if let Some((shape, _)) = leaves.iter().find(|(s, _)| s[0] != n) {
             return self.error(
                 Diag::new(
@@ -174,6 +184,28 @@ impl<'p> Elab<'p> {
                         Diag::new(Code::InvalidShape, self.site(sv), why)
                             .label("in this value")
                             .help("give a list of numbers or strings, nested lists of equal lengths for more axes, or a tuple or record of such lists"),
+                    );
+                    return None;
+                }
+                let strings = flat.iter().filter(|v| matches!(v, Scalar::Str(_))).count();
+                let bools = flat.iter().filter(|v| matches!(v, Scalar::Bool(_))).count();
+                let wide = flat
+                    .iter()
+                    .any(|v| matches!(v, Scalar::Int(i) if i32::try_from(*i).is_err()));
+                let why = if strings != 0 && strings != flat.len() {
+                    Some("strings mixed with other values")
+                } else if bools != 0 && bools != flat.len() {
+                    Some("bools mixed with numbers")
+                } else if wide {
+                    Some("an integer beyond i32")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    self.error(
+                        Diag::new(Code::InvalidShape, self.site(sv), format!("`from_tensor_slices` of {why}"))
+                            .label("in this list")
+                            .help("a list's values make one tensor: all numbers (i32, or f32 with a float), all bools or all strings"),
                     );
                     return None;
                 }

@@ -145,7 +145,8 @@ impl KeepBest {
     fn recorded(&self, dir: &Path) -> Option<f64> {
         let text = std::fs::read_to_string(dir.join("best.json")).ok()?;
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-        (v["metric"] == self.metric.as_str()).then(|| v["value"].as_f64())?
+        (v["metric"] == self.metric.as_str() && v["higher_is_better"] == self.higher)
+            .then(|| v["value"].as_f64())?
     }
 
     fn keep(&self, info: &EvalInfo, v: f64) -> std::io::Result<()> {

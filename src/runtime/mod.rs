@@ -133,6 +133,32 @@ pub struct TrainReport {
     pub checkpoint: Option<PathBuf>,
 }
 
+/// A watching hook's `mode`, with "auto" decided by what it watches: the loss and the
+/// error metrics improve downwards, accuracy, AUC, precision and recall upwards; a mean
+/// or a custom reducer stays "auto" (which `check_eval_hooks` refuses).
+fn resolved_mode(h: &crate::elab::value::HookVal, graphs: &[Arc<Compiled>]) -> &'static str {
+    let monitor = h.string("monitor");
+    match h.string("mode") {
+        "max" => return "max",
+        "min" => return "min",
+        _ => {}
+    }
+    if monitor == "loss" {
+        return "min";
+    }
+    let kind = graphs
+        .iter()
+        .filter(|c| c.mode == SectionKind::Eval)
+        .flat_map(|c| c.graph.metrics.iter())
+        .find(|m| m.name == monitor)
+        .map(|m| m.reducer.as_str());
+    match kind {
+        Some("accuracy" | "auc" | "auc_pr" | "precision" | "recall" | "accuracy_baseline") => "max",
+        Some("mean_squared_error" | "root_mean_squared_error" | "mean_absolute_error") => "min",
+        _ => "auto",
+    }
+}
+
 /// What train-and-evaluate did: its training, and each evaluation by global step.
 #[derive(Debug, Clone)]
 pub struct TrainEvalReport {
@@ -199,6 +225,8 @@ pub struct Estimator {
     /// The train summaries' event file, kept across calls of `train` (the stretches of
     /// train-and-evaluate write one file, as one run).
     train_events: Option<summary::EventWriter>,
+    /// Whether training runs inside train-and-evaluate (whose hooks then run).
+    evaluating: bool,
     /// What was checked of the last checkpoint saved or restored (for E0902's help).
     last_checked: Option<health::Checked>,
     /// The loss of the last train step.
@@ -316,12 +344,12 @@ impl Estimator {
                     h.string("monitor"),
                     arg("patience").max(1) as u64,
                     h.float("min_delta"),
-                    h.string("mode"),
+                    resolved_mode(h, &graphs),
                     arg("min_steps"),
                 ))),
                 "keep_best" => hooks.push(Box::new(hooks::KeepBest::new(
                     h.string("monitor"),
-                    h.string("mode"),
+                    resolved_mode(h, &graphs),
                 ))),
                 // NaN and Inf losses always stop training (E0902).
                 _ => {}
@@ -354,6 +382,7 @@ impl Estimator {
             reducers: FxHashMap::default(),
             last_checkpoint: None,
             train_events: None,
+            evaluating: false,
             last_checked: None,
             last_loss: None,
             max_shards: 1,
@@ -857,19 +886,17 @@ impl Estimator {
     }
 
     fn train_and_evaluate_locked(&mut self, steps: Steps, every: u64) -> Res<TrainEvalReport> {
+        self.evaluating = true;
+        let r = self.train_and_evaluate_stretches(steps, every);
+        self.evaluating = false;
+        r
+    }
+
+    fn train_and_evaluate_stretches(&mut self, steps: Steps, every: u64) -> Res<TrainEvalReport> {
         let every = i64::try_from(every.max(1)).unwrap_or(i64::MAX);
         self.check_eval_hooks()?;
         self.restore_or_init()?;
-        let last = match steps {
-            Steps::Default => self
-                .info
-                .train_steps
-                .unwrap_or(self.step.saturating_add(1000)),
-            Steps::Add(n) => self
-                .step
-                .saturating_add(i64::try_from(n).unwrap_or(i64::MAX)),
-            Steps::Max(n) => i64::try_from(n).unwrap_or(i64::MAX),
-        };
+        let last = self.last_step(steps);
         let start = self.step;
         let t0 = Instant::now();
         let mut evals = Vec::new();
@@ -879,8 +906,16 @@ impl Estimator {
             let to = ((self.step / every).saturating_add(1))
                 .saturating_mul(every)
                 .min(last);
+            let before = self.step;
             let r = self.train(Steps::Max(to as u64))?;
             stopped = r.stopped_early.clone();
+            if r.global_step == before {
+                // the input ended at the last evaluation's step: nothing new to evaluate
+                if let Some(last) = &mut report {
+                    last.stopped_early = stopped.clone();
+                }
+                break;
+            }
             let e = self.evaluate(None)?;
             let mut metrics = vec![("loss".to_string(), e.loss)];
             metrics.extend(e.metrics.iter().cloned());
@@ -946,6 +981,12 @@ impl Estimator {
                 continue;
             }
             let m = h.string("monitor");
+            if resolved_mode(h, &self.graphs) == "auto" && names.iter().any(|n| n == m) {
+                return Err(Diag::new(Code::InvalidEstimator, h.span, format!("`{}` cannot tell which way `{m}` improves", h.kind))
+                    .label("mode \"auto\"")
+                    .help("`mode: \"auto\"` knows the loss and the built-in metrics (accuracy, AUC, precision, recall up; errors down); for a `mean` or a custom reducer, say `mode: \"max\"` or `mode: \"min\"`")
+                    .into());
+            }
             if m != "loss" && !names.iter().any(|n| n == m) {
                 let mut there = vec!["`loss`".to_string()];
                 there.extend(names.iter().map(|n| format!("`{n}`")));
@@ -976,13 +1017,25 @@ impl Estimator {
     /// Trains: restores or initialises, then runs loops of steps until the last step,
     /// the end of the input, or a hook's request to stop.
     pub fn train(&mut self, steps: Steps) -> Res<TrainReport> {
+        if !self.evaluating {
+            if let Some(h) = self
+                .info
+                .hooks
+                .iter()
+                .find(|h| matches!(h.kind, "early_stopping" | "keep_best"))
+            {
+                let d = Diag::new(Code::UnusedValue, h.span, format!("`{}` watches evaluations, and this run trains without any", h.kind))
+                    .label("never runs")
+                    .help("evaluate while training: `estc train --eval-every N`, the estimator's `eval_every`, or `Estimator::train_and_evaluate`");
+                self.warn(d);
+            }
+        }
         self.locked(|s| s.train_locked(steps))
     }
 
-    fn train_locked(&mut self, steps: Steps) -> Res<TrainReport> {
-        self.restore_or_init()?;
-        let (c, ds) = self.input(SectionKind::Train)?;
-        let last = match steps {
+    /// The global step a run of `steps` trains to, from the restored step.
+    fn last_step(&self, steps: Steps) -> i64 {
+        match steps {
             Steps::Default => self
                 .info
                 .train_steps
@@ -991,7 +1044,13 @@ impl Estimator {
                 .step
                 .saturating_add(i64::try_from(n).unwrap_or(i64::MAX)),
             Steps::Max(n) => i64::try_from(n).unwrap_or(i64::MAX),
-        };
+        }
+    }
+
+    fn train_locked(&mut self, steps: Steps) -> Res<TrainReport> {
+        self.restore_or_init()?;
+        let (c, ds) = self.input(SectionKind::Train)?;
+        let last = self.last_step(steps);
         let start = self.step;
         let cfg = self.info.config.clone();
         let shards = cfg.num_shards.max(1) as usize;

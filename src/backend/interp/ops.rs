@@ -103,13 +103,18 @@ pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
             vocab,
             oov,
             default,
-        } => Ok(strings_to_ids(args[0], ty, |s| {
-            match vocab.iter().position(|v| v.as_bytes() == s) {
-                Some(i) => i as i64,
+        } => {
+            let index: rustc_hash::FxHashMap<&[u8], usize> = vocab
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (v.as_bytes(), i))
+                .collect();
+            Ok(strings_to_ids(args[0], ty, |s| match index.get(s) {
+                Some(&i) => i as i64,
                 None if *oov > 0 => (vocab.len() + bucket(s, *oov)) as i64,
                 None => *default,
-            }
-        })),
+            }))
+        }
         Op::HashBucket { buckets } => {
             Ok(strings_to_ids(args[0], ty, |s| bucket(s, *buckets) as i64))
         }

@@ -369,7 +369,11 @@ impl<'p> Elab<'p> {
                     scalar(DType::F32),
                     sp,
                 )?;
+                // (a NaN is the largest, as in XLA: the maximum of a row with one is
+                // NaN, and the NaNs are its top elements)
                 let top = self.bin(BinaryOp::Eq, cand, max, sp)?;
+                let nan = self.bin(BinaryOp::Ne, cand, cand, sp)?;
+                let top = self.bin(BinaryOp::Or, top, nan, sp)?;
                 let eligible = self.bin(BinaryOp::And, top, open, sp)?;
                 let e = self.cast_to(eligible, DType::F32, sp)?;
                 let i = self.mk(Op::ArgMax { axis: last }, &[e], scalar(DType::I32), sp)?;
@@ -440,9 +444,14 @@ impl<'p> Elab<'p> {
             let count = self.summed(above, vec![1], false, sp)?;
             let kk = self.filled(k as f64, DType::I32, vec![], sp);
             let within = self.bin(BinaryOp::Lt, count, kk, sp)?;
-            let tv = self.reshaped(target, vec![pt.shape[0]], sp)?;
-            let diff = self.bin(BinaryOp::Sub, tv, tv, sp)?;
-            let finite = self.bin(BinaryOp::Eq, diff, zero, sp)?;
+            // every prediction of the row finite (TensorFlow's kernel gives false
+            // otherwise): x - x is 0 for a finite x, NaN for the others
+            let diff = self.bin(BinaryOp::Sub, p, p, sp)?;
+            let bad = self.bin(BinaryOp::Ne, diff, zero, sp)?;
+            let bad = self.cast_to(bad, DType::I32, sp)?;
+            let bad = self.summed(bad, vec![1], false, sp)?;
+            let none = self.filled(0.0, DType::I32, vec![], sp);
+            let finite = self.bin(BinaryOp::Eq, bad, none, sp)?;
             self.bin(BinaryOp::And, within, finite, sp)
         })();
         r.map_or(Value::Error, Value::Tensor)
