@@ -162,9 +162,9 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
     }
     if let Some(b) = best {
         out.push_str(&format!(
-            "best: {} = {} at global step {} ({})\n",
+            "best: {} = {:.6} at global step {} ({})\n",
             b["metric"].as_str().unwrap_or("?"),
-            b["value"],
+            b["value"].as_f64().unwrap_or(f64::NAN),
             b["global_step"],
             est.model_dir().join("best").display()
         ));

@@ -1443,11 +1443,23 @@ fn broadcast(dst: Val, x: Val, from: &[usize], to: &[usize]) -> Instr {
     let r = to.len();
     let mut padded = vec![1usize; r.saturating_sub(from.len())];
     padded.extend(from);
-    // in the order the axes lie in (an image's planar; an operand of lower rank, or an
-    // image of one channel or one pixel, has the same words in either order)
+    // in the order the result's axes lie in (an image's planar). An operand of the
+    // same rank lies in that order too; one of lower rank lies as it is (row-major in
+    // its own axes), so its strides are taken in its order, then put in the result's.
+    let order = laid_order(r);
     let to: Vec<usize> = laid(to, 0).0;
-    let padded: Vec<usize> = laid(&padded, 0).0;
-    let (so, mut sx) = (strides(&to), strides(&padded));
+    let (padded, mut sx) = if from.len() == r {
+        let p = laid(&padded, 0).0;
+        let s = strides(&p);
+        (p, s)
+    } else {
+        let s = strides(&padded);
+        (
+            order.iter().map(|&a| padded[a]).collect::<Vec<usize>>(),
+            order.iter().map(|&a| s[a]).collect::<Vec<u32>>(),
+        )
+    };
+    let so = strides(&to);
     for d in 0..r {
         if padded[d] == 1 {
             sx[d] = 0;
