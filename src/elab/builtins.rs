@@ -1146,46 +1146,8 @@ impl<'p> Elab<'p> {
         if !d.is_int() {
             return self.expected("strings or integer ids", &Value::Tensor(x), sx);
         }
-        // ((x * 2654435761) mod 2^32) mod buckets, in i64
-        let sp = a.call;
-        let site = self.site(sp);
-        let c = |e: &mut Self, v: f64| {
-            e.graph.add(
-                Op::Const { bits: v.to_bits() },
-                &[],
-                TensorType::scalar(DType::I64),
-                site,
-            )
-        };
-        let (k, m, b) = (
-            c(self, 2_654_435_761.0),
-            c(self, 4_294_967_296.0),
-            c(self, buckets as f64),
-        );
-        let steps = (|| {
-            let x64 = match self.op(Op::Cast, &[(x, sx)], scalar(DType::I64), sp) {
-                Value::Tensor(t) => t,
-                _ => return None,
-            };
-            let mut y = x64;
-            for (op, c) in [
-                (BinaryOp::Mul, k),
-                (BinaryOp::Rem, m),
-                (BinaryOp::Add, m),
-                (BinaryOp::Rem, m),
-                (BinaryOp::Rem, b),
-            ] {
-                y = match self.op(Op::Binary(op), &[(y, sp), (c, sp)], scalar(DType::F32), sp) {
-                    Value::Tensor(t) => t,
-                    _ => return None,
-                };
-            }
-            match self.op(Op::Cast, &[(y, sp)], scalar(DType::I32), sp) {
-                Value::Tensor(t) => Some(t),
-                _ => None,
-            }
-        })();
-        steps.map_or(Value::Error, Value::Tensor)
+        self.int_buckets(x, buckets, a.call)
+            .map_or(Value::Error, Value::Tensor)
     }
 
     fn b_decode_raw(&mut self, a: &Args<'p>) -> Value<'p> {

@@ -153,6 +153,26 @@ impl<'p> Elab<'p> {
         self.undo_axis_last(p, &undo, sp)
     }
 
+    /// Integer ids mixed into `buckets` ids: `((x * 2654435761) mod 2^32) mod buckets`,
+    /// in i64 (Knuth's multiplicative hash), as i32.
+    pub(super) fn int_buckets(&mut self, x: NodeIndex, buckets: usize, sp: Span) -> N {
+        let i64 = DType::I64;
+        let k = self.filled(2_654_435_761.0, i64, vec![], sp);
+        let m = self.filled(4_294_967_296.0, i64, vec![], sp);
+        let b = self.filled(buckets as f64, i64, vec![], sp);
+        let mut y = self.cast_to(x, i64, sp)?;
+        for (op, c) in [
+            (BinaryOp::Mul, k),
+            (BinaryOp::Rem, m),
+            (BinaryOp::Add, m),
+            (BinaryOp::Rem, m),
+            (BinaryOp::Rem, b),
+        ] {
+            y = self.bin(op, y, c, sp)?;
+        }
+        self.cast_to(y, DType::I32, sp)
+    }
+
     pub(super) fn b_iota(&mut self, a: &Args<'p>) -> Value<'p> {
         let (vs, ss) = a.get("shape");
         let Some(shape) = self.shape_arg(&vs, ss) else {
@@ -1147,13 +1167,12 @@ fn show(labels: &[char]) -> String {
 fn expand(t: &str, n: usize, help: &str) -> Result<Vec<char>, EinsumError> {
     let mut out = Vec::new();
     let mut rest = t;
-    while !rest.is_empty() {
+    while let Some(c) = rest.chars().next() {
         if let Some(r) = rest.strip_prefix("...") {
             out.extend((0..n).map(dot_label));
             rest = r;
             continue;
         }
-        let c = rest.chars().next().expect("not empty");
         if !c.is_ascii_alphabetic() {
             return Err((format!("`{c}` is not an axis label"), help.to_string()));
         }
