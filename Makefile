@@ -20,6 +20,8 @@ build: setup
 # predictions. Then check every example on both targets and show a program with
 # mistakes as a user sees them.
 DEMO_DIR ?= target/demo/digits
+# Examples using what the wafer does not lay out yet (tests/examples.rs says why).
+HOST_ONLY_EXAMPLES = wide_deep resnet20 text_classifier
 demo: build
 	@rm -rf $(DEMO_DIR) target/demo/digits_tfrecord target/demo/cache
 	@echo "== estc train examples/digits_mlp.est"
@@ -42,10 +44,12 @@ demo: build
 	@EST_CACHE_DIR=target/demo/cache ./target/release/estc train examples/digits_tfrecord.est --model-dir target/demo/digits_tfrecord
 	@EST_CACHE_DIR=target/demo/cache ./target/release/estc eval examples/digits_tfrecord.est --model-dir target/demo/digits_tfrecord
 	@for f in examples/*.est; do \
-	  for t in host wafer; do \
+	  case " $(HOST_ONLY_EXAMPLES) " in *" $$(basename $$f .est) "*) ts=host;; *) ts="host wafer";; esac; \
+	  for t in $$ts; do \
 	    ./target/release/estc check $$f --target $$t || exit 1; \
 	  done; \
 	done
+	@echo "(on the host only, as the wafer does not lay them out yet: $(HOST_ONLY_EXAMPLES))"
 	@echo "== and a program with mistakes, as a user sees them:"
 	@./target/release/estc check tests/ui/multiple/several_errors.est; test $$? -eq 1
 

@@ -83,12 +83,20 @@ def schedules():
     def warmup(step, lr, warmup_steps):
         return lr * min(step / warmup_steps, 1.0)
 
+    def piecewise(step, boundaries, values):
+        # tf.compat.v1.train.piecewise_constant: values[i] while step <= boundaries[i]
+        for b, v in zip(boundaries, values):
+            if step <= b:
+                return v
+        return values[-1]
+
     table = {
         "exponential_decay": (exponential, {"lr": 0.1, "decay_steps": 100, "decay_rate": 0.96}),
         "exponential_decay_staircase": (exponential, {"lr": 0.1, "decay_steps": 100,
                                                       "decay_rate": 0.96, "staircase": True}),
         "cosine_decay": (cosine, {"lr": 0.1, "decay_steps": 250, "alpha": 0.1}),
         "linear_warmup": (warmup, {"lr": 0.1, "warmup_steps": 100}),
+        "piecewise_constant": (piecewise, {"boundaries": [50, 250], "values": [0.1, 0.01, 0.001]}),
     }
     return {
         name: {"args": args, "steps": SCHEDULE_STEPS,

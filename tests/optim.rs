@@ -256,6 +256,10 @@ fn schedules_match_reference_values() {
             "cosine_decay(0.1, global_step, 250, alpha: 0.1)",
         ),
         ("linear_warmup", "linear_warmup(0.1, global_step, 100)"),
+        (
+            "piecewise_constant",
+            "piecewise_constant(global_step, [50, 250], [0.1, 0.01, 0.001])",
+        ),
     ];
     for (name, schedule) in cases {
         let src = program(

@@ -1046,6 +1046,22 @@ fn padded_batch_to_a_fixed_length() {
     assert_eq!(labels(&b), [7, 7, 7]);
 }
 
+/// Ops on a value whose length comes from each record (`decode_raw` without a length)
+/// take that record's length: arithmetic with constants, comparisons, reductions.
+#[test]
+fn a_map_computes_on_values_of_each_records_length() {
+    let d = tmp("open-length");
+    std::fs::write(d.join("lines.txt"), "ab\nabcdef\nabc\n").unwrap();
+    let body = "text(\"lines.txt\") |> map(|l| (cast(decode_raw(l, u8), f32) * 2.0 - 96.0, reduce_sum(minimum(cast(decode_raw(l, u8), i32), 1)))) |> padded_batch(3, length: 4, drop_remainder: true)";
+    let mut p = pipe(&d, body, 4, "");
+    let b = batches(&mut p, 10);
+    assert_eq!(
+        feats(&b),
+        [98.0, 100.0, 0.0, 0.0, 98.0, 100.0, 102.0, 104.0, 98.0, 100.0, 102.0, 0.0]
+    );
+    assert_eq!(labels(&b), [2, 6, 3], "each line's length");
+}
+
 /// `from_tensor_slices` of static lists (a tuple of features and labels), and
 /// `fixed_length_record` of CIFAR-10-shaped binary records (a label byte, then the image
 /// channel by channel), decoded in a `map`.

@@ -955,7 +955,8 @@ fn hooks<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Vec<HookVal> {
     }
 }
 
-/// `warm_start_from = "dir"` or `= warm_start("dir", vars: ..., rename: [...], skip: [...])`.
+/// `warm_start_from = "dir"` or `= warm_start("dir", vars: ..., rename: [...], skip: [...])`;
+/// `none` (as from an `if` on a param) starts from scratch.
 fn warm_start<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<WarmStart> {
     let x = field(e, "warm_start_from")?;
     let v = el.expr(x);
@@ -1019,7 +1020,7 @@ fn warm_start<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<WarmStart> 
                 }
             }
         }
-        Value::Error => return None,
+        Value::Error | Value::None => return None,
         other => {
             el.expected("a checkpoint directory or `warm_start(...)`", other, x.span);
             return None;

@@ -158,13 +158,14 @@ pub fn execute(g: &Graph, plan: &Plan, env: &Env, values: &mut Values) -> Result
                 t.clone()
             }
             op => {
-                reserve(&node.ty).map_err(fail)?;
                 let args: smallvec::SmallVec<[&Tensor; 4]> = step
                     .operands
                     .iter()
                     .map(|&o| values.v[o.index()].as_ref().expect("operand computed"))
                     .collect();
-                ops::eval(op, &args, &node.ty, &env.op).map_err(fail)?
+                let ty = actual_type(op, &args, &node.ty).map_err(fail)?;
+                reserve(&ty).map_err(fail)?;
+                ops::eval(op, &args, &ty, &env.op).map_err(fail)?
             }
         };
         values.v[step.node.index()] = Some(t);
@@ -173,6 +174,30 @@ pub fn execute(g: &Graph, plan: &Plan, env: &Env, values: &mut Values) -> Result
         }
     }
     Ok(())
+}
+
+/// The type an op's result has: the node's own, or, where a dimension was left open
+/// (`UNKNOWN_DIM`, a length the pipeline learns from each record, in a `map` closure's
+/// graph), the type the operands' actual shapes give it.
+fn actual_type<'t>(
+    op: &Op,
+    args: &[&Tensor],
+    ty: &'t crate::ir::TensorType,
+) -> Result<std::borrow::Cow<'t, crate::ir::TensorType>, String> {
+    if !ty.shape.contains(&crate::elab::UNKNOWN_DIM) {
+        return Ok(std::borrow::Cow::Borrowed(ty));
+    }
+    let types: smallvec::SmallVec<[crate::ir::TensorType; 4]> =
+        args.iter().map(|a| a.ty()).collect();
+    let refs: smallvec::SmallVec<[&crate::ir::TensorType; 4]> = types.iter().collect();
+    crate::ir::infer(op, &refs, ty)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|e| {
+            format!(
+                "{} (on a value whose length comes from the record)",
+                e.message
+            )
+        })
 }
 
 /// Results at least this large are allocated only after a fallible reservation of
