@@ -111,8 +111,19 @@ impl Report {
         let file = diag.primary.span.file;
         let (here, elsewhere): (Vec<&Label>, Vec<&Label>) =
             diag.secondary.iter().partition(|l| l.span.file == file);
+        // a primary label around labels of its own parts (a call around its arguments)
+        // is drawn on the first of its text that they leave: miette draws nested labels
+        // at the end of the outer one
+        let drawn = Label {
+            span: uncovered(
+                diag.primary.span,
+                &here.iter().map(|l| l.span).collect::<Vec<_>>(),
+                &sources.get(file).text,
+            ),
+            text: diag.primary.text.clone(),
+        };
         let mut report = Report::at(
-            &diag.primary,
+            &drawn,
             &here,
             sources,
             diag.code.id(),
@@ -171,6 +182,39 @@ impl Report {
             advice: false,
         }
     }
+}
+
+/// `outer`, or, when some of `inner` lie within it, the first stretch of its text that
+/// none of them covers, without blanks and the punctuation around arguments: the
+/// callee of `matmul(x, w)` (`matmul`), the operator of `a + b`.
+fn uncovered(outer: Span, inner: &[Span], text: &str) -> Span {
+    let within = |s: &&Span| s.lo >= outer.lo && s.hi <= outer.hi && s.len() < outer.len();
+    let mut inside: Vec<Span> = inner.iter().filter(within).copied().collect();
+    if inside.is_empty() {
+        return outer;
+    }
+    inside.sort_by_key(|s| s.lo);
+    let trim = |lo: u32, hi: u32| -> Option<Span> {
+        let part = text.get(lo as usize..hi as usize)?;
+        let junk = |c: char| c.is_whitespace() || "(),[]{}".contains(c);
+        let start = part.len() - part.trim_start_matches(junk).len();
+        let kept = part.trim_start_matches(junk).trim_end_matches(junk);
+        (!kept.is_empty()).then(|| Span {
+            file: outer.file,
+            lo: lo + start as u32,
+            hi: lo + (start + kept.len()) as u32,
+        })
+    };
+    let mut at = outer.lo;
+    for s in &inside {
+        if s.lo > at {
+            if let Some(found) = trim(at, s.lo) {
+                return found;
+            }
+        }
+        at = at.max(s.hi);
+    }
+    trim(at, outer.hi).unwrap_or(outer)
 }
 
 /// Lines longer than this (in bytes) are drawn as windows around the labels on them:
