@@ -67,7 +67,8 @@ struct ProgramArgs {
     /// Override a params field: `--param learning_rate=0.01` (the value is est syntax).
     #[arg(long = "param", value_name = "KEY=VALUE")]
     params: Vec<String>,
-    /// Override params fields from a YAML file of `key: value` lines.
+    /// Override params fields from a YAML file of `key: value` lines (nested for record
+    /// fields; a Cerebras-style `runconfig:` section sets config, max_steps, model_dir).
     #[arg(long = "params", value_name = "FILE")]
     params_file: Option<PathBuf>,
     /// Override an estimator config key: `--config num_shards=2`.
@@ -386,15 +387,23 @@ fn write_failed(to: &str, e: &std::io::Error) -> i32 {
     2
 }
 
-/// Loads a program with its `--param`/`--params` overrides and parses `--config`.
+/// Loads a program with its `--param`/`--params` overrides and parses `--config`
+/// (applied after a params file's `runconfig:` section).
 fn load(a: &ProgramArgs) -> Result<(Program, Vec<(String, i64)>), i32> {
+    load_with_run(a).map(|(p, c, _)| (p, c))
+}
+
+/// `load`, with what the params file's `runconfig:` section sets besides config.
+fn load_with_run(a: &ProgramArgs) -> Result<(Program, Vec<(String, i64)>, RunConfigFile), i32> {
     let mut program = match Program::load(&a.file) {
         Ok(p) => p,
         Err(e) => return Err(usage(&e.0)),
     };
+    let mut run = RunConfigFile::default();
     if let Some(f) = &a.params_file {
-        if let Err(e) = add_params_file(&mut program, f) {
-            return Err(usage(&e));
+        match add_params_file(&mut program, f) {
+            Ok(r) => run = r,
+            Err(e) => return Err(usage(&e)),
         }
     }
     for kv in &a.params {
@@ -403,14 +412,14 @@ fn load(a: &ProgramArgs) -> Result<(Program, Vec<(String, i64)>), i32> {
         };
         program.add_override(k.trim(), v.trim(), &format!("--param {}", k.trim()));
     }
-    let mut config = Vec::new();
+    let mut config = std::mem::take(&mut run.config);
     for kv in &a.config {
         match config_override(kv) {
             Ok(p) => config.push(p),
             Err(e) => return Err(usage(&e)),
         }
     }
-    Ok((program, config))
+    Ok((program, config, run))
 }
 
 fn check(a: CheckArgs) -> i32 {
@@ -704,9 +713,41 @@ fn write_tokens(out: &mut impl Write, file: &est::span::SourceFile) -> std::io::
 /// refused before it runs; a params file needs a few levels at most.
 const MAX_PARAMS_DEPTH: usize = 64;
 
-/// Reads a YAML file of `key: value` pairs as params overrides. Each value is written
-/// as est syntax and parsed like a `--param`.
-fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), String> {
+/// What a params file sets besides params: its Cerebras-style `runconfig:` section.
+#[derive(Default)]
+pub(crate) struct RunConfigFile {
+    pub config: Vec<(String, i64)>,
+    pub max_steps: Option<u64>,
+    pub model_dir: Option<PathBuf>,
+}
+
+/// The keys of a `runconfig:` section and what they set: an estimator config key (a
+/// Cerebras or TensorFlow spelling on the left), or `max_steps` and `model_dir`.
+const RUNCONFIG_KEYS: &[(&str, &str)] = &[
+    ("max_steps", "max_steps"),
+    ("model_dir", "model_dir"),
+    ("checkpoint_steps", "save_checkpoint_steps"),
+    ("save_checkpoints_steps", "save_checkpoint_steps"),
+    ("save_checkpoint_steps", "save_checkpoint_steps"),
+    ("save_summary_steps", "save_summary_steps"),
+    ("keep_checkpoint_max", "keep_checkpoint_max"),
+    ("seed", "random_seed"),
+    ("tf_random_seed", "random_seed"),
+    ("random_seed", "random_seed"),
+    ("log_steps", "log_step_count_steps"),
+    ("log_step_count_steps", "log_step_count_steps"),
+    ("iterations_per_loop", "iterations_per_loop"),
+    ("num_shards", "num_shards"),
+    ("input_workers", "input_workers"),
+];
+
+/// Reads a YAML params file as params overrides: `key: value` lines, each value written
+/// as est syntax and parsed like a `--param`, and nested mappings for record-typed
+/// params fields (`model:` with `depth: 10` under it overrides `params.model.depth`),
+/// as Cerebras's params.yaml is written. A `runconfig:` section, unless the program has
+/// a params field of that name, sets the estimator's config, `max_steps` and
+/// `model_dir` instead.
+fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<RunConfigFile, String> {
     let text = est::program::read_text(path, est::program::MAX_SOURCE_BYTES).map_err(|e| {
         format!(
             "cannot read {}: {}",
@@ -728,17 +769,29 @@ fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), 
             path.display()
         ));
     };
-    for (k, v) in map {
-        let key = match k {
-            serde_yaml::Value::String(s) => s,
-            other => {
-                return Err(format!(
-                    "{}: keys must be strings, found {other:?}",
-                    path.display()
-                ))
-            }
-        };
-        let value = yaml_to_est(&v).ok_or_else(|| {
+    let declared = |program: &Program, name: &str| {
+        program
+            .root_module()
+            .ast
+            .items
+            .iter()
+            .any(|i| match &i.kind {
+                est::syntax::ast::ItemKind::Params(fs) => fs.iter().any(|f| f.name.name == name),
+                _ => false,
+            })
+    };
+    let mut run = RunConfigFile::default();
+    let mut leaves = Vec::new();
+    for (k, v) in &map {
+        let key = yaml_key(k, path)?;
+        if key == "runconfig" && !declared(program, "runconfig") {
+            run = runconfig(v, path)?;
+        } else {
+            flatten(&key, v, path, &mut leaves)?;
+        }
+    }
+    for (key, v) in leaves {
+        let value = yaml_to_est(v).ok_or_else(|| {
             format!(
                 "{}: the value of `{key}` is not a number, bool, string or list",
                 path.display()
@@ -746,7 +799,82 @@ fn add_params_file(program: &mut Program, path: &std::path::Path) -> Result<(), 
         })?;
         program.add_override(&key, &value, &format!("{}: {key}", path.display()));
     }
+    Ok(run)
+}
+
+fn yaml_key(k: &serde_yaml::Value, path: &std::path::Path) -> Result<String, String> {
+    match k {
+        serde_yaml::Value::String(s) => Ok(s.clone()),
+        other => Err(format!(
+            "{}: keys must be strings, found {other:?}",
+            path.display()
+        )),
+    }
+}
+
+/// The leaves of a params value: nested mappings become dotted keys (`model.depth`).
+fn flatten<'y>(
+    key: &str,
+    v: &'y serde_yaml::Value,
+    path: &std::path::Path,
+    out: &mut Vec<(String, &'y serde_yaml::Value)>,
+) -> Result<(), String> {
+    match v {
+        serde_yaml::Value::Mapping(m) => {
+            for (k, x) in m {
+                flatten(&format!("{key}.{}", yaml_key(k, path)?), x, path, out)?;
+            }
+        }
+        _ => out.push((key.to_string(), v)),
+    }
     Ok(())
+}
+
+/// A `runconfig:` section: see `RUNCONFIG_KEYS`.
+fn runconfig(v: &serde_yaml::Value, path: &std::path::Path) -> Result<RunConfigFile, String> {
+    let serde_yaml::Value::Mapping(m) = v else {
+        return Err(format!(
+            "{}: `runconfig` must be a mapping of keys to values",
+            path.display()
+        ));
+    };
+    let mut run = RunConfigFile::default();
+    for (k, x) in m {
+        let key = yaml_key(k, path)?;
+        let Some(&(_, to)) = RUNCONFIG_KEYS.iter().find(|(from, _)| *from == key) else {
+            let known: Vec<&str> = RUNCONFIG_KEYS.iter().map(|k| k.0).collect();
+            return Err(format!(
+                "{}: `runconfig.{key}` is not a key est reads; it reads {}",
+                path.display(),
+                known.join(", ")
+            ));
+        };
+        match to {
+            "model_dir" => match x {
+                serde_yaml::Value::String(s) => run.model_dir = Some(PathBuf::from(s)),
+                _ => {
+                    return Err(format!(
+                        "{}: `runconfig.model_dir` must be a string",
+                        path.display()
+                    ))
+                }
+            },
+            _ => {
+                let n = x.as_i64().filter(|n| *n >= 0).ok_or_else(|| {
+                    format!(
+                        "{}: `runconfig.{key}` must be a non-negative integer",
+                        path.display()
+                    )
+                })?;
+                if to == "max_steps" {
+                    run.max_steps = Some(n as u64);
+                } else {
+                    run.config.push((to.to_string(), n));
+                }
+            }
+        }
+    }
+    Ok(run)
 }
 
 /// The first line (1-based) where a YAML text may nest deeper than `max`, found in one

@@ -284,7 +284,7 @@ impl<'p> Resolver<'p> {
     /// unless `static_only`, a dtype (`f32[B, 10]`).
     fn type_name(&mut self, t: &TypeExpr, static_only: bool) {
         let TypeExpr::Named { name, dims, span } = t else {
-            if static_only && !matches!(t, TypeExpr::List { .. }) {
+            if static_only && !matches!(t, TypeExpr::List { .. } | TypeExpr::Record { .. }) {
                 self.diags.push(
                     Diag::new(
                         Code::TypeMismatch,
@@ -292,7 +292,7 @@ impl<'p> Resolver<'p> {
                         format!("`{}` is not allowed here", self.p.sources.text(t.span())),
                     )
                     .label("not a valid type here")
-                    .help("params fields are static: int, float, bool, string, or lists of them"),
+                    .help("params fields are static: int, float, bool, string, and lists and records of them"),
                 );
                 return;
             }
@@ -326,7 +326,7 @@ impl<'p> Resolver<'p> {
         }
         if is_dtype || is_static {
             let what = if static_only {
-                "params fields are static: int, float, bool, string, or lists of them"
+                "params fields are static: int, float, bool, string, and lists and records of them"
             } else {
                 "static types take no dimensions"
             };

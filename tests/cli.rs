@@ -884,3 +884,117 @@ fn eval_every_trains_and_evaluates() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Cerebras's fc_mnist as its model zoo writes it: params in sections (`train_input:`,
+/// `model:`, `optimizer:`) read as record-typed params fields, and a `runconfig:`
+/// section setting the run's steps, model_dir and config.
+const CEREBRAS_FC_MNIST: &str = "use std.nn.{dense, dropout}
+use std.losses.softmax_cross_entropy
+
+params {
+  train_input: { batch_size: int, shuffle: bool } = { batch_size: 256, shuffle: true }
+  model: { depth: int, hidden_size: int, dropout: float, activation_fn: string } =
+    { depth: 10, hidden_size: 50, dropout: 0.0, activation_fn: \"relu\" }
+  optimizer: { learning_rate: float, momentum: float } = { learning_rate: 0.001, momentum: 0.9 }
+}
+
+input mnist() {
+  let ds = synthetic(features: f32[784], labels: i32, count: 64, classes: 10)
+  let ds = if params.train_input.shuffle { ds |> shuffle(64) } else { ds }
+  ds |> repeat |> batch(params.train_input.batch_size, drop_remainder: true)
+}
+
+model fc_mnist(features: f32[B, 784], labels: i32[B]) {
+  let x = features
+  for i in 0..params.model.depth {
+    x = dense(x, params.model.hidden_size, activation: if params.model.activation_fn == \"relu\" { relu } else { tanh })
+    if mode == train && params.model.dropout > 0.0 { x = dropout(x, rate: params.model.dropout) }
+  }
+  let loss = softmax_cross_entropy(labels, dense(x, 10))
+  train { minimize loss with momentum(lr: params.optimizer.learning_rate, momentum: params.optimizer.momentum) }
+}
+
+estimator fc_mnist { model = fc_mnist  train_input = mnist() }
+";
+
+#[test]
+fn a_cerebras_params_yaml_sets_record_params_and_the_run_config() {
+    let program = scratch("cerebras_fc_mnist.est", CEREBRAS_FC_MNIST);
+    let model_dir = std::env::temp_dir().join(format!("estc-cli-cerebras-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&model_dir);
+    let yaml = scratch(
+        "cerebras_params.yaml",
+        &format!(
+            "train_input:\n    batch_size: 8\n    shuffle: False\n\nmodel:\n    depth: 3\n    hidden_size: 5\n    dropout: 0.1\n    activation_fn: \"tanh\"\n\noptimizer:\n    learning_rate: 0.01\n    momentum: 0.5\n\nrunconfig:\n    max_steps: 3\n    log_steps: 1\n    checkpoint_steps: 3\n    seed: 1\n    iterations_per_loop: 1\n    model_dir: {:?}\n",
+            model_dir.display().to_string()
+        ),
+    );
+    let ir = estc(&[
+        "check", &program, "--mode", "train", "--emit", "ir", "--params", &yaml,
+    ]);
+    assert_eq!(ir.status.code(), Some(0), "{}", stderr(&ir));
+    let ir = stdout(&ir);
+    for want in [
+        "input \"features\" : f32[8, 784]",
+        "variable \"dense_2/kernel\" init=glorot_uniform : f32[5, 5]",
+        "tanh",
+    ] {
+        assert!(ir.contains(want), "missing `{want}`");
+    }
+    assert!(
+        !ir.contains("dense_3/kernel\" init=glorot_uniform : f32[5, 5]"),
+        "depth 3"
+    );
+    let out = estc(&[
+        "train",
+        &program,
+        "--params",
+        &yaml,
+        "--target",
+        "interp",
+        "--message-format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("\"global_step\":3"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        model_dir.join("ckpt-3.safetensors").exists(),
+        "runconfig.model_dir"
+    );
+    // `--param` of a record's field, and its mistakes
+    let o = estc(&[
+        "check",
+        &program,
+        "--param",
+        "model.depth=2",
+        "--param",
+        "optimizer={ learning_rate: 0.1, momentum: 0.0 }",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for (kv, says) in [
+        ("model.dept=2", "`params.model` has no field `dept`"),
+        ("model.depth.x=2", "`params.model.depth` is not a record"),
+        ("model={ depth: 2 }", "is not a value of `model`'s type"),
+    ] {
+        let o = estc(&["check", &program, "--param", kv, "--message-format", "json"]);
+        assert_eq!(o.status.code(), Some(1), "{kv}");
+        assert!(
+            stdout(&o).contains("E0306") && stdout(&o).contains(says),
+            "{kv}: {}",
+            stdout(&o)
+        );
+    }
+    let bad = scratch("cerebras_bad.yaml", "runconfig:\n    cs_ip: \"1.2.3.4\"\n");
+    let o = estc(&["check", &program, "--params", &bad]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("`runconfig.cs_ip` is not a key est reads"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&model_dir);
+}

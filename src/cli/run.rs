@@ -2,7 +2,8 @@
 //! or plain log lines (otherwise), and a final summary.
 
 use super::{
-    load, log, print_diags, print_result, InputArg, MessageFormat, PerfArgs, RunArgs, RunTarget,
+    load, load_with_run, log, print_diags, print_result, InputArg, MessageFormat, PerfArgs,
+    RunArgs, RunTarget,
 };
 use est::elab::Target;
 use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
@@ -10,11 +11,20 @@ use est::syntax::ast::SectionKind;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-pub fn run(a: RunArgs, mode: SectionKind) -> i32 {
-    let (program, config) = match load(&a.program) {
+pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
+    let (program, config, run) = match load_with_run(&a.program) {
         Ok(x) => x,
         Err(code) => return code,
     };
+    // a params file's `runconfig:` stands where the command line says nothing
+    if a.steps.is_none()
+        && a.max_steps.is_none()
+        && a.epochs.is_none()
+        && mode == SectionKind::Train
+    {
+        a.max_steps = run.max_steps;
+    }
+    a.model_dir = a.model_dir.take().or(run.model_dir);
     let opts = RunOptions {
         estimator: a.estimator.clone(),
         target: match a.target {

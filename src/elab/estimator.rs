@@ -537,22 +537,71 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
         }
     }
     for o in &p.overrides {
-        let Some(i) = decls.iter().position(|d| d.name.name == o.key) else {
+        // `model.depth` names a field of the record-typed field `model`
+        let path: Vec<&str> = o.key.split('.').collect();
+        let Some(i) = decls.iter().position(|d| d.name.name == path[0]) else {
             let names = decls.iter().map(|d| d.name.name.as_str());
             let mut d = Diag::new(
                 Code::InvalidParamOverride,
                 o.value.span,
-                format!("no params field `{}`", o.key),
+                format!("no params field `{}`", path[0]),
             )
             .label("overridden here");
-            d = match did_you_mean(&o.key, names) {
+            d = match did_you_mean(path[0], names) {
                 Some(h) => d.help(h),
                 None => d.help("override fields declared in the program's `params` block"),
             };
             el.diags.push(d);
             continue;
         };
-        let ty = &decls[i].ty;
+        let mut ty = &decls[i].ty;
+        let mut bad = false;
+        for (n, part) in path.iter().enumerate().skip(1) {
+            let within = path[..n].join(".");
+            let TypeExpr::Record { fields, .. } = ty else {
+                el.diags.push(
+                    Diag::new(
+                        Code::InvalidParamOverride,
+                        o.value.span,
+                        format!("`params.{within}` is not a record, so it has no field `{part}`"),
+                    )
+                    .label("overridden here")
+                    .with(ty.span(), "declared here")
+                    .help(format!("override `{within}` itself")),
+                );
+                bad = true;
+                break;
+            };
+            match fields.iter().find(|(k, _)| k.name == *part) {
+                Some((_, t)) => ty = t,
+                None => {
+                    let names = fields.iter().map(|(k, _)| k.name.as_str());
+                    let d = Diag::new(
+                        Code::InvalidParamOverride,
+                        o.value.span,
+                        format!("`params.{within}` has no field `{part}`"),
+                    )
+                    .label("overridden here")
+                    .with(ty.span(), "declared here");
+                    el.diags.push(match did_you_mean(part, names) {
+                        Some(h) => d.help(h),
+                        None => d.help(format!(
+                            "its fields: {}",
+                            fields
+                                .iter()
+                                .map(|(k, _)| k.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    });
+                    bad = true;
+                    break;
+                }
+            }
+        }
+        if bad {
+            continue;
+        }
         let ty_text = p.sources.text(ty.span());
         let v = if is_literal(&o.value) {
             el.expr(&o.value)
@@ -560,7 +609,7 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
             Value::Error
         };
         match conforms(&v, ty) {
-            Some(v) => fields[i].1 = v,
+            Some(v) => fields[i].1 = set_field(&fields[i].1, &path[1..], v),
             None => el.diags.push(
                 Diag::new(
                     Code::InvalidParamOverride,
@@ -580,12 +629,35 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
     Value::Record(Rc::new(fields))
 }
 
-/// Override values are literals: numbers (possibly negative), strings, bools, lists.
+/// `record` with the field at `path` (a field of a field ...) replaced by `v`.
+fn set_field<'p>(record: &Value<'p>, path: &[&str], v: Value<'p>) -> Value<'p> {
+    match (path.split_first(), record) {
+        (None, _) => v,
+        (Some((first, rest)), Value::Record(fs)) => Value::Record(Rc::new(
+            fs.iter()
+                .map(|(k, x)| {
+                    let x = if k == first {
+                        set_field(x, rest, v.clone())
+                    } else {
+                        x.clone()
+                    };
+                    (k.clone(), x)
+                })
+                .collect(),
+        )),
+        // the declared value did not elaborate (an error already said so)
+        _ => record.clone(),
+    }
+}
+
+/// Override values are literals: numbers (possibly negative), strings, bools, lists
+/// and records of them.
 fn is_literal(e: &Expr) -> bool {
     match &e.kind {
         ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Str(_) | ExprKind::Bool(_) => true,
         ExprKind::Unary(UnaryOp::Neg, x) => matches!(x.kind, ExprKind::Int(_) | ExprKind::Float(_)),
         ExprKind::List(xs) => xs.iter().all(is_literal),
+        ExprKind::Record(fs) => fs.iter().all(|(_, x)| is_literal(x)),
         _ => false,
     }
 }
@@ -598,6 +670,19 @@ fn conforms<'p>(v: &Value<'p>, ty: &TypeExpr) -> Option<Value<'p>> {
             .map(|x| conforms(x, elem))
             .collect::<Option<Vec<_>>>()
             .map(|xs| Value::List(Rc::new(xs))),
+        (TypeExpr::Record { fields, .. }, Value::Record(vs)) => {
+            if vs.len() != fields.len() {
+                return None;
+            }
+            fields
+                .iter()
+                .map(|(k, t)| {
+                    let (_, x) = vs.iter().find(|(n, _)| *n == k.name)?;
+                    Some((k.name.clone(), conforms(x, t)?))
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(|fs| Value::Record(Rc::new(fs)))
+        }
         (
             TypeExpr::Named {
                 name, dims: None, ..
@@ -618,7 +703,15 @@ fn conforms<'p>(v: &Value<'p>, ty: &TypeExpr) -> Option<Value<'p>> {
 fn example_of(ty: &TypeExpr) -> String {
     match ty {
         TypeExpr::List { elem, .. } => format!("[{}, {}]", example_of(elem), example_of(elem)),
-        TypeExpr::Record { .. } | TypeExpr::Tuple { .. } => "a literal".into(),
+        TypeExpr::Record { fields, .. } => format!(
+            "{{ {} }}",
+            fields
+                .iter()
+                .map(|(k, t)| format!("{}: {}", k.name, example_of(t)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        TypeExpr::Tuple { .. } => "a literal".into(),
         TypeExpr::Named { name, .. } => match name.name.as_str() {
             "int" => "32".into(),
             "float" => "0.5".into(),
