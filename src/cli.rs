@@ -393,8 +393,12 @@ fn load(a: &ProgramArgs) -> Result<(Program, Vec<(String, i64)>), i32> {
     load_with_run(a).map(|(p, c, _)| (p, c))
 }
 
+/// A loaded program, its config overrides, and what its params file's `runconfig:`
+/// section sets besides config.
+type Loaded = (Program, Vec<(String, i64)>, RunConfigFile);
+
 /// `load`, with what the params file's `runconfig:` section sets besides config.
-fn load_with_run(a: &ProgramArgs) -> Result<(Program, Vec<(String, i64)>, RunConfigFile), i32> {
+fn load_with_run(a: &ProgramArgs) -> Result<Loaded, i32> {
     let mut program = match Program::load(&a.file) {
         Ok(p) => p,
         Err(e) => return Err(usage(&e.0)),

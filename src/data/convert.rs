@@ -325,7 +325,7 @@ fn png_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
     let mut rows = Vec::with_capacity(files.len());
     for (f, label) in files.iter().zip(ids) {
         let bytes = std::fs::read(f).map_err(|e| io(f, &e))?;
-        let img = sources::decode_png(&bytes, None).map_err(|m| {
+        let img = super::image::decode_png(&bytes, None).map_err(|m| {
             err(
                 Code::BadData,
                 format!("{}: not a readable PNG ({m})", f.display()),

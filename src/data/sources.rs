@@ -5,6 +5,7 @@
 //! `check_sources` runs before anything else: a missing or empty file is an error
 //! before the first step, not in the middle of training.
 
+use super::image::{convert_channels, decode_png, Luma};
 use super::pipeline::{io_diag, Element, Next, Origin, Stream};
 use super::records::{self, FrameError, RecordReader};
 use crate::diag::{Code, Diag};
@@ -424,86 +425,6 @@ pub fn png_labels(
     }
 }
 
-/// A decoded PNG: its samples (16-bit ones as values up to 65535), height, width and
-/// channel count.
-pub struct Image {
-    pub samples: Vec<u16>,
-    pub height: usize,
-    pub width: usize,
-    pub channels: usize,
-    pub sixteen: bool,
-}
-
-/// Decodes PNG bytes (palette and low bit depths expanded to 8 bits). With `expect`
-/// (height, width), an image of another size is refused before its pixels are decoded;
-/// without it, images over 2^28 pixels are.
-pub fn decode_png(bytes: &[u8], expect: Option<(usize, usize)>) -> Result<Image, String> {
-    let mut dec = png::Decoder::new(std::io::Cursor::new(bytes));
-    dec.set_transformations(png::Transformations::EXPAND);
-    let mut reader = dec.read_info().map_err(|e| e.to_string())?;
-    let (h, w) = (reader.info().height as usize, reader.info().width as usize);
-    match expect {
-        Some((eh, ew)) if (eh, ew) != (h, w) => {
-            return Err(format!(
-                "the image is {h}x{w}, but the source reads {eh}x{ew} images"
-            ))
-        }
-        None if h.saturating_mul(w) > 1 << 28 => {
-            return Err(format!("the image is {h}x{w}, too large to convert"))
-        }
-        _ => {}
-    }
-    let size = reader
-        .output_buffer_size()
-        .ok_or("the image is too large")?;
-    let mut buf = vec![0u8; size];
-    let info = reader.next_frame(&mut buf).map_err(|e| e.to_string())?;
-    buf.truncate(info.buffer_size());
-    let channels = info.color_type.samples();
-    let sixteen = info.bit_depth == png::BitDepth::Sixteen;
-    let samples = if sixteen {
-        buf.chunks_exact(2)
-            .map(|c| u16::from_be_bytes([c[0], c[1]]))
-            .collect()
-    } else {
-        buf.iter().map(|&b| u16::from(b)).collect()
-    };
-    Ok(Image {
-        samples,
-        height: info.height as usize,
-        width: info.width as usize,
-        channels,
-        sixteen,
-    })
-}
-
-/// Converts an image's pixels to `want` channels: gray is repeated into colour, colour
-/// becomes gray by its luma (ITU-R BT.601), alpha is dropped or made opaque.
-fn convert_channels(img: &Image, want: usize) -> Vec<f64> {
-    let max = if img.sixteen { 65535.0 } else { 255.0 };
-    let mut out = Vec::with_capacity(img.height * img.width * want);
-    for px in img.samples.chunks_exact(img.channels) {
-        let (rgb, alpha) = match img.channels {
-            1 => ([px[0] as f64; 3], max),
-            2 => ([px[0] as f64; 3], px[1] as f64),
-            3 => ([px[0] as f64, px[1] as f64, px[2] as f64], max),
-            _ => ([px[0] as f64, px[1] as f64, px[2] as f64], px[3] as f64),
-        };
-        let gray = if img.channels <= 2 {
-            rgb[0]
-        } else {
-            (0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]).round()
-        };
-        match want {
-            1 => out.push(gray),
-            2 => out.extend([gray, alpha]),
-            3 => out.extend(rgb),
-            _ => out.extend([rgb[0], rgb[1], rgb[2], alpha]),
-        }
-    }
-    out
-}
-
 /// PNG images with their labels, decoded one per pull.
 pub struct PngSource {
     files: Vec<PathBuf>,
@@ -563,7 +484,7 @@ impl Stream for PngSource {
                 bad(format!("not a readable PNG ({m})"))
             }
         })?;
-        let mut v = convert_channels(&img, self.channels);
+        let mut v = convert_channels(&img, self.channels, Luma::Rounded);
         if self.dtype == DType::U8 && img.sixteen {
             for x in &mut v {
                 *x = (*x / 257.0).round();

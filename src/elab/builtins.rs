@@ -99,6 +99,7 @@ impl<'p> Elab<'p> {
             "variable" => self.b_variable(&a),
             "zeros" | "ones" | "fill" => self.b_fill(name, &a),
             "decode_raw" => self.b_decode_raw(&a),
+            "decode_png" | "decode_jpeg" => self.b_decode_image(name, &a),
             "lookup" => self.b_lookup(&a),
             "hash_bucket" => self.b_hash_bucket(&a),
             "shape" => self.b_shape(&a),
@@ -1167,6 +1168,44 @@ impl<'p> Elab<'p> {
         let mut shape = self.graph.ty(x).shape.clone();
         shape.push(len);
         self.op(Op::DecodeRaw, &[(x, sx)], TensorType::new(d, shape), a.call)
+    }
+
+    /// `decode_png(contents, channels, size)` and `decode_jpeg(...)`: u8 `[?, ?, c]`
+    /// (the model's signature fixes the open size), or with `size`, f32 `[h, w, c]`.
+    fn b_decode_image(&mut self, name: &str, a: &Args<'p>) -> Value<'p> {
+        let Some((x, sx)) = self.tensor_arg(a, "contents") else {
+            return Value::Error;
+        };
+        let (vc, sc) = a.get("channels");
+        let Some(c) = self.as_dim(&vc, sc) else {
+            return Value::Error;
+        };
+        let (vs, ss) = a.get("size");
+        let (shape, resize) = match &vs {
+            Value::None => (
+                vec![
+                    super::datasets::UNKNOWN_DIM,
+                    super::datasets::UNKNOWN_DIM,
+                    c,
+                ],
+                false,
+            ),
+            _ => match self.pair(&vs, ss) {
+                Some([h, w]) => (vec![h, w, c], true),
+                None => return Value::Error,
+            },
+        };
+        let format = if name == "decode_png" {
+            crate::ir::ImageFormat::Png
+        } else {
+            crate::ir::ImageFormat::Jpeg
+        };
+        self.op(
+            Op::DecodeImage { format, resize },
+            &[(x, sx)],
+            TensorType::new(DType::U8, shape),
+            a.call,
+        )
     }
 
     fn b_shape(&mut self, a: &Args<'p>) -> Value<'p> {

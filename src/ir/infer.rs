@@ -104,6 +104,34 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: &TensorType) -> R {
             }
             Ok(TensorType::new(DType::I32, args[0].shape.clone()))
         }
+        Op::DecodeImage { format, resize } => {
+            let name = op.name();
+            if args[0].dtype != DType::Bytes || args[0].rank() != 0 {
+                return Err(err(
+                    Code::DtypeMismatch,
+                    format!(
+                        "{name} decodes one image, a scalar of bytes, not {}",
+                        args[0]
+                    ),
+                )
+                .help(format!(
+                    "decode each image in the input pipeline's `map`: `map |r| {name}(r.image)`"
+                )));
+            }
+            let channels = declared.shape.last().copied().unwrap_or(0);
+            let allowed: &[usize] = match format {
+                crate::ir::ImageFormat::Png => &[1, 2, 3, 4],
+                crate::ir::ImageFormat::Jpeg => &[1, 3],
+            };
+            if declared.rank() != 3 || !allowed.contains(&channels) {
+                return Err(err(
+                    Code::ShapeMismatch,
+                    format!("{name} makes [height, width, channels] with {allowed:?} channels, not {declared}"),
+                ));
+            }
+            let dtype = if *resize { DType::F32 } else { DType::U8 };
+            Ok(TensorType::new(dtype, declared.shape.clone()))
+        }
         Op::DecodeRaw => {
             if args[0].dtype != DType::Bytes {
                 return Err(err(

@@ -16,8 +16,8 @@ pub use graph::{
 };
 pub use infer::{arity, infer, window_out, window_pad, InferError};
 pub use op::{
-    fmt_f64, padding_name, BinaryOp, Conv, Distribution, FanMode, Init, Op, Padding, Pool,
-    ReduceOp, UnaryOp,
+    fmt_f64, padding_name, BinaryOp, Conv, Distribution, FanMode, ImageFormat, Init, Op, Padding,
+    Pool, ReduceOp, UnaryOp,
 };
 pub use petgraph::stable_graph::NodeIndex;
 pub use types::{broadcast, DType, Shape, TensorType};

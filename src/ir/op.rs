@@ -87,6 +87,14 @@ pub enum Op {
     },
     /// Reinterpret a byte string as a vector of `dtype` (input pipelines).
     DecodeRaw,
+    /// One encoded image (a scalar of bytes) decoded to `[height, width, channels]`,
+    /// the channels the node's (input pipelines): u8 of the image's own size (open
+    /// dimensions, `UNKNOWN_DIM`, take it; fixed ones must match), or with `resize`, f32
+    /// resized to the node's height and width (`tf.image.resize`, bilinear).
+    DecodeImage {
+        format: ImageFormat,
+        resize: bool,
+    },
     /// Each string's index in `vocab` (i32); a string not in it gets
     /// `vocab.len() + hash % oov` with `oov` buckets, else `default`
     /// (`tf.feature_column.categorical_column_with_vocabulary_list`). Input pipelines.
@@ -224,6 +232,22 @@ pub struct Pool {
     pub window: [usize; 2],
     pub strides: [usize; 2],
     pub padding: Padding,
+}
+
+/// The encodings `DecodeImage` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ImageFormat {
+    Png,
+    Jpeg,
+}
+
+impl ImageFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageFormat::Png => "PNG",
+            ImageFormat::Jpeg => "JPEG",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -440,6 +464,14 @@ impl Op {
             Op::RandomUniform { .. } => "random_uniform",
             Op::RandomNormal { .. } => "random_normal",
             Op::DecodeRaw => "decode_raw",
+            Op::DecodeImage {
+                format: ImageFormat::Png,
+                ..
+            } => "decode_png",
+            Op::DecodeImage {
+                format: ImageFormat::Jpeg,
+                ..
+            } => "decode_jpeg",
             Op::Lookup { .. } => "lookup",
             Op::HashBucket { .. } => "hash_bucket",
             Op::Conv2dBackpropInput(_) => "conv2d_backprop_input",
@@ -502,6 +534,7 @@ impl Op {
                 default,
             } => format!("vocab={} oov={oov} default={default}", vocab.len()),
             Op::HashBucket { buckets } => format!("buckets={buckets}"),
+            Op::DecodeImage { resize, .. } => format!("resize={resize}"),
             _ => String::new(),
         }
     }

@@ -1089,6 +1089,7 @@ fn has_gradient(op: &Op) -> bool {
             | Op::RandomUniform { .. }
             | Op::RandomNormal { .. }
             | Op::DecodeRaw
+            | Op::DecodeImage { .. }
             | Op::Lookup { .. }
             | Op::HashBucket { .. }
             | Op::Iota { .. }

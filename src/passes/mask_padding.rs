@@ -240,6 +240,7 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
         Op::CrossShardMean => of(0),
         Op::OneHot { .. }
         | Op::DecodeRaw
+        | Op::DecodeImage { .. }
         | Op::CheckIndices { .. }
         | Op::Lookup { .. }
         | Op::HashBucket { .. } => nonlinear(of(0)),

@@ -859,6 +859,12 @@ impl Lowering<'_> {
                     "strings: look them up in the input pipeline's `map`, which gives the model integer ids",
                 ));
             }
+            Op::DecodeImage { .. } => {
+                return Err(self.unsupported(
+                    n,
+                    "encoded images: decode them in the input pipeline's `map`, which gives the model pixels",
+                ));
+            }
             Op::DecodeRaw => {
                 let input = ops[0];
                 match &g.node(input).op {

@@ -99,6 +99,9 @@ pub fn eval(op: &Op, args: &[&Tensor], ty: &TensorType, env: &OpEnv) -> R {
             ))
         }
         Op::DecodeRaw => crate::tensor::decode_raw(args[0], ty),
+        Op::DecodeImage { format, resize } => {
+            crate::data::image::decode(args[0], *format, *resize, ty)
+        }
         Op::Lookup {
             vocab,
             oov,
