@@ -374,3 +374,180 @@ fn moving_averages_follow_the_weights_and_evaluation_reads_them() {
         }
     }
 }
+
+/// A small CNN in mixed precision or not: `half` casts the features to f16 (the layers
+/// then compute in f16 with their f32 weights cast), `scale` wraps the optimiser in
+/// `loss_scale` (`""` for none), `boost` multiplies the loss.
+fn mixed(half: bool, scale: &str, boost: f64) -> String {
+    let opt = if scale.is_empty() {
+        "sgd(lr: 0.05)".to_string()
+    } else {
+        format!("loss_scale(sgd(lr: 0.05){scale})")
+    };
+    format!(
+        r#"
+use std.nn.{{dense, conv2d}}
+use std.losses.softmax_cross_entropy
+model m(features: f32[B, 6, 6, 1], labels: i32[B]) {{
+  let x = {x}
+  let x = conv2d(x, 3, kernel: 3, activation: relu)
+  let x = dense(reshape(x, [B, 108]), 8, activation: relu)
+  let logits = cast(dense(x, 3), f32)
+  let loss = softmax_cross_entropy(labels, logits) * {boost:?}
+  train {{ minimize loss with {opt} }}
+}}
+estimator e {{
+  model = m
+  train_input = synthetic(features: f32[6, 6, 1], labels: i32, classes: 3, count: 32) |> repeat |> batch(8, drop_remainder: true)
+  config {{ random_seed = 3  iterations_per_loop = 1  save_checkpoint_steps = 1000 }}
+}}
+"#,
+        x = if half {
+            "cast(features, f16)"
+        } else {
+            "features"
+        }
+    )
+}
+
+fn trained(
+    src: &str,
+    target: est::elab::Target,
+    tag: &str,
+    steps: i64,
+) -> rustc_hash::FxHashMap<String, Tensor> {
+    let p = Program::from_source("mixed.est", src, None);
+    let dir =
+        std::env::temp_dir().join(format!("est-mixed-{}-{tag}-{target:?}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = RunOptions {
+        target,
+        model_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let mut e = Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{tag}: {:?}", f.diags));
+    if steps > 0 {
+        e.train(Steps::Max(steps as u64)).unwrap();
+    } else {
+        e.restore_or_init().unwrap();
+    }
+    let v = e.variables();
+    let _ = std::fs::remove_dir_all(&dir);
+    v
+}
+
+fn weights(v: &rustc_hash::FxHashMap<String, Tensor>) -> Vec<(String, Vec<f64>)> {
+    let mut w: Vec<(String, Vec<f64>)> = v
+        .iter()
+        .filter(|(k, _)| k.ends_with("/kernel") || k.ends_with("/bias"))
+        .map(|(k, t)| (k.clone(), t.to_f64()))
+        .collect();
+    w.sort_by(|a, b| a.0.cmp(&b.0));
+    w
+}
+
+/// The targets that run mixed precision: the wafer refuses it (E0601).
+fn cpu_targets() -> Vec<est::elab::Target> {
+    targets()
+        .into_iter()
+        .filter(|t| *t != est::elab::Target::Wafer)
+        .collect()
+}
+
+/// Layers on an f16 input compute in f16 with f32 variables: the variables stay f32,
+/// training follows the f32 run to f16's precision (and is not the f32 run), and the
+/// host computes the interpreter's bits.
+#[test]
+fn mixed_precision_trains_f32_weights_through_f16_layers() {
+    let mut runs = Vec::new();
+    for target in cpu_targets() {
+        let v = trained(&mixed(true, "", 1.0), target, "half", 10);
+        for (k, t) in &v {
+            assert_eq!(t.dtype, est::ir::DType::F32, "{target:?}: {k} stays f32");
+        }
+        runs.push(weights(&v));
+    }
+    if runs.len() == 2 {
+        assert_eq!(
+            runs[0], runs[1],
+            "the host rounds to f16 as the interpreter does"
+        );
+    }
+    let full = weights(&trained(
+        &mixed(false, "", 1.0),
+        est::elab::Target::Interp,
+        "full",
+        10,
+    ));
+    let start = weights(&trained(
+        &mixed(false, "", 1.0),
+        est::elab::Target::Interp,
+        "start",
+        0,
+    ));
+    let (mut moved, mut off, mut differs) = (0.0f64, 0.0f64, false);
+    for (((k, h), (_, f)), (_, s)) in runs[0].iter().zip(&full).zip(&start) {
+        for ((a, b), c) in h.iter().zip(f).zip(s) {
+            moved = moved.max((b - c).abs());
+            off = off.max((a - b).abs());
+            differs |= a != b;
+        }
+        assert!(!k.is_empty());
+    }
+    assert!(differs, "the f16 run computes in f16");
+    assert!(
+        off < 0.05 * moved,
+        "f16 training stays near f32's: off by {off}, while training moved weights by {moved}"
+    );
+}
+
+/// A fixed loss scale changes nothing an f32 model computes, beyond rounding.
+#[test]
+fn a_fixed_loss_scale_leaves_f32_training_as_it_was() {
+    let plain = weights(&trained(
+        &mixed(false, "", 1.0),
+        est::elab::Target::Interp,
+        "plain",
+        5,
+    ));
+    let scaled = weights(&trained(
+        &mixed(false, ", scale: 1024.0", 1.0),
+        est::elab::Target::Interp,
+        "fixed",
+        5,
+    ));
+    for ((k, a), (_, b)) in plain.iter().zip(&scaled) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{k}: {x} vs {y}");
+        }
+    }
+}
+
+/// A dynamic loss scale skips the steps whose f16 gradients overflow, halving the
+/// scale each time, until they fit; after `growth_interval` finite steps it doubles.
+#[test]
+fn a_dynamic_loss_scale_skips_overflowing_steps_and_grows_after_good_ones() {
+    for target in cpu_targets() {
+        let scale_of =
+            |v: &rustc_hash::FxHashMap<String, Tensor>| v[est::ir::LOSS_SCALE].to_f64()[0];
+        let start = weights(&trained(&mixed(true, "", 1.0), target, "dyn-start", 0));
+        // a loss 1000 times larger: its gradients times 32768 pass f16's 65504
+        let boosted = mixed(true, ", initial: 32768.0, growth_interval: 1000", 1000.0);
+        let two = trained(&boosted, target, "dyn-2", 2);
+        assert_eq!(scale_of(&two), 8192.0, "{target:?}: halved twice");
+        assert_eq!(weights(&two), start, "{target:?}: both steps skipped");
+        let many = trained(&boosted, target, "dyn-12", 12);
+        let s = scale_of(&many);
+        assert!((1.0..8192.0).contains(&s), "{target:?}: {s}");
+        assert_ne!(weights(&many), start, "{target:?}: finite steps train");
+        // no overflow: the scale doubles every 2 steps
+        let calm = trained(
+            &mixed(true, ", initial: 4.0, growth_interval: 2", 1.0),
+            target,
+            "dyn-grow",
+            4,
+        );
+        assert_eq!(scale_of(&calm), 16.0, "{target:?}");
+        assert_eq!(calm[est::ir::GOOD_STEPS].to_f64()[0], 0.0, "{target:?}");
+    }
+}

@@ -298,8 +298,9 @@ impl TrainSpec {
                 || g.operands(n).iter().any(|o| after[o.index()]);
         }
         let gradients = g.outputs_with(Role::Gradient);
+        let scaled = g.outputs_with(Role::ScaledGradient);
         let trained = |name: &str| {
-            gradients.iter().any(|(v, _)| {
+            gradients.iter().chain(&scaled).any(|(v, _)| {
                 name == v
                     || name
                         .strip_prefix(v.as_str())

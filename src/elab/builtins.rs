@@ -128,6 +128,7 @@ impl<'p> Elab<'p> {
             "sgd" | "momentum" | "adam" | "adamw" | "rmsprop" | "adagrad" | "ftrl"
             | "tf_rmsprop" | "tf_adam" => self.b_optimizer(name, &a),
             "clip_by_global_norm" => self.b_clip(&a),
+            "loss_scale" => self.b_loss_scale(&a),
             "only" => self.b_only(&a),
             "moving_average" => self.b_moving_average(&a),
             "accuracy"
@@ -1664,6 +1665,7 @@ impl<'p> Elab<'p> {
             decay_exclude,
             variables: None,
             moving_average: None,
+            loss_scale: None,
             span: self.site(a.call),
         }))
     }
@@ -1774,6 +1776,45 @@ impl<'p> Elab<'p> {
         }
         let mut o = (*o).clone();
         o.clip_global_norm = Some(norm);
+        Value::Optimizer(Rc::new(o))
+    }
+
+    /// `loss_scale(optimizer, scale, initial, growth_interval)`: `scale` "dynamic" or a
+    /// positive number.
+    fn b_loss_scale(&mut self, a: &Args<'p>) -> Value<'p> {
+        let (v, s) = a.get("optimizer");
+        let Value::Optimizer(o) = v else {
+            return self.expected("an optimizer", &v, s);
+        };
+        let (vs, ss) = a.get("scale");
+        let scale = match &vs {
+            Value::Str(d) if &**d == "dynamic" => {
+                let Some(initial) = self.float_arg(a, "initial") else {
+                    return Value::Error;
+                };
+                let (vg, sg) = a.get("growth_interval");
+                let growth = match vg {
+                    Value::Int(n) if n >= 1 => n as u64,
+                    other => return self.expected("a positive integer", &other, sg),
+                };
+                if !(initial >= 1.0 && initial.is_finite()) {
+                    return self.expected(
+                        "an initial scale of at least 1",
+                        &Value::Float(initial),
+                        a.call,
+                    );
+                }
+                crate::ir::LossScale::Dynamic {
+                    initial,
+                    growth_interval: growth,
+                }
+            }
+            Value::Int(n) if *n > 0 => crate::ir::LossScale::Fixed(*n as f64),
+            Value::Float(f) if *f > 0.0 && f.is_finite() => crate::ir::LossScale::Fixed(*f),
+            _ => return self.expected("\"dynamic\" or a positive number", &vs, ss),
+        };
+        let mut o = (*o).clone();
+        o.loss_scale = Some(scale);
         Value::Optimizer(Rc::new(o))
     }
 

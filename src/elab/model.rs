@@ -610,9 +610,30 @@ impl<'p> Elab<'p> {
                     name
                 }
             };
+            let loss_node = self
+                .graph
+                .outputs
+                .iter()
+                .find(|o| o.name == loss_name)
+                .map(|o| o.node);
             let Some(o) = self.optimizer(opt, os, &suffix, loss_name) else {
                 continue;
             };
+            if let (Some(_), Some(l)) = (o.loss_scale, loss_node) {
+                let dt = self.graph.ty(l).dtype;
+                if dt != crate::ir::DType::F32 {
+                    self.diags.push(
+                        Diag::new(
+                            Code::DtypeMismatch,
+                            ls,
+                            format!("loss scaling needs an f32 loss, and this loss is {dt}"),
+                        )
+                        .label(format!("{dt}"))
+                        .with(os, "scales it")
+                        .help("compute the loss in f32: `cast(logits, f32)` before the loss function (a scaled f16 loss overflows past 65504)"),
+                    );
+                }
+            }
             match &o.variables {
                 Some(vars) => {
                     for v in vars {
@@ -691,6 +712,7 @@ impl<'p> Elab<'p> {
             learning_rate,
             variables: o.variables.as_ref().map(|v| v.0.clone()),
             moving_average: o.moving_average,
+            loss_scale: o.loss_scale,
             span: o.span,
         })
     }

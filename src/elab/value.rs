@@ -86,6 +86,8 @@ pub struct OptimizerVal<'p> {
     pub variables: Option<(Vec<String>, Span)>,
     /// `moving_average(...)`'s decay and whether it ramps up with the step.
     pub moving_average: Option<(f64, bool)>,
+    /// `loss_scale(...)`.
+    pub loss_scale: Option<crate::ir::LossScale>,
     pub span: Span,
 }
 

@@ -22,6 +22,7 @@ fn role_name(r: &Role) -> &'static str {
         Role::Element => "element",
         Role::NextStep => "next_step",
         Role::Gradient => "gradient",
+        Role::ScaledGradient => "scaled_gradient",
         Role::Summary => "summary",
     }
 }
@@ -86,9 +87,20 @@ pub fn dump_text(g: &Graph, title: &str) -> String {
             .as_ref()
             .map(|v| format!(" only({})", v.join(", ")))
             .unwrap_or_default();
+        let scale = match opt.loss_scale {
+            None => String::new(),
+            Some(super::LossScale::Fixed(s)) => format!(" loss_scale={}", super::fmt_f64(s)),
+            Some(super::LossScale::Dynamic {
+                initial,
+                growth_interval,
+            }) => format!(
+                " loss_scale=dynamic(initial={}, growth_interval={growth_interval})",
+                super::fmt_f64(initial)
+            ),
+        };
         let _ = writeln!(
             out,
-            "  optimizer {}({}){}{of}{only}",
+            "  optimizer {}({}){}{scale}{of}{only}",
             opt.kind,
             hyper.join(", "),
             clip

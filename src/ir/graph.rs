@@ -37,6 +37,9 @@ pub enum Role {
     /// The gradient of a trainable variable, averaged over shards (named by the
     /// variable; made by autodiff, so that the runtime can check it is finite).
     Gradient,
+    /// The gradient of a trainable variable whose optimiser has a dynamic loss scale:
+    /// as `Gradient`, but a NaN or infinity in it skips the step instead of failing it.
+    ScaledGradient,
     /// A value written to TensorBoard with the train summaries (named by its tag):
     /// the regularisation loss.
     Summary,
@@ -78,8 +81,29 @@ pub struct Optimizer {
     /// `moving_average(...)`: the decay of the exponential moving averages of the
     /// variables it updates, and whether the decay ramps up with the global step.
     pub moving_average: Option<(f64, bool)>,
+    /// `loss_scale(...)`: the loss is multiplied by a scale before differentiation and
+    /// the gradients divided by it (mixed precision keeps small f16 gradients from
+    /// flushing to zero).
+    pub loss_scale: Option<LossScale>,
     pub span: Span,
 }
+
+/// How `loss_scale` scales (Keras's `LossScaleOptimizer`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossScale {
+    /// Always this scale.
+    Fixed(f64),
+    /// Starting at `initial`: a step whose gradients are not all finite is skipped
+    /// (no variable or slot changes) and halves the scale (not below 1); after
+    /// `growth_interval` finite steps in a row, the scale doubles. The scale and the
+    /// count are the variables `LOSS_SCALE` and `GOOD_STEPS` (per optimiser: `/k`
+    /// after the first).
+    Dynamic { initial: f64, growth_interval: u64 },
+}
+
+/// The variables of a dynamic loss scale (Keras's names).
+pub const LOSS_SCALE: &str = "LossScaleOptimizer/current_loss_scale";
+pub const GOOD_STEPS: &str = "LossScaleOptimizer/good_steps";
 
 /// The suffix of the variable holding another's exponential moving average
 /// (TensorFlow's name).

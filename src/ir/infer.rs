@@ -243,7 +243,7 @@ fn binary(b: BinaryOp, x: &TensorType, y: &TensorType) -> R {
                 x.dtype, y.dtype
             ),
         )
-        .help("convert one side with `cast(x, dtype)`"));
+        .help(cast_help(x.dtype, y.dtype)));
     }
     if b.is_logical() && x.dtype != DType::Bool {
         return Err(err(
@@ -269,6 +269,19 @@ fn binary(b: BinaryOp, x: &TensorType, y: &TensorType) -> R {
     Ok(TensorType::new(dtype, shape))
 }
 
+/// How to make operands of dtypes `a` and `b` agree: a cast, and for a half-precision
+/// float beside f32, how mixed precision keeps them apart.
+fn cast_help(a: DType, b: DType) -> String {
+    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
+    let (low, high) = if half(a) { (a, b) } else { (b, a) };
+    if half(low) && high == DType::F32 {
+        return format!(
+            "cast one side: `cast(x, {low})` to compute in {low}, or `cast(x, f32)`; in mixed precision, layers (`dense`, `conv2d`) cast their f32 weights to an input of {low} themselves, and a loss is computed in f32 (`cast(logits, f32)`)"
+        );
+    }
+    format!("cast one side: `cast(x, {a})` or `cast(x, {b})`")
+}
+
 fn b_sym(b: BinaryOp) -> &'static str {
     match b {
         BinaryOp::And => "&&",
@@ -290,7 +303,8 @@ fn select(c: &TensorType, a: &TensorType, b: &TensorType) -> R {
                 "the branches of `where` differ in dtype: {} and {}",
                 a.dtype, b.dtype
             ),
-        ));
+        )
+        .help(cast_help(a.dtype, b.dtype)));
     }
     let s = broadcast(&a.shape, &b.shape)
         .and_then(|s| broadcast(&c.shape, &s))
@@ -355,7 +369,8 @@ fn matmul(a: &TensorType, b: &TensorType) -> R {
                 "matmul operands differ in dtype: {} and {}",
                 a.dtype, b.dtype
             ),
-        ));
+        )
+        .help(cast_help(a.dtype, b.dtype)));
     }
     if !a.dtype.is_numeric() {
         return Err(err(
@@ -449,7 +464,8 @@ fn concat(axis: usize, args: &[&TensorType]) -> R {
                     "concat operands differ in dtype: {} and {}",
                     first.dtype, t.dtype
                 ),
-            ));
+            )
+            .help(cast_help(first.dtype, t.dtype)));
         }
         let same_rest = t.rank() == first.rank()
             && (0..t.rank()).all(|i| i == axis || t.shape[i] == first.shape[i]);
@@ -543,7 +559,8 @@ fn conv2d(x: &TensorType, w: &TensorType, c: &Conv) -> R {
                 "conv2d input and filter differ in dtype: {} and {}",
                 x.dtype, w.dtype
             ),
-        ));
+        )
+        .help(cast_help(x.dtype, w.dtype)));
     }
     if x.rank() != 4 || w.rank() != 4 {
         return Err(err(

@@ -11,8 +11,8 @@ mod types;
 
 pub use dump::{dump_dot, dump_text};
 pub use graph::{
-    name_matches, read_averages, BatchMask, Graph, Metric, Node, Operands, Optimizer, Output, Role,
-    AVERAGE_SUFFIX, MASK_INPUT,
+    name_matches, read_averages, BatchMask, Graph, LossScale, Metric, Node, Operands, Optimizer,
+    Output, Role, AVERAGE_SUFFIX, GOOD_STEPS, LOSS_SCALE, MASK_INPUT,
 };
 pub use infer::{arity, infer, window_out, window_pad, InferError};
 pub use op::{

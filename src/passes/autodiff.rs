@@ -19,8 +19,8 @@
 use super::PassCtx;
 use crate::diag::{Code, Diag, Diags};
 use crate::ir::{
-    infer, name_matches, BinaryOp, DType, Graph, Init, Op, Optimizer, Output, ReduceOp, Role,
-    Shape, TensorType, UnaryOp, AVERAGE_SUFFIX,
+    infer, name_matches, BinaryOp, DType, Graph, Init, LossScale, Op, Optimizer, Output, ReduceOp,
+    Role, Shape, TensorType, UnaryOp, AVERAGE_SUFFIX, GOOD_STEPS, LOSS_SCALE,
 };
 use crate::span::Span;
 use petgraph::stable_graph::NodeIndex;
@@ -44,7 +44,7 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
     // each loss differentiated once, for all the optimisers that minimise it
     let mut grads_of: FxHashMap<NodeIndex, Vec<(NodeIndex, NodeIndex)>> = FxHashMap::default();
     let sp = opts[0].span;
-    for opt in &opts {
+    for (k, opt) in opts.iter().enumerate() {
         let (Some(loss), Some(lr)) = (named(ad.g, &opt.loss), named(ad.g, &opt.learning_rate))
         else {
             return;
@@ -52,14 +52,27 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
         if !ad.g.ty(loss).dtype.is_float() {
             return; // reported by the front end
         }
-        let grads = match grads_of.entry(loss) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let Some(grads) = ad.backward(loss) else {
+        // a scaled loss is differentiated for its optimiser alone
+        let scaled;
+        let mut gate = None;
+        let grads = match opt.loss_scale {
+            Some(how) => {
+                let Some((grads, g)) = ad.scaled_gradients(loss, how, k, opt.span) else {
                     return;
                 };
-                e.insert(grads)
+                scaled = grads;
+                gate = g;
+                &scaled
             }
+            None => match grads_of.entry(loss) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let Some(grads) = ad.backward(loss) else {
+                        return;
+                    };
+                    e.insert(grads)
+                }
+            },
         };
         let mine: Vec<(NodeIndex, NodeIndex)> = grads
             .iter()
@@ -74,9 +87,20 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
                 }
             })
             .collect();
-        ad.apply(opt, lr, mine);
+        ad.apply(opt, lr, mine, gate);
     }
     ad.next_step(sp);
+}
+
+/// (variable, gradient) pairs.
+type Grads = Vec<(NodeIndex, NodeIndex)>;
+
+/// A dynamic loss scale's state: its scale and good-steps variables and growth
+/// interval, for `apply` to skip non-finite steps and update the scale.
+struct Gate {
+    scale: NodeIndex,
+    good: NodeIndex,
+    growth_interval: u64,
 }
 
 /// The gradients of `loss` with respect to the trainable variables it depends on, as
@@ -639,10 +663,146 @@ impl Ad<'_> {
         self.mk(Op::Transpose { perm }, &[x], t, sp)
     }
 
+    /// The gradients of `loss` times the scale `how`, divided by it again (in each
+    /// gradient's dtype), and for a dynamic scale its state (the `k`-th optimiser's).
+    fn scaled_gradients(
+        &mut self,
+        loss: NodeIndex,
+        how: LossScale,
+        k: usize,
+        sp: Span,
+    ) -> Option<(Grads, Option<Gate>)> {
+        let suffix = if k == 0 {
+            String::new()
+        } else {
+            format!("/{k}")
+        };
+        let scalar = TensorType::scalar(DType::F32);
+        let (scale, gate) = match how {
+            LossScale::Fixed(s) => (self.konst(s, DType::F32, sp), None),
+            LossScale::Dynamic {
+                initial,
+                growth_interval,
+            } => {
+                let var = |ad: &mut Self, name: &str, init: f64| {
+                    ad.g.add(
+                        Op::Variable {
+                            name: format!("{name}{suffix}"),
+                            init: constant(init),
+                            trainable: false,
+                        },
+                        &[],
+                        scalar.clone(),
+                        sp,
+                    )
+                };
+                let scale = var(self, LOSS_SCALE, initial);
+                let good = var(self, GOOD_STEPS, 0.0);
+                let gate = Gate {
+                    scale,
+                    good,
+                    growth_interval,
+                };
+                (scale, Some(gate))
+            }
+        };
+        let dt = self.g.ty(loss).dtype;
+        let s = self.cast(scale, dt, sp);
+        let s = self.reshape(s, &self.g.ty(loss).shape.clone(), sp);
+        let scaled = self.bin(BinaryOp::Mul, loss, s, sp);
+        let grads = self.backward(scaled)?;
+        let one = self.konst(1.0, DType::F32, sp);
+        let inverse = self.bin(BinaryOp::Div, one, scale, sp);
+        let grads = grads
+            .into_iter()
+            .map(|(v, d)| {
+                let dt = self.g.ty(d).dtype;
+                let r = self.cast(inverse, dt, sp);
+                (v, self.bin(BinaryOp::Mul, d, r, sp))
+            })
+            .collect();
+        Some((grads, gate))
+    }
+
+    /// A variable's value as the graph reads it: an existing node of that name.
+    fn variable_node(&self, name: &str) -> Option<NodeIndex> {
+        self.g
+            .g
+            .node_indices()
+            .find(|&n| matches!(&self.g.node(n).op, Op::Variable { name: m, .. } if m == name))
+    }
+
+    /// With a dynamic loss scale, each update kept only when every gradient is
+    /// finite (else the variable or slot keeps its value), and the scale's own
+    /// updates: halved on a non-finite step (not below 1), doubled after
+    /// `growth_interval` finite steps in a row.
+    fn gated(
+        &mut self,
+        gate: &Gate,
+        gs: &[(NodeIndex, NodeIndex)],
+        updates: Vec<(String, NodeIndex)>,
+        sp: Span,
+    ) -> Vec<(String, NodeIndex)> {
+        // a NaN or infinity anywhere makes the sum of (gradient * 0) NaN
+        let f32s = DType::F32;
+        let zero = self.konst(0.0, f32s, sp);
+        let mut total = zero;
+        for &(_, d) in gs {
+            let z = self.konst(0.0, self.g.ty(d).dtype, sp);
+            let p = self.bin(BinaryOp::Mul, d, z, sp);
+            let r = self.g.ty(p).rank();
+            let s = self.reduce(ReduceOp::Sum, p, (0..r).collect(), false, sp);
+            let s = self.cast(s, f32s, sp);
+            total = self.bin(BinaryOp::Add, total, s, sp);
+        }
+        let finite = self.bin(BinaryOp::Eq, total, zero, sp);
+        let mut out: Vec<(String, NodeIndex)> = updates
+            .into_iter()
+            .map(|(name, new)| match self.variable_node(&name) {
+                Some(old) => (name, self.select(finite, new, old, sp)),
+                None => (name, new),
+            })
+            .collect();
+        let (one, two, half) = (
+            self.konst(1.0, f32s, sp),
+            self.konst(2.0, f32s, sp),
+            self.konst(0.5, f32s, sp),
+        );
+        let interval = self.konst(gate.growth_interval as f64, f32s, sp);
+        let next = self.bin(BinaryOp::Add, gate.good, one, sp);
+        let due = self.bin(BinaryOp::Ge, next, interval, sp);
+        let grow = self.bin(BinaryOp::And, finite, due, sp);
+        let doubled = self.bin(BinaryOp::Mul, gate.scale, two, sp);
+        let halved = self.bin(BinaryOp::Mul, gate.scale, half, sp);
+        let halved = self.bin(BinaryOp::Max, halved, one, sp);
+        let kept = self.select(grow, doubled, gate.scale, sp);
+        let scale = self.select(finite, kept, halved, sp);
+        let counted = self.select(grow, zero, next, sp);
+        let good = self.select(finite, counted, zero, sp);
+        for (var, value) in [(gate.scale, scale), (gate.good, good)] {
+            if let Op::Variable { name, .. } = &self.g.node(var).op {
+                out.push((name.clone(), value));
+            }
+        }
+        out
+    }
+
     /// Averages the gradients across shards, clips them, and adds the optimiser's
-    /// update of every variable and slot, as outputs.
-    fn apply(&mut self, opt: &Optimizer, lr: NodeIndex, grads: Vec<(NodeIndex, NodeIndex)>) {
+    /// update of every variable and slot, as outputs (kept only on finite steps with
+    /// a dynamic loss scale's `gate`).
+    fn apply(
+        &mut self,
+        opt: &Optimizer,
+        lr: NodeIndex,
+        grads: Vec<(NodeIndex, NodeIndex)>,
+        gate: Option<Gate>,
+    ) {
         let sp = opt.span;
+        let role = if gate.is_some() {
+            Role::ScaledGradient
+        } else {
+            Role::Gradient
+        };
         let mut gs: Vec<(NodeIndex, NodeIndex)> = grads
             .into_iter()
             .map(|(v, d)| {
@@ -651,7 +811,7 @@ impl Ad<'_> {
                 if let Op::Variable { name, .. } = &self.g.node(v).op {
                     self.g.outputs.push(Output {
                         name: name.clone(),
-                        role: Role::Gradient,
+                        role,
                         node: m,
                     });
                 }
@@ -683,6 +843,11 @@ impl Ad<'_> {
                 }
             }
         }
+        let checked = if gate.is_some() {
+            gs.clone()
+        } else {
+            Vec::new()
+        };
         let step = self.global_step(sp);
         let mut corrections: FxHashMap<DType, (NodeIndex, NodeIndex)> = FxHashMap::default();
         let mut rates: FxHashMap<DType, NodeIndex> = FxHashMap::default();
@@ -901,6 +1066,9 @@ impl Ad<'_> {
                 updates.push((format!("{name}{AVERAGE_SUFFIX}"), na));
             }
             updates.push((name, new_w));
+        }
+        if let Some(gate) = &gate {
+            updates = self.gated(gate, &checked, updates, sp);
         }
         for (name, node) in updates {
             self.g.outputs.push(Output {

@@ -20,7 +20,7 @@
 //! its input gradient, belongs to the backward pass.
 
 use super::lower::{self, Operand, Update, UpdateOp};
-use crate::ir::{Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
+use crate::ir::{DType, Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
 use crate::span::Span;
 use petgraph::visit::NodeIndexable;
 use std::collections::BTreeSet;
@@ -371,6 +371,24 @@ pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
 
 /// Forms `g` into kernels.
 pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
+    if let Some(o) = g.optimizers.iter().find(|o| o.loss_scale.is_some()) {
+        return Err(Unsupported {
+            span: o.span,
+            message: "loss scaling has no wafer layout yet".into(),
+            help: "the wafer trains in f32, which needs no loss scale: drop `loss_scale(...)` for the wafer (`if target == wafer { opt } else { loss_scale(opt) }`), or train on the host (`--target host`)".into(),
+        });
+    }
+    // mixed precision: a weight cast to f16 or bf16 before its layer uses it
+    for n in g.topo_order() {
+        let narrows = matches!(g.node(n).op, Op::Cast)
+            && matches!(g.ty(n).dtype, DType::F16 | DType::BF16)
+            && g.operands(n)
+                .into_iter()
+                .any(|o| matches!(g.node(o).op, Op::Variable { .. }));
+        if narrows {
+            return Err(unsupported(g, n, format!("mixed precision (an f32 weight cast to {} for its layer) has no wafer layout yet", g.ty(n).dtype), "the wafer's kernels read their weights as they are stored: compute in f32 on the wafer, or train this model in mixed precision on the host (`--target host`)"));
+        }
+    }
     let batch = batch_of(g).unwrap_or(1);
     let (class, alias) = classify(g, batch)?;
     // a sample's value made from a statistic of its whole batch (batch norm in
