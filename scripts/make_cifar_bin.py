@@ -7,7 +7,8 @@ bytes, red, green and blue, each row-major), made from real images: the 8x8
 handwritten digits of examples/data/digits_*.csv (scikit-learn's digits), scaled 3x to
 24x24, put at a random place on a 32x32 background, in a random ink and paper colour,
 with noise. The label is the digit, so a model has something real to learn, and the
-random place and colours make cropping and flipping worth doing.
+random place and colours make cropping worth doing (the official recipe's flips mirror
+the digits, which keep their labels).
 
 Usage:
     python3 scripts/make_cifar_bin.py [OUT_DIR]

@@ -83,6 +83,11 @@ def schedules():
     def warmup(step, lr, warmup_steps):
         return lr * min(step / warmup_steps, 1.0)
 
+    def polynomial(step, lr, decay_steps, end_lr, power):
+        # tf.compat.v1.train.polynomial_decay without cycle
+        frac = min(step, decay_steps) / decay_steps
+        return (lr - end_lr) * (1 - frac) ** power + end_lr
+
     def piecewise(step, boundaries, values):
         # tf.compat.v1.train.piecewise_constant: values[i] while step <= boundaries[i]
         for b, v in zip(boundaries, values):
@@ -96,6 +101,7 @@ def schedules():
                                                       "decay_rate": 0.96, "staircase": True}),
         "cosine_decay": (cosine, {"lr": 0.1, "decay_steps": 250, "alpha": 0.1}),
         "linear_warmup": (warmup, {"lr": 0.1, "warmup_steps": 100}),
+        "polynomial_decay": (polynomial, {"lr": 0.1, "decay_steps": 250, "end_lr": 0.001, "power": 2.0}),
         "piecewise_constant": (piecewise, {"boundaries": [50, 250], "values": [0.1, 0.01, 0.001]}),
     }
     return {

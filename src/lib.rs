@@ -188,8 +188,8 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
 
 /// Each diagnostic inside a call or an index whose bracket starts a line of its own
 /// (`ast::Module::continuations`), as `let y = relu(x)` followed by `(y + 1.0) |> relu`
-/// makes: it points at that bracket, and (within the brackets, where the line was meant
-/// as a statement of its own) says to put `;` before it.
+/// makes, or later on that line: it points at that bracket, and (from the bracket on,
+/// where the line was meant as a statement of its own) says to put `;` before it.
 fn continued(program: &Program, diags: Vec<diag::Diag>) -> Vec<diag::Diag> {
     let all: Vec<&(span::Span, span::Span)> = (program.modules.iter())
         .flat_map(|m| &m.ast.continuations)
@@ -198,8 +198,15 @@ fn continued(program: &Program, diags: Vec<diag::Diag>) -> Vec<diag::Diag> {
         .into_iter()
         .map(|mut d| {
             let p = d.primary.span;
+            // within the call, or later on the line its bracket starts (`(a - b) * t`,
+            // where `t` was the name the line above meant to bind)
             let inside = |(at, whole): &&&(span::Span, span::Span)| {
-                at.file == p.file && p.lo >= whole.lo && p.hi <= whole.hi
+                let text = &program.sources.get(at.file).text;
+                let same_line = p.lo >= at.lo
+                    && text
+                        .get(at.lo as usize..p.lo as usize)
+                        .is_some_and(|t| !t.contains('\n'));
+                at.file == p.file && ((p.lo >= whole.lo && p.hi <= whole.hi) || same_line)
             };
             if let Some((at, _)) = all.iter().find(inside) {
                 let bracket = program.sources.text(*at).to_string();

@@ -969,12 +969,26 @@ fn a_cerebras_params_yaml_sets_record_params_and_the_run_config() {
     let o = estc(&[
         "check",
         &program,
+        "--mode",
+        "train",
+        "--emit",
+        "ir",
         "--param",
         "model.depth=2",
         "--param",
         "optimizer={ learning_rate: 0.1, momentum: 0.0 }",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let ir = stdout(&o);
+    assert!(
+        ir.contains("variable \"dense_1/kernel\" init=glorot_uniform : f32[50, 50]")
+            && !ir.contains("dense_2/kernel\" init=glorot_uniform : f32[50, 50]"),
+        "depth 2"
+    );
+    assert!(
+        ir.contains("optimizer momentum(momentum=0"),
+        "the optimizer record"
+    );
     for (kv, says) in [
         ("model.dept=2", "`params.model` has no field `dept`"),
         ("model.depth.x=2", "`params.model.depth` is not a record"),

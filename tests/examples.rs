@@ -287,8 +287,8 @@ fn resnet20_trains_a_few_steps() {
             .count();
         assert_eq!(
             kernels,
-            19 + 2,
-            "{target:?}: 19 3x3 convolutions and 2 projections"
+            19 + 3,
+            "{target:?}: 19 3x3 convolutions and 3 projections"
         );
         let mean = "conv_bn/batch_norm/moving_mean";
         assert!(

@@ -120,8 +120,9 @@ fn numbers(path: &Path) -> Vec<f64> {
 /// weights within 1e-4 of each variable's largest magnitude (rounding differences of
 /// 1e-7 relative, from sums in another order and 2-ulp polynomials, grow through 20
 /// SGD steps; measured up to about 1e-6), the loss and every metric within 1e-4
-/// relative, predictions within 1e-4 of the largest prediction. The MNIST examples
-/// run at batch 16 on generated MNIST-shaped data to keep the interpreter's side short.
+/// relative, predictions within 1e-4 of the largest prediction (looser with max pooling
+/// and batch norm, below). The MNIST examples run at batch 16 on generated MNIST-shaped
+/// data to keep the interpreter's side short.
 #[cfg(feature = "llvm")]
 #[test]
 fn every_example_runs_on_host_like_the_interpreter() {
@@ -146,14 +147,28 @@ fn every_example_runs_on_host_like_the_interpreter() {
         } else {
             None
         };
+        // resnet20 at learning rate 0 (its momentum slots still gather every step's
+        // gradient), and the text classifier's sentiment estimator from scratch, small
+        let (estimator, params): (Option<&str>, &[(&str, &str)]) = match name.as_str() {
+            "resnet20" => (None, &[("learning_rates", "[0.0, 0.0, 0.0]")]),
+            "text_classifier" => (
+                Some("sentiment"),
+                &[("pretrained", "\"\""), ("length", "24"), ("units", "8")],
+            ),
+            _ => (None, &[]),
+        };
         let run = |target: Target| {
             let mut p = Program::load(&file).unwrap();
             if mnist {
                 p.add_override("batch_size", "16", "test");
             }
+            for (k, v) in params {
+                p.add_override(k, v, "test");
+            }
             let dir = tmp(&format!("{name}-{}", target.name()));
             let opts = RunOptions {
                 target,
+                estimator: estimator.map(str::to_string),
                 model_dir: Some(dir.clone()),
                 data_dir: data_dir.clone(),
                 ..Default::default()
@@ -183,14 +198,46 @@ fn every_example_runs_on_host_like_the_interpreter() {
         let pools = std::fs::read_to_string(&file)
             .unwrap()
             .contains("max_pool2d");
-        let tol = if pools { 1e-2 } else { 1e-4 };
+        // batch norm's gradients of its beta and gamma, and of the layer before it, are
+        // sums over the batch that nearly cancel (the normalisation after them takes
+        // the mean out): rounding in another order moves a small one by a few percent
+        // of itself (6e-2 on a resnet20 slot), while the loss agrees to 1e-7; so these
+        // are compared as one vector, within 2e-3 of its length (measured 4.3e-4 after
+        // one step and 1.3e-3 after 20)
+        let norms = std::fs::read_to_string(&file)
+            .unwrap()
+            .contains("batch_norm");
+        let tol = if norms {
+            2e-3
+        } else if pools {
+            1e-2
+        } else {
+            1e-4
+        };
         let close = |a: f64, b: f64| (a - b).abs() <= tol * b.abs().max(1.0);
         assert_eq!(th.global_step, ti.global_step, "{name}");
-        let w1 = worst(&fh, &fi);
-        let w = worst(&vh, &vi);
+        // with batch norm (at learning rate 0, so only the slots move): all the
+        // gradients together, `|h - i| / |i|` over every variable
+        let measure =
+            |a: &rustc_hash::FxHashMap<String, est::tensor::Tensor>,
+             b: &rustc_hash::FxHashMap<String, est::tensor::Tensor>| {
+                if !norms {
+                    return worst(a, b);
+                }
+                let (mut diff, mut size) = (0.0f64, 0.0f64);
+                for (k, x) in b {
+                    for (p, q) in a[k].to_f64().iter().zip(x.to_f64()) {
+                        diff += (p - q) * (p - q);
+                        size += q * q;
+                    }
+                }
+                (diff / size.max(1e-30)).sqrt()
+            };
+        let w1 = measure(&fh, &fi);
+        let w = measure(&vh, &vi);
         eprintln!("{name}: largest relative weight difference after 1 step {w1:e}, after 20 {w:e}; loss {} vs {}, eval {:?} vs {:?}", th.final_loss, ti.final_loss, eh.metrics, ei.metrics);
         assert!(
-            w1 <= 1e-5,
+            w1 <= if norms { 2e-3 } else { 1e-5 },
             "{name}: weights after one step differ by {w1:e}"
         );
         assert!(w <= tol, "{name}: weights differ by {w:e}");

@@ -397,6 +397,38 @@ fn random_crops_in_a_pipeline_vary_by_element_and_epoch() {
     );
 }
 
+/// The train input pipeline of the program `src`, written to `dir` beside a copy of
+/// `tests/fixtures/images.tfrecord`, and its leaves' names.
+fn image_pipeline(
+    dir: &std::path::Path,
+    src: &str,
+) -> (est::data::pipeline::Pipeline, Vec<String>) {
+    std::fs::copy(
+        common::root().join("tests/fixtures/images.tfrecord"),
+        dir.join("images.tfrecord"),
+    )
+    .unwrap();
+    let path = dir.join("p.est");
+    std::fs::write(&path, src).unwrap();
+    let p = Program::load(&path).unwrap();
+    let e = Estimator::new(
+        &p,
+        &RunOptions {
+            target: Target::Interp,
+            model_dir: Some(dir.join("run")),
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|f| {
+        panic!(
+            "{:?}",
+            f.diags.iter().map(|d| &d.message).collect::<Vec<_>>()
+        )
+    });
+    e.input_pipeline(est::syntax::ast::SectionKind::Train)
+        .unwrap()
+}
+
 /// `decode_png` and `decode_jpeg` in a pipeline's `map`, on the images of
 /// `tests/fixtures/images.tfrecord`, against TensorFlow's decodings of them
 /// (`tests/fixtures/tf_image_reference.json`, both written by
@@ -409,11 +441,6 @@ fn random_crops_in_a_pipeline_vary_by_element_and_epoch() {
 #[test]
 fn decoded_images_match_tensorflow() {
     let dir = common::scratch("ops", "decode-images");
-    std::fs::copy(
-        common::root().join("tests/fixtures/images.tfrecord"),
-        dir.join("images.tfrecord"),
-    )
-    .unwrap();
     let src = r#"
 use std.nn.dense
 input images() {
@@ -438,26 +465,7 @@ model m(features: { png3: f32[B, 12, 12, 3], png1: f32[B, 12, 12, 1], png4: f32[
 }
 estimator e { model = m  train_input = images()  config { random_seed = 1 } }
 "#;
-    let path = dir.join("p.est");
-    std::fs::write(&path, src).unwrap();
-    let p = Program::load(&path).unwrap();
-    let e = Estimator::new(
-        &p,
-        &RunOptions {
-            target: Target::Interp,
-            model_dir: Some(dir.join("run")),
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|f| {
-        panic!(
-            "{:?}",
-            f.diags.iter().map(|d| &d.message).collect::<Vec<_>>()
-        )
-    });
-    let (mut pipe, names) = e
-        .input_pipeline(est::syntax::ast::SectionKind::Train)
-        .unwrap();
+    let (mut pipe, names) = image_pipeline(&dir, src);
     let batch = pipe.next_element().unwrap().expect("a batch");
     let reference = serde_json::from_str::<serde_json::Value>(
         &std::fs::read_to_string(common::root().join("tests/fixtures/tf_image_reference.json"))
@@ -503,11 +511,6 @@ estimator e { model = m  train_input = images()  config { random_seed = 1 } }
 #[test]
 fn undecodable_and_missized_images_are_e0905() {
     let dir = common::scratch("ops", "decode-errors");
-    std::fs::copy(
-        common::root().join("tests/fixtures/images.tfrecord"),
-        dir.join("images.tfrecord"),
-    )
-    .unwrap();
     for (decode, side, says) in [
         ("decode_png(r.jpeg_rgb)", 12, "not a readable PNG"),
         ("decode_jpeg(r.png_rgb)", 12, "not a readable JPEG"),
@@ -533,26 +536,7 @@ estimator e {{ model = m  train_input = images()  config {{ random_seed = 1 }} }
 ",
             n = side * side * 3
         );
-        let path = dir.join("p.est");
-        std::fs::write(&path, src).unwrap();
-        let p = Program::load(&path).unwrap();
-        let e = Estimator::new(
-            &p,
-            &RunOptions {
-                target: Target::Interp,
-                model_dir: Some(dir.join("run")),
-                ..Default::default()
-            },
-        )
-        .unwrap_or_else(|f| {
-            panic!(
-                "{decode}: {:?}",
-                f.diags.iter().map(|d| &d.message).collect::<Vec<_>>()
-            )
-        });
-        let (mut pipe, _) = e
-            .input_pipeline(est::syntax::ast::SectionKind::Train)
-            .unwrap();
+        let (mut pipe, _) = image_pipeline(&dir, &src);
         let d = pipe.next_element().expect_err("an error");
         assert_eq!(d.code, est::diag::Code::BadData, "{decode}: {}", d.message);
         assert!(d.message.contains(says), "{decode}: {}", d.message);

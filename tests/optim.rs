@@ -257,6 +257,10 @@ fn schedules_match_reference_values() {
         ),
         ("linear_warmup", "linear_warmup(0.1, global_step, 100)"),
         (
+            "polynomial_decay",
+            "polynomial_decay(0.1, global_step, 250, end_lr: 0.001, power: 2.0)",
+        ),
+        (
             "piecewise_constant",
             "piecewise_constant(global_step, [50, 250], [0.1, 0.01, 0.001])",
         ),
@@ -386,11 +390,11 @@ fn mixed(half: bool, scale: &str, boost: f64) -> String {
     };
     format!(
         r#"
-use std.nn.{{dense, conv2d}}
+use std.nn.{{dense, conv2d, batch_norm}}
 use std.losses.softmax_cross_entropy
 model m(features: f32[B, 6, 6, 1], labels: i32[B]) {{
   let x = {x}
-  let x = conv2d(x, 3, kernel: 3, activation: relu)
+  let x = conv2d(x, 3, kernel: 3) |> batch_norm |> relu
   let x = dense(reshape(x, [B, 108]), 8, activation: relu)
   let logits = cast(dense(x, 3), f32)
   let loss = softmax_cross_entropy(labels, logits) * {boost:?}
@@ -454,9 +458,9 @@ fn cpu_targets() -> Vec<est::elab::Target> {
         .collect()
 }
 
-/// Layers on an f16 input compute in f16 with f32 variables: the variables stay f32,
-/// training follows the f32 run to f16's precision (and is not the f32 run), and the
-/// host computes the interpreter's bits.
+/// Layers on an f16 input compute in f16 with f32 variables (batch norm in f32): the
+/// variables stay f32, training follows the f32 run to f16's precision (and is not the
+/// f32 run), and the host computes what the interpreter does, to 1e-3.
 #[test]
 fn mixed_precision_trains_f32_weights_through_f16_layers() {
     let mut runs = Vec::new();
@@ -468,10 +472,16 @@ fn mixed_precision_trains_f32_weights_through_f16_layers() {
         runs.push(weights(&v));
     }
     if runs.len() == 2 {
-        assert_eq!(
-            runs[0], runs[1],
-            "the host rounds to f16 as the interpreter does"
-        );
+        // the host rounds to f16 as the interpreter does; batch norm's sums, in f32 in
+        // another order, can tip an f16 rounding, which ten steps carry on
+        for ((k, a), (_, b)) in runs[0].iter().zip(&runs[1]) {
+            let far = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max);
+            assert!(far <= 1e-3, "{k}: host and interpreter differ by {far}");
+        }
     }
     let full = weights(&trained(
         &mixed(false, "", 1.0),
@@ -501,7 +511,8 @@ fn mixed_precision_trains_f32_weights_through_f16_layers() {
     );
 }
 
-/// A fixed loss scale changes nothing an f32 model computes, beyond rounding.
+/// A fixed loss scale changes nothing an f32 model computes, beyond rounding (1000 is
+/// no power of two: scaling and unscaling round).
 #[test]
 fn a_fixed_loss_scale_leaves_f32_training_as_it_was() {
     let plain = weights(&trained(
@@ -511,7 +522,7 @@ fn a_fixed_loss_scale_leaves_f32_training_as_it_was() {
         5,
     ));
     let scaled = weights(&trained(
-        &mixed(false, ", scale: 1024.0", 1.0),
+        &mixed(false, ", scale: 1000.0", 1.0),
         est::elab::Target::Interp,
         "fixed",
         5,

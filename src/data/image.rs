@@ -33,7 +33,7 @@ pub fn decode_png(bytes: &[u8], expect: Option<(usize, usize)>) -> Result<Image,
                 "the image is {h}x{w}, but the source reads {eh}x{ew} images"
             ))
         }
-        None if h.saturating_mul(w) > 1 << 28 => {
+        None if h.saturating_mul(w) > MAX_PIXELS => {
             return Err(format!("the image is {h}x{w}, too large to convert"))
         }
         _ => {}
@@ -103,6 +103,30 @@ pub fn convert_channels(img: &Image, want: usize, luma: Luma) -> Vec<f64> {
     out
 }
 
+/// A PNG's height and width, from its header.
+fn png_size(bytes: &[u8]) -> Result<(usize, usize), String> {
+    let reader = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .map_err(|e| e.to_string())?;
+    Ok((reader.info().height as usize, reader.info().width as usize))
+}
+
+/// Refuses an image of `got` size where the type reads `want` (open dimensions take
+/// any size; a resize takes any).
+fn wrong_size(
+    resize: bool,
+    (h, w): (usize, usize),
+    (ih, iw): (usize, usize),
+) -> Result<(), String> {
+    let fits = |want: usize, got: usize| want == UNKNOWN_DIM || want == got;
+    if resize || (fits(h, ih) && fits(w, iw)) {
+        return Ok(());
+    }
+    Err(format!(
+        "the image is {ih}x{iw}, but the pipeline reads {h}x{w} images: give `size: [{h}, {w}]` to resize them"
+    ))
+}
+
 /// Decodes JPEG bytes to 8-bit samples: luma alone for `channels` 1 (the Y of YCbCr,
 /// as libjpeg's grayscale output that TensorFlow's `decode_jpeg(channels=1)` reads), RGB
 /// otherwise. Images over 2^28 pixels are refused after the headers.
@@ -162,7 +186,13 @@ pub fn decode(
         _ => return Err("decodes one image (a scalar of bytes)".into()),
     };
     let img = match format {
-        ImageFormat::Png => decode_png(&data, None),
+        ImageFormat::Png => {
+            // a size the type fixes refuses another before the pixels are decoded
+            if let Ok((ih, iw)) = png_size(&data) {
+                wrong_size(resize, (h, w), (ih, iw))?;
+            }
+            decode_png(&data, None)
+        }
         ImageFormat::Jpeg => decode_jpeg(&data, c),
     }
     .map_err(|m| format!("not a readable {} ({m})", format.name()))?;
@@ -182,12 +212,7 @@ pub fn decode(
             out,
         ));
     }
-    let fits = |want: usize, got: usize| want == UNKNOWN_DIM || want == got;
-    if !fits(h, ih) || !fits(w, iw) {
-        return Err(format!(
-            "the image is {ih}x{iw}, but the pipeline reads {h}x{w} images: give `size: [{h}, {w}]` to resize them"
-        ));
-    }
+    wrong_size(resize, (h, w), (ih, iw))?;
     Ok(Tensor::from_f64(
         &TensorType::new(DType::U8, vec![ih, iw, c]),
         v,

@@ -1793,13 +1793,14 @@ impl<'p> Elab<'p> {
                     return Value::Error;
                 };
                 let (vg, sg) = a.get("growth_interval");
+                // the count is an f32, exact up to 2^24
                 let growth = match vg {
-                    Value::Int(n) if n >= 1 => n as u64,
-                    other => return self.expected("a positive integer", &other, sg),
+                    Value::Int(n) if (1..=1 << 24).contains(&n) => n as u64,
+                    other => return self.expected("a positive integer up to 16777216", &other, sg),
                 };
-                if !(initial >= 1.0 && initial.is_finite()) {
+                if !(1.0..=f64::from(f32::MAX)).contains(&initial) {
                     return self.expected(
-                        "an initial scale of at least 1",
+                        "an initial scale of at least 1 that f32 holds",
                         &Value::Float(initial),
                         a.call,
                     );
@@ -1809,9 +1810,13 @@ impl<'p> Elab<'p> {
                     growth_interval: growth,
                 }
             }
-            Value::Int(n) if *n > 0 => crate::ir::LossScale::Fixed(*n as f64),
-            Value::Float(f) if *f > 0.0 && f.is_finite() => crate::ir::LossScale::Fixed(*f),
-            _ => return self.expected("\"dynamic\" or a positive number", &vs, ss),
+            Value::Int(n) if *n > 0 && (*n as f64) <= f64::from(f32::MAX) => {
+                crate::ir::LossScale::Fixed(*n as f64)
+            }
+            Value::Float(f) if *f > 0.0 && *f <= f64::from(f32::MAX) => {
+                crate::ir::LossScale::Fixed(*f)
+            }
+            _ => return self.expected("\"dynamic\" or a positive number that f32 holds", &vs, ss),
         };
         let mut o = (*o).clone();
         o.loss_scale = Some(scale);

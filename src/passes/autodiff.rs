@@ -771,8 +771,12 @@ impl Ad<'_> {
         let interval = self.konst(gate.growth_interval as f64, f32s, sp);
         let next = self.bin(BinaryOp::Add, gate.good, one, sp);
         let due = self.bin(BinaryOp::Ge, next, interval, sp);
-        let grow = self.bin(BinaryOp::And, finite, due, sp);
         let doubled = self.bin(BinaryOp::Mul, gate.scale, two, sp);
+        // a doubled scale past f32's range is not taken (Keras's `_assign_if_finite`)
+        let largest = self.konst(f64::from(f32::MAX), f32s, sp);
+        let fits = self.bin(BinaryOp::Le, doubled, largest, sp);
+        let due = self.bin(BinaryOp::And, due, fits, sp);
+        let grow = self.bin(BinaryOp::And, finite, due, sp);
         let halved = self.bin(BinaryOp::Mul, gate.scale, half, sp);
         let halved = self.bin(BinaryOp::Max, halved, one, sp);
         let kept = self.select(grow, doubled, gate.scale, sp);
@@ -818,6 +822,14 @@ impl Ad<'_> {
                 (v, m)
             })
             .collect();
+        // a dynamic loss scale checks the gradients before clipping (as Keras's
+        // LossScaleOptimizer does before its inner optimiser): clipping an overflowing
+        // norm would make them finite zeros
+        let checked = if gate.is_some() {
+            gs.clone()
+        } else {
+            Vec::new()
+        };
         if let Some(clip) = opt.clip_global_norm {
             // g * clip / max(norm, clip), norm = sqrt(sum of all squares)
             let mut total: Option<NodeIndex> = None;
@@ -843,11 +855,6 @@ impl Ad<'_> {
                 }
             }
         }
-        let checked = if gate.is_some() {
-            gs.clone()
-        } else {
-            Vec::new()
-        };
         let step = self.global_step(sp);
         let mut corrections: FxHashMap<DType, (NodeIndex, NodeIndex)> = FxHashMap::default();
         let mut rates: FxHashMap<DType, NodeIndex> = FxHashMap::default();

@@ -164,7 +164,10 @@ pub fn execute(g: &Graph, plan: &Plan, env: &Env, values: &mut Values) -> Result
                     .map(|&o| values.v[o.index()].as_ref().expect("operand computed"))
                     .collect();
                 let ty = actual_type(op, &args, &node.ty).map_err(fail)?;
-                reserve(&ty).map_err(fail)?;
+                // a size still open (a decoder's) is the record's, known once decoded
+                if !ty.shape.contains(&crate::elab::UNKNOWN_DIM) {
+                    reserve(&ty).map_err(fail)?;
+                }
                 ops::eval(op, &args, &ty, &env.op).map_err(fail)?
             }
         };
