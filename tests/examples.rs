@@ -102,7 +102,8 @@ fn examples_check_clean_on_both_targets() {
     }
 }
 
-/// The Makefile's demo checks the same examples on the host only.
+/// The Makefile's demo checks the same examples on the host only, and the MNIST CNN on
+/// the wafer with the settings `examples_check_clean_on_both_targets` gives it.
 #[test]
 fn the_demo_knows_the_host_only_examples() {
     let make = std::fs::read_to_string(common::root().join("Makefile")).unwrap();
@@ -116,6 +117,15 @@ fn the_demo_knows_the_host_only_examples() {
         .collect();
     let here: Vec<String> = HOST_ONLY.iter().map(|h| h.0.to_string()).collect();
     assert_eq!(listed, here);
+    // and checks the MNIST CNN on the wafer where it fits, as the test above does
+    let mnist = make
+        .lines()
+        .find_map(|l| l.strip_prefix("WAFER_MNIST_CNN = "))
+        .expect("WAFER_MNIST_CNN in the Makefile");
+    assert_eq!(
+        mnist,
+        "--wafer test64 --param batch_size=8 --param hidden=[128]"
+    );
 }
 
 #[test]
