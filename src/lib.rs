@@ -16,6 +16,7 @@ pub mod backend;
 pub mod data;
 pub mod diag;
 pub mod elab;
+pub mod export;
 pub mod hash;
 pub mod ir;
 pub mod lsp;
