@@ -112,14 +112,10 @@ fn png_size(bytes: &[u8]) -> Result<(usize, usize), String> {
 }
 
 /// Refuses an image of `got` size where the type reads `want` (open dimensions take
-/// any size; a resize takes any).
-fn wrong_size(
-    resize: bool,
-    (h, w): (usize, usize),
-    (ih, iw): (usize, usize),
-) -> Result<(), String> {
+/// any size).
+fn wrong_size((h, w): (usize, usize), (ih, iw): (usize, usize)) -> Result<(), String> {
     let fits = |want: usize, got: usize| want == UNKNOWN_DIM || want == got;
-    if resize || (fits(h, ih) && fits(w, iw)) {
+    if fits(h, ih) && fits(w, iw) {
         return Ok(());
     }
     Err(format!(
@@ -185,18 +181,17 @@ pub fn decode(
         Some(b) if bytes.shape().is_empty() => b.clone(),
         _ => return Err("decodes one image (a scalar of bytes)".into()),
     };
-    let img = match format {
+    let mut img = match format {
         ImageFormat::Png => {
             // a size the type fixes refuses another before the pixels are decoded
-            if let Ok((ih, iw)) = png_size(&data) {
-                wrong_size(resize, (h, w), (ih, iw))?;
+            if let (false, Ok(size)) = (resize, png_size(&data)) {
+                wrong_size((h, w), size)?;
             }
             decode_png(&data, None)
         }
         ImageFormat::Jpeg => decode_jpeg(&data, c),
     }
     .map_err(|m| format!("not a readable {} ({m})", format.name()))?;
-    let mut img = img;
     if img.sixteen {
         // TensorFlow's `decode_png` to uint8 keeps a 16-bit sample's high byte
         // (libpng's `png_set_strip_16`)
@@ -212,7 +207,7 @@ pub fn decode(
             out,
         ));
     }
-    wrong_size(resize, (h, w), (ih, iw))?;
+    wrong_size((h, w), (ih, iw))?;
     Ok(Tensor::from_f64(
         &TensorType::new(DType::U8, vec![ih, iw, c]),
         v,

@@ -554,54 +554,13 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
             el.diags.push(d);
             continue;
         };
-        let mut ty = &decls[i].ty;
-        let mut bad = false;
-        for (n, part) in path.iter().enumerate().skip(1) {
-            let within = path[..n].join(".");
-            let TypeExpr::Record { fields, .. } = ty else {
-                el.diags.push(
-                    Diag::new(
-                        Code::InvalidParamOverride,
-                        o.value.span,
-                        format!("`params.{within}` is not a record, so it has no field `{part}`"),
-                    )
-                    .label("overridden here")
-                    .with(ty.span(), "declared here")
-                    .help(format!("override `{within}` itself")),
-                );
-                bad = true;
-                break;
-            };
-            match fields.iter().find(|(k, _)| k.name == *part) {
-                Some((_, t)) => ty = t,
-                None => {
-                    let names = fields.iter().map(|(k, _)| k.name.as_str());
-                    let d = Diag::new(
-                        Code::InvalidParamOverride,
-                        o.value.span,
-                        format!("`params.{within}` has no field `{part}`"),
-                    )
-                    .label("overridden here")
-                    .with(ty.span(), "declared here");
-                    el.diags.push(match did_you_mean(part, names) {
-                        Some(h) => d.help(h),
-                        None => d.help(format!(
-                            "its fields: {}",
-                            fields
-                                .iter()
-                                .map(|(k, _)| k.name.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )),
-                    });
-                    bad = true;
-                    break;
-                }
+        let ty = match field_type(&decls[i].ty, &path, o.value.span) {
+            Ok(t) => t,
+            Err(d) => {
+                el.diags.push(*d);
+                continue;
             }
-        }
-        if bad {
-            continue;
-        }
+        };
         let ty_text = p.sources.text(ty.span());
         let v = if is_literal(&o.value) {
             el.expr(&o.value)
@@ -627,6 +586,46 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
         }
     }
     Value::Record(Rc::new(fields))
+}
+
+/// The declared type of the field `path[1..]` names within a params field of type `ty`
+/// (`model.depth`: `depth` of `model`'s record type), or E0306 at `span`.
+fn field_type<'t>(
+    mut ty: &'t TypeExpr,
+    path: &[&str],
+    span: Span,
+) -> Result<&'t TypeExpr, Box<Diag>> {
+    for (n, part) in path.iter().enumerate().skip(1) {
+        let within = path[..n].join(".");
+        let TypeExpr::Record { fields, .. } = ty else {
+            return Err(Box::new(
+                Diag::new(
+                    Code::InvalidParamOverride,
+                    span,
+                    format!("`params.{within}` is not a record, so it has no field `{part}`"),
+                )
+                .label("overridden here")
+                .with(ty.span(), "declared here")
+                .help(format!("override `{within}` itself")),
+            ));
+        };
+        let Some((_, t)) = fields.iter().find(|(k, _)| k.name == *part) else {
+            let names: Vec<&str> = fields.iter().map(|(k, _)| k.name.as_str()).collect();
+            let d = Diag::new(
+                Code::InvalidParamOverride,
+                span,
+                format!("`params.{within}` has no field `{part}`"),
+            )
+            .label("overridden here")
+            .with(ty.span(), "declared here");
+            return Err(Box::new(match did_you_mean(part, names.iter().copied()) {
+                Some(h) => d.help(h),
+                None => d.help(format!("its fields: {}", names.join(", "))),
+            }));
+        };
+        ty = t;
+    }
+    Ok(ty)
 }
 
 /// `record` with the field at `path` (a field of a field ...) replaced by `v`.

@@ -672,30 +672,29 @@ impl Ad<'_> {
         k: usize,
         sp: Span,
     ) -> Option<(Grads, Option<Gate>)> {
+        // `LossScaleOptimizer/current_loss_scale`, `/k` after the first optimiser's
         let suffix = if k == 0 {
             String::new()
         } else {
             format!("/{k}")
         };
         let scalar = TensorType::scalar(DType::F32);
+        let var = |ad: &mut Self, full: &str, init: f64| {
+            let (owner, slot) = full.split_once('/').unwrap_or(("", full));
+            ad.slot_from(
+                owner,
+                &format!("{slot}{suffix}"),
+                &scalar,
+                constant(init),
+                sp,
+            )
+        };
         let (scale, gate) = match how {
             LossScale::Fixed(s) => (self.konst(s, DType::F32, sp), None),
             LossScale::Dynamic {
                 initial,
                 growth_interval,
             } => {
-                let var = |ad: &mut Self, name: &str, init: f64| {
-                    ad.g.add(
-                        Op::Variable {
-                            name: format!("{name}{suffix}"),
-                            init: constant(init),
-                            trainable: false,
-                        },
-                        &[],
-                        scalar.clone(),
-                        sp,
-                    )
-                };
                 let scale = var(self, LOSS_SCALE, initial);
                 let good = var(self, GOOD_STEPS, 0.0);
                 let gate = Gate {
@@ -724,14 +723,6 @@ impl Ad<'_> {
         Some((grads, gate))
     }
 
-    /// A variable's value as the graph reads it: an existing node of that name.
-    fn variable_node(&self, name: &str) -> Option<NodeIndex> {
-        self.g
-            .g
-            .node_indices()
-            .find(|&n| matches!(&self.g.node(n).op, Op::Variable { name: m, .. } if m == name))
-    }
-
     /// With a dynamic loss scale, each update kept only when every gradient is
     /// finite (else the variable or slot keeps its value), and the scale's own
     /// updates: halved on a non-finite step (not below 1), doubled after
@@ -756,9 +747,16 @@ impl Ad<'_> {
             total = self.bin(BinaryOp::Add, total, s, sp);
         }
         let finite = self.bin(BinaryOp::Eq, total, zero, sp);
+        // each variable's value as the graph reads it, by name
+        let mut read: FxHashMap<String, NodeIndex> = FxHashMap::default();
+        for n in self.g.g.node_indices() {
+            if let Op::Variable { name, .. } = &self.g.node(n).op {
+                read.entry(name.clone()).or_insert(n);
+            }
+        }
         let mut out: Vec<(String, NodeIndex)> = updates
             .into_iter()
-            .map(|(name, new)| match self.variable_node(&name) {
+            .map(|(name, new)| match read.get(&name).copied() {
                 Some(old) => (name, self.select(finite, new, old, sp)),
                 None => (name, new),
             })
