@@ -3,6 +3,7 @@
 
 mod build;
 mod data;
+mod export;
 mod run;
 mod wafer;
 
@@ -42,6 +43,10 @@ enum Command {
     /// Compile one estimator's graph for a target without running it: write a stage
     /// (`--emit llvm-ir|asm|obj`) or report its kernels and memory plan (`--report`).
     Build(build::BuildArgs),
+    /// Write the predict graph with a checkpoint's weights for serving: an ONNX model
+    /// whose batch size is symbolic (`--format onnx`, checked against est with
+    /// onnxruntime by `--verify`), or the native library and C header (`--format native`).
+    Export(export::ExportArgs),
     /// Run a wafer artifact (`estc build --target wafer -o FILE.estw`) on generated data in
     /// the simulator and print its report: cycles per step, samples per second, each
     /// kernel's PEs, cycles per sample, utilisation, memory and colours
@@ -359,6 +364,7 @@ pub fn main() -> i32 {
         Command::Eval(a) => run::run(a, SectionKind::Eval),
         Command::Predict(a) => run::run(a, SectionKind::Predict),
         Command::Build(a) => build::build(a),
+        Command::Export(a) => export::export(a),
         Command::Sim(a) => wafer::sim(a),
         Command::PerfInput(a) => run::perf_input(a),
         Command::Data(a) => data::run(a),

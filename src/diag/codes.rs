@@ -729,4 +729,33 @@ written to the model directory.
 Map the variable to its name in the checkpoint with `rename`, leave it to its
 initialiser with `skip: [\"classifier\"]` (a new head), or restrict the warm start to
 some variables with `vars: \"encoder\"`.";
+    Export = "E0922", Error, "the model cannot be exported",
+"`estc export --format onnx` writes the predict graph as an ONNX model whose batch size
+is symbolic, so that it serves any batch. The graph has something that ONNX form would
+get wrong, and the message names the op and where the program made it:
+
+- an op with no place in a served model: random numbers (dropout or noise left on in
+  predict), input-pipeline ops (decoding, vocabulary lookups), gradients;
+- a value of f16, bf16 or byte strings (onnxruntime's CPU provider computes few ops in
+  f16, so its results would not match est's);
+- a value whose shape fixes the batch size: a value with the static batch size written
+  in its shape meeting the batch, a reshape or concatenation that mixes the batch with
+  other axes, or a prediction without one row per example.
+
+Compute such values from the features (`zeros_like(x)` follows the batch; a shape
+written with the batch size does not), keep the batch as one leading axis, and keep
+randomness to training (`if mode == train`). `estc export --format native` writes the
+model at its static batch size instead.";
+    ExportVerify = "E0923", Error, "the exported model does not match est",
+"`estc export --verify` runs the exported model with onnxruntime on the first batches of
+the eval input, at the model's batch size and at a smaller one, and compares its
+outputs with est's predictions. It failed: onnxruntime is not installed for the Python
+it ran (`EST_PYTHON`, else `bench/.venv/bin/python` under the working directory, else
+`python3`), the ONNX checker refused the file, onnxruntime could not load or run it,
+or an output differs from est's by more than the tolerance (1e-5 relative to the
+output's largest value). The message says which; the file is written all the same.
+
+    bench/.venv/bin/pip install onnxruntime==1.31.1 onnx==1.23.2
+
+A difference is a bug of est's export: report it with the program.";
 }

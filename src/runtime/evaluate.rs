@@ -46,6 +46,11 @@ impl Feeder {
         }
     }
 
+    /// The graph's input names, in the element's order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
     /// The inputs of one batch (`when` in the run): padded to the batch size, with the
     /// mask of its real rows, when the graph takes a partial batch; E0916 when a partial
     /// batch arrives for a graph whose outputs padding would change.
@@ -154,7 +159,7 @@ fn pad_rows(t: Tensor, real: usize, size: usize) -> Result<Tensor, String> {
 }
 
 /// The first `n` rows of a batched tensor.
-fn first_rows(t: &Tensor, n: usize) -> Tensor {
+pub(super) fn first_rows(t: &Tensor, n: usize) -> Tensor {
     let mut shape = t.shape().to_vec();
     if shape.first().is_none_or(|&r| r <= n) {
         return t.clone();

@@ -17,12 +17,15 @@
 
 pub mod checkpoint;
 mod evaluate;
+mod export;
 pub mod health;
 pub mod hooks;
 pub mod metrics;
 pub mod model_dir;
 mod restore;
 pub mod summary;
+
+pub use export::{ExportFormat, ExportOptions, ExportReport, Sample};
 
 use crate::backend::{self, Device, Feeds, RunError, RunExe, StepCtx, StepError, TrainExe};
 use crate::data::pipeline;

@@ -121,7 +121,7 @@ impl Estimator {
 
     /// Adopts a restored checkpoint, after warning about (and, when this run holds the
     /// lock, setting aside) the damaged checkpoints newer than it.
-    fn restored(&mut self, r: checkpoint::Restored) -> Res<()> {
+    pub(super) fn restored(&mut self, r: checkpoint::Restored) -> Res<()> {
         self.note_seen();
         for (c, why) in &r.damaged {
             let moved = match &self.lock {

@@ -1,0 +1,1095 @@
+//! The predict graph as an ONNX model (IR version 8, opset 18: every onnxruntime since
+//! 1.14 loads it) that serves any batch size.
+//!
+//! est's shapes are static; an exported model's batch is symbolic (`batch`). Each IR
+//! value is written as an ONNX value whose axes are one of `Dim`: a fixed size, the
+//! batch (times a factor, after a reshape merges it with other axes), or a broadcast
+//! axis, held as size 1 and repeated by ONNX's broadcasting where est's value repeats
+//! (constants and `broadcast_to` stay small, and never pin the batch). Ops that need a
+//! broadcast axis at its real size (a reduction over it, a matrix product's inner
+//! axis, a concatenation, an output) expand it first. An op that would pin the batch
+//! to the static size (a fixed-size value meeting the batch, a reshape that has no
+//! place for it) is a diagnostic naming it, never a file that serves only one size.
+//!
+//! Layouts: est's convolutions and pools are NHWC with HWIO filters; ONNX's are NCHW
+//! with OIHW filters, so each is wrapped in transposes (onnxruntime's optimiser cancels
+//! adjacent pairs). The opset mapping is in `docs/export.md`.
+
+use super::proto::Message;
+use crate::diag::{Code, Diag};
+use crate::ir::{
+    BinaryOp, Conv, DType, Graph, NodeIndex, Op, Padding, Pool, ReduceOp, Role, TensorType,
+    UnaryOp, MASK_INPUT,
+};
+use crate::span::Span;
+use crate::tensor::Tensor;
+use petgraph::visit::NodeIndexable;
+use rustc_hash::FxHashMap;
+
+/// The ONNX IR version and opset written (ONNX 1.13's; see the module comment).
+pub const IR_VERSION: i64 = 8;
+pub const OPSET: i64 = 18;
+/// The name of the symbolic batch dimension of inputs and outputs.
+pub const BATCH: &str = "batch";
+
+/// What the model's metadata records (`metadata_props`).
+#[derive(Debug, Clone)]
+pub struct Meta {
+    pub estimator: String,
+    pub program_hash: String,
+    pub global_step: i64,
+}
+
+/// An exported model: its bytes and its interface.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    pub bytes: Vec<u8>,
+    /// The graph's inputs and outputs with their types at est's static batch size
+    /// (axis 0 is `batch` in the file).
+    pub inputs: Vec<(String, TensorType)>,
+    pub outputs: Vec<(String, TensorType)>,
+    /// ONNX nodes written.
+    pub nodes: usize,
+}
+
+/// One axis of an ONNX value, against the IR value's static size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Dim {
+    /// The IR size.
+    Fixed(usize),
+    /// The batch times this factor (`batch * k`; the IR size is the static batch
+    /// times it).
+    Batch(usize),
+    /// Size 1, standing for the IR size (over which the value repeats).
+    Bcast,
+}
+
+#[derive(Debug, Clone)]
+struct Val {
+    name: String,
+    dims: Vec<Dim>,
+}
+
+/// The model of `g`'s predictions, with `vars` as the variables' values and
+/// `global_step` as the step. `at` is the estimator's span, for diagnostics about the
+/// graph as a whole.
+pub fn export(
+    g: &Graph,
+    vars: &FxHashMap<String, Tensor>,
+    meta: &Meta,
+    at: Span,
+) -> Result<Exported, Diag> {
+    let outs = g.outputs_with(Role::Prediction);
+    if outs.is_empty() {
+        return Err(Diag::new(
+            Code::Export,
+            at,
+            "the model has no predictions to export: its predict section is missing or empty",
+        )
+        .label("this estimator's model")
+        .help("add `predict { name = value }` to the model; an exported model computes those values"));
+    }
+    let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
+    let order = g.schedule(&targets, |_| false);
+    let inputs: Vec<NodeIndex> = order
+        .iter()
+        .copied()
+        .filter(|&n| matches!(&g.node(n).op, Op::Input { name } if name != MASK_INPUT))
+        .collect();
+    let batch = inputs
+        .first()
+        .and_then(|&n| g.ty(n).shape.first().copied())
+        .unwrap_or(1);
+    let mut b = Builder {
+        g,
+        batch,
+        vars,
+        step: meta.global_step,
+        nodes: Vec::new(),
+        inits: Vec::new(),
+        vals: vec![None; g.g.node_bound()],
+        fresh: 0,
+        batch_len: None,
+        batch_src: inputs.first().map(|&n| input_name(g, n)),
+        shared: FxHashMap::default(),
+    };
+    let mut graph_inputs = Vec::new();
+    for &n in &inputs {
+        let ty = g.ty(n);
+        if ty.rank() == 0 {
+            return Err(b.refuse(
+                n,
+                format!("the input `{}` is a scalar", input_name(g, n)),
+                "an exported model takes batches: give the input a batch axis first",
+            ));
+        }
+        graph_inputs.push((input_name(g, n), ty.clone()));
+    }
+    for &n in &order {
+        let v = b.translate(n)?;
+        b.vals[n.index()] = Some(v);
+    }
+    let mut graph_outputs = Vec::new();
+    let mut out_msgs = Vec::new();
+    for (name, n) in &outs {
+        let ty = g.ty(*n).clone();
+        let v = b.val(*n);
+        let per_example = v.dims.first() == Some(&Dim::Batch(1));
+        if !per_example {
+            let why = match v.dims.first() {
+                None => "is a scalar".to_string(),
+                Some(_) => format!(
+                    "does not have one row per example along its first axis ({ty})"
+                ),
+            };
+            return Err(Diag::new(
+                Code::Export,
+                g.node(*n).span,
+                format!("the prediction `{name}` {why}: an exported model serves any batch size, so each prediction must follow the batch"),
+            )
+            .label(format!("`{name}`"))
+            .help("predict one row per example (the batch first), as `estc predict` writes them"));
+        }
+        let full = b.materialize(&v, &ty.shape, |_| true);
+        b.push_node("Identity", &[&full.name], &[name.as_str()], Vec::new());
+        out_msgs.push(value_info(name, &ty));
+        graph_outputs.push((name.clone(), ty));
+    }
+    let mut graph = Message::new();
+    for n in &b.nodes {
+        graph.message(1, n);
+    }
+    graph.string(2, &meta.estimator);
+    for t in &b.inits {
+        graph.message(5, t);
+    }
+    for (name, ty) in &graph_inputs {
+        graph.message(11, &value_info(name, ty));
+    }
+    for o in &out_msgs {
+        graph.message(12, o);
+    }
+    let mut model = Message::new();
+    model
+        .int(1, IR_VERSION)
+        .string(2, "est")
+        .string(3, env!("CARGO_PKG_VERSION"))
+        .message(7, &graph);
+    model.message(8, Message::new().string(1, "").int(2, OPSET));
+    let props = [
+        ("est.estimator", meta.estimator.clone()),
+        ("est.program_hash", meta.program_hash.clone()),
+        ("est.global_step", meta.global_step.to_string()),
+        ("est.version", env!("CARGO_PKG_VERSION").to_string()),
+    ];
+    for (k, v) in props {
+        model.message(14, Message::new().string(1, k).string(2, &v));
+    }
+    Ok(Exported {
+        bytes: model.as_bytes().to_vec(),
+        inputs: graph_inputs,
+        outputs: graph_outputs,
+        nodes: b.nodes.len(),
+    })
+}
+
+/// The name a model input has in the file: its name in the program (`features`, or
+/// `features.ids` for a field of a record).
+fn input_name(g: &Graph, n: NodeIndex) -> String {
+    match &g.node(n).op {
+        Op::Input { name } => name.clone(),
+        _ => String::new(),
+    }
+}
+
+/// ONNX's element type of a dtype (`TensorProto.DataType`).
+fn elem_type(d: DType) -> Option<i64> {
+    Some(match d {
+        DType::F32 => 1,
+        DType::U8 => 2,
+        DType::I32 => 6,
+        DType::I64 => 7,
+        DType::Bool => 9,
+        DType::F16 | DType::BF16 | DType::Bytes => return None,
+    })
+}
+
+/// A graph input's or output's `ValueInfoProto`, axis 0 symbolic.
+fn value_info(name: &str, ty: &TensorType) -> Message {
+    let mut shape = Message::new();
+    for (i, &d) in ty.shape.iter().enumerate() {
+        let mut dim = Message::new();
+        if i == 0 {
+            dim.string(2, BATCH);
+        } else {
+            dim.int(1, d as i64);
+        }
+        shape.message(1, &dim);
+    }
+    let mut tensor = Message::new();
+    tensor.int(1, elem_type(ty.dtype).unwrap_or(0));
+    tensor.message(2, &shape);
+    let mut vi = Message::new();
+    vi.string(1, name);
+    vi.message(2, Message::new().message(1, &tensor));
+    vi
+}
+
+/// Attributes (`AttributeProto`, with their type as the checker wants).
+fn attr_int(name: &str, v: i64) -> Message {
+    let mut a = Message::new();
+    a.string(1, name).int(3, v).int(20, 2);
+    a
+}
+
+fn attr_ints(name: &str, vs: &[i64]) -> Message {
+    let mut a = Message::new();
+    a.string(1, name).repeated_int(8, vs).int(20, 7);
+    a
+}
+
+fn ints(vs: &[usize]) -> Vec<i64> {
+    vs.iter().map(|&v| v as i64).collect()
+}
+
+struct Builder<'a> {
+    g: &'a Graph,
+    /// The static batch size the graph was compiled for.
+    batch: usize,
+    vars: &'a FxHashMap<String, Tensor>,
+    step: i64,
+    nodes: Vec<Message>,
+    inits: Vec<Message>,
+    vals: Vec<Option<Val>>,
+    fresh: usize,
+    /// `int64[1]`: the batch size of the inputs at run time (made on first use).
+    batch_len: Option<String>,
+    /// The input it is read from.
+    batch_src: Option<String>,
+    /// Initializers by content, written once.
+    shared: FxHashMap<(i64, Vec<i64>, Vec<u8>), String>,
+}
+
+impl Builder<'_> {
+    fn val(&self, n: NodeIndex) -> Val {
+        self.vals[n.index()].clone().unwrap_or(Val {
+            name: String::new(),
+            dims: Vec::new(),
+        })
+    }
+
+    fn name(&mut self) -> String {
+        self.fresh += 1;
+        format!("#{}", self.fresh)
+    }
+
+    /// Adds a node writing `outputs`.
+    fn push_node(&mut self, op: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<Message>) {
+        let mut m = Message::new();
+        for i in inputs {
+            m.string(1, i);
+        }
+        for o in outputs {
+            m.string(2, o);
+        }
+        m.string(3, &format!("{op}_{}", self.nodes.len()));
+        m.string(4, op);
+        for a in &attrs {
+            m.message(5, a);
+        }
+        self.nodes.push(m);
+    }
+
+    /// Adds a node with one fresh output; returns its name.
+    fn node(&mut self, op: &str, inputs: &[&str], attrs: Vec<Message>) -> String {
+        let out = self.name();
+        self.push_node(op, inputs, &[out.as_str()], attrs);
+        out
+    }
+
+    /// An initializer of `elem` with `dims` and little-endian `raw` data (written once
+    /// per distinct content); returns its name.
+    fn init(&mut self, elem: i64, dims: &[i64], raw: Vec<u8>) -> String {
+        let key = (elem, dims.to_vec(), raw);
+        if let Some(n) = self.shared.get(&key) {
+            return n.clone();
+        }
+        let name = self.name();
+        let mut t = Message::new();
+        t.repeated_int(1, dims)
+            .int(2, elem)
+            .string(8, &name)
+            .bytes(9, &key.2);
+        self.inits.push(t);
+        self.shared.insert(key, name.clone());
+        name
+    }
+
+    /// A tensor's values as an initializer.
+    fn tensor(&mut self, t: &Tensor) -> String {
+        let elem = elem_type(t.ty().dtype).unwrap_or(1);
+        self.init(elem, &ints(t.shape()), t.to_le_bytes())
+    }
+
+    /// A 1-D `int64` initializer (shapes, axes, slice bounds).
+    fn i64s(&mut self, vs: &[i64]) -> String {
+        let raw: Vec<u8> = vs.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.init(7, &[vs.len() as i64], raw)
+    }
+
+    fn refuse(&self, n: NodeIndex, msg: String, help: &str) -> Diag {
+        Diag::new(Code::Export, self.g.node(n).span, msg)
+            .label(format!("`{}`", self.g.node(n).op.name()))
+            .help(help.to_string())
+    }
+
+    /// `v` with its broadcast axes that `which` selects expanded to their IR sizes
+    /// (`ir`): an `Expand` to a constant shape, 1 on the other axes (which keeps them).
+    fn materialize(&mut self, v: &Val, ir: &[usize], which: impl Fn(usize) -> bool) -> Val {
+        let need: Vec<bool> = (0..v.dims.len())
+            .map(|i| v.dims[i] == Dim::Bcast && which(i))
+            .collect();
+        if !need.contains(&true) {
+            return v.clone();
+        }
+        let shape: Vec<i64> = (0..v.dims.len())
+            .map(|i| if need[i] { ir[i] as i64 } else { 1 })
+            .collect();
+        let s = self.i64s(&shape);
+        let name = self.node("Expand", &[&v.name, &s], Vec::new());
+        let dims = (0..v.dims.len())
+            .map(|i| if need[i] { Dim::Fixed(ir[i]) } else { v.dims[i] })
+            .collect();
+        Val { name, dims }
+    }
+
+    /// The batch size at run time, `int64[1]`.
+    fn batch_len(&mut self) -> String {
+        if let Some(b) = &self.batch_len {
+            return b.clone();
+        }
+        let src = self.batch_src.clone().unwrap_or_default();
+        let name = self.node(
+            "Shape",
+            &[&src],
+            vec![attr_int("start", 0), attr_int("end", 1)],
+        );
+        self.batch_len = Some(name.clone());
+        name
+    }
+
+    /// `v` expanded to `target` (every broadcast axis made the target's size, the batch
+    /// read at run time where the target has it).
+    fn expand_to(&mut self, v: &Val, target: &[Dim], ir: &[usize]) -> Val {
+        let need: Vec<bool> = (0..v.dims.len())
+            .map(|i| v.dims[i] == Dim::Bcast && target[i] != Dim::Bcast)
+            .collect();
+        if !need.contains(&true) {
+            return v.clone();
+        }
+        let mut pieces: Vec<String> = Vec::new();
+        let mut run: Vec<i64> = Vec::new();
+        for i in 0..v.dims.len() {
+            match (need[i], target[i]) {
+                (true, Dim::Batch(k)) => {
+                    if !run.is_empty() {
+                        pieces.push(self.i64s(&run));
+                        run.clear();
+                    }
+                    let len = self.batch_len();
+                    pieces.push(if k == 1 {
+                        len
+                    } else {
+                        let f = self.i64s(&[k as i64]);
+                        self.node("Mul", &[&len, &f], Vec::new())
+                    });
+                }
+                (true, _) => run.push(ir[i] as i64),
+                (false, _) => run.push(1),
+            }
+        }
+        if !run.is_empty() {
+            pieces.push(self.i64s(&run));
+        }
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let shape = if refs.len() == 1 {
+            pieces[0].clone()
+        } else {
+            self.node("Concat", &refs, vec![attr_int("axis", 0)])
+        };
+        let name = self.node("Expand", &[&v.name, &shape], Vec::new());
+        let dims = (0..v.dims.len())
+            .map(|i| {
+                if need[i] {
+                    match target[i] {
+                        Dim::Batch(k) => Dim::Batch(k),
+                        _ => Dim::Fixed(ir[i]),
+                    }
+                } else {
+                    v.dims[i]
+                }
+            })
+            .collect();
+        Val { name, dims }
+    }
+
+    /// The axes of an elementwise result of `n` from its operands' (numpy broadcasting,
+    /// aligned on the right). A fixed size meeting the batch is refused.
+    fn broadcast_dims(&self, n: NodeIndex, operands: &[(NodeIndex, Val)]) -> Result<Vec<Dim>, Diag> {
+        let out = &self.g.ty(n).shape;
+        let rank = out.len();
+        let mut dims = Vec::with_capacity(rank);
+        for (i, &size) in out.iter().enumerate() {
+            let mut batch: Option<usize> = None;
+            let mut fixed: Option<NodeIndex> = None;
+            let mut fixed_size = false;
+            for (o, v) in operands {
+                let Some(j) = (i + v.dims.len()).checked_sub(rank) else {
+                    continue;
+                };
+                match v.dims[j] {
+                    Dim::Batch(k) => {
+                        if batch.is_some_and(|b| b != k) {
+                            return Err(self.pinned(n, *o, i));
+                        }
+                        batch = Some(k);
+                    }
+                    Dim::Fixed(s) if s > 1 => {
+                        fixed = Some(*o);
+                        fixed_size = true;
+                    }
+                    Dim::Fixed(_) | Dim::Bcast => {}
+                }
+            }
+            dims.push(match (batch, fixed) {
+                (Some(_), Some(o)) => return Err(self.pinned(n, o, i)),
+                (Some(k), None) => Dim::Batch(k),
+                _ if fixed_size || size == 1 => Dim::Fixed(size),
+                _ => Dim::Bcast,
+            });
+        }
+        Ok(dims)
+    }
+
+    /// E0922 for a value of fixed size meeting the batch in `n`.
+    fn pinned(&self, n: NodeIndex, operand: NodeIndex, axis: usize) -> Diag {
+        let ty = self.g.ty(operand);
+        let mut d = Diag::new(
+            Code::Export,
+            self.g.node(n).span,
+            format!(
+                "`{}` meets the batch with a value of fixed size ({ty}, axis {axis}): an exported model serves any batch size, and this value would not follow it",
+                self.g.node(n).op.name()
+            ),
+        )
+        .label(format!("`{}`", self.g.node(n).op.name()))
+        .help("compute the value from the features (`zeros_like(x)`, a reduction over other axes) rather than with the batch size written in its shape");
+        if self.g.node(operand).span != self.g.node(n).span {
+            d = d.with(self.g.node(operand).span, format!("this is {ty}"));
+        }
+        d
+    }
+
+    fn translate(&mut self, n: NodeIndex) -> Result<Val, Diag> {
+        let node = self.g.node(n);
+        let ty = node.ty.clone();
+        let rank = ty.rank();
+        let xs: Vec<NodeIndex> = self.g.operands(n).into_iter().collect();
+        let vs: Vec<Val> = xs.iter().map(|&x| self.val(x)).collect();
+        if elem_type(ty.dtype).is_none() {
+            let why = if ty.dtype == DType::Bytes {
+                "byte strings belong to the input pipeline"
+            } else {
+                "onnxruntime's CPU provider computes few ops in it, so results would not match est's"
+            };
+            return Err(self.refuse(
+                n,
+                format!("`{}` computes a {} value ({ty}), which the export does not write: {why}", node.op.name(), ty.dtype),
+                "export a model that computes in f32 (cast the features to f32 first), or serve it with `estc predict` or the native library",
+            ));
+        }
+        let fixed = |ty: &TensorType| ty.shape.iter().map(|&s| Dim::Fixed(s)).collect::<Vec<_>>();
+        let same = |v: &Val, name: String| Val {
+            name,
+            dims: v.dims.clone(),
+        };
+        Ok(match &node.op {
+            Op::Input { name } if name == MASK_INPUT => {
+                // Every row is real in a served batch: the mask is `true`, batch long.
+                let t = self.tensor(&Tensor::splat(&TensorType::new(DType::Bool, vec![1]), 1.0));
+                let one = Val {
+                    name: t,
+                    dims: vec![Dim::Bcast],
+                };
+                self.expand_to(&one, &[Dim::Batch(1)], &ty.shape)
+            }
+            Op::Input { name } => {
+                let mut dims = fixed(&ty);
+                dims[0] = Dim::Batch(1);
+                Val {
+                    name: name.clone(),
+                    dims,
+                }
+            }
+            Op::Variable { name, .. } => {
+                let Some(t) = self.vars.get(name) else {
+                    return Err(self.refuse(
+                        n,
+                        format!("the checkpoint has no value for the variable `{name}`"),
+                        "export from the checkpoint of a run of this program",
+                    ));
+                };
+                let t = t.clone();
+                Val {
+                    name: self.tensor(&t),
+                    dims: fixed(&ty),
+                }
+            }
+            Op::GlobalStep => {
+                let t = Tensor::splat(&TensorType::scalar(DType::I64), self.step as f64);
+                Val {
+                    name: self.tensor(&t),
+                    dims: Vec::new(),
+                }
+            }
+            Op::Const { bits } => {
+                let one = TensorType::new(ty.dtype, vec![1; rank]);
+                let name = self.tensor(&Tensor::splat(&one, f64::from_bits(*bits)));
+                let dims = ty
+                    .shape
+                    .iter()
+                    .map(|&s| if s == 1 { Dim::Fixed(1) } else { Dim::Bcast })
+                    .collect();
+                Val { name, dims }
+            }
+            Op::Iota { axis } => {
+                let len = ty.shape[*axis];
+                let mut shape = vec![1; rank];
+                shape[*axis] = len;
+                let t = Tensor::from_f64(
+                    &TensorType::new(ty.dtype, shape),
+                    (0..len).map(|i| i as f64).collect(),
+                );
+                let dims = (0..rank)
+                    .map(|i| match ty.shape[i] {
+                        s if i == *axis || s == 1 => Dim::Fixed(s),
+                        _ => Dim::Bcast,
+                    })
+                    .collect();
+                Val {
+                    name: self.tensor(&t),
+                    dims,
+                }
+            }
+            Op::Unary(u) => {
+                let x = &vs[0];
+                let int = !ty.dtype.is_float();
+                let name = match u {
+                    UnaryOp::StopGradient => return Ok(x.clone()),
+                    UnaryOp::Square => self.node("Mul", &[&x.name, &x.name], Vec::new()),
+                    UnaryOp::Rsqrt => {
+                        let s = self.node("Sqrt", &[&x.name], Vec::new());
+                        self.node("Reciprocal", &[&s], Vec::new())
+                    }
+                    UnaryOp::Relu if int => {
+                        let zero = self.tensor(&Tensor::splat(&TensorType::scalar(ty.dtype), 0.0));
+                        self.node("Max", &[&x.name, &zero], Vec::new())
+                    }
+                    _ => {
+                        let op = match u {
+                            UnaryOp::Neg => "Neg",
+                            UnaryOp::Not => "Not",
+                            UnaryOp::Abs => "Abs",
+                            UnaryOp::Exp => "Exp",
+                            UnaryOp::Log => "Log",
+                            UnaryOp::Sqrt => "Sqrt",
+                            UnaryOp::Tanh => "Tanh",
+                            UnaryOp::Sigmoid => "Sigmoid",
+                            UnaryOp::Relu => "Relu",
+                            UnaryOp::Floor => "Floor",
+                            UnaryOp::Sign => "Sign",
+                            UnaryOp::Sin => "Sin",
+                            UnaryOp::Cos => "Cos",
+                            UnaryOp::Erf => "Erf",
+                            UnaryOp::StopGradient | UnaryOp::Square | UnaryOp::Rsqrt => "Identity",
+                        };
+                        self.node(op, &[&x.name], Vec::new())
+                    }
+                };
+                same(x, name)
+            }
+            Op::Binary(op) => {
+                let pairs: Vec<(NodeIndex, Val)> = xs.iter().copied().zip(vs.iter().cloned()).collect();
+                let dims = self.broadcast_dims(n, &pairs)?;
+                let (a, b) = (vs[0].name.as_str(), vs[1].name.as_str());
+                let name = match op {
+                    BinaryOp::Ne => {
+                        let e = self.node("Equal", &[a, b], Vec::new());
+                        self.node("Not", &[&e], Vec::new())
+                    }
+                    BinaryOp::Rem => self.node("Mod", &[a, b], vec![attr_int("fmod", 1)]),
+                    _ => {
+                        let name = match op {
+                            BinaryOp::Add => "Add",
+                            BinaryOp::Sub => "Sub",
+                            BinaryOp::Mul => "Mul",
+                            BinaryOp::Div => "Div",
+                            BinaryOp::Pow => "Pow",
+                            BinaryOp::Max => "Max",
+                            BinaryOp::Min => "Min",
+                            BinaryOp::Eq => "Equal",
+                            BinaryOp::Lt => "Less",
+                            BinaryOp::Le => "LessOrEqual",
+                            BinaryOp::Gt => "Greater",
+                            BinaryOp::Ge => "GreaterOrEqual",
+                            BinaryOp::And => "And",
+                            BinaryOp::Or => "Or",
+                            BinaryOp::Ne | BinaryOp::Rem => "Identity",
+                        };
+                        self.node(name, &[a, b], Vec::new())
+                    }
+                };
+                Val { name, dims }
+            }
+            Op::Select => {
+                let pairs: Vec<(NodeIndex, Val)> = xs.iter().copied().zip(vs.iter().cloned()).collect();
+                let dims = self.broadcast_dims(n, &pairs)?;
+                let refs: Vec<&str> = vs.iter().map(|v| v.name.as_str()).collect();
+                Val {
+                    name: self.node("Where", &refs, Vec::new()),
+                    dims,
+                }
+            }
+            Op::Cast => {
+                let to = elem_type(ty.dtype).unwrap_or(1);
+                let name = self.node("Cast", &[&vs[0].name], vec![attr_int("to", to)]);
+                same(&vs[0], name)
+            }
+            Op::CheckIndices { .. } | Op::CrossShardMean => vs[0].clone(),
+            Op::Reduce {
+                op,
+                axes,
+                keep_dims,
+            } => {
+                if axes.is_empty() {
+                    return Ok(vs[0].clone());
+                }
+                let in_shape = self.g.ty(xs[0]).shape.clone();
+                let x = self.materialize(&vs[0], &in_shape, |i| axes.contains(&i));
+                let onnx = match op {
+                    ReduceOp::Sum => "ReduceSum",
+                    ReduceOp::Mean => "ReduceMean",
+                    ReduceOp::Max => "ReduceMax",
+                    ReduceOp::Min => "ReduceMin",
+                    ReduceOp::Prod => "ReduceProd",
+                };
+                let ax = self.i64s(&ints(axes));
+                let keep = attr_int("keepdims", i64::from(*keep_dims));
+                let bool_in = self.g.ty(xs[0]).dtype == DType::Bool;
+                let name = if bool_in {
+                    // onnxruntime reduces no bool before opset 20: through i32 and back.
+                    let i = self.node("Cast", &[&x.name], vec![attr_int("to", 6)]);
+                    let r = self.node(onnx, &[&i, &ax], vec![keep]);
+                    self.node("Cast", &[&r], vec![attr_int("to", 9)])
+                } else {
+                    self.node(onnx, &[&x.name, &ax], vec![keep])
+                };
+                let dims = x
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, &d)| match (axes.contains(&i), keep_dims) {
+                        (false, _) => Some(d),
+                        (true, true) => Some(Dim::Fixed(1)),
+                        (true, false) => None,
+                    })
+                    .collect();
+                Val { name, dims }
+            }
+            Op::ArgMax { axis } | Op::ArgMin { axis } => {
+                let in_shape = self.g.ty(xs[0]).shape.clone();
+                let x = self.materialize(&vs[0], &in_shape, |i| i == *axis);
+                let op = if matches!(node.op, Op::ArgMax { .. }) {
+                    "ArgMax"
+                } else {
+                    "ArgMin"
+                };
+                let r = self.node(
+                    op,
+                    &[&x.name],
+                    vec![attr_int("axis", *axis as i64), attr_int("keepdims", 0)],
+                );
+                let to = elem_type(ty.dtype).unwrap_or(6);
+                let mut dims = x.dims.clone();
+                dims.remove(*axis);
+                Val {
+                    name: self.node("Cast", &[&r], vec![attr_int("to", to)]),
+                    dims,
+                }
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+                let x = self.materialize(&vs[0], &ty.shape, |i| i == *axis);
+                let op = if matches!(node.op, Op::Softmax { .. }) {
+                    "Softmax"
+                } else {
+                    "LogSoftmax"
+                };
+                let name = self.node(op, &[&x.name], vec![attr_int("axis", *axis as i64)]);
+                same(&x, name)
+            }
+            Op::MatMul => {
+                let (sa, sb) = (self.g.ty(xs[0]).shape.clone(), self.g.ty(xs[1]).shape.clone());
+                let (ra, rb) = (sa.len(), sb.len());
+                if ra < 2 || rb < 2 {
+                    return Err(self.refuse(n, format!("`matmul` of a rank-{} and a rank-{} value", ra, rb), "give both operands two axes or more"));
+                }
+                let a = self.materialize(&vs[0], &sa, |i| i == ra - 1);
+                let bv = self.materialize(&vs[1], &sb, |i| i == rb - 2);
+                match (a.dims[ra - 1], bv.dims[rb - 2]) {
+                    (Dim::Batch(k), Dim::Batch(l)) if k == l => {}
+                    (Dim::Batch(_), _) => return Err(self.pinned(n, xs[1], rb - 2)),
+                    (_, Dim::Batch(_)) => return Err(self.pinned(n, xs[0], ra - 1)),
+                    _ => {}
+                }
+                // The leading (batched) axes broadcast as elementwise ops do.
+                let lead = rank - 2;
+                let mut dims = Vec::with_capacity(rank);
+                for i in 0..lead {
+                    let pick = |v: &Val, r: usize| -> Option<Dim> {
+                        (i + r).checked_sub(rank).filter(|&j| j < r - 2).map(|j| v.dims[j])
+                    };
+                    let (da, db) = (pick(&a, ra), pick(&bv, rb));
+                    dims.push(match (da, db) {
+                        (Some(Dim::Batch(k)), Some(Dim::Fixed(s))) | (Some(Dim::Fixed(s)), Some(Dim::Batch(k))) if s > 1 => {
+                            let _ = k;
+                            return Err(self.pinned(n, xs[1], i));
+                        }
+                        (Some(Dim::Batch(k)), _) | (_, Some(Dim::Batch(k))) => Dim::Batch(k),
+                        (Some(Dim::Fixed(s)), _) | (_, Some(Dim::Fixed(s))) if s > 1 => Dim::Fixed(s),
+                        _ if ty.shape[i] == 1 => Dim::Fixed(1),
+                        _ => Dim::Bcast,
+                    });
+                }
+                dims.push(a.dims[ra - 2]);
+                dims.push(bv.dims[rb - 1]);
+                Val {
+                    name: self.node("MatMul", &[&a.name, &bv.name], Vec::new()),
+                    dims,
+                }
+            }
+            Op::Transpose { perm } => {
+                let dims = perm.iter().map(|&p| vs[0].dims[p]).collect();
+                Val {
+                    name: self.node("Transpose", &[&vs[0].name], vec![attr_ints("perm", &ints(perm))]),
+                    dims,
+                }
+            }
+            Op::Reshape => self.reshape(n, &xs, &vs[0])?,
+            Op::BroadcastTo => {
+                let x = &vs[0];
+                let from = self.g.ty(xs[0]).shape.clone();
+                let extra = rank - from.len();
+                let name = if extra > 0 {
+                    let axes: Vec<i64> = (0..extra as i64).collect();
+                    let a = self.i64s(&axes);
+                    self.node("Unsqueeze", &[&x.name, &a], Vec::new())
+                } else {
+                    x.name.clone()
+                };
+                let dims = (0..rank)
+                    .map(|i| match i.checked_sub(extra) {
+                        Some(j) if from[j] == ty.shape[i] => x.dims[j],
+                        _ if ty.shape[i] == 1 => Dim::Fixed(1),
+                        _ => Dim::Bcast,
+                    })
+                    .collect();
+                Val { name, dims }
+            }
+            Op::Concat { axis } => {
+                let shapes: Vec<_> = xs.iter().map(|&x| self.g.ty(x).shape.clone()).collect();
+                let mut target = Vec::with_capacity(rank);
+                for i in 0..rank {
+                    if i == *axis {
+                        target.push(Dim::Fixed(ty.shape[i]));
+                        continue;
+                    }
+                    let batch = vs.iter().find_map(|v| match v.dims[i] {
+                        Dim::Batch(k) => Some(k),
+                        _ => None,
+                    });
+                    target.push(match batch {
+                        Some(k) => Dim::Batch(k),
+                        None => Dim::Fixed(ty.shape[i]),
+                    });
+                }
+                let mut names = Vec::with_capacity(vs.len());
+                for (k, v) in vs.iter().enumerate() {
+                    if let Dim::Batch(_) = v.dims[*axis] {
+                        return Err(self.refuse(n, "`concat` joins values along their batch axis".into(), "an exported model serves any batch size: concatenate along another axis"));
+                    }
+                    for i in 0..rank {
+                        if let (Dim::Fixed(s), Dim::Batch(_)) = (v.dims[i], target[i]) {
+                            if s > 1 {
+                                return Err(self.pinned(n, xs[k], i));
+                            }
+                        }
+                    }
+                    let mut t = target.clone();
+                    t[*axis] = Dim::Fixed(shapes[k][*axis]);
+                    let e = self.expand_to(v, &t, &shapes[k]);
+                    names.push(e.name);
+                }
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                Val {
+                    name: self.node("Concat", &refs, vec![attr_int("axis", *axis as i64)]),
+                    dims: target,
+                }
+            }
+            Op::Slice { axis, start, end } => {
+                let x = &vs[0];
+                match x.dims[*axis] {
+                    Dim::Batch(_) => {
+                        return Err(self.refuse(n, "`slice` cuts the batch axis".into(), "an exported model serves any batch size: slice other axes"))
+                    }
+                    Dim::Bcast => {
+                        // Every entry along the axis is the same: nothing to cut.
+                        let mut dims = x.dims.clone();
+                        if end - start == 1 {
+                            dims[*axis] = Dim::Fixed(1);
+                        }
+                        Val {
+                            name: x.name.clone(),
+                            dims,
+                        }
+                    }
+                    Dim::Fixed(_) => {
+                        let s = self.i64s(&[*start as i64]);
+                        let e = self.i64s(&[*end as i64]);
+                        let a = self.i64s(&[*axis as i64]);
+                        let mut dims = x.dims.clone();
+                        dims[*axis] = Dim::Fixed(end - start);
+                        Val {
+                            name: self.node("Slice", &[&x.name, &s, &e, &a], Vec::new()),
+                            dims,
+                        }
+                    }
+                }
+            }
+            Op::OneHot { depth } => {
+                let idx = &vs[0];
+                let it = self.g.ty(xs[0]).dtype;
+                let range = Tensor::from_f64(
+                    &TensorType::new(it, vec![*depth]),
+                    (0..*depth).map(|i| i as f64).collect(),
+                );
+                let r = self.tensor(&range);
+                let last = self.i64s(&[-1]);
+                let u = self.node("Unsqueeze", &[&idx.name, &last], Vec::new());
+                let eq = self.node("Equal", &[&u, &r], Vec::new());
+                let name = if ty.dtype == DType::Bool {
+                    eq
+                } else {
+                    let to = elem_type(ty.dtype).unwrap_or(1);
+                    self.node("Cast", &[&eq], vec![attr_int("to", to)])
+                };
+                let mut dims = idx.dims.clone();
+                dims.push(Dim::Fixed(*depth));
+                Val { name, dims }
+            }
+            Op::Gather => {
+                let ts = self.g.ty(xs[0]).shape.clone();
+                let table = self.materialize(&vs[0], &ts, |_| true);
+                let idx = &vs[1];
+                let mut dims = idx.dims.clone();
+                dims.extend(table.dims[1..].iter().copied());
+                Val {
+                    name: self.node("Gather", &[&table.name, &idx.name], vec![attr_int("axis", 0)]),
+                    dims,
+                }
+            }
+            Op::Conv2d(c) => {
+                let xs_shape = self.g.ty(xs[0]).shape.clone();
+                let fs = self.g.ty(xs[1]).shape.clone();
+                let x = self.materialize(&vs[0], &xs_shape, |i| i > 0);
+                let f = self.materialize(&vs[1], &fs, |_| true);
+                let pads = conv_pads(c, &xs_shape[1..3], &ty.shape[1..3], &fs[..2]);
+                let xt = self.to_nchw(&x.name);
+                let ft = self.node("Transpose", &[&f.name], vec![attr_ints("perm", &[3, 2, 0, 1])]);
+                let y = self.node(
+                    "Conv",
+                    &[&xt, &ft],
+                    vec![
+                        attr_ints("kernel_shape", &ints(&fs[..2])),
+                        attr_ints("strides", &ints(&c.strides)),
+                        attr_ints("dilations", &ints(&c.dilation)),
+                        attr_ints("pads", &pads),
+                    ],
+                );
+                self.from_nchw(&y, x.dims[0], &ty)
+            }
+            Op::Conv2dBackpropInput(c) => {
+                // The gradient of a convolution's input (`conv2d_transpose`): ONNX's
+                // ConvTranspose, its output sized to est's by `output_padding`.
+                let dys = self.g.ty(xs[0]).shape.clone();
+                let fs = self.g.ty(xs[1]).shape.clone();
+                let dy = self.materialize(&vs[0], &dys, |i| i > 0);
+                let f = self.materialize(&vs[1], &fs, |_| true);
+                let pads = conv_pads(c, &ty.shape[1..3], &dys[1..3], &fs[..2]);
+                let mut extra = Vec::with_capacity(2);
+                for i in 0..2 {
+                    let eff = (fs[i] - 1) * c.dilation[i] + 1;
+                    let natural = (dys[i + 1] - 1) * c.strides[i] + eff;
+                    let padded = pads[i] + pads[i + 2];
+                    extra.push(ty.shape[i + 1] as i64 - (natural as i64 - padded));
+                }
+                let dt = self.to_nchw(&dy.name);
+                let ft = self.node("Transpose", &[&f.name], vec![attr_ints("perm", &[3, 2, 0, 1])]);
+                let y = self.node(
+                    "ConvTranspose",
+                    &[&dt, &ft],
+                    vec![
+                        attr_ints("kernel_shape", &ints(&fs[..2])),
+                        attr_ints("strides", &ints(&c.strides)),
+                        attr_ints("dilations", &ints(&c.dilation)),
+                        attr_ints("pads", &pads),
+                        attr_ints("output_padding", &extra),
+                    ],
+                );
+                self.from_nchw(&y, dy.dims[0], &ty)
+            }
+            Op::MaxPool2d(p) | Op::AvgPool2d(p) => {
+                let xs_shape = self.g.ty(xs[0]).shape.clone();
+                let x = self.materialize(&vs[0], &xs_shape, |i| i > 0);
+                let pads = pool_pads(p, &xs_shape[1..3], &ty.shape[1..3]);
+                let xt = self.to_nchw(&x.name);
+                let op = if matches!(node.op, Op::MaxPool2d(_)) {
+                    "MaxPool"
+                } else {
+                    "AveragePool"
+                };
+                let y = self.node(
+                    op,
+                    &[&xt],
+                    vec![
+                        attr_ints("kernel_shape", &ints(&p.window)),
+                        attr_ints("strides", &ints(&p.strides)),
+                        attr_ints("pads", &pads),
+                    ],
+                );
+                self.from_nchw(&y, x.dims[0], &ty)
+            }
+            Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
+                return Err(self.refuse(
+                    n,
+                    format!("`{}` makes random numbers in the predict graph, which an ONNX model cannot reproduce", node.op.name()),
+                    "make predictions deterministic (dropout and noise belong to training: `if mode == train`)",
+                ))
+            }
+            Op::DecodeRaw | Op::DecodeImage { .. } | Op::Lookup { .. } | Op::HashBucket { .. } => {
+                return Err(self.refuse(
+                    n,
+                    format!("`{}` belongs to the input pipeline, which the export does not write", node.op.name()),
+                    "decode and look up in the input pipeline (`map`), so that the model takes numbers",
+                ))
+            }
+            Op::Conv2dBackpropFilter(_)
+            | Op::MaxPool2dGrad(_)
+            | Op::AvgPool2dGrad(_)
+            | Op::ScatterAdd => {
+                return Err(self.refuse(
+                    n,
+                    format!("`{}` is a gradient, which a predict graph does not compute", node.op.name()),
+                    "predict from the model's forward values",
+                ))
+            }
+        })
+    }
+
+    fn to_nchw(&mut self, x: &str) -> String {
+        self.node("Transpose", &[x], vec![attr_ints("perm", &[0, 3, 1, 2])])
+    }
+
+    /// An NCHW result back in est's NHWC, its batch axis `first`.
+    fn from_nchw(&mut self, y: &str, first: Dim, ty: &TensorType) -> Val {
+        let name = self.node("Transpose", &[y], vec![attr_ints("perm", &[0, 2, 3, 1])]);
+        let mut dims: Vec<Dim> = ty.shape.iter().map(|&s| Dim::Fixed(s)).collect();
+        dims[0] = first;
+        Val { name, dims }
+    }
+
+    /// A reshape: the batch axis (if any) becomes the one output axis a multiple of
+    /// the batch (preferring the one at the same offset), written `-1`.
+    fn reshape(&mut self, n: NodeIndex, xs: &[NodeIndex], v: &Val) -> Result<Val, Diag> {
+        let from = self.g.ty(xs[0]).shape.clone();
+        let to = self.g.ty(n).shape.clone();
+        let x = self.materialize(v, &from, |_| true);
+        let batch_axes: Vec<usize> = (0..x.dims.len())
+            .filter(|&i| matches!(x.dims[i], Dim::Batch(_)))
+            .collect();
+        let mut dims: Vec<Dim> = to.iter().map(|&s| Dim::Fixed(s)).collect();
+        let mut shape: Vec<i64> = ints(&to);
+        match batch_axes.as_slice() {
+            [] => {}
+            [a] => {
+                let before: usize = from[..*a].iter().product();
+                let b = self.batch.max(1);
+                let candidates: Vec<usize> = (0..to.len()).filter(|&j| to[j] > 0 && to[j] % b == 0).collect();
+                let aligned = candidates
+                    .iter()
+                    .copied()
+                    .find(|&j| to[..j].iter().product::<usize>() == before);
+                let j = match (aligned, candidates.as_slice()) {
+                    (Some(j), _) => j,
+                    (None, [j]) => *j,
+                    _ => {
+                        return Err(self.refuse(
+                            n,
+                            format!("`reshape` from {} to {} has no axis the batch could grow along", self.g.ty(xs[0]), self.g.ty(n)),
+                            "an exported model serves any batch size: keep the batch as one axis of the result (e.g. `reshape(x, [-1, ...])` with the batch first)",
+                        ))
+                    }
+                };
+                dims[j] = Dim::Batch(to[j] / b);
+                shape[j] = -1;
+            }
+            _ => {
+                return Err(self.refuse(
+                    n,
+                    format!("`reshape` of a value with the batch in several axes ({})", self.g.ty(xs[0])),
+                    "an exported model serves any batch size: keep the batch in one axis",
+                ))
+            }
+        }
+        let s = self.i64s(&shape);
+        Ok(Val {
+            name: self.node("Reshape", &[&x.name, &s], Vec::new()),
+            dims,
+        })
+    }
+}
+
+/// ONNX `pads` (begins, then ends) for a convolution from `input` to `output` spatial
+/// sizes: TensorFlow's SAME puts the odd pixel at the end.
+fn conv_pads(c: &Conv, input: &[usize], output: &[usize], kernel: &[usize]) -> Vec<i64> {
+    let eff: Vec<usize> = (0..2).map(|i| (kernel[i] - 1) * c.dilation[i] + 1).collect();
+    pads(c.padding, input, output, &c.strides, &eff)
+}
+
+fn pool_pads(p: &Pool, input: &[usize], output: &[usize]) -> Vec<i64> {
+    pads(p.padding, input, output, &p.strides, &p.window)
+}
+
+fn pads(padding: Padding, input: &[usize], output: &[usize], strides: &[usize], eff: &[usize]) -> Vec<i64> {
+    let mut begin = vec![0i64; 2];
+    let mut end = vec![0i64; 2];
+    if padding == Padding::Same {
+        for i in 0..2 {
+            let need = ((output[i].max(1) - 1) * strides[i] + eff[i]) as i64 - input[i] as i64;
+            let total = need.max(0);
+            begin[i] = total / 2;
+            end[i] = total - begin[i];
+        }
+    }
+    begin.extend(end);
+    begin
+}

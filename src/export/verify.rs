@@ -1,0 +1,181 @@
+//! `estc export --verify`: the exported model run by onnxruntime (in Python, with
+//! `verify.py`) on batches est has predicted, at the model's batch size and a smaller
+//! one, after `onnx.checker`'s full check. Differences beyond `TOLERANCE` (relative to
+//! an output's largest magnitude) are E0923.
+
+use crate::data::records::npy_bytes;
+use crate::diag::{Code, Diag};
+use crate::runtime::Sample;
+use crate::span::Span;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The largest difference from est's predictions an exported model may show, relative
+/// to each output's largest magnitude (as the native library's tests use).
+pub const TOLERANCE: f64 = 1e-5;
+
+const SCRIPT: &str = include_str!("verify.py");
+
+/// What onnxruntime computed against est.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub python: PathBuf,
+    pub onnxruntime: String,
+    /// The batch sizes the model ran at.
+    pub batch_sizes: Vec<usize>,
+    /// Per output: the largest absolute and relative difference from est's.
+    pub outputs: Vec<(String, f64, f64)>,
+}
+
+impl Verified {
+    /// The largest relative difference over every output.
+    pub fn worst(&self) -> f64 {
+        self.outputs.iter().map(|o| o.2).fold(0.0, f64::max)
+    }
+}
+
+/// The Python that runs onnxruntime: `EST_PYTHON`, else `bench/.venv/bin/python` in
+/// the working directory or one above it (the repository's bench virtualenv), else
+/// `python3`.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("EST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        for dir in cwd.ancestors() {
+            let p = dir.join("bench/.venv/bin/python");
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    PathBuf::from("python3")
+}
+
+/// Runs `model` on `samples` with onnxruntime and compares with est's predictions.
+pub fn verify(model: &Path, samples: &[Sample], at: Span) -> Result<Verified, Diag> {
+    let fail = |m: String, help: &str| {
+        Diag::new(Code::ExportVerify, at, m)
+            .label("this estimator")
+            .help(help.to_string())
+    };
+    let io = |e: std::io::Error| {
+        fail(
+            format!("cannot write the verification's files: {e}"),
+            "make the temporary directory writable (TMPDIR)",
+        )
+    };
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir = std::env::temp_dir().join(format!("est-verify-{}-{stamp}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let result = run(model, samples, &dir, at);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run(model: &Path, samples: &[Sample], dir: &Path, at: Span) -> Result<Verified, Diag> {
+    let fail = |m: String, help: &str| {
+        Diag::new(Code::ExportVerify, at, m)
+            .label("this estimator")
+            .help(help.to_string())
+    };
+    let io = |e: std::io::Error| {
+        fail(
+            format!("cannot write the verification's files: {e}"),
+            "make the temporary directory writable (TMPDIR)",
+        )
+    };
+    let mut list = Vec::new();
+    for (i, s) in samples.iter().enumerate() {
+        let files = |kind: &str, ts: &[(String, crate::tensor::Tensor)]| {
+            let mut out = Vec::new();
+            for (k, (name, t)) in ts.iter().enumerate() {
+                let p = dir.join(format!("{kind}_{i}_{k}.npy"));
+                std::fs::write(&p, npy_bytes(t))?;
+                out.push(serde_json::json!([name, p.display().to_string()]));
+            }
+            Ok::<_, std::io::Error>(out)
+        };
+        let inputs = files("in", &s.inputs).map_err(io)?;
+        let outputs = files("out", &s.outputs).map_err(io)?;
+        list.push(serde_json::json!({"inputs": inputs, "outputs": outputs}));
+    }
+    let model = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
+    let manifest = serde_json::json!({"model": model.display().to_string(), "samples": list});
+    let mpath = dir.join("manifest.json");
+    std::fs::write(&mpath, manifest.to_string()).map_err(io)?;
+    let spath = dir.join("verify.py");
+    std::fs::write(&spath, SCRIPT).map_err(io)?;
+    let python = python();
+    let out = Command::new(&python).arg(&spath).arg(&mpath).output();
+    let out = out.map_err(|e| {
+        fail(
+            format!("cannot run {} to verify the model: {e}", python.display()),
+            "install onnxruntime for a Python (`pip install onnxruntime==1.31.1 onnx==1.23.2`) and name it with EST_PYTHON, or leave out --verify",
+        )
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = stdout
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| {
+            fail(
+                format!(
+                    "{} failed to verify the model: {}",
+                    python.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                "run the verification again with a working Python (EST_PYTHON); this is a problem of est or of that Python",
+            )
+        })?;
+    if let Some(m) = v.get("missing").and_then(|m| m.as_str()) {
+        return Err(fail(
+            format!(
+                "onnxruntime is not available to {} ({m}): the model was written but not verified",
+                python.display()
+            ),
+            "install it: `bench/.venv/bin/pip install onnxruntime==1.31.1 onnx==1.23.2` (scripts/setup.sh makes that virtualenv), or name a Python that has it with EST_PYTHON",
+        ));
+    }
+    if let Some(m) = v.get("refused").and_then(|m| m.as_str()) {
+        return Err(fail(
+            format!("the exported model was refused: {m}"),
+            "this is a bug of est's export: report it with the program",
+        ));
+    }
+    let mut outputs: Vec<(String, f64, f64)> = v["outputs"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, w)| {
+                    let f = |key: &str| w[key].as_f64().unwrap_or(f64::INFINITY);
+                    (k.clone(), f("max_abs"), f("max_rel"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    outputs.sort_by(|a, b| a.0.cmp(&b.0));
+    let batch_sizes = v["batch_sizes"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64()).map(|x| x as usize).collect())
+        .unwrap_or_default();
+    let verified = Verified {
+        python,
+        onnxruntime: v["onnxruntime"].as_str().unwrap_or("?").to_string(),
+        batch_sizes,
+        outputs,
+    };
+    if let Some(bad) = verified.outputs.iter().find(|o| o.2.is_nan() || o.2 > TOLERANCE) {
+        return Err(fail(
+            format!(
+                "the exported model's `{}` differs from est's by {:.3e} ({:.3e} relative; the tolerance is {TOLERANCE:e})",
+                bad.0, bad.1, bad.2
+            ),
+            "this is a bug of est's export: report it with the program",
+        ));
+    }
+    Ok(verified)
+}
