@@ -72,31 +72,6 @@ fn host_trains_like_the_interpreter() {
     assert_eq!(classes(&lh), classes(&li));
 }
 
-/// The digits CSVs as the TFRecord shards `examples/digits_tfrecord.est` reads, under
-/// `dir/data/tfrecord` (what `make demo` writes with `estc data convert`).
-#[cfg(feature = "llvm")]
-fn digits_tfrecord(dir: &Path) {
-    for (split, shards) in [("train", "2"), ("test", "1")] {
-        let st = std::process::Command::new(env!("CARGO_BIN_EXE_estc"))
-            .args(["data", "convert", "--from", "csv"])
-            .arg(root().join(format!("examples/data/digits_{split}.csv")))
-            .args([
-                "--shards",
-                shards,
-                "--group",
-                "pixels=p0:p63",
-                "--type",
-                "pixels=float",
-                "-o",
-            ])
-            .arg(dir.join(format!("data/tfrecord/digits_{split}")))
-            .stdout(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(st.success());
-    }
-}
-
 /// Every number of a predictions file, in order.
 #[cfg(feature = "llvm")]
 fn numbers(path: &Path) -> Vec<f64> {
@@ -136,7 +111,7 @@ fn every_example_runs_on_host_like_the_interpreter() {
     let data = tmp("mnist-data");
     mnist::write(&data, 320);
     let shards = tmp("digits-tfrecord");
-    digits_tfrecord(&shards);
+    common::digits_tfrecord(&shards);
     for file in files {
         let name = file.file_stem().unwrap().to_string_lossy().to_string();
         let mnist = name.contains("mnist");

@@ -67,7 +67,9 @@ pub fn export(a: ExportArgs) -> i32 {
         );
     }
     if a.target == RunTarget::Wafer {
-        return super::usage("export's predictions run on the host or the interpreter: leave out --target wafer");
+        return super::usage(
+            "export's predictions run on the host or the interpreter: leave out --target wafer",
+        );
     }
     let opts = RunOptions {
         estimator: a.estimator.clone(),
@@ -126,7 +128,13 @@ pub fn export(a: ExportArgs) -> i32 {
                     .shape
                     .iter()
                     .enumerate()
-                    .map(|(i, d)| if i == 0 && a.format == Format::Onnx { onnx::BATCH.to_string() } else { d.to_string() })
+                    .map(|(i, d)| {
+                        if i == 0 && a.format == Format::Onnx {
+                            onnx::BATCH.to_string()
+                        } else {
+                            d.to_string()
+                        }
+                    })
                     .collect();
                 format!("{n} {}[{}]", t.dtype, dims.join(", "))
             })
@@ -177,7 +185,9 @@ pub fn export(a: ExportArgs) -> i32 {
                 .outputs
                 .iter()
                 .max_by(|x, y| x.2.total_cmp(&y.2))
-                .map_or(String::new(), |o| format!(" (`{}`, {:.2e} absolute)", o.0, o.1));
+                .map_or(String::new(), |o| {
+                    format!(" (`{}`, {:.2e} absolute)", o.0, o.1)
+                });
             t.push_str(&format!(
                 "verified with onnxruntime {} at batch sizes {}: largest difference from est {:.2e} relative{worst}, within {:e}\n",
                 v.onnxruntime,

@@ -87,7 +87,9 @@ pub fn export(
             "the model has no predictions to export: its predict section is missing or empty",
         )
         .label("this estimator's model")
-        .help("add `predict { name = value }` to the model; an exported model computes those values"));
+        .help(
+            "add `predict { name = value }` to the model; an exported model computes those values",
+        ));
     }
     let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
     let order = g.schedule(&targets, |_| false);
@@ -138,9 +140,7 @@ pub fn export(
         if !per_example {
             let why = match v.dims.first() {
                 None => "is a scalar".to_string(),
-                Some(_) => format!(
-                    "does not have one row per example along its first axis ({ty})"
-                ),
+                Some(_) => format!("does not have one row per example along its first axis ({ty})"),
             };
             return Err(Diag::new(
                 Code::Export,
@@ -358,7 +358,13 @@ impl Builder<'_> {
         let s = self.i64s(&shape);
         let name = self.node("Expand", &[&v.name, &s], Vec::new());
         let dims = (0..v.dims.len())
-            .map(|i| if need[i] { Dim::Fixed(ir[i]) } else { v.dims[i] })
+            .map(|i| {
+                if need[i] {
+                    Dim::Fixed(ir[i])
+                } else {
+                    v.dims[i]
+                }
+            })
             .collect();
         Val { name, dims }
     }
@@ -435,7 +441,11 @@ impl Builder<'_> {
 
     /// The axes of an elementwise result of `n` from its operands' (numpy broadcasting,
     /// aligned on the right). A fixed size meeting the batch is refused.
-    fn broadcast_dims(&self, n: NodeIndex, operands: &[(NodeIndex, Val)]) -> Result<Vec<Dim>, Diag> {
+    fn broadcast_dims(
+        &self,
+        n: NodeIndex,
+        operands: &[(NodeIndex, Val)],
+    ) -> Result<Vec<Dim>, Diag> {
         let out = &self.g.ty(n).shape;
         let rank = out.len();
         let mut dims = Vec::with_capacity(rank);
@@ -583,17 +593,12 @@ impl Builder<'_> {
             }
             Op::Unary(u) => {
                 let x = &vs[0];
-                let int = !ty.dtype.is_float();
                 let name = match u {
                     UnaryOp::StopGradient => return Ok(x.clone()),
                     UnaryOp::Square => self.node("Mul", &[&x.name, &x.name], Vec::new()),
                     UnaryOp::Rsqrt => {
                         let s = self.node("Sqrt", &[&x.name], Vec::new());
                         self.node("Reciprocal", &[&s], Vec::new())
-                    }
-                    UnaryOp::Relu if int => {
-                        let zero = self.tensor(&Tensor::splat(&TensorType::scalar(ty.dtype), 0.0));
-                        self.node("Max", &[&x.name, &zero], Vec::new())
                     }
                     _ => {
                         let op = match u {
@@ -685,15 +690,7 @@ impl Builder<'_> {
                 };
                 let ax = self.i64s(&ints(axes));
                 let keep = attr_int("keepdims", i64::from(*keep_dims));
-                let bool_in = self.g.ty(xs[0]).dtype == DType::Bool;
-                let name = if bool_in {
-                    // onnxruntime reduces no bool before opset 20: through i32 and back.
-                    let i = self.node("Cast", &[&x.name], vec![attr_int("to", 6)]);
-                    let r = self.node(onnx, &[&i, &ax], vec![keep]);
-                    self.node("Cast", &[&r], vec![attr_int("to", 9)])
-                } else {
-                    self.node(onnx, &[&x.name, &ax], vec![keep])
-                };
+                let name = self.node(onnx, &[&x.name, &ax], vec![keep]);
                 let dims = x
                     .dims
                     .iter()
@@ -827,12 +824,11 @@ impl Builder<'_> {
                     if let Dim::Batch(_) = v.dims[*axis] {
                         return Err(self.refuse(n, "`concat` joins values along their batch axis".into(), "an exported model serves any batch size: concatenate along another axis"));
                     }
-                    for i in 0..rank {
-                        if let (Dim::Fixed(s), Dim::Batch(_)) = (v.dims[i], target[i]) {
-                            if s > 1 {
-                                return Err(self.pinned(n, xs[k], i));
-                            }
-                        }
+                    let pinned = v.dims.iter().zip(&target).position(|d| {
+                        matches!(d, (Dim::Fixed(s), Dim::Batch(_)) if *s > 1)
+                    });
+                    if let Some(i) = pinned {
+                        return Err(self.pinned(n, xs[k], i));
                     }
                     let mut t = target.clone();
                     t[*axis] = Dim::Fixed(shapes[k][*axis]);
@@ -913,7 +909,7 @@ impl Builder<'_> {
                 let x = self.materialize(&vs[0], &xs_shape, |i| i > 0);
                 let f = self.materialize(&vs[1], &fs, |_| true);
                 let pads = conv_pads(c, &xs_shape[1..3], &ty.shape[1..3], &fs[..2]);
-                let xt = self.to_nchw(&x.name);
+                let xt = self.nchw(&x.name);
                 let ft = self.node("Transpose", &[&f.name], vec![attr_ints("perm", &[3, 2, 0, 1])]);
                 let y = self.node(
                     "Conv",
@@ -925,7 +921,7 @@ impl Builder<'_> {
                         attr_ints("pads", &pads),
                     ],
                 );
-                self.from_nchw(&y, x.dims[0], &ty)
+                self.nhwc(&y, x.dims[0], &ty)
             }
             Op::Conv2dBackpropInput(c) => {
                 // The gradient of a convolution's input (`conv2d_transpose`): ONNX's
@@ -942,7 +938,7 @@ impl Builder<'_> {
                     let padded = pads[i] + pads[i + 2];
                     extra.push(ty.shape[i + 1] as i64 - (natural as i64 - padded));
                 }
-                let dt = self.to_nchw(&dy.name);
+                let dt = self.nchw(&dy.name);
                 let ft = self.node("Transpose", &[&f.name], vec![attr_ints("perm", &[3, 2, 0, 1])]);
                 let y = self.node(
                     "ConvTranspose",
@@ -955,13 +951,13 @@ impl Builder<'_> {
                         attr_ints("output_padding", &extra),
                     ],
                 );
-                self.from_nchw(&y, dy.dims[0], &ty)
+                self.nhwc(&y, dy.dims[0], &ty)
             }
             Op::MaxPool2d(p) | Op::AvgPool2d(p) => {
                 let xs_shape = self.g.ty(xs[0]).shape.clone();
                 let x = self.materialize(&vs[0], &xs_shape, |i| i > 0);
                 let pads = pool_pads(p, &xs_shape[1..3], &ty.shape[1..3]);
-                let xt = self.to_nchw(&x.name);
+                let xt = self.nchw(&x.name);
                 let op = if matches!(node.op, Op::MaxPool2d(_)) {
                     "MaxPool"
                 } else {
@@ -976,7 +972,7 @@ impl Builder<'_> {
                         attr_ints("pads", &pads),
                     ],
                 );
-                self.from_nchw(&y, x.dims[0], &ty)
+                self.nhwc(&y, x.dims[0], &ty)
             }
             Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
                 return Err(self.refuse(
@@ -1005,12 +1001,12 @@ impl Builder<'_> {
         })
     }
 
-    fn to_nchw(&mut self, x: &str) -> String {
+    fn nchw(&mut self, x: &str) -> String {
         self.node("Transpose", &[x], vec![attr_ints("perm", &[0, 3, 1, 2])])
     }
 
     /// An NCHW result back in est's NHWC, its batch axis `first`.
-    fn from_nchw(&mut self, y: &str, first: Dim, ty: &TensorType) -> Val {
+    fn nhwc(&mut self, y: &str, first: Dim, ty: &TensorType) -> Val {
         let name = self.node("Transpose", &[y], vec![attr_ints("perm", &[0, 2, 3, 1])]);
         let mut dims: Vec<Dim> = ty.shape.iter().map(|&s| Dim::Fixed(s)).collect();
         dims[0] = first;
@@ -1033,7 +1029,9 @@ impl Builder<'_> {
             [a] => {
                 let before: usize = from[..*a].iter().product();
                 let b = self.batch.max(1);
-                let candidates: Vec<usize> = (0..to.len()).filter(|&j| to[j] > 0 && to[j] % b == 0).collect();
+                let candidates: Vec<usize> = (0..to.len())
+                    .filter(|&j| to[j] > 0 && to[j].is_multiple_of(b))
+                    .collect();
                 let aligned = candidates
                     .iter()
                     .copied()
@@ -1055,7 +1053,10 @@ impl Builder<'_> {
             _ => {
                 return Err(self.refuse(
                     n,
-                    format!("`reshape` of a value with the batch in several axes ({})", self.g.ty(xs[0])),
+                    format!(
+                        "`reshape` of a value with the batch in several axes ({})",
+                        self.g.ty(xs[0])
+                    ),
                     "an exported model serves any batch size: keep the batch in one axis",
                 ))
             }
@@ -1071,7 +1072,9 @@ impl Builder<'_> {
 /// ONNX `pads` (begins, then ends) for a convolution from `input` to `output` spatial
 /// sizes: TensorFlow's SAME puts the odd pixel at the end.
 fn conv_pads(c: &Conv, input: &[usize], output: &[usize], kernel: &[usize]) -> Vec<i64> {
-    let eff: Vec<usize> = (0..2).map(|i| (kernel[i] - 1) * c.dilation[i] + 1).collect();
+    let eff: Vec<usize> = (0..2)
+        .map(|i| (kernel[i] - 1) * c.dilation[i] + 1)
+        .collect();
     pads(c.padding, input, output, &c.strides, &eff)
 }
 
@@ -1079,7 +1082,13 @@ fn pool_pads(p: &Pool, input: &[usize], output: &[usize]) -> Vec<i64> {
     pads(p.padding, input, output, &p.strides, &p.window)
 }
 
-fn pads(padding: Padding, input: &[usize], output: &[usize], strides: &[usize], eff: &[usize]) -> Vec<i64> {
+fn pads(
+    padding: Padding,
+    input: &[usize],
+    output: &[usize],
+    strides: &[usize],
+    eff: &[usize],
+) -> Vec<i64> {
     let mut begin = vec![0i64; 2];
     let mut end = vec![0i64; 2];
     if padding == Padding::Same {

@@ -7,8 +7,8 @@ argv[1] is a manifest (JSON): {"model": PATH, "samples": [{"inputs": [[NAME, NPY
 predictions for it. The model runs on each batch whole and again split in two smaller
 batches (so a second batch size is served), after onnx.checker's full check.
 
-Prints one JSON object: the checker's verdict, onnxruntime's version, the batch sizes
-run, and per output the largest absolute difference and that difference relative to
+Prints one JSON object: the checker's verdict, onnxruntime's version, the model's
+metadata and the shapes of its inputs and outputs, the batch sizes run, and per output the largest absolute difference and that difference relative to
 the output's largest magnitude. Exit status 0; 3 when onnx or onnxruntime is missing;
 4 when the checker or onnxruntime refuses the model.
 """
@@ -80,8 +80,15 @@ def main():
                 w = worst.setdefault(n, {"max_abs": 0.0, "max_rel": 0.0})
                 w["max_abs"] = max(w["max_abs"], diff)
                 w["max_rel"] = max(w["max_rel"], rel)
+    model = onnx.load(path)
+
+    def dims(v):
+        return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+
     print(json.dumps({
         "checker": "ok",
+        "metadata": {p.key: p.value for p in model.metadata_props},
+        "shapes": {v.name: dims(v) for v in list(model.graph.input) + list(model.graph.output)},
         "onnxruntime": ort.__version__,
         "onnx": onnx.__version__,
         "batch_sizes": sorted(sizes, reverse=True),

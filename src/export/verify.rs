@@ -25,6 +25,11 @@ pub struct Verified {
     pub batch_sizes: Vec<usize>,
     /// Per output: the largest absolute and relative difference from est's.
     pub outputs: Vec<(String, f64, f64)>,
+    /// The model's `metadata_props`, as onnx reads them.
+    pub metadata: Vec<(String, String)>,
+    /// The shape of each graph input and output as onnx reads it: a size, or the
+    /// name of a symbolic dimension.
+    pub shapes: Vec<(String, Vec<String>)>,
 }
 
 impl Verified {
@@ -160,15 +165,49 @@ fn run(model: &Path, samples: &[Sample], dir: &Path, at: Span) -> Result<Verifie
     outputs.sort_by(|a, b| a.0.cmp(&b.0));
     let batch_sizes = v["batch_sizes"]
         .as_array()
-        .map(|a| a.iter().filter_map(|x| x.as_u64()).map(|x| x as usize).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as usize)
+                .collect()
+        })
         .unwrap_or_default();
+    let pairs = |v: &serde_json::Value| -> Vec<(String, serde_json::Value)> {
+        let mut p: Vec<_> = v
+            .as_object()
+            .map(|o| o.iter().map(|(k, x)| (k.clone(), x.clone())).collect())
+            .unwrap_or_default();
+        p.sort_by(|a: &(String, _), b| a.0.cmp(&b.0));
+        p
+    };
+    let text = |x: &serde_json::Value| x.as_str().map_or_else(|| x.to_string(), str::to_string);
+    let metadata = pairs(&v["metadata"])
+        .into_iter()
+        .map(|(k, x)| (k, text(&x)))
+        .collect();
+    let shapes = pairs(&v["shapes"])
+        .into_iter()
+        .map(|(k, x)| {
+            let dims = x
+                .as_array()
+                .map(|a| a.iter().map(text).collect())
+                .unwrap_or_default();
+            (k, dims)
+        })
+        .collect();
     let verified = Verified {
+        metadata,
+        shapes,
         python,
         onnxruntime: v["onnxruntime"].as_str().unwrap_or("?").to_string(),
         batch_sizes,
         outputs,
     };
-    if let Some(bad) = verified.outputs.iter().find(|o| o.2.is_nan() || o.2 > TOLERANCE) {
+    if let Some(bad) = verified
+        .outputs
+        .iter()
+        .find(|o| o.2.is_nan() || o.2 > TOLERANCE)
+    {
         return Err(fail(
             format!(
                 "the exported model's `{}` differs from est's by {:.3e} ({:.3e} relative; the tolerance is {TOLERANCE:e})",

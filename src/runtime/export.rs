@@ -75,7 +75,9 @@ impl Estimator {
             .strip_suffix(".safetensors")
             .or_else(|| name.strip_suffix(".json"))
             .unwrap_or(&name);
-        let step = stem.strip_prefix("ckpt-").and_then(|s| s.parse::<i64>().ok());
+        let step = stem
+            .strip_prefix("ckpt-")
+            .and_then(|s| s.parse::<i64>().ok());
         let Some(step) = step else {
             return Err(Diag::new(
                 Code::NoCheckpoint,
@@ -119,24 +121,25 @@ impl Estimator {
     /// Writes the predict graph for serving, with the weights of the newest checkpoint
     /// (or `opts.checkpoint`).
     pub fn export(&mut self, opts: &ExportOptions) -> Res<ExportReport> {
-        let c = self.compiled(SectionKind::Predict).cloned().ok_or_else(|| {
-            Diag::new(
-                Code::Export,
-                self.info.span,
-                "the model has no predict graph to export",
-            )
-            .label("this estimator's model")
-            .help("add `predict { name = value }` to the model, one line per prediction")
-        })?;
+        let c = self
+            .compiled(SectionKind::Predict)
+            .cloned()
+            .ok_or_else(|| {
+                Diag::new(
+                    Code::Export,
+                    self.info.span,
+                    "the model has no predict graph to export",
+                )
+                .label("this estimator's model")
+                .help("add `predict { name = value }` to the model, one line per prediction")
+            })?;
         match &opts.checkpoint {
             Some(p) => self.restore_from(p)?,
             None => self.prepare(Need::Checkpoint)?,
         }
         let checkpoint = self.last_checkpoint.clone().unwrap_or_default();
         let at = self.info.span;
-        let fail = |m: String| -> Diag {
-            Diag::new(Code::RunIo, at, m).label("this estimator")
-        };
+        let fail = |m: String| -> Diag { Diag::new(Code::RunIo, at, m).label("this estimator") };
         match opts.format {
             ExportFormat::Onnx => {
                 let meta = onnx::Meta {

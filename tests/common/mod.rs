@@ -182,3 +182,28 @@ pub fn worst_above(
     }
     worst
 }
+
+/// The digits CSVs as TFRecord shards in `dir/data/tfrecord` (what `make demo` writes
+/// with `estc data convert`), for `examples/digits_tfrecord.est` with `dir` as its data
+/// directory.
+pub fn digits_tfrecord(dir: &Path) {
+    for (split, shards) in [("train", "2"), ("test", "1")] {
+        let st = std::process::Command::new(env!("CARGO_BIN_EXE_estc"))
+            .args(["data", "convert", "--from", "csv"])
+            .arg(root().join(format!("examples/data/digits_{split}.csv")))
+            .args([
+                "--shards",
+                shards,
+                "--group",
+                "pixels=p0:p63",
+                "--type",
+                "pixels=float",
+                "-o",
+            ])
+            .arg(dir.join(format!("data/tfrecord/digits_{split}")))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+}
