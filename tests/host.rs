@@ -806,6 +806,56 @@ fn a_c_program_serves_the_native_library_like_estc_predict() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// `estc export --format native`: the library and header of `build --lib` with the
+/// checkpoint's weights beside them (`digits.safetensors`), so that the directory alone
+/// serves the model: a C program loads those weights and predicts what `estc predict`
+/// does (classes equal, probabilities within 1e-5 relative). Exporting without a
+/// checkpoint is E0911, and nothing is written.
+#[cfg(feature = "llvm")]
+#[test]
+fn estc_export_native_serves_from_its_directory_alone() {
+    let d = tmp("export-native");
+    let cache = d.join("cache");
+    let run = d.join("run");
+    let lib = d.join("served");
+    let (run_s, lib_s) = (run.display().to_string(), lib.display().to_string());
+    let program = "examples/digits_mlp.est";
+    let (code, out, err) = estc(
+        &["export", program, "--format", "native", "--model-dir", &run_s, "-o", &lib_s],
+        &cache,
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("E0911"), "{err}");
+    assert!(!lib.exists());
+    for args in [
+        &["train", program, "--steps", "30", "--model-dir", &run_s][..],
+        &["predict", program, "--steps", "2", "--model-dir", &run_s],
+        &["export", program, "--format", "native", "--model-dir", &run_s, "-o", &lib_s],
+    ] {
+        let (code, out, err) = estc(args, &cache);
+        assert_eq!(code, 0, "estc {args:?}: {out}{err}");
+        if args[0] == "export" {
+            assert!(out.contains("exported digits at global step 30"), "{out}");
+            assert!(out.contains("digits.safetensors"), "{out}");
+        }
+    }
+    let weights = lib.join("digits.safetensors");
+    assert_eq!(
+        std::fs::read(&weights).unwrap(),
+        std::fs::read(run.join("ckpt-30.safetensors")).unwrap()
+    );
+    let outs = [
+        COut("int32_t", "classes", 1),
+        COut("float", "probabilities", 10),
+    ];
+    let csv = root().join("examples/data/digits_test.csv");
+    let (code, got) = serve_with_c(&lib, "digits", &weights, &csv, 1.0 / 16.0, &outs);
+    assert_eq!(code, Some(0), "{got}");
+    let worst = worst_against_predict(&got, &run, &outs, 80);
+    assert!(worst < 1e-5, "largest relative difference {worst}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// The kernels a device runs natively become C in the library: an embedding's gather,
 /// concat, average pooling, a convolution with no generated direct kernel (3 filters,
 /// not a multiple of the vector lanes) and an integer argmax serve as `estc predict`
