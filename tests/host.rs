@@ -821,7 +821,16 @@ fn estc_export_native_serves_from_its_directory_alone() {
     let (run_s, lib_s) = (run.display().to_string(), lib.display().to_string());
     let program = "examples/digits_mlp.est";
     let (code, out, err) = estc(
-        &["export", program, "--format", "native", "--model-dir", &run_s, "-o", &lib_s],
+        &[
+            "export",
+            program,
+            "--format",
+            "native",
+            "--model-dir",
+            &run_s,
+            "-o",
+            &lib_s,
+        ],
         &cache,
     );
     assert_eq!(code, 1, "{out}{err}");
@@ -830,7 +839,16 @@ fn estc_export_native_serves_from_its_directory_alone() {
     for args in [
         &["train", program, "--steps", "30", "--model-dir", &run_s][..],
         &["predict", program, "--steps", "2", "--model-dir", &run_s],
-        &["export", program, "--format", "native", "--model-dir", &run_s, "-o", &lib_s],
+        &[
+            "export",
+            program,
+            "--format",
+            "native",
+            "--model-dir",
+            &run_s,
+            "-o",
+            &lib_s,
+        ],
     ] {
         let (code, out, err) = estc(args, &cache);
         assert_eq!(code, 0, "estc {args:?}: {out}{err}");
