@@ -16,8 +16,8 @@ build: setup
 	$(CARGO) build --release
 
 # The main job: train the digits MLP from scratch on the real 8x8 digits (1437 training
-# images), evaluate it on the 360 held-out ones (must reach 0.95), and write its
-# predictions. Then check every example on both targets and show a program with
+# images), evaluate it on the 360 held-out ones (must reach 0.95), write its
+# predictions, and export it to ONNX, checked with onnxruntime. Then check every example on both targets and show a program with
 # mistakes as a user sees them.
 DEMO_DIR ?= target/demo/digits
 # Examples using what the wafer does not lay out yet (tests/examples.rs says why).
@@ -36,6 +36,8 @@ demo: build
 	@echo "== estc predict examples/digits_mlp.est"
 	@./target/release/estc predict examples/digits_mlp.est --model-dir $(DEMO_DIR)
 	@head -c 200 $(DEMO_DIR)/predictions/predictions.jsonl; echo " ..."
+	@echo "== estc export examples/digits_mlp.est (ONNX, served by onnxruntime at two batch sizes against est)"
+	@./target/release/estc export examples/digits_mlp.est --model-dir $(DEMO_DIR) -o $(DEMO_DIR)/digits.onnx --verify
 	@echo "== estc data convert: the digits CSVs as TFRecord shards"
 	@./target/release/estc data convert --from csv examples/data/digits_train.csv --shards 2 \
 	  --group pixels=p0:p63 --type pixels=float -o examples/data/tfrecord/digits_train
