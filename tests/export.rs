@@ -17,7 +17,7 @@ use est::elab::Target;
 use est::export::{onnx, verify};
 use est::ir::{
     infer, BinaryOp, Conv, DType, Graph, Init, NodeIndex, Op, Output, Padding, Pool, ReduceOp,
-    Role, TensorType, UnaryOp,
+    Role, TensorType, UnaryOp, MASK_INPUT,
 };
 use est::runtime::{Estimator, ExportFormat, ExportOptions, RunOptions, Sample, Steps};
 use est::span::{FileId, Span};
@@ -586,6 +586,12 @@ fn every_op_of_a_predict_graph_exports_and_runs_like_the_interpreter() {
         let y = c.shaped(op, &[img], f32, &[B, out[0], out[1], 3]);
         c.predict(name, y);
     }
+    // the mask of a graph that takes a partial last batch: every served row is real
+    let mask = c.input(MASK_INPUT, DType::Bool, &[], 1.0, 2.0);
+    let mask = c.shaped(Op::Reshape, &[mask], DType::Bool, &[B, 1]);
+    let mask = c.shaped(Op::Cast, &[mask], f32, &[B, 1]);
+    let masked = c.f(Op::Binary(BinaryOp::Mul), &[x, mask]);
+    c.predict("mask", masked);
     let sm = c.f(Op::Softmax { axis: 1 }, &[x]);
     c.predict("softmax", sm);
     let lsm = c.f(Op::LogSoftmax { axis: 2 }, &[seq]);
