@@ -41,9 +41,13 @@ for line in open(sys.argv[1]):
             sys.exit(1)
 PY
 }
-if [ ! -x "$venv/bin/python" ]; then
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "setup: creating $venv"
-  "${PYTHON:-python3}" -m venv "$venv"
+  "${PYTHON:-python3}" -m venv --clear "$venv"
+fi
+if ! "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "setup: $venv has Python $("$venv/bin/python" -V 2>&1); the pinned numpy needs 3.11 or newer (PYTHON=python3.11 scripts/setup.sh after removing it)" >&2
+  exit 1
 fi
 if ! pinned; then
   echo "setup: installing bench/requirements-test.txt into $venv"

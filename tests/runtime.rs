@@ -632,14 +632,16 @@ fn runtime_errors_are_diagnostics() {
 }
 
 /// Every run-time code (E09xx, W09xx) is exercised by a test in this file or in
-/// tests/reliability.rs, tests/host.rs, tests/wafer.rs or tests/warm_start.rs.
+/// tests/reliability.rs, tests/host.rs, tests/wafer.rs, tests/warm_start.rs or
+/// tests/export.rs.
 #[test]
 fn every_runtime_code_is_tested() {
     let me = std::fs::read_to_string(root().join("tests/runtime.rs")).unwrap()
         + &std::fs::read_to_string(root().join("tests/reliability.rs")).unwrap()
         + &std::fs::read_to_string(root().join("tests/host.rs")).unwrap()
         + &std::fs::read_to_string(root().join("tests/wafer.rs")).unwrap()
-        + &std::fs::read_to_string(root().join("tests/warm_start.rs")).unwrap();
+        + &std::fs::read_to_string(root().join("tests/warm_start.rs")).unwrap()
+        + &std::fs::read_to_string(root().join("tests/export.rs")).unwrap();
     let missing: Vec<&str> = est::diag::Code::all()
         .iter()
         .filter(|c| c.id[1..].starts_with("09"))

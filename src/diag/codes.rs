@@ -739,12 +739,17 @@ get wrong, and the message names the op and where the program made it:
 - a value of f16, bf16 or byte strings (onnxruntime's CPU provider computes few ops in
   f16, so its results would not match est's);
 - a value whose shape fixes the batch size: a value with the static batch size written
-  in its shape meeting the batch, a reshape or concatenation that mixes the batch with
-  other axes, or a prediction without one row per example.
+  in its shape meeting the batch, a reshape, concatenation or slice that mixes the
+  batch with other axes, or a prediction without one row per example;
+- an op that makes an example's result depend on the other examples of its batch (a
+  reduction, softmax or matrix product over the batch axis), which a served batch of
+  another size would change;
+- u8 arithmetic or orderings of booleans, which onnxruntime has no kernels for.
 
 Compute such values from the features (`zeros_like(x)` follows the batch; a shape
-written with the batch size does not), keep the batch as one leading axis, and keep
-randomness to training (`if mode == train`). `estc export --format native` writes the
+written with the batch size does not), compute each prediction from its own example,
+keep the batch as one leading axis, and keep randomness to training (`if mode ==
+train`). `estc export --format native` writes the
 model at its static batch size instead.";
     ExportVerify = "E0923", Error, "the exported model does not match est",
 "`estc export --verify` runs the exported model with onnxruntime on the first batches of

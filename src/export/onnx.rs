@@ -57,11 +57,25 @@ pub struct Exported {
 enum Dim {
     /// The IR size.
     Fixed(usize),
-    /// The batch times this factor (`batch * k`; the IR size is the static batch
-    /// times it).
-    Batch(usize),
+    /// `outer * batch * inner` entries, laid out as `[outer][batch][inner]` (a reshape
+    /// that merges the batch with its neighbours); the IR size is that at the static
+    /// batch.
+    Batch { outer: usize, inner: usize },
     /// Size 1, standing for the IR size (over which the value repeats).
     Bcast,
+}
+
+/// The batch axis of the model's inputs: one row per example.
+const ROWS: Dim = Dim::Batch { outer: 1, inner: 1 };
+
+impl Dim {
+    /// The factor of the batch in this axis's size (`None`: not the batch).
+    fn factor(self) -> Option<usize> {
+        match self {
+            Dim::Batch { outer, inner } => Some(outer * inner),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -136,7 +150,17 @@ pub fn export(
     for (name, n) in &outs {
         let ty = g.ty(*n).clone();
         let v = b.val(*n);
-        let per_example = v.dims.first() == Some(&Dim::Batch(1));
+        if graph_inputs.iter().any(|i| &i.0 == name) {
+            return Err(Diag::new(
+                Code::Export,
+                g.node(*n).span,
+                format!("the prediction `{name}` has the name of an input of the model"),
+            )
+            .label(format!("`{name}`"))
+            .help("rename the prediction: an ONNX model's values have one name each"));
+        }
+        let per_example = v.dims.first() == Some(&ROWS)
+            && v.dims.iter().filter(|d| d.factor().is_some()).count() == 1;
         if !per_example {
             let why = match v.dims.first() {
                 None => "is a scalar".to_string(),
@@ -344,29 +368,15 @@ impl Builder<'_> {
     }
 
     /// `v` with its broadcast axes that `which` selects expanded to their IR sizes
-    /// (`ir`): an `Expand` to a constant shape, 1 on the other axes (which keeps them).
+    /// (`ir`).
     fn materialize(&mut self, v: &Val, ir: &[usize], which: impl Fn(usize) -> bool) -> Val {
-        let need: Vec<bool> = (0..v.dims.len())
-            .map(|i| v.dims[i] == Dim::Bcast && which(i))
-            .collect();
-        if !need.contains(&true) {
-            return v.clone();
-        }
-        let shape: Vec<i64> = (0..v.dims.len())
-            .map(|i| if need[i] { ir[i] as i64 } else { 1 })
-            .collect();
-        let s = self.i64s(&shape);
-        let name = self.node("Expand", &[&v.name, &s], Vec::new());
-        let dims = (0..v.dims.len())
-            .map(|i| {
-                if need[i] {
-                    Dim::Fixed(ir[i])
-                } else {
-                    v.dims[i]
-                }
+        let target: Vec<Dim> = (0..v.dims.len())
+            .map(|i| match v.dims[i] {
+                Dim::Bcast if which(i) => Dim::Fixed(ir[i]),
+                d => d,
             })
             .collect();
-        Val { name, dims }
+        self.expand_to(v, &target, ir)
     }
 
     /// The batch size at run time, `int64[1]`.
@@ -384,8 +394,9 @@ impl Builder<'_> {
         name
     }
 
-    /// `v` expanded to `target` (every broadcast axis made the target's size, the batch
-    /// read at run time where the target has it).
+    /// `v` expanded to `target` (every broadcast axis the target does not broadcast made
+    /// the target's size, the batch read at run time where the target has it): an
+    /// `Expand` to a shape that is 1 on the other axes, which keeps them.
     fn expand_to(&mut self, v: &Val, target: &[Dim], ir: &[usize]) -> Val {
         let need: Vec<bool> = (0..v.dims.len())
             .map(|i| v.dims[i] == Dim::Bcast && target[i] != Dim::Bcast)
@@ -397,7 +408,8 @@ impl Builder<'_> {
         let mut run: Vec<i64> = Vec::new();
         for i in 0..v.dims.len() {
             match (need[i], target[i]) {
-                (true, Dim::Batch(k)) => {
+                (true, Dim::Batch { outer, inner }) => {
+                    let k = outer * inner;
                     if !run.is_empty() {
                         pieces.push(self.i64s(&run));
                         run.clear();
@@ -428,8 +440,8 @@ impl Builder<'_> {
             .map(|i| {
                 if need[i] {
                     match target[i] {
-                        Dim::Batch(k) => Dim::Batch(k),
-                        _ => Dim::Fixed(ir[i]),
+                        Dim::Bcast => Dim::Fixed(ir[i]),
+                        d => d,
                     }
                 } else {
                     v.dims[i]
@@ -439,49 +451,76 @@ impl Builder<'_> {
         Val { name, dims }
     }
 
-    /// The axes of an elementwise result of `n` from its operands' (numpy broadcasting,
-    /// aligned on the right). A fixed size meeting the batch is refused.
-    fn broadcast_dims(
+    /// The axes of an elementwise result of `n`, of IR shape `out`, from its operands'
+    /// axes (numpy broadcasting, aligned on the right). A fixed size meeting the batch,
+    /// and the batch broadcast to more rows, are refused.
+    fn combine(
         &self,
         n: NodeIndex,
-        operands: &[(NodeIndex, Val)],
+        operands: &[(NodeIndex, &[Dim])],
+        out: &[usize],
     ) -> Result<Vec<Dim>, Diag> {
-        let out = &self.g.ty(n).shape;
         let rank = out.len();
         let mut dims = Vec::with_capacity(rank);
         for (i, &size) in out.iter().enumerate() {
-            let mut batch: Option<usize> = None;
-            let mut fixed: Option<NodeIndex> = None;
-            let mut fixed_size = false;
-            for (o, v) in operands {
-                let Some(j) = (i + v.dims.len()).checked_sub(rank) else {
+            let mut batch: Option<Dim> = None;
+            let mut fixed: Option<(NodeIndex, usize)> = None;
+            for &(o, od) in operands {
+                let Some(j) = (i + od.len()).checked_sub(rank) else {
                     continue;
                 };
-                match v.dims[j] {
-                    Dim::Batch(k) => {
-                        if batch.is_some_and(|b| b != k) {
-                            return Err(self.pinned(n, *o, i));
+                match od[j] {
+                    d @ Dim::Batch { .. } => {
+                        if batch.is_some_and(|b| b != d) {
+                            return Err(self.mixes(
+                                n,
+                                "combines values whose batch axes are laid out differently",
+                            ));
                         }
-                        batch = Some(k);
+                        batch = Some(d);
                     }
-                    Dim::Fixed(s) if s > 1 => {
-                        fixed = Some(*o);
-                        fixed_size = true;
-                    }
+                    Dim::Fixed(s) if s > 1 => fixed = Some((o, j)),
                     Dim::Fixed(_) | Dim::Bcast => {}
                 }
             }
             dims.push(match (batch, fixed) {
-                (Some(_), Some(o)) => return Err(self.pinned(n, o, i)),
-                (Some(k), None) => Dim::Batch(k),
-                _ if fixed_size || size == 1 => Dim::Fixed(size),
-                _ => Dim::Bcast,
+                (Some(_), Some((o, j))) => return Err(self.pinned(n, o, j)),
+                (Some(d), None) if Some(size) != d.factor().map(|k| k * self.batch) => {
+                    return Err(self.mixes(n, "broadcasts the batch over more rows"))
+                }
+                (Some(d), None) => d,
+                (None, Some(_)) => Dim::Fixed(size),
+                (None, None) if size == 1 => Dim::Fixed(1),
+                (None, None) => Dim::Bcast,
             });
         }
         Ok(dims)
     }
 
-    /// E0922 for a value of fixed size meeting the batch in `n`.
+    /// The axes of an elementwise op's result from all its operands'.
+    fn elementwise(&self, n: NodeIndex, xs: &[NodeIndex], vs: &[Val]) -> Result<Vec<Dim>, Diag> {
+        let operands: Vec<(NodeIndex, &[Dim])> = xs
+            .iter()
+            .zip(vs)
+            .map(|(&x, v)| (x, v.dims.as_slice()))
+            .collect();
+        self.combine(n, &operands, &self.g.ty(n).shape)
+    }
+
+    /// E0922 for an op that makes an example's result depend on the other examples of
+    /// its batch.
+    fn mixes(&self, n: NodeIndex, what: &str) -> Diag {
+        self.refuse(
+            n,
+            format!(
+                "`{}` {what}: each example's result would depend on the other examples of its batch, so a served batch of another size would change it",
+                self.g.node(n).op.name()
+            ),
+            "compute each prediction from its own example (reductions, softmax and products over other axes than the batch); an exported model serves any batch size",
+        )
+    }
+
+    /// E0922 for a value of fixed size (its axis `axis`) meeting the batch in `n`.
     fn pinned(&self, n: NodeIndex, operand: NodeIndex, axis: usize) -> Diag {
         let ty = self.g.ty(operand);
         let mut d = Diag::new(
@@ -518,6 +557,7 @@ impl Builder<'_> {
                 "export a model that computes in f32 (cast the features to f32 first), or serve it with `estc predict` or the native library",
             ));
         }
+        self.dtypes_served(n, &xs)?;
         let fixed = |ty: &TensorType| ty.shape.iter().map(|&s| Dim::Fixed(s)).collect::<Vec<_>>();
         let same = |v: &Val, name: String| Val {
             name,
@@ -531,11 +571,14 @@ impl Builder<'_> {
                     name: t,
                     dims: vec![Dim::Bcast],
                 };
-                self.expand_to(&one, &[Dim::Batch(1)], &ty.shape)
+                if self.batch_src.is_none() {
+                    return Ok(one);
+                }
+                self.expand_to(&one, &[ROWS], &ty.shape)
             }
             Op::Input { name } => {
                 let mut dims = fixed(&ty);
-                dims[0] = Dim::Batch(1);
+                dims[0] = ROWS;
                 Val {
                     name: name.clone(),
                     dims,
@@ -543,11 +586,13 @@ impl Builder<'_> {
             }
             Op::Variable { name, .. } => {
                 let Some(t) = self.vars.get(name) else {
-                    return Err(self.refuse(
-                        n,
-                        format!("the checkpoint has no value for the variable `{name}`"),
-                        "export from the checkpoint of a run of this program",
-                    ));
+                    return Err(Diag::new(
+                        Code::CheckpointMismatch,
+                        node.span,
+                        format!("no value is given for the variable `{name}`"),
+                    )
+                    .label("this variable")
+                    .help("export from a checkpoint of this program"));
                 };
                 let t = t.clone();
                 Val {
@@ -624,8 +669,7 @@ impl Builder<'_> {
                 same(x, name)
             }
             Op::Binary(op) => {
-                let pairs: Vec<(NodeIndex, Val)> = xs.iter().copied().zip(vs.iter().cloned()).collect();
-                let dims = self.broadcast_dims(n, &pairs)?;
+                let dims = self.elementwise(n, &xs, &vs)?;
                 let (a, b) = (vs[0].name.as_str(), vs[1].name.as_str());
                 let name = match op {
                     BinaryOp::Ne => {
@@ -657,8 +701,7 @@ impl Builder<'_> {
                 Val { name, dims }
             }
             Op::Select => {
-                let pairs: Vec<(NodeIndex, Val)> = xs.iter().copied().zip(vs.iter().cloned()).collect();
-                let dims = self.broadcast_dims(n, &pairs)?;
+                let dims = self.elementwise(n, &xs, &vs)?;
                 let refs: Vec<&str> = vs.iter().map(|v| v.name.as_str()).collect();
                 Val {
                     name: self.node("Where", &refs, Vec::new()),
@@ -678,6 +721,9 @@ impl Builder<'_> {
             } => {
                 if axes.is_empty() {
                     return Ok(vs[0].clone());
+                }
+                if axes.iter().any(|&a| vs[0].dims[a].factor().is_some()) {
+                    return Err(self.mixes(n, "reduces over the batch"));
                 }
                 let in_shape = self.g.ty(xs[0]).shape.clone();
                 let x = self.materialize(&vs[0], &in_shape, |i| axes.contains(&i));
@@ -704,6 +750,9 @@ impl Builder<'_> {
                 Val { name, dims }
             }
             Op::ArgMax { axis } | Op::ArgMin { axis } => {
+                if vs[0].dims[*axis].factor().is_some() {
+                    return Err(self.mixes(n, "compares the examples of the batch"));
+                }
                 let in_shape = self.g.ty(xs[0]).shape.clone();
                 let x = self.materialize(&vs[0], &in_shape, |i| i == *axis);
                 let op = if matches!(node.op, Op::ArgMax { .. }) {
@@ -725,6 +774,9 @@ impl Builder<'_> {
                 }
             }
             Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+                if vs[0].dims[*axis].factor().is_some() {
+                    return Err(self.mixes(n, "normalises over the batch"));
+                }
                 let x = self.materialize(&vs[0], &ty.shape, |i| i == *axis);
                 let op = if matches!(node.op, Op::Softmax { .. }) {
                     "Softmax"
@@ -742,31 +794,12 @@ impl Builder<'_> {
                 }
                 let a = self.materialize(&vs[0], &sa, |i| i == ra - 1);
                 let bv = self.materialize(&vs[1], &sb, |i| i == rb - 2);
-                match (a.dims[ra - 1], bv.dims[rb - 2]) {
-                    (Dim::Batch(k), Dim::Batch(l)) if k == l => {}
-                    (Dim::Batch(_), _) => return Err(self.pinned(n, xs[1], rb - 2)),
-                    (_, Dim::Batch(_)) => return Err(self.pinned(n, xs[0], ra - 1)),
-                    _ => {}
+                if a.dims[ra - 1].factor().is_some() || bv.dims[rb - 2].factor().is_some() {
+                    return Err(self.mixes(n, "sums over the batch"));
                 }
                 // The leading (batched) axes broadcast as elementwise ops do.
-                let lead = rank - 2;
-                let mut dims = Vec::with_capacity(rank);
-                for i in 0..lead {
-                    let pick = |v: &Val, r: usize| -> Option<Dim> {
-                        (i + r).checked_sub(rank).filter(|&j| j < r - 2).map(|j| v.dims[j])
-                    };
-                    let (da, db) = (pick(&a, ra), pick(&bv, rb));
-                    dims.push(match (da, db) {
-                        (Some(Dim::Batch(k)), Some(Dim::Fixed(s))) | (Some(Dim::Fixed(s)), Some(Dim::Batch(k))) if s > 1 => {
-                            let _ = k;
-                            return Err(self.pinned(n, xs[1], i));
-                        }
-                        (Some(Dim::Batch(k)), _) | (_, Some(Dim::Batch(k))) => Dim::Batch(k),
-                        (Some(Dim::Fixed(s)), _) | (_, Some(Dim::Fixed(s))) if s > 1 => Dim::Fixed(s),
-                        _ if ty.shape[i] == 1 => Dim::Fixed(1),
-                        _ => Dim::Bcast,
-                    });
-                }
+                let lead = [(xs[0], &a.dims[..ra - 2]), (xs[1], &bv.dims[..rb - 2])];
+                let mut dims = self.combine(n, &lead, &ty.shape[..rank - 2])?;
                 dims.push(a.dims[ra - 2]);
                 dims.push(bv.dims[rb - 1]);
                 Val {
@@ -793,47 +826,42 @@ impl Builder<'_> {
                 } else {
                     x.name.clone()
                 };
-                let dims = (0..rank)
-                    .map(|i| match i.checked_sub(extra) {
+                let mut dims = Vec::with_capacity(rank);
+                for i in 0..rank {
+                    dims.push(match i.checked_sub(extra) {
                         Some(j) if from[j] == ty.shape[i] => x.dims[j],
+                        Some(j) if x.dims[j].factor().is_some() => {
+                            return Err(self.mixes(n, "broadcasts the batch over more rows"))
+                        }
                         _ if ty.shape[i] == 1 => Dim::Fixed(1),
                         _ => Dim::Bcast,
-                    })
-                    .collect();
+                    });
+                }
                 Val { name, dims }
             }
             Op::Concat { axis } => {
-                let shapes: Vec<_> = xs.iter().map(|&x| self.g.ty(x).shape.clone()).collect();
-                let mut target = Vec::with_capacity(rank);
-                for i in 0..rank {
-                    if i == *axis {
-                        target.push(Dim::Fixed(ty.shape[i]));
-                        continue;
+                if vs.iter().any(|v| v.dims[*axis].factor().is_some()) {
+                    return Err(self.mixes(n, "joins values along their batch axis"));
+                }
+                // Concat broadcasts nothing: every operand takes the result's axes (the
+                // batch at run time where one has it), but along `axis`.
+                let operands: Vec<(NodeIndex, &[Dim])> = xs
+                    .iter()
+                    .zip(&vs)
+                    .map(|(&x, v)| (x, v.dims.as_slice()))
+                    .collect();
+                let mut target = self.combine(n, &operands, &ty.shape)?;
+                for (i, d) in target.iter_mut().enumerate() {
+                    if *d == Dim::Bcast || i == *axis {
+                        *d = Dim::Fixed(ty.shape[i]);
                     }
-                    let batch = vs.iter().find_map(|v| match v.dims[i] {
-                        Dim::Batch(k) => Some(k),
-                        _ => None,
-                    });
-                    target.push(match batch {
-                        Some(k) => Dim::Batch(k),
-                        None => Dim::Fixed(ty.shape[i]),
-                    });
                 }
                 let mut names = Vec::with_capacity(vs.len());
-                for (k, v) in vs.iter().enumerate() {
-                    if let Dim::Batch(_) = v.dims[*axis] {
-                        return Err(self.refuse(n, "`concat` joins values along their batch axis".into(), "an exported model serves any batch size: concatenate along another axis"));
-                    }
-                    let pinned = v.dims.iter().zip(&target).position(|d| {
-                        matches!(d, (Dim::Fixed(s), Dim::Batch(_)) if *s > 1)
-                    });
-                    if let Some(i) = pinned {
-                        return Err(self.pinned(n, xs[k], i));
-                    }
+                for (&x, v) in xs.iter().zip(&vs) {
+                    let shape = self.g.ty(x).shape.clone();
                     let mut t = target.clone();
-                    t[*axis] = Dim::Fixed(shapes[k][*axis]);
-                    let e = self.expand_to(v, &t, &shapes[k]);
-                    names.push(e.name);
+                    t[*axis] = Dim::Fixed(shape[*axis]);
+                    names.push(self.expand_to(v, &t, &shape).name);
                 }
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
                 Val {
@@ -844,9 +872,7 @@ impl Builder<'_> {
             Op::Slice { axis, start, end } => {
                 let x = &vs[0];
                 match x.dims[*axis] {
-                    Dim::Batch(_) => {
-                        return Err(self.refuse(n, "`slice` cuts the batch axis".into(), "an exported model serves any batch size: slice other axes"))
-                    }
+                    Dim::Batch { .. } => return Err(self.mixes(n, "cuts the batch axis")),
                     Dim::Bcast => {
                         // Every entry along the axis is the same: nothing to cut.
                         let mut dims = x.dims.clone();
@@ -893,6 +919,9 @@ impl Builder<'_> {
                 Val { name, dims }
             }
             Op::Gather => {
+                if vs[0].dims.iter().any(|d| d.factor().is_some()) {
+                    return Err(self.mixes(n, "looks up rows of a table made from the examples"));
+                }
                 let ts = self.g.ty(xs[0]).shape.clone();
                 let table = self.materialize(&vs[0], &ts, |_| true);
                 let idx = &vs[1];
@@ -904,6 +933,7 @@ impl Builder<'_> {
                 }
             }
             Op::Conv2d(c) => {
+                self.images(n, &vs)?;
                 let xs_shape = self.g.ty(xs[0]).shape.clone();
                 let fs = self.g.ty(xs[1]).shape.clone();
                 let x = self.materialize(&vs[0], &xs_shape, |i| i > 0);
@@ -926,6 +956,7 @@ impl Builder<'_> {
             Op::Conv2dBackpropInput(c) => {
                 // The gradient of a convolution's input (`conv2d_transpose`): ONNX's
                 // ConvTranspose, its output sized to est's by `output_padding`.
+                self.images(n, &vs)?;
                 let dys = self.g.ty(xs[0]).shape.clone();
                 let fs = self.g.ty(xs[1]).shape.clone();
                 let dy = self.materialize(&vs[0], &dys, |i| i > 0);
@@ -934,7 +965,7 @@ impl Builder<'_> {
                 let mut extra = Vec::with_capacity(2);
                 for i in 0..2 {
                     let eff = (fs[i] - 1) * c.dilation[i] + 1;
-                    let natural = (dys[i + 1] - 1) * c.strides[i] + eff;
+                    let natural = dys[i + 1].saturating_sub(1) * c.strides[i] + eff;
                     let padded = pads[i] + pads[i + 2];
                     extra.push(ty.shape[i + 1] as i64 - (natural as i64 - padded));
                 }
@@ -954,6 +985,7 @@ impl Builder<'_> {
                 self.nhwc(&y, dy.dims[0], &ty)
             }
             Op::MaxPool2d(p) | Op::AvgPool2d(p) => {
+                self.images(n, &vs)?;
                 let xs_shape = self.g.ty(xs[0]).shape.clone();
                 let x = self.materialize(&vs[0], &xs_shape, |i| i > 0);
                 let pads = pool_pads(p, &xs_shape[1..3], &ty.shape[1..3]);
@@ -1001,6 +1033,67 @@ impl Builder<'_> {
         })
     }
 
+    /// E0922 unless the batch is at most the images' axis 0 (not a spatial or channel
+    /// axis, nor in the filter).
+    fn images(&self, n: NodeIndex, vs: &[Val]) -> Result<(), Diag> {
+        let x_ok = vs[0].dims[1..].iter().all(|d| d.factor().is_none());
+        let f_ok = vs[1..]
+            .iter()
+            .all(|v| v.dims.iter().all(|d| d.factor().is_none()));
+        if x_ok && f_ok {
+            Ok(())
+        } else {
+            Err(self.mixes(n, "slides its window over the batch"))
+        }
+    }
+
+    /// E0922 for an op onnxruntime's CPU provider has no kernel for at these dtypes:
+    /// arithmetic on u8, orderings of booleans.
+    fn dtypes_served(&self, n: NodeIndex, xs: &[NodeIndex]) -> Result<(), Diag> {
+        let op = &self.g.node(n).op;
+        let computes = matches!(
+            op,
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Reduce { .. }
+                | Op::ArgMax { .. }
+                | Op::ArgMin { .. }
+                | Op::MatMul
+                | Op::Softmax { .. }
+                | Op::LogSoftmax { .. }
+                | Op::Conv2d(_)
+                | Op::MaxPool2d(_)
+                | Op::AvgPool2d(_)
+        );
+        let equality = matches!(op, Op::Binary(BinaryOp::Eq | BinaryOp::Ne));
+        let ordered = matches!(
+            op,
+            Op::Binary(
+                BinaryOp::Lt
+                    | BinaryOp::Le
+                    | BinaryOp::Gt
+                    | BinaryOp::Ge
+                    | BinaryOp::Max
+                    | BinaryOp::Min
+            )
+        );
+        let bad = xs
+            .iter()
+            .map(|&x| self.g.ty(x).dtype)
+            .find(|&d| (computes && !equality && d == DType::U8) || (ordered && d == DType::Bool));
+        match bad {
+            None => Ok(()),
+            Some(d) => Err(self.refuse(
+                n,
+                format!(
+                    "`{}` computes on {d}, for which onnxruntime's CPU provider has no kernel of it",
+                    op.name()
+                ),
+                "cast the operands to i32 (or f32) first",
+            )),
+        }
+    }
+
     fn nchw(&mut self, x: &str) -> String {
         self.node("Transpose", &[x], vec![attr_ints("perm", &[0, 3, 1, 2])])
     }
@@ -1013,57 +1106,65 @@ impl Builder<'_> {
         Val { name, dims }
     }
 
-    /// A reshape: the batch axis (if any) becomes the one output axis a multiple of
-    /// the batch (preferring the one at the same offset), written `-1`.
+    /// A reshape: the batch (if any) keeps its place in the row-major layout, so that
+    /// it is one output axis `outer * batch * inner` with the same elements before and
+    /// after it as in the input, written `-1`.
     fn reshape(&mut self, n: NodeIndex, xs: &[NodeIndex], v: &Val) -> Result<Val, Diag> {
         let from = self.g.ty(xs[0]).shape.clone();
         let to = self.g.ty(n).shape.clone();
         let x = self.materialize(v, &from, |_| true);
         let batch_axes: Vec<usize> = (0..x.dims.len())
-            .filter(|&i| matches!(x.dims[i], Dim::Batch(_)))
+            .filter(|&i| x.dims[i].factor().is_some())
             .collect();
         let mut dims: Vec<Dim> = to.iter().map(|&s| Dim::Fixed(s)).collect();
         let mut shape: Vec<i64> = ints(&to);
         match batch_axes.as_slice() {
             [] => {}
             [a] => {
-                let before: usize = from[..*a].iter().product();
-                let b = self.batch.max(1);
-                let candidates: Vec<usize> = (0..to.len())
-                    .filter(|&j| to[j] > 0 && to[j].is_multiple_of(b))
-                    .collect();
-                let aligned = candidates
-                    .iter()
-                    .copied()
-                    .find(|&j| to[..j].iter().product::<usize>() == before);
-                let j = match (aligned, candidates.as_slice()) {
-                    (Some(j), _) => j,
-                    (None, [j]) => *j,
-                    _ => {
-                        return Err(self.refuse(
-                            n,
-                            format!("`reshape` from {} to {} has no axis the batch could grow along", self.g.ty(xs[0]), self.g.ty(n)),
-                            "an exported model serves any batch size: keep the batch as one axis of the result (e.g. `reshape(x, [-1, ...])` with the batch first)",
-                        ))
-                    }
+                let Dim::Batch { outer, inner } = x.dims[*a] else {
+                    return Err(self.mixes(n, "reshapes the batch"));
                 };
-                dims[j] = Dim::Batch(to[j] / b);
+                let before = from[..*a].iter().product::<usize>() * outer;
+                let after = inner * from[a + 1..].iter().product::<usize>();
+                let b = self.batch.max(1);
+                let place = (0..to.len()).find_map(|j| {
+                    let pre = to[..j].iter().product::<usize>();
+                    let post = to[j + 1..].iter().product::<usize>();
+                    let fits = pre > 0 && post > 0 && before % pre == 0 && after % post == 0;
+                    let (o, i) = if fits {
+                        (before / pre, after / post)
+                    } else {
+                        (0, 0)
+                    };
+                    (fits && to[j] == o * b * i).then_some((j, o, i))
+                });
+                let Some((j, outer, inner)) = place else {
+                    let what = format!(
+                        "reshapes {} to {}, mixing the batch with other axes",
+                        self.g.ty(xs[0]),
+                        self.g.ty(n)
+                    );
+                    return Err(self.mixes(n, &what));
+                };
+                dims[j] = Dim::Batch { outer, inner };
                 shape[j] = -1;
             }
-            _ => {
+            _ => return Err(self.mixes(n, "reshapes a value with the batch in several axes")),
+        }
+        let mut attrs = Vec::new();
+        if to.contains(&0) {
+            if shape.contains(&-1) {
                 return Err(self.refuse(
                     n,
-                    format!(
-                        "`reshape` of a value with the batch in several axes ({})",
-                        self.g.ty(xs[0])
-                    ),
-                    "an exported model serves any batch size: keep the batch in one axis",
-                ))
+                    format!("`reshape` to an empty shape ({})", self.g.ty(n)),
+                    "give every axis of a served value a size",
+                ));
             }
+            attrs.push(attr_int("allowzero", 1));
         }
         let s = self.i64s(&shape);
         Ok(Val {
-            name: self.node("Reshape", &[&x.name, &s], Vec::new()),
+            name: self.node("Reshape", &[&x.name, &s], attrs),
             dims,
         })
     }
@@ -1073,7 +1174,7 @@ impl Builder<'_> {
 /// sizes: TensorFlow's SAME puts the odd pixel at the end.
 fn conv_pads(c: &Conv, input: &[usize], output: &[usize], kernel: &[usize]) -> Vec<i64> {
     let eff: Vec<usize> = (0..2)
-        .map(|i| (kernel[i] - 1) * c.dilation[i] + 1)
+        .map(|i| kernel[i].saturating_sub(1) * c.dilation[i] + 1)
         .collect();
     pads(c.padding, input, output, &c.strides, &eff)
 }

@@ -16,6 +16,17 @@ pub const TOLERANCE: f64 = 1e-5;
 
 const SCRIPT: &str = include_str!("verify.py");
 
+/// The pinned Python packages the verification needs (`bench/requirements-test.txt`,
+/// which `scripts/setup.sh` installs), as pip's arguments.
+pub fn requirements() -> String {
+    include_str!("../../bench/requirements-test.txt")
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty() && !l.starts_with("numpy"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// What onnxruntime computed against est.
 #[derive(Debug, Clone)]
 pub struct Verified {
@@ -57,41 +68,54 @@ pub fn python() -> PathBuf {
     PathBuf::from("python3")
 }
 
-/// Runs `model` on `samples` with onnxruntime and compares with est's predictions.
+/// E0923 at `at`.
+fn fail(at: Span, m: String, help: &str) -> Diag {
+    Diag::new(Code::ExportVerify, at, m)
+        .label("this estimator")
+        .help(help.to_string())
+}
+
+/// Runs `model` on `samples` with onnxruntime (in the Python of `python()`) and
+/// compares with est's predictions.
 pub fn verify(model: &Path, samples: &[Sample], at: Span) -> Result<Verified, Diag> {
-    let fail = |m: String, help: &str| {
-        Diag::new(Code::ExportVerify, at, m)
-            .label("this estimator")
-            .help(help.to_string())
-    };
-    let io = |e: std::io::Error| {
-        fail(
-            format!("cannot write the verification's files: {e}"),
-            "make the temporary directory writable (TMPDIR)",
-        )
-    };
+    verify_with(&python(), model, samples, at)
+}
+
+/// `verify` with a given Python.
+pub fn verify_with(
+    python: &Path,
+    model: &Path,
+    samples: &[Sample],
+    at: Span,
+) -> Result<Verified, Diag> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let dir = std::env::temp_dir().join(format!("est-verify-{}-{stamp}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(io)?;
-    let result = run(model, samples, &dir, at);
+    let result = std::fs::create_dir_all(&dir)
+        .map_err(|e| io(at, e))
+        .and_then(|()| run(python, model, samples, &dir, at));
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn run(model: &Path, samples: &[Sample], dir: &Path, at: Span) -> Result<Verified, Diag> {
-    let fail = |m: String, help: &str| {
-        Diag::new(Code::ExportVerify, at, m)
-            .label("this estimator")
-            .help(help.to_string())
-    };
-    let io = |e: std::io::Error| {
-        fail(
-            format!("cannot write the verification's files: {e}"),
-            "make the temporary directory writable (TMPDIR)",
-        )
-    };
+fn io(at: Span, e: std::io::Error) -> Diag {
+    fail(
+        at,
+        format!("cannot write the verification's files: {e}"),
+        "make the temporary directory writable (TMPDIR)",
+    )
+}
+
+fn run(
+    python: &Path,
+    model: &Path,
+    samples: &[Sample],
+    dir: &Path,
+    at: Span,
+) -> Result<Verified, Diag> {
+    let io = |e| io(at, e);
+    let fail = |m: String, help: &str| fail(at, m, help);
     let mut list = Vec::new();
     for (i, s) in samples.iter().enumerate() {
         let files = |kind: &str, ts: &[(String, crate::tensor::Tensor)]| {
@@ -113,12 +137,13 @@ fn run(model: &Path, samples: &[Sample], dir: &Path, at: Span) -> Result<Verifie
     std::fs::write(&mpath, manifest.to_string()).map_err(io)?;
     let spath = dir.join("verify.py");
     std::fs::write(&spath, SCRIPT).map_err(io)?;
-    let python = python();
+    let python = python.to_path_buf();
+    let pins = requirements();
     let out = Command::new(&python).arg(&spath).arg(&mpath).output();
     let out = out.map_err(|e| {
         fail(
             format!("cannot run {} to verify the model: {e}", python.display()),
-            "install onnxruntime for a Python (`pip install onnxruntime==1.31.1 onnx==1.23.2`) and name it with EST_PYTHON, or leave out --verify",
+            &format!("install onnxruntime for a Python (`pip install {pins}`) and name it with EST_PYTHON, or leave out --verify"),
         )
     })?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -142,13 +167,13 @@ fn run(model: &Path, samples: &[Sample], dir: &Path, at: Span) -> Result<Verifie
                 "onnxruntime is not available to {} ({m}): the model was written but not verified",
                 python.display()
             ),
-            "install it: `bench/.venv/bin/pip install onnxruntime==1.31.1 onnx==1.23.2` (scripts/setup.sh makes that virtualenv), or name a Python that has it with EST_PYTHON",
+            &format!("install it: `bench/.venv/bin/pip install {pins}` (scripts/setup.sh makes that virtualenv), or name a Python that has it with EST_PYTHON"),
         ));
     }
     if let Some(m) = v.get("refused").and_then(|m| m.as_str()) {
         return Err(fail(
             format!("the exported model was refused: {m}"),
-            "this is a bug of est's export: report it with the program",
+            "the export wrote a model onnx or onnxruntime cannot run: report it with the program",
         ));
     }
     let mut outputs: Vec<(String, f64, f64)> = v["outputs"]
@@ -213,7 +238,7 @@ fn run(model: &Path, samples: &[Sample], dir: &Path, at: Span) -> Result<Verifie
                 "the exported model's `{}` differs from est's by {:.3e} ({:.3e} relative; the tolerance is {TOLERANCE:e})",
                 bad.0, bad.1, bad.2
             ),
-            "this is a bug of est's export: report it with the program",
+            "onnxruntime computes the exported model differently from est: report it with the program",
         ));
     }
     Ok(verified)

@@ -119,15 +119,16 @@ impl Estimator {
     }
 
     /// Writes the predict graph for serving, with the weights of the newest checkpoint
-    /// (or `opts.checkpoint`).
+    /// (or `opts.checkpoint`). Nothing is written when it fails.
     pub fn export(&mut self, opts: &ExportOptions) -> Res<ExportReport> {
+        let at = self.info.span;
         let c = self
             .compiled(SectionKind::Predict)
             .cloned()
             .ok_or_else(|| {
                 Diag::new(
-                    Code::Export,
-                    self.info.span,
+                    Code::InvalidModel,
+                    at,
                     "the model has no predict graph to export",
                 )
                 .label("this estimator's model")
@@ -137,74 +138,71 @@ impl Estimator {
             Some(p) => self.restore_from(p)?,
             None => self.prepare(Need::Checkpoint)?,
         }
-        let checkpoint = self.last_checkpoint.clone().unwrap_or_default();
-        let at = self.info.span;
-        let fail = |m: String| -> Diag { Diag::new(Code::RunIo, at, m).label("this estimator") };
-        match opts.format {
+        let Some(checkpoint) = self.last_checkpoint.clone() else {
+            return Err(Diag::new(
+                Code::NoCheckpoint,
+                at,
+                "the variables were initialised, not restored from a checkpoint",
+            )
+            .label("this estimator")
+            .help("export a trained model: train first, or save a checkpoint (`save_checkpoint`)")
+            .into());
+        };
+        let g = &c.graph;
+        let (files, inputs, outputs, nodes) = match opts.format {
             ExportFormat::Onnx => {
                 let meta = onnx::Meta {
                     estimator: self.info.name.clone(),
                     program_hash: self.program_hash.clone(),
                     global_step: self.step,
                 };
-                let e = onnx::export(&c.graph, &self.variables(), &meta, at)?;
+                let e = onnx::export(g, &self.variables(), &meta, at)?;
                 if let Some(d) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(d)
-                        .map_err(|e| fail(format!("cannot create {}: {e}", d.display())))?;
+                    std::fs::create_dir_all(d).map_err(|e| {
+                        write_failed(at, format!("cannot create {}: {e}", d.display()))
+                    })?;
                 }
-                checkpoint::write_atomic(&opts.out, &e.bytes)
-                    .map_err(|err| fail(format!("cannot write {}: {err}", opts.out.display())))?;
-                Ok(ExportReport {
-                    files: vec![opts.out.clone()],
-                    checkpoint,
-                    global_step: self.step,
-                    inputs: e.inputs,
-                    outputs: e.outputs,
-                    nodes: e.nodes,
-                })
+                checkpoint::write_atomic(&opts.out, &e.bytes).map_err(|err| {
+                    write_failed(at, format!("cannot write {}: {err}", opts.out.display()))
+                })?;
+                (vec![opts.out.clone()], e.inputs, e.outputs, e.nodes)
             }
             ExportFormat::Native => {
-                let mut files = native_library(&c.graph, at, opts, &self.info.name)?;
-                let weights = opts.out.join(format!("{}.safetensors", self.info.name));
-                std::fs::copy(&checkpoint, &weights).map_err(|e| {
-                    fail(format!(
-                        "cannot copy {} to {}: {e}",
-                        checkpoint.display(),
-                        weights.display()
-                    ))
-                })?;
-                files.push(weights);
-                let g = &c.graph;
-                let ports = |role: Role| -> Vec<(String, TensorType)> {
-                    g.outputs_with(role)
-                        .into_iter()
-                        .map(|(n, x)| (n, g.ty(x).clone()))
-                        .collect()
-                };
+                // Built beside the directory and moved in once whole, so that a failed
+                // export leaves nothing behind.
+                let staging = staging_dir(&opts.out);
+                let built = native(g, at, opts, &self.info.name, &staging, &checkpoint);
+                let _ = std::fs::remove_dir_all(&staging);
                 let inputs = super::evaluate::input_names(g)
                     .into_iter()
                     .filter_map(|n| g.input(&n).map(|x| (n, g.ty(x).clone())))
                     .collect();
-                Ok(ExportReport {
-                    files,
-                    checkpoint,
-                    global_step: self.step,
-                    inputs,
-                    outputs: ports(Role::Prediction),
-                    nodes: 0,
-                })
+                let outputs = g
+                    .outputs_with(Role::Prediction)
+                    .into_iter()
+                    .map(|(n, x)| (n, g.ty(x).clone()))
+                    .collect();
+                (built?, inputs, outputs, 0)
             }
-        }
+        };
+        Ok(ExportReport {
+            files,
+            checkpoint,
+            global_step: self.step,
+            inputs,
+            outputs,
+            nodes,
+        })
     }
 
     /// The first `batches` batches of the eval input (the predict input when there is
-    /// no eval input) through the predict graph, as `estc predict` computes them: what
+    /// no eval input, or its features have other types than the predict graph's) through the predict graph, as `estc predict` computes them: what
     /// `estc export --verify` compares an exported model with.
     pub fn predict_samples(&mut self, batches: u64) -> Res<Vec<Sample>> {
-        let (c, _) = self.input(SectionKind::Predict)?;
+        let (c, own) = self.input(SectionKind::Predict)?;
         let ds = match self.input(SectionKind::Eval) {
-            Ok((_, ds)) => ds,
-            Err(_) => self.input(SectionKind::Predict)?.1,
+            Ok((e, ds)) if same_features(&c.graph, &e.graph) => ds,
+            _ => own,
         };
         self.prepare(Need::Checkpoint)?;
         let g = &c.graph;
@@ -234,14 +232,85 @@ impl Estimator {
     }
 }
 
+/// E0904 for an export that cannot be written.
+fn write_failed(at: crate::span::Span, m: String) -> Diag {
+    Diag::new(Code::RunIo, at, m)
+        .label("this estimator")
+        .help("make the output's directory writable, or write elsewhere with -o")
+}
+
+/// Whether the eval graph's model inputs have the predict graph's types (so that the
+/// eval input's batches can feed predict).
+fn same_features(predict: &crate::ir::Graph, eval: &crate::ir::Graph) -> bool {
+    super::evaluate::input_names(predict)
+        .iter()
+        .all(|n| match (predict.input(n), eval.input(n)) {
+            (Some(p), Some(e)) => predict.ty(p) == eval.ty(e),
+            (None, _) => true,
+            (Some(_), None) => false,
+        })
+}
+
+/// A fresh directory beside `out` to build an export in.
+fn staging_dir(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map_or_else(|| "export".into(), |n| n.to_string_lossy().into_owned());
+    let parent = out.parent().unwrap_or(Path::new("."));
+    parent.join(format!(".{name}.est-export-{}", std::process::id()))
+}
+
+/// Builds the native library and copies `checkpoint` beside it (as
+/// `<library id>.safetensors`) in `staging`, then moves every file into `opts.out`.
+fn native(
+    g: &crate::ir::Graph,
+    at: crate::span::Span,
+    opts: &ExportOptions,
+    name: &str,
+    staging: &Path,
+    checkpoint: &Path,
+) -> Result<Vec<PathBuf>, Diag> {
+    let mut files = native_library(g, at, opts, name, staging)?;
+    let id = files
+        .iter()
+        .find(|f| f.extension().is_some_and(|e| e == "h"))
+        .and_then(|f| f.file_stem())
+        .map_or_else(|| name.to_string(), |s| s.to_string_lossy().into_owned());
+    let weights = staging.join(format!("{id}.safetensors"));
+    std::fs::copy(checkpoint, &weights).map_err(|e| {
+        let m = format!(
+            "cannot copy {} to {}: {e}",
+            checkpoint.display(),
+            weights.display()
+        );
+        write_failed(at, m)
+    })?;
+    files.push(weights);
+    std::fs::create_dir_all(&opts.out)
+        .map_err(|e| write_failed(at, format!("cannot create {}: {e}", opts.out.display())))?;
+    let mut moved = Vec::with_capacity(files.len());
+    for f in &files {
+        let to = opts.out.join(f.file_name().unwrap_or_default());
+        std::fs::rename(f, &to).map_err(|e| {
+            write_failed(
+                at,
+                format!("cannot move {} to {}: {e}", f.display(), to.display()),
+            )
+        })?;
+        moved.push(to);
+    }
+    Ok(moved)
+}
+
 #[cfg(feature = "llvm")]
 fn native_library(
     g: &crate::ir::Graph,
     at: crate::span::Span,
     opts: &ExportOptions,
     name: &str,
+    dir: &Path,
 ) -> Result<Vec<PathBuf>, Diag> {
-    crate::backend::host::library(g, at, opts.cpu.as_deref(), name, &opts.out).map(|l| l.files)
+    crate::backend::host::library(g, at, opts.cpu.as_deref(), name, dir).map(|l| l.files)
 }
 
 #[cfg(not(feature = "llvm"))]
@@ -250,6 +319,16 @@ fn native_library(
     at: crate::span::Span,
     _: &ExportOptions,
     _: &str,
+    _: &Path,
 ) -> Result<Vec<PathBuf>, Diag> {
-    crate::backend::open(crate::elab::Target::Host, at, 1).map(|_| Vec::new())
+    let unbuilt = Diag::new(
+        Code::NoRuntime,
+        at,
+        "this estc was built without the host backend, which makes the native library",
+    )
+    .label("this estimator")
+    .help("build est with the `llvm` feature (the default), or export ONNX with --format onnx");
+    Err(crate::backend::open(crate::elab::Target::Host, at, 1)
+        .err()
+        .unwrap_or(unbuilt))
 }
