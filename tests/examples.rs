@@ -6,18 +6,6 @@ mod common;
 
 use est::elab::Target;
 
-fn example_files() -> Vec<std::path::PathBuf> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .expect("examples/")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "est"))
-        .collect();
-    v.sort();
-    v
-}
-
 /// The examples that use what the wafer does not lay out yet (E0601 says so, and the
 /// Makefile's demo checks them on the host only), and why.
 const HOST_ONLY: [(&str, &str); 3] = [
@@ -37,7 +25,7 @@ const HOST_ONLY: [(&str, &str); 3] = [
 
 #[test]
 fn examples_check_clean_on_both_targets() {
-    let files = example_files();
+    let files = common::example_files();
     let names: Vec<String> = files.iter().map(|p| common::rel(p)).collect();
     for want in ["mnist_cnn", "fc_mnist", "digits_mlp", "linear_regression"] {
         assert!(

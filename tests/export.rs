@@ -85,12 +85,7 @@ fn every_example_exports_and_onnxruntime_serves_it_like_est() {
     if no_python("every_example_exports_and_onnxruntime_serves_it_like_est") {
         return;
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "est"))
-        .collect();
-    files.sort();
+    let files = common::example_files();
     assert!(files.len() >= 8, "{files:?}");
     let data = tmp("mnist-data");
     mnist::write(&data, 320);
@@ -319,39 +314,29 @@ fn every_op_of_a_predict_graph_exports_and_runs_like_the_interpreter() {
     let s = c.shaped(Op::Cast, &[s], DType::I32, &[B, 6]);
     let d = c.f(Op::Binary(BinaryOp::Mul), &[d, s]);
 
-    for (name, u) in [
-        ("neg", UnaryOp::Neg),
-        ("abs", UnaryOp::Abs),
-        ("exp", UnaryOp::Exp),
-        ("square", UnaryOp::Square),
-        ("tanh", UnaryOp::Tanh),
-        ("sigmoid", UnaryOp::Sigmoid),
-        ("relu", UnaryOp::Relu),
-        ("floor", UnaryOp::Floor),
-        ("sign", UnaryOp::Sign),
-        ("sin", UnaryOp::Sin),
-        ("cos", UnaryOp::Cos),
-        ("erf", UnaryOp::Erf),
-        ("stop_gradient", UnaryOp::StopGradient),
+    for (name, u, on) in [
+        ("neg", UnaryOp::Neg, x),
+        ("abs", UnaryOp::Abs, x),
+        ("exp", UnaryOp::Exp, x),
+        ("square", UnaryOp::Square, x),
+        ("tanh", UnaryOp::Tanh, x),
+        ("sigmoid", UnaryOp::Sigmoid, x),
+        ("relu", UnaryOp::Relu, x),
+        ("floor", UnaryOp::Floor, x),
+        ("sign", UnaryOp::Sign, x),
+        ("sin", UnaryOp::Sin, x),
+        ("cos", UnaryOp::Cos, x),
+        ("erf", UnaryOp::Erf, x),
+        ("stop_gradient", UnaryOp::StopGradient, x),
+        ("log", UnaryOp::Log, p),
+        ("sqrt", UnaryOp::Sqrt, p),
+        ("rsqrt", UnaryOp::Rsqrt, p),
+        ("int_neg", UnaryOp::Neg, k),
+        ("int_abs", UnaryOp::Abs, k),
+        ("int_sign", UnaryOp::Sign, k),
+        ("int_square", UnaryOp::Square, k),
     ] {
-        let y = c.f(Op::Unary(u), &[x]);
-        c.predict(name, y);
-    }
-    for (name, u) in [
-        ("log", UnaryOp::Log),
-        ("sqrt", UnaryOp::Sqrt),
-        ("rsqrt", UnaryOp::Rsqrt),
-    ] {
-        let y = c.f(Op::Unary(u), &[p]);
-        c.predict(name, y);
-    }
-    for (name, u) in [
-        ("int_neg", UnaryOp::Neg),
-        ("int_abs", UnaryOp::Abs),
-        ("int_sign", UnaryOp::Sign),
-        ("int_square", UnaryOp::Square),
-    ] {
-        let y = c.f(Op::Unary(u), &[k]);
+        let y = c.f(Op::Unary(u), &[on]);
         c.predict(name, y);
     }
     let not = c.f(Op::Unary(UnaryOp::Not), &[flag]);

@@ -101,12 +101,7 @@ fn numbers(path: &Path) -> Vec<f64> {
 #[cfg(feature = "llvm")]
 #[test]
 fn every_example_runs_on_host_like_the_interpreter() {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "est"))
-        .collect();
-    files.sort();
+    let files = common::example_files();
     assert!(files.len() >= 5, "{files:?}");
     let data = tmp("mnist-data");
     mnist::write(&data, 320);

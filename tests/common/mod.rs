@@ -131,6 +131,18 @@ pub fn root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The programs of `examples/`, sorted.
+pub fn example_files() -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(root().join("examples"))
+        .expect("examples/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "est"))
+        .collect();
+    v.sort();
+    v
+}
+
 /// A fresh directory for one test of one suite (`suite` names it).
 pub fn scratch(suite: &str, name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("est-{suite}-{}-{name}", std::process::id()));
