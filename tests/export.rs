@@ -166,6 +166,8 @@ struct Case {
     vars: FxHashMap<String, Tensor>,
     feeds: Vec<(String, Tensor)>,
     seed: u64,
+    /// The static batch size of the inputs.
+    batch: usize,
 }
 
 const B: usize = 8;
@@ -177,6 +179,7 @@ impl Case {
             vars: FxHashMap::default(),
             feeds: Vec::new(),
             seed: 17,
+            batch: B,
         }
     }
 
@@ -206,7 +209,7 @@ impl Case {
 
     /// A model input of `dtype[B, shape...]` with values in `[lo, hi)`.
     fn input(&mut self, name: &str, dtype: DType, shape: &[usize], lo: f64, hi: f64) -> NodeIndex {
-        let mut s = vec![B];
+        let mut s = vec![self.batch];
         s.extend_from_slice(shape);
         let ty = TensorType::new(dtype, s);
         let t = self.values(&ty, lo, hi);
@@ -781,6 +784,33 @@ fn a_verification_that_fails_is_e0923() {
             d.help
         );
     }
+}
+
+/// A graph compiled at batch 1 serves other batch sizes too: its constants of one row
+/// meet the batch where nothing broadcasts (a `concat`), and `--verify` runs the one row
+/// twice over.
+#[test]
+fn a_graph_compiled_at_batch_one_serves_any_batch() {
+    if no_python("a_graph_compiled_at_batch_one_serves_any_batch") {
+        return;
+    }
+    let mut c = Case::new();
+    c.batch = 1;
+    let x = c.input("x", DType::F32, &[6], -1.0, 1.0);
+    let pad = c.constant(-1.0, DType::F32, &[1, 2]);
+    let cat = c.f(Op::Concat { axis: 1 }, &[x, pad]);
+    c.predict("padded", cat);
+    let y = c.f(Op::Unary(UnaryOp::Tanh), &[x]);
+    c.predict("y", y);
+    let path = tmp("batch-one").join("m.onnx");
+    std::fs::write(&path, c.export().unwrap().bytes).unwrap();
+    let samples = [Sample {
+        inputs: c.feeds.clone(),
+        outputs: c.interpret(),
+    }];
+    let v = verify::verify(&path, &samples, SPAN).unwrap_or_else(|d| panic!("{}", d.message));
+    assert_served(&v, "batch one", 2, 5);
+    assert_eq!(v.batch_sizes, vec![2, 1]);
 }
 
 /// A checkpoint that another program wrote (other variables) is refused as `eval`

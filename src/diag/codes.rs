@@ -746,8 +746,8 @@ get wrong, and the message names the op and where the program made it:
   another size would change;
 - u8 arithmetic or orderings of booleans, which onnxruntime has no kernels for.
 
-Compute such values from the features (`zeros_like(x)` follows the batch; a shape
-written with the batch size does not), compute each prediction from its own example,
+Compute such values from the features or from constants (`x * 0.0` and `zeros([B, 10])`
+follow the batch; a variable of shape `[32, 10]` does not), compute each prediction from its own example,
 keep the batch as one leading axis, and keep randomness to training (`if mode ==
 train`). `estc export --format native` writes the
 model at its static batch size instead.";

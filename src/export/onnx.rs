@@ -399,7 +399,12 @@ impl Builder<'_> {
     /// `Expand` to a shape that is 1 on the other axes, which keeps them.
     fn expand_to(&mut self, v: &Val, target: &[Dim], ir: &[usize]) -> Val {
         let need: Vec<bool> = (0..v.dims.len())
-            .map(|i| v.dims[i] == Dim::Bcast && target[i] != Dim::Bcast)
+            .map(|i| match (v.dims[i], target[i]) {
+                (Dim::Bcast, t) => t != Dim::Bcast,
+                // a size-1 axis meeting the batch where nothing broadcasts (concat)
+                (Dim::Fixed(1), t) => t.factor().is_some(),
+                _ => false,
+            })
             .collect();
         if !need.contains(&true) {
             return v.clone();
@@ -532,7 +537,7 @@ impl Builder<'_> {
             ),
         )
         .label(format!("`{}`", self.g.node(n).op.name()))
-        .help("compute the value from the features (`zeros_like(x)`, a reduction over other axes) rather than with the batch size written in its shape");
+        .help("make the value follow the batch: compute it from the features (`x * 0.0`) or from constants (`zeros([B, 10])` follows the batch), not from a variable or a range whose size is the batch size");
         if self.g.node(operand).span != self.g.node(n).span {
             d = d.with(self.g.node(operand).span, format!("this is {ty}"));
         }

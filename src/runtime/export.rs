@@ -168,11 +168,15 @@ impl Estimator {
                 (vec![opts.out.clone()], e.inputs, e.outputs, e.nodes)
             }
             ExportFormat::Native => {
-                // Built beside the directory and moved in once whole, so that a failed
-                // export leaves nothing behind.
+                // Built in a directory of its own inside the output and moved in once
+                // whole, so that a failed export leaves nothing behind.
+                let fresh = !opts.out.exists();
                 let staging = staging_dir(&opts.out);
                 let built = native(g, at, opts, &self.info.name, &staging, &checkpoint);
                 let _ = std::fs::remove_dir_all(&staging);
+                if built.is_err() && fresh {
+                    let _ = std::fs::remove_dir_all(&opts.out);
+                }
                 let inputs = super::evaluate::input_names(g)
                     .into_iter()
                     .filter_map(|n| g.input(&n).map(|x| (n, g.ty(x).clone())))
@@ -251,13 +255,12 @@ fn same_features(predict: &crate::ir::Graph, eval: &crate::ir::Graph) -> bool {
         })
 }
 
-/// A fresh directory beside `out` to build an export in.
+/// A fresh directory inside `out` to build an export in (on `out`'s filesystem, so that
+/// its files move in by renaming; unique per export).
 fn staging_dir(out: &Path) -> PathBuf {
-    let name = out
-        .file_name()
-        .map_or_else(|| "export".into(), |n| n.to_string_lossy().into_owned());
-    let parent = out.parent().unwrap_or(Path::new("."));
-    parent.join(format!(".{name}.est-export-{}", std::process::id()))
+    static EXPORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let k = EXPORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    out.join(format!(".est-export-{}-{k}", std::process::id()))
 }
 
 /// Builds the native library and copies `checkpoint` beside it (as
@@ -286,8 +289,6 @@ fn native(
         write_failed(at, m)
     })?;
     files.push(weights);
-    std::fs::create_dir_all(&opts.out)
-        .map_err(|e| write_failed(at, format!("cannot create {}: {e}", opts.out.display())))?;
     let mut moved = Vec::with_capacity(files.len());
     for f in &files {
         let to = opts.out.join(f.file_name().unwrap_or_default());
