@@ -33,8 +33,10 @@ const SPAN: Span = Span {
     hi: 0,
 };
 
+const SUITE: &str = "export";
+
 fn tmp(name: &str) -> PathBuf {
-    common::scratch("export", name)
+    common::scratch(SUITE, name)
 }
 
 /// Whether onnxruntime can be run: `EST_PYTHON`, or the bench virtualenv (which
@@ -87,20 +89,11 @@ fn every_example_exports_and_onnxruntime_serves_it_like_est() {
     }
     let files = common::example_files();
     assert!(files.len() >= 8, "{files:?}");
-    let data = tmp("mnist-data");
-    mnist::write(&data, 320);
-    let shards = tmp("digits-tfrecord");
-    common::digits_tfrecord(&shards);
+    let data = common::ExampleData::new(SUITE, mnist::write);
     for file in files {
         let name = file.file_stem().unwrap().to_string_lossy().to_string();
         let mnist = name.contains("mnist");
-        let data_dir = if mnist {
-            Some(data.clone())
-        } else if name == "digits_tfrecord" {
-            Some(shards.clone())
-        } else {
-            None
-        };
+        let data_dir = data.dir(&name);
         let (estimators, params): (&[Option<&str>], &[(&str, &str)]) = match name.as_str() {
             "resnet20" => (&[None], &[("learning_rates", "[0.0, 0.0, 0.0]")]),
             "text_classifier" => (
@@ -251,6 +244,18 @@ impl Case {
         self.op(op, args, TensorType::scalar(DType::F32))
     }
 
+    fn reduce(&mut self, op: ReduceOp, axes: &[usize], keep_dims: bool, x: NodeIndex) -> NodeIndex {
+        let axes = axes.to_vec();
+        self.f(
+            Op::Reduce {
+                op,
+                axes,
+                keep_dims,
+            },
+            &[x],
+        )
+    }
+
     fn shaped(&mut self, op: Op, args: &[NodeIndex], dtype: DType, shape: &[usize]) -> NodeIndex {
         self.op(op, args, TensorType::new(dtype, shape.to_vec()))
     }
@@ -391,55 +396,20 @@ fn every_op_of_a_predict_graph_exports_and_runs_like_the_interpreter() {
         ("reduce_min", ReduceOp::Min),
         ("reduce_prod", ReduceOp::Prod),
     ] {
-        let y = c.f(
-            Op::Reduce {
-                op,
-                axes: vec![1],
-                keep_dims: false,
-            },
-            &[x],
-        );
+        let y = c.reduce(op, &[1], false, x);
         c.predict(name, y);
     }
-    let r = c.f(
-        Op::Reduce {
-            op: ReduceOp::Mean,
-            axes: vec![1, 2],
-            keep_dims: true,
-        },
-        &[seq],
-    );
+    let r = c.reduce(ReduceOp::Mean, &[1, 2], true, seq);
     c.predict("reduce_keep_dims", r);
-    let r = c.f(
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: vec![1],
-            keep_dims: false,
-        },
-        &[k],
-    );
+    let r = c.reduce(ReduceOp::Sum, &[1], false, k);
     c.predict("int_reduce_sum", r);
     // a reduction over a broadcast constant's axis (a count of the row's entries)
     let ones = c.constant(1.0, f32, &[B, 6]);
     let xo = c.f(Op::Binary(BinaryOp::Mul), &[x, ones]);
-    let cnt = c.f(
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: vec![1],
-            keep_dims: true,
-        },
-        &[ones],
-    );
+    let cnt = c.reduce(ReduceOp::Sum, &[1], true, ones);
     let mean = c.f(Op::Binary(BinaryOp::Div), &[xo, cnt]);
     c.predict("sum_over_constant", mean);
-    let empty = c.f(
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: vec![],
-            keep_dims: false,
-        },
-        &[x],
-    );
+    let empty = c.reduce(ReduceOp::Sum, &[], false, x);
     c.predict("reduce_no_axes", empty);
     let am = c.shaped(Op::ArgMax { axis: 1 }, &[x], DType::I32, &[B]);
     c.predict("argmax", am);
@@ -637,14 +607,7 @@ fn what_onnx_cannot_serve_is_a_diagnostic_naming_the_op() {
         (
             "batch mean",
             |c, x| {
-                let m = c.f(
-                    Op::Reduce {
-                        op: ReduceOp::Mean,
-                        axes: vec![0],
-                        keep_dims: true,
-                    },
-                    &[x],
-                );
+                let m = c.reduce(ReduceOp::Mean, &[0], true, x);
                 let y = c.f(Op::Binary(BinaryOp::Sub), &[x, m]);
                 c.predict("centred", y);
             },
@@ -671,14 +634,7 @@ fn what_onnx_cannot_serve_is_a_diagnostic_naming_the_op() {
             "scalar",
             |c, _| {
                 let v = c.variable(&[6]);
-                let y = c.f(
-                    Op::Reduce {
-                        op: ReduceOp::Sum,
-                        axes: vec![0],
-                        keep_dims: false,
-                    },
-                    &[v],
-                );
+                let y = c.reduce(ReduceOp::Sum, &[0], false, v);
                 c.predict("total", y);
             },
             "the prediction `total` is a scalar",

@@ -22,8 +22,10 @@ use est::Program;
 use std::path::Path;
 use std::path::PathBuf;
 
+const SUITE: &str = "host";
+
 fn tmp(name: &str) -> PathBuf {
-    common::scratch("host", name)
+    common::scratch(SUITE, name)
 }
 
 /// 20 train steps of digits_mlp on host and on the interpreter from the same seed:
@@ -103,20 +105,11 @@ fn numbers(path: &Path) -> Vec<f64> {
 fn every_example_runs_on_host_like_the_interpreter() {
     let files = common::example_files();
     assert!(files.len() >= 5, "{files:?}");
-    let data = tmp("mnist-data");
-    mnist::write(&data, 320);
-    let shards = tmp("digits-tfrecord");
-    common::digits_tfrecord(&shards);
+    let data = common::ExampleData::new(SUITE, mnist::write);
     for file in files {
         let name = file.file_stem().unwrap().to_string_lossy().to_string();
         let mnist = name.contains("mnist");
-        let data_dir = if mnist {
-            Some(data.clone())
-        } else if name == "digits_tfrecord" {
-            Some(shards.clone())
-        } else {
-            None
-        };
+        let data_dir = data.dir(&name);
         // resnet20 at learning rate 0 (its momentum slots still gather every step's
         // gradient), and the text classifier's sentiment estimator from scratch, small
         let (estimator, params): (Option<&str>, &[(&str, &str)]) = match name.as_str() {
@@ -759,6 +752,25 @@ fn worst_against_predict(got: &str, run: &Path, outs: &[COut], examples: usize) 
     worst
 }
 
+/// digits_mlp's predictions, as the C test program reads them.
+#[cfg(feature = "llvm")]
+const DIGITS: [COut; 2] = [
+    COut("int32_t", "classes", 1),
+    COut("float", "probabilities", 10),
+];
+
+/// A C program serving digits_mlp's library in `lib` with the weights `ckpt` predicts
+/// what `estc predict` wrote in `run` for two batches of the test set: classes equal,
+/// probabilities within 1e-5 relative.
+#[cfg(feature = "llvm")]
+fn digits_served_like_predict(lib: &Path, ckpt: &Path, run: &Path) {
+    let csv = root().join("examples/data/digits_test.csv");
+    let (code, got) = serve_with_c(lib, "digits", ckpt, &csv, 1.0 / 16.0, &DIGITS);
+    assert_eq!(code, Some(0), "{got}");
+    let worst = worst_against_predict(&got, run, &DIGITS, 80);
+    assert!(worst < 1e-5, "largest relative difference {worst}");
+}
+
 /// `estc build --lib`: a C program compiled with `cc` against the generated header,
 /// linked with the shared library, loads a checkpoint and predicts what `estc predict`
 /// does on the same rows (two batches of digits_mlp's test set). Classes are equal;
@@ -783,19 +795,11 @@ fn a_c_program_serves_the_native_library_like_estc_predict() {
         assert_eq!(code, 0, "estc {args:?}: {out}{err}");
     }
     assert!(lib.join("libdigits.so").exists() && lib.join("digits.h").exists());
-    let outs = [
-        COut("int32_t", "classes", 1),
-        COut("float", "probabilities", 10),
-    ];
-    let csv = root().join("examples/data/digits_test.csv");
-    let ckpt = run.join("ckpt-30.safetensors");
-    let (code, got) = serve_with_c(&lib, "digits", &ckpt, &csv, 1.0 / 16.0, &outs);
-    assert_eq!(code, Some(0), "{got}");
-    let worst = worst_against_predict(&got, &run, &outs, 80);
-    assert!(worst < 1e-5, "largest relative difference {worst}");
+    digits_served_like_predict(&lib, &run.join("ckpt-30.safetensors"), &run);
     // the loader's errors are messages
     let missing = run.join("ckpt-999.safetensors");
-    let (code, said) = serve_with_c(&lib, "digits", &missing, &csv, 1.0 / 16.0, &outs);
+    let csv = root().join("examples/data/digits_test.csv");
+    let (code, said) = serve_with_c(&lib, "digits", &missing, &csv, 1.0 / 16.0, &DIGITS);
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("load failed: cannot open"), "{said}");
     let _ = std::fs::remove_dir_all(&d);
@@ -857,15 +861,7 @@ fn estc_export_native_serves_from_its_directory_alone() {
         std::fs::read(&weights).unwrap(),
         std::fs::read(run.join("ckpt-30.safetensors")).unwrap()
     );
-    let outs = [
-        COut("int32_t", "classes", 1),
-        COut("float", "probabilities", 10),
-    ];
-    let csv = root().join("examples/data/digits_test.csv");
-    let (code, got) = serve_with_c(&lib, "digits", &weights, &csv, 1.0 / 16.0, &outs);
-    assert_eq!(code, Some(0), "{got}");
-    let worst = worst_against_predict(&got, &run, &outs, 80);
-    assert!(worst < 1e-5, "largest relative difference {worst}");
+    digits_served_like_predict(&lib, &weights, &run);
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -65,6 +65,28 @@ impl Geo {
         }
     }
 
+    /// The extent the windows cover along H and W, from the first one's start (padding
+    /// included): `(o - 1) * s + (k - 1) * d + 1`.
+    pub fn extent(&self) -> [usize; 2] {
+        let extent = |o: usize, k: usize, s: usize, d: usize| {
+            o.saturating_sub(1) * s + k.saturating_sub(1) * d + 1
+        };
+        [
+            extent(self.oh, self.kh, self.sh, self.dh),
+            extent(self.ow, self.kw, self.sw, self.dw),
+        ]
+    }
+
+    /// The padding after the last window along H and W: what the windows overrun the
+    /// input by, beyond the padding before (`pt`, `pl`; SAME's odd pixel is here).
+    pub fn pads_after(&self) -> [usize; 2] {
+        let [eh, ew] = self.extent();
+        [
+            eh.saturating_sub(self.h + self.pt),
+            ew.saturating_sub(self.w + self.pl),
+        ]
+    }
+
     /// Elements of the input (N, H, W, C).
     pub fn input_len(&self) -> usize {
         self.n * self.h * self.w * self.c

@@ -16,10 +16,10 @@
 //! adjacent pairs). The opset mapping is in `docs/export.md`.
 
 use super::proto::Message;
+use crate::backend::window::Geo;
 use crate::diag::{Code, Diag};
 use crate::ir::{
-    BinaryOp, Conv, DType, Graph, NodeIndex, Op, Padding, Pool, ReduceOp, Role, TensorType,
-    UnaryOp, MASK_INPUT,
+    BinaryOp, DType, Graph, NodeIndex, Op, ReduceOp, Role, TensorType, UnaryOp, MASK_INPUT,
 };
 use crate::span::Span;
 use crate::tensor::Tensor;
@@ -235,6 +235,50 @@ fn elem_type(d: DType) -> Option<i64> {
         DType::I64 => 7,
         DType::Bool => 9,
         DType::F16 | DType::BF16 | DType::Bytes => return None,
+    })
+}
+
+/// The ONNX op of a unary op that is one, alone (`None`: `stop_gradient`, `square`
+/// and `rsqrt`, written otherwise).
+fn unary_op(u: UnaryOp) -> Option<&'static str> {
+    Some(match u {
+        UnaryOp::Neg => "Neg",
+        UnaryOp::Not => "Not",
+        UnaryOp::Abs => "Abs",
+        UnaryOp::Exp => "Exp",
+        UnaryOp::Log => "Log",
+        UnaryOp::Sqrt => "Sqrt",
+        UnaryOp::Tanh => "Tanh",
+        UnaryOp::Sigmoid => "Sigmoid",
+        UnaryOp::Relu => "Relu",
+        UnaryOp::Floor => "Floor",
+        UnaryOp::Sign => "Sign",
+        UnaryOp::Sin => "Sin",
+        UnaryOp::Cos => "Cos",
+        UnaryOp::Erf => "Erf",
+        UnaryOp::StopGradient | UnaryOp::Square | UnaryOp::Rsqrt => return None,
+    })
+}
+
+/// The ONNX op of a binary op that is one, alone (`None`: `%` and `!=`, written
+/// otherwise).
+fn binary_op(b: BinaryOp) -> Option<&'static str> {
+    Some(match b {
+        BinaryOp::Add => "Add",
+        BinaryOp::Sub => "Sub",
+        BinaryOp::Mul => "Mul",
+        BinaryOp::Div => "Div",
+        BinaryOp::Pow => "Pow",
+        BinaryOp::Max => "Max",
+        BinaryOp::Min => "Min",
+        BinaryOp::Eq => "Equal",
+        BinaryOp::Lt => "Less",
+        BinaryOp::Le => "LessOrEqual",
+        BinaryOp::Gt => "Greater",
+        BinaryOp::Ge => "GreaterOrEqual",
+        BinaryOp::And => "And",
+        BinaryOp::Or => "Or",
+        BinaryOp::Ne | BinaryOp::Rem => return None,
     })
 }
 
@@ -643,32 +687,14 @@ impl Builder<'_> {
             }
             Op::Unary(u) => {
                 let x = &vs[0];
-                let name = match u {
-                    UnaryOp::StopGradient => return Ok(x.clone()),
-                    UnaryOp::Square => self.node("Mul", &[&x.name, &x.name], Vec::new()),
-                    UnaryOp::Rsqrt => {
+                let name = match (u, unary_op(*u)) {
+                    (_, Some(op)) => self.node(op, &[&x.name], Vec::new()),
+                    (UnaryOp::StopGradient, None) => return Ok(x.clone()),
+                    (UnaryOp::Square, None) => self.node("Mul", &[&x.name, &x.name], Vec::new()),
+                    // rsqrt
+                    (_, None) => {
                         let s = self.node("Sqrt", &[&x.name], Vec::new());
                         self.node("Reciprocal", &[&s], Vec::new())
-                    }
-                    _ => {
-                        let op = match u {
-                            UnaryOp::Neg => "Neg",
-                            UnaryOp::Not => "Not",
-                            UnaryOp::Abs => "Abs",
-                            UnaryOp::Exp => "Exp",
-                            UnaryOp::Log => "Log",
-                            UnaryOp::Sqrt => "Sqrt",
-                            UnaryOp::Tanh => "Tanh",
-                            UnaryOp::Sigmoid => "Sigmoid",
-                            UnaryOp::Relu => "Relu",
-                            UnaryOp::Floor => "Floor",
-                            UnaryOp::Sign => "Sign",
-                            UnaryOp::Sin => "Sin",
-                            UnaryOp::Cos => "Cos",
-                            UnaryOp::Erf => "Erf",
-                            UnaryOp::StopGradient | UnaryOp::Square | UnaryOp::Rsqrt => "Identity",
-                        };
-                        self.node(op, &[&x.name], Vec::new())
                     }
                 };
                 same(x, name)
@@ -676,31 +702,13 @@ impl Builder<'_> {
             Op::Binary(op) => {
                 let dims = self.elementwise(n, &xs, &vs)?;
                 let (a, b) = (vs[0].name.as_str(), vs[1].name.as_str());
-                let name = match op {
-                    BinaryOp::Ne => {
+                let name = match (op, binary_op(*op)) {
+                    (_, Some(name)) => self.node(name, &[a, b], Vec::new()),
+                    (BinaryOp::Rem, None) => self.node("Mod", &[a, b], vec![attr_int("fmod", 1)]),
+                    // `!=`
+                    (_, None) => {
                         let e = self.node("Equal", &[a, b], Vec::new());
                         self.node("Not", &[&e], Vec::new())
-                    }
-                    BinaryOp::Rem => self.node("Mod", &[a, b], vec![attr_int("fmod", 1)]),
-                    _ => {
-                        let name = match op {
-                            BinaryOp::Add => "Add",
-                            BinaryOp::Sub => "Sub",
-                            BinaryOp::Mul => "Mul",
-                            BinaryOp::Div => "Div",
-                            BinaryOp::Pow => "Pow",
-                            BinaryOp::Max => "Max",
-                            BinaryOp::Min => "Min",
-                            BinaryOp::Eq => "Equal",
-                            BinaryOp::Lt => "Less",
-                            BinaryOp::Le => "LessOrEqual",
-                            BinaryOp::Gt => "Greater",
-                            BinaryOp::Ge => "GreaterOrEqual",
-                            BinaryOp::And => "And",
-                            BinaryOp::Or => "Or",
-                            BinaryOp::Ne | BinaryOp::Rem => "Identity",
-                        };
-                        self.node(name, &[a, b], Vec::new())
                     }
                 };
                 Val { name, dims }
@@ -940,75 +948,49 @@ impl Builder<'_> {
             Op::Conv2d(c) => {
                 self.images(n, &vs)?;
                 let xs_shape = self.g.ty(xs[0]).shape.clone();
-                let fs = self.g.ty(xs[1]).shape.clone();
                 let x = self.materialize(&vs[0], &xs_shape, |i| i > 0);
-                let f = self.materialize(&vs[1], &fs, |_| true);
-                let pads = conv_pads(c, &xs_shape[1..3], &ty.shape[1..3], &fs[..2]);
+                let geo = Geo::conv(&xs_shape, &ty.shape, self.window(xs[1]), c);
+                let f = self.filter(xs[1], &vs[1]);
                 let xt = self.nchw(&x.name);
-                let ft = self.node("Transpose", &[&f.name], vec![attr_ints("perm", &[3, 2, 0, 1])]);
-                let y = self.node(
-                    "Conv",
-                    &[&xt, &ft],
-                    vec![
-                        attr_ints("kernel_shape", &ints(&fs[..2])),
-                        attr_ints("strides", &ints(&c.strides)),
-                        attr_ints("dilations", &ints(&c.dilation)),
-                        attr_ints("pads", &pads),
-                    ],
-                );
+                let mut attrs = window_attrs(&geo);
+                attrs.push(attr_ints("dilations", &ints(&c.dilation)));
+                let y = self.node("Conv", &[&xt, &f], attrs);
                 self.nhwc(&y, x.dims[0], &ty)
             }
             Op::Conv2dBackpropInput(c) => {
                 // The gradient of a convolution's input (`conv2d_transpose`): ONNX's
-                // ConvTranspose, its output sized to est's by `output_padding`.
+                // ConvTranspose of the convolution from this shape to dy's, its output
+                // sized to est's by `output_padding`.
                 self.images(n, &vs)?;
                 let dys = self.g.ty(xs[0]).shape.clone();
-                let fs = self.g.ty(xs[1]).shape.clone();
                 let dy = self.materialize(&vs[0], &dys, |i| i > 0);
-                let f = self.materialize(&vs[1], &fs, |_| true);
-                let pads = conv_pads(c, &ty.shape[1..3], &dys[1..3], &fs[..2]);
-                let mut extra = Vec::with_capacity(2);
-                for i in 0..2 {
-                    let eff = (fs[i] - 1) * c.dilation[i] + 1;
-                    let natural = dys[i + 1].saturating_sub(1) * c.strides[i] + eff;
-                    let padded = pads[i] + pads[i + 2];
-                    extra.push(ty.shape[i + 1] as i64 - (natural as i64 - padded));
-                }
+                let geo = Geo::conv(&ty.shape, &dys, self.window(xs[1]), c);
+                // the rows and columns the windows leave uncovered at the end
+                let [eh, ew] = geo.extent();
+                let extra = ints(&[
+                    (geo.h + geo.pt).saturating_sub(eh),
+                    (geo.w + geo.pl).saturating_sub(ew),
+                ]);
+                let f = self.filter(xs[1], &vs[1]);
                 let dt = self.nchw(&dy.name);
-                let ft = self.node("Transpose", &[&f.name], vec![attr_ints("perm", &[3, 2, 0, 1])]);
-                let y = self.node(
-                    "ConvTranspose",
-                    &[&dt, &ft],
-                    vec![
-                        attr_ints("kernel_shape", &ints(&fs[..2])),
-                        attr_ints("strides", &ints(&c.strides)),
-                        attr_ints("dilations", &ints(&c.dilation)),
-                        attr_ints("pads", &pads),
-                        attr_ints("output_padding", &extra),
-                    ],
-                );
+                let mut attrs = window_attrs(&geo);
+                attrs.push(attr_ints("dilations", &ints(&c.dilation)));
+                attrs.push(attr_ints("output_padding", &extra));
+                let y = self.node("ConvTranspose", &[&dt, &f], attrs);
                 self.nhwc(&y, dy.dims[0], &ty)
             }
             Op::MaxPool2d(p) | Op::AvgPool2d(p) => {
                 self.images(n, &vs)?;
                 let xs_shape = self.g.ty(xs[0]).shape.clone();
                 let x = self.materialize(&vs[0], &xs_shape, |i| i > 0);
-                let pads = pool_pads(p, &xs_shape[1..3], &ty.shape[1..3]);
+                let geo = Geo::pool(&xs_shape, &ty.shape, p);
                 let xt = self.nchw(&x.name);
                 let op = if matches!(node.op, Op::MaxPool2d(_)) {
                     "MaxPool"
                 } else {
                     "AveragePool"
                 };
-                let y = self.node(
-                    op,
-                    &[&xt],
-                    vec![
-                        attr_ints("kernel_shape", &ints(&p.window)),
-                        attr_ints("strides", &ints(&p.strides)),
-                        attr_ints("pads", &pads),
-                    ],
-                );
+                let y = self.node(op, &[&xt], window_attrs(&geo));
                 self.nhwc(&y, x.dims[0], &ty)
             }
             Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
@@ -1099,6 +1081,24 @@ impl Builder<'_> {
         }
     }
 
+    /// The (height, width) of the HWIO filter `f`.
+    fn window(&self, f: NodeIndex) -> [usize; 2] {
+        let s = &self.g.ty(f).shape;
+        [s[0], s[1]]
+    }
+
+    /// An HWIO filter as ONNX's OIHW (ConvTranspose reads the same order as its
+    /// input and output channels: est's filter is the forward convolution's).
+    fn filter(&mut self, f: NodeIndex, v: &Val) -> String {
+        let fs = self.g.ty(f).shape.clone();
+        let f = self.materialize(v, &fs, |_| true);
+        self.node(
+            "Transpose",
+            &[&f.name],
+            vec![attr_ints("perm", &[3, 2, 0, 1])],
+        )
+    }
+
     fn nchw(&mut self, x: &str) -> String {
         self.node("Transpose", &[x], vec![attr_ints("perm", &[0, 3, 1, 2])])
     }
@@ -1175,36 +1175,13 @@ impl Builder<'_> {
     }
 }
 
-/// ONNX `pads` (begins, then ends) for a convolution from `input` to `output` spatial
-/// sizes: TensorFlow's SAME puts the odd pixel at the end.
-fn conv_pads(c: &Conv, input: &[usize], output: &[usize], kernel: &[usize]) -> Vec<i64> {
-    let eff: Vec<usize> = (0..2)
-        .map(|i| kernel[i].saturating_sub(1) * c.dilation[i] + 1)
-        .collect();
-    pads(c.padding, input, output, &c.strides, &eff)
-}
-
-fn pool_pads(p: &Pool, input: &[usize], output: &[usize]) -> Vec<i64> {
-    pads(p.padding, input, output, &p.strides, &p.window)
-}
-
-fn pads(
-    padding: Padding,
-    input: &[usize],
-    output: &[usize],
-    strides: &[usize],
-    eff: &[usize],
-) -> Vec<i64> {
-    let mut begin = vec![0i64; 2];
-    let mut end = vec![0i64; 2];
-    if padding == Padding::Same {
-        for i in 0..2 {
-            let need = ((output[i].max(1) - 1) * strides[i] + eff[i]) as i64 - input[i] as i64;
-            let total = need.max(0);
-            begin[i] = total / 2;
-            end[i] = total - begin[i];
-        }
-    }
-    begin.extend(end);
-    begin
+/// The attributes every window op has: its kernel, strides and `pads` (the
+/// padding before, then after, along H and W, as est's window geometry has them).
+fn window_attrs(geo: &Geo) -> Vec<Message> {
+    let after = geo.pads_after();
+    vec![
+        attr_ints("kernel_shape", &ints(&[geo.kh, geo.kw])),
+        attr_ints("strides", &ints(&[geo.sh, geo.sw])),
+        attr_ints("pads", &ints(&[geo.pt, geo.pl, after[0], after[1]])),
+    ]
 }

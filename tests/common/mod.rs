@@ -195,6 +195,35 @@ pub fn worst_above(
     worst
 }
 
+/// The data each example reads in the example-wide tests: generated MNIST-shaped
+/// records for the MNIST examples (written by the suite's `mnist::write`), the digits as
+/// TFRecord shards for digits_tfrecord, and the examples' own files for the others.
+pub struct ExampleData {
+    mnist: std::path::PathBuf,
+    shards: std::path::PathBuf,
+}
+
+impl ExampleData {
+    pub fn new(suite: &str, write_mnist: fn(&Path, u32)) -> ExampleData {
+        let mnist = scratch(suite, "mnist-data");
+        write_mnist(&mnist, 320);
+        let shards = scratch(suite, "digits-tfrecord");
+        digits_tfrecord(&shards);
+        ExampleData { mnist, shards }
+    }
+
+    /// The data directory of example `name` (`None`: its own).
+    pub fn dir(&self, name: &str) -> Option<std::path::PathBuf> {
+        if name.contains("mnist") {
+            Some(self.mnist.clone())
+        } else if name == "digits_tfrecord" {
+            Some(self.shards.clone())
+        } else {
+            None
+        }
+    }
+}
+
 /// The digits CSVs as TFRecord shards in `dir/data/tfrecord` (what `make demo` writes
 /// with `estc data convert`), for `examples/digits_tfrecord.est` with `dir` as its data
 /// directory.
