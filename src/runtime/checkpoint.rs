@@ -197,22 +197,28 @@ pub fn list(dir: &Path) -> Vec<Found> {
     };
     let mut out: Vec<Found> = rd
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let step: i64 = name
-                .strip_prefix("ckpt-")?
-                .strip_suffix(".json")?
-                .parse()
-                .ok()?;
-            (name == format!("ckpt-{step}.json")).then(|| Found {
-                step,
-                tensors: tensors_path(dir, step),
-                meta: meta_path(dir, step),
-            })
-        })
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .filter_map(|e| named(&e.path()))
         .collect();
     out.sort_by_key(|c| c.step);
     out
+}
+
+/// The checkpoint a path names: its `ckpt-<step>.json`, its `ckpt-<step>.safetensors`,
+/// or `ckpt-<step>`, with the step written as est writes it (`None`: another file).
+pub fn named(path: &Path) -> Option<Found> {
+    let name = path.file_name()?.to_string_lossy();
+    let stem = name
+        .strip_suffix(".json")
+        .or_else(|| name.strip_suffix(".safetensors"))
+        .unwrap_or(&name);
+    let step: i64 = stem.strip_prefix("ckpt-")?.parse().ok()?;
+    let dir = path.parent().unwrap_or(Path::new(""));
+    (stem == format!("ckpt-{step}")).then(|| Found {
+        step,
+        tensors: tensors_path(dir, step),
+        meta: meta_path(dir, step),
+    })
 }
 
 /// The steps of the checkpoints in `dir`, oldest first.

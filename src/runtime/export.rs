@@ -67,18 +67,7 @@ impl Estimator {
             std::mem::swap(&mut self.model_dir, &mut dir);
             return r;
         }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let stem = name
-            .strip_suffix(".safetensors")
-            .or_else(|| name.strip_suffix(".json"))
-            .unwrap_or(&name);
-        let step = stem
-            .strip_prefix("ckpt-")
-            .and_then(|s| s.parse::<i64>().ok());
-        let Some(step) = step else {
+        let Some(found) = checkpoint::named(path) else {
             return Err(Diag::new(
                 Code::NoCheckpoint,
                 self.info.span,
@@ -87,12 +76,6 @@ impl Estimator {
             .label("this estimator")
             .help("name a checkpoint's `ckpt-N.safetensors` (or its directory), as a training run writes them")
             .into());
-        };
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let found = checkpoint::Found {
-            step,
-            tensors: checkpoint::tensors_path(dir, step),
-            meta: checkpoint::meta_path(dir, step),
         };
         let (meta, vars) = checkpoint::load(&found).map_err(|e| {
             let why = match e {
