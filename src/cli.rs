@@ -250,6 +250,16 @@ enum RunTarget {
     Wafer,
 }
 
+impl RunTarget {
+    fn target(self) -> Target {
+        match self {
+            RunTarget::Interp => Target::Interp,
+            RunTarget::Host => Target::Host,
+            RunTarget::Wafer => Target::Wafer,
+        }
+    }
+}
+
 impl Default for RunTarget {
     fn default() -> RunTarget {
         match Target::run_default() {

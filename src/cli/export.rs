@@ -5,7 +5,6 @@
 use super::{load_with_run, log, print_diags, print_result, MessageFormat, OutputArgs};
 use super::{ProgramArgs, RunTarget};
 use clap::{Parser, ValueEnum};
-use est::elab::Target;
 use est::export::{onnx, verify};
 use est::ir::TensorType;
 use est::runtime::{Estimator, ExportFormat, ExportOptions, RunOptions};
@@ -73,10 +72,7 @@ pub fn export(a: ExportArgs) -> i32 {
     }
     let opts = RunOptions {
         estimator: a.estimator.clone(),
-        target: match a.target {
-            RunTarget::Interp => Target::Interp,
-            _ => Target::Host,
-        },
+        target: a.target.target(),
         config,
         model_dir: a.model_dir.clone().or(run.model_dir),
         memory_limit: a.program.memory_limit,

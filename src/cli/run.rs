@@ -2,10 +2,8 @@
 //! or plain log lines (otherwise), and a final summary.
 
 use super::{
-    load, load_with_run, log, print_diags, print_result, InputArg, MessageFormat, PerfArgs,
-    RunArgs, RunTarget,
+    load, load_with_run, log, print_diags, print_result, InputArg, MessageFormat, PerfArgs, RunArgs,
 };
-use est::elab::Target;
 use est::runtime::{Action, Estimator, RunHook, RunOptions, StepInfo, Steps};
 use est::syntax::ast::SectionKind;
 use std::io::{IsTerminal, Write};
@@ -27,11 +25,7 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
     a.model_dir = a.model_dir.take().or(run.model_dir);
     let opts = RunOptions {
         estimator: a.estimator.clone(),
-        target: match a.target {
-            RunTarget::Interp => Target::Interp,
-            RunTarget::Host => Target::Host,
-            RunTarget::Wafer => Target::Wafer,
-        },
+        target: a.target.target(),
         config,
         model_dir: a.model_dir.clone(),
         data_dir: None,
