@@ -7,6 +7,8 @@ use crate::data::records::npy_bytes;
 use crate::diag::{Code, Diag};
 use crate::runtime::Sample;
 use crate::span::Span;
+use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -25,6 +27,30 @@ pub fn requirements() -> String {
         .filter(|l| !l.is_empty() && !l.starts_with("numpy"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// What `verify.py` prints: `missing` or `refused` when it could not verify, else the
+/// rest (maps sort by name).
+#[derive(Deserialize)]
+struct Report {
+    missing: Option<String>,
+    refused: Option<String>,
+    #[serde(default)]
+    onnxruntime: String,
+    #[serde(default)]
+    batch_sizes: Vec<usize>,
+    #[serde(default)]
+    outputs: BTreeMap<String, Difference>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    shapes: BTreeMap<String, Vec<serde_json::Value>>,
+}
+
+#[derive(Deserialize)]
+struct Difference {
+    max_abs: f64,
+    max_rel: f64,
 }
 
 /// What onnxruntime computed against est.
@@ -147,7 +173,7 @@ fn run(
         )
     })?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = stdout
+    let report: Report = stdout
         .lines()
         .last()
         .and_then(|l| serde_json::from_str(l).ok())
@@ -161,7 +187,7 @@ fn run(
                 "run the verification again with a working Python (EST_PYTHON); this is a problem of est or of that Python",
             )
         })?;
-    if let Some(m) = v.get("missing").and_then(|m| m.as_str()) {
+    if let Some(m) = report.missing {
         return Err(fail(
             format!(
                 "onnxruntime is not available to {} ({m}): the model was written but not verified",
@@ -170,63 +196,24 @@ fn run(
             &format!("install it: `bench/.venv/bin/pip install {pins}` (scripts/setup.sh makes that virtualenv), or name a Python that has it with EST_PYTHON"),
         ));
     }
-    if let Some(m) = v.get("refused").and_then(|m| m.as_str()) {
+    if let Some(m) = report.refused {
         return Err(fail(
             format!("the exported model was refused: {m}"),
             "the export wrote a model onnx or onnxruntime cannot run: report it with the program",
         ));
     }
-    let mut outputs: Vec<(String, f64, f64)> = v["outputs"]
-        .as_object()
-        .map(|o| {
-            o.iter()
-                .map(|(k, w)| {
-                    let f = |key: &str| w[key].as_f64().unwrap_or(f64::INFINITY);
-                    (k.clone(), f("max_abs"), f("max_rel"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    outputs.sort_by(|a, b| a.0.cmp(&b.0));
-    let batch_sizes = v["batch_sizes"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_u64())
-                .map(|x| x as usize)
-                .collect()
-        })
-        .unwrap_or_default();
-    let pairs = |v: &serde_json::Value| -> Vec<(String, serde_json::Value)> {
-        let mut p: Vec<_> = v
-            .as_object()
-            .map(|o| o.iter().map(|(k, x)| (k.clone(), x.clone())).collect())
-            .unwrap_or_default();
-        p.sort_by(|a: &(String, _), b| a.0.cmp(&b.0));
-        p
-    };
-    let text = |x: &serde_json::Value| x.as_str().map_or_else(|| x.to_string(), str::to_string);
-    let metadata = pairs(&v["metadata"])
-        .into_iter()
-        .map(|(k, x)| (k, text(&x)))
-        .collect();
-    let shapes = pairs(&v["shapes"])
-        .into_iter()
-        .map(|(k, x)| {
-            let dims = x
-                .as_array()
-                .map(|a| a.iter().map(text).collect())
-                .unwrap_or_default();
-            (k, dims)
-        })
-        .collect();
+    let dim = |d: serde_json::Value| d.as_str().map_or_else(|| d.to_string(), str::to_string);
     let verified = Verified {
-        metadata,
-        shapes,
         python,
-        onnxruntime: v["onnxruntime"].as_str().unwrap_or("?").to_string(),
-        batch_sizes,
-        outputs,
+        onnxruntime: report.onnxruntime,
+        batch_sizes: report.batch_sizes,
+        outputs: (report.outputs.into_iter())
+            .map(|(k, d)| (k, d.max_abs, d.max_rel))
+            .collect(),
+        metadata: report.metadata.into_iter().collect(),
+        shapes: (report.shapes.into_iter())
+            .map(|(k, dims)| (k, dims.into_iter().map(dim).collect()))
+            .collect(),
     };
     if let Some(bad) = verified
         .outputs
