@@ -68,6 +68,7 @@ fn run_once(layers: usize) -> Run {
             config: Vec::new(),
             max_steps: est::elab::MAX_STEPS,
             hover: false,
+            ranks: 1,
         };
         let (_, graphs, _) = est::elab::elaborate(&p, &eopts);
         graphs[0].graph.node_count()

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what est needs on a Debian 12 machine: LLVM 19's development packages for the
-# host backend (inkwell, behind the `llvm` cargo feature), Neovim, for `make test`'s
+# host backend (inkwell, behind the `llvm` cargo feature), Open MPI's development
+# packages for training across processes (rsmpi, behind the `mpi` cargo feature; bindgen
+# needs libclang), Neovim, for `make test`'s
 # check of the Neovim setup (editors/nvim/test.sh), and the virtualenv bench/.venv with
 # the pinned Python peers the tests run (bench/requirements-test.txt: onnx and
 # onnxruntime, which check every exported model). Idempotent: when everything is
 # present it installs nothing and touches nothing.
 set -euo pipefail
 
-packages=(llvm-19-dev libpolly-19-dev libzstd-dev neovim python3-venv)
+packages=(llvm-19-dev libpolly-19-dev libzstd-dev neovim python3-venv libopenmpi-dev openmpi-bin libclang-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -4,6 +4,7 @@
 mod build;
 mod data;
 mod export;
+mod ranks;
 mod run;
 mod wafer;
 
@@ -523,6 +524,7 @@ fn check_options(
         hover: false,
         memory_limit: a.memory_limit,
         fabric,
+        ranks: 1,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod atomic;
 pub mod backend;
 pub mod data;
 pub mod diag;
+pub mod dist;
 pub mod elab;
 pub mod export;
 pub mod hash;
@@ -55,6 +56,8 @@ pub struct CheckOptions {
     pub memory_limit: Option<u64>,
     /// The fabric the wafer target lays programs out on (`None`: `test32`).
     pub fabric: Option<backend::wafer::fabric::Fabric>,
+    /// The ranks of a data-parallel run (`mpirun -n N`): 1 for one process.
+    pub ranks: u64,
 }
 
 impl Default for CheckOptions {
@@ -69,6 +72,7 @@ impl Default for CheckOptions {
             hover: false,
             memory_limit: None,
             fabric: None,
+            ranks: 1,
         }
     }
 }
@@ -136,6 +140,7 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
         config: opts.config.clone(),
         max_steps: opts.max_steps,
         hover: opts.hover,
+        ranks: opts.ranks,
     };
     let t = std::time::Instant::now();
     let (estimators, mut graphs, elab_diags) = elab::elaborate(program, &eopts);

@@ -7,7 +7,8 @@
 //!   .compile_run(graph, targets)    an executable computing some values (eval, predict)
 //!   .bind(variables)                once, after initialising or restoring: they stay
 //!                                   resident in the device and steps update them there
-//!   .train_step(exe, batches, ctx)  one replicated step: loss, gradients, checks, update
+//!   .train_step(exe, batches, ctx, peers)
+//!                                   one replicated step: loss, gradients, checks, update
 //!   .run(exe, feeds, ctx, shard)    the outputs of one batch
 //!   .variables() / .variable(name)  read out, only for checkpoints, hooks and export
 //! ```
@@ -15,7 +16,9 @@
 //! A train step follows one contract on every backend (`TrainSpec` is its analysis of
 //! the graph): each shard runs phase A (the loss, the gradients, and the updates that do
 //! not depend on a `cross_shard_mean`) on its own batch; the float values of phase A are
-//! averaged over the shards, shard 0 first, in shard order; the loss and every gradient
+//! averaged over the shards, shard 0 first, in shard order, and over the replicas of a
+//! data-parallel run (`Peers`: the ranks of an MPI job), replica 0 first, in replica
+//! order (`shard_mean`); the loss and every gradient
 //! must be finite; phase B applies the optimiser once; every update of a trained
 //! variable (or of its optimiser slots) must be finite and every other update free of
 //! NaN. The first value that fails a check is `StepError::NonFinite`, and the variables
@@ -116,6 +119,77 @@ pub enum StepError {
         value: f32,
         span: Span,
     },
+    /// Another replica's phase A failed (it reports why itself).
+    Peer { replica: usize },
+}
+
+/// The replicas a train step is averaged with: the ranks of a data-parallel run, each
+/// running the same step on its own shards. A device alone has `Alone`.
+pub trait Peers {
+    /// How many replicas run the step, and this one's index among them.
+    fn replicas(&self) -> (usize, usize);
+
+    /// This replica's outcome of phase A, shared with the others: `Some(values)` (its
+    /// sum over its shards of phase A's float values, concatenated), which becomes
+    /// their sum over every replica, added in replica order; `None` when its phase A
+    /// failed. `Err(r)` when replica `r` (the first, in order) failed.
+    fn reduce(&mut self, local: Option<&mut [f32]>) -> Result<(), usize>;
+
+    /// Tells the other replicas that this one's phase A failed with `e`, and returns it.
+    fn fail(&mut self, e: StepError) -> StepError {
+        if self.replicas().0 > 1 {
+            let _ = self.reduce(None);
+        }
+        e
+    }
+}
+
+/// A device with no other replica.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Alone;
+
+impl Peers for Alone {
+    fn replicas(&self) -> (usize, usize) {
+        (1, 0)
+    }
+
+    fn reduce(&mut self, _: Option<&mut [f32]>) -> Result<(), usize> {
+        Ok(())
+    }
+}
+
+/// The mean of phase A's float values over every shard of every replica: `sums[i]`
+/// holds this replica's sum of value `i` over its `shards` shards, added in shard
+/// order, and becomes the mean. Alone, the sums are only divided (by the shards,
+/// when there are several).
+pub fn shard_mean(
+    peers: &mut dyn Peers,
+    sums: &mut [Vec<f32>],
+    shards: usize,
+) -> Result<(), StepError> {
+    let (replicas, _) = peers.replicas();
+    let total = shards * replicas;
+    if replicas > 1 {
+        let mut flat: Vec<f32> = Vec::with_capacity(sums.iter().map(Vec::len).sum());
+        for s in sums.iter() {
+            flat.extend_from_slice(s);
+        }
+        peers
+            .reduce(Some(&mut flat))
+            .map_err(|replica| StepError::Peer { replica })?;
+        let mut at = 0;
+        for s in sums.iter_mut() {
+            let k = s.len();
+            s.copy_from_slice(&flat[at..at + k]);
+            at += k;
+        }
+    }
+    if total > 1 {
+        for s in sums.iter_mut() {
+            s.iter_mut().for_each(|x| *x /= total as f32);
+        }
+    }
+    Ok(())
 }
 
 /// What a device computes of a mode's graph, phase by phase: the train step's two
@@ -168,12 +242,14 @@ pub trait Device: Send {
     /// Replaces one bound variable's value (the caller checked its type).
     fn set_variable(&mut self, name: &str, value: Tensor) -> Result<(), String>;
 
-    /// One train step on one batch per shard (see the module's contract).
+    /// One train step on one batch per shard, averaged with `peers` (see the module's
+    /// contract).
     fn train_step(
         &mut self,
         exe: TrainExe,
         batches: Vec<Feeds>,
         ctx: StepCtx,
+        peers: &mut dyn Peers,
     ) -> Result<StepOut, StepError>;
 
     /// The values of a `compile_run` executable on one batch, as shard `shard`.

@@ -1,6 +1,7 @@
 //! `estc train`, `eval` and `predict`: the runtime behind a progress bar (on a terminal)
 //! or plain log lines (otherwise), and a final summary.
 
+use super::ranks::Ranks;
 use super::{
     load, load_with_run, log, print_diags, print_result, InputArg, MessageFormat, PerfArgs, RunArgs,
 };
@@ -10,6 +11,10 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
+    let mut ranks = match Ranks::start() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
     let (program, config, run) = match load_with_run(&a.program) {
         Ok(x) => x,
         Err(code) => return code,
@@ -33,13 +38,41 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
         memory_limit: a.program.memory_limit,
         threads: a.threads.map(usize::from),
         wafer: a.wafer.clone(),
+        ranks: ranks.size() as u64,
     };
     let json = a.out.message_format == MessageFormat::Json;
     let mut est = match Estimator::new(&program, &opts) {
         Ok(e) => e,
-        Err(f) => return print_diags(&program, &f.diags, a.out.message_format, a.out.color),
+        Err(f) => {
+            let code = print_diags(&program, &f.diags, a.out.message_format, a.out.color);
+            // (the other ranks wait for this one to join them)
+            return ranks.abort(code);
+        }
     };
-    if !json {
+    if ranks.size() > 1 {
+        let joined = match ranks.group() {
+            Some(g) => est.join(g),
+            None => Err(est::diag::Diag::new(
+                est::diag::Code::NoRuntime,
+                est.info.span,
+                format!(
+                    "this estc was built without MPI, and was started as one of {} ranks",
+                    ranks.size()
+                ),
+            )
+            .label("this estimator")
+            .help("every rank would train alone: rebuild with `cargo build --release --features mpi` (scripts/setup.sh installs Open MPI), or run one estc without mpirun")
+            .into()),
+        };
+        if let Err(f) = joined {
+            let code = print_diags(&program, &f.diags, a.out.message_format, a.out.color);
+            return ranks.abort(code.max(1));
+        }
+    }
+    let chief = ranks.rank() == 0;
+    // the other ranks' lines and results would repeat rank 0's
+    est::diag::set_quiet(!chief);
+    if !json && chief {
         // On a terminal a log line first clears the progress bar's line.
         let tty = std::io::stderr().is_terminal();
         est.log = Some(Box::new(move |s: &str| {
@@ -65,6 +98,28 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
     };
     // Warnings were logged as they happened; with JSON output they go to stderr as
     // JSON lines, so that stdout keeps the one result object.
+    // every rank ends the command together, or the job ends
+    let together = est.finish(result.is_ok());
+    let result = match (result, together) {
+        (Ok(_), Some(false)) => {
+            log("error: another rank of this job failed (its own message says why)");
+            return 1;
+        }
+        (r, Some(_)) => r,
+        (r, None) => {
+            if let Err(f) = &r {
+                print_diags(&program, &f.diags, a.out.message_format, a.out.color);
+            }
+            log("error: the ranks of this job fell out of step; ending the job");
+            return ranks.abort(1);
+        }
+    };
+    if !chief {
+        return match result {
+            Ok(_) => 0,
+            Err(f) => print_diags(&program, &f.diags, a.out.message_format, a.out.color).max(1),
+        };
+    }
     if json {
         let mut err = std::io::stderr().lock();
         for d in est.take_warnings() {
@@ -84,6 +139,7 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
 type Res = Result<String, est::runtime::RunFailure>;
 
 fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
+    let chief = est.chief();
     let steps = match (a.steps, a.max_steps, a.epochs) {
         (Some(n), _, _) => Steps::Add(n),
         (_, Some(n), _) => Steps::Max(n),
@@ -94,7 +150,7 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
         }
         _ => Steps::Default,
     };
-    if !json {
+    if !json && chief {
         let every = est.info.config.log_step_count_steps.max(1);
         est.add_observer(Box::new(Progress::new(every)));
     }

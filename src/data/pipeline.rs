@@ -148,6 +148,54 @@ pub struct PipeOptions {
     pub cache_dir: PathBuf,
     /// Elements each worker prepares ahead of the consumer.
     pub prefetch: usize,
+    /// The part of the elements this rank of a run across ranks computes.
+    pub share: Option<Share>,
+}
+
+/// The elements one rank of a data-parallel run computes: of each group of
+/// `ranks * per_rank` elements, the `per_rank` from `rank * per_rank` on. Every rank
+/// walks the same elements (so that all agree on where the input ends and resume at
+/// one position), passing over the others' without computing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub rank: usize,
+    pub ranks: usize,
+    pub per_rank: usize,
+}
+
+impl Share {
+    /// Whether element `p` is this rank's.
+    pub fn keeps(&self, p: u64) -> bool {
+        let group = (self.ranks * self.per_rank).max(1) as u64;
+        (p % group) / self.per_rank.max(1) as u64 == self.rank as u64
+    }
+}
+
+/// A worker's stream under a `Share`: its elements for other ranks are skipped
+/// upstream (no `map` runs for them) and stand as empty elements.
+struct Pass {
+    up: Src,
+    share: Share,
+    /// The position of the worker's next element, and the distance between its
+    /// elements (the workers).
+    at: u64,
+    step: u64,
+}
+
+impl Stream for Pass {
+    fn next(&mut self) -> Next {
+        let e = if self.share.keeps(self.at) {
+            self.up.next()?
+        } else if self.up.skip(1)? == 1 {
+            Some(Vec::new())
+        } else {
+            None
+        };
+        if e.is_some() {
+            self.at += self.step;
+        }
+        Ok(e)
+    }
 }
 
 impl PipeOptions {
@@ -159,6 +207,7 @@ impl PipeOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cache_dir: cache::default_dir(base),
             prefetch: 2,
+            share: None,
         }
     }
 }
@@ -271,6 +320,14 @@ impl Pipeline {
                 // positions p < position with p % n == w
                 let share = (position + n - 1 - w as u64) / n;
                 src.skip(share)?;
+                if let Some(s) = opts.share {
+                    src = Box::new(Pass {
+                        up: src,
+                        share: s,
+                        at: w as u64 + share * n,
+                        step: n,
+                    });
+                }
                 Ok(Box::new(Prefetch::spawn(src, opts.prefetch.clamp(1, MAX_AHEAD))) as Src)
             })
             .collect::<Result<Vec<_>, Diag>>()?;
@@ -281,6 +338,8 @@ impl Pipeline {
         })
     }
 
+    /// The next element; under a `Share`, another rank's is empty (it was not
+    /// computed).
     pub fn next_element(&mut self) -> Next {
         let w = (self.position % self.workers.len() as u64) as usize;
         let e = self.workers[w].next()?;

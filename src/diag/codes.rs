@@ -763,4 +763,23 @@ output's largest value). The message says which; the file is written all the sam
     bench/.venv/bin/pip install onnxruntime==1.31.1 onnx==1.23.2
 
 A difference is a bug of est's export: report it with the program.";
+    RankFailed = "E0924", Error, "another rank of the run failed",
+"In a run across ranks (`mpirun -n N estc train`), every rank takes part in each train
+step, evaluation batch and restore. One rank failed (its input could not be read, an
+op failed on its batch, rank 0 could not restore the model, or a rank was at another
+point of the run), so the others stop at the same step instead of waiting for it. The
+failing rank prints its own diagnostic, which says why; rank 0 saves the last complete
+step as a checkpoint when it can, so running the same command again resumes from it.
+
+A rank that dies outright (killed, out of memory) takes the job down through `mpirun`,
+which names it; the ranks still running say that they were stopped.";
+    RanksDisagree = "E0925", Error, "the ranks of a run do not run the same program",
+"Every rank of a run across ranks must run the same estimator of the same program: the
+same files and params, `--config` overrides, target and version of est, checked for the
+same number of ranks. The ranks compare all of this when they start, and refuse to run
+when they differ, since their gradients would not be of one model. The message names
+what differs.
+
+Start every rank from one command line (`mpirun -n 4 estc train model.est`) with
+identical copies of the files on every machine.";
 }

@@ -207,7 +207,18 @@ pub fn catalogue_markdown() -> String {
 /// (a full disk, a closed terminal) is ignored: a log must not stop the work it reports.
 pub fn log(line: &str) {
     use std::io::Write;
+    if QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Silences `log` (the ranks of a run across ranks other than rank 0, whose lines would
+/// repeat rank 0's); diagnostics are still printed.
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Runs `f`, and when `EST_TIME_PASSES` is set logs how long it took as `what`.

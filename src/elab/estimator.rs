@@ -31,6 +31,9 @@ pub struct ElabOptions {
     pub max_steps: u64,
     /// Record what every expression of a user file evaluates to (`hovers`).
     pub hover: bool,
+    /// The ranks of a data-parallel run (`mpirun -n N`), each running `num_shards`
+    /// shards: `params.batch_size` is divided by both.
+    pub ranks: u64,
 }
 
 /// The run configuration of an estimator, with defaults.
@@ -345,8 +348,9 @@ fn estimator<'p>(
     el.params = global.clone();
     check_fields(&mut el, e);
     let (config, config_spans) = config(&mut el, e, opts);
-    rules_of_config(&mut el, e, &config, &config_spans, &global);
-    let per_shard = per_shard_params(&global, config.num_shards);
+    let ranks = opts.ranks.max(1) as i64;
+    rules_of_config(&mut el, e, &config, &config_spans, &global, ranks);
+    let per_shard = per_shard_params(&global, config.num_shards * ranks);
     el.params = per_shard.clone();
     let model_dir = field(e, "model_dir").and_then(|x| match el.expr(x) {
         Value::Str(s) => Some(s.to_string()),
@@ -935,6 +939,7 @@ fn rules_of_config(
     c: &Config,
     spans: &ConfigSpans,
     global: &Value<'_>,
+    ranks: i64,
 ) {
     let ckpt = span_of(spans, "save_checkpoint_steps", e.name.span);
     if c.iterations_per_loop > 0 && c.save_checkpoint_steps % c.iterations_per_loop != 0 {
@@ -966,7 +971,8 @@ fn rules_of_config(
                 .help(format!("save every {WAFER_MIN_CHECKPOINT_STEPS} steps or more on the wafer")),
         );
     }
-    if c.num_shards > 1 {
+    let replicas = c.num_shards * ranks;
+    if replicas > 1 {
         let p = el.p;
         let batch = match global {
             Value::Record(fs) => fs.iter().find_map(|(k, v)| match v {
@@ -976,7 +982,7 @@ fn rules_of_config(
             _ => None,
         };
         if let Some(b) = batch {
-            if b % c.num_shards != 0 {
+            if b % replicas != 0 {
                 let decl = p
                     .root_module()
                     .ast
@@ -989,9 +995,14 @@ fn rules_of_config(
                             .map(|f| f.name.span.to(f.default.span)),
                         _ => None,
                     });
-                let mut d = Diag::new(Code::ShardDivisibility, span_of(spans, "num_shards", e.name.span), format!("the global batch of {b} is not divisible by num_shards = {}", c.num_shards))
-                    .label(format!("{} shards", c.num_shards))
-                    .help(format!("each shard reads params.batch_size / num_shards examples; use a batch size divisible by {}, such as {}", c.num_shards, (b / c.num_shards).max(1) * c.num_shards));
+                let (what, each) = if ranks > 1 {
+                    (format!("{ranks} ranks x num_shards = {}", c.num_shards), "ranks x num_shards")
+                } else {
+                    (format!("num_shards = {}", c.num_shards), "num_shards")
+                };
+                let mut d = Diag::new(Code::ShardDivisibility, span_of(spans, "num_shards", e.name.span), format!("the global batch of {b} is not divisible by {what}"))
+                    .label(format!("{replicas} shards"))
+                    .help(format!("each shard reads params.batch_size / {each} examples; use a batch size divisible by {replicas}, such as {}", (b / replicas).max(1) * replicas));
                 if let Some(s) = decl {
                     d = d.with(s, format!("global batch {b}"));
                 }

@@ -9,6 +9,7 @@ use super::{
     checkpoint, mode_name, restore::Need, run_diag, summary, Estimator, EvalReport, PredictReport,
     Res, RunFailure,
 };
+use super::replicas::Phase;
 use crate::backend::interp::{self, OpEnv};
 use crate::backend::{Feeds, RunExe, StepCtx};
 use crate::data::{pipeline, records};
@@ -17,7 +18,7 @@ use crate::ir::{BatchMask, Graph, NodeIndex, Op, Role, TensorType, MASK_INPUT};
 use crate::span::Span;
 use crate::syntax::ast::SectionKind;
 use crate::tensor::Tensor;
-use pipeline::{Element, Pipeline};
+use pipeline::Element;
 use rustc_hash::FxHashMap;
 use std::path::Path;
 
@@ -202,19 +203,6 @@ impl Estimator {
         Ok((values, fed.real))
     }
 
-    /// Up to one batch per shard; fewer (none at the end) when the input ends. A shard
-    /// without a batch at the end of an evaluation has no real rows to add.
-    fn read_batches(&mut self, pipe: &mut Pipeline, shards: usize) -> Res<Vec<Element>> {
-        let mut out = Vec::with_capacity(shards);
-        for _ in 0..shards {
-            match pipe.next_element()? {
-                Some(e) => out.push(e),
-                None => break,
-            }
-        }
-        Ok(out)
-    }
-
     /// E0913: an evaluation or prediction that saw no example.
     fn no_examples(&self, mode: SectionKind, steps: Option<u64>, at: Span) -> RunFailure {
         let why = match steps {
@@ -269,8 +257,10 @@ impl Estimator {
         let loss_at = g.outputs.iter().position(|o| o.role == Role::Loss);
         let targets: Vec<NodeIndex> = g.outputs.iter().map(|o| o.node).collect();
         let exe = self.run_exe(&c, SectionKind::Eval, &targets)?;
+        // one set of reducers per shard of every rank, merged at the end
+        let (_, ranks) = self.rank();
         let mut reducers: Vec<Vec<Box<dyn super::Reducer>>> = Vec::new();
-        for _ in 0..shards {
+        for _ in 0..shards * ranks {
             let mut rs = Vec::new();
             for m in &g.metrics {
                 rs.push(self.reducer(&m.reducer, m.span)?);
@@ -280,36 +270,70 @@ impl Estimator {
         let mut pipe = self.start_pipeline(&ds, SectionKind::Eval)?;
         let (mut loss_sum, mut examples, mut count) = (0.0, 0u64, 0u64);
         while steps.is_none_or(|s| count < s) {
-            let batches = self.read_batches(&mut pipe, shards)?;
-            if batches.is_empty() {
+            let (present, batches) = match self.read_group(&mut pipe, shards) {
+                Ok(x) => x,
+                Err(f) => {
+                    if ranks > 1 {
+                        let _ = self.exchange(Phase::Eval, &[0]);
+                    }
+                    return Err(f);
+                }
+            };
+            if present == 0 {
                 break;
             }
-            for (shard, batch) in batches.into_iter().enumerate() {
-                let when = if shards > 1 {
+            // this rank's batches, then every rank's in order (alone: its own)
+            let mut items = Vec::with_capacity(batches.len());
+            let mut failure = None;
+            for (shard, batch) in batches {
+                let when = if shards * ranks > 1 {
                     format!("in eval batch {} (shard {shard})", count + 1)
                 } else {
                     format!("in eval batch {}", count + 1)
                 };
-                let (values, real) = self.run_fed(exe, &feeder, batch, shard, &when)?;
-                if let Some(l) = loss_at {
-                    loss_sum += values[l].scalar() * real as f64;
+                match self.run_fed(exe, &feeder, batch, shard, &when) {
+                    Ok((values, real)) => {
+                        let args: Vec<Vec<Tensor>> = (g.metrics.iter())
+                            .map(|m| {
+                                (m.args.iter())
+                                    .map(|&i| {
+                                        let t = &values[i];
+                                        if per_example.contains(&i) {
+                                            first_rows(t, real)
+                                        } else {
+                                            t.clone()
+                                        }
+                                    })
+                                    .collect()
+                            })
+                            .collect();
+                        items.push(EvalItem {
+                            shard,
+                            real,
+                            loss: loss_at.map_or(0.0, |l| values[l].scalar()),
+                            args,
+                        });
+                    }
+                    Err(f) => {
+                        failure = Some(f);
+                        break;
+                    }
                 }
-                for (m, r) in g.metrics.iter().zip(reducers[shard].iter_mut()) {
-                    let args: Vec<Tensor> = m
-                        .args
-                        .iter()
-                        .map(|&i| {
-                            let t = &values[i];
-                            if per_example.contains(&i) {
-                                first_rows(t, real)
-                            } else {
-                                t.clone()
-                            }
-                        })
-                        .collect();
+            }
+            if ranks > 1 {
+                items = self.gather_items(Phase::Eval, items, failure.is_none(), count)?;
+            }
+            if let Some(f) = failure {
+                return Err(f);
+            }
+            for it in items {
+                if loss_at.is_some() {
+                    loss_sum += it.loss * it.real as f64;
+                }
+                for (r, args) in reducers[it.shard].iter_mut().zip(&it.args) {
                     r.accumulate(&args.iter().collect::<Vec<_>>());
                 }
-                examples += real as u64;
+                examples += it.real as u64;
             }
             count += 1;
         }
@@ -331,7 +355,9 @@ impl Estimator {
             .collect();
         let loss = loss_sum / examples as f64;
         self.note_skipped(&pipe);
-        self.write_eval_summaries(&metrics, loss);
+        if self.chief() {
+            self.write_eval_summaries(&metrics, loss);
+        }
         Ok(EvalReport {
             global_step: self.step,
             steps: count,
@@ -395,39 +421,80 @@ impl Estimator {
         let targets: Vec<NodeIndex> = outs.iter().map(|o| o.1).collect();
         let exe = self.run_exe(&c, SectionKind::Predict, &targets)?;
         let mut pipe = self.start_pipeline(&ds, SectionKind::Predict)?;
+        let (_, ranks) = self.rank();
         let mut lines = String::new();
         let mut acc: Vec<Vec<Tensor>> = vec![Vec::new(); outs.len()];
         let mut examples = 0u64;
         let mut count = 0u64;
         while steps.is_none_or(|s| count < s) {
-            let Some(mut batch) = pipe.next_element()? else {
-                break;
-            };
-            batch.truncate(feeder.names.len());
-            let when = format!("in predict batch {}", count + 1);
-            let (values, real) = self.run_fed(exe, &feeder, batch, 0, &when)?;
-            // Predictions keep the batch dimension (the front end checks): one line
-            // per real example.
-            let vals: Vec<Tensor> = values.iter().map(|t| first_rows(t, real)).collect();
-            let rows = vals
-                .first()
-                .map_or(0, |t| t.shape().first().copied().unwrap_or(1));
-            for r in 0..rows {
-                let mut obj = serde_json::Map::new();
-                for ((name, _), t) in outs.iter().zip(&vals) {
-                    obj.insert(name.clone(), row(t, r).to_json());
+            // one batch (of each rank, in rank order)
+            let (present, batches) = match self.read_group(&mut pipe, 1) {
+                Ok(x) => x,
+                Err(f) => {
+                    if ranks > 1 {
+                        let _ = self.exchange(Phase::Predict, &[0]);
+                    }
+                    return Err(f);
                 }
-                lines.push_str(&serde_json::Value::Object(obj).to_string());
-                lines.push('\n');
+            };
+            if present == 0 {
+                break;
             }
-            examples += rows as u64;
-            for (a, t) in acc.iter_mut().zip(vals) {
-                a.push(t);
+            let mut items = Vec::with_capacity(1);
+            let mut failure = None;
+            for (i, mut batch) in batches {
+                batch.truncate(feeder.names.len());
+                let when = format!("in predict batch {}", count * ranks as u64 + i as u64 + 1);
+                match self.run_fed(exe, &feeder, batch, 0, &when) {
+                    // Predictions keep the batch dimension (the front end checks): one
+                    // line per real example.
+                    Ok((values, real)) => items.push(EvalItem {
+                        shard: i,
+                        real,
+                        loss: 0.0,
+                        args: vec![values.iter().map(|t| first_rows(t, real)).collect()],
+                    }),
+                    Err(f) => failure = Some(f),
+                }
+            }
+            if ranks > 1 {
+                items = self.gather_items(Phase::Predict, items, failure.is_none(), count)?;
+            }
+            if let Some(f) = failure {
+                return Err(f);
+            }
+            for it in items {
+                let Some(vals) = it.args.into_iter().next() else {
+                    continue;
+                };
+                let rows = vals
+                    .first()
+                    .map_or(0, |t| t.shape().first().copied().unwrap_or(1));
+                for r in 0..rows {
+                    let mut obj = serde_json::Map::new();
+                    for ((name, _), t) in outs.iter().zip(&vals) {
+                        obj.insert(name.clone(), row(t, r).to_json());
+                    }
+                    lines.push_str(&serde_json::Value::Object(obj).to_string());
+                    lines.push('\n');
+                }
+                examples += rows as u64;
+                for (a, t) in acc.iter_mut().zip(vals) {
+                    a.push(t);
+                }
             }
             count += 1;
         }
         if examples == 0 {
             return Err(self.no_examples(SectionKind::Predict, steps, ds.span()));
+        }
+        if !self.chief() {
+            // rank 0 writes them
+            self.note_skipped(&pipe);
+            return Ok(PredictReport {
+                examples,
+                files: Vec::new(),
+            });
         }
         std::fs::create_dir_all(out)
             .map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
@@ -495,4 +562,73 @@ fn concat_rows(items: &[Element]) -> Tensor {
         &env(),
     )
     .unwrap_or_else(|_| first.clone())
+}
+
+/// What one batch of an evaluation (or prediction) adds: its shard (of every rank's),
+/// real rows, loss, and each metric's arguments (a prediction's outputs).
+struct EvalItem {
+    shard: usize,
+    real: usize,
+    loss: f64,
+    args: Vec<Vec<Tensor>>,
+}
+
+impl Estimator {
+    /// Every rank's items of one group of batches, in rank order (a collective);
+    /// E0924 when a rank failed its batches (`ok` false here: this rank did).
+    fn gather_items(
+        &mut self,
+        phase: Phase,
+        items: Vec<EvalItem>,
+        ok: bool,
+        count: u64,
+    ) -> Res<Vec<EvalItem>> {
+        let mut b = vec![u8::from(ok)];
+        b.extend((items.len() as u64).to_le_bytes());
+        for it in &items {
+            for x in [it.shard as u64, it.real as u64, it.loss.to_bits(), it.args.len() as u64] {
+                b.extend(x.to_le_bytes());
+            }
+            for a in &it.args {
+                crate::dist::encode(a, &mut b);
+            }
+        }
+        let all = self.exchange(phase, &b)?;
+        let what = if phase == Phase::Eval { "eval" } else { "predict" };
+        let when = format!("in {what} batch {}", count + 1);
+        let mut out = Vec::new();
+        for (r, b) in all.iter().enumerate() {
+            if b.first() != Some(&1) {
+                return Err(self.rank_failed(r, &when));
+            }
+            decode_items(b, &mut out).ok_or_else(|| {
+                self.io_diag(format!("rank {r} sent results that could not be read {when}"))
+            })?;
+        }
+        Ok(out)
+    }
+}
+
+fn decode_items(b: &[u8], out: &mut Vec<EvalItem>) -> Option<()> {
+    let mut at = 1;
+    let u = |at: &mut usize| -> Option<u64> {
+        let s = b.get(*at..*at + 8)?;
+        *at += 8;
+        Some(u64::from_le_bytes(s.try_into().ok()?))
+    };
+    let n = u(&mut at)?;
+    for _ in 0..n {
+        let (shard, real, loss, k) = (u(&mut at)?, u(&mut at)?, u(&mut at)?, u(&mut at)?);
+        let mut args = Vec::with_capacity(k.min(1 << 16) as usize);
+        for _ in 0..k {
+            args.push(crate::dist::decode(b, &mut at)?);
+        }
+        out.push(EvalItem {
+            shard: shard as usize,
+            real: real as usize,
+            loss: f64::from_bits(loss),
+            args,
+        });
+    }
+    Some(())
 }

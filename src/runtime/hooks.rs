@@ -177,6 +177,10 @@ impl KeepBest {
 }
 
 impl RunHook for KeepBest {
+    fn writes(&self) -> bool {
+        true
+    }
+
     fn after_eval(&mut self, info: &EvalInfo) -> Action {
         let Some(v) = info.metric(&self.metric) else {
             return Action::Continue;
@@ -214,6 +218,11 @@ pub enum Action {
 }
 
 pub trait RunHook: Send {
+    /// Whether the hook writes files (it then runs on rank 0 alone in a run across
+    /// ranks; the others must not depend on it to stop).
+    fn writes(&self) -> bool {
+        false
+    }
     /// Before the first step; `global_step` is where the run starts (after a restore).
     fn begin(&mut self, _global_step: i64, _last_step: i64) {}
     fn before_step(&mut self, _global_step: i64) {}

@@ -22,6 +22,7 @@ pub mod health;
 pub mod hooks;
 pub mod metrics;
 pub mod model_dir;
+mod replicas;
 mod restore;
 pub mod summary;
 
@@ -81,6 +82,9 @@ pub struct RunOptions {
     pub threads: Option<usize>,
     /// The fabric the wafer target runs on (`None`: `test32`).
     pub wafer: Option<crate::backend::wafer::fabric::Fabric>,
+    /// The ranks of the data-parallel run this estimator joins (`Estimator::join`):
+    /// `params.batch_size` is divided by them and `num_shards`.
+    pub ranks: u64,
 }
 
 impl Default for RunOptions {
@@ -95,6 +99,7 @@ impl Default for RunOptions {
             memory_limit: None,
             threads: None,
             wafer: None,
+            ranks: 1,
         }
     }
 }
@@ -247,6 +252,10 @@ pub struct Estimator {
     damaged_seen: Vec<checkpoint::Found>,
     /// Warnings of the runs so far (`take_warnings`).
     warnings: Vec<Diag>,
+    /// The ranks of the data-parallel run this estimator is one of (`join`).
+    group: Option<crate::dist::Group>,
+    /// The ranks it was checked for.
+    ranks: u64,
     /// Log lines (restores, checkpoints, summaries) go here; `None` is silent.
     pub log: Option<LogFn>,
 }
@@ -260,6 +269,7 @@ impl Estimator {
             config: opts.config.clone(),
             memory_limit: opts.memory_limit,
             fabric: opts.wafer.clone(),
+            ranks: opts.ranks.max(1),
             ..Default::default()
         };
         let checked = crate::check(program, &copts);
@@ -393,6 +403,8 @@ impl Estimator {
             seen: None,
             damaged_seen: Vec::new(),
             warnings: Vec::new(),
+            group: None,
+            ranks: opts.ranks.max(1),
             log: None,
         })
     }
@@ -620,6 +632,19 @@ impl Estimator {
         let mut o = PipeOptions::new(self.seed, &self.base);
         if mode == SectionKind::Train {
             o.workers = self.info.config.input_workers.max(1) as usize;
+        }
+        let (rank, ranks) = self.rank();
+        if ranks > 1 {
+            // this rank computes its own elements of each group and passes over the rest
+            let per_rank = match mode {
+                SectionKind::Predict => 1,
+                _ => self.info.config.num_shards.max(1) as usize,
+            };
+            o.share = Some(pipeline::Share {
+                rank,
+                ranks,
+                per_rank,
+            });
         }
         if let Some(d) = &self.cache_dir {
             o.cache_dir = d.clone();
@@ -862,20 +887,18 @@ impl Estimator {
         ))
     }
 
-    /// Pulls one batch per shard; `None` when the input has ended.
+    /// Pulls one batch per shard (of every rank: this rank's are returned); `None`
+    /// when the input has ended.
     fn next_batches(
         &mut self,
         pipe: &mut Pipeline,
         shards: usize,
     ) -> Res<Option<Vec<pipeline::Element>>> {
-        let mut out = Vec::with_capacity(shards);
-        for _ in 0..shards {
-            match pipe.next_element()? {
-                Some(e) => out.push(e),
-                None => return Ok(None),
-            }
+        let (present, mine) = self.read_group(pipe, shards)?;
+        if present < shards * self.rank().1 {
+            return Ok(None);
         }
-        Ok(Some(out))
+        Ok(Some(mine.into_iter().map(|(_, e)| e).collect()))
     }
 
     /// Train-and-evaluate (`tf.estimator.train_and_evaluate`): trains in stretches of
@@ -1057,7 +1080,7 @@ impl Estimator {
         let start = self.step;
         let cfg = self.info.config.clone();
         let shards = cfg.num_shards.max(1) as usize;
-        self.max_shards = self.max_shards.max(shards as u64);
+        self.max_shards = self.max_shards.max((shards * self.rank().1) as u64);
         let exe = self.train_exe(&c)?;
         let names = evaluate::input_names(&c.graph);
         let mut pipe = Pipeline::new_at(
@@ -1089,7 +1112,10 @@ impl Estimator {
                 }
                 let next = match self.next_batches(&mut pipe, shards) {
                     Ok(n) => n,
-                    Err(f) => return Err(self.keep_progress(f, start)),
+                    Err(f) => {
+                        self.tell_failure();
+                        return Err(self.keep_progress(f, start));
+                    }
                 };
                 let Some(batches) = next else {
                     stopped = Some(format!(
@@ -1101,6 +1127,7 @@ impl Estimator {
                 // the summaries of the loop's last step, when it writes them
                 let step_end = self.step + 1;
                 if step_end == loop_end
+                    && self.chief()
                     && (crossed(cfg.save_summary_steps, loop_start, step_end) || step_end == last)
                 {
                     let feeds = Self::feeds(&names, batches[0].clone());
@@ -1146,7 +1173,9 @@ impl Estimator {
             let secs = loop_t.elapsed().as_secs_f64().max(1e-9);
             let rate = (self.step - loop_start) as f64 / secs;
             loop_t = Instant::now();
-            if crossed(cfg.save_summary_steps, loop_start, self.step) || self.step == last {
+            if (crossed(cfg.save_summary_steps, loop_start, self.step) || self.step == last)
+                && self.chief()
+            {
                 let w = match &mut summaries {
                     Some(w) => w,
                     None => {
@@ -1237,7 +1266,12 @@ impl Estimator {
             seed: self.seed,
         };
         let next = self.step + 1;
-        match self.dev()?.device.train_step(exe, feeds, ctx) {
+        self.dev()?;
+        let stepped = self.with_peers(|peers, s| match &mut s.dev {
+            Some(d) => d.device.train_step(exe, feeds, ctx, peers),
+            None => Err(StepError::Peer { replica: 0 }),
+        });
+        match stepped {
             Ok(out) => {
                 self.step = out.next_step.unwrap_or(next);
                 Ok((out.loss, out.learning_rate))
@@ -1257,6 +1291,9 @@ impl Estimator {
             }) => Err(
                 health::diag(&bad, (index, value), next, span, self.last_checked.as_ref()).into(),
             ),
+            Err(StepError::Peer { replica }) => {
+                Err(self.rank_failed(replica, &format!("at global step {next}")))
+            }
         }
     }
 

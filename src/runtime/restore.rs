@@ -41,7 +41,8 @@ impl Estimator {
         self.prepare(Need::ResumeOrInit)
     }
 
-    pub(super) fn prepare(&mut self, need: Need) -> Res<()> {
+    /// `prepare` on this process alone (rank 0's part in a run across ranks).
+    pub(super) fn prepare_here(&mut self, need: Need) -> Res<()> {
         self.dev()?;
         if self.ready {
             return Ok(());
@@ -363,7 +364,8 @@ impl Estimator {
     /// it already, and releasing what it took). Refuses a directory of another
     /// framework before writing anything into it.
     pub(super) fn locked<T>(&mut self, f: impl FnOnce(&mut Self) -> Res<T>) -> Res<T> {
-        if self.lock.is_some() {
+        // (the other ranks of a run across ranks leave model_dir to rank 0)
+        if self.lock.is_some() || !self.chief() {
             return f(self);
         }
         self.refuse_foreign()?;
@@ -436,6 +438,12 @@ impl Estimator {
     }
 
     fn save_locked(&mut self) -> Res<PathBuf> {
+        if !self.chief() {
+            // rank 0 writes it
+            let p = checkpoint::tensors_path(&self.model_dir, self.step);
+            self.last_checkpoint = Some(p.clone());
+            return Ok(p);
+        }
         let vars = self.variables();
         let meta = checkpoint::Meta {
             global_step: self.step,

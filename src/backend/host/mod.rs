@@ -25,7 +25,8 @@ mod profile;
 use crate::backend::interp::OpEnv;
 use crate::backend::pool::{part, Pool, MIN_SPLIT};
 use crate::backend::{
-    self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
+    self, Feeds, Finite, Peers, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe,
+    TrainSpec,
 };
 use crate::diag::{timed, Code, Diag};
 use crate::ir::{Graph, NodeIndex, Op, TensorType};
@@ -999,6 +1000,7 @@ impl backend::Device for Device {
         exe: TrainExe,
         batches: Vec<Feeds>,
         ctx: StepCtx,
+        peers: &mut dyn Peers,
     ) -> Result<StepOut, StepError> {
         self.pool.wake();
         let t = &mut self.train[exe.0];
@@ -1008,22 +1010,28 @@ impl backend::Device for Device {
             &mut t.p,
             &mut [&mut t.a, &mut t.b],
         )
-        .map_err(|error| StepError::Run { shard: None, error })?;
+        .map_err(|error| peers.fail(StepError::Run { shard: None, error }))?;
         let t = &self.train[exe.0];
         let g: &Graph = &t.p.graph;
         let mem = &t.p.mem;
         let n = batches.len();
+        let (replicas, me) = peers.replicas();
+        // the shards of every replica are numbered in replica order
+        let first = me * n;
         let mut acc: Vec<(NodeIndex, Vec<f32>)> = Vec::new();
         for (shard, feeds) in batches.iter().enumerate() {
             let on = |error| StepError::Run {
-                shard: (n > 1).then_some(shard),
+                shard: (n * replicas > 1).then_some(first + shard),
                 error,
             };
-            feed(&t.p, mem, feeds, ctx.step, &self.pool).map_err(on)?;
-            let env = ctx.op_env(shard);
-            run_steps(g, &t.a, mem, &env, &self.pool).map_err(on)?;
-            if n > 1 {
-                // the mean over shards of every float phase-A value, shard 0 first
+            let env = ctx.op_env(first + shard);
+            let ran = feed(&t.p, mem, feeds, ctx.step, &self.pool)
+                .and_then(|_| run_steps(g, &t.a, mem, &env, &self.pool));
+            if let Err(error) = ran {
+                return Err(peers.fail(on(error)));
+            }
+            if n * replicas > 1 {
+                // the sum over shards of every float phase-A value, shard 0 first
                 for &target in &t.spec.a_targets {
                     let v = &t.views[&target];
                     if mem.elem(v) != Elem::F32 || t.p.bufs.bufs[v.buf].role != Role::Temp {
@@ -1038,9 +1046,12 @@ impl backend::Device for Device {
                 }
             }
         }
-        for (target, mut a) in acc {
-            a.iter_mut().for_each(|x| *x /= n as f32);
-            mem.put_f32s(&t.views[&target], &a);
+        if n * replicas > 1 {
+            let mut sums: Vec<Vec<f32>> = acc.iter_mut().map(|a| std::mem::take(&mut a.1)).collect();
+            backend::shard_mean(peers, &mut sums, n)?;
+            for ((target, _), mean) in acc.iter().zip(&sums) {
+                mem.put_f32s(&t.views[target], mean);
+            }
         }
         let check = |node: NodeIndex, want: Finite| scan(mem, &t.views[&node], want, &self.pool);
         t.spec.check_a(check)?;

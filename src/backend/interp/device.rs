@@ -4,7 +4,8 @@
 
 use super::{execute, Env, Plan, Values};
 use crate::backend::{
-    self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
+    self, Feeds, Finite, Peers, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe,
+    TrainSpec,
 };
 use crate::diag::Diag;
 use crate::ir::{Graph, NodeIndex};
@@ -85,16 +86,20 @@ impl backend::Device for Device {
         exe: TrainExe,
         batches: Vec<Feeds>,
         ctx: StepCtx,
+        peers: &mut dyn Peers,
     ) -> Result<StepOut, StepError> {
         let Train { graph, spec, a, b } = &self.train[exe.0];
         let g: &Graph = graph;
         let n = batches.len();
+        let (replicas, me) = peers.replicas();
+        // the shards of every replica are numbered in replica order
+        let first = me * n;
         let vars = &self.vars;
         let run_a = |shard: usize, feeds: Feeds| -> Result<Values, RunError> {
             let env = Env {
                 feeds: &feeds,
                 vars,
-                op: ctx.op_env(shard),
+                op: ctx.op_env(first + shard),
             };
             let mut values = Values::new(g.g.node_bound());
             execute(g, a, &env, &mut values)?;
@@ -120,28 +125,40 @@ impl backend::Device for Device {
         };
         let mut shard_values = Vec::with_capacity(n);
         for (shard, r) in results.into_iter().enumerate() {
-            shard_values.push(r.map_err(|error| StepError::Run {
-                shard: (n > 1).then_some(shard),
-                error,
-            })?);
-        }
-        // The mean over shards of every phase-A target, then phase B once.
-        let mut values = shard_values.swap_remove(0);
-        if !shard_values.is_empty() {
-            for &t in &spec.a_targets {
-                // Float values (gradients, the loss, float state updates) are averaged;
-                // others (an integer counter a model assigns) are shard 0's.
-                let first = values.get(t).expect("target");
-                let Data::F(a) = &first.data else {
-                    continue;
-                };
-                let dtype = first.dtype;
-                let mut acc = a.to_owned();
-                for sv in &shard_values {
-                    acc += sv.get(t).expect("target").f();
+            match r {
+                Ok(v) => shard_values.push(v),
+                Err(error) => {
+                    return Err(peers.fail(StepError::Run {
+                        shard: (n * replicas > 1).then_some(first + shard),
+                        error,
+                    }))
                 }
-                acc.mapv_inplace(|x| x / n as f32);
-                values.set(t, Tensor::float(dtype, acc.into_shared()));
+            }
+        }
+        // The mean over shards (and replicas) of every phase-A target, then phase B
+        // once. Float values (gradients, the loss, float state updates) are averaged;
+        // others (an integer counter a model assigns) are shard 0's.
+        let mut values = shard_values.remove(0);
+        if n * replicas > 1 {
+            let floats: Vec<NodeIndex> = (spec.a_targets.iter().copied())
+                .filter(|&t| matches!(values.get(t).map(|v| &v.data), Some(Data::F(_))))
+                .collect();
+            let mut sums: Vec<Vec<f32>> = floats
+                .iter()
+                .map(|&t| {
+                    let mut acc = values.get(t).expect("target").f().to_owned();
+                    for sv in &shard_values {
+                        acc += sv.get(t).expect("target").f();
+                    }
+                    acc.iter().copied().collect()
+                })
+                .collect();
+            backend::shard_mean(peers, &mut sums, n)?;
+            for (t, sum) in floats.into_iter().zip(sums) {
+                let first = values.get(t).expect("target");
+                let (dtype, shape) = (first.dtype, first.shape().to_vec());
+                let a = ndarray::ArrayD::from_shape_vec(shape, sum).expect("the target's shape");
+                values.set(t, Tensor::float(dtype, a.into_shared()));
             }
         }
         for &(cross, operand) in &spec.cross {

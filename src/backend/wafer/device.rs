@@ -20,7 +20,7 @@ use super::place::{self, Layout, LayoutError, SramShort};
 use super::sim::Sim;
 use crate::backend::interp::{execute, Env, Plan, Values};
 use crate::backend::{
-    self, Feeds, Finite, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
+    self, Feeds, Finite, Peers, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
 };
 use crate::diag::{Code, Diag};
 use crate::ir::{Graph, NodeIndex, Op};
@@ -563,18 +563,23 @@ impl backend::Device for Device {
         exe: TrainExe,
         batches: Vec<Feeds>,
         ctx: StepCtx,
+        peers: &mut dyn Peers,
     ) -> Result<StepOut, StepError> {
         let (e, spec) = &mut self.train[exe.0];
         let g = e.graph.clone();
-        if batches.len() != 1 {
-            return Err(StepError::Run {
+        if batches.len() != 1 || peers.replicas().0 != 1 {
+            return Err(peers.fail(StepError::Run {
                 shard: None,
                 error: fail(
                     &g,
                     spec.loss,
-                    format!("the wafer runs a step as one shard, not {}", batches.len()),
+                    format!(
+                        "the wafer runs a step as one shard of one replica, not {} of {}",
+                        batches.len(),
+                        peers.replicas().0
+                    ),
                 ),
-            });
+            }));
         }
         sync(e, &self.vars);
         let run = |error| StepError::Run { shard: None, error };

@@ -1,0 +1,239 @@
+//! Data-parallel runs across processes: the ranks of one job, each a replica of the
+//! Estimator, that agree on the program, share the train step's averages and the
+//! evaluation's batches, and leave the writing to rank 0.
+//!
+//! ```text
+//! Comm                    the seam: rank, size, all-gather, all-to-all
+//!   threads::group(n)     ranks as threads of one process (tests, embedding)
+//!   mpi::World            ranks as processes of an MPI job (`mpirun -n N estc train`)
+//! Group                   what the runtime holds: a Comm, its shards, what it says
+//!   .sum(buf)             the element-wise sum over the ranks, added in rank order
+//!   .agree(outcome)       every rank's outcome of a step (who failed)
+//! ```
+//!
+//! Sums are deterministic: a reduce-scatter hands each rank one chunk of every rank's
+//! buffer, which it adds in rank order (rank 0 first), and an all-gather returns the
+//! summed chunks. The result has the same bits whatever the timing, and with one
+//! shard per rank it equals the sum a single process makes over its shards in shard
+//! order: `mpirun -n 2` with one shard each trains bit for bit as one process with two.
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod threads;
+
+use crate::tensor::Tensor;
+
+/// The ranks of a job, as seen from one of them. Every rank calls the collective
+/// methods in the same order with buffers of agreeing sizes.
+pub trait Comm: Send {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Every rank's bytes (of any length), in rank order.
+    fn all_gather(&mut self, mine: &[u8]) -> Vec<Vec<u8>>;
+    /// Sends `send[displ(j)..][..send_counts[j]]` to rank `j`; `recv` receives
+    /// `recv_counts[i]` values from each rank `i`, in rank order.
+    fn all_to_all_f32(
+        &mut self,
+        send: &[f32],
+        send_counts: &[usize],
+        recv: &mut [f32],
+        recv_counts: &[usize],
+    );
+    /// Every rank's `mine` (`counts[i]` values from rank `i`), concatenated in rank
+    /// order into `all`.
+    fn all_gather_f32(&mut self, mine: &[f32], all: &mut [f32], counts: &[usize]);
+}
+
+/// A rank's place in a data-parallel run: its communicator and how many shards each
+/// rank runs a step on.
+pub struct Group {
+    comm: Box<dyn Comm>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Group(rank {} of {})", self.rank(), self.size())
+    }
+}
+
+impl Group {
+    pub fn new(comm: Box<dyn Comm>) -> Group {
+        Group { comm }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// Whether this rank writes (checkpoints, summaries, predictions, logs): rank 0.
+    pub fn chief(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// Every rank's bytes, in rank order.
+    pub fn all_gather(&mut self, mine: &[u8]) -> Vec<Vec<u8>> {
+        self.comm.all_gather(mine)
+    }
+
+    /// Rank 0's bytes, on every rank (`mine` is only read on rank 0).
+    pub fn broadcast(&mut self, mine: Vec<u8>) -> Vec<u8> {
+        let send: &[u8] = if self.chief() { &mine } else { &[] };
+        self.comm.all_gather(send).swap_remove(0)
+    }
+
+    /// Every rank's outcome of a stretch of work: `Ok` on every rank, or the first
+    /// rank (in rank order) that failed.
+    pub fn agree(&mut self, ok: bool) -> Result<(), usize> {
+        let all = self.comm.all_gather(&[u8::from(ok)]);
+        match all.iter().position(|b| b.first() != Some(&1)) {
+            Some(r) => Err(r),
+            None => Ok(()),
+        }
+    }
+
+    /// Replaces `buf` by its element-wise sum over the ranks, added in rank order.
+    pub fn sum(&mut self, buf: &mut [f32]) {
+        if self.size() == 1 {
+            return;
+        }
+        // (in pieces whose chunks MPI's `i32` counts can address)
+        for piece in buf.chunks_mut(1 << 28) {
+            self.sum_piece(piece);
+        }
+    }
+
+    fn sum_piece(&mut self, buf: &mut [f32]) {
+        let n = self.size();
+        let me = self.rank();
+        let counts = chunks(buf.len(), n);
+        let c = counts[me];
+        let mut recv = vec![0f32; c * n];
+        self.comm
+            .all_to_all_f32(buf, &counts, &mut recv, &vec![c; n]);
+        let (acc, rest) = recv.split_at_mut(c);
+        for part in rest.chunks_exact(c.max(1)).take(n - 1) {
+            acc.iter_mut().zip(part).for_each(|(a, &x)| *a += x);
+        }
+        self.comm.all_gather_f32(acc, buf, &counts);
+    }
+}
+
+/// `len` split into `n` chunks as evenly as possible, the longer ones first.
+fn chunks(len: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|i| len / n + usize::from(i < len % n)).collect()
+}
+
+/// Tensors as bytes, for the all-gathers of evaluation and prediction: per tensor its
+/// dtype, rank, dimensions and little-endian data.
+pub fn encode(ts: &[Tensor], out: &mut Vec<u8>) {
+    out.extend((ts.len() as u64).to_le_bytes());
+    for t in ts {
+        let code = crate::ir::DType::ALL
+            .iter()
+            .position(|&d| d == t.dtype)
+            .unwrap_or(0);
+        out.push(code as u8);
+        out.push(t.shape().len() as u8);
+        for &d in t.shape() {
+            out.extend((d as u64).to_le_bytes());
+        }
+        let data = t.to_le_bytes();
+        out.extend((data.len() as u64).to_le_bytes());
+        out.extend(data);
+    }
+}
+
+/// The inverse of `encode`, reading from `*at` on; `None` for bytes it did not write.
+pub fn decode(b: &[u8], at: &mut usize) -> Option<Vec<Tensor>> {
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = b.get(*at..at.checked_add(n)?)?;
+        *at += n;
+        Some(s)
+    };
+    let u64_at = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])) as usize;
+    let count = u64_at(take(8)?);
+    let mut out = Vec::with_capacity(count.min(1 << 16));
+    for _ in 0..count {
+        let head = take(2)?;
+        let dtype = *crate::ir::DType::ALL.get(head[0] as usize)?;
+        let rank = head[1] as usize;
+        let mut dims = Vec::with_capacity(rank);
+        for _ in 0..rank {
+            dims.push(u64_at(take(8)?));
+        }
+        let len = u64_at(take(8)?);
+        let data = take(len)?;
+        let ty = crate::ir::TensorType::new(dtype, dims);
+        out.push(Tensor::from_le_bytes(&ty, data)?);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_in_rank_order_on_every_rank() {
+        // values whose sum depends on the order it is added in
+        let data = |r: usize| -> Vec<f32> {
+            (0..11)
+                .map(|i| match (r + i) % 3 {
+                    0 => 1e8,
+                    1 => 1.0,
+                    _ => -1e8 + i as f32,
+                })
+                .collect()
+        };
+        let n = 3;
+        let want: Vec<f32> = (0..11)
+            .map(|i| {
+                let mut a = data(0)[i];
+                for r in 1..n {
+                    a += data(r)[i];
+                }
+                a
+            })
+            .collect();
+        let got = threads::run(n, |mut g| {
+            let mut b = data(g.rank());
+            g.sum(&mut b);
+            b
+        });
+        for b in got {
+            assert_eq!(b, want);
+        }
+    }
+
+    #[test]
+    fn agree_names_the_first_rank_that_failed() {
+        let got = threads::run(3, |mut g| {
+            let ok = g.rank() != 1 && g.rank() != 2;
+            (g.agree(ok), g.broadcast(vec![g.rank() as u8 + 7]))
+        });
+        for (a, b) in got {
+            assert_eq!(a, Err(1));
+            assert_eq!(b, vec![7]);
+        }
+    }
+
+    #[test]
+    fn tensors_round_trip() {
+        use crate::ir::{DType, TensorType};
+        let ts = vec![
+            Tensor::from_f64(&TensorType::new(DType::F32, vec![2, 3]), vec![1.5; 6]),
+            Tensor::from_f64(&TensorType::new(DType::I32, vec![4]), vec![-3.0, 0.0, 7.0, 9.0]),
+            Tensor::from_f64(&TensorType::new(DType::Bool, vec![]), vec![1.0]),
+        ];
+        let mut b = Vec::new();
+        encode(&ts, &mut b);
+        let mut at = 0;
+        assert_eq!(decode(&b, &mut at), Some(ts));
+        assert_eq!(at, b.len());
+        assert_eq!(decode(&b[..b.len() - 1], &mut 0), None);
+    }
+}

@@ -1,0 +1,385 @@
+//! The Estimator as one rank of a data-parallel run (`mpirun -n N estc train`): every
+//! rank runs the same program on its own shards of the input, the train step averages
+//! over all of them (`backend::Peers`), and rank 0 alone reads and writes `model_dir`.
+//!
+//! ```text
+//! join(group)          the ranks agree on the program; rank 0's seed is everyone's
+//! prepare              rank 0 restores or initialises; every rank binds its state
+//! read_group           the input's next ranks x shards elements: this rank's share
+//!                      computed, the others' passed over
+//! train step           phase A on this rank's shards, the rank-ordered sum, phase B
+//! evaluate / predict   each rank runs its batches; the results are gathered in order
+//! ```
+//!
+//! Every collective starts with a tag naming what it is, so that ranks that fell out of
+//! step (one failed where the others could not see it) find out instead of pairing
+//! unrelated exchanges.
+
+use super::{Estimator, Res, RunFailure};
+use crate::backend::{Alone, Peers};
+use crate::data::pipeline::{Element, Pipeline};
+use crate::diag::{Code, Diag};
+use crate::dist::Group;
+use crate::elab::Target;
+use crate::tensor::Tensor;
+use rustc_hash::FxHashMap;
+
+/// What a collective exchange is, sent ahead of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Join = 1,
+    State,
+    Step,
+    Eval,
+    Predict,
+    /// The end of a command: every rank's outcome.
+    End,
+}
+
+impl Phase {
+    fn name(b: u8) -> &'static str {
+        match b {
+            1 => "joining",
+            2 => "restoring",
+            3 => "a train step",
+            4 => "evaluating",
+            5 => "predicting",
+            6 => "the end of the run",
+            _ => "an unknown exchange",
+        }
+    }
+}
+
+/// Ranks found in different exchanges: the job cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diverged {
+    pub rank: usize,
+    pub at: &'static str,
+    pub here: &'static str,
+}
+
+impl std::fmt::Display for Diverged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the ranks fell out of step: rank {} is at {} while this rank is at {}",
+            self.rank, self.at, self.here
+        )
+    }
+}
+
+/// Every rank's payload of one tagged exchange, in rank order.
+pub fn exchange(g: &mut Group, phase: Phase, payload: &[u8]) -> Result<Vec<Vec<u8>>, Diverged> {
+    let mut mine = Vec::with_capacity(payload.len() + 1);
+    mine.push(phase as u8);
+    mine.extend_from_slice(payload);
+    let all = g.all_gather(&mine);
+    let mut out = Vec::with_capacity(all.len());
+    for (rank, mut b) in all.into_iter().enumerate() {
+        if b.first() != Some(&(phase as u8)) {
+            return Err(Diverged {
+                rank,
+                at: Phase::name(b.first().copied().unwrap_or(0)),
+                here: Phase::name(phase as u8),
+            });
+        }
+        b.remove(0);
+        out.push(b);
+    }
+    Ok(out)
+}
+
+impl Peers for Group {
+    fn replicas(&self) -> (usize, usize) {
+        (self.size(), self.rank())
+    }
+
+    fn reduce(&mut self, local: Option<&mut [f32]>) -> Result<(), usize> {
+        let all = match exchange(self, Phase::Step, &[u8::from(local.is_some())]) {
+            Ok(a) => a,
+            // (a rank elsewhere: report it as failed; the job ends)
+            Err(d) => return Err(d.rank),
+        };
+        if let Some(r) = all.iter().position(|b| b.first() != Some(&1)) {
+            return Err(r);
+        }
+        if let Some(b) = local {
+            self.sum(b);
+        }
+        Ok(())
+    }
+}
+
+fn u64_at(b: &[u8], at: &mut usize) -> Option<u64> {
+    let s = b.get(*at..*at + 8)?;
+    *at += 8;
+    Some(u64::from_le_bytes(s.try_into().ok()?))
+}
+
+impl Estimator {
+    /// Joins a data-parallel run as one of `group`'s ranks (every rank calls it, in
+    /// the same order as everything after it). The ranks must run the same program,
+    /// estimator, configuration and target, checked for as many ranks as the group
+    /// has (`RunOptions::ranks`); E0925 otherwise, on every rank. Rank 0's seed
+    /// becomes every rank's.
+    pub fn join(&mut self, mut group: Group) -> Res<()> {
+        let me = format!(
+            "{}\n{}\n{:?}\n{:?}\n{}\n{}",
+            self.program_hash,
+            self.info.name,
+            self.target,
+            self.info.config,
+            self.ranks,
+            env!("CARGO_PKG_VERSION")
+        );
+        let all = exchange(&mut group, Phase::Join, me.as_bytes())
+            .map_err(|d| self.diverged(&d))?;
+        let what = ["program (its files or params)", "estimator", "target", "config", "rank count", "est version"];
+        let theirs = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let first = theirs(&all[0]);
+        for (r, b) in all.iter().enumerate().skip(1) {
+            let other = theirs(b);
+            if other != first {
+                let differs: Vec<&str> = (first.split('\n').zip(other.split('\n')))
+                    .zip(what)
+                    .filter(|((a, b), _)| a != b)
+                    .map(|(_, w)| w)
+                    .collect();
+                return Err(Diag::new(
+                    Code::RanksDisagree,
+                    self.info.span,
+                    format!(
+                        "rank {r} runs another {} than rank 0",
+                        differs.join(" and ")
+                    ),
+                )
+                .label("this estimator, on rank 0")
+                .help("every rank must run the same est, file, params, --config and --target: start them from one command line on identical copies of the files")
+                .into());
+            }
+        }
+        if group.size() as u64 != self.ranks {
+            return Err(Diag::new(
+                Code::RanksDisagree,
+                self.info.span,
+                format!(
+                    "the estimator was checked for {} rank(s) and joins a run of {}",
+                    self.ranks,
+                    group.size()
+                ),
+            )
+            .label("this estimator")
+            .help("set `RunOptions::ranks` to the group's size")
+            .into());
+        }
+        if self.target == Target::Wafer && group.size() > 1 {
+            return Err(Diag::new(
+                Code::NoRuntime,
+                self.info.span,
+                "the wafer target does not train across ranks yet",
+            )
+            .label("this estimator")
+            .help("run one wafer per job, or `--target host` across the ranks")
+            .into());
+        }
+        let seed = group.broadcast(self.seed.to_le_bytes().to_vec());
+        self.seed = u64_at(&seed, &mut 0).unwrap_or(self.seed);
+        if !group.chief() {
+            self.hooks.retain(|h| !h.writes());
+        }
+        self.group = Some(group);
+        Ok(())
+    }
+
+    /// This rank and the number of ranks: `(0, 1)` alone.
+    pub fn rank(&self) -> (usize, usize) {
+        self.group
+            .as_ref()
+            .map_or((0, 1), |g| (g.rank(), g.size()))
+    }
+
+    /// Whether this estimator writes `model_dir`: alone, or as rank 0.
+    pub fn chief(&self) -> bool {
+        self.group.as_ref().is_none_or(Group::chief)
+    }
+
+    /// The replicas a train step averages with.
+    pub(super) fn with_peers<T>(&mut self, f: impl FnOnce(&mut dyn Peers, &mut Self) -> T) -> T {
+        match self.group.take() {
+            Some(mut g) => {
+                let out = f(&mut g, self);
+                self.group = Some(g);
+                out
+            }
+            None => f(&mut Alone, self),
+        }
+    }
+
+    /// Tells the other ranks, waiting in a train step's exchange, that this rank
+    /// failed before it (its input failed).
+    pub(super) fn tell_failure(&mut self) {
+        if let Some(g) = &mut self.group {
+            let _ = g.fail(crate::backend::StepError::Peer { replica: g.rank() });
+        }
+    }
+
+    /// E0924: rank `r` failed `when`; it reports why itself.
+    pub(super) fn rank_failed(&self, r: usize, when: &str) -> RunFailure {
+        Diag::new(
+            Code::RankFailed,
+            self.info.span,
+            format!("rank {r} failed {when}"),
+        )
+        .label("this estimator, on another rank")
+        .help(format!("rank {r}'s own message says why; fix that and run the same command again (training resumes from the last checkpoint)"))
+        .into()
+    }
+
+    pub(super) fn diverged(&self, d: &Diverged) -> RunFailure {
+        Diag::new(Code::RankFailed, self.info.span, d.to_string())
+            .label("this estimator")
+            .help("a rank failed where the others could not see it; its own message says why")
+            .into()
+    }
+
+    /// The next `ranks x per_rank` elements of the input, numbered from 0: how many
+    /// there were (fewer at its end), and this rank's (rank-major: rank `r` takes
+    /// `r * per_rank ..`), with their numbers. Alone, the next `per_rank`.
+    pub(super) fn read_group(
+        &self,
+        pipe: &mut Pipeline,
+        per_rank: usize,
+    ) -> Res<(usize, Vec<(usize, Element)>)> {
+        let (rank, ranks) = self.rank();
+        let mine = rank * per_rank..(rank + 1) * per_rank;
+        let mut out = Vec::with_capacity(per_rank);
+        let mut present = 0;
+        for i in 0..per_rank * ranks {
+            match pipe.next_element()? {
+                Some(e) => {
+                    present += 1;
+                    if mine.contains(&i) {
+                        out.push((i, e));
+                    }
+                }
+                None => break,
+            }
+        }
+        Ok((present, out))
+    }
+
+    /// Rank 0's state (after it restored or initialised it), as bytes.
+    fn encode_state(&self) -> Vec<u8> {
+        let vars = self.variables();
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort();
+        let mut out = Vec::new();
+        for x in [
+            self.step as u64,
+            self.seed,
+            self.input_position,
+            self.max_shards,
+            names.len() as u64,
+        ] {
+            out.extend(x.to_le_bytes());
+        }
+        for n in &names {
+            out.extend((n.len() as u64).to_le_bytes());
+            out.extend(n.as_bytes());
+        }
+        let ts: Vec<Tensor> = names.iter().map(|n| vars[*n].clone()).collect();
+        crate::dist::encode(&ts, &mut out);
+        out
+    }
+
+    /// Adopts rank 0's state (`encode_state`).
+    fn adopt_state(&mut self, b: &[u8]) -> Res<()> {
+        let bad = || self.io_diag("the state rank 0 sent could not be read".into());
+        let mut at = 0;
+        let mut next = || u64_at(b, &mut at);
+        let (Some(step), Some(seed), Some(pos), Some(shards), Some(n)) =
+            (next(), next(), next(), next(), next())
+        else {
+            return Err(bad().into());
+        };
+        let mut at = 40;
+        let mut names = Vec::with_capacity(n.min(1 << 20) as usize);
+        for _ in 0..n {
+            let len = u64_at(b, &mut at).ok_or_else(bad)? as usize;
+            let s = b.get(at..at + len).ok_or_else(bad)?;
+            names.push(String::from_utf8_lossy(s).into_owned());
+            at += len;
+        }
+        let ts = crate::dist::decode(b, &mut at).ok_or_else(bad)?;
+        let vars: FxHashMap<String, Tensor> = names.into_iter().zip(ts).collect();
+        self.bind(vars)?;
+        self.step = step as i64;
+        self.seed = seed;
+        self.input_position = pos;
+        self.max_shards = shards;
+        Ok(())
+    }
+
+    /// What a run needs of `model_dir` (`prepare_here`), on every rank: rank 0 restores
+    /// or initialises, and the others take its state. A collective.
+    pub(super) fn prepare(&mut self, need: super::restore::Need) -> Res<()> {
+        let Some(chief) = self.group.as_ref().map(Group::chief) else {
+            return self.prepare_here(need);
+        };
+        let (mut msg, mut failure) = (Vec::new(), None);
+        if chief {
+            let was = self.ready;
+            match self.prepare_here(need) {
+                Ok(()) if was => msg.push(1),
+                Ok(()) => {
+                    msg.push(2);
+                    msg.extend(self.encode_state());
+                }
+                Err(f) => {
+                    msg.push(0);
+                    failure = Some(f);
+                }
+            }
+        }
+        let got = self.exchange(Phase::State, &msg)?;
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        if chief {
+            return Ok(());
+        }
+        let sent = &got[0];
+        match sent.first() {
+            Some(1) if self.ready => Ok(()),
+            Some(2) => {
+                self.dev()?;
+                self.adopt_state(&sent[1..])?;
+                self.ready = true;
+                Ok(())
+            }
+            _ => Err(self.rank_failed(0, "to restore or initialise the model")),
+        }
+    }
+
+    /// Every rank's payload of a tagged exchange (`exchange`); alone, this one's.
+    pub(super) fn exchange(&mut self, phase: Phase, payload: &[u8]) -> Res<Vec<Vec<u8>>> {
+        let Some(mut g) = self.group.take() else {
+            return Ok(vec![payload.to_vec()]);
+        };
+        let got = exchange(&mut g, phase, payload);
+        self.group = Some(g);
+        got.map_err(|d| self.diverged(&d))
+    }
+
+    /// The end of a command on every rank (a collective): whether every rank
+    /// completed it (`Some(true)`), or some failed (`Some(false)`); `None` when the
+    /// ranks fell out of step and the job must end. Alone, `Some(ok)`.
+    pub fn finish(&mut self, ok: bool) -> Option<bool> {
+        let Some(g) = &mut self.group else {
+            return Some(ok);
+        };
+        let all = exchange(g, Phase::End, &[u8::from(ok)]).ok()?;
+        Some(all.iter().all(|b| b.first() == Some(&1)))
+    }
+}
