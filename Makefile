@@ -12,8 +12,9 @@ all: build
 setup:
 	@bash scripts/setup.sh
 
+# (with MPI: `mpirun -n N ./target/release/estc train ...` trains across ranks)
 build: setup
-	$(CARGO) build --release
+	$(CARGO) build --release --features mpi
 
 # The main job: train the digits MLP from scratch on the real 8x8 digits (1437 training
 # images), evaluate it on the 360 held-out ones (must reach 0.95), write its
@@ -48,6 +49,14 @@ demo: build
 	@echo "== estc train and eval examples/digits_tfrecord.est"
 	@EST_CACHE_DIR=target/demo/cache ./target/release/estc train examples/digits_tfrecord.est --model-dir target/demo/digits_tfrecord
 	@EST_CACHE_DIR=target/demo/cache ./target/release/estc eval examples/digits_tfrecord.est --model-dir target/demo/digits_tfrecord
+	@echo "== mpirun -n 2 estc train examples/digits_mlp.est (two ranks of one shard: the same bytes as one process of two shards)"
+	@rm -rf target/demo/digits_ranks target/demo/digits_shards
+	@OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n 2 \
+	  ./target/release/estc train examples/digits_mlp.est --model-dir target/demo/digits_ranks --max-steps 300
+	@./target/release/estc train examples/digits_mlp.est --model-dir target/demo/digits_shards --max-steps 300 --config num_shards=2 > /dev/null 2>&1
+	@cmp target/demo/digits_ranks/ckpt-300.safetensors target/demo/digits_shards/ckpt-300.safetensors && echo "ckpt-300: identical"
+	@OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n 2 \
+	  ./target/release/estc eval examples/digits_mlp.est --model-dir target/demo/digits_ranks
 	@for f in examples/*.est; do \
 	  n=$$(basename $$f .est); \
 	  case " $(HOST_ONLY_EXAMPLES) " in *" $$n "*) ts=host;; *) ts="host wafer";; esac; \
@@ -62,10 +71,11 @@ demo: build
 	@./target/release/estc check tests/ui/multiple/several_errors.est; test $$? -eq 1
 
 # Every check: formatting, lints (warnings are errors) and the whole test suite for
-# both feature sets we ship (the default, with the host backend through LLVM, and
-# --no-default-features, without it), and the Neovim setup (when nvim is installed).
+# the feature sets we ship (the host backend through LLVM with training across ranks
+# on MPI, whose tests run `mpirun -n 2` on this machine; and --no-default-features,
+# with neither), and the Neovim setup (when nvim is installed).
 test: setup fmt clippy
-	$(CARGO) test
+	$(CARGO) test --features mpi
 	$(CARGO) test --no-default-features
 	@$(MAKE) --no-print-directory test-nvim
 
@@ -81,7 +91,7 @@ fmt:
 	$(CARGO) fmt --check
 
 clippy:
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --features mpi -- -D warnings
 	$(CARGO) clippy --all-targets --no-default-features -- -D warnings
 
 bench: setup

@@ -110,7 +110,9 @@ fn allocations(file: &str, params: &[(&str, &str)], threads: usize, steps: u64) 
             seed: 1,
         };
         let before = ALLOCS.load(Ordering::Relaxed);
-        let out = d.train_step(exe, batches, ctx, &mut est::backend::Alone).expect("the step runs");
+        let out = d
+            .train_step(exe, batches, ctx, &mut est::backend::Alone)
+            .expect("the step runs");
         let after = ALLOCS.load(Ordering::Relaxed);
         assert!(out.loss.is_finite(), "loss {}", out.loss);
         if step >= 2 {

@@ -641,7 +641,8 @@ fn every_runtime_code_is_tested() {
         + &std::fs::read_to_string(root().join("tests/host.rs")).unwrap()
         + &std::fs::read_to_string(root().join("tests/wafer.rs")).unwrap()
         + &std::fs::read_to_string(root().join("tests/warm_start.rs")).unwrap()
-        + &std::fs::read_to_string(root().join("tests/export.rs")).unwrap();
+        + &std::fs::read_to_string(root().join("tests/export.rs")).unwrap()
+        + &std::fs::read_to_string(root().join("tests/distributed.rs")).unwrap();
     let missing: Vec<&str> = est::diag::Code::all()
         .iter()
         .filter(|c| c.id[1..].starts_with("09"))

@@ -21,7 +21,9 @@ fn launched() -> (usize, usize) {
             .iter()
             .find_map(|n| std::env::var(n).ok()?.parse::<usize>().ok())
     };
-    let size = var(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]).unwrap_or(1).max(1);
+    let size = var(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+        .unwrap_or(1)
+        .max(1);
     let rank = var(&["OMPI_COMM_WORLD_RANK", "PMI_RANK"]).unwrap_or(0);
     (rank, size)
 }

@@ -65,8 +65,11 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
             .into()),
         };
         if let Err(f) = joined {
-            let code = print_diags(&program, &f.diags, a.out.message_format, a.out.color);
-            return ranks.abort(code.max(1));
+            // every rank found the same (rank 0 says it), and MPI has ended with the group
+            if ranks.rank() == 0 {
+                print_diags(&program, &f.diags, a.out.message_format, a.out.color);
+            }
+            return 1;
         }
     }
     let chief = ranks.rank() == 0;

@@ -226,7 +226,10 @@ mod tests {
         use crate::ir::{DType, TensorType};
         let ts = vec![
             Tensor::from_f64(&TensorType::new(DType::F32, vec![2, 3]), vec![1.5; 6]),
-            Tensor::from_f64(&TensorType::new(DType::I32, vec![4]), vec![-3.0, 0.0, 7.0, 9.0]),
+            Tensor::from_f64(
+                &TensorType::new(DType::I32, vec![4]),
+                vec![-3.0, 0.0, 7.0, 9.0],
+            ),
             Tensor::from_f64(&TensorType::new(DType::Bool, vec![]), vec![1.0]),
         ];
         let mut b = Vec::new();

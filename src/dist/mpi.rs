@@ -90,7 +90,10 @@ impl Comm for World {
         let mut lens = vec![0u64; n];
         self.comm
             .all_gather_into(&(mine.len() as u64), &mut lens[..]);
-        let mut out: Vec<Vec<u8>> = lens.iter().map(|&l| Vec::with_capacity(l as usize)).collect();
+        let mut out: Vec<Vec<u8>> = lens
+            .iter()
+            .map(|&l| Vec::with_capacity(l as usize))
+            .collect();
         // in rounds of at most ROUND bytes per rank, until every rank has sent all
         let mut sent = 0usize;
         let most = lens.iter().copied().max().unwrap_or(0) as usize;

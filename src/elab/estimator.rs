@@ -996,7 +996,10 @@ fn rules_of_config(
                         _ => None,
                     });
                 let (what, each) = if ranks > 1 {
-                    (format!("{ranks} ranks x num_shards = {}", c.num_shards), "ranks x num_shards")
+                    (
+                        format!("{ranks} ranks x num_shards = {}", c.num_shards),
+                        "ranks x num_shards",
+                    )
                 } else {
                     (format!("num_shards = {}", c.num_shards), "num_shards")
                 };

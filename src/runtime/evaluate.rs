@@ -5,11 +5,11 @@
 //! only, the loss is averaged over the real examples, and predict writes one row per
 //! real example.
 
+use super::replicas::Phase;
 use super::{
     checkpoint, mode_name, restore::Need, run_diag, summary, Estimator, EvalReport, PredictReport,
     Res, RunFailure,
 };
-use super::replicas::Phase;
 use crate::backend::interp::{self, OpEnv};
 use crate::backend::{Feeds, RunExe, StepCtx};
 use crate::data::{pipeline, records};
@@ -586,7 +586,12 @@ impl Estimator {
         let mut b = vec![u8::from(ok)];
         b.extend((items.len() as u64).to_le_bytes());
         for it in &items {
-            for x in [it.shard as u64, it.real as u64, it.loss.to_bits(), it.args.len() as u64] {
+            for x in [
+                it.shard as u64,
+                it.real as u64,
+                it.loss.to_bits(),
+                it.args.len() as u64,
+            ] {
                 b.extend(x.to_le_bytes());
             }
             for a in &it.args {
@@ -594,7 +599,11 @@ impl Estimator {
             }
         }
         let all = self.exchange(phase, &b)?;
-        let what = if phase == Phase::Eval { "eval" } else { "predict" };
+        let what = if phase == Phase::Eval {
+            "eval"
+        } else {
+            "predict"
+        };
         let when = format!("in {what} batch {}", count + 1);
         let mut out = Vec::new();
         for (r, b) in all.iter().enumerate() {
@@ -602,7 +611,9 @@ impl Estimator {
                 return Err(self.rank_failed(r, &when));
             }
             decode_items(b, &mut out).ok_or_else(|| {
-                self.io_diag(format!("rank {r} sent results that could not be read {when}"))
+                self.io_diag(format!(
+                    "rank {r} sent results that could not be read {when}"
+                ))
             })?;
         }
         Ok(out)

@@ -133,9 +133,16 @@ impl Estimator {
             self.ranks,
             env!("CARGO_PKG_VERSION")
         );
-        let all = exchange(&mut group, Phase::Join, me.as_bytes())
-            .map_err(|d| self.diverged(&d))?;
-        let what = ["program (its files or params)", "estimator", "target", "config", "rank count", "est version"];
+        let all =
+            exchange(&mut group, Phase::Join, me.as_bytes()).map_err(|d| self.diverged(&d))?;
+        let what = [
+            "program (its files or params)",
+            "estimator",
+            "target",
+            "config",
+            "rank count",
+            "est version",
+        ];
         let theirs = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let first = theirs(&all[0]);
         for (r, b) in all.iter().enumerate().skip(1) {
@@ -194,9 +201,7 @@ impl Estimator {
 
     /// This rank and the number of ranks: `(0, 1)` alone.
     pub fn rank(&self) -> (usize, usize) {
-        self.group
-            .as_ref()
-            .map_or((0, 1), |g| (g.rank(), g.size()))
+        self.group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()))
     }
 
     /// Whether this estimator writes `model_dir`: alone, or as rank 0.

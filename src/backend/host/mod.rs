@@ -25,8 +25,7 @@ mod profile;
 use crate::backend::interp::OpEnv;
 use crate::backend::pool::{part, Pool, MIN_SPLIT};
 use crate::backend::{
-    self, Feeds, Finite, Peers, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe,
-    TrainSpec,
+    self, Feeds, Finite, Peers, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
 };
 use crate::diag::{timed, Code, Diag};
 use crate::ir::{Graph, NodeIndex, Op, TensorType};
@@ -1047,7 +1046,8 @@ impl backend::Device for Device {
             }
         }
         if n * replicas > 1 {
-            let mut sums: Vec<Vec<f32>> = acc.iter_mut().map(|a| std::mem::take(&mut a.1)).collect();
+            let mut sums: Vec<Vec<f32>> =
+                acc.iter_mut().map(|a| std::mem::take(&mut a.1)).collect();
             backend::shard_mean(peers, &mut sums, n)?;
             for ((target, _), mean) in acc.iter().zip(&sums) {
                 mem.put_f32s(&t.views[target], mean);

@@ -4,8 +4,7 @@
 
 use super::{execute, Env, Plan, Values};
 use crate::backend::{
-    self, Feeds, Finite, Peers, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe,
-    TrainSpec,
+    self, Feeds, Finite, Peers, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
 };
 use crate::diag::Diag;
 use crate::ir::{Graph, NodeIndex};

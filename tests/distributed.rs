@@ -1,0 +1,528 @@
+//! Training across ranks: the ranks of a data-parallel run (as threads here, and as
+//! the processes of `mpirun -n 2` with the `mpi` feature) train, evaluate and predict as
+//! one process does over as many shards; a rank that fails stops every rank; ranks that
+//! run different programs refuse to start; a job that loses a rank to SIGKILL ends, and
+//! running it again resumes bit for bit.
+
+mod common;
+
+use common::root;
+use est::diag::Code;
+use est::dist::{threads, Group};
+use est::elab::Target;
+use est::runtime::{Estimator, Reducer, RunOptions, Steps};
+use est::tensor::Tensor;
+use est::Program;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Digits with a shuffled, repeated train input, dropout (random numbers drawn per
+/// shard), and metrics of three kinds: a ratio, AUC, and a custom reducer.
+const SRC: &str = r#"
+use std.nn.{dense, dropout}
+use std.losses.softmax_cross_entropy
+use std.metrics.{accuracy, auc, reducer}
+
+params { batch_size: int = 32 }
+
+input rows(path: string, training: bool, batch_size: int) {
+  let r = csv(path, columns: { pixels: f32[64], label: i32 }) |> map |r| (r.pixels / 16.0, r.label)
+  let r = if training { r |> shuffle(500) |> repeat } else { r }
+  r |> batch(batch_size, drop_remainder: training)
+}
+
+model m(features: f32[B, 64], labels: i32[B]) {
+  let h = dense(features, 32, activation: relu)
+  if mode == train { h = dropout(h, rate: 0.25) }
+  let logits = dense(h, 10)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with adam(lr: 0.01) }
+  eval {
+    metric accuracy = accuracy(labels, argmax(logits, 1))
+    metric auc_of_zero = auc(cast(labels == 0, i32), squeeze(slice(softmax(logits), axis: 1, start: 0, end: 1), axis: 1))
+    metric nonzero_labels = reducer("positives", labels)
+  }
+  predict { classes = argmax(logits, 1); probabilities = softmax(logits) }
+}
+
+estimator e {
+  model = m
+  train_input = rows("examples/data/digits_train.csv", training: true, batch_size: params.batch_size)
+  eval_input = rows("examples/data/digits_test.csv", training: false, batch_size: 40)
+  predict_input = rows("examples/data/digits_test.csv", training: false, batch_size: 40)
+  config { random_seed = 11  iterations_per_loop = 5  save_checkpoint_steps = 10 }
+}
+"#;
+
+/// Counts positive values: a custom reducer, merged across shards and ranks.
+struct Positives(f64);
+
+impl Reducer for Positives {
+    fn accumulate(&mut self, args: &[&Tensor]) {
+        self.0 += args[0].to_f64().iter().filter(|&&v| v > 0.0).count() as f64;
+    }
+    fn merge(&mut self, other: &dyn Reducer) {
+        if let Some(o) = other.as_any().downcast_ref::<Positives>() {
+            self.0 += o.0;
+        }
+    }
+    fn result(&self) -> f64 {
+        self.0
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+fn targets() -> Vec<Target> {
+    let mut t = vec![Target::Interp];
+    if cfg!(feature = "llvm") {
+        t.push(Target::Host);
+    }
+    t
+}
+
+fn program(params: &[(&str, &str)]) -> Program {
+    let mut p = Program::from_source("dist.est", SRC, None);
+    for (k, v) in params {
+        p.add_override(k, v, &format!("--param {k}"));
+    }
+    p
+}
+
+/// An estimator of `p` as one of `ranks` ranks with `shards` shards each.
+fn estimator(p: &Program, dir: &Path, target: Target, shards: i64, ranks: u64) -> Estimator {
+    estimator_in(p, dir, &root(), target, shards, ranks)
+}
+
+/// `estimator`, reading its data under `data`.
+fn estimator_in(
+    p: &Program,
+    dir: &Path,
+    data: &Path,
+    target: Target,
+    shards: i64,
+    ranks: u64,
+) -> Estimator {
+    let opts = RunOptions {
+        target,
+        model_dir: Some(dir.to_path_buf()),
+        data_dir: Some(data.to_path_buf()),
+        config: vec![("num_shards".to_string(), shards)],
+        threads: Some(1),
+        ranks,
+        ..Default::default()
+    };
+    let mut e = match Estimator::new(p, &opts) {
+        Ok(e) => e,
+        Err(f) => panic!("{:?}", f.diags),
+    };
+    e.register_reducer(
+        "positives",
+        Arc::new(|| Box::new(Positives(0.0)) as Box<dyn Reducer>),
+    );
+    e
+}
+
+/// What a run leaves: its variables after training, its evaluation, its predictions.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    vars: Vec<(String, Vec<f64>)>,
+    step: i64,
+    loss: f64,
+    metrics: Vec<(String, f64)>,
+    examples: u64,
+    predictions: Vec<u8>,
+}
+
+fn run(e: &mut Estimator, steps: u64, dir: &Path) -> Outcome {
+    let r = e.train(Steps::Max(steps)).map_err(|f| f.diags).unwrap();
+    let mut vars: Vec<(String, Vec<f64>)> = (e.variables().into_iter())
+        .map(|(k, t)| (k, t.to_f64()))
+        .collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let m = e.evaluate(None).map_err(|f| f.diags).unwrap();
+    let out = dir.join("predictions");
+    let p = e.predict(&out, None).map_err(|f| f.diags).unwrap();
+    assert_eq!(p.examples, 360);
+    Outcome {
+        vars,
+        step: r.global_step,
+        loss: m.loss,
+        metrics: m.metrics,
+        examples: m.examples,
+        predictions: std::fs::read(out.join("predictions.jsonl")).unwrap_or_default(),
+    }
+}
+
+/// `ranks` ranks as threads, each with `shards` shards; rank 0's outcome.
+fn on_ranks(p: &Program, dir: &Path, target: Target, shards: i64, ranks: usize) -> Outcome {
+    let mut all = threads::run(ranks, |g: Group| {
+        let mut e = estimator(p, dir, target, shards, ranks as u64);
+        e.join(g).map_err(|f| f.diags).unwrap();
+        run(&mut e, 20, dir)
+    });
+    let first = all.remove(0);
+    for other in &all {
+        // every rank trained and evaluated the same; rank 0 alone wrote predictions
+        assert_eq!(
+            (&other.vars, other.step, &other.metrics),
+            (&first.vars, first.step, &first.metrics)
+        );
+        assert!(other.predictions.is_empty() || other.predictions == first.predictions);
+    }
+    first
+}
+
+fn alone(p: &Program, dir: &Path, target: Target, shards: i64) -> Outcome {
+    run(&mut estimator(p, dir, target, shards, 1), 20, dir)
+}
+
+/// 2 ranks of 1 shard train bit for bit as 1 process of 2 shards: each rank sums its
+/// shards in order, and the ranks' sums are added in rank order, as one process adds
+/// its shards. Evaluation and prediction over the ranks equal one process's.
+#[test]
+fn two_ranks_train_evaluate_and_predict_as_two_shards() {
+    let p = program(&[]);
+    for target in targets() {
+        let base = common::scratch("dist", &format!("two-{target:?}"));
+        let one = alone(&p, &base.join("one"), target, 2);
+        let two = on_ranks(&p, &base.join("two"), target, 1, 2);
+        assert_eq!(two.step, 20);
+        assert_eq!(
+            one, two,
+            "{target:?}: 2 ranks x 1 shard against 1 process x 2 shards"
+        );
+        // the checkpoints are the same bytes (rank 0 wrote one, and only rank 0)
+        let ckpt = |d: &Path| std::fs::read(d.join("ckpt-20.safetensors")).unwrap();
+        assert_eq!(ckpt(&base.join("one")), ckpt(&base.join("two")));
+        // the evaluation covers every row once whatever the split: exact counts
+        let single = run(
+            &mut estimator(&p, &base.join("two"), target, 1, 1),
+            20,
+            &base.join("two"),
+        );
+        assert_eq!(two.examples, 360);
+        assert_eq!(single.metrics[0], two.metrics[0], "accuracy");
+        assert_eq!(single.metrics[2], two.metrics[2], "a custom reducer");
+        assert!(
+            (single.metrics[1].1 - two.metrics[1].1).abs() < 1e-12,
+            "auc"
+        );
+    }
+}
+
+/// With several shards per rank, each rank adds its own shards first: 2 ranks x 2
+/// shards group the sum as (s0 + s1) + (s2 + s3), one process of 4 shards as
+/// ((s0 + s1) + s2) + s3. Float addition is not associative, so the weights agree to
+/// rounding: within 1e-6 relative (the digits model's weights move by 1e-3 a step,
+/// rounding in a sum of 4 moves them by 1e-7 relative).
+#[test]
+fn ranks_of_several_shards_agree_with_one_process_to_rounding() {
+    let p = program(&[]);
+    let target = Target::Interp;
+    let base = common::scratch("dist", "four");
+    let one = alone(&p, &base.join("one"), target, 4);
+    let two = on_ranks(&p, &base.join("two"), target, 2, 2);
+    for ((name, a), (_, b)) in one.vars.iter().zip(&two.vars) {
+        let scale = a.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
+        let worst = a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(worst / scale <= 1e-6, "{name}: {}", worst / scale);
+    }
+    assert_eq!(one.examples, two.examples);
+}
+
+/// A batch that fails on one rank stops both: rank 1 reads a copy of the data whose
+/// labels are out of range, and says why (E0907); rank 0 says that rank 1 failed
+/// (E0924). Neither waits for the other.
+#[test]
+fn a_rank_whose_step_fails_stops_every_rank() {
+    let base = common::scratch("dist", "fail");
+    let data = base.join("examples/data");
+    std::fs::create_dir_all(&data).unwrap();
+    let csv = std::fs::read_to_string(root().join("examples/data/digits_train.csv")).unwrap();
+    let bad: Vec<String> = csv
+        .lines()
+        .enumerate()
+        .map(|(i, l)| match l.rsplit_once(',') {
+            Some((head, _)) if i > 0 => format!("{head},99"),
+            _ => l.to_string(),
+        })
+        .collect();
+    std::fs::write(data.join("digits_train.csv"), bad.join("\n") + "\n").unwrap();
+    let p = program(&[]);
+    let codes = threads::run(2, |g: Group| {
+        let dir = if g.rank() == 0 { root() } else { base.clone() };
+        let mut e = estimator_in(&p, &base.join("run"), &dir, Target::Interp, 1, 2);
+        e.join(g).map_err(|f| f.diags).unwrap();
+        let f = e.train(Steps::Max(5)).expect_err("the step fails");
+        f.diags.iter().map(|d| d.code).collect::<Vec<Code>>()
+    });
+    assert_eq!(
+        codes,
+        vec![vec![Code::RankFailed], vec![Code::LabelOutOfRange]]
+    );
+}
+
+/// Ranks that run different programs (here another batch size) refuse to start, on
+/// every rank (E0925), and so do ranks checked for another number of ranks.
+#[test]
+fn ranks_of_different_programs_refuse_to_start() {
+    let base = common::scratch("dist", "differ");
+    let codes = threads::run(2, |g: Group| {
+        let p = if g.rank() == 0 {
+            program(&[])
+        } else {
+            program(&[("batch_size", "64")])
+        };
+        let mut e = estimator(&p, &base, Target::Interp, 1, 2);
+        let f = e.join(g).expect_err("refused");
+        f.diags
+            .iter()
+            .map(|d| (d.code, d.message.clone()))
+            .collect::<Vec<_>>()
+    });
+    for c in &codes {
+        assert_eq!(
+            c,
+            &vec![(
+                Code::RanksDisagree,
+                "rank 1 runs another program (its files or params) than rank 0".to_string()
+            )]
+        );
+    }
+    let p = program(&[]);
+    let codes = threads::run(2, |g: Group| {
+        let mut e = estimator(&p, &base, Target::Interp, 1, 1);
+        e.join(g).err().map(|f| f.diags[0].code)
+    });
+    assert_eq!(codes, vec![Some(Code::RanksDisagree); 2]);
+}
+
+/// The same as processes: `mpirun -n 2 estc ...` on this machine's loopback.
+#[cfg(feature = "mpi")]
+mod mpirun {
+    use super::root;
+    use std::path::Path;
+    use std::process::{Command, Output, Stdio};
+    use std::time::{Duration, Instant};
+
+    fn estc() -> &'static str {
+        env!("CARGO_BIN_EXE_estc")
+    }
+
+    /// `mpirun -n N` of estc with `args` (as root too: the tests run as root in CI).
+    fn mpirun(n: usize, args: &[&str]) -> Command {
+        let mut c = Command::new("mpirun");
+        c.args(["--oversubscribe", "-n", &n.to_string(), estc()])
+            .args(args)
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .current_dir(root());
+        c
+    }
+
+    fn ok(o: Output) -> String {
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{}\n{text}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        text
+    }
+
+    fn digits(dir: &Path, extra: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = ["examples/digits_mlp.est", "--threads", "1", "--model-dir"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.push(dir.display().to_string());
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    }
+
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+
+    /// Two processes of one shard train to the same checkpoint bytes as one process of
+    /// two shards, and evaluate and predict the same.
+    #[test]
+    fn mpirun_two_ranks_train_as_two_shards() {
+        let base = super::common::scratch("dist", "mpirun");
+        let (one, two) = (base.join("one"), base.join("two"));
+        let train = |d: &Path, extra: &[&str]| {
+            let mut v = vec!["train".to_string()];
+            v.extend(digits(d, &[&["--max-steps", "30"], extra].concat()));
+            v
+        };
+        ok(Command::new(estc())
+            .args(args(&train(&one, &["--config", "num_shards=2"])))
+            .current_dir(root())
+            .output()
+            .unwrap());
+        ok(mpirun(2, &args(&train(&two, &[]))).output().unwrap());
+        let ckpt = |d: &Path| std::fs::read(d.join("ckpt-30.safetensors")).unwrap();
+        assert_eq!(ckpt(&one), ckpt(&two));
+        let json = |v: Vec<String>| {
+            let mut v = v;
+            v.extend(["--message-format".to_string(), "json".to_string()]);
+            v
+        };
+        let eval = |d: &Path| json([vec!["eval".to_string()], digits(d, &[])].concat());
+        // (one process of two shards reads the same groups of batches: the same count)
+        let mut shards = eval(&one);
+        shards.extend(["--config".to_string(), "num_shards=2".to_string()]);
+        let alone = ok(Command::new(estc())
+            .args(args(&shards))
+            .current_dir(root())
+            .output()
+            .unwrap());
+        let ranked = ok(mpirun(2, &args(&eval(&two))).output().unwrap());
+        // rank 0 alone prints the result: one line, as one process prints
+        assert_eq!(alone, ranked);
+        assert!(ranked.contains("\"examples\":360"), "{ranked}");
+        let predict = |d: &Path| {
+            let mut v = vec!["predict".to_string()];
+            v.extend(digits(d, &["--output", &d.join("p").display().to_string()]));
+            v
+        };
+        ok(Command::new(estc())
+            .args(args(&predict(&one)))
+            .current_dir(root())
+            .output()
+            .unwrap());
+        ok(mpirun(2, &args(&predict(&two))).output().unwrap());
+        let p = |d: &Path| std::fs::read(d.join("p/predictions.jsonl")).unwrap();
+        assert_eq!(p(&one), p(&two));
+    }
+
+    /// The rank whose model_dir argument is `dir` and whose MPI rank is `rank`.
+    fn rank_pid(dir: &Path, rank: usize) -> Option<u32> {
+        let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+        for e in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            if !cmd.starts_with(estc()) || !cmd.contains(&*dir.display().to_string()) {
+                continue;
+            }
+            let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+            if env.split(|&b| b == 0).any(|v| v == want.as_bytes()) {
+                return Some(pid);
+            }
+        }
+        None
+    }
+
+    /// kill -9 of rank 1 mid-run ends the job within seconds, rank 0 saying it was
+    /// stopped; running the same command again resumes from the last checkpoint and
+    /// ends with the same bytes as a run that was never interrupted.
+    #[test]
+    fn a_killed_rank_ends_the_job_and_the_rerun_resumes_exactly() {
+        let base = super::common::scratch("dist", "kill");
+        let (cut, whole) = (base.join("cut"), base.join("whole"));
+        let train = |d: &Path| {
+            let mut v = vec!["train".to_string()];
+            v.extend(digits(
+                d,
+                &[
+                    "--max-steps",
+                    "4000",
+                    "--config",
+                    "save_checkpoint_steps=100",
+                ],
+            ));
+            v
+        };
+        ok(mpirun(2, &args(&train(&whole))).output().unwrap());
+        let job = mpirun(2, &args(&train(&cut)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while !cut.join("ckpt-200.json").exists() {
+            assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let pid = rank_pid(&cut, 1).expect("rank 1 runs");
+        let killed = Instant::now();
+        // SAFETY: kill(2) of a process this test started (through mpirun)
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+        let out = job.wait_with_output().unwrap();
+        let took = killed.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the job ended non-zero");
+        assert!(
+            took < Duration::from_secs(15),
+            "the job took {took:?} to end"
+        );
+        assert!(
+            err.contains("rank 0 of 2 was stopped by the MPI launcher"),
+            "{err}"
+        );
+        assert!(
+            !cut.join("ckpt-4000.json").exists(),
+            "the kill came before the end"
+        );
+        let again = ok(mpirun(2, &args(&train(&cut))).output().unwrap());
+        assert!(again.contains("trained"), "{again}");
+        let ckpt = |d: &Path| std::fs::read(d.join("ckpt-4000.safetensors")).unwrap();
+        assert_eq!(ckpt(&cut), ckpt(&whole));
+    }
+
+    /// Ranks started with different params refuse to run: E0925 from rank 0, nothing
+    /// written.
+    #[test]
+    fn mpirun_ranks_of_different_programs_refuse() {
+        let base = super::common::scratch("dist", "mpmd");
+        let d = base.join("run").display().to_string();
+        let o = Command::new("mpirun")
+            .args([
+                "--oversubscribe",
+                "-n",
+                "1",
+                estc(),
+                "train",
+                "examples/digits_mlp.est",
+            ])
+            .args([
+                "--model-dir",
+                &d,
+                "--max-steps",
+                "5",
+                ":",
+                "-n",
+                "1",
+                estc(),
+                "train",
+            ])
+            .args([
+                "examples/digits_mlp.est",
+                "--model-dir",
+                &d,
+                "--max-steps",
+                "5",
+            ])
+            .args(["--param", "learning_rate=0.2"])
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .current_dir(root())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success());
+        assert!(err.contains("E0925"), "{err}");
+        assert!(
+            err.contains("rank 1 runs another program (its files or params) than rank 0"),
+            "{err}"
+        );
+        assert!(!base.join("run").join("checkpoint.json").exists());
+    }
+}
