@@ -64,26 +64,6 @@ struct Run {
     rss: f64,
 }
 
-/// A copy of example `program` (in `data`) whose train input is what the peers train
-/// on: a pool of 10 batches, already in memory, served in turn (the example's input
-/// decodes the TFRecord file, caches the rows and shuffles them through a 10,000-row
-/// buffer, stacking every batch anew).
-fn in_memory(program: &Path, data: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(program).unwrap();
-    let shuffled = "    |> cache\n    |> shuffle(10_000)\n    |> repeat\n    \
-                    |> batch(params.batch_size, drop_remainder: true)\n";
-    let pool = "    |> batch(params.batch_size, drop_remainder: true)\n    |> take(10)\n    \
-                |> cache\n    |> repeat\n";
-    assert!(
-        text.contains(shuffled),
-        "{} no longer ends its input as the bench expects",
-        program.display()
-    );
-    let copy = data.join(program.file_name().unwrap());
-    std::fs::write(&copy, text.replace(shuffled, pool)).unwrap();
-    copy
-}
-
 /// Steps per second of `steps` est train steps after `warmup` steps, the seconds of
 /// the first step (from `train`'s call: compilation included) and to its start.
 fn est_rate(
@@ -315,7 +295,7 @@ fn main() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(steps);
-        let program = in_memory(&root.join(file), &data);
+        let program = mnist::in_memory(&root.join(file), &data);
         // (contender, threads) -> rates and first steps
         let mut got: Runs = Vec::new();
         let mut put = |name: &str, t: usize, r: Run| match got

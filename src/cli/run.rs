@@ -181,6 +181,8 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
             "seconds": r.seconds,
             "stopped_early": r.stopped_early,
             "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
+            "ranks": est.rank().1,
+            "allreduce_seconds": r.allreduce_seconds,
             "evaluations": evals.iter().map(|e| {
                 let mut m = serde_json::Map::new();
                 m.insert("global_step".into(), e.global_step.into());
@@ -213,6 +215,14 @@ fn train(est: &mut Estimator, a: &RunArgs, json: bool) -> Res {
             r.final_loss
         )
     };
+    let (_, ranks) = est.rank();
+    if ranks > 1 {
+        out.push_str(&format!(
+            "on {ranks} ranks; the all-reduce (and waiting there for the slowest rank) took {:.2} s ({:.0}% of the time)\n",
+            r.allreduce_seconds,
+            100.0 * r.allreduce_seconds / r.seconds.max(1e-9)
+        ));
+    }
     if let Some(p) = &r.checkpoint {
         out.push_str(&format!("checkpoint: {}\n", p.display()));
     }

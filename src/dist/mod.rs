@@ -48,6 +48,8 @@ pub trait Comm: Send {
 /// rank runs a step on.
 pub struct Group {
     comm: Box<dyn Comm>,
+    /// Time spent in train steps' exchanges (kept by the runtime's `Peers::reduce`).
+    pub spent: std::time::Duration,
 }
 
 impl std::fmt::Debug for Group {
@@ -58,7 +60,10 @@ impl std::fmt::Debug for Group {
 
 impl Group {
     pub fn new(comm: Box<dyn Comm>) -> Group {
-        Group { comm }
+        Group {
+            comm,
+            spent: std::time::Duration::ZERO,
+        }
     }
 
     pub fn rank(&self) -> usize {

@@ -139,6 +139,9 @@ pub struct TrainReport {
     /// Why training ended before its last step, if it did.
     pub stopped_early: Option<String>,
     pub checkpoint: Option<PathBuf>,
+    /// Of `seconds`, those spent in the train steps' exchanges with the other ranks
+    /// (the all-reduce, and waiting there for the slowest rank); 0 alone.
+    pub allreduce_seconds: f64,
 }
 
 /// A watching hook's `mode`, with "auto" decided by what it watches: the loss and the
@@ -925,6 +928,7 @@ impl Estimator {
         let last = self.last_step(steps);
         let start = self.step;
         let t0 = Instant::now();
+        let reduced = self.reduce_seconds();
         let mut evals = Vec::new();
         let mut report: Option<TrainReport> = None;
         let mut stopped: Option<String> = None;
@@ -980,6 +984,7 @@ impl Estimator {
                 steps_per_sec: (self.step - start) as f64 / secs.max(1e-9),
                 seconds: secs,
                 stopped_early: stopped,
+                allreduce_seconds: self.reduce_seconds() - reduced,
                 ..r
             },
             None => TrainReport {
@@ -990,6 +995,7 @@ impl Estimator {
                 seconds: secs,
                 stopped_early: None,
                 checkpoint: self.last_checkpoint.clone(),
+                allreduce_seconds: 0.0,
             },
         };
         Ok(TrainEvalReport { train, evals })
@@ -1093,6 +1099,7 @@ impl Estimator {
             h.begin(start, last);
         }
         let t0 = Instant::now();
+        let reduced = self.reduce_seconds();
         let mut loop_t = Instant::now();
         let mut loop_start = self.step;
         let mut final_loss = f64::NAN;
@@ -1226,6 +1233,7 @@ impl Estimator {
             seconds: secs,
             stopped_early: stopped,
             checkpoint: self.last_checkpoint.clone(),
+            allreduce_seconds: self.reduce_seconds() - reduced,
         })
     }
 

@@ -96,7 +96,17 @@ impl Peers for Group {
     }
 
     fn reduce(&mut self, local: Option<&mut [f32]>) -> Result<(), usize> {
-        let all = match exchange(self, Phase::Step, &[u8::from(local.is_some())]) {
+        let t = std::time::Instant::now();
+        let r = reduce(self, local);
+        self.spent += t.elapsed();
+        r
+    }
+}
+
+/// `Peers::reduce` for a group.
+fn reduce(g: &mut Group, local: Option<&mut [f32]>) -> Result<(), usize> {
+    {
+        let all = match exchange(g, Phase::Step, &[u8::from(local.is_some())]) {
             Ok(a) => a,
             // (a rank elsewhere: report it as failed; the job ends)
             Err(d) => return Err(d.rank),
@@ -105,7 +115,7 @@ impl Peers for Group {
             return Err(r);
         }
         if let Some(b) = local {
-            self.sum(b);
+            g.sum(b);
         }
         Ok(())
     }
@@ -197,6 +207,11 @@ impl Estimator {
         }
         self.group = Some(group);
         Ok(())
+    }
+
+    /// The seconds this rank has spent in train steps' exchanges (`Peers::reduce`).
+    pub(super) fn reduce_seconds(&self) -> f64 {
+        self.group.as_ref().map_or(0.0, |g| g.spent.as_secs_f64())
     }
 
     /// This rank and the number of ranks: `(0, 1)` alone.

@@ -30,3 +30,24 @@ pub fn write(dir: &Path, records: u32) {
     std::fs::write(dir.join("data/mnist_train.tfrecord"), &file).unwrap();
     std::fs::write(dir.join("data/mnist_test.tfrecord"), &file).unwrap();
 }
+
+/// A copy of example `program` (in `data`) whose train input is what the peers train
+/// on: a pool of 10 batches, already in memory, served in turn (the example's input
+/// decodes the TFRecord file, caches the rows and shuffles them through a 10,000-row
+/// buffer, stacking every batch anew).
+#[allow(dead_code)] // (the benches use it)
+pub fn in_memory(program: &Path, data: &Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(program).unwrap();
+    let shuffled = "    |> cache\n    |> shuffle(10_000)\n    |> repeat\n    \
+                    |> batch(params.batch_size, drop_remainder: true)\n";
+    let pool = "    |> batch(params.batch_size, drop_remainder: true)\n    |> take(10)\n    \
+                |> cache\n    |> repeat\n";
+    assert!(
+        text.contains(shuffled),
+        "{} no longer ends its input as the bench expects",
+        program.display()
+    );
+    let copy = data.join(program.file_name().unwrap());
+    std::fs::write(&copy, text.replace(shuffled, pool)).unwrap();
+    copy
+}
