@@ -212,6 +212,39 @@ fn two_ranks_train_evaluate_and_predict_as_two_shards() {
     }
 }
 
+/// Each rank a wafer: 2 simulated wafers of one shard each, averaging the gradients
+/// their PEs hold, train as the interpreter does over 2 shards, within the wafer's
+/// tolerance against the interpreter (tests/wafer.rs: it sums in another order):
+/// weights within 1e-5 of each variable's largest magnitude after 20 steps.
+#[test]
+fn each_rank_a_wafer_trains_as_two_shards() {
+    let base = common::scratch("dist", "wafer");
+    let p = Program::load(&root().join("examples/digits_mlp.est")).unwrap();
+    let make = |dir: &Path, target: Target, shards: i64, ranks: u64| {
+        let opts = RunOptions {
+            target,
+            model_dir: Some(dir.to_path_buf()),
+            config: vec![("num_shards".to_string(), shards)],
+            ranks,
+            ..Default::default()
+        };
+        Estimator::new(&p, &opts).map_err(|f| f.diags).unwrap()
+    };
+    let mut one = make(&base.join("interp"), Target::Interp, 2, 1);
+    one.train(Steps::Max(20)).map_err(|f| f.diags).unwrap();
+    let want = one.variables();
+    let got = threads::run(2, |g: Group| {
+        let mut e = make(&base.join("wafer"), Target::Wafer, 1, 2);
+        e.join(g).map_err(|f| f.diags).unwrap();
+        let r = e.train(Steps::Max(20)).map_err(|f| f.diags).unwrap();
+        (r.global_step, e.variables())
+    });
+    assert_eq!(got[0].1, got[1].1, "the two wafers hold the same weights");
+    assert_eq!(got[0].0, 20);
+    let worst = common::worst(&want, &got[0].1);
+    assert!(worst <= 1e-5, "largest relative difference {worst:e}");
+}
+
 /// With several shards per rank, each rank adds its own shards first: 2 ranks x 2
 /// shards group the sum as (s0 + s1) + (s2 + s3), one process of 4 shards as
 /// ((s0 + s1) + s2) + s3. Float addition is not associative, so the weights agree to

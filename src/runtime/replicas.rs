@@ -20,7 +20,6 @@ use crate::backend::{Alone, Peers};
 use crate::data::pipeline::{Element, Pipeline};
 use crate::diag::{Code, Diag};
 use crate::dist::Group;
-use crate::elab::Target;
 use crate::tensor::Tensor;
 use rustc_hash::FxHashMap;
 
@@ -188,16 +187,6 @@ impl Estimator {
             )
             .label("this estimator")
             .help("set `RunOptions::ranks` to the group's size")
-            .into());
-        }
-        if self.target == Target::Wafer && group.size() > 1 {
-            return Err(Diag::new(
-                Code::NoRuntime,
-                self.info.span,
-                "the wafer target does not train across ranks yet",
-            )
-            .label("this estimator")
-            .help("run one wafer per job, or `--target host` across the ranks")
             .into());
         }
         let seed = group.broadcast(self.seed.to_le_bytes().to_vec());

@@ -383,13 +383,13 @@ fn planar_to_nhwc(per: usize, channels: u32) -> impl Fn(usize) -> usize + Copy {
 
 /// Runs one batch through an executable: the host's values, the label checks, the
 /// samples, until the fabric is quiet. The host's values, by node.
-fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx) -> Result<Values, RunError> {
+fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx, shard: usize) -> Result<Values, RunError> {
     let g = exe.graph.clone();
     let no_vars = FxHashMap::default();
     let env = Env {
         feeds,
         vars: &no_vars,
-        op: ctx.op_env(0),
+        op: ctx.op_env(shard),
     };
     let mut values = Values::new(g.g.node_bound());
     execute(&g, &exe.host, &env, &mut values)?;
@@ -567,39 +567,75 @@ impl backend::Device for Device {
     ) -> Result<StepOut, StepError> {
         let (e, spec) = &mut self.train[exe.0];
         let g = e.graph.clone();
-        if batches.len() != 1 || peers.replicas().0 != 1 {
+        let (replicas, me) = peers.replicas();
+        // state a model keeps itself in phase A would need averaging across replicas
+        // too, which the fabric's updates do not do
+        let kept_state = spec.updates.iter().find(|u| u.in_a && replicas > 1);
+        if batches.len() != 1 || kept_state.is_some() {
+            let why = match kept_state {
+                Some(u) => format!(
+                    "the wafer does not average `{}` (state updated before the gradients' mean) across ranks",
+                    u.name
+                ),
+                None => format!("the wafer runs a step as one shard, not {}", batches.len()),
+            };
             return Err(peers.fail(StepError::Run {
                 shard: None,
-                error: fail(
-                    &g,
-                    spec.loss,
-                    format!(
-                        "the wafer runs a step as one shard of one replica, not {} of {}",
-                        batches.len(),
-                        peers.replicas().0
-                    ),
-                ),
+                error: fail(&g, spec.loss, why),
             }));
         }
         sync(e, &self.vars);
         let run = |error| StepError::Run { shard: None, error };
-        let values = stream(e, &batches[0], ctx).map_err(run)?;
+        let values = match stream(e, &batches[0], ctx, me) {
+            Ok(v) => v,
+            Err(error) => return Err(peers.fail(run(error))),
+        };
         let scan = |e: &Exe, n: NodeIndex, want: Finite| -> Option<(usize, f32)> {
             read(e, &kept(e, n), n).and_then(|t| want.first_bad(&t))
+        };
+        let loss = match read(e, &kept(e, spec.loss), spec.loss) {
+            Some(t) => Ok(t.scalar()),
+            // a loss the PEs do not hold (a mean plus a regularisation penalty): the
+            // host computes it from the batch sums and the variables before the step
+            None => epilogue(e, spec.loss, &batches[0], &self.vars, ctx).map(|t| t.scalar()),
+        };
+        let loss = match loss {
+            Ok(l) if replicas > 1 => {
+                // the gradients the PEs hold, and the loss, averaged over the replicas
+                // and written back for the updates to read
+                let held: Vec<(String, NodeIndex)> = (spec.gradients.iter())
+                    .map(|(_, n)| (kept(e, *n), *n))
+                    .collect();
+                let mut sums: Vec<Vec<f32>> = (held.iter())
+                    .map(|(k, n)| {
+                        read(e, k, *n).map_or_else(Vec::new, |t| {
+                            t.to_f64().iter().map(|&x| x as f32).collect()
+                        })
+                    })
+                    .collect();
+                sums.push(vec![l as f32]);
+                if let Err(err) = backend::shard_mean(peers, &mut sums, 1) {
+                    update_discarding(e, &self.vars);
+                    return Err(err);
+                }
+                for ((k, n), mean) in held.iter().zip(&sums) {
+                    let t =
+                        Tensor::from_f64(g.ty(*n), mean.iter().map(|&x| f64::from(x)).collect());
+                    write_tensor(&e.layout, &mut e.sim, k, &t);
+                }
+                f64::from(sums.last().map_or(f32::NAN, |s| s[0]))
+            }
+            Ok(l) => l,
+            Err(error) => {
+                update_discarding(e, &self.vars);
+                return Err(peers.fail(run(error)));
+            }
         };
         if let Err(err) = spec.check_a(|n, want| scan(e, n, want)) {
             // the gradients are dropped with the step
             update_discarding(e, &self.vars);
             return Err(err);
         }
-        let loss = match read(e, &kept(e, spec.loss), spec.loss) {
-            Some(t) => t.scalar(),
-            // a loss the PEs do not hold (a mean plus a regularisation penalty): the
-            // host computes it from the batch sums and the variables before the step
-            None => epilogue(e, spec.loss, &batches[0], &self.vars, ctx)
-                .map_err(run)?
-                .scalar(),
-        };
         // a failed mix or update leaves the PEs' variables unlike the device's
         let mixed = mix(e, &self.vars, ctx).and_then(|h| update(e).map(|_| h));
         let mut hosts = mixed.map_err(|err| {
@@ -642,11 +678,11 @@ impl backend::Device for Device {
         exe: RunExe,
         feeds: Feeds,
         ctx: StepCtx,
-        _shard: usize,
+        shard: usize,
     ) -> Result<Vec<Tensor>, RunError> {
         let (e, targets) = &mut self.runs[exe.0];
         sync(e, &self.vars);
-        let values = stream(e, &feeds, ctx)?;
+        let values = stream(e, &feeds, ctx, shard)?;
         let g = e.graph.clone();
         let batch = e.layout.batch as usize;
         let mut out = Vec::with_capacity(targets.len());
