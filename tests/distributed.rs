@@ -155,21 +155,32 @@ fn run(e: &mut Estimator, steps: u64, dir: &Path) -> Outcome {
     }
 }
 
-/// `ranks` ranks as threads, each with `shards` shards; rank 0's outcome.
+/// `ranks` ranks as threads, each with `shards` shards; rank 0's outcome. Rank 0's
+/// model_dir is `dir`; the others are given directories of their own, which must stay
+/// empty: rank 0 restores and sends them the state, and writes alone.
 fn on_ranks(p: &Program, dir: &Path, target: Target, shards: i64, ranks: usize) -> Outcome {
     let mut all = threads::run(ranks, |g: Group| {
-        let mut e = estimator(p, dir, target, shards, ranks as u64);
+        let own = match g.rank() {
+            0 => dir.to_path_buf(),
+            r => dir.join(format!("rank{r}")),
+        };
+        let mut e = estimator(p, &own, target, shards, ranks as u64);
         e.join(g).map_err(|f| f.diags).unwrap();
-        run(&mut e, 20, dir)
+        run(&mut e, 20, &own)
     });
     let first = all.remove(0);
-    for other in &all {
-        // every rank trained and evaluated the same; rank 0 alone wrote predictions
+    for (r, other) in all.iter().enumerate() {
+        // every rank trained and evaluated the same; rank 0 alone wrote anything
         assert_eq!(
             (&other.vars, other.step, &other.metrics),
             (&first.vars, first.step, &first.metrics)
         );
-        assert!(other.predictions.is_empty() || other.predictions == first.predictions);
+        assert!(other.predictions.is_empty());
+        assert!(
+            !dir.join(format!("rank{}", r + 1)).exists(),
+            "rank {} wrote",
+            r + 1
+        );
     }
     first
 }
@@ -289,6 +300,80 @@ fn a_rank_whose_step_fails_stops_every_rank() {
         let mut e = estimator_in(&p, &base.join("run"), &dir, Target::Interp, 1, 2);
         e.join(g).map_err(|f| f.diags).unwrap();
         let f = e.train(Steps::Max(5)).expect_err("the step fails");
+        f.diags.iter().map(|d| d.code).collect::<Vec<Code>>()
+    });
+    assert_eq!(
+        codes,
+        vec![vec![Code::RankFailed], vec![Code::LabelOutOfRange]]
+    );
+}
+
+/// A checkpoint resumes across rank counts at any position: 3 steps of one shard,
+/// then 10 more on 2 ranks of one shard or on one process of 2 shards, end with the
+/// same weights (each rank's share counts from the position the run starts at).
+#[test]
+fn a_checkpoint_resumes_across_rank_counts() {
+    let p = program(&[]);
+    let base = common::scratch("dist", "resume");
+    let start = base.join("start");
+    estimator(&p, &start, Target::Interp, 1, 1)
+        .train(Steps::Max(3))
+        .map_err(|f| f.diags)
+        .unwrap();
+    let copy = |to: &Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for f in std::fs::read_dir(&start).unwrap().flatten() {
+            if f.path().is_file() {
+                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+            }
+        }
+    };
+    let (one, two) = (base.join("one"), base.join("two"));
+    copy(&one);
+    copy(&two);
+    let mut e = estimator(&p, &one, Target::Interp, 2, 1);
+    e.train(Steps::Max(13)).map_err(|f| f.diags).unwrap();
+    let want = e.variables();
+    let got = threads::run(2, |g: Group| {
+        let mut e = estimator(&p, &two, Target::Interp, 1, 2);
+        e.join(g).map_err(|f| f.diags).unwrap();
+        let r = e.train(Steps::Max(13)).map_err(|f| f.diags).unwrap();
+        (r.start_step, e.variables())
+    });
+    for (start, vars) in got {
+        assert_eq!(start, 3);
+        assert!(vars == want, "the weights differ from one process's");
+    }
+}
+
+/// An evaluation batch that fails on one rank (its copy of the test data has labels
+/// out of range) stops both: rank 1 says why (E0915), rank 0 that rank 1 failed.
+#[test]
+fn a_rank_whose_eval_batch_fails_says_why() {
+    let base = common::scratch("dist", "evalfail");
+    let data = base.join("examples/data");
+    std::fs::create_dir_all(&data).unwrap();
+    let csv = std::fs::read_to_string(root().join("examples/data/digits_test.csv")).unwrap();
+    let bad: Vec<String> = csv
+        .lines()
+        .enumerate()
+        .map(|(i, l)| match l.rsplit_once(',') {
+            Some((head, _)) if i > 0 => format!("{head},99"),
+            _ => l.to_string(),
+        })
+        .collect();
+    std::fs::write(data.join("digits_test.csv"), bad.join("\n") + "\n").unwrap();
+    let p = program(&[]);
+    let run = base.join("run");
+    estimator(&p, &run, Target::Interp, 1, 1)
+        .train(Steps::Max(3))
+        .map_err(|f| f.diags)
+        .unwrap();
+    let codes = threads::run(2, |g: Group| {
+        let dir = if g.rank() == 0 { root() } else { base.clone() };
+        let mut e = estimator_in(&p, &run, &dir, Target::Interp, 1, 2);
+        e.join(g).map_err(|f| f.diags).unwrap();
+        let f = e.evaluate(None).expect_err("the batch fails");
         f.diags.iter().map(|d| d.code).collect::<Vec<Code>>()
     });
     assert_eq!(
@@ -557,5 +642,62 @@ mod mpirun {
             "{err}"
         );
         assert!(!base.join("run").join("checkpoint.json").exists());
+    }
+
+    /// A rank whose program does not check stops the others, which were waiting for it
+    /// to join (E0924 from rank 0, E0505 from rank 1); ranks that fail alike print
+    /// their diagnostic once.
+    #[test]
+    fn mpirun_a_rank_whose_program_does_not_check_stops_the_others() {
+        let base = super::common::scratch("dist", "nocheck");
+        let d = base.join("run").display().to_string();
+        let run = |rank1: &[&str], both: &[&str]| {
+            let o = Command::new("mpirun")
+                .args([
+                    "--oversubscribe",
+                    "-n",
+                    "1",
+                    estc(),
+                    "train",
+                    "examples/digits_mlp.est",
+                ])
+                .args([
+                    "--model-dir",
+                    &d,
+                    "--max-steps",
+                    "5",
+                    "--message-format",
+                    "json",
+                ])
+                .args(both)
+                .args([":", "-n", "1", estc(), "train", "examples/digits_mlp.est"])
+                .args([
+                    "--model-dir",
+                    &d,
+                    "--max-steps",
+                    "5",
+                    "--message-format",
+                    "json",
+                ])
+                .args(both)
+                .args(rank1)
+                .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+                .current_dir(root())
+                .output()
+                .unwrap();
+            assert!(!o.status.success());
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        // rank 1 alone: a global batch of 33 is not divisible by 2 ranks
+        let out = run(&["--param", "batch_size=33"], &[]);
+        assert_eq!(out.matches("\"code\":\"E0505\"").count(), 1, "{out}");
+        assert!(out.contains("\"code\":\"E0924\""), "{out}");
+        assert!(out.contains("rank 1 failed to check the program"), "{out}");
+        // both alike: said once
+        let out = run(&[], &["--param", "batch_size=33"]);
+        assert_eq!(out.matches("\"code\":\"E0505\"").count(), 1, "{out}");
+        assert!(!out.contains("E0924"), "{out}");
+        assert!(!base.join("run").exists());
     }
 }

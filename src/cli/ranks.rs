@@ -34,8 +34,9 @@ impl Ranks {
     /// cannot start).
     pub fn start() -> Result<Ranks, i32> {
         let (rank, size) = launched();
+        // (PMIx launchers, such as `srun --mpi=pmix`, name the rank but not the size)
         #[cfg(feature = "mpi")]
-        if size > 1 {
+        if size > 1 || est::dist::mpi::launched() {
             stop_message();
             let Some(world) = World::init() else {
                 super::log("error: cannot initialise MPI (an MPI launcher started this process)");

@@ -44,9 +44,24 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
     let mut est = match Estimator::new(&program, &opts) {
         Ok(e) => e,
         Err(f) => {
-            let code = print_diags(&program, &f.diags, a.out.message_format, a.out.color);
-            // (the other ranks wait for this one to join them)
-            return ranks.abort(code);
+            // the other ranks, waiting for this one to join them, stop too; of ranks
+            // that failed alike, the first says why
+            let says = match ranks.group() {
+                Some(g) => {
+                    let text: String = (f.diags.iter())
+                        .map(|d| est::diag::render::to_json(d, &program.sources).to_string())
+                        .collect();
+                    est::runtime::join_failed(
+                        g,
+                        est::hash::fnv1a(est::hash::FNV_OFFSET, text.as_bytes()),
+                    )
+                }
+                None => true,
+            };
+            if says {
+                return print_diags(&program, &f.diags, a.out.message_format, a.out.color);
+            }
+            return 1;
         }
     };
     if ranks.size() > 1 {

@@ -153,7 +153,8 @@ pub struct PipeOptions {
 }
 
 /// The elements one rank of a data-parallel run computes: of each group of
-/// `ranks * per_rank` elements, the `per_rank` from `rank * per_rank` on. Every rank
+/// `ranks * per_rank` elements (counted from where the pipeline starts), the
+/// `per_rank` from `rank * per_rank` on. Every rank
 /// walks the same elements (so that all agree on where the input ends and resume at
 /// one position), passing over the others' without computing them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,10 +165,10 @@ pub struct Share {
 }
 
 impl Share {
-    /// Whether element `p` is this rank's.
-    pub fn keeps(&self, p: u64) -> bool {
+    /// Whether element `p` is this rank's, of a pipeline started at `start`.
+    pub fn keeps(&self, start: u64, p: u64) -> bool {
         let group = (self.ranks * self.per_rank).max(1) as u64;
-        (p % group) / self.per_rank.max(1) as u64 == self.rank as u64
+        (p.saturating_sub(start) % group) / self.per_rank.max(1) as u64 == self.rank as u64
     }
 }
 
@@ -176,15 +177,17 @@ impl Share {
 struct Pass {
     up: Src,
     share: Share,
-    /// The position of the worker's next element, and the distance between its
-    /// elements (the workers).
+    /// The position of the worker's next element, the distance between its
+    /// elements (the workers), and where the pipeline started (its groups count from
+    /// there).
     at: u64,
     step: u64,
+    start: u64,
 }
 
 impl Stream for Pass {
     fn next(&mut self) -> Next {
-        let e = if self.share.keeps(self.at) {
+        let e = if self.share.keeps(self.start, self.at) {
             self.up.next()?
         } else if self.up.skip(1)? == 1 {
             Some(Vec::new())
@@ -326,6 +329,7 @@ impl Pipeline {
                         share: s,
                         at: w as u64 + share * n,
                         step: n,
+                        start: position,
                     });
                 }
                 Ok(Box::new(Prefetch::spawn(src, opts.prefetch.clamp(1, MAX_AHEAD))) as Src)

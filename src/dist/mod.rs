@@ -105,8 +105,8 @@ impl Group {
         if self.size() == 1 {
             return;
         }
-        // (in pieces whose chunks MPI's `i32` counts can address)
-        for piece in buf.chunks_mut(1 << 28) {
+        // (in pieces that MPI's `i32` counts and displacements can address)
+        for piece in buf.chunks_mut(1 << 30) {
             self.sum_piece(piece);
         }
     }

@@ -7,7 +7,8 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use mpi::Count;
 
-/// The most bytes one all-gather round carries per rank (MPI counts are `i32`).
+/// The most bytes one all-gather round carries in all (MPI's counts and displacements
+/// are `i32`).
 const ROUND: usize = 1 << 30;
 
 /// The MPI job this process is a rank of. MPI is finalised when it is dropped, which
@@ -97,10 +98,11 @@ impl Comm for World {
         // in rounds of at most ROUND bytes per rank, until every rank has sent all
         let mut sent = 0usize;
         let most = lens.iter().copied().max().unwrap_or(0) as usize;
+        let round = (ROUND / n.max(1)).max(1);
         while sent < most {
             let part: Vec<usize> = lens
                 .iter()
-                .map(|&l| (l as usize).saturating_sub(sent).min(ROUND))
+                .map(|&l| (l as usize).saturating_sub(sent).min(round))
                 .collect();
             let (c, d) = counts(&part);
             let mut recv = vec![0u8; part.iter().sum()];
@@ -111,7 +113,7 @@ impl Comm for World {
             for (o, (&k, &at)) in out.iter_mut().zip(part.iter().zip(&d)) {
                 o.extend_from_slice(&recv[at as usize..at as usize + k]);
             }
-            sent += ROUND;
+            sent += round;
         }
         out
     }

@@ -348,9 +348,9 @@ fn estimator<'p>(
     el.params = global.clone();
     check_fields(&mut el, e);
     let (config, config_spans) = config(&mut el, e, opts);
-    let ranks = opts.ranks.max(1) as i64;
+    let ranks = i64::try_from(opts.ranks.clamp(1, 1 << 20)).unwrap_or(1);
     rules_of_config(&mut el, e, &config, &config_spans, &global, ranks);
-    let per_shard = per_shard_params(&global, config.num_shards * ranks);
+    let per_shard = per_shard_params(&global, config.num_shards.saturating_mul(ranks));
     el.params = per_shard.clone();
     let model_dir = field(e, "model_dir").and_then(|x| match el.expr(x) {
         Value::Str(s) => Some(s.to_string()),
@@ -971,7 +971,7 @@ fn rules_of_config(
                 .help(format!("save every {WAFER_MIN_CHECKPOINT_STEPS} steps or more on the wafer")),
         );
     }
-    let replicas = c.num_shards * ranks;
+    let replicas = c.num_shards.saturating_mul(ranks);
     if replicas > 1 {
         let p = el.p;
         let batch = match global {

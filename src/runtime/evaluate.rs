@@ -321,9 +321,13 @@ impl Estimator {
                 }
             }
             if ranks > 1 {
-                items = self.gather_items(Phase::Eval, items, failure.is_none(), count)?;
-            }
-            if let Some(f) = failure {
+                // (this rank's own failure is what it reports)
+                let all = self.gather_items(Phase::Eval, items, failure.is_none(), count);
+                if let Some(f) = failure {
+                    return Err(f);
+                }
+                items = all?;
+            } else if let Some(f) = failure {
                 return Err(f);
             }
             for it in items {
@@ -458,9 +462,13 @@ impl Estimator {
                 }
             }
             if ranks > 1 {
-                items = self.gather_items(Phase::Predict, items, failure.is_none(), count)?;
-            }
-            if let Some(f) = failure {
+                // (this rank's own failure is what it reports)
+                let all = self.gather_items(Phase::Predict, items, failure.is_none(), count);
+                if let Some(f) = failure {
+                    return Err(f);
+                }
+                items = all?;
+            } else if let Some(f) = failure {
                 return Err(f);
             }
             for it in items {

@@ -27,6 +27,7 @@ mod restore;
 pub mod summary;
 
 pub use export::{ExportFormat, ExportOptions, ExportReport, Sample};
+pub use replicas::join_failed;
 
 use crate::backend::{self, Device, Feeds, RunError, RunExe, StepCtx, StepError, TrainExe};
 use crate::data::pipeline;
@@ -863,7 +864,8 @@ impl Estimator {
         let (Some(n), Some((b, drop))) = (n, batch) else {
             return Err(unknown("it has no size or no batch".into()));
         };
-        let shards = self.info.config.num_shards.max(1) as u64;
+        // (a step reads a batch per shard of every rank)
+        let shards = self.info.config.num_shards.max(1) as u64 * self.rank().1 as u64;
         // a pass's batches end with it when it batches first; else batches run on
         let batches = if batch_after {
             epochs.saturating_mul(n) / b
@@ -1087,13 +1089,18 @@ impl Estimator {
         let cfg = self.info.config.clone();
         let shards = cfg.num_shards.max(1) as usize;
         self.max_shards = self.max_shards.max((shards * self.rank().1) as u64);
-        let exe = self.train_exe(&c)?;
+        // (a rank that cannot start tells the others, waiting in the first step)
+        let exe = self.train_exe(&c).inspect_err(|_| self.tell_failure())?;
         let names = evaluate::input_names(&c.graph);
         let mut pipe = Pipeline::new_at(
             &ds,
             &self.pipe_options(SectionKind::Train),
             self.input_position,
-        )?;
+        )
+        .map_err(|d| {
+            self.tell_failure();
+            RunFailure::from(d)
+        })?;
         let mut summaries = self.train_events.take();
         for h in &mut self.hooks {
             h.begin(start, last);

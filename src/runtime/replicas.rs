@@ -126,6 +126,20 @@ fn u64_at(b: &[u8], at: &mut usize) -> Option<u64> {
     Some(u64::from_le_bytes(s.try_into().ok()?))
 }
 
+/// Takes part in `Estimator::join` as a rank whose program could not be checked (the
+/// others stop with E0924 instead of waiting for it), `digest` standing for its
+/// diagnostics: whether it should print them, that is, whether no rank before it
+/// failed with the same.
+pub fn join_failed(mut group: Group, digest: u64) -> bool {
+    let mut mine = vec![0u8];
+    mine.extend(digest.to_le_bytes());
+    let me = group.rank();
+    match exchange(&mut group, Phase::Join, &mine) {
+        Ok(all) => !all[..me].contains(&mine),
+        Err(_) => true,
+    }
+}
+
 impl Estimator {
     /// Joins a data-parallel run as one of `group`'s ranks (every rank calls it, in
     /// the same order as everything after it). The ranks must run the same program,
@@ -142,8 +156,12 @@ impl Estimator {
             self.ranks,
             env!("CARGO_PKG_VERSION")
         );
-        let all =
-            exchange(&mut group, Phase::Join, me.as_bytes()).map_err(|d| self.diverged(&d))?;
+        let mut mine = vec![1u8];
+        mine.extend(me.as_bytes());
+        let all = exchange(&mut group, Phase::Join, &mine).map_err(|d| self.diverged(&d))?;
+        if let Some(r) = all.iter().position(|b| b.first() != Some(&1)) {
+            return Err(self.rank_failed(r, "to check the program"));
+        }
         let what = [
             "program (its files or params)",
             "estimator",
@@ -152,7 +170,7 @@ impl Estimator {
             "rank count",
             "est version",
         ];
-        let theirs = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let theirs = |b: &[u8]| String::from_utf8_lossy(&b[1..]).into_owned();
         let first = theirs(&all[0]);
         for (r, b) in all.iter().enumerate().skip(1) {
             let other = theirs(b);
@@ -233,6 +251,15 @@ impl Estimator {
         }
     }
 
+    /// Rank 0 could not take `model_dir` (or read it) before restoring: tells the other
+    /// ranks, which wait for its state, and returns `f`.
+    pub(super) fn tell_restore_failed(&mut self, f: RunFailure) -> RunFailure {
+        if self.group.is_some() {
+            let _ = self.exchange(Phase::State, &[0]);
+        }
+        f
+    }
+
     /// E0924: rank `r` failed `when`; it reports why itself.
     pub(super) fn rank_failed(&self, r: usize, when: &str) -> RunFailure {
         Diag::new(
@@ -269,6 +296,14 @@ impl Estimator {
                 Some(e) => {
                     present += 1;
                     if mine.contains(&i) {
+                        if e.is_empty() {
+                            // (the pipeline's groups and these disagree: a bug)
+                            return Err(self
+                                .io_diag(format!(
+                                    "element {i} of the input's group came without its values"
+                                ))
+                                .into());
+                        }
                         out.push((i, e));
                     }
                 }

@@ -368,7 +368,9 @@ impl Estimator {
         if self.lock.is_some() || !self.chief() {
             return f(self);
         }
-        self.refuse_foreign()?;
+        if let Err(e) = self.refuse_foreign() {
+            return Err(self.tell_restore_failed(e));
+        }
         let lock = model_dir::lock(&self.model_dir).map_err(|e| match e {
             DirError::Locked { pid } => Diag::new(
                 Code::ModelDirLocked,
@@ -387,9 +389,16 @@ impl Estimator {
             DirError::Unwritable(m) => Diag::new(Code::RunIo, self.info.span, format!("cannot train in this model_dir: {m}"))
                 .label("this estimator's model_dir")
                 .help("pass a writable directory with --model-dir"),
-        })?;
+        });
+        let lock = match lock {
+            Ok(l) => l,
+            Err(d) => return Err(self.tell_restore_failed(d.into())),
+        };
         self.lock = Some(lock);
-        let r = self.catch_up().and_then(|_| f(self));
+        let r = match self.catch_up() {
+            Ok(()) => f(self),
+            Err(e) => Err(self.tell_restore_failed(e)),
+        };
         self.lock = None;
         r
     }

@@ -593,49 +593,61 @@ impl backend::Device for Device {
         let scan = |e: &Exe, n: NodeIndex, want: Finite| -> Option<(usize, f32)> {
             read(e, &kept(e, n), n).and_then(|t| want.first_bad(&t))
         };
-        let loss = match read(e, &kept(e, spec.loss), spec.loss) {
+        // the loss, read from the PEs, or (a loss the PEs do not hold: a mean plus a
+        // regularisation penalty) computed by the host from the batch sums and the
+        // variables before the step
+        let loss_of = |e: &Exe, vars: &FxHashMap<String, Tensor>| match read(
+            e,
+            &kept(e, spec.loss),
+            spec.loss,
+        ) {
             Some(t) => Ok(t.scalar()),
-            // a loss the PEs do not hold (a mean plus a regularisation penalty): the
-            // host computes it from the batch sums and the variables before the step
-            None => epilogue(e, spec.loss, &batches[0], &self.vars, ctx).map(|t| t.scalar()),
+            None => epilogue(e, spec.loss, &batches[0], vars, ctx).map(|t| t.scalar()),
         };
-        let loss = match loss {
-            Ok(l) if replicas > 1 => {
-                // the gradients the PEs hold, and the loss, averaged over the replicas
-                // and written back for the updates to read
-                let held: Vec<(String, NodeIndex)> = (spec.gradients.iter())
-                    .map(|(_, n)| (kept(e, *n), *n))
-                    .collect();
-                let mut sums: Vec<Vec<f32>> = (held.iter())
-                    .map(|(k, n)| {
-                        read(e, k, *n).map_or_else(Vec::new, |t| {
-                            t.to_f64().iter().map(|&x| x as f32).collect()
-                        })
-                    })
-                    .collect();
-                sums.push(vec![l as f32]);
-                if let Err(err) = backend::shard_mean(peers, &mut sums, 1) {
-                    update_discarding(e, &self.vars);
-                    return Err(err);
+        let mut averaged = None;
+        if replicas > 1 {
+            // the gradients the PEs hold, and the loss, averaged over the replicas and
+            // written back for the checks and the updates to read
+            let held: Vec<(String, NodeIndex)> = (spec.gradients.iter())
+                .map(|(_, n)| (kept(e, *n), *n))
+                .chain([(kept(e, spec.loss), spec.loss)])
+                .collect();
+            let mut sums: Vec<Vec<f32>> = Vec::with_capacity(held.len());
+            for (k, n) in &held {
+                let got = match read(e, k, *n) {
+                    Some(t) => Ok(t),
+                    None if *n == spec.loss => {
+                        loss_of(e, &self.vars).map(|l| Tensor::from_f64(g.ty(*n), vec![l]))
+                    }
+                    None => Err(fail(&g, *n, "a gradient the PEs do not hold".into())),
+                };
+                match got {
+                    Ok(t) => sums.push(t.to_f64().iter().map(|&x| x as f32).collect()),
+                    Err(error) => {
+                        update_discarding(e, &self.vars);
+                        return Err(peers.fail(run(error)));
+                    }
                 }
-                for ((k, n), mean) in held.iter().zip(&sums) {
-                    let t =
-                        Tensor::from_f64(g.ty(*n), mean.iter().map(|&x| f64::from(x)).collect());
-                    write_tensor(&e.layout, &mut e.sim, k, &t);
-                }
-                f64::from(sums.last().map_or(f32::NAN, |s| s[0]))
             }
-            Ok(l) => l,
-            Err(error) => {
+            if let Err(err) = backend::shard_mean(peers, &mut sums, 1) {
                 update_discarding(e, &self.vars);
-                return Err(peers.fail(run(error)));
+                return Err(err);
             }
-        };
+            for ((k, n), mean) in held.iter().zip(&sums) {
+                let t = Tensor::from_f64(g.ty(*n), mean.iter().map(|&x| f64::from(x)).collect());
+                write_tensor(&e.layout, &mut e.sim, k, &t);
+            }
+            averaged = sums.last().and_then(|s| s.first()).map(|&l| f64::from(l));
+        }
         if let Err(err) = spec.check_a(|n, want| scan(e, n, want)) {
             // the gradients are dropped with the step
             update_discarding(e, &self.vars);
             return Err(err);
         }
+        let loss = match averaged {
+            Some(l) => l,
+            None => loss_of(e, &self.vars).map_err(run)?,
+        };
         // a failed mix or update leaves the PEs' variables unlike the device's
         let mixed = mix(e, &self.vars, ctx).and_then(|h| update(e).map(|_| h));
         let mut hosts = mixed.map_err(|err| {
