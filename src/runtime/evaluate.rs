@@ -270,15 +270,7 @@ impl Estimator {
         let mut pipe = self.start_pipeline(&ds, SectionKind::Eval)?;
         let (mut loss_sum, mut examples, mut count) = (0.0, 0u64, 0u64);
         while steps.is_none_or(|s| count < s) {
-            let (present, batches) = match self.read_group(&mut pipe, shards) {
-                Ok(x) => x,
-                Err(f) => {
-                    if ranks > 1 {
-                        let _ = self.exchange(Phase::Eval, &[0]);
-                    }
-                    return Err(f);
-                }
-            };
+            let (present, batches) = self.read_shared(&mut pipe, shards, Phase::Eval)?;
             if present == 0 {
                 break;
             }
@@ -320,16 +312,7 @@ impl Estimator {
                     }
                 }
             }
-            if ranks > 1 {
-                // (this rank's own failure is what it reports)
-                let all = self.gather_items(Phase::Eval, items, failure.is_none(), count);
-                if let Some(f) = failure {
-                    return Err(f);
-                }
-                items = all?;
-            } else if let Some(f) = failure {
-                return Err(f);
-            }
+            let items = self.gather_items(Phase::Eval, items, failure, count)?;
             for it in items {
                 if loss_at.is_some() {
                     loss_sum += it.loss * it.real as f64;
@@ -432,15 +415,7 @@ impl Estimator {
         let mut count = 0u64;
         while steps.is_none_or(|s| count < s) {
             // one batch (of each rank, in rank order)
-            let (present, batches) = match self.read_group(&mut pipe, 1) {
-                Ok(x) => x,
-                Err(f) => {
-                    if ranks > 1 {
-                        let _ = self.exchange(Phase::Predict, &[0]);
-                    }
-                    return Err(f);
-                }
-            };
+            let (present, batches) = self.read_shared(&mut pipe, 1, Phase::Predict)?;
             if present == 0 {
                 break;
             }
@@ -461,16 +436,7 @@ impl Estimator {
                     Err(f) => failure = Some(f),
                 }
             }
-            if ranks > 1 {
-                // (this rank's own failure is what it reports)
-                let all = self.gather_items(Phase::Predict, items, failure.is_none(), count);
-                if let Some(f) = failure {
-                    return Err(f);
-                }
-                items = all?;
-            } else if let Some(f) = failure {
-                return Err(f);
-            }
+            let items = self.gather_items(Phase::Predict, items, failure, count)?;
             for it in items {
                 let Some(vals) = it.args.into_iter().next() else {
                     continue;
@@ -582,16 +548,35 @@ struct EvalItem {
 }
 
 impl Estimator {
-    /// Every rank's items of one group of batches, in rank order (a collective);
-    /// E0924 when a rank failed its batches (`ok` false here: this rank did).
+    /// The next group of an evaluation's or prediction's input (`read_group`); a
+    /// rank whose input fails tells the others, which wait in `phase`'s exchange.
+    fn read_shared(
+        &mut self,
+        pipe: &mut pipeline::Pipeline,
+        per_rank: usize,
+        phase: Phase,
+    ) -> Res<(usize, Vec<(usize, Element)>)> {
+        let read = self.read_group(pipe, per_rank);
+        if read.is_err() && self.rank().1 > 1 {
+            let _ = self.exchange(phase, &[0]);
+        }
+        read
+    }
+
+    /// Every rank's items of one group of batches, in rank order (a collective;
+    /// alone, this rank's). A rank that failed its batches (`failure`, here) reports
+    /// its own failure, and the others E0924.
     fn gather_items(
         &mut self,
         phase: Phase,
         items: Vec<EvalItem>,
-        ok: bool,
+        failure: Option<RunFailure>,
         count: u64,
     ) -> Res<Vec<EvalItem>> {
-        let mut b = vec![u8::from(ok)];
+        if self.rank().1 == 1 {
+            return failure.map_or(Ok(items), Err);
+        }
+        let mut b = vec![u8::from(failure.is_none())];
         b.extend((items.len() as u64).to_le_bytes());
         for it in &items {
             for x in [
@@ -606,7 +591,11 @@ impl Estimator {
                 crate::dist::encode(a, &mut b);
             }
         }
-        let all = self.exchange(phase, &b)?;
+        let all = self.exchange(phase, &b);
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        let all = all?;
         let what = if phase == Phase::Eval {
             "eval"
         } else {
