@@ -376,6 +376,28 @@ fn a_rank_whose_eval_batch_fails_says_why() {
     );
 }
 
+/// Rank 0 that cannot take model_dir (another run holds its lock) says so (E0909), and
+/// the other rank, waiting for rank 0's state, stops with E0924 instead of hanging.
+#[test]
+fn rank_0_without_the_model_dir_stops_every_rank() {
+    let p = program(&[]);
+    let base = common::scratch("dist", "locked");
+    let held = est::runtime::model_dir::lock(&base)
+        .map_err(|_| "lock")
+        .unwrap();
+    let codes = threads::run(2, |g: Group| {
+        let mut e = estimator(&p, &base, Target::Interp, 1, 2);
+        e.join(g).map_err(|f| f.diags).unwrap();
+        let f = e.train(Steps::Max(5)).expect_err("refused");
+        f.diags.iter().map(|d| d.code).collect::<Vec<Code>>()
+    });
+    drop(held);
+    assert_eq!(
+        codes,
+        vec![vec![Code::ModelDirLocked], vec![Code::RankFailed]]
+    );
+}
+
 /// Ranks that run different programs (here another batch size) refuse to start, on
 /// every rank (E0925), and so do ranks checked for another number of ranks.
 #[test]

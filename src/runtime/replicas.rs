@@ -23,6 +23,9 @@ use crate::dist::Group;
 use crate::tensor::Tensor;
 use rustc_hash::FxHashMap;
 
+/// Rank 0's readiness in `prepare` when it could not take or read `model_dir`.
+const FAILED: u8 = 2;
+
 /// What a collective exchange is, sent ahead of its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -255,7 +258,8 @@ impl Estimator {
     /// ranks, which wait for its state, and returns `f`.
     pub(super) fn tell_restore_failed(&mut self, f: RunFailure) -> RunFailure {
         if self.group.is_some() {
-            let _ = self.exchange(Phase::State, &[0]);
+            // (in place of its readiness, the first exchange of `prepare`)
+            let _ = self.exchange(Phase::State, &[FAILED]);
         }
         f
     }
@@ -371,11 +375,17 @@ impl Estimator {
         let Some(chief) = self.group.as_ref().map(Group::chief) else {
             return self.prepare_here(need);
         };
+        // every rank's readiness first: rank 0 sends its state to all when one lacks it
+        let ready = self.exchange(Phase::State, &[u8::from(self.ready)])?;
+        if ready[0].first() == Some(&FAILED) {
+            return Err(self.rank_failed(0, "to take or read the model directory"));
+        }
+        let all_ready = ready.iter().all(|b| b.first() == Some(&1));
         let (mut msg, mut failure) = (Vec::new(), None);
         if chief {
             let was = self.ready;
             match self.prepare_here(need) {
-                Ok(()) if was => msg.push(1),
+                Ok(()) if was && all_ready => msg.push(1),
                 Ok(()) => {
                     msg.push(2);
                     msg.extend(self.encode_state());
