@@ -90,6 +90,26 @@ fn program(params: &[(&str, &str)]) -> Program {
     p
 }
 
+/// The codes each of two ranks (threads) of `p` in model_dir `dir` fails with doing
+/// `act`: rank 0 reads its data under the crate's root, rank 1 under `data1`.
+fn failures_on_two_ranks(
+    p: &Program,
+    dir: &Path,
+    data1: &Path,
+    act: impl Fn(&mut Estimator) -> Option<est::runtime::RunFailure> + Sync,
+) -> Vec<Vec<Code>> {
+    threads::run(2, |g: Group| {
+        let data = if g.rank() == 0 {
+            root()
+        } else {
+            data1.to_path_buf()
+        };
+        let mut e = estimator_in(p, dir, &data, Target::Interp, 1, 2);
+        e.join(g).map_err(|f| f.diags).unwrap();
+        act(&mut e).map_or_else(Vec::new, |f| f.diags.iter().map(|d| d.code).collect())
+    })
+}
+
 /// A copy of `examples/data/NAME` under `base` whose labels are all 99 (out of range).
 fn bad_labels(base: &Path, name: &str) {
     let data = base.join("examples/data");
@@ -300,12 +320,8 @@ fn a_rank_whose_step_fails_stops_every_rank() {
     let base = common::scratch("dist", "fail");
     bad_labels(&base, "digits_train.csv");
     let p = program(&[]);
-    let codes = threads::run(2, |g: Group| {
-        let dir = if g.rank() == 0 { root() } else { base.clone() };
-        let mut e = estimator_in(&p, &base.join("run"), &dir, Target::Interp, 1, 2);
-        e.join(g).map_err(|f| f.diags).unwrap();
-        let f = e.train(Steps::Max(5)).expect_err("the step fails");
-        f.diags.iter().map(|d| d.code).collect::<Vec<Code>>()
+    let codes = failures_on_two_ranks(&p, &base.join("run"), &base, |e| {
+        e.train(Steps::Max(5)).err()
     });
     assert_eq!(
         codes,
@@ -363,13 +379,7 @@ fn a_rank_whose_eval_batch_fails_says_why() {
         .train(Steps::Max(3))
         .map_err(|f| f.diags)
         .unwrap();
-    let codes = threads::run(2, |g: Group| {
-        let dir = if g.rank() == 0 { root() } else { base.clone() };
-        let mut e = estimator_in(&p, &run, &dir, Target::Interp, 1, 2);
-        e.join(g).map_err(|f| f.diags).unwrap();
-        let f = e.evaluate(None).expect_err("the batch fails");
-        f.diags.iter().map(|d| d.code).collect::<Vec<Code>>()
-    });
+    let codes = failures_on_two_ranks(&p, &run, &base, |e| e.evaluate(None).err());
     assert_eq!(
         codes,
         vec![vec![Code::RankFailed], vec![Code::LabelOutOfRange]]
@@ -385,12 +395,7 @@ fn rank_0_without_the_model_dir_stops_every_rank() {
     let held = est::runtime::model_dir::lock(&base)
         .map_err(|_| "lock")
         .unwrap();
-    let codes = threads::run(2, |g: Group| {
-        let mut e = estimator(&p, &base, Target::Interp, 1, 2);
-        e.join(g).map_err(|f| f.diags).unwrap();
-        let f = e.train(Steps::Max(5)).expect_err("refused");
-        f.diags.iter().map(|d| d.code).collect::<Vec<Code>>()
-    });
+    let codes = failures_on_two_ranks(&p, &base, &root(), |e| e.train(Steps::Max(5)).err());
     drop(held);
     assert_eq!(
         codes,

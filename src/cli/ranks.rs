@@ -6,6 +6,11 @@
 use est::dist::mpi::World;
 use est::dist::Group;
 
+/// This rank and the number of ranks, once MPI has said (for the message on SIGTERM;
+/// PMIx launchers do not put the size in the environment).
+#[cfg(feature = "mpi")]
+static PLACE: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+
 /// This process's place in the job it was launched as part of.
 pub struct Ranks {
     #[cfg(feature = "mpi")]
@@ -42,6 +47,7 @@ impl Ranks {
                 super::log("error: cannot initialise MPI (an MPI launcher started this process)");
                 return Err(2);
             };
+            let _ = PLACE.set((world.rank(), world.size()));
             return Ok(Ranks {
                 rank: world.rank(),
                 size: world.size(),
@@ -102,7 +108,7 @@ fn stop_message() {
         std::thread::spawn(move || {
             let mut sig = 0;
             if libc::sigwait(&set, &mut sig) == 0 {
-                let (rank, size) = launched();
+                let (rank, size) = PLACE.get().copied().unwrap_or_else(launched);
                 use std::io::Write;
                 let _ = writeln!(std::io::stderr(), "{}", format_args!(
                     "est: rank {rank} of {size} was stopped by the MPI launcher: another rank ended without finishing (it failed or was killed), or the job was cancelled; run the same command again to resume from the last checkpoint"

@@ -114,8 +114,6 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
             SectionKind::Predict => predict(&mut est, &a, json),
         }
     };
-    // Warnings were logged as they happened; with JSON output they go to stderr as
-    // JSON lines, so that stdout keeps the one result object.
     // every rank ends the command together, or the job ends
     let together = est.finish(result.is_ok());
     let result = match (result, together) {
@@ -138,6 +136,8 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
             Err(f) => print_diags(&program, &f.diags, a.out.message_format, a.out.color).max(1),
         };
     }
+    // Warnings were logged as they happened; with JSON output they go to stderr as
+    // JSON lines, so that stdout keeps the one result object.
     if json {
         let mut err = std::io::stderr().lock();
         for d in est.take_warnings() {

@@ -6,9 +6,10 @@
 //! Comm                    the seam: rank, size, all-gather, all-to-all
 //!   threads::group(n)     ranks as threads of one process (tests, embedding)
 //!   mpi::World            ranks as processes of an MPI job (`mpirun -n N estc train`)
-//! Group                   what the runtime holds: a Comm, its shards, what it says
+//! Group                   what the runtime holds: a Comm, and the time its steps'
+//!                         exchanges took
+//!   .all_gather(bytes)    every rank's bytes, in rank order
 //!   .sum(buf)             the element-wise sum over the ranks, added in rank order
-//!   .agree(outcome)       every rank's outcome of a step (who failed)
 //! ```
 //!
 //! Sums are deterministic: a reduce-scatter hands each rank one chunk of every rank's
@@ -44,8 +45,7 @@ pub trait Comm: Send {
     fn all_gather_f32(&mut self, mine: &[f32], all: &mut [f32], counts: &[usize]);
 }
 
-/// A rank's place in a data-parallel run: its communicator and how many shards each
-/// rank runs a step on.
+/// A rank's place in a data-parallel run: its communicator.
 pub struct Group {
     comm: Box<dyn Comm>,
     /// Time spent in train steps' exchanges (kept by the runtime's `Peers::reduce`).
@@ -82,22 +82,6 @@ impl Group {
     /// Every rank's bytes, in rank order.
     pub fn all_gather(&mut self, mine: &[u8]) -> Vec<Vec<u8>> {
         self.comm.all_gather(mine)
-    }
-
-    /// Rank 0's bytes, on every rank (`mine` is only read on rank 0).
-    pub fn broadcast(&mut self, mine: Vec<u8>) -> Vec<u8> {
-        let send: &[u8] = if self.chief() { &mine } else { &[] };
-        self.comm.all_gather(send).swap_remove(0)
-    }
-
-    /// Every rank's outcome of a stretch of work: `Ok` on every rank, or the first
-    /// rank (in rank order) that failed.
-    pub fn agree(&mut self, ok: bool) -> Result<(), usize> {
-        let all = self.comm.all_gather(&[u8::from(ok)]);
-        match all.iter().position(|b| b.first() != Some(&1)) {
-            Some(r) => Err(r),
-            None => Ok(()),
-        }
     }
 
     /// Replaces `buf` by its element-wise sum over the ranks, added in rank order.
@@ -152,26 +136,34 @@ pub fn encode(ts: &[Tensor], out: &mut Vec<u8>) {
     }
 }
 
+/// The little-endian `u64` at `*at` of `b`, moving `*at` past it; `None` past the end.
+pub fn read_u64(b: &[u8], at: &mut usize) -> Option<u64> {
+    let s = b.get(*at..at.checked_add(8)?)?;
+    *at += 8;
+    Some(u64::from_le_bytes(s.try_into().ok()?))
+}
+
+/// `n` bytes at `*at` of `b`, moving `*at` past them; `None` past the end.
+pub fn read_bytes<'b>(b: &'b [u8], at: &mut usize, n: usize) -> Option<&'b [u8]> {
+    let s = b.get(*at..at.checked_add(n)?)?;
+    *at += n;
+    Some(s)
+}
+
 /// The inverse of `encode`, reading from `*at` on; `None` for bytes it did not write.
 pub fn decode(b: &[u8], at: &mut usize) -> Option<Vec<Tensor>> {
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let s = b.get(*at..at.checked_add(n)?)?;
-        *at += n;
-        Some(s)
-    };
-    let u64_at = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])) as usize;
-    let count = u64_at(take(8)?);
+    let count = read_u64(b, at)? as usize;
     let mut out = Vec::with_capacity(count.min(1 << 16));
     for _ in 0..count {
-        let head = take(2)?;
+        let head = read_bytes(b, at, 2)?;
         let dtype = *crate::ir::DType::ALL.get(head[0] as usize)?;
         let rank = head[1] as usize;
         let mut dims = Vec::with_capacity(rank);
         for _ in 0..rank {
-            dims.push(u64_at(take(8)?));
+            dims.push(read_u64(b, at)? as usize);
         }
-        let len = u64_at(take(8)?);
-        let data = take(len)?;
+        let len = read_u64(b, at)? as usize;
+        let data = read_bytes(b, at, len)?;
         let ty = crate::ir::TensorType::new(dtype, dims);
         out.push(Tensor::from_le_bytes(&ty, data)?);
     }
@@ -215,14 +207,10 @@ mod tests {
     }
 
     #[test]
-    fn agree_names_the_first_rank_that_failed() {
-        let got = threads::run(3, |mut g| {
-            let ok = g.rank() != 1 && g.rank() != 2;
-            (g.agree(ok), g.broadcast(vec![g.rank() as u8 + 7]))
-        });
-        for (a, b) in got {
-            assert_eq!(a, Err(1));
-            assert_eq!(b, vec![7]);
+    fn all_gather_gives_every_rank_all_bytes_in_rank_order() {
+        let got = threads::run(3, |mut g| g.all_gather(&vec![g.rank() as u8 + 7; g.rank()]));
+        for all in got {
+            assert_eq!(all, vec![vec![], vec![8], vec![9, 9]]);
         }
     }
 

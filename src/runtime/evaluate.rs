@@ -619,11 +619,7 @@ impl Estimator {
 
 fn decode_items(b: &[u8], out: &mut Vec<EvalItem>) -> Option<()> {
     let mut at = 1;
-    let u = |at: &mut usize| -> Option<u64> {
-        let s = b.get(*at..*at + 8)?;
-        *at += 8;
-        Some(u64::from_le_bytes(s.try_into().ok()?))
-    };
+    let u = |at: &mut usize| crate::dist::read_u64(b, at);
     let n = u(&mut at)?;
     for _ in 0..n {
         let (shard, real, loss, k) = (u(&mut at)?, u(&mut at)?, u(&mut at)?, u(&mut at)?);

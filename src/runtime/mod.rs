@@ -1282,10 +1282,15 @@ impl Estimator {
         };
         let next = self.step + 1;
         self.dev()?;
-        let stepped = self.with_peers(|peers, s| match &mut s.dev {
+        let mut alone = backend::Alone;
+        let peers: &mut dyn backend::Peers = match &mut self.group {
+            Some(g) => g,
+            None => &mut alone,
+        };
+        let stepped = match &mut self.dev {
             Some(d) => d.device.train_step(exe, feeds, ctx, peers),
-            None => Err(StepError::Peer { replica: 0 }),
-        });
+            None => return Err(self.io_diag("no device to run the step on".into()).into()),
+        };
         match stepped {
             Ok(out) => {
                 self.step = out.next_step.unwrap_or(next);

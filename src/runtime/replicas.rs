@@ -16,7 +16,7 @@
 //! unrelated exchanges.
 
 use super::{Estimator, Res, RunFailure};
-use crate::backend::{Alone, Peers};
+use crate::backend::Peers;
 use crate::data::pipeline::{Element, Pipeline};
 use crate::diag::{Code, Diag};
 use crate::dist::Group;
@@ -107,26 +107,15 @@ impl Peers for Group {
 
 /// `Peers::reduce` for a group.
 fn reduce(g: &mut Group, local: Option<&mut [f32]>) -> Result<(), usize> {
-    {
-        let all = match exchange(g, Phase::Step, &[u8::from(local.is_some())]) {
-            Ok(a) => a,
-            // (a rank elsewhere: report it as failed; the job ends)
-            Err(d) => return Err(d.rank),
-        };
-        if let Some(r) = all.iter().position(|b| b.first() != Some(&1)) {
-            return Err(r);
-        }
-        if let Some(b) = local {
-            g.sum(b);
-        }
-        Ok(())
+    // (a rank at another exchange counts as failed: the job ends)
+    let all = exchange(g, Phase::Step, &[u8::from(local.is_some())]).map_err(|d| d.rank)?;
+    if let Some(r) = all.iter().position(|b| b.first() != Some(&1)) {
+        return Err(r);
     }
-}
-
-fn u64_at(b: &[u8], at: &mut usize) -> Option<u64> {
-    let s = b.get(*at..*at + 8)?;
-    *at += 8;
-    Some(u64::from_le_bytes(s.try_into().ok()?))
+    if let Some(b) = local {
+        g.sum(b);
+    }
+    Ok(())
 }
 
 /// Takes part in `Estimator::join` as a rank whose program could not be checked (the
@@ -148,7 +137,7 @@ impl Estimator {
     /// the same order as everything after it). The ranks must run the same program,
     /// estimator, configuration and target, checked for as many ranks as the group
     /// has (`RunOptions::ranks`); E0925 otherwise, on every rank. Rank 0's seed
-    /// becomes every rank's.
+    /// becomes every rank's: it travels ahead of each rank's description.
     pub fn join(&mut self, mut group: Group) -> Res<()> {
         let me = format!(
             "{}\n{}\n{:?}\n{:?}\n{}\n{}",
@@ -160,6 +149,7 @@ impl Estimator {
             env!("CARGO_PKG_VERSION")
         );
         let mut mine = vec![1u8];
+        mine.extend(self.seed.to_le_bytes());
         mine.extend(me.as_bytes());
         let all = exchange(&mut group, Phase::Join, &mine).map_err(|d| self.diverged(&d))?;
         if let Some(r) = all.iter().position(|b| b.first() != Some(&1)) {
@@ -173,7 +163,8 @@ impl Estimator {
             "rank count",
             "est version",
         ];
-        let theirs = |b: &[u8]| String::from_utf8_lossy(&b[1..]).into_owned();
+        let theirs =
+            |b: &[u8]| String::from_utf8_lossy(b.get(9..).unwrap_or_default()).into_owned();
         let first = theirs(&all[0]);
         for (r, b) in all.iter().enumerate().skip(1) {
             let other = theirs(b);
@@ -210,8 +201,7 @@ impl Estimator {
             .help("set `RunOptions::ranks` to the group's size")
             .into());
         }
-        let seed = group.broadcast(self.seed.to_le_bytes().to_vec());
-        self.seed = u64_at(&seed, &mut 0).unwrap_or(self.seed);
+        self.seed = crate::dist::read_u64(&all[0], &mut 1).unwrap_or(self.seed);
         if !group.chief() {
             self.hooks.retain(|h| !h.writes());
         }
@@ -234,23 +224,11 @@ impl Estimator {
         self.group.as_ref().is_none_or(Group::chief)
     }
 
-    /// The replicas a train step averages with.
-    pub(super) fn with_peers<T>(&mut self, f: impl FnOnce(&mut dyn Peers, &mut Self) -> T) -> T {
-        match self.group.take() {
-            Some(mut g) => {
-                let out = f(&mut g, self);
-                self.group = Some(g);
-                out
-            }
-            None => f(&mut Alone, self),
-        }
-    }
-
     /// Tells the other ranks, waiting in a train step's exchange, that this rank
     /// failed before it (its input failed).
     pub(super) fn tell_failure(&mut self) {
         if let Some(g) = &mut self.group {
-            let _ = g.fail(crate::backend::StepError::Peer { replica: g.rank() });
+            let _ = g.reduce(None);
         }
     }
 
@@ -345,19 +323,13 @@ impl Estimator {
     fn adopt_state(&mut self, b: &[u8]) -> Res<()> {
         let bad = || self.io_diag("the state rank 0 sent could not be read".into());
         let mut at = 0;
-        let mut next = || u64_at(b, &mut at);
-        let (Some(step), Some(seed), Some(pos), Some(shards), Some(n)) =
-            (next(), next(), next(), next(), next())
-        else {
-            return Err(bad().into());
-        };
-        let mut at = 40;
+        let mut next = || crate::dist::read_u64(b, &mut at).ok_or_else(bad);
+        let (step, seed, pos, shards, n) = (next()?, next()?, next()?, next()?, next()?);
         let mut names = Vec::with_capacity(n.min(1 << 20) as usize);
         for _ in 0..n {
-            let len = u64_at(b, &mut at).ok_or_else(bad)? as usize;
-            let s = b.get(at..at + len).ok_or_else(bad)?;
+            let len = crate::dist::read_u64(b, &mut at).ok_or_else(bad)? as usize;
+            let s = crate::dist::read_bytes(b, &mut at, len).ok_or_else(bad)?;
             names.push(String::from_utf8_lossy(s).into_owned());
-            at += len;
         }
         let ts = crate::dist::decode(b, &mut at).ok_or_else(bad)?;
         let vars: FxHashMap<String, Tensor> = names.into_iter().zip(ts).collect();

@@ -153,11 +153,12 @@ impl backend::Device for Device {
                 })
                 .collect();
             backend::shard_mean(peers, &mut sums, n)?;
-            for (t, sum) in floats.into_iter().zip(sums) {
+            for (t, mean) in floats.into_iter().zip(sums) {
                 let first = values.get(t).expect("target");
-                let (dtype, shape) = (first.dtype, first.shape().to_vec());
-                let a = ndarray::ArrayD::from_shape_vec(shape, sum).expect("the target's shape");
-                values.set(t, Tensor::float(dtype, a.into_shared()));
+                let mut a = first.f().to_owned();
+                // (in the order the sums were read out)
+                a.iter_mut().zip(mean).for_each(|(x, m)| *x = m);
+                values.set(t, Tensor::float(first.dtype, a.into_shared()));
             }
         }
         for &(cross, operand) in &spec.cross {
