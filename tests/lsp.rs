@@ -734,3 +734,100 @@ proptest! {
         prop_assert!(s.get("result").is_some());
     }
 }
+
+/// A program whose train and eval graphs differ in their batch (32 and 16), with a
+/// loop, a function called with several shapes, and a closure.
+const SHAPES: &str = "use std.nn.dense
+use std.losses.softmax_cross_entropy
+
+params {
+  hidden: int = 32
+  layers: [int] = [16, 8]
+}
+
+input digits(size: int) {
+  csv(\"digits.csv\", columns: { pixels: f32[64], label: i32 })
+    |> map |r| (r.pixels / 16.0, r.label)
+    |> repeat
+    |> batch(size, drop_remainder: true)
+}
+
+fn block(x, units: int) { dense(x, units) |> relu }
+
+model mlp(features: f32[B, 64], labels: i32[B]) {
+  let width = params.hidden * 2
+  let h = block(features, width)
+  for units in params.layers { h = block(h, units) }
+  let logits = dense(h, 10)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.1) }
+  predict { classes = argmax(logits, 1) }
+}
+
+estimator e { model = mlp  train_input = digits(32)  eval_input = digits(16)  train_steps = 10 }
+";
+
+/// The inlay hints of the whole document, as `line:character label`.
+fn hints(c: &mut Client, uri: &str) -> Vec<String> {
+    let r = c.request(
+        "textDocument/inlayHint",
+        json!({"textDocument": {"uri": uri}, "range": {"start": {"line": 0, "character": 0}, "end": {"line": 999, "character": 0}}}),
+    );
+    r["result"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"))
+        .iter()
+        .map(|h| {
+            format!(
+                "{}:{} {}",
+                h["position"]["line"],
+                h["position"]["character"],
+                h["label"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn inlay_hints_show_each_bindings_shape_in_the_chosen_mode() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let d = c.open(MAIN, SHAPES);
+    assert_eq!(d["diagnostics"], json!([]), "{d}");
+    let train = hints(&mut c, MAIN);
+    insta::assert_snapshot!("inlay_hints_train", train.join("\n"));
+    c.notify(
+        "workspace/didChangeConfiguration",
+        json!({"settings": {"est": {"mode": "eval"}}}),
+    );
+    let eval = hints(&mut c, MAIN);
+    insta::assert_snapshot!("inlay_hints_eval", eval.join("\n"));
+}
+
+#[test]
+fn hover_answers_on_every_name_being_bound() {
+    let mut c = Client::start(json!({"target": "host"}));
+    c.open(MAIN, SHAPES);
+    let value = |c: &mut Client, line: u32, character: u32| -> String {
+        let h = c.at("textDocument/hover", MAIN, line, character);
+        h["result"]["contents"]["value"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no hover at {line}:{character}: {h}"))
+            .to_string()
+    };
+    // a `let`, in each mode's graph (the batch differs)
+    insta::assert_snapshot!("hover_let", value(&mut c, 19, 6));
+    // a model parameter, a function parameter bound by three calls, a loop variable
+    insta::assert_snapshot!("hover_model_param", value(&mut c, 17, 12));
+    insta::assert_snapshot!("hover_fn_param", value(&mut c, 15, 9));
+    insta::assert_snapshot!("hover_loop_var", value(&mut c, 20, 8));
+    // a params field at its declaration, and a closure's parameter
+    insta::assert_snapshot!("hover_params_decl", value(&mut c, 4, 3));
+    insta::assert_snapshot!("hover_closure_param", value(&mut c, 10, 12));
+    // in a file with an error, the bindings before and beside it still answer
+    let broken = SHAPES.replace("let logits = dense(h, 10)", "let logits = dense_(h, 10)");
+    c.change(MAIN, 2, json!([{"text": broken}]));
+    assert!(value(&mut c, 19, 6).contains("`f32[32, 64]`"));
+    assert!(value(&mut c, 18, 6).contains("`int = 64`"));
+    let after = c.at("textDocument/hover", MAIN, 21, 6);
+    assert_eq!(after["result"], Value::Null, "{after}");
+}

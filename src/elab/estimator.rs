@@ -167,7 +167,7 @@ pub struct EstimatorInfo {
     /// The params as the model sees them (per-shard batch size).
     pub params: Vec<(String, String)>,
     /// Expressions of the estimator's fields and params, with their values (hover).
-    pub hovers: Vec<(Span, String)>,
+    pub hovers: Vec<super::Hover>,
     /// `warm_start_from`: where a fresh run takes its first weights.
     pub warm_start: Option<WarmStart>,
     /// `eval_every`: training evaluates every this many steps (train-and-evaluate).
@@ -200,8 +200,9 @@ pub struct Compiled {
     /// Shared, so that a backend keeps it without a copy.
     pub graph: std::sync::Arc<Graph>,
     pub input: Option<Dataset>,
-    /// Expressions evaluated for this mode, with their types or values (hover).
-    pub hovers: Vec<(Span, String)>,
+    /// Expressions and bindings evaluated for this mode, with their types or values
+    /// (hover, inlay hints).
+    pub hovers: Vec<super::Hover>,
 }
 
 /// Elaborates the program's estimators for the given modes and target.
@@ -535,6 +536,7 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
                 el.params = Value::Record(Rc::new(fields.clone()));
                 let v = el.expr(&f.default);
                 let v = check_static_type(el, v, f.default.span, &f.ty);
+                el.record_binding(&f.name, &v);
                 fields.push((f.name.name.clone(), v));
                 decls.push(f);
             }

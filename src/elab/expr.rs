@@ -33,18 +33,82 @@ impl<'p> Elab<'p> {
             return;
         }
         let text = match v {
-            Value::Tensor(n) => self.graph.ty(*n).to_string(),
-            Value::Dataset(d) => format!("dataset of {}", d.elem()),
             Value::Error | Value::Absent(_) => return,
             Value::Int(_) => format!("int = {}", super::value::show(v)),
             Value::Float(_) => format!("float = {}", super::value::show(v)),
             Value::Bool(_) => format!("bool = {}", super::value::show(v)),
             Value::Str(_) => format!("string = {}", super::value::show(v)),
-            other => super::value::show(other),
+            other => self.describe(other),
         };
         if let Some(h) = &mut self.hovers {
-            h.push((span, text));
+            h.push(super::Hover {
+                span,
+                text,
+                hint: None,
+                binding: false,
+            });
         }
+    }
+
+    /// Notes the value a name of a user file is bound to (`let`, a parameter, a loop
+    /// variable, a params field), for hover and inlay hints on the name itself.
+    pub(super) fn record_binding(&mut self, name: &Ident, v: &Value<'p>) {
+        if self.hovers.is_none() || self.p.is_std_file(name.span.file) {
+            return;
+        }
+        self.record_hover(name.span, v);
+        let hint = self.hint(v);
+        if let Some(h) = self.hovers.as_mut().and_then(|h| h.last_mut()) {
+            if h.span == name.span {
+                h.binding = true;
+                h.hint = hint;
+            }
+        }
+    }
+
+    /// A value as hover shows it, with tensors' types inside tuples, records and lists.
+    fn describe(&self, v: &Value<'p>) -> String {
+        let parts = |xs: &[Value<'p>]| xs.iter().map(|x| self.describe(x)).collect::<Vec<_>>();
+        match v {
+            Value::Tensor(n) => self.graph.ty(*n).to_string(),
+            Value::Dataset(d) => format!("dataset of {}", d.elem()),
+            Value::Tuple(xs) => format!("({})", parts(xs).join(", ")),
+            Value::List(xs) => format!("[{}]", parts(xs).join(", ")),
+            Value::Record(fs) => format!(
+                "{{{}}}",
+                fs.iter()
+                    .map(|(k, x)| format!("{k}: {}", self.describe(x)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            other => super::value::show(other),
+        }
+    }
+
+    /// The inlay hint of a bound value: a tensor's type (or a tuple or record of
+    /// tensors'), or a short static value (`= 256`); `None` for anything else.
+    fn hint(&self, v: &Value<'p>) -> Option<String> {
+        const SHORT: usize = 24;
+        fn tensors(v: &Value<'_>) -> bool {
+            match v {
+                Value::Tensor(_) => true,
+                Value::Tuple(xs) => !xs.is_empty() && xs.iter().all(tensors),
+                Value::Record(fs) => !fs.is_empty() && fs.iter().all(|(_, x)| tensors(x)),
+                _ => false,
+            }
+        }
+        if tensors(v) {
+            return Some(self.describe(v));
+        }
+        let statics = match v {
+            Value::Int(_) | Value::Float(_) | Value::Bool(_) | Value::Str(_) => true,
+            Value::List(xs) => xs
+                .iter()
+                .all(|x| matches!(x, Value::Int(_) | Value::Float(_))),
+            _ => false,
+        };
+        let shown = super::value::show(v);
+        (statics && shown.len() <= SHORT).then(|| format!("= {shown}"))
     }
 
     fn expr_value(&mut self, e: &'p Expr) -> Value<'p> {
@@ -425,6 +489,7 @@ impl<'p> Elab<'p> {
                     Some(t) => self.check_annotation(v, value.span, t),
                     None => v,
                 };
+                self.record_binding(name, &v);
                 self.bind(&name.name, v);
             }
             StmtKind::Assign { name, value } => {
@@ -521,6 +586,7 @@ impl<'p> Elab<'p> {
                 return;
             }
             self.push_scope();
+            self.record_binding(var, v);
             self.bind(&var.name, v.clone());
             self.block(body);
             self.pop_scope();
@@ -768,6 +834,7 @@ impl<'p> Elab<'p> {
                 Some(t) => self.check_annotation(v, s, t),
                 None => v,
             };
+            self.record_binding(&param.name, &v);
             self.bind(&param.name.name, v.clone());
             bound.push((v, s));
         }
@@ -826,6 +893,7 @@ impl<'p> Elab<'p> {
     fn bind_pat(&mut self, p: &'p Pat, v: Value<'p>, locals: &mut Vec<(String, Value<'p>)>) {
         let ps = match p {
             Pat::Name(id) => {
+                self.record_binding(id, &v);
                 locals.push((id.name.clone(), v));
                 return;
             }

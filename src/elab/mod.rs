@@ -37,6 +37,21 @@ const MAX_DEPTH: usize = 256;
 /// (`EST_TIME_PASSES=1` prints the steps of each mode.)
 pub const MAX_STEPS: u64 = 20_000_000;
 
+/// What the language server shows of an expression or of a name being bound, from one
+/// elaboration: its type or value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hover {
+    pub span: Span,
+    /// As hover shows it: `f32[32, 10]`, `int = 3`, `dataset of (f32[784], i32)`.
+    pub text: String,
+    /// For a name being bound (`let`, a parameter, a loop variable, a params field): the
+    /// inlay hint after it, for a tensor (or a tuple or record of them) or a short static
+    /// value (`f32[32, 10]`, `= 256`). `None` for expressions and other values.
+    pub hint: Option<String>,
+    /// Whether `span` is a name being bound rather than an expression.
+    pub binding: bool,
+}
+
 /// A local binding.
 struct Local<'p> {
     name: String,
@@ -77,8 +92,9 @@ pub(crate) struct Elab<'p> {
     /// The graph's one global-step node, once made.
     global_step_node: Option<NodeIndex>,
     pub max_steps: u64,
-    /// What each expression of a user file evaluated to, when asked for (hover).
-    pub hovers: Option<Vec<(Span, String)>>,
+    /// What each expression and binding of a user file evaluated to, when asked for
+    /// (hover, inlay hints).
+    pub hovers: Option<Vec<Hover>>,
 }
 
 impl<'p> Elab<'p> {

@@ -66,7 +66,10 @@ impl<'p> Elab<'p> {
                 None => Some(Value::Absent(param.name.span)),
             };
             match value {
-                Some(v) => locals.push((param.name.name.clone(), v)),
+                Some(v) => {
+                    self.record_binding(&param.name, &v);
+                    locals.push((param.name.name.clone(), v))
+                }
                 None => ok = false,
             }
         }

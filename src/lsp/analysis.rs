@@ -4,11 +4,11 @@
 use super::text::LineIndex;
 use super::{path_uri, Texts};
 use crate::diag::{Diag, Severity};
-use crate::elab::Target;
+use crate::elab::{Hover, Target};
 use crate::program::{Def, Program};
 use crate::resolve::Target as Ref;
 use crate::span::{FileId, Span};
-use crate::syntax::ast::ItemKind;
+use crate::syntax::ast::{ItemKind, SectionKind};
 use lsp_types as lt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -23,7 +23,58 @@ pub struct Analysis {
     refs: Vec<(Span, Ref)>,
     /// Expressions with their types or values, shortest first.
     hovers: Vec<(Span, String)>,
+    /// Names being bound, with their values in each mode that elaborated them.
+    bindings: Vec<Binding>,
     index: LineIndex,
+}
+
+/// A name being bound (`let`, a parameter, a loop variable, a params field) and what it
+/// was bound to: in one mode's graph, or for the estimator (`mode: None`: params). A
+/// name bound several times (a loop, a function called twice, two estimators) has each
+/// distinct value once, in the order they were met.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    pub span: Span,
+    pub mode: Option<SectionKind>,
+    pub texts: Vec<String>,
+    pub hints: Vec<String>,
+}
+
+/// Groups the bindings of one elaboration's hovers into `out`, in `mode`.
+fn gather(out: &mut Vec<Binding>, hovers: &[Hover], mode: Option<SectionKind>) {
+    for h in hovers.iter().filter(|h| h.binding) {
+        let i = match out.iter().position(|b| b.span == h.span && b.mode == mode) {
+            Some(i) => i,
+            None => {
+                out.push(Binding {
+                    span: h.span,
+                    mode,
+                    texts: Vec::new(),
+                    hints: Vec::new(),
+                });
+                out.len() - 1
+            }
+        };
+        let b = &mut out[i];
+        if !b.texts.contains(&h.text) {
+            b.texts.push(h.text.clone());
+        }
+        if let Some(hint) = &h.hint {
+            if !b.hints.contains(hint) {
+                b.hints.push(hint.clone());
+            }
+        }
+    }
+}
+
+/// Distinct values joined as alternatives, at most `MAX_SHOWN` of them.
+fn alternatives(xs: &[String]) -> String {
+    const MAX_SHOWN: usize = 3;
+    let mut out = xs[..xs.len().min(MAX_SHOWN)].join(" | ");
+    if xs.len() > MAX_SHOWN {
+        out.push_str(" | …");
+    }
+    out
 }
 
 impl Analysis {
@@ -42,9 +93,18 @@ impl Analysis {
         let mut hovers: Vec<(Span, String)> = checked
             .estimators
             .iter()
-            .flat_map(|e| e.hovers.iter().cloned())
-            .chain(checked.graphs.iter().flat_map(|g| g.hovers.iter().cloned()))
+            .flat_map(|e| e.hovers.iter())
+            .chain(checked.graphs.iter().flat_map(|g| g.hovers.iter()))
+            .filter(|h| !h.binding)
+            .map(|h| (h.span, h.text.clone()))
             .collect();
+        let mut bindings = Vec::new();
+        for e in &checked.estimators {
+            gather(&mut bindings, &e.hovers, None);
+        }
+        for g in &checked.graphs {
+            gather(&mut bindings, &g.hovers, Some(g.mode));
+        }
         hovers.sort_by_key(|(s, _)| (s.file, s.len(), s.lo));
         hovers.dedup_by(|a, b| a.0 == b.0);
         let root = program.root_module().file;
@@ -56,6 +116,7 @@ impl Analysis {
             diags: checked.diags,
             refs: checked.refs,
             hovers,
+            bindings,
             program,
         }
     }
@@ -68,6 +129,11 @@ impl Analysis {
 
     fn text(&self, f: FileId) -> &str {
         &self.program.sources.get(f).text
+    }
+
+    /// The position of a byte offset of the document.
+    pub fn position(&self, offset: usize) -> lt::Position {
+        self.index.position(self.text(self.root), offset)
     }
 
     /// The range of a span of the document.
@@ -233,6 +299,9 @@ impl Analysis {
     /// Hover text at an offset: for a name, its definition's signature and doc
     /// comment; for an expression, its type or static value.
     pub fn hover(&self, offset: usize) -> Option<(String, Span)> {
+        if let Some(h) = self.binding_hover(offset) {
+            return Some(h);
+        }
         let expr = self
             .hovers
             .iter()
@@ -258,6 +327,85 @@ impl Analysis {
             (None, Some((s, ty))) => Some((format!("`{ty}`"), s)),
             (None, None) => None,
         }
+    }
+
+    /// Hover on a name being bound: its line, and its values in each mode (one line
+    /// when every mode agrees).
+    fn binding_hover(&self, offset: usize) -> Option<(String, Span)> {
+        let at = self
+            .bindings
+            .iter()
+            .find(|b| self.contains(b.span, offset))?
+            .span;
+        let all: Vec<&Binding> = self.bindings.iter().filter(|b| b.span == at).collect();
+        let (sig, doc) = self.signature(Ref::Local(at), at);
+        let mut out = format!("```est\n{sig}\n```\n");
+        let same = all.iter().all(|b| b.texts == all[0].texts);
+        for b in &all {
+            let values: Vec<String> = b.texts.iter().map(|t| format!("`{t}`")).collect();
+            match b.mode {
+                Some(m) if !same => {
+                    out.push_str(&format!("\n{}: {}", m.name(), values.join(" or ")))
+                }
+                _ => {
+                    out.push_str(&format!("\n{}", values.join(" or ")));
+                    break;
+                }
+            }
+            out.push_str("  ");
+        }
+        let mut out = out.trim_end().to_string();
+        if !doc.is_empty() {
+            out.push_str(&format!("\n\n{doc}"));
+        }
+        Some((out, at))
+    }
+
+    /// The inlay hints of the document's bindings within `range` (byte offsets), as
+    /// the graph of `mode` has them; a binding that mode does not elaborate (a `let`
+    /// in another mode's section) shows the first mode's that does (train, eval,
+    /// predict). Each is the hint's offset (the end of the name), its label, and
+    /// whether it is a type (rather than a value).
+    pub fn inlay_hints(
+        &self,
+        lo: usize,
+        hi: usize,
+        mode: SectionKind,
+    ) -> Vec<(usize, String, bool)> {
+        let text = self.text(self.root);
+        let order = |m: Option<SectionKind>| match m {
+            Some(x) if x == mode => 0,
+            None => 1,
+            Some(x) => 2 + x as usize,
+        };
+        let mut chosen: Vec<&Binding> = Vec::new();
+        for b in &self.bindings {
+            let end = b.span.hi as usize;
+            if b.span.file != self.root || end < lo || end > hi || b.hints.is_empty() {
+                continue;
+            }
+            match chosen.iter_mut().find(|c| c.span == b.span) {
+                Some(c) if order(b.mode) < order(c.mode) => *c = b,
+                Some(_) => {}
+                None => chosen.push(b),
+            }
+        }
+        chosen.sort_by_key(|b| b.span.lo);
+        chosen
+            .into_iter()
+            .filter_map(|b| {
+                let end = b.span.hi as usize;
+                let is_type = !b.hints[0].starts_with("= ");
+                if is_type {
+                    return Some((end, format!(": {}", alternatives(&b.hints)), true));
+                }
+                // a static value written out where it is bound needs no hint
+                let values: Vec<String> = b.hints.iter().map(|h| h[2..].to_string()).collect();
+                let written = written_value(&text[end..]);
+                (values.len() > 1 || Some(values[0].as_str()) != written)
+                    .then(|| (end, format!(" = {}", alternatives(&values)), false))
+            })
+            .collect()
     }
 
     /// A definition's first line (up to its body) and the `///` comment above it.
@@ -332,6 +480,16 @@ impl Analysis {
         }
         out
     }
+}
+
+/// The value written after a name being bound, up to the end of its line, a `;` or a
+/// comment (`= 128` in `batch_size: int = 128`), if it is written there.
+fn written_value(after: &str) -> Option<&str> {
+    let line = after.split('\n').next()?;
+    let line = line.split("//").next()?.split(';').next()?;
+    let (_, v) = line.split_once('=')?;
+    let v = v.trim().trim_end_matches('}').trim();
+    (!v.is_empty()).then_some(v)
 }
 
 fn item(label: impl Into<String>, kind: lt::CompletionItemKind) -> lt::CompletionItem {

@@ -22,6 +22,7 @@ mod analysis;
 mod text;
 
 use crate::elab::Target;
+use crate::syntax::ast::SectionKind;
 use analysis::Analysis;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use lsp_server::{ErrorCode, Message, Notification, Request, RequestId, Response};
@@ -61,6 +62,8 @@ pub struct Server {
     docs: FxHashMap<String, Doc>,
     texts: Texts,
     target: Target,
+    /// The mode whose graph inlay hints show (`train` by default).
+    mode: SectionKind,
     initialized: bool,
     shutdown: bool,
     /// When the pending changes are to be checked.
@@ -75,6 +78,7 @@ pub fn serve(input: Receiver<Message>, output: Sender<Message>) -> i32 {
         docs: FxHashMap::default(),
         texts: Arc::new(RwLock::new(FxHashMap::default())),
         target: Target::Wafer,
+        mode: SectionKind::Train,
         initialized: false,
         shutdown: false,
         due: None,
@@ -229,8 +233,13 @@ impl Server {
                 Ok(p) => p,
                 Err(e) => return self.send(err(id, ErrorCode::InvalidParams, e.to_string())),
             };
-            if let Some(t) = params.initialization_options.as_ref().and_then(target_of) {
-                self.target = t;
+            if let Some(o) = &params.initialization_options {
+                if let Some(t) = target_of(o) {
+                    self.target = t;
+                }
+                if let Some(m) = mode_of(o) {
+                    self.mode = m;
+                }
             }
             self.initialized = true;
             let caps = lt::ServerCapabilities {
@@ -249,6 +258,7 @@ impl Server {
                     trigger_characters: Some(vec![".".into(), "(".into(), " ".into()]),
                     ..Default::default()
                 }),
+                inlay_hint_provider: Some(lt::OneOf::Left(true)),
                 position_encoding: Some(lt::PositionEncodingKind::UTF16),
                 ..Default::default()
             };
@@ -294,6 +304,14 @@ impl Server {
                             Ok(serde_json::to_value(analysis::symbols(&a)).unwrap_or(Value::Null))
                         }
                     },
+                }
+            }
+            "textDocument/inlayHint" => {
+                match serde_json::from_value::<lt::InlayHintParams>(r.params) {
+                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
+                    Ok(p) => self
+                        .analysed(p.text_document.uri.as_str())
+                        .map(|(a, _)| inlay_hints(&a, p.range, self.mode)),
                 }
             }
             // est's own: the server's text of an open document (for tests and tools).
@@ -422,12 +440,11 @@ impl Server {
             lt::notification::DidChangeConfiguration::METHOD => {
                 if let Ok(p) = serde_json::from_value::<lt::DidChangeConfigurationParams>(n.params)
                 {
-                    let t = p
-                        .settings
-                        .get("est")
-                        .and_then(target_of)
-                        .or_else(|| target_of(&p.settings));
-                    if let Some(t) = t {
+                    let est = p.settings.get("est").unwrap_or(&p.settings);
+                    if let Some(m) = mode_of(est) {
+                        self.mode = m;
+                    }
+                    if let Some(t) = target_of(est) {
                         if t != self.target {
                             self.target = t;
                             for d in self.docs.values_mut() {
@@ -570,6 +587,40 @@ fn definition(a: &Analysis, offset: usize) -> Option<lt::GotoDefinitionResponse>
         uri,
         range,
     }))
+}
+
+/// Inlay hints in a range: each binding's type, or its static value where short.
+fn inlay_hints(a: &Analysis, range: lt::Range, mode: SectionKind) -> Value {
+    let (lo, hi) = (a.offset(range.start), a.offset(range.end));
+    let hints: Vec<lt::InlayHint> = a
+        .inlay_hints(lo, hi, mode)
+        .into_iter()
+        .map(|(at, label, is_type)| lt::InlayHint {
+            position: a.position(at),
+            label: lt::InlayHintLabel::String(label),
+            kind: Some(if is_type {
+                lt::InlayHintKind::TYPE
+            } else {
+                lt::InlayHintKind::PARAMETER
+            }),
+            text_edits: None,
+            tooltip: None,
+            padding_left: None,
+            padding_right: None,
+            data: None,
+        })
+        .collect();
+    serde_json::to_value(hints).unwrap_or(Value::Null)
+}
+
+/// A mode from `{"mode": "eval"}` (the graph inlay hints show).
+fn mode_of(v: &Value) -> Option<SectionKind> {
+    match v.get("mode")?.as_str()? {
+        "train" => Some(SectionKind::Train),
+        "eval" => Some(SectionKind::Eval),
+        "predict" => Some(SectionKind::Predict),
+        _ => None,
+    }
 }
 
 /// A target from `{"target": "host"}`.
