@@ -4,6 +4,7 @@
 mod build;
 mod data;
 mod export;
+mod fmt;
 mod ranks;
 mod run;
 mod wafer;
@@ -63,6 +64,10 @@ enum Command {
     Lsp(LspArgs),
     /// Explain a diagnostic code (such as E0401) at length, with an example.
     Explain(ExplainArgs),
+    /// Format .est files in place in the one canonical layout, comments kept (`--check`
+    /// lists the files that are not formatted instead, for CI); with no file, format
+    /// standard input to standard output.
+    Fmt(fmt::FmtArgs),
 }
 
 /// The program to load, with its overrides (shared by every command that loads one).
@@ -381,6 +386,7 @@ pub fn main() -> i32 {
         Command::Data(a) => data::run(a),
         Command::Lsp(_) => est::lsp::run_stdio(),
         Command::Explain(a) => explain(a),
+        Command::Fmt(a) => fmt::fmt(a),
     }
 }
 

@@ -108,7 +108,8 @@ impl std::fmt::Debug for OverlayFn {
     }
 }
 
-/// Text of files that takes the place of the file system's (for the language server).
+/// Text of files that takes the place of the file system's (for the language server),
+/// and of standard modules, asked for by their name (`stdlib/nn.est`).
 pub type Overlay = std::sync::Arc<dyn Fn(&Path) -> Option<String> + Send + Sync>;
 
 /// The cache key of a module file: its canonical path.
@@ -403,6 +404,8 @@ impl Program {
             return Ok(m);
         }
         if let Some((_, file, text)) = STDLIB.iter().find(|(p, _, _)| *p == path) {
+            let replaced = self.overlay.as_ref().and_then(|o| (o.0)(Path::new(file)));
+            let text = replaced.as_deref().unwrap_or(text);
             let m = self.add_module(path.to_string(), file, text, true, None);
             by_path.insert(path.to_string(), m);
             return Ok(m);

@@ -1012,3 +1012,58 @@ fn a_cerebras_params_yaml_sets_record_params_and_the_run_config() {
     );
     let _ = std::fs::remove_dir_all(&model_dir);
 }
+
+#[test]
+fn fmt_formats_in_place_checks_and_reads_stdin() {
+    let messy = "params {batch_size:int=8}   // one field\nfn f(x) {x*2.0}\n\n\n";
+    let tidy = "params { batch_size: int = 8 }  // one field\nfn f(x) { x * 2.0 }\n";
+    let path = scratch("fmt_messy.est", messy);
+    // --check writes nothing, names the first line that differs, and fails
+    let o = estc(&["fmt", "--check", &path]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("fmt_messy.est:1: not formatted"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), messy);
+    // formatting writes the canonical layout; then --check passes
+    let o = estc(&["fmt", &path]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("formatted 1 file, 0 already formatted"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), tidy);
+    assert_eq!(estc(&["fmt", "--check", &path]).status.code(), Some(0));
+    // standard input to standard output
+    let mut child = Command::new(env!("CARGO_BIN_EXE_estc"))
+        .arg("fmt")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(messy.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!((o.status.code(), stdout(&o)), (Some(0), tidy.to_string()));
+    // a file that does not parse is left as it is, with its diagnostics
+    let broken = scratch("fmt_broken.est", "fn f( {\n");
+    let o = estc(&["fmt", &broken]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("E0101") && stderr(&o).contains("not formatted: it does not parse"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&broken).unwrap(), "fn f( {\n");
+    // the examples, the standard library and the fuzz seeds are formatted
+    let o = estc(&["fmt", "--check", "examples", "stdlib", "fuzz/seeds"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}

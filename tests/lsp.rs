@@ -727,6 +727,12 @@ proptest! {
                 prop_assert!(h.get("result").is_some(), "{}", h);
                 let s = c.at("textDocument/completion", MAIN, *sl, *sc);
                 prop_assert!(s.get("result").is_some(), "{}", s);
+                let h = c.request("textDocument/inlayHint", json!({"textDocument": {"uri": MAIN}, "range": {"start": {"line": 0, "character": 0}, "end": {"line": 99, "character": 0}}}));
+                prop_assert!(h["result"].is_array(), "{}", h);
+                // formatting: the edits give `estc fmt`'s text, or none if it does not parse
+                let f = c.request("textDocument/formatting", json!({"textDocument": {"uri": MAIN}, "options": {"tabSize": 2, "insertSpaces": true}}));
+                let want = est::syntax::format::format(est::span::FileId(0), &text).ok();
+                prop_assert_eq!(formatted(&text, &f["result"]), want);
             }
         }
         prop_assert_eq!(c.text(MAIN), text);
@@ -830,4 +836,61 @@ fn hover_answers_on_every_name_being_bound() {
     assert!(value(&mut c, 18, 6).contains("`int = 64`"));
     let after = c.at("textDocument/hover", MAIN, 21, 6);
     assert_eq!(after["result"], Value::Null, "{after}");
+}
+
+/// A text with the edits of a formatting response applied (`None` for a null result).
+fn formatted(text: &str, edits: &Value) -> Option<String> {
+    let edits = edits.as_array()?;
+    let mut out = text.to_string();
+    for e in edits.iter().rev() {
+        let r = &e["range"];
+        let n = |v: &Value| v.as_u64().unwrap() as u32;
+        assert!(oracle_apply(
+            &mut out,
+            n(&r["start"]["line"]),
+            n(&r["start"]["character"]),
+            n(&r["end"]["line"]),
+            n(&r["end"]["character"]),
+            e["newText"].as_str().unwrap(),
+        ));
+    }
+    Some(out)
+}
+
+#[test]
+fn formatting_gives_the_edit_to_the_canonical_layout() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let messy = SHAPES
+        .replace(
+            "  let width = params.hidden * 2",
+            "      let width=params.hidden*2   // doubled",
+        )
+        .replace("{ minimize", "{minimize")
+        .replace("é", "é");
+    let messy = format!("// é😀 first\n\n\n{messy}");
+    c.open(MAIN, &messy);
+    let format = |c: &mut Client| {
+        c.request(
+            "textDocument/formatting",
+            json!({"textDocument": {"uri": MAIN}, "options": {"tabSize": 2, "insertSpaces": true}}),
+        )
+    };
+    let f = format(&mut c);
+    let want = est::syntax::format::format(est::span::FileId(0), &messy).unwrap();
+    assert!(
+        want.contains("  let width = params.hidden * 2  // doubled\n"),
+        "{want}"
+    );
+    assert!(want.starts_with("// é😀 first\n\nuse"), "{want}");
+    assert_eq!(
+        formatted(&messy, &f["result"]).as_deref(),
+        Some(want.as_str())
+    );
+    // one edit, from the first change to the last
+    assert_eq!(f["result"].as_array().unwrap().len(), 1, "{f}");
+    // formatted text needs no edit; text that does not parse gets none
+    c.change(MAIN, 2, json!([{"text": want}]));
+    assert_eq!(format(&mut c)["result"], json!([]));
+    c.change(MAIN, 3, json!([{"text": "fn f( {"}]));
+    assert_eq!(format(&mut c)["result"], Value::Null);
 }

@@ -259,6 +259,7 @@ impl Server {
                     ..Default::default()
                 }),
                 inlay_hint_provider: Some(lt::OneOf::Left(true)),
+                document_formatting_provider: Some(lt::OneOf::Left(true)),
                 position_encoding: Some(lt::PositionEncodingKind::UTF16),
                 ..Default::default()
             };
@@ -312,6 +313,18 @@ impl Server {
                     Ok(p) => self
                         .analysed(p.text_document.uri.as_str())
                         .map(|(a, _)| inlay_hints(&a, p.range, self.mode)),
+                }
+            }
+            "textDocument/formatting" => {
+                match serde_json::from_value::<lt::DocumentFormattingParams>(r.params) {
+                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
+                    Ok(p) => match self.docs.get(p.text_document.uri.as_str()) {
+                        None => Err((
+                            ErrorCode::InvalidParams,
+                            format!("{} is not open", p.text_document.uri.as_str()),
+                        )),
+                        Some(d) => Ok(formatting(&d.text)),
+                    },
                 }
             }
             // est's own: the server's text of an open document (for tests and tools).
@@ -611,6 +624,46 @@ fn inlay_hints(a: &Analysis, range: lt::Range, mode: SectionKind) -> Value {
         })
         .collect();
     serde_json::to_value(hints).unwrap_or(Value::Null)
+}
+
+/// The edit that formats a document (`estc fmt`): the part between the text's common
+/// start and end with the formatted text, or none. Null when the text does not parse
+/// (its diagnostics say why).
+fn formatting(text: &str) -> Value {
+    let Ok(out) = crate::syntax::format::format(crate::span::FileId(0), text) else {
+        return Value::Null;
+    };
+    let mut lo = text
+        .bytes()
+        .zip(out.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    while !text.is_char_boundary(lo) || !out.is_char_boundary(lo) {
+        lo -= 1;
+    }
+    let mut same_end = text[lo..]
+        .bytes()
+        .rev()
+        .zip(out[lo..].bytes().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    while !text.is_char_boundary(text.len() - same_end)
+        || !out.is_char_boundary(out.len() - same_end)
+    {
+        same_end -= 1;
+    }
+    if text == out {
+        return serde_json::json!([]);
+    }
+    let index = LineIndex::new(text);
+    let edit = lt::TextEdit {
+        range: lt::Range {
+            start: index.position(text, lo),
+            end: index.position(text, text.len() - same_end),
+        },
+        new_text: out[lo..out.len() - same_end].to_string(),
+    };
+    serde_json::to_value(vec![edit]).unwrap_or(Value::Null)
 }
 
 /// A mode from `{"mode": "eval"}` (the graph inlay hints show).

@@ -2,6 +2,7 @@
 
 pub mod ast;
 pub mod depth;
+pub mod format;
 pub mod lexer;
 pub mod parser;
 
