@@ -865,8 +865,7 @@ fn formatting_gives_the_edit_to_the_canonical_layout() {
             "  let width = params.hidden * 2",
             "      let width=params.hidden*2   // doubled",
         )
-        .replace("{ minimize", "{minimize")
-        .replace("é", "é");
+        .replace("{ minimize", "{minimize");
     let messy = format!("// é😀 first\n\n\n{messy}");
     c.open(MAIN, &messy);
     let format = |c: &mut Client| {
