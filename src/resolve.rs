@@ -190,8 +190,69 @@ impl<'p> Resolver<'p> {
                         self.expr(&f.default);
                     }
                 }
-                ItemKind::Use(_) | ItemKind::Error(_) => {}
+                ItemKind::Use(u) => self.use_item(u),
+                ItemKind::Error(_) => {}
             }
+        }
+    }
+
+    /// The names a `use` imports refer to their items (for rename and go to
+    /// definition); an alias refers to the item too.
+    fn use_item(&mut self, u: &UseItem) {
+        let path: Vec<&str> = u.path.iter().map(|i| i.name.as_str()).collect();
+        let module = |p: &[&str]| {
+            let joined = p.join(".");
+            (self.p.modules.iter())
+                .position(|m| m.path == joined)
+                .map(|i| ModId(i as u32))
+        };
+        let mut found = Vec::new();
+        match &u.names {
+            Some(names) => {
+                if let Some(m) = module(&path) {
+                    for n in names {
+                        if let Some(d) = self.p.member(m, &n.name) {
+                            found.push((n.span, d));
+                        }
+                    }
+                }
+            }
+            None => {
+                let (Some(last), Some((_, base))) = (u.path.last(), path.split_last()) else {
+                    return;
+                };
+                let d = module(&path)
+                    .map(Def::Module)
+                    .or_else(|| module(base).and_then(|m| self.p.member(m, &last.name)));
+                if let Some(d) = d {
+                    found.push((last.span, d));
+                    if let Some(a) = &u.alias {
+                        found.push((a.span, d));
+                    }
+                }
+            }
+        }
+        self.refs
+            .extend(found.into_iter().map(|(s, d)| (s, Target::Def(d))));
+    }
+
+    /// The parameters of the item a call's callee names (`f` or `module.f`), if any.
+    fn callee_params(&self, callee: &Expr) -> Option<&'p [Param]> {
+        let def = match &callee.kind {
+            ExprKind::Name(n) if !self.local(n) => self.p.lookup(self.m, n)?,
+            ExprKind::Field(base, f) => match &base.kind {
+                ExprKind::Name(n) if !self.local(n) => match self.p.lookup(self.m, n)? {
+                    Def::Module(m) => self.p.member(m, &f.name)?,
+                    Def::Item(..) => return None,
+                },
+                _ => return None,
+            },
+            _ => return None,
+        };
+        let Def::Item(m, i) = def else { return None };
+        match &self.p.item(m, i).kind {
+            ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f) => Some(&f.params),
+            _ => None,
         }
     }
 
@@ -452,6 +513,14 @@ impl<'p> Resolver<'p> {
             ExprKind::Call { callee, args, .. } => {
                 self.expr(callee);
                 args.iter().for_each(|a| self.expr(&a.value));
+                // a named argument refers to its parameter
+                if let Some(params) = self.callee_params(callee) {
+                    for n in args.iter().filter_map(|a| a.name.as_ref()) {
+                        if let Some(p) = params.iter().find(|p| p.name.name == n.name) {
+                            self.refs.push((n.span, Target::Local(p.name.span)));
+                        }
+                    }
+                }
             }
             ExprKind::Unary(_, x) => self.expr(x),
             ExprKind::Binary(_, a, b) | ExprKind::Range(a, b) => {
@@ -586,11 +655,15 @@ impl<'p> Resolver<'p> {
     }
 
     /// Marks an assignment target. False if no local has that name.
+    /// Whether an assigned name is bound; it then refers to its binding.
     fn assign(&mut self, name: &Ident) -> bool {
-        self.scopes
-            .iter()
-            .rev()
-            .any(|s| s.iter().any(|b| b.name == name.name))
+        let bound = (self.scopes.iter().rev())
+            .find_map(|s| s.iter().rev().find(|b| b.name == name.name))
+            .map(|b| b.span);
+        if let Some(at) = bound {
+            self.refs.push((name.span, Target::Local(at)));
+        }
+        bound.is_some()
     }
 
     fn bind(&mut self, name: &Ident, warn_unused: bool) {

@@ -733,6 +733,22 @@ proptest! {
                 let f = c.request("textDocument/formatting", json!({"textDocument": {"uri": MAIN}, "options": {"tabSize": 2, "insertSpaces": true}}));
                 let want = est::syntax::format::format(est::span::FileId(0), &text).ok();
                 prop_assert_eq!(formatted(&text, &f["result"]), want);
+                // signature help, semantic tokens and rename answer (a rename with an
+                // error when there is nothing to rename), and rename's edits apply
+                let h = c.at("textDocument/signatureHelp", MAIN, *sl, *sc);
+                prop_assert!(h.get("result").is_some(), "{}", h);
+                let t = c.request("textDocument/semanticTokens/full", json!({"textDocument": {"uri": MAIN}}));
+                prop_assert!(t["result"]["data"].as_array().is_some_and(|d| d.len() % 5 == 0), "{}", t);
+                let r = c.request("textDocument/rename", json!({"textDocument": {"uri": MAIN}, "position": {"line": sl, "character": sc}, "newName": "renamed"}));
+                prop_assert!(r.get("result").is_some() || r["error"]["code"] == -32803, "{}", r);
+                if let Some(edits) = r["result"]["changes"][MAIN].as_array() {
+                    let mut t = text.clone();
+                    for e in edits.iter().rev() {
+                        let n = |v: &Value| v.as_u64().unwrap() as u32;
+                        let g = &e["range"];
+                        prop_assert!(oracle_apply(&mut t, n(&g["start"]["line"]), n(&g["start"]["character"]), n(&g["end"]["line"]), n(&g["end"]["character"]), "renamed"));
+                    }
+                }
             }
         }
         prop_assert_eq!(c.text(MAIN), text);
@@ -892,4 +908,239 @@ fn formatting_gives_the_edit_to_the_canonical_layout() {
     assert_eq!(format(&mut c)["result"], json!([]));
     c.change(MAIN, 3, json!([{"text": "fn f( {"}]));
     assert_eq!(format(&mut c)["result"], Value::Null);
+}
+
+/// A program of two files: `lib.est` defines a function the main file imports and
+/// calls with a named argument; the main file's input uses its parameter in a string.
+const LIB_TEXT: &str = "/// Scales.\npub fn twice(x, scale: float = 2.0) { x * scale }\n";
+
+fn main_text() -> String {
+    SHAPES
+        .replace("use std.nn.dense\n", "use std.nn.dense\nuse lib.twice\n")
+        .replace("csv(\"digits.csv\"", "csv(\"digits_{size}.csv\"")
+        .replace(
+            "let logits = dense(h, 10)",
+            "let logits = dense(twice(h, scale: 3.0), 10)",
+        )
+}
+
+/// Applies a workspace edit's changes to the texts they name.
+fn apply_workspace_edit(texts: &mut std::collections::HashMap<String, String>, edit: &Value) {
+    for (uri, edits) in edit["changes"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{edit}"))
+    {
+        let text = texts
+            .get_mut(uri)
+            .unwrap_or_else(|| panic!("an edit of {uri}"));
+        *text = formatted(text, edits).unwrap();
+    }
+}
+
+#[test]
+fn rename_changes_every_use_across_the_programs_files() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let mut texts = std::collections::HashMap::new();
+    texts.insert(LIB.to_string(), LIB_TEXT.to_string());
+    texts.insert(MAIN.to_string(), main_text());
+    c.open(LIB, LIB_TEXT);
+    let d = c.open(MAIN, &main_text());
+    assert_eq!(d["diagnostics"], json!([]), "{d}");
+    let mut version = 1;
+    // line:character of a name in the main text (its n-th occurrence)
+    let at = |texts: &std::collections::HashMap<String, String>, uri: &str, pat: &str, n: usize| {
+        let t = &texts[uri];
+        let i = t
+            .match_indices(pat)
+            .nth(n)
+            .unwrap_or_else(|| panic!("{pat} in {t}"))
+            .0;
+        let line = t[..i].matches('\n').count() as u32;
+        let col = (i - t[..i].rfind('\n').map_or(0, |k| k + 1)) as u32;
+        (line, col)
+    };
+    let mut rename = |c: &mut Client,
+                      texts: &mut std::collections::HashMap<String, String>,
+                      uri: &str,
+                      (line, character): (u32, u32),
+                      new: &str| {
+        let p = c.request(
+            "textDocument/prepareRename",
+            json!({"textDocument": {"uri": uri}, "position": {"line": line, "character": character}}),
+        );
+        assert!(p["result"]["start"].is_object(), "{p}");
+        let r = c.request(
+            "textDocument/rename",
+            json!({"textDocument": {"uri": uri}, "position": {"line": line, "character": character}, "newName": new}),
+        );
+        apply_workspace_edit(texts, &r["result"]);
+        version += 1;
+        for (u, t) in texts.iter() {
+            c.change(u, version, json!([{"text": t}]));
+        }
+        let d = c.diagnostics(MAIN);
+        assert_eq!(
+            d["diagnostics"],
+            json!([]),
+            "after renaming to {new}: {d}\n{}",
+            texts[MAIN]
+        );
+    };
+    // a local, from its binding
+    let p = at(&texts, MAIN, "let h", 0);
+    rename(&mut c, &mut texts, MAIN, (p.0, p.1 + 4), "hidden_state");
+    assert_eq!(
+        texts[MAIN].matches("hidden_state").count(),
+        4,
+        "{}",
+        texts[MAIN]
+    );
+    assert!(
+        !texts[MAIN].contains("(h,") && !texts[MAIN].contains(" h "),
+        "{}",
+        texts[MAIN]
+    );
+    // a function of the other file, from its call: its definition, the `use` and the call
+    let p = at(&texts, MAIN, "twice(", 0);
+    rename(&mut c, &mut texts, MAIN, p, "scaled");
+    assert!(texts[LIB].contains("pub fn scaled(x"), "{}", texts[LIB]);
+    assert!(
+        texts[MAIN].contains("use lib.scaled\n")
+            && texts[MAIN].contains("dense(scaled(hidden_state")
+    );
+    // a parameter, from a named argument in the other file: the argument, the
+    // parameter and its use in the body
+    let p = at(&texts, MAIN, "scale:", 0);
+    rename(&mut c, &mut texts, MAIN, p, "factor");
+    assert_eq!(
+        texts[LIB],
+        "/// Scales.\npub fn scaled(x, factor: float = 2.0) { x * factor }\n"
+    );
+    assert!(texts[MAIN].contains("scaled(hidden_state, factor: 3.0)"));
+    // a params field, from a use: its declaration and every `params.` use
+    let p = at(&texts, MAIN, "params.hidden", 0);
+    rename(&mut c, &mut texts, MAIN, (p.0, p.1 + 8), "base_width");
+    assert!(
+        texts[MAIN].contains("  base_width: int = 32\n")
+            && texts[MAIN].contains("params.base_width * 2")
+    );
+    // an input's parameter, used inside a string
+    let p = at(&texts, MAIN, "size: int", 0);
+    rename(&mut c, &mut texts, MAIN, p, "rows");
+    assert!(
+        texts[MAIN].contains("digits(rows: int)")
+            && texts[MAIN].contains("\"digits_{rows}.csv\"")
+            && texts[MAIN].contains("batch(rows, "),
+        "{}",
+        texts[MAIN]
+    );
+    // refused: a standard library name, a keyword, nothing
+    let p = at(&texts, MAIN, "dense(", 0);
+    let r = c.request("textDocument/rename", json!({"textDocument": {"uri": MAIN}, "position": {"line": p.0, "character": p.1}, "newName": "dense2"}));
+    assert_eq!(r["error"]["code"], -32803, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("standard library"),
+        "{r}"
+    );
+    let p = at(&texts, MAIN, "let width", 0);
+    let r = c.request("textDocument/rename", json!({"textDocument": {"uri": MAIN}, "position": {"line": p.0, "character": p.1 + 4}, "newName": "model"}));
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not a name"),
+        "{r}"
+    );
+    let r = c.request(
+        "textDocument/prepareRename",
+        json!({"textDocument": {"uri": MAIN}, "position": {"line": p.0, "character": p.1}}),
+    );
+    assert_eq!(r["result"], Value::Null, "{r}");
+}
+
+#[test]
+fn signature_help_names_the_parameter_being_written() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let text = SHAPES.replace(
+        "  let width = params.hidden * 2\n",
+        "  let width = params.hidden * 2\n  let probe = block(features, \n",
+    );
+    c.open(MAIN, &text);
+    let help = |c: &mut Client, line: u32, character: u32| {
+        let r = c.at("textDocument/signatureHelp", MAIN, line, character);
+        let s = &r["result"]["signatures"][0];
+        let label = s["label"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string();
+        let active = r["result"]["activeParameter"].as_u64().unwrap() as usize;
+        let [lo, hi] =
+            [0, 1].map(|k| s["parameters"][active]["label"][k].as_u64().unwrap() as usize);
+        (label.clone(), label[lo..hi].to_string())
+    };
+    // a function of the file, while its call is being written (the text does not parse)
+    assert_eq!(
+        help(&mut c, 19, 30),
+        ("block(x, units: int)".to_string(), "units: int".to_string())
+    );
+    // a named argument of a standard function, and a piped call's first argument
+    c.change(MAIN, 2, json!([{"text": SHAPES}]));
+    let (label, param) = help(&mut c, 12, 35);
+    assert!(label.starts_with("batch(ds, "), "{label}");
+    assert_eq!(param, "drop_remainder: bool = false");
+    let (_, param) = help(&mut c, 12, 15);
+    assert_eq!(param, "size: int");
+    // outside a call: nothing
+    let r = c.at("textDocument/signatureHelp", MAIN, 18, 4);
+    assert_eq!(r["result"], Value::Null, "{r}");
+}
+
+#[test]
+fn semantic_tokens_tell_tensors_from_static_values() {
+    let mut c = Client::start(json!({"target": "host"}));
+    c.open(MAIN, SHAPES);
+    let r = c.request(
+        "textDocument/semanticTokens/full",
+        json!({"textDocument": {"uri": MAIN}}),
+    );
+    let data: Vec<u64> = r["result"]["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    let types = [
+        "namespace",
+        "function",
+        "variable",
+        "property",
+        "parameter",
+        "class",
+    ];
+    let mods = ["declaration", "readonly", "static", "defaultLibrary"];
+    let lines: Vec<&str> = SHAPES.lines().collect();
+    let (mut line, mut col) = (0, 0);
+    let mut shown = Vec::new();
+    for t in data.chunks(5) {
+        if t[0] > 0 {
+            col = 0;
+        }
+        line += t[0] as usize;
+        col += t[1] as usize;
+        let name = &lines[line][col..col + t[2] as usize];
+        let m: Vec<&str> = (0..4)
+            .filter(|k| t[4] & (1 << k) != 0)
+            .map(|k| mods[k])
+            .collect();
+        shown.push(format!(
+            "{}:{col} {name} {} {}",
+            line,
+            types[t[3] as usize],
+            m.join(",")
+        ));
+    }
+    insta::assert_snapshot!("semantic_tokens", shown.join("\n"));
 }

@@ -32,6 +32,8 @@ impl<'p> Elab<'p> {
         if self.p.is_std_file(span.file) {
             return;
         }
+        let tensor = Self::tensors(v);
+        let is_static = Self::statics(v);
         let text = match v {
             Value::Error | Value::Absent(_) => return,
             Value::Int(_) => format!("int = {}", super::value::show(v)),
@@ -46,6 +48,8 @@ impl<'p> Elab<'p> {
                 text,
                 hint: None,
                 binding: false,
+                tensor,
+                is_static,
             });
         }
     }
@@ -89,26 +93,30 @@ impl<'p> Elab<'p> {
     /// tensors'), or a short static value (`= 256`); `None` for anything else.
     fn hint(&self, v: &Value<'p>) -> Option<String> {
         const SHORT: usize = 24;
-        fn tensors(v: &Value<'_>) -> bool {
-            match v {
-                Value::Tensor(_) => true,
-                Value::Tuple(xs) => !xs.is_empty() && xs.iter().all(tensors),
-                Value::Record(fs) => !fs.is_empty() && fs.iter().all(|(_, x)| tensors(x)),
-                _ => false,
-            }
-        }
-        if tensors(v) {
+        if Self::tensors(v) {
             return Some(self.describe(v));
         }
-        let statics = match v {
-            Value::Int(_) | Value::Float(_) | Value::Bool(_) | Value::Str(_) => true,
-            Value::List(xs) => xs
-                .iter()
-                .all(|x| matches!(x, Value::Int(_) | Value::Float(_))),
-            _ => false,
-        };
         let shown = super::value::show(v);
-        (statics && shown.len() <= SHORT).then(|| format!("= {shown}"))
+        (Self::statics(v) && shown.len() <= SHORT).then(|| format!("= {shown}"))
+    }
+
+    /// A tensor, or a tuple or record of tensors.
+    fn tensors(v: &Value<'_>) -> bool {
+        match v {
+            Value::Tensor(_) => true,
+            Value::Tuple(xs) => !xs.is_empty() && xs.iter().all(Self::tensors),
+            Value::Record(fs) => !fs.is_empty() && fs.iter().all(|(_, x)| Self::tensors(x)),
+            _ => false,
+        }
+    }
+
+    /// A static number, string or boolean, or a list of them.
+    fn statics(v: &Value<'_>) -> bool {
+        match v {
+            Value::Int(_) | Value::Float(_) | Value::Bool(_) | Value::Str(_) => true,
+            Value::List(xs) => xs.iter().all(Self::statics),
+            _ => false,
+        }
     }
 
     fn expr_value(&mut self, e: &'p Expr) -> Value<'p> {

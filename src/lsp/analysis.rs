@@ -38,6 +38,9 @@ pub struct Binding {
     pub mode: Option<SectionKind>,
     pub texts: Vec<String>,
     pub hints: Vec<String>,
+    /// Whether it was bound to a tensor, or to a static value, in this mode.
+    pub tensor: bool,
+    pub is_static: bool,
 }
 
 /// Groups the bindings of one elaboration's hovers into `out`, in `mode`.
@@ -51,11 +54,15 @@ fn gather(out: &mut Vec<Binding>, hovers: &[Hover], mode: Option<SectionKind>) {
                     mode,
                     texts: Vec::new(),
                     hints: Vec::new(),
+                    tensor: false,
+                    is_static: false,
                 });
                 out.len() - 1
             }
         };
         let b = &mut out[i];
+        b.tensor |= h.tensor;
+        b.is_static |= h.is_static;
         if !b.texts.contains(&h.text) {
             b.texts.push(h.text.clone());
         }
@@ -408,6 +415,234 @@ impl Analysis {
             .collect()
     }
 
+    /// Every span that defines a name the program's user files refer to or declare:
+    /// the targets of references, bindings, item names and params fields.
+    fn definitions(&self) -> Vec<Span> {
+        let mut out: Vec<Span> = self
+            .refs
+            .iter()
+            .filter_map(|(_, r)| self.def_span(*r))
+            .collect();
+        out.extend(self.bindings.iter().map(|b| b.span));
+        for m in self.program.modules.iter().filter(|m| !m.is_std) {
+            for it in &m.ast.items {
+                if let Some(n) = it.name() {
+                    out.push(n.span);
+                }
+                if let ItemKind::Params(fs) = &it.kind {
+                    out.extend(fs.iter().map(|f| f.name.span));
+                }
+            }
+        }
+        out.retain(|s| !s.is_empty());
+        out.sort_by_key(|s| (s.file, s.lo, s.hi));
+        out.dedup();
+        out
+    }
+
+    /// The name at an offset, and the span of the definition it stands for (itself,
+    /// for a definition).
+    fn name_at(&self, offset: usize) -> Option<(Span, Span)> {
+        if let Some((at, r)) = self.reference(offset) {
+            return Some((at, self.def_span(r)?));
+        }
+        let d = self
+            .definitions()
+            .into_iter()
+            .find(|s| self.contains(*s, offset))?;
+        Some((d, d))
+    }
+
+    /// The name a rename at `offset` would change: its span, or why there is none.
+    pub fn rename_target(&self, offset: usize) -> Result<(Span, Span), String> {
+        let (at, def) = self
+            .name_at(offset)
+            .ok_or("there is no name here to rename")?;
+        let old = self.program.sources.text(at);
+        if def.is_empty() {
+            return Err(format!(
+                "`{old}` is a module, named by its file: rename the file"
+            ));
+        }
+        if !is_name(old) {
+            return Err("rename the name where it is declared or used, not in a string".into());
+        }
+        if self.program.is_std_file(def.file) {
+            return Err(format!(
+                "`{old}` is defined in the standard library, which cannot be renamed"
+            ));
+        }
+        Ok((at, def))
+    }
+
+    /// The edits that rename the name at `offset` to `new` in every file of the
+    /// program: its definition, and every use of it spelled as at `offset` (a `use`
+    /// alias keeps its own name), in strings' `{name}` too.
+    pub fn rename(&self, offset: usize, new: &str) -> Result<Vec<(Span, String)>, String> {
+        let (at, def) = self.rename_target(offset)?;
+        let old = self.program.sources.text(at).to_string();
+        let toks = crate::syntax::lexer::lex(new);
+        if !matches!(toks.as_slice(), [(0, crate::syntax::lexer::Tok::Ident(n), _)] if *n == new) {
+            return Err(format!(
+                "`{new}` is not a name: a name is a letter or `_`, then letters, digits or `_`, and not a keyword"
+            ));
+        }
+        let mut spans = vec![def];
+        spans.extend(
+            self.refs
+                .iter()
+                .filter(|(_, r)| self.def_span(*r) == Some(def))
+                .map(|(s, _)| *s),
+        );
+        let mut edits = Vec::new();
+        for s in spans {
+            let text = self.program.sources.text(s);
+            if text == old {
+                edits.push((s, new.to_string()));
+            } else if text.starts_with('"') {
+                let pattern = format!("{{{old}}}");
+                for (i, _) in text.match_indices(&pattern) {
+                    let lo = s.lo as usize + i + 1;
+                    edits.push((Span::new(s.file, lo, lo + old.len()), new.to_string()));
+                }
+            }
+        }
+        edits.sort_by_key(|(s, _)| (s.file, s.lo));
+        edits.dedup_by_key(|(s, _)| *s);
+        Ok(edits)
+    }
+
+    /// Signature help at an offset inside a call's parentheses: the callee's
+    /// signature, its parameters' ranges in it, its doc comment and the parameter
+    /// the argument at the offset is for.
+    pub fn signature_help(&self, offset: usize) -> Option<Signature> {
+        let text = self.text(self.root);
+        let offset = offset.min(text.len());
+        let (open, callee) = open_call(&text[..offset])?;
+        let def = match callee.split_once('.') {
+            None => self.program.lookup(self.program.root, &callee)?,
+            Some((base, name)) => match self.program.lookup(self.program.root, base)? {
+                Def::Module(m) => self.program.member(m, name)?,
+                Def::Item(..) => return None,
+            },
+        };
+        let Def::Item(m, i) = def else { return None };
+        let item = self.program.item(m, i);
+        let (ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f)) = &item.kind else {
+            return None;
+        };
+        let src = self.text(f.name.span.file);
+        let mut label = format!("{}(", f.name.name);
+        let mut params = Vec::new();
+        for (k, p) in f.params.iter().enumerate() {
+            if k > 0 {
+                label.push_str(", ");
+            }
+            let end = (p.default.as_ref().map(|d| d.span.hi))
+                .or(p.ty.as_ref().map(|t| t.span().hi))
+                .unwrap_or(p.name.span.hi);
+            let lo = label.len();
+            label.push_str(&src[p.name.span.lo as usize..end as usize]);
+            params.push((lo, label.len()));
+        }
+        label.push(')');
+        // the argument the offset is in: a named one is its parameter's; a positional
+        // one counts the commas before it (and a piped value is the first)
+        let args = &text[open + 1..offset];
+        let (commas, current) = split_args(args);
+        let named = current
+            .trim_start()
+            .split_once(':')
+            .map(|(n, _)| n.trim())
+            .filter(|n| is_name(n));
+        let piped = text[..open]
+            .trim_end()
+            .strip_suffix(callee.as_str())
+            .is_some_and(|t| t.trim_end().ends_with("|>"));
+        let active = match named.and_then(|n| f.params.iter().position(|p| p.name.name == n)) {
+            Some(k) => k,
+            None => commas + usize::from(piped),
+        };
+        let (_, doc) = self.signature(Ref::Def(def), f.name.span);
+        Some(Signature {
+            label,
+            params,
+            doc,
+            active: active.min(f.params.len().saturating_sub(1)),
+        })
+    }
+
+    /// The document's names as semantic tokens, in order: each one's span, type and
+    /// modifiers (see `TOKEN_TYPES` and `TOKEN_MODIFIERS`).
+    pub fn semantic_tokens(&self) -> Vec<(Span, u32, u32)> {
+        let kind_of = |def: Span, r: Option<Ref>| -> (u32, u32) {
+            match r {
+                Some(Ref::Def(Def::Module(_))) => (TT_NAMESPACE, 0),
+                Some(Ref::Def(Def::Item(m, _))) => {
+                    let lib = if self.program.module(m).is_std {
+                        TM_DEFAULT_LIBRARY
+                    } else {
+                        0
+                    };
+                    (TT_FUNCTION, lib)
+                }
+                Some(Ref::ParamsField(_)) => (TT_PROPERTY, TM_READONLY),
+                _ => {
+                    let bound: Vec<&Binding> =
+                        self.bindings.iter().filter(|b| b.span == def).collect();
+                    if bound.iter().any(|b| b.tensor) {
+                        (TT_VARIABLE, 0)
+                    } else if !bound.is_empty() && bound.iter().all(|b| b.is_static) {
+                        (TT_VARIABLE, TM_READONLY | TM_STATIC)
+                    } else {
+                        (TT_VARIABLE, 0)
+                    }
+                }
+            }
+        };
+        let mut out: Vec<(Span, u32, u32)> = Vec::new();
+        for (s, r) in &self.refs {
+            if s.file != self.root || !is_name(self.program.sources.text(*s)) {
+                continue;
+            }
+            let Some(def) = self.def_span(*r) else {
+                continue;
+            };
+            // (a use followed by `:` is a named argument)
+            let text = self.text(self.root);
+            let named = text[s.hi as usize..].trim_start().starts_with(':');
+            let (t, m) = if named {
+                (TT_PARAMETER, 0)
+            } else {
+                kind_of(def, Some(*r))
+            };
+            out.push((*s, t, m));
+        }
+        // definitions in the document: items, params fields and bindings
+        let root = self.program.root_module();
+        for it in &root.ast.items {
+            match &it.kind {
+                ItemKind::Params(fs) => out.extend(
+                    fs.iter()
+                        .map(|f| (f.name.span, TT_PROPERTY, TM_READONLY | TM_DECLARATION)),
+                ),
+                ItemKind::Estimator(e) => out.push((e.name.span, TT_CLASS, TM_DECLARATION)),
+                _ => {
+                    if let Some(n) = it.name() {
+                        out.push((n.span, TT_FUNCTION, TM_DECLARATION));
+                    }
+                }
+            }
+        }
+        for b in self.bindings.iter().filter(|b| b.span.file == self.root) {
+            let (t, m) = kind_of(b.span, None);
+            out.push((b.span, t, m | TM_DECLARATION));
+        }
+        out.sort_by_key(|(s, _, _)| (s.lo, s.hi));
+        out.dedup_by_key(|(s, _, _)| s.lo);
+        out
+    }
+
     /// A definition's first line (up to its body) and the `///` comment above it.
     fn signature(&self, r: Ref, def: Span) -> (String, String) {
         let text = self.text(def.file);
@@ -480,6 +715,89 @@ impl Analysis {
         }
         out
     }
+}
+
+/// Signature help: a callee's signature, each parameter's byte range in it, its doc
+/// comment, and the parameter being written.
+pub struct Signature {
+    pub label: String,
+    pub params: Vec<(usize, usize)>,
+    pub doc: String,
+    pub active: usize,
+}
+
+/// The semantic token types the server uses, in the legend's order.
+pub const TOKEN_TYPES: &[&str] = &[
+    "namespace",
+    "function",
+    "variable",
+    "property",
+    "parameter",
+    "class",
+];
+const TT_NAMESPACE: u32 = 0;
+const TT_FUNCTION: u32 = 1;
+const TT_VARIABLE: u32 = 2;
+const TT_PROPERTY: u32 = 3;
+/// A named argument's name (`padding:` in a call).
+const TT_PARAMETER: u32 = 4;
+/// An estimator's name.
+const TT_CLASS: u32 = 5;
+/// The semantic token modifiers, in the legend's order (bit k is modifier k). A static
+/// value is `readonly` and `static`; a tensor is a plain variable.
+pub const TOKEN_MODIFIERS: &[&str] = &["declaration", "readonly", "static", "defaultLibrary"];
+const TM_DECLARATION: u32 = 1;
+const TM_READONLY: u32 = 2;
+const TM_STATIC: u32 = 4;
+const TM_DEFAULT_LIBRARY: u32 = 8;
+
+/// Whether a text is a name (an identifier that is not a keyword).
+fn is_name(t: &str) -> bool {
+    matches!(crate::syntax::lexer::lex(t).as_slice(), [(0, crate::syntax::lexer::Tok::Ident(n), _)] if n.len() == t.len())
+}
+
+/// The innermost call whose `(` is open at the end of `text`: the offset of its `(`
+/// and its callee (`f` or `module.f`).
+fn open_call(text: &str) -> Option<(usize, String)> {
+    let mut depth = 0i32;
+    for (i, c) in text.char_indices().rev() {
+        match c {
+            ')' | ']' | '}' => depth += 1,
+            '[' | '{' if depth > 0 => depth -= 1,
+            '(' if depth > 0 => depth -= 1,
+            '(' => {
+                let before = &text[..i];
+                let start = (before.char_indices().rev())
+                    .find(|&(_, c)| !(c.is_alphanumeric() || c == '_' || c == '.'))
+                    .map_or(0, |(k, c)| k + c.len_utf8());
+                let name = &before[start..];
+                return (!name.is_empty() && !name.starts_with('.')).then(|| (i, name.to_string()));
+            }
+            '[' | '{' => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The commas at depth 0 in a call's arguments so far, and the text of the last one.
+fn split_args(args: &str) -> (usize, &str) {
+    let (mut depth, mut commas, mut start) = (0i32, 0, 0);
+    let mut in_str = false;
+    for (i, c) in args.char_indices() {
+        match c {
+            '"' => in_str = !in_str,
+            _ if in_str => {}
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            ',' if depth == 0 => {
+                commas += 1;
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    (commas, &args[start..])
 }
 
 /// The value written after a name being bound, up to the end of its line, a `;` or a

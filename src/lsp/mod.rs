@@ -260,6 +260,32 @@ impl Server {
                 }),
                 inlay_hint_provider: Some(lt::OneOf::Left(true)),
                 document_formatting_provider: Some(lt::OneOf::Left(true)),
+                rename_provider: Some(lt::OneOf::Right(lt::RenameOptions {
+                    prepare_provider: Some(true),
+                    work_done_progress_options: Default::default(),
+                })),
+                signature_help_provider: Some(lt::SignatureHelpOptions {
+                    trigger_characters: Some(vec!["(".into(), ",".into()]),
+                    retrigger_characters: Some(vec![" ".into()]),
+                    ..Default::default()
+                }),
+                semantic_tokens_provider: Some(
+                    lt::SemanticTokensServerCapabilities::SemanticTokensOptions(
+                        lt::SemanticTokensOptions {
+                            legend: lt::SemanticTokensLegend {
+                                token_types: (analysis::TOKEN_TYPES.iter())
+                                    .map(|t| lt::SemanticTokenType::new(t))
+                                    .collect(),
+                                token_modifiers: (analysis::TOKEN_MODIFIERS.iter())
+                                    .map(|t| lt::SemanticTokenModifier::new(t))
+                                    .collect(),
+                            },
+                            full: Some(lt::SemanticTokensFullOptions::Bool(true)),
+                            range: None,
+                            ..Default::default()
+                        },
+                    ),
+                ),
                 position_encoding: Some(lt::PositionEncodingKind::UTF16),
                 ..Default::default()
             };
@@ -286,7 +312,24 @@ impl Server {
                 "the server is shutting down",
             ));
         }
-        let result = match r.method.as_str() {
+        // A compiler bug must not take the server down: the request gets an error.
+        let method = r.method.clone();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.answer(r)));
+        let result = run.unwrap_or_else(|_| {
+            Err((
+                ErrorCode::InternalError,
+                format!("internal compiler error while answering {method}; please report it"),
+            ))
+        });
+        match result {
+            Ok(v) => self.send(Response::new_ok(id, v)),
+            Err((code, msg)) => self.send(err(id, code, msg)),
+        }
+    }
+
+    /// The answer to a request other than the lifecycle's.
+    fn answer(&mut self, r: Request) -> Result<Value, (ErrorCode, String)> {
+        match r.method.as_str() {
             "textDocument/hover" => {
                 self.at_position(&r.params, |a, pos| serde_json::to_value(hover(a, pos)))
             }
@@ -315,6 +358,36 @@ impl Server {
                         .map(|(a, _)| inlay_hints(&a, p.range, self.mode)),
                 }
             }
+            "textDocument/prepareRename" => self.at_position(&r.params, |a, pos| {
+                Ok(match a.rename_target(pos) {
+                    Ok((at, _)) => serde_json::to_value(a.range(at))?,
+                    Err(_) => Value::Null,
+                })
+            }),
+            "textDocument/rename" => match serde_json::from_value::<lt::RenameParams>(r.params) {
+                Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
+                Ok(p) => {
+                    let uri = p.text_document_position.text_document.uri.as_str();
+                    self.analysed(uri).and_then(|(a, _)| {
+                        let pos = a.offset(p.text_document_position.position);
+                        match a.rename(pos, &p.new_name) {
+                            Ok(edits) => Ok(workspace_edit(&a, edits)),
+                            Err(m) => Err((ErrorCode::RequestFailed, m)),
+                        }
+                    })
+                }
+            },
+            "textDocument/signatureHelp" => self.at_position(&r.params, |a, pos| {
+                serde_json::to_value(signature_help(a, pos))
+            }),
+            "textDocument/semanticTokens/full" => {
+                match serde_json::from_value::<lt::SemanticTokensParams>(r.params) {
+                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
+                    Ok(p) => self
+                        .analysed(p.text_document.uri.as_str())
+                        .map(|(a, _)| semantic_tokens(&a)),
+                }
+            }
             "textDocument/formatting" => {
                 match serde_json::from_value::<lt::DocumentFormattingParams>(r.params) {
                     Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
@@ -336,10 +409,6 @@ impl Server {
                 },
             },
             m => Err((ErrorCode::MethodNotFound, format!("unknown method `{m}`"))),
-        };
-        match result {
-            Ok(v) => self.send(Response::new_ok(id, v)),
-            Err((code, msg)) => self.send(err(id, code, msg)),
         }
     }
 
@@ -624,6 +693,78 @@ fn inlay_hints(a: &Analysis, range: lt::Range, mode: SectionKind) -> Value {
         })
         .collect();
     serde_json::to_value(hints).unwrap_or(Value::Null)
+}
+
+/// Rename's edits as a workspace edit: the edits of each file, by URI.
+fn workspace_edit(a: &Analysis, edits: Vec<(crate::span::Span, String)>) -> Value {
+    let mut changes: std::collections::BTreeMap<String, Vec<lt::TextEdit>> = Default::default();
+    for (span, new_text) in edits {
+        if let Some((uri, range)) = a.location(span) {
+            changes
+                .entry(uri.as_str().to_string())
+                .or_default()
+                .push(lt::TextEdit { range, new_text });
+        }
+    }
+    serde_json::json!({ "changes": changes })
+}
+
+/// Signature help inside a call: the callee's signature and the parameter being
+/// written.
+fn signature_help(a: &Analysis, offset: usize) -> Option<lt::SignatureHelp> {
+    let s = a.signature_help(offset)?;
+    let utf16 = |b: usize| s.label[..b].encode_utf16().count() as u32;
+    let parameters = s
+        .params
+        .iter()
+        .map(|&(lo, hi)| lt::ParameterInformation {
+            label: lt::ParameterLabel::LabelOffsets([utf16(lo), utf16(hi)]),
+            documentation: None,
+        })
+        .collect();
+    Some(lt::SignatureHelp {
+        signatures: vec![lt::SignatureInformation {
+            label: s.label.clone(),
+            documentation: (!s.doc.is_empty()).then(|| {
+                lt::Documentation::MarkupContent(lt::MarkupContent {
+                    kind: lt::MarkupKind::Markdown,
+                    value: s.doc.clone(),
+                })
+            }),
+            parameters: Some(parameters),
+            active_parameter: Some(s.active as u32),
+        }],
+        active_signature: Some(0),
+        active_parameter: Some(s.active as u32),
+    })
+}
+
+/// The document's semantic tokens, encoded as the protocol says: five numbers per
+/// token (line and start relative to the previous token, length, type, modifiers),
+/// in UTF-16 units.
+fn semantic_tokens(a: &Analysis) -> Value {
+    let mut data: Vec<u32> = Vec::new();
+    let (mut line, mut start) = (0u32, 0u32);
+    for (span, ty, mods) in a.semantic_tokens() {
+        let r = a.range(span);
+        if r.start.line != r.end.line {
+            continue;
+        }
+        let delta_start = if r.start.line == line {
+            r.start.character - start
+        } else {
+            r.start.character
+        };
+        data.extend([
+            r.start.line - line,
+            delta_start,
+            r.end.character - r.start.character,
+            ty,
+            mods,
+        ]);
+        (line, start) = (r.start.line, r.start.character);
+    }
+    serde_json::json!({ "data": data })
 }
 
 /// The edit that formats a document (`estc fmt`): the part between the text's common
