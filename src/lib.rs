@@ -184,7 +184,7 @@ fn check_on_this_thread(program: &Program, opts: &CheckOptions) -> Checked {
         check_wafer(&graphs, &estimators, opts, &mut diags);
     }
     Checked {
-        diags: continued(program, diags.sorted()),
+        diags: with_suggested_names(program, continued(program, diags.sorted())),
         estimators,
         graphs,
         bug,
@@ -223,8 +223,36 @@ fn continued(program: &Program, diags: Vec<diag::Diag>) -> Vec<diag::Diag> {
                 if p.lo >= at.lo {
                     d.help = Some(syntax::parser::LEAD_HELP.to_string());
                 }
+                // the fix: `;` right after the last token before the bracket
+                let text = &program.sources.get(at.file).text;
+                if let Some(&(_, _, end)) = syntax::lexer::lex(&text[..at.lo as usize]).last() {
+                    let semi = span::Span::new(at.file, end, end);
+                    d = d.fix("end the line above with `;`", vec![(semi, ";".into())]);
+                }
             }
             d
+        })
+        .collect()
+}
+
+/// Each diagnostic whose help suggests a name for the name it points at ("did you
+/// mean `dense`?") gets the fix that writes it.
+fn with_suggested_names(program: &Program, diags: Vec<diag::Diag>) -> Vec<diag::Diag> {
+    diags
+        .into_iter()
+        .map(|d| {
+            let name = d.help.as_deref().and_then(diag::suggested_name);
+            let at = d.primary.span;
+            let written = program.sources.text(at);
+            let is_name = matches!(syntax::lexer::lex(written).as_slice(), [(0, syntax::lexer::Tok::Ident(n), _)] if n.len() == written.len());
+            match name {
+                Some(n) if is_name && n != written && d.fixes.is_empty() => {
+                    let title = format!("replace `{written}` with `{n}`");
+                    let n = n.to_string();
+                    d.fix(title, vec![(at, n)])
+                }
+                _ => d,
+            }
         })
         .collect()
 }

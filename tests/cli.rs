@@ -80,6 +80,13 @@ fn json_diagnostics_have_every_field() {
     assert!(unknown["help"]
         .as_str()
         .is_some_and(|h| h.contains("features")));
+    // its fix: the suggested name where the misspelled one is
+    assert_eq!(
+        unknown["fixes"],
+        serde_json::json!([{"title": "replace `featurs` with `features`", "edits": [{
+            "file": unknown["file"], "line": 5, "column": 17, "end_line": 5, "end_column": 24,
+            "text": "features"}]}])
+    );
     let shape = lines
         .iter()
         .find(|d| d["code"] == "E0401")
@@ -95,6 +102,7 @@ fn json_diagnostics_have_every_field() {
     for field in ["file", "message", "label", "column", "end_column"] {
         assert!(!shape[field].is_null(), "missing {field}");
     }
+    assert_eq!(shape["fixes"], serde_json::json!([]));
 }
 
 #[test]

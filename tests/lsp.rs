@@ -1144,3 +1144,101 @@ fn semantic_tokens_tell_tensors_from_static_values() {
     }
     insta::assert_snapshot!("semantic_tokens", shown.join("\n"));
 }
+
+/// Opens `text`, takes the quick fix of its diagnostic `code`, applies it, and returns
+/// the fixed text (whose diagnostics no longer have `code`) with the fix's title.
+fn quick_fix(init: Value, text: &str, code: &str) -> (String, String) {
+    let mut c = Client::start(init);
+    let d = c.open(MAIN, text);
+    let diag = d["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["code"] == code)
+        .unwrap_or_else(|| panic!("no {code} in {d}"))
+        .clone();
+    let r = c.request(
+        "textDocument/codeAction",
+        json!({"textDocument": {"uri": MAIN}, "range": diag["range"], "context": {"diagnostics": [diag]}}),
+    );
+    let action = r["result"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["diagnostics"][0]["code"] == code))
+        .unwrap_or_else(|| panic!("no fix for {code}: {r}"))
+        .clone();
+    assert_eq!(action["kind"], "quickfix");
+    let mut texts = std::collections::HashMap::new();
+    texts.insert(MAIN.to_string(), text.to_string());
+    apply_workspace_edit(&mut texts, &action["edit"]);
+    let fixed = texts[MAIN].clone();
+    c.change(MAIN, 2, json!([{"text": fixed}]));
+    let d = c.diagnostics(MAIN);
+    assert!(
+        d["diagnostics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["code"] != code),
+        "{code} after its fix: {d}\n{fixed}"
+    );
+    (fixed, action["title"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn quick_fixes_resolve_their_diagnostics() {
+    let host = json!({"target": "host"});
+    // a partial last batch in training
+    let (t, title) = quick_fix(
+        host.clone(),
+        &SHAPES.replace("batch(size, drop_remainder: true)", "batch(size)"),
+        "E0502",
+    );
+    assert!(t.contains("batch(size, drop_remainder: true)"), "{t}");
+    assert_eq!(title, "add `drop_remainder: true`");
+    let (t, _) = quick_fix(
+        host.clone(),
+        &SHAPES.replace("drop_remainder: true", "drop_remainder: false"),
+        "E0502",
+    );
+    assert!(t.contains("batch(size, drop_remainder: true)"), "{t}");
+    // a train input without `repeat`, on the wafer
+    let (t, _) = quick_fix(
+        json!({"target": "wafer"}),
+        &SHAPES.replace("    |> repeat\n", ""),
+        "E0503",
+    );
+    assert!(t.contains("|> repeat |> batch(size"), "{t}");
+    // a misspelled name
+    let (t, title) = quick_fix(
+        host.clone(),
+        &SHAPES.replace("let logits = dense(h", "let logits = dense_(h"),
+        "E0201",
+    );
+    assert!(t.contains("let logits = dense(h"), "{t}");
+    assert_eq!(title, "replace `dense_` with `dense`");
+    // a 64-bit integer
+    let (t, _) = quick_fix(
+        host.clone(),
+        &SHAPES.replace("label: i32 }", "label: i64 }"),
+        "E0403",
+    );
+    assert!(t.contains("label: i32 }"), "{t}");
+    // a line that continues the expression above it
+    let (t, _) = quick_fix(
+        host.clone(),
+        &SHAPES.replace(
+            "  let loss = ",
+            "  let twice = logits * 2.0\n  (twice + 1.0) |> relu\n  let loss = ",
+        ),
+        "E0305",
+    );
+    assert!(t.contains("let twice = logits * 2.0;\n"), "{t}");
+    // checkpoints between loop boundaries
+    let (t, title) = quick_fix(
+        host,
+        &SHAPES.replace("train_steps = 10 }", "train_steps = 1000  config { iterations_per_loop = 100  save_checkpoint_steps = 250 } }"),
+        "E0506",
+    );
+    assert!(t.contains("save_checkpoint_steps = 200 }"), "{t}");
+    assert_eq!(title, "use save_checkpoint_steps = 200");
+}

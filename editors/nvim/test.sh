@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the Neovim setup (editors/nvim/lua/est.lua) headless with the nvim on the
 # PATH: opens a .est file with an unknown name and checks that estc lsp's diagnostic
-# reaches vim.diagnostic.get(). Usage: editors/nvim/test.sh [ESTC] (default
+# reaches vim.diagnostic.get(), then a whole program and checks its inlay hints (the
+# shape of a `let`). Usage: editors/nvim/test.sh [ESTC] (default
 # target/debug/estc). Exits 0 when it passes, non-zero otherwise.
 set -euo pipefail
 
@@ -19,10 +20,23 @@ fn f(x) {
   y
 }
 EST
+cat > "$tmp/good.est" <<'EST'
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+params { hidden: int = 16 }
+input d() { range(64) |> map |i| (fill([4], 1.0), i) |> repeat |> batch(8, drop_remainder: true) }
+model m(features: f32[B, 4], labels: i32[B]) {
+  let h = dense(features, params.hidden)
+  let logits = dense(h, 2)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.1) }
+}
+estimator e { model = m  train_input = d() }
+EST
 
 # The output goes to a file: headless Neovim may write to the terminal.
 status=0
-ESTC="$estc" EST_NVIM_DIR="$here" HOME="$tmp" XDG_CONFIG_HOME="$tmp" XDG_DATA_HOME="$tmp" \
+ESTC="$estc" EST_NVIM_DIR="$here" EST_GOOD="$tmp/good.est" HOME="$tmp" XDG_CONFIG_HOME="$tmp" XDG_DATA_HOME="$tmp" \
   XDG_STATE_HOME="$tmp" XDG_CACHE_HOME="$tmp" \
   timeout 60 nvim --headless -n -i NONE -u "$here/test/init.lua" "$tmp/bad.est" \
   -c "luafile $here/test/check.lua" > "$tmp/out" 2>&1 || status=$?

@@ -1,5 +1,7 @@
-// Starts `estc lsp` for .est files and passes it the target from the settings
-// (`est.target`; changes are sent as workspace/didChangeConfiguration).
+// Starts `estc lsp` for .est files and passes it the target and the mode of the inlay
+// hints from the settings (`est.target`, `est.mode`; changes are sent as
+// workspace/didChangeConfiguration). Inlay hints, semantic tokens, rename, quick fixes,
+// signature help and formatting come with the language client.
 const vscode = require("vscode");
 const { LanguageClient, TransportKind } = require("vscode-languageclient/node");
 
@@ -14,7 +16,10 @@ function activate(context) {
   };
   const clientOptions = {
     documentSelector: [{ scheme: "file", language: "est" }],
-    initializationOptions: { target: config.get("target", "wafer") },
+    initializationOptions: {
+      target: config.get("target", "wafer"),
+      mode: config.get("mode", "train"),
+    },
     synchronize: { configurationSection: "est" },
   };
   client = new LanguageClient("est", "est language server", serverOptions, clientOptions);

@@ -46,7 +46,8 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
         Err(f) => {
             // the other ranks, waiting for this one to join them, stop too; of ranks
             // that failed alike, the first says why
-            let says = match ranks.group() {
+            let mut group = ranks.group();
+            let says = match &mut group {
                 Some(g) => {
                     let text: String = (f.diags.iter())
                         .map(|d| est::diag::render::to_json(d, &program.sources).to_string())
@@ -58,10 +59,16 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
                 }
                 None => true,
             };
-            if says {
-                return print_diags(&program, &f.diags, a.out.message_format, a.out.color);
+            let status = if says {
+                print_diags(&program, &f.diags, a.out.message_format, a.out.color)
+            } else {
+                1
+            };
+            // (the job ends once every rank has said why)
+            if let Some(g) = &mut group {
+                est::runtime::end_failed(g);
             }
-            return 1;
+            return status.max(1);
         }
     };
     if ranks.size() > 1 {
@@ -80,10 +87,11 @@ pub fn run(mut a: RunArgs, mode: SectionKind) -> i32 {
             .into()),
         };
         if let Err(f) = joined {
-            // every rank found the same (rank 0 says it), and MPI has ended with the group
+            // every rank found the same (rank 0 says it); the job ends once it has
             if ranks.rank() == 0 {
                 print_diags(&program, &f.diags, a.out.message_format, a.out.color);
             }
+            est.finish(false);
             return 1;
         }
     }

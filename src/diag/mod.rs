@@ -38,6 +38,22 @@ pub struct Diag {
     pub primary: Label,
     pub secondary: Vec<Label>,
     pub help: Option<String>,
+    /// Mechanical changes that resolve it (an editor's quick fixes).
+    pub fixes: Vec<Fix>,
+}
+
+/// A change that resolves a diagnostic: what it does, and its edits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fix {
+    pub title: String,
+    pub edits: Vec<Edit>,
+}
+
+/// Replace the text of `span` (empty: insert there) with `text`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Edit {
+    pub span: Span,
+    pub text: String,
 }
 
 impl Diag {
@@ -51,6 +67,7 @@ impl Diag {
             },
             secondary: Vec::new(),
             help: None,
+            fixes: Vec::new(),
         }
     }
 
@@ -75,6 +92,17 @@ impl Diag {
 
     pub fn help(mut self, text: impl Into<String>) -> Diag {
         self.help = Some(text.into());
+        self
+    }
+
+    /// A mechanical change that resolves it: replace each span with its text.
+    pub fn fix(mut self, title: impl Into<String>, edits: Vec<(Span, String)>) -> Diag {
+        self.fixes.push(Fix {
+            title: title.into(),
+            edits: (edits.into_iter())
+                .map(|(span, text)| Edit { span, text })
+                .collect(),
+        });
         self
     }
 }
@@ -140,6 +168,11 @@ impl Diags {
         });
         v
     }
+}
+
+/// The name a "did you mean `x`?" help suggests.
+pub fn suggested_name(help: &str) -> Option<&str> {
+    help.strip_prefix("did you mean `")?.strip_suffix("`?")
 }
 
 /// "did you mean `x`?" for the closest of `candidates`, if any is close enough.

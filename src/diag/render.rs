@@ -75,6 +75,30 @@ pub fn to_json(diag: &Diag, sources: &SourceMap) -> serde_json::Value {
         .map(|l| serde_json::Value::Object(location_json(l, sources)))
         .collect();
     obj.insert("related".into(), related.into());
+    let fixes: Vec<serde_json::Value> = diag
+        .fixes
+        .iter()
+        .map(|f| {
+            let edits: Vec<serde_json::Value> = f
+                .edits
+                .iter()
+                .map(|e| {
+                    let mut m = location_json(
+                        &Label {
+                            span: e.span,
+                            text: String::new(),
+                        },
+                        sources,
+                    );
+                    m.remove("label");
+                    m.insert("text".into(), e.text.clone().into());
+                    serde_json::Value::Object(m)
+                })
+                .collect();
+            serde_json::json!({"title": f.title, "edits": edits})
+        })
+        .collect();
+    obj.insert("fixes".into(), fixes.into());
     serde_json::Value::Object(obj)
 }
 

@@ -928,6 +928,39 @@ const CONFIG_MAX: &[(&str, i64, &str)] = &[
     ),
 ];
 
+/// `batch(n)` or `batch(n, drop_remainder: false)` at `call` becomes
+/// `batch(n, drop_remainder: true)`: the diagnostic with that fix.
+fn drop_remainder_fix(p: &Program, d: Diag, call: Span) -> Diag {
+    // (a piped stage's span starts at its `|>`)
+    let text = p.sources.text(call);
+    if !text
+        .trim_start_matches("|>")
+        .trim_start()
+        .starts_with("batch")
+        || !text.ends_with(')')
+    {
+        return d;
+    }
+    let edit = match text.find("drop_remainder: false") {
+        Some(i) => {
+            let lo = call.lo as usize + i + "drop_remainder: ".len();
+            (
+                Span::new(call.file, lo, lo + "false".len()),
+                "true".to_string(),
+            )
+        }
+        None if !text.contains("drop_remainder") => {
+            let hi = call.hi as usize - 1;
+            (
+                Span::new(call.file, hi, hi),
+                ", drop_remainder: true".to_string(),
+            )
+        }
+        None => return d,
+    };
+    d.fix("add `drop_remainder: true`", vec![edit])
+}
+
 fn span_of(spans: &ConfigSpans, key: &str, fallback: Span) -> Span {
     spans
         .iter()
@@ -945,26 +978,41 @@ fn rules_of_config(
 ) {
     let ckpt = span_of(spans, "save_checkpoint_steps", e.name.span);
     if c.iterations_per_loop > 0 && c.save_checkpoint_steps % c.iterations_per_loop != 0 {
-        el.diags.push(
-            Diag::new(
-                Code::CheckpointSteps,
-                ckpt,
-                format!(
-                    "save_checkpoint_steps = {} is not a multiple of iterations_per_loop = {}",
-                    c.save_checkpoint_steps, c.iterations_per_loop
-                ),
-            )
-            .label("checkpoints are taken at loop boundaries")
-            .with(
-                span_of(spans, "iterations_per_loop", e.name.span),
-                "the loop length",
-            )
-            .help(format!(
-                "use a multiple of {}, such as {}",
-                c.iterations_per_loop,
-                (c.save_checkpoint_steps / c.iterations_per_loop).max(1) * c.iterations_per_loop
-            )),
-        );
+        let multiple =
+            (c.save_checkpoint_steps / c.iterations_per_loop).max(1) * c.iterations_per_loop;
+        let mut d = Diag::new(
+            Code::CheckpointSteps,
+            ckpt,
+            format!(
+                "save_checkpoint_steps = {} is not a multiple of iterations_per_loop = {}",
+                c.save_checkpoint_steps, c.iterations_per_loop
+            ),
+        )
+        .label("checkpoints are taken at loop boundaries")
+        .with(
+            span_of(spans, "iterations_per_loop", e.name.span),
+            "the loop length",
+        )
+        .help(format!(
+            "use a multiple of {}, such as {multiple}",
+            c.iterations_per_loop,
+        ));
+        // the number written after `save_checkpoint_steps =` (not one from `--config`)
+        let written = el.p.sources.text(ckpt);
+        if let Some(eq) = written.find('=') {
+            let value = written[eq + 1..].trim_start();
+            if value.parse::<i64>().is_ok() {
+                let lo = ckpt.hi as usize - value.len();
+                d = d.fix(
+                    format!("use save_checkpoint_steps = {multiple}"),
+                    vec![(
+                        Span::new(ckpt.file, lo, ckpt.hi as usize),
+                        multiple.to_string(),
+                    )],
+                );
+            }
+        }
+        el.diags.push(d);
     }
     if el.target == Target::Wafer && c.save_checkpoint_steps < WAFER_MIN_CHECKPOINT_STEPS {
         el.diags.push(
@@ -1222,16 +1270,15 @@ fn input_rules(
                     } else {
                         "the train graph has a static batch size"
                     };
-                    el.diags.push(
-                        Diag::new(
-                            Code::BatchNotFixed,
-                            b.span,
-                            "batch size is not fixed: the last batch may be smaller",
-                        )
-                        .label(why)
-                        .with(at, "used here")
-                        .help("write `batch(n, drop_remainder: true)`; evaluation and prediction take a partial last batch (padded and masked), training does not"),
-                    );
+                    let d = Diag::new(
+                        Code::BatchNotFixed,
+                        b.span,
+                        "batch size is not fixed: the last batch may be smaller",
+                    )
+                    .label(why)
+                    .with(at, "used here")
+                    .help("write `batch(n, drop_remainder: true)`; evaluation and prediction take a partial last batch (padded and masked), training does not");
+                    el.diags.push(drop_remainder_fix(el.p, d, b.span));
                 } else {
                     // The runtime pads the last batch; `mask_padding` masks it.
                     el.graph.partial_batches = true;
@@ -1240,19 +1287,29 @@ fn input_rules(
         }
     }
     if mode == SectionKind::Train && wafer && !ds.repeats_forever() {
-        el.diags.push(
-            Diag::new(
-                Code::NoRepeat,
-                at,
-                "the train input has no `repeat`: it would run out before the steps are done",
-            )
-            .label("ends after one pass")
-            .with(
-                ds.stages[ds.stages.len() - 1].span,
-                "the pipeline ends here",
-            )
-            .help("training runs for steps, not epochs: add `|> repeat` before `batch`"),
-        );
+        let mut d = Diag::new(
+            Code::NoRepeat,
+            at,
+            "the train input has no `repeat`: it would run out before the steps are done",
+        )
+        .label("ends after one pass")
+        .with(
+            ds.stages[ds.stages.len() - 1].span,
+            "the pipeline ends here",
+        )
+        .help("training runs for steps, not epochs: add `|> repeat` before `batch`");
+        // `|> batch(...)` (a stage's span starts at its `|>`) becomes
+        // `|> repeat |> batch(...)`
+        if let Some(b) = ds.batch().map(|b| b.span) {
+            let stage = el.p.sources.text(b);
+            if stage.starts_with("|>") && stage[2..].trim_start().starts_with("batch") {
+                d = d.fix(
+                    "add `|> repeat` before `batch`",
+                    vec![(Span { hi: b.lo, ..b }, "|> repeat ".into())],
+                );
+            }
+        }
+        el.diags.push(d);
     }
     if mode == SectionKind::Train && c.input_workers > 1 {
         for s in ds.shuffles() {

@@ -1073,15 +1073,23 @@ impl<'p> Elab<'p> {
     }
 
     pub fn int64_type(&mut self, span: Span) -> Value<'p> {
-        self.error(
-            Diag::new(
-                Code::Int64,
-                self.site(span),
-                "64-bit integers are not supported",
-            )
+        let at = self.site(span);
+        let mut d = Diag::new(Code::Int64, at, "64-bit integers are not supported")
             .label("i64")
-            .help("use `i32`; integer features read from records are narrowed to i32 at `parse`"),
-        )
+            .help("use `i32`; integer features read from records are narrowed to i32 at `parse`");
+        // every `i64` written there becomes `i32`
+        let edits: Vec<(Span, String)> = crate::syntax::lexer::lex(self.p.sources.text(at))
+            .into_iter()
+            .filter(|(_, t, _)| *t == crate::syntax::lexer::Tok::Ident("i64"))
+            .map(|(lo, _, hi)| {
+                let base = at.lo as usize;
+                (Span::new(at.file, base + lo, base + hi), "i32".to_string())
+            })
+            .collect();
+        if !edits.is_empty() {
+            d = d.fix("use i32", edits);
+        }
+        self.error(d)
     }
 
     pub fn as_int(&mut self, v: &Value<'p>, span: Span) -> Option<i64> {

@@ -213,59 +213,82 @@ impl Analysis {
     pub fn diagnostics(&self) -> Vec<lt::Diagnostic> {
         self.diags
             .iter()
-            .filter_map(|d| self.place(d).map(|at| (d, at)))
-            .map(|(d, at)| {
-                let mut related = Vec::new();
-                for l in &d.secondary {
-                    if self.program.is_std_file(l.span.file) {
-                        continue;
-                    }
-                    if let Some((uri, range)) = self.location(l.span) {
-                        related.push(lt::DiagnosticRelatedInformation {
-                            location: lt::Location { uri, range },
-                            message: l.text.clone(),
-                        });
-                    }
-                }
-                let mut message = d.message.clone();
-                if at != d.primary.span {
-                    // shown at the `use`: say where it is, and link to it
-                    if let Some((uri, range)) = self.location(d.primary.span) {
-                        message = format!(
-                            "{}:{}:{}: {message}",
-                            self.program.sources.get(d.primary.span.file).name,
-                            range.start.line + 1,
-                            range.start.character + 1
-                        );
-                        related.insert(
-                            0,
-                            lt::DiagnosticRelatedInformation {
-                                location: lt::Location { uri, range },
-                                message: d.primary.text.clone(),
-                            },
-                        );
-                    }
-                }
-                if !d.primary.text.is_empty() {
-                    message.push_str(&format!("\n{}", d.primary.text));
-                }
-                if let Some(h) = &d.help {
-                    message.push_str(&format!("\nhelp: {h}"));
-                }
-                lt::Diagnostic {
-                    range: self.range(at),
-                    severity: Some(match d.severity() {
-                        Severity::Error => lt::DiagnosticSeverity::ERROR,
-                        Severity::Warning => lt::DiagnosticSeverity::WARNING,
-                    }),
-                    code: Some(lt::NumberOrString::String(d.code.id().to_string())),
-                    source: Some("estc".into()),
-                    message,
-                    related_information: (!related.is_empty()).then_some(related),
-                    ..Default::default()
-                }
-            })
+            .filter_map(|d| self.place(d).map(|at| self.diagnostic(d, at)))
             .collect()
+    }
+
+    /// The fixes of the diagnostics shown between two offsets, with the diagnostic
+    /// each resolves. A fix with an edit in the standard library is left out.
+    pub fn fixes(&self, lo: usize, hi: usize) -> Vec<(lt::Diagnostic, &crate::diag::Fix)> {
+        let mut out = Vec::new();
+        for d in &self.diags {
+            let Some(at) = self.place(d) else { continue };
+            if at.file != self.root || (at.hi as usize) < lo || (at.lo as usize) > hi {
+                continue;
+            }
+            for f in &d.fixes {
+                if f.edits
+                    .iter()
+                    .all(|e| !self.program.is_std_file(e.span.file))
+                {
+                    out.push((self.diagnostic(d, at), f));
+                }
+            }
+        }
+        out
+    }
+
+    /// A diagnostic as the protocol shows it, at `at`.
+    fn diagnostic(&self, d: &Diag, at: Span) -> lt::Diagnostic {
+        let mut related = Vec::new();
+        for l in &d.secondary {
+            if self.program.is_std_file(l.span.file) {
+                continue;
+            }
+            if let Some((uri, range)) = self.location(l.span) {
+                related.push(lt::DiagnosticRelatedInformation {
+                    location: lt::Location { uri, range },
+                    message: l.text.clone(),
+                });
+            }
+        }
+        let mut message = d.message.clone();
+        if at != d.primary.span {
+            // shown at the `use`: say where it is, and link to it
+            if let Some((uri, range)) = self.location(d.primary.span) {
+                message = format!(
+                    "{}:{}:{}: {message}",
+                    self.program.sources.get(d.primary.span.file).name,
+                    range.start.line + 1,
+                    range.start.character + 1
+                );
+                related.insert(
+                    0,
+                    lt::DiagnosticRelatedInformation {
+                        location: lt::Location { uri, range },
+                        message: d.primary.text.clone(),
+                    },
+                );
+            }
+        }
+        if !d.primary.text.is_empty() {
+            message.push_str(&format!("\n{}", d.primary.text));
+        }
+        if let Some(h) = &d.help {
+            message.push_str(&format!("\nhelp: {h}"));
+        }
+        lt::Diagnostic {
+            range: self.range(at),
+            severity: Some(match d.severity() {
+                Severity::Error => lt::DiagnosticSeverity::ERROR,
+                Severity::Warning => lt::DiagnosticSeverity::WARNING,
+            }),
+            code: Some(lt::NumberOrString::String(d.code.id().to_string())),
+            source: Some("estc".into()),
+            message,
+            related_information: (!related.is_empty()).then_some(related),
+            ..Default::default()
+        }
     }
 
     /// Whether the character at `offset` is in a span of the document.

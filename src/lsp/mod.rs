@@ -260,6 +260,12 @@ impl Server {
                 }),
                 inlay_hint_provider: Some(lt::OneOf::Left(true)),
                 document_formatting_provider: Some(lt::OneOf::Left(true)),
+                code_action_provider: Some(lt::CodeActionProviderCapability::Options(
+                    lt::CodeActionOptions {
+                        code_action_kinds: Some(vec![lt::CodeActionKind::QUICKFIX]),
+                        ..Default::default()
+                    },
+                )),
                 rename_provider: Some(lt::OneOf::Right(lt::RenameOptions {
                     prepare_provider: Some(true),
                     work_done_progress_options: Default::default(),
@@ -386,6 +392,14 @@ impl Server {
                     Ok(p) => self
                         .analysed(p.text_document.uri.as_str())
                         .map(|(a, _)| semantic_tokens(&a)),
+                }
+            }
+            "textDocument/codeAction" => {
+                match serde_json::from_value::<lt::CodeActionParams>(r.params) {
+                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
+                    Ok(p) => self
+                        .analysed(p.text_document.uri.as_str())
+                        .map(|(a, _)| code_actions(&a, p.range)),
                 }
             }
             "textDocument/formatting" => {
@@ -693,6 +707,27 @@ fn inlay_hints(a: &Analysis, range: lt::Range, mode: SectionKind) -> Value {
         })
         .collect();
     serde_json::to_value(hints).unwrap_or(Value::Null)
+}
+
+/// The quick fixes of the diagnostics shown in a range.
+fn code_actions(a: &Analysis, range: lt::Range) -> Value {
+    let actions: Vec<lt::CodeAction> = a
+        .fixes(a.offset(range.start), a.offset(range.end))
+        .into_iter()
+        .map(|(diagnostic, fix)| {
+            let edits = fix.edits.iter().map(|e| (e.span, e.text.clone())).collect();
+            let edit = serde_json::from_value(workspace_edit(a, edits)).ok();
+            lt::CodeAction {
+                title: fix.title.clone(),
+                kind: Some(lt::CodeActionKind::QUICKFIX),
+                diagnostics: Some(vec![diagnostic]),
+                edit,
+                is_preferred: Some(true),
+                ..Default::default()
+            }
+        })
+        .collect();
+    serde_json::to_value(actions).unwrap_or(Value::Null)
 }
 
 /// Rename's edits as a workspace edit: the edits of each file, by URI.

@@ -27,7 +27,7 @@ mod restore;
 pub mod summary;
 
 pub use export::{ExportFormat, ExportOptions, ExportReport, Sample};
-pub use replicas::join_failed;
+pub use replicas::{end_failed, join_failed};
 
 use crate::backend::{self, Device, Feeds, RunError, RunExe, StepCtx, StepError, TrainExe};
 use crate::data::pipeline;

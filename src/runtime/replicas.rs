@@ -122,14 +122,24 @@ fn reduce(g: &mut Group, local: Option<&mut [f32]>) -> Result<(), usize> {
 /// others stop with E0924 instead of waiting for it), `digest` standing for its
 /// diagnostics: whether it should print them, that is, whether no rank before it
 /// failed with the same.
-pub fn join_failed(mut group: Group, digest: u64) -> bool {
+///
+/// The rank says why, then calls `end_failed`: no rank ends before every rank has
+/// said what it has to say (a launcher stops a job's other ranks when one ends with
+/// an error, and could stop one before it printed).
+pub fn join_failed(group: &mut Group, digest: u64) -> bool {
     let mut mine = vec![0u8];
     mine.extend(digest.to_le_bytes());
     let me = group.rank();
-    match exchange(&mut group, Phase::Join, &mine) {
+    match exchange(group, Phase::Join, &mine) {
         Ok(all) => !all[..me].contains(&mine),
         Err(_) => true,
     }
+}
+
+/// The end of a command that failed to join (`join_failed`), with the other ranks'
+/// `Estimator::finish`.
+pub fn end_failed(group: &mut Group) {
+    let _ = exchange(group, Phase::End, &[0]);
 }
 
 impl Estimator {
@@ -138,7 +148,17 @@ impl Estimator {
     /// estimator, configuration and target, checked for as many ranks as the group
     /// has (`RunOptions::ranks`); E0925 otherwise, on every rank. Rank 0's seed
     /// becomes every rank's: it travels ahead of each rank's description.
+    ///
+    /// The estimator keeps the group even when the ranks refuse: after saying why,
+    /// end with `finish(false)`, which every rank takes part in (so that no rank ends
+    /// before the others have said why).
     pub fn join(&mut self, mut group: Group) -> Res<()> {
+        let joined = self.join_group(&mut group);
+        self.group = Some(group);
+        joined
+    }
+
+    fn join_group(&mut self, group: &mut Group) -> Res<()> {
         let me = format!(
             "{}\n{}\n{:?}\n{:?}\n{}\n{}",
             self.program_hash,
@@ -151,7 +171,7 @@ impl Estimator {
         let mut mine = vec![1u8];
         mine.extend(self.seed.to_le_bytes());
         mine.extend(me.as_bytes());
-        let all = exchange(&mut group, Phase::Join, &mine).map_err(|d| self.diverged(&d))?;
+        let all = exchange(group, Phase::Join, &mine).map_err(|d| self.diverged(&d))?;
         if let Some(r) = all.iter().position(|b| b.first() != Some(&1)) {
             return Err(self.rank_failed(r, "to check the program"));
         }
@@ -205,7 +225,6 @@ impl Estimator {
         if !group.chief() {
             self.hooks.retain(|h| !h.writes());
         }
-        self.group = Some(group);
         Ok(())
     }
 
