@@ -1,7 +1,9 @@
 //! The language server's latency on a 2,000-line file: the time from an edit
 //! (`didChange`) to the diagnostics of the new version (including the server's
-//! `DEBOUNCE` wait), and the time to answer a hover. The server runs on its own thread
-//! behind an in-memory connection, as an editor would see it minus the pipe.
+//! `DEBOUNCE` wait), from an edit to the document's inlay hints (asked for at once:
+//! the server checks the new text first), and the time to answer a hover, a formatting
+//! request and semantic tokens. The server runs on its own thread behind an in-memory
+//! connection, as an editor would see it minus the pipe.
 //!
 //! Run: `cargo bench --bench lsp` (`EST_BENCH_EDITS`, default 40; `EST_BENCH_HOVERS`,
 //! default 200).
@@ -182,6 +184,52 @@ fn main() {
             "{h}"
         );
     }
+    // Inlay hints right after an edit: the server checks the new text, then answers.
+    let whole =
+        json!({"start": {"line": 0, "character": 0}, "end": {"line": lines.len(), "character": 0}});
+    let mut hints_ms = Vec::new();
+    for k in 0..edits {
+        let version = (edits + k) as i32 + 2;
+        let new = if k % 2 == 0 { "0.6" } else { "0.5" };
+        let t = Instant::now();
+        c.notify(
+            "textDocument/didChange",
+            json!({"textDocument": {"uri": uri, "version": version}, "contentChanges": [
+                {"range": {"start": {"line": line, "character": col}, "end": {"line": line, "character": col + 3}}, "text": new}
+            ]}),
+        );
+        let h = c.request(
+            "textDocument/inlayHint",
+            json!({"textDocument": {"uri": uri}, "range": whole}),
+        );
+        hints_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        // a type for each of the model's 24 bindings besides the params'
+        let n = h["result"].as_array().map_or(0, Vec::len);
+        assert!(n >= 14, "{n} hints: {h}");
+    }
+    let mut format_ms = Vec::new();
+    let mut tokens_ms = Vec::new();
+    for _ in 0..edits {
+        let t = Instant::now();
+        let f = c.request(
+            "textDocument/formatting",
+            json!({"textDocument": {"uri": uri}, "options": {"tabSize": 2, "insertSpaces": true}}),
+        );
+        format_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        assert!(f["result"].is_array(), "{f}");
+        let t = Instant::now();
+        let s = c.request(
+            "textDocument/semanticTokens/full",
+            json!({"textDocument": {"uri": uri}}),
+        );
+        tokens_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        assert!(
+            s["result"]["data"]
+                .as_array()
+                .is_some_and(|d| !d.is_empty()),
+            "{s}"
+        );
+    }
     println!(
         "language server on a {}-line file (target host)",
         lines.len()
@@ -200,6 +248,21 @@ fn main() {
         est::lsp::DEBOUNCE.as_millis(),
         median(edit_ms.clone()),
         p90(&edit_ms)
+    );
+    println!(
+        "| edit -> inlay hints ({edits} edits, asked for at once) | {:.1} ms | {:.1} ms | 50 ms |",
+        median(hints_ms.clone()),
+        p90(&hints_ms)
+    );
+    println!(
+        "| formatting ({edits} requests) | {:.1} ms | {:.1} ms | 50 ms |",
+        median(format_ms.clone()),
+        p90(&format_ms)
+    );
+    println!(
+        "| semantic tokens ({edits} requests) | {:.1} ms | {:.1} ms | |",
+        median(tokens_ms.clone()),
+        p90(&tokens_ms)
     );
     println!(
         "| hover ({hovers} requests) | {:.3} ms | {:.3} ms | 10 ms |",

@@ -174,8 +174,9 @@ fn compare(want: &Tensor, got: &Tensor, tol: Tol) -> Result<(), String> {
                     let bound = match tol {
                         // (no finer than two steps of f32 where it is subnormal,
                         // below 1.2e-38, where a step is 1.4e-45 whatever the value)
-                        Tol::Elem => (1e-5 * f64::from(x).abs())
-                            .max(2.0 * f64::from(f32::from_bits(1))),
+                        Tol::Elem => {
+                            (1e-5 * f64::from(x).abs()).max(2.0 * f64::from(f32::from_bits(1)))
+                        }
                         Tol::Sum(s) => 1e-5 * s,
                         // a gradient far below the loss's scale (1) is the
                         // cancellation of terms of that scale, rounded to ε of them

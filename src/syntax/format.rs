@@ -46,18 +46,16 @@ pub fn format(file: FileId, src: &str) -> Result<String, FormatError> {
         return Err(FormatError::Syntax(errors));
     }
     let out = layout(src, &field_starts(&module));
-    match parts(src)
-        .iter()
-        .zip(parts(&out).iter())
-        .position(|(a, b)| a != b)
-    {
-        None if parts(src).len() == parts(&out).len() => Ok(out),
-        at => {
-            let lo = at.and_then(|i| pieces(src).get(i).map(|p| p.lo));
-            let line = lo.map_or(1, |lo| 1 + src[..lo].matches('\n').count());
-            Err(FormatError::Unchanged(line))
-        }
+    let (before, after) = (parts(src), parts(&out));
+    if before == after {
+        return Ok(out);
     }
+    // where they part: the first piece that differs, or the end of the shorter
+    let at = before.iter().zip(&after).position(|(a, b)| a != b);
+    let lo = pieces(src)
+        .get(at.unwrap_or(before.len().min(after.len())))
+        .map_or(src.len(), |p| p.lo);
+    Err(FormatError::Unchanged(1 + src[..lo].matches('\n').count()))
 }
 
 /// The byte offsets where estimator and params fields start (two spaces set apart
