@@ -852,6 +852,21 @@ fn hover_answers_on_every_name_being_bound() {
     assert!(value(&mut c, 18, 6).contains("`int = 64`"));
     let after = c.at("textDocument/hover", MAIN, 21, 6);
     assert_eq!(after["result"], Value::Null, "{after}");
+    // a syntax error in another function: the model still elaborates, and answers
+    let broken = SHAPES.replace("\nmodel mlp", "\nfn unused(x) { x + }\nmodel mlp");
+    c.change(MAIN, 3, json!([{"text": broken}]));
+    let d = loop {
+        let d = c.diagnostics(MAIN);
+        if d["version"] == 3 {
+            break d;
+        }
+    };
+    assert_eq!(d["diagnostics"][0]["code"], "E0101", "{d}");
+    assert!(
+        value(&mut c, 20, 6).contains("`f32[32, 64]`"),
+        "{}",
+        value(&mut c, 20, 6)
+    );
 }
 
 /// A text with the edits of a formatting response applied (`None` for a null result).
@@ -891,6 +906,7 @@ fn formatting_gives_the_edit_to_the_canonical_layout() {
         )
     };
     let f = format(&mut c);
+    insta::assert_snapshot!("formatting", pretty(&f["result"]));
     let want = est::syntax::format::format(est::span::FileId(0), &messy).unwrap();
     assert!(
         want.contains("  let width = params.hidden * 2  // doubled\n"),
@@ -973,6 +989,7 @@ fn rename_changes_every_use_across_the_programs_files() {
             "textDocument/rename",
             json!({"textDocument": {"uri": uri}, "position": {"line": line, "character": character}, "newName": new}),
         );
+        insta::assert_snapshot!(format!("rename_to_{new}"), pretty(&r["result"]));
         apply_workspace_edit(texts, &r["result"]);
         version += 1;
         for (u, t) in texts.iter() {
@@ -1086,6 +1103,8 @@ fn signature_help_names_the_parameter_being_written() {
         help(&mut c, 19, 30),
         ("block(x, units: int)".to_string(), "units: int".to_string())
     );
+    let r = c.at("textDocument/signatureHelp", MAIN, 19, 30);
+    insta::assert_snapshot!("signature_help", pretty(&r["result"]));
     // a named argument of a standard function, and a piped call's first argument
     c.change(MAIN, 2, json!([{"text": SHAPES}]));
     let (label, param) = help(&mut c, 12, 35);
@@ -1112,15 +1131,7 @@ fn semantic_tokens_tell_tensors_from_static_values() {
         .iter()
         .map(|x| x.as_u64().unwrap())
         .collect();
-    let types = [
-        "namespace",
-        "function",
-        "variable",
-        "property",
-        "parameter",
-        "class",
-    ];
-    let mods = ["declaration", "readonly", "static", "defaultLibrary"];
+    let (types, mods) = (est::lsp::TOKEN_TYPES, est::lsp::TOKEN_MODIFIERS);
     let lines: Vec<&str> = SHAPES.lines().collect();
     let (mut line, mut col) = (0, 0);
     let mut shown = Vec::new();
@@ -1146,8 +1157,8 @@ fn semantic_tokens_tell_tensors_from_static_values() {
 }
 
 /// Opens `text`, takes the quick fix of its diagnostic `code`, applies it, and returns
-/// the fixed text (whose diagnostics no longer have `code`) with the fix's title.
-fn quick_fix(init: Value, text: &str, code: &str) -> (String, String) {
+/// the fixed text (whose diagnostics no longer have `code`) with the code action.
+fn quick_fix(init: Value, text: &str, code: &str) -> (String, Value) {
     let mut c = Client::start(init);
     let d = c.open(MAIN, text);
     let diag = d["diagnostics"]
@@ -1181,20 +1192,21 @@ fn quick_fix(init: Value, text: &str, code: &str) -> (String, String) {
             .all(|d| d["code"] != code),
         "{code} after its fix: {d}\n{fixed}"
     );
-    (fixed, action["title"].as_str().unwrap().to_string())
+    (fixed, action)
 }
 
 #[test]
 fn quick_fixes_resolve_their_diagnostics() {
     let host = json!({"target": "host"});
     // a partial last batch in training
-    let (t, title) = quick_fix(
+    let (t, action) = quick_fix(
         host.clone(),
         &SHAPES.replace("batch(size, drop_remainder: true)", "batch(size)"),
         "E0502",
     );
     assert!(t.contains("batch(size, drop_remainder: true)"), "{t}");
-    assert_eq!(title, "add `drop_remainder: true`");
+    assert_eq!(action["title"], "add `drop_remainder: true`");
+    insta::assert_snapshot!("code_action", pretty(&action));
     let (t, _) = quick_fix(
         host.clone(),
         &SHAPES.replace("drop_remainder: true", "drop_remainder: false"),
@@ -1209,13 +1221,13 @@ fn quick_fixes_resolve_their_diagnostics() {
     );
     assert!(t.contains("|> repeat |> batch(size"), "{t}");
     // a misspelled name
-    let (t, title) = quick_fix(
+    let (t, action) = quick_fix(
         host.clone(),
         &SHAPES.replace("let logits = dense(h", "let logits = dense_(h"),
         "E0201",
     );
     assert!(t.contains("let logits = dense(h"), "{t}");
-    assert_eq!(title, "replace `dense_` with `dense`");
+    assert_eq!(action["title"], "replace `dense_` with `dense`");
     // a 64-bit integer
     let (t, _) = quick_fix(
         host.clone(),
@@ -1234,11 +1246,11 @@ fn quick_fixes_resolve_their_diagnostics() {
     );
     assert!(t.contains("let twice = logits * 2.0;\n"), "{t}");
     // checkpoints between loop boundaries
-    let (t, title) = quick_fix(
+    let (t, action) = quick_fix(
         host,
         &SHAPES.replace("train_steps = 10 }", "train_steps = 1000  config { iterations_per_loop = 100  save_checkpoint_steps = 250 } }"),
         "E0506",
     );
     assert!(t.contains("save_checkpoint_steps = 200 }"), "{t}");
-    assert_eq!(title, "use save_checkpoint_steps = 200");
+    assert_eq!(action["title"], "use save_checkpoint_steps = 200");
 }

@@ -24,6 +24,7 @@ mod text;
 use crate::elab::Target;
 use crate::syntax::ast::SectionKind;
 use analysis::Analysis;
+pub use analysis::{TOKEN_MODIFIERS, TOKEN_TYPES};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use lsp_server::{ErrorCode, Message, Notification, Request, RequestId, Response};
 use lsp_types as lt;

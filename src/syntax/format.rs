@@ -9,9 +9,10 @@
 //!   after a unary operator or a closure's opening `|`; one around binary operators,
 //!   after `,` `;` `:`, and inside braces (`{ a: 1 }`); two between estimator or
 //!   params fields that share a line;
-//! - comments: kept where they are; a full-line comment takes the indentation of the
-//!   code below it, and the trailing comments of consecutive lines line up two
-//!   spaces after the longest of their code.
+//! - comments: kept where they are, with their text (a block comment's lines end with
+//!   LF, as every line does); a full-line comment takes the indentation of the code
+//!   below it, and the trailing comments of consecutive lines line up two spaces
+//!   after the longest of their code.
 //!
 //! It works on tokens, so it never changes the program: the formatted text is lexed
 //! again and must have the same tokens and comments, or the formatter refuses
@@ -107,14 +108,21 @@ impl Piece<'_> {
 
 /// What formatting must keep: every token, and every comment's text (without the
 /// spaces that end a line comment).
-fn parts(src: &str) -> Vec<(Kind<'_>, &str)> {
+fn parts(src: &str) -> Vec<(Kind<'_>, std::borrow::Cow<'_, str>)> {
     pieces(src)
         .into_iter()
-        .map(|p| match p.kind {
-            Kind::LineComment => (p.kind, p.text.trim_end()),
-            _ => (p.kind, p.text),
-        })
+        .map(|p| (p.kind, written(&p)))
         .collect()
+}
+
+/// A piece as the formatter writes it: a line comment without the spaces that end it,
+/// a block comment's lines ended by LF.
+fn written<'s>(p: &Piece<'s>) -> std::borrow::Cow<'s, str> {
+    match p.kind {
+        Kind::LineComment => p.text.trim_end().into(),
+        Kind::BlockComment if p.text.contains('\r') => p.text.replace("\r\n", "\n").into(),
+        _ => p.text.into(),
+    }
 }
 
 /// The tokens and comments of a text, in order.
@@ -311,7 +319,13 @@ fn layout(src: &str, fields: &[usize]) -> String {
         let level = match first {
             None => inner,
             Some(t) if is_close(t) => stack.last().map_or(0, |s| s.0),
-            Some(t) if is_binary(t) || last.is_some_and(is_binary) => inner + 1,
+            // (a `-` after a comma or a bracket is a negation, not a continuation)
+            Some(t)
+                if (is_binary(t) && (t != Tok::Minus || last.is_some_and(ends_operand)))
+                    || last.is_some_and(is_binary) =>
+            {
+                inner + 1
+            }
             Some(_) => inner,
         };
         if first.is_some() {
@@ -349,11 +363,7 @@ fn layout(src: &str, fields: &[usize]) -> String {
             if let Some(q) = &prev {
                 code.push_str(space(q, p, at));
             }
-            let text = match p.kind {
-                Kind::LineComment => p.text.trim_end(),
-                _ => p.text,
-            };
-            code.push_str(text);
+            code.push_str(&written(p));
             after_unary = false;
             after_open_bar = false;
             after_list = false;
@@ -389,7 +399,17 @@ fn layout(src: &str, fields: &[usize]) -> String {
             .is_some_and(is_open);
         laid.push((level, code, trailing, opens));
     }
-    // trailing comments of consecutive lines line up
+    // a blank line stays before a line, unless it follows a line that opens a bracket
+    // or comes before one that closes one (nor at the start)
+    let blank: Vec<bool> = (0..laid.len())
+        .map(|k| {
+            let starts_closed = (lines[k].pieces.iter())
+                .find_map(Piece::tok)
+                .is_some_and(is_close);
+            k > 0 && lines[k].blank_before && !laid[k - 1].3 && !starts_closed
+        })
+        .collect();
+    // trailing comments of consecutive lines (in the output) line up
     let width = |(level, code, _, _): &(usize, String, Option<&str>, bool)| {
         level * INDENT.len() + code.chars().count()
     };
@@ -397,7 +417,7 @@ fn layout(src: &str, fields: &[usize]) -> String {
     let mut i = 0;
     while i < laid.len() {
         let mut j = i;
-        while j < laid.len() && laid[j].2.is_some() && (j == i || !lines[j].blank_before) {
+        while j < laid.len() && laid[j].2.is_some() && (j == i || !blank[j]) {
             j += 1;
         }
         if j == i {
@@ -410,12 +430,7 @@ fn layout(src: &str, fields: &[usize]) -> String {
     }
     let mut out = String::with_capacity(src.len() + src.len() / 8);
     for (k, l) in laid.iter().enumerate() {
-        let starts_closed = lines[k]
-            .pieces
-            .iter()
-            .find_map(Piece::tok)
-            .is_some_and(is_close);
-        if k > 0 && lines[k].blank_before && !laid[k - 1].3 && !starts_closed {
+        if blank[k] {
             out.push('\n');
         }
         for _ in 0..l.0 {
@@ -445,8 +460,22 @@ mod tests {
 
     #[test]
     fn spacing_indentation_and_comments() {
-        let src = "use std.nn.{ dense,relu }\nparams {   // the params\n  batch_size:int=128   // per run\n     hidden: [int] = [ 256,256 ]\n}\n\n\n\nfn f( x ,y:int ) {x*-1+y |>relu}\nmodel m(features: f32[B,4]) {\n        let a=features\n    |> map |r|r\n// a comment\n        let b = a .. 3\ntrain{minimize a with sgd(lr:0.1)}\n}\nestimator e {model=m  train_input=i()   train_steps=1}\n";
-        let want = "use std.nn.{dense, relu}\nparams {                 // the params\n  batch_size: int = 128  // per run\n  hidden: [int] = [256, 256]\n}\n\nfn f(x, y: int) { x * -1 + y |> relu }\nmodel m(features: f32[B, 4]) {\n  let a = features\n    |> map |r| r\n  // a comment\n  let b = a..3\n  train { minimize a with sgd(lr: 0.1) }\n}\nestimator e { model = m  train_input = i()  train_steps = 1 }\n";
+        let src = "use std.nn.{ dense,relu }\nfn g() { [\n-1,\n  - 2] }\nparams {   // the params\n  batch_size:int=128   // per run\n     hidden: [int] = [ 256,256 ]\n}\n\n\n\nfn f( x ,y:int ) {x*-1+y |>relu}\nmodel m(features: f32[B,4]) {\n        let a=features\n    |> map |r|r\n// a comment\n        let b = a .. 3\ntrain{minimize a with sgd(lr:0.1)}\n}\nestimator e {model=m  train_input=i()   train_steps=1}\n";
+        let want = "use std.nn.{dense, relu}\nfn g() { [\n  -1,\n  -2] }\nparams {                 // the params\n  batch_size: int = 128  // per run\n  hidden: [int] = [256, 256]\n}\n\nfn f(x, y: int) { x * -1 + y |> relu }\nmodel m(features: f32[B, 4]) {\n  let a = features\n    |> map |r| r\n  // a comment\n  let b = a..3\n  train { minimize a with sgd(lr: 0.1) }\n}\nestimator e { model = m  train_input = i()  train_steps = 1 }\n";
+        assert_eq!(fmt(src), want);
+        assert_eq!(fmt(want), want);
+    }
+
+    #[test]
+    fn trailing_comments_line_up_as_the_output_has_them() {
+        // the blank line after `{` goes, so the two comments become neighbours
+        let src = "params {  // the params\n\n  batch_size: int = 8  // per run\n}\n";
+        let want = "params {               // the params\n  batch_size: int = 8  // per run\n}\n";
+        assert_eq!(fmt(src), want);
+        assert_eq!(fmt(want), want);
+        // a block comment, CRLF line ends, a byte-order mark, a comment at the end
+        let src = "\u{feff}fn f(x) {\r\n  /* a\r\n b */ x\r\n}\r\n// end";
+        let want = "fn f(x) {\n  /* a\n b */ x\n}\n// end\n";
         assert_eq!(fmt(src), want);
         assert_eq!(fmt(want), want);
     }
