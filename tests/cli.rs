@@ -182,6 +182,13 @@ fn param_overrides_reach_the_graph() {
         "{}",
         stdout(&bad)
     );
+    // it suggests `hidden`, but its span is the override's value, so it has no fix
+    assert!(
+        stdout(&bad).contains("did you mean `hidden`?"),
+        "{}",
+        stdout(&bad)
+    );
+    assert!(stdout(&bad).contains("\"fixes\":[]"), "{}", stdout(&bad));
     let yaml = scratch(
         "params.yaml",
         "batch_size: 64\nlearning_rate: 0.5\nhidden: [32, 16]\n",

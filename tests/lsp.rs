@@ -1195,13 +1195,35 @@ fn quick_fix(init: Value, text: &str, code: &str) -> (String, Value) {
     (fixed, action)
 }
 
+/// SHAPES with an eval input of its own (`digits_eval`), so that fixes of the train
+/// input's pipeline change nothing evaluation reads.
+fn own_train_input(text: &str) -> String {
+    let start = SHAPES.find("input digits(").unwrap();
+    let end = start + SHAPES[start..].find("\n}\n").unwrap() + 3;
+    let eval = SHAPES[start..end].replace("input digits(", "input digits_eval(");
+    let text = text.replace("eval_input = digits(16)", "eval_input = digits_eval(16)");
+    format!("{text}\n{eval}")
+}
+
 #[test]
 fn quick_fixes_resolve_their_diagnostics() {
     let host = json!({"target": "host"});
+    // a fix of the train input's pipeline is offered only when evaluation does not
+    // read it too (it would drop eval's last batch, or never end)
+    let mut c = Client::start(host.clone());
+    let shared = SHAPES.replace("batch(size, drop_remainder: true)", "batch(size)");
+    let d = c.open(MAIN, &shared);
+    let diag = d["diagnostics"][0].clone();
+    assert_eq!(diag["code"], "E0502", "{d}");
+    let r = c.request(
+        "textDocument/codeAction",
+        json!({"textDocument": {"uri": MAIN}, "range": diag["range"], "context": {"diagnostics": [diag]}}),
+    );
+    assert_eq!(r["result"], json!([]), "{r}");
     // a partial last batch in training
     let (t, action) = quick_fix(
         host.clone(),
-        &SHAPES.replace("batch(size, drop_remainder: true)", "batch(size)"),
+        &own_train_input(&SHAPES.replace("batch(size, drop_remainder: true)", "batch(size)")),
         "E0502",
     );
     assert!(t.contains("batch(size, drop_remainder: true)"), "{t}");
@@ -1209,14 +1231,21 @@ fn quick_fixes_resolve_their_diagnostics() {
     insta::assert_snapshot!("code_action", pretty(&action));
     let (t, _) = quick_fix(
         host.clone(),
-        &SHAPES.replace("drop_remainder: true", "drop_remainder: false"),
+        &own_train_input(&SHAPES.replace("drop_remainder: true", "drop_remainder: false")),
+        "E0502",
+    );
+    assert!(t.contains("batch(size, drop_remainder: true)"), "{t}");
+    // after a trailing comma
+    let (t, _) = quick_fix(
+        host.clone(),
+        &own_train_input(&SHAPES.replace("batch(size, drop_remainder: true)", "batch(size,)")),
         "E0502",
     );
     assert!(t.contains("batch(size, drop_remainder: true)"), "{t}");
     // a train input without `repeat`, on the wafer
     let (t, _) = quick_fix(
         json!({"target": "wafer"}),
-        &SHAPES.replace("    |> repeat\n", ""),
+        &own_train_input(&SHAPES.replace("    |> repeat\n", "")),
         "E0503",
     );
     assert!(t.contains("|> repeat |> batch(size"), "{t}");
@@ -1245,6 +1274,19 @@ fn quick_fixes_resolve_their_diagnostics() {
         "E0305",
     );
     assert!(t.contains("let twice = logits * 2.0;\n"), "{t}");
+    // inside a call's parentheses `;` cannot go: no fix
+    let mut c = Client::start(host.clone());
+    let inside = SHAPES.replace("dense(h, 10)", "dense(h\n    (h), 10)");
+    let d = c.open(MAIN, &inside);
+    let diag = (d["diagnostics"].as_array().unwrap().iter())
+        .find(|d| d["code"] == "E0305")
+        .unwrap_or_else(|| panic!("{d}"))
+        .clone();
+    let r = c.request(
+        "textDocument/codeAction",
+        json!({"textDocument": {"uri": MAIN}, "range": diag["range"], "context": {"diagnostics": [diag]}}),
+    );
+    assert_eq!(r["result"], json!([]), "{r}");
     // checkpoints between loop boundaries
     let (t, action) = quick_fix(
         host,

@@ -170,9 +170,9 @@ impl Diags {
     }
 }
 
-/// The name a "did you mean `x`?" help suggests.
+/// The name a help that starts "did you mean `x`?" suggests.
 pub fn suggested_name(help: &str) -> Option<&str> {
-    help.strip_prefix("did you mean `")?.strip_suffix("`?")
+    Some(help.strip_prefix("did you mean `")?.split_once("`?")?.0)
 }
 
 /// "did you mean `x`?" for the closest of `candidates`, if any is close enough.

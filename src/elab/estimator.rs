@@ -370,6 +370,7 @@ fn estimator<'p>(
     let mut diags = std::mem::take(&mut el.diags);
     let info_hovers = el.hovers.take().unwrap_or_default();
     let mut compiled = Vec::new();
+    let fixable = train_input_item(p, e);
     for &mode in &opts.modes {
         // Eval falls back to the train input, predict to the eval and then the train
         // input, so that every mode's graph is checked.
@@ -439,7 +440,7 @@ fn estimator<'p>(
         if let (Some(ds), Some((mm, mi))) = (dataset, model) {
             let mut ds = (*ds).clone();
             if let Some((features, labels)) =
-                input_rules(&mut el, &ds, mode, &config, input_expr.span)
+                input_rules(&mut el, &ds, mode, &config, input_expr.span, fixable)
             {
                 let labels = if mode == SectionKind::Predict {
                     None
@@ -950,10 +951,13 @@ fn drop_remainder_fix(p: &Program, d: Diag, call: Span) -> Diag {
             )
         }
         None if !text.contains("drop_remainder") => {
-            let hi = call.hi as usize - 1;
+            // after the last argument (and its trailing comma, if it has one)
+            let args = text[..text.len() - 1].trim_end();
+            let at = call.lo as usize + args.len();
+            let sep = if args.ends_with(',') { " " } else { ", " };
             (
-                Span::new(call.file, hi, hi),
-                ", drop_remainder: true".to_string(),
+                Span::new(call.file, at, at),
+                format!("{sep}drop_remainder: true"),
             )
         }
         None => return d,
@@ -1211,13 +1215,46 @@ fn model_ref<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<(ModId, usiz
 
 /// The wafer Estimator's input rules. Returns the element types of features and
 /// labels (labels absent when the elements are features only).
+/// The text a fix of the train input may edit: the `input` item that `train_input`
+/// calls, when no other mode reads it (`eval_input` and `predict_input` call other
+/// items). A fix elsewhere (a helper, or an input evaluation reads too) could make
+/// evaluation drop its last batch, or never end.
+fn train_input_item(p: &Program, e: &EstimatorItem) -> Option<Span> {
+    let callee = |x: &Expr| match &x.kind {
+        ExprKind::Call { callee, .. } => match &callee.kind {
+            ExprKind::Name(n) => Some(n.clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let train = callee(field(e, "train_input")?)?;
+    let eval = field(e, "eval_input")?;
+    // (each other input must call another item)
+    for x in [Some(eval), field(e, "predict_input")]
+        .into_iter()
+        .flatten()
+    {
+        match callee(x) {
+            Some(n) if n != train => {}
+            _ => return None,
+        }
+    }
+    match p.lookup(p.root, &train)? {
+        crate::program::Def::Item(m, i) => Some(p.item(m, i).span),
+        crate::program::Def::Module(_) => None,
+    }
+}
+
 fn input_rules(
     el: &mut Elab<'_>,
     ds: &Dataset,
     mode: SectionKind,
     c: &Config,
     at: Span,
+    fixable: Option<Span>,
 ) -> Option<(Elem, Option<Elem>)> {
+    let fixable =
+        |s: Span| fixable.is_some_and(|f| f.file == s.file && f.lo <= s.lo && s.hi <= f.hi);
     let elem = ds.elem().clone();
     // TensorFlow's rule: a pair is (features, labels); anything else is features alone
     let (features, labels) = match &elem {
@@ -1278,7 +1315,12 @@ fn input_rules(
                     .label(why)
                     .with(at, "used here")
                     .help("write `batch(n, drop_remainder: true)`; evaluation and prediction take a partial last batch (padded and masked), training does not");
-                    el.diags.push(drop_remainder_fix(el.p, d, b.span));
+                    let d = if fixable(b.span) {
+                        drop_remainder_fix(el.p, d, b.span)
+                    } else {
+                        d
+                    };
+                    el.diags.push(d);
                 } else {
                     // The runtime pads the last batch; `mask_padding` masks it.
                     el.graph.partial_batches = true;
@@ -1300,7 +1342,7 @@ fn input_rules(
         .help("training runs for steps, not epochs: add `|> repeat` before `batch`");
         // `|> batch(...)` (a stage's span starts at its `|>`) becomes
         // `|> repeat |> batch(...)`
-        if let Some(b) = ds.batch().map(|b| b.span) {
+        if let Some(b) = ds.batch().map(|b| b.span).filter(|&b| fixable(b)) {
             let stage = el.p.sources.text(b);
             if stage.starts_with("|>") && stage[2..].trim_start().starts_with("batch") {
                 d = d.fix(
