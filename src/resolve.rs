@@ -537,8 +537,17 @@ impl<'p> Resolver<'p> {
             }
             ExprKind::If(i) => self.if_stmt(i),
             ExprKind::Str(s) => {
-                for name in interpolated_names(s) {
-                    self.use_name(name, e.span);
+                for path in interpolations(s) {
+                    match path.as_slice() {
+                        [(_, "params"), (_, f), ..] if !self.local("params") => {
+                            if let Some(&at) = self.params_spans.get(*f) {
+                                self.refs.push((e.span, Target::ParamsField(at)));
+                            }
+                            self.use_name("params", e.span);
+                        }
+                        [(_, n), ..] if !n.is_empty() => self.use_name(n, e.span),
+                        _ => {}
+                    }
                 }
             }
             ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::Error => {}
@@ -745,22 +754,28 @@ impl<'p> Resolver<'p> {
     }
 }
 
-/// The first names of the `{name.field}` interpolations of a string literal.
-pub fn interpolated_names(s: &str) -> Vec<&str> {
+/// The interpolations of a string's text (`\{` is none): each `{a.b}`'s dotted
+/// segments, trimmed, with the byte offset of each in `s`.
+pub fn interpolations(s: &str) -> Vec<Vec<(usize, &str)>> {
     let mut out = Vec::new();
-    let mut rest = s;
-    while let Some(i) = rest.find(['{', '\\']) {
-        if rest[i..].starts_with('\\') {
-            rest = rest.get(i + 2..).unwrap_or("");
+    let mut i = 0;
+    while let Some(k) = s[i..].find(['{', '\\']) {
+        let at = i + k;
+        if s[at..].starts_with('\\') {
+            // the escaped character goes with it
+            i = at + 1 + s[at + 1..].chars().next().map_or(0, char::len_utf8);
             continue;
         }
-        let Some(j) = rest[i..].find('}') else { break };
-        let path = &rest[i + 1..i + j];
-        let first = path.split('.').next().unwrap_or("").trim();
-        if !first.is_empty() {
-            out.push(first);
+        let Some(len) = s[at..].find('}') else { break };
+        let mut segments = Vec::new();
+        let mut lo = at + 1;
+        for seg in s[at + 1..at + len].split('.') {
+            let lead = seg.len() - seg.trim_start().len();
+            segments.push((lo + lead, seg.trim()));
+            lo += seg.len() + 1;
         }
-        rest = &rest[i + j + 1..];
+        out.push(segments);
+        i = at + len + 1;
     }
     out
 }

@@ -933,10 +933,13 @@ const LIB_TEXT: &str = "/// Scales.\npub fn twice(x, scale: float = 2.0) { x * s
 fn main_text() -> String {
     SHAPES
         .replace("use std.nn.dense\n", "use std.nn.dense\nuse lib.twice\n")
-        .replace("csv(\"digits.csv\"", "csv(\"digits_{size}.csv\"")
+        .replace(
+            "csv(\"digits.csv\"",
+            "csv(\"digits_{ size }_\\{size}_{params.hidden}.csv\"",
+        )
         .replace(
             "let logits = dense(h, 10)",
-            "let logits = dense(twice(h, scale: 3.0), 10)",
+            "let logits = dense(twice((h), scale: 3.0), 10)",
         )
 }
 
@@ -1023,19 +1026,20 @@ fn rename_changes_every_use_across_the_programs_files() {
     assert!(texts[LIB].contains("pub fn scaled(x"), "{}", texts[LIB]);
     assert!(
         texts[MAIN].contains("use lib.scaled\n")
-            && texts[MAIN].contains("dense(scaled(hidden_state")
+            && texts[MAIN].contains("dense(scaled((hidden_state)")
     );
     // a parameter, from a named argument in the other file: the argument, the
     // parameter and its use in the body
+    // (with the cursor right after the name, as editors put it)
     let p = at(&texts, MAIN, "scale:", 0);
-    rename(&mut c, &mut texts, MAIN, p, "factor");
+    rename(&mut c, &mut texts, MAIN, (p.0, p.1 + 5), "factor");
     assert_eq!(
         texts[LIB],
         "/// Scales.\npub fn scaled(x, factor: float = 2.0) { x * factor }\n"
     );
-    assert!(texts[MAIN].contains("scaled(hidden_state, factor: 3.0)"));
+    assert!(texts[MAIN].contains("scaled((hidden_state), factor: 3.0)"));
     // a params field, from a use: its declaration and every `params.` use
-    let p = at(&texts, MAIN, "params.hidden", 0);
+    let p = at(&texts, MAIN, "params.hidden", 1);
     rename(&mut c, &mut texts, MAIN, (p.0, p.1 + 8), "base_width");
     assert!(
         texts[MAIN].contains("  base_width: int = 32\n")
@@ -1044,9 +1048,10 @@ fn rename_changes_every_use_across_the_programs_files() {
     // an input's parameter, used inside a string
     let p = at(&texts, MAIN, "size: int", 0);
     rename(&mut c, &mut texts, MAIN, p, "rows");
+    // (and inside a string, but not where `\{` is no interpolation)
     assert!(
         texts[MAIN].contains("digits(rows: int)")
-            && texts[MAIN].contains("\"digits_{rows}.csv\"")
+            && texts[MAIN].contains("\"digits_{ rows }_\\{size}_{params.base_width}.csv\"")
             && texts[MAIN].contains("batch(rows, "),
         "{}",
         texts[MAIN]
@@ -1075,7 +1080,14 @@ fn rename_changes_every_use_across_the_programs_files() {
         "textDocument/prepareRename",
         json!({"textDocument": {"uri": MAIN}, "position": {"line": p.0, "character": p.1}}),
     );
-    assert_eq!(r["result"], Value::Null, "{r}");
+    assert_eq!(r["error"]["code"], -32803, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no name here"),
+        "{r}"
+    );
 }
 
 #[test]

@@ -112,10 +112,19 @@ fn one(path: &Path, check: bool, color: Color) -> Outcome {
     }
     if check {
         report_difference(&name, &text, &out);
-    } else if let Err(e) = est::atomic::write(path, out.as_bytes()) {
+    } else if let Err(e) = replace(path, &out) {
         return Outcome::Failed(write_failed(&name, &e));
     }
     Outcome::Changed
+}
+
+/// Replaces a file's text atomically: the file a symbolic link names, with the
+/// permissions it had.
+fn replace(path: &Path, text: &str) -> std::io::Result<()> {
+    let target = std::fs::canonicalize(path)?;
+    let permissions = std::fs::metadata(&target)?.permissions();
+    est::atomic::write(&target, text.as_bytes())?;
+    std::fs::set_permissions(&target, permissions)
 }
 
 /// A text formatted, or the exit status after saying why not: 1 for syntax errors
@@ -167,8 +176,8 @@ fn report_difference(name: &str, text: &str, out: &str) {
     }
 }
 
-/// The `.est` files under a directory, sorted, skipping hidden directories and
-/// `target`.
+/// The `.est` files under a directory, sorted, skipping hidden directories, `target`
+/// and links to directories (which could loop).
 fn est_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
         .map(|e| e.map(|e| e.path()))
@@ -179,7 +188,10 @@ fn est_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         let skip = name
             .as_deref()
             .is_none_or(|n| n.starts_with('.') || n == "target");
-        if p.is_dir() && !skip {
+        let linked = p
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink());
+        if p.is_dir() && !skip && !linked {
             est_files(&p, out)?;
         } else if p.extension().is_some_and(|x| x == "est") {
             out.push(p);

@@ -1005,7 +1005,8 @@ fn rules_of_config(
         let written = el.p.sources.text(ckpt);
         if let Some(eq) = written.find('=') {
             let value = written[eq + 1..].trim_start();
-            if value.parse::<i64>().is_ok() {
+            // (not when `--config` overrides it: the file's number is not the one used)
+            if value.parse::<i64>() == Ok(c.save_checkpoint_steps) {
                 let lo = ckpt.hi as usize - value.len();
                 d = d.fix(
                     format!("use save_checkpoint_steps = {multiple}"),

@@ -9,6 +9,7 @@ use crate::program::{Def, Program};
 use crate::resolve::Target as Ref;
 use crate::span::{FileId, Span};
 use crate::syntax::ast::{ItemKind, SectionKind};
+use crate::syntax::lexer::Tok;
 use lsp_types as lt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -425,12 +426,15 @@ impl Analysis {
             .into_iter()
             .filter_map(|b| {
                 let end = b.span.hi as usize;
-                let is_type = !b.hints[0].starts_with("= ");
-                if is_type {
-                    return Some((end, format!(": {}", alternatives(&b.hints)), true));
+                let (values, types): (Vec<&String>, Vec<&String>) =
+                    b.hints.iter().partition(|h| h.starts_with("= "));
+                let values: Vec<String> = values.iter().map(|h| h[2..].to_string()).collect();
+                if !types.is_empty() {
+                    // (a name bound to tensors and to static values shows both)
+                    let all: Vec<String> = types.into_iter().cloned().chain(values).collect();
+                    return Some((end, format!(": {}", alternatives(&all)), true));
                 }
                 // a static value written out where it is bound needs no hint
-                let values: Vec<String> = b.hints.iter().map(|h| h[2..].to_string()).collect();
                 let written = written_value(&text[end..]);
                 (values.len() > 1 || Some(values[0].as_str()) != written)
                     .then(|| (end, format!(" = {}", alternatives(&values)), false))
@@ -478,8 +482,9 @@ impl Analysis {
 
     /// The name a rename at `offset` would change: its span, or why there is none.
     pub fn rename_target(&self, offset: usize) -> Result<(Span, Span), String> {
-        let (at, def) = self
-            .name_at(offset)
+        // (the cursor right after a name is on it)
+        let (at, def) = (self.name_at(offset))
+            .or_else(|| self.name_at(offset.checked_sub(1)?))
             .ok_or("there is no name here to rename")?;
         let old = self.program.sources.text(at);
         if def.is_empty() {
@@ -505,7 +510,7 @@ impl Analysis {
         let (at, def) = self.rename_target(offset)?;
         let old = self.program.sources.text(at).to_string();
         let toks = crate::syntax::lexer::lex(new);
-        if !matches!(toks.as_slice(), [(0, crate::syntax::lexer::Tok::Ident(n), _)] if *n == new) {
+        if !matches!(toks.as_slice(), [(0, Tok::Ident(n), _)] if *n == new) {
             return Err(format!(
                 "`{new}` is not a name: a name is a letter or `_`, then letters, digits or `_`, and not a keyword"
             ));
@@ -517,16 +522,35 @@ impl Analysis {
                 .filter(|(_, r)| self.def_span(*r) == Some(def))
                 .map(|(s, _)| *s),
         );
+        // a params field is the second segment of `{params.field}` in strings; anything
+        // else the first
+        let segment = usize::from(self.refs.iter().any(|(_, r)| *r == Ref::ParamsField(def)));
         let mut edits = Vec::new();
         for s in spans {
             let text = self.program.sources.text(s);
-            if text == old {
-                edits.push((s, new.to_string()));
-            } else if text.starts_with('"') {
-                let pattern = format!("{{{old}}}");
-                for (i, _) in text.match_indices(&pattern) {
-                    let lo = s.lo as usize + i + 1;
-                    edits.push((Span::new(s.file, lo, lo + old.len()), new.to_string()));
+            let base = s.lo as usize;
+            for (lo, tok, hi) in crate::syntax::lexer::lex(text) {
+                match tok {
+                    // (the span of `(x)` is its parentheses')
+                    Tok::Ident(n) if n == old => {
+                        edits.push((Span::new(s.file, base + lo, base + hi), new.to_string()));
+                    }
+                    Tok::Str(raw) => {
+                        for path in crate::resolve::interpolations(raw) {
+                            let first = path.first().map(|p| p.1);
+                            let hit = match segment {
+                                0 => path.first(),
+                                _ if first == Some("params") => path.get(1),
+                                _ => None,
+                            };
+                            if let Some(&(at, _)) = hit.filter(|h| h.1 == old) {
+                                let lo = base + lo + at;
+                                edits
+                                    .push((Span::new(s.file, lo, lo + old.len()), new.to_string()));
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             }
         }

@@ -69,6 +69,11 @@ pub struct Server {
     shutdown: bool,
     /// When the pending changes are to be checked.
     due: Option<Instant>,
+    /// Whether the client can be asked to ask again for inlay hints and semantic
+    /// tokens (after a change of mode or target), and the number of such requests.
+    refresh_hints: bool,
+    refresh_tokens: bool,
+    refreshes: u64,
 }
 
 /// Serves one client over `input` and `output` until `exit` or the end of the input.
@@ -83,6 +88,9 @@ pub fn serve(input: Receiver<Message>, output: Sender<Message>) -> i32 {
         initialized: false,
         shutdown: false,
         due: None,
+        refresh_hints: false,
+        refresh_tokens: false,
+        refreshes: 0,
     };
     loop {
         let msg = match s.due {
@@ -207,6 +215,23 @@ impl Server {
         self.send(Notification::new(N::METHOD.to_string(), params));
     }
 
+    /// Asks the client to ask again for the inlay hints (and the semantic tokens, when
+    /// `tokens`) of every document, if it can be asked.
+    fn refresh(&mut self, tokens: bool) {
+        let methods = [
+            (self.refresh_hints, "workspace/inlayHint/refresh"),
+            (
+                self.refresh_tokens && tokens,
+                "workspace/semanticTokens/refresh",
+            ),
+        ];
+        for (_, method) in methods.into_iter().filter(|m| m.0) {
+            self.refreshes += 1;
+            let id = RequestId::from(format!("est-refresh-{}", self.refreshes));
+            self.send(Request::new(id, method.to_string(), Value::Null));
+        }
+    }
+
     fn show_error(&self, message: String) {
         self.notify::<lt::notification::ShowMessage>(lt::ShowMessageParams {
             typ: lt::MessageType::ERROR,
@@ -234,6 +259,13 @@ impl Server {
                 Ok(p) => p,
                 Err(e) => return self.send(err(id, ErrorCode::InvalidParams, e.to_string())),
             };
+            let workspace = params.capabilities.workspace.as_ref();
+            self.refresh_hints = (workspace.and_then(|w| w.inlay_hint.as_ref()))
+                .and_then(|h| h.refresh_support)
+                .unwrap_or(false);
+            self.refresh_tokens = (workspace.and_then(|w| w.semantic_tokens.as_ref()))
+                .and_then(|t| t.refresh_support)
+                .unwrap_or(false);
             if let Some(o) = &params.initialization_options {
                 if let Some(t) = target_of(o) {
                     self.target = t;
@@ -365,12 +397,19 @@ impl Server {
                         .map(|(a, _)| inlay_hints(&a, p.range, self.mode)),
                 }
             }
-            "textDocument/prepareRename" => self.at_position(&r.params, |a, pos| {
-                Ok(match a.rename_target(pos) {
-                    Ok((at, _)) => serde_json::to_value(a.range(at))?,
-                    Err(_) => Value::Null,
-                })
-            }),
+            "textDocument/prepareRename" => {
+                let target = self.at_position(&r.params, |a, pos| {
+                    Ok(match a.rename_target(pos) {
+                        Ok((at, _)) => serde_json::to_value(a.range(at))?,
+                        Err(why) => serde_json::json!({ "refused": why }),
+                    })
+                })?;
+                // (the editor shows why a name cannot be renamed)
+                match target.get("refused").and_then(Value::as_str) {
+                    Some(why) => Err((ErrorCode::RequestFailed, why.to_string())),
+                    None => Ok(target),
+                }
+            }
             "textDocument/rename" => match serde_json::from_value::<lt::RenameParams>(r.params) {
                 Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
                 Ok(p) => {
@@ -538,8 +577,13 @@ impl Server {
                 if let Ok(p) = serde_json::from_value::<lt::DidChangeConfigurationParams>(n.params)
                 {
                     let est = p.settings.get("est").unwrap_or(&p.settings);
-                    if let Some(m) = mode_of(est) {
+                    let mode = mode_of(est).filter(|&m| m != self.mode);
+                    if let Some(m) = mode {
                         self.mode = m;
+                    }
+                    let target = target_of(est).filter(|&t| t != self.target);
+                    if mode.is_some() || target.is_some() {
+                        self.refresh(target.is_some());
                     }
                     if let Some(t) = target_of(est) {
                         if t != self.target {

@@ -235,6 +235,9 @@ fn ends_operand(t: Tok<'_>) -> bool {
             | Tok::True
             | Tok::False
             | Tok::Params
+            | Tok::Model
+            | Tok::Input
+            | Tok::Parse
             | Tok::Train
             | Tok::Eval
             | Tok::Predict

@@ -96,17 +96,13 @@ local function start(buf)
     return
   end
   local id = clients[root]
-  local running = id ~= nil and vim.lsp.get_client_by_id(id) or nil
-  if running == nil then
+  if id == nil or vim.lsp.get_client_by_id(id) == nil then
     id = vim.lsp.start_client(opts)
     clients[root] = id
   end
   if id then
+    -- (on_attach runs for this buffer once the client is initialised)
     vim.lsp.buf_attach_client(buf, id)
-    -- (a client started for another buffer called on_attach for that one only)
-    if running ~= nil and running.initialized then
-      on_attach(running, buf)
-    end
   end
 end
 
@@ -137,9 +133,13 @@ local function send_settings()
   local get = vim.lsp.get_clients or vim.lsp.get_active_clients
   for _, c in ipairs(get()) do
     if c.name == "estc" then
-      c.notify("workspace/didChangeConfiguration", {
-        settings = { est = { target = config.target, mode = config.mode } },
-      })
+      local settings = { settings = { est = { target = config.target, mode = config.mode } } }
+      -- (a method from 0.10: 0.11 warns that the field form is going)
+      if vim.fn.has("nvim-0.10") == 1 then
+        c:notify("workspace/didChangeConfiguration", settings)
+      else
+        c.notify("workspace/didChangeConfiguration", settings)
+      end
     end
   end
 end
