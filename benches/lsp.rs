@@ -148,17 +148,20 @@ fn main() {
         + 10 * 3;
     assert!(lines[line].contains("t * 0.5"));
     let col = lines[line].find("0.5").unwrap() as u32;
-    let mut edit_ms = Vec::new();
-    for k in 0..edits {
-        let version = k as i32 + 2;
-        let new = if k % 2 == 0 { "0.6" } else { "0.5" };
-        let t = Instant::now();
+    let change = |c: &Client, version: i32, new: &str| {
         c.notify(
             "textDocument/didChange",
             json!({"textDocument": {"uri": uri, "version": version}, "contentChanges": [
                 {"range": {"start": {"line": line, "character": col}, "end": {"line": line, "character": col + 3}}, "text": new}
             ]}),
         );
+    };
+    let mut edit_ms = Vec::new();
+    for k in 0..edits {
+        let version = k as i32 + 2;
+        let new = if k % 2 == 0 { "0.6" } else { "0.5" };
+        let t = Instant::now();
+        change(&c, version, new);
         let d = c.diagnostics_for(version);
         edit_ms.push(t.elapsed().as_secs_f64() * 1e3);
         assert_eq!(d["diagnostics"], json!([]));
@@ -192,12 +195,7 @@ fn main() {
         let version = (edits + k) as i32 + 2;
         let new = if k % 2 == 0 { "0.6" } else { "0.5" };
         let t = Instant::now();
-        c.notify(
-            "textDocument/didChange",
-            json!({"textDocument": {"uri": uri, "version": version}, "contentChanges": [
-                {"range": {"start": {"line": line, "character": col}, "end": {"line": line, "character": col + 3}}, "text": new}
-            ]}),
-        );
+        change(&c, version, new);
         let h = c.request(
             "textDocument/inlayHint",
             json!({"textDocument": {"uri": uri}, "range": whole}),
