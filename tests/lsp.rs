@@ -1067,7 +1067,27 @@ fn rename_changes_every_use_across_the_programs_files() {
             .contains("standard library"),
         "{r}"
     );
+    // refused: names that would clash, where the name is bound or used
     let p = at(&texts, MAIN, "let width", 0);
+    for (new, why) in [
+        ("logits", "`logits` is already bound in `mlp`"),
+        ("block", "`block` already names an item"),
+        ("relu", "`relu` already names an item"),
+        ("mode", "`mode` is a built-in name"),
+    ] {
+        let r = c.request("textDocument/rename", json!({"textDocument": {"uri": MAIN}, "position": {"line": p.0, "character": p.1 + 4}, "newName": new}));
+        assert_eq!(r["error"]["code"], -32803, "{r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains(why), "{r}");
+    }
+    let q = at(&texts, MAIN, "  base_width: int", 0);
+    let r = c.request("textDocument/rename", json!({"textDocument": {"uri": MAIN}, "position": {"line": q.0, "character": q.1 + 3}, "newName": "layers"}));
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`params` already has a field `layers`"),
+        "{r}"
+    );
     let r = c.request("textDocument/rename", json!({"textDocument": {"uri": MAIN}, "position": {"line": p.0, "character": p.1 + 4}, "newName": "model"}));
     assert!(
         r["error"]["message"]

@@ -5,7 +5,7 @@ use super::text::LineIndex;
 use super::{path_uri, Texts};
 use crate::diag::{Diag, Severity};
 use crate::elab::{Hover, Target};
-use crate::program::{Def, Program};
+use crate::program::{Def, ModId, Program};
 use crate::resolve::Target as Ref;
 use crate::span::{FileId, Span};
 use crate::syntax::ast::{ItemKind, SectionKind};
@@ -515,6 +515,9 @@ impl Analysis {
                 "`{new}` is not a name: a name is a letter or `_`, then letters, digits or `_`, and not a keyword"
             ));
         }
+        if new == old {
+            return Ok(Vec::new());
+        }
         let mut spans = vec![def];
         spans.extend(
             self.refs
@@ -525,6 +528,11 @@ impl Analysis {
         // a params field is the second segment of `{params.field}` in strings; anything
         // else the first
         let segment = usize::from(self.refs.iter().any(|(_, r)| *r == Ref::ParamsField(def)));
+        if let Some(why) = self.clash(&spans, new, segment == 1) {
+            return Err(format!(
+                "{why}: renaming `{old}` to it would change what a name refers to; choose another name"
+            ));
+        }
         let mut edits = Vec::new();
         for s in spans {
             let text = self.program.sources.text(s);
@@ -557,6 +565,47 @@ impl Analysis {
         edits.sort_by_key(|(s, _)| (s.file, s.lo));
         edits.dedup_by_key(|(s, _)| *s);
         Ok(edits)
+    }
+
+    /// Why `new` would clash where a name is defined or used (`spans`), if it would:
+    /// another params field of that name (for a params field), or a built-in name, an
+    /// item in scope, or a binding in the same item (for anything else).
+    fn clash(&self, spans: &[Span], new: &str, field: bool) -> Option<String> {
+        if field {
+            let taken = (self.program.root_module().ast.items.iter()).any(
+                |it| matches!(&it.kind, ItemKind::Params(fs) if fs.iter().any(|f| f.name.name == new)),
+            );
+            return taken.then(|| format!("`params` already has a field `{new}`"));
+        }
+        if crate::resolve::BUILTIN_VALUES.contains(&new) {
+            return Some(format!("`{new}` is a built-in name"));
+        }
+        let defined = self.definitions();
+        for s in spans {
+            let Some(m) = self.program.modules.iter().position(|m| m.file == s.file) else {
+                continue;
+            };
+            let module = &self.program.modules[m];
+            if self.program.lookup(ModId(m as u32), new).is_some() {
+                return Some(format!(
+                    "`{new}` already names an item in `{}`",
+                    module.path
+                ));
+            }
+            let inside = |it: &crate::syntax::ast::Item, x: Span| {
+                x.file == s.file && it.span.lo <= x.lo && x.hi <= it.span.hi
+            };
+            let item = module.ast.items.iter().find(|it| inside(it, *s));
+            if let Some(it) = item {
+                let bound = (defined.iter())
+                    .any(|d| inside(it, *d) && self.program.sources.text(*d) == new);
+                if bound {
+                    let name = it.name().map_or("it", |n| n.name.as_str());
+                    return Some(format!("`{new}` is already bound in `{name}`"));
+                }
+            }
+        }
+        None
     }
 
     /// Signature help at an offset inside a call's parentheses: the callee's
