@@ -671,6 +671,18 @@ impl Analysis {
     /// The document's names as semantic tokens, in order: each one's span, type and
     /// modifiers (see `TOKEN_TYPES` and `TOKEN_MODIFIERS`).
     pub fn semantic_tokens(&self) -> Vec<(Span, u32, u32)> {
+        // the parameters of the document's functions, inputs, models and closures
+        let mut params: Vec<Span> = Vec::new();
+        for it in &self.program.root_module().ast.items {
+            if let ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f) = &it.kind {
+                params.extend(f.params.iter().map(|p| p.name.span));
+            }
+            crate::syntax::depth::each_expr(it, |e| {
+                if let crate::syntax::ast::ExprKind::Closure { params: ps, .. } = &e.kind {
+                    params.extend(ps.iter().flat_map(|p| p.names()).map(|n| n.span));
+                }
+            });
+        }
         let kind_of = |def: Span, r: Option<Ref>| -> (u32, u32) {
             match r {
                 Some(Ref::Def(Def::Module(_))) => (TT_NAMESPACE, 0),
@@ -686,12 +698,17 @@ impl Analysis {
                 _ => {
                     let bound: Vec<&Binding> =
                         self.bindings.iter().filter(|b| b.span == def).collect();
-                    if bound.iter().any(|b| b.tensor) {
-                        (TT_VARIABLE, 0)
-                    } else if !bound.is_empty() && bound.iter().all(|b| b.is_static) {
-                        (TT_VARIABLE, TM_READONLY | TM_STATIC)
+                    let ty = if params.contains(&def) {
+                        TT_PARAMETER
                     } else {
-                        (TT_VARIABLE, 0)
+                        TT_VARIABLE
+                    };
+                    if bound.iter().any(|b| b.tensor) {
+                        (ty, 0)
+                    } else if !bound.is_empty() && bound.iter().all(|b| b.is_static) {
+                        (ty, TM_READONLY | TM_STATIC)
+                    } else {
+                        (ty, 0)
                     }
                 }
             }
@@ -835,7 +852,8 @@ const TT_NAMESPACE: u32 = 0;
 const TT_FUNCTION: u32 = 1;
 const TT_VARIABLE: u32 = 2;
 const TT_PROPERTY: u32 = 3;
-/// A named argument's name (`padding:` in a call).
+/// A parameter of a function, input, model or closure, and a named argument's name
+/// (`padding:` in a call).
 const TT_PARAMETER: u32 = 4;
 /// An estimator's name.
 const TT_CLASS: u32 = 5;

@@ -40,8 +40,10 @@ local function draw_hints(buf)
     for _, h in ipairs(result) do
       local l = h.position.line
       local text = vim.api.nvim_buf_get_lines(buf, l, l + 1, false)[1] or ""
-      -- the name the hint follows, and the hint (`: f32[..]` or ` = 3`)
-      local name = text:sub(1, h.position.character):match("[%w_]+$") or ""
+      -- the name the hint follows (its column counts UTF-16 units), and the hint
+      -- (`: f32[..]` or ` = 3`)
+      local ok, byte = pcall(vim.str_byteindex, text, h.position.character, true)
+      local name = text:sub(1, ok and byte or h.position.character):match("[%w_]+$") or ""
       local label = type(h.label) == "string" and h.label or ""
       if lines[l] == nil then
         lines[l] = {}
