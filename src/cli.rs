@@ -649,13 +649,7 @@ fn report(
         }
     } else {
         let stderr = std::io::stderr();
-        let color = match color {
-            Color::Always => true,
-            Color::Never => false,
-            Color::Auto => stderr.is_terminal() && std::env::var_os("NO_COLOR").is_none(),
-        };
-        let width = if stderr.is_terminal() { 120 } else { 100 };
-        let mut text = render::render_all(diags, &program.sources, render::Style { color, width });
+        let mut text = render::render_all(diags, &program.sources, stderr_style(color));
         if summary {
             let file = &program.sources.get(program.root_module().file).name;
             text.push_str(&match (errors, warnings) {
@@ -675,6 +669,21 @@ fn report(
         }
     }
     i32::from(errors > 0)
+}
+
+/// How diagnostics are drawn on stderr: in colour as `--color` says (`auto`: on a
+/// terminal, unless `NO_COLOR` is set), 120 columns wide on a terminal, 100 otherwise.
+fn stderr_style(color: Color) -> render::Style {
+    let tty = std::io::stderr().is_terminal();
+    let color = match color {
+        Color::Always => true,
+        Color::Never => false,
+        Color::Auto => tty && std::env::var_os("NO_COLOR").is_none(),
+    };
+    render::Style {
+        color,
+        width: if tty { 120 } else { 100 },
+    }
 }
 
 fn plural(n: usize) -> &'static str {

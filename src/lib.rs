@@ -225,9 +225,11 @@ fn continued(program: &Program, diags: Vec<diag::Diag>) -> Vec<diag::Diag> {
                 }
                 // the fix: `;` right after the last token before the bracket, where it
                 // ends a statement (not inside a call's or a list's brackets)
-                let text = &program.sources.get(at.file).text;
-                let before = syntax::lexer::lex(&text[..at.lo as usize]);
-                if let (Some(&(_, _, end)), true) = (before.last(), statement_level(&before)) {
+                let before = &program.sources.get(at.file).text[..at.lo as usize];
+                let in_brackets = matches!(syntax::parser::unclosed(before), Some((_, '(' | '[')));
+                if let (Some(&(_, _, end)), false) =
+                    (syntax::lexer::lex(before).last(), in_brackets)
+                {
                     let semi = span::Span::new(at.file, end, end);
                     d = d.fix("end the line above with `;`", vec![(semi, ";".into())]);
                 }
@@ -235,23 +237,6 @@ fn continued(program: &Program, diags: Vec<diag::Diag>) -> Vec<diag::Diag> {
             d
         })
         .collect()
-}
-
-/// Whether the end of these tokens is in a block or at the top level, rather than
-/// inside `(...)` or `[...]` (where `;` cannot go).
-fn statement_level(toks: &[syntax::lexer::Spanned<'_>]) -> bool {
-    use syntax::lexer::Tok;
-    let mut open: Vec<Tok<'_>> = Vec::new();
-    for (_, t, _) in toks {
-        match t {
-            Tok::LParen | Tok::LBracket | Tok::LBrace => open.push(*t),
-            Tok::RParen | Tok::RBracket | Tok::RBrace => {
-                open.pop();
-            }
-            _ => {}
-        }
-    }
-    !matches!(open.last(), Some(Tok::LParen | Tok::LBracket))
 }
 
 /// Each diagnostic whose help suggests a name for the name it points at ("did you
@@ -263,14 +248,13 @@ fn with_suggested_names(program: &Program, diags: Vec<diag::Diag>) -> Vec<diag::
             let name = d.help.as_deref().and_then(diag::suggested_name);
             let at = d.primary.span;
             let written = program.sources.text(at);
-            let is_name = matches!(syntax::lexer::lex(written).as_slice(), [(0, syntax::lexer::Tok::Ident(n), _)] if n.len() == written.len());
             // the span is the misspelled name itself: a name in a file of the program
             // (not an override's value) close to the suggestion (not a variable that
             // holds a misspelled string)
             let in_file = program.modules.iter().any(|m| m.file == at.file);
             match name {
                 Some(n)
-                    if is_name
+                    if syntax::lexer::is_name(written)
                         && in_file
                         && n != written
                         && diag::did_you_mean(written, [n]).is_some()

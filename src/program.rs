@@ -624,6 +624,21 @@ impl Program {
         }
     }
 
+    /// The function, input or model a call's callee names at the top level of module
+    /// `m`: `name`, or `name.member` where `name` is a module.
+    pub fn callee(&self, m: ModId, name: &str, member: Option<&str>) -> Option<&ast::FnItem> {
+        let def = match (self.lookup(m, name)?, member) {
+            (d, None) => d,
+            (Def::Module(inner), Some(member)) => self.member(inner, member)?,
+            (Def::Item(..), Some(_)) => return None,
+        };
+        let Def::Item(m, i) = def else { return None };
+        match &self.item(m, i).kind {
+            ast::ItemKind::Fn(f) | ast::ItemKind::Input(f) | ast::ItemKind::Model(f) => Some(f),
+            _ => None,
+        }
+    }
+
     /// What a name means at the top level of module `m`: its items, its imports, then
     /// the prelude.
     pub fn lookup(&self, m: ModId, name: &str) -> Option<Def> {

@@ -238,22 +238,18 @@ impl<'p> Resolver<'p> {
 
     /// The parameters of the item a call's callee names (`f` or `module.f`), if any.
     fn callee_params(&self, callee: &Expr) -> Option<&'p [Param]> {
-        let def = match &callee.kind {
-            ExprKind::Name(n) if !self.local(n) => self.p.lookup(self.m, n)?,
+        let (name, member) = match &callee.kind {
+            ExprKind::Name(n) => (n, None),
             ExprKind::Field(base, f) => match &base.kind {
-                ExprKind::Name(n) if !self.local(n) => match self.p.lookup(self.m, n)? {
-                    Def::Module(m) => self.p.member(m, &f.name)?,
-                    Def::Item(..) => return None,
-                },
+                ExprKind::Name(n) => (n, Some(f.name.as_str())),
                 _ => return None,
             },
             _ => return None,
         };
-        let Def::Item(m, i) = def else { return None };
-        match &self.p.item(m, i).kind {
-            ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f) => Some(&f.params),
-            _ => None,
+        if self.local(name) {
+            return None;
         }
+        Some(&self.p.callee(self.m, name, member)?.params)
     }
 
     fn fields(&mut self, fields: &[Field]) {
@@ -663,8 +659,8 @@ impl<'p> Resolver<'p> {
         c
     }
 
-    /// Marks an assignment target. False if no local has that name.
-    /// Whether an assigned name is bound; it then refers to its binding.
+    /// Marks an assignment target, a use of its binding. False if no local has that
+    /// name.
     fn assign(&mut self, name: &Ident) -> bool {
         let bound = (self.scopes.iter().rev())
             .find_map(|s| s.iter().rev().find(|b| b.name == name.name))

@@ -1,13 +1,13 @@
 //! `estc fmt`: formats `.est` files in place, checks that they are formatted
 //! (`--check`, for CI), or formats standard input to standard output.
 
-use super::{log, print_result, usage, write_failed, Color};
+use super::{log, print_result, stderr_style, usage, write_failed, Color};
 use clap::Parser;
 use est::diag::render;
 use est::program::{read_text, MAX_SOURCE_BYTES};
 use est::span::{SourceFile, SourceMap};
 use est::syntax::format::{format, FormatError};
-use std::io::{IsTerminal, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
@@ -135,16 +135,9 @@ fn formatted(name: &str, text: &str, color: Color) -> Result<String, i32> {
     match format(file, text) {
         Ok(out) => Ok(out),
         Err(FormatError::Syntax(diags)) => {
-            let stderr = std::io::stderr();
-            let color = match color {
-                Color::Always => true,
-                Color::Never => false,
-                Color::Auto => stderr.is_terminal() && std::env::var_os("NO_COLOR").is_none(),
-            };
-            let style = render::Style { color, width: 100 };
-            let mut shown = render::render_all(&diags, &sources, style);
+            let mut shown = render::render_all(&diags, &sources, stderr_style(color));
             shown.push_str(&format!("{name}: not formatted: it does not parse\n"));
-            let mut err = stderr.lock();
+            let mut err = std::io::stderr().lock();
             let _ = err.write_all(shown.as_bytes()).and_then(|()| err.flush());
             Err(1)
         }

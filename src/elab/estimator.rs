@@ -1214,8 +1214,6 @@ fn model_ref<'p>(el: &mut Elab<'p>, e: &'p EstimatorItem) -> Option<(ModId, usiz
     }
 }
 
-/// The wafer Estimator's input rules. Returns the element types of features and
-/// labels (labels absent when the elements are features only).
 /// The text a fix of the train input may edit: the `input` item that `train_input`
 /// calls, when no other mode reads it (`eval_input` and `predict_input` call other
 /// items). A fix elsewhere (a helper, or an input evaluation reads too) could make
@@ -1246,6 +1244,9 @@ fn train_input_item(p: &Program, e: &EstimatorItem) -> Option<Span> {
     }
 }
 
+/// The wafer Estimator's input rules. Returns the element types of features and
+/// labels (labels absent when the elements are features only). The fixes of the
+/// train input's `batch` edit only inside `fixable` (`train_input_item`).
 fn input_rules(
     el: &mut Elab<'_>,
     ds: &Dataset,

@@ -32,8 +32,6 @@ impl<'p> Elab<'p> {
         if self.p.is_std_file(span.file) {
             return;
         }
-        let tensor = Self::tensors(v);
-        let is_static = Self::statics(v);
         let text = match v {
             Value::Error | Value::Absent(_) => return,
             Value::Int(_) => format!("int = {}", super::value::show(v)),
@@ -48,8 +46,8 @@ impl<'p> Elab<'p> {
                 text,
                 hint: None,
                 binding: false,
-                tensor,
-                is_static,
+                tensor: false,
+                is_static: false,
             });
         }
     }
@@ -61,11 +59,22 @@ impl<'p> Elab<'p> {
             return;
         }
         self.record_hover(name.span, v);
-        let hint = self.hint(v);
+        // the inlay hint: a tensor's type (or a tuple's or record's of tensors), or a
+        // short static value (`= 256`)
+        const SHORT: usize = 24;
+        let (tensor, is_static) = (Self::tensors(v), Self::statics(v));
+        let hint = if tensor {
+            Some(self.describe(v))
+        } else {
+            let shown = super::value::show(v);
+            (is_static && shown.len() <= SHORT).then(|| format!("= {shown}"))
+        };
         if let Some(h) = self.hovers.as_mut().and_then(|h| h.last_mut()) {
             if h.span == name.span {
                 h.binding = true;
                 h.hint = hint;
+                h.tensor = tensor;
+                h.is_static = is_static;
             }
         }
     }
@@ -87,17 +96,6 @@ impl<'p> Elab<'p> {
             ),
             other => super::value::show(other),
         }
-    }
-
-    /// The inlay hint of a bound value: a tensor's type (or a tuple or record of
-    /// tensors'), or a short static value (`= 256`); `None` for anything else.
-    fn hint(&self, v: &Value<'p>) -> Option<String> {
-        const SHORT: usize = 24;
-        if Self::tensors(v) {
-            return Some(self.describe(v));
-        }
-        let shown = super::value::show(v);
-        (Self::statics(v) && shown.len() <= SHORT).then(|| format!("= {shown}"))
     }
 
     /// A tensor, or a tuple or record of tensors.

@@ -50,9 +50,9 @@ pub struct Hover {
     pub hint: Option<String>,
     /// Whether `span` is a name being bound rather than an expression.
     pub binding: bool,
-    /// Whether the value is a tensor (or a tuple or record of them), or static (a
-    /// number, a string, a boolean, a list of them); neither for other values
-    /// (datasets, functions).
+    /// For a name being bound: whether the value is a tensor (or a tuple or record of
+    /// them), or static (a number, a string, a boolean, a list of them); neither for
+    /// other values (datasets, functions).
     pub tensor: bool,
     pub is_static: bool,
 }

@@ -9,8 +9,9 @@ use crate::program::{Def, ModId, Program};
 use crate::resolve::Target as Ref;
 use crate::span::{FileId, Span};
 use crate::syntax::ast::{ItemKind, SectionKind};
-use crate::syntax::lexer::Tok;
+use crate::syntax::lexer::{is_name, Tok};
 use lsp_types as lt;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -24,18 +25,18 @@ pub struct Analysis {
     refs: Vec<(Span, Ref)>,
     /// Expressions with their types or values, shortest first.
     hovers: Vec<(Span, String)>,
-    /// Names being bound, with their values in each mode that elaborated them.
-    bindings: Vec<Binding>,
+    /// Names being bound, by the span of the name, with their values in each mode
+    /// that elaborated them.
+    bindings: BTreeMap<Span, Vec<Binding>>,
     index: LineIndex,
 }
 
-/// A name being bound (`let`, a parameter, a loop variable, a params field) and what it
-/// was bound to: in one mode's graph, or for the estimator (`mode: None`: params). A
-/// name bound several times (a loop, a function called twice, two estimators) has each
+/// What a name being bound (`let`, a parameter, a loop variable, a params field) was
+/// bound to: in one mode's graph, or for the estimator (`mode: None`: params). A name
+/// bound several times (a loop, a function called twice, two estimators) has each
 /// distinct value once, in the order they were met.
 #[derive(Debug, Clone)]
 pub struct Binding {
-    pub span: Span,
     pub mode: Option<SectionKind>,
     pub texts: Vec<String>,
     pub hints: Vec<String>,
@@ -45,23 +46,23 @@ pub struct Binding {
 }
 
 /// Groups the bindings of one elaboration's hovers into `out`, in `mode`.
-fn gather(out: &mut Vec<Binding>, hovers: &[Hover], mode: Option<SectionKind>) {
+fn gather(out: &mut BTreeMap<Span, Vec<Binding>>, hovers: &[Hover], mode: Option<SectionKind>) {
     for h in hovers.iter().filter(|h| h.binding) {
-        let i = match out.iter().position(|b| b.span == h.span && b.mode == mode) {
+        let modes = out.entry(h.span).or_default();
+        let i = match modes.iter().position(|b| b.mode == mode) {
             Some(i) => i,
             None => {
-                out.push(Binding {
-                    span: h.span,
+                modes.push(Binding {
                     mode,
                     texts: Vec::new(),
                     hints: Vec::new(),
                     tensor: false,
                     is_static: false,
                 });
-                out.len() - 1
+                modes.len() - 1
             }
         };
-        let b = &mut out[i];
+        let b = &mut modes[i];
         b.tensor |= h.tensor;
         b.is_static |= h.is_static;
         if !b.texts.contains(&h.text) {
@@ -106,7 +107,7 @@ impl Analysis {
             .filter(|h| !h.binding)
             .map(|h| (h.span, h.text.clone()))
             .collect();
-        let mut bindings = Vec::new();
+        let mut bindings = BTreeMap::new();
         for e in &checked.estimators {
             gather(&mut bindings, &e.hovers, None);
         }
@@ -363,16 +364,11 @@ impl Analysis {
     /// Hover on a name being bound: its line, and its values in each mode (one line
     /// when every mode agrees).
     fn binding_hover(&self, offset: usize) -> Option<(String, Span)> {
-        let at = self
-            .bindings
-            .iter()
-            .find(|b| self.contains(b.span, offset))?
-            .span;
-        let all: Vec<&Binding> = self.bindings.iter().filter(|b| b.span == at).collect();
+        let (&at, all) = (self.bindings.iter()).find(|(s, _)| self.contains(**s, offset))?;
         let (sig, doc) = self.signature(Ref::Local(at), at);
         let mut out = format!("```est\n{sig}\n```\n");
         let same = all.iter().all(|b| b.texts == all[0].texts);
-        for b in &all {
+        for b in all {
             let values: Vec<String> = b.texts.iter().map(|t| format!("`{t}`")).collect();
             match b.mode {
                 Some(m) if !same => {
@@ -409,23 +405,13 @@ impl Analysis {
             None => 1,
             Some(x) => 2 + x as usize,
         };
-        let mut chosen: Vec<&Binding> = Vec::new();
-        for b in &self.bindings {
-            let end = b.span.hi as usize;
-            if b.span.file != self.root || end < lo || end > hi || b.hints.is_empty() {
-                continue;
-            }
-            match chosen.iter_mut().find(|c| c.span == b.span) {
-                Some(c) if order(b.mode) < order(c.mode) => *c = b,
-                Some(_) => {}
-                None => chosen.push(b),
-            }
-        }
-        chosen.sort_by_key(|b| b.span.lo);
-        chosen
-            .into_iter()
-            .filter_map(|b| {
-                let end = b.span.hi as usize;
+        (self.bindings.iter())
+            .filter(|(s, _)| s.file == self.root && (lo..=hi).contains(&(s.hi as usize)))
+            .filter_map(|(s, modes)| {
+                let b = (modes.iter())
+                    .filter(|b| !b.hints.is_empty())
+                    .min_by_key(|b| order(b.mode))?;
+                let end = s.hi as usize;
                 let (values, types): (Vec<&String>, Vec<&String>) =
                     b.hints.iter().partition(|h| h.starts_with("= "));
                 let values: Vec<String> = values.iter().map(|h| h[2..].to_string()).collect();
@@ -450,7 +436,7 @@ impl Analysis {
             .iter()
             .filter_map(|(_, r)| self.def_span(*r))
             .collect();
-        out.extend(self.bindings.iter().map(|b| b.span));
+        out.extend(self.bindings.keys());
         for m in self.program.modules.iter().filter(|m| !m.is_std) {
             for it in &m.ast.items {
                 if let Some(n) = it.name() {
@@ -509,8 +495,7 @@ impl Analysis {
     pub fn rename(&self, offset: usize, new: &str) -> Result<Vec<(Span, String)>, String> {
         let (at, def) = self.rename_target(offset)?;
         let old = self.program.sources.text(at).to_string();
-        let toks = crate::syntax::lexer::lex(new);
-        if !matches!(toks.as_slice(), [(0, Tok::Ident(n), _)] if *n == new) {
+        if !is_name(new) {
             return Err(format!(
                 "`{new}` is not a name: a name is a letter or `_`, then letters, digits or `_`, and not a keyword"
             ));
@@ -525,10 +510,10 @@ impl Analysis {
                 .filter(|(_, r)| self.def_span(*r) == Some(def))
                 .map(|(s, _)| *s),
         );
-        // a params field is the second segment of `{params.field}` in strings; anything
-        // else the first
-        let segment = usize::from(self.refs.iter().any(|(_, r)| *r == Ref::ParamsField(def)));
-        if let Some(why) = self.clash(&spans, new, segment == 1) {
+        // (a params field is the second segment of `{params.field}` in strings; anything
+        // else the first)
+        let field = self.params_fields().any(|f| f.name.span == def);
+        if let Some(why) = self.clash(&spans, new, field) {
             return Err(format!(
                 "{why}: renaming `{old}` to it would change what a name refers to; choose another name"
             ));
@@ -545,10 +530,9 @@ impl Analysis {
                     }
                     Tok::Str(raw) => {
                         for path in crate::resolve::interpolations(raw) {
-                            let first = path.first().map(|p| p.1);
-                            let hit = match segment {
-                                0 => path.first(),
-                                _ if first == Some("params") => path.get(1),
+                            let hit = match path.as_slice() {
+                                [(_, "params"), f, ..] if field => Some(f),
+                                [n, ..] if !field => Some(n),
                                 _ => None,
                             };
                             if let Some(&(at, _)) = hit.filter(|h| h.1 == old) {
@@ -567,14 +551,20 @@ impl Analysis {
         Ok(edits)
     }
 
+    /// The fields of the document's `params` blocks.
+    fn params_fields(&self) -> impl Iterator<Item = &crate::syntax::ast::ParamField> {
+        (self.program.root_module().ast.items.iter()).flat_map(|it| match &it.kind {
+            ItemKind::Params(fs) => fs.as_slice(),
+            _ => &[],
+        })
+    }
+
     /// Why `new` would clash where a name is defined or used (`spans`), if it would:
     /// another params field of that name (for a params field), or a built-in name, an
     /// item in scope, or a binding in the same item (for anything else).
     fn clash(&self, spans: &[Span], new: &str, field: bool) -> Option<String> {
         if field {
-            let taken = (self.program.root_module().ast.items.iter()).any(
-                |it| matches!(&it.kind, ItemKind::Params(fs) if fs.iter().any(|f| f.name.name == new)),
-            );
+            let taken = self.params_fields().any(|f| f.name.name == new);
             return taken.then(|| format!("`params` already has a field `{new}`"));
         }
         if crate::resolve::BUILTIN_VALUES.contains(&new) {
@@ -608,6 +598,16 @@ impl Analysis {
         None
     }
 
+    /// The function, input or model a callee written in the document names (`f`,
+    /// `module.f`).
+    fn callee(&self, written: &str) -> Option<&crate::syntax::ast::FnItem> {
+        let (name, member) = match written.split_once('.') {
+            Some((name, member)) => (name, Some(member)),
+            None => (written, None),
+        };
+        self.program.callee(self.program.root, name, member)
+    }
+
     /// Signature help at an offset inside a call's parentheses: the callee's
     /// signature, its parameters' ranges in it, its doc comment and the parameter
     /// the argument at the offset is for.
@@ -615,18 +615,7 @@ impl Analysis {
         let text = self.text(self.root);
         let offset = offset.min(text.len());
         let (open, callee) = open_call(&text[..offset])?;
-        let def = match callee.split_once('.') {
-            None => self.program.lookup(self.program.root, &callee)?,
-            Some((base, name)) => match self.program.lookup(self.program.root, base)? {
-                Def::Module(m) => self.program.member(m, name)?,
-                Def::Item(..) => return None,
-            },
-        };
-        let Def::Item(m, i) = def else { return None };
-        let item = self.program.item(m, i);
-        let (ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f)) = &item.kind else {
-            return None;
-        };
+        let f = self.callee(&callee)?;
         let src = self.text(f.name.span.file);
         let mut label = format!("{}(", f.name.name);
         let mut params = Vec::new();
@@ -659,7 +648,11 @@ impl Analysis {
             Some(k) => k,
             None => commas + usize::from(piped),
         };
-        let (_, doc) = self.signature(Ref::Def(def), f.name.span);
+        // (the doc comment above the line the item starts on)
+        let line_start = src[..f.name.span.lo as usize]
+            .rfind('\n')
+            .map_or(0, |i| i + 1);
+        let doc = doc_above(src, line_start);
         Some(Signature {
             label,
             params,
@@ -696,8 +689,7 @@ impl Analysis {
                 }
                 Some(Ref::ParamsField(_)) => (TT_PROPERTY, TM_READONLY),
                 _ => {
-                    let bound: Vec<&Binding> =
-                        self.bindings.iter().filter(|b| b.span == def).collect();
+                    let bound = self.bindings.get(&def).map_or(&[][..], Vec::as_slice);
                     let ty = if params.contains(&def) {
                         TT_PARAMETER
                     } else {
@@ -713,6 +705,7 @@ impl Analysis {
                 }
             }
         };
+        let text = self.text(self.root);
         let mut out: Vec<(Span, u32, u32)> = Vec::new();
         for (s, r) in &self.refs {
             if s.file != self.root || !is_name(self.program.sources.text(*s)) {
@@ -722,7 +715,6 @@ impl Analysis {
                 continue;
             };
             // (a use followed by `:` is a named argument)
-            let text = self.text(self.root);
             let named = text[s.hi as usize..].trim_start().starts_with(':');
             let (t, m) = if named {
                 (TT_PARAMETER, 0)
@@ -747,9 +739,9 @@ impl Analysis {
                 }
             }
         }
-        for b in self.bindings.iter().filter(|b| b.span.file == self.root) {
-            let (t, m) = kind_of(b.span, None);
-            out.push((b.span, t, m | TM_DECLARATION));
+        for &s in self.bindings.keys().filter(|s| s.file == self.root) {
+            let (t, m) = kind_of(s, None);
+            out.push((s, t, m | TM_DECLARATION));
         }
         out.sort_by_key(|(s, _, _)| (s.lo, s.hi));
         out.dedup_by_key(|(s, _, _)| s.lo);
@@ -781,19 +773,7 @@ impl Analysis {
                 sig.truncate(i);
             }
         }
-        let mut doc: Vec<&str> = Vec::new();
-        let mut at = line_start;
-        while at > 0 {
-            let prev_start = text[..at - 1].rfind('\n').map_or(0, |i| i + 1);
-            let line = text[prev_start..at - 1].trim();
-            match line.strip_prefix("///") {
-                Some(d) => doc.push(d.trim()),
-                None => break,
-            }
-            at = prev_start;
-        }
-        doc.reverse();
-        (sig, doc.join("\n"))
+        (sig, doc_above(text, line_start))
     }
 
     fn item_names(&self) -> Vec<(String, lt::CompletionItemKind)> {
@@ -830,6 +810,23 @@ impl Analysis {
     }
 }
 
+/// The `///` comment on the lines just above the line that starts at `line_start`.
+fn doc_above(text: &str, line_start: usize) -> String {
+    let mut doc: Vec<&str> = Vec::new();
+    let mut at = line_start;
+    while at > 0 {
+        let prev_start = text[..at - 1].rfind('\n').map_or(0, |i| i + 1);
+        let line = text[prev_start..at - 1].trim();
+        match line.strip_prefix("///") {
+            Some(d) => doc.push(d.trim()),
+            None => break,
+        }
+        at = prev_start;
+    }
+    doc.reverse();
+    doc.join("\n")
+}
+
 /// Signature help: a callee's signature, each parameter's byte range in it, its doc
 /// comment, and the parameter being written.
 pub struct Signature {
@@ -864,11 +861,6 @@ const TM_DECLARATION: u32 = 1;
 const TM_READONLY: u32 = 2;
 const TM_STATIC: u32 = 4;
 const TM_DEFAULT_LIBRARY: u32 = 8;
-
-/// Whether a text is a name (an identifier that is not a keyword).
-fn is_name(t: &str) -> bool {
-    matches!(crate::syntax::lexer::lex(t).as_slice(), [(0, crate::syntax::lexer::Tok::Ident(n), _)] if n.len() == t.len())
-}
 
 /// The innermost call whose `(` is open at the end of `text`: the offset of its `(`
 /// and its callee (`f` or `module.f`).
@@ -966,14 +958,10 @@ pub fn completion(a: &Analysis, offset: usize) -> lt::CompletionResponse {
     if let Some(base) = before_word.strip_suffix('.') {
         let name = last_word(base);
         if name == "params" {
-            for it in &a.program.root_module().ast.items {
-                if let ItemKind::Params(fs) = &it.kind {
-                    items.extend(
-                        fs.iter()
-                            .map(|f| item(&f.name.name, lt::CompletionItemKind::FIELD)),
-                    );
-                }
-            }
+            items.extend(
+                a.params_fields()
+                    .map(|f| item(&f.name.name, lt::CompletionItemKind::FIELD)),
+            );
         } else if let Some(Def::Module(m)) = a.program.lookup(a.program.root, &name) {
             items.extend(
                 a.program
@@ -986,21 +974,15 @@ pub fn completion(a: &Analysis, offset: usize) -> lt::CompletionResponse {
         return lt::CompletionResponse::Array(sorted(items));
     }
     // inside a call: its named arguments first
-    if let Some(callee) = enclosing_call(&text[..offset]) {
-        if let Some(Def::Item(m, i)) = a.program.lookup(a.program.root, &callee) {
-            if let ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f) =
-                &a.program.item(m, i).kind
-            {
-                for p in &f.params {
-                    let mut c = item(
-                        format!("{}:", p.name.name),
-                        lt::CompletionItemKind::PROPERTY,
-                    );
-                    c.insert_text = Some(format!("{}: ", p.name.name));
-                    c.sort_text = Some(format!("0{}", p.name.name));
-                    items.push(c);
-                }
-            }
+    if let Some(f) = open_call(&text[..offset]).and_then(|(_, callee)| a.callee(&callee)) {
+        for p in &f.params {
+            let mut c = item(
+                format!("{}:", p.name.name),
+                lt::CompletionItemKind::PROPERTY,
+            );
+            c.insert_text = Some(format!("{}: ", p.name.name));
+            c.sort_text = Some(format!("0{}", p.name.name));
+            items.push(c);
         }
     }
     for (n, k) in a.item_names() {
@@ -1029,25 +1011,6 @@ fn last_word(text: &str) -> String {
             i + text[i..].chars().next().map_or(1, char::len_utf8)
         });
     text[start..].to_string()
-}
-
-/// The name of the innermost call whose `(` is open before the end of `text`.
-fn enclosing_call(text: &str) -> Option<String> {
-    let mut depth = 0i32;
-    for (i, c) in text.char_indices().rev() {
-        match c {
-            ')' | ']' => depth += 1,
-            '[' => depth -= 1,
-            '(' if depth > 0 => depth -= 1,
-            '(' => {
-                let name = last_word(&text[..i]);
-                return (!name.is_empty()).then_some(name);
-            }
-            '{' | '}' if depth == 0 => return None,
-            _ => {}
-        }
-    }
-    None
 }
 
 /// Names bound before the end of `text` in the item it ends in: `let` names, `for`

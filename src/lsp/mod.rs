@@ -378,70 +378,52 @@ impl Server {
             "textDocument/completion" => self.at_position(&r.params, |a, pos| {
                 serde_json::to_value(analysis::completion(a, pos))
             }),
-            "textDocument/documentSymbol" => {
-                match serde_json::from_value::<lt::DocumentSymbolParams>(r.params) {
-                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
-                    Ok(p) => match self.analysed(p.text_document.uri.as_str()) {
-                        Err(e) => Err(e),
-                        Ok((a, _)) => {
-                            Ok(serde_json::to_value(analysis::symbols(&a)).unwrap_or(Value::Null))
-                        }
-                    },
-                }
-            }
+            "textDocument/documentSymbol" => self.on_document(
+                r.params,
+                |p: &lt::DocumentSymbolParams| &p.text_document.uri,
+                |a, _| Ok(serde_json::to_value(analysis::symbols(a)).unwrap_or(Value::Null)),
+            ),
             "textDocument/inlayHint" => {
-                match serde_json::from_value::<lt::InlayHintParams>(r.params) {
-                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
-                    Ok(p) => self
-                        .analysed(p.text_document.uri.as_str())
-                        .map(|(a, _)| inlay_hints(&a, p.range, self.mode)),
-                }
+                let mode = self.mode;
+                self.on_document(
+                    r.params,
+                    |p: &lt::InlayHintParams| &p.text_document.uri,
+                    |a, p| Ok(inlay_hints(a, p.range, mode)),
+                )
             }
-            "textDocument/prepareRename" => {
-                let target = self.at_position(&r.params, |a, pos| {
-                    Ok(match a.rename_target(pos) {
-                        Ok((at, _)) => serde_json::to_value(a.range(at))?,
-                        Err(why) => serde_json::json!({ "refused": why }),
-                    })
-                })?;
-                // (the editor shows why a name cannot be renamed)
-                match target.get("refused").and_then(Value::as_str) {
-                    Some(why) => Err((ErrorCode::RequestFailed, why.to_string())),
-                    None => Ok(target),
-                }
-            }
-            "textDocument/rename" => match serde_json::from_value::<lt::RenameParams>(r.params) {
-                Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
-                Ok(p) => {
-                    let uri = p.text_document_position.text_document.uri.as_str();
-                    self.analysed(uri).and_then(|(a, _)| {
-                        let pos = a.offset(p.text_document_position.position);
-                        match a.rename(pos, &p.new_name) {
-                            Ok(edits) => Ok(workspace_edit(&a, edits)),
-                            Err(m) => Err((ErrorCode::RequestFailed, m)),
-                        }
-                    })
-                }
-            },
+            // (an error says why a name cannot be renamed, and the editor shows it)
+            "textDocument/prepareRename" => self.on_document(
+                r.params,
+                |p: &lt::TextDocumentPositionParams| &p.text_document.uri,
+                |a, p| match a.rename_target(a.offset(p.position)) {
+                    Ok((at, _)) => Ok(serde_json::to_value(a.range(at)).unwrap_or(Value::Null)),
+                    Err(why) => Err((ErrorCode::RequestFailed, why)),
+                },
+            ),
+            "textDocument/rename" => self.on_document(
+                r.params,
+                |p: &lt::RenameParams| &p.text_document_position.text_document.uri,
+                |a, p| {
+                    let at = a.offset(p.text_document_position.position);
+                    match a.rename(at, &p.new_name) {
+                        Ok(edits) => Ok(workspace_edit(a, edits)),
+                        Err(m) => Err((ErrorCode::RequestFailed, m)),
+                    }
+                },
+            ),
             "textDocument/signatureHelp" => self.at_position(&r.params, |a, pos| {
                 serde_json::to_value(signature_help(a, pos))
             }),
-            "textDocument/semanticTokens/full" => {
-                match serde_json::from_value::<lt::SemanticTokensParams>(r.params) {
-                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
-                    Ok(p) => self
-                        .analysed(p.text_document.uri.as_str())
-                        .map(|(a, _)| semantic_tokens(&a)),
-                }
-            }
-            "textDocument/codeAction" => {
-                match serde_json::from_value::<lt::CodeActionParams>(r.params) {
-                    Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
-                    Ok(p) => self
-                        .analysed(p.text_document.uri.as_str())
-                        .map(|(a, _)| code_actions(&a, p.range)),
-                }
-            }
+            "textDocument/semanticTokens/full" => self.on_document(
+                r.params,
+                |p: &lt::SemanticTokensParams| &p.text_document.uri,
+                |a, _| Ok(semantic_tokens(a)),
+            ),
+            "textDocument/codeAction" => self.on_document(
+                r.params,
+                |p: &lt::CodeActionParams| &p.text_document.uri,
+                |a, p| Ok(code_actions(a, p.range)),
+            ),
             "textDocument/formatting" => {
                 match serde_json::from_value::<lt::DocumentFormattingParams>(r.params) {
                     Err(e) => Err((ErrorCode::InvalidParams, e.to_string())),
@@ -477,6 +459,20 @@ impl Server {
         let (a, _) = self.analysed(p.text_document.uri.as_str())?;
         let offset = a.offset(p.position);
         Ok(f(&a, offset).unwrap_or(Value::Null))
+    }
+
+    /// Runs a request on the up-to-date analysis of the open document its params
+    /// (`P`) name.
+    fn on_document<P: serde::de::DeserializeOwned>(
+        &mut self,
+        params: Value,
+        uri: impl Fn(&P) -> &lt::Uri,
+        f: impl FnOnce(&Analysis, P) -> Result<Value, (ErrorCode, String)>,
+    ) -> Result<Value, (ErrorCode, String)> {
+        let p: P = serde_json::from_value(params)
+            .map_err(|e| (ErrorCode::InvalidParams, e.to_string()))?;
+        let (a, _) = self.analysed(uri(&p).as_str())?;
+        f(&a, p)
     }
 
     /// The document's analysis, made now if its text changed since the last one.
@@ -756,23 +752,24 @@ fn inlay_hints(a: &Analysis, range: lt::Range, mode: SectionKind) -> Value {
 
 /// The quick fixes of the diagnostics shown in a range.
 fn code_actions(a: &Analysis, range: lt::Range) -> Value {
-    let actions: Vec<lt::CodeAction> = a
+    let actions: Vec<Value> = a
         .fixes(a.offset(range.start), a.offset(range.end))
         .into_iter()
         .map(|(diagnostic, fix)| {
-            let edits = fix.edits.iter().map(|e| (e.span, e.text.clone())).collect();
-            let edit = serde_json::from_value(workspace_edit(a, edits)).ok();
-            lt::CodeAction {
+            let action = lt::CodeAction {
                 title: fix.title.clone(),
                 kind: Some(lt::CodeActionKind::QUICKFIX),
                 diagnostics: Some(vec![diagnostic]),
-                edit,
                 is_preferred: Some(true),
                 ..Default::default()
-            }
+            };
+            let mut action = serde_json::to_value(action).unwrap_or(Value::Null);
+            let edits = fix.edits.iter().map(|e| (e.span, e.text.clone())).collect();
+            action["edit"] = workspace_edit(a, edits);
+            action
         })
         .collect();
-    serde_json::to_value(actions).unwrap_or(Value::Null)
+    Value::Array(actions)
 }
 
 /// Rename's edits as a workspace edit: the edits of each file, by URI.

@@ -46,14 +46,15 @@ pub fn format(file: FileId, src: &str) -> Result<String, FormatError> {
     if !errors.is_empty() {
         return Err(FormatError::Syntax(errors));
     }
-    let out = layout(src, &field_starts(&module));
-    let (before, after) = (parts(src), parts(&out));
+    let input = pieces(src);
+    let out = layout(src, &input, &field_starts(&module));
+    let (before, after) = (parts(&input), parts(&pieces(&out)));
     if before == after {
         return Ok(out);
     }
     // where they part: the first piece that differs, or the end of the shorter
     let at = before.iter().zip(&after).position(|(a, b)| a != b);
-    let lo = pieces(src)
+    let lo = input
         .get(at.unwrap_or(before.len().min(after.len())))
         .map_or(src.len(), |p| p.lo);
     Err(FormatError::Unchanged(1 + src[..lo].matches('\n').count()))
@@ -108,11 +109,8 @@ impl Piece<'_> {
 
 /// What formatting must keep: every token, and every comment's text (without the
 /// spaces that end a line comment).
-fn parts(src: &str) -> Vec<(Kind<'_>, std::borrow::Cow<'_, str>)> {
-    pieces(src)
-        .into_iter()
-        .map(|p| (p.kind, written(&p)))
-        .collect()
+fn parts<'s>(pieces: &[Piece<'s>]) -> Vec<(Kind<'s>, std::borrow::Cow<'s, str>)> {
+    pieces.iter().map(|p| (p.kind, written(p))).collect()
 }
 
 /// A piece as the formatter writes it: a line comment without the spaces that end it,
@@ -174,11 +172,11 @@ struct Line<'s> {
     blank_before: bool,
 }
 
-/// The input's lines, with the pieces each starts.
-fn lines(src: &str) -> Vec<Line<'_>> {
-    let mut out: Vec<Line<'_>> = Vec::new();
+/// The input's lines, with the pieces (of `src`) each has.
+fn lines<'s>(src: &str, pieces: &[Piece<'s>]) -> Vec<Line<'s>> {
+    let mut out: Vec<Line<'s>> = Vec::new();
     let mut end = 0;
-    for p in pieces(src) {
+    for &p in pieces {
         let breaks = src[end..p.lo].matches('\n').count();
         match out.last_mut() {
             Some(l) if breaks == 0 => l.pieces.push(p),
@@ -304,11 +302,27 @@ fn space(prev: &Piece<'_>, next: &Piece<'_>, at: Around) -> &'static str {
     }
 }
 
-/// Lays the text out (see the module's documentation).
-fn layout(src: &str, fields: &[usize]) -> String {
-    let lines = lines(src);
-    // Each line's indentation level and code, then its trailing line comment.
-    let mut laid: Vec<(usize, String, Option<&str>, bool)> = Vec::with_capacity(lines.len());
+/// A line laid out: its indentation level, its code, its trailing line comment, and
+/// whether it ends by opening a bracket or starts by closing one.
+struct Laid<'s> {
+    level: usize,
+    code: String,
+    trailing: Option<&'s str>,
+    opens: bool,
+    closes: bool,
+}
+
+impl Laid<'_> {
+    /// Its width without the trailing comment.
+    fn width(&self) -> usize {
+        self.level * INDENT.len() + self.code.chars().count()
+    }
+}
+
+/// Lays out the text whose pieces are `pieces` (see the module's documentation).
+fn layout(src: &str, pieces: &[Piece<'_>], fields: &[usize]) -> String {
+    let lines = lines(src, pieces);
+    let mut laid: Vec<Laid<'_>> = Vec::with_capacity(lines.len());
     // the open brackets: the level of the line that opened each, and whether it is a
     // `use` list
     let mut stack: Vec<(usize, bool)> = Vec::new();
@@ -333,7 +347,7 @@ fn layout(src: &str, fields: &[usize]) -> String {
         };
         if first.is_some() {
             for w in waiting.drain(..) {
-                laid[w].0 = if first.is_some_and(is_close) {
+                laid[w].level = if first.is_some_and(is_close) {
                     inner
                 } else {
                     level
@@ -394,40 +408,35 @@ fn layout(src: &str, fields: &[usize]) -> String {
         if first.is_none() {
             waiting.push(laid.len());
         }
-        let opens = line
-            .pieces
-            .iter()
-            .rev()
+        let opens = (line.pieces.iter().rev())
             .find_map(Piece::tok)
             .is_some_and(is_open);
-        laid.push((level, code, trailing, opens));
+        laid.push(Laid {
+            level,
+            code,
+            trailing,
+            opens,
+            closes: first.is_some_and(is_close),
+        });
     }
     // a blank line stays before a line, unless it follows a line that opens a bracket
     // or comes before one that closes one (nor at the start)
     let blank: Vec<bool> = (0..laid.len())
-        .map(|k| {
-            let starts_closed = (lines[k].pieces.iter())
-                .find_map(Piece::tok)
-                .is_some_and(is_close);
-            k > 0 && lines[k].blank_before && !laid[k - 1].3 && !starts_closed
-        })
+        .map(|k| k > 0 && lines[k].blank_before && !laid[k - 1].opens && !laid[k].closes)
         .collect();
     // trailing comments of consecutive lines (in the output) line up
-    let width = |(level, code, _, _): &(usize, String, Option<&str>, bool)| {
-        level * INDENT.len() + code.chars().count()
-    };
     let mut column = vec![0; laid.len()];
     let mut i = 0;
     while i < laid.len() {
         let mut j = i;
-        while j < laid.len() && laid[j].2.is_some() && (j == i || !blank[j]) {
+        while j < laid.len() && laid[j].trailing.is_some() && (j == i || !blank[j]) {
             j += 1;
         }
         if j == i {
             i += 1;
             continue;
         }
-        let col = laid[i..j].iter().map(width).max().unwrap_or(0) + 2;
+        let col = laid[i..j].iter().map(Laid::width).max().unwrap_or(0) + 2;
         column[i..j].fill(col);
         i = j;
     }
@@ -436,12 +445,12 @@ fn layout(src: &str, fields: &[usize]) -> String {
         if blank[k] {
             out.push('\n');
         }
-        for _ in 0..l.0 {
+        for _ in 0..l.level {
             out.push_str(INDENT);
         }
-        out.push_str(&l.1);
-        if let Some(c) = l.2 {
-            let pad = column[k].saturating_sub(width(l)).max(1);
+        out.push_str(&l.code);
+        if let Some(c) = l.trailing {
+            let pad = column[k].saturating_sub(l.width()).max(1);
             out.extend(std::iter::repeat_n(' ', pad));
             out.push_str(c);
         }

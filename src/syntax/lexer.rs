@@ -219,6 +219,11 @@ pub fn lex(src: &str) -> Vec<Spanned<'_>> {
     out
 }
 
+/// Whether a text is exactly one name (an identifier that is not a keyword).
+pub fn is_name(text: &str) -> bool {
+    matches!(lex(text).as_slice(), [(0, Tok::Ident(n), _)] if n.len() == text.len())
+}
+
 /// The lexer as the iterator lalrpop wants: it never yields an error of its own.
 pub fn tokens(src: &str) -> impl Iterator<Item = Result<Spanned<'_>, std::convert::Infallible>> {
     lex(src).into_iter().map(Ok)

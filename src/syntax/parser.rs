@@ -210,7 +210,7 @@ fn continuations(module: &Module, src: &str) -> Vec<(Span, Span)> {
 }
 
 /// The innermost bracket still open at the end of the text, if any.
-fn unclosed(src: &str) -> Option<(usize, char)> {
+pub(crate) fn unclosed(src: &str) -> Option<(usize, char)> {
     let mut open: Vec<(usize, char)> = Vec::new();
     for (lo, tok, _) in lexer::lex(src) {
         match tok {
