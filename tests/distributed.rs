@@ -539,6 +539,56 @@ mod mpirun {
         assert_eq!(p(&one), p(&two));
     }
 
+    /// Ranks may run on different thread counts (`--threads` is each rank's own): rank 0
+    /// on 1 thread and rank 1 on 5, at a batch smaller than twice the threads, train the
+    /// same checkpoint bytes as one process of two shards on 2 threads.
+    #[test]
+    fn mpirun_ranks_on_different_thread_counts_train_the_same_bits() {
+        let base = super::common::scratch("dist", "mpirun-threads");
+        let (one, two) = (base.join("one"), base.join("two"));
+        let train = |d: &Path, threads: &str| {
+            let mut v: Vec<String> = ["train", "examples/digits_mlp.est", "--max-steps", "20"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            v.extend(
+                [
+                    "--param",
+                    "batch_size=8",
+                    "--threads",
+                    threads,
+                    "--model-dir",
+                ]
+                .map(String::from),
+            );
+            v.push(d.display().to_string());
+            v
+        };
+        let mut alone = train(&one, "2");
+        alone.extend(["--config".to_string(), "num_shards=2".to_string()]);
+        ok(Command::new(estc())
+            .args(args(&alone))
+            .current_dir(root())
+            .output()
+            .unwrap());
+        let o = Command::new("mpirun")
+            .args(["--oversubscribe", "-n", "1", estc()])
+            .args(args(&train(&two, "1")))
+            .args([":", "-n", "1", estc()])
+            .args(args(&train(&two, "5")))
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .current_dir(root())
+            .output()
+            .unwrap();
+        ok(o);
+        let ckpt = |d: &Path| std::fs::read(d.join("ckpt-20.safetensors")).unwrap();
+        assert!(
+            ckpt(&one) == ckpt(&two),
+            "ranks on 1 and 5 threads wrote other bytes than one process of two shards"
+        );
+    }
+
     /// The rank whose model_dir argument is `dir` and whose MPI rank is `rank`.
     fn rank_pid(dir: &Path, rank: usize) -> Option<u32> {
         let want = format!("OMPI_COMM_WORLD_RANK={rank}");
