@@ -476,8 +476,8 @@ fn check(a: CheckArgs) -> i32 {
     let mut failed = Vec::new();
     for c in &checked.graphs {
         let dump = match a.emit {
-            Some(Emit::Ir) => est::ir::dump_text(&c.graph, &graph_title(c)),
-            Some(Emit::IrDot) => est::ir::dump_dot(&c.graph, &graph_title(c)),
+            Some(Emit::Ir) => c.dump(),
+            Some(Emit::IrDot) => est::ir::dump_dot(&c.graph, &c.title()),
             Some(e @ (Emit::LlvmIr | Emit::Asm)) => {
                 let stage = if e == Emit::Asm {
                     build::Stage::Asm
@@ -486,7 +486,7 @@ fn check(a: CheckArgs) -> i32 {
                 };
                 match build::stage(&program, c, checked.estimator_span(c), stage) {
                     Ok(bytes) => {
-                        format!("; {}\n{}", graph_title(c), String::from_utf8_lossy(&bytes))
+                        format!("; {}\n{}", c.title(), String::from_utf8_lossy(&bytes))
                     }
                     Err(d) => {
                         failed.push(d);
@@ -612,10 +612,6 @@ fn config_override(kv: &str) -> Result<(String, i64), String> {
         ));
     }
     Ok((key.to_string(), value))
-}
-
-fn graph_title(c: &est::elab::Compiled) -> String {
-    format!("{}/{}/{}", c.estimator, c.mode.name(), c.target.name())
 }
 
 /// Prints diagnostics (human or JSON) without a summary; returns the exit status.

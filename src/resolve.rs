@@ -468,12 +468,17 @@ impl<'p> Resolver<'p> {
         }
     }
 
-    /// In a predict section, `name = value` names a prediction rather than assigning.
+    /// In a predict section, `name = value` names a prediction rather than assigning,
+    /// and in an eval section `loss = value` sets the loss evaluated (as elaboration
+    /// reads them): neither refers to a local of that name.
     fn section(&mut self, kind: SectionKind, body: &Block) {
         self.scopes.push(Vec::new());
         for s in &body.stmts {
             match (&s.kind, kind) {
                 (StmtKind::Assign { value, .. }, SectionKind::Predict) => self.expr(value),
+                (StmtKind::Assign { name, value }, SectionKind::Eval) if name.name == "loss" => {
+                    self.expr(value)
+                }
                 _ => self.stmt(s),
             }
         }

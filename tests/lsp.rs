@@ -1328,3 +1328,144 @@ fn quick_fixes_resolve_their_diagnostics() {
     assert!(t.contains("save_checkpoint_steps = 200 }"), "{t}");
     assert_eq!(action["title"], "use save_checkpoint_steps = 200");
 }
+
+/// The graphs of the program at `path` whose text is `text` (its imports from disk), as
+/// `estc check --emit ir --target host` prints them.
+fn ir_dumps(path: &std::path::Path, text: &str) -> Vec<String> {
+    let overlay: est::program::Overlay = std::sync::Arc::new(|_| None);
+    let program = est::Program::load_with(path, text, overlay);
+    let opts = est::CheckOptions {
+        target: est::elab::Target::Host,
+        ..Default::default()
+    };
+    est::check(&program, &opts)
+        .graphs
+        .iter()
+        .map(|c| c.dump())
+        .collect()
+}
+
+/// The LSP position (line, UTF-16 column) of a byte offset.
+fn lsp_position(text: &str, at: usize) -> (u32, u32) {
+    let line_start = text[..at].rfind('\n').map_or(0, |k| k + 1);
+    let line = text[..at].matches('\n').count() as u32;
+    (line, text[line_start..at].encode_utf16().count() as u32)
+}
+
+/// Rename never changes what a program computes: every name of every example that the
+/// server agrees to rename (one rename per definition, from its first occurrence) is
+/// renamed, and the program's IR (every graph, as `--emit ir` prints it) is the same
+/// before and after. What would change the IR is refused: a function that creates
+/// variables (their names are its name), an estimator (its graphs' names). A local
+/// named `loss` renames without touching an eval section's `loss = ...`.
+#[test]
+fn renaming_any_name_of_any_example_leaves_the_ir_unchanged() {
+    let mut c = Client::start(json!({"target": "host"}));
+    let (mut renamed, mut refused_for_meaning) = (0, 0);
+    for path in est_examples() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let uri = format!("file://{}", path.display());
+        c.open(&uri, &text);
+        let before = ir_dumps(&path, &text);
+        assert!(!before.is_empty(), "{}", path.display());
+        let mut done: Vec<(u32, u32)> = Vec::new();
+        let mut renamed_here = 0;
+        for (k, (lo, tok, _)) in est::syntax::lexer::lex(&text).into_iter().enumerate() {
+            if !matches!(tok, est::syntax::lexer::Tok::Ident(_)) {
+                continue;
+            }
+            let (line, character) = lsp_position(&text, lo);
+            if done.contains(&(line, character)) {
+                continue;
+            }
+            let pos = json!({"line": line, "character": character});
+            let p = c.request(
+                "textDocument/prepareRename",
+                json!({"textDocument": {"uri": uri}, "position": pos}),
+            );
+            if p.get("error").is_some() {
+                continue;
+            }
+            let new = format!("renamed_{k}");
+            let r = c.request(
+                "textDocument/rename",
+                json!({"textDocument": {"uri": uri}, "position": pos, "newName": new}),
+            );
+            if let Some(e) = r.get("error") {
+                let m = e["message"].as_str().unwrap_or_default();
+                assert_eq!(e["code"], -32803, "{r}");
+                refused_for_meaning += usize::from(m.contains("would change the compiled program"));
+                continue;
+            }
+            let edits = &r["result"]["changes"][&uri];
+            for e in edits.as_array().unwrap() {
+                let s = &e["range"]["start"];
+                done.push((
+                    s["line"].as_u64().unwrap() as u32,
+                    s["character"].as_u64().unwrap() as u32,
+                ));
+            }
+            let after_text = formatted(&text, edits).unwrap();
+            assert!(
+                ir_dumps(&path, &after_text) == before,
+                "{}: renaming the name at {line}:{character} to {new} changed the IR:\n{after_text}",
+                path.display()
+            );
+            renamed_here += 1;
+        }
+        assert!(
+            renamed_here >= 5,
+            "{}: only {renamed_here} renames",
+            path.display()
+        );
+        renamed += renamed_here;
+    }
+    eprintln!("{renamed} renames left the IR unchanged; {refused_for_meaning} were refused as they would change it");
+    assert!(refused_for_meaning > 0);
+    // resnet20: the local `loss`, not the eval section's setting; `conv_bn` names variables
+    let path = common_root().join("examples/resnet20.est");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let uri = format!("file://{}", path.display());
+    let at = |pat: &str| {
+        let (line, character) = lsp_position(&text, text.find(pat).unwrap());
+        json!({"line": line, "character": character})
+    };
+    let r = c.request(
+        "textDocument/rename",
+        json!({"textDocument": {"uri": uri}, "position": at("loss = cross_entropy +"), "newName": "total"}),
+    );
+    let out = formatted(&text, &r["result"]["changes"][&uri]).unwrap();
+    assert!(
+        out.contains("let total = cross_entropy +")
+            && out.contains("minimize total with")
+            && out.contains("    loss = cross_entropy\n"),
+        "{out}"
+    );
+    let r = c.request(
+        "textDocument/rename",
+        json!({"textDocument": {"uri": uri}, "position": at("conv_bn("), "newName": "cbn"}),
+    );
+    let m = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains("would change the compiled program")
+            && m.contains("conv_bn/conv2d/kernel")
+            && m.contains("cbn/conv2d/kernel"),
+        "{r}"
+    );
+}
+
+/// The example programs, sorted.
+fn est_examples() -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(common_root().join("examples"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "est"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn common_root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}

@@ -205,6 +205,23 @@ pub struct Compiled {
     pub hovers: Vec<super::Hover>,
 }
 
+impl Compiled {
+    /// The graph's name in dumps: `estimator/mode/target`.
+    pub fn title(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.estimator,
+            self.mode.name(),
+            self.target.name()
+        )
+    }
+
+    /// The graph as `estc check --emit ir` prints it.
+    pub fn dump(&self) -> String {
+        crate::ir::dump_text(&self.graph, &self.title())
+    }
+}
+
 /// Elaborates the program's estimators for the given modes and target.
 pub fn elaborate(p: &Program, opts: &ElabOptions) -> (Vec<EstimatorInfo>, Vec<Compiled>, Diags) {
     let mut diags = Diags::default();

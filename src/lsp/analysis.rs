@@ -1,15 +1,16 @@
-//! One check of an open document, and the answers drawn from it: diagnostics, hover,
-//! definitions, symbols and completions.
+//! One check of an open document, and the answers drawn from it: diagnostics, quick
+//! fixes, hover, definitions, inlay hints, signature help and semantic tokens (rename,
+//! completion and symbols, in modules of their own, draw on it too).
 
 use super::text::LineIndex;
 use super::{path_uri, Texts};
 use crate::diag::{Diag, Severity};
 use crate::elab::{Hover, Target};
-use crate::program::{Def, ModId, Program};
+use crate::program::{Def, Program};
 use crate::resolve::Target as Ref;
 use crate::span::{FileId, Span};
 use crate::syntax::ast::{ItemKind, SectionKind};
-use crate::syntax::lexer::{is_name, Tok};
+use crate::syntax::lexer::is_name;
 use lsp_types as lt;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,17 +18,24 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 pub struct Analysis {
-    program: Program,
-    root: FileId,
+    pub(super) program: Program,
+    pub(super) root: FileId,
+    /// The document's path, and where the files it imports are read from (the
+    /// editor's open documents, then the file system), on the target checked.
+    pub(super) path: PathBuf,
+    pub(super) overlay: crate::program::Overlay,
+    pub(super) target: Target,
     /// The user files the program read (the document and what it imports).
     pub files: Vec<PathBuf>,
-    diags: Vec<Diag>,
-    refs: Vec<(Span, Ref)>,
+    pub(super) diags: Vec<Diag>,
+    pub(super) refs: Vec<(Span, Ref)>,
+    /// The graph of each (estimator, mode) that elaborated.
+    pub(super) graphs: Vec<crate::elab::Compiled>,
     /// Expressions with their types or values, shortest first.
     hovers: Vec<(Span, String)>,
     /// Names being bound, by the span of the name, with their values in each mode
     /// that elaborated them.
-    bindings: BTreeMap<Span, Vec<Binding>>,
+    pub(super) bindings: BTreeMap<Span, Vec<Binding>>,
     index: LineIndex,
 }
 
@@ -91,7 +99,7 @@ impl Analysis {
     pub fn new(path: &Path, text: &str, texts: Texts, target: Target) -> Analysis {
         let overlay: crate::program::Overlay =
             Arc::new(move |p: &Path| texts.read().ok()?.get(p).cloned());
-        let program = Program::load_with(path, text, overlay);
+        let program = Program::load_with(path, text, overlay.clone());
         let opts = crate::CheckOptions {
             target,
             verify: false,
@@ -121,9 +129,13 @@ impl Analysis {
         Analysis {
             index: LineIndex::new(text),
             root,
+            path: path.to_path_buf(),
+            overlay,
+            target,
             files,
             diags: checked.diags,
             refs: checked.refs,
+            graphs: checked.graphs,
             hovers,
             bindings,
             program,
@@ -136,7 +148,7 @@ impl Analysis {
         self.index.offset(text, p).unwrap_or(text.len())
     }
 
-    fn text(&self, f: FileId) -> &str {
+    pub(super) fn text(&self, f: FileId) -> &str {
         &self.program.sources.get(f).text
     }
 
@@ -294,12 +306,12 @@ impl Analysis {
     }
 
     /// Whether the character at `offset` is in a span of the document.
-    fn contains(&self, s: Span, offset: usize) -> bool {
+    pub(super) fn contains(&self, s: Span, offset: usize) -> bool {
         s.file == self.root && (s.lo as usize) <= offset && offset < s.hi as usize
     }
 
     /// The name use at an offset, with what it refers to.
-    fn reference(&self, offset: usize) -> Option<(Span, Ref)> {
+    pub(super) fn reference(&self, offset: usize) -> Option<(Span, Ref)> {
         self.refs
             .iter()
             .filter(|(s, _)| self.contains(*s, offset))
@@ -308,7 +320,7 @@ impl Analysis {
     }
 
     /// The span a reference's definition has.
-    fn def_span(&self, r: Ref) -> Option<Span> {
+    pub(super) fn def_span(&self, r: Ref) -> Option<Span> {
         match r {
             Ref::Local(s) | Ref::ParamsField(s) => Some(s),
             Ref::Def(Def::Item(m, i)) => {
@@ -428,179 +440,9 @@ impl Analysis {
             .collect()
     }
 
-    /// Every span that defines a name the program's user files refer to or declare:
-    /// the targets of references, bindings, item names and params fields.
-    fn definitions(&self) -> Vec<Span> {
-        let mut out: Vec<Span> = self
-            .refs
-            .iter()
-            .filter_map(|(_, r)| self.def_span(*r))
-            .collect();
-        out.extend(self.bindings.keys());
-        for m in self.program.modules.iter().filter(|m| !m.is_std) {
-            for it in &m.ast.items {
-                if let Some(n) = it.name() {
-                    out.push(n.span);
-                }
-                if let ItemKind::Params(fs) = &it.kind {
-                    out.extend(fs.iter().map(|f| f.name.span));
-                }
-            }
-        }
-        out.retain(|s| !s.is_empty());
-        out.sort_by_key(|s| (s.file, s.lo, s.hi));
-        out.dedup();
-        out
-    }
-
-    /// The name at an offset, and the span of the definition it stands for (itself,
-    /// for a definition).
-    fn name_at(&self, offset: usize) -> Option<(Span, Span)> {
-        if let Some((at, r)) = self.reference(offset) {
-            return Some((at, self.def_span(r)?));
-        }
-        let d = self
-            .definitions()
-            .into_iter()
-            .find(|s| self.contains(*s, offset))?;
-        Some((d, d))
-    }
-
-    /// The name a rename at `offset` would change: its span, or why there is none.
-    pub fn rename_target(&self, offset: usize) -> Result<(Span, Span), String> {
-        // (the cursor right after a name is on it)
-        let (at, def) = (self.name_at(offset))
-            .or_else(|| self.name_at(offset.checked_sub(1)?))
-            .ok_or("there is no name here to rename")?;
-        let old = self.program.sources.text(at);
-        if def.is_empty() {
-            return Err(format!(
-                "`{old}` is a module, named by its file: rename the file"
-            ));
-        }
-        if !is_name(old) {
-            return Err("rename the name where it is declared or used, not in a string".into());
-        }
-        if self.program.is_std_file(def.file) {
-            return Err(format!(
-                "`{old}` is defined in the standard library, which cannot be renamed"
-            ));
-        }
-        Ok((at, def))
-    }
-
-    /// The edits that rename the name at `offset` to `new` in every file of the
-    /// program: its definition, and every use of it spelled as at `offset` (a `use`
-    /// alias keeps its own name), in strings' `{name}` too.
-    pub fn rename(&self, offset: usize, new: &str) -> Result<Vec<(Span, String)>, String> {
-        let (at, def) = self.rename_target(offset)?;
-        let old = self.program.sources.text(at).to_string();
-        if !is_name(new) {
-            return Err(format!(
-                "`{new}` is not a name: a name is a letter or `_`, then letters, digits or `_`, and not a keyword"
-            ));
-        }
-        if new == old {
-            return Ok(Vec::new());
-        }
-        let mut spans = vec![def];
-        spans.extend(
-            self.refs
-                .iter()
-                .filter(|(_, r)| self.def_span(*r) == Some(def))
-                .map(|(s, _)| *s),
-        );
-        // (a params field is the second segment of `{params.field}` in strings; anything
-        // else the first)
-        let field = self.params_fields().any(|f| f.name.span == def);
-        if let Some(why) = self.clash(&spans, new, field) {
-            return Err(format!(
-                "{why}: renaming `{old}` to it would change what a name refers to; choose another name"
-            ));
-        }
-        let mut edits = Vec::new();
-        for s in spans {
-            let text = self.program.sources.text(s);
-            let base = s.lo as usize;
-            for (lo, tok, hi) in crate::syntax::lexer::lex(text) {
-                match tok {
-                    // (the span of `(x)` is its parentheses')
-                    Tok::Ident(n) if n == old => {
-                        edits.push((Span::new(s.file, base + lo, base + hi), new.to_string()));
-                    }
-                    Tok::Str(raw) => {
-                        for path in crate::resolve::interpolations(raw) {
-                            let hit = match path.as_slice() {
-                                [(_, "params"), f, ..] if field => Some(f),
-                                [n, ..] if !field => Some(n),
-                                _ => None,
-                            };
-                            if let Some(&(at, _)) = hit.filter(|h| h.1 == old) {
-                                let lo = base + lo + at;
-                                edits
-                                    .push((Span::new(s.file, lo, lo + old.len()), new.to_string()));
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        edits.sort_by_key(|(s, _)| (s.file, s.lo));
-        edits.dedup_by_key(|(s, _)| *s);
-        Ok(edits)
-    }
-
-    /// The fields of the document's `params` blocks.
-    fn params_fields(&self) -> impl Iterator<Item = &crate::syntax::ast::ParamField> {
-        (self.program.root_module().ast.items.iter()).flat_map(|it| match &it.kind {
-            ItemKind::Params(fs) => fs.as_slice(),
-            _ => &[],
-        })
-    }
-
-    /// Why `new` would clash where a name is defined or used (`spans`), if it would:
-    /// another params field of that name (for a params field), or a built-in name, an
-    /// item in scope, or a binding in the same item (for anything else).
-    fn clash(&self, spans: &[Span], new: &str, field: bool) -> Option<String> {
-        if field {
-            let taken = self.params_fields().any(|f| f.name.name == new);
-            return taken.then(|| format!("`params` already has a field `{new}`"));
-        }
-        if crate::resolve::BUILTIN_VALUES.contains(&new) {
-            return Some(format!("`{new}` is a built-in name"));
-        }
-        let defined = self.definitions();
-        for s in spans {
-            let Some(m) = self.program.modules.iter().position(|m| m.file == s.file) else {
-                continue;
-            };
-            let module = &self.program.modules[m];
-            if self.program.lookup(ModId(m as u32), new).is_some() {
-                return Some(format!(
-                    "`{new}` already names an item in `{}`",
-                    module.path
-                ));
-            }
-            let inside = |it: &crate::syntax::ast::Item, x: Span| {
-                x.file == s.file && it.span.lo <= x.lo && x.hi <= it.span.hi
-            };
-            let item = module.ast.items.iter().find(|it| inside(it, *s));
-            if let Some(it) = item {
-                let bound = (defined.iter())
-                    .any(|d| inside(it, *d) && self.program.sources.text(*d) == new);
-                if bound {
-                    let name = it.name().map_or("it", |n| n.name.as_str());
-                    return Some(format!("`{new}` is already bound in `{name}`"));
-                }
-            }
-        }
-        None
-    }
-
     /// The function, input or model a callee written in the document names (`f`,
     /// `module.f`).
-    fn callee(&self, written: &str) -> Option<&crate::syntax::ast::FnItem> {
+    pub(super) fn callee(&self, written: &str) -> Option<&crate::syntax::ast::FnItem> {
         let (name, member) = match written.split_once('.') {
             Some((name, member)) => (name, Some(member)),
             None => (written, None),
@@ -776,7 +618,7 @@ impl Analysis {
         (sig, doc_above(text, line_start))
     }
 
-    fn item_names(&self) -> Vec<(String, lt::CompletionItemKind)> {
+    pub(super) fn item_names(&self) -> Vec<(String, lt::CompletionItemKind)> {
         let mut out = Vec::new();
         let root = self.program.root_module();
         let kind_of = |k: &ItemKind| match k {
@@ -864,7 +706,7 @@ const TM_DEFAULT_LIBRARY: u32 = 8;
 
 /// The innermost call whose `(` is open at the end of `text`: the offset of its `(`
 /// and its callee (`f` or `module.f`).
-fn open_call(text: &str) -> Option<(usize, String)> {
+pub(super) fn open_call(text: &str) -> Option<(usize, String)> {
     let mut depth = 0i32;
     for (i, c) in text.char_indices().rev() {
         match c {
@@ -914,226 +756,4 @@ fn written_value(after: &str) -> Option<&str> {
     let (_, v) = line.split_once('=')?;
     let v = v.trim().trim_end_matches('}').trim();
     (!v.is_empty()).then_some(v)
-}
-
-fn item(label: impl Into<String>, kind: lt::CompletionItemKind) -> lt::CompletionItem {
-    lt::CompletionItem {
-        label: label.into(),
-        kind: Some(kind),
-        ..Default::default()
-    }
-}
-
-/// Completions at an offset: std modules (and their items) after `use`, members after
-/// `module.` or `params.`, named arguments inside a call, otherwise the names in scope.
-pub fn completion(a: &Analysis, offset: usize) -> lt::CompletionResponse {
-    let text = a.text(a.root);
-    let offset = offset.min(text.len());
-    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
-    let line = &text[line_start..offset];
-    let mut items: Vec<lt::CompletionItem> = Vec::new();
-    let trimmed = line.trim_start();
-    if let Some(rest) = trimmed.strip_prefix("use ") {
-        let rest = rest.trim();
-        match rest.rsplit_once('.') {
-            Some((module, _)) if crate::program::STDLIB.iter().any(|(p, _, _)| *p == module) => {
-                if let Some(m) = a.program.modules.iter().find(|m| m.path == module) {
-                    items.extend(
-                        m.items
-                            .keys()
-                            .map(|n| item(n, lt::CompletionItemKind::FUNCTION)),
-                    );
-                }
-            }
-            _ => items.extend(
-                crate::program::STDLIB
-                    .iter()
-                    .map(|(p, _, _)| item(*p, lt::CompletionItemKind::MODULE)),
-            ),
-        }
-        return lt::CompletionResponse::Array(sorted(items));
-    }
-    // `name.` : a module's items or the params fields
-    let before_word = line.trim_end_matches(|c: char| c.is_alphanumeric() || c == '_');
-    if let Some(base) = before_word.strip_suffix('.') {
-        let name = last_word(base);
-        if name == "params" {
-            items.extend(
-                a.params_fields()
-                    .map(|f| item(&f.name.name, lt::CompletionItemKind::FIELD)),
-            );
-        } else if let Some(Def::Module(m)) = a.program.lookup(a.program.root, &name) {
-            items.extend(
-                a.program
-                    .module(m)
-                    .items
-                    .keys()
-                    .map(|n| item(n, lt::CompletionItemKind::FUNCTION)),
-            );
-        }
-        return lt::CompletionResponse::Array(sorted(items));
-    }
-    // inside a call: its named arguments first
-    if let Some(f) = open_call(&text[..offset]).and_then(|(_, callee)| a.callee(&callee)) {
-        for p in &f.params {
-            let mut c = item(
-                format!("{}:", p.name.name),
-                lt::CompletionItemKind::PROPERTY,
-            );
-            c.insert_text = Some(format!("{}: ", p.name.name));
-            c.sort_text = Some(format!("0{}", p.name.name));
-            items.push(c);
-        }
-    }
-    for (n, k) in a.item_names() {
-        items.push(item(n, k));
-    }
-    for n in locals(&text[..offset]) {
-        items.push(item(n, lt::CompletionItemKind::VARIABLE));
-    }
-    lt::CompletionResponse::Array(sorted(items))
-}
-
-fn sorted(mut items: Vec<lt::CompletionItem>) -> Vec<lt::CompletionItem> {
-    items.sort_by(|a, b| {
-        (a.sort_text.as_ref().unwrap_or(&a.label), &a.label)
-            .cmp(&(b.sort_text.as_ref().unwrap_or(&b.label), &b.label))
-    });
-    items.dedup_by(|a, b| a.label == b.label);
-    items
-}
-
-/// The identifier that `text` ends with (empty if none).
-fn last_word(text: &str) -> String {
-    let start = text
-        .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .map_or(0, |i| {
-            i + text[i..].chars().next().map_or(1, char::len_utf8)
-        });
-    text[start..].to_string()
-}
-
-/// Names bound before the end of `text` in the item it ends in: `let` names, `for`
-/// variables, closure and item parameters.
-fn locals(text: &str) -> Vec<String> {
-    let start = ["\nfn ", "\nmodel ", "\ninput ", "\nestimator ", "\nparams "]
-        .iter()
-        .filter_map(|k| text.rfind(k))
-        .max()
-        .unwrap_or(0);
-    let body = &text[start..];
-    let mut out = Vec::new();
-    let word = |s: &str| -> String {
-        s.trim_start()
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect()
-    };
-    for kw in ["let ", "for "] {
-        for (i, _) in body.match_indices(kw) {
-            let w = word(&body[i + kw.len()..]);
-            if !w.is_empty() {
-                out.push(w);
-            }
-        }
-    }
-    // parameters of the item: the first (...) after its name
-    if let Some(open) = body.find('(') {
-        if let Some(close) = body[open..].find(')') {
-            for p in body[open + 1..open + close].split(',') {
-                let w = word(p);
-                if !w.is_empty() {
-                    out.push(w);
-                }
-            }
-        }
-    }
-    // closure parameters |a, b|
-    let mut parts = body.split('|');
-    parts.next();
-    for (k, p) in parts.enumerate() {
-        if k % 2 == 0 && !p.contains('\n') && p.len() < 80 {
-            for w in p.split(',').map(word).filter(|w| !w.is_empty()) {
-                out.push(w);
-            }
-        }
-    }
-    out
-}
-
-/// The document's items as symbols: params (with their fields), functions, inputs,
-/// models, estimators.
-pub fn symbols(a: &Analysis) -> lt::DocumentSymbolResponse {
-    let mut out = Vec::new();
-    for it in &a.program.root_module().ast.items {
-        #[allow(deprecated)]
-        let sym =
-            |name: String,
-             kind: lt::SymbolKind,
-             detail: Option<String>,
-             span: Span,
-             sel: Span,
-             children: Option<Vec<lt::DocumentSymbol>>| lt::DocumentSymbol {
-                name,
-                detail,
-                kind,
-                tags: None,
-                deprecated: None,
-                range: a.range(span),
-                selection_range: a.range(sel),
-                children,
-            };
-        let s = match &it.kind {
-            ItemKind::Params(fs) => {
-                let children = fs
-                    .iter()
-                    .map(|f| {
-                        let span = f.name.span.to(f.default.span);
-                        sym(
-                            f.name.name.clone(),
-                            lt::SymbolKind::FIELD,
-                            None,
-                            span,
-                            f.name.span,
-                            None,
-                        )
-                    })
-                    .collect();
-                sym(
-                    "params".into(),
-                    lt::SymbolKind::STRUCT,
-                    None,
-                    it.span,
-                    it.span,
-                    Some(children),
-                )
-            }
-            ItemKind::Fn(f) | ItemKind::Input(f) | ItemKind::Model(f) => {
-                let (kind, detail) = match &it.kind {
-                    ItemKind::Fn(_) => (lt::SymbolKind::FUNCTION, "fn"),
-                    ItemKind::Input(_) => (lt::SymbolKind::CONSTRUCTOR, "input"),
-                    _ => (lt::SymbolKind::CLASS, "model"),
-                };
-                sym(
-                    f.name.name.clone(),
-                    kind,
-                    Some(detail.into()),
-                    it.span,
-                    f.name.span,
-                    None,
-                )
-            }
-            ItemKind::Estimator(e) => sym(
-                e.name.name.clone(),
-                lt::SymbolKind::OBJECT,
-                Some("estimator".into()),
-                it.span,
-                e.name.span,
-                None,
-            ),
-            ItemKind::Use(_) | ItemKind::Error(_) => continue,
-        };
-        out.push(s);
-    }
-    lt::DocumentSymbolResponse::Nested(out)
 }

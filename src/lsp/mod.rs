@@ -19,6 +19,9 @@
 //!   JSON get JSON-RPC errors; the server never stops on bad input.
 
 mod analysis;
+mod complete;
+mod rename;
+mod symbols;
 mod text;
 
 use crate::elab::Target;
@@ -376,12 +379,12 @@ impl Server {
                 self.at_position(&r.params, |a, pos| serde_json::to_value(definition(a, pos)))
             }
             "textDocument/completion" => self.at_position(&r.params, |a, pos| {
-                serde_json::to_value(analysis::completion(a, pos))
+                serde_json::to_value(complete::completion(a, pos))
             }),
             "textDocument/documentSymbol" => self.on_document(
                 r.params,
                 |p: &lt::DocumentSymbolParams| &p.text_document.uri,
-                |a, _| Ok(serde_json::to_value(analysis::symbols(a)).unwrap_or(Value::Null)),
+                |a, _| Ok(serde_json::to_value(symbols::symbols(a)).unwrap_or(Value::Null)),
             ),
             "textDocument/inlayHint" => {
                 let mode = self.mode;
