@@ -2,8 +2,16 @@
 //! behind: the bytes go to a temporary file beside the target, which is flushed,
 //! synced and renamed into place; when any of that fails the temporary file is removed
 //! (a full disk stays no fuller than before).
+//!
+//! What a user names as an output (`-o`, `--output`, `data convert`'s prefix) goes
+//! through `write_output`, which follows symbolic links to the file they name and
+//! writes through a character device or a FIFO (`-o /dev/null`, `-o /dev/stdout`)
+//! instead of replacing it; anything else that is not a regular file is refused.
+//! `rewrite_in_place` (for `estc fmt`) keeps the file itself: its owner, mode and hard
+//! links.
 
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 /// The temporary name of `path` for this process: `.NAME.tmp-PID`, plus `-TAG` when
@@ -55,4 +63,138 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Whether `name` is a temporary file of an interrupted atomic write of this module.
 pub fn is_temp_name(name: &str) -> bool {
     name.starts_with('.') && name.contains(".tmp-")
+}
+
+/// What a path named as an output is, once its symbolic links are followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// A regular file, or nothing yet: written atomically at this path.
+    File(PathBuf),
+    /// A character device or a FIFO: written through, in place.
+    Stream(PathBuf),
+}
+
+/// How many symbolic links a path may pass through (Linux's own limit).
+const MAX_LINKS: usize = 40;
+
+/// Where a write to `path` goes: the file its symbolic links lead to (a link to
+/// nothing leads to the file it names, which is made), written atomically; a character
+/// device or FIFO, written through. A directory, a block device or a socket is an
+/// error that says what it is, as is a loop of links.
+pub fn output(path: &Path) -> std::io::Result<Output> {
+    let mut at = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        let meta = match std::fs::symlink_metadata(&at) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Output::File(at)),
+            Err(e) => return Err(e),
+        };
+        let t = meta.file_type();
+        if t.is_symlink() {
+            let to = std::fs::read_link(&at)?;
+            at = at.parent().unwrap_or(Path::new("")).join(to);
+            continue;
+        }
+        let refuse = |what: &str| {
+            let m = if at == path {
+                format!("it is {what}, not a file")
+            } else {
+                format!("it leads to {}, {what}, not a file", at.display())
+            };
+            Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, m))
+        };
+        return if t.is_file() {
+            Ok(Output::File(at))
+        } else if t.is_char_device() || t.is_fifo() {
+            Ok(Output::Stream(at))
+        } else if t.is_dir() {
+            refuse("a directory")
+        } else if t.is_block_device() {
+            refuse("a block device")
+        } else {
+            refuse("a socket")
+        };
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("it is a loop of symbolic links (or a chain of more than {MAX_LINKS})"),
+    ))
+}
+
+/// Writes an output the user named (see `output`): a regular file atomically, keeping
+/// the permissions of the file it replaces; a character device or FIFO through.
+pub fn write_output(
+    path: &Path,
+    fill: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    match output(path)? {
+        Output::File(p) => {
+            let kept = std::fs::metadata(&p).ok().map(|m| m.permissions());
+            write_with(&p, None, |w| {
+                if let Some(perm) = kept {
+                    w.get_ref().set_permissions(perm)?;
+                }
+                fill(w)
+            })
+        }
+        Output::Stream(p) => {
+            let f = std::fs::OpenOptions::new().write(true).open(&p)?;
+            let mut w = BufWriter::with_capacity(1 << 20, f);
+            fill(&mut w)?;
+            w.flush()
+        }
+    }
+}
+
+/// Writes `bytes` as an output the user named (see `write_output`).
+pub fn write_output_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_output(path, |w| w.write_all(bytes))
+}
+
+/// Replaces the text of the existing regular file `path` (its links followed) with
+/// `text`, in place, as gofmt and rustfmt do: the file keeps its inode, so its owner,
+/// mode and hard links. A file without write permission is refused (root too). The
+/// file is first copied to a temporary file beside it, which is removed once the new
+/// text is written and synced; when writing fails, the copy is renamed back over the
+/// file, so nothing is lost (the text is whole, if not in the same inode).
+pub fn rewrite_in_place(path: &Path, text: &[u8]) -> std::io::Result<()> {
+    let target = match output(path)? {
+        Output::File(p) => p,
+        Output::Stream(p) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("it leads to {}, a device or FIFO, not a file", p.display()),
+            ))
+        }
+    };
+    if std::fs::metadata(&target)?.permissions().readonly() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "it is read-only (give it write permission to format it)",
+        ));
+    }
+    let backup = temp_path(&target, None);
+    let copied = std::fs::copy(&target, &backup)
+        .and_then(|_| std::fs::File::open(&backup))
+        .and_then(|f| f.sync_all());
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(&backup);
+        return Err(e);
+    }
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&target)?;
+        f.write_all(text)?;
+        f.set_len(text.len() as u64)?;
+        f.sync_all()
+    })();
+    match written {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&backup);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::rename(&backup, &target);
+            Err(e)
+        }
+    }
 }

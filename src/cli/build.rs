@@ -138,13 +138,13 @@ pub fn build(a: BuildArgs) -> i32 {
         };
         let mut text = b.text;
         if let (Some(p), Some(bytes)) = (&a.output, &b.artifact) {
-            if let Err(e) = std::fs::write(p, bytes) {
+            if let Err(e) = est::atomic::write_output_bytes(p, bytes) {
                 return write_failed(&p.display().to_string(), &e);
             }
             text.push_str(&format!("wrote {}\n", p.display()));
         }
         if let Some((p, svg)) = &b.svg {
-            if let Err(e) = std::fs::write(p, svg) {
+            if let Err(e) = est::atomic::write_output_bytes(p, svg.as_bytes()) {
                 return write_failed(&p.display().to_string(), &e);
             }
             text.push_str(&format!("wrote {}\n", p.display()));
@@ -162,7 +162,7 @@ pub fn build(a: BuildArgs) -> i32 {
         Ok((text, stage)) => {
             if let Some(bytes) = stage {
                 let written = match &a.output {
-                    Some(p) => std::fs::write(p, &bytes)
+                    Some(p) => est::atomic::write_output_bytes(p, &bytes)
                         .map_err(|e| write_failed(&p.display().to_string(), &e)),
                     None => print_result(&String::from_utf8_lossy(&bytes)),
                 };

@@ -112,19 +112,10 @@ fn one(path: &Path, check: bool, color: Color) -> Outcome {
     }
     if check {
         report_difference(&name, &text, &out);
-    } else if let Err(e) = replace(path, &out) {
+    } else if let Err(e) = est::atomic::rewrite_in_place(path, out.as_bytes()) {
         return Outcome::Failed(write_failed(&name, &e));
     }
     Outcome::Changed
-}
-
-/// Replaces a file's text atomically: the file a symbolic link names, with the
-/// permissions it had.
-fn replace(path: &Path, text: &str) -> std::io::Result<()> {
-    let target = std::fs::canonicalize(path)?;
-    let permissions = std::fs::metadata(&target)?.permissions();
-    est::atomic::write(&target, text.as_bytes())?;
-    std::fs::set_permissions(&target, permissions)
 }
 
 /// A text formatted, or the exit status after saying why not: 1 for syntax errors

@@ -503,7 +503,7 @@ fn write_shards(
                 "check that the output directory is writable",
             )
         };
-        crate::atomic::write_with(&path, None, |w| {
+        crate::atomic::write_output(&path, |w| {
             for row in &t.rows[s * n / shards..(s + 1) * n / shards] {
                 let feats: Vec<(&str, Feature<'_>)> = t
                     .names

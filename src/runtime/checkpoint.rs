@@ -78,11 +78,6 @@ pub fn meta_path(dir: &Path, step: i64) -> PathBuf {
     dir.join(format!("ckpt-{step}.json"))
 }
 
-/// Writes `bytes` to `path` atomically (see `atomic`).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    atomic::write(path, bytes)
-}
-
 fn st_dtype(d: DType) -> safetensors::Dtype {
     match d {
         DType::F32 => safetensors::Dtype::F32,

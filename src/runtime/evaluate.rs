@@ -7,8 +7,8 @@
 
 use super::replicas::Phase;
 use super::{
-    checkpoint, mode_name, restore::Need, run_diag, summary, Estimator, EvalReport, PredictReport,
-    Res, RunFailure,
+    mode_name, restore::Need, run_diag, summary, Estimator, EvalReport, PredictReport, Res,
+    RunFailure,
 };
 use crate::backend::interp::{self, OpEnv};
 use crate::backend::{Feeds, RunExe, StepCtx};
@@ -474,7 +474,7 @@ impl Estimator {
             .map_err(|e| self.io_diag(format!("cannot create {}: {e}", out.display())))?;
         let mut files = Vec::new();
         let p = out.join("predictions.jsonl");
-        checkpoint::write_atomic(&p, lines.as_bytes())
+        crate::atomic::write_output_bytes(&p, lines.as_bytes())
             .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
         files.push(p);
         for ((name, _), parts) in outs.iter().zip(acc) {
@@ -484,7 +484,7 @@ impl Estimator {
             let items: Vec<Element> = parts.into_iter().map(|t| vec![t]).collect();
             let all = concat_rows(&items);
             let p = out.join(format!("{}.npy", name.replace('/', "_")));
-            checkpoint::write_atomic(&p, &records::npy_bytes(&all))
+            crate::atomic::write_output_bytes(&p, &records::npy_bytes(&all))
                 .map_err(|e| self.io_diag(format!("cannot write {}: {e}", p.display())))?;
             files.push(p);
         }

