@@ -248,3 +248,162 @@ fn fmt_writes_in_place_keeping_owner_mode_and_links() {
     assert_eq!(std::fs::read_to_string(&ro).unwrap(), messy);
     assert_eq!(std::fs::metadata(&ro).unwrap().mode() & 0o7777, 0o444);
 }
+
+/// digits_mlp with its data, in `dir` (readable by anyone, for a run as another user).
+fn digits_copy(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    for f in ["digits_train.csv", "digits_test.csv"] {
+        std::fs::copy(
+            root().join("examples/data").join(f),
+            dir.join("data").join(f),
+        )
+        .unwrap();
+    }
+    let p = dir.join("digits.est");
+    std::fs::copy(root().join("examples/digits_mlp.est"), &p).unwrap();
+    for e in [dir.to_path_buf(), dir.join("data")] {
+        std::fs::set_permissions(e, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    p
+}
+
+/// `estc ARGS` as an unprivileged user (`nobody`) when this test runs as root, so that
+/// file permissions apply; as this user otherwise. The binary is copied where that user
+/// can run it when the build directory is closed to others.
+fn estc_unprivileged(dir: &Path, args: &[&str]) -> Output {
+    if !is_root() {
+        return estc(args);
+    }
+    let drop = ["--reuid=65534", "--regid=65534", "--clear-groups", "--"];
+    let mut bin = PathBuf::from(env!("CARGO_BIN_EXE_estc"));
+    let runs = Command::new("setpriv")
+        .args(drop)
+        .arg(&bin)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !runs {
+        let copy = dir.join("estc");
+        std::fs::copy(&bin, &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin = copy;
+    }
+    Command::new("setpriv")
+        .args(drop)
+        .arg(&bin)
+        .args(args)
+        .current_dir(dir)
+        .env("EST_CACHE_DIR", dir.join("cache"))
+        .output()
+        .unwrap()
+}
+
+/// The names and bytes of a directory's files, but its lock (which holds the PID of
+/// the run that took it last).
+fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .filter(|(n, _)| n != ".est.lock")
+        .collect();
+    v.sort();
+    v
+}
+
+fn names(files: &[(String, Vec<u8>)]) -> Vec<&str> {
+    files.iter().map(|f| f.0.as_str()).collect()
+}
+
+/// Finding 4: a model_dir that can be written but not listed (here: no read
+/// permission) is an error that stops training before anything is written, not an
+/// empty directory (which trained from step 0 and overwrote its checkpoints); eval and
+/// predict say the same instead of "no checkpoint".
+#[test]
+fn a_model_dir_that_cannot_be_listed_stops_before_writing() {
+    let d = tmp("unlistable");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let program = digits_copy(&d);
+    let md = d.join("md");
+    ok(estc(&[
+        "train",
+        s(&program),
+        "--target",
+        "interp",
+        "--max-steps",
+        "10",
+        "--model-dir",
+        s(&md),
+    ]));
+    std::fs::set_permissions(md.join(".est.lock"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let before = contents(&md);
+    std::fs::set_permissions(&md, std::fs::Permissions::from_mode(0o333)).unwrap();
+    let args = |cmd: &'static str| {
+        let mut v = vec![cmd, "digits.est", "--target", "interp", "--model-dir", "md"];
+        if cmd == "train" {
+            v.extend(["--max-steps", "20"]);
+        }
+        v
+    };
+    let o = estc_unprivileged(&d, &args("train"));
+    std::fs::set_permissions(&md, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("E0904") && stderr(&o).contains("cannot list"),
+        "{}",
+        stderr(&o)
+    );
+    let after = contents(&md);
+    assert!(
+        after == before,
+        "the model_dir changed: {:?} -> {:?}",
+        names(&before),
+        names(&after)
+    );
+    std::fs::set_permissions(&md, std::fs::Permissions::from_mode(0o333)).unwrap();
+    for cmd in ["eval", "predict"] {
+        let o = estc_unprivileged(&d, &args(cmd));
+        assert_eq!(o.status.code(), Some(1), "{cmd}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("cannot list") && !stderr(&o).contains("E0911"),
+            "{cmd}: {}",
+            stderr(&o)
+        );
+    }
+    std::fs::set_permissions(&md, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Finding 18: `checkpoint.json` left stale by a run stopped between its last save and
+/// the index's write is rewritten by the next run that takes the model_dir, to what
+/// the directory holds.
+#[test]
+fn a_stale_checkpoint_index_is_rewritten() {
+    let d = tmp("index");
+    let md = d.join("md");
+    let train = |steps: &str| {
+        ok(estc(&[
+            "train",
+            "examples/digits_mlp.est",
+            "--target",
+            "interp",
+            "--max-steps",
+            steps,
+            "--model-dir",
+            s(&md),
+        ]))
+    };
+    train("10");
+    let index = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(md.join("checkpoint.json")).unwrap()).unwrap()
+    };
+    assert_eq!(index(), serde_json::json!({"latest": 10, "all": [10]}));
+    std::fs::write(md.join("checkpoint.json"), r#"{"latest": 5, "all": [5]}"#).unwrap();
+    // a run with nothing to train still brings it up to date
+    train("10");
+    assert_eq!(index(), serde_json::json!({"latest": 10, "all": [10]}));
+}

@@ -55,7 +55,7 @@ fn digits_with(dir: &Path, edit: impl FnOnce(&mut Vec<String>)) -> Program {
 
 /// Every float value of every checkpoint in `dir` is finite.
 fn checkpoints_are_finite(dir: &Path) -> bool {
-    checkpoint::list(dir).iter().all(|c| {
+    checkpoint::list(dir).unwrap().iter().all(|c| {
         let (_, vars) = checkpoint::load(c).unwrap();
         vars.values()
             .all(|t| t.to_f64().iter().all(|v| v.is_finite()))
@@ -174,7 +174,7 @@ fn e0902_says_what_was_checked_of_the_last_checkpoint() {
         "{help}"
     );
     assert!(help.contains("already diverging"), "{help}");
-    assert_eq!(checkpoint::latest(&dir).unwrap().step, 20);
+    assert_eq!(checkpoint::latest(&dir).unwrap().unwrap().step, 20);
     assert!(checkpoints_are_finite(&dir));
 }
 
@@ -344,7 +344,11 @@ fn a_damaged_checkpoint_is_detected_and_skipped() {
         w[0].message
     );
     // nothing intact: E0911, and nothing is changed
-    for c in checkpoint::list(&md).iter().filter(|c| c.tensors.exists()) {
+    for c in checkpoint::list(&md)
+        .unwrap()
+        .iter()
+        .filter(|c| c.tensors.exists())
+    {
         flip_bit(&c.tensors, 5);
     }
     let before = names(&md);
@@ -430,7 +434,7 @@ fn checkpoint_metadata_is_checked() {
         checkpoint::tensors_path(&md, -3),
     )
     .unwrap();
-    let found = checkpoint::list(&md);
+    let found = checkpoint::list(&md).unwrap();
     let neg = found.iter().find(|c| c.step == -3).unwrap();
     assert_eq!(
         checkpoint::load(neg).unwrap_err(),
@@ -949,7 +953,7 @@ fn labels_out_of_range_are_errors() {
         help.contains("training stopped after global step 1; its checkpoint"),
         "{help}"
     );
-    let kept = checkpoint::latest(&dir.join("model-own")).unwrap();
+    let kept = checkpoint::latest(&dir.join("model-own")).unwrap().unwrap();
     assert_eq!(kept.step, 1);
     // accuracy's labels, in evaluation
     let mut e = estimator_of(&p, Some("scored"), &dir.join("model-scored"), &dir);
@@ -1039,7 +1043,7 @@ fn a_checkpoint_pruned_while_read_is_gone_not_damaged() {
     let dir = tmp("pruned");
     digits_in(&dir, SMALL).train(Steps::Max(20)).unwrap();
     let md = dir.join("model");
-    let found = checkpoint::list(&md);
+    let found = checkpoint::list(&md).unwrap();
     let first = found[0].clone();
     std::fs::remove_file(&first.meta).unwrap();
     std::fs::remove_file(&first.tensors).unwrap();

@@ -148,7 +148,7 @@ fn resume_after_sigkill_on(target: &str) {
     let st = train(&dir, Some("checkpoint-write:100")).status().unwrap();
     assert!(!st.success(), "the fault aborts the process");
     assert_eq!(
-        checkpoint::latest(&dir).map(|c| c.step),
+        checkpoint::latest(&dir).unwrap().map(|c| c.step),
         Some(50),
         "the torn checkpoint is not used"
     );
@@ -206,9 +206,13 @@ fn checkpoints_are_pruned_and_summaries_readable() {
         ],
     );
     e.train(Steps::Max(300)).unwrap();
-    let steps: Vec<i64> = checkpoint::list(&dir).iter().map(|c| c.step).collect();
+    let steps: Vec<i64> = checkpoint::list(&dir)
+        .unwrap()
+        .iter()
+        .map(|c| c.step)
+        .collect();
     assert_eq!(steps, [200, 300]);
-    let (meta, vars) = checkpoint::load(&checkpoint::latest(&dir).unwrap()).unwrap();
+    let (meta, vars) = checkpoint::load(&checkpoint::latest(&dir).unwrap().unwrap()).unwrap();
     assert_eq!(meta.global_step, 300);
     assert_eq!(meta.seed, 7);
     assert_eq!(meta.input_position, 300);
@@ -307,7 +311,7 @@ fn a_nan_loss_stops_training_and_keeps_the_last_checkpoint() {
         "{help}"
     );
     assert_eq!(
-        checkpoint::latest(&dir).unwrap().step,
+        checkpoint::latest(&dir).unwrap().unwrap().step,
         20,
         "nothing after the NaN was saved"
     );
@@ -411,7 +415,7 @@ fn smoke_mode_trains_saves_restores_and_evaluates_once() {
     assert!(lines[1].contains("restored") && lines[1].contains("global step 1"));
     assert!(lines[2].starts_with("eval: 1 step") && lines[2].contains("accuracy"));
     assert!(
-        checkpoint::list(&dir).is_empty(),
+        checkpoint::list(&dir).unwrap().is_empty(),
         "smoke runs leave model_dir alone"
     );
 }

@@ -159,17 +159,16 @@ pub fn save(
     meta.seal();
     let m = serde_json::to_vec_pretty(&meta).map_err(std::io::Error::other)?;
     atomic::write(&meta_path(dir, meta.global_step), &m)?;
-    let mut all = list(dir);
+    let mut all = list(dir)?;
     while all.len() > keep.max(1) {
         let old = all.remove(0);
         let _ = std::fs::remove_file(&old.meta);
         let _ = std::fs::remove_file(&old.tensors);
     }
-    let index = serde_json::json!({
-        "latest": meta.global_step,
-        "all": all.iter().map(|c| c.step).collect::<Vec<_>>(),
-    });
-    atomic::write(&dir.join("checkpoint.json"), index.to_string().as_bytes())?;
+    atomic::write(
+        &dir.join("checkpoint.json"),
+        index(&all).to_string().as_bytes(),
+    )?;
     Ok(tp)
 }
 
@@ -185,18 +184,57 @@ fn fault_injection(dir: &Path, step: i64, bytes: &[u8]) {
 }
 
 /// The checkpoints in `dir` (every `ckpt-<step>.json` with a step written as est
-/// writes it), oldest first. Whether each is intact is for `load` to say.
-pub fn list(dir: &Path) -> Vec<Found> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
+/// writes it), oldest first; none when `dir` does not exist. Whether each is intact is
+/// for `load` to say. A directory that cannot be listed (no read permission, an I/O
+/// error from the disk) is an error, never "no checkpoints": a run that took it for
+/// an empty directory would train from step 0 and overwrite the checkpoints.
+pub fn list(dir: &Path) -> std::io::Result<Vec<Found>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(listing(dir, e)),
     };
-    let mut out: Vec<Found> = rd
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
-        .filter_map(|e| named(&e.path()))
-        .collect();
+    let mut out = Vec::new();
+    for e in rd {
+        let e = e.map_err(|e| listing(dir, e))?;
+        if e.file_name().to_string_lossy().ends_with(".json") {
+            out.extend(named(&e.path()));
+        }
+    }
     out.sort_by_key(|c| c.step);
-    out
+    Ok(out)
+}
+
+/// An error listing `dir`, naming it.
+fn listing(dir: &Path, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("cannot list {}: {e}", dir.display()))
+}
+
+/// `checkpoint.json`: the newest checkpoint's step and every kept one's.
+fn index(all: &[Found]) -> serde_json::Value {
+    serde_json::json!({
+        "latest": all.last().map(|c| c.step),
+        "all": all.iter().map(|c| c.step).collect::<Vec<_>>(),
+    })
+}
+
+/// Rewrites `checkpoint.json` when it disagrees with the checkpoints `dir` holds (a run
+/// stopped between saving a checkpoint and writing the index, or files were removed
+/// by hand); leaves it alone when it agrees, and when `dir` holds no checkpoint.
+pub fn sync_index(dir: &Path) -> std::io::Result<()> {
+    let all = list(dir)?;
+    if all.is_empty() {
+        return Ok(());
+    }
+    let path = dir.join("checkpoint.json");
+    let want = index(&all);
+    let have: Option<serde_json::Value> = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if have.as_ref() != Some(&want) {
+        atomic::write(&path, want.to_string().as_bytes())?;
+    }
+    Ok(())
 }
 
 /// The checkpoint a path names: its `ckpt-<step>.json`, its `ckpt-<step>.safetensors`,
@@ -217,12 +255,13 @@ pub fn named(path: &Path) -> Option<Found> {
 }
 
 /// The steps of the checkpoints in `dir`, oldest first.
-pub fn steps(dir: &Path) -> Vec<i64> {
-    list(dir).iter().map(|c| c.step).collect()
+pub fn steps(dir: &Path) -> std::io::Result<Vec<i64>> {
+    Ok(list(dir)?.iter().map(|c| c.step).collect())
 }
 
-pub fn latest(dir: &Path) -> Option<Found> {
-    list(dir).pop()
+/// The newest checkpoint in `dir`, if any.
+pub fn latest(dir: &Path) -> std::io::Result<Option<Found>> {
+    Ok(list(dir)?.pop())
 }
 
 /// Why a checkpoint could not be loaded.
@@ -379,7 +418,7 @@ pub fn restore(dir: &Path) -> Result<Option<Restored>, RestoreError> {
     // A training run alongside may prune checkpoints while they are read: those are
     // skipped, and when every one listed went away, the directory is listed again.
     for _ in 0..8 {
-        let all = list(dir);
+        let all = list(dir).map_err(|e| RestoreError::Io(e.to_string()))?;
         if all.is_empty() {
             return Ok(None);
         }

@@ -160,7 +160,7 @@ impl KeepBest {
         // then the record; older best checkpoints go
         crate::atomic::write(&super::checkpoint::tensors_path(&dir, step), &tensors)?;
         crate::atomic::write(&super::checkpoint::meta_path(&dir, step), &meta)?;
-        for old in super::checkpoint::list(&dir) {
+        for old in super::checkpoint::list(&dir)? {
             if old.step != step {
                 let _ = std::fs::remove_file(&old.meta);
                 let _ = std::fs::remove_file(&old.tensors);

@@ -395,7 +395,7 @@ impl Estimator {
             Err(d) => return Err(self.tell_restore_failed(d.into())),
         };
         self.lock = Some(lock);
-        let r = match self.catch_up() {
+        let r = match self.catch_up().and_then(|()| self.sync_index()) {
             Ok(()) => f(self),
             Err(e) => Err(self.tell_restore_failed(e)),
         };
@@ -413,7 +413,8 @@ impl Estimator {
         if !self.ready {
             return Ok(());
         }
-        if self.seen.as_deref() != Some(checkpoint::steps(&self.model_dir).as_slice()) {
+        let now = checkpoint::steps(&self.model_dir).map_err(|e| self.io_diag(e.to_string()))?;
+        if self.seen.as_deref() != Some(now.as_slice()) {
             self.say(&format!(
                 "{} changed since this estimator read it; restoring its newest checkpoint",
                 self.model_dir.display()
@@ -429,9 +430,22 @@ impl Estimator {
         Ok(())
     }
 
-    /// Notes the checkpoints of `model_dir` as they are now (see `catch_up`).
+    /// Notes the checkpoints of `model_dir` as they are now (see `catch_up`; a listing
+    /// that fails notes nothing, so that `catch_up` lists again and says why).
     fn note_seen(&mut self) {
-        self.seen = Some(checkpoint::steps(&self.model_dir));
+        self.seen = checkpoint::steps(&self.model_dir).ok();
+    }
+
+    /// Rewrites `checkpoint.json` when it disagrees with the checkpoints `model_dir`
+    /// holds (this run holds the lock).
+    fn sync_index(&self) -> Res<()> {
+        checkpoint::sync_index(&self.model_dir).map_err(|e| {
+            self.io_diag(format!(
+                "cannot bring {}'s checkpoint.json up to date: {e}",
+                self.model_dir.display()
+            ))
+            .into()
+        })
     }
 
     /// Moves a damaged checkpoint's files aside (this run holds the lock).
