@@ -319,6 +319,49 @@ fn png_sources_in_every_format() {
     );
 }
 
+/// Issue 43, finding 6: a folder of PNGs with links back up the tree (a loop), to a
+/// sibling folder and to a file lists each image once, for a `png(...)` source and for
+/// `data convert --from png` (it listed one image 41 times, until the path was too long).
+#[test]
+fn png_folders_with_link_loops_list_each_image_once() {
+    let d = tmp("png-loops");
+    let gray = |p: &str, v: u8| {
+        write_png(
+            &d.join(p),
+            1,
+            1,
+            png::ColorType::Grayscale,
+            png::BitDepth::Eight,
+            &[v],
+        )
+    };
+    gray("img/cat/a.png", 1);
+    gray("img/dog/b.png", 2);
+    let link = |to: &str, at: &str| std::os::unix::fs::symlink(to, d.join(at)).unwrap();
+    link("..", "img/cat/up");
+    link("../dog", "img/cat/dogs");
+    link(".", "img/dog/here");
+    link("a.png", "img/cat/a_again.png");
+    let body = "png(\"img\", height: 1, width: 1, dtype: f32) |> map(|t| (reshape(t[0], [1]), t[1])) |> batch(1, drop_remainder: true)";
+    let b = batches(&mut pipe(&d, body, 1, ""), 100);
+    assert_eq!((feats(&b), labels(&b)), (vec![1.0, 2.0], vec![0, 1]));
+    let o = est::data::convert::ConvertOptions {
+        from: est::data::convert::From::Png,
+        inputs: vec![d.join("img")],
+        output: d.join("out/p"),
+        shards: 1,
+        labels: None,
+        groups: vec![],
+        kinds: vec![],
+    };
+    assert_eq!(
+        est::data::convert::convert(&o, &mut |_, _| {})
+            .unwrap()
+            .records,
+        2
+    );
+}
+
 fn example(img: &[u8], label: i64) -> Vec<u8> {
     encode_example(&[
         ("image_raw", Feature::Bytes(img)),

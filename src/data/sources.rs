@@ -320,34 +320,54 @@ impl Stream for SyntheticSource {
     }
 }
 
-/// The PNG files a pattern names: every `.png` under a folder (recursively, sorted), or
-/// the matches of a `*` pattern.
+/// The PNG files a pattern names: every `.png` under a folder (recursively, in sorted
+/// order, following links), or the matches of a `*` pattern. Each directory is read
+/// once, at the first path that reaches it in that order (so a link back up the tree is
+/// no loop, and a linked folder is not read twice), and each file is listed once,
+/// however many links lead to it.
 pub fn png_files(p: &Path) -> Result<Vec<PathBuf>, String> {
-    if p.is_dir() {
-        let mut out = Vec::new();
-        let mut stack = vec![p.to_path_buf()];
-        while let Some(d) = stack.pop() {
-            let rd =
-                std::fs::read_dir(&d).map_err(|e| format!("cannot list {}: {e}", d.display()))?;
-            for e in rd.filter_map(|e| e.ok()) {
-                let path = e.path();
-                if path.is_dir() {
-                    stack.push(path);
-                } else if path
-                    .extension()
-                    .is_some_and(|x| x.eq_ignore_ascii_case("png"))
-                {
+    if !p.is_dir() {
+        return records::glob(p);
+    }
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut dirs = rustc_hash::FxHashSet::default();
+    let mut files = rustc_hash::FxHashSet::default();
+    let mut stack = vec![p.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let meta =
+            std::fs::metadata(&d).map_err(|e| format!("cannot read {}: {e}", d.display()))?;
+        if !dirs.insert((meta.dev(), meta.ino())) {
+            continue;
+        }
+        let mut entries = Vec::new();
+        for e in std::fs::read_dir(&d).map_err(|e| format!("cannot list {}: {e}", d.display()))? {
+            entries.push(
+                e.map_err(|e| format!("cannot list {}: {e}", d.display()))?
+                    .path(),
+            );
+        }
+        entries.sort();
+        // (pushed in reverse, so that the stack pops them in order)
+        for path in entries.into_iter().rev() {
+            if path.is_dir() {
+                stack.push(path);
+            } else if path
+                .extension()
+                .is_some_and(|x| x.eq_ignore_ascii_case("png"))
+            {
+                let real = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+                if files.insert(real) {
                     out.push(path);
                 }
             }
         }
-        out.sort();
-        if out.is_empty() {
-            return Err(format!("no .png file under {}", p.display()));
-        }
-        return Ok(out);
     }
-    records::glob(p)
+    out.sort();
+    if out.is_empty() {
+        return Err(format!("no .png file under {}", p.display()));
+    }
+    Ok(out)
 }
 
 /// Labels for PNG images: by the name of their folder (its index among the sorted
