@@ -407,3 +407,84 @@ fn a_stale_checkpoint_index_is_rewritten() {
     train("10");
     assert_eq!(index(), serde_json::json!({"latest": 10, "all": [10]}));
 }
+
+/// Finding 7: a CSV number beyond f64's range (`1e400`, an integer of 310 digits) is
+/// E0905 like one beyond f32's, not an infinity; `inf` written as such stays a value.
+/// `data convert` says the same of a float column.
+#[test]
+fn csv_numbers_beyond_f64_are_out_of_range() {
+    let d = tmp("csv-f64");
+    let program = r#"use std.nn.dense
+use std.losses.softmax_cross_entropy
+input rows() {
+  csv("rows.csv", columns: { x: f32[2], label: i32 }) |> map |r| (r.x, r.label) |> batch(2, drop_remainder: true) |> repeat
+}
+model m(features: f32[B, 2], labels: i32[B]) {
+  let loss = softmax_cross_entropy(labels, dense(features, 2))
+  train { minimize loss with sgd(lr: 0.1) }
+}
+estimator e { model = m  train_input = rows() }
+"#;
+    std::fs::write(d.join("p.est"), program).unwrap();
+    let train = |csv: &str| {
+        std::fs::write(d.join("rows.csv"), csv).unwrap();
+        let _ = std::fs::remove_dir_all(d.join("md"));
+        estc(&[
+            "train",
+            s(&d.join("p.est")),
+            "--target",
+            "interp",
+            "--max-steps",
+            "1",
+            "--message-format",
+            "json",
+            "--model-dir",
+            s(&d.join("md")),
+        ])
+    };
+    let out = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let digits = "9".repeat(310);
+    for (field, column, range) in [
+        ("1e400", 2, "f32 (±3.4028235e38)"),
+        ("-1e400", 2, "f32 (±3.4028235e38)"),
+        (digits.as_str(), 3, "i32 ([-2147483648, 2147483647])"),
+    ] {
+        let csv = if column == 2 {
+            format!("x0,x1,label\n1,2,0\n3,{field},1\n")
+        } else {
+            format!("x0,x1,label\n1,2,0\n3,4,{field}\n")
+        };
+        let o = train(&csv);
+        assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+        let want = format!(
+            "rows.csv:3:{column}: column `{}`: {field} is out of range for {range}",
+            if column == 2 { "x" } else { "label" }
+        );
+        assert!(
+            out(&o).contains("E0905") && out(&o).contains(&want),
+            "{want}\n{}",
+            out(&o)
+        );
+    }
+    // an infinity written as one is a value (the NaN check stops what it makes)
+    let o = train("x0,x1,label\n1,2,0\n3,inf,1\n");
+    assert!(!out(&o).contains("out of range"), "{}", out(&o));
+    // data convert
+    std::fs::write(d.join("t.csv"), "a,b\n1.5,2\n1e40,3\n").unwrap();
+    let o = estc(&[
+        "data",
+        "convert",
+        "--from",
+        "csv",
+        s(&d.join("t.csv")),
+        "-o",
+        s(&d.join("t")),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("row 2: column group `a`: 1e40 is out of range for a float"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!d.join("t.tfrecord").exists());
+}

@@ -264,7 +264,21 @@ fn csv_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
                 ),
                 Kind::Float => Val::F(
                     fs.iter()
-                        .map(|f| f.parse::<f32>().map_err(|_| bad(f)))
+                        .map(|f| match f.parse::<f32>() {
+                            Ok(x) if x.is_infinite() && !super::pipeline::names_infinity(f) => {
+                                Err(err(
+                                    Code::BadData,
+                                    format!(
+                                        "row {}: column group `{name}`: {f} is out of range for a float (±{:e})",
+                                        i + 1,
+                                        f32::MAX
+                                    ),
+                                    "scale the column, or store it as text with --type",
+                                ))
+                            }
+                            Ok(x) => Ok(x),
+                            Err(_) => Err(bad(f)),
+                        })
                         .collect::<Result<_, _>>()?,
                 ),
                 Kind::Bytes => Val::B(fs[0].as_bytes().to_vec()),

@@ -1562,6 +1562,13 @@ fn out_of_range(x: f64, d: DType) -> Option<String> {
     }
 }
 
+/// Whether a field that parsed as an infinity says so (`inf`, `-Infinity`), rather than
+/// being a finite number too large for f64.
+pub fn names_infinity(field: &str) -> bool {
+    let t = field.trim().trim_start_matches(['+', '-']);
+    t.eq_ignore_ascii_case("inf") || t.eq_ignore_ascii_case("infinity")
+}
+
 /// How to read a CSV source's rows.
 struct CsvRules<'a> {
     header: bool,
@@ -1654,13 +1661,20 @@ fn csv_row(path: &Path, line_no: usize, line: &str, how: &CsvRules) -> Result<El
                 .trim()
                 .parse()
                 .map_err(|_| format!("{}: column `{name}`: `{f}` is not a number", at()))?;
-            if dtype.is_int() && x.fract() != 0.0 {
+            // (a finite number too large for f64, `1e400` or 310 digits, parses as
+            // infinity: out of range for every dtype, as one beyond f32's is)
+            let x_or_overflow = if x.is_infinite() && !names_infinity(f) {
+                f64::MAX.copysign(x)
+            } else {
+                x
+            };
+            if dtype.is_int() && x_or_overflow.fract() != 0.0 {
                 return Err(format!(
                     "{}: column `{name}`: `{f}` is not an integer ({dtype})",
                     at()
                 ));
             }
-            if let Some(range) = out_of_range(x, *dtype) {
+            if let Some(range) = out_of_range(x_or_overflow, *dtype) {
                 return Err(format!(
                     "{}: column `{name}`: {} is out of range for {dtype} ({range})",
                     at(),
