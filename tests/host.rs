@@ -814,6 +814,96 @@ fn a_c_program_serves_the_native_library_like_estc_predict() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Issue 43, finding 8: the native library's loader checks every variable against its
+/// CRC32C in the checkpoint's metadata (a flipped bit in the weights is refused, naming
+/// the variable; weights without their metadata are refused), and a load that succeeds
+/// leaves the error buffer empty, whatever an earlier failure wrote there.
+#[cfg(feature = "llvm")]
+#[test]
+fn the_native_loader_checks_checksums_and_clears_its_error() {
+    let d = tmp("lib-checksums");
+    let cache = d.join("cache");
+    let (run, lib) = (d.join("run"), d.join("lib"));
+    let (run_s, lib_s) = (run.display().to_string(), lib.display().to_string());
+    let program = "examples/digits_mlp.est";
+    for args in [
+        &["train", program, "--steps", "5", "--model-dir", &run_s][..],
+        &["build", program, "--lib", "-o", &lib_s],
+    ] {
+        let (code, out, err) = estc(args, &cache);
+        assert_eq!(code, 0, "estc {args:?}: {out}{err}");
+    }
+    let good = run.join("ckpt-5.safetensors");
+    // a bit of `dense/kernel`'s first value flipped
+    let mut bytes = std::fs::read(&good).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let lo = header["dense/kernel"]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[8 + len + lo] ^= 0x10;
+    std::fs::write(run.join("ckpt-7.safetensors"), &bytes).unwrap();
+    std::fs::copy(run.join("ckpt-5.json"), run.join("ckpt-7.json")).unwrap();
+    std::fs::copy(&good, d.join("alone.safetensors")).unwrap();
+    let main = lib.join("loads.c");
+    std::fs::write(
+        &main,
+        r#"#include "digits.h"
+#include <stdio.h>
+int main(int argc, char **argv) {
+  char err[512];
+  for (int i = 1; i < argc; i++) {
+    est_digits *m = est_digits_load(argv[i], err, sizeof err);
+    printf("%s|%s\n", m ? "ok" : "failed", err);
+    est_digits_free(m);
+  }
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = lib.join("loads");
+    let cc = std::process::Command::new("cc")
+        .arg(&main)
+        .arg("-I")
+        .arg(&lib)
+        .arg("-L")
+        .arg(&lib)
+        .arg("-ldigits")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let ran = std::process::Command::new(&exe)
+        .arg(run.join("missing.safetensors"))
+        .arg(&good)
+        .arg(run.join("ckpt-7.safetensors"))
+        .arg(d.join("alone.safetensors"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&ran.stdout).into_owned();
+    let mut lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert!(lines.remove(0).starts_with("failed|cannot open "), "{out}");
+    // (a success after a failure: nothing left in the buffer)
+    assert_eq!(lines.remove(0), "ok|", "{out}");
+    assert!(
+        lines[0].starts_with("failed|the data of `")
+            && lines[0]
+                .contains("`dense/kernel` does not match its checksum: the checkpoint is damaged"),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with("failed|cannot open ") && lines[1].contains("alone.json"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// `estc export --format native`: the library and header of `build --lib` with the
 /// checkpoint's weights beside them (`digits.safetensors`), so that the directory alone
 /// serves the model: a C program loads those weights and predicts what `estc predict`
@@ -961,6 +1051,7 @@ estimator mixed {
     other[8..8 + len].copy_from_slice(header.replace("[17,2]", "[2,17]").as_bytes());
     let bad = run.join("ckpt-other.safetensors");
     std::fs::write(&bad, other).unwrap();
+    std::fs::copy(run.join("ckpt-30.json"), run.join("ckpt-other.json")).unwrap();
     let (code, said) = serve_with_c(&lib, "mixed", &bad, &csv, 1.0, &outs);
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("has another shape"), "{said}");

@@ -260,7 +260,8 @@ fn staging_dir(out: &Path) -> PathBuf {
 }
 
 /// Builds the native library and copies `checkpoint` beside it (as
-/// `<library id>.safetensors`) in `staging`, then moves every file into `opts.out`.
+/// `<library id>.safetensors`, with its metadata as `<library id>.json`) in `staging`,
+/// then moves every file into `opts.out`.
 fn native(
     g: &crate::ir::Graph,
     at: crate::span::Span,
@@ -275,16 +276,23 @@ fn native(
         .find(|f| f.extension().is_some_and(|e| e == "h"))
         .and_then(|f| f.file_stem())
         .map_or_else(|| name.to_string(), |s| s.to_string_lossy().into_owned());
-    let weights = staging.join(format!("{id}.safetensors"));
-    std::fs::copy(checkpoint, &weights).map_err(|e| {
-        let m = format!(
-            "cannot copy {} to {}: {e}",
-            checkpoint.display(),
-            weights.display()
-        );
-        write_failed(at, m)
-    })?;
-    files.push(weights);
+    // the weights, and their metadata with the checksums the library's loader checks
+    for (from, to) in [
+        (
+            checkpoint.to_path_buf(),
+            staging.join(format!("{id}.safetensors")),
+        ),
+        (
+            checkpoint.with_extension("json"),
+            staging.join(format!("{id}.json")),
+        ),
+    ] {
+        std::fs::copy(&from, &to).map_err(|e| {
+            let m = format!("cannot copy {} to {}: {e}", from.display(), to.display());
+            write_failed(at, m)
+        })?;
+        files.push(to);
+    }
     let mut moved = Vec::with_capacity(files.len());
     for f in &files {
         let to = opts.out.join(f.file_name().unwrap_or_default());

@@ -305,8 +305,9 @@ fn header(id: &str, name: &str, inputs: &[Port], outs: &[Port]) -> String {
          /* Every call computes one batch of exactly this many examples. */\n\
          #define EST_{up}_BATCH {batch}\n\n\
          typedef struct est_{id} est_{id};\n\n\
-         /* Loads the variables of a checkpoint (`model_dir/ckpt-N.safetensors`): NULL on\n \
-         * failure, with the reason in err (err_len bytes). */\n\
+         /* Loads the variables of a checkpoint (`model_dir/ckpt-N.safetensors`), each\n \
+         * checked against its CRC32C in the metadata beside it (`ckpt-N.json`): NULL on\n \
+         * failure, with the reason in err (err_len bytes; empty after a success). */\n\
          est_{id} *est_{id}_load(const char *checkpoint, char *err, size_t err_len);\n\n\
          /* Runs one batch, arrays in row-major order:\n",
         up = id.to_ascii_uppercase()
@@ -341,7 +342,24 @@ fn header(id: &str, name: &str, inputs: &[Port], outs: &[Port]) -> String {
     h
 }
 
-/// The C side: memory plan, tables, loader, driver.
+/// The CRC32C (Castagnoli) table the loader checks checkpoints with.
+fn crc32c_table() -> [u32; 256] {
+    let mut t = [0u32; 256];
+    for (i, e) in t.iter_mut().enumerate() {
+        let mut c = i as u32;
+        for _ in 0..8 {
+            c = if c & 1 == 1 {
+                (c >> 1) ^ 0x82F6_3B78
+            } else {
+                c >> 1
+            };
+        }
+        *e = c;
+    }
+    t
+}
+
+/// The C side: memory plan, tables, loader (checking checksums), driver.
 fn source(
     id: &str,
     offsets: &[usize],
@@ -411,6 +429,11 @@ fn source(
         "static int64_t (*const KERNELS[])(void *const *, int64_t, int64_t) = {{{}}};\n",
         list(&mut kernels.iter().map(|k| k.f.name.clone()))
     );
+    let _ = writeln!(
+        s,
+        "static const uint32_t CRC32C[256] = {{{}}};\n",
+        list(&mut crc32c_table().iter().map(|c| format!("0x{c:08x}u")))
+    );
     s.push_str(
         r#"static void fail(char *err, size_t n, const char *fmt, ...) {
   va_list a;
@@ -477,11 +500,77 @@ static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
   return 1;
 }
 
+/* The CRC32C (Castagnoli) of `n` bytes, as est's checkpoints hold them. */
+static uint32_t crc32c(const unsigned char *p, size_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  size_t i;
+  for (i = 0; i < n; i++) c = CRC32C[(c ^ p[i]) & 0xff] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+/* The text of a checkpoint's metadata (`ckpt-N.json` beside `ckpt-N.safetensors`), or
+   NULL after saying why. */
+static char *read_meta(const char *checkpoint, char *err, size_t n) {
+  char path[4096];
+  size_t len = strlen(checkpoint), got;
+  const char *ext = ".safetensors";
+  long size;
+  char *text;
+  FILE *f;
+  if (len >= strlen(ext) && strcmp(checkpoint + len - strlen(ext), ext) == 0) len -= strlen(ext);
+  if (len + 6 > sizeof path) { fail(err, n, "the checkpoint's path is too long"); return NULL; }
+  memcpy(path, checkpoint, len);
+  memcpy(path + len, ".json", 6);
+  f = fopen(path, "rb");
+  if (!f) {
+    fail(err, n, "cannot open %s, the checkpoint's metadata, which holds its checksums", path);
+    return NULL;
+  }
+  if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || size > (64L << 20) ||
+      fseek(f, 0, SEEK_SET) != 0) {
+    fail(err, n, "%s is not a checkpoint's metadata", path);
+    fclose(f);
+    return NULL;
+  }
+  text = malloc((size_t)size + 1);
+  if (!text) { fail(err, n, "out of memory"); fclose(f); return NULL; }
+  got = fread(text, 1, (size_t)size, f);
+  fclose(f);
+  text[got] = 0;
+  if (!strstr(text, "\"checksums\"")) {
+    fail(err, n, "%s holds no checksums (a checkpoint of an older est: save it again)", path);
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+/* Whether variable `name`'s `bytes` bytes at `p` match its checksum in `meta`. */
+static int verify(const char *meta, const char *name, const unsigned char *p, size_t bytes,
+                  char *err, size_t n) {
+  char key[1024];
+  const char *c = strstr(meta, "\"checksums\""), *at;
+  char *q;
+  unsigned long want;
+  snprintf(key, sizeof key, "\"%s\":", name);
+  at = strstr(c, key);
+  if (!at) { fail(err, n, "the checkpoint's metadata has no checksum of `%s`", name); return 0; }
+  at += strlen(key);
+  while (*at == ' ') at++;
+  want = strtoul(at, &q, 10);
+  if (q == at) { fail(err, n, "the checkpoint's metadata has no checksum of `%s`", name); return 0; }
+  if ((uint32_t)want != crc32c(p, bytes)) {
+    fail(err, n, "the data of `%s` does not match its checksum: the checkpoint is damaged", name);
+    return 0;
+  }
+  return 1;
+}
+
 "#,
     );
     let _ = write!(
         s,
-        "est_{id} *est_{id}_load(const char *checkpoint, char *err, size_t err_len) {{\n  \
+        "static est_{id} *load_checked(const char *checkpoint, const char *meta, char *err, size_t err_len) {{\n  \
          unsigned char len8[8];\n  uint64_t hlen = 0;\n  char *hdr;\n  size_t i;\n  int ok = 1;\n  \
          est_{id} *m;\n  FILE *f = fopen(checkpoint, \"rb\");\n  \
          if (!f) {{ fail(err, err_len, \"cannot open %s\", checkpoint); return NULL; }}\n  \
@@ -501,7 +590,8 @@ static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
         let _ = writeln!(
             s,
             "  {{\n    static const uint64_t est_shape{k}[] = {{{}}};\n    \
-             ok = ok && read_var(f, hdr, 8 + hlen, \"{lit}\", \"{dtype}\", est_shape{k}, {}, {len}, m->base + {off}, err, err_len);\n  }}",
+             ok = ok && read_var(f, hdr, 8 + hlen, \"{lit}\", \"{dtype}\", est_shape{k}, {}, {len}, m->base + {off}, err, err_len)\n      \
+             && verify(meta, \"{lit}\", m->base + {off}, {len}, err, err_len);\n  }}",
             if sizes.is_empty() { "0".to_string() } else { sizes.join(", ") },
             shape.len()
         );
@@ -511,6 +601,14 @@ static int read_var(FILE *f, const char *hdr, uint64_t data, const char *name,
         "  free(hdr);\n  fclose(f);\n  \
          if (!ok) {{ est_{id}_free(m); return NULL; }}\n  \
          for (i = 0; i < {slots}; i++) m->tab[i] = m->base + OFFSETS[TAB[i]];\n  \
+         return m;\n}}\n\n\
+         est_{id} *est_{id}_load(const char *checkpoint, char *err, size_t err_len) {{\n  \
+         char *meta;\n  est_{id} *m;\n  \
+         if (err && err_len) err[0] = 0;\n  \
+         meta = read_meta(checkpoint, err, err_len);\n  \
+         if (!meta) return NULL;\n  \
+         m = load_checked(checkpoint, meta, err, err_len);\n  \
+         free(meta);\n  \
          return m;\n}}\n\n\
          int est_{id}_predict(est_{id} *est_m{}) {{\n  size_t est_k;\n",
         params(inputs, outs)
