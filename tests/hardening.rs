@@ -488,3 +488,59 @@ estimator e { model = m  train_input = rows() }
     );
     assert!(!d.join("t.tfrecord").exists());
 }
+
+/// Finding 9 (first part): a reshape that merges the examples with the axis after them
+/// (`[B, 64]` to `[B * 8, 8]`, as `einsum` does) and `conv2d_transpose` keep each
+/// example's rows apart, so a partial last batch is evaluated exactly (it was W0513 at
+/// check and E0916 at run time): eval over batches of 64 (the last of 40) gives the
+/// accuracy and loss of one batch of all 360 examples, and predict one row each.
+#[test]
+fn merged_rows_and_transposed_convolutions_evaluate_partial_batches() {
+    let d = tmp("merged-rows");
+    let program = "tests/fixtures/hardening/merged_rows.est";
+    let o = ok(estc(&[
+        "check",
+        program,
+        "--param",
+        "eval_batch=64",
+        "--target",
+        "host",
+    ]));
+    assert!(!stderr(&o).contains("W0513"), "{}", stderr(&o));
+    let md = d.join("md");
+    ok(estc(&["train", program, "--model-dir", s(&md)]));
+    let eval = |batch: &str| -> serde_json::Value {
+        let o = ok(estc(&[
+            "eval",
+            program,
+            "--model-dir",
+            s(&md),
+            "--param",
+            &format!("eval_batch={batch}"),
+            "--message-format",
+            "json",
+        ]));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (whole, parts) = (eval("360"), eval("64"));
+    assert_eq!(parts["examples"], 360, "{parts}");
+    assert_eq!(parts["accuracy"], whole["accuracy"], "{parts} {whole}");
+    let (a, b) = (
+        parts["loss"].as_f64().unwrap(),
+        whole["loss"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+    let out = d.join("p");
+    ok(estc(&[
+        "predict",
+        program,
+        "--model-dir",
+        s(&md),
+        "--param",
+        "eval_batch=64",
+        "--output",
+        s(&out),
+    ]));
+    let lines = std::fs::read_to_string(out.join("predictions.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 360);
+}

@@ -6,7 +6,9 @@
 //!
 //! - it follows, for every node, which axis holds the examples (row `i` computed from
 //!   example `i` alone), through elementwise ops, broadcasting, reshapes, transposes,
-//!   matmuls, convolutions, pooling and gathers;
+//!   matmuls, convolutions (transposed ones too), pooling and gathers, and through a
+//!   reshape that merges the examples with the axis after them (`[B, T, D]` to
+//!   `[B * T, D]`, as `einsum` does), row blocks of one example each;
 //! - every reduction across that axis (`reduce_sum`, `reduce_mean`, ... over the
 //!   batch) becomes the same reduction over the real rows only, so a loss written with
 //!   `reduce_mean` over the batch is the mean over the real examples;
@@ -35,9 +37,11 @@ use petgraph::visit::{EdgeRef, NodeIndexable};
 enum Rows {
     /// Not at all (constants, variables, the step, random numbers).
     Shared,
-    /// Row by row along this axis: row `i` depends on example `i` (and shared or
-    /// exactly aggregated values) only.
-    Axis(usize),
+    /// Row by row along an axis, in blocks of `per` rows (`Axis(axis, per)`): rows
+    /// `i * per .. (i + 1) * per` depend on example `i` (and shared or exactly
+    /// aggregated values) only. `per` is 1 but where a reshape merged the examples with
+    /// the axis after them (`[B, T, D]` to `[B * T, D]`, as `einsum` does).
+    Axis(usize, usize),
     /// An affine function of means over the real examples (`reduce_mean` over the
     /// batch, then sums, differences and scalings by shared values): its mean over all
     /// examples is the mean of its per-batch values weighted by their real examples.
@@ -74,7 +78,7 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
     for n in g.topo_order() {
         let r = match &g.node(n).op {
             _ if n == mask => continue,
-            Op::Input { .. } => Rows::Axis(0),
+            Op::Input { .. } => Rows::Axis(0, 1),
             Op::Reduce { .. } => reduction(g, n, &mut rows, mask, size),
             _ => follow(g, n, &rows),
         };
@@ -93,7 +97,7 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
         let ok = match (o.role, r) {
             (_, Rows::Shared) => true,
             (Role::Loss, Rows::Mean) => true,
-            (Role::MetricInput | Role::Prediction, Rows::Axis(0)) => {
+            (Role::MetricInput | Role::Prediction, Rows::Axis(0, 1)) => {
                 per_example.push(i);
                 true
             }
@@ -142,8 +146,8 @@ fn reduction(
     };
     let x = g.operands(n)[0];
     match rows[x.index()] {
-        Rows::Axis(a) if axes.contains(&a) => {
-            let result = mask_reduction(g, n, x, a, op, mask, size);
+        Rows::Axis(a, per) if axes.contains(&a) => {
+            let result = mask_reduction(g, n, x, (a, per), op, mask, size);
             let r = if op == ReduceOp::Mean {
                 Rows::Mean
             } else {
@@ -152,8 +156,8 @@ fn reduction(
             set(rows, result, r);
             r
         }
-        Rows::Axis(a) if keep_dims => Rows::Axis(a),
-        Rows::Axis(a) => Rows::Axis(a - axes.iter().filter(|&&ax| ax < a).count()),
+        Rows::Axis(a, per) if keep_dims => Rows::Axis(a, per),
+        Rows::Axis(a, per) => Rows::Axis(a - axes.iter().filter(|&&ax| ax < a).count(), per),
         Rows::Mean if matches!(op, ReduceOp::Sum | ReduceOp::Mean) => Rows::Mean,
         Rows::Mean => Rows::Aggregate,
         r => r,
@@ -245,32 +249,37 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
         | Op::Lookup { .. }
         | Op::HashBucket { .. } => nonlinear(of(0)),
         Op::ArgMax { axis } | Op::ArgMin { axis } => match of(0) {
-            Rows::Axis(a) if a == *axis => mixed,
-            Rows::Axis(a) if a > *axis => Rows::Axis(a - 1),
+            Rows::Axis(a, _) if a == *axis => mixed,
+            Rows::Axis(a, per) if a > *axis => Rows::Axis(a - 1, per),
             r => nonlinear(r),
         },
         Op::Softmax { axis } | Op::LogSoftmax { axis } => match of(0) {
-            Rows::Axis(a) if a == *axis => mixed,
+            Rows::Axis(a, _) if a == *axis => mixed,
             r => nonlinear(r),
         },
         Op::Slice { axis, .. } => match of(0) {
-            Rows::Axis(a) if a == *axis => mixed,
+            Rows::Axis(a, _) if a == *axis => mixed,
             r => r,
         },
         Op::Concat { axis } => {
             let all: Vec<Rows> = ops.iter().map(|o| rows[o.index()]).collect();
-            if all.contains(&Rows::Axis(*axis)) {
+            if all
+                .iter()
+                .any(|r| matches!(r, Rows::Axis(a, _) if a == axis))
+            {
                 mixed
             } else {
                 combine(all.into_iter(), mixed)
             }
         }
         Op::Transpose { perm } => match of(0) {
-            Rows::Axis(a) => Rows::Axis(perm.iter().position(|&p| p == a).unwrap_or(a)),
+            Rows::Axis(a, per) => Rows::Axis(perm.iter().position(|&p| p == a).unwrap_or(a), per),
             r => r,
         },
         Op::Reshape => match of(0) {
-            Rows::Axis(a) => reshaped(&g.ty(ops[0]).shape, &node.ty.shape, a).unwrap_or(mixed),
+            Rows::Axis(a, per) => {
+                reshaped(&g.ty(ops[0]).shape, &node.ty.shape, a, per).unwrap_or(mixed)
+            }
             r => r,
         },
         Op::MatMul => {
@@ -279,34 +288,37 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
             }
             let (ra, rb) = (g.ty(ops[0]).rank(), g.ty(ops[1]).rank());
             let a = match of(0) {
-                Rows::Axis(x) if x + 1 == ra => mixed,
-                Rows::Axis(x) => Rows::Axis(x + rank - ra),
+                Rows::Axis(x, _) if x + 1 == ra => mixed,
+                Rows::Axis(x, per) => Rows::Axis(x + rank - ra, per),
                 r => r,
             };
             let b = match of(1) {
-                Rows::Axis(x) if x + 2 == rb => mixed,
-                Rows::Axis(x) => Rows::Axis(x + rank - rb),
+                Rows::Axis(x, _) if x + 2 == rb => mixed,
+                Rows::Axis(x, per) => Rows::Axis(x + rank - rb, per),
                 r => r,
             };
             combine([a, b].into_iter(), mixed)
         }
         Op::Gather => match (of(0), of(1)) {
-            (Rows::Axis(_) | Rows::Mixed(_), _) => mixed,
+            (Rows::Axis(..) | Rows::Mixed(_), _) => mixed,
             (t, idx) => combine([t, nonlinear(idx)].into_iter(), mixed),
         },
-        Op::Conv2d(_) | Op::MaxPool2d(_) | Op::AvgPool2d(_) => {
+        // (a transposed convolution, `conv2d_transpose`, is a convolution's input
+        // gradient: image by image too)
+        Op::Conv2d(_) | Op::Conv2dBackpropInput(_) | Op::MaxPool2d(_) | Op::AvgPool2d(_) => {
             let filter = if ops.len() > 1 { of(1) } else { Rows::Shared };
             match (of(0), filter) {
-                (_, Rows::Axis(_) | Rows::Mixed(_)) => mixed,
-                (Rows::Axis(0), f) => combine([Rows::Axis(0), nonlinear(f)].into_iter(), mixed),
-                (Rows::Axis(_), _) => mixed,
+                (_, Rows::Axis(..) | Rows::Mixed(_)) => mixed,
+                (Rows::Axis(0, per), f) => {
+                    combine([Rows::Axis(0, per), nonlinear(f)].into_iter(), mixed)
+                }
+                (Rows::Axis(..), _) => mixed,
                 (x, f) => nonlinear(combine([x, f].into_iter(), mixed)),
             }
         }
-        Op::Input { .. } => Rows::Axis(0),
+        Op::Input { .. } => Rows::Axis(0, 1),
         // Gradient ops only appear in train graphs.
         Op::Reduce { .. }
-        | Op::Conv2dBackpropInput(_)
         | Op::Conv2dBackpropFilter(_)
         | Op::MaxPool2dGrad(_)
         | Op::AvgPool2dGrad(_)
@@ -317,7 +329,7 @@ fn follow(g: &Graph, n: NodeIndex, rows: &[Rows]) -> Rows {
 /// An operand's rows as seen in a result of rank `out` (numpy aligns axes on the right).
 fn aligned(r: Rows, rank: usize, out: usize) -> Rows {
     match r {
-        Rows::Axis(a) => Rows::Axis(a + out - rank),
+        Rows::Axis(a, per) => Rows::Axis(a + out - rank, per),
         r => r,
     }
 }
@@ -355,8 +367,8 @@ fn combine(all: impl Iterator<Item = Rows>, mixed: Rows) -> Rows {
     for r in all {
         out = match (out, r) {
             (Rows::Mixed(m), _) | (_, Rows::Mixed(m)) => return Rows::Mixed(m),
-            (Rows::Axis(a), Rows::Axis(b)) if a != b => return mixed,
-            (Rows::Axis(a), _) | (_, Rows::Axis(a)) => Rows::Axis(a),
+            (Rows::Axis(a, p), Rows::Axis(b, q)) if (a, p) != (b, q) => return mixed,
+            (Rows::Axis(a, p), _) | (_, Rows::Axis(a, p)) => Rows::Axis(a, p),
             (Rows::Aggregate, _) | (_, Rows::Aggregate) => Rows::Aggregate,
             (Rows::Mean, _) | (_, Rows::Mean) => Rows::Mean,
             _ => Rows::Shared,
@@ -365,15 +377,20 @@ fn combine(all: impl Iterator<Item = Rows>, mixed: Rows) -> Rows {
     out
 }
 
-/// Where the examples axis `a` of `from` goes in a reshape to `to`: an axis of the
-/// same size after the same number of elements, so each example's elements stay one
-/// contiguous run.
-fn reshaped(from: &[usize], to: &[usize], a: usize) -> Option<Rows> {
+/// Where the examples of `from` (along axis `a`, in blocks of `per` rows) go in a
+/// reshape to `to`: to an axis after the same number of elements (so that each
+/// example's elements stay one contiguous run in each of those outer positions) whose
+/// rows each hold elements of one example only. `[B, T, D]` to `[B * T, D]` puts them
+/// along axis 0 in blocks of T rows, and back.
+fn reshaped(from: &[usize], to: &[usize], a: usize, per: usize) -> Option<Rows> {
     let before: usize = from[..a].iter().product();
+    // the elements of one example in one outer position
+    let block = per.saturating_mul(from[a + 1..].iter().product());
     let mut p = 1usize;
     for (i, &d) in to.iter().enumerate() {
-        if p == before && d == from[a] {
-            return Some(Rows::Axis(i));
+        let inner: usize = to[i + 1..].iter().product();
+        if p == before && inner > 0 && block % inner == 0 && d % (block / inner) == 0 {
+            return Some(Rows::Axis(i, block / inner));
         }
         p = p.saturating_mul(d);
     }
@@ -387,21 +404,44 @@ fn mask_reduction(
     g: &mut Graph,
     n: NodeIndex,
     x: NodeIndex,
-    a: usize,
+    (a, per): (usize, usize),
     op: ReduceOp,
     mask: NodeIndex,
     size: usize,
 ) -> NodeIndex {
     let span = g.node(n).span;
     let xt = g.ty(x).clone();
-    let m = if xt.rank() == 1 {
+    // the mask of the rows: each example's `per` rows take its flag
+    let rows = if per == 1 {
         mask
     } else {
-        let mut mshape: Shape = smallvec::smallvec![1; xt.rank()];
-        mshape[a] = size;
-        g.add(
+        let column = g.add(
             Op::Reshape,
             &[mask],
+            TensorType::new(DType::Bool, vec![size, 1]),
+            span,
+        );
+        let blocks = g.add(
+            Op::BroadcastTo,
+            &[column],
+            TensorType::new(DType::Bool, vec![size, per]),
+            span,
+        );
+        g.add(
+            Op::Reshape,
+            &[blocks],
+            TensorType::new(DType::Bool, vec![size * per]),
+            span,
+        )
+    };
+    let m = if xt.rank() == 1 {
+        rows
+    } else {
+        let mut mshape: Shape = smallvec::smallvec![1; xt.rank()];
+        mshape[a] = size * per;
+        g.add(
+            Op::Reshape,
+            &[rows],
             TensorType::new(DType::Bool, mshape),
             span,
         )
@@ -448,11 +488,13 @@ fn mask_reduction(
         g.g.edges_directed(n, petgraph::Direction::Outgoing)
             .map(|e| (e.target(), *e.weight(), e.id()))
             .collect();
-    let others: usize = axes
-        .iter()
-        .filter(|&&ax| ax != a)
-        .map(|&ax| xt.shape[ax])
-        .product();
+    // (each real example counts its `per` rows)
+    let others: usize = per
+        * axes
+            .iter()
+            .filter(|&&ax| ax != a)
+            .map(|&ax| xt.shape[ax])
+            .product::<usize>();
     let dt = xt.dtype;
     let mf = g.add(Op::Cast, &[mask], TensorType::new(dt, vec![size]), span);
     let real = g.add(
