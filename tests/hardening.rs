@@ -544,3 +544,58 @@ fn merged_rows_and_transposed_convolutions_evaluate_partial_batches() {
     let lines = std::fs::read_to_string(out.join("predictions.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 360);
 }
+
+/// Finding 9: `one_hot(ids - 1, n)` of a feature with 0 as padding (Keras's masked
+/// one-hot; TensorFlow's indicator columns pad with -1, documented to give zeros) trains,
+/// its -1 rows zeros; the labels are still checked (E0915 for a label of -1).
+#[test]
+fn a_one_hot_of_a_feature_is_not_checked_as_a_label() {
+    let d = tmp("one-hot-feature");
+    let program = |label: &str| {
+        format!(
+            r#"use std.nn.dense
+use std.losses.softmax_cross_entropy
+
+input rows() {{
+  range(64)
+    |> map |i| ({{ ids: concat([reshape(i % 5, [1]), reshape((i + 2) % 5, [1]), reshape(i * 0, [1])]) }}, {label})
+    |> repeat
+    |> batch(8, drop_remainder: true)
+}}
+
+model m(features: {{ ids: i32[B, T] }}, labels: i32[B]) {{
+  let bag = reduce_sum(one_hot(features.ids - 1, 4), axis: 1)
+  let loss = softmax_cross_entropy(labels, dense(bag, 3))
+  train {{ minimize loss with sgd(lr: 0.1) }}
+}}
+
+estimator e {{ model = m  train_input = rows() }}
+"#
+        )
+    };
+    for (label, fails) in [("i % 3", false), ("i % 3 - 1", true)] {
+        let file = d.join("m.est");
+        std::fs::write(&file, program(label)).unwrap();
+        let md = d.join(format!("md-{fails}"));
+        let o = estc(&[
+            "train",
+            s(&file),
+            "--target",
+            "interp",
+            "--max-steps",
+            "5",
+            "--model-dir",
+            s(&md),
+        ]);
+        if fails {
+            assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+            assert!(
+                stderr(&o).contains("E0915") && stderr(&o).contains("label -1"),
+                "{}",
+                stderr(&o)
+            );
+        } else {
+            ok(o);
+        }
+    }
+}

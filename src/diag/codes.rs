@@ -674,7 +674,9 @@ same; only TensorBoard will not see them.";
 labels in the program), or where `accuracy` compares them with an `argmax` over the
 classes. A `one_hot` of such a label is a row of zeros, so the loss would silently
 train on nothing for that example (TensorFlow's sparse losses raise here too). The
-message names the step (or eval batch), the label and its position in the batch.
+message names the step (or eval batch), the label and its position in the batch. Only
+values computed from the model's labels are checked: a `one_hot` of a feature keeps
+TensorFlow's rows of zeros (`one_hot(ids - 1, n)` of ids padded with 0).
 
 Fix the data or the `map` that makes the labels (labels counted from 1 need `- 1`),
 or give the model as many classes as the labels need.";

@@ -61,10 +61,15 @@ impl<'p> Elab<'p> {
         let elems = [Some(features), labels];
         let mut ok = true;
         for (k, param) in f.params.iter().enumerate() {
+            let fed = self.graph.feeds.len();
             let value = match elems[k] {
                 Some(e) => self.bind_param(m, param, e, &mut dims, input_span),
                 None => Some(Value::Absent(param.name.span)),
             };
+            if k == 1 {
+                let labels = self.graph.feeds[fed..].to_vec();
+                self.graph.label_feeds.extend(labels);
+            }
             match value {
                 Some(v) => {
                     self.record_binding(&param.name, &v);

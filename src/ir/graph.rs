@@ -165,6 +165,9 @@ pub struct Graph {
     /// the input's element, in the element's order (set by elaboration). An input the
     /// model does not read keeps its place here after a pass removed its node.
     pub feeds: Vec<String>,
+    /// Which of `feeds` come from the model's labels parameter (its second): what the
+    /// class-label checks guard (set by elaboration).
+    pub label_feeds: Vec<String>,
 }
 
 /// The mask of real examples of a graph whose last batch may be padded: the runtime

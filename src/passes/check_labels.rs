@@ -4,8 +4,11 @@
 //! `accuracy` would count it wrong without a word. This pass puts a `check_indices`
 //! before
 //!
-//! - the indices of every `one_hot` whose value reaches the loss (the sparse path of
-//!   `softmax_cross_entropy`, or a user's `one_hot` of the labels), and
+//! - the indices of every `one_hot` whose value reaches the loss and whose indices are
+//!   computed from the model's labels (the sparse path of `softmax_cross_entropy`, or a
+//!   user's `one_hot` of the labels; a `one_hot` of a feature keeps TensorFlow's zero
+//!   rows, which Keras's masked one-hot and TensorFlow's indicator columns, whose
+//!   padding is -1, rely on), and
 //! - the labels of every `accuracy` metric whose predictions are an `argmax` (or
 //!   `argmin`) over `classes` values,
 //!
@@ -20,11 +23,12 @@ use petgraph::Direction;
 
 pub fn run(g: &mut Graph, _ctx: &PassCtx, _diags: &mut Diags) {
     let reaches = reaches_loss(g);
+    let labelled = from_labels(g);
     let one_hots: Vec<(NodeIndex, usize)> =
         g.g.node_indices()
             .filter(|n| reaches[n.index()])
             .filter_map(|n| match g.node(n).op {
-                Op::OneHot { depth } => Some((n, depth)),
+                Op::OneHot { depth } if labelled[g.operands(n)[0].index()] => Some((n, depth)),
                 _ => None,
             })
             .collect();
@@ -69,6 +73,26 @@ fn check(g: &mut Graph, idx: NodeIndex, depth: usize, at: NodeIndex) -> NodeInde
 
 fn already_checked(g: &Graph, n: NodeIndex, depth: usize) -> bool {
     matches!(g.node(n).op, Op::CheckIndices { depth: d } if d == depth)
+}
+
+/// The nodes whose value is computed from the model's labels (`Graph::label_feeds`).
+fn from_labels(g: &Graph) -> Vec<bool> {
+    let mut seen = vec![false; g.g.node_bound()];
+    let mut stack: Vec<NodeIndex> = g
+        .g
+        .node_indices()
+        .filter(|&n| matches!(&g.node(n).op, Op::Input { name } if g.label_feeds.contains(name)))
+        .collect();
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut seen[n.index()], true) {
+            continue;
+        }
+        stack.extend(
+            g.g.edges_directed(n, Direction::Outgoing)
+                .map(|e| e.target()),
+        );
+    }
+    seen
 }
 
 /// The nodes whose value the loss reads (through any path).
