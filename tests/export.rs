@@ -769,6 +769,36 @@ fn a_graph_compiled_at_batch_one_serves_any_batch() {
     assert_eq!(v.batch_sizes, vec![2, 1]);
 }
 
+/// Issue 43, finding 9: a prediction the same for every example (a constant of the
+/// batch's length, `fill([B], 3)`) exports, following the batch at any size, as
+/// `estc predict` writes it (it was E0922), at the static batch and at batch 1.
+#[test]
+fn a_constant_prediction_follows_the_batch() {
+    for batch in [B, 1] {
+        let mut c = Case::new();
+        c.batch = batch;
+        let x = c.input("x", DType::F32, &[3], -1.0, 1.0);
+        let version = c.constant(3.0, DType::F32, &[batch]);
+        c.predict("version", version);
+        let rows = c.constant(0.5, DType::F32, &[batch, 2]);
+        c.predict("rows", rows);
+        let y = c.f(Op::Unary(UnaryOp::Tanh), &[x]);
+        c.predict("y", y);
+        let exported = c.export().unwrap_or_else(|d| panic!("{}", d.message));
+        if no_python("a_constant_prediction_follows_the_batch") {
+            return;
+        }
+        let path = tmp(&format!("constant-{batch}")).join("m.onnx");
+        std::fs::write(&path, exported.bytes).unwrap();
+        let samples = [Sample {
+            inputs: c.feeds.clone(),
+            outputs: c.interpret(),
+        }];
+        let v = verify::verify(&path, &samples, SPAN).unwrap_or_else(|d| panic!("{}", d.message));
+        assert_served(&v, "constant predictions", 3, 5);
+    }
+}
+
 /// A checkpoint that another program wrote (other variables) is refused as `eval`
 /// refuses it (E0901), with `--checkpoint` naming it as with model_dir holding it; and
 /// `--checkpoint` exports the step it names, not the newest.

@@ -149,7 +149,18 @@ pub fn export(
     let mut out_msgs = Vec::new();
     for (name, n) in &outs {
         let ty = g.ty(*n).clone();
-        let v = b.val(*n);
+        let mut v = b.val(*n);
+        // A prediction the same for every example (a constant, `fill([B], 3)`) has its
+        // first axis broadcast: it follows the batch when expanded to it, as `estc
+        // predict` writes one row of it per example.
+        let constant_rows = matches!(v.dims.first(), Some(Dim::Bcast))
+            || (v.dims.first() == Some(&Dim::Fixed(1)) && batch == 1);
+        if constant_rows && !v.dims.iter().any(|d| d.factor().is_some()) && b.batch_src.is_some() {
+            let mut target = v.dims.clone();
+            target[0] = ROWS;
+            v = b.expand_to(&v, &target, &ty.shape);
+            v.dims[0] = ROWS;
+        }
         if graph_inputs.iter().any(|i| &i.0 == name) {
             return Err(Diag::new(
                 Code::Export,
