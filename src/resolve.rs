@@ -299,6 +299,9 @@ impl<'p> Resolver<'p> {
         }
         for p in &f.params {
             let warn = self.user && f.body.is_some() && !is_model;
+            if f.body.is_some() {
+                self.shadow_check(&p.name, "parameter");
+            }
             self.bind(&p.name, warn);
         }
         if let Some(b) = &f.body {
@@ -433,7 +436,7 @@ impl<'p> Resolver<'p> {
                     self.type_dims(t);
                 }
                 self.expr(value);
-                self.shadow_check(name);
+                self.shadow_check(name, "local");
                 self.bind(name, self.user);
             }
             StmtKind::Assign { name, value } => {
@@ -452,6 +455,7 @@ impl<'p> Resolver<'p> {
             StmtKind::For { var, iter, body } => {
                 self.expr(iter);
                 self.scopes.push(Vec::new());
+                self.shadow_check(var, "loop variable");
                 self.bind(var, false);
                 self.block(body);
                 self.pop_scope();
@@ -531,6 +535,7 @@ impl<'p> Resolver<'p> {
             ExprKind::Closure { params, body } => {
                 self.scopes.push(Vec::new());
                 for p in params.iter().flat_map(Pat::names) {
+                    self.shadow_check(p, "closure parameter");
                     self.bind(p, false);
                 }
                 self.expr(body);
@@ -688,7 +693,10 @@ impl<'p> Resolver<'p> {
         }
     }
 
-    fn shadow_check(&mut self, name: &Ident) {
+    /// W0702 when a binding (`kind`: a local, a parameter, a loop or closure variable)
+    /// of a user file takes the name of an item in scope (the standard library's
+    /// functions included), which it hides from there on.
+    fn shadow_check(&mut self, name: &Ident, kind: &str) {
         if !self.user || self.local(&name.name) {
             return;
         }
@@ -707,11 +715,11 @@ impl<'p> Resolver<'p> {
             Diag::new(
                 Code::ShadowedItem,
                 name.span,
-                format!("`{}` shadows {what} `{}`", name.name, name.name),
+                format!("{kind} `{}` shadows {what} `{}`", name.name, name.name),
             )
-            .label("this local")
+            .label(format!("this {kind}"))
             .help(format!(
-                "rename the local; after this line `{}` no longer means {what}",
+                "rename the {kind}; where it is in scope, `{}` no longer means {what}",
                 name.name
             )),
         );

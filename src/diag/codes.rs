@@ -558,14 +558,17 @@ with `_` are exempt.
 
 Remove it, use it, or prefix its name with `_`.";
 
-    ShadowedItem = "W0702", Warning, "local shadows an item",
-"A `let` gives a local the name of a function, input, model, imported module or
-built-in (`mode`, `params`, `f32`, ...) that is visible there, so that name no longer
-means the item afterwards. (Rebinding a local with `let` is normal and not warned about.)
+    ShadowedItem = "W0702", Warning, "a local or parameter shadows an item",
+"A `let`, a parameter of a function, input or model, a `for` variable or a closure's
+parameter takes the name of a function, input, model, imported module or built-in
+(`mode`, `params`, `f32`, ...) that is visible there, standard library functions
+included, so that the name no longer means the item where the binding is in scope.
+(Rebinding a local with `let` is normal and not warned about.)
 
-    let relu = 3      // warning: shadows the function `relu`
+    let relu = 3                    // warning: local `relu` shadows the function `relu`
+    input digits(shuffle: bool) {}  // warning: parameter `shuffle` shadows the function
 
-Rename the local.";
+Rename the local or the parameter.";
 
     UnusedModel = "W0703", Warning, "model is not used by any estimator",
 "Models are checked through the estimators that use them, because the input pipeline
