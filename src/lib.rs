@@ -21,6 +21,7 @@ pub mod export;
 pub mod hash;
 pub mod ir;
 pub mod lsp;
+pub mod oom;
 pub mod passes;
 pub mod program;
 pub mod resolve;

@@ -599,3 +599,65 @@ estimator e {{ model = m  train_input = rows() }}
         }
     }
 }
+
+/// Finding 10: under a process memory limit (`ulimit -v`, as batch schedulers set) a run
+/// that cannot allocate what it needs ends with a diagnostic and status 1, never an
+/// abort (SIGABRT, status 134, with Rust's bare "memory allocation of N bytes failed"):
+/// a large variable (initialised, bound to the device, read out for its checkpoint) on
+/// the interpreter and the host, and a pipeline of large elements batched, each at a
+/// sweep of limits from below what the binary needs to start to above what the run
+/// needs.
+#[test]
+fn memory_limits_give_diagnostics_not_aborts() {
+    let d = tmp("ulimit");
+    let mut failed_with = std::collections::BTreeSet::new();
+    let mut succeeded = 0;
+    for (program, target) in [
+        ("big_variable", "interp"),
+        ("big_variable", "host"),
+        ("big_elements", "interp"),
+    ] {
+        if target == "host" && !cfg!(feature = "llvm") {
+            continue;
+        }
+        for limit_mb in (300u64..=2400).step_by(300) {
+            let md = d.join(format!("{program}-{target}-{limit_mb}"));
+            let o = Command::new("prlimit")
+                .arg(format!("--as={}", limit_mb * 1_000_000))
+                .arg(env!("CARGO_BIN_EXE_estc"))
+                .args(["train", &format!("tests/fixtures/hardening/{program}.est")])
+                .args([
+                    "--target",
+                    target,
+                    "--max-steps",
+                    "2",
+                    "--model-dir",
+                    s(&md),
+                ])
+                .current_dir(root())
+                .output()
+                .unwrap();
+            let e = stderr(&o);
+            let case = format!("{program} on {target} under {limit_mb} MB");
+            if e.contains("error while loading shared libraries") {
+                continue; // below what the binary needs to start at all
+            }
+            assert!(!e.contains("memory allocation of"), "{case}: {e}");
+            match o.status.code() {
+                Some(0) => succeeded += 1,
+                Some(1) => {
+                    let code = ["E0602", "E0905", "E0906"]
+                        .into_iter()
+                        .find(|c| e.contains(c));
+                    assert!(code.is_some(), "{case}: {e}");
+                    failed_with.extend(code);
+                }
+                other => panic!("{case}: status {other:?}: {e}"),
+            }
+        }
+    }
+    assert!(
+        succeeded > 0 && !failed_with.is_empty(),
+        "{succeeded} {failed_with:?}"
+    );
+}

@@ -1498,7 +1498,8 @@ pub fn stack_leaf(items: &[&Tensor], padded: bool) -> Result<Tensor, String> {
     let per: usize = shape.iter().product();
     macro_rules! st {
         ($get:ident, $zero:expr, $wrap:expr) => {{
-            let mut v = Vec::with_capacity(items.len() * per);
+            let mut v = Vec::new();
+            reserve_batch(&mut v, items.len(), per, &shape)?;
             for it in items {
                 let a = it.$get();
                 if a.shape() == shape.as_slice() {
@@ -1535,6 +1536,24 @@ pub fn stack_leaf(items: &[&Tensor], padded: bool) -> Result<Tensor, String> {
             dtype: DType::Bytes,
             data: Data::S(a)
         }),
+    })
+}
+
+/// Reserves a batch's `count * per` values in `v`, fallibly: a batch too large for the
+/// process's memory (under `ulimit -v`, as batch schedulers set) is an error of the
+/// pipeline, not an abort.
+fn reserve_batch<T>(
+    v: &mut Vec<T>,
+    count: usize,
+    per: usize,
+    shape: &[usize],
+) -> Result<(), String> {
+    let n = count.saturating_mul(per);
+    crate::oom::try_reserve(v, n).map_err(|_| {
+        format!(
+            "cannot allocate {} for a batch of {count} elements of shape {shape:?}",
+            crate::passes::memory::human(n as u128 * std::mem::size_of::<T>() as u128)
+        )
     })
 }
 

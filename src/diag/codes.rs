@@ -513,7 +513,13 @@ the largest tensors.
     let x = dense(features, 1_000_000_000)   // error: a kernel of 256 GB
 
 Make the largest tensors smaller (the batch size, a layer's width), or set the limit
-with `--memory-limit SIZE` (default: this machine's memory, `MemTotal`).";
+with `--memory-limit SIZE` (default: this machine's memory, `MemTotal`).
+
+At run time, under a process limit lower than the estimate knew of (`ulimit -v`, as
+batch schedulers set), an allocation that fails ends `estc` with this code and status 1
+(`out of memory: an allocation of 190.7 MiB failed; this process may use at most 1.1 GiB`),
+never an abort; a variable, a batch or a kernel's result that cannot be allocated is
+reported at its place in the program (E0906, E0905). The last checkpoint is whole.";
     WaferSram = "E0603", Error, "a wafer kernel does not fit a PE's memory",
 "On the wafer every layer keeps its weights, their gradients, the optimiser's state and
 the activations its backward pass needs in the SRAM of its own PEs (48 KiB each on the

@@ -219,7 +219,10 @@ impl Estimator {
     pub(super) fn init_variables(&mut self) -> Res<()> {
         let mut vars = rustc_hash::FxHashMap::default();
         for (name, init, ty) in self.all_variables() {
-            // The initial values are made in f64 before they are stored: reserve both.
+            // The initial values are drawn into a vector of f32 and may pass through
+            // another (uniform draws, then scaled) before they are the variable's:
+            // reserve both (an i64 tensor is as large), so that a variable too large for
+            // the process's memory (`ulimit -v`) is this error, not an abort.
             let wide = TensorType::new(crate::ir::DType::I64, ty.shape.clone());
             crate::backend::interp::reserve(&wide).map_err(|m| {
                 Diag::new(
@@ -231,7 +234,13 @@ impl Estimator {
                 .help("make the variable smaller; `estc check` estimates the memory a program needs (E0602)")
             })?;
             let v = rng::init_values(&init, &name, &ty, self.seed);
-            let t = Tensor::from_f64(&ty, v.into_iter().map(f64::from).collect());
+            let t = if ty.dtype.is_float() {
+                let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&ty.shape), v)
+                    .map_err(|e| self.io_diag(format!("variable `{name}`: {e}")))?;
+                Tensor::float(ty.dtype, a.into_shared())
+            } else {
+                Tensor::from_f64(&ty, v.into_iter().map(f64::from).collect())
+            };
             vars.insert(name, t);
         }
         if let Some(ws) = self.info.warm_start.clone() {

@@ -220,7 +220,7 @@ pub fn reserve(ty: &crate::ir::TensorType) -> Result<(), String> {
     let mut probe: Vec<u8> = Vec::new();
     usize::try_from(bytes)
         .ok()
-        .and_then(|n| probe.try_reserve_exact(n).ok())
+        .and_then(|n| crate::oom::try_reserve(&mut probe, n).ok())
         .ok_or_else(|| {
             format!(
                 "cannot allocate {} for its result ({ty})",
