@@ -289,6 +289,100 @@ fn artifacts_are_deterministic_legal_and_checked_when_loaded() {
     );
 }
 
+/// Issue 43, finding 11: an artifact carries a checksum of its bytes, and every place
+/// and count in it is checked against the fabric before the simulator allocates
+/// anything: a damaged byte is E0920 (the checksum), and so is a file whose checksum
+/// was made again over a tensor run of 2^31 elements (it aborted on the allocation), a
+/// program past a PE's memory or a stream of 2^40 values a step. The artifacts of the
+/// examples the wafer lays out pass the same checks. `--steps 0` is a usage error (it
+/// ran one step).
+#[test]
+fn damaged_artifacts_are_refused_before_anything_is_allocated() {
+    use est::backend::wafer::{artifact::Artifact, fabric::Fabric};
+    let d = tmp("artifact-bounds");
+    let built = |file: &str, fabric: &str, extra: &[&str]| -> Vec<u8> {
+        let out = d.join(format!("{}.estw", file.replace('/', "_")));
+        let mut args = vec!["build", file, "--target", "wafer", "--wafer", fabric, "-o"];
+        args.push(out.to_str().unwrap());
+        args.extend(extra);
+        let (code, _, err) = estc(&args);
+        assert_eq!(code, 0, "{file}: {err}");
+        std::fs::read(&out).unwrap()
+    };
+    for (file, fabric, extra) in [
+        ("examples/digits_mlp.est", "test32", &[][..]),
+        ("examples/fc_mnist.est", "test32", &[][..]),
+        ("examples/linear_regression.est", "test32", &[][..]),
+        (
+            "examples/mnist_cnn.est",
+            "test64",
+            &["--param", "batch_size=8", "--param", "hidden=[128]"][..],
+        ),
+    ] {
+        let path = root().join(file);
+        let bytes = built(path.to_str().unwrap(), fabric, extra);
+        let fab = est::backend::wafer::fabric::resolve(fabric).unwrap();
+        Artifact::from_bytes(&bytes, &fab).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+    let bytes = built(
+        root().join("examples/digits_mlp.est").to_str().unwrap(),
+        "test32",
+        &[],
+    );
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    // the file with its checksum made again over an edited text
+    let resealed = |text: &str| -> Vec<u8> {
+        let key = ",\"checksum\":\"";
+        let at = text.rfind(key).unwrap();
+        let crc = crc32c::crc32c(&text.as_bytes()[..at]);
+        format!("{}{key}{crc:08x}\"}}\n", &text[..at]).into_bytes()
+    };
+    assert_eq!(
+        resealed(&text),
+        bytes,
+        "the checksum is the CRC32C of the bytes before it"
+    );
+    let run = text.find("\"runs\":[[").unwrap() + "\"runs\":[[".len();
+    let comma = run + text[run..].find(',').unwrap();
+    let close = comma + text[comma..].find(']').unwrap();
+    let long_run = format!("{}{}{}", &text[..comma + 1], 1u64 << 31, &text[close..]);
+    let huge_batch = text.replacen("\"batch\":32", &format!("\"batch\":{}", u32::MAX), 1);
+    let symbols = text.find("\"symbols\":[").unwrap();
+    let sym = symbols + text[symbols..].find("\"len\":").unwrap() + "\"len\":".len();
+    let end = sym + text[sym..].find(|c: char| !c.is_ascii_digit()).unwrap();
+    let big_program = format!("{}{}{}", &text[..sym], 1 << 20, &text[end..]);
+    let mut flipped = bytes.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x01;
+    let cases = [
+        (flipped, "do not match its checksum"),
+        (resealed(&long_run), "past its 12288 words"),
+        (resealed(&huge_batch), "values a step"),
+        (
+            resealed(&big_program),
+            "words of memory; a PE of `test32` has 12288",
+        ),
+    ];
+    for (k, (bytes, says)) in cases.into_iter().enumerate() {
+        let Err(e) = Artifact::from_bytes(&bytes, &Fabric::test32()) else {
+            panic!("case {k} ({says}) loaded");
+        };
+        assert!(
+            e.starts_with("it is damaged: ") && e.contains(says),
+            "case {k}: {e}"
+        );
+        let f = d.join(format!("case-{k}.estw"));
+        std::fs::write(&f, &bytes).unwrap();
+        let (code, _, err) = estc(&["sim", f.to_str().unwrap()]);
+        assert_eq!(code, 1, "case {k}: {err}");
+        assert!(err.contains("E0920"), "case {k}: {err}");
+    }
+    let good = d.join("good.estw");
+    std::fs::write(&good, &bytes).unwrap();
+    let (code, _, err) = estc(&["sim", good.to_str().unwrap(), "--steps", "0"]);
+    assert_eq!(code, 2, "{err}");
+}
+
 /// The link loads the legality checker bounds (`place::link_loads`, counted from the
 /// programs and routes) are what the simulator counts, link by link, over two steps:
 /// the digits MLP's three graphs on test32, and the MNIST CNN's train step on test64.

@@ -186,8 +186,8 @@ pub struct SimArgs {
     /// named config).
     #[arg(long)]
     wafer: Option<String>,
-    /// Steps to simulate.
-    #[arg(long, default_value_t = REPORT_STEPS)]
+    /// Steps to simulate (at least 1).
+    #[arg(long, default_value_t = REPORT_STEPS, value_parser = clap::value_parser!(u32).range(1..))]
     steps: u32,
     #[command(flatten)]
     out: OutputArgs,
@@ -239,11 +239,11 @@ pub fn sim(a: SimArgs) -> i32 {
         Err(e) => return fail(refuse(&a.file, e)),
     };
     let layout = art.layout(&fab);
-    let sim = match report::simulate(&layout, a.steps.max(1)) {
+    let sim = match report::simulate(&layout, a.steps) {
         Ok(s) => s,
         Err(e) => return fail(refuse(&a.file, format!("it did not run: {e}"))),
     };
-    let r = report::measure(&layout, &sim, a.steps.max(1));
+    let r = report::measure(&layout, &sim, a.steps);
     match print_result(&r.to_string()) {
         Ok(()) => 0,
         Err(code) => code,

@@ -1,7 +1,7 @@
 //! The `.estw` artifact: a laid-out program as a file. JSON, with every map in a fixed
 //! order, so that the same input gives the same bytes:
 //!
-//! - `format`: `"estw 1"`;
+//! - `format`: `"estw 2"`;
 //! - `stamp`: the fabric's name and fingerprint, the compiler's version and the hash of
 //!   the graph it was compiled from;
 //! - `batch`, `kernels` (name, rectangle, orientation), `block`;
@@ -10,10 +10,13 @@
 //! - `routes`: `(x, y, colour)` and the route;
 //! - `tensors`: where each variable, gradient and host value lives;
 //! - `inputs`, `outputs`: the host's streams;
-//! - `report`: what a simulated step measured, when the build measured one.
+//! - `report`: what a simulated step measured, when the build measured one;
+//! - `checksum`: the CRC32C of every byte before `,"checksum":`, last.
 //!
-//! Loading checks the format and the stamp's fabric against the fabric it is to run
-//! on; a damaged or foreign file is an error saying so.
+//! Loading checks the checksum, the format, the stamp's fabric against the fabric it is
+//! to run on, and that every place and count fits that fabric (a PE, a router, a
+//! program's words, a tensor's runs, a stream's elements), before anything is
+//! allocated from them; a damaged or foreign file is an error saying so.
 
 use super::fabric::Fabric;
 use super::isa::{Colour, Program};
@@ -26,7 +29,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The format line of this version.
-pub const FORMAT: &str = "estw 1";
+pub const FORMAT: &str = "estw 2";
+
+/// The most values a host stream may carry in a step (batch times a sample's
+/// elements): 2^30, 4 GiB of f32; beyond it an artifact is refused as damaged.
+const MAX_STEP_VALUES: u64 = 1 << 30;
 
 /// What an artifact was made from and for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,7 +75,13 @@ pub struct Artifact {
     pub inputs: Vec<HostStream>,
     pub outputs: Vec<HostStream>,
     pub report: Option<Report>,
+    /// CRC32C of the file's bytes before `,"checksum":`, in hex (set by `to_bytes`).
+    #[serde(default)]
+    pub checksum: String,
 }
+
+/// What ends every artifact's JSON after its checksum's eight hex digits.
+const CHECKSUM_KEY: &[u8] = b",\"checksum\":\"";
 
 /// The hash of a graph: FNV-1a of its text dump.
 pub fn graph_hash(g: &crate::ir::Graph) -> String {
@@ -121,14 +134,31 @@ impl Artifact {
             inputs: l.inputs.clone(),
             outputs: l.outputs.clone(),
             report,
+            checksum: String::new(),
         }
     }
 
-    /// The file's bytes.
+    /// The file's bytes, ending with the checksum of the bytes before it.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec(self).unwrap_or_default();
-        v.push(b'\n');
+        let mut a = self.clone();
+        a.checksum = String::new();
+        let mut v = serde_json::to_vec(&a).unwrap_or_default();
+        // `...,"checksum":""}`: the checksum goes between the quotes
+        v.truncate(v.len().saturating_sub(CHECKSUM_KEY.len() + 2));
+        let crc = crc32c::crc32c(&v);
+        v.extend_from_slice(CHECKSUM_KEY);
+        v.extend_from_slice(format!("{crc:08x}\"}}\n").as_bytes());
         v
+    }
+
+    /// The checksum at the end of `bytes` and the bytes before it, if it ends with one.
+    fn split_sum(bytes: &[u8]) -> Option<(&[u8], u32)> {
+        let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+        let end = body.len().checked_sub(CHECKSUM_KEY.len() + 10)?;
+        let (before, tail) = body.split_at(end);
+        let hex = tail.strip_prefix(CHECKSUM_KEY)?.strip_suffix(b"\"}")?;
+        let want = u32::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+        Some((before, want))
     }
 
     /// An artifact read back, checked against the fabric it is to run on.
@@ -136,6 +166,15 @@ impl Artifact {
         #[derive(Deserialize)]
         struct Head {
             format: String,
+        }
+        let sum = Artifact::split_sum(bytes);
+        if let Some((before, want)) = sum {
+            let got = crc32c::crc32c(before);
+            if got != want {
+                return Err(format!(
+                    "it is damaged: its bytes do not match its checksum (CRC32C {got:08x}, expected {want:08x})"
+                ));
+            }
         }
         let head: Head = serde_json::from_slice(bytes).map_err(|_| {
             "it is not an estw artifact (not the JSON `estc build --target wafer -o` writes)"
@@ -147,6 +186,9 @@ impl Artifact {
                 head.format
             ));
         }
+        if sum.is_none() {
+            return Err("it is damaged: it does not end with its checksum".to_string());
+        }
         let a: Artifact =
             serde_json::from_slice(bytes).map_err(|e| format!("it is damaged: {e}"))?;
         let mine = format!("{:016x}", fabric.fingerprint());
@@ -156,16 +198,75 @@ impl Artifact {
                 a.stamp.fabric, a.stamp.fabric_fingerprint, fabric.name
             ));
         }
-        if let Some(&(x, y, p)) = a
-            .pes
-            .iter()
-            .find(|&&(x, y, p)| x >= fabric.width || y >= fabric.height || p >= a.programs.len())
+        a.check_bounds(fabric)
+            .map_err(|why| format!("it is damaged: {why}"))?;
+        Ok(a)
+    }
+
+    /// That every place and count fits `fabric`, so that nothing is allocated or
+    /// indexed from a number the file made up: PEs and routers on the fabric, each
+    /// program within a PE's memory (its initial words inside it), each kernel's
+    /// rectangle, each tensor's runs within the memory of their PEs and its elements
+    /// within what they hold, each stream's lanes on the fabric and its values a step
+    /// bounded (`MAX_STEP_VALUES`).
+    fn check_bounds(&self, fabric: &Fabric) -> Result<(), String> {
+        let words = fabric.sram_bytes / 4;
+        let on = |x: u32, y: u32| x < fabric.width && y < fabric.height;
+        for (k, c) in self.programs.iter().enumerate() {
+            let mut end = 0u32;
+            for sym in &c.program.symbols {
+                end = end.max(sym.base.checked_add(sym.len).unwrap_or(u32::MAX));
+            }
+            if end > words {
+                return Err(format!(
+                    "program {k} needs {end} words of memory; a PE of `{}` has {words}",
+                    fabric.name
+                ));
+            }
+            if let Some(&(w, _)) = c.memory.iter().find(|&&(w, _)| w >= end) {
+                return Err(format!("program {k} sets word {w}, past its {end} words"));
+            }
+        }
+        if let Some(&(x, y, p)) =
+            (self.pes.iter()).find(|&&(x, y, p)| !on(x, y) || p >= self.programs.len())
         {
             return Err(format!(
-                "it is damaged: PE ({x}, {y}) runs program {p}, off the fabric or missing"
+                "PE ({x}, {y}) runs program {p}, off the fabric or missing"
             ));
         }
-        Ok(a)
+        if let Some(&(x, y, c, _)) = self.routes.iter().find(|r| !on(r.0, r.1)) {
+            return Err(format!(
+                "a route of colour {c} at ({x}, {y}) is off the fabric"
+            ));
+        }
+        for k in &self.kernels {
+            let fits = (k.x.checked_add(k.w)).is_some_and(|r| r <= fabric.width)
+                && (k.y.checked_add(k.h)).is_some_and(|b| b <= fabric.height);
+            if !fits {
+                return Err(format!("kernel `{}` is placed off the fabric", k.name));
+            }
+        }
+        for (name, pieces) in &self.tensors {
+            check_tensor(name, pieces, words, &on)?;
+        }
+        for s in self.inputs.iter().chain(&self.outputs) {
+            let values = u64::from(self.batch) * u64::from(s.per_sample);
+            if values > MAX_STEP_VALUES {
+                return Err(format!(
+                    "stream `{}` carries {values} values a step (batch {} of {}), beyond {MAX_STEP_VALUES}",
+                    s.name, self.batch, s.per_sample
+                ));
+            }
+            for l in &s.lanes {
+                if !on(l.x, l.y) || l.elems.start > l.elems.end || l.elems.end > s.per_sample {
+                    return Err(format!(
+                        "a lane of stream `{}` at ({}, {}) is off the fabric or outside its {} elements",
+                        s.name, l.x, l.y, s.per_sample
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The layout it holds, on `fabric`.
@@ -201,4 +302,35 @@ impl Artifact {
             block: self.block,
         }
     }
+}
+
+/// That a tensor's pieces lie on the fabric within their PEs' `words`, and that its
+/// runs reach no element beyond the values its pieces hold (a replicated tensor holds
+/// some elements several times; a made-up offset reaches past them all).
+fn check_tensor(
+    name: &str,
+    pieces: &[Piece],
+    words: u32,
+    on: &dyn Fn(u32, u32) -> bool,
+) -> Result<(), String> {
+    let (mut total, mut end) = (0u64, 0u64);
+    for p in pieces {
+        let held: u64 = p.runs.iter().map(|r| u64::from(r.1)).sum();
+        if !on(p.pe.0, p.pe.1) || u64::from(p.word) + held > u64::from(words) {
+            return Err(format!(
+                "tensor `{name}` has a piece of {held} values at word {} of PE ({}, {}), off the fabric or past its {words} words",
+                p.word, p.pe.0, p.pe.1
+            ));
+        }
+        total += held;
+        for &(offset, len) in &p.runs {
+            end = end.max(u64::from(offset) + u64::from(len));
+        }
+    }
+    if end > total {
+        return Err(format!(
+            "tensor `{name}` has elements up to {end}, but its pieces hold {total} values"
+        ));
+    }
+    Ok(())
 }
