@@ -215,7 +215,7 @@ impl Artifact {
         for (k, c) in self.programs.iter().enumerate() {
             let mut end = 0u32;
             for sym in &c.program.symbols {
-                end = end.max(sym.base.checked_add(sym.len).unwrap_or(u32::MAX));
+                end = end.max(sym.base.saturating_add(sym.len));
             }
             if end > words {
                 return Err(format!(
