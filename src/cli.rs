@@ -221,7 +221,7 @@ struct RunArgs {
     model_dir: Option<PathBuf>,
     /// The threads a step runs on (host target; default: EST_NUM_THREADS, else every
     /// core). Results are the same bits at any thread count.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=est::backend::pool::MAX_THREADS as i64))]
     threads: Option<u16>,
     /// Steps to add to the global step (train), or batches to run (eval, predict).
     #[arg(long, conflicts_with = "max_steps")]
@@ -374,6 +374,9 @@ pub fn main() -> i32 {
             };
         }
     };
+    if let Err(m) = est::backend::pool::env_threads() {
+        return usage(&m);
+    }
     match cli.command {
         Command::Check(a) => check(a),
         Command::Train(a) => run::run(a, SectionKind::Train),

@@ -661,3 +661,54 @@ fn memory_limits_give_diagnostics_not_aborts() {
         "{succeeded} {failed_with:?}"
     );
 }
+
+/// Finding 12: a thread count beyond `MAX_THREADS` (1024), from `--threads` or
+/// `EST_NUM_THREADS`, and a value of `EST_NUM_THREADS` that is not a count, are one clear
+/// usage error before anything runs (100,000 threads panicked for their stacks; garbage
+/// was ignored).
+#[test]
+fn thread_counts_are_bounded_and_checked() {
+    let d = tmp("threads");
+    let md = d.join("md");
+    let run = |threads: Option<&str>, env: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_estc"));
+        c.args([
+            "train",
+            "examples/digits_mlp.est",
+            "--max-steps",
+            "1",
+            "--model-dir",
+            s(&md),
+        ])
+        .current_dir(root());
+        if let Some(t) = threads {
+            c.args(["--threads", t]);
+        }
+        match env {
+            Some(v) => c.env("EST_NUM_THREADS", v),
+            None => c.env_remove("EST_NUM_THREADS"),
+        };
+        c.output().unwrap()
+    };
+    let o = run(Some("5000"), None);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("5000 is not in 1..=1024"),
+        "{}",
+        stderr(&o)
+    );
+    for bad in ["100000", "abc", "0", "-3", ""] {
+        let o = run(None, Some(bad));
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "EST_NUM_THREADS={bad:?} is not a thread count from 1 to 1024"
+            )),
+            "{bad:?}: {}",
+            stderr(&o)
+        );
+        assert!(!md.exists(), "{bad:?}: something was written");
+    }
+    ok(run(None, Some("3")));
+    ok(run(Some("1024"), None));
+}

@@ -226,11 +226,33 @@ pub fn part(len: usize, n: usize, i: usize) -> (usize, usize) {
     (len * i / n, len * (i + 1) / n)
 }
 
-/// The threads a run uses when none is asked for: `EST_NUM_THREADS`, else every core.
+/// The most threads a pool runs (`--threads`, `EST_NUM_THREADS`): beyond a few per core
+/// they only cost, and tens of thousands exhaust the process's memory for their stacks.
+pub const MAX_THREADS: usize = 1024;
+
+/// The thread count `EST_NUM_THREADS` asks for, if it is set: an error saying what is
+/// wrong when it is not a count from 1 to `MAX_THREADS` (`estc` stops with it before
+/// running anything).
+pub fn env_threads() -> Result<Option<usize>, String> {
+    let Some(v) = std::env::var_os("EST_NUM_THREADS") else {
+        return Ok(None);
+    };
+    let text = v.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(Some(n)),
+        _ => Err(format!(
+            "EST_NUM_THREADS={text:?} is not a thread count from 1 to {MAX_THREADS}"
+        )),
+    }
+}
+
+/// The threads a run uses when none is asked for: `EST_NUM_THREADS`, else every core
+/// (at most `MAX_THREADS`). A value `env_threads` refuses counts as unset here: `estc`
+/// has refused it already, and a program embedding est may check it with
+/// `env_threads`.
 pub fn default_threads() -> usize {
-    std::env::var("EST_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    env_threads().ok().flatten().unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        cores.min(MAX_THREADS)
+    })
 }

@@ -387,7 +387,9 @@ impl Estimator {
             program_hash: format!("{h:016x}"),
             graphs,
             target: opts.target,
-            threads: opts.threads.unwrap_or_else(backend::pool::default_threads),
+            threads: (opts.threads).map_or_else(backend::pool::default_threads, |n| {
+                n.clamp(1, backend::pool::MAX_THREADS)
+            }),
             wafer: opts.wafer.clone(),
             dev: None,
             step: 0,
