@@ -167,10 +167,16 @@ fn size(bytes: u64) -> String {
 /// Reads a UTF-8 text file of at most `limit` bytes, without reading more than one
 /// byte past the limit.
 pub fn read_text(path: &Path, limit: u64) -> Result<String, ReadError> {
-    use std::io::Read;
     let file = std::fs::File::open(path).map_err(ReadError::Io)?;
+    read_text_from(file, limit)
+}
+
+/// Reads UTF-8 text of at most `limit` bytes from `r` (standard input, say), without
+/// reading more than one byte past the limit.
+pub fn read_text_from(r: impl std::io::Read, limit: u64) -> Result<String, ReadError> {
+    use std::io::Read;
     let mut bytes = Vec::new();
-    file.take(limit.saturating_add(1))
+    r.take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(ReadError::Io)?;
     if bytes.len() as u64 > limit {

@@ -712,3 +712,69 @@ fn thread_counts_are_bounded_and_checked() {
     ok(run(None, Some("3")));
     ok(run(Some("1024"), None));
 }
+
+/// `estc fmt` with `input` on its standard input.
+fn fmt_stdin(input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_estc"))
+        .arg("fmt")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    // (a writer thread: estc stops reading at the limit, and the pipe then breaks)
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    o
+}
+
+/// Findings 13 and 19: `estc fmt` reads standard input as it reads a file: at most
+/// 16 MiB (`< /dev/zero` grew to 18 GB), and UTF-8, or an error naming the line and the
+/// byte; a `csv()` source that is not UTF-8 is E0905 naming the file, the line and the
+/// byte, with a help about saving it as UTF-8.
+#[test]
+fn standard_input_and_csv_text_are_bounded_and_located() {
+    let o = fmt_stdin(&vec![b' '; (16 << 20) + 10]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("larger than 16 MiB"), "{}", stderr(&o));
+    let o = fmt_stdin(b"fn f(x) {\n x }\n// caf\xe9\n");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not UTF-8 text (line 3, byte 21)"),
+        "{}",
+        stderr(&o)
+    );
+    let d = tmp("csv-utf8");
+    std::fs::write(d.join("rows.csv"), b"x0,x1,label\n1,2,0\n3,\xe94,1\n").unwrap();
+    std::fs::write(
+        d.join("p.est"),
+        "use std.nn.dense\nuse std.losses.softmax_cross_entropy\ninput rows() {\n  csv(\"rows.csv\", columns: { x: f32[2], label: i32 }) |> map |r| (r.x, r.label) |> batch(2, drop_remainder: true) |> repeat\n}\nmodel m(features: f32[B, 2], labels: i32[B]) {\n  let loss = softmax_cross_entropy(labels, dense(features, 2))\n  train { minimize loss with sgd(lr: 0.1) }\n}\nestimator e { model = m  train_input = rows() }\n",
+    )
+    .unwrap();
+    let o = estc(&[
+        "train",
+        s(&d.join("p.est")),
+        "--target",
+        "interp",
+        "--max-steps",
+        "1",
+        "--message-format",
+        "json",
+        "--model-dir",
+        s(&d.join("md")),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("E0905")
+            && out.contains("rows.csv:3: not UTF-8 text (the byte at offset 20)")
+            && out.contains("save the file as UTF-8"),
+        "{out}"
+    );
+}

@@ -4,10 +4,10 @@
 use super::{log, print_result, stderr_style, usage, write_failed, Color};
 use clap::Parser;
 use est::diag::render;
-use est::program::{read_text, MAX_SOURCE_BYTES};
+use est::program::{read_text, read_text_from, MAX_SOURCE_BYTES};
 use est::span::{SourceFile, SourceMap};
 use est::syntax::format::{format, FormatError};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
@@ -34,10 +34,17 @@ enum Outcome {
 
 pub fn fmt(a: FmtArgs) -> i32 {
     if a.files.is_empty() {
-        let mut text = String::new();
-        if let Err(e) = std::io::stdin().read_to_string(&mut text) {
-            return usage(&format!("cannot read standard input: {e}"));
-        }
+        // (as a file is read: at most 16 MiB, and UTF-8, or an error naming the line
+        // and the byte)
+        let text = match read_text_from(std::io::stdin().lock(), MAX_SOURCE_BYTES) {
+            Ok(t) => t,
+            Err(e) => {
+                return usage(&format!(
+                    "cannot read standard input: {}",
+                    e.describe("source file")
+                ))
+            }
+        };
         return match formatted("<stdin>", &text, a.color) {
             Ok(out) if a.check => {
                 if out != text {

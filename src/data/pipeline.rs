@@ -442,8 +442,24 @@ fn build(chain: &Arc<Chain>, upto: usize, ctx: &Arc<Ctx>, epoch: u64, file: Opti
                 missing,
                 skip_invalid: *skip_invalid,
             };
-            match std::fs::read_to_string(&full) {
-                Err(e) => err_src(io_diag(span, &full, &e)),
+            match crate::program::read_text(&full, u64::MAX) {
+                Err(crate::program::ReadError::Io(e)) => err_src(io_diag(span, &full, &e)),
+                // (as `data convert` says it: the line and the byte)
+                Err(crate::program::ReadError::NotUtf8 { line, byte }) => err_src(
+                    Diag::new(
+                        Code::BadData,
+                        span,
+                        format!(
+                            "{}:{line}: not UTF-8 text (the byte at offset {byte})",
+                            full.display()
+                        ),
+                    )
+                    .label("this source")
+                    .help("save the file as UTF-8 (in Excel: CSV UTF-8)"),
+                ),
+                Err(e) => err_src(
+                    Diag::new(Code::BadData, span, e.describe("CSV file")).label("this source"),
+                ),
                 Ok(text) => match read_csv(&full, &text, &how) {
                     Ok((rows, skipped)) => {
                         ctx.skipped.fetch_add(skipped, Ordering::Relaxed);
