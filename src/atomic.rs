@@ -65,6 +65,63 @@ pub fn is_temp_name(name: &str) -> bool {
     name.starts_with('.') && name.contains(".tmp-")
 }
 
+/// The PID of the process writing the temporary file `name` (`.NAME.tmp-PID[-TAG]`).
+fn temp_writer(name: &str) -> Option<i32> {
+    let rest = &name[name.rfind(".tmp-")? + ".tmp-".len()..];
+    rest.split('-').next()?.parse().ok()
+}
+
+/// Removes the temporary files in `dir` that no running process is writing (their
+/// writer was killed: its PID is gone), where other processes may be writing at the
+/// same time (a cache shared by runs); returns the bytes of those left, which a size
+/// cap counts.
+pub fn sweep_stale_temps(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut left = 0;
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !is_temp_name(&name) {
+            continue;
+        }
+        // SAFETY: kill with signal 0 only asks whether the process exists.
+        let gone = temp_writer(&name).is_some_and(|pid| unsafe {
+            libc::kill(pid, 0) != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        });
+        if gone && std::fs::remove_file(e.path()).is_ok() {
+            continue;
+        }
+        left += e.metadata().map_or(0, |m| m.len());
+    }
+    left
+}
+
+/// Opens `path` for reading if it is a regular file (not following a final symbolic
+/// link, and without blocking on a FIFO): `Ok(None)` when it does not exist, an error
+/// when it is something else. For files this program wrote itself (caches), which a
+/// device, a FIFO or a link put in their place must not hang or flood.
+pub fn open_regular(path: &Path) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !f.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    Ok(Some(f))
+}
+
 /// What a path named as an output is, once its symbolic links are followed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {

@@ -778,3 +778,139 @@ fn standard_input_and_csv_text_are_bounded_and_located() {
         "{out}"
     );
 }
+
+/// A PID no process has: that of a child that has ended.
+fn dead_pid() -> u32 {
+    let mut c = Command::new("true").spawn().unwrap();
+    let pid = c.id();
+    c.wait().unwrap();
+    pid
+}
+
+/// Runs `estc args` with `EST_CACHE_DIR=cache`, failing the test if it takes more than
+/// a minute (a FIFO read as a cache entry hung forever).
+fn estc_within_a_minute(args: &[&str], cache: &Path) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_estc"))
+        .args(args)
+        .env("EST_CACHE_DIR", cache)
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("estc {args:?} hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Findings 14 and 17: a code-cache entry is opened only if it is a regular file and
+/// read only as far as its header promises: a FIFO in an entry's place (it hung) and a
+/// link to `/dev/zero` (it filled the memory) are compiled again and replaced, as is an
+/// entry whose size disagrees with its header. Temporary files of killed writers (of the
+/// code cache and of `cache()` files) are removed by the next write; a live writer's
+/// are kept, and counted by the size cap.
+#[cfg(feature = "llvm")]
+#[test]
+fn cache_entries_that_are_not_files_are_rebuilt_and_stale_temps_swept() {
+    let d = tmp("code-cache");
+    let cache = d.join("cache");
+    let build = |cache: &Path| {
+        let o = estc_within_a_minute(&["build", "examples/digits_mlp.est", "--report"], cache);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    build(&cache);
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "obj"))
+        .collect();
+    entries.sort();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    std::fs::remove_file(&entries[0]).unwrap();
+    ok(Command::new("mkfifo").arg(&entries[0]).output().unwrap());
+    std::fs::remove_file(&entries[1]).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &entries[1]).unwrap();
+    let dead = cache.join(format!(".x.obj.tmp-{}", dead_pid()));
+    let live = cache.join(format!(".y.obj.tmp-{}", std::process::id()));
+    std::fs::write(&dead, vec![0u8; 1000]).unwrap();
+    std::fs::write(&live, vec![0u8; 1000]).unwrap();
+    let out = build(&cache);
+    assert_eq!(
+        out.matches("compiled again: the cached entry").count(),
+        2,
+        "{out}"
+    );
+    assert!(out.contains("not a regular file"), "{out}");
+    for e in &entries {
+        assert!(std::fs::symlink_metadata(e).unwrap().file_type().is_file());
+    }
+    assert!(!dead.exists() && live.exists());
+    // an entry longer than its header says
+    let mut bytes = std::fs::read(&entries[0]).unwrap();
+    bytes.extend_from_slice(b"more");
+    std::fs::write(&entries[0], bytes).unwrap();
+    let out = build(&cache);
+    assert!(out.contains("bytes of code)"), "{out}");
+    // cache() files: a FIFO in the place of one is rebuilt over; a dead writer's
+    // temporary file goes
+    let data = d.join("data-cache");
+    std::fs::create_dir_all(&data).unwrap();
+    let program = d.join("digits_tfrecord.est");
+    std::fs::copy(root().join("examples/digits_tfrecord.est"), &program).unwrap();
+    let train = || {
+        estc_within_a_minute(
+            &[
+                "train",
+                s(&program),
+                "--max-steps",
+                "2",
+                "--model-dir",
+                s(&d.join("md")),
+            ],
+            &data,
+        )
+    };
+    for (split, shards) in [("train", "2"), ("test", "1")] {
+        ok(estc(&[
+            "data",
+            "convert",
+            "--from",
+            "csv",
+            &format!("examples/data/digits_{split}.csv"),
+            "--shards",
+            shards,
+            "--group",
+            "pixels=p0:p63",
+            "--type",
+            "pixels=float",
+            "-o",
+            s(&d.join(format!("data/tfrecord/digits_{split}"))),
+        ]));
+    }
+    ok(train());
+    let files: Vec<PathBuf> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "estcache"))
+        .collect();
+    assert!(!files.is_empty());
+    for f in &files {
+        std::fs::remove_file(f).unwrap();
+        ok(Command::new("mkfifo").arg(f).output().unwrap());
+    }
+    let dead = data.join(format!(".z.estcache.tmp-{}-0", dead_pid()));
+    std::fs::write(&dead, b"half").unwrap();
+    let _ = std::fs::remove_dir_all(d.join("md"));
+    ok(train());
+    assert!(!dead.exists());
+    for f in &files {
+        assert!(std::fs::symlink_metadata(f).unwrap().file_type().is_file());
+    }
+}

@@ -293,7 +293,8 @@ fn decode(mut b: &[u8]) -> Option<Element> {
 /// Loads a cache file written for fingerprint `fp`; `None` if it is missing, for
 /// another fingerprint, or damaged (the cache is then rebuilt).
 pub fn load(path: &Path, fp: u64) -> Option<Vec<Element>> {
-    let f = std::fs::File::open(path).ok()?;
+    // (only a regular file: a FIFO or a device in its place is rebuilt over, not read)
+    let f = crate::atomic::open_regular(path).ok()??;
     let len = f.metadata().ok()?.len();
     let mut r = RecordReader::new(std::io::BufReader::with_capacity(1 << 20, f), len);
     let mut rec = Vec::new();
@@ -314,7 +315,8 @@ pub fn load(path: &Path, fp: u64) -> Option<Vec<Element>> {
 }
 
 /// Writes a cache file atomically (a temporary file renamed into place), then removes
-/// the files of the same id with other versions or fingerprints.
+/// the temporary files of killed writers and the files of the same id with other
+/// versions or fingerprints.
 pub fn store(path: &Path, id: &str, fp: u64, elems: &[Element]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     // Unique per writer: input workers may write the same cache at the same time.
@@ -332,6 +334,7 @@ pub fn store(path: &Path, id: &str, fp: u64, elems: &[Element]) -> std::io::Resu
         }
         Ok(())
     })?;
+    crate::atomic::sweep_stale_temps(dir);
     let keep = path.file_name().map(|n| n.to_os_string());
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.filter_map(|e| e.ok()) {

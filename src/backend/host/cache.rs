@@ -127,31 +127,58 @@ pub fn path(dir: &Path, key: &Key) -> PathBuf {
     dir.join(key.file_name())
 }
 
-/// Reads the entry of `key`.
+/// The longest header an entry may have (the key and two numbers take a few hundred
+/// bytes).
+const MAX_HEADER: u64 = 64 << 10;
+
+/// Reads the entry of `key`: only a regular file (a FIFO, a device or a link in its
+/// place is not trusted, and not read), and only its header until that matches the key
+/// and the file's size, so that no more is read than the header promises.
 pub fn get(path: &Path, key: &Key) -> Lookup {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
+    let file = match crate::atomic::open_regular(path) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Lookup::Miss,
         Err(e) => return Lookup::Bad(format!("unreadable ({e})")),
     };
-    match parse(&bytes, key) {
-        Ok(object) => Lookup::Hit(object.to_vec()),
+    match read_entry(file, key) {
+        Ok(object) => Lookup::Hit(object),
         Err(why) => Lookup::Bad(why),
     }
 }
 
-fn parse<'a>(bytes: &'a [u8], key: &Key) -> Result<&'a [u8], String> {
-    let rest = bytes.strip_prefix(MAGIC).ok_or("not an est object entry")?;
-    let nl = rest
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or("truncated in its header")?;
+fn read_entry(file: std::fs::File, key: &Key) -> Result<Vec<u8>, String> {
+    use std::io::{BufRead, Read};
+    let size = file
+        .metadata()
+        .map_err(|e| format!("unreadable ({e})"))?
+        .len();
+    let mut r = std::io::BufReader::new(file);
+    let mut line = Vec::new();
+    let unreadable = |e: std::io::Error| format!("unreadable ({e})");
+    (&mut r)
+        .take(MAGIC.len() as u64)
+        .read_to_end(&mut line)
+        .map_err(unreadable)?;
+    if line != MAGIC {
+        return Err("not an est object entry".into());
+    }
+    line.clear();
+    (&mut r)
+        .take(MAX_HEADER)
+        .read_until(b'\n', &mut line)
+        .map_err(unreadable)?;
+    let head = line.strip_suffix(b"\n").ok_or("truncated in its header")?;
     let h: Header =
-        serde_json::from_slice(&rest[..nl]).map_err(|e| format!("damaged in its header ({e})"))?;
+        serde_json::from_slice(head).map_err(|e| format!("damaged in its header ({e})"))?;
     if h.key != *key {
         return Err("made for another module, CPU or compiler".into());
     }
-    let object = &rest[nl + 1..];
+    let have = size.saturating_sub((MAGIC.len() + line.len()) as u64);
+    if have != h.len as u64 {
+        return Err(format!("truncated ({have} of {} bytes of code)", h.len));
+    }
+    let mut object = Vec::with_capacity(h.len);
+    r.take(have).read_to_end(&mut object).map_err(unreadable)?;
     if object.len() != h.len {
         return Err(format!(
             "truncated ({} of {} bytes of code)",
@@ -159,7 +186,7 @@ fn parse<'a>(bytes: &'a [u8], key: &Key) -> Result<&'a [u8], String> {
             h.len
         ));
     }
-    if crc32c::crc32c(object) != h.crc32c {
+    if crc32c::crc32c(&object) != h.crc32c {
         return Err("damaged (its checksum does not match)".into());
     }
     Ok(object)
@@ -189,8 +216,11 @@ pub fn put(path: &Path, key: &Key, object: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Removes the oldest entries until the cache holds at most `max` bytes.
+/// Removes the temporary files of writers that were killed, then the oldest entries
+/// until the cache, with the temporary files still being written, holds at most `max`
+/// bytes.
 fn trim(dir: &Path, max: u64) {
+    let writing = crate::atomic::sweep_stale_temps(dir);
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -202,7 +232,7 @@ fn trim(dir: &Path, max: u64) {
             Some((m.modified().ok()?, m.len(), e.path()))
         })
         .collect();
-    let mut total: u64 = files.iter().map(|f| f.1).sum();
+    let mut total: u64 = writing + files.iter().map(|f| f.1).sum::<u64>();
     files.sort();
     for (_, len, p) in files {
         if total <= max {
