@@ -717,6 +717,57 @@ fn a_verification_that_fails_is_e0923() {
         "{}",
         d.message
     );
+    // issue 43, findings 15 and 23: a verifier that never answers is stopped after its
+    // time (E0923), and an answer that compared no outputs, or one output at one batch
+    // size, is refused; so is verifying with no batch at all
+    let d = tmp("e0923-fake");
+    let fake = |name: &str, body: &str| {
+        let p = d.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        p
+    };
+    let hung = fake("hung", "sleep 600");
+    let started = std::time::Instant::now();
+    let d1 = verify::verify_within(
+        &hung,
+        &path,
+        &[sample(c.interpret())],
+        SPAN,
+        std::time::Duration::from_secs(2),
+    )
+    .unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert_eq!([d1.code], [Code::ExportVerify]);
+    assert!(
+        d1.message
+            .contains("did not finish verifying the model within 2 s"),
+        "{}",
+        d1.message
+    );
+    let answer = |outputs: &str| {
+        format!(
+            "echo '{{\"checker\": \"ok\", \"onnxruntime\": \"1.31.1\", \"batch_sizes\": [8, 4], \"outputs\": {outputs}, \"metadata\": {{}}, \"shapes\": {{}}}}'"
+        )
+    };
+    for (name, outputs, says) in [
+        ("empty", "{}".to_string(), "compared `y` at 0 batch sizes"),
+        (
+            "one_size",
+            "{\"y\": {\"max_abs\": 0.0, \"max_rel\": 0.0, \"sizes\": [8]}}".to_string(),
+            "compared `y` at 1 batch size (two are needed)",
+        ),
+    ] {
+        let py = fake(name, &answer(&outputs));
+        let e = verify::verify_with(&py, &path, &[sample(c.interpret())], SPAN).unwrap_err();
+        assert!(e.message.contains(says), "{name}: {}", e.message);
+    }
+    let e = verify::verify(&path, &[], SPAN).unwrap_err();
+    assert!(
+        e.message.contains("gave no batch to verify"),
+        "{}",
+        e.message
+    );
     // a Python without onnxruntime (Debian's own), unless it has one
     let system = Path::new("/usr/bin/python3");
     let has = std::process::Command::new(system)

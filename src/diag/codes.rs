@@ -769,7 +769,10 @@ outputs with est's predictions. It failed: onnxruntime is not installed for the 
 it ran (`EST_PYTHON`, else `bench/.venv/bin/python` under the working directory, else
 `python3`), the ONNX checker refused the file, onnxruntime could not load or run it,
 or an output differs from est's by more than the tolerance (1e-5 relative to the
-output's largest value). The message says which; the file is written all the same.
+output's largest value); or the verifier did not finish within `EST_VERIFY_TIMEOUT`
+seconds (default 300), its answer did not compare every output at both batch sizes, or
+the input gave no batch to compare. The message says which; the file is written all
+the same.
 
     bench/.venv/bin/pip install onnxruntime==1.31.1 onnx==1.23.2
 

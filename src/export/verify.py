@@ -8,8 +8,8 @@ predictions for it. The model runs on each batch whole and again at a second siz
 two halves; a batch of one row, twice over), after onnx.checker's full check.
 
 Prints one JSON object: the checker's verdict, onnxruntime's version, the model's
-metadata and the shapes of its inputs and outputs, the batch sizes run, and per output the largest absolute difference and that difference relative to
-the output's largest magnitude (integer and boolean outputs must be equal, NaN must
+metadata and the shapes of its inputs and outputs, the batch sizes run, and per output the largest absolute difference, that difference relative to
+the output's largest magnitude and the batch sizes it was compared at (integer and boolean outputs must be equal, NaN must
 be where est has NaN; anything else counts as 1e300). Exit status 0; 3 when onnx or onnxruntime is missing;
 4 when the checker or onnxruntime refuses the model.
 """
@@ -106,10 +106,13 @@ def main():
                 have = np.concatenate(got[n], axis=0)
                 if have.shape != want[n].shape:
                     refuse("output %s has shape %s, est's %s" % (n, have.shape, want[n].shape))
-                w = worst.setdefault(n, {"max_abs": 0.0, "max_rel": 0.0})
+                w = worst.setdefault(n, {"max_abs": 0.0, "max_rel": 0.0, "sizes": []})
                 abs_, rel = difference(have, want[n])
                 w["max_abs"] = max(w["max_abs"], abs_)
                 w["max_rel"] = max(w["max_rel"], rel)
+                for v in got[n]:
+                    if v.shape[0] not in w["sizes"]:
+                        w["sizes"].append(int(v.shape[0]))
     model = onnx.load(path)
 
     def dims(v):

@@ -51,6 +51,77 @@ struct Report {
 struct Difference {
     max_abs: f64,
     max_rel: f64,
+    /// The batch sizes the output was compared at.
+    #[serde(default)]
+    sizes: Vec<usize>,
+}
+
+/// How long the verifier may take before it counts as hung (`EST_VERIFY_TIMEOUT`
+/// seconds, default 300): importing onnxruntime and running a model take seconds.
+fn timeout() -> std::time::Duration {
+    let secs = std::env::var("EST_VERIFY_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(300);
+    std::time::Duration::from_secs(secs)
+}
+
+/// Runs `cmd` to its end, its output gathered, or kills it after `limit` (`None`).
+fn output_within(
+    mut cmd: Command,
+    limit: std::time::Duration,
+) -> std::io::Result<Option<std::process::Output>> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    // (a group of its own, so that whatever it started goes with it)
+    let mut child = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if start.elapsed() >= limit {
+            // SAFETY: kill(2) of the process group this function started.
+            unsafe {
+                libc::kill(-(child.id() as i32), libc::SIGKILL);
+            }
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Ok(Some(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }))
 }
 
 /// What onnxruntime computed against est.
@@ -114,13 +185,31 @@ pub fn verify_with(
     samples: &[Sample],
     at: Span,
 ) -> Result<Verified, Diag> {
+    verify_within(python, model, samples, at, timeout())
+}
+
+/// `verify_with`, the verifier given `limit` to answer in.
+pub fn verify_within(
+    python: &Path,
+    model: &Path,
+    samples: &[Sample],
+    at: Span,
+    limit: std::time::Duration,
+) -> Result<Verified, Diag> {
+    if samples.is_empty() {
+        return Err(fail(
+            at,
+            "the eval input gave no batch to verify the model with: it was written but not verified".into(),
+            "give the estimator an eval (or predict) input that yields a batch, or leave out --verify",
+        ));
+    }
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let dir = std::env::temp_dir().join(format!("est-verify-{}-{stamp}", std::process::id()));
     let result = std::fs::create_dir_all(&dir)
         .map_err(|e| io(at, e))
-        .and_then(|()| run(python, model, samples, &dir, at));
+        .and_then(|()| run(python, model, samples, &dir, at, limit));
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -139,6 +228,7 @@ fn run(
     samples: &[Sample],
     dir: &Path,
     at: Span,
+    limit: std::time::Duration,
 ) -> Result<Verified, Diag> {
     let io = |e| io(at, e);
     let fail = |m: String, help: &str| fail(at, m, help);
@@ -165,13 +255,24 @@ fn run(
     std::fs::write(&spath, SCRIPT).map_err(io)?;
     let python = python.to_path_buf();
     let pins = requirements();
-    let out = Command::new(&python).arg(&spath).arg(&mpath).output();
-    let out = out.map_err(|e| {
+    let mut cmd = Command::new(&python);
+    cmd.arg(&spath).arg(&mpath);
+    let out = output_within(cmd, limit).map_err(|e| {
         fail(
             format!("cannot run {} to verify the model: {e}", python.display()),
             &format!("install onnxruntime for a Python (`pip install {pins}`) and name it with EST_PYTHON, or leave out --verify"),
         )
     })?;
+    let Some(out) = out else {
+        return Err(fail(
+            format!(
+                "{} did not finish verifying the model within {} s: the model was written but not verified",
+                python.display(),
+                limit.as_secs()
+            ),
+            "run it again with a working Python (EST_PYTHON), or give it longer with EST_VERIFY_TIMEOUT=SECONDS",
+        ));
+    };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let report: Report = stdout
         .lines()
@@ -201,6 +302,21 @@ fn run(
             format!("the exported model was refused: {m}"),
             "the export wrote a model onnx or onnxruntime cannot run: report it with the program",
         ));
+    }
+    // every prediction compared at two batch sizes, or the answer proves nothing
+    let wanted = samples.first().map(|s| &s.outputs[..]).unwrap_or_default();
+    for (name, _) in wanted {
+        let sizes = report.outputs.get(name).map_or(0, |d| d.sizes.len());
+        if sizes < 2 {
+            return Err(fail(
+                format!(
+                    "{}'s answer compared `{name}` at {sizes} batch size{} (two are needed): the model was written but not verified",
+                    python.display(),
+                    if sizes == 1 { "" } else { "s" }
+                ),
+                "run the verification again with a working Python (EST_PYTHON); this is a problem of est or of that Python",
+            ));
+        }
     }
     let dim = |d: serde_json::Value| d.as_str().map_or_else(|| d.to_string(), str::to_string);
     let verified = Verified {
