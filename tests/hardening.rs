@@ -398,14 +398,32 @@ fn a_stale_checkpoint_index_is_rewritten() {
         ]))
     };
     train("10");
+    // (finding 16: a resumed run says where its input resumes)
+    let o = estc(&[
+        "train",
+        "examples/digits_mlp.est",
+        "--target",
+        "interp",
+        "--max-steps",
+        "12",
+        "--model-dir",
+        s(&md),
+    ]);
+    assert!(
+        stderr(&o)
+            .contains("resuming the train input at element 10 (passing over what 10 steps read)"),
+        "{}",
+        stderr(&o)
+    );
+    train("10");
     let index = || -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(md.join("checkpoint.json")).unwrap()).unwrap()
     };
-    assert_eq!(index(), serde_json::json!({"latest": 10, "all": [10]}));
+    assert_eq!(index(), serde_json::json!({"latest": 12, "all": [10, 12]}));
     std::fs::write(md.join("checkpoint.json"), r#"{"latest": 5, "all": [5]}"#).unwrap();
     // a run with nothing to train still brings it up to date
     train("10");
-    assert_eq!(index(), serde_json::json!({"latest": 10, "all": [10]}));
+    assert_eq!(index(), serde_json::json!({"latest": 12, "all": [10, 12]}));
 }
 
 /// Finding 7: a CSV number beyond f64's range (`1e400`, an integer of 310 digits) is

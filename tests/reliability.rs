@@ -389,11 +389,21 @@ fn checkpoint_metadata_is_checked() {
     let dir = tmp("meta");
     let md = dir.join("model");
     digits_in(&dir, SMALL).train(Steps::Max(20)).unwrap();
-    let cases: [(bool, MetaEdit, &str); 4] = [
+    let cases: [(bool, MetaEdit, &str); 5] = [
         (
             true,
             |m| m.global_step = 5,
             "global_step is 5, but the file is the checkpoint of step 20",
+        ),
+        // (issue 43, finding 16: a huge max_shards let a huge input_position through,
+        // which a resume passed over for minutes)
+        (
+            true,
+            |m| {
+                m.max_shards = Some(1 << 40);
+                m.input_position = 20 << 40;
+            },
+            "max_shards is 1099511627776, more than any run has (4096)",
         ),
         (
             true,

@@ -335,11 +335,19 @@ fn check_meta(meta: &Meta, step: i64) -> Result<(), String> {
     if step < 0 {
         return Err(format!("the global step {step} is negative"));
     }
+    let most_shards = crate::elab::MAX_NUM_SHARDS as u64;
     let shards = match meta.max_shards {
         Some(0) => return Err("max_shards is 0".into()),
+        // (a run of more shards cannot be: its input position would send a resume
+        // passing over input for minutes)
+        Some(s) if s > most_shards => {
+            return Err(format!(
+                "max_shards is {s}, more than any run has ({most_shards})"
+            ))
+        }
         Some(s) => s,
         // Written before `max_shards` was: any run may have used the most shards.
-        None => crate::elab::MAX_NUM_SHARDS as u64,
+        None => most_shards,
     };
     let most = (step as u64).saturating_mul(shards);
     if meta.input_position > most {

@@ -46,7 +46,7 @@ use pipeline::{PipeOptions, Pipeline};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Tunes glibc's allocator for training: large blocks come from the heap instead of
 /// fresh `mmap`s, and freed memory is kept for the next step instead of being returned
@@ -1094,6 +1094,15 @@ impl Estimator {
         // (a rank that cannot start tells the others, waiting in the first step)
         let exe = self.train_exe(&c).inspect_err(|_| self.tell_failure())?;
         let names = evaluate::input_names(&c.graph);
+        // (passing over the elements a resumed run's steps read: say so, and how long
+        // it took when it was long, instead of a silent wait)
+        let resumed_at = Instant::now();
+        if self.input_position > 0 {
+            self.say(&format!(
+                "resuming the train input at element {} (passing over what {} steps read)",
+                self.input_position, self.step
+            ));
+        }
         let mut pipe = Pipeline::new_at(
             &ds,
             &self.pipe_options(SectionKind::Train),
@@ -1103,6 +1112,12 @@ impl Estimator {
             self.tell_failure();
             RunFailure::from(d)
         })?;
+        if resumed_at.elapsed() > Duration::from_secs(1) {
+            self.say(&format!(
+                "the train input resumed in {:.1} s",
+                resumed_at.elapsed().as_secs_f64()
+            ));
+        }
         let mut summaries = self.train_events.take();
         for h in &mut self.hooks {
             h.begin(start, last);
