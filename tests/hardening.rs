@@ -932,3 +932,27 @@ fn cache_entries_that_are_not_files_are_rebuilt_and_stale_temps_swept() {
         assert!(std::fs::symlink_metadata(f).unwrap().file_type().is_file());
     }
 }
+
+/// Finding 24 (in part): a model_dir that is a loop of symbolic links is said to be one
+/// (it was "a link to a directory which does not exist").
+#[test]
+fn a_model_dir_link_loop_is_named_as_one() {
+    let d = tmp("link-loop");
+    let (a, b) = (d.join("a"), d.join("b"));
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    let o = estc(&[
+        "train",
+        "examples/digits_mlp.est",
+        "--max-steps",
+        "1",
+        "--model-dir",
+        s(&a),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("which leads back to itself (a loop of symbolic links)"),
+        "{}",
+        stderr(&o)
+    );
+}

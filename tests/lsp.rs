@@ -455,6 +455,9 @@ fn bad_input_gets_errors_and_loses_nothing() {
     assert_eq!(r["result"], json!(null));
     let r = c.at("textDocument/hover", MAIN, 0, 0);
     assert_eq!(r["error"]["code"], -32600);
+    // (issue 43, finding 24: a second shutdown too, as docs/cli.md says; it was null)
+    let r = c.request("shutdown", json!(null));
+    assert_eq!(r["error"]["code"], -32600, "{r}");
 }
 
 #[test]

@@ -343,7 +343,8 @@ impl Server {
         if !self.initialized {
             return self.send(err(id, ErrorCode::ServerNotInitialized, "initialize first"));
         }
-        if r.method == "shutdown" {
+        // (a second `shutdown` is a request after `shutdown`: -32600, as the docs say)
+        if r.method == "shutdown" && !self.shutdown {
             self.shutdown = true;
             return self.send(Response::new_ok(id, Value::Null));
         }

@@ -109,9 +109,16 @@ fn try_flock(f: &std::fs::File) -> std::io::Result<bool> {
 
 /// Creates `dir` if needed and checks that it is a directory.
 pub fn usable_dir(dir: &Path) -> Result<(), DirError> {
-    if let (Ok(link), Err(_)) = (std::fs::read_link(dir), std::fs::metadata(dir)) {
+    if let (Ok(link), Err(e)) = (std::fs::read_link(dir), std::fs::metadata(dir)) {
+        let why = if e.kind() == std::io::ErrorKind::NotFound {
+            "which does not exist".to_string()
+        } else if e.raw_os_error() == Some(libc::ELOOP) {
+            "which leads back to itself (a loop of symbolic links)".to_string()
+        } else {
+            format!("which cannot be followed ({e})")
+        };
         return Err(DirError::Unwritable(format!(
-            "{} is a symbolic link to {}, which does not exist",
+            "{} is a symbolic link to {}, {why}",
             dir.display(),
             link.display()
         )));
