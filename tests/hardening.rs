@@ -956,3 +956,21 @@ fn a_model_dir_link_loop_is_named_as_one() {
         stderr(&o)
     );
 }
+
+/// Finding 20: E0306 quotes an override's value in part: a 6 MB list in a params file
+/// gives a message of a few lines (it printed 8.5 MB).
+#[test]
+fn an_override_value_is_quoted_in_part() {
+    let d = tmp("big-override");
+    let yaml = d.join("params.yaml");
+    let list: Vec<&str> = vec!["\"x\""; 1_200_000];
+    std::fs::write(&yaml, format!("hidden: [{}]\n", list.join(", "))).unwrap();
+    let o = estc(&["check", "examples/digits_mlp.est", "--params", s(&yaml)]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.len() < 10_000, "{} bytes of diagnostics", e.len());
+    assert!(
+        e.contains("E0306") && e.contains("… (6000000 bytes)") && e.contains("is not a value"),
+        "{e}"
+    );
+}

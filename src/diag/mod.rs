@@ -175,6 +175,15 @@ pub fn suggested_name(help: &str) -> Option<&str> {
     Some(help.strip_prefix("did you mean `")?.split_once("`?")?.0)
 }
 
+/// `text` to quote in a message: whole when short, else its first `max` characters,
+/// `…` and its length (a 6 MB override value is not printed whole).
+pub fn excerpt(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((end, _)) => format!("{}… ({} bytes)", &text[..end], text.len()),
+    }
+}
+
 /// "did you mean `x`?" for the closest of `candidates`, if any is close enough.
 pub fn did_you_mean<'a>(
     name: &str,

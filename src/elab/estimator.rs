@@ -599,7 +599,7 @@ fn params<'p>(el: &mut Elab<'p>) -> Value<'p> {
                     o.value.span,
                     format!(
                         "`{}` is not a value of `{}`'s type, {ty_text}",
-                        p.sources.text(o.value.span),
+                        crate::diag::excerpt(p.sources.text(o.value.span), 60),
                         o.key
                     ),
                 )
