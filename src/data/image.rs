@@ -118,8 +118,21 @@ fn wrong_size((h, w): (usize, usize), (ih, iw): (usize, usize)) -> Result<(), St
     if fits(h, ih) && fits(w, iw) {
         return Ok(());
     }
+    // (a size each image gives prints `?`, and the image's own fills it in the help)
+    let show = |d: usize| {
+        if d == UNKNOWN_DIM {
+            "?".to_string()
+        } else {
+            d.to_string()
+        }
+    };
+    let or = |d: usize, own: usize| if d == UNKNOWN_DIM { own } else { d };
     Err(format!(
-        "the image is {ih}x{iw}, but the pipeline reads {h}x{w} images: give `size: [{h}, {w}]` to resize them"
+        "the image is {ih}x{iw}, but the pipeline reads {}x{} images: give `size: [{}, {}]` to resize them",
+        show(h),
+        show(w),
+        or(h, ih),
+        or(w, iw)
     ))
 }
 

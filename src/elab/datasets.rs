@@ -15,7 +15,7 @@ use std::rc::Rc;
 
 /// A dimension the pipeline does not determine (the length of `decode_raw` without a
 /// `length`), in the graphs of `map` closures. The model's signature resolves it.
-pub const UNKNOWN_DIM: usize = 1 << 31;
+pub use crate::ir::UNKNOWN_DIM;
 
 impl<'p> Elab<'p> {
     /// Calls an `input` item: binds its arguments and evaluates its body.

@@ -36,8 +36,12 @@ impl<'p> Elab<'p> {
                         d = d.with(site, format!("this is {}", self.graph.ty(*n)));
                     }
                 }
-                if let Some(h) = e.help {
-                    d = d.help(h);
+                // (a size each record gives, `?`, is what is wrong more often than not)
+                let unknown = args.iter().any(|(n, _)| self.graph.ty(*n).has_unknown());
+                match e.help {
+                    _ if unknown => d = d.help(ir::UNKNOWN_HELP),
+                    Some(h) => d = d.help(h),
+                    None => {}
                 }
                 self.error(d)
             }

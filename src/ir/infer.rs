@@ -30,6 +30,9 @@ impl InferError {
 
 type R = Result<TensorType, InferError>;
 
+/// The help of an error about a size each record gives (`?`).
+pub const UNKNOWN_HELP: &str = "a decoded image's height and width are each image's (`?`): give `decode_png` or `decode_jpeg` a `size: [height, width]` to resize every image to it, or declare them in the model's signature";
+
 /// The result type of `op` applied to `args`. `declared` is the node's own type for ops
 /// whose result shape or dtype is an attribute of the node (sources, reshape, cast,
 /// broadcast, random, decode_raw); it is checked against the operands.
@@ -425,6 +428,15 @@ fn transpose(perm: &[usize], a: &TensorType) -> R {
 }
 
 fn reshape(a: &TensorType, to: &TensorType) -> R {
+    if a.has_unknown() && !to.has_unknown() {
+        return Err(err(
+            Code::InvalidShape,
+            format!(
+                "cannot reshape {a} to {to}: `?` is a size each record gives, so the number of elements is not known here"
+            ),
+        )
+        .help(UNKNOWN_HELP));
+    }
     if a.elements() != to.elements() {
         return Err(err(
             Code::InvalidShape,

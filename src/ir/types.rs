@@ -68,6 +68,10 @@ impl fmt::Display for DType {
 /// node's type needs no allocation of its own (graphs reach millions of nodes).
 pub type Shape = smallvec::SmallVec<[usize; 4]>;
 
+/// A dimension a pipeline's `map` closure learns from each record (`decode_png` without
+/// `size`): printed `?`.
+pub const UNKNOWN_DIM: usize = 1 << 31;
+
 /// The type of an IR value: a dtype and a concrete shape.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TensorType {
@@ -98,6 +102,11 @@ impl TensorType {
     pub fn elements(&self) -> usize {
         self.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
+
+    /// Whether a dimension is one each record gives (`UNKNOWN_DIM`).
+    pub fn has_unknown(&self) -> bool {
+        self.shape.contains(&UNKNOWN_DIM)
+    }
 }
 
 impl fmt::Display for TensorType {
@@ -107,7 +116,11 @@ impl fmt::Display for TensorType {
             if i > 0 {
                 f.write_str(", ")?;
             }
-            write!(f, "{d}")?;
+            if *d == UNKNOWN_DIM {
+                f.write_str("?")?;
+            } else {
+                write!(f, "{d}")?;
+            }
         }
         f.write_str("]")
     }
