@@ -443,9 +443,18 @@ fn load_with_run(a: &ProgramArgs) -> Result<Loaded, i32> {
         program.add_override(k.trim(), v.trim(), &format!("--param {}", k.trim()));
     }
     let mut config = std::mem::take(&mut run.config);
+    if let Some(f) = &a.params_file {
+        for (k, v) in &config {
+            let origin = format!("--params {}", f.display());
+            program.add_config_source(k, &format!("runconfig: {k}: {v}"), &origin);
+        }
+    }
     for kv in &a.config {
         match config_override(kv) {
-            Ok(p) => config.push(p),
+            Ok(p) => {
+                program.add_config_source(&p.0, kv, "--config");
+                config.push(p);
+            }
             Err(e) => return Err(usage(&e)),
         }
     }

@@ -87,6 +87,10 @@ pub struct Program {
     pub diags: Diags,
     /// `--param` and params-file overrides, parsed (see `add_override`).
     pub overrides: Vec<crate::elab::ParamOverride>,
+    /// Where `--config` (and a params file's `runconfig:`) set a config key: the span of
+    /// its text, a source file of its own, for diagnostics about the value it set (see
+    /// `add_config_source`).
+    pub config_sources: Vec<(String, Span)>,
     /// False during the quiet rounds of import resolution.
     reporting: bool,
     /// Where imported files' text comes from before the file system (an editor's open
@@ -277,6 +281,7 @@ impl Program {
             root: ModId(0),
             diags: Diags::default(),
             overrides: Vec::new(),
+            config_sources: Vec::new(),
             reporting: true,
             overlay,
             max_source_bytes,
@@ -676,6 +681,15 @@ impl Program {
             key: key.to_string(),
             value: expr,
         });
+    }
+
+    /// Records that `text` (`save_checkpoint_steps=20`), from `origin` (`--config`), sets
+    /// config key `key`, as a source file of its own that diagnostics about the key
+    /// point at instead of the program's `config` block.
+    pub fn add_config_source(&mut self, key: &str, text: &str, origin: &str) {
+        let file = self.sources.add(SourceFile::new(origin, text));
+        self.config_sources
+            .push((key.to_string(), Span::new(file, 0, text.len())));
     }
 
     pub fn module(&self, m: ModId) -> &Module {

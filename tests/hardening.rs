@@ -974,3 +974,45 @@ fn an_override_value_is_quoted_in_part() {
         "{e}"
     );
 }
+
+/// Finding 25: a config rule's diagnostic about a value `--config` set labels the
+/// override, not the program's own value (E0506 for `--config save_checkpoint_steps=20`
+/// labelled the file's 500), and offers no fix to a file that does not hold it; a value
+/// from a params file's `runconfig:` names that file.
+#[test]
+fn a_config_rule_labels_the_override_that_set_the_value() {
+    let diag = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec![
+            "check",
+            "examples/digits_mlp.est",
+            "--target",
+            "wafer",
+            "--message-format",
+            "json",
+        ];
+        all.extend(args);
+        let o = estc(&all);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let line = out
+            .lines()
+            .find(|l| l.contains("E0506"))
+            .unwrap_or_else(|| panic!("{out}"));
+        serde_json::from_str(line).unwrap()
+    };
+    let d = diag(&["--config", "save_checkpoint_steps=20"]);
+    assert_eq!(d["file"], "--config", "{d}");
+    assert_eq!(d["fixes"], serde_json::json!([]), "{d}");
+    assert!(
+        d["message"]
+            .as_str()
+            .unwrap()
+            .contains("save_checkpoint_steps = 20"),
+        "{d}"
+    );
+    let dir = tmp("runconfig");
+    let yaml = dir.join("p.yaml");
+    std::fs::write(&yaml, "runconfig:\n  checkpoint_steps: 30\n").unwrap();
+    let d = diag(&["--params", s(&yaml)]);
+    assert_eq!(d["file"], format!("--params {}", yaml.display()), "{d}");
+}

@@ -893,6 +893,13 @@ fn config<'p>(
         spans.push((key.to_string(), f.name.span.to(x.span)));
     }
     values.extend(opts.config.iter().cloned());
+    // a key `--config` (or a params file's `runconfig:`) set is labelled where it was set
+    for (key, _) in &opts.config {
+        if let Some(&(_, at)) = el.p.config_sources.iter().rev().find(|(k, _)| k == key) {
+            spans.retain(|(k, _)| k != key);
+            spans.push((key.clone(), at));
+        }
+    }
     for (key, i) in values {
         if let Some(&(_, max, why)) = CONFIG_MAX.iter().find(|(k, _, _)| *k == key) {
             if i > max {
@@ -1019,8 +1026,9 @@ fn rules_of_config(
             c.iterations_per_loop,
         ));
         // the number written after `save_checkpoint_steps =` (not one from `--config`)
+        let from_override = el.p.config_sources.iter().any(|(_, s)| s.file == ckpt.file);
         let written = el.p.sources.text(ckpt);
-        if let Some(eq) = written.find('=') {
+        if let Some(eq) = written.find('=').filter(|_| !from_override) {
             let value = written[eq + 1..].trim_start();
             // (not when `--config` overrides it: the file's number is not the one used)
             if value.parse::<i64>() == Ok(c.save_checkpoint_steps) {
