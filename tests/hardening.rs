@@ -1016,3 +1016,32 @@ fn a_config_rule_labels_the_override_that_set_the_value() {
     let d = diag(&["--params", s(&yaml)]);
     assert_eq!(d["file"], format!("--params {}", yaml.display()), "{d}");
 }
+
+/// Finding 26: the quick fix "add `drop_remainder: true`" is offered for the train input
+/// of an estimator that has no eval or predict input (it required an `eval_input`).
+#[test]
+fn the_drop_remainder_fix_is_offered_without_an_eval_input() {
+    let d = tmp("fix-train-only");
+    let file = d.join("p.est");
+    std::fs::write(
+        &file,
+        "use std.nn.dense\nuse std.losses.softmax_cross_entropy\n\nparams { batch_size: int = 8 }\n\ninput points() {\n  range(64) |> map |i| (fill([4], 1.0) * cast(i, f32), i % 3) |> repeat |> batch(params.batch_size)\n}\n\nmodel m(features: f32[B, 4], labels: i32[B]) {\n  let loss = softmax_cross_entropy(labels, dense(features, 3))\n  train { minimize loss with sgd(lr: 0.1) }\n}\n\nestimator e { model = m  train_input = points() }\n",
+    )
+    .unwrap();
+    let o = estc(&[
+        "check",
+        s(&file),
+        "--target",
+        "wafer",
+        "--message-format",
+        "json",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let d: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(d["code"], "E0502", "{d}");
+    assert_eq!(d["fixes"][0]["title"], "add `drop_remainder: true`", "{d}");
+    assert_eq!(
+        d["fixes"][0]["edits"][0]["text"], ", drop_remainder: true",
+        "{d}"
+    );
+}

@@ -1252,9 +1252,9 @@ fn train_input_item(p: &Program, e: &EstimatorItem) -> Option<Span> {
         _ => None,
     };
     let train = callee(field(e, "train_input")?)?;
-    let eval = field(e, "eval_input")?;
-    // (each other input must call another item)
-    for x in [Some(eval), field(e, "predict_input")]
+    // (each other input there is must call another item; an estimator without them
+    // trains only)
+    for x in [field(e, "eval_input"), field(e, "predict_input")]
         .into_iter()
         .flatten()
     {
