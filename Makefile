@@ -5,7 +5,7 @@ CARGO ?= cargo
 # llvm-sys finds LLVM 19 here (Debian's llvm-19-dev).
 export LLVM_SYS_191_PREFIX ?= /usr/lib/llvm-19
 
-.PHONY: all setup build demo test test-nvim fmt clippy bench fuzz docs
+.PHONY: all setup build demo test test-nvim nvim-check fmt clippy bench fuzz docs
 
 all: build
 
@@ -74,15 +74,22 @@ demo: build
 # the feature sets we ship (the host backend through LLVM with training across ranks
 # on MPI, whose tests run `mpirun -n 2` on this machine; and --no-default-features,
 # with neither), and the Neovim setup (when nvim is installed).
+# (the Neovim check reuses the estc that `cargo test --no-default-features` just built
+# for its integration tests, target/debug/estc: the language server needs neither LLVM
+# nor MPI, and a build of its own would be a third full debug build)
 test: setup fmt clippy
 	$(CARGO) test --features mpi
 	$(CARGO) test --no-default-features
-	@$(MAKE) --no-print-directory test-nvim
+	@$(MAKE) --no-print-directory nvim-check
 
-# docs/editors.md's Neovim setup, headless, against the debug estc.
+# docs/editors.md's Neovim setup, headless, against the debug estc (built first).
 test-nvim:
+	$(CARGO) build
+	@$(MAKE) --no-print-directory nvim-check
+
+nvim-check:
 	@if command -v nvim >/dev/null 2>&1; then \
-	  $(CARGO) build && editors/nvim/test.sh target/debug/estc; \
+	  editors/nvim/test.sh target/debug/estc; \
 	else \
 	  echo "test-nvim: skipped: no nvim on the PATH (make setup installs it)"; \
 	fi
