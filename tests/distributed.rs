@@ -91,39 +91,51 @@ fn program(params: &[(&str, &str)]) -> Program {
 }
 
 /// The codes each of two ranks (threads) of `p` in model_dir `dir` fails with doing
-/// `act`: rank 0 reads its data under the crate's root, rank 1 under `data1`.
+/// `act`, both reading their data under `data` (ranks with different data refuse to
+/// join: E0925).
 fn failures_on_two_ranks(
     p: &Program,
     dir: &Path,
-    data1: &Path,
+    data: &Path,
     act: impl Fn(&mut Estimator) -> Option<est::runtime::RunFailure> + Sync,
 ) -> Vec<Vec<Code>> {
     threads::run(2, |g: Group| {
-        let data = if g.rank() == 0 {
-            root()
-        } else {
-            data1.to_path_buf()
-        };
-        let mut e = estimator_in(p, dir, &data, Target::Interp, 1, 2);
+        let mut e = estimator_in(p, dir, data, Target::Interp, 1, 2);
         e.join(g).map_err(|f| f.diags).unwrap();
         act(&mut e).map_or_else(Vec::new, |f| f.diags.iter().map(|d| d.code).collect())
     })
 }
 
-/// A copy of `examples/data/NAME` under `base` whose labels are all 99 (out of range).
-fn bad_labels(base: &Path, name: &str) {
+/// A copy of `examples/data` under `base`, `NAME` with the label of one example (row
+/// `row`, from 0) 99, out of range: the one rank whose share of the input holds it fails,
+/// the other does not.
+fn one_bad_label(base: &Path, name: &str, row: usize) {
     let data = base.join("examples/data");
     std::fs::create_dir_all(&data).unwrap();
+    for f in ["digits_train.csv", "digits_test.csv"] {
+        std::fs::copy(root().join("examples/data").join(f), data.join(f)).unwrap();
+    }
     let csv = std::fs::read_to_string(root().join("examples/data").join(name)).unwrap();
     let bad: Vec<String> = csv
         .lines()
         .enumerate()
         .map(|(i, l)| match l.rsplit_once(',') {
-            Some((head, _)) if i > 0 => format!("{head},99"),
+            Some((head, _)) if i == row + 1 => format!("{head},99"),
             _ => l.to_string(),
         })
         .collect();
     std::fs::write(data.join(name), bad.join("\n") + "\n").unwrap();
+}
+
+/// That one rank failed with `code` and the other stopped with E0924, in either order.
+fn one_failed_with(codes: &[Vec<Code>], code: Code) {
+    let mut seen: Vec<&Vec<Code>> = codes.iter().collect();
+    seen.sort_by_key(|c| c.first().map(|c| c.id()));
+    assert_eq!(
+        seen,
+        vec![&vec![code], &vec![Code::RankFailed]],
+        "{codes:?}"
+    );
 }
 
 /// An estimator of `p` as one of `ranks` ranks with `shards` shards each.
@@ -312,21 +324,18 @@ fn ranks_of_several_shards_agree_with_one_process_to_rounding() {
     assert_eq!(one.examples, two.examples);
 }
 
-/// A batch that fails on one rank stops both: rank 1 reads a copy of the data whose
-/// labels are out of range, and says why (E0907); rank 0 says that rank 1 failed
-/// (E0924). Neither waits for the other.
+/// A batch that fails on one rank stops both: of the same data, one example's label is
+/// out of range, and the rank whose batch holds it says why (E0915); the other says that
+/// it failed (E0924). Neither waits for the other.
 #[test]
 fn a_rank_whose_step_fails_stops_every_rank() {
     let base = common::scratch("dist", "fail");
-    bad_labels(&base, "digits_train.csv");
+    one_bad_label(&base, "digits_train.csv", 0);
     let p = program(&[]);
     let codes = failures_on_two_ranks(&p, &base.join("run"), &base, |e| {
-        e.train(Steps::Max(5)).err()
+        e.train(Steps::Max(30)).err()
     });
-    assert_eq!(
-        codes,
-        vec![vec![Code::RankFailed], vec![Code::LabelOutOfRange]]
-    );
+    one_failed_with(&codes, Code::LabelOutOfRange);
 }
 
 /// A checkpoint resumes across rank counts at any position: 3 steps of one shard,
@@ -367,12 +376,13 @@ fn a_checkpoint_resumes_across_rank_counts() {
     }
 }
 
-/// An evaluation batch that fails on one rank (its copy of the test data has labels
-/// out of range) stops both: rank 1 says why (E0915), rank 0 that rank 1 failed.
+/// An evaluation batch that fails on one rank (the test data's first example has a
+/// label out of range, in the first batch, rank 0's) stops both: rank 0 says why
+/// (E0915), rank 1 that rank 0 failed.
 #[test]
 fn a_rank_whose_eval_batch_fails_says_why() {
     let base = common::scratch("dist", "evalfail");
-    bad_labels(&base, "digits_test.csv");
+    one_bad_label(&base, "digits_test.csv", 0);
     let p = program(&[]);
     let run = base.join("run");
     estimator(&p, &run, Target::Interp, 1, 1)
@@ -382,8 +392,39 @@ fn a_rank_whose_eval_batch_fails_says_why() {
     let codes = failures_on_two_ranks(&p, &run, &base, |e| e.evaluate(None).err());
     assert_eq!(
         codes,
-        vec![vec![Code::RankFailed], vec![Code::LabelOutOfRange]]
+        vec![vec![Code::LabelOutOfRange], vec![Code::RankFailed]]
     );
+}
+
+/// Issue 43, finding 22: ranks whose input files differ (here one example of the eval
+/// set) refuse to join, every rank saying which rank and which input differs (E0925);
+/// they died at the first eval batch with no reason, and a rank with other training
+/// data went undetected.
+#[test]
+fn ranks_with_different_input_files_refuse_to_start() {
+    let base = common::scratch("dist", "other-data");
+    for (dir, row) in [("a", 0), ("b", 5)] {
+        one_bad_label(&base.join(dir), "digits_test.csv", row);
+    }
+    let p = program(&[]);
+    let codes = threads::run(2, |g: Group| {
+        let data = base.join(if g.rank() == 0 { "a" } else { "b" });
+        let mut e = estimator_in(&p, &base.join("run"), &data, Target::Interp, 1, 2);
+        let f = e.join(g).expect_err("refused");
+        f.diags
+            .iter()
+            .map(|d| (d.code, d.message.clone()))
+            .collect::<Vec<_>>()
+    });
+    for c in &codes {
+        assert_eq!(
+            c,
+            &vec![(
+                Code::RanksDisagree,
+                "rank 1 runs another eval input's files (their sizes or contents) and predict input's files (their sizes or contents) than rank 0".to_string()
+            )]
+        );
+    }
 }
 
 /// Rank 0 that cannot take model_dir (another run holds its lock) says so (E0909), and

@@ -78,6 +78,51 @@ pub fn check_sources(ds: &Dataset, base: &Path) -> Result<(), Diag> {
     Ok(())
 }
 
+/// How much of each end of a file `fingerprint` reads.
+const FINGERPRINT_ENDS: u64 = 1 << 20;
+
+/// A fingerprint of the files `ds`'s sources read: each one's path as the program
+/// names it (relative to `base`), its size, and a CRC32C of its first and last MiB, so
+/// that ranks of a run on other machines compare their copies of the data without
+/// reading them whole. Files that cannot be read count as what they are (`check_sources`
+/// says why, later).
+pub fn fingerprint(ds: &Dataset, base: &Path) -> u64 {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut h = crate::hash::FNV_OFFSET;
+    let mut add = |b: &[u8]| h = crate::hash::fnv1a(h, b);
+    let mut stack = vec![ds];
+    while let Some(ds) = stack.pop() {
+        for stage in &ds.stages {
+            if let StageKind::Zip { other } = &stage.kind {
+                stack.push(other);
+            }
+            for f in files(stage, base).unwrap_or_default() {
+                let shown = f.strip_prefix(base).unwrap_or(&f);
+                add(shown.to_string_lossy().as_bytes());
+                let Ok(mut file) = std::fs::File::open(&f) else {
+                    add(b"unreadable");
+                    continue;
+                };
+                let size = file.metadata().map_or(0, |m| m.len());
+                add(&size.to_le_bytes());
+                let mut ends = Vec::new();
+                let _ = (&mut file).take(FINGERPRINT_ENDS).read_to_end(&mut ends);
+                if size > FINGERPRINT_ENDS
+                    && file
+                        .seek(SeekFrom::Start(
+                            size.saturating_sub(FINGERPRINT_ENDS).max(FINGERPRINT_ENDS),
+                        ))
+                        .is_ok()
+                {
+                    let _ = file.take(FINGERPRINT_ENDS).read_to_end(&mut ends);
+                }
+                add(&crc32c::crc32c(&ends).to_le_bytes());
+            }
+        }
+    }
+    h
+}
+
 /// Elements held in memory, handed out in order.
 pub struct VecSource {
     rows: std::vec::IntoIter<Element>,

@@ -20,6 +20,7 @@ use crate::backend::Peers;
 use crate::data::pipeline::{Element, Pipeline};
 use crate::diag::{Code, Diag};
 use crate::dist::Group;
+use crate::syntax::ast::SectionKind;
 use crate::tensor::Tensor;
 use rustc_hash::FxHashMap;
 
@@ -160,13 +161,16 @@ impl Estimator {
 
     fn join_group(&mut self, group: &mut Group) -> Res<()> {
         let me = format!(
-            "{}\n{}\n{:?}\n{:?}\n{}\n{}",
+            "{}\n{}\n{:?}\n{:?}\n{}\n{}\n{}\n{}\n{}",
             self.program_hash,
             self.info.name,
             self.target,
             self.info.config,
             self.ranks,
-            env!("CARGO_PKG_VERSION")
+            env!("CARGO_PKG_VERSION"),
+            self.input_fingerprint(SectionKind::Train),
+            self.input_fingerprint(SectionKind::Eval),
+            self.input_fingerprint(SectionKind::Predict),
         );
         let mut mine = vec![1u8];
         mine.extend(self.seed.to_le_bytes());
@@ -182,6 +186,9 @@ impl Estimator {
             "config",
             "rank count",
             "est version",
+            "train input's files (their sizes or contents)",
+            "eval input's files (their sizes or contents)",
+            "predict input's files (their sizes or contents)",
         ];
         let theirs =
             |b: &[u8]| String::from_utf8_lossy(b.get(9..).unwrap_or_default()).into_owned();
@@ -203,7 +210,7 @@ impl Estimator {
                     ),
                 )
                 .label("this estimator, on rank 0")
-                .help("every rank must run the same est, file, params, --config and --target: start them from one command line on identical copies of the files")
+                .help("every rank must run the same est, file, params, --config and --target on the same data: start them from one command line on identical copies of the files")
                 .into());
             }
         }
@@ -226,6 +233,14 @@ impl Estimator {
             self.hooks.retain(|h| !h.writes());
         }
         Ok(())
+    }
+
+    /// A fingerprint of the files the input of `mode` reads (`sources::fingerprint`;
+    /// 0 when the mode has no input), which every rank of a run must share.
+    fn input_fingerprint(&self, mode: SectionKind) -> u64 {
+        (self.graphs.iter().find(|c| c.mode == mode))
+            .and_then(|c| c.input.as_ref())
+            .map_or(0, |ds| crate::data::sources::fingerprint(ds, &self.base))
     }
 
     /// The seconds this rank has spent in train steps' exchanges (`Peers::reduce`).
