@@ -265,7 +265,7 @@ fn csv_table(o: &ConvertOptions) -> Result<Table, ConvertError> {
                 Kind::Float => Val::F(
                     fs.iter()
                         .map(|f| match f.parse::<f32>() {
-                            Ok(x) if x.is_infinite() && !super::pipeline::names_infinity(f) => {
+                            Ok(x) if x.is_infinite() && !super::csv::names_infinity(f) => {
                                 Err(err(
                                     Code::BadData,
                                     format!(

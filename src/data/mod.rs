@@ -3,7 +3,8 @@
 //! it.
 //!
 //! - `pipeline`: the executor (stages, workers, prefetch, resume at an input position);
-//! - `sources`: ranges, tensors, CSV, TFRecord, `.npy`, PNG directories;
+//! - `sources`: ranges, tensors, TFRecord, `.npy`, PNG directories;
+//! - `csv`: CSV and TSV files read into elements;
 //! - `image`: PNG and JPEG decoding, channel conversion and resizing;
 //! - `records`: TFRecord framing, `tf.Example` and `.npy` encoding;
 //! - `cache`: the storage of the `cache` transform;
@@ -11,6 +12,7 @@
 
 pub mod cache;
 pub mod convert;
+pub mod csv;
 pub mod image;
 pub mod pipeline;
 pub mod records;
