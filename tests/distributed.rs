@@ -409,12 +409,10 @@ fn ranks_with_different_input_files_refuse_to_start() {
     let p = program(&[]);
     let codes = threads::run(2, |g: Group| {
         let data = base.join(if g.rank() == 0 { "a" } else { "b" });
-        let mut e = estimator_in(&p, &base.join("run"), &data, Target::Interp, 1, 2);
-        let f = e.join(g).expect_err("refused");
-        f.diags
-            .iter()
-            .map(|d| (d.code, d.message.clone()))
-            .collect::<Vec<_>>()
+        refusal(
+            estimator_in(&p, &base.join("run"), &data, Target::Interp, 1, 2),
+            g,
+        )
     });
     for c in &codes {
         assert_eq!(
@@ -444,6 +442,15 @@ fn rank_0_without_the_model_dir_stops_every_rank() {
     );
 }
 
+/// The codes and messages of `e` refusing to join `g`.
+fn refusal(mut e: Estimator, g: Group) -> Vec<(Code, String)> {
+    let f = e.join(g).expect_err("refused");
+    f.diags
+        .iter()
+        .map(|d| (d.code, d.message.clone()))
+        .collect()
+}
+
 /// Ranks that run different programs (here another batch size) refuse to start, on
 /// every rank (E0925), and so do ranks checked for another number of ranks.
 #[test]
@@ -455,12 +462,7 @@ fn ranks_of_different_programs_refuse_to_start() {
         } else {
             program(&[("batch_size", "64")])
         };
-        let mut e = estimator(&p, &base, Target::Interp, 1, 2);
-        let f = e.join(g).expect_err("refused");
-        f.diags
-            .iter()
-            .map(|d| (d.code, d.message.clone()))
-            .collect::<Vec<_>>()
+        refusal(estimator(&p, &base, Target::Interp, 1, 2), g)
     });
     for c in &codes {
         assert_eq!(

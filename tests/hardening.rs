@@ -5,6 +5,7 @@
 //! entries); those about results and messages are `tests/hardening_results.rs`'. Each
 //! test's comment names the finding it guards.
 
+mod common;
 #[path = "common/estc.rs"]
 mod estc;
 use estc::{estc, ok, root, s, stderr};
@@ -541,10 +542,9 @@ fn fmt_stdin(input: &[u8]) -> Output {
 
 /// Findings 13 and 19: `estc fmt` reads standard input as it reads a file: at most
 /// 16 MiB (`< /dev/zero` grew to 18 GB), and UTF-8, or an error naming the line and the
-/// byte; a `csv()` source that is not UTF-8 is E0905 naming the file, the line and the
-/// byte, with a help about saving it as UTF-8.
+/// byte (a `csv()` source's bad byte: `tests/hardening_results.rs`).
 #[test]
-fn standard_input_and_csv_text_are_bounded_and_located() {
+fn fmt_standard_input_is_bounded_and_located() {
     let o = fmt_stdin(&vec![b' '; (16 << 20) + 10]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("larger than 16 MiB"), "{}", stderr(&o));
@@ -554,33 +554,6 @@ fn standard_input_and_csv_text_are_bounded_and_located() {
         stderr(&o).contains("not UTF-8 text (line 3, byte 21)"),
         "{}",
         stderr(&o)
-    );
-    let d = tmp("csv-utf8");
-    std::fs::write(d.join("rows.csv"), b"x0,x1,label\n1,2,0\n3,\xe94,1\n").unwrap();
-    std::fs::write(
-        d.join("p.est"),
-        "use std.nn.dense\nuse std.losses.softmax_cross_entropy\ninput rows() {\n  csv(\"rows.csv\", columns: { x: f32[2], label: i32 }) |> map |r| (r.x, r.label) |> batch(2, drop_remainder: true) |> repeat\n}\nmodel m(features: f32[B, 2], labels: i32[B]) {\n  let loss = softmax_cross_entropy(labels, dense(features, 2))\n  train { minimize loss with sgd(lr: 0.1) }\n}\nestimator e { model = m  train_input = rows() }\n",
-    )
-    .unwrap();
-    let o = estc(&[
-        "train",
-        s(&d.join("p.est")),
-        "--target",
-        "interp",
-        "--max-steps",
-        "1",
-        "--message-format",
-        "json",
-        "--model-dir",
-        s(&d.join("md")),
-    ]);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(1), "{out}");
-    assert!(
-        out.contains("E0905")
-            && out.contains("rows.csv:3: not UTF-8 text (the byte at offset 20)")
-            && out.contains("save the file as UTF-8"),
-        "{out}"
     );
 }
 
@@ -682,23 +655,7 @@ fn cache_entries_that_are_not_files_are_rebuilt_and_stale_temps_swept() {
             &data,
         )
     };
-    for (split, shards) in [("train", "2"), ("test", "1")] {
-        ok(estc(&[
-            "data",
-            "convert",
-            "--from",
-            "csv",
-            &format!("examples/data/digits_{split}.csv"),
-            "--shards",
-            shards,
-            "--group",
-            "pixels=p0:p63",
-            "--type",
-            "pixels=float",
-            "-o",
-            s(&d.join(format!("data/tfrecord/digits_{split}"))),
-        ]));
-    }
+    common::digits_tfrecord(&d);
     ok(train());
     let files: Vec<PathBuf> = std::fs::read_dir(&data)
         .unwrap()

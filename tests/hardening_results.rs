@@ -20,9 +20,10 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d
 }
 
-/// Finding 7: a CSV number beyond f64's range (`1e400`, an integer of 310 digits) is
-/// E0905 like one beyond f32's, not an infinity; `inf` written as such stays a value.
-/// `data convert` says the same of a float column.
+/// Findings 7 and 19: a CSV number beyond f64's range (`1e400`, an integer of 310
+/// digits) is E0905 like one beyond f32's, not an infinity; `inf` written as such stays
+/// a value; a byte that is not UTF-8 is E0905 naming the file, the line and the byte
+/// (with no position before). `data convert` says the same of a float column.
 #[test]
 fn csv_numbers_beyond_f64_are_out_of_range() {
     let d = tmp("csv-f64");
@@ -38,7 +39,7 @@ model m(features: f32[B, 2], labels: i32[B]) {
 estimator e { model = m  train_input = rows() }
 "#;
     std::fs::write(d.join("p.est"), program).unwrap();
-    let train = |csv: &str| {
+    let train = |csv: &[u8]| {
         std::fs::write(d.join("rows.csv"), csv).unwrap();
         let _ = std::fs::remove_dir_all(d.join("md"));
         estc(&[
@@ -66,7 +67,7 @@ estimator e { model = m  train_input = rows() }
         } else {
             format!("x0,x1,label\n1,2,0\n3,4,{field}\n")
         };
-        let o = train(&csv);
+        let o = train(csv.as_bytes());
         assert_eq!(o.status.code(), Some(1), "{}", out(&o));
         let want = format!(
             "rows.csv:3:{column}: column `{}`: {field} is out of range for {range}",
@@ -79,8 +80,17 @@ estimator e { model = m  train_input = rows() }
         );
     }
     // an infinity written as one is a value (the NaN check stops what it makes)
-    let o = train("x0,x1,label\n1,2,0\n3,inf,1\n");
+    let o = train(b"x0,x1,label\n1,2,0\n3,inf,1\n");
     assert!(!out(&o).contains("out of range"), "{}", out(&o));
+    // (finding 19) a byte that is not UTF-8: E0905 naming the file, line and byte
+    let o = train(b"x0,x1,label\n1,2,0\n3,\xe94,1\n");
+    assert!(
+        out(&o).contains("E0905")
+            && out(&o).contains("rows.csv:3: not UTF-8 text (the byte at offset 20)")
+            && out(&o).contains("save the file as UTF-8"),
+        "{}",
+        out(&o)
+    );
     // data convert
     std::fs::write(d.join("t.csv"), "a,b\n1.5,2\n1e40,3\n").unwrap();
     let o = estc(&[

@@ -699,9 +699,25 @@ int main(int argc, char **argv) {{
         ),
     )
     .unwrap();
-    let exe = lib.join("main");
+    let exe = compile_c(&main, lib, id);
+    let ran = std::process::Command::new(&exe)
+        .arg(ckpt)
+        .arg(csv)
+        .output()
+        .unwrap();
+    (
+        ran.status.code(),
+        String::from_utf8_lossy(&ran.stdout).into_owned(),
+    )
+}
+
+/// The C program `main` compiled with `cc` against the library `lib<id>.so` and its
+/// header in `lib`: the executable beside `main`.
+#[cfg(feature = "llvm")]
+fn compile_c(main: &Path, lib: &Path, id: &str) -> PathBuf {
+    let exe = main.with_extension("");
     let cc = std::process::Command::new("cc")
-        .arg(&main)
+        .arg(main)
         .arg("-I")
         .arg(lib)
         .arg("-L")
@@ -717,15 +733,7 @@ int main(int argc, char **argv) {{
         "{}",
         String::from_utf8_lossy(&cc.stderr)
     );
-    let ran = std::process::Command::new(&exe)
-        .arg(ckpt)
-        .arg(csv)
-        .output()
-        .unwrap();
-    (
-        ran.status.code(),
-        String::from_utf8_lossy(&ran.stdout).into_owned(),
-    )
+    exe
 }
 
 /// The largest relative difference between the C program's lines (`serve_with_c`) and
@@ -860,24 +868,7 @@ int main(int argc, char **argv) {
 "#,
     )
     .unwrap();
-    let exe = lib.join("loads");
-    let cc = std::process::Command::new("cc")
-        .arg(&main)
-        .arg("-I")
-        .arg(&lib)
-        .arg("-L")
-        .arg(&lib)
-        .arg("-ldigits")
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = compile_c(&main, &lib, "digits");
     let ran = std::process::Command::new(&exe)
         .arg(run.join("missing.safetensors"))
         .arg(&good)

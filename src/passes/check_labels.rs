@@ -77,41 +77,32 @@ fn already_checked(g: &Graph, n: NodeIndex, depth: usize) -> bool {
 
 /// The nodes whose value is computed from the model's labels (`Graph::label_feeds`).
 fn from_labels(g: &Graph) -> Vec<bool> {
-    let mut seen = vec![false; g.g.node_bound()];
-    let mut stack: Vec<NodeIndex> = g
+    let labels = g
         .g
         .node_indices()
-        .filter(|&n| matches!(&g.node(n).op, Op::Input { name } if g.label_feeds.contains(name)))
-        .collect();
-    while let Some(n) = stack.pop() {
-        if std::mem::replace(&mut seen[n.index()], true) {
-            continue;
-        }
-        stack.extend(
-            g.g.edges_directed(n, Direction::Outgoing)
-                .map(|e| e.target()),
-        );
-    }
-    seen
+        .filter(|&n| matches!(&g.node(n).op, Op::Input { name } if g.label_feeds.contains(name)));
+    reach(g, labels.collect(), Direction::Outgoing)
 }
 
 /// The nodes whose value the loss reads (through any path).
 fn reaches_loss(g: &Graph) -> Vec<bool> {
-    let mut seen = vec![false; g.g.node_bound()];
-    let mut stack: Vec<NodeIndex> = g
-        .outputs
-        .iter()
+    let losses = (g.outputs.iter())
         .filter(|o| o.role == Role::Loss)
-        .map(|o| o.node)
-        .collect();
+        .map(|o| o.node);
+    reach(g, losses.collect(), Direction::Incoming)
+}
+
+/// The nodes reached from `start` (themselves included) along edges in `dir`.
+fn reach(g: &Graph, mut stack: Vec<NodeIndex>, dir: Direction) -> Vec<bool> {
+    let mut seen = vec![false; g.g.node_bound()];
     while let Some(n) = stack.pop() {
         if std::mem::replace(&mut seen[n.index()], true) {
             continue;
         }
-        stack.extend(
-            g.g.edges_directed(n, Direction::Incoming)
-                .map(|e| e.source()),
-        );
+        stack.extend(g.g.edges_directed(n, dir).map(|e| match dir {
+            Direction::Incoming => e.source(),
+            Direction::Outgoing => e.target(),
+        }));
     }
     seen
 }
