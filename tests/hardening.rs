@@ -38,6 +38,8 @@ fn trained(dir: &Path) -> PathBuf {
     ok(estc(&[
         "train",
         "examples/digits_mlp.est",
+        "--target",
+        "interp",
         "--max-steps",
         "5",
         "--model-dir",
@@ -114,6 +116,8 @@ fn outputs_follow_links_and_write_through_devices() {
     ok(estc(&[
         "predict",
         "examples/digits_mlp.est",
+        "--target",
+        "interp",
         "--model-dir",
         s(&md),
         "--output",
@@ -478,9 +482,17 @@ fn thread_counts_are_bounded_and_checked() {
     let md = d.join("md");
     let run = |threads: Option<&str>, env: Option<&str>| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_estc"));
+        // (the host's pool, where it is built)
+        let target = if cfg!(feature = "llvm") {
+            "host"
+        } else {
+            "interp"
+        };
         c.args([
             "train",
             "examples/digits_mlp.est",
+            "--target",
+            target,
             "--max-steps",
             "1",
             "--model-dir",
@@ -558,6 +570,7 @@ fn fmt_standard_input_is_bounded_and_located() {
 }
 
 /// A PID no process has: that of a child that has ended.
+#[cfg(feature = "llvm")]
 fn dead_pid() -> u32 {
     let mut c = Command::new("true").spawn().unwrap();
     let pid = c.id();
@@ -567,6 +580,7 @@ fn dead_pid() -> u32 {
 
 /// Runs `estc args` with `EST_CACHE_DIR=cache`, failing the test if it takes more than
 /// a minute (a FIFO read as a cache entry hung forever).
+#[cfg(feature = "llvm")]
 fn estc_within_a_minute(args: &[&str], cache: &Path) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_estc"))
         .args(args)
@@ -688,6 +702,8 @@ fn a_model_dir_link_loop_is_named_as_one() {
     let o = estc(&[
         "train",
         "examples/digits_mlp.est",
+        "--target",
+        "interp",
         "--max-steps",
         "1",
         "--model-dir",

@@ -130,11 +130,25 @@ fn merged_rows_and_transposed_convolutions_evaluate_partial_batches() {
     ]));
     assert!(!stderr(&o).contains("W0513"), "{}", stderr(&o));
     let md = d.join("md");
-    ok(estc(&["train", program, "--model-dir", s(&md)]));
+    let target = if cfg!(feature = "llvm") {
+        "host"
+    } else {
+        "interp"
+    };
+    ok(estc(&[
+        "train",
+        program,
+        "--target",
+        target,
+        "--model-dir",
+        s(&md),
+    ]));
     let eval = |batch: &str| -> serde_json::Value {
         let o = ok(estc(&[
             "eval",
             program,
+            "--target",
+            target,
             "--model-dir",
             s(&md),
             "--param",
@@ -156,6 +170,8 @@ fn merged_rows_and_transposed_convolutions_evaluate_partial_batches() {
     ok(estc(&[
         "predict",
         program,
+        "--target",
+        target,
         "--model-dir",
         s(&md),
         "--param",
