@@ -375,22 +375,28 @@ fn gemm(pool: &Pool, (m, k, n): (usize, usize, usize), a: Mat, b: Mat, c: Mat) {
 }
 
 /// Columns of `c` a GEMM block holds at least when a product is cut along n: faer runs
-/// blocks of 64 columns or more as fast as the whole product, or faster (1024^3 at one
-/// thread: 238 GFLOP/s whole, 251 in 16 blocks; 32 columns drop to 209 on 128x784x256).
+/// blocks of 64 columns or more as fast as the whole product (128x784x256 at one thread:
+/// 246 GFLOP/s in 4 blocks, 235 whole; 32 columns drop to 209).
 const GEMM_BLOCK_COLS: usize = 64;
+/// Blocks a product is cut into along n, at most, unless it is wider than 2048 columns
+/// (then blocks of 256): each block repacks `a`, and 1024^3 in 16 blocks of 64 ran 2-3%
+/// slower than whole in est (`cargo bench --bench gemm`), in 8 of 128 as fast.
+const GEMM_MAX_BLOCKS: usize = 8;
 /// Rows a block holds at least when a product is cut along m (too few columns to cut):
 /// 8-row blocks lose 5-10% to whole products on small ones (128x256x10).
 const GEMM_BLOCK_ROWS: usize = 16;
 
 /// How a GEMM of `(m, k, n)` is cut: along m (`true`) or n, into how many blocks. One
 /// block under `MIN_SPLIT` multiply-adds; otherwise blocks of at least
-/// `GEMM_BLOCK_COLS` columns, or of `GEMM_BLOCK_ROWS` rows when the columns are too
-/// few. It never depends on the thread count (see `gemm`).
+/// `GEMM_BLOCK_COLS` columns (`GEMM_MAX_BLOCKS` of them, more for very wide products),
+/// or of `GEMM_BLOCK_ROWS` rows when the columns are too few. It never depends on the
+/// thread count (see `gemm`).
 fn gemm_blocks(m: usize, k: usize, n: usize) -> (bool, usize) {
     if m * k * n < MIN_SPLIT {
         (false, 1)
     } else if n >= 2 * GEMM_BLOCK_COLS {
-        (false, n / GEMM_BLOCK_COLS)
+        let most = GEMM_MAX_BLOCKS.max(n / 256);
+        (false, (n / GEMM_BLOCK_COLS).min(most))
     } else {
         (true, (m / GEMM_BLOCK_ROWS).max(1))
     }
