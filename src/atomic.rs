@@ -71,10 +71,15 @@ fn temp_writer(name: &str) -> Option<i32> {
     rest.split('-').next()?.parse().ok()
 }
 
-/// Removes the temporary files in `dir` that no running process is writing (their
-/// writer was killed: its PID is gone), where other processes may be writing at the
-/// same time (a cache shared by runs); returns the bytes of those left, which a size
-/// cap counts.
+/// How long a temporary file must have gone unwritten before a sweep may take it: a
+/// writer on another machine (a cache directory shared over NFS) has a PID this
+/// machine does not know, but its file keeps changing while it writes.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes the temporary files in `dir` that no running process is writing: their
+/// writer's PID is gone from this machine and they have not changed for
+/// `STALE_AFTER`, where other processes may be writing at the same time (a cache shared
+/// by runs); returns the bytes of those left, which a size cap counts.
 pub fn sweep_stale_temps(dir: &Path) -> u64 {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return 0;
@@ -90,10 +95,15 @@ pub fn sweep_stale_temps(dir: &Path) -> u64 {
             libc::kill(pid, 0) != 0
                 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
         });
-        if gone && std::fs::remove_file(e.path()).is_ok() {
+        let meta = e.metadata().ok();
+        let idle = (meta.as_ref())
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_AFTER);
+        if gone && idle && std::fs::remove_file(e.path()).is_ok() {
             continue;
         }
-        left += e.metadata().map_or(0, |m| m.len());
+        left += meta.map_or(0, |m| m.len());
     }
     left
 }
@@ -134,13 +144,34 @@ pub enum Output {
 /// How many symbolic links a path may pass through (Linux's own limit).
 const MAX_LINKS: usize = 40;
 
+/// Whether `p` names an open file descriptor (`/dev/stdout`, `/dev/fd/3`,
+/// `/proc/self/fd/1`): the file behind it is the descriptor's, to be written through,
+/// never replaced (a shell's `> out.ll` or `| cat` holds it open).
+fn is_descriptor(p: &Path) -> bool {
+    let s = p.to_string_lossy();
+    matches!(&*s, "/dev/stdout" | "/dev/stderr")
+        || s.starts_with("/dev/fd/")
+        || (s.starts_with("/proc/") && s.contains("/fd/"))
+}
+
 /// Where a write to `path` goes: the file its symbolic links lead to (a link to
 /// nothing leads to the file it names, which is made), written atomically; a character
-/// device or FIFO, written through. A directory, a block device or a socket is an
-/// error that says what it is, as is a loop of links.
+/// device, a FIFO or an open descriptor (`/dev/stdout`), written through. A directory,
+/// a block device or a socket is an error that says what it is, as is a loop of links.
 pub fn output(path: &Path) -> std::io::Result<Output> {
     let mut at = path.to_path_buf();
     for _ in 0..MAX_LINKS {
+        if is_descriptor(&at) {
+            // (its link's text is the descriptor's description, `pipe:[N]`, not a path)
+            return match std::fs::metadata(&at) {
+                Ok(m) if m.is_dir() => Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "it is a directory, not a file",
+                )),
+                Ok(_) => Ok(Output::Stream(path.to_path_buf())),
+                Err(e) => Err(e),
+            };
+        }
         let meta = match std::fs::symlink_metadata(&at) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Output::File(at)),
@@ -194,8 +225,10 @@ pub fn write_output(
                 fill(w)
             })
         }
+        // (appending: a descriptor a shell opened with `>` is at its end already, one
+        // opened with `>>` must keep what it holds; devices and FIFOs do not mind)
         Output::Stream(p) => {
-            let f = std::fs::OpenOptions::new().write(true).open(&p)?;
+            let f = std::fs::OpenOptions::new().append(true).open(&p)?;
             let mut w = BufWriter::with_capacity(1 << 20, f);
             fill(&mut w)?;
             w.flush()
@@ -210,11 +243,12 @@ pub fn write_output_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Replaces the text of the existing regular file `path` (its links followed) with
 /// `text`, in place, as gofmt and rustfmt do: the file keeps its inode, so its owner,
-/// mode and hard links. A file without write permission is refused (root too). The
-/// file is first copied to a temporary file beside it, which is removed once the new
-/// text is written and synced; when writing fails, the copy is renamed back over the
-/// file, so nothing is lost (the text is whole, if not in the same inode).
+/// mode and hard links. A file without write permission is refused (root too), before
+/// anything is written. The file is first copied to a temporary file beside it; when
+/// writing fails, the old text is written back into the file from the copy (or, when
+/// even that fails, the copy is renamed over it), so nothing is lost.
 pub fn rewrite_in_place(path: &Path, text: &[u8]) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
     let target = match output(path)? {
         Output::File(p) => p,
         Output::Stream(p) => {
@@ -230,27 +264,38 @@ pub fn rewrite_in_place(path: &Path, text: &[u8]) -> std::io::Result<()> {
             "it is read-only (give it write permission to format it)",
         ));
     }
+    // (opened before anything else is written: a file this user may not write is
+    // refused as it is)
+    let mut f = std::fs::OpenOptions::new().write(true).open(&target)?;
     let backup = temp_path(&target, None);
     let copied = std::fs::copy(&target, &backup)
         .and_then(|_| std::fs::File::open(&backup))
-        .and_then(|f| f.sync_all());
+        .and_then(|b| b.sync_all());
     if let Err(e) = copied {
         let _ = std::fs::remove_file(&backup);
         return Err(e);
     }
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).open(&target)?;
-        f.write_all(text)?;
-        f.set_len(text.len() as u64)?;
+    let put = |f: &mut std::fs::File, bytes: &[u8]| {
+        f.seek(SeekFrom::Start(0))?;
+        f.write_all(bytes)?;
+        f.set_len(bytes.len() as u64)?;
         f.sync_all()
-    })();
-    match written {
+    };
+    match put(&mut f, text) {
         Ok(()) => {
             let _ = std::fs::remove_file(&backup);
             Ok(())
         }
         Err(e) => {
-            let _ = std::fs::rename(&backup, &target);
+            let restored = std::fs::read(&backup).and_then(|old| put(&mut f, &old));
+            match restored {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(&backup);
+                }
+                Err(_) => {
+                    let _ = std::fs::rename(&backup, &target);
+                }
+            }
             Err(e)
         }
     }

@@ -16,7 +16,8 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     est::runtime::keep_freed_memory();
-    let args: Vec<String> = std::env::args().collect();
+    // (arguments that are not UTF-8 are clap's to report)
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let json = args
         .windows(2)
         .any(|w| w[0] == "--message-format" && w[1] == "json")

@@ -161,6 +161,22 @@ fn outputs_follow_links_and_write_through_devices() {
         s(&d.join("artifact")),
     ]));
     assert!(reader.join().unwrap().len() > 1000);
+    // standard output, a pipe here: written through (its link's text is `pipe:[N]`,
+    // no path to replace)
+    let o = ok(estc(&[
+        "build",
+        "examples/digits_mlp.est",
+        "--target",
+        "wafer",
+        "-o",
+        "/dev/stdout",
+    ]));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("\"format\":\"estw 2\""),
+        "{}",
+        &out[..out.len().min(300)]
+    );
 }
 
 /// Finding 24 (in part): a native export whose `-o` is an existing file says that the
@@ -190,6 +206,29 @@ fn a_native_export_into_a_file_says_it_writes_a_directory() {
         "{e}"
     );
     assert_eq!(std::fs::read_to_string(d.join("served")).unwrap(), "keep");
+    // a checkpoint of an est that wrote no checksums: its library could never load it
+    let meta = md.join("ckpt-5.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    let fields = m.as_object_mut().unwrap();
+    fields.remove("checksums");
+    fields.remove("meta_checksum");
+    std::fs::write(&meta, serde_json::to_vec(&m).unwrap()).unwrap();
+    let o = estc(&[
+        "export",
+        "examples/digits_mlp.est",
+        "--model-dir",
+        s(&md),
+        "--format",
+        "native",
+        "-o",
+        s(&d.join("lib")),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("has no checksums beside it") && !d.join("lib").exists(),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// Finding 5: `estc fmt` writes a file in place, as gofmt and rustfmt do: it keeps the
@@ -231,6 +270,20 @@ fn fmt_writes_in_place_keeping_owner_mode_and_links() {
     assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&ro).unwrap(), messy);
     assert_eq!(std::fs::metadata(&ro).unwrap().mode() & 0o7777, 0o444);
+    // (as root: a file another user may not write, in a directory open to all, is
+    // refused before anything is written, and keeps its owner and inode)
+    if is_root() {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let theirs = d.join("theirs.est");
+        std::fs::write(&theirs, messy).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let before = std::fs::metadata(&theirs).unwrap();
+        let o = estc_unprivileged(&d, &["fmt", "theirs.est"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let after = std::fs::metadata(&theirs).unwrap();
+        assert_eq!((after.ino(), after.uid()), (before.ino(), before.uid()));
+        assert_eq!(std::fs::read_to_string(&theirs).unwrap(), messy);
+    }
 }
 
 /// digits_mlp with its data, in `dir` (readable by anyone, for a run as another user).
@@ -569,6 +622,16 @@ fn fmt_standard_input_is_bounded_and_located() {
     );
 }
 
+/// Makes `f` look unwritten for two hours (a killed writer's file).
+#[cfg(feature = "llvm")]
+fn idle(f: &Path) {
+    ok(Command::new("touch")
+        .args(["-d", "2 hours ago"])
+        .arg(f)
+        .output()
+        .unwrap());
+}
+
 /// A PID no process has: that of a child that has ended.
 #[cfg(feature = "llvm")]
 fn dead_pid() -> u32 {
@@ -631,8 +694,13 @@ fn cache_entries_that_are_not_files_are_rebuilt_and_stale_temps_swept() {
     std::os::unix::fs::symlink("/dev/zero", &entries[1]).unwrap();
     let dead = cache.join(format!(".x.obj.tmp-{}", dead_pid()));
     let live = cache.join(format!(".y.obj.tmp-{}", std::process::id()));
-    std::fs::write(&dead, vec![0u8; 1000]).unwrap();
-    std::fs::write(&live, vec![0u8; 1000]).unwrap();
+    // (a PID this machine does not know, written to a moment ago: another machine's
+    // writer, on a cache shared over NFS)
+    let elsewhere = cache.join(format!(".z.obj.tmp-{}", dead_pid()));
+    for f in [&dead, &live, &elsewhere] {
+        std::fs::write(f, vec![0u8; 1000]).unwrap();
+    }
+    idle(&dead);
     let out = build(&cache);
     assert_eq!(
         out.matches("compiled again: the cached entry").count(),
@@ -643,7 +711,7 @@ fn cache_entries_that_are_not_files_are_rebuilt_and_stale_temps_swept() {
     for e in &entries {
         assert!(std::fs::symlink_metadata(e).unwrap().file_type().is_file());
     }
-    assert!(!dead.exists() && live.exists());
+    assert!(!dead.exists() && live.exists() && elsewhere.exists());
     // an entry longer than its header says
     let mut bytes = std::fs::read(&entries[0]).unwrap();
     bytes.extend_from_slice(b"more");
@@ -683,12 +751,27 @@ fn cache_entries_that_are_not_files_are_rebuilt_and_stale_temps_swept() {
     }
     let dead = data.join(format!(".z.estcache.tmp-{}-0", dead_pid()));
     std::fs::write(&dead, b"half").unwrap();
+    idle(&dead);
     let _ = std::fs::remove_dir_all(d.join("md"));
     ok(train());
     assert!(!dead.exists());
     for f in &files {
         assert!(std::fs::symlink_metadata(f).unwrap().file_type().is_file());
     }
+}
+
+/// (Review of issue 43) an argument that is not UTF-8 is clap's ordinary error, not a
+/// panic of the allocator's set-up reading the arguments.
+#[test]
+fn an_argument_that_is_not_utf8_is_an_error_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let o = Command::new(env!("CARGO_BIN_EXE_estc"))
+        .arg("check")
+        .arg(std::ffi::OsStr::from_bytes(b"caf\xe9.est"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
 }
 
 /// Finding 24 (in part): a model_dir that is a loop of symbolic links is said to be one

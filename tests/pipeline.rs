@@ -342,6 +342,9 @@ fn png_folders_with_link_loops_list_each_image_once() {
     link("../dog", "img/cat/dogs");
     link(".", "img/dog/here");
     link("a.png", "img/cat/a_again.png");
+    // (a link beside the class folders, walked before them: the image keeps its first
+    // path in sorted order, `cat/a.png`, and its class)
+    link("cat/a.png", "img/dogs.png");
     let body = "png(\"img\", height: 1, width: 1, dtype: f32) |> map(|t| (reshape(t[0], [1]), t[1])) |> batch(1, drop_remainder: true)";
     let b = batches(&mut pipe(&d, body, 1, ""), 100);
     assert_eq!((feats(&b), labels(&b)), (vec![1.0, 2.0], vec![0, 1]));

@@ -791,7 +791,7 @@ which names it; the ranks still running say that they were stopped.";
 "Every rank of a run across ranks must run the same estimator of the same program: the
 same files and params, `--config` overrides, target and version of est, checked for the
 same number of ranks, on the same data (the files of the train, eval and predict inputs:
-their paths, sizes and a checksum of each one's first and last MiB). The ranks compare
+their paths and sizes, and a checksum of the ends of the first files of each source). The ranks compare
 all of this when they start, and refuse to run when they differ, since their gradients
 would not be of one model and their evaluations not of one set. The message names the
 rank and what differs.

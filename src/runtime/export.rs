@@ -277,6 +277,20 @@ fn native(
         .and_then(|f| f.file_stem())
         .map_or_else(|| name.to_string(), |s| s.to_string_lossy().into_owned());
     // the weights, and their metadata with the checksums the library's loader checks
+    // (a checkpoint of an est that wrote none could never be loaded: refused here)
+    let meta: Option<checkpoint::Meta> = std::fs::read(checkpoint.with_extension("json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if meta.is_none_or(|m| m.unverified()) {
+        return Err(write_failed(
+            at,
+            format!(
+                "{} has no checksums beside it for the library's loader to check",
+                checkpoint.display()
+            ),
+        )
+        .help("save the checkpoint again with this est (train one more step), then export it"));
+    }
     for (from, to) in [
         (
             checkpoint.to_path_buf(),
