@@ -187,16 +187,19 @@ fn a_native_export_into_a_file_says_it_writes_a_directory() {
     let d = tmp("native-file");
     let md = trained(&d);
     std::fs::write(d.join("served"), "keep").unwrap();
-    let o = estc(&[
-        "export",
-        "examples/digits_mlp.est",
-        "--model-dir",
-        s(&md),
-        "--format",
-        "native",
-        "-o",
-        s(&d.join("served")),
-    ]);
+    let export = |to: &Path| {
+        estc(&[
+            "export",
+            "examples/digits_mlp.est",
+            "--model-dir",
+            s(&md),
+            "--format",
+            "native",
+            "-o",
+            s(to),
+        ])
+    };
+    let o = export(&d.join("served"));
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
@@ -213,16 +216,7 @@ fn a_native_export_into_a_file_says_it_writes_a_directory() {
     fields.remove("checksums");
     fields.remove("meta_checksum");
     std::fs::write(&meta, serde_json::to_vec(&m).unwrap()).unwrap();
-    let o = estc(&[
-        "export",
-        "examples/digits_mlp.est",
-        "--model-dir",
-        s(&md),
-        "--format",
-        "native",
-        "-o",
-        s(&d.join("lib")),
-    ]);
+    let o = export(&d.join("lib"));
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("has no checksums beside it") && !d.join("lib").exists(),

@@ -143,19 +143,16 @@ fn merged_rows_and_transposed_convolutions_evaluate_partial_batches() {
         "--model-dir",
         s(&md),
     ]));
+    // `estc CMD` of the program at eval batch `batch`, with `extra` arguments
+    let run = |cmd: &str, batch: &str, extra: &[&str]| {
+        let batch = format!("eval_batch={batch}");
+        let mut args = vec![cmd, program, "--target", target, "--model-dir", s(&md)];
+        args.extend(["--param", &batch]);
+        args.extend(extra);
+        ok(estc(&args))
+    };
     let eval = |batch: &str| -> serde_json::Value {
-        let o = ok(estc(&[
-            "eval",
-            program,
-            "--target",
-            target,
-            "--model-dir",
-            s(&md),
-            "--param",
-            &format!("eval_batch={batch}"),
-            "--message-format",
-            "json",
-        ]));
+        let o = run("eval", batch, &["--message-format", "json"]);
         serde_json::from_slice(&o.stdout).unwrap()
     };
     let (whole, parts) = (eval("360"), eval("64"));
@@ -167,18 +164,7 @@ fn merged_rows_and_transposed_convolutions_evaluate_partial_batches() {
     );
     assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
     let out = d.join("p");
-    ok(estc(&[
-        "predict",
-        program,
-        "--target",
-        target,
-        "--model-dir",
-        s(&md),
-        "--param",
-        "eval_batch=64",
-        "--output",
-        s(&out),
-    ]));
+    run("predict", "64", &["--output", s(&out)]);
     let lines = std::fs::read_to_string(out.join("predictions.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 360);
 }
