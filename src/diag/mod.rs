@@ -3,6 +3,8 @@
 //! sink and go on, so one run reports every independent problem.
 
 mod codes;
+mod explain_check;
+mod explain_run;
 pub mod render;
 
 pub use codes::{Code, CodeInfo};
