@@ -23,9 +23,6 @@ build: setup
 DEMO_DIR ?= target/demo/digits
 # Examples using what the wafer does not lay out yet (tests/examples.rs says why).
 HOST_ONLY_EXAMPLES = wide_deep resnet20 text_classifier
-# The MNIST CNN at its own batch does not fit the default test32 fabric (E0604); on
-# test64 at batch 8 it does (as tests/examples.rs checks it).
-WAFER_MNIST_CNN = --wafer test64 --param batch_size=8 --param hidden=[128]
 demo: build
 	@rm -rf $(DEMO_DIR) target/demo/digits_tfrecord target/demo/cache
 	@echo "== estc train examples/digits_mlp.est"
@@ -61,9 +58,7 @@ demo: build
 	  n=$$(basename $$f .est); \
 	  case " $(HOST_ONLY_EXAMPLES) " in *" $$n "*) ts=host;; *) ts="host wafer";; esac; \
 	  for t in $$ts; do \
-	    extra=""; \
-	    if [ $$t = wafer ] && [ $$n = mnist_cnn ]; then extra="$(WAFER_MNIST_CNN)"; fi; \
-	    ./target/release/estc check $$f --target $$t $$extra || exit 1; \
+	    ./target/release/estc check $$f --target $$t || exit 1; \
 	  done; \
 	done
 	@echo "(on the host only, as the wafer does not lay them out yet: $(HOST_ONLY_EXAMPLES))"

@@ -1,6 +1,6 @@
 //! Every program in `examples/` checks with no diagnostic at all on both targets (on the
-//! wafer, on a fabric and at a batch that hold it), and the standard library (`stdlib/`,
-//! loaded by every program) is free of diagnostics.
+//! wafer, on the default `test32` at its own batch), and the standard library
+//! (`stdlib/`, loaded by every program) is free of diagnostics.
 
 mod common;
 
@@ -33,48 +33,23 @@ fn examples_check_clean_on_both_targets() {
             "examples/{want}.est is missing"
         );
     }
-    // what the larger example needs on the wafer (at its own batch, it is too large
-    // for test32: only a does-not-fit code may say so)
-    let wafer = |name: &str| match name {
-        "examples/mnist_cnn.est" => {
-            "// wafer: test64\n// param: batch_size=8\n// param: hidden=[128]\n"
-        }
-        _ => "",
-    };
     for path in &files {
         let name = common::rel(path);
-        for (target, d) in [
-            (Target::Host, ""),
-            (Target::Wafer, ""),
-            (Target::Wafer, wafer(&name)),
-        ] {
-            let (_, checked) = common::check_file(path, &name, target, &common::directives(d));
+        for target in [Target::Host, Target::Wafer] {
+            let (_, checked) = common::check_file(path, &name, target, &common::directives(""));
             let found: Vec<String> = checked
                 .diags
                 .iter()
                 .map(|x| format!("{}: {}", x.code.id(), x.message))
                 .collect();
-            let sizes = d.is_empty() && target == Target::Wafer && !wafer(&name).is_empty();
             let unlaid = target == Target::Wafer && HOST_ONLY.iter().any(|h| h.0 == name);
             if unlaid {
                 assert!(
                     !found.is_empty() && found.iter().all(|f| f.starts_with("E0601")),
                     "{name} on the wafer: {found:?}"
                 );
-            } else if sizes {
-                assert!(
-                    !found.is_empty()
-                        && found
-                            .iter()
-                            .all(|f| f.starts_with("E0603") || f.starts_with("E0604")),
-                    "{name} on test32: {found:?}"
-                );
             } else {
-                assert!(
-                    found.is_empty(),
-                    "{name} on {} {d:?}: {found:?}",
-                    target.name()
-                );
+                assert!(found.is_empty(), "{name} on {}: {found:?}", target.name());
             }
             let estimators = if name == "examples/text_classifier.est" {
                 2
@@ -90,8 +65,7 @@ fn examples_check_clean_on_both_targets() {
     }
 }
 
-/// The Makefile's demo checks the same examples on the host only, and the MNIST CNN on
-/// the wafer with the settings `examples_check_clean_on_both_targets` gives it.
+/// The Makefile's demo checks the same examples on the host only.
 #[test]
 fn the_demo_knows_the_host_only_examples() {
     let make = std::fs::read_to_string(common::root().join("Makefile")).unwrap();
@@ -105,15 +79,6 @@ fn the_demo_knows_the_host_only_examples() {
         .collect();
     let here: Vec<String> = HOST_ONLY.iter().map(|h| h.0.to_string()).collect();
     assert_eq!(listed, here);
-    // and checks the MNIST CNN on the wafer where it fits, as the test above does
-    let mnist = make
-        .lines()
-        .find_map(|l| l.strip_prefix("WAFER_MNIST_CNN = "))
-        .expect("WAFER_MNIST_CNN in the Makefile");
-    assert_eq!(
-        mnist,
-        "--wafer test64 --param batch_size=8 --param hidden=[128]"
-    );
 }
 
 #[test]

@@ -173,7 +173,7 @@ fn outputs_follow_links_and_write_through_devices() {
     ]));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        out.contains("\"format\":\"estw 2\""),
+        out.contains("\"format\":\"estw 3\""),
         "{}",
         &out[..out.len().min(300)]
     );

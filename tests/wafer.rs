@@ -603,9 +603,7 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
     );
     std::fs::write(d.join("m.est"), &src).unwrap();
     let p = est::Program::load(&d.join("m.est")).unwrap();
-    let mut fabric = est::backend::wafer::fabric::Fabric::test32();
-    fabric.width = side;
-    fabric.height = side;
+    let fabric = square(side);
     let open = |target: Target, dir: &str| {
         let opts = est::runtime::RunOptions {
             target,
@@ -650,6 +648,85 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
     drop((w, i));
     let _ = std::fs::remove_dir_all(d);
     result
+}
+
+/// `test32` with `side x side` PEs.
+fn square(side: u32) -> est::backend::wafer::fabric::Fabric {
+    let mut fabric = est::backend::wafer::fabric::Fabric::test32();
+    fabric.width = side;
+    fabric.height = side;
+    fabric
+}
+
+/// The pipelines of the train graph of `p` laid out on `fabric`: each PE's window, and
+/// the PEs that keep a FIFO.
+fn pipelines(p: &est::Program, fabric: &est::backend::wafer::fabric::Fabric) -> (Vec<u32>, usize) {
+    use est::backend::wafer::{form, place};
+    let opts = est::CheckOptions {
+        target: Target::Wafer,
+        modes: vec![est::syntax::ast::SectionKind::Train],
+        fabric: Some(fabric.clone()),
+        ..Default::default()
+    };
+    let checked = est::check(p, &opts);
+    let g = &checked.graphs[0].graph;
+    let l = place::layout(g, &form::form(g).unwrap(), fabric).unwrap();
+    let progs = l.setup.pes.values().map(|(prog, _)| prog);
+    let windows = progs
+        .clone()
+        .filter_map(|p| p.pipeline.as_ref().map(|q| q.window));
+    (
+        windows.collect(),
+        progs.filter(|p| !p.fifos.is_empty()).count(),
+    )
+}
+
+/// A chain longer than a step's samples in flight: a convolution, its pooling and two
+/// dense layers at a batch wider than the windows of the kernels before the loss (so
+/// that each runs its passes in turn, `pipeline.rs`, and keeps a FIFO of output
+/// gradients), trained 3 steps like the interpreter (within 1e-4, as `compare`
+/// measures).
+fn pipelined_like_the_interpreter(
+    filters: usize,
+    hidden: usize,
+    max: bool,
+    opt: usize,
+    (batch, seed): (usize, u64),
+) -> Result<(), String> {
+    let (k, c) = (64, 4);
+    let d = random_data(
+        &format!("pipelined-{filters}-{hidden}-{max}-{opt}-{batch}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let pool = if max { "max_pool2d" } else { "avg_pool2d" };
+    let body = format!(
+        "  let x = reshape(features, [B, 8, 8, 1])
+  let y = {pool}(conv2d(x, {filters}, [3, 3], padding: same, activation: relu), 2, 2)
+  let h = dense(reshape(y, [B, -1]), {hidden}, activation: relu)
+  let logits = dense(h, {c})
+"
+    );
+    let (opt, lr) = optimiser(opt);
+    let src = format!(
+        r#"use std.nn.{{avg_pool2d, conv2d, dense, max_pool2d}}
+use std.losses.softmax_cross_entropy
+model m(features: f32[B, {k}], labels: i32[B]) {{
+{body}  let loss = softmax_cross_entropy(labels, logits)
+  train {{ minimize loss with {opt} }}
+}}
+input data() {{ range(64) |> map |i| (broadcast_to(cast(i, f32), [{k}]), i % {c}) |> repeat |> batch({batch}, drop_remainder: true) }}
+estimator e {{ model = m  train_input = data() }}
+"#
+    );
+    let (windows, fifos) = pipelines(&est::Program::from_source("p.est", &src, None), &square(32));
+    if windows.iter().all(|&w| w >= batch as u32) || fifos == 0 {
+        return Err(format!(
+            "no window narrower than the batch of {batch} ({windows:?}), or no FIFO ({fifos})"
+        ));
+    }
+    compare_with(&d, &body, (&opt, lr), (&floats(k), batch, 32, seed))
 }
 
 /// Random data for a classifier of `k` features and `c` classes in a new directory.
@@ -1131,6 +1208,15 @@ proptest::proptest! {
         opt in 0usize..4, batch in 1usize..6, side in 12u32..33, seed in 0u64..1000,
     ) {
         train_like_the_interpreter(k, n, c, act, bias, opt, batch, side, seed)
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn pipelined_steps_train_like_the_interpreter(
+        filters in 1usize..5, hidden in 4usize..40, max in proptest::bool::ANY, opt in 0usize..4,
+        batch in 12usize..33, seed in 0u64..1000,
+    ) {
+        pipelined_like_the_interpreter(filters, hidden, max, opt, (batch, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -1,7 +1,7 @@
 //! The `.estw` artifact: a laid-out program as a file. JSON, with every map in a fixed
 //! order, so that the same input gives the same bytes:
 //!
-//! - `format`: `"estw 2"`;
+//! - `format`: `"estw 3"`;
 //! - `stamp`: the fabric's name and fingerprint, the compiler's version and the hash of
 //!   the graph it was compiled from;
 //! - `batch`, `kernels` (name, rectangle, orientation), `block`;
@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The format line of this version.
-pub const FORMAT: &str = "estw 2";
+pub const FORMAT: &str = "estw 3";
 
 /// The most values a host stream may carry in a step (batch times a sample's
 /// elements): 2^30, 4 GiB of f32; beyond it an artifact is refused as damaged.

@@ -120,14 +120,20 @@ pub fn per_pass(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> [u64; 2]
 }
 
 /// How many times each task of `p` (in its order) runs in a step of `batch` samples:
-/// a data task once for each sample dealt to it (`Program::share`); a local task as
+/// a data task once for each sample dealt to it (`Program::share`), shared with the
+/// other backward tasks of its pipeline that it takes turns with; a local task as
 /// often as the tasks that activate it do, over a count's `every`; one that nothing
 /// activates (the host's launches, the update, a task at start) once.
 pub fn runs(p: &Program, batch: u32) -> Vec<u64> {
     // the data tasks' runs, before any activation
     let data: Vec<u64> = (p.tasks.iter())
         .map(|t| match t.trigger {
-            Trigger::Data(_) => u64::from(batch / p.share()),
+            Trigger::Data(_) => {
+                let turns = (p.pipeline.iter())
+                    .find(|q| q.backward.contains(&t.id))
+                    .map_or(1, |q| q.backward.len() as u32);
+                u64::from(batch / p.share() / turns)
+            }
             Trigger::Local { .. } => 0,
         })
         .collect();

@@ -172,6 +172,23 @@ pub struct Formed {
 }
 
 impl Formed {
+    /// Whether kernel `k` has a backward pass (a stream of the backward pass into it).
+    pub fn has_backward(&self, k: usize) -> bool {
+        (self.streams.iter()).any(|s| s.bwd && s.to.contains(&End::Kernel(k)))
+    }
+
+    /// Kernel `k`'s place in the backward pass (`pipeline::plan`): `Some(1)` when it
+    /// ends it (it sends gradients back and takes none: a loss), `Some(0)` when it has
+    /// a backward pass, `None` when it has no part in it.
+    pub fn backward_role(&self, k: usize) -> Option<u32> {
+        let sends = (self.streams.iter()).any(|s| s.bwd && s.from == End::Kernel(k));
+        match (self.has_backward(k), sends) {
+            (true, _) => Some(0),
+            (false, true) => Some(1),
+            (false, false) => None,
+        }
+    }
+
     /// The node whose value `n` is.
     pub fn resolve(&self, n: NodeIndex) -> NodeIndex {
         resolve(&self.alias, n)

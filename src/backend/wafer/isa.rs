@@ -13,6 +13,7 @@
 //! `scale * v` when it has an `index` whose word holds `v` (a gather's row: the word's
 //! address is affine in the loops' counters too, and `v` is read as an integer).
 
+use super::pipeline::Pipeline;
 use crate::ir::float;
 use std::fmt;
 
@@ -401,6 +402,22 @@ pub struct Program {
     /// (0 or 1: for every sample; see `kernels/vector.rs`, replicas).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub deal: u32,
+    /// The order its forward and backward tasks run in (`pipeline.rs`), when it has
+    /// both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<Pipeline>,
+    /// Buffers of SRAM that take a colour's wavelets as they arrive, beside the
+    /// router's queue (CSL's FIFOs, filled by a microthread while a task runs): a
+    /// sender sees that many more words of room. Each is a symbol of the memory map.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fifos: Vec<Fifo>,
+}
+
+/// A buffer of `words` on colour `colour`'s input (`Program::fifos`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fifo {
+    pub colour: Colour,
+    pub words: u32,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -420,6 +437,45 @@ impl Program {
             .map(|s| s.base + s.len)
             .max()
             .unwrap_or(0)
+    }
+
+    /// Adds a FIFO of `words` on colour `colour`'s input (none for 0 words).
+    pub fn fifo(&mut self, colour: Colour, words: u32) {
+        if words > 0 {
+            self.alloc(&format!("c{colour} fifo"), words);
+            self.fifos.push(Fifo { colour, words });
+        }
+    }
+
+    /// The words its FIFOs hold on colour `colour`'s input.
+    pub fn fifo_words(&self, colour: Colour) -> u32 {
+        (self.fifos.iter())
+            .filter(|f| f.colour == colour)
+            .map(|f| f.words)
+            .sum()
+    }
+
+    /// The wavelets a run of task `id` receives on `colour`.
+    pub fn receives(&self, id: TaskId, colour: Colour) -> u64 {
+        fn body(b: &[Instr], colour: Colour) -> u64 {
+            b.iter()
+                .map(|i| match i {
+                    Instr::Vec { srcs, .. } => (srcs.iter())
+                        .map(|s| match s {
+                            Src::V(Dsd::In { colour: c, len }) if *c == colour => u64::from(*len),
+                            Src::Recv(c) if *c == colour => 1,
+                            _ => 0,
+                        })
+                        .sum(),
+                    Instr::Loop { count, body: b } => u64::from(*count) * body(b, colour),
+                    _ => 0,
+                })
+                .sum()
+        }
+        (self.tasks.iter())
+            .filter(|t| t.id == id)
+            .map(|t| body(&t.body, colour))
+            .sum()
     }
 
     /// Adds a buffer of `len` words after the last one; returns its base.
@@ -521,7 +577,10 @@ impl Program {
         for t in &self.tasks {
             walk(&t.body, 0, &known).map_err(|e| format!("task {}: {e}", t.name))?;
         }
-        Ok(())
+        let data = |id: TaskId| {
+            (self.tasks.iter()).any(|t| t.id == id && matches!(t.trigger, Trigger::Data(_)))
+        };
+        self.pipeline.as_ref().map_or(Ok(()), |p| p.check(data))
     }
 }
 
@@ -656,6 +715,12 @@ impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.share() > 1 {
             writeln!(f, "one sample in {} dealt to it", self.share())?;
+        }
+        if let Some(p) = &self.pipeline {
+            writeln!(f, "{p}")?;
+        }
+        for q in &self.fifos {
+            writeln!(f, "fifo of {} words on c{}", q.words, q.colour)?;
         }
         writeln!(f, "memory ({} words):", self.words())?;
         for s in &self.symbols {

@@ -7,7 +7,11 @@
 //!   maps), printable;
 //! - `cost`: the cycle formulas every other part uses;
 //! - `sim`: the cycle-level simulator, running PE programs on real data through routers
-//!   and links.
+//!   and links;
+//! - `form`, `pipeline`, `kernels`, `lower`, `place`: a graph formed into kernels, the
+//!   schedule of a train step's samples through them (one forward, one backward), each
+//!   kernel's PE programs, and their layout on the fabric;
+//! - `device`, `artifact`, `report`: running a layout, saving it, measuring it.
 
 pub mod artifact;
 pub mod cost;
@@ -17,6 +21,7 @@ pub mod form;
 pub mod isa;
 pub mod kernels;
 pub mod lower;
+pub mod pipeline;
 pub mod place;
 pub mod report;
 pub mod sim;

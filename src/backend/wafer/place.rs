@@ -26,6 +26,7 @@ use super::kernels::dense::{self, Dense, Geom, Shape};
 use super::kernels::vector::{Fan, Port, Rep, Vector};
 use super::kernels::{split, Laid, Orient, Piece, UPDATE};
 use super::lower::Update;
+use super::pipeline::Widths;
 use super::sim::{Dir, HostIn, Route, Setup};
 use crate::ir::{Graph, NodeIndex, Op, Padding};
 use crate::span::Span;
@@ -313,11 +314,26 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             }
         }
     }
-    // the sizings: one block size for every layer (the smallest that fits), and each
-    // kernel sized to the tightest budget of each pace whose staircase fits (`balanced`);
-    // of the layouts within 2% of the shortest estimated step, the one with the fewest
-    // PEs wins (`thrifty`)
-    let sizer = Sizer::new(g, f, fab)?;
+    // the windows as wide as they need, narrowed while memory (or the PEs that more
+    // lanes of memory take) is short
+    let mut widths = Widths::WIDEST;
+    loop {
+        let sizer = Sizer::new(g, f, fab, widths)?;
+        let widest = sizer.sched.iter().map(|s| s.0).max().unwrap_or(1);
+        match (search(&sizer), widths.narrower(widest)) {
+            (Err(LayoutError::Sram(_) | LayoutError::Pes(_)), Some(w)) => widths = w,
+            (r, _) => return r,
+        }
+    }
+}
+
+/// The sizings of `sizer`'s graph: one block size for every layer (the smallest that
+/// fits), and each kernel sized to the tightest budget of each pace whose staircase
+/// fits (`balanced`); of the layouts within 2% of the shortest estimated step, the one
+/// with the fewest PEs wins (`thrifty`).
+fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
+    let (g, f, fab) = (sizer.g, sizer.f, sizer.fab);
+    let n = f.kernels.len();
     let debug = std::env::var_os("EST_WAFER_DEBUG").is_some();
     if debug {
         for k in 0..n {
@@ -378,7 +394,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     ] {
         let r = sizer
             .block(s)
-            .and_then(|lanes| try_lanes(&sizer, &lanes, s).map(|l| (lanes, l)));
+            .and_then(|lanes| try_lanes(sizer, &lanes, s).map(|l| (lanes, l)));
         let fits = r.is_ok();
         consider(r)?;
         if fits {
@@ -386,7 +402,7 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         }
     }
     for lanes in sizer.balanced() {
-        let r = try_lanes(&sizer, &lanes, 0).map(|l| (lanes, l));
+        let r = try_lanes(sizer, &lanes, 0).map(|l| (lanes, l));
         consider(r)?;
     }
     if let Some(i) = thrifty(fit.iter().map(|f| f.0)) {
@@ -465,6 +481,7 @@ fn vector_of<'a>(
     g: &'a Graph,
     f: &'a Formed,
     k: usize,
+    (window, fifo): (u32, u32),
     colour: impl Fn(NodeIndex) -> Colour,
 ) -> Vector<'a> {
     let mut v = Vector {
@@ -473,6 +490,8 @@ fn vector_of<'a>(
         k,
         inputs: Vec::new(),
         outputs: Vec::new(),
+        window,
+        fifo,
     };
     // a residual's value and a side part's outputs come in after the outputs of the
     // layer before, which carries them; their gradients go out after that layer's
@@ -691,6 +710,29 @@ struct Sizer<'a> {
     /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
     /// sample, and whether the memory fits.
     layers: std::cell::RefCell<BTreeMap<KernelLanes, Measured>>,
+    /// How wide windows may be (memory's limit), and each kernel's window and FIFO
+    /// with as many replicas as a loss may have (`schedule`).
+    widths: Widths,
+    sched: Vec<(u32, u32)>,
+}
+
+/// The samples a dealer keeps out at each of its replicas: one computed, one waiting
+/// in the replica's FIFO (`Vector::dealer`).
+const DEALT: u32 = 2;
+
+/// Each kernel's window and FIFO (`pipeline::plan`) as wide as `widths` lets them,
+/// when a kernel that ends the backward pass runs as `reps(k)` replicas.
+fn schedule(f: &Formed, widths: Widths, reps: impl Fn(usize) -> u32) -> Vec<(u32, u32)> {
+    let chain: Vec<Option<u32>> = (0..f.kernels.len())
+        .map(|k| match f.backward_role(k) {
+            Some(1) => Some(match reps(k) {
+                0 | 1 => 1,
+                r => DEALT * r,
+            }),
+            role => role,
+        })
+        .collect();
+    super::pipeline::plan(&chain, f.batch, widths)
 }
 
 /// A kernel's cycles per sample in the forward pass and in the backward pass. A
@@ -755,31 +797,39 @@ type KernelLanes = (usize, u32, u32);
 
 impl<'a> Sizer<'a> {
     /// The sizer of `f`; an error when a layer has no kernel (its update, or no output).
-    fn new(g: &'a Graph, f: &'a Formed, fab: &'a Fabric) -> Result<Sizer<'a>, LayoutError> {
+    fn new(
+        g: &'a Graph,
+        f: &'a Formed,
+        fab: &'a Fabric,
+        widths: Widths,
+    ) -> Result<Sizer<'a>, LayoutError> {
         let nk = f.kernels.len();
         let dims: Vec<_> = f
             .kernels
             .iter()
             .map(|k| dense_dims(g, f, &k.kind))
             .collect();
-        let dense = (0..nk)
-            .map(|k| match f.kernels[k].kind {
-                Kind::Dense { .. } => dense_kernel(g, f, k, dims[k]).map(Some),
-                Kind::Vector { .. } => Ok(None),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let unscheduled = (f.batch, 0);
         let width: Vec<Option<u32>> = (0..nk)
             .map(|k| {
                 if dims[k].is_some() {
                     None
                 } else {
-                    vector_of(g, f, k, |_| 0).width()
+                    vector_of(g, f, k, unscheduled, |_| 0).width()
                 }
             })
             .collect();
         let replicable: Vec<bool> = (0..nk)
-            .map(|k| dims[k].is_none() && vector_of(g, f, k, |_| 0).replicable())
+            .map(|k| dims[k].is_none() && vector_of(g, f, k, unscheduled, |_| 0).replicable())
             .collect();
+        // the windows with as many replicas as a loss may have: the most memory
+        let sched = schedule(f, widths, |k| if replicable[k] { MAX_REPS } else { 1 });
+        let dense = (0..nk)
+            .map(|k| match f.kernels[k].kind {
+                Kind::Dense { .. } => dense_kernel(g, f, k, dims[k], sched[k]).map(Some),
+                Kind::Vector { .. } => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let fanned = (0..nk)
             .map(|k| {
                 let plain = |l: usize| {
@@ -799,7 +849,7 @@ impl<'a> Sizer<'a> {
                 (Some(_), Some(wd)) => (1..=wd)
                     .filter(|&l| super::kernels::used(wd, l) == l)
                     .find(|&l| {
-                        vector_of(g, f, k + 1, |_| CHAIN_COLOURS)
+                        vector_of(g, f, k + 1, sched[k + 1], |_| CHAIN_COLOURS)
                             .lane(l, 0)
                             .is_ok_and(|lane| lane.program.words() <= words)
                     })
@@ -821,6 +871,8 @@ impl<'a> Sizer<'a> {
             part_pes: Default::default(),
             periods: Default::default(),
             layers: Default::default(),
+            widths,
+            sched,
         })
     }
 
@@ -890,7 +942,7 @@ impl<'a> Sizer<'a> {
             .borrow_mut()
             .entry((k, lanes, reps, fan))
             .or_insert_with(|| {
-                let v = vector_of(self.g, self.f, k, |_| CHAIN_COLOURS);
+                let v = vector_of(self.g, self.f, k, self.sched[k], |_| CHAIN_COLOURS);
                 let cost = |p: &super::isa::Program| {
                     super::cost::per_pass(self.fab, p, self.f.batch, super::kernels::UPDATE)
                 };
@@ -1020,9 +1072,9 @@ impl<'a> Sizer<'a> {
     /// filling and draining (about one sample's time through every kernel).
     fn step(&self, lanes: &Lanes) -> u64 {
         let each = self.periods(lanes);
-        let slowest = |p: usize| each.iter().map(|c| c[p]).max().unwrap_or(0);
+        let slowest = (each.iter()).map(|c| c[0] + c[1]).max().unwrap_or(0);
         let through: u64 = each.iter().map(|c| c[0] + c[1]).sum();
-        u64::from(self.f.batch.saturating_sub(1)) * (slowest(0) + slowest(1)) + through
+        u64::from(self.f.batch.saturating_sub(1)) * slowest + through
     }
 
     /// The lanes of vector kernel `k` after a kernel with `prev` output lanes (or, first
@@ -1315,7 +1367,13 @@ impl<'a> Sizer<'a> {
 
 /// Dense kernel `k` (of dims `dims`) with its variables, gradient, host values and
 /// update: all but its lanes.
-fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<Dense, LayoutError> {
+fn dense_kernel(
+    g: &Graph,
+    f: &Formed,
+    k: usize,
+    dims: Option<Dims>,
+    (window, fifo): (u32, u32),
+) -> Result<Dense, LayoutError> {
     let kr = &f.kernels[k];
     let Kind::Dense {
         w,
@@ -1401,6 +1459,8 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
             n: ws[1] as u32,
             shape,
             batch: f.batch,
+            window,
+            fifo,
             train: part.dw.is_some(),
             dx: false,
             vars,
@@ -1426,6 +1486,8 @@ fn dense_kernel(g: &Graph, f: &Formed, k: usize, dims: Option<Dims>) -> Result<D
         n: d.n,
         shape: d.shape,
         batch: f.batch,
+        window,
+        fifo,
         train: d.train,
         dx: d.dx,
         vars,
@@ -1695,7 +1757,8 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
     let colour = |n: Option<NodeIndex>, k: usize| -> Colour {
         n.and_then(|n| colour_in(f.resolve(n), k)).unwrap_or(0)
     };
-    // lay out every kernel
+    // lay out every kernel, with the windows of its replicas
+    let sched = schedule(f, sizer.widths, |k| lanes.reps[k]);
     let mut all = Laid::default();
     for k in 0..nk {
         let p = &placed[k];
@@ -1718,15 +1781,18 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                     .map(|(&l, part)| (l, colour(Some(part.x), k)))
                     .collect();
                 let fan = fans.get(&(k + 1)).map_or(&[][..], Vec::as_slice);
-                d.lay_parts(
-                    (p.x, p.y),
-                    p.orient,
-                    (lanes_in[k], lanes_out[k]),
-                    &more,
-                    c,
-                    fan,
-                )
-                .map_err(|e| unsupported(g, *fwd, e, "this layer's update has no wafer kernel"))?
+                d.scheduled(sched[k])
+                    .lay_parts(
+                        (p.x, p.y),
+                        p.orient,
+                        (lanes_in[k], lanes_out[k]),
+                        &more,
+                        c,
+                        fan,
+                    )
+                    .map_err(|e| {
+                        unsupported(g, *fwd, e, "this layer's update has no wafer kernel")
+                    })?
             }
             (Kind::Dense { fwd, .. }, None) => {
                 return Err(unsupported(
@@ -1737,7 +1803,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 ))
             }
             (Kind::Vector { nodes }, _) => {
-                let v = vector_of(g, f, k, |n| colour_in(n, k).unwrap_or(0));
+                let v = vector_of(g, f, k, sched[k], |n| colour_in(n, k).unwrap_or(0));
                 let reps = rep_colours.get(&k);
                 let lanes = lanes_out[k];
                 let mut laid = Laid::default();
@@ -2477,7 +2543,7 @@ mod tests {
         // a fabric with colours for six replicas gathering five rows
         let mut fab = Fabric::named("test32").unwrap();
         fab.colours += 10;
-        let sizer = Sizer::new(&g, &f, &fab).unwrap();
+        let sizer = Sizer::new(&g, &f, &fab, Widths::WIDEST).unwrap();
         let last = f.kernels.len() - 1;
         assert!(sizer.replicable[last]);
         let base = sizer.block(4).unwrap();

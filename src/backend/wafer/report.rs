@@ -27,6 +27,10 @@ pub struct KernelReport {
     pub utilisation: f64,
     /// The largest memory map of its PEs, in bytes.
     pub sram_bytes: u32,
+    /// The samples between a forward and its backward (`pipeline.rs`; 0: it has no
+    /// backward pass).
+    #[serde(default)]
+    pub window: u32,
     pub colours: Vec<Colour>,
 }
 
@@ -133,6 +137,11 @@ pub fn measure(l: &Layout, sim: &Sim, steps: u32) -> Report {
             .map(|(_, (p, _))| p.words() * super::cost::WORD)
             .max()
             .unwrap_or(0);
+        let window = (l.setup.pes.iter())
+            .filter(|((x, y), _)| inside(*x, *y))
+            .filter_map(|(_, (p, _))| p.pipeline.as_ref().map(|q| q.window))
+            .max()
+            .unwrap_or(0);
         let mut colours: Vec<Colour> = (l.setup.routes.keys())
             .filter(|(x, y, _)| inside(*x, *y))
             .map(|k| k.2)
@@ -149,6 +158,7 @@ pub fn measure(l: &Layout, sim: &Sim, steps: u32) -> Report {
             cycles_per_sample: busiest as f64 / samples,
             utilisation: work as f64 / (f64::from(pes.max(1)) * total * lanes),
             sram_bytes: sram,
+            window,
             colours,
         });
     }
@@ -193,20 +203,25 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  {:<24} {:>9} {:>11} {:>10} {:>6} {:>9}  colours",
-            "kernel", "at", "PEs (wxh)", "cyc/sample", "util", "SRAM"
+            "  {:<24} {:>9} {:>11} {:>10} {:>6} {:>9} {:>6}  colours",
+            "kernel", "at", "PEs (wxh)", "cyc/sample", "util", "SRAM", "window"
         )?;
         for (i, k) in self.kernels.iter().enumerate() {
             let colours: Vec<String> = k.colours.iter().map(|c| c.to_string()).collect();
             writeln!(
                 f,
-                "  {:<24} {:>9} {:>11} {:>10.1} {:>5.1}% {:>8.1}K  {}{}",
+                "  {:<24} {:>9} {:>11} {:>10.1} {:>5.1}% {:>8.1}K {:>6}  {}{}",
                 k.name,
                 format!("({},{})", k.x, k.y),
                 format!("{} ({}x{})", k.pes, k.w, k.h),
                 k.cycles_per_sample,
                 100.0 * k.utilisation,
                 f64::from(k.sram_bytes) / 1024.0,
+                if k.window > 0 {
+                    k.window.to_string()
+                } else {
+                    "-".into()
+                },
                 colours.join(","),
                 if i == self.slowest {
                     "  <- slowest"

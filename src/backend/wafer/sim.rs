@@ -1,8 +1,8 @@
 //! The cycle-level simulator: runs PE programs on real data through routers and links,
 //! counting cycles.
 //!
-//! **Model.** Each placed PE runs one task at a time (the lowest-numbered ready one),
-//! paying `task_switch` cycles to start it. A vector operation costs `cost::vec_op`:
+//! **Model.** Each placed PE runs one task at a time (the lowest-numbered ready one
+//! that its pipeline admits: `pipeline.rs`), paying `task_switch` cycles to start it. A vector operation costs `cost::vec_op`:
 //! its start-up, then one step per `fp32_lanes` elements; a loop nest that is one
 //! multi-dimensional operation (`Instr::dims`) pays the start-up once. Operands on the
 //! fabric go
@@ -13,7 +13,8 @@
 //! reaches each destination's input queue `ramp_latency` after its last link (and
 //! leaves `ramp_latency` after `t`). Flow control is end to end: a stream holds at most
 //! `queue_depth` wavelets per router between its source and each destination
-//! (`queue_depth x (hops + 1)`), and a sender waits while a destination is full.
+//! (`queue_depth x (hops + 1)`, and the words of a FIFO its destination keeps in SRAM
+//! for the colour: `Program::fifos`), and a sender waits while a destination is full.
 //!
 //! **Engine.** Event-driven: a PE is touched only when it has something to do, and a
 //! vector operation on SRAM alone (or a nest of them that is one operation) is one
@@ -33,6 +34,7 @@
 use super::cost;
 use super::fabric::Fabric;
 use super::isa::{Colour, Dsd, Instr, Program, Src, Trigger, VecOp, COUNTERS};
+use super::pipeline::Passes;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt;
@@ -323,6 +325,8 @@ struct Pe {
     triggers: u64,
     active: u64,
     counters: Vec<u32>,
+    /// Where it is in its pipeline's step (`Program::pipeline`).
+    passes: Passes,
     time: u64,
     run: Option<Running>,
     wait: Option<Wait>,
@@ -430,6 +434,7 @@ impl Sim {
                     })
                     .fold(0, |m, b| m | b),
                 counters: vec![0; COUNTERS as usize],
+                passes: Passes::default(),
                 time: 0,
                 run: None,
                 wait: None,
@@ -569,7 +574,8 @@ impl Sim {
                             "PE ({x}, {y}) sends colour {c} to itself"
                         )));
                     }
-                    let cap = u64::from(f.queue_depth) * u64::from(hops + 1);
+                    let cap = u64::from(f.queue_depth) * u64::from(hops + 1)
+                        + u64::from(self.pes[q].prog.fifo_words(c));
                     s.dests.push(Dest::new(Sink::Pe(q), via, cap));
                     continue;
                 }
@@ -670,15 +676,15 @@ impl Sim {
     /// lost a stream, which a run that ends quiet would not show otherwise (a task
     /// never started waits for nothing).
     pub fn short_runs(&self, before: &[u64], batch: u64) -> Option<String> {
+        let batch = u32::try_from(batch).unwrap_or(u32::MAX);
         self.pes.iter().zip(before).find_map(|(pe, &b)| {
-            let each = batch / u64::from(pe.prog.share());
-            let tasks = (pe.prog.tasks.iter())
-                .filter(|t| matches!(t.trigger, Trigger::Data(_)))
-                .count() as u64;
+            let data = (pe.prog.tasks.iter().zip(cost::runs(&pe.prog, batch)))
+                .filter(|(t, _)| matches!(t.trigger, Trigger::Data(_)));
+            let (tasks, want) = data.fold((0, 0), |(n, w), (_, r)| (n + 1, w + r));
             let ran = pe.stats.data_runs - b;
-            (ran != tasks * each).then(|| {
+            (ran != want).then(|| {
                 format!(
-                    "PE ({}, {}) started its {tasks} data tasks {ran} times in all, not {each} times each: a stream was lost",
+                    "PE ({}, {}) started its {tasks} data tasks {ran} times in all, not {want}: a stream was lost",
                     pe.x, pe.y
                 )
             })
@@ -926,6 +932,9 @@ impl Sim {
                         if matches!(pe.prog.tasks[task].trigger, Trigger::Data(_)) {
                             pe.stats.data_runs += 1;
                         }
+                        if let Some(pipe) = &pe.prog.pipeline {
+                            pe.passes = pipe.started(pe.prog.tasks[task].id, pe.passes);
+                        }
                         pe.active &= !(1u64 << pe.prog.tasks[task].id);
                         pe.time += u64::from(self.f.task_switch);
                         pe.stats.busy += u64::from(self.f.task_switch);
@@ -969,13 +978,16 @@ impl Sim {
         }
     }
 
-    /// The ready task of PE `p` with the lowest id; else the cycle a queued wavelet
-    /// arrives that will make one ready, if any.
+    /// The ready task of PE `p` with the lowest id (that its pipeline admits); else the
+    /// cycle a queued wavelet arrives that will make one ready, if any.
     fn ready(&self, p: usize) -> Result<usize, Option<u64>> {
         let pe = &self.pes[p];
         let mut best: Option<(u8, usize)> = None;
         let mut soonest: Option<u64> = None;
         for (i, task) in pe.prog.tasks.iter().enumerate() {
+            if (pe.prog.pipeline.as_ref()).is_some_and(|pipe| !pipe.admits(task.id, pe.passes)) {
+                continue;
+            }
             let ok = match task.trigger {
                 Trigger::Local { .. } => pe.active & (1 << task.id) != 0,
                 Trigger::Data(c) => match pe.queues[c as usize].front() {
@@ -1776,7 +1788,7 @@ mod tests {
         assert_eq!(sim.short_runs(&before, 2), None);
         assert_eq!(
             sim.short_runs(&before, 3).as_deref(),
-            Some("PE (1, 0) started its 1 data tasks 2 times in all, not 3 times each: a stream was lost")
+            Some("PE (1, 0) started its 1 data tasks 2 times in all, not 3: a stream was lost")
         );
         // a receiver nothing sends to
         let mut setup = Setup::default();

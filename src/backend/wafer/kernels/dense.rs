@@ -27,6 +27,7 @@
 
 use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{Scratch, Update, Val};
+use super::super::pipeline::Pipeline;
 use super::super::sim::Dir;
 use super::{nest, split, used, Laid, Orient, Piece, UPDATE};
 use crate::ir::{window_out, window_pad, Padding};
@@ -153,6 +154,10 @@ pub struct Dense {
     pub n: u32,
     pub shape: Shape,
     pub batch: u32,
+    /// The samples between a forward and its backward (`pipeline.rs`): its stash's
+    /// slots when it trains; and the samples of output gradients its FIFO holds.
+    pub window: u32,
+    pub fifo: u32,
     /// Whether it trains: the backward pass, the weight gradient and the update.
     pub train: bool,
     /// Whether it sends the input gradient back (not for a first layer).
@@ -386,6 +391,8 @@ impl Dense {
             n,
             shape: Shape::Matmul,
             batch,
+            window: batch,
+            fifo: 0,
             train: false,
             dx: false,
             vars: vec!["W".into()],
@@ -396,6 +403,16 @@ impl Dense {
             carry: None,
             side: None,
         }
+    }
+
+    /// This layer (and its further parts) with window and FIFO `(window, fifo)`.
+    pub fn scheduled(&self, (window, fifo): (u32, u32)) -> Dense {
+        let mut d = self.clone();
+        (d.window, d.fifo) = (window, fifo);
+        for p in &mut d.more {
+            (p.window, p.fifo) = (window, fifo);
+        }
+        d
     }
 
     /// The columns and rows of a `w x h` frame that hold a block (each part gets
@@ -634,6 +651,13 @@ impl Dense {
             trigger: Trigger::Data(c.dy),
             body: bwd,
         });
+        p.pipeline = Some(Pipeline {
+            forward: 0,
+            backward: vec![1],
+            window: self.window,
+            samples: self.batch,
+            strict: true,
+        });
         // the update, over the blocks
         let mut scratch = Scratch::new(p.words());
         let body = self
@@ -648,6 +672,9 @@ impl Dense {
             trigger: Trigger::Local { at_start: false },
             body,
         });
+        // room for the output gradients that come while it runs forwards
+        let words = p.receives(1, c.dy) as u32;
+        p.fifo(c.dy, self.fifo * words);
         Ok(p)
     }
 
@@ -943,11 +970,11 @@ impl Dense {
         (fwd, bwd)
     }
 
-    /// A stash of `len` words a slot (a slot per sample of a step when the layer trains,
-    /// else one) named `name`, and the instruction that receives a sample's `len` inputs
-    /// on `colour` into its slot (counter 0's).
+    /// A stash of `len` words a slot (a slot per sample of its window when the layer
+    /// trains, else one) named `name`, and the instruction that receives a sample's
+    /// `len` inputs on `colour` into its slot (counter 0's).
     fn stash(&self, p: &mut Program, name: &str, len: u32, colour: Colour) -> (u32, Instr) {
-        let slots = if self.train { self.batch } else { 1 };
+        let slots = if self.train { self.window } else { 1 };
         let base = p.alloc(name, slots * len);
         let dst = Dsd::strided(base, len, 1, &[], self.by(0, len));
         (base, receive(dst, colour))
@@ -957,7 +984,7 @@ impl Dense {
     fn count(&self, k: u8) -> Instr {
         Instr::Count {
             counter: k,
-            every: self.batch,
+            every: self.window,
             then: None,
         }
     }
@@ -1085,8 +1112,8 @@ mod tests {
     }
 
     /// Runs `d` on a `w x h` frame against the fabric's edges (oriented `o`): the
-    /// forward pass over the samples `x`, then (training) the backward pass over `dy`
-    /// and the update with learning rate `lr`.
+    /// forward pass over the samples `x` (training: and the backward pass over `dy`, in
+    /// the pipeline's order), then the update with learning rate `lr`.
     #[allow(clippy::too_many_arguments)]
     fn run(
         d: &Dense,
@@ -1161,6 +1188,19 @@ mod tests {
             let (px, py) = o.at(origin, i, 0);
             assert!(sim.feed(px, py, C.x, &values));
         }
+        // (training: the output gradients too, which the PEs take in the pipeline's
+        // order, a backward after each forward once the window is full)
+        for j in 0..hr {
+            if !d.train {
+                break;
+            }
+            let ns = scaled(split(d.n, hr, j), po);
+            let values: Vec<f32> = (0..d.batch)
+                .flat_map(|s| ns.clone().map(move |n| dy[(s * nn + n) as usize]))
+                .collect();
+            let (px, py) = o.at(origin, wc - 1, j);
+            assert!(sim.feed(px, py, C.dy, &values));
+        }
         let forward = sim.run().unwrap();
         let mut y = vec![f32::NAN; (d.batch * nn) as usize];
         for j in 0..hr {
@@ -1183,15 +1223,6 @@ mod tests {
         if !d.train {
             return r;
         }
-        for j in 0..hr {
-            let ns = scaled(split(d.n, hr, j), po);
-            let values: Vec<f32> = (0..d.batch)
-                .flat_map(|s| ns.clone().map(move |n| dy[(s * nn + n) as usize]))
-                .collect();
-            let (px, py) = o.at(origin, wc - 1, j);
-            assert!(sim.feed(px, py, C.dy, &values));
-        }
-        sim.run().unwrap();
         if d.dx {
             r.dx = vec![f32::NAN; (d.batch * kk) as usize];
             for i in 0..wc {
@@ -1219,12 +1250,15 @@ mod tests {
         r
     }
 
-    fn trained(k: u32, n: u32, batch: u32, dx: bool) -> Dense {
+    /// A layer that trains on `batch` samples a step, `window` of them in flight.
+    fn trained(k: u32, n: u32, (batch, window): (u32, u32), dx: bool) -> Dense {
         Dense {
             k,
             n,
             shape: Shape::Matmul,
             batch,
+            window: window.clamp(1, batch),
+            fifo: 0,
             train: true,
             dx,
             vars: vec!["W".into()],
@@ -1265,10 +1299,10 @@ mod tests {
         /// the same products in f64: within 1e-5 of the sum of the terms' magnitudes.
         #[test]
         fn training_equals_the_products(
-            k in 1u32..30, n in 1u32..30, batch in 1u32..4, w in 1u32..7, h in 1u32..7,
-            seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
+            k in 1u32..30, n in 1u32..30, batch in 1u32..5, window in 1u32..5, w in 1u32..7,
+            h in 1u32..7, seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
         ) {
-            let d = trained(k, n, batch, dx);
+            let d = trained(k, n, (batch, window), dx);
             let x = uniforms(seed, 0, batch * k);
             let wt = uniforms(seed, 1 << 20, k * n);
             let dy = uniforms(seed, 2 << 20, batch * n);
@@ -1320,13 +1354,13 @@ mod tests {
         #[test]
         fn a_convolution_equals_the_sums(
             k in 1u32..5, n in 1u32..5, h in 1u32..9, w in 1u32..9, r in 1u32..4, s in 1u32..4,
-            dil in (1u32..3, 1u32..3), stride in (1u32..4, 1u32..4), same in any::<bool>(), batch in 1u32..3,
-            fw in 1u32..4, fh in 1u32..4, seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
+            dil in (1u32..3, 1u32..3), stride in (1u32..4, 1u32..4), same in any::<bool>(), batch in 1u32..4,
+            window in 1u32..3, fw in 1u32..4, fh in 1u32..4, seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
         ) {
             let Some(g) = Geom::new(h, w, (r, s), dil, stride, same) else {
                 return Ok(());
             };
-            let mut d = trained(k, n, batch, dx);
+            let mut d = trained(k, n, (batch, window), dx);
             d.shape = Shape::Conv(g);
             let (pi, po) = (h * w, g.ho * g.wo);
             let taps = r * s;
@@ -1404,10 +1438,10 @@ mod tests {
         /// SGD update, exactly.
         #[test]
         fn an_embedding_looks_up_and_adds_its_rows(
-            v in 1u32..40, n in 1u32..12, t in 1u32..4, batch in 1u32..4, w in 1u32..7,
-            h in 1u32..4, seed in 0u64..1000, west in any::<bool>(),
+            v in 1u32..40, n in 1u32..12, t in 1u32..4, batch in 1u32..4, window in 1u32..4,
+            w in 1u32..7, h in 1u32..4, seed in 0u64..1000, west in any::<bool>(),
         ) {
-            let mut d = trained(v, n, batch, false);
+            let mut d = trained(v, n, (batch, window), false);
             d.shape = Shape::Gather { t };
             // several ids a sample come out of one row of PEs (in the sample's order)
             let h = if t > 1 { 1 } else { h };

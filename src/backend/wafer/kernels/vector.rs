@@ -15,6 +15,7 @@
 use super::super::form::{self, constant, image, key, Class, Formed, Kind};
 use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{self, vec, Scratch, Val};
+use super::super::pipeline::Pipeline;
 use super::{nest, split, Piece, UPDATE};
 use crate::ir::{window_pad, Graph, NodeIndex, Op, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
@@ -41,6 +42,11 @@ pub struct Vector<'a> {
     pub k: usize,
     pub inputs: Vec<Port>,
     pub outputs: Vec<Port>,
+    /// Its window and FIFO in samples (`pipeline::plan`): the slots of its stash when
+    /// it has a backward pass, and the output gradients it keeps room for; a dealer's
+    /// window, the samples out at its replicas.
+    pub window: u32,
+    pub fifo: u32,
 }
 
 /// A lane's program, initial memory and tensors (pieces without their PE).
@@ -82,7 +88,12 @@ impl Fan {
     }
 }
 
+/// The counters of a lane's stash slots (forward, backward: `window` samples).
 const SLOT_BASE: u8 = 0;
+
+/// The counters of a lane's samples in a step (forward, backward), which start the
+/// finishing tasks.
+const SAMPLE_BASE: u8 = 2;
 
 /// `dst = src`, word by word (either may be a stream).
 fn mov(dst: Dsd, src: Dsd) -> Instr {
@@ -294,10 +305,9 @@ impl Vector<'_> {
     }
 
     /// A replica of a one-lane kernel: the lane's program for the samples the dealer
-    /// sends it (one in `rep.of`), all its inputs on `rep.to`. At the step's end it
-    /// sends its sums over the batch back to the dealer, takes every replica's total
-    /// from it, and sends its gradients back sample by sample; the dealer puts them
-    /// in order.
+    /// sends it (one in `rep.of`), all its inputs on `rep.to`. It sends each sample's
+    /// gradients back as it computes them; at the step's end it sends its sums over the
+    /// batch back to the dealer and takes every replica's total from it.
     pub fn replica(&self, rep: Rep) -> Result<Lane, String> {
         self.build(1, 0, Some(rep))
     }
@@ -305,9 +315,10 @@ impl Vector<'_> {
     /// The dealer of `to.len()` replicas (`to`: each one's colours to it and back):
     /// it takes each sample's inputs and sends them on to one replica in turn (a
     /// counter per replica, started so that each reaches its count on that replica's
-    /// samples); at the step's end it sums the replicas' sums over the batch and sends
-    /// the total to each, then takes their gradients in the samples' order and sends
-    /// them on toward the layers.
+    /// samples), and passes each sample's gradients on toward the layers as they come
+    /// back, a task per replica taken in turn (its pipeline: it deals a replica a
+    /// sample only once its previous one came back). After the step's last gradient it
+    /// sums the replicas' sums over the batch and sends the total to each.
     /// With a `fan`, it gathers that input from the rows of the layer before it, and
     /// sends its gradient back to them in shares.
     pub fn dealer(&self, to: &[(Colour, Colour)], fan: Option<&Fan>) -> Result<Program, String> {
@@ -362,7 +373,7 @@ impl Vector<'_> {
         let Some(first) = ins.first() else {
             return Err("a vector kernel without inputs".into());
         };
-        let gather = (sums > 0 || !back.is_empty()).then_some(2 * r as u8 + 2);
+        let gather = (sums > 0).then_some(2 * r as u8 + 2);
         let mut take: Vec<Instr> = (ins.iter())
             .flat_map(|&(i, len, base)| {
                 (shares(&i, len, false).into_iter()).map(move |(at, len, colour)| {
@@ -375,19 +386,57 @@ impl Vector<'_> {
             every: r,
             then: Some(2 * k as u8),
         }));
-        if gather.is_some() {
-            take.push(Instr::Count {
-                counter: r as u8,
-                every: f.batch,
-                then: gather,
-            });
+        // the step's end: after its last gradient passed, or its last sample
+        let end = Instr::Count {
+            counter: r as u8,
+            every: f.batch,
+            then: gather,
+        };
+        if back.is_empty() && gather.is_some() {
+            take.push(end.clone());
         }
+        let take_id = 2 * r as u8;
         p.tasks.push(Task {
-            id: 2 * r as u8,
+            id: take_id,
             name: "take".into(),
             trigger: Trigger::Data(first.0.colour),
             body: take,
         });
+        // each replica's gradients on toward the layers (odd ids: the backward pass)
+        let returns: Vec<u8> = (0..r as u8).map(|k| take_id + 1 + 2 * k).collect();
+        if !back.is_empty() {
+            for (&(_, b), &id) in to.iter().zip(&returns) {
+                let mut body: Vec<Instr> = (back.iter())
+                    .flat_map(|(port, len)| {
+                        (shares(port, *len, true).into_iter()).map(move |(_, len, c)| {
+                            mov(Dsd::Out { colour: c, len }, Dsd::In { colour: b, len })
+                        })
+                    })
+                    .collect();
+                if gather.is_some() {
+                    body.push(end.clone());
+                }
+                p.tasks.push(Task {
+                    id,
+                    name: format!("return from replica {}", (id - take_id) / 2),
+                    trigger: Trigger::Data(b),
+                    body,
+                });
+            }
+            p.pipeline = Some(Pipeline {
+                forward: take_id,
+                backward: returns.clone(),
+                window: self.window.max(1),
+                samples: f.batch,
+                strict: true,
+            });
+            // room for the gradients a replica sends while the dealer deals the others
+            let out = self.window.div_ceil(r);
+            for (&(_, b), &id) in to.iter().zip(&returns) {
+                let words = p.receives(id, b) as u32;
+                p.fifo(b, out * words);
+            }
+        }
         if let Some(id) = gather {
             let mut body = Vec::new();
             if let Some(t) = total {
@@ -404,21 +453,6 @@ impl Vector<'_> {
                 for &(c, _) in to {
                     body.push(mov(Dsd::Out { colour: c, len }, t.clone()));
                 }
-            }
-            if !back.is_empty() {
-                let each = (to.iter())
-                    .flat_map(|&(_, b)| {
-                        back.iter().flat_map(move |(port, len)| {
-                            (shares(port, *len, true).into_iter()).map(move |(_, len, c)| {
-                                mov(Dsd::Out { colour: c, len }, Dsd::In { colour: b, len })
-                            })
-                        })
-                    })
-                    .collect();
-                body.push(Instr::Loop {
-                    count: f.batch / r,
-                    body: each,
-                });
             }
             p.tasks.push(Task {
                 id,
@@ -504,8 +538,8 @@ impl Vector<'_> {
             init.push((base, (0..iota_len).map(|i| i as f32).collect()));
             base
         });
-        // stashes: values of the forward phase read later (by the backward task or the
-        // finishing one)
+        // stashes: values of the forward phase the backward task reads
+        let has_bwd = self.inputs.iter().any(|i| i.bwd);
         let late: Vec<NodeIndex> = {
             let mut late = Vec::new();
             for &n in self.nodes() {
@@ -519,8 +553,10 @@ impl Vector<'_> {
                     }
                 }
             }
+            // gradients computed going forward go back in the backward pass, if any
             for out in &self.outputs {
-                if out.bwd && phases.get(&out.node) == Some(&0) && !late.contains(&out.node) {
+                let early = out.bwd && phases.get(&out.node) == Some(&0);
+                if early && has_bwd && !late.contains(&out.node) {
                     late.push(out.node);
                 }
             }
@@ -531,7 +567,10 @@ impl Vector<'_> {
             let ext = self.extent(n, lanes, lane);
             stash.insert(
                 n,
-                (p.alloc(&format!("{} stash", key(n)), samples * ext), ext),
+                (
+                    p.alloc(&format!("{} stash", key(n)), self.window * ext),
+                    ext,
+                ),
             );
         }
         let junk = if self.inputs.iter().any(|i| i.whole) {
@@ -540,11 +579,6 @@ impl Vector<'_> {
             0
         };
         let mut scratch = Scratch::new(p.words());
-        let has_bwd = self.inputs.iter().any(|i| i.bwd);
-        let turnaround: Vec<Port> = (self.outputs.iter())
-            .filter(|o| o.bwd && phases.get(&o.node) == Some(&0))
-            .copied()
-            .collect();
         // the values sent on one colour go in one phase (a carried gradient with
         // what carries it: each sample's together)
         let sent_when = |o: &Port| {
@@ -638,9 +672,11 @@ impl Vector<'_> {
                 )?;
             }
             for o in &self.outputs {
+                // (a gradient computed going forward goes back in the backward pass,
+                // from its stash; without one, as soon as it is computed)
                 let ph = phases.get(&o.node).copied().unwrap_or(0);
-                let now = if o.bwd {
-                    ph == 1 && phase == 1
+                let now = if o.bwd && has_bwd {
+                    phase == 1
                 } else {
                     ph == phase
                 };
@@ -652,12 +688,13 @@ impl Vector<'_> {
                     .get(&f.resolve(o.node))
                     .copied()
                     .ok_or("a stream of a value not computed")?;
+                let colour = match rep {
+                    Some(r) if o.bwd => r.back,
+                    _ => o.colour,
+                };
                 body.push(Instr::Vec {
                     op: VecOp::Mov,
-                    dst: Dsd::Out {
-                        colour: o.colour,
-                        len: ext,
-                    },
+                    dst: Dsd::Out { colour, len: ext },
                     srcs: vec![v.src(ext)],
                 });
             }
@@ -685,42 +722,21 @@ impl Vector<'_> {
             for (a, scale) in means {
                 fin.push(vec(VecOp::Mul, a, &[a, Val::Imm(scale)], a.elements()));
             }
-            if phase == 0 {
-                let send = |o: &Port| {
-                    let (base, ext) = stash[&o.node];
-                    Instr::Vec {
-                        op: VecOp::Mov,
-                        dst: Dsd::Out {
-                            colour: rep.map_or(o.colour, |r| r.back),
-                            len: ext,
-                        },
-                        srcs: vec![Src::V(Dsd::strided(base, ext, 1, &[ext], None))],
-                    }
-                };
-                // sample by sample; a carried gradient right after what carries it (a
-                // replica's all so: the dealer puts them in order)
-                if turnaround.iter().any(|o| o.carried > 0) || rep.is_some() {
-                    if !turnaround.is_empty() {
-                        fin.push(Instr::Loop {
-                            count: samples,
-                            body: turnaround.iter().map(send).collect(),
-                        });
-                    }
-                } else {
-                    for o in &turnaround {
-                        fin.push(Instr::Loop {
-                            count: batch,
-                            body: vec![send(o)],
-                        });
-                    }
-                }
-            }
             let fin_id = 2 + phase;
-            body.push(Instr::Count {
-                counter: slot,
-                every: samples,
-                then: (!fin.is_empty()).then_some(fin_id),
-            });
+            if !stash.is_empty() {
+                body.push(Instr::Count {
+                    counter: slot,
+                    every: self.window,
+                    then: None,
+                });
+            }
+            if !fin.is_empty() {
+                body.push(Instr::Count {
+                    counter: SAMPLE_BASE + phase,
+                    every: samples,
+                    then: Some(fin_id),
+                });
+            }
             let pass = if phase == 0 { "forward" } else { "backward" };
             p.tasks.push(Task {
                 id: phase,
@@ -758,6 +774,31 @@ impl Vector<'_> {
         }
         if scratch.high > 0 {
             p.alloc("scratch", scratch.high);
+        }
+        if let Some(r) = rep {
+            // room for the samples dealt to it while it computes one
+            let words = p.receives(0, r.to) as u32;
+            let waiting = self.window.div_ceil(r.of.max(1)).saturating_sub(1);
+            p.fifo(r.to, waiting * words);
+        }
+        if has_bwd {
+            p.pipeline = Some(Pipeline {
+                forward: 0,
+                backward: vec![1],
+                window: self.window,
+                samples,
+                strict: true,
+            });
+            // room for the output gradients that come while it runs forwards
+            let mut colours: Vec<Colour> = (self.inputs.iter())
+                .filter(|i| i.bwd)
+                .map(|i| i.colour)
+                .collect();
+            colours.dedup();
+            for c in colours {
+                let words = p.receives(1, c);
+                p.fifo(c, self.fifo * words as u32);
+            }
         }
         let mut memory = vec![0.0; p.words() as usize];
         for (base, v) in init {
