@@ -161,6 +161,8 @@ fn main() {
         &t32,
         steps,
     );
+    // the TPU example as it is: hidden [256, 256], batch 128 (1F1B windows)
+    bench("mnist_cnn", load("mnist_cnn.est"), &[], &t64, steps);
     bench(
         "mnist_cnn hidden=[128], batch 8",
         load("mnist_cnn.est"),
