@@ -319,19 +319,39 @@ fn check_wafer(
     use backend::wafer::{device, fabric::Fabric, form, place};
     let fab = opts.fabric.clone().unwrap_or_else(Fabric::test32);
     for info in estimators {
-        let failed = graphs
-            .iter()
+        let mine: Vec<_> = (graphs.iter())
             .filter(|c| c.estimator == info.name)
-            .find_map(|c| {
-                let g = passes::without_summaries(&c.graph);
-                match form::form(&g) {
+            .map(|c| passes::without_summaries(&c.graph))
+            .collect();
+        // every construct a node alone shows has no layout, in every mode, each once;
+        // else the first way the kernels do not meet or fit
+        let mut blockers: Vec<form::Unsupported> = Vec::new();
+        for u in mine.iter().flat_map(|g| form::blockers(g)) {
+            if !blockers
+                .iter()
+                .any(|b| b.span == u.span && b.message == u.message)
+            {
+                blockers.push(u);
+            }
+        }
+        let failed: Vec<place::LayoutError> = if blockers.is_empty() {
+            (mine.iter())
+                .find_map(|g| match form::form(g) {
                     Err(u) => Some(place::LayoutError::Unsupported(u)),
                     // a graph with nothing to run on the fabric (a mode without sections)
                     Ok(f) if f.kernels.is_empty() => None,
-                    Ok(f) => place::layout(&g, &f, &fab).err(),
-                }
-            });
-        if let Some(e) = failed {
+                    Ok(f) => place::layout(g, &f, &fab).err(),
+                })
+                .into_iter()
+                .collect()
+        } else {
+            blockers.sort_by_key(|u| (u.span.file, u.span.lo));
+            blockers
+                .into_iter()
+                .map(place::LayoutError::Unsupported)
+                .collect()
+        };
+        for e in failed {
             diags.push(device::layout_diag(e, &fab, info.span));
         }
     }

@@ -389,7 +389,12 @@ fn reshaped(from: &[usize], to: &[usize], a: usize, per: usize) -> Option<Rows> 
     let mut p = 1usize;
     for (i, &d) in to.iter().enumerate() {
         let inner: usize = to[i + 1..].iter().product();
-        if p == before && inner > 0 && block % inner == 0 && d % (block / inner) == 0 {
+        if p == before
+            && inner > 0
+            && block % inner == 0
+            && block >= inner
+            && d % (block / inner) == 0
+        {
             return Some(Rows::Axis(i, block / inner));
         }
         p = p.saturating_mul(d);
@@ -548,5 +553,20 @@ fn int_bound(d: DType, largest: bool) -> f64 {
         (DType::I64, true) => i64::MAX as f64,
         (_, false) => f64::from(i32::MIN),
         (_, true) => f64::from(i32::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reshape_of_no_elements_is_no_row_regroup() {
+        // an example of no elements: no axis of the result holds whole examples
+        assert!(reshaped(&[2, 0], &[0, 5], 0, 1).is_none());
+        assert!(matches!(
+            reshaped(&[4, 6], &[4, 2, 3], 0, 1),
+            Some(Rows::Axis(0, 1))
+        ));
     }
 }

@@ -270,13 +270,13 @@ pub fn batch_of(g: &Graph) -> Option<u32> {
     g.ty(f).shape.first().map(|&b| b as u32)
 }
 
-/// Classes every node of `g` (see the module's doc).
-pub fn classify(
-    g: &Graph,
-    batch: u32,
-) -> Result<(Vec<Class>, Vec<Option<NodeIndex>>), Unsupported> {
+/// Classes every node of `g` (see the module's doc), with every node that has no
+/// class on the wafer (classed as a sample's value, so that the nodes after it are
+/// classed on).
+pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, Vec<Unsupported>) {
     let mut class = vec![Class::Host; g.g.node_bound()];
     let mut alias = vec![None; g.g.node_bound()];
+    let mut errors = Vec::new();
     let b = batch as usize;
     for n in g.topo_order() {
         let node = g.node(n);
@@ -287,7 +287,7 @@ pub fn classify(
         let c = match &node.op {
             Op::Input { .. } => {
                 if !leading {
-                    return Err(unsupported(g, n, format!("the input `{}` has no batch dimension of {batch} first", node.op.name()), "the wafer streams the samples of a batch one by one: give every input the batch dimension first"));
+                    errors.push(unsupported(g, n, format!("the input `{}` has no batch dimension of {batch} first", node.op.name()), "the wafer streams the samples of a batch one by one: give every input the batch dimension first"));
                 }
                 Class::Sample
             }
@@ -296,7 +296,8 @@ pub fn classify(
             // the host draws a step's random numbers and streams them with the samples
             Op::RandomUniform { .. } | Op::RandomNormal { .. } if leading => Class::Sample,
             Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
-                return Err(unsupported(g, n, format!("`{}` of {} has no wafer kernel", node.op.name(), node.ty), "the host streams random numbers to the wafer per sample: draw them with the batch dimension first"))
+                errors.push(unsupported(g, n, format!("`{}` of {} has no wafer kernel", node.op.name(), node.ty), "the host streams random numbers to the wafer per sample: draw them with the batch dimension first"));
+                Class::Sample
             }
             // the identity once the train step is made: its operand's value
             Op::Unary(UnaryOp::StopGradient) => {
@@ -312,49 +313,59 @@ pub fn classify(
                 alias[n.index()] = Some(ops[0]);
                 Class::Sample
             }
-            _ if has(Class::Sample) || has(Class::SampleT) => match &node.op {
-                Op::Reduce { axes, op, .. } if axes.contains(&0) => {
-                    if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
-                        return Err(unsupported(g, n, format!("a `{}` over the batch has no wafer kernel", node.op.name()), "the wafer sums (or averages) over the batch as samples pass; take a maximum or minimum per sample instead"));
+            _ if has(Class::Sample) || has(Class::SampleT) => {
+                match &node.op {
+                    Op::Reduce { axes, op, .. } if axes.contains(&0) => {
+                        if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+                            errors.push(unsupported(g, n, format!("a `{}` over the batch has no wafer kernel", node.op.name()), "the wafer sums (or averages) over the batch as samples pass; take a maximum or minimum per sample instead"));
+                        }
+                        Class::Batch
                     }
-                    Class::Batch
-                }
-                Op::Transpose { perm } if perm.first() != Some(&0) => {
-                    if perm.as_slice() != [1, 0] {
-                        return Err(unsupported(g, n, "a transpose that moves the batch dimension has no wafer kernel".into(), "the wafer streams samples one by one: keep the batch dimension first"));
+                    Op::Transpose { perm } if perm.first() != Some(&0) => {
+                        if perm.as_slice() != [1, 0] {
+                            errors.push(unsupported(g, n, "a transpose that moves the batch dimension has no wafer kernel".into(), "the wafer streams samples one by one: keep the batch dimension first"));
+                        }
+                        Class::SampleT
                     }
-                    Class::SampleT
-                }
-                Op::MatMul if cl(&ops[0]) == Class::SampleT && cl(&ops[1]) == Class::Sample => Class::Batch,
-                Op::Conv2dBackpropFilter(_) => Class::Batch,
-                // a gather's gradient: every sample's rows added into one table
-                Op::ScatterAdd => Class::Batch,
-                Op::Reshape if leading && (planar_view(g, ops[0], n) || flat(g, ops[0], n)) => {
-                    // the same words in the same order: images travel planar
-                    alias[n.index()] = Some(ops[0]);
-                    Class::Sample
-                }
-                // any other reshape moves the words as they are, which would scramble
-                // an image of several channels and pixels (planar, not NHWC)
-                Op::Reshape if [ops[0], n].iter().any(|&v| image(g, v).is_some_and(|(h, w, c)| c > 1 && h * w > 1)) => {
-                    return Err(unsupported(g, n, format!("a reshape of {} into {} has no wafer kernel yet", g.ty(ops[0]), node.ty), "the wafer keeps images planar (channel by channel) and regroups their pixels or flattens them for a dense layer, nothing else: keep the image's channels and reshape only its height and width, or use `--target host`"));
-                }
-                _ if has(Class::SampleT) => {
-                    return Err(unsupported(g, n, format!("`{}` of a transposed batch has no wafer kernel", node.op.name()), "the wafer computes `transpose(x) @ dy` (a weight gradient) over the batch and nothing else of a transposed batch"));
-                }
-                _ => {
-                    if !leading {
-                        return Err(unsupported(g, n, format!("`{}` mixes the samples of a batch", node.op.name()), "the wafer streams the samples of a batch one by one: keep the batch dimension first and reduce over it only with a sum or mean"));
+                    Op::MatMul if cl(&ops[0]) == Class::SampleT && cl(&ops[1]) == Class::Sample => {
+                        Class::Batch
                     }
-                    Class::Sample
+                    Op::Conv2dBackpropFilter(_) => Class::Batch,
+                    // a gather's gradient: every sample's rows added into one table
+                    Op::ScatterAdd => Class::Batch,
+                    Op::Reshape if leading && (planar_view(g, ops[0], n) || flat(g, ops[0], n)) => {
+                        // the same words in the same order: images travel planar
+                        alias[n.index()] = Some(ops[0]);
+                        Class::Sample
+                    }
+                    // any other reshape moves the words as they are, which would scramble
+                    // an image of several channels and pixels (planar, not NHWC)
+                    Op::Reshape
+                        if [ops[0], n]
+                            .iter()
+                            .any(|&v| image(g, v).is_some_and(|(h, w, c)| c > 1 && h * w > 1)) =>
+                    {
+                        errors.push(unsupported(g, n, format!("a reshape of {} into {} has no wafer kernel yet", g.ty(ops[0]), node.ty), "the wafer keeps images planar (channel by channel) and regroups their pixels or flattens them for a dense layer, nothing else: keep the image's channels and reshape only its height and width, or use `--target host`"));
+                        Class::Sample
+                    }
+                    _ if has(Class::SampleT) => {
+                        errors.push(unsupported(g, n, format!("`{}` of a transposed batch has no wafer kernel", node.op.name()), "the wafer computes `transpose(x) @ dy` (a weight gradient) over the batch and nothing else of a transposed batch"));
+                        Class::Sample
+                    }
+                    _ => {
+                        if !leading {
+                            errors.push(unsupported(g, n, format!("`{}` mixes the samples of a batch", node.op.name()), "the wafer streams the samples of a batch one by one: keep the batch dimension first and reduce over it only with a sum or mean"));
+                        }
+                        Class::Sample
+                    }
                 }
-            },
+            }
             _ if has(Class::Batch) || has(Class::Step) => Class::Step,
             _ => Class::Host,
         };
         class[n.index()] = c;
     }
-    Ok((class, alias))
+    (class, alias, errors)
 }
 
 /// Whether reshaping sample value `from` into `to` keeps a sample's words in their
@@ -386,15 +397,26 @@ pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
     (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
 }
 
-/// Forms `g` into kernels.
-pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
-    if let Some(o) = g.optimizers.iter().find(|o| o.loss_scale.is_some()) {
-        return Err(Unsupported {
+/// Every construct of `g` that has no wafer layout, as far as each node alone shows
+/// it (loss scaling, mixed precision, a node the batch does not class, a sample's value
+/// made from a statistic of its batch): all of them, each once, so that a check reports
+/// them together. `form` refuses a graph with any, and finds the rest (how kernels meet)
+/// one at a time.
+pub fn blockers(g: &Graph) -> Vec<Unsupported> {
+    survey(g).3
+}
+
+/// `g`'s batch, classes and aliases (`classify`), and its blockers (`blockers`).
+#[allow(clippy::type_complexity)]
+fn survey(g: &Graph) -> (u32, Vec<Class>, Vec<Option<NodeIndex>>, Vec<Unsupported>) {
+    let mut errors: Vec<Unsupported> = (g.optimizers.iter())
+        .filter(|o| o.loss_scale.is_some())
+        .map(|o| Unsupported {
             span: o.span,
             message: "loss scaling has no wafer layout yet".into(),
             help: "the wafer trains in f32, which needs no loss scale: drop `loss_scale(...)` for the wafer (`if target == wafer { opt } else { loss_scale(opt) }`), or train on the host (`--target host`)".into(),
-        });
-    }
+        })
+        .collect();
     // mixed precision: a weight cast to f16 or bf16 before its layer uses it
     for n in g.topo_order() {
         let narrows = matches!(g.node(n).op, Op::Cast)
@@ -403,18 +425,31 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
                 .into_iter()
                 .any(|o| matches!(g.node(o).op, Op::Variable { .. }));
         if narrows {
-            return Err(unsupported(g, n, format!("mixed precision (an f32 weight cast to {} for its layer) has no wafer layout yet", g.ty(n).dtype), "the wafer's kernels read their weights as they are stored: compute in f32 on the wafer, or train this model in mixed precision on the host (`--target host`)"));
+            errors.push(unsupported(g, n, format!("mixed precision (an f32 weight cast to {} for its layer) has no wafer layout yet", g.ty(n).dtype), "the wafer's kernels read their weights as they are stored: compute in f32 on the wafer, or train this model in mixed precision on the host (`--target host`)"));
         }
     }
     let batch = batch_of(g).unwrap_or(1);
-    let (class, alias) = classify(g, batch)?;
+    let (class, alias, unclassed) = classify(g, batch);
+    errors.extend(unclassed);
     // a sample's value made from a statistic of its whole batch (batch norm in
     // training): the kernels see a sample at a time, so the statistic is not whole yet
     for n in g.topo_order() {
         let of_batch = |o: NodeIndex| class[resolve(&alias, o).index()] == Class::Batch;
         if class[n.index()] == Class::Sample && g.operands(n).into_iter().any(of_batch) {
-            return Err(unsupported(g, n, "a sample's value made from a statistic of its whole batch (batch norm in training) has no wafer kernel yet".into(), "the wafer's kernels see one sample at a time: normalise each sample on its own (`layer_norm`), or train this model on the host (`--target host`)"));
+            errors.push(unsupported(g, n, "a sample's value made from a statistic of its whole batch (batch norm in training) has no wafer kernel yet".into(), "the wafer's kernels see one sample at a time: normalise each sample on its own (`layer_norm`), or train this model on the host (`--target host`)"));
         }
+    }
+    // each once (a layer's gradient nodes point at the layer too)
+    let mut seen = BTreeSet::new();
+    errors.retain(|u| seen.insert((u.span.file, u.span.lo, u.span.hi, u.message.clone())));
+    (batch, class, alias, errors)
+}
+
+/// Forms `g` into kernels.
+pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
+    let (batch, class, alias, blockers) = survey(g);
+    if let Some(first) = blockers.into_iter().next() {
+        return Err(first);
     }
     let bound = g.g.node_bound();
     let order = g.topo_order();
