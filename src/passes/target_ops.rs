@@ -15,6 +15,8 @@ pub const WAFER_OPS: &[&str] = &[
     "input",
     "variable",
     "const",
+    // (computed by the host, as constants are: `form::per_sample_constant`)
+    "iota",
     "global_step",
     "neg",
     "not",

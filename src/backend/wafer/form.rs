@@ -361,11 +361,26 @@ pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, V
                 }
             }
             _ if has(Class::Batch) || has(Class::Step) => Class::Step,
+            // constants made one per sample (positions): streamed by the host
+            _ if per_sample_constant(g, n, batch) => Class::Sample,
             _ => Class::Host,
         };
         class[n.index()] = c;
     }
     (class, alias, errors)
+}
+
+/// Whether `n` broadcasts a value of constants over a new leading axis of the batch
+/// (`broadcast_to(iota([T]), [B, T])`: a position per token of every sample): the host
+/// computes it, as it computes every constant, and streams it per sample like an
+/// input, so that nothing constant reaches the fabric as an op.
+pub fn per_sample_constant(g: &Graph, n: NodeIndex, batch: u32) -> bool {
+    let ops = g.operands(n);
+    matches!(g.node(n).op, Op::BroadcastTo)
+        && g.ty(n).shape.first() == Some(&(batch as usize))
+        && ops
+            .first()
+            .is_some_and(|&o| g.ty(o).rank() < g.ty(n).rank())
 }
 
 /// Whether reshaping sample value `from` into `to` keeps a sample's words in their
@@ -646,7 +661,7 @@ pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
         matches!(
             g.node(n).op,
             Op::Input { .. } | Op::RandomUniform { .. } | Op::RandomNormal { .. }
-        )
+        ) || (class[n.index()] == Class::Sample && per_sample_constant(g, n, batch))
     };
     let mut inputs_only = vec![false; bound];
     for &n in &order {
