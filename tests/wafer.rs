@@ -481,6 +481,34 @@ fn a_model_too_large_for_the_fabric_is_a_diagnostic() {
     }
 }
 
+/// A program that does not fit its fabric (a PE's memory, E0603; the fabric's PEs,
+/// E0604) names in its help the named fabric that would hold it, and it does.
+#[test]
+fn a_does_not_fit_help_names_a_fabric_that_fits() {
+    for (file, code) in [
+        ("tests/ui/wafer/E0603_kernel_sram.est", "E0603"),
+        ("tests/ui/wafer/E0604_too_many_layers.est", "E0604"),
+    ] {
+        let file = root().join(file);
+        let file = file.to_str().unwrap();
+        let (status, _, err) = estc(&["check", file, "--target", "wafer"]);
+        assert_eq!(status, 1, "{err}");
+        assert!(err.contains(code), "{err}");
+        let help = err
+            .split("help:")
+            .nth(1)
+            .unwrap_or_default()
+            .replace('\n', " ");
+        let named = help
+            .split("`--wafer ")
+            .nth(1)
+            .and_then(|r| r.split('`').next())
+            .unwrap_or_else(|| panic!("{code}: no fabric named in {help}"));
+        let (status, out, err) = estc(&["check", file, "--target", "wafer", "--wafer", named]);
+        assert_eq!(status, 0, "{code} on {named}: {out}{err}");
+    }
+}
+
 /// A two-layer classifier of random sizes, activation, bias, optimiser and batch,
 /// trained 3 steps on a fabric of random size (so random block sizes and lanes) and
 /// on the interpreter, from random data, each wafer step from the interpreter's

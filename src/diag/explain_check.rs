@@ -488,8 +488,12 @@ SRAM, this is the error. The message names the kernel and breaks its PE's memory
 
     let h = dense(x, 4096)        // error on test32: 4096x4096 weights over 1,024 PEs
 
-Stashed activations shrink with a smaller batch per step; every share shrinks on a
-larger fabric (`--wafer test64`, `wse2`) or with fewer hidden units.";
+The help names what would fit: the block size at which this kernel's PEs would hold it
+(weights, gradients and optimiser state shrink with the square of the block, stashed
+activations and buffers with the block), the PEs it would then take, and the smallest
+named fabric with room for them. Stashed activations also shrink with a smaller batch
+per step (the compiler already narrows the samples in flight first); every share
+shrinks with fewer hidden units.";
 
 pub const E0604: &str =
     "The wafer lays a program's kernels out as a staircase from the fabric's north-west
@@ -501,7 +505,8 @@ columns, rows and PEs are missing and which kernel runs off first.
     // 40 layers on a 32x32 fabric: each takes at least a PE on the diagonal
     for i in 0..40 { x = dense(x, 8) }
 
-Use a larger fabric (`--wafer test64`, `wse2`), or fewer layers.";
+The help names the rectangle the nearest layout spans and the smallest named fabric that
+holds it (`--wafer test64`, `wse2`); or use fewer layers.";
 
 pub const E0605: &str =
     "Streams between kernels travel on colours (virtual channels); two streams crossing one

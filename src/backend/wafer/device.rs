@@ -102,7 +102,7 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
             if large("stashed activations") {
                 helps.push("a smaller batch per step (it stashes fewer activations)".to_string());
             }
-            helps.push(larger);
+            helps.push(spread(&s, fab).unwrap_or(larger));
             if large("weights") || large("gradients") || large("optimiser state") {
                 helps.push("fewer hidden units".to_string());
             }
@@ -138,7 +138,7 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
             if dh > 0 {
                 missing.push(format!("{dh} rows"));
             }
-            let mut helps = vec![larger];
+            let mut helps = vec![holding(p.extent, fab).unwrap_or(larger)];
             if p.floor {
                 helps.push("a smaller batch per step (kernels take enough PEs to hold a step's stashed activations)".to_string());
             }
@@ -200,6 +200,60 @@ fn short(
         None => Diag::new(code, at, message).label("this estimator"),
     };
     d.help(format!("try {}", or_list(helps)))
+}
+
+/// The smallest named config of at least `w x h` PEs (the nearest layout's rectangle),
+/// said as an option.
+fn holding((w, h): (u32, u32), fab: &Fabric) -> Option<String> {
+    let f = (super::fabric::NAMES.iter())
+        .filter_map(|n| Fabric::named(n))
+        .filter(|f| f.sram_bytes >= fab.sram_bytes)
+        .find(|f| f.width >= w && f.height >= h)?;
+    Some(format!(
+        "a fabric of at least {w}x{h} PEs (`--wafer {}`, {}x{}, is the smallest named one)",
+        f.name, f.width, f.height
+    ))
+}
+
+/// Where kernel `s` would fit its PEs' memory, said as an option: its weights,
+/// gradients and optimiser state shrink with the square of its block, its stash and
+/// buffers with the block, its code not at all; so blocks `f` times as large fit when
+/// `code + square f^2 + linear f <= have`, on `1 / f^2` times its PEs. `None` when no
+/// block would (the code and what does not shrink fill the PE alone).
+fn spread(s: &place::SramShort, fab: &Fabric) -> Option<String> {
+    let part = |names: &[&str]| -> f64 {
+        (s.parts.iter())
+            .filter(|(w, _)| names.contains(w))
+            .map(|(_, b)| f64::from(*b))
+            .sum()
+    };
+    let square = part(&["weights", "gradients", "optimiser state"]);
+    let linear = part(&["stashed activations", "buffers"]);
+    let room = f64::from(s.have) - (f64::from(s.need) - square - linear);
+    if room <= 0.0 || s.block <= 1 {
+        return None;
+    }
+    let f = if square > 0.0 {
+        (-linear + (linear * linear + 4.0 * square * room).sqrt()) / (2.0 * square)
+    } else {
+        room / linear
+    };
+    let block = (f64::from(s.block) * f).floor();
+    if !(1.0..f64::from(s.block)).contains(&block) {
+        return None;
+    }
+    let pes = (s.pes as f64 * (f64::from(s.block) / block).powi(2)).ceil() as u64;
+    let on = (super::fabric::NAMES.iter())
+        .filter_map(|n| Fabric::named(n))
+        .filter(|f| f.sram_bytes >= fab.sram_bytes)
+        .find(|f| f.pes() >= 2 * pes)
+        .map_or(String::new(), |f| {
+            format!(": `--wafer {}` has room for that", f.name)
+        });
+    Some(format!(
+        "blocks of {block} or less for this kernel, about {pes} PEs instead of {}{on}",
+        s.pes
+    ))
 }
 
 /// The next larger named config, said as an option.

@@ -117,8 +117,9 @@ pub struct SramShort {
     pub span: Option<Span>,
     /// The PE (the kernel's largest memory map).
     pub at: (u32, u32),
-    /// The sizing (`sizing`'s argument).
+    /// The sizing (`sizing`'s argument), and the PEs the kernel takes at it.
     pub block: u32,
+    pub pes: u64,
     /// Bytes by what they hold (code and runtime first), the non-zero ones.
     pub parts: Vec<(&'static str, u32)>,
     /// All of them, and the PE's SRAM.
@@ -2117,6 +2118,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
                 span: k.and_then(|k| kernel_span(g, f, k)),
                 at: (*x, *y),
                 block: s,
+                pes: k.map_or(1, |k| u64::from(placed[k].w) * u64::from(placed[k].h)),
                 parts,
                 need: prog.words() * super::cost::WORD + fab.reserved_bytes,
                 have: fab.sram_bytes,
