@@ -2,8 +2,9 @@
 //! layout, median of 5), and two simulated train steps on generated data: cycles per
 //! step, samples per second at the fabric's clock, the utilisation of the used PEs and
 //! of each dense layer, the slowest kernel against the balanced period (the busy
-//! cycles per sample of every PE, spread evenly over them), and the simulator's speed
-//! in simulated PE-cycles per second of wall time. There is no peer to run beside: no
+//! cycles per sample of every PE, spread evenly over them), the simulator's speed
+//! in simulated PE-cycles per second of wall time, and the fullest PE's memory by
+//! what it holds. There is no peer to run beside: no
 //! public wafer compiler or simulator exists.
 //!
 //! `cargo bench --bench wafer`; `EST_BENCH_STEPS` (default 2) simulated steps;
@@ -126,8 +127,14 @@ fn bench(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric
         .filter(|k| !k.name.contains(' '))
         .map(|k| format!("{} {}x{} {:.1}%", k.name, k.w, k.h, 100.0 * k.utilisation))
         .collect();
+    let fullest = r.fullest.as_ref().map_or(String::new(), |m| {
+        let parts: Vec<String> = (m.parts.iter())
+            .map(|(w, b)| format!("{:.1}K {w}", f64::from(*b) / 1024.0))
+            .collect();
+        format!(" | fullest PE ({}): {}", m.kernel, parts.join(", "))
+    });
     println!(
-        "{name:<28} {:<7} compile {:>6.1} ms | step {:>8.0} cycles, {:>9.0} samples/s, {:>5} PEs at {:>5.1}% | slowest {} {:.1} cyc/sample = {:.2}x balanced | sim {:.2e} PE-cycles/s | dense: {}",
+        "{name:<28} {:<7} compile {:>6.1} ms | step {:>8.0} cycles, {:>9.0} samples/s, {:>5} PEs at {:>5.1}% | slowest {} {:.1} cyc/sample = {:.2}x balanced | sim {:.2e} PE-cycles/s | dense: {}{fullest}",
         fab.name,
         compile * 1e3,
         r.step_cycles,

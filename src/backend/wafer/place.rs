@@ -353,43 +353,47 @@ fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
     let mut colours = None;
     let mut pes: Option<PesShort> = None;
     let mut other = None;
-    let mut fit: Vec<((u64, usize), Layout)> = Vec::new();
-    let mut consider = |r: Result<(Lanes, Layout), LayoutError>| -> Result<(), LayoutError> {
-        if debug {
-            if let Err(e) = &r {
-                eprintln!("does not fit: {e:?}");
-            }
-        }
-        match r {
-            Ok((lanes, l)) => {
-                let key = (sizer.step(&lanes), l.setup.pes.len());
-                if debug {
-                    let each = sizer.periods(&lanes);
-                    eprintln!(
-                        "sizing {lanes:?}: step {} on {} PEs ({each:?})",
-                        key.0, key.1
-                    );
-                }
-                fit.push((key, l));
-            }
-            Err(LayoutError::Sram(e)) => {
-                sram.get_or_insert(e);
-            }
-            Err(LayoutError::Colours(e)) => {
-                colours.get_or_insert(e);
-            }
-            Err(LayoutError::Pes(mut e)) => {
-                e.floor = sizer.floor.iter().any(|&l| l > 1);
-                let area = |p: &PesShort| p.missing(fab.width, fab.height);
-                if pes.as_ref().is_none_or(|p| area(&e) < area(p)) {
-                    pes = Some(e);
+    // the sizings that fit, by (estimated step, PEs), with their block size: a layout
+    // holds every PE's program and memory (gigabytes on a large fabric), so only the
+    // winner's is made again, not each one kept
+    let mut fit: Vec<((u64, usize), Lanes, u32)> = Vec::new();
+    let mut consider =
+        |r: Result<(Lanes, Layout), LayoutError>, s: u32| -> Result<(), LayoutError> {
+            if debug {
+                if let Err(e) = &r {
+                    eprintln!("does not fit: {e:?}");
                 }
             }
-            Err(LayoutError::DoesNotFit(why)) => other = Some(why),
-            Err(e) => return Err(e),
-        }
-        Ok(())
-    };
+            match r {
+                Ok((lanes, l)) => {
+                    let key = (sizer.step(&lanes), l.setup.pes.len());
+                    if debug {
+                        let each = sizer.periods(&lanes);
+                        eprintln!(
+                            "sizing {lanes:?}: step {} on {} PEs ({each:?})",
+                            key.0, key.1
+                        );
+                    }
+                    fit.push((key, lanes, s));
+                }
+                Err(LayoutError::Sram(e)) => {
+                    sram.get_or_insert(e);
+                }
+                Err(LayoutError::Colours(e)) => {
+                    colours.get_or_insert(e);
+                }
+                Err(LayoutError::Pes(mut e)) => {
+                    e.floor = sizer.floor.iter().any(|&l| l > 1);
+                    let area = |p: &PesShort| p.missing(fab.width, fab.height);
+                    if pes.as_ref().is_none_or(|p| area(&e) < area(p)) {
+                        pes = Some(e);
+                    }
+                }
+                Err(LayoutError::DoesNotFit(why)) => other = Some(why),
+                Err(e) => return Err(e),
+            }
+            Ok(())
+        };
     for s in [
         1u32, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
     ] {
@@ -397,17 +401,18 @@ fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
             .block(s)
             .and_then(|lanes| try_lanes(sizer, &lanes, s).map(|l| (lanes, l)));
         let fits = r.is_ok();
-        consider(r)?;
+        consider(r, s)?;
         if fits {
             break;
         }
     }
     for lanes in sizer.balanced() {
         let r = try_lanes(sizer, &lanes, 0).map(|l| (lanes, l));
-        consider(r)?;
+        consider(r, 0)?;
     }
     if let Some(i) = thrifty(fit.iter().map(|f| f.0)) {
-        return Ok(fit.swap_remove(i).1);
+        let (_, lanes, s) = fit.swap_remove(i);
+        return try_lanes(sizer, &lanes, s);
     }
     Err(if let Some(e) = sram {
         LayoutError::Sram(e)
@@ -2098,8 +2103,7 @@ fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError
             let k = placed
                 .iter()
                 .position(|k| *x >= k.x && *x < k.x + k.w && *y >= k.y && *y < k.y + k.h);
-            let mut parts = vec![("code and runtime", fab.reserved_bytes)];
-            parts.extend(breakdown(prog));
+            let parts = memory(prog, fab);
             let one_lane = |j: usize| {
                 matches!(f.kernels[j].kind, Kind::Vector { .. }) && sizer.width[j].is_none()
             };
@@ -2364,10 +2368,20 @@ pub fn bytes(b: u32) -> String {
 
 /// A program's memory by what it holds: weights, gradients, optimiser state, stashed
 /// activations, buffers (streams in flight, temporaries, constants); the non-zero ones.
+/// A PE's memory by what it holds, in bytes (code and runtime first), the non-zero
+/// parts.
+pub fn memory(p: &super::isa::Program, fab: &Fabric) -> Vec<(&'static str, u32)> {
+    let mut parts = vec![("code and runtime", fab.reserved_bytes)];
+    parts.extend(breakdown(p));
+    parts
+}
+
 fn breakdown(p: &super::isa::Program) -> Vec<(&'static str, u32)> {
-    let mut parts = [0u32; 5];
+    let mut parts = [0u32; 6];
     for s in &p.symbols {
-        let i = if s.name.contains("stash") {
+        let i = if s.name.ends_with(" fifo") {
+            5
+        } else if s.name.contains("stash") {
             3
         } else if s.name.starts_with('%') {
             1
@@ -2390,6 +2404,7 @@ fn breakdown(p: &super::isa::Program) -> Vec<(&'static str, u32)> {
         "optimiser state",
         "stashed activations",
         "buffers",
+        "FIFOs",
     ];
     names
         .into_iter()

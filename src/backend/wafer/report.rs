@@ -34,11 +34,24 @@ pub struct KernelReport {
     pub colours: Vec<Colour>,
 }
 
+/// The fullest PE's memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fullest {
+    pub x: u32,
+    pub y: u32,
+    pub kernel: String,
+    pub parts: Vec<(String, u32)>,
+}
+
 /// A step's figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub fabric: String,
     pub batch: u32,
+    /// The PE with the largest memory map, and its bytes by what they hold
+    /// (`place::memory`).
+    #[serde(default)]
+    pub fullest: Option<Fullest>,
     pub steps: u32,
     pub step_cycles: f64,
     pub samples_per_second: f64,
@@ -174,9 +187,22 @@ pub fn measure(l: &Layout, sim: &Sim, steps: u32) -> Report {
     let busiest_link = (sim.link_loads().into_iter())
         .max_by_key(|&(_, n)| n)
         .map(|((x, y, d), n)| (x, y, d, n as f64 / samples));
+    let fullest = (l.setup.pes.iter())
+        .max_by_key(|(_, (p, _))| p.words())
+        .map(|(&(x, y), (p, _))| Fullest {
+            x,
+            y,
+            kernel: (l.kernels.iter())
+                .find(|k| x >= k.x && x < k.x + k.w && y >= k.y && y < k.y + k.h)
+                .map_or_else(String::new, |k| k.name.clone()),
+            parts: (super::place::memory(p, f).into_iter())
+                .map(|(w, b)| (w.to_string(), b))
+                .collect(),
+        });
     Report {
         fabric: f.name.clone(),
         batch: l.batch,
+        fullest,
         steps,
         step_cycles,
         samples_per_second: f64::from(l.batch) * f.clock_ghz * 1e9 / step_cycles,
@@ -228,6 +254,21 @@ impl std::fmt::Display for Report {
                 } else {
                     ""
                 }
+            )?;
+        }
+        if let Some(m) = &self.fullest {
+            let parts: Vec<String> = (m.parts.iter())
+                .map(|(w, b)| format!("{:.1}K {w}", f64::from(*b) / 1024.0))
+                .collect();
+            let all: u32 = m.parts.iter().map(|p| p.1).sum();
+            writeln!(
+                f,
+                "  fullest PE: ({},{}) of `{}`, {:.1}K: {}",
+                m.x,
+                m.y,
+                m.kernel,
+                f64::from(all) / 1024.0,
+                parts.join(", ")
             )?;
         }
         if let Some((x, y, d, n)) = self.busiest_link {
