@@ -495,6 +495,8 @@ fn memory_limits_give_diagnostics_not_aborts() {
                 .output()
                 .unwrap();
             let e = stderr(&o);
+            // (each run's checkpoints take hundreds of MB: gone before the next)
+            let _ = std::fs::remove_dir_all(&md);
             let case = format!("{program} on {target} under {limit_mb} MB");
             if e.contains("error while loading shared libraries") {
                 continue; // below what the binary needs to start at all
@@ -513,6 +515,7 @@ fn memory_limits_give_diagnostics_not_aborts() {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&d);
     assert!(
         succeeded > 0 && !failed_with.is_empty(),
         "{succeeded} {failed_with:?}"

@@ -56,9 +56,6 @@ pub struct Pipeline {
     /// The most samples between a forward and its backward: the stash's slots.
     pub window: u32,
     pub samples: u32,
-    /// Whether a backward waits for the window to fill (or the forwards to end), so that
-    /// passes alternate; else it runs as soon as its sample went forward.
-    pub strict: bool,
 }
 
 /// Where a PE is in its pipeline's step: forwards and backwards started.
@@ -81,7 +78,8 @@ impl Pipeline {
         let Some(turn) = self.backward.iter().position(|&t| t == id) else {
             return true;
         };
-        let ready = !self.strict || f - b >= self.window || f == self.samples;
+        // a backward waits for the window to fill (or the forwards to end)
+        let ready = f - b >= self.window || f == self.samples;
         b < f && ready && turn == b as usize % self.backward.len()
     }
 
@@ -122,10 +120,9 @@ impl fmt::Display for Pipeline {
         let back: Vec<String> = self.backward.iter().map(|t| format!("t{t}")).collect();
         write!(
             f,
-            "pipeline: forward t{}, backward {} ({}), window {} of {} samples",
+            "pipeline: forward t{}, backward {} in turn, window {} of {} samples",
             self.forward,
             back.join(" "),
-            if self.strict { "in turn" } else { "when ready" },
             self.window,
             self.samples
         )
@@ -225,7 +222,6 @@ mod tests {
             backward: vec![1],
             window,
             samples,
-            strict: true,
         }
     }
 
@@ -245,17 +241,22 @@ mod tests {
             backward: vec![5, 6],
             window: 2,
             samples: 4,
-            strict: false,
         };
         let mut at = Passes::default();
         assert!(p.admits(4, at) && !p.admits(5, at));
         at = p.started(4, at);
-        // sample 0's gradient may come back before sample 1 is dealt, from replica 0
-        assert!(p.admits(5, at) && !p.admits(6, at) && p.admits(4, at));
+        assert!(
+            !p.admits(5, at) && p.admits(4, at),
+            "the window fills first"
+        );
         at = p.started(4, at);
+        // sample 0's gradient comes back from replica 0, not 1
         assert!(!p.admits(4, at), "a third sample waits for a return");
+        assert!(p.admits(5, at) && !p.admits(6, at));
         at = p.started(5, at);
-        assert!(p.admits(6, at) && !p.admits(5, at) && p.admits(4, at));
+        assert!(p.admits(4, at) && !p.admits(6, at));
+        at = p.started(4, at);
+        assert!(p.admits(6, at) && !p.admits(5, at));
         assert_eq!(p.check(|t| t < 7), Ok(()));
         assert!(p.check(|t| t < 6).unwrap_err().contains("task 6"));
     }

@@ -656,7 +656,6 @@ impl Dense {
             backward: vec![1],
             window: self.window,
             samples: self.batch,
-            strict: true,
         });
         // the update, over the blocks
         let mut scratch = Scratch::new(p.words());

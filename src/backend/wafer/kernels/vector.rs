@@ -428,7 +428,6 @@ impl Vector<'_> {
                 backward: returns.clone(),
                 window: self.window.max(1),
                 samples: f.batch,
-                strict: true,
             });
             // room for the gradients a replica sends while the dealer deals the others
             let out = self.window.div_ceil(r);
@@ -787,7 +786,6 @@ impl Vector<'_> {
                 backward: vec![1],
                 window: self.window,
                 samples,
-                strict: true,
             });
             // room for the output gradients that come while it runs forwards
             let mut colours: Vec<Colour> = (self.inputs.iter())
