@@ -316,7 +316,7 @@ fn check_wafer(
     opts: &CheckOptions,
     diags: &mut diag::Diags,
 ) {
-    use backend::wafer::{device, fabric::Fabric, form, place};
+    use backend::wafer::{diagnose, fabric::Fabric, form, place};
     let fab = opts.fabric.clone().unwrap_or_else(Fabric::test32);
     for info in estimators {
         let mine: Vec<_> = (graphs.iter())
@@ -352,7 +352,7 @@ fn check_wafer(
                 .collect()
         };
         for e in failed {
-            diags.push(device::layout_diag(e, &fab, info.span));
+            diags.push(diagnose::layout_diag(e, &fab, info.span));
         }
     }
 }

@@ -5,7 +5,7 @@
 use super::{print_diags, print_result, OutputArgs};
 use clap::Parser;
 use est::backend::wafer::artifact::{self, Artifact};
-use est::backend::wafer::device::layout_diag;
+use est::backend::wafer::diagnose::layout_diag;
 use est::backend::wafer::fabric::{self, Fabric};
 use est::backend::wafer::place::Layout;
 use est::backend::wafer::{form, place, report};

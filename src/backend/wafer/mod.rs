@@ -4,18 +4,20 @@
 //!
 //! - `fabric`: the machine model (named configs and TOML), with its fingerprint;
 //! - `isa`: the PE instruction set (tasks, vector operations over descriptors, memory
-//!   maps), printable;
+//!   maps); `text` prints it;
 //! - `cost`: the cycle formulas every other part uses;
 //! - `sim`: the cycle-level simulator, running PE programs on real data through routers
 //!   and links;
 //! - `form`, `pipeline`, `kernels`, `lower`, `place`: a graph formed into kernels, the
 //!   schedule of a train step's samples through them (one forward, one backward), each
 //!   kernel's PE programs, and their layout on the fabric;
-//! - `device`, `artifact`, `report`: running a layout, saving it, measuring it.
+//! - `device`, `artifact`, `report`: running a layout, saving it, measuring it;
+//! - `diagnose`: why a graph has no layout, as diagnostics that say what would fit.
 
 pub mod artifact;
 pub mod cost;
 pub mod device;
+pub mod diagnose;
 pub mod fabric;
 pub mod form;
 pub mod isa;
@@ -25,6 +27,7 @@ pub mod pipeline;
 pub mod place;
 pub mod report;
 pub mod sim;
+pub mod text;
 
 /// Graphs of small programs for the tests of the wafer's parts.
 #[cfg(test)]
