@@ -325,18 +325,16 @@ fn check_wafer(
             .collect();
         // every construct a node alone shows has no layout, in every mode, each once;
         // else the first way the kernels do not meet or fit
+        let surveys: Vec<form::Survey> = mine.iter().map(|g| form::survey(g)).collect();
         let mut blockers: Vec<form::Unsupported> = Vec::new();
-        for u in mine.iter().flat_map(|g| form::blockers(g)) {
-            if !blockers
-                .iter()
-                .any(|b| b.span == u.span && b.message == u.message)
-            {
-                blockers.push(u);
+        for u in surveys.iter().flat_map(|s| &s.blockers) {
+            if !(blockers.iter()).any(|b| b.span == u.span && b.message == u.message) {
+                blockers.push(u.clone());
             }
         }
         let failed: Vec<place::LayoutError> = if blockers.is_empty() {
-            (mine.iter())
-                .find_map(|g| match form::form(g) {
+            (mine.iter().zip(surveys))
+                .find_map(|(g, s)| match form::form_surveyed(g, s) {
                     Err(u) => Some(place::LayoutError::Unsupported(u)),
                     // a graph with nothing to run on the fabric (a mode without sections)
                     Ok(f) if f.kernels.is_empty() => None,

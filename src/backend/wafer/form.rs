@@ -412,18 +412,20 @@ pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
     (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
 }
 
-/// Every construct of `g` that has no wafer layout, as far as each node alone shows
-/// it (loss scaling, mixed precision, a node the batch does not class, a sample's value
-/// made from a statistic of its batch): all of them, each once, so that a check reports
-/// them together. `form` refuses a graph with any, and finds the rest (how kernels meet)
-/// one at a time.
-pub fn blockers(g: &Graph) -> Vec<Unsupported> {
-    survey(g).3
+/// A graph's batch, classes and aliases (`classify`), and its blockers: every construct
+/// that has no wafer layout, as far as each node alone shows it (loss scaling, mixed
+/// precision, a node the batch does not class, a sample's value made from a statistic
+/// of its batch), each once, so that a check reports them together. `form_surveyed`
+/// refuses a graph with any, and finds the rest (how kernels meet) one at a time.
+pub struct Survey {
+    batch: u32,
+    class: Vec<Class>,
+    alias: Vec<Option<NodeIndex>>,
+    pub blockers: Vec<Unsupported>,
 }
 
-/// `g`'s batch, classes and aliases (`classify`), and its blockers (`blockers`).
-#[allow(clippy::type_complexity)]
-fn survey(g: &Graph) -> (u32, Vec<Class>, Vec<Option<NodeIndex>>, Vec<Unsupported>) {
+/// `g`'s survey (see `Survey`).
+pub fn survey(g: &Graph) -> Survey {
     let mut errors: Vec<Unsupported> = (g.optimizers.iter())
         .filter(|o| o.loss_scale.is_some())
         .map(|o| Unsupported {
@@ -457,12 +459,27 @@ fn survey(g: &Graph) -> (u32, Vec<Class>, Vec<Option<NodeIndex>>, Vec<Unsupporte
     // each once (a layer's gradient nodes point at the layer too)
     let mut seen = BTreeSet::new();
     errors.retain(|u| seen.insert((u.span.file, u.span.lo, u.span.hi, u.message.clone())));
-    (batch, class, alias, errors)
+    Survey {
+        batch,
+        class,
+        alias,
+        blockers: errors,
+    }
 }
 
 /// Forms `g` into kernels.
 pub fn form(g: &Graph) -> Result<Formed, Unsupported> {
-    let (batch, class, alias, blockers) = survey(g);
+    form_surveyed(g, survey(g))
+}
+
+/// `form` of a graph surveyed already (`survey(g)`).
+pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
+    let Survey {
+        batch,
+        class,
+        alias,
+        blockers,
+    } = survey;
     if let Some(first) = blockers.into_iter().next() {
         return Err(first);
     }
