@@ -1,0 +1,214 @@
+//! The survey of a graph before formation: each node's class (how it relates to the
+//! batch), the nodes that are others' values under other names, and every construct
+//! that has no wafer layout as far as each node alone shows it.
+
+use super::{resolve, unsupported, Class, Unsupported};
+use crate::ir::{DType, Graph, NodeIndex, Op, ReduceOp, UnaryOp};
+use petgraph::visit::NodeIndexable;
+use std::collections::BTreeSet;
+
+/// The batch size of a graph: the leading dimension of its first input (the features,
+/// or their first part).
+pub fn batch_of(g: &Graph) -> Option<u32> {
+    let f =
+        g.g.node_indices()
+            .find(|&n| matches!(g.node(n).op, Op::Input { .. }))?;
+    g.ty(f).shape.first().map(|&b| b as u32)
+}
+
+/// Classes every node of `g` (see the module's doc), with every node that has no
+/// class on the wafer (classed as a sample's value, so that the nodes after it are
+/// classed on).
+pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, Vec<Unsupported>) {
+    let mut class = vec![Class::Host; g.g.node_bound()];
+    let mut alias = vec![None; g.g.node_bound()];
+    let mut errors = Vec::new();
+    let b = batch as usize;
+    for n in g.topo_order() {
+        let node = g.node(n);
+        let ops = g.operands(n);
+        let cl = |o: &NodeIndex| class[o.index()];
+        let has = |c: Class| ops.iter().any(|o| cl(o) == c);
+        let leading = node.ty.shape.first() == Some(&b);
+        let c = match &node.op {
+            Op::Input { .. } => {
+                if !leading {
+                    errors.push(unsupported(g, n, format!("the input `{}` has no batch dimension of {batch} first", node.op.name()), "the wafer streams the samples of a batch one by one: give every input the batch dimension first"));
+                }
+                Class::Sample
+            }
+            Op::Variable { .. } => Class::Step,
+            Op::Const { .. } | Op::GlobalStep => Class::Host,
+            // the host draws a step's random numbers and streams them with the samples
+            Op::RandomUniform { .. } | Op::RandomNormal { .. } if leading => Class::Sample,
+            Op::RandomUniform { .. } | Op::RandomNormal { .. } => {
+                errors.push(unsupported(g, n, format!("`{}` of {} has no wafer kernel", node.op.name(), node.ty), "the host streams random numbers to the wafer per sample: draw them with the batch dimension first"));
+                Class::Sample
+            }
+            // the identity once the train step is made: its operand's value
+            Op::Unary(UnaryOp::StopGradient) => {
+                alias[n.index()] = Some(ops[0]);
+                cl(&ops[0])
+            }
+            Op::CrossShardMean if has(Class::Batch) => {
+                alias[n.index()] = Some(ops[0]);
+                Class::Batch
+            }
+            Op::CheckIndices { .. } if has(Class::Sample) => {
+                // the host checks the labels it sends
+                alias[n.index()] = Some(ops[0]);
+                Class::Sample
+            }
+            _ if has(Class::Sample) || has(Class::SampleT) => {
+                match &node.op {
+                    Op::Reduce { axes, op, .. } if axes.contains(&0) => {
+                        if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+                            errors.push(unsupported(g, n, format!("a `{}` over the batch has no wafer kernel", node.op.name()), "the wafer sums (or averages) over the batch as samples pass; take a maximum or minimum per sample instead"));
+                        }
+                        Class::Batch
+                    }
+                    Op::Transpose { perm } if perm.first() != Some(&0) => {
+                        if perm.as_slice() != [1, 0] {
+                            errors.push(unsupported(g, n, "a transpose that moves the batch dimension has no wafer kernel".into(), "the wafer streams samples one by one: keep the batch dimension first"));
+                        }
+                        Class::SampleT
+                    }
+                    Op::MatMul if cl(&ops[0]) == Class::SampleT && cl(&ops[1]) == Class::Sample => {
+                        Class::Batch
+                    }
+                    Op::Conv2dBackpropFilter(_) => Class::Batch,
+                    // a gather's gradient: every sample's rows added into one table
+                    Op::ScatterAdd => Class::Batch,
+                    Op::Reshape if leading && (planar_view(g, ops[0], n) || flat(g, ops[0], n)) => {
+                        // the same words in the same order: images travel planar
+                        alias[n.index()] = Some(ops[0]);
+                        Class::Sample
+                    }
+                    // any other reshape moves the words as they are, which would scramble
+                    // an image of several channels and pixels (planar, not NHWC)
+                    Op::Reshape
+                        if [ops[0], n]
+                            .iter()
+                            .any(|&v| image(g, v).is_some_and(|(h, w, c)| c > 1 && h * w > 1)) =>
+                    {
+                        errors.push(unsupported(g, n, format!("a reshape of {} into {} has no wafer kernel yet", g.ty(ops[0]), node.ty), "the wafer keeps images planar (channel by channel) and regroups their pixels or flattens them for a dense layer, nothing else: keep the image's channels and reshape only its height and width, or use `--target host`"));
+                        Class::Sample
+                    }
+                    _ if has(Class::SampleT) => {
+                        errors.push(unsupported(g, n, format!("`{}` of a transposed batch has no wafer kernel", node.op.name()), "the wafer computes `transpose(x) @ dy` (a weight gradient) over the batch and nothing else of a transposed batch"));
+                        Class::Sample
+                    }
+                    _ => {
+                        if !leading {
+                            errors.push(unsupported(g, n, format!("`{}` mixes the samples of a batch", node.op.name()), "the wafer streams the samples of a batch one by one: keep the batch dimension first and reduce over it only with a sum or mean"));
+                        }
+                        Class::Sample
+                    }
+                }
+            }
+            _ if has(Class::Batch) || has(Class::Step) => Class::Step,
+            // constants made one per sample (positions): streamed by the host
+            _ if per_sample_constant(g, n, batch) => Class::Sample,
+            _ => Class::Host,
+        };
+        class[n.index()] = c;
+    }
+    (class, alias, errors)
+}
+
+/// Whether `n` broadcasts a value of constants over a new leading axis of the batch
+/// (`broadcast_to(iota([T]), [B, T])`: a position per token of every sample): the host
+/// computes it, as it computes every constant, and streams it per sample like an
+/// input, so that nothing constant reaches the fabric as an op.
+pub fn per_sample_constant(g: &Graph, n: NodeIndex, batch: u32) -> bool {
+    let ops = g.operands(n);
+    matches!(g.node(n).op, Op::BroadcastTo)
+        && g.ty(n).shape.first() == Some(&(batch as usize))
+        && ops
+            .first()
+            .is_some_and(|&o| g.ty(o).rank() < g.ty(n).rank())
+}
+
+/// Whether reshaping sample value `from` into `to` keeps a sample's words in their
+/// order on the wafer, where images (rank 4) travel planar: a plane's pixels regrouped,
+/// a one-channel image flattened or made, or an image flattened into a vector (which
+/// only a dense layer reads, with its weight's rows in the image's order).
+fn planar_view(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
+    let rank = |n: NodeIndex| g.ty(n).rank();
+    match (image(g, from), image(g, to)) {
+        (Some(a), Some(b)) => a.2 == b.2,
+        (Some(_), None) => rank(to) == 2,
+        // a vector made an image of one channel, or a dense layer's input gradient
+        // made the image it flattened again
+        (None, Some(_)) => rank(from) == 2,
+        (None, None) => false,
+    }
+}
+
+/// Whether reshaping sample value `from` into `to` regroups axes neither of which is an
+/// image's: the same words in the same order (an embedding's rows of a sample made
+/// one vector for a dense layer, and that layer's input gradient made rows again).
+fn flat(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
+    image(g, from).is_none() && image(g, to).is_none()
+}
+
+/// A rank-4 (image) value's height, width and channels.
+pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
+    let s = &g.ty(n).shape;
+    (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
+}
+
+/// A graph's batch, classes and aliases (`classify`), and its blockers: every construct
+/// that has no wafer layout, as far as each node alone shows it (loss scaling, mixed
+/// precision, a node the batch does not class, a sample's value made from a statistic
+/// of its batch), each once, so that a check reports them together. `form_surveyed`
+/// refuses a graph with any, and finds the rest (how kernels meet) one at a time.
+pub struct Survey {
+    pub(super) batch: u32,
+    pub(super) class: Vec<Class>,
+    pub(super) alias: Vec<Option<NodeIndex>>,
+    pub blockers: Vec<Unsupported>,
+}
+
+/// `g`'s survey (see `Survey`).
+pub fn survey(g: &Graph) -> Survey {
+    let mut errors: Vec<Unsupported> = (g.optimizers.iter())
+        .filter(|o| o.loss_scale.is_some())
+        .map(|o| Unsupported {
+            span: o.span,
+            message: "loss scaling has no wafer layout yet".into(),
+            help: "the wafer trains in f32, which needs no loss scale: drop `loss_scale(...)` for the wafer (`if target == wafer { opt } else { loss_scale(opt) }`), or train on the host (`--target host`)".into(),
+        })
+        .collect();
+    // mixed precision: a weight cast to f16 or bf16 before its layer uses it
+    for n in g.topo_order() {
+        let narrows = matches!(g.node(n).op, Op::Cast)
+            && matches!(g.ty(n).dtype, DType::F16 | DType::BF16)
+            && g.operands(n)
+                .into_iter()
+                .any(|o| matches!(g.node(o).op, Op::Variable { .. }));
+        if narrows {
+            errors.push(unsupported(g, n, format!("mixed precision (an f32 weight cast to {} for its layer) has no wafer layout yet", g.ty(n).dtype), "the wafer's kernels read their weights as they are stored: compute in f32 on the wafer, or train this model in mixed precision on the host (`--target host`)"));
+        }
+    }
+    let batch = batch_of(g).unwrap_or(1);
+    let (class, alias, unclassed) = classify(g, batch);
+    errors.extend(unclassed);
+    // a sample's value made from a statistic of its whole batch (batch norm in
+    // training): the kernels see a sample at a time, so the statistic is not whole yet
+    for n in g.topo_order() {
+        let of_batch = |o: NodeIndex| class[resolve(&alias, o).index()] == Class::Batch;
+        if class[n.index()] == Class::Sample && g.operands(n).into_iter().any(of_batch) {
+            errors.push(unsupported(g, n, "a sample's value made from a statistic of its whole batch (batch norm in training) has no wafer kernel yet".into(), "the wafer's kernels see one sample at a time: normalise each sample on its own (`layer_norm`), or train this model on the host (`--target host`)"));
+        }
+    }
+    // each once (a layer's gradient nodes point at the layer too)
+    let mut seen = BTreeSet::new();
+    errors.retain(|u| seen.insert((u.span.file, u.span.lo, u.span.hi, u.message.clone())));
+    Survey {
+        batch,
+        class,
+        alias,
+        blockers: errors,
+    }
+}
