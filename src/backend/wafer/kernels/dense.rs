@@ -238,7 +238,7 @@ impl Colours {
 
     /// Row `j`'s colours when rows after the first send their outputs and take their
     /// output gradients on colours of their own (`fan[j - 1]`: a layer whose rows a
-    /// one-lane kernel's dealer gathers, `place.rs`).
+    /// one-lane kernel's dealer gathers, `place/colour.rs`).
     pub fn row(self, j: u32, fan: &[(Colour, Colour)]) -> Colours {
         match j.checked_sub(1).and_then(|l| fan.get(l as usize)) {
             Some(&(y, dy)) => Colours { y, dy, ..self },

@@ -67,7 +67,7 @@ pub struct Rep {
 }
 
 /// A one-lane kernel's input that the several rows of the layer before it send
-/// (`place.rs`): row `l` sends its share `split(N, L, l)` of `input` on
+/// (`place/colour.rs`): row `l` sends its share `split(N, L, l)` of `input` on
 /// `colours[l].0`, and takes its share of `grad` back on `colours[l].1`. Only a dealer
 /// gathers one (its replicas take whole samples from it).
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,266 @@
+//! Balancing: each kernel sized to a budget of cycles per sample (the fewest lanes
+//! that meet it and leave the next kernel able to), the staircase that fits the
+//! fabric, and the sizing of one block size for every layer.
+
+use super::lanes::*;
+use super::search::{thrifty, STEP_SLACK};
+use super::sizer::*;
+use super::{kernel_name, LayoutError};
+
+impl Sizer<'_> {
+    /// Each kernel sized to budget `t`: every layer gets the fewest lanes whose cost `t`
+    /// admits and that leave the next layer able to meet `t`, and the staircase fits the
+    /// fabric; `None` when some kernel cannot meet `t` on the lanes its neighbours leave
+    /// it, or no staircase fits. The first layer's rows are
+    /// the next layer's columns, so its shape decides the chain's: of its few smallest
+    /// shapes, the one whose chain takes the fewest PEs for about the shortest
+    /// estimated step (`thrifty`).
+    pub(super) fn for_period(&self, t: Budget) -> Option<Lanes> {
+        const SHAPES: usize = 8;
+        let mut shapes = Vec::new();
+        let first = self.chain(t, None, &mut shapes);
+        let others = shapes.into_iter().skip(1).take(SHAPES - 1);
+        let chains = others.filter_map(|s| self.chain(t, Some(s), &mut Vec::new()));
+        let fits = |l: &Lanes| {
+            let (w, h) = extents(self.f, l);
+            w <= self.fab.width && h <= self.fab.height
+        };
+        let mut all: Vec<Lanes> = first.into_iter().chain(chains).filter(fits).collect();
+        let keys: Vec<(u64, usize)> = (all.iter())
+            .map(|l| (self.step(l), self.area(l) as usize))
+            .collect();
+        thrifty(keys.into_iter()).map(|i| all.swap_remove(i))
+    }
+
+    /// `lanes` with the first layer given the fewest columns that keep the estimated step
+    /// within half of `STEP_SLACK` (its columns are its own: no other kernel's size
+    /// depends on them). A budget sizes every kernel to the pass it bounds; a layer
+    /// faster than a pass's slowest kernel gains nothing from its extra PEs.
+    pub(super) fn trim(&self, mut lanes: Lanes) -> Lanes {
+        let Some(d) = self.dims.first().copied().flatten() else {
+            return lanes;
+        };
+        let step = self.step(&lanes);
+        let limit = step + step * STEP_SLACK / 2000;
+        let h = lanes.out[0];
+        let used = crate::backend::wafer::kernels::used;
+        let fewest = (1..lanes.inp[0])
+            .filter(|&w| used(d.k, w) == w && self.layer_fits(0, d, w, h))
+            .find(|&w| {
+                let mut l = lanes.clone();
+                l.inp[0] = w;
+                self.step(&l) <= limit
+            });
+        if let Some(w) = fewest {
+            lanes.inp[0] = w;
+        }
+        lanes
+    }
+
+    /// The PEs a sizing's kernels take.
+    pub(super) fn area(&self, lanes: &Lanes) -> u32 {
+        (0..self.f.kernels.len())
+            .map(|k| match self.dims[k] {
+                Some(_) => {
+                    let more: u32 = lanes.more[k].iter().sum();
+                    (lanes.inp[k] + more) * lanes.out[k]
+                }
+                None => lanes.strip(k),
+            })
+            .sum()
+    }
+
+    /// `for_period` with the first layer's shape `first`, or (none given) its
+    /// smallest (the fewest PEs, then the fewest rows), its shapes that meet `t` put in
+    /// `shapes` smallest first.
+    pub(super) fn chain(
+        &self,
+        t: Budget,
+        first: Option<(u32, u32)>,
+        shapes: &mut Vec<(u32, u32)>,
+    ) -> Option<Lanes> {
+        let (fab, nk) = (self.fab, self.f.kernels.len());
+        let used = crate::backend::wafer::kernels::used;
+        let mut lanes = Lanes::new(nk);
+        for k in 0..nk {
+            let prev = k.checked_sub(1).map(|p| lanes.out[p]);
+            let Some(d) = self.dims[k] else {
+                let l = self.vector_lanes(k, prev, 1)?;
+                // (a one-lane kernel's dealer may gather the rows of the layer before)
+                let fan = match prev {
+                    Some(p) if p != l && l == 1 && self.fanned[k].is_some() => p,
+                    Some(p) if p != l => return None,
+                    _ => 1,
+                };
+                // (a one-lane kernel as the fewest replicas that meet `t`)
+                let reps = if l == 1 { self.reps(k, fan) } else { vec![1] };
+                let r = reps.into_iter().find(|&r| {
+                    self.vector_period(k, l, r, fan)
+                        .is_some_and(|c| t.admits(c))
+                })?;
+                lanes.inp[k] = l;
+                lanes.out[k] = l;
+                lanes.reps[k] = r;
+                continue;
+            };
+            let (kk, nn) = (d.k, d.n);
+            let hs = self.rows(k, nn);
+            // the next layer (past a strip) takes these rows as its columns: it must
+            // still reach `t` on them
+            let next = (k + 1..nk).find_map(|j| self.dims[j].map(|d| (j, d)));
+            let reachable = |h: u32| match next {
+                Some((j, d2)) => {
+                    used(d2.k, h) == h
+                        && self.rows(j, d2.n).iter().any(|&h2| {
+                            let h2 = used(d2.n, h2);
+                            t.admits(self.layer_period(j, d2, h, h2))
+                                && self.layer_fits(j, d2, h, h2)
+                        })
+                }
+                None => true,
+            };
+            let ok = |w: u32, h: u32| {
+                t.admits(self.layer_period(k, d, w, h))
+                    && self.layer_fits(k, d, w, h)
+                    && reachable(h)
+                    && self.part_lanes(k, h, t).is_some()
+            };
+            let (w, h) = match (prev, first) {
+                (None, Some(shape)) => shape,
+                (None, None) => {
+                    for w in 1..=kk.min(fab.width.max(fab.height)) {
+                        let w = used(kk, w);
+                        if let Some(&h) = hs.iter().find(|&&h| ok(w, used(nn, h))) {
+                            shapes.push((w, used(nn, h)));
+                        }
+                    }
+                    shapes.sort_by_key(|&(w, h)| (w * h, h));
+                    shapes.dedup();
+                    *shapes.first()?
+                }
+                (Some(w), _) => {
+                    if used(kk, w) != w {
+                        return None;
+                    }
+                    let h = *hs.iter().find(|&&h| ok(w, used(nn, h)))?;
+                    (w, used(nn, h))
+                }
+            };
+            lanes.inp[k] = w;
+            lanes.out[k] = h;
+            lanes.more[k] = self.part_lanes(k, h, t)?;
+        }
+        Some(lanes)
+    }
+
+    /// The sizings of the tightest budgets whose staircases fit the fabric: a common
+    /// period for both passes together, and periods for each pass at several ratios
+    /// of the backward pass's to the forward's (a step's passes go one after the
+    /// other, each at its slowest kernel's pace: a kernel whose work is all in one
+    /// pass, as a loss, leaves the layers room in the other). Each pace's budgets are
+    /// tried from the least that admits every one-lane kernel up in steps of 2% (the
+    /// greedy sizing is not monotone in the budget, so no bisection).
+    pub(super) fn balanced(&self) -> Vec<Lanes> {
+        // (each at its fastest: on its most replicas)
+        let fastest = |k: usize| {
+            (self.reps(k, 1).into_iter())
+                .filter_map(|r| self.vector_period(k, 1, r, 1))
+                .min_by_key(|c| c[0] + c[1])
+        };
+        let ones = (0..self.f.kernels.len())
+            .filter(|&k| self.dims[k].is_none() && self.width[k].is_none());
+        let single: Vec<Cost> = ones.clone().filter_map(fastest).collect();
+        let on_one: Vec<Cost> = ones
+            .filter_map(|k| self.vector_period(k, 1, 1, 1))
+            .collect();
+        // the smallest period at which a pace admits every one-lane kernel
+        let least = |pace: Pace| {
+            let ok = |t: u64| single.iter().all(|&c| pace.at(t).admits(c));
+            let (mut lo, mut hi) = (0u64, 1u64 << 24);
+            while lo + 1 < hi {
+                let mid = (lo + hi) / 2;
+                if ok(mid) {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            hi
+        };
+        // the forward pass fixed at the one-lane kernels' pace, at their fastest and
+        // on one PE each
+        let forward = |s: &[Cost]| s.iter().map(|c| c[0]).max().filter(|&f| f > 0);
+        let mut fixed: Vec<u64> = [forward(&single), forward(&on_one)]
+            .into_iter()
+            .flatten()
+            .collect();
+        fixed.dedup();
+        let paces = [Pace::Together]
+            .into_iter()
+            .chain([(1, 2), (3, 4), (1, 1), (4, 3), (2, 1)].map(|(n, d)| Pace::Passes(n, d)))
+            .chain(fixed.into_iter().map(Pace::Back));
+        let mut found: Vec<Lanes> = Vec::new();
+        for pace in paces {
+            let mut t = least(pace);
+            while t < 1 << 24 {
+                if let Some(l) = self.for_period(pace.at(t)) {
+                    let l = self.trim(l);
+                    if !found.contains(&l) {
+                        found.push(l);
+                    }
+                    break;
+                }
+                t += (t / 50).max(1);
+            }
+        }
+        found
+    }
+
+    /// One block size `s` for every layer.
+    pub(super) fn block(&self, s: u32) -> Result<Lanes, LayoutError> {
+        let (g, f, nk) = (self.g, self.f, self.f.kernels.len());
+        let used = crate::backend::wafer::kernels::used;
+        let mut lanes = Lanes::new(nk);
+        for k in 0..nk {
+            let prev = k.checked_sub(1).map(|p| lanes.out[p]);
+            match self.dims[k] {
+                Some(Dims { k: kk, n: nn, .. }) => {
+                    lanes.inp[k] = prev.unwrap_or_else(|| used(kk, kk.div_ceil(s)));
+                    lanes.out[k] = if self.one_row(k) {
+                        1
+                    } else {
+                        // as many as the block size gives, or the floor, split evenly
+                        let l = used(nn, nn.div_ceil(s)).max(self.floor[k]);
+                        (l..=nn).find(|&l| used(nn, l) == l).unwrap_or(nn)
+                    };
+                    lanes.more[k] = (self.parts(k))
+                        .map(|(_, pd)| used(pd.k, pd.k.div_ceil(s)))
+                        .collect();
+                    if used(kk, lanes.inp[k]) != lanes.inp[k] {
+                        return Err(LayoutError::DoesNotFit(format!(
+                            "layer {} cannot split its {kk} inputs over {} lanes",
+                            kernel_name(g, f, k),
+                            lanes.inp[k]
+                        )));
+                    }
+                }
+                None => {
+                    let first = self.width[k].map_or(1, |w| w.div_ceil(s));
+                    let l = self
+                        .vector_lanes(k, prev, first)
+                        .filter(|&l| prev.is_none_or(|p| p == l));
+                    let Some(l) = l else {
+                        return Err(LayoutError::DoesNotFit(format!(
+                            "{} cannot take the {} lanes of the kernel before it",
+                            kernel_name(g, f, k),
+                            prev.unwrap_or_default()
+                        )));
+                    };
+                    lanes.inp[k] = l;
+                    lanes.out[k] = l;
+                }
+            }
+        }
+        Ok(lanes)
+    }
+}

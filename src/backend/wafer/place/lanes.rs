@@ -1,0 +1,255 @@
+//! A sizing's lanes (each kernel's columns, rows, replicas and further parts' columns),
+//! the kernels' shapes on them (a vector kernel's ops, a layer's dimensions and the
+//! cycles of a layer on `w x h` PEs), and the staircase they are placed in.
+
+use super::sizer::Cost;
+use crate::backend::wafer::fabric::Fabric;
+use crate::backend::wafer::form::{self, image, End, Formed, Kind};
+use crate::backend::wafer::isa::Colour;
+use crate::backend::wafer::kernels::dense::{Geom, Shape};
+use crate::backend::wafer::kernels::vector::{Port, Vector};
+use crate::backend::wafer::kernels::Orient;
+use crate::ir::{Graph, NodeIndex, Op, Padding};
+
+/// Each kernel's input and output lanes.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Lanes {
+    pub(super) inp: Vec<u32>,
+    pub(super) out: Vec<u32>,
+    /// A layer's further parts' input lanes (columns beside its own).
+    pub(super) more: Vec<Vec<u32>>,
+    /// A one-lane kernel's replicas (1: it runs on its lane; more: a dealer on the
+    /// lane deals the samples to them, in the lanes after it).
+    pub(super) reps: Vec<u32>,
+}
+
+impl Lanes {
+    pub(super) fn new(kernels: usize) -> Lanes {
+        Lanes {
+            inp: vec![0; kernels],
+            out: vec![0; kernels],
+            more: vec![Vec::new(); kernels],
+            reps: vec![1; kernels],
+        }
+    }
+
+    /// Vector kernel `k`'s PEs along its layer's output edge: its lanes, or its
+    /// dealer and replicas.
+    pub(super) fn strip(&self, k: usize) -> u32 {
+        match self.reps[k] {
+            0 | 1 => self.out[k],
+            r => 1 + r,
+        }
+    }
+
+    /// Kernel `k`'s input lanes: its own and its further parts'.
+    pub(super) fn columns(&self, k: usize) -> u32 {
+        self.inp[k] + self.more[k].iter().sum::<u32>()
+    }
+}
+
+/// The vector kernel `k` with its streams (colours from `colour`).
+pub(super) fn vector_of<'a>(
+    g: &'a Graph,
+    f: &'a Formed,
+    k: usize,
+    (window, fifo): (u32, u32),
+    colour: impl Fn(NodeIndex) -> Colour,
+) -> Vector<'a> {
+    let mut v = Vector {
+        g,
+        f,
+        k,
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+        window,
+        fifo,
+    };
+    // a residual's value and a side part's outputs come in after the outputs of the
+    // layer before, which carries them; their gradients go out after that layer's
+    // output gradient, in the same order
+    let layer = k.checked_sub(1).and_then(|l| match &f.kernels[l].kind {
+        Kind::Dense {
+            fwd,
+            dy,
+            carry,
+            more,
+            ..
+        } => Some((*fwd, *dy, *carry, more)),
+        Kind::Vector { .. } => None,
+    });
+    for st in &f.streams {
+        let c = colour(st.node);
+        if st.to.contains(&End::Kernel(k)) {
+            let carried = f.carried_rank(st.node, k);
+            v.inputs.push(Port {
+                node: st.node,
+                colour: match layer {
+                    Some((fwd, ..)) if carried > 0 => colour(fwd),
+                    _ => c,
+                },
+                bwd: st.bwd,
+                whole: st.from == End::Host,
+                carried,
+            });
+        }
+        if st.from == End::Kernel(k) && !(k > 0 && f.carried(st.node, k - 1)) {
+            v.outputs.push(Port {
+                node: st.node,
+                colour: c,
+                bwd: st.bwd,
+                whole: false,
+                carried: 0,
+            });
+        }
+    }
+    if let Some((_, Some(dy), carry, more)) = layer {
+        let dy = f.resolve(dy);
+        let skip = carry.and_then(|c| c.grad).map(|g| g.1);
+        let sides = more
+            .iter()
+            .filter(|p| p.side && p.dw.is_some())
+            .filter_map(|p| p.dy);
+        // (a residual's gradient that is the layer's output gradient is sent once)
+        for (rank, node) in (1u8..).zip(std::iter::once(skip).chain(sides.map(Some))) {
+            match node {
+                Some(node) if node != dy => v.outputs.push(Port {
+                    node,
+                    colour: colour(dy),
+                    bwd: true,
+                    whole: false,
+                    carried: rank,
+                }),
+                _ => {}
+            }
+        }
+    }
+    sorted(v)
+}
+
+/// Vector kernel `v` with each carried stream after what carries it.
+pub(super) fn sorted(mut v: Vector<'_>) -> Vector<'_> {
+    v.inputs.sort_by_key(|p| p.carried);
+    v.outputs.sort_by_key(|p| p.carried);
+    v
+}
+
+/// A layer's input and output groups (features or channels), whether it trains and
+/// whether it sends `dx`, and what it computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Dims {
+    pub(super) k: u32,
+    pub(super) n: u32,
+    pub(super) train: bool,
+    pub(super) dx: bool,
+    pub(super) shape: Shape,
+}
+
+/// A layer kernel's dimensions (`None` for a vector kernel).
+pub(super) fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
+    let Kind::Dense {
+        w, x, fwd, dw, bwd, ..
+    } = kind
+    else {
+        return None;
+    };
+    let ws: Vec<u32> = g.ty(*w).shape.iter().map(|&d| d as u32).collect();
+    let made = form::product(g, kind).unwrap_or(*fwd);
+    let (k, n, shape) = match (&g.node(made).op, image(g, *x), image(g, f.resolve(*x))) {
+        (Op::Gather, _, _) => {
+            let t = g.ty(*x).elements() / f.batch.max(1) as usize;
+            (ws[0], ws[1], Shape::Gather { t: t as u32 })
+        }
+        (Op::Conv2d(c), Some((h, wd, _)), _) => {
+            let dil = (c.dilation[0] as u32, c.dilation[1] as u32);
+            let same = c.padding == Padding::Same;
+            let stride = (c.strides[0] as u32, c.strides[1] as u32);
+            let geom = Geom::new(h, wd, (ws[0], ws[1]), dil, stride, same)?;
+            (ws[2], ws[3], Shape::Conv(geom))
+        }
+        // an image flattened: its channels split over the columns
+        (_, _, Some((h, wd, c))) => (c, ws[1], Shape::Planar { hw: h * wd }),
+        _ => (ws[0], ws[1], Shape::Matmul),
+    };
+    Some(Dims {
+        k,
+        n,
+        train: dw.is_some(),
+        dx: bwd.is_some(),
+        shape,
+    })
+}
+
+/// A product layer's cycles per sample on `w x h` lanes in the forward and the
+/// backward pass, stalls aside (its program's operations, as `kernels/dense.rs` makes
+/// them for a row of its own outputs alone).
+pub(super) fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> Cost {
+    use crate::backend::wafer::cost::vec_op;
+    use crate::backend::wafer::isa::VecOp::{Add, Fmac, Mov, Mul};
+    let Dims {
+        k, n, train, dx, ..
+    } = d;
+    let (a, b) = (
+        k.div_ceil(w.max(1)) * d.shape.per_in(),
+        n.div_ceil(h.max(1)),
+    );
+    let sw = u64::from(fab.task_switch);
+    // `count` multiply-adds of `len` elements: one two-dimensional operation
+    let macs = |count: u32, len: u32| match count {
+        0 => 0,
+        _ => vec_op(fab, Fmac, count * len, 3, true),
+    };
+    // `count` products of `len` elements summed: a multiply, then the multiply-adds
+    let products = |count: u32, len: u32| match count {
+        0 => vec_op(fab, Mov, len, 0, true),
+        _ => vec_op(fab, Mul, len, 2, true) + macs(count - 1, len),
+    };
+    let fwd = sw + vec_op(fab, Mov, a, 0, true) + products(a, b) + vec_op(fab, Add, b, 1, false);
+    if !train {
+        return [fwd, 0];
+    }
+    let back = if dx {
+        products(b, a) + vec_op(fab, Add, a, 1, false)
+    } else {
+        0
+    };
+    [fwd, sw + vec_op(fab, Mov, b, 0, true) + back + macs(a, b)]
+}
+
+/// A kernel's place on a staircase: its north-west corner, its size on the fabric, its
+/// orientation.
+pub(super) type Stair = ((u32, u32), (u32, u32), Orient);
+
+/// Each kernel's place on the staircase of a sizing (layers alternate orientation; a
+/// strip keeps its layer's).
+pub(super) fn staircase(f: &Formed, lanes: &Lanes) -> Vec<Stair> {
+    let mut orient = Orient::North;
+    let mut at = (0u32, 0u32);
+    let mut out = Vec::with_capacity(f.kernels.len());
+    for (k, kr) in f.kernels.iter().enumerate() {
+        let size = match kr.kind {
+            Kind::Dense { .. } => {
+                if k > 0 {
+                    orient = orient.flip();
+                }
+                orient.size(lanes.columns(k), lanes.out[k])
+            }
+            Kind::Vector { .. } => orient.size(1, lanes.strip(k)),
+        };
+        out.push((at, size, orient));
+        at = match orient {
+            Orient::North => (at.0 + size.0, at.1),
+            Orient::West => (at.0, at.1 + size.1),
+        };
+    }
+    out
+}
+
+/// The staircase's width and height for a sizing.
+pub(super) fn extents(f: &Formed, lanes: &Lanes) -> (u32, u32) {
+    staircase(f, lanes)
+        .iter()
+        .fold((0, 0), |(w, h), &((x, y), (fw, fh), _)| {
+            (w.max(x + fw), h.max(y + fh))
+        })
+}

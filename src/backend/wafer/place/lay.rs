@@ -1,0 +1,398 @@
+//! Every kernel laid out on its place: a dense layer's PEs (`kernels::dense`), a vector
+//! kernel's lanes or its dealer and replicas (`kernels::vector`), and the routes of a
+//! vector strip's ports.
+
+use super::colour::{passes_over, st_from_host, Colouring};
+use super::host::parts_of;
+use super::lanes::{vector_of, Dims, Lanes};
+use super::sizer::{schedule, Sizer};
+use super::{unsupported, LayoutError, Placed};
+use crate::backend::wafer::form::{self, End, Formed, Kind};
+use crate::backend::wafer::isa::Colour;
+use crate::backend::wafer::kernels::dense::{self, Dense, Shape};
+use crate::backend::wafer::kernels::vector::{Fan, Rep, Vector};
+use crate::backend::wafer::kernels::Laid;
+use crate::backend::wafer::lower::Update;
+use crate::backend::wafer::sim::Dir;
+use crate::ir::{Graph, NodeIndex, Op};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// Every kernel of a sizing laid out on its place, with the windows of its replicas.
+pub(super) fn kernels(
+    sizer: &Sizer,
+    lanes: &Lanes,
+    placed: &[Placed],
+    c: &Colouring,
+) -> Result<Laid, LayoutError> {
+    let (g, f) = (sizer.g, sizer.f);
+    let sched = schedule(f, sizer.widths, |k| lanes.reps[k]);
+    let colour = |n: Option<NodeIndex>, k: usize| c.of(f, n, k);
+    let mut all = Laid::default();
+    for (k, p) in placed.iter().enumerate() {
+        let kr = &f.kernels[k];
+        let laid = match (&kr.kind, &sizer.dense[k]) {
+            (
+                Kind::Dense {
+                    x, fwd, dy, bwd, ..
+                },
+                Some(d),
+            ) => {
+                let cs = dense::Colours::with_streams(
+                    colour(Some(*x), k),
+                    colour(Some(*fwd), k),
+                    colour(*dy, k),
+                    colour(*bwd, k),
+                );
+                let more: Vec<(u32, Colour)> = (lanes.more[k].iter())
+                    .zip(parts_of(f, k))
+                    .map(|(&l, part)| (l, colour(Some(part.x), k)))
+                    .collect();
+                let fan = c.fans.get(&(k + 1)).map_or(&[][..], Vec::as_slice);
+                d.scheduled(sched[k])
+                    .lay_parts(
+                        (p.x, p.y),
+                        p.orient,
+                        (lanes.inp[k], lanes.out[k]),
+                        &more,
+                        cs,
+                        fan,
+                    )
+                    .map_err(|e| {
+                        unsupported(g, *fwd, e, "this layer's update has no wafer kernel")
+                    })?
+            }
+            (Kind::Dense { fwd, .. }, None) => {
+                return Err(unsupported(
+                    g,
+                    *fwd,
+                    "a layer the sizer did not make".into(),
+                    "this is a bug in estc's wafer compiler",
+                ))
+            }
+            (Kind::Vector { nodes }, _) => {
+                let v = vector_of(g, f, k, sched[k], |n| c.into(n, k).unwrap_or(0));
+                let no_kernel = |e: String| {
+                    unsupported(g, nodes[0], e, "write it with the ops the wafer's vector kernels run: elementwise ops, reductions over a sample's last axes, softmax, argmax, one-hot")
+                };
+                let mut laid = Laid::default();
+                vector(&v, p, lanes.out[k], c.reps.get(&k), &mut laid).map_err(no_kernel)?;
+                if let Some(cs) = c.reps.get(&k) {
+                    dealer(sizer, (k, p), &v, cs, c, &mut laid, &no_kernel)?;
+                }
+                ports(f, k, p, &v, lanes.out[k], c, &mut laid)?;
+                laid
+            }
+        };
+        all.merge(laid).map_err(LayoutError::DoesNotFit)?;
+    }
+    Ok(all)
+}
+
+/// A vector kernel's PE programs: on its lanes, or as replicas in the lanes after its
+/// dealer's (`reps`: their colours).
+pub(super) fn vector(
+    v: &Vector,
+    p: &Placed,
+    lanes: u32,
+    reps: Option<&Vec<(Colour, Colour)>>,
+    laid: &mut Laid,
+) -> Result<(), String> {
+    let mut programs = Vec::new();
+    match reps {
+        None => {
+            for l in 0..lanes {
+                programs.push((l, v.lane(lanes, l)?));
+            }
+        }
+        Some(cs) => {
+            let of = cs.len() as u32;
+            for (j, &(to, back)) in (1..).zip(cs) {
+                let rep = Rep { of, to, back };
+                programs.push((j, v.replica(rep)?));
+            }
+        }
+    }
+    for (l, lane) in programs {
+        let at = p.orient.at((p.x, p.y), 0, l);
+        for (name, mut piece) in lane.tensors {
+            piece.pe = at;
+            laid.tensors.entry(name).or_default().push(piece);
+        }
+        laid.pes.insert(at, (Arc::new(lane.program), lane.memory));
+    }
+    Ok(())
+}
+
+/// A one-lane kernel's dealer (lane 0) and its routes along the strip: each replica's
+/// samples down to it and back (`cs`), and the rows of the layer before that it gathers,
+/// each row past the first up the strip from its east end and its share of the gradient
+/// back down and west along it.
+pub(super) fn dealer(
+    sizer: &Sizer,
+    (k, p): (usize, &Placed),
+    v: &Vector,
+    cs: &[(Colour, Colour)],
+    c: &Colouring,
+    laid: &mut Laid,
+    no_kernel: &dyn Fn(String) -> LayoutError,
+) -> Result<(), LayoutError> {
+    let o = p.orient;
+    let at = |l: u32| o.at((p.x, p.y), 0, l);
+    // (gathering the rows of the layer before, the first on the ports'
+    // colours)
+    let fan = match (c.fans.get(&k), sizer.fanned[k]) {
+        (Some(more), Some((input, grad))) => {
+            let port = |n: NodeIndex| c.into(n, k).unwrap_or(0);
+            let first = (
+                port(input),
+                grad.map_or(0, |g| c.colour_of.get(&g).copied().unwrap_or(0)),
+            );
+            Some(Fan {
+                input,
+                grad,
+                colours: std::iter::once(first).chain(more.iter().copied()).collect(),
+            })
+        }
+        _ => None,
+    };
+    let dealer = v.dealer(cs, fan.as_ref()).map_err(no_kernel)?;
+    let words = dealer.words() as usize;
+    laid.pes.insert(at(0), (Arc::new(dealer), vec![0.0; words]));
+    // colour `c` along the strip between the dealer (lane 0) and lane
+    // `j`, entering at one end from `rx` and leaving at the other to `tx`:
+    // down from the dealer, or up to it
+    let along = |laid: &mut Laid, c: Colour, j: u32, down: bool, rx: Dir, tx: Dir| {
+        let (first, last, on) = if down {
+            (0, j, [Dir::N, Dir::S])
+        } else {
+            (j, 0, [Dir::S, Dir::N])
+        };
+        let mut hop = |l: u32, rx: Dir, tx: Dir| {
+            laid.route(at(l), c, o.route(rx, &[tx]))
+                .map_err(LayoutError::DoesNotFit)
+        };
+        hop(first, rx, on[1])?;
+        for m in 1..j {
+            hop(m, on[0], on[1])?;
+        }
+        hop(last, on[0], tx)
+    };
+    // each row past the first up the strip from its east end, and its
+    // share of the gradient back down and west along it
+    for (j, &(y, dy)) in (1..).zip(fan.iter().flat_map(|f| &f.colours[1..])) {
+        along(laid, y, j, false, Dir::W, Dir::Ramp)?;
+        if fan.as_ref().is_some_and(|f| f.grad.is_some()) {
+            along(laid, dy, j, true, Dir::Ramp, Dir::W)?;
+        }
+    }
+    // each replica's samples down the strip, and back
+    for (j, &(to, back)) in (1..).zip(cs) {
+        along(laid, to, j, true, Dir::Ramp, Dir::Ramp)?;
+        along(laid, back, j, false, Dir::Ramp, Dir::Ramp)?;
+    }
+    Ok(())
+}
+
+/// The routes of a vector strip's ports on each of its lanes: forward inputs from the
+/// frame's west and backward ones from its east (on to the kernel beyond when it reads
+/// them too), the gradients that pass over the strip, and its outputs on.
+pub(super) fn ports(
+    f: &Formed,
+    k: usize,
+    p: &Placed,
+    v: &Vector,
+    lanes: u32,
+    c: &Colouring,
+    laid: &mut Laid,
+) -> Result<(), LayoutError> {
+    for l in 0..lanes {
+        let at = p.orient.at((p.x, p.y), 0, l);
+        let o = p.orient;
+        for port in &v.inputs {
+            // forward inputs from the frame's west, backward ones from its east
+            let from = if port.bwd { Dir::E } else { Dir::W };
+            if st_from_host(f, port.node) || port.carried > 0 {
+                continue;
+            }
+            // a stream that goes on to the kernel beyond this strip (a
+            // layer's input gradient that the bias before it also sums)
+            // passes through
+            let beyond = if port.bwd {
+                k.checked_sub(1)
+            } else {
+                Some(k + 1)
+            };
+            let through = beyond.is_some_and(|b| {
+                !f.carried(port.node, b)
+                    && f.streams
+                        .iter()
+                        .any(|s| s.node == port.node && s.to.contains(&End::Kernel(b)))
+            });
+            let to = if port.bwd { Dir::W } else { Dir::E };
+            let tx: &[Dir] = if through {
+                &[Dir::Ramp, to]
+            } else {
+                &[Dir::Ramp]
+            };
+            laid.route(at, port.colour, o.route(from, tx))
+                .map_err(LayoutError::DoesNotFit)?;
+        }
+        // a gradient that passes over the strip without it reading it
+        for st in &f.streams {
+            if passes_over(f, st) == Some(k) && !st.to.contains(&End::Kernel(k)) {
+                let c = c.into(st.node, k).unwrap_or(0);
+                laid.route(at, c, o.route(Dir::E, &[Dir::W]))
+                    .map_err(LayoutError::DoesNotFit)?;
+            }
+        }
+        for port in &v.outputs {
+            if port.carried > 0
+                || f.streams
+                    .iter()
+                    .any(|s| s.node == port.node && s.to.contains(&End::Host))
+            {
+                continue;
+            }
+            let to = if port.bwd { Dir::W } else { Dir::E };
+            laid.route(at, port.colour, o.route(Dir::Ramp, &[to]))
+                .map_err(LayoutError::DoesNotFit)?;
+        }
+    }
+    Ok(())
+}
+
+/// Dense kernel `k` (of dims `dims`) with its variables, gradient, host values and
+/// update: all but its lanes.
+pub(super) fn dense_kernel(
+    g: &Graph,
+    f: &Formed,
+    k: usize,
+    dims: Option<Dims>,
+    (window, fifo): (u32, u32),
+) -> Result<Dense, LayoutError> {
+    let kr = &f.kernels[k];
+    let Kind::Dense {
+        w,
+        fwd,
+        dw,
+        dy,
+        ref more,
+        ..
+    } = kr.kind
+    else {
+        return Err(LayoutError::DoesNotFit(format!(
+            "kernel {k} is not a layer"
+        )));
+    };
+    let names = |vars: &[NodeIndex]| -> Vec<String> {
+        vars.iter()
+            .map(|&v| match &g.node(v).op {
+                Op::Variable { name, .. } => name.clone(),
+                _ => form::key(v),
+            })
+            .collect()
+    };
+    // how a carried value's gradient (a residual's, a side part's) comes back: not at
+    // all, as the layer's output gradient itself, or beside it
+    let back = |grad: Option<NodeIndex>| match grad {
+        None => dense::Back::Not,
+        Some(g) if dy.is_some_and(|d| f.resolve(d) == f.resolve(g)) => dense::Back::Same,
+        Some(_) => dense::Back::Beside,
+    };
+    // each part's share of the update: its own weight, slots and gradient
+    let shares: Vec<_> = (0..=more.len())
+        .map(|p| form::part_update(g, f, k, p))
+        .collect();
+    let update = |p: usize, w: NodeIndex, dw: Option<NodeIndex>| -> Result<_, LayoutError> {
+        let (vars, steps, commits) = &shares[p];
+        let u = match dw {
+            Some(dw) => form::update_over(
+                g,
+                f,
+                (steps, commits),
+                (vars, &[dw], &kr.hosts),
+                &g.ty(w).shape,
+            )?,
+            None => Update::default(),
+        };
+        Ok((names(vars), u))
+    };
+    // the parts' updates partition the layer's: each step node and commit in one
+    if !more.is_empty() {
+        // each in exactly one: as many in all as in the layer, and all different
+        let once = |all: Vec<NodeIndex>, want: usize| {
+            let n = all.len();
+            n == want && all.into_iter().collect::<BTreeSet<_>>().len() == n
+        };
+        let steps = shares.iter().flat_map(|s| s.1.iter().copied()).collect();
+        let commits = shares
+            .iter()
+            .flat_map(|s| s.2.iter().map(|c| c.1))
+            .collect();
+        if !once(steps, kr.steps.len()) || !once(commits, kr.commits.len()) {
+            return Err(unsupported(
+                g,
+                fwd,
+                "a layer of several products whose updates share a value has no wafer kernel yet"
+                    .into(),
+                "update each product's weight from its own gradient and slots",
+            ));
+        }
+    }
+    let (vars, update_main) = update(0, w, dw)?;
+    let mut parts = Vec::new();
+    for (p, part) in more.iter().enumerate() {
+        let (vars, u) = update(p + 1, part.w, part.dw)?;
+        let ws = &g.ty(part.w).shape;
+        let shape = match g.node(part.mm).op {
+            Op::Gather => Shape::Gather {
+                t: (g.ty(part.x).elements() / f.batch.max(1) as usize) as u32,
+            },
+            _ => Shape::Matmul,
+        };
+        parts.push(Dense {
+            k: ws[0] as u32,
+            n: ws[1] as u32,
+            shape,
+            batch: f.batch,
+            window,
+            fifo,
+            train: part.dw.is_some(),
+            dx: false,
+            vars,
+            grad: part.dw.map(form::key).unwrap_or_default(),
+            hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
+            update: u,
+            more: Vec::new(),
+            carry: None,
+            side: part.side.then(|| back(part.dy)),
+        });
+    }
+    let update = update_main;
+    let Some(d) = dims else {
+        return Err(unsupported(
+            g,
+            fwd,
+            "a layer without an output".into(),
+            "give the convolution an output of at least one pixel",
+        ));
+    };
+    Ok(Dense {
+        k: d.k,
+        n: d.n,
+        shape: d.shape,
+        batch: f.batch,
+        window,
+        fifo,
+        train: d.train,
+        dx: d.dx,
+        vars,
+        grad: dw.map(form::key).unwrap_or_default(),
+        hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
+        update,
+        more: parts,
+        carry: f.carry(k).map(|c| back(c.grad.map(|g| g.1))),
+        side: None,
+    })
+}

@@ -1,0 +1,355 @@
+//! Placement, routing and colours: a formed graph laid out on a fabric, ready to run.
+//!
+//! **Shape.** The kernels of a chain (the forward streams run kernel to kernel) are laid
+//! out as a staircase from the fabric's north-west corner: each dense layer's output edge
+//! faces the next kernel's input edge lane for lane, so no stream needs an adapter. A
+//! dense layer lies as it is (inputs from the north, outputs to the east) or transposed,
+//! alternately; the vector kernel after a layer is a strip of its lanes along the
+//! layer's output edge.
+//!
+//! **Size.** Every layer gets blocks of about the same size `s`: `ceil(k / s)` columns and
+//! `ceil(n / s)` rows (one row before a kernel that needs a sample's values on one PE).
+//! The smallest `s` whose staircase fits the fabric (and every PE's memory) wins: the
+//! most PEs, so the shortest period.
+//!
+//! **Streams and colours.** Kernel to kernel, a stream's lanes go straight across the
+//! facing edges. The host's streams enter at the fabric's north edge and run down a
+//! column to their kernel (an input several kernels read, to each); per-sample outputs
+//! run east to the fabric's east edge. Each stream takes the lowest colour that no
+//! router on its way uses yet; a dense layer's chains use the four colours below the
+//! streams'.
+//!
+//! **Passes.** `layout` checks the graph is a chain the staircase lays out, then
+//! `search` sizes it (`sizer`: what kernels cost on so many lanes; `balance`: sizings
+//! to a budget; `lanes`: a sizing and its staircase), and `build` lays a sizing out:
+//! placement, `colour`, `lay` (each kernel on its place), `host` (the host's streams),
+//! every PE's memory, and the legality `check`.
+
+mod balance;
+mod build;
+mod check;
+mod colour;
+mod host;
+mod lanes;
+mod lay;
+mod search;
+mod sizer;
+#[cfg(test)]
+mod tests;
+
+pub use check::{bytes, check, link_loads, memory, sizing};
+pub use host::host_inputs;
+
+use super::fabric::Fabric;
+use super::form::{self, End, Formed, Kind, Unsupported};
+use super::isa::Colour;
+use super::kernels::{Orient, Piece};
+use super::pipeline::Widths;
+use super::sim::{Dir, Setup};
+use crate::ir::{Graph, NodeIndex, Op};
+use crate::span::Span;
+use host::parts_of;
+use sizer::Sizer;
+use std::collections::BTreeMap;
+
+/// What the wafer lays out, for the help of what it does not.
+const RESIDUALS: &str = "the wafer lays out chains of layers, and residuals around one dense layer (`h + f(h W)`, the layer carrying `h` past itself): feed each value to the next layer, or to the sum just after it";
+
+/// The colours a dense layer's chains take; streams take the ones above.
+pub const CHAIN_COLOURS: Colour = 4;
+
+/// One lane of a stream between the fabric and the host: the router it enters or
+/// leaves at (and through which port), its colour, and the elements of a sample it
+/// carries.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostLane {
+    pub x: u32,
+    pub y: u32,
+    pub dir: Dir,
+    pub colour: Colour,
+    pub elems: std::ops::Range<u32>,
+}
+
+/// A stream between the fabric and the host: the node (its index in the graph, and its
+/// input's name or op), its elements per sample, lanes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HostStream {
+    pub node: u32,
+    pub name: String,
+    pub per_sample: u32,
+    /// An image's channels when the host sends it planar (channel by channel), else 0.
+    #[serde(default)]
+    pub channels: u32,
+    /// The ids of an embedding: the gather's node and its table's rows (the host checks
+    /// every id is below them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<(u32, u32)>,
+    pub lanes: Vec<HostLane>,
+}
+
+/// A kernel's place.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Placed {
+    pub name: String,
+    pub x: u32,
+    pub y: u32,
+    pub w: u32,
+    pub h: u32,
+    pub orient: Orient,
+}
+
+/// A formed graph laid out on a fabric.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub fabric: Fabric,
+    pub batch: u32,
+    pub setup: Setup,
+    pub tensors: BTreeMap<String, Vec<Piece>>,
+    pub inputs: Vec<HostStream>,
+    pub outputs: Vec<HostStream>,
+    pub kernels: Vec<Placed>,
+    /// The block size every layer got, or 0 when each was sized to a common period.
+    pub block: u32,
+}
+
+/// Why a layout failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LayoutError {
+    /// The graph has something the wafer's kernels do not do.
+    Unsupported(Unsupported),
+    /// With the smallest blocks whose kernels fit the fabric's PEs, a PE's memory does
+    /// not hold its share.
+    Sram(SramShort),
+    /// Even the smallest staircase runs off the fabric.
+    Pes(PesShort),
+    /// The streams need more colours than the fabric's routers give programs.
+    Colours(ColoursShort),
+    /// No sizing works for another reason: what went wrong.
+    DoesNotFit(String),
+}
+
+/// A kernel whose PE needs more SRAM than a PE has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SramShort {
+    pub kernel: String,
+    /// Where its layer is written.
+    pub span: Option<Span>,
+    /// The PE (the kernel's largest memory map).
+    pub at: (u32, u32),
+    /// The sizing (`sizing`'s argument), and the PEs the kernel takes at it.
+    pub block: u32,
+    pub pes: u64,
+    /// Bytes by what they hold (code and runtime first), the non-zero ones.
+    pub parts: Vec<(&'static str, u32)>,
+    /// All of them, and the PE's SRAM.
+    pub need: u32,
+    pub have: u32,
+    /// The kernel beside a layer that keeps it on one PE, whatever the fabric: the
+    /// kernels on both sides of it run on one lane (a reduction within a sample).
+    pub pinned: Option<String>,
+}
+
+/// A staircase larger than the fabric.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PesShort {
+    /// The first kernel that runs off the fabric, and where its layer is written.
+    pub kernel: String,
+    pub span: Option<Span>,
+    /// Some kernel takes more lanes than its block size gives, for its memory (a
+    /// smaller batch per step would shrink it).
+    pub floor: bool,
+    pub block: u32,
+    /// The columns and rows the staircase spans, and the PEs its kernels take.
+    pub extent: (u32, u32),
+    pub pes: u64,
+}
+
+impl PesShort {
+    /// The PEs a fabric of `w` x `h` lacks for the staircase's rectangle.
+    pub fn missing(&self, w: u32, h: u32) -> u64 {
+        let (sw, sh) = (
+            u64::from(self.extent.0.max(w)),
+            u64::from(self.extent.1.max(h)),
+        );
+        sw * sh - u64::from(w) * u64::from(h)
+    }
+}
+
+/// More colours needed than a fabric gives programs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColoursShort {
+    /// The first stream that found none free.
+    pub stream: String,
+    pub need: u32,
+    pub have: u32,
+}
+
+impl From<Unsupported> for LayoutError {
+    fn from(u: Unsupported) -> LayoutError {
+        LayoutError::Unsupported(u)
+    }
+}
+
+fn unsupported(g: &Graph, n: NodeIndex, message: String, help: &str) -> LayoutError {
+    LayoutError::Unsupported(Unsupported {
+        span: g.node(n).span,
+        message,
+        help: help.to_string(),
+    })
+}
+
+/// Where a kernel's layer is written: its first variable's, else its first node's span.
+fn kernel_span(g: &Graph, f: &Formed, k: usize) -> Option<Span> {
+    let kr = &f.kernels[k];
+    let first = match &kr.kind {
+        Kind::Dense { fwd, .. } => Some(*fwd),
+        Kind::Vector { nodes } => nodes.first().copied(),
+    };
+    kr.vars.first().copied().or(first).map(|n| g.node(n).span)
+}
+
+/// The name of a kernel for reports: its layer's variable scope, or its first op.
+fn kernel_name(g: &Graph, f: &Formed, k: usize) -> String {
+    let kr = &f.kernels[k];
+    let var = kr.vars.iter().find_map(|&v| match &g.node(v).op {
+        Op::Variable { name, .. } => Some(
+            name.rsplit_once('/')
+                .map_or(name.clone(), |(a, _)| a.to_string()),
+        ),
+        _ => None,
+    });
+    match (&kr.kind, var) {
+        (Kind::Dense { .. }, Some(v)) => v,
+        (Kind::Dense { .. }, None) => format!("dense #{k}"),
+        (Kind::Vector { nodes }, v) => {
+            // its telling ops, else its first
+            let mut ops: Vec<&str> = Vec::new();
+            for &n in nodes {
+                let name = g.node(n).op.name();
+                let telling = matches!(
+                    name,
+                    "relu"
+                        | "sigmoid"
+                        | "tanh"
+                        | "softmax"
+                        | "log_softmax"
+                        | "one_hot"
+                        | "argmax"
+                        | "exp"
+                        | "log"
+                );
+                if telling && !ops.contains(&name) {
+                    ops.push(name);
+                }
+            }
+            if ops.is_empty() {
+                ops.extend(nodes.first().map(|&n| g.node(n).op.name()));
+            }
+            let ops = ops.join(" ");
+            match v {
+                Some(v) => format!("{v} {ops}"),
+                None => format!("{ops} #{k}"),
+            }
+        }
+    }
+}
+
+/// Lays out `g` (formed as `f`) on fabric `fab`.
+pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError> {
+    let n = f.kernels.len();
+    if n == 0 {
+        return Err(LayoutError::DoesNotFit(
+            "the graph has no kernel to lay out".into(),
+        ));
+    }
+    if std::env::var_os("EST_WAFER_DEBUG").is_some() {
+        for (k, kr) in f.kernels.iter().enumerate() {
+            eprintln!("kernel {k}: {:?}", kr.kind);
+        }
+        for s in &f.streams {
+            eprintln!("stream {s:?} ({})", g.node(s.node).op.name());
+        }
+    }
+    chain_only(g, f)?;
+    // the windows as wide as they need, narrowed while memory (or the PEs that more
+    // lanes of memory take) is short
+    let mut widths = Widths::WIDEST;
+    loop {
+        let sizer = Sizer::new(g, f, fab, widths)?;
+        let widest = sizer.sched.iter().map(|s| s.0).max().unwrap_or(1);
+        match (search::search(&sizer), widths.narrower(widest)) {
+            (Err(LayoutError::Sram(_) | LayoutError::Pes(_)), Some(w)) => widths = w,
+            (r, _) => return r,
+        }
+    }
+}
+
+/// Whether `f` is a chain the staircase lays out: each kernel's forward input comes
+/// from the one before (and goes on at most through a strip to the one after, or past
+/// the layer after it, which carries it), each backward one from the one after; each
+/// layer's input from the kernel before it, its further parts' from the host.
+fn chain_only(g: &Graph, f: &Formed) -> Result<(), LayoutError> {
+    for s in &f.streams {
+        if let (true, End::Kernel(a)) = (s.bwd, s.from) {
+            // (or past a strip, through its routers)
+            let ok = s.to.iter().all(|t| match t {
+                End::Kernel(b) => {
+                    *b + 1 == a
+                        || (*b + 2 == a && matches!(f.kernels[a - 1].kind, Kind::Vector { .. }))
+                }
+                End::Host => false,
+            });
+            if !ok {
+                return Err(unsupported(
+                    g,
+                    s.node,
+                    "a gradient that skips a layer has no wafer layout yet".into(),
+                    RESIDUALS,
+                ));
+            }
+            continue;
+        }
+        if s.bwd {
+            continue;
+        }
+        if let End::Kernel(a) = s.from {
+            // (or past the layer after it, which carries it: a residual)
+            let ok = s.to.iter().all(|t| match t {
+                End::Kernel(b) => *b == a + 1 || (*b == a + 2 && f.carried(s.node, *b)),
+                End::Host => true,
+            });
+            if !ok {
+                return Err(unsupported(g, s.node, "a value read past the layer after it (or by several layers) has no wafer layout yet".into(), RESIDUALS));
+            }
+        }
+    }
+    for (k, kr) in f.kernels.iter().enumerate() {
+        if let Kind::Dense { x, fwd, .. } = kr.kind {
+            let from = f
+                .streams
+                .iter()
+                .find(|s| s.node == f.resolve(x))
+                .map(|s| s.from);
+            let gathers =
+                form::product(g, &kr.kind).is_some_and(|p| matches!(g.node(p).op, Op::Gather));
+            if gathers && from != Some(End::Host) {
+                return Err(unsupported(g, fwd, "an embedding of ids computed on the wafer has no wafer layout yet".into(), "every column of an embedding takes a sample's ids from the host: compute the ids in the input pipeline (`map`) and feed them to `embedding` as they are"));
+            }
+            let want = if k == 0 {
+                End::Host
+            } else {
+                End::Kernel(k - 1)
+            };
+            if from != Some(want) {
+                return Err(unsupported(g, x, "a layer whose input does not come from the kernel before it has no wafer layout yet".into(), "the wafer lays out chains of layers so far"));
+            }
+            for part in parts_of(f, k) {
+                let from = f.streams.iter().find(|s| s.node == f.resolve(part.x));
+                if from.is_none_or(|s| s.from != End::Host) {
+                    return Err(unsupported(g, part.x, "a sum of products whose inputs come from two kernels has no wafer layout yet".into(), "the wafer sums a layer's products over its own input and inputs the host sends (`x W + h U`): compute the other input from the features alone"));
+                }
+            }
+        }
+    }
+    Ok(())
+}

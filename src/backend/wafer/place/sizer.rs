@@ -1,0 +1,457 @@
+//! The sizer: what a graph's kernels cost on so many lanes, measured on their first PE
+//! (a layer's cycles per sample and memory, a vector kernel's period on lanes or
+//! replicas), each kernel's floor and fan, and the windows of the 1F1B schedule.
+
+use super::colour::{fan_of, fanned};
+use super::host::parts_of;
+use super::lanes::*;
+use super::lay::dense_kernel;
+use super::search::MAX_REPS;
+use super::{LayoutError, CHAIN_COLOURS};
+use crate::backend::wafer::fabric::Fabric;
+use crate::backend::wafer::form::{End, Formed, Kind};
+use crate::backend::wafer::isa::Colour;
+use crate::backend::wafer::kernels::dense::{self, Dense, Shape};
+use crate::backend::wafer::kernels::split;
+use crate::backend::wafer::kernels::vector::{Fan, Rep};
+use crate::backend::wafer::kernels::Laid;
+use crate::backend::wafer::pipeline::Widths;
+use crate::ir::{Graph, NodeIndex};
+use std::collections::BTreeMap;
+
+/// What sizing needs of a formed graph, worked out once: each kernel's dense sizes,
+/// vector width and whether it hands its outputs to a one-lane kernel, and the vector
+/// kernels' periods as they are asked for (each one a generated program).
+pub(super) struct Sizer<'a> {
+    pub(super) g: &'a Graph,
+    pub(super) f: &'a Formed,
+    pub(super) fab: &'a Fabric,
+    pub(super) dims: Vec<Option<Dims>>,
+    /// A vector kernel's width on several lanes (`None`: one lane only; dense: `None`).
+    pub(super) width: Vec<Option<u32>>,
+    pub(super) single_next: Vec<bool>,
+    /// A layer's fewest output lanes: those the vector kernel after it needs for its
+    /// lanes' memory to fit (1 when none does).
+    pub(super) floor: Vec<u32>,
+    /// Each layer kernel with its tensors and update (`None` for a vector kernel).
+    pub(super) dense: Vec<Option<Dense>>,
+    /// Further parts' first PEs by (kernel, part, columns, rows), as they are asked
+    /// for: cycles per sample, and whether the memory fits.
+    pub(super) part_pes: std::cell::RefCell<BTreeMap<(usize, usize, u32, u32), Measured>>,
+    pub(super) periods: std::cell::RefCell<BTreeMap<VectorSizing, Option<Cost>>>,
+    /// Whether a one-lane kernel can run as replicas (`Vector::replicable`).
+    pub(super) replicable: Vec<bool>,
+    /// A replicable one-lane kernel's input from the layer before it and that input's
+    /// gradient, when its dealer can gather them from the layer's rows (`fanned`).
+    pub(super) fanned: Vec<Option<(NodeIndex, Option<NodeIndex>)>>,
+    /// Layers' first PEs by (kernel, columns, rows), as they are asked for: cycles per
+    /// sample, and whether the memory fits.
+    pub(super) layers: std::cell::RefCell<BTreeMap<KernelLanes, Measured>>,
+    /// How wide windows may be (memory's limit), and each kernel's window and FIFO
+    /// with as many replicas as a loss may have (`schedule`).
+    pub(super) widths: Widths,
+    pub(super) sched: Vec<(u32, u32)>,
+}
+
+/// The samples a dealer keeps out at each of its replicas: one computed, one waiting
+/// in the replica's FIFO (`Vector::dealer`).
+pub(super) const DEALT: u32 = 2;
+
+/// Each kernel's window and FIFO (`pipeline::plan`) as wide as `widths` lets them,
+/// when a kernel that ends the backward pass runs as `reps(k)` replicas.
+pub(super) fn schedule(f: &Formed, widths: Widths, reps: impl Fn(usize) -> u32) -> Vec<(u32, u32)> {
+    let chain: Vec<Option<u32>> = (0..f.kernels.len())
+        .map(|k| match f.backward_role(k) {
+            Some(1) => Some(match reps(k) {
+                0 | 1 => 1,
+                r => DEALT * r,
+            }),
+            role => role,
+        })
+        .collect();
+    crate::backend::wafer::pipeline::plan(&chain, f.batch, widths)
+}
+
+/// A kernel's cycles per sample in the forward pass and in the backward pass. A
+/// step's backward pass starts when its forward pass has ended (`kernels/vector.rs`),
+/// so each pass goes at its slowest kernel's pace.
+pub(super) type Cost = [u64; 2];
+
+/// A cost that rules a kernel out.
+pub(super) const NEVER: Cost = [u64::MAX / 4, 0];
+
+/// What a sizing allows each kernel: cycles per sample in all, and in each pass.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Budget {
+    pub(super) total: u64,
+    pub(super) pass: Cost,
+}
+
+impl Budget {
+    pub(super) fn admits(&self, c: Cost) -> bool {
+        c[0].saturating_add(c[1]) <= self.total && c[0] <= self.pass[0] && c[1] <= self.pass[1]
+    }
+}
+
+/// A kind of budget: one period for both passes together, or one for each pass, the
+/// backward's `num / den` of the forward's, or the forward pass's fixed (at what a
+/// one-lane kernel takes: no layer need be faster) and the backward's the period.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Pace {
+    Together,
+    Passes(u64, u64),
+    Back(u64),
+}
+
+impl Pace {
+    /// The budget of period `t`.
+    pub(super) fn at(self, t: u64) -> Budget {
+        match self {
+            Pace::Together => Budget {
+                total: t,
+                pass: [u64::MAX; 2],
+            },
+            Pace::Passes(num, den) => Budget {
+                total: u64::MAX,
+                pass: [t, t.saturating_mul(num) / den],
+            },
+            Pace::Back(forward) => Budget {
+                total: u64::MAX,
+                pass: [forward, t],
+            },
+        }
+    }
+}
+
+/// A layer's first PE as measured: cycles per sample, and whether its memory fits.
+pub(super) type Measured = (Cost, bool);
+
+/// A vector kernel on lanes, replicas, and rows it gathers: (kernel, lanes, reps, fan).
+pub(super) type VectorSizing = (usize, u32, u32, u32);
+
+/// A kernel on `w x h` lanes: (kernel, w, h).
+pub(super) type KernelLanes = (usize, u32, u32);
+
+impl<'a> Sizer<'a> {
+    /// The sizer of `f`; an error when a layer has no kernel (its update, or no output).
+    pub(super) fn new(
+        g: &'a Graph,
+        f: &'a Formed,
+        fab: &'a Fabric,
+        widths: Widths,
+    ) -> Result<Sizer<'a>, LayoutError> {
+        let nk = f.kernels.len();
+        let dims: Vec<_> = f
+            .kernels
+            .iter()
+            .map(|k| dense_dims(g, f, &k.kind))
+            .collect();
+        let unscheduled = (f.batch, 0);
+        let width: Vec<Option<u32>> = (0..nk)
+            .map(|k| {
+                if dims[k].is_some() {
+                    None
+                } else {
+                    vector_of(g, f, k, unscheduled, |_| 0).width()
+                }
+            })
+            .collect();
+        let replicable: Vec<bool> = (0..nk)
+            .map(|k| dims[k].is_none() && vector_of(g, f, k, unscheduled, |_| 0).replicable())
+            .collect();
+        // the windows with as many replicas as a loss may have: the most memory
+        let sched = schedule(f, widths, |k| if replicable[k] { MAX_REPS } else { 1 });
+        let dense = (0..nk)
+            .map(|k| match f.kernels[k].kind {
+                Kind::Dense { .. } => dense_kernel(g, f, k, dims[k], sched[k]).map(Some),
+                Kind::Vector { .. } => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let fanned = (0..nk)
+            .map(|k| {
+                let plain = |l: usize| {
+                    dims[l].is_some_and(|d| matches!(d.shape, Shape::Matmul | Shape::Planar { .. }))
+                };
+                k.checked_sub(1)
+                    .filter(|&l| replicable[k] && plain(l))
+                    .and_then(|l| fanned(f, l, k))
+            })
+            .collect();
+        let single_next = (0..nk)
+            .map(|k| k + 1 < nk && dims[k + 1].is_none() && width[k + 1].is_none())
+            .collect();
+        let words = fab.usable_bytes() / crate::backend::wafer::cost::WORD;
+        let floor = (0..nk)
+            .map(|k| match (dims[k], width.get(k + 1).copied().flatten()) {
+                (Some(_), Some(wd)) => (1..=wd)
+                    .filter(|&l| crate::backend::wafer::kernels::used(wd, l) == l)
+                    .find(|&l| {
+                        vector_of(g, f, k + 1, sched[k + 1], |_| CHAIN_COLOURS)
+                            .lane(l, 0)
+                            .is_ok_and(|lane| lane.program.words() <= words)
+                    })
+                    .unwrap_or(wd),
+                _ => 1,
+            })
+            .collect();
+        Ok(Sizer {
+            g,
+            f,
+            fab,
+            dims,
+            width,
+            single_next,
+            floor,
+            dense,
+            replicable,
+            fanned,
+            part_pes: Default::default(),
+            periods: Default::default(),
+            layers: Default::default(),
+            widths,
+            sched,
+        })
+    }
+
+    /// Layer `k`'s cycles per sample on `w x h` lanes, stalls aside: a product's by
+    /// formula, a convolution's from its first PE's program.
+    pub(super) fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> Cost {
+        // (a row that carries more than the layer's outputs, a residual's features or
+        // side parts' outputs, is zeroed first: measured from the program)
+        let carries = self.f.carry(k).is_some() || parts_of(self.f, k).iter().any(|p| p.side);
+        if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) && !carries {
+            return dense_period(self.fab, d, w, h);
+        }
+        self.first_pe(k, d, w, h).0
+    }
+
+    /// Whether layer `k`'s first PE (the one with the largest share) fits its memory on
+    /// `w x h` lanes.
+    pub(super) fn layer_fits(&self, k: usize, d: Dims, w: u32, h: u32) -> bool {
+        self.first_pe(k, d, w, h).1
+    }
+
+    /// Layer `k`'s first PE on `w x h` lanes, from its program: its cycles per sample,
+    /// and whether its memory fits (memoised).
+    pub(super) fn first_pe(&self, k: usize, d: Dims, w: u32, h: u32) -> Measured {
+        *self
+            .layers
+            .borrow_mut()
+            .entry((k, w, h))
+            .or_insert_with(|| match &self.dense[k] {
+                Some(layer) => self.measure(layer, d, w, h),
+                None => (NEVER, false),
+            })
+    }
+
+    /// `layer` (of dims `d`) on `w x h` lanes, from its first PE's program: its cycles
+    /// per sample, and whether its memory fits.
+    pub(super) fn measure(&self, layer: &Dense, d: Dims, w: u32, h: u32) -> Measured {
+        let (wc, hr) = layer.used(w, h);
+        let c = dense::Colours::with_streams(4, 5, 6, 7);
+        let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
+        let mut scratch = Laid::default();
+        let words = self.fab.usable_bytes() / crate::backend::wafer::cost::WORD;
+        layer
+            .program(
+                0,
+                0,
+                (wc, hr),
+                c,
+                &mut scratch,
+                (0, 0),
+                ranges,
+                layer.row(0, hr, None),
+            )
+            .map_or((NEVER, false), |p| {
+                let t = crate::backend::wafer::cost::per_pass(
+                    self.fab,
+                    &p,
+                    self.f.batch,
+                    crate::backend::wafer::kernels::UPDATE,
+                );
+                (t, p.words() <= words)
+            })
+    }
+
+    /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
+    /// program), or on one lane as `reps` replicas (the slower of the dealer and a
+    /// replica; the dealer gathering its input from `fan` rows of the layer before),
+    /// stalls aside; `None` when it cannot run so.
+    pub(super) fn vector_period(&self, k: usize, lanes: u32, reps: u32, fan: u32) -> Option<Cost> {
+        *self
+            .periods
+            .borrow_mut()
+            .entry((k, lanes, reps, fan))
+            .or_insert_with(|| {
+                let v = vector_of(self.g, self.f, k, self.sched[k], |_| CHAIN_COLOURS);
+                let cost = |p: &crate::backend::wafer::isa::Program| {
+                    crate::backend::wafer::cost::per_pass(
+                        self.fab,
+                        p,
+                        self.f.batch,
+                        crate::backend::wafer::kernels::UPDATE,
+                    )
+                };
+                if reps > 1 {
+                    let c = CHAIN_COLOURS;
+                    let to: Vec<(Colour, Colour)> =
+                        (0..reps as u8).map(|r| (c, c + 1 + r)).collect();
+                    let fan = if fan > 1 {
+                        let (input, grad) = self.fanned[k]?;
+                        let colours = (0..fan as u8).map(|l| (c + 2 * l, c + 2 * l + 1)).collect();
+                        Some(Fan {
+                            input,
+                            grad,
+                            colours,
+                        })
+                    } else {
+                        None
+                    };
+                    let dealer = cost(&v.dealer(&to, fan.as_ref()).ok()?);
+                    let rep = v
+                        .replica(Rep {
+                            of: reps,
+                            to: c,
+                            back: c + 1,
+                        })
+                        .ok()?;
+                    let one = cost(&rep.program);
+                    return Some([dealer[0].max(one[0]), dealer[1].max(one[1])]);
+                }
+                Some(cost(&v.lane(lanes, 0).ok()?.program))
+            })
+    }
+
+    /// The replicas one-lane kernel `k` may run as, fewest first: 1 (when it need
+    /// gather no rows), and when it can run as replicas (`Vector::replicable`), each
+    /// count up to `MAX_REPS` that divides the batch, reaches the `fan` rows of the
+    /// layer before whose outputs its dealer gathers (the replicas lie along them), and
+    /// whose two colours each (to a replica and back) the dealer's router has beside
+    /// the chains', the kernel's streams and two for each row past the first.
+    pub(super) fn reps(&self, k: usize, fan: u32) -> Vec<u32> {
+        let mut out = if fan > 1 { vec![] } else { vec![1] };
+        if self.replicable[k] {
+            let streams = (self.f.streams.iter())
+                .filter(|s| s.from == End::Kernel(k) || s.to.contains(&End::Kernel(k)))
+                .filter(|s| !self.f.carried(s.node, k))
+                .count() as u32;
+            let room = (self.fab.program_colours())
+                .saturating_sub(u32::from(CHAIN_COLOURS) + streams + 2 * (fan - 1))
+                / 2;
+            out.extend(
+                (2.max(fan - 1)..=MAX_REPS.min(room)).filter(|&r| self.f.batch.is_multiple_of(r)),
+            );
+        }
+        out
+    }
+
+    /// Each kernel's estimated cycles per sample on a sizing.
+    pub(super) fn periods(&self, lanes: &Lanes) -> Vec<Cost> {
+        (0..self.f.kernels.len())
+            .map(|k| match self.dims[k] {
+                Some(d) => {
+                    let h = lanes.out[k];
+                    let parts = (lanes.more[k].iter().enumerate())
+                        .map(|(p, &l)| self.part_pe(k, p, l, h).0);
+                    parts.fold(self.layer_period(k, d, lanes.inp[k], h), |a, b| {
+                        [a[0].max(b[0]), a[1].max(b[1])]
+                    })
+                }
+                None => self
+                    .vector_period(k, lanes.out[k], lanes.reps[k], fan_of(self.f, lanes, k))
+                    .unwrap_or(NEVER),
+            })
+            .collect()
+    }
+
+    /// Layer `k`'s further parts, each with its dimensions.
+    pub(super) fn parts(&self, k: usize) -> impl Iterator<Item = (&Dense, Dims)> + '_ {
+        let dims = |p: &Dense| Dims {
+            k: p.k,
+            n: p.n,
+            train: p.train,
+            dx: false,
+            shape: p.shape,
+        };
+        (self.dense[k].iter().flat_map(|d| &d.more)).map(move |p| (p, dims(p)))
+    }
+
+    /// The fewest lanes each further part of layer `k` needs on `h` rows to reach
+    /// budget `t` with its memory fitting (`None` when one cannot on the fabric).
+    pub(super) fn part_lanes(&self, k: usize, h: u32, t: Budget) -> Option<Vec<u32>> {
+        let used = crate::backend::wafer::kernels::used;
+        let most = self.fab.width.max(self.fab.height);
+        (self.parts(k).enumerate())
+            .map(|(p, (_, pd))| {
+                (1..=pd.k.min(most))
+                    .filter(|&l| used(pd.k, l) == l)
+                    .find(|&l| {
+                        let (period, fits) = self.part_pe(k, p, l, h);
+                        t.admits(period) && fits
+                    })
+            })
+            .collect()
+    }
+
+    /// Further part `p` of layer `k` on `l x h` lanes, from its first PE's program (a
+    /// product's period by formula, as `layer_period`): its cycles per sample, and
+    /// whether its memory fits (memoised).
+    pub(super) fn part_pe(&self, k: usize, p: usize, l: u32, h: u32) -> Measured {
+        *self
+            .part_pes
+            .borrow_mut()
+            .entry((k, p, l, h))
+            .or_insert_with(|| {
+                let Some((part, d)) = self.parts(k).nth(p) else {
+                    return (NEVER, false);
+                };
+                let (t, fits) = self.measure(part, d, l, h);
+                match d.shape {
+                    Shape::Matmul => (dense_period(self.fab, d, l, h), fits),
+                    _ => (t, fits),
+                }
+            })
+    }
+
+    /// The estimated cycles of a step of a sizing: in each pass its samples one period
+    /// apart (the pass's slowest kernel's cycles per sample), plus the pipeline's
+    /// filling and draining (about one sample's time through every kernel).
+    pub(super) fn step(&self, lanes: &Lanes) -> u64 {
+        let each = self.periods(lanes);
+        let slowest = (each.iter()).map(|c| c[0] + c[1]).max().unwrap_or(0);
+        let through: u64 = each.iter().map(|c| c[0] + c[1]).sum();
+        u64::from(self.f.batch.saturating_sub(1)) * slowest + through
+    }
+
+    /// The lanes of vector kernel `k` after a kernel with `prev` output lanes (or, first
+    /// in the chain, `first` when it can run on several); `None` when its width does not
+    /// split over them.
+    pub(super) fn vector_lanes(&self, k: usize, prev: Option<u32>, first: u32) -> Option<u32> {
+        match (self.width[k], prev) {
+            (None, _) => Some(1),
+            (Some(_), None) => Some(first),
+            (Some(w), Some(l)) => (crate::backend::wafer::kernels::used(w, l) == l).then_some(l),
+        }
+    }
+
+    /// Whether layer `k` takes one row: before a one-lane kernel, or an embedding of
+    /// several ids a sample (whose rows would each send a part of every id's row).
+    pub(super) fn one_row(&self, k: usize) -> bool {
+        self.single_next[k]
+            || self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Gather { t } if t > 1))
+    }
+
+    /// The output lanes a dense layer may take: 1 before a one-lane kernel, or up to
+    /// one more than its most replicas when its dealer gathers them (`fanned`); else
+    /// at least its floor.
+    pub(super) fn rows(&self, k: usize, n: u32) -> Vec<u32> {
+        if self.fanned.get(k + 1).is_some_and(Option::is_some) {
+            (1..=n.min(1 + MAX_REPS)).collect()
+        } else if self.one_row(k) {
+            vec![1]
+        } else {
+            (self.floor[k]..=n.min(self.fab.height.max(self.fab.width))).collect()
+        }
+    }
+}
