@@ -138,7 +138,6 @@ pub(super) fn residuals(
     let (g, order, bound) = (cx.g, &cx.order, cx.bound);
     let resolve = |n: NodeIndex| cx.resolve(n);
     let free = |n: NodeIndex, owner: &[Option<usize>]| cx.free(n, owner);
-    let readers = |n: NodeIndex, owner: &[Option<usize>]| readers(cx, n, owner);
     let reach = |from: NodeIndex, dir: petgraph::Direction| {
         let mut seen = vec![false; bound];
         seen[from.index()] = true;
@@ -169,13 +168,8 @@ pub(super) fn residuals(
             continue;
         }
         let before = group[x.index()];
-        if !readers(fwd, owner)
-            .iter()
-            .any(|u| group[u.index()] == before)
-        {
-            continue;
-        }
-        // after: what the output makes but not the input gradient, and what only such
+        // after: what the output makes (directly, or through the kernels after the
+        // layer: a skip of several) but not the input gradient, and what only such
         // nodes read (the labels' share of a loss); before: the rest (what makes the
         // input, what its gradient makes, an activation's mask for its gradient)
         let after = bound + k;
@@ -185,6 +179,13 @@ pub(super) fn residuals(
             || vec![false; bound],
             |m| reach(m, petgraph::Direction::Outgoing),
         );
+        let ahead = |n: NodeIndex| {
+            let i = n.index();
+            group[i] == before && from_fwd[i] && !from_bwd[i] && !to_x[i]
+        };
+        if !order.iter().any(|&n| ahead(n)) {
+            continue;
+        }
         for &n in order.iter().rev() {
             let i = n.index();
             if group[i] != before || from_bwd[i] || to_x[i] {

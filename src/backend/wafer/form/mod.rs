@@ -114,7 +114,8 @@ pub struct Part {
 }
 
 /// A residual around a layer (`h + f(h W)`): its input `x` is read past it too, by the
-/// kernel after it, and the layer carries it there along its rows' chains beside its
+/// kernel after it or one further on (the kernels between pass it on:
+/// `Formed::passed`), and the layer carries it there along its rows' chains beside its
 /// outputs; the gradient that way comes back beside its output gradient, and the layer
 /// adds it into its input gradient along its columns' chains, which then sends the
 /// sum (`bwd` is the sum).
@@ -186,6 +187,9 @@ pub struct Formed {
     /// For each node that is another's value under another name (a shard mean of one
     /// shard, a label check the host makes), that node.
     pub alias: Vec<Option<NodeIndex>>,
+    /// Each layer that carries its input past itself (`Carry`) and the kernel that
+    /// reads it there, in order.
+    pub skips: Vec<(usize, usize)>,
 }
 
 impl Formed {
@@ -219,9 +223,20 @@ impl Formed {
         }
     }
 
+    /// The layer whose carried input kernel `k` passes on, and that carry: a skip of
+    /// several kernels (`h + g(f(h W1)) W2`) goes from the layer that carries it to
+    /// the kernel that reads it (`Formed::skips`) through every kernel between, in the
+    /// streams between them beside their own values (forward, the value; backward, its
+    /// gradient).
+    pub fn passed(&self, k: usize) -> Option<(usize, &Carry)> {
+        let &(l, _) = self.skips.iter().find(|&&(l, r)| l < k && k < r)?;
+        Some((l, self.carry(l)?))
+    }
+
     /// Whether stream `n` reaches kernel `to` beside another, carried by a layer: a
     /// residual's value or a side part's product into the kernel after the layer that
-    /// carries it, or their gradients into that layer.
+    /// carries it (or passes it on), or their gradients into that layer (or a kernel
+    /// that passes it on).
     pub fn carried(&self, n: NodeIndex, to: usize) -> bool {
         self.carried_rank(n, to) > 0
     }
@@ -241,6 +256,9 @@ impl Formed {
             if self.carry(l).is_some_and(|c| c.x == n) {
                 return 1;
             }
+            if self.passed(l).is_some_and(|(_, c)| c.x == n) {
+                return 1;
+            }
             if let Some(i) = sides(l).position(|p| p.mm == n) {
                 return 2 + i as u8;
             }
@@ -253,6 +271,12 @@ impl Formed {
         };
         if (self.carry(to).and_then(|c| c.grad)).is_some_and(|(_, skip)| skip == n && dy != Some(n))
         {
+            return 1;
+        }
+        // (a kernel that passes a skip on takes its gradient beside its own, unless it
+        // is a layer whose output gradient that is)
+        let passes = self.passed(to).and_then(|(_, c)| c.grad);
+        if passes.is_some_and(|(_, skip)| skip == n && dy != Some(n)) {
             return 1;
         }
         match sides(to).position(|p| p.dy == Some(n) && dy != Some(n)) {
@@ -399,6 +423,7 @@ pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
     let (host, mixed) = steps::host_values(&cx, &mut kernels, &owner, mixed, &host_commits)?;
     let streams = streams::streams(&cx, &kernels, &owner);
     streams::check_reshapes(&cx, &kernels, &owner)?;
+    let skips = streams::skips(&kernels, &streams);
     let Cx { class, alias, .. } = cx;
     Ok(Formed {
         batch,
@@ -410,6 +435,7 @@ pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
         mixed,
         host_commits,
         alias,
+        skips,
     })
 }
 

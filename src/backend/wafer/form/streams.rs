@@ -120,3 +120,23 @@ pub(super) fn check_reshapes(
     }
     Ok(())
 }
+
+/// Each layer that carries its input past itself and the kernel that reads it there
+/// (the last, when several do; see `Formed::skips`).
+pub(super) fn skips(kernels: &[Kernel], streams: &[Stream]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (l, kr) in kernels.iter().enumerate() {
+        let Kind::Dense { carry: Some(c), .. } = &kr.kind else {
+            continue;
+        };
+        let st = streams.iter().find(|s| s.node == c.x);
+        let reader = (st.into_iter().flat_map(|s| &s.to))
+            .filter_map(|t| match t {
+                End::Kernel(b) if *b > l => Some(*b),
+                _ => None,
+            })
+            .max();
+        out.extend(reader.map(|r| (l, r)));
+    }
+    out
+}

@@ -177,6 +177,12 @@ pub struct Dense {
     /// its outputs, each PE adding in those of its column's; and takes their gradient,
     /// each PE adding those of its column's into its partial input gradient.
     pub carry: Option<Back>,
+    /// The width of a value it passes on for a skip of several kernels (its input is
+    /// another: `form::Formed::passed`; 0: none), carried as its input is: column `i`
+    /// takes its share `split(pass, w, i)` after its inputs, row `j` sends
+    /// `split(pass, h, j)` after its outputs, and the value's gradient goes back after
+    /// each column's input gradient.
+    pub pass: u32,
     /// Whether it is a side part (`form::Part::side`), and how its outputs' gradient
     /// comes back: its outputs travel in the rows' chains after the layer's (and a
     /// residual's), not summed into them; so do their gradients, after the layer's
@@ -401,6 +407,7 @@ impl Dense {
             update: Update::default(),
             more: Vec::new(),
             carry: None,
+            pass: 0,
             side: None,
         }
     }
@@ -421,12 +428,21 @@ impl Dense {
         (used(self.k, w), used(self.n, h))
     }
 
+    /// The width of what it carries past itself: its input, or the value it passes on.
+    fn carried(&self) -> u32 {
+        if self.pass > 0 {
+            self.pass
+        } else {
+            self.k
+        }
+    }
+
     /// Row `j` of `hr` as part `part` of this layer sees it (`None`: the layer's own
     /// columns; `Some(p)`: its further part `p`).
     pub fn row(&self, j: u32, hr: u32, part: Option<usize>) -> Row {
         let own = split(self.n, hr, j).len() as u32;
         let carried = match self.carry {
-            Some(_) => split(self.k, hr, j).len() as u32,
+            Some(_) => split(self.carried(), hr, j).len() as u32,
             None => 0,
         };
         let back = if self.carry == Some(Back::Beside) {
@@ -596,15 +612,27 @@ impl Dense {
                         .into(),
                 );
             }
-            if back == Back::Same && self.k != self.n {
+            if back == Back::Same && self.carried() != self.n {
                 return Err("a residual whose sum has another width than its layer's input".into());
             }
-            let row = split(self.k, hr, j);
+            if self.pass > 0 && !self.more.is_empty() {
+                return Err(
+                    "a layer of several products that passes a skip on has no wafer kernel yet"
+                        .into(),
+                );
+            }
+            let row = split(self.carried(), hr, j);
+            // (a value passed on: this column's share of it, after its inputs)
+            let ks = match self.pass {
+                0 => ks.clone(),
+                pass => split(pass, wc, i),
+            };
             let (lo, hi) = (ks.start.max(row.start), ks.end.min(row.end));
             Carrying {
                 mine: hi.saturating_sub(lo),
                 at: lo.saturating_sub(ks.start),
                 to: lo.saturating_sub(row.start),
+                pass: if self.pass > 0 { ks.len() as u32 } else { 0 },
             }
         } else {
             Carrying::default()
@@ -707,6 +735,14 @@ impl Dense {
             Dsd::strided(xs, b, 0, &[1], self.by(0, a)),
         );
         let mut fwd = vec![take];
+        // a value passed on comes after the inputs (one sample's, not stashed)
+        let carried = if carry.pass > 0 {
+            let buf = p.alloc("passed", carry.pass);
+            fwd.push(receive(Dsd::mem(buf, carry.pass), c.x));
+            Dsd::mem(buf + carry.at, carry.mine)
+        } else {
+            Dsd::strided(xs + carry.at, carry.mine, 1, &[], self.by(0, a))
+        };
         if row.len == b && a > 0 {
             // the row is this layer's outputs alone: no zeros needed around them
             fwd.extend(products(y, b, a, wy, xy));
@@ -718,13 +754,7 @@ impl Dense {
             fwd.push(Instr::Vec {
                 op: VecOp::Mov,
                 dst: Dsd::mem(y + b + carry.to, carry.mine),
-                srcs: vec![Src::V(Dsd::strided(
-                    xs + carry.at,
-                    carry.mine,
-                    1,
-                    &[],
-                    self.by(0, a),
-                ))],
+                srcs: vec![Src::V(carried)],
             });
         }
         let (send, recv) = links.fwd;
@@ -747,7 +777,10 @@ impl Dense {
         let dy = grads + row.back_at;
         let mut bwd = vec![receive(Dsd::mem(grads, row.back_len), c.dy)];
         if self.dx {
-            let dxp = p.alloc("dx", a);
+            // (a value passed on: its gradient after the input gradient, each row's
+            // share from this PE, zeros elsewhere, summed along the column)
+            let pass = if skip.is_some() { carry.pass } else { 0 };
+            let dxp = p.alloc("dx", a + pass);
             let (wt, dyt) = (
                 Dsd::strided(w, a, b as i32, &[1], None),
                 Dsd::strided(dy, a, 0, &[1], None),
@@ -757,8 +790,12 @@ impl Dense {
             } else {
                 bwd.push(zero(dxp, a));
             }
+            if pass > 0 {
+                bwd.push(zero(dxp + a, pass));
+            }
             if let (Some(at), true) = (skip, carry.mine > 0) {
-                let part = Dsd::mem(dxp + carry.at, carry.mine);
+                let into = if carry.pass > 0 { dxp + a } else { dxp };
+                let part = Dsd::mem(into + carry.at, carry.mine);
                 bwd.push(Instr::Vec {
                     op: VecOp::Add,
                     dst: part.clone(),
@@ -769,7 +806,7 @@ impl Dense {
                 });
             }
             let (send, recv) = links.bwd;
-            bwd.push(link(dxp, (a, 1), &[], send, recv));
+            bwd.push(link(dxp, (a + pass, 1), &[], send, recv));
         }
         let g = Dsd::strided(dw, b, 1, &[b], None);
         bwd.push(Instr::Loop {
@@ -1048,12 +1085,14 @@ struct Block {
 
 /// What a PE of a layer that carries its input adds to its row's chain: of its row's
 /// carried features, its column's (`mine`: from input `at` of its column, to place `to`
-/// of its row's, after the layer's outputs). Nothing for another layer.
+/// of its row's, after the layer's outputs); `pass`, its column's share of a value it
+/// passes on (then `at` is in that share). Nothing for another layer.
 #[derive(Debug, Clone, Copy, Default)]
 struct Carrying {
     mine: u32,
     at: u32,
     to: u32,
+    pass: u32,
 }
 
 /// A PE's links in the forward chain and in the input gradients' chain: the colours it
@@ -1266,6 +1305,7 @@ mod tests {
             update: sgd(),
             more: Vec::new(),
             carry: None,
+            pass: 0,
             side: None,
         }
     }

@@ -581,16 +581,25 @@ impl Vector<'_> {
         // the values sent on one colour go in one phase (a carried gradient with
         // what carries it: each sample's together)
         let sent_when = |o: &Port| {
-            let ph = phases.get(&o.node).copied().unwrap_or(0);
+            // (a value it passes on goes in the pass it comes in)
+            let ph = (phases.get(&o.node).copied()).unwrap_or(u8::from(o.bwd && has_bwd));
             (o.bwd, ph)
         };
-        let carrier = (self.k.checked_sub(1))
-            .and_then(|l| match f.kernels[l].kind {
-                Kind::Dense { dy, .. } => dy.map(|d| f.resolve(d)),
+        // (each beside the value that carries it: a gradient beside the layer before's
+        // output gradient, a value passed on beside the layer after's input)
+        let layer = |k: Option<usize>| {
+            k.and_then(|k| match &f.kernels.get(k)?.kind {
+                Kind::Dense { x, dy, .. } => Some((f.resolve(*x), dy.map(|d| f.resolve(d)))),
                 Kind::Vector { .. } => None,
             })
-            .and_then(|dy| self.outputs.iter().find(|o| o.node == dy));
+        };
+        let (before, after) = (layer(self.k.checked_sub(1)), layer(Some(self.k + 1)));
         for o in self.outputs.iter().filter(|o| o.carried > 0) {
+            let by = match o.bwd {
+                true => before.and_then(|l| l.1),
+                false => after.map(|l| l.0),
+            };
+            let carrier = (self.outputs.iter()).find(|c| Some(c.node) == by && c.carried == 0);
             if carrier.is_some_and(|c| sent_when(c) != sent_when(o)) {
                 return Err("a gradient carried beside another that is computed in the other pass has no wafer kernel yet".into());
             }

@@ -280,9 +280,9 @@ impl Palette {
 /// The input one-lane kernel `k` takes from layer `l` before it, and that input's
 /// gradient it sends back, when its dealer can gather them from the layer's rows
 /// (`vector::Fan`): the layer's rows carry its outputs alone (no residual's features,
-/// no side part's outputs).
+/// passed on or its own, no side part's outputs).
 pub(super) fn fanned(f: &Formed, l: usize, k: usize) -> Option<(NodeIndex, Option<NodeIndex>)> {
-    if f.carry(l).is_some() || parts_of(f, l).iter().any(|p| p.side) {
+    if f.carry(l).is_some() || f.passed(l).is_some() || parts_of(f, l).iter().any(|p| p.side) {
         return None;
     }
     let input = (f.streams.iter())

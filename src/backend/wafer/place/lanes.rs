@@ -75,7 +75,7 @@ pub(super) fn vector_of<'a>(
             carry,
             more,
             ..
-        } => Some((*fwd, *dy, *carry, more)),
+        } => Some((*fwd, *dy, carry.or(f.passed(l).map(|(_, c)| *c)), more)),
         Kind::Vector { .. } => None,
     });
     for st in &f.streams {
@@ -101,6 +101,26 @@ pub(super) fn vector_of<'a>(
                 whole: false,
                 carried: 0,
             });
+        }
+    }
+    // a skip it passes on: its value in from the layer before beside that layer's
+    // outputs and out to the layer after beside its own, its gradient the other way
+    let next = |k: usize| match f.kernels.get(k).map(|kr| &kr.kind) {
+        Some(Kind::Dense { x, bwd, .. }) => Some((f.resolve(*x), bwd.map(|b| f.resolve(b)))),
+        _ => None,
+    };
+    if let (Some((_, c)), Some((fwd, ..)), Some((x, bwd))) = (f.passed(k), layer, next(k + 1)) {
+        let port = |node, colour, bwd| Port {
+            node,
+            colour,
+            bwd,
+            whole: false,
+            carried: 1,
+        };
+        v.inputs.push(port(c.x, colour(fwd), false));
+        v.outputs.push(port(c.x, colour(x), false));
+        if let (Some((_, skip)), Some(bwd)) = (c.grad, bwd) {
+            v.inputs.push(port(skip, colour(bwd), true));
         }
     }
     if let Some((_, Some(dy), carry, more)) = layer {

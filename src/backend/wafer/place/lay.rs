@@ -366,10 +366,25 @@ pub(super) fn dense_kernel(
             update: u,
             more: Vec::new(),
             carry: None,
+            pass: 0,
             side: part.side.then(|| back(part.dy)),
         });
     }
     let update = update_main;
+    // its own input carried past it, or a value it passes on (of its width a sample)
+    let passed = f.passed(k).map(|(_, c)| c);
+    if passed.is_some() && f.carry(k).is_some() {
+        return Err(unsupported(
+            g,
+            fwd,
+            "a layer inside one residual that carries another (nested skips) has no wafer layout yet".into(),
+            "end one residual before the next begins",
+        ));
+    }
+    let carried = f.carry(k).or(passed);
+    let pass = passed.map_or(0, |c| {
+        (g.ty(c.x).elements() / f.batch.max(1) as usize) as u32
+    });
     let Some(d) = dims else {
         return Err(unsupported(
             g,
@@ -392,7 +407,8 @@ pub(super) fn dense_kernel(
         hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
         update,
         more: parts,
-        carry: f.carry(k).map(|c| back(c.grad.map(|g| g.1))),
+        carry: carried.map(|c| back(c.grad.map(|g| g.1))),
+        pass,
         side: None,
     })
 }

@@ -53,7 +53,7 @@ use sizer::Sizer;
 use std::collections::BTreeMap;
 
 /// What the wafer lays out, for the help of what it does not.
-const RESIDUALS: &str = "the wafer lays out chains of layers, and residuals around one dense layer (`h + f(h W)`, the layer carrying `h` past itself): feed each value to the next layer, or to the sum just after it";
+const RESIDUALS: &str = "the wafer lays out chains of layers, and residuals around dense layers (`h + f(h W)`, `h + g(f(h V) W)`: the first layer carries `h` past itself, the kernels after it pass it on to the sum): feed each value to the next layer, or to a sum after the layers it reads";
 
 /// The colours a dense layer's chains take; streams take the ones above.
 pub const CHAIN_COLOURS: Colour = 4;
@@ -296,6 +296,7 @@ fn chain_only(g: &Graph, f: &Formed) -> Result<(), LayoutError> {
                 End::Kernel(b) => {
                     *b + 1 == a
                         || (*b + 2 == a && matches!(f.kernels[a - 1].kind, Kind::Vector { .. }))
+                        || f.carried(s.node, *b)
                 }
                 End::Host => false,
             });
@@ -315,7 +316,7 @@ fn chain_only(g: &Graph, f: &Formed) -> Result<(), LayoutError> {
         if let End::Kernel(a) = s.from {
             // (or past the layer after it, which carries it: a residual)
             let ok = s.to.iter().all(|t| match t {
-                End::Kernel(b) => *b == a + 1 || (*b == a + 2 && f.carried(s.node, *b)),
+                End::Kernel(b) => *b == a + 1 || (*b > a + 1 && f.carried(s.node, *b)),
                 End::Host => true,
             });
             if !ok {

@@ -218,7 +218,9 @@ impl<'a> Sizer<'a> {
     pub(super) fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> Cost {
         // (a row that carries more than the layer's outputs, a residual's features or
         // side parts' outputs, is zeroed first: measured from the program)
-        let carries = self.f.carry(k).is_some() || parts_of(self.f, k).iter().any(|p| p.side);
+        let carries = self.f.carry(k).is_some()
+            || self.f.passed(k).is_some()
+            || parts_of(self.f, k).iter().any(|p| p.side);
         if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) && !carries {
             return dense_period(self.fab, d, w, h);
         }
