@@ -199,6 +199,33 @@ pub(super) fn residuals(
                 group[i] = after;
             }
         }
+        // what crosses the cut: the values before it that nodes after it read (the
+        // layer's input, or another value beside it: an LSTM's cell state), and the
+        // gradients after it that nodes before it read
+        let crossing = |from: usize, to: usize| {
+            let mut vs: Vec<NodeIndex> = (order.iter())
+                .filter(|u| group[u.index()] == to)
+                .flat_map(|&u| g.operands(u))
+                .map(resolve)
+                .filter(|o| group[o.index()] == from)
+                .collect();
+            vs.sort();
+            vs.dedup();
+            vs
+        };
+        let (values, grads) = (crossing(before, after), crossing(after, before));
+        if let [v] = values[..] {
+            if v != x {
+                // carried as a value passed on (`Formed::passed`), beside the input
+                if let (Kind::Dense { carry, .. }, [] | [_]) = (&mut kr.kind, &grads[..]) {
+                    *carry = Some(Carry {
+                        x: v,
+                        grad: grads.first().copied(),
+                    });
+                }
+                continue;
+            }
+        }
         // the skip's gradient summed with the layer's input gradient: the layer's
         let sum = bwd.and_then(|m| {
             let mut users = g.g.neighbors_directed(m, petgraph::Direction::Outgoing);
@@ -218,7 +245,7 @@ pub(super) fn residuals(
         if let Kind::Dense { bwd, carry, .. } = &mut kr.kind {
             *carry = Some(Carry {
                 x,
-                grad: sum.map(|(_, m, skip)| (m, skip)),
+                grad: sum.map(|(_, _, skip)| skip),
             });
             if let Some((u, _, _)) = sum {
                 *bwd = Some(u);

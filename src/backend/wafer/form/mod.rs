@@ -118,13 +118,17 @@ pub struct Part {
 /// `Formed::passed`), and the layer carries it there along its rows' chains beside its
 /// outputs; the gradient that way comes back beside its output gradient, and the layer
 /// adds it into its input gradient along its columns' chains, which then sends the
-/// sum (`bwd` is the sum).
+/// sum (`bwd` is the sum). Or another value the kernel before the layer makes beside
+/// its input and a kernel after the layer reads (an LSTM's cell state, read by the
+/// next step's gates past the step's product): the layer takes it after its input
+/// and carries it as a kernel passing it on does, its gradient going back after the
+/// layer's input gradient (`Formed::carries_beside`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Carry {
     pub x: NodeIndex,
-    /// The layer's own input gradient (its product) and the skip's gradient, when the
-    /// layer sends an input gradient.
-    pub grad: Option<(NodeIndex, NodeIndex)>,
+    /// The skip's gradient (the gradient of `x` that the kernels after the layer
+    /// make), when the layer sends one back.
+    pub grad: Option<NodeIndex>,
 }
 
 /// Layer `kind`'s own product: its `fwd` when it has no further parts, else the
@@ -233,6 +237,14 @@ impl Formed {
         Some((l, self.carry(l)?))
     }
 
+    /// Layer `l`'s carry when what it carries is not its input but a value beside it.
+    pub fn carries_beside(&self, l: usize) -> Option<&Carry> {
+        match &self.kernels.get(l)?.kind {
+            Kind::Dense { x, carry, .. } => carry.as_ref().filter(|c| c.x != self.resolve(*x)),
+            Kind::Vector { .. } => None,
+        }
+    }
+
     /// Whether stream `n` reaches kernel `to` beside another, carried by a layer: a
     /// residual's value or a side part's product into the kernel after the layer that
     /// carries it (or passes it on), or their gradients into that layer (or a kernel
@@ -269,14 +281,20 @@ impl Formed {
             Some(Kind::Dense { dy, .. }) => dy.map(|d| self.resolve(d)),
             _ => None,
         };
-        if (self.carry(to).and_then(|c| c.grad)).is_some_and(|(_, skip)| skip == n && dy != Some(n))
-        {
+        if (self.carry(to).and_then(|c| c.grad)).is_some_and(|skip| skip == n && dy != Some(n)) {
             return 1;
         }
         // (a kernel that passes a skip on takes its gradient beside its own, unless it
-        // is a layer whose output gradient that is)
+        // is a layer whose output gradient that is; so does the kernel that made a value
+        // the layer after it carries beside its input)
         let passes = self.passed(to).and_then(|(_, c)| c.grad);
-        if passes.is_some_and(|(_, skip)| skip == n && dy != Some(n)) {
+        if passes.is_some_and(|skip| skip == n && dy != Some(n)) {
+            return 1;
+        }
+        if self
+            .carries_beside(to + 1)
+            .is_some_and(|c| c.grad == Some(n))
+        {
             return 1;
         }
         match sides(to).position(|p| p.dy == Some(n) && dy != Some(n)) {

@@ -66,9 +66,7 @@ pub(super) fn streams(cx: &Cx, kernels: &[Kernel], owner: &[Option<usize>]) -> V
             } => {
                 *dy == Some(n)
                     || *bwd == Some(n)
-                    || carry
-                        .and_then(|c| c.grad)
-                        .is_some_and(|(_, skip)| skip == n)
+                    || carry.and_then(|c| c.grad) == Some(n)
                     || more.iter().any(|p| p.side && p.dy == Some(n))
             }
             Kind::Vector { .. } => false,

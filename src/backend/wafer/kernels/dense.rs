@@ -202,6 +202,9 @@ pub struct Row {
     pub at: u32,
     pub back_len: u32,
     pub back_at: u32,
+    /// The layer's own columns (a value it passes on comes over them, not its further
+    /// parts').
+    pub cols: u32,
 }
 
 /// How a layer that carries its input gets that input's gradient back.
@@ -439,7 +442,7 @@ impl Dense {
 
     /// Row `j` of `hr` as part `part` of this layer sees it (`None`: the layer's own
     /// columns; `Some(p)`: its further part `p`).
-    pub fn row(&self, j: u32, hr: u32, part: Option<usize>) -> Row {
+    pub fn row(&self, j: u32, (cols, hr): (u32, u32), part: Option<usize>) -> Row {
         let own = split(self.n, hr, j).len() as u32;
         let carried = match self.carry {
             Some(_) => split(self.carried(), hr, j).len() as u32,
@@ -471,6 +474,7 @@ impl Dense {
             at,
             back_len,
             back_at,
+            cols,
         }
     }
 
@@ -542,7 +546,7 @@ impl Dense {
                     // a side part's own outputs; the others', the layer's
                     let ns = split(if d.side.is_some() { d.n } else { self.n }, hr, j);
                     let at = o.at(origin, col, j);
-                    let row = self.row(j, hr, part);
+                    let row = self.row(j, (wc, hr), part);
                     let p = d.program(col, j, (all, hr), c, &mut laid, at, (&ks, &ns), row)?;
                     let words = p.words() as usize;
                     laid.pes.insert(at, (Arc::new(p), vec![0.0; words]));
@@ -615,23 +619,17 @@ impl Dense {
             if back == Back::Same && self.carried() != self.n {
                 return Err("a residual whose sum has another width than its layer's input".into());
             }
-            if self.pass > 0 && !self.more.is_empty() {
-                return Err(
-                    "a layer of several products that passes a skip on has no wafer kernel yet"
-                        .into(),
-                );
-            }
-            let row = split(self.carried(), hr, j);
+            let rows = split(self.carried(), hr, j);
             // (a value passed on: this column's share of it, after its inputs)
             let ks = match self.pass {
                 0 => ks.clone(),
-                pass => split(pass, wc, i),
+                pass => split(pass, row.cols, i),
             };
-            let (lo, hi) = (ks.start.max(row.start), ks.end.min(row.end));
+            let (lo, hi) = (ks.start.max(rows.start), ks.end.min(rows.end));
             Carrying {
                 mine: hi.saturating_sub(lo),
                 at: lo.saturating_sub(ks.start),
-                to: lo.saturating_sub(row.start),
+                to: lo.saturating_sub(rows.start),
                 pass: if self.pass > 0 { ks.len() as u32 } else { 0 },
             }
         } else {
@@ -642,6 +640,7 @@ impl Dense {
             at: 0,
             back_len: b,
             back_at: 0,
+            cols: row.cols,
         };
         if row != plain && !matches!(self.shape, Shape::Matmul) {
             return Err("a side part or a residual of a convolution or an embedding has no wafer kernel yet".into());

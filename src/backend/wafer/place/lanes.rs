@@ -78,37 +78,47 @@ pub(super) fn vector_of<'a>(
         } => Some((*fwd, *dy, carry.or(f.passed(l).map(|(_, c)| *c)), more)),
         Kind::Vector { .. } => None,
     });
+    // the layer after: its input and input gradient (a value it carries beside its
+    // input goes to it after that input, and its gradient comes back after the input
+    // gradient)
+    let next = |k: usize| match f.kernels.get(k).map(|kr| &kr.kind) {
+        Some(Kind::Dense { x, bwd, .. }) => Some((f.resolve(*x), bwd.map(|b| f.resolve(b)))),
+        _ => None,
+    };
+    let beside = f.carries_beside(k + 1).map(|c| c.x);
     for st in &f.streams {
         let c = colour(st.node);
         if st.to.contains(&End::Kernel(k)) {
             let carried = f.carried_rank(st.node, k);
+            let colour = match (layer, next(k + 1)) {
+                (_, Some((_, Some(bwd)))) if carried > 0 && st.bwd => colour(bwd),
+                (Some((fwd, ..)), _) if carried > 0 => colour(fwd),
+                _ => c,
+            };
             v.inputs.push(Port {
                 node: st.node,
-                colour: match layer {
-                    Some((fwd, ..)) if carried > 0 => colour(fwd),
-                    _ => c,
-                },
+                colour,
                 bwd: st.bwd,
                 whole: st.from == End::Host,
                 carried,
             });
         }
         if st.from == End::Kernel(k) && !(k > 0 && f.carried(st.node, k - 1)) {
+            let (colour, carried) = match next(k + 1) {
+                Some((x, _)) if beside == Some(st.node) => (colour(x), 1),
+                _ => (c, 0),
+            };
             v.outputs.push(Port {
                 node: st.node,
-                colour: c,
+                colour,
                 bwd: st.bwd,
                 whole: false,
-                carried: 0,
+                carried,
             });
         }
     }
     // a skip it passes on: its value in from the layer before beside that layer's
     // outputs and out to the layer after beside its own, its gradient the other way
-    let next = |k: usize| match f.kernels.get(k).map(|kr| &kr.kind) {
-        Some(Kind::Dense { x, bwd, .. }) => Some((f.resolve(*x), bwd.map(|b| f.resolve(b)))),
-        _ => None,
-    };
     if let (Some((_, c)), Some((fwd, ..)), Some((x, bwd))) = (f.passed(k), layer, next(k + 1)) {
         let port = |node, colour, bwd| Port {
             node,
@@ -119,13 +129,13 @@ pub(super) fn vector_of<'a>(
         };
         v.inputs.push(port(c.x, colour(fwd), false));
         v.outputs.push(port(c.x, colour(x), false));
-        if let (Some((_, skip)), Some(bwd)) = (c.grad, bwd) {
+        if let (Some(skip), Some(bwd)) = (c.grad, bwd) {
             v.inputs.push(port(skip, colour(bwd), true));
         }
     }
     if let Some((_, Some(dy), carry, more)) = layer {
         let dy = f.resolve(dy);
-        let skip = carry.and_then(|c| c.grad).map(|g| g.1);
+        let skip = carry.and_then(|c| c.grad);
         let sides = more
             .iter()
             .filter(|p| p.side && p.dw.is_some())

@@ -382,7 +382,8 @@ pub(super) fn dense_kernel(
         ));
     }
     let carried = f.carry(k).or(passed);
-    let pass = passed.map_or(0, |c| {
+    let beside = passed.or(f.carries_beside(k));
+    let pass = beside.map_or(0, |c| {
         (g.ty(c.x).elements() / f.batch.max(1) as usize) as u32
     });
     let Some(d) = dims else {
@@ -407,7 +408,7 @@ pub(super) fn dense_kernel(
         hosts: kr.hosts.iter().map(|&h| form::key(h)).collect(),
         update,
         more: parts,
-        carry: carried.map(|c| back(c.grad.map(|g| g.1))),
+        carry: carried.map(|c| back(c.grad)),
         pass,
         side: None,
     })

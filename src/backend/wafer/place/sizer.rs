@@ -263,7 +263,7 @@ impl<'a> Sizer<'a> {
                 &mut scratch,
                 (0, 0),
                 ranges,
-                layer.row(0, hr, None),
+                layer.row(0, (wc, hr), None),
             )
             .map_or((NEVER, false), |p| {
                 let t = crate::backend::wafer::cost::per_pass(
