@@ -507,6 +507,40 @@ fn a_does_not_fit_help_names_a_fabric_that_fits() {
         let (status, out, err) = estc(&["check", file, "--target", "wafer", "--wafer", named]);
         assert_eq!(status, 0, "{code} on {named}: {out}{err}");
     }
+    // E0605's help: the colours that would do, on the fabric of its test with as many
+    let file = root().join("tests/ui/wafer/E0605_too_few_colours.est");
+    let file = file.to_str().unwrap();
+    let few = root().join("tests/fixtures/wafer_few_colours.toml");
+    let few = few.to_str().unwrap();
+    let (status, _, err) = estc(&["check", file, "--target", "wafer", "--wafer", few]);
+    assert_eq!(status, 1, "{err}");
+    let help = err
+        .split("help:")
+        .nth(1)
+        .unwrap_or_default()
+        .replace('\n', " ");
+    let need: u32 = (help.split("at least ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("E0605: no count of colours in {help}"));
+    let fixture = std::fs::read_to_string(few)
+        .unwrap()
+        .replace("colours = 6", &format!("colours = {}", need + 2));
+    let dir = tmp("colours_that_fit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = dir.join("fabric.toml");
+    std::fs::write(&toml, fixture).unwrap();
+    let shy = toml.to_str().unwrap();
+    let (status, out, err) = estc(&["check", file, "--target", "wafer", "--wafer", shy]);
+    assert_eq!(status, 0, "E0605 with {need} colours: {out}{err}");
+    let fewer = std::fs::read_to_string(&toml).unwrap().replace(
+        &format!("colours = {}", need + 2),
+        &format!("colours = {}", need + 1),
+    );
+    std::fs::write(&toml, fewer).unwrap();
+    let (status, _, err) = estc(&["check", file, "--target", "wafer", "--wafer", shy]);
+    assert_eq!(status, 1, "E0605 with {} colours: {err}", need - 1);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A two-layer classifier of random sizes, activation, bias, optimiser and batch,

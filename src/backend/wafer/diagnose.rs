@@ -125,7 +125,7 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
                 c.need - c.have.min(c.need),
                 c.stream
             ),
-            &["a fabric with more colours (`colours` in its .toml, or a named config: they give programs 18), or fewer separate inputs into the same layers".to_string()],
+            &[format!("a fabric that gives programs at least {} colours (`colours` less `reserved_colours` in its .toml; the named configs give programs 18), or fewer separate inputs into the same layers", c.need)],
         ),
         LayoutError::DoesNotFit(why) => short(
             Code::WaferPes,
