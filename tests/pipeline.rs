@@ -196,6 +196,23 @@ fn zip_padded_batch_and_synthetic() {
     assert_eq!(a, other);
 }
 
+/// A known prefix joined to a sequence each record gives the length of (`[1]` and
+/// `[?]` make `[?]`, as BERT's [CLS] before a review's bytes), then cut or padded.
+#[test]
+fn a_prefix_joins_a_sequence_of_unknown_length() {
+    let d = tmp("prefix");
+    std::fs::write(d.join("r.tsv"), "label\treview\n1\tab\n0\tcdefg\n").unwrap();
+    let body = r#"tsv("r.tsv", columns: { label: i32, review: bytes })
+  |> map |r| (cast(concat([broadcast_to(256, [1]), cast(decode_raw(r.review, u8), i32)], axis: 0), f32), r.label)
+  |> padded_batch(2, length: 4, drop_remainder: true)"#;
+    let b = batches(&mut pipe(&d, body, 4, ""), 10);
+    assert_eq!(
+        feats(&b),
+        [256.0, 97.0, 98.0, 0.0, 256.0, 99.0, 100.0, 101.0]
+    );
+    assert_eq!(labels(&b), [1, 0]);
+}
+
 #[test]
 fn csv_tsv_npy_sources() {
     let d = tmp("csv");

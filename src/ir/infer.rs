@@ -2,7 +2,9 @@
 //! elaborator calls it for every node it makes, and the `shape_infer` pass calls it again
 //! over the whole graph, so both agree by construction.
 
-use super::{broadcast, BinaryOp, Conv, DType, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp};
+use super::{
+    broadcast, BinaryOp, Conv, DType, Op, Padding, Pool, ReduceOp, TensorType, UnaryOp, UNKNOWN_DIM,
+};
 use crate::diag::Code;
 
 /// Why an op does not accept its operands. The elaborator adds the spans.
@@ -487,7 +489,12 @@ fn concat(axis: usize, args: &[&TensorType]) -> R {
                 format!("cannot concatenate {first} and {t} along axis {axis}"),
             ));
         }
-        shape[axis] += t.shape[axis];
+        // (a length each record gives stays one: `[1]` and `[?]` make `[?]`)
+        shape[axis] = if shape[axis] == UNKNOWN_DIM || t.shape[axis] == UNKNOWN_DIM {
+            UNKNOWN_DIM
+        } else {
+            shape[axis] + t.shape[axis]
+        };
     }
     Ok(TensorType::new(first.dtype, shape))
 }
