@@ -97,9 +97,9 @@ fn numbers(path: &Path) -> Vec<f64> {
 /// weights within 1e-4 of each variable's largest magnitude (rounding differences of
 /// 1e-7 relative, from sums in another order and 2-ulp polynomials, grow through 20
 /// SGD steps; measured up to about 1e-6), the loss and every metric within 1e-4
-/// relative, predictions within 1e-4 of the largest prediction (looser with max pooling
-/// and batch norm, below). The MNIST examples run at batch 16 on generated MNIST-shaped
-/// data to keep the interpreter's side short.
+/// relative, predictions within 1e-4 of the largest prediction (looser with max pooling,
+/// batch norm and attention, below). The MNIST examples run at batch 16 on generated
+/// MNIST-shaped data to keep the interpreter's side short.
 #[cfg(feature = "llvm")]
 #[test]
 fn every_example_runs_on_host_like_the_interpreter() {
@@ -114,6 +114,11 @@ fn every_example_runs_on_host_like_the_interpreter() {
         // gradient), and the text classifier's sentiment estimator from scratch, small
         let (estimator, params): (Option<&str>, &[(&str, &str)]) = match name.as_str() {
             "resnet20" => (None, &[("learning_rates", "[0.0, 0.0, 0.0]")]),
+            // (as resnet20, at learning rate 0; and three of its blocks: through its 27
+            // batch norms, gradients at the start grow with depth, and so does the
+            // rounding in them, to 5e-2 between the backends after one step; without
+            // batch norm 1e-22, with 3 blocks 1.3e-4)
+            "mobilenet" => (None, &[("blocks", "3"), ("learning_rate", "0.0")]),
             "text_classifier" => (
                 Some("sentiment"),
                 &[("pretrained", "\"\""), ("length", "24"), ("units", "8")],
@@ -167,9 +172,11 @@ fn every_example_runs_on_host_like_the_interpreter() {
         // of itself (6e-2 on a resnet20 slot), while the loss agrees to 1e-7; so these
         // are compared as one vector, within 2e-3 of its length (measured 4.3e-4 after
         // one step and 1.3e-3 after 20)
-        let norms = std::fs::read_to_string(&file)
-            .unwrap()
-            .contains("batch_norm");
+        // so is attention's: the gradient of its keys' bias is zero (a softmax ignores a
+        // shift common to its row), so it is the backends' rounding, which Adam then
+        // steps by the learning rate's order in its sign; one vector too
+        let source = std::fs::read_to_string(&file).unwrap();
+        let norms = source.contains("batch_norm") || source.contains("einsum(");
         let tol = if norms {
             2e-3
         } else if pools {
