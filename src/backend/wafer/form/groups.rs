@@ -81,6 +81,12 @@ pub(super) fn groups(cx: &Cx, kernels: &[Kernel], owner: &[Option<usize>]) -> Ve
                 union(&mut parent, made.index(), u.index());
             }
         }
+        // what reads a layer's outputs sits after it, in one kernel (the loss and a
+        // metric of the logits)
+        let after = readers(fwd, owner);
+        for w in after.windows(2) {
+            union(&mut parent, w[0].index(), w[1].index());
+        }
     }
     // and the groups one step node reads from are one (a bias added in one group and
     // its gradient summed in another, when no activation links them, update together):

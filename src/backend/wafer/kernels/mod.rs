@@ -11,6 +11,7 @@
 //! edge lane for lane.
 
 pub mod dense;
+pub mod rows;
 pub mod vector;
 
 use super::isa::{Colour, Instr, Program, TaskId};

@@ -1,21 +1,24 @@
 //! Fused vector kernels: the sample and batch nodes between two layers (a bias and its
 //! activation, the activation's gradient, a softmax with its cross-entropy and their
 //! gradient) as one program per lane. A kernel of `L` lanes deals a sample's `N`
-//! features to `L` PEs (`split(N, L, l)`), which only elementwise groups allow; any
-//! reduction within a sample (a softmax, an argmax, a one-hot) runs on one lane.
+//! features to `L` PEs (`split(N, L, l)`), which elementwise groups allow, and groups
+//! whose reductions within a sample are along its features (a layer norm's: the lanes
+//! reduce together, `rows`); any other reduction within a sample (a softmax, an argmax,
+//! a one-hot) runs on one lane.
 //!
 //! Tasks, one per phase: the forward task runs when a sample's forward inputs arrive,
-//! the backward task when its output gradients do. Values the backward task reads from
-//! the forward one are stashed, one slot per sample of the step. Sums over the batch
-//! accumulate as samples pass; after the step's last sample, a finishing task divides
-//! the means, and sends the gradients computed in the forward task (a loss's gradient
-//! needs no output gradient) toward the layers behind, once every sample went forward:
-//! the backward pass of a step starts when its forward pass has ended.
+//! the backward task when its output gradients do, in the order of the 1F1B schedule
+//! (`pipeline`). Values the backward task reads from the forward one are stashed, one
+//! slot per sample of its window. Sums over the batch accumulate as samples pass; after
+//! the step's last sample, a finishing task divides the means. A gradient computed in
+//! the forward task (a loss's, which needs no output gradient) goes back in the
+//! sample's backward task, or, in a kernel without one, as soon as it is computed.
 
 use super::super::form::{self, constant, image, key, Class, Formed, Kind};
 use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{self, vec, Scratch, Val};
 use super::super::pipeline::Pipeline;
+use super::rows::{self, RowColours};
 use super::{nest, split, Piece, UPDATE};
 use crate::ir::{window_pad, Graph, NodeIndex, Op, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
@@ -47,6 +50,9 @@ pub struct Vector<'a> {
     /// window, the samples out at its replicas.
     pub window: u32,
     pub fifo: u32,
+    /// The colours of its reductions along a sample's features across its lanes
+    /// (`rows`), when it has any on several lanes.
+    pub rows: Option<RowColours>,
 }
 
 /// A lane's program, initial memory and tensors (pieces without their PE).
@@ -168,6 +174,14 @@ impl Vector<'_> {
             }
             Some(w) => w == (n, planes),
         };
+        // a sample's scalars (`[B, 1]`: a layer norm's mean) beside its features, each
+        // lane holding them whole: made by reductions along the features (`rows`) or
+        // from other such scalars, and read beside the features elementwise
+        let wide = (self
+            .nodes()
+            .iter()
+            .chain(self.inputs.iter().map(|p| &p.node)))
+        .any(|&n| self.f.class[n.index()] == Class::Sample && self.row_width(n) > 1);
         for &n in self.nodes() {
             let node = g.node(n);
             let src = g.operands(n).first().map(|&o| self.f.resolve(o));
@@ -176,12 +190,17 @@ impl Vector<'_> {
                     agree(node.ty.shape[3], true)
                         && (lower::elementwise(&node.op) || pooling(&node.op))
                 }
+                Class::Sample if wide && self.row_width(n) == 1 => {
+                    lower::elementwise(&node.op) || self.along_rows(n)
+                }
                 Class::Sample => {
                     node.ty.rank() == 2
                         && node.ty.shape[0] == b
                         && agree(node.ty.shape[1], false)
                         && (lower::elementwise(&node.op)
-                            || matches!(node.op, Op::CheckIndices { .. }))
+                            || matches!(node.op, Op::CheckIndices { .. })
+                            || (matches!(node.op, Op::BroadcastTo)
+                                && src.is_some_and(|s| self.row_width(s) == 1)))
                 }
                 Class::Batch => {
                     let planes = src.is_some_and(|s| g.ty(s).rank() == 4);
@@ -200,6 +219,7 @@ impl Vector<'_> {
             let ty = g.ty(p.node);
             let ok = match (self.image(p.node), ty.rank()) {
                 (Some((_, _, c)), _) => agree(c as usize, true),
+                (None, 2) if wide && ty.shape[1] == 1 => true,
                 (None, 2) => agree(ty.shape[1], false),
                 _ => false,
             };
@@ -208,6 +228,34 @@ impl Vector<'_> {
             }
         }
         width.map(|w| w.0 as u32)
+    }
+
+    /// The features a sample of rank-2 value `n` has (`[B, N]`: `N`; `[B]`, a scalar
+    /// a sample: 1; 0 for another).
+    fn row_width(&self, n: NodeIndex) -> usize {
+        let ty = self.g.ty(n);
+        match ty.shape.as_slice() {
+            [b, w] if *b == self.f.batch as usize => *w,
+            [b] if *b == self.f.batch as usize => 1,
+            _ => 0,
+        }
+    }
+
+    /// Whether `n` reduces a sample's features to one (`reduce_sum(x, 1, keep_dims)`),
+    /// which several lanes do together (`rows`).
+    fn along_rows(&self, n: NodeIndex) -> bool {
+        let Op::Reduce { axes, .. } = &self.g.node(n).op else {
+            return false;
+        };
+        let src = self.f.resolve(self.g.operands(n)[0]);
+        axes.as_slice() == [1] && self.row_width(src) > 1 && self.row_width(n) == 1
+    }
+
+    /// Whether it reduces along a sample's features (on several lanes, it then needs
+    /// the colours of `rows`).
+    pub fn reduces_rows(&self) -> bool {
+        (self.nodes().iter())
+            .any(|&n| self.f.class[n.index()] == Class::Sample && self.along_rows(n))
     }
 
     /// The elements of node `n` on lane `lane` of `lanes`: a sample's share of a
@@ -937,6 +985,10 @@ impl Vector<'_> {
             Op::Reshape => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
             }
+            // (a sample's scalar over its features' share on this lane)
+            Op::BroadcastTo if lanes > 1 && args[0].elements() == 1 => {
+                body.push(vec(VecOp::Mov, dst, &args[..1], ext));
+            }
             Op::BroadcastTo => {
                 body.push(broadcast(dst, args[0], &g.ty(ops[0]).shape, &node.ty.shape));
             }
@@ -953,6 +1005,22 @@ impl Vector<'_> {
                     ReduceOp::Prod => (VecOp::Mul, 1.0),
                 };
                 body.push(vec(VecOp::Mov, dst, &[Val::Imm(init)], ext));
+                if lanes > 1 && self.along_rows(n) {
+                    // this lane's share, then every lane's (`rows`)
+                    let mine = self.extent(f.resolve(ops[0]), lanes, lane);
+                    body.push(reduce_rows(v, dst, args[0], 1, mine));
+                    let c = self.rows.unwrap_or([0; 3]);
+                    body.extend(rows::across(v, dst, (lanes, lane), c));
+                    if *op == ReduceOp::Mean {
+                        body.push(vec(
+                            VecOp::Mul,
+                            dst,
+                            &[dst, Val::Imm(1.0 / inner as f32)],
+                            1,
+                        ));
+                    }
+                    return Ok(());
+                }
                 if post == 1 {
                     body.push(reduce_rows(v, dst, args[0], outer, inner));
                 } else {

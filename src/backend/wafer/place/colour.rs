@@ -5,11 +5,12 @@
 //! row of the layer before whose outputs it gathers.
 
 use super::host::{edge_path, host_legs, part_columns, parts_of, Leg};
-use super::lanes::Lanes;
+use super::lanes::{vector_of, Lanes};
 use super::sizer::Sizer;
 use super::{unsupported, ColoursShort, LayoutError, Placed, CHAIN_COLOURS};
 use crate::backend::wafer::form::{self, End, Formed, Kind};
 use crate::backend::wafer::isa::Colour;
+use crate::backend::wafer::kernels::rows::RowColours;
 use crate::ir::{Graph, NodeIndex, Op};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,6 +27,9 @@ pub(super) struct Colouring {
     /// The rows past the first of the layer before a one-lane kernel whose outputs its
     /// dealer gathers: a colour for each row's outputs and one for their gradient.
     pub fans: BTreeMap<usize, Vec<(Colour, Colour)>>,
+    /// The colours of a vector kernel's reductions along a sample's features across
+    /// its lanes (`kernels::rows`).
+    pub rows: BTreeMap<usize, RowColours>,
 }
 
 impl Colouring {
@@ -71,6 +75,19 @@ pub(super) fn colour(
     let mut c = Colouring::default();
     streams(sizer, lanes, placed, &mut palette, &mut c)?;
     replicas(sizer, lanes, placed, &mut palette, &mut c)?;
+    // a vector kernel that reduces along its samples' features on several lanes: three
+    // colours along its strip (`kernels::rows`)
+    for (k, p) in placed.iter().enumerate() {
+        let reduces = matches!(f.kernels[k].kind, Kind::Vector { .. })
+            && lanes.out[k] > 1
+            && vector_of(sizer.g, f, k, (f.batch, 0), |_| 0).reduces_rows();
+        if reduces {
+            let routers = pes_of(p);
+            let name = || format!("the reductions of {}", p.name);
+            let mut take = || palette.take(&routers, name);
+            c.rows.insert(k, [take()?, take()?, take()?]);
+        }
+    }
     if let Some(stream) = palette.short {
         return Err(LayoutError::Colours(ColoursShort {
             stream,

@@ -64,6 +64,7 @@ pub(super) fn vector_of<'a>(
         outputs: Vec::new(),
         window,
         fifo,
+        rows: None,
     };
     // a residual's value and a side part's outputs come in after the outputs of the
     // layer before, which carries them; their gradients go out after that layer's

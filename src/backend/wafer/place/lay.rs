@@ -11,7 +11,7 @@ use crate::backend::wafer::form::{self, End, Formed, Kind};
 use crate::backend::wafer::isa::Colour;
 use crate::backend::wafer::kernels::dense::{self, Dense, Shape};
 use crate::backend::wafer::kernels::vector::{Fan, Rep, Vector};
-use crate::backend::wafer::kernels::Laid;
+use crate::backend::wafer::kernels::{rows, Laid};
 use crate::backend::wafer::lower::Update;
 use crate::backend::wafer::sim::Dir;
 use crate::ir::{Graph, NodeIndex, Op};
@@ -71,7 +71,8 @@ pub(super) fn kernels(
                 ))
             }
             (Kind::Vector { nodes }, _) => {
-                let v = vector_of(g, f, k, sched[k], |n| c.into(n, k).unwrap_or(0));
+                let mut v = vector_of(g, f, k, sched[k], |n| c.into(n, k).unwrap_or(0));
+                v.rows = c.rows.get(&k).copied();
                 let no_kernel = |e: String| {
                     unsupported(g, nodes[0], e, "write it with the ops the wafer's vector kernels run: elementwise ops, reductions over a sample's last axes, softmax, argmax, one-hot")
                 };
@@ -81,6 +82,10 @@ pub(super) fn kernels(
                     dealer(sizer, (k, p), &v, cs, c, &mut laid, &no_kernel)?;
                 }
                 ports(f, k, p, &v, lanes.out[k], c, &mut laid)?;
+                if let Some(cs) = v.rows {
+                    rows::routes(&mut laid, (p.x, p.y), p.orient, lanes.out[k], cs)
+                        .map_err(LayoutError::DoesNotFit)?;
+                }
                 laid
             }
         };
