@@ -398,7 +398,7 @@ pub struct Program {
     pub tasks: Vec<Task>,
     pub symbols: Vec<Symbol>,
     /// A replica's share of the samples: its data tasks run for one sample in `deal`
-    /// (0 or 1: for every sample; see `kernels/vector.rs`, replicas).
+    /// (0 or 1: for every sample; see `kernels/vector/`, replicas).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub deal: u32,
     /// The order its forward and backward tasks run in (`pipeline.rs`), when it has

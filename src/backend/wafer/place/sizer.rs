@@ -72,9 +72,9 @@ pub(super) fn schedule(f: &Formed, widths: Widths, reps: impl Fn(usize) -> u32) 
     crate::backend::wafer::pipeline::plan(&chain, f.batch, widths)
 }
 
-/// A kernel's cycles per sample in the forward pass and in the backward pass. A
-/// step's backward pass starts when its forward pass has ended (`kernels/vector.rs`),
-/// so each pass goes at its slowest kernel's pace.
+/// A kernel's cycles per sample in the forward pass and in the backward pass. In the
+/// 1F1B schedule (`pipeline`) each kernel alternates the two, so a step goes at the
+/// pace of the kernel whose two take longest (`Sizer::step`).
 pub(super) type Cost = [u64; 2];
 
 /// A cost that rules a kernel out.
@@ -416,8 +416,8 @@ impl<'a> Sizer<'a> {
             })
     }
 
-    /// The estimated cycles of a step of a sizing: in each pass its samples one period
-    /// apart (the pass's slowest kernel's cycles per sample), plus the pipeline's
+    /// The estimated cycles of a step of a sizing: its samples one period apart (the
+    /// slowest kernel's cycles per sample, forward and backward), plus the pipeline's
     /// filling and draining (about one sample's time through every kernel).
     pub(super) fn step(&self, lanes: &Lanes) -> u64 {
         let each = self.periods(lanes);

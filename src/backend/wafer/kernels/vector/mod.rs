@@ -1,0 +1,337 @@
+//! Fused vector kernels: the sample and batch nodes between two layers (a bias and its
+//! activation, the activation's gradient, a softmax with its cross-entropy and their
+//! gradient) as one program per lane. A kernel of `L` lanes deals a sample's `N`
+//! features to `L` PEs (`split(N, L, l)`), which elementwise groups allow, and groups
+//! whose reductions within a sample are along its features (a layer norm's: the lanes
+//! reduce together, `rows`); any other reduction within a sample (a softmax, an argmax,
+//! a one-hot) runs on one lane.
+//!
+//! Tasks, one per phase: the forward task runs when a sample's forward inputs arrive,
+//! the backward task when its output gradients do, in the order of the 1F1B schedule
+//! (`pipeline`). Values the backward task reads from the forward one are stashed, one
+//! slot per sample of its window. Sums over the batch accumulate as samples pass; after
+//! the step's last sample, a finishing task divides the means. A gradient computed in
+//! the forward task (a loss's, which needs no output gradient) goes back in the
+//! sample's backward task, or, in a kernel without one, as soon as it is computed.
+//!
+//! Here: the kernel, its ports and what its lanes hold; `build` makes a lane's program
+//! (or a replica's), `node` one node's code in it, `dealer` a one-lane kernel's dealer,
+//! and `ops` the helpers they share (views of a sample's laid-out axes, reductions and
+//! broadcasts by rows, pooling).
+
+use super::super::form::{constant, image, Class, Formed, Kind};
+use super::super::isa::{Colour, Program};
+use super::super::lower;
+use super::rows::RowColours;
+use super::{split, Piece};
+use crate::ir::{Graph, NodeIndex, Op};
+use std::collections::BTreeMap;
+
+mod build;
+mod dealer;
+mod node;
+mod ops;
+
+use ops::*;
+
+/// A stream of a vector kernel: the node, its colour, whether it is part of the
+/// backward pass, whether every lane receives the whole sample (a stream from the
+/// host, multicast along the strip) and keeps its share, and where it follows others
+/// on the same colour (0: it does not; else its rank among those the layer before
+/// carries: a residual's value, side parts' outputs, and their gradients; see
+/// `form::Formed::carried_rank`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Port {
+    pub node: NodeIndex,
+    pub colour: Colour,
+    pub bwd: bool,
+    pub whole: bool,
+    pub carried: u8,
+}
+
+/// Kernel `k` of a formed graph, a vector kernel, with its streams.
+pub struct Vector<'a> {
+    pub g: &'a Graph,
+    pub f: &'a Formed,
+    pub k: usize,
+    pub inputs: Vec<Port>,
+    pub outputs: Vec<Port>,
+    /// Its window and FIFO in samples (`pipeline::plan`): the slots of its stash when
+    /// it has a backward pass, and the output gradients it keeps room for; a dealer's
+    /// window, the samples out at its replicas.
+    pub window: u32,
+    pub fifo: u32,
+    /// The colours of its reductions along a sample's features across its lanes
+    /// (`rows`), when it has any on several lanes.
+    pub rows: Option<RowColours>,
+}
+
+/// A lane's program, initial memory and tensors (pieces without their PE).
+pub struct Lane {
+    pub program: Program,
+    pub memory: Vec<f32>,
+    pub tensors: Vec<(String, Piece)>,
+}
+
+/// A replica of a one-lane kernel (`Vector::replica`): which of how many, the colour
+/// its samples come on from the dealer (and, at the step's end, the sums over the
+/// batch of every replica), and the one it sends its sums and gradients back on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rep {
+    pub of: u32,
+    pub to: Colour,
+    pub back: Colour,
+}
+
+/// A one-lane kernel's input that the several rows of the layer before it send
+/// (`place/colour.rs`): row `l` sends its share `split(N, L, l)` of `input` on
+/// `colours[l].0`, and takes its share of `grad` back on `colours[l].1`. Only a dealer
+/// gathers one (its replicas take whole samples from it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fan {
+    pub input: NodeIndex,
+    pub grad: Option<NodeIndex>,
+    pub colours: Vec<(Colour, Colour)>,
+}
+
+impl Fan {
+    /// Each row's share of `len` words: its offset, length, and colours.
+    fn shares(&self, len: u32) -> impl Iterator<Item = (u32, u32, (Colour, Colour))> + '_ {
+        let rows = self.colours.len() as u32;
+        (0..rows).zip(&self.colours).map(move |(l, &c)| {
+            let s = split(len, rows, l);
+            (s.start, s.len() as u32, c)
+        })
+    }
+}
+
+/// The counters of a lane's stash slots (forward, backward: `window` samples).
+const SLOT_BASE: u8 = 0;
+
+/// The counters of a lane's samples in a step (forward, backward), which start the
+/// finishing tasks.
+const SAMPLE_BASE: u8 = 2;
+
+impl Vector<'_> {
+    /// The image a sample value is: its own shape's, or (a vector a layer sends back
+    /// for an image it flattened) the shape this kernel reads it as.
+    fn image(&self, n: NodeIndex) -> Option<(u32, u32, u32)> {
+        image(self.g, n).or_else(|| {
+            self.nodes()
+                .iter()
+                .flat_map(|&u| self.g.operands(u))
+                .find(|&o| o != n && self.f.resolve(o) == n && image(self.g, o).is_some())
+                .and_then(|o| image(self.g, o))
+        })
+    }
+
+    fn nodes(&self) -> &[NodeIndex] {
+        match &self.f.kernels[self.k].kind {
+            Kind::Vector { nodes } => nodes,
+            Kind::Dense { .. } => &[],
+        }
+    }
+
+    /// The width `N` its samples' features have, when it can run on several lanes:
+    /// every value it computes is a sample's `N` features or a sum of them over the
+    /// batch, by elementwise ops; or every value is an image of `N` channels (or a sum
+    /// of one over the batch and its pixels, per channel), by elementwise ops and
+    /// pooling, and each lane holds some channels' planes.
+    pub fn width(&self) -> Option<u32> {
+        let g = self.g;
+        let b = self.f.batch as usize;
+        let mut width = None;
+        // the width, and whether it counts an image's channels
+        let mut agree = |n: usize, planes: bool| match width {
+            None => {
+                width = Some((n, planes));
+                true
+            }
+            Some(w) => w == (n, planes),
+        };
+        // a sample's scalars (`[B, 1]`: a layer norm's mean) beside its features, each
+        // lane holding them whole: made by reductions along the features (`rows`) or
+        // from other such scalars, and read beside the features elementwise
+        let wide = (self
+            .nodes()
+            .iter()
+            .chain(self.inputs.iter().map(|p| &p.node)))
+        .any(|&n| self.f.class[n.index()] == Class::Sample && self.row_width(n) > 1);
+        for &n in self.nodes() {
+            let node = g.node(n);
+            let src = g.operands(n).first().map(|&o| self.f.resolve(o));
+            let ok = match self.f.class[n.index()] {
+                Class::Sample if node.ty.rank() == 4 => {
+                    agree(node.ty.shape[3], true)
+                        && (lower::elementwise(&node.op) || pooling(&node.op))
+                }
+                Class::Sample if wide && self.row_width(n) == 1 => {
+                    lower::elementwise(&node.op) || self.along_rows(n)
+                }
+                Class::Sample => {
+                    node.ty.rank() == 2
+                        && node.ty.shape[0] == b
+                        && agree(node.ty.shape[1], false)
+                        && (lower::elementwise(&node.op)
+                            || matches!(node.op, Op::CheckIndices { .. })
+                            || (matches!(node.op, Op::BroadcastTo)
+                                && src.is_some_and(|s| self.row_width(s) == 1)))
+                }
+                Class::Batch => {
+                    let planes = src.is_some_and(|s| g.ty(s).rank() == 4);
+                    let axes: &[usize] = if planes { &[0, 1, 2] } else { &[0] };
+                    node.ty.rank() == 1
+                        && agree(node.ty.shape[0], planes)
+                        && matches!(&node.op, Op::Reduce { axes: a, .. } if a.as_slice() == axes)
+                }
+                _ => true,
+            };
+            if !ok {
+                return None;
+            }
+        }
+        for p in &self.inputs {
+            let ty = g.ty(p.node);
+            let ok = match (self.image(p.node), ty.rank()) {
+                (Some((_, _, c)), _) => agree(c as usize, true),
+                (None, 2) if wide && ty.shape[1] == 1 => true,
+                (None, 2) => agree(ty.shape[1], false),
+                _ => false,
+            };
+            if !ok {
+                return None;
+            }
+        }
+        width.map(|w| w.0 as u32)
+    }
+
+    /// The features a sample of rank-2 value `n` has (`[B, N]`: `N`; `[B]`, a scalar
+    /// a sample: 1; 0 for another).
+    fn row_width(&self, n: NodeIndex) -> usize {
+        let ty = self.g.ty(n);
+        match ty.shape.as_slice() {
+            [b, w] if *b == self.f.batch as usize => *w,
+            [b] if *b == self.f.batch as usize => 1,
+            _ => 0,
+        }
+    }
+
+    /// Whether `n` reduces a sample's features to one (`reduce_sum(x, 1, keep_dims)`),
+    /// which several lanes do together (`rows`).
+    fn along_rows(&self, n: NodeIndex) -> bool {
+        let Op::Reduce { axes, .. } = &self.g.node(n).op else {
+            return false;
+        };
+        let src = self.f.resolve(self.g.operands(n)[0]);
+        axes.as_slice() == [1] && self.row_width(src) > 1 && self.row_width(n) == 1
+    }
+
+    /// Whether it reduces along a sample's features (on several lanes, it then needs
+    /// the colours of `rows`).
+    pub fn reduces_rows(&self) -> bool {
+        (self.nodes().iter())
+            .any(|&n| self.f.class[n.index()] == Class::Sample && self.along_rows(n))
+    }
+
+    /// The elements of node `n` on lane `lane` of `lanes`: a sample's share of a
+    /// sample value, a variable's or sum's share, or one.
+    fn extent(&self, n: NodeIndex, lanes: u32, lane: u32) -> u32 {
+        let ty = self.g.ty(n);
+        if let (Some((h, w, c)), Class::Sample) = (self.image(n), self.f.class[n.index()]) {
+            // some channels' planes
+            return split(c, lanes, lane).len() as u32 * h * w;
+        }
+        let per = match self.f.class[n.index()] {
+            Class::Sample | Class::SampleT => ty.shape.iter().skip(1).product::<usize>(),
+            _ => ty.elements(),
+        } as u32;
+        if lanes > 1 && per > 1 {
+            split(per, lanes, lane).len() as u32
+        } else {
+            per
+        }
+    }
+
+    /// The flat elements of node `n` that lane `lane` holds (one run).
+    fn runs(&self, n: NodeIndex, lanes: u32, lane: u32) -> Vec<(u32, u32)> {
+        let ext = self.extent(n, lanes, lane);
+        if lanes > 1 && ext > 0 && self.extent(n, 1, 0) > 1 {
+            let per = self.extent(n, 1, 0);
+            vec![(split(per, lanes, lane).start, ext)]
+        } else {
+            vec![(0, ext)]
+        }
+    }
+
+    /// The phase of each of its nodes and inputs: 1 when it depends on a backward
+    /// input.
+    fn phases(&self) -> BTreeMap<NodeIndex, u8> {
+        let mut ph = BTreeMap::new();
+        for p in &self.inputs {
+            ph.insert(p.node, u8::from(p.bwd));
+        }
+        for &n in self.nodes() {
+            let p = self
+                .g
+                .operands(n)
+                .iter()
+                .map(|&o| ph.get(&self.f.resolve(o)).copied().unwrap_or(0))
+                .max()
+                .unwrap_or(0);
+            ph.insert(n, p);
+        }
+        // a forward value only the backward task reads is computed there, from what it
+        // reads (which the backward task then stashes instead, if anything: one value
+        // of the same size, or none, since it reads stashed values)
+        let mine: std::collections::BTreeSet<NodeIndex> = self.nodes().iter().copied().collect();
+        for &n in self.nodes().iter().rev() {
+            let node = self.g.node(n);
+            if ph.get(&n) != Some(&0)
+                || self.f.class[n.index()] != Class::Sample
+                || !lower::elementwise(&node.op)
+                || self.outputs.iter().any(|o| o.node == n)
+            {
+                continue;
+            }
+            let mut users = self
+                .g
+                .g
+                .neighbors_directed(n, petgraph::Direction::Outgoing)
+                .peekable();
+            let late = users.peek().is_some()
+                && users.all(|u| mine.contains(&u) && ph.get(&u) == Some(&1));
+            let small = self.g.operands(n).iter().all(|&o| {
+                let o = self.f.resolve(o);
+                constant(self.g, o).is_some() || self.g.ty(o).elements() == node.ty.elements()
+            });
+            if late && small {
+                ph.insert(n, 1);
+            }
+        }
+        ph
+    }
+
+    /// Lane `lane` of `lanes`.
+    pub fn lane(&self, lanes: u32, lane: u32) -> Result<Lane, String> {
+        self.build(lanes, lane, None)
+    }
+
+    /// Whether it can run as replicas, each taking one sample in so many
+    /// (`replica`, `dealer`): it runs on one lane, has no backward phase, and sends
+    /// nothing while a sample passes (only the gradients it holds back to the step's
+    /// end, and sums over the batch the host reads), as a loss.
+    pub fn replicable(&self) -> bool {
+        let phases = self.phases();
+        self.width().is_none()
+            && self.inputs.iter().all(|i| !i.bwd)
+            && (self.outputs.iter()).all(|o| o.bwd && phases.get(&o.node) == Some(&0))
+    }
+
+    /// A replica of a one-lane kernel: the lane's program for the samples the dealer
+    /// sends it (one in `rep.of`), all its inputs on `rep.to`. It sends each sample's
+    /// gradients back as it computes them; at the step's end it sends its sums over the
+    /// batch back to the dealer and takes every replica's total from it.
+    pub fn replica(&self, rep: Rep) -> Result<Lane, String> {
+        self.build(1, 0, Some(rep))
+    }
+}

@@ -1,0 +1,329 @@
+//! The code of one node of a vector kernel on a lane.
+
+use super::ops::*;
+use super::{Vector, SLOT_BASE};
+use crate::backend::wafer::form::{constant, image, Class};
+use crate::backend::wafer::isa::{Instr, Src, VecOp};
+use crate::backend::wafer::kernels::rows;
+use crate::backend::wafer::kernels::{nest, split};
+use crate::backend::wafer::lower::{self, vec, Scratch, Val};
+use crate::ir::{NodeIndex, Op, ReduceOp, UnaryOp};
+use std::collections::BTreeMap;
+
+impl Vector<'_> {
+    /// The code of one node of the current phase.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn node(
+        &self,
+        n: NodeIndex,
+        (lanes, lane): (u32, u32),
+        cur: &mut BTreeMap<NodeIndex, Val>,
+        stash: &BTreeMap<NodeIndex, (u32, u32)>,
+        scratch: &mut Scratch,
+        iota: Option<u32>,
+        body: &mut Vec<Instr>,
+        means: &mut Vec<(Val, f32)>,
+        soft: &mut BTreeMap<NodeIndex, Soft>,
+    ) -> Result<(), String> {
+        let g = self.g;
+        let f = self.f;
+        let node = g.node(n);
+        let ext = self.extent(n, lanes, lane);
+        let ops = g.operands(n);
+        let arg = |o: NodeIndex, cur: &BTreeMap<NodeIndex, Val>| -> Result<Val, String> {
+            let o = f.resolve(o);
+            if let Some(v) = constant(g, o) {
+                return Ok(Val::Imm(v));
+            }
+            cur.get(&o).copied().ok_or_else(|| {
+                format!(
+                    "`{}` reads a value its kernel does not have",
+                    node.op.name()
+                )
+            })
+        };
+        if f.alias[n.index()].is_some() {
+            return Ok(());
+        }
+        let args = ops
+            .iter()
+            .map(|&o| arg(o, cur))
+            .collect::<Result<Vec<Val>, String>>()?;
+        if f.class[n.index()] == Class::Batch {
+            // a sum over the batch: this sample's share, reduced over the sample's own
+            // axes first
+            let Op::Reduce { op, axes, .. } = &node.op else {
+                return Err(format!("`{}` over the batch", node.op.name()));
+            };
+            let acc = cur[&n];
+            let src = ops[0];
+            let per = self.extent(src, lanes, lane);
+            let part = if per == acc.elements() {
+                args[0]
+            } else if acc.elements() == 1 || per.is_multiple_of(acc.elements()) {
+                // over the whole sample, or (an image) over each channel's plane
+                let rows = acc.elements();
+                let t = scratch.alloc(rows);
+                body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], rows));
+                body.push(reduce_rows(VecOp::Add, t, args[0], rows, per / rows));
+                t
+            } else {
+                return Err(format!(
+                    "a sum over the batch and some of a sample's axes ({axes:?})"
+                ));
+            };
+            body.push(vec(VecOp::Add, acc, &[acc, part], acc.elements()));
+            if *op == ReduceOp::Mean {
+                let count = g.ty(src).elements() / g.ty(n).elements().max(1);
+                means.push((acc, 1.0 / count as f32));
+            }
+            return Ok(());
+        }
+        let dst = match stash.get(&n) {
+            Some(&(base, len)) => Val::Buf {
+                base,
+                len,
+                slot: Some(SLOT_BASE),
+            },
+            None => scratch.alloc(ext),
+        };
+        cur.insert(n, dst);
+        let rank = node.ty.rank();
+        // the softmax a log-softmax's gradient takes: its exponentials over their row
+        // sums, which it computed
+        let of_softmax = ops.first().and_then(|&o| soft.get(&f.resolve(o)).copied());
+        if let (Op::Unary(UnaryOp::Exp), Some(Soft { e, s, outer, inner })) = (&node.op, of_softmax)
+        {
+            body.extend(normalise(dst, e, s, outer, inner, scratch));
+            return Ok(());
+        }
+        match &node.op {
+            op if lower::elementwise(op) => {
+                let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
+                // an image's per-channel operands (a bias) spread over their planes
+                let mut args = args;
+                if let Some((h, w, _)) = image(g, n) {
+                    for a in &mut args {
+                        let cl = a.elements();
+                        if cl > 1 && cl * h * w == ext {
+                            let t = scratch.alloc(ext);
+                            body.push(spread(t, *a, cl, h * w));
+                            *a = t;
+                        }
+                    }
+                }
+                lower::emit(op, dst, &args, ext, (from, node.ty.dtype), body)?;
+            }
+            op if pooling(op) => {
+                // the image pooled and the pooled one
+                let (x, y) = match op {
+                    Op::MaxPool2d(_) | Op::AvgPool2d(_) => (f.resolve(ops[0]), n),
+                    Op::MaxPool2dGrad(_) => (n, f.resolve(ops[1])),
+                    _ => (n, f.resolve(ops[0])),
+                };
+                let (Some(x), Some(y)) = (self.image(x), self.image(y)) else {
+                    return Err(format!("`{}` of values not images", op.name()));
+                };
+                let cl = split(x.2, lanes, lane).len() as u32;
+                pool(op, dst, &args, cl, (x.0, x.1), (y.0, y.1), scratch, body)?;
+            }
+            Op::Reshape => {
+                body.push(vec(VecOp::Mov, dst, &args[..1], ext));
+            }
+            // (a sample's scalar over its features' share on this lane)
+            Op::BroadcastTo if lanes > 1 && args[0].elements() == 1 => {
+                body.push(vec(VecOp::Mov, dst, &args[..1], ext));
+            }
+            Op::BroadcastTo => {
+                body.push(broadcast(dst, args[0], &g.ty(ops[0]).shape, &node.ty.shape));
+            }
+            // a transpose of a batch of scalars keeps them where they are
+            Op::Transpose { perm } if perm.len() == 1 => {
+                body.push(vec(VecOp::Mov, dst, &args[..1], ext));
+            }
+            Op::Reduce { op, axes, .. } => {
+                let (outer, inner, post) = reduced(g.ty(ops[0]).shape.as_slice(), axes)?;
+                let (v, init) = match op {
+                    ReduceOp::Sum | ReduceOp::Mean => (VecOp::Add, 0.0),
+                    ReduceOp::Max => (VecOp::Max, f32::NEG_INFINITY),
+                    ReduceOp::Min => (VecOp::Min, f32::INFINITY),
+                    ReduceOp::Prod => (VecOp::Mul, 1.0),
+                };
+                body.push(vec(VecOp::Mov, dst, &[Val::Imm(init)], ext));
+                if lanes > 1 && self.along_rows(n) {
+                    // this lane's share, then every lane's (`rows`)
+                    let mine = self.extent(f.resolve(ops[0]), lanes, lane);
+                    body.push(reduce_rows(v, dst, args[0], 1, mine));
+                    let c = self.rows.unwrap_or([0; 3]);
+                    body.extend(rows::across(v, dst, (lanes, lane), c));
+                    if *op == ReduceOp::Mean {
+                        body.push(vec(
+                            VecOp::Mul,
+                            dst,
+                            &[dst, Val::Imm(1.0 / inner as f32)],
+                            1,
+                        ));
+                    }
+                    return Ok(());
+                }
+                if post == 1 {
+                    body.push(reduce_rows(v, dst, args[0], outer, inner));
+                } else {
+                    // axes in the middle: each run of the axes after them, accumulated
+                    // into its place, for every entry of the reduced ones
+                    let acc = at(dst, 0, post, 1, &[post, 0]);
+                    body.push(nest(
+                        &[outer, inner],
+                        Instr::Vec {
+                            op: v,
+                            dst: acc.clone(),
+                            srcs: vec![
+                                Src::V(acc),
+                                view(args[0], 0, post, 1, &[inner * post, post]),
+                            ],
+                        },
+                    ));
+                }
+                if *op == ReduceOp::Mean {
+                    body.push(vec(
+                        VecOp::Mul,
+                        dst,
+                        &[dst, Val::Imm(1.0 / inner as f32)],
+                        ext,
+                    ));
+                }
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } if *axis + 1 == rank => {
+                let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?;
+                let x = args[0];
+                let m = scratch.alloc(outer);
+                body.push(vec(VecOp::Mov, m, &[Val::Imm(f32::NEG_INFINITY)], outer));
+                body.push(reduce_rows(VecOp::Max, m, x, outer, inner));
+                // t = x - m, row by row
+                body.push(per_row(VecOp::Sub, dst, x, m, outer, inner));
+                let e = scratch.alloc(ext);
+                body.push(vec(VecOp::Exp, e, &[dst], ext));
+                let s = scratch.alloc(outer);
+                body.push(vec(VecOp::Mov, s, &[Val::Imm(0.0)], outer));
+                body.push(reduce_rows(VecOp::Add, s, e, outer, inner));
+                if matches!(node.op, Op::LogSoftmax { .. }) {
+                    let ls = scratch.alloc(outer);
+                    body.push(vec(VecOp::Log, ls, &[s], outer));
+                    body.push(per_row(VecOp::Sub, dst, dst, ls, outer, inner));
+                    soft.insert(n, Soft { e, s, outer, inner });
+                } else {
+                    body.extend(normalise(dst, e, s, outer, inner, scratch));
+                }
+            }
+            Op::ArgMax { axis } | Op::ArgMin { axis } if *axis + 1 == rank + 1 => {
+                let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?;
+                let max = matches!(node.op, Op::ArgMax { .. });
+                let x = args[0];
+                let m = scratch.alloc(outer);
+                let (best, init) = if max {
+                    (VecOp::Max, f32::NEG_INFINITY)
+                } else {
+                    (VecOp::Min, f32::INFINITY)
+                };
+                body.push(vec(VecOp::Mov, m, &[Val::Imm(init)], outer));
+                body.push(reduce_rows(best, m, x, outer, inner));
+                // the first position holding it: min over (x == m ? i : inner)
+                let hit = scratch.alloc(outer * inner);
+                body.push(per_row(VecOp::Eq, hit, x, m, outer, inner));
+                let iota = Val::buf(iota.ok_or("no counting buffer")?, inner);
+                for r in 0..outer {
+                    let row = |v: Val| match v {
+                        Val::Buf { base, len, slot } if len > 1 => Val::Buf {
+                            base: base + r * inner,
+                            len: inner,
+                            slot,
+                        },
+                        v => v,
+                    };
+                    body.push(vec(
+                        VecOp::Sel,
+                        row(hit),
+                        &[row(hit), iota, Val::Imm(inner as f32)],
+                        inner,
+                    ));
+                }
+                body.push(vec(VecOp::Mov, dst, &[Val::Imm(inner as f32)], ext));
+                body.push(reduce_rows(VecOp::Min, dst, hit, outer, inner));
+            }
+            Op::Slice { axis, start, end } if *axis > 0 => {
+                // each run of the sliced axis (and the axes inside it), row by row
+                let (shape, axis) = laid(&g.ty(ops[0]).shape, *axis);
+                let (outer, inner) = around(&shape, axis);
+                let (whole, part) = (shape[axis] as u32 * inner, (end - start) as u32 * inner);
+                body.push(nest(
+                    &[outer],
+                    Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: at(dst, 0, part, 1, &[part]),
+                        srcs: vec![view(args[0], *start as u32 * inner, part, 1, &[whole])],
+                    },
+                ));
+            }
+            Op::Concat { axis } if *axis > 0 => {
+                // each operand's rows into their place in each row of the result
+                let (shape, axis) = laid(&node.ty.shape, *axis);
+                let (outer, inner) = around(&shape, axis);
+                let whole = shape[axis] as u32 * inner;
+                let mut off = 0;
+                for (&o, &a) in ops.iter().zip(&args) {
+                    let part = laid(&g.ty(o).shape, axis).0[axis] as u32 * inner;
+                    // a one-word operand repeats its word
+                    let stride = u32::from(a.elements() != 1);
+                    body.push(nest(
+                        &[outer],
+                        Instr::Vec {
+                            op: VecOp::Mov,
+                            dst: at(dst, off, part, 1, &[whole]),
+                            srcs: vec![view(a, 0, part, stride, &[stride * part])],
+                        },
+                    ));
+                    off += part;
+                }
+            }
+            Op::Transpose { perm } if perm.first() == Some(&0) => {
+                // the result in the order its axes lie in: a loop over each of them
+                // but the last, whose elements are read `stride` apart in the operand
+                // (images lie planar: an axis's stride is its place in that order's)
+                let (from, to) = (&g.ty(ops[0]).shape, &node.ty.shape);
+                let (ri, ro) = (laid_order(from.len()), laid_order(to.len()));
+                let si = strides(&laid(from, 0).0);
+                let so = strides(&laid(to, 0).0);
+                // the operand's stride along the result's `d`th laid axis
+                let src = |d: usize| {
+                    let a = perm[ro[d]];
+                    si[ri.iter().position(|&x| x == a).unwrap_or(0)]
+                };
+                let last = to.len() - 1;
+                let loops: Vec<u32> = (1..last).map(|d| to[ro[d]] as u32).collect();
+                let dst_step: Vec<u32> = (1..last).map(|d| so[d]).collect();
+                let src_step: Vec<u32> = (1..last).map(src).collect();
+                let len = to[ro[last]] as u32;
+                body.push(nest(
+                    &loops,
+                    Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: at(dst, 0, len, 1, &dst_step),
+                        srcs: vec![view(args[0], 0, len, src(last), &src_step)],
+                    },
+                ));
+            }
+            Op::OneHot { depth } if ext == *depth as u32 => {
+                let iota = Val::buf(iota.ok_or("no counting buffer")?, *depth as u32);
+                body.push(vec(VecOp::Eq, dst, &[iota, args[0]], ext));
+            }
+            other => {
+                return Err(format!(
+                    "`{}` of {} has no wafer kernel yet",
+                    other.name(),
+                    node.ty
+                ));
+            }
+        }
+        Ok(())
+    }
+}
