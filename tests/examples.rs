@@ -219,6 +219,31 @@ fn example(
     })
 }
 
+/// An example's estimator (small `params`) trained `steps` steps from its initial
+/// variables, on `target`: the estimator, those variables, and the run.
+fn trained_a_few_steps(
+    file: &str,
+    params: &[(&str, &str)],
+    steps: u64,
+    target: Target,
+) -> (
+    est::runtime::Estimator,
+    rustc_hash::FxHashMap<String, est::tensor::Tensor>,
+    est::runtime::TrainReport,
+) {
+    let stem = std::path::Path::new(file)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy();
+    let dir = common::scratch("examples", &format!("{stem}-{target:?}"));
+    let mut e = example(file, None, params, target, &dir);
+    e.restore_or_init().unwrap();
+    let before = e.variables();
+    let r = e.train(est::runtime::Steps::Max(steps)).unwrap();
+    assert_eq!(r.global_step, steps as i64, "{file} on {target:?}");
+    (e, before, r)
+}
+
 fn targets() -> Vec<Target> {
     let mut targets = vec![Target::Interp];
     if cfg!(feature = "llvm") {
@@ -234,18 +259,12 @@ fn targets() -> Vec<Target> {
 #[test]
 fn resnet20_trains_a_few_steps() {
     for target in targets() {
-        let dir = common::scratch("examples", &format!("resnet20-{target:?}"));
-        let mut e = example(
+        let (mut e, before, r) = trained_a_few_steps(
             "examples/resnet20.est",
-            None,
             &[("batch_size", "4"), ("boundaries", "[1, 2]")],
+            3,
             target,
-            &dir,
         );
-        e.restore_or_init().unwrap();
-        let before = e.variables();
-        let r = e.train(est::runtime::Steps::Max(3)).unwrap();
-        assert_eq!(r.global_step, 3);
         assert!(
             r.final_loss.is_finite() && r.final_loss > 0.0,
             "{target:?}: {r:?}"
@@ -286,18 +305,12 @@ fn resnet20_trains_a_few_steps() {
 #[test]
 fn bert_trains_a_few_steps() {
     for target in targets() {
-        let dir = common::scratch("examples", &format!("bert-{target:?}"));
-        let mut e = example(
+        let (mut e, before, r) = trained_a_few_steps(
             "examples/bert.est",
-            None,
             &[("batch_size", "4"), ("length", "16"), ("warmup_steps", "2")],
+            4,
             target,
-            &dir,
         );
-        e.restore_or_init().unwrap();
-        let before = e.variables();
-        let r = e.train(est::runtime::Steps::Max(4)).unwrap();
-        assert_eq!(r.global_step, 4);
         // a binary cross-entropy near log 2 at the start
         assert!(
             r.final_loss > 0.3 && r.final_loss < 1.5,
@@ -342,18 +355,8 @@ fn bert_trains_a_few_steps() {
 #[test]
 fn mobilenet_trains_a_few_steps() {
     for target in targets() {
-        let dir = common::scratch("examples", &format!("mobilenet-{target:?}"));
-        let mut e = example(
-            "examples/mobilenet.est",
-            None,
-            &[("batch_size", "4")],
-            target,
-            &dir,
-        );
-        e.restore_or_init().unwrap();
-        let before = e.variables();
-        let r = e.train(est::runtime::Steps::Max(3)).unwrap();
-        assert_eq!(r.global_step, 3);
+        let (mut e, before, r) =
+            trained_a_few_steps("examples/mobilenet.est", &[("batch_size", "4")], 3, target);
         // ten classes: about log 10 at the start
         assert!(
             r.final_loss > 1.0 && r.final_loss < 5.0,

@@ -105,6 +105,9 @@ impl Vector<'_> {
         // each replica's gradients on toward the layers (odd ids: the backward pass)
         let returns: Vec<u8> = (0..r as u8).map(|k| take_id + 1 + 2 * k).collect();
         if !back.is_empty() {
+            // (and room for the gradients a replica sends while the dealer deals the
+            // others)
+            let out = self.window.div_ceil(r);
             for (&(_, b), &id) in to.iter().zip(&returns) {
                 let mut body: Vec<Instr> = (back.iter())
                     .flat_map(|(port, len)| {
@@ -122,6 +125,8 @@ impl Vector<'_> {
                     trigger: Trigger::Data(b),
                     body,
                 });
+                let words = p.receives(id, b) as u32;
+                p.fifo(b, out * words);
             }
             p.pipeline = Some(Pipeline {
                 forward: take_id,
@@ -129,12 +134,6 @@ impl Vector<'_> {
                 window: self.window.max(1),
                 samples: f.batch,
             });
-            // room for the gradients a replica sends while the dealer deals the others
-            let out = self.window.div_ceil(r);
-            for (&(_, b), &id) in to.iter().zip(&returns) {
-                let words = p.receives(id, b) as u32;
-                p.fifo(b, out * words);
-            }
         }
         if let Some(id) = gather {
             let mut body = Vec::new();

@@ -245,7 +245,10 @@ impl Vector<'_> {
             Class::Sample | Class::SampleT => ty.shape.iter().skip(1).product::<usize>(),
             _ => ty.elements(),
         } as u32;
-        if lanes > 1 && per > 1 {
+        // (a value it passes on is dealt as the layers on either side deal it, even of
+        // one word: the first lane has it)
+        let passed = (self.f.passed(self.k)).is_some_and(|(_, c)| c.x == n || c.grad == Some(n));
+        if lanes > 1 && (per > 1 || passed) {
             split(per, lanes, lane).len() as u32
         } else {
             per
