@@ -185,13 +185,6 @@ pub(super) fn residuals(
             || vec![false; bound],
             |m| reach(m, petgraph::Direction::Outgoing),
         );
-        let ahead = |n: NodeIndex| {
-            let i = n.index();
-            group[i] == before && from_fwd[i] && !from_bwd[i] && !to_x[i]
-        };
-        if !order.iter().any(|&n| ahead(n)) {
-            continue;
-        }
         for &n in order.iter().rev() {
             let i = n.index();
             if group[i] != before || from_bwd[i] || to_x[i] {
@@ -204,6 +197,9 @@ pub(super) fn residuals(
             if from_fwd[i] || read_after {
                 group[i] = after;
             }
+        }
+        if !order.iter().any(|n| group[n.index()] == after) {
+            continue;
         }
         // what crosses the cut: the values before it that nodes after it read (the
         // layer's input, or another value beside it: an LSTM's cell state), and the
@@ -243,17 +239,15 @@ pub(super) fn residuals(
             let skip = *ops.iter().find(|&&o| o != m)?;
             let same = g.ty(skip).shape == g.ty(m).shape && g.ty(u).shape == g.ty(m).shape;
             (add && same && free(u, owner) && group[u.index()] == before && !from_bwd[skip.index()])
-                .then_some((u, m, resolve(skip)))
+                .then_some((u, resolve(skip)))
         });
-        if let Some((u, _, _)) = sum {
-            owner[u.index()] = Some(k);
-        }
         if let Kind::Dense { bwd, carry, .. } = &mut kr.kind {
             *carry = Some(Carry {
                 x,
-                grad: sum.map(|(_, _, skip)| skip),
+                grad: sum.map(|(_, skip)| skip),
             });
-            if let Some((u, _, _)) = sum {
+            if let Some((u, _)) = sum {
+                owner[u.index()] = Some(k);
                 *bwd = Some(u);
             }
         }

@@ -232,9 +232,14 @@ impl Formed {
     /// the kernel that reads it (`Formed::skips`) through every kernel between, in the
     /// streams between them beside their own values (forward, the value; backward, its
     /// gradient).
-    pub fn passed(&self, k: usize) -> Option<(usize, &Carry)> {
+    pub fn passed(&self, k: usize) -> Option<&Carry> {
         let &(l, _) = self.skips.iter().find(|&&(l, r)| l < k && k < r)?;
-        Some((l, self.carry(l)?))
+        self.carry(l)
+    }
+
+    /// What kernel `k` carries past itself: its own carry, or a skip it passes on.
+    pub fn carried_past(&self, k: usize) -> Option<&Carry> {
+        self.carry(k).or_else(|| self.passed(k))
     }
 
     /// Layer `l`'s carry when what it carries is not its input but a value beside it.
@@ -265,10 +270,7 @@ impl Formed {
             more.into_iter().flatten().filter(|p| p.side)
         };
         if let Some(l) = to.checked_sub(1) {
-            if self.carry(l).is_some_and(|c| c.x == n) {
-                return 1;
-            }
-            if self.passed(l).is_some_and(|(_, c)| c.x == n) {
+            if self.carried_past(l).is_some_and(|c| c.x == n) {
                 return 1;
             }
             if let Some(i) = sides(l).position(|p| p.mm == n) {
@@ -281,14 +283,11 @@ impl Formed {
             Some(Kind::Dense { dy, .. }) => dy.map(|d| self.resolve(d)),
             _ => None,
         };
-        if (self.carry(to).and_then(|c| c.grad)).is_some_and(|skip| skip == n && dy != Some(n)) {
-            return 1;
-        }
-        // (a kernel that passes a skip on takes its gradient beside its own, unless it
-        // is a layer whose output gradient that is; so does the kernel that made a value
-        // the layer after it carries beside its input)
-        let passes = self.passed(to).and_then(|(_, c)| c.grad);
-        if passes.is_some_and(|skip| skip == n && dy != Some(n)) {
+        // (the kernel a skip's gradient comes back into: the layer that carries it,
+        // or one passing it on, unless it is that layer's output gradient; and the
+        // kernel that made a value the layer after it carries beside its input)
+        let back = self.carried_past(to).and_then(|c| c.grad);
+        if back.is_some_and(|skip| skip == n && dy != Some(n)) {
             return 1;
         }
         if self

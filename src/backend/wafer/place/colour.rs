@@ -5,7 +5,7 @@
 //! row of the layer before whose outputs it gathers.
 
 use super::host::{edge_path, host_legs, part_columns, parts_of, Leg};
-use super::lanes::{vector_of, Lanes};
+use super::lanes::Lanes;
 use super::sizer::Sizer;
 use super::{unsupported, ColoursShort, LayoutError, Placed, CHAIN_COLOURS};
 use crate::backend::wafer::form::{self, End, Formed, Kind};
@@ -78,10 +78,7 @@ pub(super) fn colour(
     // a vector kernel that reduces along its samples' features on several lanes: three
     // colours along its strip (`kernels::rows`)
     for (k, p) in placed.iter().enumerate() {
-        let reduces = matches!(f.kernels[k].kind, Kind::Vector { .. })
-            && lanes.out[k] > 1
-            && vector_of(sizer.g, f, k, (f.batch, 0), |_| 0).reduces_rows();
-        if reduces {
+        if sizer.reduces_rows[k] && lanes.out[k] > 1 {
             let routers = pes_of(p);
             let name = || format!("the reductions of {}", p.name);
             let mut take = || palette.take(&routers, name);
@@ -299,7 +296,7 @@ impl Palette {
 /// (`vector::Fan`): the layer's rows carry its outputs alone (no residual's features,
 /// passed on or its own, no side part's outputs).
 pub(super) fn fanned(f: &Formed, l: usize, k: usize) -> Option<(NodeIndex, Option<NodeIndex>)> {
-    if f.carry(l).is_some() || f.passed(l).is_some() || parts_of(f, l).iter().any(|p| p.side) {
+    if f.carried_past(l).is_some() || parts_of(f, l).iter().any(|p| p.side) {
         return None;
     }
     let input = (f.streams.iter())

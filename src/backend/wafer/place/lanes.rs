@@ -76,7 +76,7 @@ pub(super) fn vector_of<'a>(
             carry,
             more,
             ..
-        } => Some((*fwd, *dy, carry.or(f.passed(l).map(|(_, c)| *c)), more)),
+        } => Some((*fwd, *dy, carry.or(f.passed(l).copied()), more)),
         Kind::Vector { .. } => None,
     });
     // the layer after: its input and input gradient (a value it carries beside its
@@ -120,7 +120,7 @@ pub(super) fn vector_of<'a>(
     }
     // a skip it passes on: its value in from the layer before beside that layer's
     // outputs and out to the layer after beside its own, its gradient the other way
-    if let (Some((_, c)), Some((fwd, ..)), Some((x, bwd))) = (f.passed(k), layer, next(k + 1)) {
+    if let (Some(c), Some((fwd, ..)), Some((x, bwd))) = (f.passed(k), layer, next(k + 1)) {
         let port = |node, colour, bwd| Port {
             node,
             colour,

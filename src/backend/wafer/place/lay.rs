@@ -377,7 +377,7 @@ pub(super) fn dense_kernel(
     }
     let update = update_main;
     // its own input carried past it, or a value it passes on (of its width a sample)
-    let passed = f.passed(k).map(|(_, c)| c);
+    let passed = f.passed(k);
     if passed.is_some() && f.carry(k).is_some() {
         return Err(unsupported(
             g,
@@ -386,7 +386,7 @@ pub(super) fn dense_kernel(
             "end one residual before the next begins",
         ));
     }
-    let carried = f.carry(k).or(passed);
+    let carried = f.carried_past(k);
     let beside = passed.or(f.carries_beside(k));
     let pass = beside.map_or(0, |c| {
         (g.ty(c.x).elements() / f.batch.max(1) as usize) as u32

@@ -41,6 +41,9 @@ pub(super) struct Sizer<'a> {
     pub(super) periods: std::cell::RefCell<BTreeMap<VectorSizing, Option<Cost>>>,
     /// Whether a one-lane kernel can run as replicas (`Vector::replicable`).
     pub(super) replicable: Vec<bool>,
+    /// Whether a vector kernel reduces along its samples' features (on several lanes
+    /// it needs the colours of `kernels::rows`: `Vector::reduces_rows`).
+    pub(super) reduces_rows: Vec<bool>,
     /// A replicable one-lane kernel's input from the layer before it and that input's
     /// gradient, when its dealer can gather them from the layer's rows (`fanned`).
     pub(super) fanned: Vec<Option<(NodeIndex, Option<NodeIndex>)>>,
@@ -146,19 +149,21 @@ impl<'a> Sizer<'a> {
             .iter()
             .map(|k| dense_dims(g, f, &k.kind))
             .collect();
+        // each vector kernel's width, whether it may run as replicas, and whether it
+        // reduces along its samples' features
         let unscheduled = (f.batch, 0);
-        let width: Vec<Option<u32>> = (0..nk)
-            .map(|k| {
-                if dims[k].is_some() {
-                    None
-                } else {
-                    vector_of(g, f, k, unscheduled, |_| 0).width()
+        let vectors: Vec<(Option<u32>, bool, bool)> = (0..nk)
+            .map(|k| match dims[k] {
+                Some(_) => (None, false, false),
+                None => {
+                    let v = vector_of(g, f, k, unscheduled, |_| 0);
+                    (v.width(), v.replicable(), v.reduces_rows())
                 }
             })
             .collect();
-        let replicable: Vec<bool> = (0..nk)
-            .map(|k| dims[k].is_none() && vector_of(g, f, k, unscheduled, |_| 0).replicable())
-            .collect();
+        let width: Vec<Option<u32>> = vectors.iter().map(|v| v.0).collect();
+        let replicable: Vec<bool> = vectors.iter().map(|v| v.1).collect();
+        let reduces_rows: Vec<bool> = vectors.iter().map(|v| v.2).collect();
         // the windows with as many replicas as a loss may have: the most memory
         let sched = schedule(f, widths, |k| if replicable[k] { MAX_REPS } else { 1 });
         let dense = (0..nk)
@@ -204,6 +209,7 @@ impl<'a> Sizer<'a> {
             floor,
             dense,
             replicable,
+            reduces_rows,
             fanned,
             part_pes: Default::default(),
             periods: Default::default(),
@@ -218,9 +224,8 @@ impl<'a> Sizer<'a> {
     pub(super) fn layer_period(&self, k: usize, d: Dims, w: u32, h: u32) -> Cost {
         // (a row that carries more than the layer's outputs, a residual's features or
         // side parts' outputs, is zeroed first: measured from the program)
-        let carries = self.f.carry(k).is_some()
-            || self.f.passed(k).is_some()
-            || parts_of(self.f, k).iter().any(|p| p.side);
+        let carries =
+            self.f.carried_past(k).is_some() || parts_of(self.f, k).iter().any(|p| p.side);
         if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) && !carries {
             return dense_period(self.fab, d, w, h);
         }

@@ -247,7 +247,7 @@ impl Vector<'_> {
         } as u32;
         // (a value it passes on is dealt as the layers on either side deal it, even of
         // one word: the first lane has it)
-        let passed = (self.f.passed(self.k)).is_some_and(|(_, c)| c.x == n || c.grad == Some(n));
+        let passed = (self.f.passed(self.k)).is_some_and(|c| c.x == n || c.grad == Some(n));
         if lanes > 1 && (per > 1 || passed) {
             split(per, lanes, lane).len() as u32
         } else {
