@@ -22,7 +22,7 @@ build: setup
 # mistakes as a user sees them.
 DEMO_DIR ?= target/demo/digits
 # Examples using what the wafer does not lay out yet (tests/examples.rs says why).
-HOST_ONLY_EXAMPLES = bert mobilenet wide_deep resnet20 text_classifier
+HOST_ONLY_EXAMPLES = bert mobilenet resnet20 text_classifier
 demo: build
 	@rm -rf $(DEMO_DIR) target/demo/digits_tfrecord target/demo/cache
 	@echo "== estc train examples/digits_mlp.est"

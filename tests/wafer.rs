@@ -185,6 +185,38 @@ fn mnist_cnn_on_wafer_trains_like_the_interpreter() {
     }
 }
 
+/// `examples/wide_deep.est` on the wafer: its deep part's four embeddings side by side
+/// (side parts of the first, concatenated with the numeric features), its wide part
+/// (two crossed-column embeddings summed) a side part of the last dense layer, FTRL
+/// over the wide part and Adagrad over the rest. 20 steps at its own batch equal the
+/// interpreter's within 1e-5 of each variable's scale, and so does the evaluation of
+/// the whole test split.
+#[test]
+fn wide_deep_trains_like_the_interpreter() {
+    let (dw, di) = (tmp("wide-deep-wafer"), tmp("wide-deep-interp"));
+    let mut w = estimator("examples/wide_deep.est", Target::Wafer, &dw).unwrap();
+    let mut i = estimator("examples/wide_deep.est", Target::Interp, &di).unwrap();
+    let rw = w.train(Steps::Max(20)).unwrap();
+    let ri = i.train(Steps::Max(20)).unwrap();
+    assert_eq!(rw.global_step, 20);
+    let d = worst(&w.variables(), &i.variables());
+    assert!(d <= 1e-5, "largest relative difference {d:e}");
+    assert!(
+        (rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs().max(1.0),
+        "{} vs {}",
+        rw.final_loss,
+        ri.final_loss
+    );
+    let (ew, ei) = (w.evaluate(None).unwrap(), i.evaluate(None).unwrap());
+    assert_eq!((ew.examples, ei.examples), (200, 200));
+    assert_eq!(ew.metrics.len(), 3);
+    for ((n, a), (m, b)) in ew.metrics.iter().zip(&ei.metrics) {
+        assert_eq!(n, m);
+        assert!((a - b).abs() <= 1e-5, "{n}: {a} vs {b}");
+    }
+    assert!((ew.loss - ei.loss).abs() <= 1e-5 * ei.loss.abs().max(1.0));
+}
+
 /// digits_mlp trained on the wafer reaches 0.95 test accuracy. 700 steps (under half of
 /// the example's 1,500) are enough (500 reached 0.942 to 0.95, by layout: its sums'
 /// order), and keep the test under two minutes in a debug build.
@@ -866,18 +898,7 @@ fn embedded_like_the_interpreter(
         "embed-{v}-{dim}-{t}-{scalar}-{pool}-{hidden}-{sum}-{batch}-{side}-{seed}-{}",
         opt.0
     ));
-    let rng = est::rng::Stream::new(seed, 0);
-    let us = rng.uniforms(0, 64 * t, 0);
-    let mut csv = String::new();
-    for r in 0..64 {
-        let ids: Vec<usize> = (0..t)
-            .map(|j| ((us[r * t + j] * v as f32) as usize).min(v - 1))
-            .collect();
-        let label = ids.iter().sum::<usize>() % c;
-        let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
-        csv.push_str(&format!("{},{label}\n", ids.join(",")));
-    }
-    std::fs::write(d.join("data.csv"), csv).unwrap();
+    write_ids(&d, (v, t, c), seed);
     let scalar = scalar && t == 1 && sum != 3;
     let ty = if scalar {
         ("i32[B]".to_string(), "i32".to_string())
@@ -915,6 +936,60 @@ fn embedded_like_the_interpreter(
         body
     };
     compare(&d, &body, opt, (&ty, batch, side, seed))
+}
+
+/// 64 rows of `t` random ids below `v` (`data.csv` in `d`), each labelled by their sum
+/// modulo `c`.
+fn write_ids(d: &Path, (v, t, c): (usize, usize, usize), seed: u64) {
+    let rng = est::rng::Stream::new(seed, 0);
+    let us = rng.uniforms(0, 64 * t, 0);
+    let mut csv = String::new();
+    for r in 0..64 {
+        let ids: Vec<usize> = (0..t)
+            .map(|j| ((us[r * t + j] * v as f32) as usize).min(v - 1))
+            .collect();
+        let label = ids.iter().sum::<usize>() % c;
+        let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
+        csv.push_str(&format!("{},{label}\n", ids.join(",")));
+    }
+    std::fs::write(d.join("data.csv"), csv).unwrap();
+}
+
+/// Embeddings of one id a sample side by side, as a wide & deep model has them: two
+/// towers (the ids, and their mirror image, which the host computes) concatenated into
+/// a dense layer through a hidden one; a wide term of the logits, the sum of two more
+/// embeddings (`dense(h) + (e1 + e2)`); or both. A tower is a side part of the first
+/// embedding; the wide term a side part of the last layer that sums two products
+/// (`form::Part::joined`). Trained 3 steps with `opt` on a `side x side` fabric like
+/// the interpreter, within 1e-4 (as `compare` measures).
+fn embedding_towers_like_the_interpreter(
+    (v, dim, dim2): (usize, usize, usize),
+    variant: usize,
+    opt: usize,
+    (batch, side, seed): (usize, u32, u64),
+) -> Result<(), String> {
+    let c = 3;
+    let d = tmp(&format!(
+        "towers-{v}-{dim}-{dim2}-{variant}-{opt}-{batch}-{side}-{seed}"
+    ));
+    write_ids(&d, (v, 1, c), seed);
+    let mirror = format!("{} - features", v - 1);
+    let deep = match variant {
+        1 => format!("embedding(features, {v}, {dim})"),
+        _ => format!(
+            "concat([embedding(features, {v}, {dim}), embedding({mirror}, {v}, {dim2})], axis: 1)"
+        ),
+    };
+    let wide = match variant {
+        0 => String::new(),
+        _ => {
+            format!(" + (embedding(features / 2, {v}, {c}) + embedding(({mirror}) / 2, {v}, {c}))")
+        }
+    };
+    let body = format!("  let logits = dense(dense({deep}, 5, activation: relu), {c}){wide}\n");
+    let ty = ("i32[B]".to_string(), "i32".to_string());
+    let (opt, lr) = optimiser(opt);
+    compare_with(&d, &body, (&opt, lr), (&ty, batch, side, seed))
 }
 
 /// A convolution of random strides, filter, padding and filters over an 8 x 8 image
@@ -1371,6 +1446,15 @@ proptest::proptest! {
     ) {
         let opt = if adam { ADAM } else { SGD };
         embedded_like_the_interpreter((v, dim, t, scalar), (pool, hidden, 0), opt, (batch, side, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn embedding_towers_train_like_the_interpreter(
+        v in 2usize..40, dim in 1usize..8, dim2 in 1usize..8, variant in 0usize..3, opt in 0usize..4,
+        batch in 1usize..5, side in 16u32..33, seed in 0u64..1000,
+    ) {
+        embedding_towers_like_the_interpreter((v, dim, dim2), variant, opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -304,7 +304,7 @@ pub(super) fn in_order(cx: &Cx, kernels: Vec<Kernel>, owner: &mut [Option<usize>
     let outputs: BTreeSet<NodeIndex> = (kernels.iter())
         .flat_map(|k| match &k.kind {
             Kind::Dense { fwd, more, .. } => std::iter::once(*fwd)
-                .chain(more.iter().filter(|p| p.side).map(|p| p.mm))
+                .chain(more.iter().filter(|p| p.beside()).map(|p| p.out))
                 .collect(),
             Kind::Vector { .. } => Vec::new(),
         })

@@ -308,6 +308,8 @@ pub(super) fn merge_sums(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
                         mm: *fwd,
                         dw: *dw,
                         side: false,
+                        out: *fwd,
+                        joined: false,
                         dy: None,
                     })
                 }
@@ -347,7 +349,7 @@ pub(super) fn merge_sums(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
         let Some((sum, main, gone, part)) = found else {
             return;
         };
-        let main = absorb(kernels, owner, (gone, main), |_| Some(part));
+        let main = absorb(kernels, owner, (gone, main), |_| vec![part]);
         owner[sum.index()] = Some(main);
         if let Kind::Dense { fwd, .. } = &mut kernels[main].kind {
             *fwd = sum;
@@ -355,13 +357,13 @@ pub(super) fn merge_sums(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
     }
 }
 
-/// Removes layer `gone` and makes it a further part of layer `main` (the part `part`
-/// makes of it): its nodes and variables become `main`'s. Returns `main`'s new index.
+/// Removes layer `gone` and makes it further parts of layer `main` (those `parts` makes
+/// of it): its nodes and variables become `main`'s. Returns `main`'s new index.
 fn absorb(
     kernels: &mut Vec<Kernel>,
     owner: &mut [Option<usize>],
     (gone, main): (usize, usize),
-    part: impl FnOnce(&Kind) -> Option<Part>,
+    parts: impl FnOnce(&Kind) -> Vec<Part>,
 ) -> usize {
     let taken = kernels.remove(gone);
     let main = if gone < main { main - 1 } else { main };
@@ -374,8 +376,8 @@ fn absorb(
     }
     let kr = &mut kernels[main];
     kr.vars.extend(taken.vars);
-    if let (Some(p), Kind::Dense { more, .. }) = (part(&taken.kind), &mut kr.kind) {
-        more.push(p);
+    if let Kind::Dense { more, .. } = &mut kr.kind {
+        more.extend(parts(&taken.kind));
     }
     main
 }
@@ -398,6 +400,13 @@ pub(super) fn side_parts(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
             _ => None,
         }
     };
+    // a product of one row a sample: a dense layer's of a vector, an embedding's of one
+    // id (whose outputs can share a row's chain with others')
+    let one_row = |mm: NodeIndex, x: NodeIndex| match g.node(mm).op {
+        Op::MatMul => g.ty(x).rank() == 2,
+        Op::Gather => g.ty(x).rank() == 1,
+        _ => false,
+    };
     let plain = |kr: &Kernel| match &kr.kind {
         Kind::Dense {
             x,
@@ -407,10 +416,11 @@ pub(super) fn side_parts(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
             carry: None,
             ..
         } => {
-            more.is_empty()
-                && matches!(g.node(*fwd).op, Op::MatMul)
-                && g.ty(*x).rank() == 2
+            // (its own product, and those of a sum of several: a side layer of them)
+            let first = product(g, &kr.kind).unwrap_or(*fwd);
+            one_row(first, *x)
                 && from_host(*x)
+                && (more.iter()).all(|p| !p.side && one_row(p.mm, p.x) && from_host(p.x))
         }
         _ => false,
     };
@@ -421,7 +431,12 @@ pub(super) fn side_parts(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
         // gradient brings the side part's)
         let joins = |l: usize, s: usize, v: usize| {
             let (
-                Kind::Dense { x: xs, dy: ds, .. },
+                Kind::Dense {
+                    x: xs,
+                    dy: ds,
+                    more: ms,
+                    ..
+                },
                 Kind::Dense {
                     x, fwd, dy, more, ..
                 },
@@ -429,11 +444,16 @@ pub(super) fn side_parts(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
             else {
                 return false;
             };
-            let inputs = std::iter::once(*x).chain(more.iter().map(|p| p.x));
+            let inputs = |x: NodeIndex, more: &[Part]| {
+                let more: Vec<NodeIndex> = more.iter().map(|p| resolve(p.x)).collect();
+                std::iter::once(resolve(x))
+                    .chain(more)
+                    .collect::<BTreeSet<_>>()
+            };
             l != s
                 && reader(*fwd, owner) == Some(v)
-                && product(g, &kernels[l].kind).is_some_and(|p| matches!(g.node(p).op, Op::MatMul))
-                && inputs.into_iter().all(|i| resolve(i) != resolve(*xs))
+                && product(g, &kernels[l].kind).is_some_and(|p| one_row(p, *x))
+                && inputs(*x, more).is_disjoint(&inputs(*xs, ms))
                 && (ds.is_none() || dy.is_some())
         };
         let found = (0..kernels.len()).find_map(|s| {
@@ -450,18 +470,34 @@ pub(super) fn side_parts(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
         let Some((gone, main)) = found else {
             return;
         };
-        absorb(kernels, owner, (gone, main), |kind| match *kind {
+        // (a side layer of several products: its first part stands for their sum, the
+        // others add into it)
+        absorb(kernels, owner, (gone, main), |kind| match kind {
             Kind::Dense {
-                w, x, fwd, dy, dw, ..
-            } => Some(Part {
                 w,
                 x,
-                mm: fwd,
+                fwd,
+                dy,
                 dw,
-                side: true,
-                dy: dy.map(resolve),
-            }),
-            Kind::Vector { .. } => None,
+                more,
+                ..
+            } => {
+                let side = |w, x, mm, dw, joined| Part {
+                    w,
+                    x,
+                    mm,
+                    dw,
+                    side: true,
+                    out: *fwd,
+                    joined,
+                    dy: dy.map(resolve),
+                };
+                let first = product(g, kind).unwrap_or(*fwd);
+                std::iter::once(side(*w, *x, first, *dw, false))
+                    .chain(more.iter().map(|p| side(p.w, p.x, p.mm, p.dw, true)))
+                    .collect()
+            }
+            Kind::Vector { .. } => Vec::new(),
         });
     }
 }

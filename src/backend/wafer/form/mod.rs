@@ -110,7 +110,23 @@ pub struct Part {
     /// chains after the layer's, as a residual's do (`Carry`), and their gradient
     /// (`dy`, when it trains) comes back after the layer's output gradient.
     pub side: bool,
+    /// The value a side part's outputs are, which the kernel after the layer reads:
+    /// its product, or the sum of several a side layer makes (`e1 + e2`: a wide
+    /// model's linear part), which its first part stands for; `mm` for another part.
+    pub out: NodeIndex,
+    /// Whether it is a further product of a side part of several (`out` is theirs):
+    /// its outputs add into that part's in the rows' chains, as a layer's parts add
+    /// into the layer's.
+    pub joined: bool,
     pub dy: Option<NodeIndex>,
+}
+
+impl Part {
+    /// Whether its outputs travel beside the layer's as values of their own: a side
+    /// part, and not a further product of one.
+    pub fn beside(&self) -> bool {
+        self.side && !self.joined
+    }
 }
 
 /// A residual around a layer (`h + f(h W)`): its input `x` is read past it too, by the
@@ -267,13 +283,13 @@ impl Formed {
                 Kind::Dense { more, .. } => Some(more),
                 Kind::Vector { .. } => None,
             });
-            more.into_iter().flatten().filter(|p| p.side)
+            more.into_iter().flatten().filter(|p| p.beside())
         };
         if let Some(l) = to.checked_sub(1) {
             if self.carried_past(l).is_some_and(|c| c.x == n) {
                 return 1;
             }
-            if let Some(i) = sides(l).position(|p| p.mm == n) {
+            if let Some(i) = sides(l).position(|p| p.out == n) {
                 return 2 + i as u8;
             }
         }

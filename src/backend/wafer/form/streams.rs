@@ -64,10 +64,12 @@ pub(super) fn streams(cx: &Cx, kernels: &[Kernel], owner: &[Option<usize>]) -> V
                 more,
                 ..
             } => {
-                *dy == Some(n)
-                    || *bwd == Some(n)
-                    || carry.and_then(|c| c.grad) == Some(n)
-                    || more.iter().any(|p| p.side && p.dy == Some(n))
+                // (under any of their names: a gradient reshaped into a layer's)
+                let is = |m: Option<NodeIndex>| m.map(resolve) == Some(n);
+                is(*dy)
+                    || is(*bwd)
+                    || is(carry.and_then(|c| c.grad))
+                    || more.iter().any(|p| p.side && is(p.dy))
             }
             Kind::Vector { .. } => false,
         });

@@ -188,6 +188,9 @@ pub struct Dense {
     /// residual's), not summed into them; so do their gradients, after the layer's
     /// output gradient, unless they are the layer's (`Back::Same`: the two summed).
     pub side: Option<Back>,
+    /// Whether, a side part, it adds its outputs into those of the side part before it
+    /// (a side layer of several products: `form::Part::joined`).
+    pub joined: bool,
 }
 
 /// Where a PE's values lie in its row's chain: the chain's words forward, and where
@@ -412,6 +415,7 @@ impl Dense {
             carry: None,
             pass: 0,
             side: None,
+            joined: false,
         }
     }
 
@@ -455,13 +459,20 @@ impl Dense {
         };
         let (mut len, mut back_len) = (own + carried, own + back);
         let (mut at, mut back_at) = (0, 0);
+        // where the last side part's outputs lie (a joined part's add into them)
+        let mut last = (0, 0);
         for (p, d) in self.more.iter().enumerate() {
             let Some(back) = d.side else {
                 continue;
             };
+            if !d.joined {
+                last = (len, if back == Back::Beside { back_len } else { 0 });
+            }
             if part == Some(p) {
-                at = len;
-                back_at = if back == Back::Beside { back_len } else { 0 };
+                (at, back_at) = last;
+            }
+            if d.joined {
+                continue;
             }
             let n = split(d.n, hr, j).len() as u32;
             len += n;
@@ -642,8 +653,14 @@ impl Dense {
             back_at: 0,
             cols: row.cols,
         };
-        if row != plain && !matches!(self.shape, Shape::Matmul) {
-            return Err("a side part or a residual of a convolution or an embedding has no wafer kernel yet".into());
+        // (an embedding of one id a sample may share its row's chain: a side part, or a
+        // layer with side parts)
+        let shares = matches!(self.shape, Shape::Matmul | Shape::Gather { t: 1 });
+        if row != plain
+            && (!shares || carry.mine > 0 || carry.pass > 0)
+            && self.shape != Shape::Matmul
+        {
+            return Err("a side part or a residual of a convolution or an embedding of several ids has no wafer kernel yet".into());
         }
         let blk = Block {
             w,
@@ -921,16 +938,24 @@ impl Dense {
     }
 
     /// An embedding's forward and backward bodies on a PE holding rows `lo..lo + a` of
-    /// the table (`b` of its columns), for `t` ids a sample. Every column receives a sample's ids and stashes them; for each id, the
-    /// PE whose rows hold it puts its row's part into the chain of partial sums (the
-    /// others zeros), and the backward pass adds the row's gradient into that row.
+    /// the table (`b` of its columns), for `t` ids a sample. Every column receives a
+    /// sample's ids and stashes them; for each id, the PE whose rows hold it puts its
+    /// row's part into the chain of partial sums (the others zeros), and the backward
+    /// pass adds the row's gradient into that row. With one id a sample its part may
+    /// lie among others in its row's chain (`Row`: a side part's, or a layer's with
+    /// side parts).
     fn gather(
         &self,
         p: &mut Program,
         (t, lo): (u32, u32),
         (a, b): (u32, u32),
         Block {
-            w, dw, c, links, ..
+            w,
+            dw,
+            c,
+            links,
+            row: place,
+            ..
         }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
         let (ids, take) = self.stash(p, "ids stash", t, c.x);
@@ -938,7 +963,14 @@ impl Dense {
         let row = p.alloc("row", t);
         let here = p.alloc("here", t);
         let below = p.alloc("below", t);
-        let y = p.alloc("y", t * b);
+        // the chain's words, and where this PE's outputs lie in them (and in the output
+        // gradient's)
+        let ((len, at), (back_len, back_at)) = match t {
+            1 => ((place.len, place.at), (place.back_len, place.back_at)),
+            _ => ((t * b, 0), (t * b, 0)),
+        };
+        let chain = p.alloc("y", len);
+        let y = chain + at;
         let v = |base: u32| Src::V(Dsd::mem(base, t));
         let op = |op: VecOp, dst: u32, srcs: Vec<Src>| Instr::Vec {
             op,
@@ -962,6 +994,9 @@ impl Dense {
         let yt = Dsd::strided(y, b, 1, &[b], None);
         let mut fwd = vec![take];
         fwd.extend(rows(0));
+        if len != t * b {
+            fwd.push(zero(chain, len));
+        }
         fwd.push(Instr::Loop {
             count: t,
             body: vec![Instr::Vec {
@@ -975,15 +1010,21 @@ impl Dense {
             }],
         });
         let (send, recv) = links.fwd;
-        fwd.push(link(y, (b, 1), &[(t, b)], send, recv));
+        let chained = match t {
+            1 => link(chain, (len, 1), &[], send, recv),
+            _ => link(y, (b, 1), &[(t, b)], send, recv),
+        };
+        fwd.push(chained);
         if self.train {
             fwd.push(self.count(0));
         }
         let Some(dw) = dw else {
             return (fwd, Vec::new());
         };
-        // the output gradients into `y`, each id's (or zeros) added into its row
-        let mut bwd = vec![receive(Dsd::mem(y, t * b), c.dy)];
+        // the output gradients, each id's (or zeros) added into its row
+        let grads = p.alloc("dy", back_len);
+        let yt = Dsd::strided(grads + back_at, b, 1, &[b], None);
+        let mut bwd = vec![receive(Dsd::mem(grads, back_len), c.dy)];
         bwd.extend(rows(1));
         let g = Dsd::indexed(dw, b, row, &[1], b);
         bwd.push(Instr::Loop {
@@ -1306,6 +1347,7 @@ mod tests {
             carry: None,
             pass: 0,
             side: None,
+            joined: false,
         }
     }
 

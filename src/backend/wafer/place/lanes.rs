@@ -139,7 +139,7 @@ pub(super) fn vector_of<'a>(
         let skip = carry.and_then(|c| c.grad);
         let sides = more
             .iter()
-            .filter(|p| p.side && p.dw.is_some())
+            .filter(|p| p.beside() && p.dw.is_some())
             .filter_map(|p| p.dy);
         // (a residual's gradient that is the layer's output gradient is sent once)
         for (rank, node) in (1u8..).zip(std::iter::once(skip).chain(sides.map(Some))) {

@@ -373,6 +373,7 @@ pub(super) fn dense_kernel(
             carry: None,
             pass: 0,
             side: part.side.then(|| back(part.dy)),
+            joined: part.joined,
         });
     }
     let update = update_main;
@@ -416,5 +417,6 @@ pub(super) fn dense_kernel(
         carry: carried.map(|c| back(c.grad)),
         pass,
         side: None,
+        joined: false,
     })
 }
