@@ -217,6 +217,83 @@ fn wide_deep_trains_like_the_interpreter() {
     assert!((ew.loss - ei.loss).abs() <= 1e-5 * ei.loss.abs().max(1.0));
 }
 
+/// A classifier of 2,500 classes on `test32`: its last layer does not fit one row, so
+/// its loss runs across as many lanes as the layer has rows (the report shows them),
+/// not on one lane; and its evaluation's argmax across them too, the first lane
+/// sending each sample's class to the host. 5 steps train like the interpreter (within
+/// 1e-5), the evaluation's accuracy and loss are the interpreter's, and so are the
+/// predicted classes, every one.
+#[test]
+fn a_softmax_of_thousands_of_classes_runs_across_lanes() {
+    let d = random_data("thousands", 16, 2500, 5);
+    let src = r#"use std.nn.dense
+use std.losses.softmax_cross_entropy
+use std.metrics.accuracy
+model m(features: f32[B, 16], labels: i32[B]) {
+  let logits = dense(features, 2500)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.5) }
+  eval { metric accuracy = accuracy(labels, argmax(logits, 1)) }
+  predict { class = argmax(logits, 1) }
+}
+input data(training: bool) {
+  let rows = csv("data.csv", header: false, columns: { x: f32[16], label: i32 }) |> map |r| (r.x, r.label)
+  let rows = if training { rows |> repeat } else { rows }
+  rows |> batch(4, drop_remainder: true)
+}
+estimator e { model = m  train_input = data(true)  eval_input = data(false)  config { random_seed = 5 } }
+"#;
+    let file = d.join("m.est");
+    std::fs::write(&file, src).unwrap();
+    let (code, out, err) = estc(&[
+        "build",
+        file.to_str().unwrap(),
+        "--target",
+        "wafer",
+        "--report",
+        "-o",
+        d.join("m.estw").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let loss = (out.lines())
+        .find(|l| l.trim_start().starts_with("dense log_softmax"))
+        .unwrap_or_else(|| panic!("no loss kernel in the report:\n{out}"));
+    // its PEs, `(w x h)`
+    let lanes: u32 = (loss.split_whitespace())
+        .find_map(|t| {
+            let (w, h) = t.strip_prefix('(')?.strip_suffix(')')?.split_once('x')?;
+            Some(w.parse::<u32>().ok()? * h.parse::<u32>().ok()?)
+        })
+        .unwrap_or_else(|| panic!("{loss}"));
+    assert!(lanes > 1, "the loss on one PE: {loss}");
+    let load = |target: Target, dir: &Path| {
+        let p = est::Program::load(&file).unwrap();
+        let opts = est::runtime::RunOptions {
+            target,
+            model_dir: Some(dir.to_path_buf()),
+            ..Default::default()
+        };
+        est::runtime::Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{:?}", f.diags))
+    };
+    let (dw, di) = (d.join("wafer"), d.join("interp"));
+    let (mut w, mut i) = (load(Target::Wafer, &dw), load(Target::Interp, &di));
+    let (rw, ri) = (
+        w.train(Steps::Max(5)).unwrap(),
+        i.train(Steps::Max(5)).unwrap(),
+    );
+    let worst = worst(&w.variables(), &i.variables());
+    assert!(worst <= 1e-5, "largest relative difference {worst:e}");
+    assert!((rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs());
+    let (ew, ei) = (w.evaluate(None).unwrap(), i.evaluate(None).unwrap());
+    assert_eq!((ew.examples, ei.examples), (64, 64));
+    assert_eq!(ew.metrics[0].1, ei.metrics[0].1);
+    assert!((ew.loss - ei.loss).abs() <= 1e-5 * ei.loss.abs());
+    w.predict(&dw.join("p"), None).unwrap();
+    i.predict(&di.join("p"), None).unwrap();
+    let classes = |dir: &Path| std::fs::read(dir.join("p/class.npy")).unwrap();
+    assert_eq!(classes(&dw), classes(&di));
+}
+
 /// digits_mlp trained on the wafer reaches 0.95 test accuracy. 700 steps (under half of
 /// the example's 1,500) are enough (500 reached 0.942 to 0.95, by layout: its sums'
 /// order), and keep the test under two minutes in a debug build.
@@ -1253,6 +1330,32 @@ fn side_like_the_interpreter(
     compare_with(&d, &body, (&opt, lr), (&floats(k), batch, side, seed))
 }
 
+/// A softmax cross-entropy over `c` classes, thousands, whose last layer does not fit
+/// one row of `test32` (nor its loss one PE, even as replicas), after a hidden layer or
+/// not: the loss runs on as many lanes as the layer has rows, the lanes finding each
+/// sample's maximum and sums together (`Vector::across`). Trained 3 steps with `opt`
+/// like the interpreter (within 1e-4, as `compare` measures).
+fn wide_softmax_like_the_interpreter(
+    (k, c, hidden): (usize, usize, bool),
+    opt: usize,
+    (batch, seed): (usize, u64),
+) -> Result<(), String> {
+    let d = random_data(
+        &format!("wide-softmax-{k}-{c}-{hidden}-{opt}-{batch}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let h = if hidden {
+        "dense(features, 12, activation: relu)"
+    } else {
+        "features"
+    };
+    let body = format!("  let logits = dense({h}, {c})\n");
+    let (opt, lr) = optimiser(opt);
+    compare_with(&d, &body, (&opt, lr), (&floats(k), batch, 32, seed))
+}
+
 /// A recurrent chain: one weight (and, with `bias`, one bias) applied at each of `t`
 /// time steps after an input layer, as an unrolled recurrent network whose input enters
 /// at the first step, trained 3 steps like the interpreter (within 1e-4, as `compare`
@@ -1529,6 +1632,15 @@ proptest::proptest! {
         batch in 1usize..4, side in 16u32..33, seed in 0u64..1000,
     ) {
         normed_like_the_interpreter((k, n, c), variant, opt, (batch, side, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn wide_softmaxes_train_like_the_interpreter(
+        k in 1usize..20, c in 1500usize..3000, hidden in proptest::bool::ANY, opt in 0usize..4,
+        batch in 1usize..5, seed in 0u64..1000,
+    ) {
+        wide_softmax_like_the_interpreter((k, c, hidden), opt, (batch, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

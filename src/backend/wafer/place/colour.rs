@@ -168,7 +168,11 @@ pub(super) fn streams(
         if leg.is_none() && st.to.contains(&End::Host) {
             let End::Kernel(a) = st.from else { continue };
             let p = &placed[a];
-            if p.w * p.h != 1 {
+            // (a sample's scalar, which every lane of a strip has whole, goes from its
+            // first: an argmax across the lanes)
+            let per = g.ty(st.node).elements() / f.batch.max(1) as usize;
+            let scalar = per == 1 && matches!(f.kernels[a].kind, Kind::Vector { .. });
+            if p.w * p.h != 1 && !scalar {
                 return Err(unsupported(
                     g,
                     st.node,

@@ -48,12 +48,27 @@ impl Lanes {
     }
 }
 
-/// The vector kernel `k` with its streams (colours from `colour`).
+/// Whether a vector kernel of `f` runs on several lanes only when it softmaxes across
+/// them (`Vector::across`).
+pub(super) fn across_widens(g: &Graph, f: &Formed) -> bool {
+    (0..f.kernels.len()).any(|k| {
+        matches!(f.kernels[k].kind, Kind::Vector { .. })
+            && vector_of(g, f, k, ((f.batch, 0), false), |_| 0)
+                .width()
+                .is_none()
+            && vector_of(g, f, k, ((f.batch, 0), true), |_| 0)
+                .width()
+                .is_some()
+    })
+}
+
+/// The vector kernel `k` with its streams (colours from `colour`), its softmaxes
+/// across its lanes or not (`Vector::across`).
 pub(super) fn vector_of<'a>(
     g: &'a Graph,
     f: &'a Formed,
     k: usize,
-    (window, fifo): (u32, u32),
+    ((window, fifo), across): ((u32, u32), bool),
     colour: impl Fn(NodeIndex) -> Colour,
 ) -> Vector<'a> {
     let mut v = Vector {
@@ -65,6 +80,7 @@ pub(super) fn vector_of<'a>(
         window,
         fifo,
         rows: None,
+        across,
     };
     // a residual's value and a side part's outputs come in after the outputs of the
     // layer before, which carries them; their gradients go out after that layer's

@@ -71,7 +71,9 @@ pub(super) fn kernels(
                 ))
             }
             (Kind::Vector { nodes }, _) => {
-                let mut v = vector_of(g, f, k, sched[k], |n| c.into(n, k).unwrap_or(0));
+                let mut v = vector_of(g, f, k, (sched[k], sizer.across), |n| {
+                    c.into(n, k).unwrap_or(0)
+                });
                 v.rows = c.rows.get(&k).copied();
                 let no_kernel = |e: String| {
                     unsupported(g, nodes[0], e, "write it with the ops the wafer's vector kernels run: elementwise ops, reductions over a sample's last axes, softmax, argmax, one-hot")

@@ -271,11 +271,23 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         }
     }
     chain_only(g, f)?;
-    // the windows as wide as they need, narrowed while memory (or the PEs that more
-    // lanes of memory take) is short
+    // a softmax on one lane (as replicas: the fewest cycles for a few classes), or,
+    // when that does not fit (the layer before it on one row), across the lanes
+    match sized(g, f, fab, false) {
+        Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))) if lanes::across_widens(g, f) => {
+            sized(g, f, fab, true).or(Err(e))
+        }
+        r => r,
+    }
+}
+
+/// `layout` with vector kernels softmaxing `across` their lanes or not: the windows as
+/// wide as they need, narrowed while memory (or the PEs that more lanes of memory
+/// take) is short.
+fn sized(g: &Graph, f: &Formed, fab: &Fabric, across: bool) -> Result<Layout, LayoutError> {
     let mut widths = Widths::WIDEST;
     loop {
-        let sizer = Sizer::new(g, f, fab, widths)?;
+        let sizer = Sizer::new(g, f, fab, (widths, across))?;
         let widest = sizer.sched.iter().map(|s| s.0).max().unwrap_or(1);
         match (search::search(&sizer), widths.narrower(widest)) {
             (Err(LayoutError::Sram(_) | LayoutError::Pes(_)), Some(w)) => widths = w,

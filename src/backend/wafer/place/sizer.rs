@@ -54,6 +54,8 @@ pub(super) struct Sizer<'a> {
     /// with as many replicas as a loss may have (`schedule`).
     pub(super) widths: Widths,
     pub(super) sched: Vec<(u32, u32)>,
+    /// Whether vector kernels softmax across their lanes (`Vector::across`).
+    pub(super) across: bool,
 }
 
 /// The samples a dealer keeps out at each of its replicas: one computed, one waiting
@@ -136,12 +138,13 @@ pub(super) type VectorSizing = (usize, u32, u32, u32);
 pub(super) type KernelLanes = (usize, u32, u32);
 
 impl<'a> Sizer<'a> {
-    /// The sizer of `f`; an error when a layer has no kernel (its update, or no output).
+    /// The sizer of `f`, its vector kernels softmaxing `across` their lanes or not; an
+    /// error when a layer has no kernel (its update, or no output).
     pub(super) fn new(
         g: &'a Graph,
         f: &'a Formed,
         fab: &'a Fabric,
-        widths: Widths,
+        (widths, across): (Widths, bool),
     ) -> Result<Sizer<'a>, LayoutError> {
         let nk = f.kernels.len();
         let dims: Vec<_> = f
@@ -156,7 +159,7 @@ impl<'a> Sizer<'a> {
             .map(|k| match dims[k] {
                 Some(_) => (None, false, false),
                 None => {
-                    let v = vector_of(g, f, k, unscheduled, |_| 0);
+                    let v = vector_of(g, f, k, (unscheduled, across), |_| 0);
                     (v.width(), v.replicable(), v.reduces_rows())
                 }
             })
@@ -191,7 +194,7 @@ impl<'a> Sizer<'a> {
                 (Some(_), Some(wd)) => (1..=wd)
                     .filter(|&l| crate::backend::wafer::kernels::used(wd, l) == l)
                     .find(|&l| {
-                        vector_of(g, f, k + 1, sched[k + 1], |_| CHAIN_COLOURS)
+                        vector_of(g, f, k + 1, (sched[k + 1], across), |_| CHAIN_COLOURS)
                             .lane(l, 0)
                             .is_ok_and(|lane| lane.program.words() <= words)
                     })
@@ -216,6 +219,7 @@ impl<'a> Sizer<'a> {
             layers: Default::default(),
             widths,
             sched,
+            across,
         })
     }
 
@@ -291,7 +295,9 @@ impl<'a> Sizer<'a> {
             .borrow_mut()
             .entry((k, lanes, reps, fan))
             .or_insert_with(|| {
-                let v = vector_of(self.g, self.f, k, self.sched[k], |_| CHAIN_COLOURS);
+                let v = vector_of(self.g, self.f, k, (self.sched[k], self.across), |_| {
+                    CHAIN_COLOURS
+                });
                 let cost = |p: &crate::backend::wafer::isa::Program| {
                     crate::backend::wafer::cost::per_pass(
                         self.fab,

@@ -126,7 +126,7 @@ fn a_loss_as_replicas_computes_what_it_does_on_one_lane() {
     // a fabric with colours for six replicas gathering five rows
     let mut fab = Fabric::named("test32").unwrap();
     fab.colours += 10;
-    let sizer = Sizer::new(&g, &f, &fab, Widths::WIDEST).unwrap();
+    let sizer = Sizer::new(&g, &f, &fab, (Widths::WIDEST, false)).unwrap();
     let last = f.kernels.len() - 1;
     assert!(sizer.replicable[last]);
     let base = sizer.block(4).unwrap();

@@ -3,9 +3,9 @@
 
 use super::ops::*;
 use super::{Lane, Port, Rep, Vector, SAMPLE_BASE, SLOT_BASE};
-use crate::backend::wafer::form::{self, key, Class, Kind};
+use crate::backend::wafer::form::{self, key, Class, End, Kind};
 use crate::backend::wafer::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
-use crate::backend::wafer::kernels::{Piece, UPDATE};
+use crate::backend::wafer::kernels::{split, Piece, UPDATE};
 use crate::backend::wafer::lower::{vec, Scratch, Val};
 use crate::backend::wafer::pipeline::Pipeline;
 use crate::ir::{NodeIndex, Op};
@@ -51,7 +51,8 @@ impl Vector<'_> {
             ));
             vals.insert(n, Val::buf(base, ext));
         }
-        // counting 0, 1, 2, ... (one-hot, argmax)
+        // counting 0, 1, 2, ... (one-hot, argmax); on several lanes, from the lane's
+        // share's first feature (`across`: every such op's features are the width's)
         let iota_len = (self.nodes().iter())
             .map(|&n| match g.node(n).op {
                 Op::OneHot { depth } => depth,
@@ -62,9 +63,16 @@ impl Vector<'_> {
             })
             .max()
             .unwrap_or(0) as u32;
+        let (from, iota_len) = match (lanes, self.width()) {
+            (1, _) | (_, None) => (0, iota_len),
+            (_, Some(w)) => {
+                let share = split(w, lanes, lane);
+                (share.start, share.len() as u32)
+            }
+        };
         let iota = (iota_len > 0).then(|| {
             let base = p.alloc("iota", iota_len);
-            init.push((base, (0..iota_len).map(|i| i as f32).collect()));
+            init.push((base, (from..from + iota_len).map(|i| i as f32).collect()));
             base
         });
         // stashes: values of the forward phase the backward task reads
@@ -218,7 +226,10 @@ impl Vector<'_> {
                 } else {
                     ph == phase
                 };
-                if !now {
+                // (a sample's scalar for the host, which every lane has, from the
+                // first lane alone)
+                let to_host = (f.streams.iter()).any(|s| s.node == o.node && s.to == [End::Host]);
+                if !now || (to_host && lane > 0 && self.extent(o.node, 1, 0) == 1) {
                     continue;
                 }
                 let ext = self.extent(o.node, lanes, lane);

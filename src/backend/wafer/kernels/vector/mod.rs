@@ -64,6 +64,12 @@ pub struct Vector<'a> {
     /// The colours of its reductions along a sample's features across its lanes
     /// (`rows`), when it has any on several lanes.
     pub rows: Option<RowColours>,
+    /// Whether a softmax, a one-hot and an argmax along its samples' features run
+    /// across its lanes, the lanes reducing together (`rows`), so that it runs on as
+    /// many lanes as the layer before it has rows (a softmax over 1,000 classes, whose
+    /// layer would not fit on one row); else they make it a one-lane kernel (which may
+    /// run as replicas).
+    pub across: bool,
 }
 
 /// A lane's program, initial memory and tensors (pieces without their PE).
@@ -166,7 +172,10 @@ impl Vector<'_> {
                         && (lower::elementwise(&node.op) || pooling(&node.op))
                 }
                 Class::Sample if wide && self.row_width(n) == 1 => {
-                    lower::elementwise(&node.op) || self.along_rows(n)
+                    lower::elementwise(&node.op)
+                        || self.along_rows(n)
+                        || matches!(node.op, Op::CheckIndices { .. })
+                        || (self.across && self.arg_across(n))
                 }
                 Class::Sample => {
                     node.ty.rank() == 2
@@ -175,7 +184,21 @@ impl Vector<'_> {
                         && (lower::elementwise(&node.op)
                             || matches!(node.op, Op::CheckIndices { .. })
                             || (matches!(node.op, Op::BroadcastTo)
-                                && src.is_some_and(|s| self.row_width(s) == 1)))
+                                && src.is_some_and(|s| self.row_width(s) == 1))
+                            || (self.across
+                                && match node.op {
+                                    Op::Softmax { axis } | Op::LogSoftmax { axis } => axis == 1,
+                                    Op::OneHot { .. } => {
+                                        src.is_some_and(|s| self.row_width(s) == 1)
+                                    }
+                                    _ => false,
+                                }))
+                }
+                // a sum over the batch of a sample's scalar (a loss), which each lane
+                // has whole
+                Class::Batch if wide && node.ty.rank() == 0 => {
+                    src.is_some_and(|s| self.row_width(s) == 1)
+                        && matches!(&node.op, Op::Reduce { axes: a, .. } if a.as_slice() == [0])
                 }
                 Class::Batch => {
                     let planes = src.is_some_and(|s| g.ty(s).rank() == 4);
@@ -195,6 +218,8 @@ impl Vector<'_> {
             let ok = match (self.image(p.node), ty.rank()) {
                 (Some((_, _, c)), _) => agree(c as usize, true),
                 (None, 2) if wide && ty.shape[1] == 1 => true,
+                // a sample's scalar (a label), which every lane takes whole
+                (None, 1) => wide && self.across,
                 (None, 2) => agree(ty.shape[1], false),
                 _ => false,
             };
@@ -226,11 +251,29 @@ impl Vector<'_> {
         axes.as_slice() == [1] && self.row_width(src) > 1 && self.row_width(n) == 1
     }
 
+    /// Whether `n` is the position of a sample's largest (or smallest) feature
+    /// (`argmax(x, 1)`), which several lanes find together when they softmax across
+    /// them (`across`).
+    fn arg_across(&self, n: NodeIndex) -> bool {
+        let (Op::ArgMax { axis } | Op::ArgMin { axis }) = self.g.node(n).op else {
+            return false;
+        };
+        let src = self.f.resolve(self.g.operands(n)[0]);
+        axis == 1 && self.row_width(src) > 1
+    }
+
     /// Whether it reduces along a sample's features (on several lanes, it then needs
     /// the colours of `rows`).
     pub fn reduces_rows(&self) -> bool {
-        (self.nodes().iter())
-            .any(|&n| self.f.class[n.index()] == Class::Sample && self.along_rows(n))
+        (self.nodes().iter()).any(|&n| {
+            let across = self.across
+                && (self.arg_across(n)
+                    || matches!(
+                        self.g.node(n).op,
+                        Op::Softmax { .. } | Op::LogSoftmax { .. }
+                    ));
+            self.f.class[n.index()] == Class::Sample && (self.along_rows(n) || across)
+        })
     }
 
     /// The elements of node `n` on lane `lane` of `lanes`: a sample's share of a

@@ -11,6 +11,13 @@ use crate::ir::{NodeIndex, Op, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
 
 impl Vector<'_> {
+    /// `acc` (one word a lane: its share's reduction by `op`) made every lane's on
+    /// lane `lane` of `lanes` (`rows::across`; nothing on one lane).
+    fn together(&self, op: VecOp, acc: Val, (lanes, lane): (u32, u32)) -> Vec<Instr> {
+        let c = self.rows.unwrap_or([0; 3]);
+        rows::across(op, acc, (lanes, lane), c)
+    }
+
     /// The code of one node of the current phase.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn node(
@@ -154,8 +161,7 @@ impl Vector<'_> {
                     // this lane's share, then every lane's (`rows`)
                     let mine = self.extent(f.resolve(ops[0]), lanes, lane);
                     body.push(reduce_rows(v, dst, args[0], 1, mine));
-                    let c = self.rows.unwrap_or([0; 3]);
-                    body.extend(rows::across(v, dst, (lanes, lane), c));
+                    body.extend(self.together(v, dst, (lanes, lane)));
                     if *op == ReduceOp::Mean {
                         body.push(vec(
                             VecOp::Mul,
@@ -194,11 +200,17 @@ impl Vector<'_> {
                 }
             }
             Op::Softmax { axis } | Op::LogSoftmax { axis } if *axis + 1 == rank => {
-                let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?;
+                // (on several lanes, this lane's share of a sample's features: the
+                // lanes reduce together, `rows`)
+                let (outer, inner) = match lanes {
+                    1 => rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?,
+                    _ => (1, ext),
+                };
                 let x = args[0];
                 let m = scratch.alloc(outer);
                 body.push(vec(VecOp::Mov, m, &[Val::Imm(f32::NEG_INFINITY)], outer));
                 body.push(reduce_rows(VecOp::Max, m, x, outer, inner));
+                body.extend(self.together(VecOp::Max, m, (lanes, lane)));
                 // t = x - m, row by row
                 body.push(per_row(VecOp::Sub, dst, x, m, outer, inner));
                 let e = scratch.alloc(ext);
@@ -206,6 +218,7 @@ impl Vector<'_> {
                 let s = scratch.alloc(outer);
                 body.push(vec(VecOp::Mov, s, &[Val::Imm(0.0)], outer));
                 body.push(reduce_rows(VecOp::Add, s, e, outer, inner));
+                body.extend(self.together(VecOp::Add, s, (lanes, lane)));
                 if matches!(node.op, Op::LogSoftmax { .. }) {
                     let ls = scratch.alloc(outer);
                     body.push(vec(VecOp::Log, ls, &[s], outer));
@@ -216,7 +229,14 @@ impl Vector<'_> {
                 }
             }
             Op::ArgMax { axis } | Op::ArgMin { axis } if *axis + 1 == rank + 1 => {
-                let (outer, inner) = rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?;
+                // the positions of a sample's features: `whole` of them, `inner` on
+                // this lane (its share on several: the lanes reduce together, and its
+                // counting buffer counts from its share's first)
+                let (outer, whole) = rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?;
+                let inner = match lanes {
+                    1 => whole,
+                    _ => self.extent(f.resolve(ops[0]), lanes, lane),
+                };
                 let max = matches!(node.op, Op::ArgMax { .. });
                 let x = args[0];
                 let m = scratch.alloc(outer);
@@ -227,7 +247,8 @@ impl Vector<'_> {
                 };
                 body.push(vec(VecOp::Mov, m, &[Val::Imm(init)], outer));
                 body.push(reduce_rows(best, m, x, outer, inner));
-                // the first position holding it: min over (x == m ? i : inner)
+                body.extend(self.together(best, m, (lanes, lane)));
+                // the first position holding it: min over (x == m ? i : whole)
                 let hit = scratch.alloc(outer * inner);
                 body.push(per_row(VecOp::Eq, hit, x, m, outer, inner));
                 let iota = Val::buf(iota.ok_or("no counting buffer")?, inner);
@@ -243,12 +264,13 @@ impl Vector<'_> {
                     body.push(vec(
                         VecOp::Sel,
                         row(hit),
-                        &[row(hit), iota, Val::Imm(inner as f32)],
+                        &[row(hit), iota, Val::Imm(whole as f32)],
                         inner,
                     ));
                 }
-                body.push(vec(VecOp::Mov, dst, &[Val::Imm(inner as f32)], ext));
+                body.push(vec(VecOp::Mov, dst, &[Val::Imm(whole as f32)], ext));
                 body.push(reduce_rows(VecOp::Min, dst, hit, outer, inner));
+                body.extend(self.together(VecOp::Min, dst, (lanes, lane)));
             }
             Op::Slice { axis, start, end } if *axis > 0 => {
                 // each run of the sliced axis (and the axes inside it), row by row
@@ -312,8 +334,10 @@ impl Vector<'_> {
                     },
                 ));
             }
-            Op::OneHot { depth } if ext == *depth as u32 => {
-                let iota = Val::buf(iota.ok_or("no counting buffer")?, *depth as u32);
+            // (on several lanes, this lane's share of the classes, which its counting
+            // buffer counts)
+            Op::OneHot { depth } if ext == *depth as u32 || lanes > 1 => {
+                let iota = Val::buf(iota.ok_or("no counting buffer")?, ext);
                 body.push(vec(VecOp::Eq, dst, &[iota, args[0]], ext));
             }
             other => {
