@@ -1453,6 +1453,31 @@ fn lstm_like_the_interpreter(
     compare_with(&d, &body, (&opt, lr), (&floats(t * k), batch, side, seed))
 }
 
+/// A GRU (`std.nn.gru`, reset gate after the product, as Keras's) of `units` over `t`
+/// steps of `k` features (the features `[B, t * k]` seen as `[B, t, k]`), its last
+/// state into a dense layer, trained 3 steps with `opt` like the interpreter (within
+/// 1e-4, as `compare` measures). Each step's product of the state is a layer and the
+/// step's product of its input a side part of it (the reset gate multiplies the
+/// state's product alone); the bias `[2, 3u]` is read in place, a row and a gate at
+/// a time (`form::view_of`), by every step's kernel, which holds a replica of it.
+fn gru_like_the_interpreter(
+    (k, units, c, t): (usize, usize, usize, usize),
+    opt: usize,
+    (batch, side, seed): (usize, u32, u64),
+) -> Result<(), String> {
+    let d = random_data(
+        &format!("gru-{k}-{units}-{c}-{t}-{opt}-{batch}-{side}-{seed}"),
+        t * k,
+        c,
+        seed,
+    );
+    let (opt, lr) = optimiser(opt);
+    let body = format!(
+        "  let h = gru(reshape(features, [B, {t}, {k}]), {units})\n  let logits = dense(h, {c})\n"
+    );
+    compare_with(&d, &body, (&opt, lr), (&floats(t * k), batch, side, seed))
+}
+
 /// An unrolled recurrent network over a sequence of `t` steps of `k` features (the
 /// features `[B, t * k]` seen as `[B, t, k]`): each step sums the product of its slice
 /// of the input and the product of the state (`x_t Wx + h Wh`, in either order, with
@@ -1641,6 +1666,15 @@ proptest::proptest! {
         batch in 1usize..5, seed in 0u64..1000,
     ) {
         wide_softmax_like_the_interpreter((k, c, hidden), opt, (batch, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn grus_train_like_the_interpreter(
+        k in 1usize..5, units in 1usize..7, c in 2usize..5, t in 1usize..4, opt in 0usize..4,
+        batch in 1usize..4, side in 16u32..33, seed in 0u64..1000,
+    ) {
+        gru_like_the_interpreter((k, units, c, t), opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -341,6 +341,29 @@ pub fn key(n: NodeIndex) -> String {
     format!("%{}", n.index())
 }
 
+/// The variable node `n` is a view of and where the view starts in it: the variable
+/// itself, a reshape of a view, or a slice of one that is a run of its words (a GRU's
+/// bias `[2, 3u]`, its rows read apart and sliced by gate). A kernel that reads a view
+/// holds its variable (a replica when several do) and reads the run in place.
+pub fn view_of(g: &Graph, n: NodeIndex) -> Option<(NodeIndex, u32)> {
+    match &g.node(n).op {
+        Op::Variable { .. } => Some((n, 0)),
+        Op::Reshape => view_of(g, g.operands(n)[0]),
+        Op::Slice { axis, start, .. } => {
+            let src = g.operands(n)[0];
+            let shape = &g.ty(src).shape;
+            // (a run when every axis before the sliced one is of one)
+            if shape[..*axis].iter().any(|&d| d != 1) {
+                return None;
+            }
+            let stride: usize = shape[axis + 1..].iter().product();
+            let (v, at) = view_of(g, src)?;
+            Some((v, at + (start * stride) as u32))
+        }
+        _ => None,
+    }
+}
+
 /// The value of a constant node as an f32, if it is one.
 pub fn constant(g: &Graph, n: NodeIndex) -> Option<f32> {
     match g.node(n).op {

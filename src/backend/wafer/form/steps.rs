@@ -3,7 +3,7 @@
 //! the backward pass and the updates (`mixed`: what mixes kernels), the variables the
 //! host updates, and the host's scalars each kernel reads.
 
-use super::{read_only_by, unsupported, Class, Cx, Kernel, Unsupported};
+use super::{read_only_by, unsupported, view_of, Class, Cx, Kernel, Unsupported};
 use crate::ir::{NodeIndex, Op, Role};
 use std::collections::BTreeSet;
 
@@ -14,7 +14,9 @@ fn variables(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usize>]) {
     let is_var = |n: NodeIndex| cx.is_var(n);
     for &n in order {
         if let (Some(k), Class::Sample) = (owner[n.index()], class[n.index()]) {
-            for o in g.operands(n) {
+            // (the variable of a view it reads: `view_of`)
+            let ops = g.operands(n).into_iter();
+            for o in ops.map(|o| view_of(g, o).map_or(o, |v| v.0)) {
                 let elsewhere = owner[o.index()].is_some_and(|k2| k2 != k)
                     && matches!(g.node(n).op, Op::MatMul | Op::Transpose { .. });
                 if is_var(o) && !kernels[k].vars.contains(&o) && !elsewhere {
@@ -47,7 +49,34 @@ pub(super) fn steps(
             holders[v.index()] += 1;
         }
     }
-    let shared = |v: NodeIndex| holders[v.index()] > 1;
+    // and the variables whose new value is made with more than elementwise ops over
+    // their blocks (a GRU's bias, its gradient put together from each gate's): the
+    // host updates them too
+    let mut by_host: BTreeSet<NodeIndex> = BTreeSet::new();
+    for (name, node) in g.outputs_with(Role::Update) {
+        let Some(v) = g.variable(&name) else { continue };
+        let mut stack = vec![node];
+        let mut seen = BTreeSet::new();
+        while let Some(n) = stack.pop() {
+            let n = resolve(n);
+            if class[n.index()] != Class::Step || is_var(n) || !seen.insert(n) {
+                continue;
+            }
+            if !crate::backend::wafer::lower::elementwise(&g.node(n).op) {
+                by_host.insert(v);
+                break;
+            }
+            stack.extend(g.operands(n));
+        }
+    }
+    let shared = |v: NodeIndex| holders[v.index()] > 1 || by_host.contains(&v);
+    // a view of a variable read per sample (`view_of`): its kernels read it in place
+    let view = |n: NodeIndex| {
+        view_of(g, n).is_some()
+            && g.g
+                .neighbors_directed(n, petgraph::Direction::Outgoing)
+                .all(|u| class[u.index()] == Class::Sample || view_of(g, u).is_some())
+    };
     // step nodes (and the optimiser's slots) belong to the kernel whose values they
     // read; repeat until the slots, read only by step nodes, have found theirs
     let claim = |n: NodeIndex, k: usize, owner: &mut [Option<usize>], kernels: &mut [Kernel]| {
@@ -68,6 +97,7 @@ pub(super) fn steps(
         for &n in order {
             if class[n.index()] != Class::Step
                 || is_var(n)
+                || view(n)
                 || owner[n.index()].is_some()
                 || mixed.contains(&n)
             {
@@ -105,6 +135,7 @@ pub(super) fn steps(
         for &n in order.iter().rev() {
             if class[n.index()] != Class::Step
                 || is_var(n)
+                || view(n)
                 || owner[n.index()].is_some()
                 || mixed.contains(&n)
             {

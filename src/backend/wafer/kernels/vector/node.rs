@@ -2,7 +2,7 @@
 
 use super::ops::*;
 use super::{Vector, SLOT_BASE};
-use crate::backend::wafer::form::{constant, image, Class};
+use crate::backend::wafer::form::{constant, image, view_of, Class};
 use crate::backend::wafer::isa::{Instr, Src, VecOp};
 use crate::backend::wafer::kernels::rows;
 use crate::backend::wafer::kernels::{nest, split};
@@ -42,7 +42,20 @@ impl Vector<'_> {
             if let Some(v) = constant(g, o) {
                 return Ok(Val::Imm(v));
             }
-            cur.get(&o).copied().ok_or_else(|| {
+            // (a view of a variable it holds, in place: one lane's, or the whole)
+            let view = view_of(g, o).and_then(|(v, at)| match cur.get(&v) {
+                Some(&Val::Buf { base, len, slot })
+                    if lanes == 1 || (at == 0 && len == g.ty(o).elements() as u32) =>
+                {
+                    Some(Val::Buf {
+                        base: base + at,
+                        len: g.ty(o).elements() as u32,
+                        slot,
+                    })
+                }
+                _ => None,
+            });
+            cur.get(&o).copied().or(view).ok_or_else(|| {
                 format!(
                     "`{}` reads a value its kernel does not have",
                     node.op.name()
