@@ -228,7 +228,7 @@ pub(super) fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
 }
 
 /// A product layer's cycles per sample on `w x h` lanes in the forward and the
-/// backward pass, stalls aside (its program's operations, as `kernels/dense.rs` makes
+/// backward pass, stalls aside (its program's operations, as `kernels/dense/` makes
 /// them for a row of its own outputs alone).
 pub(super) fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> Cost {
     use crate::backend::wafer::cost::vec_op;

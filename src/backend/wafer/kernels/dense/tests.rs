@@ -1,0 +1,425 @@
+//! The layer kernels run on the simulator against hand-computed and interpreted values.
+
+use super::*;
+use crate::backend::wafer::fabric::Fabric;
+use crate::backend::wafer::kernels::{gather, scatter};
+use crate::backend::wafer::lower::{Operand, UpdateOp};
+use crate::backend::wafer::sim::{HostIn, Setup, Sim};
+use crate::ir::{BinaryOp, DType, Op};
+use proptest::prelude::*;
+
+const C: Colours = Colours::with_streams(4, 5, 6, 7);
+
+/// SGD: `W - lr * dW`, lr the host's value 0.
+fn sgd() -> Update {
+    let op = |op, args: Vec<Operand>, full| UpdateOp {
+        op,
+        args,
+        full,
+        types: (DType::F32, DType::F32),
+    };
+    Update {
+        ops: vec![
+            op(
+                Op::Binary(BinaryOp::Mul),
+                vec![Operand::Acc(0), Operand::Host(0)],
+                true,
+            ),
+            op(
+                Op::Binary(BinaryOp::Sub),
+                vec![Operand::Var(0), Operand::Val(0)],
+                true,
+            ),
+        ],
+        commits: vec![(0, Operand::Val(1))],
+    }
+}
+
+struct Run {
+    y: Vec<f32>,
+    dx: Vec<f32>,
+    dw: Vec<f32>,
+    w: Vec<f32>,
+    /// The cycle the forward pass ended.
+    forward: u64,
+}
+
+/// Runs `d` on a `w x h` frame against the fabric's edges (oriented `o`): the
+/// forward pass over the samples `x` (training: and the backward pass over `dy`, in
+/// the pipeline's order), then the update with learning rate `lr`.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    d: &Dense,
+    o: Orient,
+    (w, h): (u32, u32),
+    x: &[f32],
+    dy: &[f32],
+    weights: &[f32],
+    lr: f32,
+) -> Run {
+    let f = Fabric::named("test32").unwrap();
+    let (wc, hr) = d.used(w, h);
+    // a sample's inputs and outputs, and each lane's
+    let (pi, po) = (d.shape.per_in(), d.shape.per_out());
+    let (kk, nn) = (d.k * pi, d.n * po);
+    let scaled = |r: std::ops::Range<u32>, by: u32| r.start * by..r.end * by;
+    // each column's inputs of a sample: its groups, or an embedding's every id
+    let column = |i: u32| match d.shape {
+        Shape::Gather { t } => 0..t,
+        _ => scaled(split(d.k, wc, i), pi),
+    };
+    let kk = match d.shape {
+        Shape::Gather { t } => t,
+        _ => kk,
+    };
+    let (fw, fh) = o.size(wc, hr);
+    // inputs at the fabric's edge, outputs off the opposite one
+    let origin = match o {
+        Orient::North => (f.width - fw, 0),
+        Orient::West => (0, f.height - fh),
+    };
+    let laid = d.lay(origin, o, (w, h), C).unwrap();
+    let mut setup = Setup {
+        pes: laid.pes.clone(),
+        routes: laid.routes.clone(),
+        inputs: Vec::new(),
+    };
+    for i in 0..wc {
+        let (px, py) = o.at(origin, i, 0);
+        setup.inputs.push(HostIn {
+            x: px,
+            y: py,
+            colour: C.x,
+            values: vec![],
+        });
+    }
+    if d.train {
+        for j in 0..hr {
+            let (px, py) = o.at(origin, wc - 1, j);
+            setup.inputs.push(HostIn {
+                x: px,
+                y: py,
+                colour: C.dy,
+                values: vec![],
+            });
+        }
+    }
+    let mut sim = Sim::new(&f, &setup).unwrap();
+    scatter(&laid.tensors["W"], weights, |(x, y), a, v| {
+        assert!(sim.write(x, y, a, v))
+    });
+    if d.train {
+        scatter(&laid.tensors["lr"], &[lr], |(x, y), a, v| {
+            assert!(sim.write(x, y, a, v))
+        });
+    }
+    for i in 0..wc {
+        let ks = column(i);
+        let values: Vec<f32> = (0..d.batch)
+            .flat_map(|s| ks.clone().map(move |k| x[(s * kk + k) as usize]))
+            .collect();
+        let (px, py) = o.at(origin, i, 0);
+        assert!(sim.feed(px, py, C.x, &values));
+    }
+    // (training: the output gradients too, which the PEs take in the pipeline's
+    // order, a backward after each forward once the window is full)
+    for j in 0..hr {
+        if !d.train {
+            break;
+        }
+        let ns = scaled(split(d.n, hr, j), po);
+        let values: Vec<f32> = (0..d.batch)
+            .flat_map(|s| ns.clone().map(move |n| dy[(s * nn + n) as usize]))
+            .collect();
+        let (px, py) = o.at(origin, wc - 1, j);
+        assert!(sim.feed(px, py, C.dy, &values));
+    }
+    let forward = sim.run().unwrap();
+    let mut y = vec![f32::NAN; (d.batch * nn) as usize];
+    for j in 0..hr {
+        let ns = scaled(split(d.n, hr, j), po);
+        let (px, py) = o.at(origin, wc - 1, j);
+        let out = sim.output(px, py, o.dir(Dir::E), C.y);
+        assert_eq!(out.len() as u32, d.batch * ns.len() as u32);
+        for (t, &(_, v)) in out.iter().enumerate() {
+            let (s, m) = (t as u32 / ns.len() as u32, t as u32 % ns.len() as u32);
+            y[(s * nn + ns.start + m) as usize] = v;
+        }
+    }
+    let mut r = Run {
+        y,
+        dx: vec![],
+        dw: vec![],
+        w: vec![],
+        forward,
+    };
+    if !d.train {
+        return r;
+    }
+    if d.dx {
+        r.dx = vec![f32::NAN; (d.batch * kk) as usize];
+        for i in 0..wc {
+            let ks = scaled(split(d.k, wc, i), pi);
+            let (px, py) = o.at(origin, i, 0);
+            let out = sim.output(px, py, o.dir(Dir::N), C.dx);
+            assert_eq!(out.len() as u32, d.batch * ks.len() as u32);
+            for (t, &(_, v)) in out.iter().enumerate() {
+                let (s, m) = (t as u32 / ks.len() as u32, t as u32 % ks.len() as u32);
+                r.dx[(s * kk + ks.start + m) as usize] = v;
+            }
+        }
+    }
+    let kn = weights.len();
+    r.dw = gather(&laid.tensors["dW"], kn, |(x, y)| sim.memory(x, y));
+    for (x, y) in laid.pes.keys() {
+        assert!(sim.launch(*x, *y, UPDATE));
+    }
+    sim.run().unwrap();
+    r.w = gather(&laid.tensors["W"], kn, |(x, y)| sim.memory(x, y));
+    // the gradient is zeroed for the next step
+    assert!(gather(&laid.tensors["dW"], kn, |(x, y)| sim.memory(x, y))
+        .iter()
+        .all(|&v| v == 0.0));
+    r
+}
+
+/// A layer that trains on `batch` samples a step, `window` of them in flight.
+fn trained(k: u32, n: u32, (batch, window): (u32, u32), dx: bool) -> Dense {
+    Dense {
+        k,
+        n,
+        shape: Shape::Matmul,
+        batch,
+        window: window.clamp(1, batch),
+        fifo: 0,
+        train: true,
+        dx,
+        vars: vec!["W".into()],
+        grad: "dW".into(),
+        hosts: vec!["lr".into()],
+        update: sgd(),
+        more: Vec::new(),
+        carry: None,
+        pass: 0,
+        side: None,
+        joined: false,
+    }
+}
+
+/// Within `tol` of the sum of the terms' magnitudes (the wafer sums in another
+/// order than a CPU: each PE's terms in order, then the PEs' partials along the
+/// chain).
+fn close(got: f32, terms: impl Iterator<Item = f64> + Clone, tol: f64) -> Result<(), String> {
+    let exact: f64 = terms.clone().sum();
+    let scale: f64 = terms.map(f64::abs).sum();
+    let got = f64::from(got);
+    if (got - exact).abs() <= tol * scale + 1e-7 {
+        Ok(())
+    } else {
+        Err(format!("{got}, not {exact}"))
+    }
+}
+
+fn uniforms(seed: u64, at: u64, n: u32) -> Vec<f32> {
+    crate::rng::Stream::new(seed, 0)
+        .uniforms(at, n as usize, 0)
+        .iter()
+        .map(|u| u * 2.0 - 1.0)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+    /// The forward pass, the input and weight gradients and an SGD update, against
+    /// the same products in f64: within 1e-5 of the sum of the terms' magnitudes.
+    #[test]
+    fn training_equals_the_products(
+        k in 1u32..30, n in 1u32..30, batch in 1u32..5, window in 1u32..5, w in 1u32..7,
+        h in 1u32..7, seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
+    ) {
+        let d = trained(k, n, (batch, window), dx);
+        let x = uniforms(seed, 0, batch * k);
+        let wt = uniforms(seed, 1 << 20, k * n);
+        let dy = uniforms(seed, 2 << 20, batch * n);
+        let lr = 0.25;
+        let o = if west { Orient::West } else { Orient::North };
+        let r = run(&d, o, (w, h), &x, &dy, &wt, lr);
+        let (x64, w64, dy64) = (|i: u32| f64::from(x[i as usize]), |i: u32| f64::from(wt[i as usize]), |i: u32| f64::from(dy[i as usize]));
+        for s in 0..batch {
+            for m in 0..n {
+                close(r.y[(s * n + m) as usize], (0..k).map(|kk| x64(s * k + kk) * w64(kk * n + m)), 1e-5)
+                    .map_err(|e| TestCaseError::fail(format!("y[{s}][{m}] = {e}")))?;
+            }
+            if dx {
+                for kk in 0..k {
+                    close(r.dx[(s * k + kk) as usize], (0..n).map(|m| dy64(s * n + m) * w64(kk * n + m)), 1e-5)
+                        .map_err(|e| TestCaseError::fail(format!("dx[{s}][{kk}] = {e}")))?;
+                }
+            }
+        }
+        for kk in 0..k {
+            for m in 0..n {
+                let g = (0..batch).map(|s| x64(s * k + kk) * dy64(s * n + m));
+                close(r.dw[(kk * n + m) as usize], g.clone(), 1e-5)
+                    .map_err(|e| TestCaseError::fail(format!("dW[{kk}][{m}] = {e}")))?;
+                let after = std::iter::once(w64(kk * n + m)).chain(g.map(|v| -0.25 * v));
+                close(r.w[(kk * n + m) as usize], after, 1e-5)
+                    .map_err(|e| TestCaseError::fail(format!("W[{kk}][{m}] = {e}")))?;
+            }
+        }
+    }
+}
+
+/// The input pixel under output `(oh, ow)` at filter tap `(r, s)`, if inside.
+fn under(g: &Geom, (oh, ow): (u32, u32), (r, s): (u32, u32)) -> Option<(u32, u32)> {
+    let ih = (oh * g.stride.0 + r * g.dil.0)
+        .checked_sub(g.pad.0)
+        .filter(|&v| v < g.h)?;
+    let iw = (ow * g.stride.1 + s * g.dil.1)
+        .checked_sub(g.pad.1)
+        .filter(|&v| v < g.w)?;
+    Some((ih, iw))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+    /// A convolution's (any strides, dilations, padding) forward pass, input and filter gradients and an SGD update,
+    /// against the same sums in f64 (planar images, an HWIO filter): within 1e-5
+    /// of the sum of the terms' magnitudes.
+    #[test]
+    fn a_convolution_equals_the_sums(
+        k in 1u32..5, n in 1u32..5, h in 1u32..9, w in 1u32..9, r in 1u32..4, s in 1u32..4,
+        dil in (1u32..3, 1u32..3), stride in (1u32..4, 1u32..4), same in any::<bool>(), batch in 1u32..4,
+        window in 1u32..3, fw in 1u32..4, fh in 1u32..4, seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
+    ) {
+        let Some(g) = Geom::new(h, w, (r, s), dil, stride, same) else {
+            return Ok(());
+        };
+        let mut d = trained(k, n, (batch, window), dx);
+        d.shape = Shape::Conv(g);
+        let (pi, po) = (h * w, g.ho * g.wo);
+        let taps = r * s;
+        let x = uniforms(seed, 0, batch * k * pi);
+        let wt = uniforms(seed, 1 << 20, taps * k * n);
+        let dy = uniforms(seed, 2 << 20, batch * n * po);
+        let o = if west { Orient::West } else { Orient::North };
+        let run = run(&d, o, (fw, fh), &x, &dy, &wt, 0.25);
+        let xv = |b: u32, c: u32, (ih, iw): (u32, u32)| f64::from(x[(((b * k + c) * h + ih) * w + iw) as usize]);
+        let wv = |t: u32, c: u32, m: u32| f64::from(wt[((t * k + c) * n + m) as usize]);
+        let dyv = |b: u32, m: u32, oh: u32, ow: u32| f64::from(dy[(((b * n + m) * g.ho + oh) * g.wo + ow) as usize]);
+        let at = |t: u32| (t / s, t % s);
+        for b in 0..batch {
+            for m in 0..n {
+                for oh in 0..g.ho {
+                    for ow in 0..g.wo {
+                        let terms: Vec<f64> = (0..taps).flat_map(|t| (0..k).filter_map(move |c| under(&g, (oh, ow), at(t)).map(|p| xv(b, c, p) * wv(t, c, m)))).collect();
+                        close(run.y[(((b * n + m) * g.ho + oh) * g.wo + ow) as usize], terms.into_iter(), 1e-5)
+                            .map_err(|e| TestCaseError::fail(format!("y[{b}][{m}][{oh}][{ow}] = {e}")))?;
+                    }
+                }
+            }
+            if dx {
+                for c in 0..k {
+                    for ih in 0..h {
+                        for iw in 0..w {
+                            let mut terms = Vec::new();
+                            for t in 0..taps {
+                                for m in 0..n {
+                                    for oh in 0..g.ho {
+                                        for ow in 0..g.wo {
+                                            if under(&g, (oh, ow), at(t)) == Some((ih, iw)) {
+                                                terms.push(dyv(b, m, oh, ow) * wv(t, c, m));
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            close(run.dx[(((b * k + c) * h + ih) * w + iw) as usize], terms.into_iter(), 1e-5)
+                                .map_err(|e| TestCaseError::fail(format!("dx[{b}][{c}][{ih}][{iw}] = {e}")))?;
+                        }
+                    }
+                }
+            }
+        }
+        for t in 0..taps {
+            for c in 0..k {
+                for m in 0..n {
+                    let mut terms = Vec::new();
+                    for b in 0..batch {
+                        for oh in 0..g.ho {
+                            for ow in 0..g.wo {
+                                if let Some(p) = under(&g, (oh, ow), at(t)) {
+                                    terms.push(xv(b, c, p) * dyv(b, m, oh, ow));
+                                }
+                            }
+                        }
+                    }
+                    let i = ((t * k + c) * n + m) as usize;
+                    close(run.dw[i], terms.iter().copied(), 1e-5)
+                        .map_err(|e| TestCaseError::fail(format!("dW[{t}][{c}][{m}] = {e}")))?;
+                    let after = std::iter::once(wv(t, c, m)).chain(terms.iter().map(|v| -0.25 * v));
+                    close(run.w[i], after, 1e-5)
+                        .map_err(|e| TestCaseError::fail(format!("W[{t}][{c}][{m}] = {e}")))?;
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+    /// An embedding of `t` ids a sample from a `v x n` table: the rows it looks up,
+    /// the rows' gradients added into the table's (an id met twice, twice) and an
+    /// SGD update, exactly.
+    #[test]
+    fn an_embedding_looks_up_and_adds_its_rows(
+        v in 1u32..40, n in 1u32..12, t in 1u32..4, batch in 1u32..4, window in 1u32..4,
+        w in 1u32..7, h in 1u32..4, seed in 0u64..1000, west in any::<bool>(),
+    ) {
+        let mut d = trained(v, n, (batch, window), false);
+        d.shape = Shape::Gather { t };
+        // several ids a sample come out of one row of PEs (in the sample's order)
+        let h = if t > 1 { 1 } else { h };
+        let ids: Vec<f32> = uniforms(seed, 0, batch * t)
+            .iter()
+            .map(|u| ((u + 1.0) / 2.0 * v as f32).floor().min(v as f32 - 1.0))
+            .collect();
+        let wt = uniforms(seed, 1 << 20, v * n);
+        let dy = uniforms(seed, 2 << 20, batch * t * n);
+        let o = if west { Orient::West } else { Orient::North };
+        let r = run(&d, o, (w, h), &ids, &dy, &wt, 0.25);
+        let mut dw = vec![0.0f32; (v * n) as usize];
+        for (q, &id) in ids.iter().enumerate() {
+            for m in 0..n as usize {
+                let row = id as usize * n as usize + m;
+                prop_assert_eq!(r.y[q * n as usize + m], wt[row], "y[{}][{}]", q, m);
+                dw[row] += dy[q * n as usize + m];
+            }
+        }
+        prop_assert_eq!(&r.dw, &dw);
+        let after: Vec<f32> = wt.iter().zip(&dw).map(|(w, g)| w - 0.25 * g).collect();
+        prop_assert_eq!(&r.w, &after);
+    }
+}
+
+#[test]
+fn a_one_pe_layer_takes_hand_computed_cycles() {
+    // k = 2, n = 3 on one PE, one sample: the inputs arrive at 4, 5 (the host sends
+    // at 0, 1; ramp 2 + ramp 2); the task starts at 4 and runs 10 (switch) + 7
+    // (receive 2: start-up 5, elements at 19, 20) + 8 (the first input's products:
+    // a multiply of 3, 5 + 3) + 8 (the second's: a multiply-add of 3, 5 + 3) + 8
+    // (send 3) = 41 cycles: the last output leaves at 4 + 40 and crosses the east
+    // link (ramp 2, hop 1)
+    let d = Dense::forward_only(2, 3, 1);
+    let r = run(
+        &d,
+        Orient::North,
+        (1, 1),
+        &[1.0, 2.0],
+        &[],
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        0.0,
+    );
+    assert_eq!(r.y, [9.0, 12.0, 15.0]);
+    assert_eq!(r.forward, 4 + 40 + 3);
+}
