@@ -28,6 +28,55 @@ fn variables(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usize>]) {
     }
 }
 
+/// The variables whose new value is made with more than elementwise ops over their
+/// blocks (a GRU's bias, its gradient put together from each gate's): the host updates
+/// them, as it updates a variable several kernels hold.
+fn updated_by_host(cx: &Cx) -> BTreeSet<NodeIndex> {
+    let (g, class) = (cx.g, &cx.class);
+    let mut by_host: BTreeSet<NodeIndex> = BTreeSet::new();
+    for (name, node) in g.outputs_with(Role::Update) {
+        let Some(v) = g.variable(&name) else { continue };
+        let mut stack = vec![node];
+        let mut seen = BTreeSet::new();
+        while let Some(n) = stack.pop() {
+            let n = cx.resolve(n);
+            if class[n.index()] != Class::Step || cx.is_var(n) || !seen.insert(n) {
+                continue;
+            }
+            if !crate::backend::wafer::lower::elementwise(&g.node(n).op) {
+                by_host.insert(v);
+                break;
+            }
+            stack.extend(g.operands(n));
+        }
+    }
+    by_host
+}
+
+/// What a kernel would compute only for the host's `mixed` values, the host computes
+/// itself from the gradients (a layer's sum of squares for a global norm).
+fn only_for_host(
+    cx: &Cx,
+    kernels: &mut [Kernel],
+    owner: &mut [Option<usize>],
+    mixed: &mut BTreeSet<NodeIndex>,
+) {
+    if mixed.is_empty() {
+        return;
+    }
+    for &n in cx.order.iter().rev() {
+        let Some(k) = owner[n.index()] else { continue };
+        if cx.class[n.index()] != Class::Step || cx.is_var(n) {
+            continue;
+        }
+        if read_only_by(cx.g, n, |u| mixed.contains(&u)) {
+            owner[n.index()] = None;
+            kernels[k].steps.retain(|&m| m != n);
+            mixed.insert(n);
+        }
+    }
+}
+
 /// Gives each step node (and the optimiser's slots) to the kernel whose values it
 /// reads, or to the host when it mixes kernels, and each variable's new value to the
 /// kernel that holds it (the host's for a variable several kernels hold). Returns the
@@ -49,26 +98,7 @@ pub(super) fn steps(
             holders[v.index()] += 1;
         }
     }
-    // and the variables whose new value is made with more than elementwise ops over
-    // their blocks (a GRU's bias, its gradient put together from each gate's): the
-    // host updates them too
-    let mut by_host: BTreeSet<NodeIndex> = BTreeSet::new();
-    for (name, node) in g.outputs_with(Role::Update) {
-        let Some(v) = g.variable(&name) else { continue };
-        let mut stack = vec![node];
-        let mut seen = BTreeSet::new();
-        while let Some(n) = stack.pop() {
-            let n = resolve(n);
-            if class[n.index()] != Class::Step || is_var(n) || !seen.insert(n) {
-                continue;
-            }
-            if !crate::backend::wafer::lower::elementwise(&g.node(n).op) {
-                by_host.insert(v);
-                break;
-            }
-            stack.extend(g.operands(n));
-        }
-    }
+    let by_host = updated_by_host(cx);
     let shared = |v: NodeIndex| holders[v.index()] > 1 || by_host.contains(&v);
     // a view of a variable read per sample (`view_of`): its kernels read it in place
     let view = |n: NodeIndex| {
@@ -159,21 +189,7 @@ pub(super) fn steps(
             break;
         }
     }
-    // what a kernel would compute only for the host's mixed values, the host computes
-    // itself from the gradients (a layer's sum of squares for a global norm)
-    if !mixed.is_empty() {
-        for &n in order.iter().rev() {
-            let Some(k) = owner[n.index()] else { continue };
-            if class[n.index()] != Class::Step || is_var(n) {
-                continue;
-            }
-            if read_only_by(g, n, |u| mixed.contains(&u)) {
-                owner[n.index()] = None;
-                kernels[k].steps.retain(|&m| m != n);
-                mixed.insert(n);
-            }
-        }
-    }
+    only_for_host(cx, kernels, owner, &mut mixed);
     for k in kernels.iter_mut() {
         k.steps.sort_by_key(|&n| n.index());
     }

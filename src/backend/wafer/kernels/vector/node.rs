@@ -70,34 +70,8 @@ impl Vector<'_> {
             .map(|&o| arg(o, cur))
             .collect::<Result<Vec<Val>, String>>()?;
         if f.class[n.index()] == Class::Batch {
-            // a sum over the batch: this sample's share, reduced over the sample's own
-            // axes first
-            let Op::Reduce { op, axes, .. } = &node.op else {
-                return Err(format!("`{}` over the batch", node.op.name()));
-            };
             let acc = cur[&n];
-            let src = ops[0];
-            let per = self.extent(src, lanes, lane);
-            let part = if per == acc.elements() {
-                args[0]
-            } else if acc.elements() == 1 || per.is_multiple_of(acc.elements()) {
-                // over the whole sample, or (an image) over each channel's plane
-                let rows = acc.elements();
-                let t = scratch.alloc(rows);
-                body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], rows));
-                body.push(reduce_rows(VecOp::Add, t, args[0], rows, per / rows));
-                t
-            } else {
-                return Err(format!(
-                    "a sum over the batch and some of a sample's axes ({axes:?})"
-                ));
-            };
-            body.push(vec(VecOp::Add, acc, &[acc, part], acc.elements()));
-            if *op == ReduceOp::Mean {
-                let count = g.ty(src).elements() / g.ty(n).elements().max(1);
-                means.push((acc, 1.0 / count as f32));
-            }
-            return Ok(());
+            return self.batch_sum(n, (lanes, lane), (acc, args[0]), scratch, body, means);
         }
         let dst = match stash.get(&n) {
             Some(&(base, len)) => Val::Buf {
@@ -109,6 +83,13 @@ impl Vector<'_> {
         };
         cur.insert(n, dst);
         let rank = node.ty.rank();
+        let site = Site {
+            n,
+            lanes: (lanes, lane),
+            ext,
+            dst,
+            args: args.clone(),
+        };
         // the softmax a log-softmax's gradient takes: its exponentials over their row
         // sums, which it computed
         let of_softmax = ops.first().and_then(|&o| soft.get(&f.resolve(o)).copied());
@@ -162,129 +143,282 @@ impl Vector<'_> {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
             }
             Op::Reduce { op, axes, .. } => {
-                let (outer, inner, post) = reduced(g.ty(ops[0]).shape.as_slice(), axes)?;
-                let (v, init) = match op {
-                    ReduceOp::Sum | ReduceOp::Mean => (VecOp::Add, 0.0),
-                    ReduceOp::Max => (VecOp::Max, f32::NEG_INFINITY),
-                    ReduceOp::Min => (VecOp::Min, f32::INFINITY),
-                    ReduceOp::Prod => (VecOp::Mul, 1.0),
-                };
-                body.push(vec(VecOp::Mov, dst, &[Val::Imm(init)], ext));
-                if lanes > 1 && self.along_rows(n) {
-                    // this lane's share, then every lane's (`rows`)
-                    let mine = self.extent(f.resolve(ops[0]), lanes, lane);
-                    body.push(reduce_rows(v, dst, args[0], 1, mine));
-                    body.extend(self.together(v, dst, (lanes, lane)));
-                    if *op == ReduceOp::Mean {
-                        body.push(vec(
-                            VecOp::Mul,
-                            dst,
-                            &[dst, Val::Imm(1.0 / inner as f32)],
-                            1,
-                        ));
-                    }
-                    return Ok(());
-                }
-                if post == 1 {
-                    body.push(reduce_rows(v, dst, args[0], outer, inner));
-                } else {
-                    // axes in the middle: each run of the axes after them, accumulated
-                    // into its place, for every entry of the reduced ones
-                    let acc = at(dst, 0, post, 1, &[post, 0]);
-                    body.push(nest(
-                        &[outer, inner],
-                        Instr::Vec {
-                            op: v,
-                            dst: acc.clone(),
-                            srcs: vec![
-                                Src::V(acc),
-                                view(args[0], 0, post, 1, &[inner * post, post]),
-                            ],
-                        },
-                    ));
-                }
-                if *op == ReduceOp::Mean {
-                    body.push(vec(
-                        VecOp::Mul,
-                        dst,
-                        &[dst, Val::Imm(1.0 / inner as f32)],
-                        ext,
-                    ));
-                }
+                self.reduce(&site, (*op, axes), body)?;
             }
             Op::Softmax { axis } | Op::LogSoftmax { axis } if *axis + 1 == rank => {
-                // (on several lanes, this lane's share of a sample's features: the
-                // lanes reduce together, `rows`)
-                let (outer, inner) = match lanes {
-                    1 => rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?,
-                    _ => (1, ext),
-                };
-                let x = args[0];
-                let m = scratch.alloc(outer);
-                body.push(vec(VecOp::Mov, m, &[Val::Imm(f32::NEG_INFINITY)], outer));
-                body.push(reduce_rows(VecOp::Max, m, x, outer, inner));
-                body.extend(self.together(VecOp::Max, m, (lanes, lane)));
-                // t = x - m, row by row
-                body.push(per_row(VecOp::Sub, dst, x, m, outer, inner));
-                let e = scratch.alloc(ext);
-                body.push(vec(VecOp::Exp, e, &[dst], ext));
-                let s = scratch.alloc(outer);
-                body.push(vec(VecOp::Mov, s, &[Val::Imm(0.0)], outer));
-                body.push(reduce_rows(VecOp::Add, s, e, outer, inner));
-                body.extend(self.together(VecOp::Add, s, (lanes, lane)));
-                if matches!(node.op, Op::LogSoftmax { .. }) {
-                    let ls = scratch.alloc(outer);
-                    body.push(vec(VecOp::Log, ls, &[s], outer));
-                    body.push(per_row(VecOp::Sub, dst, dst, ls, outer, inner));
-                    soft.insert(n, Soft { e, s, outer, inner });
-                } else {
-                    body.extend(normalise(dst, e, s, outer, inner, scratch));
-                }
+                self.softmax(&site, *axis, scratch, body, soft)?;
             }
             Op::ArgMax { axis } | Op::ArgMin { axis } if *axis + 1 == rank + 1 => {
-                // the positions of a sample's features: `whole` of them, `inner` on
-                // this lane (its share on several: the lanes reduce together, and its
-                // counting buffer counts from its share's first)
-                let (outer, whole) = rows(g.ty(ops[0]).shape.as_slice(), &[*axis])?;
-                let inner = match lanes {
-                    1 => whole,
-                    _ => self.extent(f.resolve(ops[0]), lanes, lane),
-                };
-                let max = matches!(node.op, Op::ArgMax { .. });
-                let x = args[0];
-                let m = scratch.alloc(outer);
-                let (best, init) = if max {
-                    (VecOp::Max, f32::NEG_INFINITY)
-                } else {
-                    (VecOp::Min, f32::INFINITY)
-                };
-                body.push(vec(VecOp::Mov, m, &[Val::Imm(init)], outer));
-                body.push(reduce_rows(best, m, x, outer, inner));
-                body.extend(self.together(best, m, (lanes, lane)));
-                // the first position holding it: min over (x == m ? i : whole)
-                let hit = scratch.alloc(outer * inner);
-                body.push(per_row(VecOp::Eq, hit, x, m, outer, inner));
-                let iota = Val::buf(iota.ok_or("no counting buffer")?, inner);
-                for r in 0..outer {
-                    let row = |v: Val| match v {
-                        Val::Buf { base, len, slot } if len > 1 => Val::Buf {
-                            base: base + r * inner,
-                            len: inner,
-                            slot,
-                        },
-                        v => v,
-                    };
-                    body.push(vec(
-                        VecOp::Sel,
-                        row(hit),
-                        &[row(hit), iota, Val::Imm(whole as f32)],
-                        inner,
-                    ));
-                }
-                body.push(vec(VecOp::Mov, dst, &[Val::Imm(whole as f32)], ext));
-                body.push(reduce_rows(VecOp::Min, dst, hit, outer, inner));
-                body.extend(self.together(VecOp::Min, dst, (lanes, lane)));
+                self.arg_best(&site, *axis, iota, scratch, body)?;
             }
+            Op::Slice { .. } | Op::Concat { .. } | Op::Transpose { .. } if self.movable(n) => {
+                self.moved(&site, body);
+            }
+            // (on several lanes, this lane's share of the classes, which its counting
+            // buffer counts)
+            Op::OneHot { depth } if ext == *depth as u32 || lanes > 1 => {
+                let iota = Val::buf(iota.ok_or("no counting buffer")?, ext);
+                body.push(vec(VecOp::Eq, dst, &[iota, args[0]], ext));
+            }
+            other => {
+                return Err(format!(
+                    "`{}` of {} has no wafer kernel yet",
+                    other.name(),
+                    node.ty
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A reduction within a sample (`op` over `axes`): along its features across the
+    /// lanes (`rows`), or over runs of its axes on one lane.
+    fn reduce(
+        &self,
+        site: &Site,
+        (op, axes): (ReduceOp, &[usize]),
+        body: &mut Vec<Instr>,
+    ) -> Result<(), String> {
+        let (g, f) = (self.g, self.f);
+        let Site {
+            n,
+            lanes: (lanes, lane),
+            ext,
+            dst,
+            ref args,
+        } = *site;
+        let ops = g.operands(n);
+        let (outer, inner, post) = reduced(g.ty(ops[0]).shape.as_slice(), axes)?;
+        let (v, init) = match op {
+            ReduceOp::Sum | ReduceOp::Mean => (VecOp::Add, 0.0),
+            ReduceOp::Max => (VecOp::Max, f32::NEG_INFINITY),
+            ReduceOp::Min => (VecOp::Min, f32::INFINITY),
+            ReduceOp::Prod => (VecOp::Mul, 1.0),
+        };
+        body.push(vec(VecOp::Mov, dst, &[Val::Imm(init)], ext));
+        if lanes > 1 && self.along_rows(n) {
+            // this lane's share, then every lane's (`rows`)
+            let mine = self.extent(f.resolve(ops[0]), lanes, lane);
+            body.push(reduce_rows(v, dst, args[0], 1, mine));
+            body.extend(self.together(v, dst, (lanes, lane)));
+            if op == ReduceOp::Mean {
+                body.push(vec(
+                    VecOp::Mul,
+                    dst,
+                    &[dst, Val::Imm(1.0 / inner as f32)],
+                    1,
+                ));
+            }
+            return Ok(());
+        }
+        if post == 1 {
+            body.push(reduce_rows(v, dst, args[0], outer, inner));
+        } else {
+            // axes in the middle: each run of the axes after them, accumulated
+            // into its place, for every entry of the reduced ones
+            let acc = at(dst, 0, post, 1, &[post, 0]);
+            body.push(nest(
+                &[outer, inner],
+                Instr::Vec {
+                    op: v,
+                    dst: acc.clone(),
+                    srcs: vec![
+                        Src::V(acc),
+                        view(args[0], 0, post, 1, &[inner * post, post]),
+                    ],
+                },
+            ));
+        }
+        if op == ReduceOp::Mean {
+            body.push(vec(
+                VecOp::Mul,
+                dst,
+                &[dst, Val::Imm(1.0 / inner as f32)],
+                ext,
+            ));
+        }
+        Ok(())
+    }
+
+    /// A softmax (or log-softmax) along a sample's last axis: on one lane row by row, or
+    /// across the lanes (`across`: each its share of the features).
+    fn softmax(
+        &self,
+        site: &Site,
+        axis: usize,
+        scratch: &mut Scratch,
+        body: &mut Vec<Instr>,
+        soft: &mut BTreeMap<NodeIndex, Soft>,
+    ) -> Result<(), String> {
+        let g = self.g;
+        let Site {
+            n,
+            lanes: (lanes, lane),
+            ext,
+            dst,
+            ref args,
+        } = *site;
+        let node = g.node(n);
+        let ops = g.operands(n);
+        // (on several lanes, this lane's share of a sample's features: the
+        // lanes reduce together, `rows`)
+        let (outer, inner) = match lanes {
+            1 => rows(g.ty(ops[0]).shape.as_slice(), &[axis])?,
+            _ => (1, ext),
+        };
+        let x = args[0];
+        let m = scratch.alloc(outer);
+        body.push(vec(VecOp::Mov, m, &[Val::Imm(f32::NEG_INFINITY)], outer));
+        body.push(reduce_rows(VecOp::Max, m, x, outer, inner));
+        body.extend(self.together(VecOp::Max, m, (lanes, lane)));
+        // t = x - m, row by row
+        body.push(per_row(VecOp::Sub, dst, x, m, outer, inner));
+        let e = scratch.alloc(ext);
+        body.push(vec(VecOp::Exp, e, &[dst], ext));
+        let s = scratch.alloc(outer);
+        body.push(vec(VecOp::Mov, s, &[Val::Imm(0.0)], outer));
+        body.push(reduce_rows(VecOp::Add, s, e, outer, inner));
+        body.extend(self.together(VecOp::Add, s, (lanes, lane)));
+        if matches!(node.op, Op::LogSoftmax { .. }) {
+            let ls = scratch.alloc(outer);
+            body.push(vec(VecOp::Log, ls, &[s], outer));
+            body.push(per_row(VecOp::Sub, dst, dst, ls, outer, inner));
+            soft.insert(n, Soft { e, s, outer, inner });
+        } else {
+            body.extend(normalise(dst, e, s, outer, inner, scratch));
+        }
+        Ok(())
+    }
+
+    /// The position of the largest (or smallest) of a sample's features along its last
+    /// axis: on one lane row by row, or across the lanes (`across`).
+    fn arg_best(
+        &self,
+        site: &Site,
+        axis: usize,
+        iota: Option<u32>,
+        scratch: &mut Scratch,
+        body: &mut Vec<Instr>,
+    ) -> Result<(), String> {
+        let (g, f) = (self.g, self.f);
+        let Site {
+            n,
+            lanes: (lanes, lane),
+            ext,
+            dst,
+            ref args,
+        } = *site;
+        let node = g.node(n);
+        let ops = g.operands(n);
+        // the positions of a sample's features: `whole` of them, `inner` on
+        // this lane (its share on several: the lanes reduce together, and its
+        // counting buffer counts from its share's first)
+        let (outer, whole) = rows(g.ty(ops[0]).shape.as_slice(), &[axis])?;
+        let inner = match lanes {
+            1 => whole,
+            _ => self.extent(f.resolve(ops[0]), lanes, lane),
+        };
+        let max = matches!(node.op, Op::ArgMax { .. });
+        let x = args[0];
+        let m = scratch.alloc(outer);
+        let (best, init) = if max {
+            (VecOp::Max, f32::NEG_INFINITY)
+        } else {
+            (VecOp::Min, f32::INFINITY)
+        };
+        body.push(vec(VecOp::Mov, m, &[Val::Imm(init)], outer));
+        body.push(reduce_rows(best, m, x, outer, inner));
+        body.extend(self.together(best, m, (lanes, lane)));
+        // the first position holding it: min over (x == m ? i : whole)
+        let hit = scratch.alloc(outer * inner);
+        body.push(per_row(VecOp::Eq, hit, x, m, outer, inner));
+        let iota = Val::buf(iota.ok_or("no counting buffer")?, inner);
+        for r in 0..outer {
+            let row = |v: Val| match v {
+                Val::Buf { base, len, slot } if len > 1 => Val::Buf {
+                    base: base + r * inner,
+                    len: inner,
+                    slot,
+                },
+                v => v,
+            };
+            body.push(vec(
+                VecOp::Sel,
+                row(hit),
+                &[row(hit), iota, Val::Imm(whole as f32)],
+                inner,
+            ));
+        }
+        body.push(vec(VecOp::Mov, dst, &[Val::Imm(whole as f32)], ext));
+        body.push(reduce_rows(VecOp::Min, dst, hit, outer, inner));
+        body.extend(self.together(VecOp::Min, dst, (lanes, lane)));
+        Ok(())
+    }
+
+    /// A sum over the batch (node `n`, accumulated in `acc`): this sample's share `x`,
+    /// reduced over the sample's own axes first.
+    fn batch_sum(
+        &self,
+        n: NodeIndex,
+        (lanes, lane): (u32, u32),
+        (acc, x): (Val, Val),
+        scratch: &mut Scratch,
+        body: &mut Vec<Instr>,
+        means: &mut Vec<(Val, f32)>,
+    ) -> Result<(), String> {
+        let g = self.g;
+        let node = g.node(n);
+        let ops = g.operands(n);
+        let args = [x];
+        // a sum over the batch: this sample's share, reduced over the sample's own
+        // axes first
+        let Op::Reduce { op, axes, .. } = &node.op else {
+            return Err(format!("`{}` over the batch", node.op.name()));
+        };
+        let src = ops[0];
+        let per = self.extent(src, lanes, lane);
+        let part = if per == acc.elements() {
+            args[0]
+        } else if acc.elements() == 1 || per.is_multiple_of(acc.elements()) {
+            // over the whole sample, or (an image) over each channel's plane
+            let rows = acc.elements();
+            let t = scratch.alloc(rows);
+            body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], rows));
+            body.push(reduce_rows(VecOp::Add, t, args[0], rows, per / rows));
+            t
+        } else {
+            return Err(format!(
+                "a sum over the batch and some of a sample's axes ({axes:?})"
+            ));
+        };
+        body.push(vec(VecOp::Add, acc, &[acc, part], acc.elements()));
+        if *op == ReduceOp::Mean {
+            let count = g.ty(src).elements() / g.ty(n).elements().max(1);
+            means.push((acc, 1.0 / count as f32));
+        }
+        Ok(())
+    }
+
+    /// Whether node `n` moves a sample's elements about in a way `moved` writes: a
+    /// slice or a concat along an axis past the batch's, a transpose that keeps the batch
+    /// first.
+    fn movable(&self, n: NodeIndex) -> bool {
+        match &self.g.node(n).op {
+            Op::Slice { axis, .. } | Op::Concat { axis } => *axis > 0,
+            Op::Transpose { perm } => perm.first() == Some(&0) && perm.len() > 1,
+            _ => false,
+        }
+    }
+
+    /// A slice, concat or transpose within a sample (`movable`), row by row.
+    fn moved(&self, site: &Site, body: &mut Vec<Instr>) {
+        let g = self.g;
+        let Site {
+            n, dst, ref args, ..
+        } = *site;
+        let node = g.node(n);
+        let ops = g.operands(n);
+        match &node.op {
             Op::Slice { axis, start, end } if *axis > 0 => {
                 // each run of the sliced axis (and the axes inside it), row by row
                 let (shape, axis) = laid(&g.ty(ops[0]).shape, *axis);
@@ -305,7 +439,7 @@ impl Vector<'_> {
                 let (outer, inner) = around(&shape, axis);
                 let whole = shape[axis] as u32 * inner;
                 let mut off = 0;
-                for (&o, &a) in ops.iter().zip(&args) {
+                for (&o, &a) in ops.iter().zip(args) {
                     let part = laid(&g.ty(o).shape, axis).0[axis] as u32 * inner;
                     // a one-word operand repeats its word
                     let stride = u32::from(a.elements() != 1);
@@ -347,20 +481,17 @@ impl Vector<'_> {
                     },
                 ));
             }
-            // (on several lanes, this lane's share of the classes, which its counting
-            // buffer counts)
-            Op::OneHot { depth } if ext == *depth as u32 || lanes > 1 => {
-                let iota = Val::buf(iota.ok_or("no counting buffer")?, ext);
-                body.push(vec(VecOp::Eq, dst, &[iota, args[0]], ext));
-            }
-            other => {
-                return Err(format!(
-                    "`{}` of {} has no wafer kernel yet",
-                    other.name(),
-                    node.ty
-                ));
-            }
+            _ => {}
         }
-        Ok(())
     }
+}
+
+/// A node's place in a lane's code: the node, the lane of how many, its elements on
+/// the lane, where its value goes and its operands' values.
+struct Site {
+    n: NodeIndex,
+    lanes: (u32, u32),
+    ext: u32,
+    dst: Val,
+    args: Vec<Val>,
 }
