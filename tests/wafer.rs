@@ -1460,22 +1460,35 @@ fn lstm_like_the_interpreter(
 /// step's product of its input a side part of it (the reset gate multiplies the
 /// state's product alone); the bias `[2, 3u]` is read in place, a row and a gate at
 /// a time (`form::view_of`), by every step's kernel, which holds a replica of it.
+///
+/// With `lengths`, each sequence is read up to its own length (1 to `t`, from one more
+/// feature): each step keeps the state of a sequence past its end, its mask made from
+/// the lengths, which every step reads; the host computes the masks and streams each
+/// to its step (`layers::hosted`: a value of the inputs alone read on both sides of a
+/// layer).
 fn gru_like_the_interpreter(
     (k, units, c, t): (usize, usize, usize, usize),
-    opt: usize,
+    (lengths, opt): (bool, usize),
     (batch, side, seed): (usize, u32, u64),
 ) -> Result<(), String> {
     let d = random_data(
-        &format!("gru-{k}-{units}-{c}-{t}-{opt}-{batch}-{side}-{seed}"),
-        t * k,
+        &format!("gru-{k}-{units}-{c}-{t}-{lengths}-{opt}-{batch}-{side}-{seed}"),
+        t * k + 1,
         c,
         seed,
     );
     let (opt, lr) = optimiser(opt);
-    let body = format!(
-        "  let h = gru(reshape(features, [B, {t}, {k}]), {units})\n  let logits = dense(h, {c})\n"
-    );
-    compare_with(&d, &body, (&opt, lr), (&floats(t * k), batch, side, seed))
+    let tk = t * k;
+    let body = if lengths {
+        format!(
+            "  let x = reshape(slice(features, 1, 0, {tk}), [B, {t}, {k}])\n  let len = minimum(cast(abs(slice(features, 1, {tk}, {tk} + 1)) * {t}.0, i32) + 1, {t})\n  let h = gru(x, {units}, lengths: reshape(len, [B]))\n  let logits = dense(h, {c})\n"
+        )
+    } else {
+        format!(
+            "  let h = gru(reshape(slice(features, 1, 0, {tk}), [B, {t}, {k}]), {units})\n  let logits = dense(h, {c})\n"
+        )
+    };
+    compare_with(&d, &body, (&opt, lr), (&floats(tk + 1), batch, side, seed))
 }
 
 /// An unrolled recurrent network over a sequence of `t` steps of `k` features (the
@@ -1671,10 +1684,11 @@ proptest::proptest! {
 
     #[test]
     fn grus_train_like_the_interpreter(
-        k in 1usize..5, units in 1usize..7, c in 2usize..5, t in 1usize..4, opt in 0usize..4,
-        batch in 1usize..4, side in 16u32..33, seed in 0u64..1000,
+        k in 1usize..5, units in 1usize..7, c in 2usize..5, t in 1usize..4,
+        lengths in proptest::bool::ANY, opt in 0usize..4, batch in 1usize..4, side in 16u32..33,
+        seed in 0u64..1000,
     ) {
-        gru_like_the_interpreter((k, units, c, t), opt, (batch, side, seed))
+        gru_like_the_interpreter((k, units, c, t), (lengths, opt), (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

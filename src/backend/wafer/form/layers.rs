@@ -232,6 +232,48 @@ pub(super) fn hosted(cx: &Cx, kernels: &[Kernel]) -> Vec<bool> {
             hosted[x.index()] = inputs_only[x.index()] && !source(x);
         }
     }
+    // and one read on both sides of a layer (a sequence's lengths, whose mask each
+    // step's kernel makes): each kernel that reads it then takes it from the host.
+    // A node's depth is the most layers' products on a way to it from the inputs;
+    // the depths an inputs-only value is read at are its readers' (through the
+    // inputs-only values they make).
+    let fwds: BTreeSet<NodeIndex> = (kernels.iter())
+        .filter_map(|k| match k.kind {
+            Kind::Dense { fwd, .. } => Some(fwd),
+            Kind::Vector { .. } => None,
+        })
+        .collect();
+    let mut depth = vec![0u32; bound];
+    for &n in order {
+        depth[n.index()] = (g.operands(n).into_iter())
+            .map(|o| depth[o.index()] + u32::from(fwds.contains(&o)))
+            .max()
+            .unwrap_or(0);
+    }
+    let mut read_at: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); bound];
+    let mut apart = vec![false; bound];
+    for &n in order.iter().rev() {
+        let mut at = BTreeSet::new();
+        for u in g.g.neighbors_directed(n, petgraph::Direction::Outgoing) {
+            if inputs_only[u.index()] && !hosted[u.index()] {
+                at.extend(read_at[u.index()].iter().copied());
+            } else if class[u.index()] == Class::Sample {
+                at.insert(depth[u.index()]);
+            }
+        }
+        apart[n.index()] = inputs_only[n.index()] && !source(n) && at.len() > 1;
+        read_at[n.index()] = at;
+    }
+    // (and what is made from such values and the host's alone: each step's mask)
+    for &n in order {
+        let ops = g.operands(n);
+        apart[n.index()] |= inputs_only[n.index()]
+            && !source(n)
+            && ops.iter().any(|o| apart[o.index()])
+            && (ops.iter())
+                .all(|&o| apart[o.index()] || source(o) || class[o.index()] == Class::Host);
+        hosted[n.index()] |= apart[n.index()];
+    }
     for &n in order.iter().rev() {
         if inputs_only[n.index()] && !source(n) && read_only_by(g, n, |u| hosted[u.index()]) {
             hosted[n.index()] = true;
