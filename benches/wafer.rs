@@ -53,6 +53,35 @@ input data() { range(64) |> map |i| (broadcast_to(cast(i, f32), [128]), i % 10) 
 estimator rnn { model = rnn  train_input = data() }
 "#;
 
+/// A GRU classifier (`std.nn.gru`, Keras's reset-after form): 16 steps of 8 features,
+/// 16 units, its last state into 10 classes, batch 16. (A step's gates run on one PE,
+/// and so does the state's product between them: 64 units do not fit.)
+const GRU_CLASSIFIER: &str = r#"
+use std.nn.{dense, gru}
+use std.losses.softmax_cross_entropy
+model g(features: f32[B, 128], labels: i32[B]) {
+  let h = gru(reshape(features, [B, 16, 8]), 16)
+  let loss = softmax_cross_entropy(labels, dense(h, 10))
+  train { minimize loss with sgd(lr: 0.1) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [128]), i % 10) |> repeat |> batch(16, drop_remainder: true) }
+estimator g { model = g  train_input = data() }
+"#;
+
+/// A classifier of 1,000 classes: 256 features -> 256 (relu) -> 1,000, batch 32; its
+/// loss runs across the last layer's rows (on one lane, the layer fits no fabric).
+const THOUSAND_CLASSES: &str = r#"
+use std.nn.dense
+use std.losses.softmax_cross_entropy
+model c(features: f32[B, 256], labels: i32[B]) {
+  let logits = dense(dense(features, 256, activation: relu), 1000)
+  let loss = softmax_cross_entropy(labels, logits)
+  train { minimize loss with sgd(lr: 0.1) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [256]), i * 13 % 1000) |> repeat |> batch(32, drop_remainder: true) }
+estimator c { model = c  train_input = data() }
+"#;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -185,4 +214,9 @@ fn main() {
     bench("dense 1024x1024, batch 64", large, &[], &t64, steps);
     let rnn = Program::from_source("unrolled_rnn.est", UNROLLED_RNN, None);
     bench("unrolled rnn 8x16->128, b16", rnn, &[], &t64, steps);
+    let gru = Program::from_source("gru_classifier.est", GRU_CLASSIFIER, None);
+    bench("gru 16x8->16, b16", gru, &[], &t64, steps);
+    let classes = Program::from_source("thousand_classes.est", THOUSAND_CLASSES, None);
+    bench("256->256->1000 classes, b32", classes, &[], &t64, steps);
+    bench("wide_deep", load("wide_deep.est"), &[], &t32, steps);
 }

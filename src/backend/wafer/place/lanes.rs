@@ -48,18 +48,37 @@ impl Lanes {
     }
 }
 
-/// Whether a vector kernel of `f` runs on several lanes only when it softmaxes across
+/// The vector kernels of `f` that run on several lanes only when they softmax across
 /// them (`Vector::across`).
-pub(super) fn across_widens(g: &Graph, f: &Formed) -> bool {
-    (0..f.kernels.len()).any(|k| {
-        matches!(f.kernels[k].kind, Kind::Vector { .. })
-            && vector_of(g, f, k, ((f.batch, 0), false), |_| 0)
-                .width()
-                .is_none()
-            && vector_of(g, f, k, ((f.batch, 0), true), |_| 0)
-                .width()
-                .is_some()
-    })
+pub(super) fn across_widens(g: &Graph, f: &Formed) -> Vec<usize> {
+    (0..f.kernels.len())
+        .filter(|&k| {
+            matches!(f.kernels[k].kind, Kind::Vector { .. })
+                && vector_of(g, f, k, ((f.batch, 0), false), |_| 0)
+                    .width()
+                    .is_none()
+                && vector_of(g, f, k, ((f.batch, 0), true), |_| 0)
+                    .width()
+                    .is_some()
+        })
+        .collect()
+}
+
+/// Whether the layer before one-lane kernel `k` cannot fit on the rows it may then
+/// take (one, or as many as a dealer of the most replicas gathers) on any PE of `fab`:
+/// its weights (and their gradients) alone are more than a PE's memory when spread
+/// over as many columns as the fabric has.
+pub(super) fn one_lane_hopeless(g: &Graph, f: &Formed, fab: &Fabric, k: usize) -> bool {
+    let Some(d) = k
+        .checked_sub(1)
+        .and_then(|l| dense_dims(g, f, &f.kernels[l].kind))
+    else {
+        return false;
+    };
+    let rows = 1 + super::search::MAX_REPS;
+    let cols = fab.width.max(fab.height);
+    let words = d.k.div_ceil(cols) as u64 * d.n.div_ceil(rows) as u64 * (1 + u64::from(d.train));
+    words * crate::backend::wafer::cost::WORD as u64 > u64::from(fab.usable_bytes())
 }
 
 /// The vector kernel `k` with its streams (colours from `colour`), its softmaxes

@@ -272,9 +272,14 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     }
     chain_only(g, f)?;
     // a softmax on one lane (as replicas: the fewest cycles for a few classes), or,
-    // when that does not fit (the layer before it on one row), across the lanes
+    // when that does not fit (the layer before it on one row), across the lanes; at
+    // once when its layer's weights alone cannot fit those rows
+    let widens = lanes::across_widens(g, f);
+    if (widens.iter()).any(|&k| lanes::one_lane_hopeless(g, f, fab, k)) {
+        return sized(g, f, fab, true);
+    }
     match sized(g, f, fab, false) {
-        Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))) if lanes::across_widens(g, f) => {
+        Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))) if !widens.is_empty() => {
             sized(g, f, fab, true).or(Err(e))
         }
         r => r,
