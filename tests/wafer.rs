@@ -22,25 +22,45 @@ fn tmp(name: &str) -> PathBuf {
     common::scratch("wafer", name)
 }
 
-/// 20 train steps of digits_mlp on the wafer and on the interpreter from the same
-/// seed, then evaluation and prediction of the same checkpoint.
-#[test]
-fn wafer_trains_like_the_interpreter() {
-    let (dw, di) = (tmp("mlp-wafer"), tmp("mlp-interp"));
-    let mut w = estimator("examples/digits_mlp.est", Target::Wafer, &dw).unwrap();
-    let mut i = estimator("examples/digits_mlp.est", Target::Interp, &di).unwrap();
+/// Example `file` trained 20 steps on the wafer and on the interpreter from the same
+/// seed (in scratch directories named after `name`), its variables checked within
+/// 1e-5 of each one's scale and its final losses alike: both estimators and their
+/// model directories.
+fn trained_alike(
+    file: &str,
+    name: &str,
+) -> (
+    est::runtime::Estimator,
+    est::runtime::Estimator,
+    PathBuf,
+    PathBuf,
+) {
+    let (dw, di) = (
+        tmp(&format!("{name}-wafer")),
+        tmp(&format!("{name}-interp")),
+    );
+    let mut w = estimator(file, Target::Wafer, &dw).unwrap();
+    let mut i = estimator(file, Target::Interp, &di).unwrap();
     let rw = w.train(Steps::Max(20)).unwrap();
     let ri = i.train(Steps::Max(20)).unwrap();
     assert_eq!(rw.global_step, 20);
     let d = worst(&w.variables(), &i.variables());
-    eprintln!("largest relative difference {d:e}");
-    assert!(d <= 1e-5, "largest relative difference {d:e}");
+    eprintln!("{file}: largest relative difference {d:e}");
+    assert!(d <= 1e-5, "{file}: largest relative difference {d:e}");
     assert!(
         (rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs().max(1.0),
-        "{} vs {}",
+        "{file}: {} vs {}",
         rw.final_loss,
         ri.final_loss
     );
+    (w, i, dw, di)
+}
+
+/// 20 train steps of digits_mlp on the wafer and on the interpreter from the same
+/// seed, then evaluation and prediction of the same checkpoint.
+#[test]
+fn wafer_trains_like_the_interpreter() {
+    let (mut w, mut i, dw, di) = trained_alike("examples/digits_mlp.est", "mlp");
     let ew = w.evaluate(None).unwrap();
     let ei = i.evaluate(None).unwrap();
     assert_eq!(ew.examples, ei.examples);
@@ -193,20 +213,7 @@ fn mnist_cnn_on_wafer_trains_like_the_interpreter() {
 /// the whole test split.
 #[test]
 fn wide_deep_trains_like_the_interpreter() {
-    let (dw, di) = (tmp("wide-deep-wafer"), tmp("wide-deep-interp"));
-    let mut w = estimator("examples/wide_deep.est", Target::Wafer, &dw).unwrap();
-    let mut i = estimator("examples/wide_deep.est", Target::Interp, &di).unwrap();
-    let rw = w.train(Steps::Max(20)).unwrap();
-    let ri = i.train(Steps::Max(20)).unwrap();
-    assert_eq!(rw.global_step, 20);
-    let d = worst(&w.variables(), &i.variables());
-    assert!(d <= 1e-5, "largest relative difference {d:e}");
-    assert!(
-        (rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs().max(1.0),
-        "{} vs {}",
-        rw.final_loss,
-        ri.final_loss
-    );
+    let (mut w, mut i, _, _) = trained_alike("examples/wide_deep.est", "wide-deep");
     let (ew, ei) = (w.evaluate(None).unwrap(), i.evaluate(None).unwrap());
     assert_eq!((ew.examples, ei.examples), (200, 200));
     assert_eq!(ew.metrics.len(), 3);
