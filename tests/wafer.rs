@@ -23,12 +23,14 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 /// Example `file` trained 20 steps on the wafer and on the interpreter from the same
-/// seed (in scratch directories named after `name`), its variables checked within
+/// seed (in scratch directories named after `name`; its data under `data` when given,
+/// else beside it), its variables checked within
 /// 1e-5 of each one's scale and its final losses alike: both estimators and their
 /// model directories.
 fn trained_alike(
     file: &str,
     name: &str,
+    data: Option<&Path>,
 ) -> (
     est::runtime::Estimator,
     est::runtime::Estimator,
@@ -39,8 +41,17 @@ fn trained_alike(
         tmp(&format!("{name}-wafer")),
         tmp(&format!("{name}-interp")),
     );
-    let mut w = estimator(file, Target::Wafer, &dw).unwrap();
-    let mut i = estimator(file, Target::Interp, &di).unwrap();
+    let open = |target: Target, dir: &Path| {
+        let p = est::Program::load(&root().join(file)).unwrap();
+        let opts = est::runtime::RunOptions {
+            target,
+            model_dir: Some(dir.to_path_buf()),
+            data_dir: data.map(Path::to_path_buf),
+            ..Default::default()
+        };
+        est::runtime::Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{file}: {:?}", f.diags))
+    };
+    let (mut w, mut i) = (open(Target::Wafer, &dw), open(Target::Interp, &di));
     let rw = w.train(Steps::Max(20)).unwrap();
     let ri = i.train(Steps::Max(20)).unwrap();
     assert_eq!(rw.global_step, 20);
@@ -60,7 +71,7 @@ fn trained_alike(
 /// seed, then evaluation and prediction of the same checkpoint.
 #[test]
 fn wafer_trains_like_the_interpreter() {
-    let (mut w, mut i, dw, di) = trained_alike("examples/digits_mlp.est", "mlp");
+    let (mut w, mut i, dw, di) = trained_alike("examples/digits_mlp.est", "mlp", None);
     let ew = w.evaluate(None).unwrap();
     let ei = i.evaluate(None).unwrap();
     assert_eq!(ew.examples, ei.examples);
@@ -205,6 +216,19 @@ fn mnist_cnn_on_wafer_trains_like_the_interpreter() {
     }
 }
 
+/// The other examples the wafer lays out at their own batch on `test32`, `fc_mnist`
+/// (batch 128, on MNIST-shaped records the test writes: `common/mnist.rs`) and
+/// `linear_regression`, train 20 steps like the interpreter, within 1e-5 of each
+/// variable's scale (`trained_alike`). (`digits_tfrecord` is `digits_mlp`'s model
+/// over records the demo writes.)
+#[test]
+fn the_other_examples_train_like_the_interpreter() {
+    let d = tmp("other-examples");
+    mnist::write(&d, 256);
+    trained_alike("examples/fc_mnist.est", "fc-mnist", Some(&d));
+    trained_alike("examples/linear_regression.est", "linreg", None);
+}
+
 /// `examples/wide_deep.est` on the wafer: its deep part's four embeddings side by side
 /// (side parts of the first, concatenated with the numeric features), its wide part
 /// (two crossed-column embeddings summed) a side part of the last dense layer, FTRL
@@ -213,7 +237,7 @@ fn mnist_cnn_on_wafer_trains_like_the_interpreter() {
 /// the whole test split.
 #[test]
 fn wide_deep_trains_like_the_interpreter() {
-    let (mut w, mut i, _, _) = trained_alike("examples/wide_deep.est", "wide-deep");
+    let (mut w, mut i, _, _) = trained_alike("examples/wide_deep.est", "wide-deep", None);
     let (ew, ei) = (w.evaluate(None).unwrap(), i.evaluate(None).unwrap());
     assert_eq!((ew.examples, ei.examples), (200, 200));
     assert_eq!(ew.metrics.len(), 3);
