@@ -278,10 +278,24 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     if (widens.iter()).any(|&k| lanes::one_lane_hopeless(g, f, fab, k)) {
         return sized(g, f, fab, true);
     }
-    match sized(g, f, fab, false) {
-        Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))) if !widens.is_empty() => {
-            sized(g, f, fab, true).or(Err(e))
-        }
+    if widens.is_empty() {
+        return sized(g, f, fab, false);
+    }
+    // (a one-lane loss or its layer short of memory at the widest windows: across
+    // before narrower windows, which leave those kernels as they are)
+    let at_softmax: Vec<String> = (widens.iter())
+        .flat_map(|&k| [k.saturating_sub(1), k])
+        .map(|k| kernel_name(g, f, k))
+        .collect();
+    let stop =
+        |e: &LayoutError| matches!(e, LayoutError::Sram(s) if at_softmax.contains(&s.kernel));
+    match sized_until(g, f, fab, false, stop) {
+        Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))) => match sized(g, f, fab, true) {
+            Ok(l) => Ok(l),
+            // (the one-lane layout's own error, its windows narrowed as far as they go)
+            Err(_) if stop(&e) => sized(g, f, fab, false),
+            Err(_) => Err(e),
+        },
         r => r,
     }
 }
@@ -290,12 +304,25 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
 /// wide as they need, narrowed while memory (or the PEs that more lanes of memory
 /// take) is short.
 fn sized(g: &Graph, f: &Formed, fab: &Fabric, across: bool) -> Result<Layout, LayoutError> {
+    sized_until(g, f, fab, across, |_| false)
+}
+
+/// `sized`, giving up narrowing the windows at an error `stop` picks.
+fn sized_until(
+    g: &Graph,
+    f: &Formed,
+    fab: &Fabric,
+    across: bool,
+    stop: impl Fn(&LayoutError) -> bool,
+) -> Result<Layout, LayoutError> {
     let mut widths = Widths::WIDEST;
     loop {
         let sizer = Sizer::new(g, f, fab, (widths, across))?;
         let widest = sizer.sched.iter().map(|s| s.0).max().unwrap_or(1);
         match (search::search(&sizer), widths.narrower(widest)) {
-            (Err(LayoutError::Sram(_) | LayoutError::Pes(_)), Some(w)) => widths = w,
+            (Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))), Some(w)) if !stop(&e) => {
+                widths = w
+            }
             (r, _) => return r,
         }
     }
