@@ -180,13 +180,7 @@ impl Vector<'_> {
         body: &mut Vec<Instr>,
     ) -> Result<(), String> {
         let (g, f) = (self.g, self.f);
-        let Site {
-            n,
-            lanes: (lanes, lane),
-            ext,
-            dst,
-            ref args,
-        } = *site;
+        let (n, (lanes, lane), ext, dst, args) = site.parts();
         let ops = g.operands(n);
         let (outer, inner, post) = reduced(g.ty(ops[0]).shape.as_slice(), axes)?;
         let (v, init) = match op {
@@ -251,13 +245,7 @@ impl Vector<'_> {
         soft: &mut BTreeMap<NodeIndex, Soft>,
     ) -> Result<(), String> {
         let g = self.g;
-        let Site {
-            n,
-            lanes: (lanes, lane),
-            ext,
-            dst,
-            ref args,
-        } = *site;
+        let (n, (lanes, lane), ext, dst, args) = site.parts();
         let node = g.node(n);
         let ops = g.operands(n);
         // (on several lanes, this lane's share of a sample's features: the
@@ -301,13 +289,7 @@ impl Vector<'_> {
         body: &mut Vec<Instr>,
     ) -> Result<(), String> {
         let (g, f) = (self.g, self.f);
-        let Site {
-            n,
-            lanes: (lanes, lane),
-            ext,
-            dst,
-            ref args,
-        } = *site;
+        let (n, (lanes, lane), ext, dst, args) = site.parts();
         let node = g.node(n);
         let ops = g.operands(n);
         // the positions of a sample's features: `whole` of them, `inner` on
@@ -494,4 +476,11 @@ struct Site {
     ext: u32,
     dst: Val,
     args: Vec<Val>,
+}
+
+impl Site {
+    /// Its node, lane of how many, elements, place and operands, to unpack at once.
+    fn parts(&self) -> (NodeIndex, (u32, u32), u32, Val, &[Val]) {
+        (self.n, self.lanes, self.ext, self.dst, &self.args)
+    }
 }
