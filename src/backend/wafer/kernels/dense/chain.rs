@@ -2,7 +2,7 @@
 //! multiply-adds over a block, a convolution's taps, and a link of a chain of partial
 //! sums.
 
-use super::super::super::isa::{Colour, Dsd, Instr, Src, VecOp};
+use super::super::super::isa::{Colour, Dsd, Instr, Program, Src, VecOp};
 use super::super::nest;
 
 /// The next wavelets on `colour` into the words `dst` describes.
@@ -13,6 +13,13 @@ pub(super) fn receive(dst: Dsd, colour: Colour) -> Instr {
         dst,
         srcs: vec![Src::V(Dsd::In { colour, len })],
     }
+}
+
+/// The room for a row's output gradient (`len` words, named `dy`) and the instruction
+/// that receives a sample's on `colour`: where the room starts, and that instruction.
+pub(super) fn row_gradient(p: &mut Program, len: u32, colour: Colour) -> (u32, Instr) {
+    let grads = p.alloc("dy", len);
+    (grads, receive(Dsd::mem(grads, len), colour))
 }
 
 /// `len` words at `acc` set to zero.

@@ -2,7 +2,7 @@
 //! zeros, into the chain of partial sums; each id's output gradient added into its row.
 
 use super::super::super::isa::{Dsd, Instr, Program, Src, VecOp};
-use super::chain::{link, receive, zero};
+use super::chain::{link, row_gradient, zero};
 use super::{Block, Dense};
 
 impl Dense {
@@ -91,9 +91,9 @@ impl Dense {
             return (fwd, Vec::new());
         };
         // the output gradients, each id's (or zeros) added into its row
-        let grads = p.alloc("dy", back_len);
+        let (grads, take_dy) = row_gradient(p, back_len, c.dy);
         let yt = Dsd::strided(grads + back_at, b, 1, &[b], None);
-        let mut bwd = vec![receive(Dsd::mem(grads, back_len), c.dy)];
+        let mut bwd = vec![take_dy];
         bwd.extend(rows(1));
         let g = Dsd::indexed(dw, b, row, &[1], b);
         bwd.push(Instr::Loop {

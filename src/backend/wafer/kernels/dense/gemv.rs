@@ -2,7 +2,7 @@
 //! gradient and the weight gradient).
 
 use super::super::super::isa::{Dsd, Instr, Program, Src, VecOp};
-use super::chain::{link, macs, products, receive, zero};
+use super::chain::{link, macs, products, receive, row_gradient, zero};
 use super::{Back, Block, Dense};
 
 impl Dense {
@@ -68,9 +68,9 @@ impl Dense {
             Some(Back::Same) => Some(0),
             _ => None,
         };
-        let grads = p.alloc("dy", row.back_len);
+        let (grads, take_dy) = row_gradient(p, row.back_len, c.dy);
         let dy = grads + row.back_at;
-        let mut bwd = vec![receive(Dsd::mem(grads, row.back_len), c.dy)];
+        let mut bwd = vec![take_dy];
         if self.dx {
             // (a value passed on: its gradient after the input gradient, each row's
             // share from this PE, zeros elsewhere, summed along the column)

@@ -174,7 +174,6 @@ impl Vector<'_> {
                 Class::Sample if wide && self.row_width(n) == 1 => {
                     lower::elementwise(&node.op)
                         || self.along_rows(n)
-                        || matches!(node.op, Op::CheckIndices { .. })
                         || (self.across && self.arg_across(n))
                 }
                 Class::Sample => {

@@ -43,8 +43,8 @@ impl Vector<'_> {
                 return Ok(Val::Imm(v));
             }
             // (a view of a variable it holds, in place: one lane's, or the whole)
-            let view = view_of(g, o).and_then(|(v, at)| match cur.get(&v) {
-                Some(&Val::Buf { base, len, slot })
+            let view = || match view_of(g, o).and_then(|(v, at)| Some((*cur.get(&v)?, at))) {
+                Some((Val::Buf { base, len, slot }, at))
                     if lanes == 1 || (at == 0 && len == g.ty(o).elements() as u32) =>
                 {
                     Some(Val::Buf {
@@ -54,8 +54,8 @@ impl Vector<'_> {
                     })
                 }
                 _ => None,
-            });
-            cur.get(&o).copied().or(view).ok_or_else(|| {
+            };
+            cur.get(&o).copied().or_else(view).ok_or_else(|| {
                 format!(
                     "`{}` reads a value its kernel does not have",
                     node.op.name()
