@@ -152,6 +152,20 @@ pub fn runs(p: &Program, batch: u32) -> Vec<u64> {
             }
         }
     }
+    // a task that runs itself again until its count comes round runs that many times
+    // for each activation from elsewhere
+    let repeats: Vec<u64> = (p.tasks.iter())
+        .map(|t| {
+            (t.body.iter())
+                .find_map(|i| match i {
+                    Instr::Count {
+                        every, again: true, ..
+                    } => Some(u64::from(*every)),
+                    _ => None,
+                })
+                .unwrap_or(1)
+        })
+        .collect();
     // tasks activate ones after them in a chain (data, then finishing): a few passes
     // settle it
     for _ in 0..p.tasks.len().min(8) {
@@ -162,7 +176,7 @@ pub fn runs(p: &Program, batch: u32) -> Vec<u64> {
         let mut next = data.clone();
         for (id, times) in add {
             if let Some(i) = p.tasks.iter().position(|t| t.id == id) {
-                next[i] += times;
+                next[i] += times * repeats[i];
             }
         }
         // a local task nothing activates runs once (the host launches it, or it

@@ -359,11 +359,15 @@ pub enum Instr {
     /// Marks a local task ready to run.
     Activate(TaskId),
     /// Adds one to counter `counter`; when it reaches `every`, resets it and activates
-    /// `then`, if any (a task that runs once per `every` runs of this one).
+    /// `then`, if any (a task that runs once per `every` runs of this one); else, when
+    /// `again`, activates the task it is in once more (a task run `every` times in a
+    /// row: a pass over a step's samples, each run one sample's).
     Count {
         counter: u8,
         every: u32,
         then: Option<TaskId>,
+        #[serde(default, skip_serializing_if = "is_false")]
+        again: bool,
     },
 }
 
@@ -417,6 +421,10 @@ pub struct Program {
 pub struct Fifo {
     pub colour: Colour,
     pub words: u32,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &u32) -> bool {

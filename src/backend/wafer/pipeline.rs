@@ -156,6 +156,9 @@ impl Widths {
     /// (the kernels before the cap's wait for each sample's way back); `None` at one
     /// sample.
     pub fn narrower(self, widest: u32) -> Option<Widths> {
+        // (a kernel at or before a barrier keeps the batch whatever the cap: the cap
+        // falls from where it was)
+        let widest = widest.min(self.cap);
         if self.step > 1 {
             Some(Widths {
                 step: self.step - 1,
@@ -172,23 +175,33 @@ impl Widths {
     }
 }
 
+/// A kernel whose samples read a statistic of the whole batch (`form::statistics`):
+/// none of its backward passes can start before its last forward, so it and every
+/// kernel before it keep the whole batch.
+pub const BARRIER: u32 = u32::MAX;
+
 /// The windows of a chain of kernels, first to last: `Some(end)` for a kernel that
 /// ends the chain (its window: 1, or a dealer's samples out), `Some(0)` for a kernel
 /// with a backward pass (its window is `widths.step` more than the next one's),
-/// `None` for a kernel that has none; each at most the batch and `widths.cap`. And
-/// each kernel's FIFO, in samples: its window less the next one's.
+/// `Some(BARRIER)` for one that keeps the batch, as every kernel before it does,
+/// `None` for a kernel that has none; each at most the batch and `widths.cap` (but
+/// at or before a barrier). And each kernel's FIFO, in samples: its window less the
+/// next one's.
 pub fn plan(chain: &[Option<u32>], batch: u32, widths: Widths) -> Vec<(u32, u32)> {
     let top = batch.min(widths.cap).max(1);
     let mut out = vec![(0, 0); chain.len()];
     let mut next: Option<u32> = None;
+    let mut whole = false;
     for (k, c) in chain.iter().enumerate().rev() {
         let Some(end) = *c else { continue };
+        whole |= end == BARRIER;
         let w = match (end, next) {
+            _ if whole => batch.max(1),
             (0, Some(n)) => n + widths.step,
             (0, None) => 1,
             (e, _) => e,
         }
-        .min(top);
+        .min(if whole { batch.max(1) } else { top });
         out[k] = (w, next.map_or(0, |n| w.saturating_sub(n)));
         next = Some(w);
     }
@@ -282,6 +295,13 @@ mod tests {
         let w = Widths { step: 1, cap: 3 };
         assert_eq!(plan(&[b, b, Some(4)], 128, w), vec![(3, 0), (3, 0), (3, 0)]);
         assert_eq!(plan(&[b, b, e], 128, w), vec![(3, 1), (2, 1), (1, 0)]);
+        // a barrier keeps the batch, and so does every kernel before it, whatever
+        // the cap; those after it are as before
+        let s = Some(BARRIER);
+        assert_eq!(
+            plan(&[b, None, s, b, e], 16, w),
+            vec![(16, 0), (0, 0), (16, 14), (2, 1), (1, 0)]
+        );
     }
 
     #[test]

@@ -93,10 +93,12 @@ fn write_nest(
                 counter,
                 every,
                 then,
-            } => match then {
-                Some(t) => writeln!(f, "{pad}count     n{counter}, every {every} -> t{t}")?,
-                None => writeln!(f, "{pad}count     n{counter}, every {every}")?,
-            },
+                again,
+            } => {
+                let then = then.map_or(String::new(), |t| format!(" -> t{t}"));
+                let again = if *again { ", else again" } else { "" };
+                writeln!(f, "{pad}count     n{counter}, every {every}{then}{again}")?;
+            }
         }
     }
     Ok(())

@@ -2,7 +2,7 @@
 //! batch), the nodes that are others' values under other names, and every construct
 //! that has no wafer layout as far as each node alone shows it.
 
-use super::{resolve, unsupported, Class, Unsupported};
+use super::{unsupported, Class, Unsupported};
 use crate::ir::{DType, Graph, NodeIndex, Op, ReduceOp, UnaryOp};
 use petgraph::visit::NodeIndexable;
 use std::collections::BTreeSet;
@@ -106,6 +106,9 @@ pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, V
                     }
                 }
             }
+            // a statistic of the batch (or a value made from one) given to every sample
+            // alike (batch norm's gradient): each sample's copy of the step's value
+            Op::BroadcastTo if leading && (has(Class::Batch) || has(Class::Step)) => Class::Sample,
             _ if has(Class::Batch) || has(Class::Step) => Class::Step,
             // constants made one per sample (positions): streamed by the host
             _ if per_sample_constant(g, n, batch) => Class::Sample,
@@ -160,8 +163,7 @@ pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
 
 /// A graph's batch, classes and aliases (`classify`), and its blockers: every construct
 /// that has no wafer layout, as far as each node alone shows it (loss scaling, mixed
-/// precision, a node the batch does not class, a sample's value made from a statistic
-/// of its batch), each once, so that a check reports them together. `form_surveyed`
+/// precision, a node the batch does not class), each once, so that a check reports them together. `form_surveyed`
 /// refuses a graph with any, and finds the rest (how kernels meet) one at a time.
 pub struct Survey {
     pub(super) batch: u32,
@@ -194,14 +196,6 @@ pub fn survey(g: &Graph) -> Survey {
     let batch = batch_of(g).unwrap_or(1);
     let (class, alias, unclassed) = classify(g, batch);
     errors.extend(unclassed);
-    // a sample's value made from a statistic of its whole batch (batch norm in
-    // training): the kernels see a sample at a time, so the statistic is not whole yet
-    for n in g.topo_order() {
-        let of_batch = |o: NodeIndex| class[resolve(&alias, o).index()] == Class::Batch;
-        if class[n.index()] == Class::Sample && g.operands(n).into_iter().any(of_batch) {
-            errors.push(unsupported(g, n, "a sample's value made from a statistic of its whole batch (batch norm in training) has no wafer kernel yet".into(), "the wafer's kernels see one sample at a time: normalise each sample on its own (`layer_norm`), or train this model on the host (`--target host`)"));
-        }
-    }
     // each once (a layer's gradient nodes point at the layer too)
     let mut seen = BTreeSet::new();
     errors.retain(|u| seen.insert((u.span.file, u.span.lo, u.span.hi, u.message.clone())));

@@ -29,6 +29,7 @@
 mod classify;
 mod groups;
 mod layers;
+mod statistics;
 mod steps;
 mod streams;
 #[cfg(test)]
@@ -210,6 +211,9 @@ pub struct Formed {
     /// Each layer that carries its input past itself (`Carry`) and the kernel that
     /// reads it there, in order.
     pub skips: Vec<(usize, usize)>,
+    /// For each kernel, whether its samples read a statistic of the batch (batch norm
+    /// in training: `statistics`).
+    pub barriers: Vec<bool>,
 }
 
 impl Formed {
@@ -480,6 +484,7 @@ pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
     let streams = streams::streams(&cx, &kernels, &owner);
     streams::check_reshapes(&cx, &kernels, &owner)?;
     let skips = streams::skips(&kernels, &streams);
+    let barriers = statistics::barriers(&cx, &kernels, &owner)?;
     let Cx { class, alias, .. } = cx;
     Ok(Formed {
         batch,
@@ -492,6 +497,7 @@ pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
         host_commits,
         alias,
         skips,
+        barriers,
     })
 }
 

@@ -316,11 +316,20 @@ fn sized_until(
     stop: impl Fn(&LayoutError) -> bool,
 ) -> Result<Layout, LayoutError> {
     let mut widths = Widths::WIDEST;
+    // the last schedule searched, which narrower widths may leave as it was (windows
+    // at or before a barrier keep the batch)
+    let mut last: Option<Vec<(u32, u32)>> = None;
     loop {
         let sizer = Sizer::new(g, f, fab, (widths, across))?;
         let widest = sizer.sched.iter().map(|s| s.0).max().unwrap_or(1);
-        match (search::search(&sizer), widths.narrower(widest)) {
+        let narrower = widths.narrower(widest);
+        if narrower.is_some() && last.as_ref() == Some(&sizer.sched) {
+            widths = narrower.unwrap_or(widths);
+            continue;
+        }
+        match (search::search(&sizer), narrower) {
             (Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))), Some(w)) if !stop(&e) => {
+                last = Some(sizer.sched.clone());
                 widths = w
             }
             (r, _) => return r,

@@ -67,6 +67,7 @@ pub(super) const DEALT: u32 = 2;
 pub(super) fn schedule(f: &Formed, widths: Widths, reps: impl Fn(usize) -> u32) -> Vec<(u32, u32)> {
     let chain: Vec<Option<u32>> = (0..f.kernels.len())
         .map(|k| match f.backward_role(k) {
+            Some(_) if f.barriers[k] => Some(crate::backend::wafer::pipeline::BARRIER),
             Some(1) => Some(match reps(k) {
                 0 | 1 => 1,
                 r => DEALT * r,

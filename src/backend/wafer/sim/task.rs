@@ -112,6 +112,7 @@ impl Sim {
                 counter,
                 every,
                 then,
+                again,
             } => {
                 let c = &mut pe.counters[*counter as usize];
                 *c += 1;
@@ -120,6 +121,8 @@ impl Sim {
                     if let Some(then) = then {
                         pe.active |= 1u64 << then;
                     }
+                } else if *again {
+                    pe.active |= 1u64 << task.id;
                 }
                 run.frames[depth].pc += 1;
                 Step::Continue

@@ -648,6 +648,7 @@ impl Dense {
             counter: k,
             every: self.window,
             then: None,
+            again: false,
         }
     }
 

@@ -1,326 +1,69 @@
-//! A lane's program (or a replica's): its memory, stashes, and the tasks of its
-//! passes, finishing and update.
+//! A lane's program (or a replica's): its memory and stashes, the tasks of its passes
+//! (`passes`), its update, FIFOs and pipeline.
 
-use super::ops::*;
-use super::{Lane, Port, Rep, Vector, SAMPLE_BASE, SLOT_BASE};
-use crate::backend::wafer::form::{self, key, Class, End, Kind};
-use crate::backend::wafer::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
+use super::levels::Levels;
+use super::{Lane, Rep, Vector};
+use crate::backend::wafer::form::{self, key, Class, End};
+use crate::backend::wafer::isa::{Colour, Program, Task, Trigger};
 use crate::backend::wafer::kernels::{split, Piece, UPDATE};
-use crate::backend::wafer::lower::{vec, Scratch, Val};
+use crate::backend::wafer::lower::{Scratch, Val};
 use crate::backend::wafer::pipeline::Pipeline;
 use crate::ir::{NodeIndex, Op};
 use std::collections::BTreeMap;
 
+/// A lane's program as its tasks are written: its memory map, what stays in it and
+/// the scratch its tasks share.
+pub(super) struct Layout {
+    pub p: Program,
+    pub tensors: Vec<(String, Piece)>,
+    /// Words to set before the first step (a counting buffer's).
+    pub init: Vec<(u32, Vec<f32>)>,
+    /// What stays, where: variables, sums over the batch, the host's values, the step
+    /// values made from the sums (`Levels::mids`).
+    pub vals: BTreeMap<NodeIndex, Val>,
+    /// Its sums over the batch.
+    pub accs: Vec<NodeIndex>,
+    /// The values a later pass or level reads of each sample: where their slots start
+    /// and a slot's words.
+    pub stash: BTreeMap<NodeIndex, (u32, u32)>,
+    /// The slots of its stash: its window, or every sample of the step when it reads a
+    /// statistic of the batch.
+    pub slots: u32,
+    /// Counting 0, 1, 2, ... (one-hot, argmax), if it counts.
+    pub iota: Option<u32>,
+    /// A word that takes what a lane drops of a whole sample.
+    pub junk: u32,
+    pub scratch: Scratch,
+    pub levels: Levels,
+    /// The samples it takes in a step.
+    pub samples: u32,
+}
+
 impl Vector<'_> {
     /// Lane `lane` of `lanes`, or a replica of the one lane.
     pub(super) fn build(&self, lanes: u32, lane: u32, rep: Option<Rep>) -> Result<Lane, String> {
-        let g = self.g;
-        let f = self.f;
-        let kr = &f.kernels[self.k];
-        let batch = f.batch;
-        // the samples it takes in a step
-        let samples = rep.map_or(batch, |r| batch / r.of.max(1));
-        let mut p = Program::default();
-        if let Some(r) = rep {
-            p.deal = r.of;
-        }
-        let mut tensors = Vec::new();
-        let mut init: Vec<(u32, Vec<f32>)> = Vec::new();
-        let phases = self.phases();
-        let name = |n: NodeIndex| match &g.node(n).op {
-            Op::Variable { name, .. } => name.clone(),
-            _ => key(n),
-        };
-        // what stays: variables, sums over the batch, the host's values
-        let accs: Vec<NodeIndex> = (self.nodes().iter())
-            .copied()
-            .filter(|&n| f.class[n.index()] == Class::Batch)
-            .collect();
-        let mut vals: BTreeMap<NodeIndex, Val> = BTreeMap::new();
-        for &n in kr.vars.iter().chain(&accs).chain(&kr.hosts) {
-            let ext = self.extent(n, lanes, lane);
-            let base = p.alloc(&name(n), ext);
-            let runs = self.runs(n, lanes, lane);
-            tensors.push((
-                name(n),
-                Piece {
-                    pe: (0, 0),
-                    word: base,
-                    runs,
-                },
-            ));
-            vals.insert(n, Val::buf(base, ext));
-        }
-        // counting 0, 1, 2, ... (one-hot, argmax); on several lanes, from the lane's
-        // share's first feature (`across`: every such op's features are the width's)
-        let iota_len = (self.nodes().iter())
-            .map(|&n| match g.node(n).op {
-                Op::OneHot { depth } => depth,
-                Op::ArgMax { .. } | Op::ArgMin { .. } => {
-                    g.ty(g.operands(n)[0]).shape.last().copied().unwrap_or(1)
-                }
-                _ => 0,
-            })
-            .max()
-            .unwrap_or(0) as u32;
-        let (from, iota_len) = match (lanes, self.width()) {
-            (1, _) | (_, None) => (0, iota_len),
-            (_, Some(w)) => {
-                let share = split(w, lanes, lane);
-                (share.start, share.len() as u32)
-            }
-        };
-        let iota = (iota_len > 0).then(|| {
-            let base = p.alloc("iota", iota_len);
-            init.push((base, (from..from + iota_len).map(|i| i as f32).collect()));
-            base
-        });
-        // stashes: values of the forward phase the backward task reads
+        let mut m = self.layout(lanes, lane, rep)?;
         let has_bwd = self.inputs.iter().any(|i| i.bwd);
-        let late: Vec<NodeIndex> = {
-            let mut late = Vec::new();
-            for &n in self.nodes() {
-                for o in g.operands(n) {
-                    let o = f.resolve(o);
-                    if phases.get(&o) == Some(&0)
-                        && phases.get(&n) == Some(&1)
-                        && !late.contains(&o)
-                    {
-                        late.push(o);
-                    }
-                }
-            }
-            // gradients computed going forward go back in the backward pass, if any
-            for out in &self.outputs {
-                let early = out.bwd && phases.get(&out.node) == Some(&0);
-                if early && has_bwd && !late.contains(&out.node) {
-                    late.push(out.node);
-                }
-            }
-            late
-        };
-        let mut stash: BTreeMap<NodeIndex, (u32, u32)> = BTreeMap::new();
-        for &n in &late {
-            let ext = self.extent(n, lanes, lane);
-            stash.insert(
-                n,
-                (
-                    p.alloc(&format!("{} stash", key(n)), self.window * ext),
-                    ext,
-                ),
-            );
+        let barrier = m.levels.deepest != [0, 0];
+        if barrier && has_bwd && self.window != m.samples {
+            return Err("a kernel that reads a statistic of the batch keeps every sample of the step (its window is the batch)".into());
         }
-        let junk = if self.inputs.iter().any(|i| i.whole) {
-            p.alloc("dropped", 1)
-        } else {
-            0
-        };
-        let mut scratch = Scratch::new(p.words());
-        // the values sent on one colour go in one phase (a carried gradient with
-        // what carries it: each sample's together)
-        let sent_when = |o: &Port| {
-            // (a value it passes on goes in the pass it comes in)
-            let ph = (phases.get(&o.node).copied()).unwrap_or(u8::from(o.bwd && has_bwd));
-            (o.bwd, ph)
-        };
-        // (each beside the value that carries it: a gradient beside the layer before's
-        // output gradient, a value passed on beside the layer after's input)
-        let layer = |k: Option<usize>| {
-            k.and_then(|k| match &f.kernels.get(k)?.kind {
-                Kind::Dense { x, dy, .. } => Some((f.resolve(*x), dy.map(|d| f.resolve(d)))),
-                Kind::Vector { .. } => None,
-            })
-        };
-        let (before, after) = (layer(self.k.checked_sub(1)), layer(Some(self.k + 1)));
-        for o in self.outputs.iter().filter(|o| o.carried > 0) {
-            let by = match o.bwd {
-                true => before.and_then(|l| l.1),
-                false => after.map(|l| l.0),
-            };
-            let carrier = (self.outputs.iter()).find(|c| Some(c.node) == by && c.carried == 0);
-            if carrier.is_some_and(|c| sent_when(c) != sent_when(o)) {
-                return Err("a gradient carried beside another that is computed in the other pass has no wafer kernel yet".into());
-            }
+        self.check_carried(&m.levels, has_bwd)?;
+        // (the backward pass's tasks numbered after the forward's, which run first
+        // when both are ready)
+        let used = self.pass(0, (lanes, lane), rep, &mut m, 2)?;
+        if has_bwd {
+            self.pass(1, (lanes, lane), rep, &mut m, 2 * used.max(1) + 1)?;
         }
-        for phase in 0..=u8::from(has_bwd) {
-            scratch.reset();
-            let mut body = Vec::new();
-            let mut cur = vals.clone();
-            let slot = SLOT_BASE + phase;
-            for (&n, &(base, ext)) in &stash {
-                cur.insert(
-                    n,
-                    Val::Buf {
-                        base,
-                        len: ext,
-                        slot: Some(slot),
-                    },
-                );
-            }
-            let ins: Vec<Port> = self
-                .inputs
-                .iter()
-                .filter(|i| u8::from(i.bwd) == phase)
-                .copied()
-                .collect();
-            let Some(first) = ins.first() else {
-                return Err("a vector kernel's phase without inputs".into());
-            };
-            for i in &ins {
-                let colour = rep.map_or(i.colour, |r| r.to);
-                let ext = self.extent(i.node, lanes, lane);
-                let dst = match cur.get(&i.node) {
-                    Some(&v) if stash.contains_key(&i.node) => v,
-                    _ => scratch.alloc(ext),
-                };
-                // a whole sample: the words before and after this lane's share dropped
-                let (before, after) = if i.whole {
-                    let all = self.extent(i.node, 1, 0);
-                    let start = self.runs(i.node, lanes, lane).first().map_or(0, |r| r.0);
-                    (start, all - start - ext)
-                } else {
-                    (0, 0)
-                };
-                let drop = |len: u32| Instr::Vec {
-                    op: VecOp::Mov,
-                    dst: Dsd::strided(junk, len, 0, &[], None),
-                    srcs: vec![Src::V(Dsd::In { colour, len })],
-                };
-                if before > 0 {
-                    body.push(drop(before));
-                }
-                body.push(Instr::Vec {
-                    op: VecOp::Mov,
-                    dst: dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext)),
-                    srcs: vec![Src::V(Dsd::In { colour, len: ext })],
-                });
-                if after > 0 {
-                    body.push(drop(after));
-                }
-                cur.insert(i.node, dst);
-            }
-            let mut means = Vec::new();
-            let mut soft = BTreeMap::new();
-            for &n in self.nodes() {
-                if phases.get(&n) != Some(&phase) {
-                    continue;
-                }
-                self.node(
-                    n,
-                    (lanes, lane),
-                    &mut cur,
-                    &stash,
-                    &mut scratch,
-                    iota,
-                    &mut body,
-                    &mut means,
-                    &mut soft,
-                )?;
-            }
-            for o in &self.outputs {
-                // (a gradient computed going forward goes back in the backward pass,
-                // from its stash; without one, as soon as it is computed)
-                let ph = phases.get(&o.node).copied().unwrap_or(0);
-                let now = if o.bwd && has_bwd {
-                    phase == 1
-                } else {
-                    ph == phase
-                };
-                // (a sample's scalar for the host, which every lane has, from the
-                // first lane alone)
-                let to_host = (f.streams.iter()).any(|s| s.node == o.node && s.to == [End::Host]);
-                if !now || (to_host && lane > 0 && self.extent(o.node, 1, 0) == 1) {
-                    continue;
-                }
-                let ext = self.extent(o.node, lanes, lane);
-                let v = cur
-                    .get(&f.resolve(o.node))
-                    .copied()
-                    .ok_or("a stream of a value not computed")?;
-                let colour = match rep {
-                    Some(r) if o.bwd => r.back,
-                    _ => o.colour,
-                };
-                body.push(Instr::Vec {
-                    op: VecOp::Mov,
-                    dst: Dsd::Out { colour, len: ext },
-                    srcs: vec![v.src(ext)],
-                });
-            }
-            // after the step's last sample: the means, and the gradients held back
-            let mut fin = Vec::new();
-            if let (Some(r), 0) = (rep, phase) {
-                // every replica's sums, through the dealer
-                let sums = accs.iter().filter_map(|a| vals[a].dsd(vals[a].elements()));
-                let sums: Vec<Dsd> = sums.collect();
-                for d in &sums {
-                    let len = d.len();
-                    fin.push(mov(
-                        Dsd::Out {
-                            colour: r.back,
-                            len,
-                        },
-                        d.clone(),
-                    ));
-                }
-                for d in sums {
-                    let len = d.len();
-                    fin.push(mov(d, Dsd::In { colour: r.to, len }));
-                }
-            }
-            for (a, scale) in means {
-                fin.push(vec(VecOp::Mul, a, &[a, Val::Imm(scale)], a.elements()));
-            }
-            let fin_id = 2 + phase;
-            if !stash.is_empty() {
-                body.push(Instr::Count {
-                    counter: slot,
-                    every: self.window,
-                    then: None,
-                });
-            }
-            if !fin.is_empty() {
-                body.push(Instr::Count {
-                    counter: SAMPLE_BASE + phase,
-                    every: samples,
-                    then: Some(fin_id),
-                });
-            }
-            let pass = if phase == 0 { "forward" } else { "backward" };
-            p.tasks.push(Task {
-                id: phase,
-                name: pass.into(),
-                trigger: Trigger::Data(rep.map_or(first.colour, |r| r.to)),
-                body,
-            });
-            if !fin.is_empty() {
-                p.tasks.push(Task {
-                    id: fin_id,
-                    name: format!("{pass} finish"),
-                    trigger: Trigger::Local { at_start: false },
-                    body: fin,
-                });
-            }
-        }
-        // the update
-        if !kr.steps.is_empty() || !kr.commits.is_empty() || !accs.is_empty() {
-            scratch.reset();
-            let block: Vec<usize> = kr
-                .vars
-                .first()
-                .map_or(Vec::new(), |&v| g.ty(v).shape.to_vec());
-            let u = form::update_of(g, f, self.k, (&kr.vars, &accs, &kr.hosts), &block)
-                .map_err(|e| e.message)?;
-            let n = kr.vars.first().map_or(1, |&v| self.extent(v, lanes, lane));
-            let at = |ns: &[NodeIndex]| -> Vec<Val> { ns.iter().map(|n| vals[n]).collect() };
-            let body = u.code(&at(&kr.vars), &at(&accs), &at(&kr.hosts), n, &mut scratch)?;
-            p.tasks.push(Task {
-                id: UPDATE,
-                name: "update".into(),
-                trigger: Trigger::Local { at_start: false },
-                body,
-            });
-        }
+        self.update(&mut m, lanes, lane)?;
+        let Layout {
+            mut p,
+            tensors,
+            init,
+            scratch,
+            samples,
+            ..
+        } = m;
         if scratch.high > 0 {
             p.alloc("scratch", scratch.high);
         }
@@ -357,5 +100,224 @@ impl Vector<'_> {
             memory,
             tensors,
         })
+    }
+
+    /// Lane `lane`'s memory before its tasks: what stays, its counting buffer, its
+    /// stashes.
+    fn layout(&self, lanes: u32, lane: u32, rep: Option<Rep>) -> Result<Layout, String> {
+        let g = self.g;
+        let f = self.f;
+        let kr = &f.kernels[self.k];
+        let levels = self.levels();
+        let mut p = Program::default();
+        if let Some(r) = rep {
+            p.deal = r.of;
+        }
+        let samples = rep.map_or(f.batch, |r| f.batch / r.of.max(1));
+        let mut tensors = Vec::new();
+        let name = |n: NodeIndex| match &g.node(n).op {
+            Op::Variable { name, .. } => name.clone(),
+            _ => key(n),
+        };
+        let accs: Vec<NodeIndex> = (self.nodes().iter())
+            .copied()
+            .filter(|&n| f.class[n.index()] == Class::Batch)
+            .collect();
+        let mut vals: BTreeMap<NodeIndex, Val> = BTreeMap::new();
+        let mids = levels.mids.iter().map(|m| &m.0);
+        for &n in kr.vars.iter().chain(&accs).chain(&kr.hosts).chain(mids) {
+            let ext = self.extent(n, lanes, lane);
+            let base = p.alloc(&name(n), ext);
+            let runs = self.runs(n, lanes, lane);
+            tensors.push((
+                name(n),
+                Piece {
+                    pe: (0, 0),
+                    word: base,
+                    runs,
+                },
+            ));
+            vals.insert(n, Val::buf(base, ext));
+        }
+        let mut init = Vec::new();
+        let iota = self.iota(&mut p, &mut init, lanes, lane);
+        // stashes: values a later pass or level reads, with its samples' slots
+        let barrier = levels.deepest != [0, 0];
+        let slots = if barrier { samples } else { self.window };
+        let mut stash: BTreeMap<NodeIndex, (u32, u32)> = BTreeMap::new();
+        for n in self.stashed(&levels) {
+            let ext = self.extent(n, lanes, lane);
+            let base = p.alloc(&format!("{} stash", key(n)), slots * ext);
+            stash.insert(n, (base, ext));
+        }
+        let junk = if self.inputs.iter().any(|i| i.whole) {
+            p.alloc("dropped", 1)
+        } else {
+            0
+        };
+        let scratch = Scratch::new(p.words());
+        Ok(Layout {
+            p,
+            tensors,
+            init,
+            vals,
+            accs,
+            stash,
+            slots,
+            iota,
+            junk,
+            scratch,
+            levels,
+            samples,
+        })
+    }
+
+    /// Its counting buffer (one-hot, argmax), if it counts: 0, 1, 2, ... or, on
+    /// several lanes, from the lane's share's first feature (`across`: every such op's
+    /// features are the width's).
+    fn iota(
+        &self,
+        p: &mut Program,
+        init: &mut Vec<(u32, Vec<f32>)>,
+        lanes: u32,
+        lane: u32,
+    ) -> Option<u32> {
+        let g = self.g;
+        let len = (self.nodes().iter())
+            .map(|&n| match g.node(n).op {
+                Op::OneHot { depth } => depth,
+                Op::ArgMax { .. } | Op::ArgMin { .. } => {
+                    g.ty(g.operands(n)[0]).shape.last().copied().unwrap_or(1)
+                }
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0) as u32;
+        let (from, len) = match (lanes, self.width()) {
+            (1, _) | (_, None) => (0, len),
+            (_, Some(w)) => {
+                let share = split(w, lanes, lane);
+                (share.start, share.len() as u32)
+            }
+        };
+        (len > 0).then(|| {
+            let base = p.alloc("iota", len);
+            init.push((base, (from..from + len).map(|i| i as f32).collect()));
+            base
+        })
+    }
+
+    /// The sample values a pass or level other than their own reads (or sends: a
+    /// gradient computed going forward goes back in the backward pass).
+    fn stashed(&self, lv: &Levels) -> Vec<NodeIndex> {
+        let (g, f) = (self.g, self.f);
+        let has_bwd = self.inputs.iter().any(|i| i.bwd);
+        let mut out: Vec<NodeIndex> = Vec::new();
+        for pass in 0..=u8::from(has_bwd) {
+            for level in 0..=lv.deepest[usize::from(pass)] {
+                let at = (pass, level);
+                for n in self.emitted(lv, at) {
+                    for o in g.operands(n) {
+                        let o = f.resolve(o);
+                        let sample =
+                            f.class[o.index()] != Class::Batch || !self.nodes().contains(&o);
+                        let elsewhere = lv.at.get(&o).is_some_and(|&a| a != at);
+                        if sample && elsewhere && !lv.recomputed.contains(&o) && !out.contains(&o) {
+                            out.push(o);
+                        }
+                    }
+                }
+            }
+        }
+        for o in &self.outputs {
+            let made = lv.at.get(&o.node).copied();
+            if made.is_some_and(|a| a != self.sent_at(o, lv, has_bwd)) && !out.contains(&o.node) {
+                out.push(o.node);
+            }
+        }
+        out
+    }
+
+    /// The pass and level output `o` is sent in: where it is made, but a gradient made
+    /// going forward, which goes back in the backward pass (its first level), if the
+    /// kernel has one; a value passed on, in the pass it comes in.
+    pub(super) fn sent_at(&self, o: &super::Port, lv: &Levels, has_bwd: bool) -> (u8, u8) {
+        match lv.at.get(&o.node) {
+            Some(&(0, _)) if o.bwd && has_bwd => (1, 0),
+            Some(&a) => a,
+            None => (u8::from(o.bwd && has_bwd), 0),
+        }
+    }
+
+    /// Values sent on one colour go in one pass and level: a carried gradient with
+    /// what carries it (a gradient beside the layer before's output gradient, a value
+    /// passed on beside the layer after's input), each sample's together.
+    fn check_carried(&self, lv: &Levels, has_bwd: bool) -> Result<(), String> {
+        let f = self.f;
+        let layer = |k: Option<usize>| {
+            k.and_then(|k| match &f.kernels.get(k)?.kind {
+                form::Kind::Dense { x, dy, .. } => Some((f.resolve(*x), dy.map(|d| f.resolve(d)))),
+                form::Kind::Vector { .. } => None,
+            })
+        };
+        let (before, after) = (layer(self.k.checked_sub(1)), layer(Some(self.k + 1)));
+        for o in self.outputs.iter().filter(|o| o.carried > 0) {
+            let by = match o.bwd {
+                true => before.and_then(|l| l.1),
+                false => after.map(|l| l.0),
+            };
+            let carrier = (self.outputs.iter()).find(|c| Some(c.node) == by && c.carried == 0);
+            if carrier.is_some_and(|c| self.sent_at(c, lv, has_bwd) != self.sent_at(o, lv, has_bwd))
+            {
+                return Err("a gradient carried beside another that is computed in the other pass (or level) has no wafer kernel yet".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Its update, if it has one: the step nodes over its variables and sums (not the
+    /// step values its samples read, made during the passes, which it reads as made).
+    fn update(&self, m: &mut Layout, lanes: u32, lane: u32) -> Result<(), String> {
+        let (g, f) = (self.g, self.f);
+        let kr = &f.kernels[self.k];
+        if kr.steps.is_empty() && kr.commits.is_empty() && m.accs.is_empty() {
+            return Ok(());
+        }
+        m.scratch.reset();
+        let block: Vec<usize> = kr
+            .vars
+            .first()
+            .map_or(Vec::new(), |&v| g.ty(v).shape.to_vec());
+        let mids: Vec<NodeIndex> = m.levels.mids.iter().map(|x| x.0).collect();
+        let steps: Vec<NodeIndex> = (kr.steps.iter())
+            .filter(|s| !mids.contains(s))
+            .copied()
+            .collect();
+        let hosts: Vec<NodeIndex> = kr.hosts.iter().chain(&mids).copied().collect();
+        let u = form::update_over(
+            g,
+            f,
+            (&steps, &kr.commits),
+            (&kr.vars, &m.accs, &hosts),
+            &block,
+        )
+        .map_err(|e| e.message)?;
+        let n = kr.vars.first().map_or(1, |&v| self.extent(v, lanes, lane));
+        let at = |ns: &[NodeIndex]| -> Vec<Val> { ns.iter().map(|n| m.vals[n]).collect() };
+        let body = u.code(&at(&kr.vars), &at(&m.accs), &at(&hosts), n, &mut m.scratch)?;
+        m.p.tasks.push(Task {
+            id: UPDATE,
+            name: "update".into(),
+            trigger: Trigger::Local { at_start: false },
+            body,
+        });
+        Ok(())
+    }
+
+    /// Whether a value to the host is a sample's scalar every lane has, which the first
+    /// lane alone sends.
+    pub(super) fn sent_by_first_lane(&self, n: NodeIndex) -> bool {
+        (self.f.streams.iter()).any(|s| s.node == n && s.to == [End::Host])
+            && self.extent(n, 1, 0) == 1
     }
 }

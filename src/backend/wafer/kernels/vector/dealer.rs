@@ -85,12 +85,14 @@ impl Vector<'_> {
             counter: k as u8,
             every: r,
             then: Some(2 * k as u8),
+            again: false,
         }));
         // the step's end: after its last gradient passed, or its last sample
         let end = Instr::Count {
             counter: r as u8,
             every: f.batch,
             then: gather,
+            again: false,
         };
         if back.is_empty() && gather.is_some() {
             take.push(end.clone());
@@ -166,6 +168,7 @@ impl Vector<'_> {
                     counter: k as u8,
                     every: r,
                     then: None,
+                    again: false,
                 })
             })
             .collect();

@@ -19,18 +19,19 @@
 //! and `ops` the helpers they share (views of a sample's laid-out axes, reductions and
 //! broadcasts by rows, pooling).
 
-use super::super::form::{constant, image, Class, Formed, Kind};
+use super::super::form::{image, Class, Formed, Kind};
 use super::super::isa::{Colour, Program};
 use super::super::lower;
 use super::rows::RowColours;
 use super::{split, Piece};
 use crate::ir::{Graph, NodeIndex, Op};
-use std::collections::BTreeMap;
 
 mod build;
 mod dealer;
+mod levels;
 mod node;
 mod ops;
+mod passes;
 
 use ops::*;
 
@@ -118,6 +119,10 @@ const SLOT_BASE: u8 = 0;
 /// finishing tasks.
 const SAMPLE_BASE: u8 = 2;
 
+/// The counters of a lane's samples in its passes' deeper levels (forward, backward:
+/// `levels`), which are also their stash slots.
+const BARRIER_BASE: u8 = 4;
+
 impl Vector<'_> {
     /// The image a sample value is: its own shape's, or (a vector a layer sends back
     /// for an image it flattened) the shape this kernel reads it as.
@@ -147,13 +152,15 @@ impl Vector<'_> {
         let g = self.g;
         let b = self.f.batch as usize;
         let mut width = None;
-        // the width, and whether it counts an image's channels
+        // the width, and whether it counts an image's channels (a sample's vector of
+        // as many features beside images, as a global pooling makes: an image of one
+        // pixel, dealt to the lanes alike)
         let mut agree = |n: usize, planes: bool| match width {
             None => {
                 width = Some((n, planes));
                 true
             }
-            Some(w) => w == (n, planes),
+            Some(w) => w.0 == n,
         };
         // a sample's scalars (`[B, 1]`: a layer norm's mean) beside its features, each
         // lane holding them whole: made by reductions along the features (`rows`) or
@@ -167,6 +174,13 @@ impl Vector<'_> {
             let node = g.node(n);
             let src = g.operands(n).first().map(|&o| self.f.resolve(o));
             let ok = match self.f.class[n.index()] {
+                // a step value given to every sample (a statistic's share of a batch
+                // norm's gradient): its features', or channels', own
+                Class::Sample if self.of_step(n) => {
+                    let planes = node.ty.rank() == 4;
+                    let w = node.ty.shape.last().copied().unwrap_or(1);
+                    src.is_some_and(|s| g.ty(s).elements() == w) && agree(w, planes)
+                }
                 Class::Sample if node.ty.rank() == 4 => {
                     agree(node.ty.shape[3], true)
                         && (lower::elementwise(&node.op) || pooling(&node.op))
@@ -227,6 +241,14 @@ impl Vector<'_> {
             }
         }
         width.map(|w| w.0 as u32)
+    }
+
+    /// Whether `n` gives a step value to every sample alike (`broadcast_to` of a
+    /// statistic of the batch, or of a value made from one).
+    fn of_step(&self, n: NodeIndex) -> bool {
+        let src = self.g.operands(n).first().map(|&o| self.f.resolve(o));
+        matches!(self.g.node(n).op, Op::BroadcastTo)
+            && src.is_some_and(|s| matches!(self.f.class[s.index()], Class::Step | Class::Batch))
     }
 
     /// The features a sample of rank-2 value `n` has (`[B, N]`: `N`; `[B]`, a scalar
@@ -308,54 +330,6 @@ impl Vector<'_> {
         }
     }
 
-    /// The phase of each of its nodes and inputs: 1 when it depends on a backward
-    /// input.
-    fn phases(&self) -> BTreeMap<NodeIndex, u8> {
-        let mut ph = BTreeMap::new();
-        for p in &self.inputs {
-            ph.insert(p.node, u8::from(p.bwd));
-        }
-        for &n in self.nodes() {
-            let p = self
-                .g
-                .operands(n)
-                .iter()
-                .map(|&o| ph.get(&self.f.resolve(o)).copied().unwrap_or(0))
-                .max()
-                .unwrap_or(0);
-            ph.insert(n, p);
-        }
-        // a forward value only the backward task reads is computed there, from what it
-        // reads (which the backward task then stashes instead, if anything: one value
-        // of the same size, or none, since it reads stashed values)
-        let mine: std::collections::BTreeSet<NodeIndex> = self.nodes().iter().copied().collect();
-        for &n in self.nodes().iter().rev() {
-            let node = self.g.node(n);
-            if ph.get(&n) != Some(&0)
-                || self.f.class[n.index()] != Class::Sample
-                || !lower::elementwise(&node.op)
-                || self.outputs.iter().any(|o| o.node == n)
-            {
-                continue;
-            }
-            let mut users = self
-                .g
-                .g
-                .neighbors_directed(n, petgraph::Direction::Outgoing)
-                .peekable();
-            let late = users.peek().is_some()
-                && users.all(|u| mine.contains(&u) && ph.get(&u) == Some(&1));
-            let small = self.g.operands(n).iter().all(|&o| {
-                let o = self.f.resolve(o);
-                constant(self.g, o).is_some() || self.g.ty(o).elements() == node.ty.elements()
-            });
-            if late && small {
-                ph.insert(n, 1);
-            }
-        }
-        ph
-    }
-
     /// Lane `lane` of `lanes`.
     pub fn lane(&self, lanes: u32, lane: u32) -> Result<Lane, String> {
         self.build(lanes, lane, None)
@@ -367,7 +341,8 @@ impl Vector<'_> {
     /// end, and sums over the batch the host reads), as a loss.
     pub fn replicable(&self) -> bool {
         let phases = self.phases();
-        self.width().is_none()
+        !self.f.barriers[self.k]
+            && self.width().is_none()
             && self.inputs.iter().all(|i| !i.bwd)
             && (self.outputs.iter()).all(|o| o.bwd && phases.get(&o.node) == Some(&0))
     }

@@ -1,7 +1,7 @@
 //! The code of one node of a vector kernel on a lane.
 
 use super::ops::*;
-use super::{Vector, SLOT_BASE};
+use super::Vector;
 use crate::backend::wafer::form::{constant, image, view_of, Class};
 use crate::backend::wafer::isa::{Instr, Src, VecOp};
 use crate::backend::wafer::kernels::rows;
@@ -25,7 +25,7 @@ impl Vector<'_> {
         n: NodeIndex,
         (lanes, lane): (u32, u32),
         cur: &mut BTreeMap<NodeIndex, Val>,
-        stash: &BTreeMap<NodeIndex, (u32, u32)>,
+        (stash, slot): (&BTreeMap<NodeIndex, (u32, u32)>, u8),
         scratch: &mut Scratch,
         iota: Option<u32>,
         body: &mut Vec<Instr>,
@@ -77,7 +77,7 @@ impl Vector<'_> {
             Some(&(base, len)) => Val::Buf {
                 base,
                 len,
-                slot: Some(SLOT_BASE),
+                slot: Some(slot),
             },
             None => scratch.alloc(ext),
         };
@@ -131,6 +131,14 @@ impl Vector<'_> {
             Op::Reshape => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
             }
+            // a step value to every sample: its share of the features (or of an
+            // image's channels, spread over their planes)
+            Op::BroadcastTo if self.of_step(n) => match image(g, n) {
+                Some((h, w, _)) if args[0].elements() * h * w == ext && h * w > 1 => {
+                    body.push(spread(dst, args[0], args[0].elements(), h * w));
+                }
+                _ => body.push(vec(VecOp::Mov, dst, &args[..1], ext)),
+            },
             // (a sample's scalar over its features' share on this lane)
             Op::BroadcastTo if lanes > 1 && args[0].elements() == 1 => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));

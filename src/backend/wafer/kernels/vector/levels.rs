@@ -1,0 +1,221 @@
+//! A vector kernel's passes and their levels. A node runs in the forward pass or the
+//! backward one (1 when it depends on an output gradient), and within its pass at a
+//! level: 0 for what a sample's inputs make as they arrive, one more for what reads a
+//! statistic of the batch that the level before sums (a batch norm's mean, then its
+//! variance, which sums the squares of the samples less the mean). A level past 0 runs
+//! once every sample of the step is in: a task runs it for each sample in turn, from
+//! the values of the levels before, which the kernel keeps for every sample (its
+//! stash); before it, the step values made from the sums (`mids`: the variance's
+//! `1 / sqrt(var + eps)`) are computed once. Step values made from variables alone
+//! (inference's `1 / sqrt(moving_var + eps)`) are made at each sample, first.
+
+use super::Vector;
+use crate::backend::wafer::form::{constant, view_of, Class};
+use crate::ir::{NodeIndex, Op};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A pass (0 forward, 1 backward) and a level within it.
+pub(super) type At = (u8, u8);
+
+/// The passes and levels of a kernel's values (see the module's doc).
+pub(super) struct Levels {
+    /// Each node's and input's pass and level: where it is computed (a sum over the
+    /// batch: where it accumulates).
+    pub at: BTreeMap<NodeIndex, At>,
+    /// The step values made from its sums that its samples read, in order, each with
+    /// the pass and level it is made before.
+    pub mids: Vec<(NodeIndex, At)>,
+    /// Each pass's deepest level.
+    pub deepest: [u8; 2],
+    /// In a kernel with levels, whose stash holds every sample of the step: the values
+    /// made by elementwise ops, which each pass and level that reads one computes again
+    /// from what it reads rather than stash it (a batch norm's `x - mean`, read in
+    /// three places, is one subtraction in each; the stash keeps `x`).
+    pub recomputed: BTreeSet<NodeIndex>,
+}
+
+impl Levels {
+    /// Where value `o` can be read from: a sum over the batch from the level after the
+    /// one it accumulates in; a value computed elsewhere (a variable, the host's) from
+    /// the first.
+    pub(super) fn avail(&self, v: &Vector, o: NodeIndex) -> At {
+        let o = v.f.resolve(o);
+        if let Some(&(p, l)) = self.at.get(&o) {
+            let sum = v.f.class[o.index()] == Class::Batch && v.nodes().contains(&o);
+            return (p, l + u8::from(sum));
+        }
+        (self.mids.iter())
+            .find(|m| m.0 == o)
+            .map_or((0, 0), |m| m.1)
+    }
+}
+
+/// The later of two places: the later pass, and in one pass the deeper level.
+fn later(a: At, b: At) -> At {
+    a.max(b)
+}
+
+impl Vector<'_> {
+    /// Whether `o` is a step value of this kernel that its samples read, made from its
+    /// variables and the host's values (a batch norm's `1 / sqrt(moving_var + eps)`,
+    /// made at each sample, as the sample's first code) or from its sums over the batch
+    /// (through other such values: made once, before the level that reads them).
+    fn mid(&self, o: NodeIndex, memo: &mut BTreeMap<NodeIndex, bool>) -> bool {
+        let o = self.f.resolve(o);
+        if let Some(&m) = memo.get(&o) {
+            return m;
+        }
+        let kr = &self.f.kernels[self.k];
+        let g = self.g;
+        let held = |a: NodeIndex| {
+            matches!(g.node(a).op, Op::Variable { .. })
+                || constant(g, a).is_some()
+                || view_of(g, a).is_some()
+                || kr.hosts.contains(&a)
+        };
+        let yes = self.f.class[o.index()] == Class::Step
+            && self.f.owner[o.index()] == Some(self.k)
+            && !held(o)
+            && g.operands(o).into_iter().all(|a| {
+                let a = self.f.resolve(a);
+                held(a)
+                    || (self.f.class[a.index()] == Class::Batch && self.nodes().contains(&a))
+                    || self.mid(a, memo)
+            });
+        memo.insert(o, yes);
+        yes
+    }
+
+    /// Its values' passes and levels (see the module's doc).
+    pub(super) fn levels(&self) -> Levels {
+        let g = self.g;
+        let f = self.f;
+        let mut lv = Levels {
+            at: BTreeMap::new(),
+            mids: Vec::new(),
+            deepest: [0; 2],
+            recomputed: BTreeSet::new(),
+        };
+        for p in &self.inputs {
+            lv.at.insert(p.node, (u8::from(p.bwd), 0));
+        }
+        let mut memo = BTreeMap::new();
+        // the step values made from sums, each where its operands are all there
+        let place = |lv: &Levels, n: NodeIndex| {
+            (g.operands(n).into_iter())
+                .map(|o| lv.avail(self, o))
+                .fold((0, 0), later)
+        };
+        let mut wanted: BTreeSet<NodeIndex> = BTreeSet::new();
+        let mut stack: Vec<NodeIndex> = self.nodes().to_vec();
+        while let Some(n) = stack.pop() {
+            for o in g.operands(n) {
+                let o = f.resolve(o);
+                if self.mid(o, &mut memo) && wanted.insert(o) {
+                    stack.push(o);
+                }
+            }
+        }
+        for &n in self.nodes() {
+            // (the mids it reads first, and theirs)
+            for o in g.operands(n) {
+                self.place_mid(f.resolve(o), &wanted, &mut lv, &place);
+            }
+            // the latest pass of its operands', and the deepest level in it (a value
+            // of the other pass is there whole: stashed, or made before)
+            let at = place(&lv, n);
+            lv.at.insert(n, at);
+        }
+        // a forward value only the backward pass reads is computed there, from what
+        // it reads (which the backward pass then stashes instead, if anything: one
+        // value of the same size, or none, since it reads stashed values)
+        let mine: BTreeSet<NodeIndex> = self.nodes().iter().copied().collect();
+        for &n in self.nodes().iter().rev() {
+            let node = g.node(n);
+            if lv.at.get(&n).map(|a| a.0) != Some(0)
+                || f.class[n.index()] != Class::Sample
+                || !crate::backend::wafer::lower::elementwise(&node.op)
+                || self.outputs.iter().any(|o| o.node == n)
+            {
+                continue;
+            }
+            let mut users =
+                g.g.neighbors_directed(n, petgraph::Direction::Outgoing)
+                    .peekable();
+            let late = users.peek().is_some()
+                && users.all(|u| mine.contains(&u) && lv.at.get(&u).map(|a| a.0) == Some(1));
+            let small = g.operands(n).iter().all(|&o| {
+                let o = f.resolve(o);
+                constant(g, o).is_some() || g.ty(o).elements() == node.ty.elements()
+            });
+            if late && small {
+                lv.at.insert(n, (1, 0));
+            }
+        }
+        for &(p, l) in lv.at.values().chain(lv.mids.iter().map(|m| &m.1)) {
+            let d = &mut lv.deepest[usize::from(p.min(1))];
+            *d = (*d).max(l);
+        }
+        if lv.deepest != [0, 0] {
+            lv.recomputed = (self.nodes().iter())
+                .copied()
+                .filter(|&n| {
+                    f.class[n.index()] == Class::Sample
+                        && crate::backend::wafer::lower::elementwise(&g.node(n).op)
+                        && !self.outputs.iter().any(|o| o.node == n)
+                })
+                .collect();
+        }
+        lv
+    }
+
+    /// The nodes the code at `at` computes, in order: those made there, and the values
+    /// made elsewhere that it computes again (`Levels::recomputed`) to read them.
+    pub(super) fn emitted(&self, lv: &Levels, at: At) -> Vec<NodeIndex> {
+        let (g, f) = (self.g, self.f);
+        let mut wanted: BTreeSet<NodeIndex> = (self.nodes().iter())
+            .copied()
+            .filter(|n| lv.at.get(n) == Some(&at) && !lv.recomputed.contains(n))
+            .collect();
+        // (outputs sent there are never recomputed: what they read is wanted through
+        // them)
+        let mut stack: Vec<NodeIndex> = wanted.iter().copied().collect();
+        while let Some(n) = stack.pop() {
+            for o in g.operands(n) {
+                let o = f.resolve(o);
+                if lv.recomputed.contains(&o) && wanted.insert(o) {
+                    stack.push(o);
+                }
+            }
+        }
+        (self.nodes().iter())
+            .copied()
+            .filter(|n| wanted.contains(n))
+            .collect()
+    }
+
+    /// Places mid `o` (and the mids it reads first), if it is one not placed yet.
+    fn place_mid(
+        &self,
+        o: NodeIndex,
+        wanted: &BTreeSet<NodeIndex>,
+        lv: &mut Levels,
+        place: &dyn Fn(&Levels, NodeIndex) -> At,
+    ) {
+        if !wanted.contains(&o) || lv.mids.iter().any(|m| m.0 == o) {
+            return;
+        }
+        for a in self.g.operands(o) {
+            self.place_mid(self.f.resolve(a), wanted, lv, place);
+        }
+        let at = place(lv, o);
+        lv.mids.push((o, at));
+    }
+
+    /// The passes of its nodes and inputs (`levels`).
+    pub(super) fn phases(&self) -> BTreeMap<NodeIndex, u8> {
+        (self.levels().at.into_iter())
+            .map(|(n, a)| (n, a.0))
+            .collect()
+    }
+}

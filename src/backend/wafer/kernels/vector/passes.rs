@@ -1,0 +1,344 @@
+//! The tasks of a lane's passes. Each pass has a data task, run when a sample's inputs
+//! of the pass arrive (in the order of the 1F1B schedule, `pipeline`), which computes
+//! the pass's first level and sends what it makes; after the step's last sample a
+//! finishing task divides the means. A pass with deeper levels (`levels`) then runs
+//! each level as a task of its own, once per sample in turn (it activates itself
+//! again until its count comes round), each after a task that divides the means the
+//! level before summed and makes the step values the level reads.
+
+use super::build::Layout;
+use super::levels::At;
+use super::ops::*;
+use super::{Rep, Vector, BARRIER_BASE, SAMPLE_BASE, SLOT_BASE};
+use crate::backend::wafer::form::constant;
+use crate::backend::wafer::isa::{Dsd, Instr, Src, Task, TaskId, Trigger, VecOp};
+use crate::backend::wafer::lower::{self, vec, Val};
+use crate::ir::{NodeIndex, Op};
+use std::collections::BTreeMap;
+
+/// The most levels a pass may have (its tasks' ids must stay below the update's).
+const MAX_LEVELS: u8 = 7;
+
+/// The counter of the slots of its stash that the code at `at` reads and writes: the
+/// data task's, or its pass's levels' (each counts the samples in the same order, so
+/// sample `s` is in slot `s mod slots` for each).
+fn counter((pass, level): At) -> u8 {
+    if level == 0 {
+        SLOT_BASE + pass
+    } else {
+        BARRIER_BASE + pass
+    }
+}
+
+impl Vector<'_> {
+    /// Pass `pass`'s tasks (see the module's doc), its finishing and level tasks
+    /// numbered from `first`, every other id (a pass's tasks are all even or all odd:
+    /// `cost::per_pass`). Returns how many ids it numbered.
+    pub(super) fn pass(
+        &self,
+        pass: u8,
+        (lanes, lane): (u32, u32),
+        rep: Option<Rep>,
+        m: &mut Layout,
+        first: TaskId,
+    ) -> Result<u8, String> {
+        let deepest = m.levels.deepest[usize::from(pass)];
+        if deepest > MAX_LEVELS {
+            return Err(format!(
+                "a pass of more than {MAX_LEVELS} levels of statistics of the batch"
+            ));
+        }
+        // the finishing task, then each level's task and the task after it
+        let id = |i: u8| first + 2 * i;
+        let (fin_id, level_id, after_id) = (id(0), |l: u8| id(2 * l - 1), |l: u8| id(2 * l));
+        m.scratch.reset();
+        let mut cur = self.current(m, (pass, 0));
+        // (the step values made from variables alone, at each sample)
+        let mut body = self.mids((pass, 0), (lanes, lane), m)?;
+        body.extend(self.receive(pass, (lanes, lane), rep, m, &mut cur)?);
+        let mut means = Vec::new();
+        self.code(
+            (pass, 0),
+            (lanes, lane),
+            rep,
+            m,
+            &mut cur,
+            &mut body,
+            &mut means,
+        )?;
+        let mut fin = Vec::new();
+        if let (Some(r), 0) = (rep, pass) {
+            fin.extend(exchanged(r, m));
+        }
+        fin.extend(divided(&means));
+        if deepest > 0 {
+            fin.extend(self.mids((pass, 1), (lanes, lane), m)?);
+            fin.push(Instr::Activate(level_id(1)));
+        }
+        if !m.stash.is_empty() {
+            body.push(Instr::Count {
+                counter: counter((pass, 0)),
+                every: m.slots,
+                then: None,
+                again: false,
+            });
+        }
+        if !fin.is_empty() {
+            body.push(Instr::Count {
+                counter: SAMPLE_BASE + pass,
+                every: m.samples,
+                then: Some(fin_id),
+                again: false,
+            });
+        }
+        let name = if pass == 0 { "forward" } else { "backward" };
+        let colour = rep.map_or_else(
+            || {
+                (self.inputs.iter())
+                    .find(|i| u8::from(i.bwd) == pass)
+                    .map(|i| i.colour)
+            },
+            |r| Some(r.to),
+        );
+        m.p.tasks.push(Task {
+            id: pass,
+            name: name.into(),
+            trigger: Trigger::Data(colour.ok_or("a vector kernel's phase without inputs")?),
+            body,
+        });
+        let mut used = 0;
+        if !fin.is_empty() {
+            m.p.tasks.push(Task {
+                id: fin_id,
+                name: format!("{name} finish"),
+                trigger: Trigger::Local { at_start: false },
+                body: fin,
+            });
+            used = 1;
+        }
+        for l in 1..=deepest {
+            m.scratch.reset();
+            let mut cur = self.current(m, (pass, l));
+            let (mut body, mut means) = (Vec::new(), Vec::new());
+            self.code(
+                (pass, l),
+                (lanes, lane),
+                rep,
+                m,
+                &mut cur,
+                &mut body,
+                &mut means,
+            )?;
+            let mut after = divided(&means);
+            if l < deepest {
+                after.extend(self.mids((pass, l + 1), (lanes, lane), m)?);
+                after.push(Instr::Activate(level_id(l + 1)));
+            }
+            body.push(Instr::Count {
+                counter: counter((pass, l)),
+                every: m.samples,
+                then: (!after.is_empty()).then(|| after_id(l)),
+                again: true,
+            });
+            m.p.tasks.push(Task {
+                id: level_id(l),
+                name: format!("{name} level {l}"),
+                trigger: Trigger::Local { at_start: false },
+                body,
+            });
+            if !after.is_empty() {
+                m.p.tasks.push(Task {
+                    id: after_id(l),
+                    name: format!("{name} after level {l}"),
+                    trigger: Trigger::Local { at_start: false },
+                    body: after,
+                });
+            }
+            used = 2 * l + 1;
+        }
+        Ok(used)
+    }
+
+    /// What stays, with each stashed value at its slot for the code at `at`.
+    fn current(&self, m: &Layout, at: At) -> BTreeMap<NodeIndex, Val> {
+        let mut cur = m.vals.clone();
+        for (&n, &(base, len)) in &m.stash {
+            let slot = Some(counter(at));
+            cur.insert(n, Val::Buf { base, len, slot });
+        }
+        cur
+    }
+
+    /// The data task's receives of pass `pass`'s inputs (into their stash, if kept).
+    fn receive(
+        &self,
+        pass: u8,
+        (lanes, lane): (u32, u32),
+        rep: Option<Rep>,
+        m: &mut Layout,
+        cur: &mut BTreeMap<NodeIndex, Val>,
+    ) -> Result<Vec<Instr>, String> {
+        let mut body = Vec::new();
+        for i in self.inputs.iter().filter(|i| u8::from(i.bwd) == pass) {
+            let colour = rep.map_or(i.colour, |r| r.to);
+            let ext = self.extent(i.node, lanes, lane);
+            let dst = match cur.get(&i.node) {
+                Some(&v) if m.stash.contains_key(&i.node) => v,
+                _ => m.scratch.alloc(ext),
+            };
+            // a whole sample: the words before and after this lane's share dropped
+            let (before, after) = if i.whole {
+                let all = self.extent(i.node, 1, 0);
+                let start = self.runs(i.node, lanes, lane).first().map_or(0, |r| r.0);
+                (start, all - start - ext)
+            } else {
+                (0, 0)
+            };
+            let drop = |len: u32| Instr::Vec {
+                op: VecOp::Mov,
+                dst: Dsd::strided(m.junk, len, 0, &[], None),
+                srcs: vec![Src::V(Dsd::In { colour, len })],
+            };
+            if before > 0 {
+                body.push(drop(before));
+            }
+            body.push(Instr::Vec {
+                op: VecOp::Mov,
+                dst: dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext)),
+                srcs: vec![Src::V(Dsd::In { colour, len: ext })],
+            });
+            if after > 0 {
+                body.push(drop(after));
+            }
+            cur.insert(i.node, dst);
+        }
+        Ok(body)
+    }
+
+    /// The code of the nodes at `at` for one sample, and the sends of what goes out
+    /// there.
+    #[allow(clippy::too_many_arguments)]
+    fn code(
+        &self,
+        at: At,
+        (lanes, lane): (u32, u32),
+        rep: Option<Rep>,
+        m: &mut Layout,
+        cur: &mut BTreeMap<NodeIndex, Val>,
+        body: &mut Vec<Instr>,
+        means: &mut Vec<(Val, f32)>,
+    ) -> Result<(), String> {
+        let f = self.f;
+        let has_bwd = self.inputs.iter().any(|i| i.bwd);
+        let mut soft = BTreeMap::new();
+        for n in self.emitted(&m.levels, at) {
+            self.node(
+                n,
+                (lanes, lane),
+                cur,
+                (&m.stash, counter(at)),
+                &mut m.scratch,
+                m.iota,
+                body,
+                means,
+                &mut soft,
+            )?;
+        }
+        for o in &self.outputs {
+            if self.sent_at(o, &m.levels, has_bwd) != at
+                || (lane > 0 && self.sent_by_first_lane(o.node))
+            {
+                continue;
+            }
+            let ext = self.extent(o.node, lanes, lane);
+            let v = cur
+                .get(&f.resolve(o.node))
+                .copied()
+                .ok_or("a stream of a value not computed")?;
+            let colour = match rep {
+                Some(r) if o.bwd => r.back,
+                _ => o.colour,
+            };
+            body.push(Instr::Vec {
+                op: VecOp::Mov,
+                dst: Dsd::Out { colour, len: ext },
+                srcs: vec![v.src(ext)],
+            });
+        }
+        Ok(())
+    }
+
+    /// The code of the step values made from its sums (`Levels::mids`) that level `at`
+    /// reads first, into the words they stay in: elementwise ops over the lane's share
+    /// (a channel's statistics), or a reshape.
+    fn mids(&self, at: At, (lanes, lane): (u32, u32), m: &Layout) -> Result<Vec<Instr>, String> {
+        let (g, f) = (self.g, self.f);
+        let mut out = Vec::new();
+        for &(n, _) in m.levels.mids.iter().filter(|x| x.1 == at) {
+            let node = g.node(n);
+            let ext = self.extent(n, lanes, lane);
+            let dst = m.vals[&n];
+            let ops = g.operands(n);
+            let args = (ops.iter())
+                .map(|&o| {
+                    let o = f.resolve(o);
+                    constant(g, o)
+                        .map(Val::Imm)
+                        .or_else(|| m.vals.get(&o).copied())
+                        .ok_or_else(|| {
+                            format!(
+                                "`{}` of a statistic of the batch reads a value its kernel does not have",
+                                node.op.name()
+                            )
+                        })
+                })
+                .collect::<Result<Vec<Val>, String>>()?;
+            match &node.op {
+                Op::Reshape => out.push(vec(VecOp::Mov, dst, &args[..1], ext)),
+                op if lower::elementwise(op) => {
+                    let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
+                    lower::emit(op, dst, &args, ext, (from, node.ty.dtype), &mut out)?;
+                }
+                op => {
+                    return Err(format!(
+                        "`{}` of a statistic of the batch has no wafer kernel yet",
+                        op.name()
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The means among sums over the batch: each divided by its count once its sum is
+/// whole.
+fn divided(means: &[(Val, f32)]) -> Vec<Instr> {
+    (means.iter())
+        .map(|&(a, scale)| vec(VecOp::Mul, a, &[a, Val::Imm(scale)], a.elements()))
+        .collect()
+}
+
+/// A replica's sums over the batch sent to its dealer, and every replica's total
+/// taken back.
+fn exchanged(r: Rep, m: &Layout) -> Vec<Instr> {
+    let sums: Vec<Dsd> = (m.accs.iter())
+        .filter_map(|a| m.vals[a].dsd(m.vals[a].elements()))
+        .collect();
+    let mut out = Vec::new();
+    for d in &sums {
+        let len = d.len();
+        out.push(mov(
+            Dsd::Out {
+                colour: r.back,
+                len,
+            },
+            d.clone(),
+        ));
+    }
+    for d in sums {
+        let len = d.len();
+        out.push(mov(d, Dsd::In { colour: r.to, len }));
+    }
+    out
+}
