@@ -219,4 +219,8 @@ fn main() {
     let classes = Program::from_source("thousand_classes.est", THOUSAND_CLASSES, None);
     bench("256->256->1000 classes, b32", classes, &[], &t64, steps);
     bench("wide_deep", load("wide_deep.est"), &[], &t32, steps);
+    // batch norm in training: two convolutions, each with its batch's statistics (the
+    // kernels up to the second barrier keep the batch of 32)
+    let bn = Program::load(&root.join("tests/ui/pass/cnn_batch_norm.est")).expect("cnn_batch_norm");
+    bench("cnn_batch_norm b32", bn, &[], &t32, steps);
 }
