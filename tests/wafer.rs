@@ -709,6 +709,42 @@ fn a_does_not_fit_help_names_a_fabric_that_fits() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A batch norm's kernel keeps every sample of the step (it reads the batch's
+/// statistics), which neither narrower windows nor a larger fabric shrink: its E0603
+/// (on `wse2`) names the largest batch that fits instead, and that batch fits and one
+/// more does not.
+#[test]
+fn a_batch_norm_short_of_memory_names_the_batch_that_fits() {
+    let file = root().join("tests/ui/pass/cnn_batch_norm.est");
+    let file = file.to_str().unwrap();
+    let check = |batch: u32| {
+        let batch = format!("batch_size={batch}");
+        estc(&["check", file, "--target", "wafer", "--wafer", "wse2", "--param", &batch])
+    };
+    let (status, _, err) = check(128);
+    assert_eq!(status, 1, "{err}");
+    assert!(err.contains("E0603"), "{err}");
+    let help = err
+        .split("help:")
+        .nth(1)
+        .unwrap_or_default()
+        .replace('\n', " ");
+    let fits: u32 = (help.split("a batch of at most ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no batch in {help}"));
+    assert!(help.contains("statistic of the whole batch"), "{help}");
+    assert!((2..128).contains(&fits), "{help}");
+    let (status, out, err) = check(fits);
+    assert_eq!(status, 0, "batch {fits}: {out}{err}");
+    let (status, _, err) = check(fits + 1);
+    assert_eq!(status, 1, "batch {}: {err}", fits + 1);
+    assert!(
+        err.contains(&format!("a batch of at most {fits} ")),
+        "{err}"
+    );
+}
+
 /// A two-layer classifier of random sizes, activation, bias, optimiser and batch,
 /// trained 3 steps on a fabric of random size (so random block sizes and lanes) and
 /// on the interpreter, from random data, each wafer step from the interpreter's

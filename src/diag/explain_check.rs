@@ -492,7 +492,10 @@ The help names what would fit: the block size at which this kernel's PEs would h
 activations and buffers with the block), the PEs it would then take, and the smallest
 named fabric with room for them. Stashed activations also shrink with a smaller batch
 per step (the compiler already narrows the samples in flight first); every share
-shrinks with fewer hidden units.";
+shrinks with fewer hidden units. A kernel that keeps every sample of the step (batch
+norm in training, and the kernels before it, which must hold the batch until its
+statistics are whole) is short of memory whatever the fabric, since its PEs hold whole
+channels: its help names the largest batch per step that fits.";
 
 pub const E0604: &str =
     "The wafer lays a program's kernels out as a staircase from the fabric's north-west

@@ -51,10 +51,16 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
                     .any(|(w, b)| *w == what && u64::from(*b) * 4 >= u64::from(s.need))
             };
             let mut helps = Vec::new();
-            if large("stashed activations") {
-                helps.push("a smaller batch per step (it stashes fewer activations)".to_string());
+            if let (Some(batch), true) = (s.keeps, large("stashed activations")) {
+                helps.push(kept_batch(&s, batch));
+            } else {
+                if large("stashed activations") {
+                    helps.push(
+                        "a smaller batch per step (it stashes fewer activations)".to_string(),
+                    );
+                }
+                helps.push(spread(&s, fab).unwrap_or(larger));
             }
-            helps.push(spread(&s, fab).unwrap_or(larger));
             if large("weights") || large("gradients") || large("optimiser state") {
                 helps.push("fewer hidden units".to_string());
             }
@@ -172,6 +178,26 @@ fn holding((w, h): (u32, u32), fab: &Fabric) -> Option<String> {
 /// buffers with the block, its code not at all; so blocks `f` times as large fit when
 /// `code + square f^2 + linear f <= have`, on `1 / f^2` times its PEs. `None` when no
 /// block would (the code and what does not shrink fill the PE alone).
+/// The help of a kernel short of memory that keeps every sample of a step of `batch`
+/// (`SramShort::keeps`): its stash grows with the batch, and neither narrower windows
+/// nor a larger fabric shrink it (a lane holds whole features or channels), so the
+/// largest batch that fits.
+fn kept_batch(s: &place::SramShort, batch: u32) -> String {
+    let stash: u32 = (s.parts.iter())
+        .filter(|(w, _)| *w == "stashed activations")
+        .map(|(_, b)| *b)
+        .sum();
+    let per = f64::from(stash) / f64::from(batch.max(1));
+    let room = f64::from(s.have) - f64::from(s.need - stash.min(s.need));
+    let fits = if per > 0.0 { (room / per).floor() } else { 0.0 };
+    let why = "it keeps every sample of the step, since it (or a kernel after it) reads a statistic of the whole batch (batch norm in training), and each of its PEs holds whole channels, so neither a larger fabric nor narrower windows shrink it";
+    if fits >= 1.0 {
+        format!("a batch of at most {fits} per step: {why}")
+    } else {
+        format!("a model whose layers keep less of a sample before the batch's statistics: even one sample does not fit, and {why}")
+    }
+}
+
 fn spread(s: &place::SramShort, fab: &Fabric) -> Option<String> {
     let part = |names: &[&str]| -> f64 {
         (s.parts.iter())

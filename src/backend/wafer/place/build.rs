@@ -101,8 +101,12 @@ fn fits(sizer: &Sizer, placed: &[Placed], all: &Laid, s: u32) -> Result<(), Layo
                         && one_lane(k + 1)
                 })
                 .map(|k| placed[k - 1].name.clone());
+            let keeps = k
+                .filter(|&k| (k..nk).any(|j| f.barriers[j]) && sizer.sched[k].0 == f.batch)
+                .map(|_| f.batch);
             return Err(LayoutError::Sram(SramShort {
                 pinned,
+                keeps,
                 kernel: k.map_or_else(|| "a kernel".to_string(), |k| placed[k].name.clone()),
                 span: k.and_then(|k| kernel_span(g, f, k)),
                 at: (*x, *y),

@@ -147,6 +147,10 @@ pub struct SramShort {
     /// The kernel beside a layer that keeps it on one PE, whatever the fabric: the
     /// kernels on both sides of it run on one lane (a reduction within a sample).
     pub pinned: Option<String>,
+    /// The batch, when the kernel keeps every sample of the step (it reads a statistic
+    /// of the batch, or a kernel after it does: `pipeline::BARRIER`), whatever the
+    /// windows.
+    pub keeps: Option<u32>,
 }
 
 /// A staircase larger than the fabric.
