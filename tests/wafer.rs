@@ -719,7 +719,9 @@ fn a_batch_norm_short_of_memory_names_the_batch_that_fits() {
     let file = file.to_str().unwrap();
     let check = |batch: u32| {
         let batch = format!("batch_size={batch}");
-        estc(&["check", file, "--target", "wafer", "--wafer", "wse2", "--param", &batch])
+        estc(&[
+            "check", file, "--target", "wafer", "--wafer", "wse2", "--param", &batch,
+        ])
     };
     let (status, _, err) = check(128);
     assert_eq!(status, 1, "{err}");
@@ -1527,8 +1529,9 @@ fn normed_like_the_interpreter(
 /// ReLU after it, or without its centre and scale at momentum 0.9), or after a
 /// convolution of `n` filters over an `h x h` image (then ReLU and a max pooling, or
 /// a second convolution with its own batch norm and a global average pooling), then
-/// the logits: its kernel sums each level's statistics as the samples pass and runs
-/// the next level over every sample once they are whole (`kernels/vector/levels.rs`).
+/// the logits; or of the logits themselves, in the loss's kernel. Its kernel sums each
+/// level's statistics as the samples pass and runs the next level over every sample
+/// once they are whole (`kernels/vector/levels.rs`).
 /// Trained 3 steps with SGD, momentum, Adam or clipped Adam like the interpreter,
 /// within 3e-4 (as `compare` measures): a norm divides by the batch's deviation,
 /// which amplifies the rounding of sums taken in another order (as a layer norm's,
@@ -1559,14 +1562,21 @@ fn batch_normed_like_the_interpreter(
             conv(&image, n),
             h.div_ceil(2) * h.div_ceil(2) * n
         ),
-        _ => format!(
+        3 => format!(
             "  let h = relu(batch_norm({}))\n  let h = relu(batch_norm({}, momentum: 0.9))\n  let h = reshape(avg_pool2d(h, {h}), [B, {}])\n",
             conv(&image, n),
             conv("h", n + 1),
             n + 1
         ),
+        // the logits normalised, in the loss's kernel
+        _ => format!(
+            "  let h = dense(features, {n}, activation: relu)\n  let logits = batch_norm(dense(h, {c}, use_bias: false))\n"
+        ),
     };
-    let body = format!("{body}  let logits = dense(h, {c})\n");
+    let body = match variant {
+        0..=3 => format!("{body}  let logits = dense(h, {c})\n"),
+        _ => body,
+    };
     compare_within(&d, &body, (&opt, lr), (&floats(k), batch, side, seed), 3e-4)
 }
 
@@ -1816,7 +1826,7 @@ proptest::proptest! {
 
     #[test]
     fn batch_norms_train_like_the_interpreter(
-        h in 2usize..6, n in 1usize..6, c in 2usize..5, variant in 0usize..4, opt in 0usize..4,
+        h in 2usize..6, n in 1usize..6, c in 2usize..5, variant in 0usize..5, opt in 0usize..4,
         batch in 2usize..6, side in 16u32..33, seed in 0u64..1000,
     ) {
         batch_normed_like_the_interpreter((h, n, c), variant, opt, (batch, side, seed))

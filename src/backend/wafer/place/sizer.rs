@@ -430,12 +430,29 @@ impl<'a> Sizer<'a> {
 
     /// The estimated cycles of a step of a sizing: its samples one period apart (the
     /// slowest kernel's cycles per sample, forward and backward), plus the pipeline's
-    /// filling and draining (about one sample's time through every kernel).
+    /// filling and draining (about one sample's time through every kernel). Kernels up
+    /// to a barrier (`pipeline::BARRIER`) run a pass's every sample before the next
+    /// segment's start: each segment between barriers adds the batch at its slowest
+    /// forward, and again at its slowest backward; the kernels after the last barrier
+    /// alternate the two as before.
     pub(super) fn step(&self, lanes: &Lanes) -> u64 {
         let each = self.periods(lanes);
-        let slowest = (each.iter()).map(|c| c[0] + c[1]).max().unwrap_or(0);
         let through: u64 = each.iter().map(|c| c[0] + c[1]).sum();
-        u64::from(self.f.batch.saturating_sub(1)) * slowest + through
+        let batch = u64::from(self.f.batch);
+        let slowest = |ks: &[Cost], pass: Option<usize>| -> u64 {
+            (ks.iter())
+                .map(|c| pass.map_or(c[0] + c[1], |p| c[p]))
+                .max()
+                .unwrap_or(0)
+        };
+        let mut total = through;
+        let mut start = 0;
+        for k in (0..each.len()).filter(|&k| self.f.barriers.get(k) == Some(&true)) {
+            let segment = &each[start..=k];
+            total += batch * (slowest(segment, Some(0)) + slowest(segment, Some(1)));
+            start = k + 1;
+        }
+        total + batch.saturating_sub(1) * slowest(&each[start.min(each.len())..], None)
     }
 
     /// The lanes of vector kernel `k` after a kernel with `prev` output lanes (or, first

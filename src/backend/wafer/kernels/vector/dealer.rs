@@ -138,40 +138,10 @@ impl Vector<'_> {
             });
         }
         if let Some(id) = gather {
-            let mut body = Vec::new();
-            if let Some(t) = total {
-                let len = sums;
-                body.push(vec(VecOp::Mov, Val::buf(t, len), &[Val::Imm(0.0)], len));
-                let t = Dsd::mem(t, len);
-                for &(_, b) in to {
-                    body.push(Instr::Vec {
-                        op: VecOp::Add,
-                        dst: t.clone(),
-                        srcs: vec![Src::V(t.clone()), Src::V(Dsd::In { colour: b, len })],
-                    });
-                }
-                for &(c, _) in to {
-                    body.push(mov(Dsd::Out { colour: c, len }, t.clone()));
-                }
-            }
-            p.tasks.push(Task {
-                id,
-                name: "gather".into(),
-                trigger: Trigger::Local { at_start: false },
-                body,
-            });
+            p.tasks.push(gathered(id, total.map(|t| (t, sums)), to));
         }
         // counter k reaches `r` on replica k's samples
-        let prime: Vec<Instr> = (0..r)
-            .flat_map(|k| {
-                (0..r - 1 - k).map(move |_| Instr::Count {
-                    counter: k as u8,
-                    every: r,
-                    then: None,
-                    again: false,
-                })
-            })
-            .collect();
+        let prime = primed(r);
         if !prime.is_empty() {
             // (before any take, whatever the timing: the lowest id ready first)
             p.tasks.push(Task {
@@ -183,4 +153,45 @@ impl Vector<'_> {
         }
         Ok(p)
     }
+}
+
+/// The dealer's task `id` at the step's end: every replica's sums over the batch (`sums`
+/// words at `total`, if it has any) added up and the total sent to each.
+fn gathered(id: u8, total: Option<(u32, u32)>, to: &[(Colour, Colour)]) -> Task {
+    let mut body = Vec::new();
+    if let Some((t, len)) = total {
+        body.push(vec(VecOp::Mov, Val::buf(t, len), &[Val::Imm(0.0)], len));
+        let t = Dsd::mem(t, len);
+        for &(_, b) in to {
+            body.push(Instr::Vec {
+                op: VecOp::Add,
+                dst: t.clone(),
+                srcs: vec![Src::V(t.clone()), Src::V(Dsd::In { colour: b, len })],
+            });
+        }
+        for &(c, _) in to {
+            body.push(mov(Dsd::Out { colour: c, len }, t.clone()));
+        }
+    }
+    Task {
+        id,
+        name: "gather".into(),
+        trigger: Trigger::Local { at_start: false },
+        body,
+    }
+}
+
+/// The counts that start counter `k` of `r` so that it reaches `r` on replica `k`'s
+/// samples.
+fn primed(r: u32) -> Vec<Instr> {
+    (0..r)
+        .flat_map(|k| {
+            (0..r - 1 - k).map(move |_| Instr::Count {
+                counter: k as u8,
+                every: r,
+                then: None,
+                again: false,
+            })
+        })
+        .collect()
 }
