@@ -1535,7 +1535,9 @@ fn normed_like_the_interpreter(
 /// Trained 3 steps with SGD, momentum, Adam or clipped Adam like the interpreter,
 /// within 3e-4 (as `compare` measures): a norm divides by the batch's deviation,
 /// which amplifies the rounding of sums taken in another order (as a layer norm's,
-/// `normed_like_the_interpreter`).
+/// `normed_like_the_interpreter`). Batches of 4 or more: over 2 samples a feature's
+/// deviation may be as small as `sqrt(eps)`, which amplifies rounding up to 30 times
+/// (seen: 5.4e-4 after one Adam step; 1,500 cases of 4 to 8 samples hold 3e-4).
 fn batch_normed_like_the_interpreter(
     (h, n, c): (usize, usize, usize),
     variant: usize,
@@ -1554,8 +1556,10 @@ fn batch_normed_like_the_interpreter(
     let conv = |x: &str, f: usize| format!("conv2d({x}, {f}, 3, padding: same, use_bias: false)");
     let body = match variant {
         0 => format!("  let h = relu(batch_norm(dense(features, {n}, use_bias: false)))\n"),
+        // (no bias before the norm, as models write it: the norm takes the mean out, so
+        // its gradient is zero but for rounding, which Adam divides by its own size)
         1 => format!(
-            "  let h = batch_norm(dense(features, {n}), momentum: 0.9, center: false, scale: false)\n"
+            "  let h = batch_norm(dense(features, {n}, use_bias: false), momentum: 0.9, center: false, scale: false)\n"
         ),
         2 => format!(
             "  let h = max_pool2d(relu(batch_norm({})), 2, padding: same)\n  let h = reshape(h, [B, {}])\n",
@@ -1827,7 +1831,7 @@ proptest::proptest! {
     #[test]
     fn batch_norms_train_like_the_interpreter(
         h in 2usize..6, n in 1usize..6, c in 2usize..5, variant in 0usize..5, opt in 0usize..4,
-        batch in 2usize..6, side in 16u32..33, seed in 0u64..1000,
+        batch in 4usize..9, side in 16u32..33, seed in 0u64..1000,
     ) {
         batch_normed_like_the_interpreter((h, n, c), variant, opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;

@@ -131,21 +131,7 @@ impl Vector<'_> {
             Op::Reshape => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
             }
-            // a step value to every sample: its share of the features (or of an
-            // image's channels, spread over their planes)
-            Op::BroadcastTo if self.of_step(n) => match image(g, n) {
-                Some((h, w, _)) if args[0].elements() * h * w == ext && h * w > 1 => {
-                    body.push(spread(dst, args[0], args[0].elements(), h * w));
-                }
-                _ => body.push(vec(VecOp::Mov, dst, &args[..1], ext)),
-            },
-            // (a sample's scalar over its features' share on this lane)
-            Op::BroadcastTo if lanes > 1 && args[0].elements() == 1 => {
-                body.push(vec(VecOp::Mov, dst, &args[..1], ext));
-            }
-            Op::BroadcastTo => {
-                body.push(broadcast(dst, args[0], &g.ty(ops[0]).shape, &node.ty.shape));
-            }
+            Op::BroadcastTo => body.push(self.broadcast_to(&site)),
             // a transpose of a batch of scalars keeps them where they are
             Op::Transpose { perm } if perm.len() == 1 => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
@@ -177,6 +163,27 @@ impl Vector<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A broadcast within a sample: a step value to every sample alike (its share of
+    /// the features, or of an image's channels spread over their planes), a sample's
+    /// scalar over its features' share on this lane, or over the sample's axes.
+    fn broadcast_to(&self, site: &Site) -> Instr {
+        let g = self.g;
+        let (n, (lanes, _), ext, dst, args) = site.parts();
+        if self.of_step(n) {
+            return match image(g, n) {
+                Some((h, w, _)) if args[0].elements() * h * w == ext && h * w > 1 => {
+                    spread(dst, args[0], args[0].elements(), h * w)
+                }
+                _ => vec(VecOp::Mov, dst, &args[..1], ext),
+            };
+        }
+        if lanes > 1 && args[0].elements() == 1 {
+            return vec(VecOp::Mov, dst, &args[..1], ext);
+        }
+        let from = &g.ty(g.operands(n)[0]).shape;
+        broadcast(dst, args[0], from, &g.ty(n).shape)
     }
 
     /// A reduction within a sample (`op` over `axes`): along its features across the
