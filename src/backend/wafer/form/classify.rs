@@ -22,6 +22,7 @@ pub fn batch_of(g: &Graph) -> Option<u32> {
 pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, Vec<Unsupported>) {
     let mut class = vec![Class::Host; g.g.node_bound()];
     let mut alias = vec![None; g.g.node_bound()];
+    let mut inputs_only = vec![false; g.g.node_bound()];
     let mut errors = Vec::new();
     let b = batch as usize;
     for n in g.topo_order() {
@@ -79,6 +80,15 @@ pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, V
                     Op::Conv2dBackpropFilter(_) => Class::Batch,
                     // a gather's gradient: every sample's rows added into one table
                     Op::ScatterAdd => Class::Batch,
+                    // a reshape of the inputs alone that does not keep the words' planar
+                    // order (a sequence `[B, T, C]` made an image `[B, 1, T, C]` for a
+                    // convolution): the host computes it and streams the image planar, as
+                    // it streams an input
+                    Op::Reshape
+                        if leading && inputs_only[ops[0].index()] && !in_order(g, ops[0], n) =>
+                    {
+                        Class::Sample
+                    }
                     Op::Reshape if leading && (planar_view(g, ops[0], n) || flat(g, ops[0], n)) => {
                         // the same words in the same order: images travel planar
                         alias[n.index()] = Some(ops[0]);
@@ -114,6 +124,15 @@ pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, V
             _ if per_sample_constant(g, n, batch) => Class::Sample,
             _ => Class::Host,
         };
+        // (a sample's value of the inputs and constants alone, which the host can make)
+        let source = matches!(
+            node.op,
+            Op::Input { .. } | Op::RandomUniform { .. } | Op::RandomNormal { .. }
+        ) || (c == Class::Sample && per_sample_constant(g, n, batch));
+        inputs_only[n.index()] = c == Class::Sample
+            && (source
+                || (ops.iter().any(|o| inputs_only[o.index()])
+                    && (ops.iter()).all(|o| inputs_only[o.index()] || cl(o) == Class::Host)));
         class[n.index()] = c;
     }
     (class, alias, errors)
@@ -145,6 +164,16 @@ fn planar_view(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
         // made the image it flattened again
         (None, Some(_)) => rank(from) == 2,
         (None, None) => false,
+    }
+}
+
+/// Whether reshaping sample value `from` into `to` keeps every word where planar images
+/// have it: `planar_view`'s or `flat`'s, but a vector made an image of several channels
+/// and pixels (whose words a vector has pixel by pixel, an image channel by channel).
+fn in_order(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
+    match (image(g, from), image(g, to)) {
+        (None, Some((h, w, c))) => g.ty(from).rank() == 2 && (c == 1 || h * w == 1),
+        _ => planar_view(g, from, to) || flat(g, from, to),
     }
 }
 

@@ -197,7 +197,10 @@ impl Vector<'_> {
         let (g, f) = (self.g, self.f);
         let (n, (lanes, lane), ext, dst, args) = site.parts();
         let ops = g.operands(n);
-        let (outer, inner, post) = reduced(g.ty(ops[0]).shape.as_slice(), axes)?;
+        // (over an image's axes as they lie: planar, channel by channel)
+        let shape = g.ty(ops[0]).shape.as_slice();
+        let laid_axes: Vec<usize> = axes.iter().map(|&a| laid(shape, a).1).collect();
+        let (outer, inner, post) = reduced(&laid(shape, 0).0, &laid_axes)?;
         let (v, init) = match op {
             ReduceOp::Sum | ReduceOp::Mean => (VecOp::Add, 0.0),
             ReduceOp::Max => (VecOp::Max, f32::NEG_INFINITY),
