@@ -139,10 +139,16 @@ impl Vector<'_> {
             Op::Reduce { op, axes, .. } => {
                 self.reduce(&site, (*op, axes), body)?;
             }
-            Op::Softmax { axis } | Op::LogSoftmax { axis } if *axis + 1 == rank => {
+            // (along a sample's last axis as it lies: not an image's channels, which lie
+            // a plane apart)
+            Op::Softmax { axis } | Op::LogSoftmax { axis }
+                if *axis + 1 == rank && !self.across_planes(n) =>
+            {
                 self.softmax(&site, *axis, scratch, body, soft)?;
             }
-            Op::ArgMax { axis } | Op::ArgMin { axis } if *axis + 1 == rank + 1 => {
+            Op::ArgMax { axis } | Op::ArgMin { axis }
+                if *axis + 1 == rank + 1 && !self.across_planes(ops[0]) =>
+            {
                 self.arg_best(&site, *axis, iota, scratch, body)?;
             }
             Op::Slice { .. } | Op::Concat { .. } | Op::Transpose { .. } if self.movable(n) => {
@@ -163,6 +169,12 @@ impl Vector<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Whether `n` is an image of several pixels, whose last axis (its channels) lies a
+    /// plane apart: a softmax or argmax along it has no kernel yet.
+    fn across_planes(&self, n: NodeIndex) -> bool {
+        image(self.g, self.f.resolve(n)).is_some_and(|(h, w, _)| h * w > 1)
     }
 
     /// A broadcast within a sample: a step value to every sample alike (its share of
