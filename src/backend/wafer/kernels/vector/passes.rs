@@ -56,16 +56,8 @@ impl Vector<'_> {
         // (the step values made from variables alone, at each sample)
         let mut body = self.mids((pass, 0), (lanes, lane), m)?;
         body.extend(self.receive(pass, (lanes, lane), rep, m, &mut cur)?);
-        let mut means = Vec::new();
-        self.code(
-            (pass, 0),
-            (lanes, lane),
-            rep,
-            m,
-            &mut cur,
-            &mut body,
-            &mut means,
-        )?;
+        let (code, means) = self.code((pass, 0), (lanes, lane), rep, m, &mut cur)?;
+        body.extend(code);
         let mut fin = Vec::new();
         if let (Some(r), 0) = (rep, pass) {
             fin.extend(exchanged(r, m));
@@ -119,16 +111,7 @@ impl Vector<'_> {
         for l in 1..=deepest {
             m.scratch.reset();
             let mut cur = self.current(m, (pass, l));
-            let (mut body, mut means) = (Vec::new(), Vec::new());
-            self.code(
-                (pass, l),
-                (lanes, lane),
-                rep,
-                m,
-                &mut cur,
-                &mut body,
-                &mut means,
-            )?;
+            let (mut body, means) = self.code((pass, l), (lanes, lane), rep, m, &mut cur)?;
             let mut after = divided(&means);
             if l < deepest {
                 after.extend(self.mids((pass, l + 1), (lanes, lane), m)?);
@@ -216,8 +199,8 @@ impl Vector<'_> {
     }
 
     /// The code of the nodes at `at` for one sample, and the sends of what goes out
-    /// there.
-    #[allow(clippy::too_many_arguments)]
+    /// there; and the means among the sums it adds to (to divide once they are whole).
+    #[allow(clippy::type_complexity)]
     fn code(
         &self,
         at: At,
@@ -225,11 +208,10 @@ impl Vector<'_> {
         rep: Option<Rep>,
         m: &mut Layout,
         cur: &mut BTreeMap<NodeIndex, Val>,
-        body: &mut Vec<Instr>,
-        means: &mut Vec<(Val, f32)>,
-    ) -> Result<(), String> {
+    ) -> Result<(Vec<Instr>, Vec<(Val, f32)>), String> {
         let f = self.f;
         let has_bwd = self.inputs.iter().any(|i| i.bwd);
+        let (mut body, mut means) = (Vec::new(), Vec::new());
         let mut soft = BTreeMap::new();
         for n in self.emitted(&m.levels, at) {
             self.node(
@@ -239,8 +221,8 @@ impl Vector<'_> {
                 (&m.stash, counter(at)),
                 &mut m.scratch,
                 m.iota,
-                body,
-                means,
+                &mut body,
+                &mut means,
                 &mut soft,
             )?;
         }
@@ -265,7 +247,7 @@ impl Vector<'_> {
                 srcs: vec![v.src(ext)],
             });
         }
-        Ok(())
+        Ok((body, means))
     }
 
     /// The code of the step values made from its sums (`Levels::mids`) that level `at`
