@@ -173,11 +173,6 @@ fn holding((w, h): (u32, u32), fab: &Fabric) -> Option<String> {
     ))
 }
 
-/// Where kernel `s` would fit its PEs' memory, said as an option: its weights,
-/// gradients and optimiser state shrink with the square of its block, its stash and
-/// buffers with the block, its code not at all; so blocks `f` times as large fit when
-/// `code + square f^2 + linear f <= have`, on `1 / f^2` times its PEs. `None` when no
-/// block would (the code and what does not shrink fill the PE alone).
 /// The help of a kernel short of memory that keeps every sample of a step of `batch`
 /// (`SramShort::keeps`): its stash grows with the batch, and neither narrower windows
 /// nor a larger fabric shrink it (a lane holds whole features or channels), so the
@@ -198,6 +193,11 @@ fn kept_batch(s: &place::SramShort, batch: u32) -> String {
     }
 }
 
+/// Where kernel `s` would fit its PEs' memory, said as an option: its weights,
+/// gradients and optimiser state shrink with the square of its block, its stash and
+/// buffers with the block, its code not at all; so blocks `f` times as large fit when
+/// `code + square f^2 + linear f <= have`, on `1 / f^2` times its PEs. `None` when no
+/// block would (the code and what does not shrink fill the PE alone).
 fn spread(s: &place::SramShort, fab: &Fabric) -> Option<String> {
     let part = |names: &[&str]| -> f64 {
         (s.parts.iter())

@@ -197,11 +197,10 @@ pub fn plan(chain: &[Option<u32>], batch: u32, widths: Widths) -> Vec<(u32, u32)
         whole |= end == BARRIER;
         let w = match (end, next) {
             _ if whole => batch.max(1),
-            (0, Some(n)) => n + widths.step,
+            (0, Some(n)) => (n + widths.step).min(top),
             (0, None) => 1,
-            (e, _) => e,
-        }
-        .min(if whole { batch.max(1) } else { top });
+            (e, _) => e.min(top),
+        };
         out[k] = (w, next.map_or(0, |n| w.saturating_sub(n)));
         next = Some(w);
     }

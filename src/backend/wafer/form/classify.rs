@@ -18,8 +18,18 @@ pub fn batch_of(g: &Graph) -> Option<u32> {
 
 /// Classes every node of `g` (see the module's doc), with every node that has no
 /// class on the wafer (classed as a sample's value, so that the nodes after it are
-/// classed on).
-pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, Vec<Unsupported>) {
+/// classed on); and which sample values the inputs and constants alone make (which the
+/// host can compute and stream).
+#[allow(clippy::type_complexity)]
+pub fn classify(
+    g: &Graph,
+    batch: u32,
+) -> (
+    Vec<Class>,
+    Vec<Option<NodeIndex>>,
+    Vec<bool>,
+    Vec<Unsupported>,
+) {
     let mut class = vec![Class::Host; g.g.node_bound()];
     let mut alias = vec![None; g.g.node_bound()];
     let mut inputs_only = vec![false; g.g.node_bound()];
@@ -135,7 +145,7 @@ pub fn classify(g: &Graph, batch: u32) -> (Vec<Class>, Vec<Option<NodeIndex>>, V
                     && (ops.iter()).all(|o| inputs_only[o.index()] || cl(o) == Class::Host)));
         class[n.index()] = c;
     }
-    (class, alias, errors)
+    (class, alias, inputs_only, errors)
 }
 
 /// Whether `n` broadcasts a value of constants over a new leading axis of the batch
@@ -190,14 +200,16 @@ pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
     (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
 }
 
-/// A graph's batch, classes and aliases (`classify`), and its blockers: every construct
-/// that has no wafer layout, as far as each node alone shows it (loss scaling, mixed
-/// precision, a node the batch does not class), each once, so that a check reports them together. `form_surveyed`
-/// refuses a graph with any, and finds the rest (how kernels meet) one at a time.
+/// A graph's batch, classes, aliases and values of the inputs alone (`classify`), and
+/// its blockers: every construct that has no wafer layout, as far as each node alone
+/// shows it (loss scaling, mixed precision, a node the batch does not class), each
+/// once, so that a check reports them together. `form_surveyed` refuses a graph with
+/// any, and finds the rest (how kernels meet) one at a time.
 pub struct Survey {
     pub(super) batch: u32,
     pub(super) class: Vec<Class>,
     pub(super) alias: Vec<Option<NodeIndex>>,
+    pub(super) inputs_only: Vec<bool>,
     pub blockers: Vec<Unsupported>,
 }
 
@@ -223,7 +235,7 @@ pub fn survey(g: &Graph) -> Survey {
         }
     }
     let batch = batch_of(g).unwrap_or(1);
-    let (class, alias, unclassed) = classify(g, batch);
+    let (class, alias, inputs_only, unclassed) = classify(g, batch);
     errors.extend(unclassed);
     // each once (a layer's gradient nodes point at the layer too)
     let mut seen = BTreeSet::new();
@@ -232,6 +244,7 @@ pub fn survey(g: &Graph) -> Survey {
         batch,
         class,
         alias,
+        inputs_only,
         blockers: errors,
     }
 }

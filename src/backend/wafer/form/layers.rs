@@ -215,16 +215,7 @@ pub(super) fn hosted(cx: &Cx, kernels: &[Kernel]) -> Vec<bool> {
     let source = |n: NodeIndex| cx.source(n);
     let resolve = |n: NodeIndex| cx.resolve(n);
     let bound = cx.bound;
-    let mut inputs_only = vec![false; bound];
-    for &n in order {
-        let ops = g.operands(n);
-        inputs_only[n.index()] = class[n.index()] == Class::Sample
-            && (source(n)
-                || (ops.iter().any(|o| inputs_only[o.index()])
-                    && ops
-                        .iter()
-                        .all(|o| inputs_only[o.index()] || class[o.index()] == Class::Host)));
-    }
+    let inputs_only = &cx.inputs_only;
     let mut hosted = vec![false; bound];
     for kr in kernels {
         if let Kind::Dense { x, .. } = kr.kind {

@@ -385,6 +385,8 @@ struct Cx<'g> {
     alias: Vec<Option<NodeIndex>>,
     order: Vec<NodeIndex>,
     bound: usize,
+    /// The sample values the inputs and constants alone make (`classify`).
+    inputs_only: Vec<bool>,
     /// The sample values the host computes from its inputs and streams (set by
     /// `layers::hosted` once the layers are known; none before).
     hosted: Vec<bool>,
@@ -454,6 +456,7 @@ pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
         batch,
         class,
         alias,
+        inputs_only,
         blockers,
     } = survey;
     if let Some(first) = blockers.into_iter().next() {
@@ -467,6 +470,7 @@ pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
         alias,
         order: g.topo_order(),
         bound,
+        inputs_only,
         hosted: vec![false; bound],
     };
     let mut owner: Vec<Option<usize>> = vec![None; bound];

@@ -7,16 +7,16 @@
 //! backward (`pipeline::plan`, `BARRIER`).
 
 use super::{unsupported, Class, Cx, Kernel, Kind, Unsupported};
-use crate::ir::{NodeIndex, Op};
-use std::collections::BTreeMap;
+use crate::ir::NodeIndex;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Whether step node `n` is made from a sum over the batch (through other step nodes,
 /// not variables): a statistic, or a value computed from one (`1 / sqrt(var + eps)`).
 pub(super) fn of_statistics(cx: &Cx, n: NodeIndex, memo: &mut BTreeMap<NodeIndex, bool>) -> bool {
+    let n = cx.resolve(n);
     if let Some(&m) = memo.get(&n) {
         return m;
     }
-    let n = cx.resolve(n);
     let yes = match cx.class[n.index()] {
         Class::Batch => true,
         Class::Step if !cx.is_var(n) => {
@@ -44,30 +44,23 @@ pub(super) fn barriers(
         let Kind::Vector { nodes } = &kr.kind else {
             continue;
         };
+        // the statistics its samples read and the step values between them, each once
+        let mut seen = BTreeSet::new();
         for &n in nodes {
             if cx.class[n.index()] != Class::Sample {
                 continue;
             }
-            for o in g.operands(n) {
-                let o = cx.resolve(o);
-                if !of_statistics(cx, o, &mut memo) {
+            let mut stack: Vec<NodeIndex> = g.operands(n).to_vec();
+            while let Some(s) = stack.pop() {
+                let s = cx.resolve(s);
+                if !of_statistics(cx, s, &mut memo) || !seen.insert(s) {
                     continue;
                 }
-                // the statistic and the step values between it and the sample's
-                let mut stack = vec![o];
-                while let Some(s) = stack.pop() {
-                    let s = cx.resolve(s);
-                    if !of_statistics(cx, s, &mut memo)
-                        || matches!(g.node(s).op, Op::Variable { .. })
-                    {
-                        continue;
-                    }
-                    if owner[s.index()] != Some(k) {
-                        return Err(unsupported(g, n, "a sample's value made from a statistic of the batch that another kernel makes has no wafer kernel yet".into(), "the wafer computes a statistic of the batch (a batch norm's mean and variance) in the kernel whose samples it normalises: keep the statistic and its use between the same two layers, or train this model on the host (`--target host`)"));
-                    }
-                    stack.extend(g.operands(s));
+                if owner[s.index()] != Some(k) {
+                    return Err(unsupported(g, n, "a sample's value made from a statistic of the batch that another kernel makes has no wafer kernel yet".into(), "the wafer computes a statistic of the batch (a batch norm's mean and variance) in the kernel whose samples it normalises: keep the statistic and its use between the same two layers, or train this model on the host (`--target host`)"));
                 }
                 out[k] = true;
+                stack.extend(g.operands(s));
             }
         }
     }

@@ -327,8 +327,8 @@ fn sized_until(
         let sizer = Sizer::new(g, f, fab, (widths, across))?;
         let widest = sizer.sched.iter().map(|s| s.0).max().unwrap_or(1);
         let narrower = widths.narrower(widest);
-        if narrower.is_some() && last.as_ref() == Some(&sizer.sched) {
-            widths = narrower.unwrap_or(widths);
+        if let (Some(w), true) = (narrower, last.as_ref() == Some(&sizer.sched)) {
+            widths = w;
             continue;
         }
         match (search::search(&sizer), narrower) {

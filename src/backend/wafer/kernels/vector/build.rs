@@ -1,7 +1,7 @@
 //! A lane's program (or a replica's): its memory and stashes, the tasks of its passes
 //! (`passes`), its update, FIFOs and pipeline.
 
-use super::levels::Levels;
+use super::levels::{At, Levels};
 use super::{Lane, Rep, Vector};
 use crate::backend::wafer::form::{self, key, Class, End};
 use crate::backend::wafer::isa::{Colour, Program, Task, Trigger};
@@ -42,10 +42,9 @@ pub(super) struct Layout {
 impl Vector<'_> {
     /// Lane `lane` of `lanes`, or a replica of the one lane.
     pub(super) fn build(&self, lanes: u32, lane: u32, rep: Option<Rep>) -> Result<Lane, String> {
-        let mut m = self.layout(lanes, lane, rep)?;
-        let has_bwd = self.inputs.iter().any(|i| i.bwd);
-        let barrier = m.levels.deepest != [0, 0];
-        if barrier && has_bwd && self.window != m.samples {
+        let mut m = self.layout(lanes, lane, rep);
+        let has_bwd = self.has_backward();
+        if m.levels.deep() && has_bwd && self.window != m.samples {
             return Err("a kernel that reads a statistic of the batch keeps every sample of the step (its window is the batch)".into());
         }
         self.check_carried(&m.levels, has_bwd)?;
@@ -104,7 +103,7 @@ impl Vector<'_> {
 
     /// Lane `lane`'s memory before its tasks: what stays, its counting buffer, its
     /// stashes.
-    fn layout(&self, lanes: u32, lane: u32, rep: Option<Rep>) -> Result<Layout, String> {
+    fn layout(&self, lanes: u32, lane: u32, rep: Option<Rep>) -> Layout {
         let g = self.g;
         let f = self.f;
         let kr = &f.kernels[self.k];
@@ -124,8 +123,7 @@ impl Vector<'_> {
             .filter(|&n| f.class[n.index()] == Class::Batch)
             .collect();
         let mut vals: BTreeMap<NodeIndex, Val> = BTreeMap::new();
-        let mids = levels.mids.iter().map(|m| &m.0);
-        for &n in kr.vars.iter().chain(&accs).chain(&kr.hosts).chain(mids) {
+        for &n in kr.vars.iter().chain(&accs).chain(&kr.hosts) {
             let ext = self.extent(n, lanes, lane);
             let base = p.alloc(&name(n), ext);
             let runs = self.runs(n, lanes, lane);
@@ -139,11 +137,16 @@ impl Vector<'_> {
             ));
             vals.insert(n, Val::buf(base, ext));
         }
+        // (the step values made from its sums stay too, but only its own code reads
+        // them: no tensor of the host's)
+        for &(n, _) in &levels.mids {
+            let ext = self.extent(n, lanes, lane);
+            vals.insert(n, Val::buf(p.alloc(&name(n), ext), ext));
+        }
         let mut init = Vec::new();
         let iota = self.iota(&mut p, &mut init, lanes, lane);
         // stashes: values a later pass or level reads, with its samples' slots
-        let barrier = levels.deepest != [0, 0];
-        let slots = if barrier { samples } else { self.window };
+        let slots = if levels.deep() { samples } else { self.window };
         let mut stash: BTreeMap<NodeIndex, (u32, u32)> = BTreeMap::new();
         for n in self.stashed(&levels) {
             let ext = self.extent(n, lanes, lane);
@@ -156,7 +159,7 @@ impl Vector<'_> {
             0
         };
         let scratch = Scratch::new(p.words());
-        Ok(Layout {
+        Layout {
             p,
             tensors,
             init,
@@ -169,7 +172,7 @@ impl Vector<'_> {
             scratch,
             levels,
             samples,
-        })
+        }
     }
 
     /// Its counting buffer (one-hot, argmax), if it counts: 0, 1, 2, ... or, on
@@ -211,21 +214,15 @@ impl Vector<'_> {
     /// gradient computed going forward goes back in the backward pass).
     fn stashed(&self, lv: &Levels) -> Vec<NodeIndex> {
         let (g, f) = (self.g, self.f);
-        let has_bwd = self.inputs.iter().any(|i| i.bwd);
+        let has_bwd = self.has_backward();
         let mut out: Vec<NodeIndex> = Vec::new();
-        for pass in 0..=u8::from(has_bwd) {
-            for level in 0..=lv.deepest[usize::from(pass)] {
-                let at = (pass, level);
-                for n in self.emitted(lv, at) {
-                    for o in g.operands(n) {
-                        let o = f.resolve(o);
-                        let sample =
-                            f.class[o.index()] != Class::Batch || !self.nodes().contains(&o);
-                        let elsewhere = lv.at.get(&o).is_some_and(|&a| a != at);
-                        if sample && elsewhere && !lv.recomputed.contains(&o) && !out.contains(&o) {
-                            out.push(o);
-                        }
-                    }
+        for (&at, code) in &lv.code {
+            for o in code.iter().flat_map(|&n| g.operands(n)) {
+                let o = f.resolve(o);
+                let sample = f.class[o.index()] != Class::Batch || !self.nodes().contains(&o);
+                let elsewhere = lv.at.get(&o).is_some_and(|&a| a != at);
+                if sample && elsewhere && !lv.recomputed.contains(&o) && !out.contains(&o) {
+                    out.push(o);
                 }
             }
         }
@@ -241,7 +238,7 @@ impl Vector<'_> {
     /// The pass and level output `o` is sent in: where it is made, but a gradient made
     /// going forward, which goes back in the backward pass (its first level), if the
     /// kernel has one; a value passed on, in the pass it comes in.
-    pub(super) fn sent_at(&self, o: &super::Port, lv: &Levels, has_bwd: bool) -> (u8, u8) {
+    pub(super) fn sent_at(&self, o: &super::Port, lv: &Levels, has_bwd: bool) -> At {
         match lv.at.get(&o.node) {
             Some(&(0, _)) if o.bwd && has_bwd => (1, 0),
             Some(&a) => a,

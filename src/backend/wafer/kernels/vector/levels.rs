@@ -11,6 +11,7 @@
 
 use super::Vector;
 use crate::backend::wafer::form::{constant, view_of, Class};
+use crate::backend::wafer::lower::elementwise;
 use crate::ir::{NodeIndex, Op};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -32,9 +33,17 @@ pub(super) struct Levels {
     /// from what it reads rather than stash it (a batch norm's `x - mean`, read in
     /// three places, is one subtraction in each; the stash keeps `x`).
     pub recomputed: BTreeSet<NodeIndex>,
+    /// The nodes each pass and level computes, in order: those made there, and the
+    /// values made elsewhere that it computes again to read them (`recomputed`).
+    pub code: BTreeMap<At, Vec<NodeIndex>>,
 }
 
 impl Levels {
+    /// Whether a pass has levels past the first (it reads a statistic of the batch).
+    pub(super) fn deep(&self) -> bool {
+        self.deepest != [0, 0]
+    }
+
     /// Where value `o` can be read from: a sum over the batch from the level after the
     /// one it accumulates in; a value computed elsewhere (a variable, the host's) from
     /// the first.
@@ -48,11 +57,6 @@ impl Levels {
             .find(|m| m.0 == o)
             .map_or((0, 0), |m| m.1)
     }
-}
-
-/// The later of two places: the later pass, and in one pass the deeper level.
-fn later(a: At, b: At) -> At {
-    a.max(b)
 }
 
 impl Vector<'_> {
@@ -95,16 +99,20 @@ impl Vector<'_> {
             mids: Vec::new(),
             deepest: [0; 2],
             recomputed: BTreeSet::new(),
+            code: BTreeMap::new(),
         };
         for p in &self.inputs {
             lv.at.insert(p.node, (u8::from(p.bwd), 0));
         }
         let mut memo = BTreeMap::new();
-        // the step values made from sums, each where its operands are all there
+        // a value's place: where its operands are all there, the latest pass of theirs
+        // and the deepest level in it (a value of the other pass is there whole:
+        // stashed, or made before)
         let place = |lv: &Levels, n: NodeIndex| {
             (g.operands(n).into_iter())
                 .map(|o| lv.avail(self, o))
-                .fold((0, 0), later)
+                .max()
+                .unwrap_or((0, 0))
         };
         let mut wanted: BTreeSet<NodeIndex> = BTreeSet::new();
         let mut stack: Vec<NodeIndex> = self.nodes().to_vec();
@@ -121,8 +129,6 @@ impl Vector<'_> {
             for o in g.operands(n) {
                 self.place_mid(f.resolve(o), &wanted, &mut lv, &place);
             }
-            // the latest pass of its operands', and the deepest level in it (a value
-            // of the other pass is there whole: stashed, or made before)
             let at = place(&lv, n);
             lv.at.insert(n, at);
         }
@@ -134,7 +140,7 @@ impl Vector<'_> {
             let node = g.node(n);
             if lv.at.get(&n).map(|a| a.0) != Some(0)
                 || f.class[n.index()] != Class::Sample
-                || !crate::backend::wafer::lower::elementwise(&node.op)
+                || !elementwise(&node.op)
                 || self.outputs.iter().any(|o| o.node == n)
             {
                 continue;
@@ -156,22 +162,28 @@ impl Vector<'_> {
             let d = &mut lv.deepest[usize::from(p.min(1))];
             *d = (*d).max(l);
         }
-        if lv.deepest != [0, 0] {
+        if lv.deep() {
             lv.recomputed = (self.nodes().iter())
                 .copied()
                 .filter(|&n| {
                     f.class[n.index()] == Class::Sample
-                        && crate::backend::wafer::lower::elementwise(&g.node(n).op)
+                        && elementwise(&g.node(n).op)
                         && !self.outputs.iter().any(|o| o.node == n)
                 })
                 .collect();
         }
+        let has_bwd = self.has_backward();
+        for pass in 0..=u8::from(has_bwd) {
+            for level in 0..=lv.deepest[usize::from(pass)] {
+                let code = self.emitted(&lv, (pass, level));
+                lv.code.insert((pass, level), code);
+            }
+        }
         lv
     }
 
-    /// The nodes the code at `at` computes, in order: those made there, and the values
-    /// made elsewhere that it computes again (`Levels::recomputed`) to read them.
-    pub(super) fn emitted(&self, lv: &Levels, at: At) -> Vec<NodeIndex> {
+    /// The nodes the code at `at` computes, in order (`Levels::code`).
+    fn emitted(&self, lv: &Levels, at: At) -> Vec<NodeIndex> {
         let (g, f) = (self.g, self.f);
         let mut wanted: BTreeSet<NodeIndex> = (self.nodes().iter())
             .copied()

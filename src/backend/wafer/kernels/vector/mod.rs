@@ -243,6 +243,11 @@ impl Vector<'_> {
         width.map(|w| w.0 as u32)
     }
 
+    /// Whether it has a backward pass (an input of it: an output gradient).
+    fn has_backward(&self) -> bool {
+        self.inputs.iter().any(|i| i.bwd)
+    }
+
     /// Whether `n` gives a step value to every sample alike (`broadcast_to` of a
     /// statistic of the batch, or of a value made from one).
     fn of_step(&self, n: NodeIndex) -> bool {

@@ -11,7 +11,7 @@ use super::levels::At;
 use super::ops::*;
 use super::{Rep, Vector, BARRIER_BASE, SAMPLE_BASE, SLOT_BASE};
 use crate::backend::wafer::form::constant;
-use crate::backend::wafer::isa::{Dsd, Instr, Src, Task, TaskId, Trigger, VecOp};
+use crate::backend::wafer::isa::{Dsd, Instr, Task, TaskId, Trigger, VecOp};
 use crate::backend::wafer::lower::{self, vec, Val};
 use crate::ir::{NodeIndex, Op};
 use std::collections::BTreeMap;
@@ -55,18 +55,15 @@ impl Vector<'_> {
         let mut cur = self.current(m, (pass, 0));
         // (the step values made from variables alone, at each sample)
         let mut body = self.mids((pass, 0), (lanes, lane), m)?;
-        body.extend(self.receive(pass, (lanes, lane), rep, m, &mut cur)?);
+        body.extend(self.receive(pass, (lanes, lane), rep, m, &mut cur));
         let (code, means) = self.code((pass, 0), (lanes, lane), rep, m, &mut cur)?;
         body.extend(code);
         let mut fin = Vec::new();
         if let (Some(r), 0) = (rep, pass) {
             fin.extend(exchanged(r, m));
         }
-        fin.extend(divided(&means));
-        if deepest > 0 {
-            fin.extend(self.mids((pass, 1), (lanes, lane), m)?);
-            fin.push(Instr::Activate(level_id(1)));
-        }
+        let first_level = (deepest > 0).then(|| level_id(1));
+        fin.extend(self.after_level(&means, ((pass, 1), first_level), (lanes, lane), m)?);
         if !m.stash.is_empty() {
             body.push(Instr::Count {
                 counter: counter((pass, 0)),
@@ -112,11 +109,8 @@ impl Vector<'_> {
             m.scratch.reset();
             let mut cur = self.current(m, (pass, l));
             let (mut body, means) = self.code((pass, l), (lanes, lane), rep, m, &mut cur)?;
-            let mut after = divided(&means);
-            if l < deepest {
-                after.extend(self.mids((pass, l + 1), (lanes, lane), m)?);
-                after.push(Instr::Activate(level_id(l + 1)));
-            }
+            let next = (l < deepest).then(|| level_id(l + 1));
+            let after = self.after_level(&means, ((pass, l + 1), next), (lanes, lane), m)?;
             body.push(Instr::Count {
                 counter: counter((pass, l)),
                 every: m.samples,
@@ -142,6 +136,24 @@ impl Vector<'_> {
         Ok(used)
     }
 
+    /// What runs once a level's samples are all done: the level's means divided, and,
+    /// when there is a next level (`next`, run by task `then`), the step values it reads
+    /// made and its task started.
+    fn after_level(
+        &self,
+        means: &[(Val, f32)],
+        (next, then): (At, Option<TaskId>),
+        lanes: (u32, u32),
+        m: &Layout,
+    ) -> Result<Vec<Instr>, String> {
+        let mut out = divided(means);
+        if let Some(t) = then {
+            out.extend(self.mids(next, lanes, m)?);
+            out.push(Instr::Activate(t));
+        }
+        Ok(out)
+    }
+
     /// What stays, with each stashed value at its slot for the code at `at`.
     fn current(&self, m: &Layout, at: At) -> BTreeMap<NodeIndex, Val> {
         let mut cur = m.vals.clone();
@@ -160,7 +172,7 @@ impl Vector<'_> {
         rep: Option<Rep>,
         m: &mut Layout,
         cur: &mut BTreeMap<NodeIndex, Val>,
-    ) -> Result<Vec<Instr>, String> {
+    ) -> Vec<Instr> {
         let mut body = Vec::new();
         for i in self.inputs.iter().filter(|i| u8::from(i.bwd) == pass) {
             let colour = rep.map_or(i.colour, |r| r.to);
@@ -177,25 +189,23 @@ impl Vector<'_> {
             } else {
                 (0, 0)
             };
-            let drop = |len: u32| Instr::Vec {
-                op: VecOp::Mov,
-                dst: Dsd::strided(m.junk, len, 0, &[], None),
-                srcs: vec![Src::V(Dsd::In { colour, len })],
+            let drop = |len: u32| {
+                mov(
+                    Dsd::strided(m.junk, len, 0, &[], None),
+                    Dsd::In { colour, len },
+                )
             };
             if before > 0 {
                 body.push(drop(before));
             }
-            body.push(Instr::Vec {
-                op: VecOp::Mov,
-                dst: dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext)),
-                srcs: vec![Src::V(Dsd::In { colour, len: ext })],
-            });
+            let into = dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext));
+            body.push(mov(into, Dsd::In { colour, len: ext }));
             if after > 0 {
                 body.push(drop(after));
             }
             cur.insert(i.node, dst);
         }
-        Ok(body)
+        body
     }
 
     /// The code of the nodes at `at` for one sample, and the sends of what goes out
@@ -210,10 +220,10 @@ impl Vector<'_> {
         cur: &mut BTreeMap<NodeIndex, Val>,
     ) -> Result<(Vec<Instr>, Vec<(Val, f32)>), String> {
         let f = self.f;
-        let has_bwd = self.inputs.iter().any(|i| i.bwd);
+        let has_bwd = self.has_backward();
         let (mut body, mut means) = (Vec::new(), Vec::new());
         let mut soft = BTreeMap::new();
-        for n in self.emitted(&m.levels, at) {
+        for &n in m.levels.code.get(&at).map_or(&[][..], Vec::as_slice) {
             self.node(
                 n,
                 (lanes, lane),
