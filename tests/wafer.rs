@@ -867,7 +867,7 @@ fn compare_within(
 ) -> Result<(), String> {
     let (features, columns) = ty;
     let src = format!(
-        r#"use std.nn.{{avg_pool2d, batch_norm, conv2d, dense, embedding, gelu, gru, layer_norm, lstm, max_pool2d}}
+        r#"use std.nn.{{avg_pool2d, batch_norm, conv2d, dense, depthwise_conv2d, embedding, gelu, gru, layer_norm, lstm, max_pool2d}}
 use std.losses.softmax_cross_entropy
 model m(features: {features}, labels: i32[B]) {{
 {body}  let loss = softmax_cross_entropy(labels, logits)
@@ -1624,6 +1624,45 @@ fn globally_pooled_like_the_interpreter(
     compare_with(&d, &body, (&opt, lr), (&floats(k), batch, 32, seed))
 }
 
+/// A convolution of `n` filters, then a depthwise one (`std.nn.depthwise_conv2d`: a
+/// `kernel`-wide window per channel, strided or not, with padding `same` or `valid`,
+/// with a bias or batch-normed), ReLU, a global average and the logits, as MobileNet's
+/// blocks. The depthwise convolution is the wafer's vector kernel of its composite:
+/// the image padded, regrouped by stride (`[B, H/s, s, W/s, s, C]`, planar), each tap's
+/// window times its weights per channel, summed; its windows are computed again going
+/// back, not stashed. Trained 3 steps with `opt` like the interpreter (within 3e-4 of
+/// each variable's scale: batch norm's statistics round as in `batch_normed_...`).
+fn depthwise_like_the_interpreter(
+    (h, n, c): (usize, usize, usize),
+    (kernel, stride, same, norm): (usize, usize, bool, bool),
+    opt: usize,
+    (batch, seed): (usize, u64),
+) -> Result<(), String> {
+    let key = format!("depthwise-{h}-{n}-{c}-{kernel}-{stride}-{same}-{norm}-{opt}-{batch}-{seed}");
+    let d = random_data(&key, h * h, c, seed);
+    let (opt, lr) = optimiser(opt);
+    let padding = if same { "same" } else { "valid" };
+    let depthwise = format!(
+        "depthwise_conv2d(h, kernel: {kernel}, strides: {stride}, padding: {padding}, use_bias: {})",
+        !norm
+    );
+    let depthwise = if norm {
+        format!("batch_norm({depthwise}, momentum: 0.9)")
+    } else {
+        depthwise
+    };
+    let body = format!(
+        "  let h = conv2d(reshape(features, [B, {h}, {h}, 1]), {n}, 3, padding: same, use_bias: false)\n  let h = relu({depthwise})\n  let logits = dense(reduce_mean(h, axis: [1, 2]), {c})\n"
+    );
+    compare_within(
+        &d,
+        &body,
+        (&opt, lr),
+        (&floats(h * h), batch, 32, seed),
+        3e-4,
+    )
+}
+
 /// The LSTM of `std.nn` over a sequence of `t` steps of `k` features (`[B, t * k]`
 /// seen as `[B, t, k]`), its gates slices of one kernel variable: the cell state is
 /// read past each step's product by the next step's gates, so the product's layer
@@ -1884,6 +1923,16 @@ proptest::proptest! {
         batch in 1usize..5, seed in 0u64..1000,
     ) {
         globally_pooled_like_the_interpreter((h, n, c), (op, sequence, keep), opt, (batch, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn depthwise_convolutions_train_like_the_interpreter(
+        h in 3usize..8, n in 1usize..5, c in 2usize..5, kernel in 1usize..4, stride in 1usize..3,
+        same in proptest::bool::ANY, norm in proptest::bool::ANY, opt in 0usize..4,
+        batch in 1usize..5, seed in 0u64..1000,
+    ) {
+        depthwise_like_the_interpreter((h, n, c), (kernel, stride, same, norm), opt, (batch, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -290,6 +290,21 @@ impl Update {
         n: u32,
         scratch: &mut Scratch,
     ) -> Result<Vec<Instr>, String> {
+        let mut out = self.body(vars, accs, hosts, n, scratch)?;
+        out.extend(zeroed(accs));
+        Ok(out)
+    }
+
+    /// `code` but for zeroing the accumulators (`zeroed`): one of several updates of a
+    /// kernel over blocks of different shapes, which read the same sums.
+    pub fn body(
+        &self,
+        vars: &[Val],
+        accs: &[Val],
+        hosts: &[Val],
+        n: u32,
+        scratch: &mut Scratch,
+    ) -> Result<Vec<Instr>, String> {
         let missing = || "an update reads a value the kernel does not hold".to_string();
         let mut last = vec![0usize; self.ops.len()];
         let uses = self
@@ -443,11 +458,15 @@ impl Update {
             let dst = *vars.get(v).ok_or_else(missing)?;
             out.push(vec(VecOp::Mov, dst, &[get(a, &vals)?], dst.elements()));
         }
-        for &a in accs {
-            out.push(vec(VecOp::Mov, a, &[Val::Imm(0.0)], a.elements()));
-        }
         Ok(out)
     }
+}
+
+/// The accumulators zeroed for the next step, at an update's end.
+pub fn zeroed(accs: &[Val]) -> Vec<Instr> {
+    (accs.iter())
+        .map(|&a| vec(VecOp::Mov, a, &[Val::Imm(0.0)], a.elements()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -951,21 +951,38 @@ impl<'p> Elab<'p> {
             lens[i] = len;
         }
         let [sh, sw_] = strides;
-        // [b, H/sh, sh, W/sw, sw, c]: a tap at offset t is phase t % s from row t / s
-        let grouped =
-            self.reshaped(padded, vec![b, lens[0] / sh, sh, lens[1] / sw_, sw_, c], sp)?;
+        // strided, [b, H/sh, sh, W/sw, sw, c]: a tap at offset t is phase t % s from
+        // row t / s; else the taps are plain windows of the padded image
+        let strided = sh > 1 || sw_ > 1;
+        let grouped = if strided {
+            self.reshaped(padded, vec![b, lens[0] / sh, sh, lens[1] / sw_, sw_, c], sp)?
+        } else {
+            padded
+        };
+        // (one output per channel: each tap's window times a weight per channel, all of
+        // rank 4, which keeps an image's channels last for every backend)
+        let (view, tap_shape) = if m == 1 {
+            (vec![b, outs[0], outs[1], c], vec![c])
+        } else {
+            (vec![b, outs[0], outs[1], c, 1], vec![c, m])
+        };
         let mut total: Option<NodeIndex> = None;
         for i in 0..wt.shape[0] {
             for j in 0..wt.shape[1] {
                 let (ti, tj) = (i * dilation[0], j * dilation[1]);
-                let v = self.sliced(grouped, 1, ti / sh, ti / sh + outs[0], sp)?;
-                let v = self.sliced(v, 2, ti % sh, ti % sh + 1, sp)?;
-                let v = self.sliced(v, 3, tj / sw_, tj / sw_ + outs[1], sp)?;
-                let v = self.sliced(v, 4, tj % sw_, tj % sw_ + 1, sp)?;
-                let v = self.reshaped(v, vec![b, outs[0], outs[1], c, 1], sp)?;
+                let v = if strided {
+                    let v = self.sliced(grouped, 1, ti / sh, ti / sh + outs[0], sp)?;
+                    let v = self.sliced(v, 2, ti % sh, ti % sh + 1, sp)?;
+                    let v = self.sliced(v, 3, tj / sw_, tj / sw_ + outs[1], sp)?;
+                    self.sliced(v, 4, tj % sw_, tj % sw_ + 1, sp)?
+                } else {
+                    let v = self.sliced(grouped, 1, ti, ti + outs[0], sp)?;
+                    self.sliced(v, 2, tj, tj + outs[1], sp)?
+                };
+                let v = self.reshaped(v, view.clone(), sp)?;
                 let tap = self.sliced(w, 0, i, i + 1, sp)?;
                 let tap = self.sliced(tap, 1, j, j + 1, sp)?;
-                let tap = self.reshaped(tap, vec![c, m], sp)?;
+                let tap = self.reshaped(tap, tap_shape.clone(), sp)?;
                 let p = self.bin(BinaryOp::Mul, v, tap, sp)?;
                 total = Some(match total {
                     Some(t) => self.bin(BinaryOp::Add, t, p, sp)?,

@@ -167,6 +167,9 @@ pub fn per_sample_constant(g: &Graph, n: NodeIndex, batch: u32) -> bool {
 /// only a dense layer reads, with its weight's rows in the image's order).
 fn planar_view(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
     let rank = |n: NodeIndex| g.ty(n).rank();
+    if let (Some(a), Some(b)) = (planes(g, from), planes(g, to)) {
+        return a.1 == b.1;
+    }
     match (image(g, from), image(g, to)) {
         (Some(a), Some(b)) => a.2 == b.2,
         (Some(_), None) => rank(to) == 2,
@@ -198,6 +201,15 @@ fn flat(g: &Graph, from: NodeIndex, to: NodeIndex) -> bool {
 pub fn image(g: &Graph, n: NodeIndex) -> Option<(u32, u32, u32)> {
     let s = &g.ty(n).shape;
     (s.len() == 4).then(|| (s[1] as u32, s[2] as u32, s[3] as u32))
+}
+
+/// The planes value `n` lies in on the wafer when it is an image or its pixels regrouped
+/// (rank 4 or more, the channels last: a strided convolution's view of an image as
+/// `[B, H/s, s, W/s, s, C]`): a plane's pixels and the channels.
+pub fn planes(g: &Graph, n: NodeIndex) -> Option<(u32, u32)> {
+    let s = &g.ty(n).shape;
+    let c = *s.last()?;
+    (s.len() >= 4).then(|| (s[1..s.len() - 1].iter().product::<usize>() as u32, c as u32))
 }
 
 /// A graph's batch, classes, aliases and values of the inputs alone (`classify`), and

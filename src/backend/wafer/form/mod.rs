@@ -36,8 +36,8 @@ mod streams;
 mod tests;
 mod update;
 
-pub use classify::{batch_of, classify, image, per_sample_constant, survey, Survey};
-pub use update::{part_update, update_of, update_over};
+pub use classify::{batch_of, classify, image, per_sample_constant, planes, survey, Survey};
+pub use update::{feeding, part_update, update_of, update_over};
 
 use crate::ir::{Graph, NodeIndex, Op};
 use crate::span::Span;

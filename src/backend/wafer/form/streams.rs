@@ -2,7 +2,7 @@
 //! others, and the host's inputs and outputs), and the reshapes between kernels that
 //! the wafer's planar images allow.
 
-use super::{image, unsupported, Class, Cx, End, Kernel, Kind, Stream, Unsupported};
+use super::{planes, unsupported, Class, Cx, End, Kernel, Kind, Stream, Unsupported};
 use crate::ir::{NodeIndex, Op, Role};
 use std::collections::BTreeSet;
 
@@ -94,7 +94,7 @@ pub(super) fn check_reshapes(
     let (g, order, alias) = (cx.g, &cx.order, &cx.alias);
     let resolve = |n: NodeIndex| cx.resolve(n);
     let users = users(cx);
-    let image = |n: NodeIndex| image(g, n).is_some_and(|(h, w, c)| c > 1 && h * w > 1);
+    let image = |n: NodeIndex| planes(g, n).is_some_and(|(pixels, c)| c > 1 && pixels > 1);
     for &n in order {
         let Some(src) = alias[n.index()] else {
             continue;

@@ -62,6 +62,26 @@ pub fn part_update(
     (vars, steps, commits)
 }
 
+/// The step nodes among `steps` that `commits` read (through each other), in order.
+pub fn feeding(
+    g: &Graph,
+    f: &Formed,
+    steps: &[NodeIndex],
+    commits: &[(String, NodeIndex)],
+) -> Vec<NodeIndex> {
+    let mut needed: BTreeSet<NodeIndex> = commits.iter().map(|c| f.resolve(c.1)).collect();
+    for &n in steps.iter().rev() {
+        if needed.contains(&n) {
+            needed.extend(g.operands(n).into_iter().map(|o| f.resolve(o)));
+        }
+    }
+    steps
+        .iter()
+        .copied()
+        .filter(|n| needed.contains(n))
+        .collect()
+}
+
 /// Kernel `k`'s step nodes as an update over its blocks: `vars`, `accs` and `hosts` number
 /// the operands of those kinds; a value shaped `block` is a whole block, a scalar one
 /// word.
@@ -112,7 +132,10 @@ pub fn update_over(
                 "the wafer updates variables with elementwise ops over each PE's block",
             ));
         }
-        let full = if node.ty.shape.as_slice() == block {
+        // (the same words as the block under another shape: a depthwise filter of one
+        // tap, `[1, 1, C, 1]`, and its gradient per channel, `[C]`)
+        let words = node.ty.rank() > 0 && node.ty.elements() == block.iter().product::<usize>();
+        let full = if node.ty.shape.as_slice() == block || words {
             true
         } else if node.ty.rank() == 0 {
             false

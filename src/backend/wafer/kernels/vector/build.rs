@@ -11,6 +11,9 @@ use crate::backend::wafer::pipeline::Pipeline;
 use crate::ir::{NodeIndex, Op};
 use std::collections::BTreeMap;
 
+/// A shape of a kernel's variables and the commits of those of that shape.
+type ShapeCommits = (Vec<usize>, Vec<(String, NodeIndex)>);
+
 /// A lane's program as its tasks are written: its memory map, what stays in it and
 /// the scratch its tasks share.
 pub(super) struct Layout {
@@ -281,27 +284,30 @@ impl Vector<'_> {
             return Ok(());
         }
         m.scratch.reset();
-        let block: Vec<usize> = kr
-            .vars
-            .first()
-            .map_or(Vec::new(), |&v| g.ty(v).shape.to_vec());
         let mids: Vec<NodeIndex> = m.levels.mids.iter().map(|x| x.0).collect();
         let steps: Vec<NodeIndex> = (kr.steps.iter())
             .filter(|s| !mids.contains(s))
             .copied()
             .collect();
         let hosts: Vec<NodeIndex> = kr.hosts.iter().chain(&mids).copied().collect();
-        let u = form::update_over(
-            g,
-            f,
-            (&steps, &kr.commits),
-            (&kr.vars, &m.accs, &hosts),
-            &block,
-        )
-        .map_err(|e| e.message)?;
-        let n = kr.vars.first().map_or(1, |&v| self.extent(v, lanes, lane));
         let at = |ns: &[NodeIndex]| -> Vec<Val> { ns.iter().map(|n| m.vals[n]).collect() };
-        let body = u.code(&at(&kr.vars), &at(&m.accs), &at(&hosts), n, &mut m.scratch)?;
+        let (vars, accs, host_vals) = (at(&kr.vars), at(&m.accs), at(&hosts));
+        let mut body = Vec::new();
+        // one update per shape of its variables (a depthwise filter `[k, k, C, 1]` and
+        // its bias `[C]`), each over its own blocks
+        let groups = self.by_shape();
+        for (shape, commits) in &groups {
+            let steps = match groups.len() {
+                1 => steps.clone(),
+                _ => form::feeding(g, f, &steps, commits),
+            };
+            let u = form::update_over(g, f, (&steps, commits), (&kr.vars, &m.accs, &hosts), shape)
+                .map_err(|e| e.message)?;
+            let first = (kr.vars.iter()).find(|&&v| g.ty(v).shape.as_slice() == shape.as_slice());
+            let n = first.map_or(1, |&v| self.extent(v, lanes, lane));
+            body.extend(u.body(&vars, &accs, &host_vals, n, &mut m.scratch)?);
+        }
+        body.extend(crate::backend::wafer::lower::zeroed(&accs));
         m.p.tasks.push(Task {
             id: UPDATE,
             name: "update".into(),
@@ -309,6 +315,31 @@ impl Vector<'_> {
             body,
         });
         Ok(())
+    }
+
+    /// Its commits grouped by the shape of the variable each replaces (one group under
+    /// its first variable's shape when it commits none: the host updates a filter
+    /// several of its nodes read, and the kernel its bias alone).
+    fn by_shape(&self) -> Vec<ShapeCommits> {
+        let (g, kr) = (self.g, &self.f.kernels[self.k]);
+        let shape_of = |name: &str| g.variable(name).map(|v| g.ty(v).shape.to_vec());
+        let first = kr
+            .vars
+            .first()
+            .map_or(Vec::new(), |&v| g.ty(v).shape.to_vec());
+        let mut out: Vec<ShapeCommits> = Vec::new();
+        for c in &kr.commits {
+            let shape = shape_of(&c.0).unwrap_or_else(|| first.clone());
+            match out.iter_mut().find(|(s, _)| *s == shape) {
+                Some((_, cs)) => cs.push(c.clone()),
+                None => out.push((shape, vec![c.clone()])),
+            }
+        }
+        match out.len() {
+            // (the shape of the variables it commits, or of its first)
+            0 => vec![(first, Vec::new())],
+            _ => out,
+        }
     }
 
     /// Whether a value to the host is a sample's scalar every lane has, which the first

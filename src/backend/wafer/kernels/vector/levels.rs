@@ -10,7 +10,7 @@
 //! (inference's `1 / sqrt(moving_var + eps)`) are made at each sample, first.
 
 use super::Vector;
-use crate::backend::wafer::form::{constant, view_of, Class};
+use crate::backend::wafer::form::{constant, planes, view_of, Class};
 use crate::backend::wafer::lower::elementwise;
 use crate::ir::{NodeIndex, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -162,16 +162,19 @@ impl Vector<'_> {
             let d = &mut lv.deepest[usize::from(p.min(1))];
             *d = (*d).max(l);
         }
-        if lv.deep() {
-            lv.recomputed = (self.nodes().iter())
-                .copied()
-                .filter(|&n| {
-                    f.class[n.index()] == Class::Sample
-                        && elementwise(&g.node(n).op)
-                        && !self.outputs.iter().any(|o| o.node == n)
-                })
-                .collect();
-        }
+        // (a barrier's elementwise values, and an image's windows and paddings, which
+        // overlap: a depthwise convolution's taps would stash its image nine times)
+        let deep = lv.deep();
+        lv.recomputed = (self.nodes().iter())
+            .copied()
+            .filter(|&n| {
+                let moved = matches!(g.node(n).op, Op::Slice { .. } | Op::Concat { .. })
+                    && planes(g, n).is_some();
+                f.class[n.index()] == Class::Sample
+                    && ((deep && elementwise(&g.node(n).op)) || moved)
+                    && !self.outputs.iter().any(|o| o.node == n)
+            })
+            .collect();
         let has_bwd = self.has_backward();
         for pass in 0..=u8::from(has_bwd) {
             for level in 0..=lv.deepest[usize::from(pass)] {

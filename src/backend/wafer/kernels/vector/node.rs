@@ -2,7 +2,7 @@
 
 use super::ops::*;
 use super::Vector;
-use crate::backend::wafer::form::{constant, image, view_of, Class};
+use crate::backend::wafer::form::{constant, image, planes, view_of, Class};
 use crate::backend::wafer::isa::{Instr, Src, VecOp};
 use crate::backend::wafer::kernels::rows;
 use crate::backend::wafer::kernels::{nest, split};
@@ -103,17 +103,22 @@ impl Vector<'_> {
                 let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
                 // an image's per-channel operands (a bias) spread over their planes
                 let mut args = args;
-                if let Some((h, w, _)) = image(g, n) {
+                let mut spread_out = Vec::new();
+                if let Some((pixels, _)) = planes(g, n) {
                     for a in &mut args {
                         let cl = a.elements();
-                        if cl > 1 && cl * h * w == ext {
+                        if cl > 1 && cl * pixels == ext {
                             let t = scratch.alloc(ext);
-                            body.push(spread(t, *a, cl, h * w));
+                            body.push(spread(t, *a, cl, pixels));
                             *a = t;
+                            spread_out.push(t);
                         }
                     }
                 }
                 lower::emit(op, dst, &args, ext, (from, node.ty.dtype), body)?;
+                for t in spread_out {
+                    scratch.release(t);
+                }
             }
             op if pooling(op) => {
                 // the image pooled and the pooled one

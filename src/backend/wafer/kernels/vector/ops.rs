@@ -43,10 +43,14 @@ pub(super) fn normalise(
 }
 
 /// The order a sample value's axes lie in on the wafer: an image's (rank 4, NHWC in
-/// the graph) planar, channel by channel (N, C, H, W); any other's as they are.
+/// the graph) planar, channel by channel (N, C, H, W), as is its pixels' regrouping
+/// (rank 4 or more, the channels last: `form::planes`); any other's as they are.
 pub(super) fn laid_order(rank: usize) -> Vec<usize> {
-    if rank == 4 {
-        vec![0, 3, 1, 2]
+    if rank >= 4 {
+        std::iter::once(0)
+            .chain(std::iter::once(rank - 1))
+            .chain(1..rank - 1)
+            .collect()
     } else {
         (0..rank).collect()
     }

@@ -10,7 +10,7 @@ use super::build::Layout;
 use super::levels::At;
 use super::ops::*;
 use super::{Rep, Vector, BARRIER_BASE, SAMPLE_BASE, SLOT_BASE};
-use crate::backend::wafer::form::constant;
+use crate::backend::wafer::form::{self, constant};
 use crate::backend::wafer::isa::{Dsd, Instr, Task, TaskId, Trigger, VecOp};
 use crate::backend::wafer::lower::{self, vec, Val};
 use crate::ir::{NodeIndex, Op};
@@ -164,6 +164,26 @@ impl Vector<'_> {
         cur
     }
 
+    /// For each value `nodes` read that dies in them, the index of the node that reads
+    /// it last: not a value it sends, stashes or reads as a softmax's (kept until the
+    /// sends), nor an accumulator.
+    fn last_reads(&self, nodes: &[NodeIndex]) -> BTreeMap<NodeIndex, usize> {
+        let (g, f) = (self.g, self.f);
+        let mut last = BTreeMap::new();
+        for (i, &n) in nodes.iter().enumerate() {
+            for o in g.operands(n) {
+                last.insert(f.resolve(o), i);
+            }
+        }
+        let sent: Vec<NodeIndex> = (self.outputs.iter()).map(|o| f.resolve(o.node)).collect();
+        last.retain(|o, _| {
+            !sent.contains(o)
+                && f.class[o.index()] == form::Class::Sample
+                && !matches!(g.node(*o).op, Op::Softmax { .. } | Op::LogSoftmax { .. })
+        });
+        last
+    }
+
     /// The data task's receives of pass `pass`'s inputs (into their stash, if kept).
     fn receive(
         &self,
@@ -223,7 +243,9 @@ impl Vector<'_> {
         let has_bwd = self.has_backward();
         let (mut body, mut means) = (Vec::new(), Vec::new());
         let mut soft = BTreeMap::new();
-        for &n in m.levels.code.get(&at).map_or(&[][..], Vec::as_slice) {
+        let nodes = m.levels.code.get(&at).cloned().unwrap_or_default();
+        let last = self.last_reads(&nodes);
+        for (i, &n) in nodes.iter().enumerate() {
             self.node(
                 n,
                 (lanes, lane),
@@ -235,6 +257,13 @@ impl Vector<'_> {
                 &mut means,
                 &mut soft,
             )?;
+            // (a value no later node reads gives its scratch back: a tap's window of a
+            // convolution is dead once multiplied)
+            for (&o, _) in last.iter().filter(|&(_, &l)| l == i) {
+                if let Some(v) = cur.remove(&o) {
+                    m.scratch.release(v);
+                }
+            }
         }
         for o in &self.outputs {
             if self.sent_at(o, &m.levels, has_bwd) != at
