@@ -300,8 +300,22 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             Err(_) if stop(&e) => sized(g, f, fab, false),
             Err(_) => Err(e),
         },
+        // (both fit: the shorter period, a wide softmax's lanes often)
+        Ok(one) => match sized(g, f, fab, true) {
+            Ok(wide) if period(&wide, fab) < period(&one, fab) => Ok(wide),
+            _ => Ok(one),
+        },
         r => r,
     }
+}
+
+/// A layout's period as its programs' costs say: the most cycles any PE spends per
+/// sample (stalls aside).
+fn period(l: &Layout, fab: &Fabric) -> u64 {
+    (l.setup.pes.values())
+        .map(|(p, _)| super::cost::per_sample(fab, p, l.batch, super::kernels::UPDATE))
+        .max()
+        .unwrap_or(0)
 }
 
 /// `layout` with vector kernels softmaxing `across` their lanes or not: the windows as
