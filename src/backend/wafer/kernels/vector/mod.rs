@@ -19,7 +19,7 @@
 //! and `ops` the helpers they share (views of a sample's laid-out axes, reductions and
 //! broadcasts by rows, pooling).
 
-use super::super::form::{image, Class, Formed, Kind};
+use super::super::form::{image, planes, Class, Formed, Kind};
 use super::super::isa::{Colour, Program};
 use super::super::lower;
 use super::rows::RowColours;
@@ -149,6 +149,12 @@ impl Vector<'_> {
     /// of one over the batch and its pixels, per channel), by elementwise ops and
     /// pooling, and each lane holds some channels' planes.
     pub fn width(&self) -> Option<u32> {
+        self.width_of().map(|w| w.0)
+    }
+
+    /// `width`, and whether it counts an image's channels (each lane then holds some
+    /// channels' planes, and a variable of them its channels' share of each run).
+    fn width_of(&self) -> Option<(u32, bool)> {
         let g = self.g;
         let b = self.f.batch as usize;
         let mut width = None;
@@ -181,9 +187,12 @@ impl Vector<'_> {
                     let w = node.ty.shape.last().copied().unwrap_or(1);
                     src.is_some_and(|s| g.ty(s).elements() == w) && agree(w, planes)
                 }
-                Class::Sample if node.ty.rank() == 4 => {
-                    agree(node.ty.shape[3], true)
-                        && (lower::elementwise(&node.op) || pooling(&node.op))
+                Class::Sample if planes(g, n).is_some() => {
+                    let c = node.ty.shape[node.ty.rank() - 1];
+                    agree(c, true)
+                        && (lower::elementwise(&node.op)
+                            || pooling(&node.op)
+                            || moves_pixels(&node.op, node.ty.rank()))
                 }
                 Class::Sample if wide && self.row_width(n) == 1 => {
                     lower::elementwise(&node.op)
@@ -240,7 +249,37 @@ impl Vector<'_> {
                 return None;
             }
         }
-        width.map(|w| w.0 as u32)
+        width.map(|w| (w.0 as u32, w.1))
+    }
+
+    /// The runs of variable (or sum, or step value) `n` that lane `lane` of `lanes`
+    /// holds when its kernel's lanes hold channels and `n` is per channel (its last axis
+    /// past those of one is the channels: a depthwise filter `[k, k, C, 1]`, a bias):
+    /// the lane's channels of each run of `C`.
+    pub(super) fn channel_runs(
+        &self,
+        n: NodeIndex,
+        lanes: u32,
+        lane: u32,
+    ) -> Option<Vec<(u32, u32)>> {
+        let ty = self.g.ty(n);
+        if lanes < 2 || matches!(self.f.class[n.index()], Class::Sample | Class::SampleT) {
+            return None;
+        }
+        let (w, true) = self.width_of()? else {
+            return None;
+        };
+        let c = *ty.shape.iter().rev().find(|&&d| d != 1)? as u32;
+        if c != w {
+            return None;
+        }
+        let share = split(c, lanes, lane);
+        let runs = ty.elements() as u32 / c;
+        Some(
+            (0..runs)
+                .map(|t| (t * c + share.start, share.len() as u32))
+                .collect(),
+        )
     }
 
     /// Whether it has a backward pass (an input of it: an output gradient).
@@ -306,9 +345,13 @@ impl Vector<'_> {
     /// sample value, a variable's or sum's share, or one.
     fn extent(&self, n: NodeIndex, lanes: u32, lane: u32) -> u32 {
         let ty = self.g.ty(n);
-        if let (Some((h, w, c)), Class::Sample) = (self.image(n), self.f.class[n.index()]) {
+        let planar = planes(self.g, n).or_else(|| self.image(n).map(|(h, w, c)| (h * w, c)));
+        if let (Some((pixels, c)), Class::Sample) = (planar, self.f.class[n.index()]) {
             // some channels' planes
-            return split(c, lanes, lane).len() as u32 * h * w;
+            return split(c, lanes, lane).len() as u32 * pixels;
+        }
+        if let Some(runs) = self.channel_runs(n, lanes, lane) {
+            return runs.iter().map(|r| r.1).sum();
         }
         let per = match self.f.class[n.index()] {
             Class::Sample | Class::SampleT => ty.shape.iter().skip(1).product::<usize>(),
@@ -326,6 +369,9 @@ impl Vector<'_> {
 
     /// The flat elements of node `n` that lane `lane` holds (one run).
     fn runs(&self, n: NodeIndex, lanes: u32, lane: u32) -> Vec<(u32, u32)> {
+        if let Some(runs) = self.channel_runs(n, lanes, lane) {
+            return runs;
+        }
         let ext = self.extent(n, lanes, lane);
         if lanes > 1 && ext > 0 && self.extent(n, 1, 0) > 1 {
             let per = self.extent(n, 1, 0);

@@ -42,14 +42,26 @@ impl Vector<'_> {
             if let Some(v) = constant(g, o) {
                 return Ok(Val::Imm(v));
             }
-            // (a view of a variable it holds, in place: one lane's, or the whole)
-            let view = || match view_of(g, o).and_then(|(v, at)| Some((*cur.get(&v)?, at))) {
-                Some((Val::Buf { base, len, slot }, at))
-                    if lanes == 1 || (at == 0 && len == g.ty(o).elements() as u32) =>
+            // (a view of a variable it holds, in place: one lane's, or the whole, or a
+            // run of channels of which the lane holds its own: a depthwise filter's tap)
+            let elements = g.ty(o).elements() as u32;
+            let view = || match view_of(g, o).and_then(|(v, at)| Some((v, *cur.get(&v)?, at))) {
+                Some((_, Val::Buf { base, len, slot }, at))
+                    if lanes == 1 || (at == 0 && len == elements) =>
                 {
                     Some(Val::Buf {
                         base: base + at,
-                        len: g.ty(o).elements() as u32,
+                        len: elements,
+                        slot,
+                    })
+                }
+                Some((v, Val::Buf { base, slot, .. }, at)) => {
+                    let runs = self.channel_runs(v, lanes, lane)?;
+                    let c = self.width()?;
+                    let mine = runs.first()?.1;
+                    (elements == c && at % c == 0).then_some(Val::Buf {
+                        base: base + at / c * mine,
+                        len: mine,
                         slot,
                     })
                 }
@@ -438,7 +450,7 @@ impl Vector<'_> {
         match &node.op {
             Op::Slice { axis, start, end } if *axis > 0 => {
                 // each run of the sliced axis (and the axes inside it), row by row
-                let (shape, axis) = laid(&g.ty(ops[0]).shape, *axis);
+                let (shape, axis) = self.laid_here(ops[0], *axis, site.lanes);
                 let (outer, inner) = around(&shape, axis);
                 let (whole, part) = (shape[axis] as u32 * inner, (end - start) as u32 * inner);
                 body.push(nest(
@@ -452,7 +464,7 @@ impl Vector<'_> {
             }
             Op::Concat { axis } if *axis > 0 => {
                 // each operand's rows into their place in each row of the result
-                let (shape, axis) = laid(&node.ty.shape, *axis);
+                let (shape, axis) = self.laid_here(n, *axis, site.lanes);
                 let (outer, inner) = around(&shape, axis);
                 let whole = shape[axis] as u32 * inner;
                 let mut off = 0;
@@ -500,6 +512,23 @@ impl Vector<'_> {
             }
             _ => {}
         }
+    }
+}
+
+impl Vector<'_> {
+    /// `laid` of value `n` as lane `lane` of `lanes` holds it: an image's (or its
+    /// pixels regrouped) with the lane's channels.
+    fn laid_here(
+        &self,
+        n: NodeIndex,
+        axis: usize,
+        (lanes, lane): (u32, u32),
+    ) -> (Vec<usize>, usize) {
+        let (mut shape, at) = laid(&self.g.ty(n).shape, axis);
+        if let (Some((_, c)), true) = (planes(self.g, n), lanes > 1) {
+            shape[1] = split(c, lanes, lane).len();
+        }
+        (shape, at)
     }
 }
 

@@ -72,6 +72,13 @@ pub(super) fn around(shape: &[usize], axis: usize) -> (u32, u32) {
     (outer as u32, inner as u32)
 }
 
+/// Whether an op of a value of rank `rank` lying planar moves its pixels within their
+/// planes: a slice or concat along an axis neither the batch's nor the channels' (a
+/// window of an image, its padding).
+pub(super) fn moves_pixels(op: &Op, rank: usize) -> bool {
+    matches!(op, Op::Slice { axis, .. } | Op::Concat { axis } if *axis > 0 && *axis + 1 < rank)
+}
+
 /// Whether an op pools an image (or is pooling's gradient).
 pub(super) fn pooling(op: &Op) -> bool {
     matches!(
