@@ -192,7 +192,9 @@ impl Vector<'_> {
                     agree(c, true)
                         && (lower::elementwise(&node.op)
                             || pooling(&node.op)
-                            || moves_pixels(&node.op, node.ty.rank()))
+                            || moves_pixels(&node.op, node.ty.rank())
+                            || self.pools_planes(n)
+                            || self.spreads_channels(n))
                 }
                 Class::Sample if wide && self.row_width(n) == 1 => {
                     lower::elementwise(&node.op)
@@ -204,6 +206,7 @@ impl Vector<'_> {
                         && node.ty.shape[0] == b
                         && agree(node.ty.shape[1], false)
                         && (lower::elementwise(&node.op)
+                            || self.pools_planes(n)
                             || matches!(node.op, Op::CheckIndices { .. })
                             || (matches!(node.op, Op::BroadcastTo)
                                 && src.is_some_and(|s| self.row_width(s) == 1))
@@ -250,6 +253,32 @@ impl Vector<'_> {
             }
         }
         width.map(|w| (w.0 as u32, w.1))
+    }
+
+    /// Whether `n` reduces each plane of an image to one value (a global pooling:
+    /// `reduce_mean(x, axis: [1, 2])`), which each lane does for its channels.
+    fn pools_planes(&self, n: NodeIndex) -> bool {
+        let Op::Reduce { op, axes, .. } = &self.g.node(n).op else {
+            return false;
+        };
+        let src = self.f.resolve(self.g.operands(n)[0]);
+        let rank = self.g.ty(src).rank();
+        !matches!(op, crate::ir::ReduceOp::Prod)
+            && planes(self.g, src).is_some()
+            && axes.iter().copied().eq(1..rank - 1)
+    }
+
+    /// Whether `n` gives each plane of an image its channel's value of a sample
+    /// (`broadcast_to` of `[B, C]` or `[B, 1, 1, C]`: a global pooling's gradient).
+    fn spreads_channels(&self, n: NodeIndex) -> bool {
+        let src = self.f.resolve(self.g.operands(n)[0]);
+        let (from, to) = (self.g.ty(src), self.g.ty(n));
+        matches!(self.g.node(n).op, Op::BroadcastTo)
+            && self.f.class[src.index()] == Class::Sample
+            && planes(self.g, n).is_some()
+            && from.shape.first() == to.shape.first()
+            && from.shape.iter().skip(1).product::<usize>() == *to.shape.last().unwrap_or(&0)
+            && from.shape.last() == to.shape.last()
     }
 
     /// The runs of variable (or sum, or step value) `n` that lane `lane` of `lanes`

@@ -46,8 +46,11 @@ impl Vector<'_> {
             // run of channels of which the lane holds its own: a depthwise filter's tap)
             let elements = g.ty(o).elements() as u32;
             let view = || match view_of(g, o).and_then(|(v, at)| Some((v, *cur.get(&v)?, at))) {
-                Some((_, Val::Buf { base, len, slot }, at))
-                    if lanes == 1 || (at == 0 && len == elements) =>
+                Some((v, Val::Buf { base, len, slot }, at))
+                    if lanes == 1
+                        || (at == 0
+                            && len == elements
+                            && self.channel_runs(v, lanes, lane).is_none()) =>
                 {
                     Some(Val::Buf {
                         base: base + at,
@@ -200,10 +203,12 @@ impl Vector<'_> {
     fn broadcast_to(&self, site: &Site) -> Instr {
         let g = self.g;
         let (n, (lanes, _), ext, dst, args) = site.parts();
-        if self.of_step(n) {
-            return match image(g, n) {
-                Some((h, w, _)) if args[0].elements() * h * w == ext && h * w > 1 => {
-                    spread(dst, args[0], args[0].elements(), h * w)
+        if self.of_step(n) || self.spreads_channels(n) {
+            // (a value per channel over its planes: a statistic, a global pooling's
+            // gradient)
+            return match planes(g, n) {
+                Some((pixels, _)) if args[0].elements() * pixels == ext && pixels > 1 => {
+                    spread(dst, args[0], args[0].elements(), pixels)
                 }
                 _ => vec(VecOp::Mov, dst, &args[..1], ext),
             };
@@ -229,7 +234,8 @@ impl Vector<'_> {
         // (over an image's axes as they lie: planar, channel by channel)
         let shape = g.ty(ops[0]).shape.as_slice();
         let laid_axes: Vec<usize> = axes.iter().map(|&a| laid(shape, a).1).collect();
-        let (outer, inner, post) = reduced(&laid(shape, 0).0, &laid_axes)?;
+        let (outer, inner, post) =
+            reduced(&self.laid_here(ops[0], 0, (lanes, lane)).0, &laid_axes)?;
         let (v, init) = match op {
             ReduceOp::Sum | ReduceOp::Mean => (VecOp::Add, 0.0),
             ReduceOp::Max => (VecOp::Max, f32::NEG_INFINITY),
