@@ -185,28 +185,49 @@ impl Vector<'_> {
         lv
     }
 
-    /// The nodes the code at `at` computes, in order (`Levels::code`).
+    /// The nodes the code at `at` computes, in order (`Levels::code`): its own, each
+    /// after the values it computes again for it, just before their first reader, and
+    /// a slice before every reader (so that they die soon: a depthwise convolution's
+    /// nine windows, read going forward and again by their taps' gradients, are not
+    /// all live at once, only the padded image they are cut from). (Outputs sent there
+    /// are never recomputed: what they read is wanted through them.)
     fn emitted(&self, lv: &Levels, at: At) -> Vec<NodeIndex> {
-        let (g, f) = (self.g, self.f);
-        let mut wanted: BTreeSet<NodeIndex> = (self.nodes().iter())
-            .copied()
-            .filter(|n| lv.at.get(n) == Some(&at) && !lv.recomputed.contains(n))
-            .collect();
-        // (outputs sent there are never recomputed: what they read is wanted through
-        // them)
-        let mut stack: Vec<NodeIndex> = wanted.iter().copied().collect();
-        while let Some(n) = stack.pop() {
-            for o in g.operands(n) {
-                let o = f.resolve(o);
-                if lv.recomputed.contains(&o) && wanted.insert(o) {
-                    stack.push(o);
-                }
+        let mut out = Vec::new();
+        let mut done = BTreeSet::new();
+        for &n in self.nodes() {
+            if lv.at.get(&n) == Some(&at) && !lv.recomputed.contains(&n) {
+                self.after_recomputed(n, lv, &mut done, &mut out);
             }
         }
-        (self.nodes().iter())
-            .copied()
-            .filter(|n| wanted.contains(n))
-            .collect()
+        out
+    }
+
+    /// Emits `n` into `out` after the recomputed values it reads not emitted yet.
+    fn after_recomputed(
+        &self,
+        n: NodeIndex,
+        lv: &Levels,
+        done: &mut BTreeSet<NodeIndex>,
+        out: &mut Vec<NodeIndex>,
+    ) {
+        let mut ops: Vec<NodeIndex> = (self.g.operands(n).into_iter())
+            .map(|o| self.f.resolve(o))
+            .collect();
+        ops.dedup();
+        for o in ops {
+            let again = lv.recomputed.contains(&o) && self.sliced(o);
+            if lv.recomputed.contains(&o) && (again || !done.contains(&o)) {
+                self.after_recomputed(o, lv, done, out);
+            }
+        }
+        if done.insert(n) || (lv.recomputed.contains(&n) && self.sliced(n)) {
+            out.push(n);
+        }
+    }
+
+    /// Whether `n` is a slice (which a recomputing kernel cuts again for each reader).
+    fn sliced(&self, n: NodeIndex) -> bool {
+        matches!(self.g.node(n).op, Op::Slice { .. })
     }
 
     /// Places mid `o` (and the mids it reads first), if it is one not placed yet.

@@ -164,24 +164,36 @@ impl Vector<'_> {
         cur
     }
 
-    /// For each value `nodes` read that dies in them, the index of the node that reads
-    /// it last: not a value it sends, stashes or reads as a softmax's (kept until the
-    /// sends), nor an accumulator.
-    fn last_reads(&self, nodes: &[NodeIndex]) -> BTreeMap<NodeIndex, usize> {
+    /// The values that die at each of `nodes` (read there last, or made there and
+    /// never read), which give their scratch back: not a value it sends, stashes or
+    /// reads as a softmax's (kept until the sends), nor an accumulator. A node computed
+    /// again further on (a slice cut for each reader) is a new value there.
+    fn deaths(&self, nodes: &[NodeIndex]) -> Vec<Vec<NodeIndex>> {
         let (g, f) = (self.g, self.f);
-        let mut last = BTreeMap::new();
+        let mut dies: Vec<Vec<NodeIndex>> = vec![Vec::new(); nodes.len()];
+        let mut last: BTreeMap<NodeIndex, usize> = BTreeMap::new();
         for (i, &n) in nodes.iter().enumerate() {
             for o in g.operands(n) {
                 last.insert(f.resolve(o), i);
             }
+            if let Some(l) = last.insert(n, i) {
+                dies[l].push(n);
+            }
+        }
+        for (n, l) in last {
+            dies[l].push(n);
         }
         let sent: Vec<NodeIndex> = (self.outputs.iter()).map(|o| f.resolve(o.node)).collect();
-        last.retain(|o, _| {
-            !sent.contains(o)
-                && f.class[o.index()] == form::Class::Sample
-                && !matches!(g.node(*o).op, Op::Softmax { .. } | Op::LogSoftmax { .. })
-        });
-        last
+        for d in &mut dies {
+            d.retain(|o| {
+                !sent.contains(o)
+                    && f.class[o.index()] == form::Class::Sample
+                    && !matches!(g.node(*o).op, Op::Softmax { .. } | Op::LogSoftmax { .. })
+            });
+            d.sort();
+            d.dedup();
+        }
+        dies
     }
 
     /// The data task's receives of pass `pass`'s inputs (into their stash, if kept).
@@ -244,7 +256,7 @@ impl Vector<'_> {
         let (mut body, mut means) = (Vec::new(), Vec::new());
         let mut soft = BTreeMap::new();
         let nodes = m.levels.code.get(&at).cloned().unwrap_or_default();
-        let last = self.last_reads(&nodes);
+        let dies = self.deaths(&nodes);
         for (i, &n) in nodes.iter().enumerate() {
             self.node(
                 n,
@@ -259,8 +271,8 @@ impl Vector<'_> {
             )?;
             // (a value no later node reads gives its scratch back: a tap's window of a
             // convolution is dead once multiplied)
-            for (&o, _) in last.iter().filter(|&(_, &l)| l == i) {
-                if let Some(v) = cur.remove(&o) {
+            for o in &dies[i] {
+                if let Some(v) = cur.remove(o) {
                     m.scratch.release(v);
                 }
             }
