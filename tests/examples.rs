@@ -8,26 +8,26 @@ use est::elab::Target;
 
 /// The examples that use what the wafer does not lay out yet (E0601 says so, and the
 /// Makefile's demo checks them on the host only), and why.
-/// The examples the wafer refuses, with the code it refuses each with and why.
-const HOST_ONLY: [(&str, &str, &str); 4] = [
+/// The examples the wafer refuses, with the codes it may refuse each with and why.
+const HOST_ONLY: [(&str, &[&str], &str); 4] = [
     (
         "examples/bert.est",
-        "E0601",
+        &["E0601"],
         "attention: products of two activations and the reshapes into heads",
     ),
     (
         "examples/mobilenet.est",
-        "E0603",
-        "batch norm keeps every sample of its step, and each PE of a kernel holds whole channels: the first depthwise block's 32x32 planes of 32 samples do not fit a PE",
+        &["E0603", "E0604"],
+        "batch norm keeps every sample of its step, and each PE of a kernel holds whole channels: the first depthwise block's 32x32 planes of 32 samples do not fit a PE (E0603), or, on a small fabric, its kernels' lanes do not fit the PEs (E0604)",
     ),
     (
         "examples/resnet20.est",
-        "E0601",
+        &["E0601"],
         "a value read past the layer after it: the residuals around convolutions and the projections beside them",
     ),
     (
         "examples/text_classifier.est",
-        "E0601",
+        &["E0601"],
         "a GRU, whose state is read past the layer after it",
     ),
 ];
@@ -52,9 +52,10 @@ fn examples_check_clean_on_both_targets() {
                 .map(|x| format!("{}: {}", x.code.id(), x.message))
                 .collect();
             let unlaid = (HOST_ONLY.iter()).find(|h| target == Target::Wafer && h.0 == name);
-            if let Some((_, code, why)) = unlaid {
+            if let Some((_, codes, why)) = unlaid {
                 assert!(
-                    !found.is_empty() && found.iter().all(|f| f.starts_with(code)),
+                    !found.is_empty()
+                        && (found.iter()).all(|f| codes.iter().any(|c| f.starts_with(c))),
                     "{name} on the wafer ({why}): {found:?}"
                 );
             } else {

@@ -281,23 +281,10 @@ pub struct Update {
 
 impl Update {
     /// The code of the update over blocks of `n` words: `vars`, `accs` and `hosts` are
-    /// where the operands of those kinds live; the accumulators are zeroed at its end.
+    /// where the operands of those kinds live. The accumulators are not zeroed
+    /// (`zeroed`, once after every update of a kernel: one of several over blocks of
+    /// different shapes reads the same sums).
     pub fn code(
-        &self,
-        vars: &[Val],
-        accs: &[Val],
-        hosts: &[Val],
-        n: u32,
-        scratch: &mut Scratch,
-    ) -> Result<Vec<Instr>, String> {
-        let mut out = self.body(vars, accs, hosts, n, scratch)?;
-        out.extend(zeroed(accs));
-        Ok(out)
-    }
-
-    /// `code` but for zeroing the accumulators (`zeroed`): one of several updates of a
-    /// kernel over blocks of different shapes, which read the same sums.
-    pub fn body(
         &self,
         vars: &[Val],
         accs: &[Val],
@@ -518,7 +505,8 @@ mod tests {
             Val::buf(24, 1),
         );
         let mut s = Scratch::new(32);
-        let code = u.code(&[w, m], &[g], &[lr], 8, &mut s).unwrap();
+        let mut code = u.code(&[w, m], &[g], &[lr], 8, &mut s).unwrap();
+        code.extend(zeroed(&[g]));
         let text: Vec<String> = code
             .iter()
             .map(|i| match i {

@@ -31,7 +31,7 @@
 //! `conv` and `gather` the forward and backward bodies of a product, a convolution
 //! and an embedding.
 use super::super::isa::{Colour, Dsd, Instr, Program, Task, Trigger};
-use super::super::lower::{Scratch, Update, Val};
+use super::super::lower::{self, Scratch, Update, Val};
 use super::super::pipeline::Pipeline;
 use super::super::sim::Dir;
 use super::{split, used, Laid, Orient, Piece, UPDATE};
@@ -608,9 +608,9 @@ impl Dense {
         });
         // the update, over the blocks
         let mut scratch = Scratch::new(p.words());
-        let body = self
-            .update
-            .code(&vars, &[Val::buf(dw, size)], &hosts, size, &mut scratch)?;
+        let acc = [Val::buf(dw, size)];
+        let mut body = self.update.code(&vars, &acc, &hosts, size, &mut scratch)?;
+        body.extend(lower::zeroed(&acc));
         if scratch.high > 0 {
             p.alloc("scratch", scratch.high);
         }

@@ -305,7 +305,7 @@ impl Vector<'_> {
                 .map_err(|e| e.message)?;
             let first = (kr.vars.iter()).find(|&&v| g.ty(v).shape.as_slice() == shape.as_slice());
             let n = first.map_or(1, |&v| self.extent(v, lanes, lane));
-            body.extend(u.body(&vars, &accs, &host_vals, n, &mut m.scratch)?);
+            body.extend(u.code(&vars, &accs, &host_vals, n, &mut m.scratch)?);
         }
         body.extend(crate::backend::wafer::lower::zeroed(&accs));
         m.p.tasks.push(Task {
