@@ -156,6 +156,19 @@ impl Vector<'_> {
     /// channels' planes, and a variable of them its channels' share of each run).
     fn width_of(&self) -> Option<(u32, bool)> {
         let g = self.g;
+        // (a sample's values for the host leave from one lane: the host reads a stream
+        // from one PE; but a scalar every lane has, or a softmax across lanes, whose
+        // probabilities for the host say so in their own diagnostic)
+        let to_host = (self.f.streams.iter()).any(|s| {
+            let per = g.ty(s.node).elements() / self.f.batch.max(1) as usize;
+            s.from == super::super::form::End::Kernel(self.k)
+                && s.to.contains(&super::super::form::End::Host)
+                && self.f.class[s.node.index()] == Class::Sample
+                && per > 1
+        });
+        if to_host && !self.across {
+            return None;
+        }
         let b = self.f.batch as usize;
         let mut width = None;
         // the width, and whether it counts an image's channels (a sample's vector of
