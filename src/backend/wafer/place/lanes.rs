@@ -100,6 +100,7 @@ pub(super) fn vector_of<'a>(
         fifo,
         rows: None,
         across,
+        widths: Default::default(),
     };
     // a residual's value and a side part's outputs come in after the outputs of the
     // layer before, which carries them; their gradients go out after that layer's

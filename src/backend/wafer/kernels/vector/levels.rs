@@ -9,6 +9,7 @@
 //! `1 / sqrt(var + eps)`) are computed once. Step values made from variables alone
 //! (inference's `1 / sqrt(moving_var + eps)`) are made at each sample, first.
 
+use super::ops::moves_pixels;
 use super::Vector;
 use crate::backend::wafer::form::{constant, planes, view_of, Class};
 use crate::backend::wafer::lower::elementwise;
@@ -168,8 +169,7 @@ impl Vector<'_> {
         lv.recomputed = (self.nodes().iter())
             .copied()
             .filter(|&n| {
-                let moved = matches!(g.node(n).op, Op::Slice { .. } | Op::Concat { .. })
-                    && planes(g, n).is_some();
+                let moved = planes(g, n).is_some() && moves_pixels(&g.node(n).op, g.ty(n).rank());
                 f.class[n.index()] == Class::Sample
                     && ((deep && elementwise(&g.node(n).op)) || moved)
                     && !self.outputs.iter().any(|o| o.node == n)
@@ -215,8 +215,7 @@ impl Vector<'_> {
             .collect();
         ops.dedup();
         for o in ops {
-            let again = lv.recomputed.contains(&o) && self.sliced(o);
-            if lv.recomputed.contains(&o) && (again || !done.contains(&o)) {
+            if lv.recomputed.contains(&o) && (self.sliced(o) || !done.contains(&o)) {
                 self.after_recomputed(o, lv, done, out);
             }
         }

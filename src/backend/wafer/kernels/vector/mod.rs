@@ -19,7 +19,7 @@
 //! and `ops` the helpers they share (views of a sample's laid-out axes, reductions and
 //! broadcasts by rows, pooling).
 
-use super::super::form::{image, planes, Class, Formed, Kind};
+use super::super::form::{image, planes, Class, End, Formed, Kind};
 use super::super::isa::{Colour, Program};
 use super::super::lower;
 use super::rows::RowColours;
@@ -71,6 +71,8 @@ pub struct Vector<'a> {
     /// layer would not fit on one row); else they make it a one-lane kernel (which may
     /// run as replicas).
     pub across: bool,
+    /// `width_of`, once worked out (every value's extent on a lane reads it).
+    pub widths: std::cell::OnceCell<Option<(u32, bool)>>,
 }
 
 /// A lane's program, initial memory and tensors (pieces without their PE).
@@ -155,14 +157,19 @@ impl Vector<'_> {
     /// `width`, and whether it counts an image's channels (each lane then holds some
     /// channels' planes, and a variable of them its channels' share of each run).
     fn width_of(&self) -> Option<(u32, bool)> {
+        *self.widths.get_or_init(|| self.work_out_width())
+    }
+
+    /// `width_of`, worked out from its nodes and streams.
+    fn work_out_width(&self) -> Option<(u32, bool)> {
         let g = self.g;
         // (a sample's values for the host leave from one lane: the host reads a stream
         // from one PE; but a scalar every lane has, or a softmax across lanes, whose
         // probabilities for the host say so in their own diagnostic)
         let to_host = (self.f.streams.iter()).any(|s| {
             let per = g.ty(s.node).elements() / self.f.batch.max(1) as usize;
-            s.from == super::super::form::End::Kernel(self.k)
-                && s.to.contains(&super::super::form::End::Host)
+            s.from == End::Kernel(self.k)
+                && s.to.contains(&End::Host)
                 && self.f.class[s.node.index()] == Class::Sample
                 && per > 1
         });
