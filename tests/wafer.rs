@@ -1663,6 +1663,53 @@ fn depthwise_like_the_interpreter(
     )
 }
 
+/// A residual network's blocks of convolutions on an `h x h` image of one channel, `n`
+/// channels wide (`m` inside a block's branch), then a dense layer, trained 3 steps
+/// with `opt` like the interpreter (within 3e-4, as `compare` measures; batch norm's
+/// sums over the batch as `batch_normed_like_the_interpreter`'s bound). The first
+/// convolution of a branch carries the block's input past itself, by channels after its
+/// outputs along its rows' chains, and every kernel after it passes it on to the sum
+/// (`form::Formed::passed`), its gradient coming back the same way:
+/// - variant 0: `relu(x + conv(relu(conv(x))))`, around two convolutions;
+/// - variant 1: `relu(x + conv(x))`, around one (its gradient the layer's own output
+///   gradient: `dense::Back::Same`);
+/// - variant 2: ResNet's basic block, batch norm after each convolution (the image
+///   passed on waits in the batch norms' kernels for their normalised samples);
+/// - variant 3: two blocks of variant 0, one after the other.
+fn residual_convolutions_like_the_interpreter(
+    (h, n, m): (usize, usize, usize),
+    (variant, c): (usize, usize),
+    opt: usize,
+    (batch, seed): (usize, u64),
+) -> Result<(), String> {
+    let key = format!("resconv-{h}-{n}-{m}-{variant}-{c}-{opt}-{batch}-{seed}");
+    let d = random_data(&key, h * h, c, seed);
+    let (opt, lr) = optimiser(opt);
+    let conv = |x: &str, filters: usize| match variant {
+        2 => format!(
+            "batch_norm(conv2d({x}, {filters}, 3, padding: same, use_bias: false), momentum: 0.9)"
+        ),
+        _ => format!("conv2d({x}, {filters}, 3, padding: same)"),
+    };
+    let branch = match variant {
+        1 => conv("x", n),
+        _ => conv(&format!("relu({})", conv("x", m)), n),
+    };
+    let blocks = if variant == 3 { 2 } else { 1 };
+    let block = format!("  let x = relu(x + {branch})\n").repeat(blocks);
+    let body = format!(
+        "  let x = relu(conv2d(reshape(features, [B, {h}, {h}, 1]), {n}, 3, padding: same))\n{block}  let logits = dense(reshape(x, [B, {}]), {c})\n",
+        h * h * n
+    );
+    compare_within(
+        &d,
+        &body,
+        (&opt, lr),
+        (&floats(h * h), batch, 32, seed),
+        3e-4,
+    )
+}
+
 /// The LSTM of `std.nn` over a sequence of `t` steps of `k` features (`[B, t * k]`
 /// seen as `[B, t, k]`), its gates slices of one kernel variable: the cell state is
 /// read past each step's product by the next step's gates, so the product's layer
@@ -1933,6 +1980,15 @@ proptest::proptest! {
         batch in 1usize..5, seed in 0u64..1000,
     ) {
         depthwise_like_the_interpreter((h, n, c), (kernel, stride, same, norm), opt, (batch, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn residual_convolutions_train_like_the_interpreter(
+        h in 3usize..7, n in 1usize..6, m in 1usize..7, variant in 0usize..4, c in 2usize..4,
+        opt in 0usize..4, batch in 1usize..5, seed in 0u64..1000,
+    ) {
+        residual_convolutions_like_the_interpreter((h, n, m), (variant, c), opt, (batch, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -374,6 +374,7 @@ pub(super) fn dense_kernel(
             more: Vec::new(),
             carry: None,
             pass: 0,
+            pass_px: 1,
             side: part.side.then(|| back(part.dy)),
             joined: part.joined,
         });
@@ -394,6 +395,11 @@ pub(super) fn dense_kernel(
     let pass = beside.map_or(0, |c| {
         (g.ty(c.x).elements() / f.batch.max(1) as usize) as u32
     });
+    // (an image passed on goes by channels, as the kernels on either side deal it)
+    let conv = matches!(dims, Some(d) if matches!(d.shape, Shape::Conv(_)));
+    let pass_px = (beside.filter(|_| conv))
+        .and_then(|c| form::planes(g, c.x))
+        .map_or(1, |(pixels, _)| pixels);
     let Some(d) = dims else {
         return Err(unsupported(
             g,
@@ -418,6 +424,7 @@ pub(super) fn dense_kernel(
         more: parts,
         carry: carried.map(|c| back(c.grad)),
         pass,
+        pass_px,
         side: None,
         joined: false,
     })

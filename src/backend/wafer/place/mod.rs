@@ -53,7 +53,7 @@ use sizer::Sizer;
 use std::collections::BTreeMap;
 
 /// What the wafer lays out, for the help of what it does not.
-const RESIDUALS: &str = "the wafer lays out chains of layers, and residuals around dense layers (`h + f(h W)`, `h + g(f(h V) W)`: the first layer carries `h` past itself, the kernels after it pass it on to the sum): feed each value to the next layer, or to a sum after the layers it reads";
+const RESIDUALS: &str = "the wafer lays out chains of layers, and residuals around dense layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, `x + conv(relu(conv(x)))`: the first layer carries `h` past itself, the kernels after it pass it on to the sum): feed each value to the next layer, or to a sum after the layers it reads";
 
 /// The colours a dense layer's chains take; streams take the ones above.
 pub const CHAIN_COLOURS: Colour = 4;

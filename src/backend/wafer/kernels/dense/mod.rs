@@ -191,12 +191,15 @@ pub struct Dense {
     /// its outputs, each PE adding in those of its column's; and takes their gradient,
     /// each PE adding those of its column's into its partial input gradient.
     pub carry: Option<Back>,
-    /// The width of a value it passes on for a skip of several kernels (its input is
-    /// another: `form::Formed::passed`; 0: none), carried as its input is: column `i`
-    /// takes its share `split(pass, w, i)` after its inputs, row `j` sends
-    /// `split(pass, h, j)` after its outputs, and the value's gradient goes back after
-    /// each column's input gradient.
+    /// The words a sample of a value it passes on for a skip of several kernels (its
+    /// input is another: `form::Formed::passed`; 0: none), carried as its input is, by
+    /// units of `pass_px` words: column `i` takes its share `split(units, w, i)` after
+    /// its inputs, row `j` sends `split(units, h, j)` after its outputs, and the
+    /// value's gradient goes back after each column's input gradient.
     pub pass: u32,
+    /// The words of each unit of the value it passes on (a channel's plane of an image
+    /// a convolution passes on, split by channels as its own input is; 1 for features).
+    pub pass_px: u32,
     /// Whether it is a side part (`form::Part::side`), and how its outputs' gradient
     /// comes back: its outputs travel in the rows' chains after the layer's (and a
     /// residual's), not summed into them; so do their gradients, after the layer's
@@ -319,6 +322,7 @@ impl Dense {
             more: Vec::new(),
             carry: None,
             pass: 0,
+            pass_px: 1,
             side: None,
             joined: false,
         }
@@ -340,12 +344,22 @@ impl Dense {
         (used(self.k, w), used(self.n, h))
     }
 
-    /// The width of what it carries past itself: its input, or the value it passes on.
+    /// The units (features, or an image's channels) of what it carries past itself:
+    /// its input, or the value it passes on.
     fn carried(&self) -> u32 {
         if self.pass > 0 {
-            self.pass
+            self.pass / self.pass_px.max(1)
         } else {
             self.k
+        }
+    }
+
+    /// The words of a unit of what it carries past itself (`carried`).
+    fn carried_px(&self) -> u32 {
+        if self.pass > 0 {
+            self.pass_px.max(1)
+        } else {
+            self.shape.per_in()
         }
     }
 
@@ -526,20 +540,25 @@ impl Dense {
         };
         let a = ks.len() as u32;
         let carry = if let Some(back) = self.carry {
-            if self.shape != Shape::Matmul {
+            let conv = matches!(self.shape, Shape::Conv(_));
+            if !conv && self.shape != Shape::Matmul {
                 return Err(
-                    "a residual around a convolution or an embedding has no wafer kernel yet"
+                    "a residual around an embedding or a flattened image has no wafer kernel yet"
                         .into(),
                 );
             }
-            if back == Back::Same && self.carried() != self.n {
-                return Err("a residual whose sum has another width than its layer's input".into());
+            let same_plane = match self.shape {
+                Shape::Conv(g) => self.carried_px() == g.ho * g.wo,
+                _ => true,
+            };
+            if back == Back::Same && (self.carried() != self.n || !same_plane) {
+                return Err("a residual whose sum has another shape than its layer's input".into());
             }
             let rows = split(self.carried(), hr, j);
             // (a value passed on: this column's share of it, after its inputs)
             let ks = match self.pass {
                 0 => ks.clone(),
-                pass => split(pass, row.cols, i),
+                _ => split(self.carried(), row.cols, i),
             };
             let (lo, hi) = (ks.start.max(rows.start), ks.end.min(rows.end));
             Carrying {
@@ -547,6 +566,8 @@ impl Dense {
                 at: lo.saturating_sub(ks.start),
                 to: lo.saturating_sub(rows.start),
                 pass: if self.pass > 0 { ks.len() as u32 } else { 0 },
+                px: self.carried_px(),
+                row: rows.len() as u32,
             }
         } else {
             Carrying::default()
@@ -561,9 +582,13 @@ impl Dense {
         // (an embedding of one id a sample may share its row's chain: a side part, or a
         // layer with side parts)
         let shares = matches!(self.shape, Shape::Matmul | Shape::Gather { t: 1 });
+        // (a convolution's carried image travels after its outputs in links of its own)
+        let sides = self.more.iter().any(|d| d.side.is_some());
+        let conv_carries = matches!(self.shape, Shape::Conv(_)) && !sides;
         if row != plain
             && (!shares || carry.mine > 0 || carry.pass > 0)
             && self.shape != Shape::Matmul
+            && !conv_carries
         {
             return Err("a side part or a residual of a convolution or an embedding of several ids has no wafer kernel yet".into());
         }
@@ -711,15 +736,18 @@ struct Block {
 }
 
 /// What a PE of a layer that carries its input adds to its row's chain: of its row's
-/// carried features, its column's (`mine`: from input `at` of its column, to place `to`
-/// of its row's, after the layer's outputs); `pass`, its column's share of a value it
-/// passes on (then `at` is in that share). Nothing for another layer.
+/// carried units (`row` of them: features, or channels of `px` words), its column's
+/// (`mine`: from input `at` of its column, to place `to` of its row's, after the
+/// layer's outputs); `pass`, its column's share of a value it passes on (then `at` is
+/// in that share). Nothing for another layer.
 #[derive(Debug, Clone, Copy, Default)]
 struct Carrying {
     mine: u32,
     at: u32,
     to: u32,
     pass: u32,
+    px: u32,
+    row: u32,
 }
 
 /// A PE's links in the forward chain and in the input gradients' chain: the colours it

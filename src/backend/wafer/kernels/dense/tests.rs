@@ -201,6 +201,7 @@ fn trained(k: u32, n: u32, (batch, window): (u32, u32), dx: bool) -> Dense {
         more: Vec::new(),
         carry: None,
         pass: 0,
+        pass_px: 1,
         side: None,
         joined: false,
     }

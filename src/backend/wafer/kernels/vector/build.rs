@@ -240,8 +240,19 @@ impl Vector<'_> {
 
     /// The pass and level output `o` is sent in: where it is made, but a gradient made
     /// going forward, which goes back in the backward pass (its first level), if the
-    /// kernel has one; a value passed on, in the pass it comes in.
+    /// kernel has one; a value passed on, in the pass it comes in. A carried value goes
+    /// with what carries it, kept (stashed) till then when it is made before: a
+    /// residual's image passed on past a batch norm waits for the normalised samples.
     pub(super) fn sent_at(&self, o: &super::Port, lv: &Levels, has_bwd: bool) -> At {
+        let made = self.made_at(o, lv, has_bwd);
+        match self.carrier(o) {
+            Some(c) => made.max(self.made_at(c, lv, has_bwd)),
+            None => made,
+        }
+    }
+
+    /// Where output `o` is ready to go (see `sent_at`).
+    fn made_at(&self, o: &super::Port, lv: &Levels, has_bwd: bool) -> At {
         match lv.at.get(&o.node) {
             Some(&(0, _)) if o.bwd && has_bwd => (1, 0),
             Some(&a) => a,
@@ -249,10 +260,13 @@ impl Vector<'_> {
         }
     }
 
-    /// Values sent on one colour go in one pass and level: a carried gradient with
-    /// what carries it (a gradient beside the layer before's output gradient, a value
-    /// passed on beside the layer after's input), each sample's together.
-    fn check_carried(&self, lv: &Levels, has_bwd: bool) -> Result<(), String> {
+    /// The output that carries output `o` on its colour, if `o` is carried: the layer
+    /// before's output gradient for a carried gradient, the layer after's input for a
+    /// value passed on.
+    fn carrier(&self, o: &super::Port) -> Option<&super::Port> {
+        if o.carried == 0 {
+            return None;
+        }
         let f = self.f;
         let layer = |k: Option<usize>| {
             k.and_then(|k| match &f.kernels.get(k)?.kind {
@@ -260,16 +274,23 @@ impl Vector<'_> {
                 form::Kind::Vector { .. } => None,
             })
         };
-        let (before, after) = (layer(self.k.checked_sub(1)), layer(Some(self.k + 1)));
-        for o in self.outputs.iter().filter(|o| o.carried > 0) {
-            let by = match o.bwd {
-                true => before.and_then(|l| l.1),
-                false => after.map(|l| l.0),
-            };
-            let carrier = (self.outputs.iter()).find(|c| Some(c.node) == by && c.carried == 0);
-            if carrier.is_some_and(|c| self.sent_at(c, lv, has_bwd) != self.sent_at(o, lv, has_bwd))
+        let by = match o.bwd {
+            true => layer(self.k.checked_sub(1)).and_then(|l| l.1),
+            false => layer(Some(self.k + 1)).map(|l| l.0),
+        };
+        (self.outputs.iter()).find(|c| Some(c.node) == by && c.carried == 0)
+    }
+
+    /// Values sent on one colour go in one pass and level: a carried value with what
+    /// carries it (a gradient beside the layer before's output gradient, a value
+    /// passed on beside the layer after's input), each sample's together; so none may
+    /// be made after what carries it.
+    fn check_carried(&self, lv: &Levels, has_bwd: bool) -> Result<(), String> {
+        for o in &self.outputs {
+            if (self.carrier(o))
+                .is_some_and(|c| self.made_at(c, lv, has_bwd) < self.made_at(o, lv, has_bwd))
             {
-                return Err("a gradient carried beside another that is computed in the other pass (or level) has no wafer kernel yet".into());
+                return Err("a gradient carried beside another that is computed in a later pass (or level) has no wafer kernel yet".into());
             }
         }
         Ok(())
