@@ -68,6 +68,23 @@ input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [128]), i
 estimator g { model = g  train_input = data() }
 "#;
 
+/// ResNet's basic blocks on 8x8 images: a convolution with batch norm, then two
+/// residual blocks of two convolutions with batch norm each (16 channels, no
+/// projection), global average pooling and a dense layer; batch 16.
+const RESIDUAL_CNN: &str = r#"
+use std.nn.{batch_norm, conv2d, dense}
+use std.losses.softmax_cross_entropy
+fn conv_bn(x) { batch_norm(conv2d(x, 16, 3, padding: same, use_bias: false), momentum: 0.9) }
+model r(features: f32[B, 64], labels: i32[B]) {
+  let x = relu(conv_bn(reshape(features, [B, 8, 8, 1])))
+  for i in 0..2 { x = relu(x + conv_bn(relu(conv_bn(x)))) }
+  let loss = softmax_cross_entropy(labels, dense(reduce_mean(x, axis: [1, 2]), 10))
+  train { minimize loss with sgd(lr: 0.1) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [64]), i % 10) |> repeat |> batch(16, drop_remainder: true) }
+estimator r { model = r  train_input = data() }
+"#;
+
 /// A classifier of 1,000 classes: 256 features -> 256 (relu) -> 1,000, batch 32; its
 /// loss runs across the last layer's rows (on one lane, the layer fits no fabric).
 const THOUSAND_CLASSES: &str = r#"
@@ -223,4 +240,7 @@ fn main() {
     // kernels up to the second barrier keep the batch of 32)
     let bn = Program::load(&root.join("tests/ui/pass/cnn_batch_norm.est")).expect("cnn_batch_norm");
     bench("cnn_batch_norm b32", bn, &[], &t32, steps);
+    // residuals around convolutions with batch norm (ResNet's basic block)
+    let res = Program::from_source("residual_cnn.est", RESIDUAL_CNN, None);
+    bench("residual cnn 2 blocks, b16", res, &[], &t64, steps);
 }
