@@ -1,11 +1,11 @@
 //! A convolution's forward and backward bodies on a PE: its channels padded into planes,
 //! one vector operation per filter tap, input channel and output channel.
 
-use super::super::super::isa::{Dsd, Instr, Program, Src, VecOp};
+use super::super::super::isa::{Colour, Dsd, Instr, Program, Src, VecOp};
 use super::super::nest;
 use super::chain::{link, receive, taps, zero};
 use super::Geom;
-use super::{Back, Block, Dense};
+use super::{Back, Block, Carrying, Dense};
 
 impl Dense {
     /// A convolution's forward and backward bodies on a PE with `a` input channels and
@@ -56,24 +56,8 @@ impl Dense {
         let xin = Dsd::strided(xp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
         let yout = Dsd::strided(y, span, 1, &[0, 0, 0, plane_out], None);
         let mut fwd = vec![take];
-        // a residual's image (its input's, or one it passes on, which comes after its
-        // input): its row's channels after the outputs, each PE adding its column's
-        let px = carry.px;
-        let carried = if carry.pass > 0 {
-            let buf = p.alloc("passed", carry.pass * px);
-            fwd.push(receive(Dsd::mem(buf, carry.pass * px), c.x));
-            Dsd::mem(buf + carry.at * px, carry.mine * px)
-        } else {
-            Dsd::strided(
-                xs + carry.at * px,
-                carry.mine * px,
-                1,
-                &[],
-                self.by(0, a * plane_in),
-            )
-        };
-        let cw = carry.row * px;
-        let chain = (cw > 0).then(|| p.alloc("carried", cw));
+        let (passed, carried) = self.carried_image(p, carry, (xs, a * plane_in), c.x, links.fwd);
+        fwd.extend(passed);
         fwd.extend([
             pad(0),
             zero(y, b * plane_out),
@@ -87,17 +71,7 @@ impl Dense {
             send,
             recv,
         ));
-        if let Some(chain) = chain {
-            fwd.push(zero(chain, cw));
-            if carry.mine > 0 {
-                fwd.push(Instr::Vec {
-                    op: VecOp::Mov,
-                    dst: Dsd::mem(chain + carry.to * px, carry.mine * px),
-                    srcs: vec![Src::V(carried)],
-                });
-            }
-            fwd.push(link(chain, (cw, 1), &[], send, recv));
-        }
+        fwd.extend(carried);
         if self.train {
             fwd.push(self.count(0));
         }
@@ -115,42 +89,23 @@ impl Dense {
                 ),
             ),
         ];
-        // the residual's gradient, channel `ch` of the row's carried ones as rows of `w`
-        // words `h` deep (`nest`ed over channels, then rows): after the output gradient
-        // (received beside it), or the output gradient itself
+        // the residual's image's gradient, received after the output gradient or the
+        // output gradient itself
+        let px = carry.px;
         let skip = match self.carry {
-            Some(Back::Beside) if cw > 0 => {
-                let d = p.alloc("skip dy", cw);
-                bwd.push(receive(Dsd::mem(d, cw), c.dy));
+            Some(Back::Beside) if carry.row > 0 => {
+                let d = p.alloc("skip dy", carry.row * px);
+                bwd.push(receive(Dsd::mem(d, carry.row * px), c.dy));
                 Some(Skip::Beside(d))
             }
-            Some(Back::Same) => Some(Skip::Same),
+            Some(Back::Same) => Some(Skip::Same((y, plane_out, row))),
             _ => None,
-        };
-        let skip_rows = |ch: u32, w: u32| match skip {
-            Some(Skip::Beside(d)) => Dsd::strided(d + ch * px, w, 1, &[px, w], None),
-            _ => Dsd::strided(y + ch * plane_out, w, 1, &[plane_out, row], None),
-        };
-        // (its channels' planes as rows: the output plane's for the gradient itself)
-        let plane = match skip {
-            Some(Skip::Same) => (g.wo, g.ho),
-            _ => (px, 1),
-        };
-        let add_skip = |dst: Dsd, w: u32, h: u32| {
-            nest(
-                &[carry.mine, h],
-                Instr::Vec {
-                    op: VecOp::Add,
-                    dst: dst.clone(),
-                    srcs: vec![Src::V(dst), Src::V(skip_rows(carry.to, w))],
-                },
-            )
         };
         if self.dx {
             // the input gradient: each output's gradient back through every tap
             bwd.push(zero(xp, a * plane_pad));
             bwd.push(taps(tap_loops, xin.clone(), wt, yout.clone()));
-            if skip.is_some() && carry.pass == 0 && carry.mine > 0 {
+            if let (Some(skip), 0, 1..) = (skip, carry.pass, carry.mine) {
                 // (its own input carried: the skip's gradient of its column's channels)
                 let dst = Dsd::strided(
                     xp + inner + carry.at * plane_pad,
@@ -160,10 +115,10 @@ impl Dense {
                     None,
                 );
                 let (w, h) = match skip {
-                    Some(Skip::Same) => (g.wo, g.ho),
-                    _ => (g.w, g.h),
+                    Skip::Same(_) => (g.wo, g.ho),
+                    Skip::Beside(_) => (g.w, g.h),
                 };
-                bwd.push(add_skip(dst, w, h));
+                bwd.push(skip.added(carry, dst, (w, h)));
             }
             let (send, recv) = links.bwd;
             bwd.push(link(
@@ -174,16 +129,21 @@ impl Dense {
                 recv,
             ));
             bwd.push(zero(xp, a * plane_pad));
-            if skip.is_some() && carry.pass > 0 {
+            if let (Some(skip), 1..) = (skip, carry.pass) {
                 // (a value passed on: its gradient after the input gradient, this
                 // column's channels from this PE's row, zeros elsewhere)
                 let words = carry.pass * px;
                 let d = p.alloc("passed dx", words);
                 bwd.push(zero(d, words));
                 if carry.mine > 0 {
-                    let (w, h) = plane;
+                    // (its channels' planes as rows: the output planes' for the output
+                    // gradient itself)
+                    let (w, h) = match skip {
+                        Skip::Same(_) => (g.wo, g.ho),
+                        Skip::Beside(_) => (px, 1),
+                    };
                     let dst = Dsd::strided(d + carry.at * px, w, 1, &[px, w], None);
-                    bwd.push(add_skip(dst, w, h));
+                    bwd.push(skip.added(carry, dst, (w, h)));
                 }
                 bwd.push(link(d, (words, 1), &[], send, recv));
             }
@@ -196,13 +156,81 @@ impl Dense {
         bwd.push(self.count(1));
         (fwd, bwd)
     }
+
+    /// A residual's image that the PE carries (its input's, or one it passes on, which
+    /// comes after its input; `carry`): the receive of its column's share of an image
+    /// passed on, to follow the input's (`xs`, slots of `slot` words, on colour `x`);
+    /// and, after the output planes' link, its row's channels sent on the same chain
+    /// (`link`), this PE adding its column's, zeros elsewhere.
+    fn carried_image(
+        &self,
+        p: &mut Program,
+        carry: Carrying,
+        (xs, slot): (u32, u32),
+        x: Colour,
+        (send, recv): (Colour, Option<Colour>),
+    ) -> (Option<Instr>, Vec<Instr>) {
+        let px = carry.px;
+        let mut passed = None;
+        let mine = if carry.pass > 0 {
+            let buf = p.alloc("passed", carry.pass * px);
+            passed = Some(receive(Dsd::mem(buf, carry.pass * px), x));
+            Dsd::mem(buf + carry.at * px, carry.mine * px)
+        } else {
+            Dsd::strided(
+                xs + carry.at * px,
+                carry.mine * px,
+                1,
+                &[],
+                self.by(0, slot),
+            )
+        };
+        let words = carry.row * px;
+        if words == 0 {
+            return (passed, Vec::new());
+        }
+        let chain = p.alloc("carried", words);
+        let mut out = vec![zero(chain, words)];
+        if carry.mine > 0 {
+            out.push(Instr::Vec {
+                op: VecOp::Mov,
+                dst: Dsd::mem(chain + carry.to * px, carry.mine * px),
+                srcs: vec![Src::V(mine)],
+            });
+        }
+        out.push(link(chain, (words, 1), &[], send, recv));
+        (passed, out)
+    }
 }
 
 /// Where a convolution that carries a residual's image finds that image's gradient: in
 /// its own buffer (at a word), after the output gradient; or in the output gradient's
-/// planes (`Back::Same`).
+/// planes (`Back::Same`: where they start, a plane's words and the rows' distance).
 #[derive(Debug, Clone, Copy)]
 enum Skip {
     Beside(u32),
-    Same,
+    Same((u32, u32, u32)),
+}
+
+impl Skip {
+    /// The gradient of the PE's carried channels (`carry.mine` of them, from its row's
+    /// `carry.to`), as rows of `w` words `h` deep a channel, added into `dst` (which
+    /// `nest`s channels, then rows).
+    fn added(self, carry: Carrying, dst: Dsd, (w, h): (u32, u32)) -> Instr {
+        let px = carry.px;
+        let src = match self {
+            Skip::Beside(d) => Dsd::strided(d + carry.to * px, w, 1, &[px, w], None),
+            Skip::Same((y, plane, row)) => {
+                Dsd::strided(y + carry.to * plane, w, 1, &[plane, row], None)
+            }
+        };
+        nest(
+            &[carry.mine, h],
+            Instr::Vec {
+                op: VecOp::Add,
+                dst: dst.clone(),
+                srcs: vec![Src::V(dst), Src::V(src)],
+            },
+        )
+    }
 }
