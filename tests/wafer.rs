@@ -1498,7 +1498,11 @@ fn recurrent_like_the_interpreter(
 /// divides it by its own size (seen: 1.1e-4 after one step over 4 features). Over 4
 /// features or more: a norm over two normalises them to about +-1 whatever they are,
 /// and its gradient, `1 / sigma`, amplifies that rounding further (seen: 1.4e-4 after
-/// 3 steps, where one lane gives 1e-5).
+/// 3 steps, where one lane gives 1e-5). Adam's first step in the feed-forward block
+/// (variant 2) is bound by 1e-3: a weight gradient that nearly cancels is divided by
+/// its own size (`g / (|g| + eps)`), so its rounding comes out at the learning rate's
+/// scale (seen: 7.0e-4 after one step, one feature in, 12 wide, a batch of one; the
+/// code before shortcuts gave the same).
 fn normed_like_the_interpreter(
     (k, n, c): (usize, usize, usize),
     variant: usize,
@@ -1521,7 +1525,18 @@ fn normed_like_the_interpreter(
         ),
     };
     let body = format!("{body}  let logits = dense(h, {c})\n");
-    compare_within(&d, &body, (&opt, lr), (&floats(k), batch, side, seed), 3e-4)
+    let bound = if variant == 2 && opt.contains("adam") {
+        1e-3
+    } else {
+        3e-4
+    };
+    compare_within(
+        &d,
+        &body,
+        (&opt, lr),
+        (&floats(k), batch, side, seed),
+        bound,
+    )
 }
 
 /// Batch norm in training (`std.nn.batch_norm`: the mean and variance of the step's
@@ -1675,7 +1690,12 @@ fn depthwise_like_the_interpreter(
 ///   gradient: `dense::Back::Same`);
 /// - variant 2: ResNet's basic block, batch norm after each convolution (the image
 ///   passed on waits in the batch norms' kernels for their normalised samples);
-/// - variant 3: two blocks of variant 0, one after the other.
+/// - variant 3: two blocks of variant 0, one after the other;
+/// - variant 4: ResNet's first block of a stage, batch norms too, `m` channels out and
+///   strided by 2 on images of 4x4 and more: the shortcut a projection of its input (a
+///   1x1 convolution, strided, with batch norm), which comes before the branch's first
+///   convolution, carries it the block's input ahead of its own outputs, and sends its
+///   outputs on to the sum past the branch (`form::Carry::first`).
 fn residual_convolutions_like_the_interpreter(
     (h, n, m): (usize, usize, usize),
     (variant, c): (usize, usize),
@@ -1696,10 +1716,28 @@ fn residual_convolutions_like_the_interpreter(
         _ => conv(&format!("relu({})", conv("x", m)), n),
     };
     let blocks = if variant == 3 { 2 } else { 1 };
-    let block = format!("  let x = relu(x + {branch})\n").repeat(blocks);
+    let stride = if variant == 4 && h >= 4 { 2 } else { 1 };
+    let block = match variant {
+        4 => {
+            let bn = |c: String| format!("batch_norm({c}, momentum: 0.9)");
+            let conv = |x: &str, k: usize, s: usize| {
+                bn(format!(
+                    "conv2d({x}, {m}, {k}, strides: {s}, padding: same, use_bias: false)"
+                ))
+            };
+            let y = conv(&format!("relu({})", conv("x", 3, stride)), 3, 1);
+            format!("  let x = relu({y} + {})\n", conv("x", 1, stride))
+        }
+        _ => format!("  let x = relu(x + {branch})\n").repeat(blocks),
+    };
+    // (the image's side and channels after the blocks)
+    let (side, out) = match variant {
+        4 => (h.div_ceil(stride), m),
+        _ => (h, n),
+    };
     let body = format!(
         "  let x = relu(conv2d(reshape(features, [B, {h}, {h}, 1]), {n}, 3, padding: same))\n{block}  let logits = dense(reshape(x, [B, {}]), {c})\n",
-        h * h * n
+        side * side * out,
     );
     compare_within(
         &d,
@@ -1985,7 +2023,7 @@ proptest::proptest! {
 
     #[test]
     fn residual_convolutions_train_like_the_interpreter(
-        h in 3usize..7, n in 1usize..6, m in 1usize..7, variant in 0usize..4, c in 2usize..4,
+        h in 3usize..7, n in 1usize..6, m in 1usize..7, variant in 0usize..5, c in 2usize..4,
         opt in 0usize..4, batch in 1usize..5, seed in 0u64..1000,
     ) {
         residual_convolutions_like_the_interpreter((h, n, m), (variant, c), opt, (batch, seed))

@@ -1,11 +1,12 @@
 //! The vector kernels: the sample and batch nodes no layer takes, in connected groups
 //! (with the nodes on either side of a layer that belong together, and the groups one
-//! update reads), a residual's group split in two around its layer, and the kernels
-//! in dataflow order.
+//! update reads), a residual's group split in two around its layer, a shortcut beside
+//! another layer of its input (ResNet's projection) carrying that input to it, and the
+//! kernels in dataflow order.
 
 use super::{Carry, Class, Cx, Kernel, Kind};
 use crate::ir::{Graph, NodeIndex, Op, Role};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Union-find over node indices.
 fn find(p: &mut [usize], mut i: usize) -> usize {
@@ -223,6 +224,7 @@ pub(super) fn residuals(
                     *carry = Some(Carry {
                         x: v,
                         grad: grads.first().copied(),
+                        first: false,
                     });
                 }
                 continue;
@@ -245,11 +247,87 @@ pub(super) fn residuals(
             *carry = Some(Carry {
                 x,
                 grad: sum.map(|(_, skip)| skip),
+                first: false,
             });
             if let Some((u, _)) = sum {
                 owner[u.index()] = Some(k);
                 *bwd = Some(u);
             }
+        }
+    }
+}
+
+/// Makes each shortcut beside another layer of the same input a layer that carries
+/// that input to the other ahead of its own outputs (`Carry::first`): two convolutions
+/// of one value made on the fabric (ResNet's projection, a 1x1 convolution of a block's
+/// input beside the block's first convolution), neither with further parts or a carry,
+/// whose input gradients only their sum reads. The shortcut is the later of the two
+/// (its outputs go further, past the other's branch, to the sum); it comes just before
+/// the other (`in_order`) and owns the sum of their input gradients, the other's coming
+/// back to it. Run before the vector kernels take their nodes.
+pub(super) fn shortcuts(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usize>]) {
+    let g = cx.g;
+    let pos: BTreeMap<NodeIndex, usize> = (cx.order.iter().enumerate())
+        .map(|(i, &n)| (n, i))
+        .collect();
+    type Layer = (usize, (NodeIndex, NodeIndex, Option<NodeIndex>));
+    let layers: Vec<Layer> = (kernels.iter().enumerate())
+        .filter_map(|(k, kr)| match &kr.kind {
+            Kind::Dense {
+                x,
+                fwd,
+                bwd,
+                more,
+                carry: None,
+                ..
+            } if more.is_empty() && matches!(g.node(*fwd).op, Op::Conv2d(_)) => {
+                Some((k, (cx.resolve(*x), *fwd, *bwd)))
+            }
+            _ => None,
+        })
+        .collect();
+    for &(p, (x, fwd, dp)) in &layers {
+        if !cx.free(x, owner) {
+            continue;
+        }
+        // the other layer of `x`, before it
+        let others: Vec<&Layer> = (layers.iter())
+            .filter(|(a, (xa, fa, _))| *a != p && *xa == x && pos[fa] < pos[&fwd])
+            .collect();
+        let [&(_, (_, _, da))] = others[..] else {
+            continue;
+        };
+        // (training: the sum of the two input gradients, which only it reads)
+        let only = |d: NodeIndex| {
+            let mut users = g.g.neighbors_directed(d, petgraph::Direction::Outgoing);
+            (users.next(), users.next())
+        };
+        let sum = match (dp, da) {
+            (None, None) => None,
+            (Some(dp), Some(da)) => {
+                let (Some(u), None) = only(dp) else { continue };
+                let sum = matches!(g.node(u).op, Op::Binary(crate::ir::BinaryOp::Add))
+                    && only(da) == (Some(u), None)
+                    && g.ty(u).shape == g.ty(dp).shape
+                    && g.ty(u).shape == g.ty(da).shape
+                    && cx.free(u, owner);
+                if !sum {
+                    continue;
+                }
+                Some((u, da))
+            }
+            _ => continue,
+        };
+        if let Kind::Dense { bwd, carry, .. } = &mut kernels[p].kind {
+            if let Some((u, _)) = sum {
+                owner[u.index()] = Some(p);
+                *bwd = Some(u);
+            }
+            *carry = Some(Carry {
+                x,
+                grad: sum.map(|(_, da)| cx.resolve(da)),
+                first: true,
+            });
         }
     }
 }
@@ -309,8 +387,22 @@ pub(super) fn in_order(cx: &Cx, kernels: Vec<Kernel>, owner: &mut [Option<usize>
             Kind::Vector { .. } => Vec::new(),
         })
         .collect();
+    // (a shortcut just before the other layer of its input: `shortcuts`)
+    let read_first = |x: NodeIndex| {
+        (kernels.iter()).find_map(|k| match &k.kind {
+            Kind::Dense {
+                x: xa, fwd, carry, ..
+            } if carry.is_none() && resolve(*xa) == x => Some(pos[fwd.index()]),
+            _ => None,
+        })
+    };
     let first = |k: &Kernel| match &k.kind {
-        Kind::Dense { fwd, .. } => (pos[fwd.index()], 0),
+        Kind::Dense {
+            carry: Some(c),
+            fwd,
+            ..
+        } if c.first => (read_first(c.x).unwrap_or(pos[fwd.index()]), 0, 0),
+        Kind::Dense { fwd, .. } => (pos[fwd.index()], 0, 1),
         Kind::Vector { nodes } => {
             let after = (nodes.iter())
                 .flat_map(|&n| g.operands(n))
@@ -319,7 +411,7 @@ pub(super) fn in_order(cx: &Cx, kernels: Vec<Kernel>, owner: &mut [Option<usize>
                 .map(|o| pos[o.index()])
                 .max();
             let own = nodes.iter().map(|n| pos[n.index()]).min().unwrap_or(0);
-            (after.unwrap_or(own), 1)
+            (after.unwrap_or(own), 1, 0)
         }
     };
     let mut perm: Vec<usize> = (0..kernels.len()).collect();

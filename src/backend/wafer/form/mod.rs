@@ -21,7 +21,7 @@
 //!
 //! The passes, in the order `form_surveyed` runs them: `classify` (classes, aliases and
 //! blockers), `layers` (the dense layers, their gradients, and what the host computes
-//! for them), `groups` (the vector kernels between them, and residuals), `order`
+//! for them), `groups` (the vector kernels between them, residuals and shortcuts), `order`
 //! (kernels in dataflow order), `steps` (where the variables, step nodes and host
 //! values live), `streams` (what crosses between kernels); `update` turns a kernel's
 //! step nodes into its PEs' update.
@@ -140,12 +140,32 @@ impl Part {
 /// next step's gates past the step's product): the layer takes it after its input
 /// and carries it as a kernel passing it on does, its gradient going back after the
 /// layer's input gradient (`Formed::carries_beside`).
+///
+/// Or, `first`, a shortcut beside another layer of the same input (ResNet's projection,
+/// a 1x1 convolution of a block's input beside the block's first convolution): the
+/// shortcut's layer comes just before that other layer and carries its input to it
+/// ahead of its own outputs, which the kernels after pass on to the sum
+/// (`shortcuts`); the other layer's input gradient comes back ahead of the shortcut's
+/// output gradient, and the shortcut adds it into its own.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Carry {
     pub x: NodeIndex,
     /// The skip's gradient (the gradient of `x` that the kernels after the layer
     /// make), when the layer sends one back.
     pub grad: Option<NodeIndex>,
+    /// Whether the layer carries `x` ahead of its outputs to the layer after it, which
+    /// reads it as its input (a shortcut's).
+    pub first: bool,
+}
+
+impl Kernel {
+    /// A layer's forward node (its outputs), none for a vector kernel.
+    pub fn fwd(&self) -> Option<NodeIndex> {
+        match self.kind {
+            Kind::Dense { fwd, .. } => Some(fwd),
+            Kind::Vector { .. } => None,
+        }
+    }
 }
 
 /// Layer `kind`'s own product: its `fwd` when it has no further parts, else the
@@ -208,9 +228,10 @@ pub struct Formed {
     /// For each node that is another's value under another name (a shard mean of one
     /// shard, a label check the host makes), that node.
     pub alias: Vec<Option<NodeIndex>>,
-    /// Each layer that carries its input past itself (`Carry`) and the kernel that
-    /// reads it there, in order.
-    pub skips: Vec<(usize, usize)>,
+    /// Each value carried past the kernels after the one that makes it (a layer's
+    /// carried input, a shortcut's outputs): that layer, the kernel that reads it
+    /// there, and the carry, in order.
+    pub skips: Vec<(usize, usize, Carry)>,
     /// For each kernel, whether its samples read a statistic of the batch (batch norm
     /// in training: `statistics`).
     pub barriers: Vec<bool>,
@@ -253,8 +274,14 @@ impl Formed {
     /// streams between them beside their own values (forward, the value; backward, its
     /// gradient).
     pub fn passed(&self, k: usize) -> Option<&Carry> {
-        let &(l, _) = self.skips.iter().find(|&&(l, r)| l < k && k < r)?;
-        self.carry(l)
+        let (_, _, c) = self.skips.iter().find(|&&(l, r, _)| l < k && k < r)?;
+        Some(c)
+    }
+
+    /// Whether layer `k` is a shortcut that carries its input ahead of its outputs to
+    /// the layer after it (`Carry::first`).
+    pub fn carries_first(&self, k: usize) -> bool {
+        self.carry(k).is_some_and(|c| c.first)
     }
 
     /// What kernel `k` carries past itself: its own carry, or a skip it passes on.
@@ -289,6 +316,15 @@ impl Formed {
             });
             more.into_iter().flatten().filter(|p| p.beside())
         };
+        // (a shortcut takes its output gradient after the input gradient of the layer
+        // after it, which carries it back: see `Carry::first`)
+        if self.carries_first(to) {
+            let dy = match &self.kernels[to].kind {
+                Kind::Dense { dy, .. } => dy.map(|d| self.resolve(d)),
+                Kind::Vector { .. } => None,
+            };
+            return u8::from(dy == Some(n));
+        }
         if let Some(l) = to.checked_sub(1) {
             if self.carried_past(l).is_some_and(|c| c.x == n) {
                 return 1;
@@ -480,6 +516,7 @@ pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
     layers::merge_sums(&cx, &mut kernels, &mut owner);
     let mut group = groups::groups(&cx, &kernels, &owner);
     groups::residuals(&cx, &mut kernels, &mut owner, &mut group);
+    groups::shortcuts(&cx, &mut kernels, &mut owner);
     groups::vectors(&cx, &mut kernels, &mut owner, &group);
     layers::side_parts(&cx, &mut kernels, &mut owner);
     let mut kernels = groups::in_order(&cx, kernels, &mut owner);
@@ -487,7 +524,7 @@ pub fn form_surveyed(g: &Graph, survey: Survey) -> Result<Formed, Unsupported> {
     let (host, mixed) = steps::host_values(&cx, &mut kernels, &owner, mixed, &host_commits)?;
     let streams = streams::streams(&cx, &kernels, &owner);
     streams::check_reshapes(&cx, &kernels, &owner)?;
-    let skips = streams::skips(&kernels, &streams);
+    let skips = streams::skips(&cx, &kernels, &streams);
     let barriers = statistics::barriers(&cx, &kernels, &owner)?;
     let Cx { class, alias, .. } = cx;
     Ok(Formed {

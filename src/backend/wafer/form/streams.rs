@@ -2,7 +2,7 @@
 //! others, and the host's inputs and outputs), and the reshapes between kernels that
 //! the wafer's planar images allow.
 
-use super::{planes, unsupported, Class, Cx, End, Kernel, Kind, Stream, Unsupported};
+use super::{planes, unsupported, Carry, Class, Cx, End, Kernel, Kind, Stream, Unsupported};
 use crate::ir::{NodeIndex, Op, Role};
 use std::collections::BTreeSet;
 
@@ -121,22 +121,41 @@ pub(super) fn check_reshapes(
     Ok(())
 }
 
-/// Each layer that carries its input past itself and the kernel that reads it there
-/// (the last, when several do; see `Formed::skips`).
-pub(super) fn skips(kernels: &[Kernel], streams: &[Stream]) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    for (l, kr) in kernels.iter().enumerate() {
-        let Kind::Dense { carry: Some(c), .. } = &kr.kind else {
-            continue;
-        };
-        let st = streams.iter().find(|s| s.node == c.x);
-        let reader = (st.into_iter().flat_map(|s| &s.to))
+/// Each value carried past the kernel after the one that makes it, with the kernel that
+/// reads it there (the last, when several do; see `Formed::skips`): a layer's carried
+/// input, and a shortcut's outputs (`Carry::first`), which the kernels after it pass on
+/// to the sum.
+pub(super) fn skips(cx: &Cx, kernels: &[Kernel], streams: &[Stream]) -> Vec<(usize, usize, Carry)> {
+    let reader = |n: NodeIndex, l: usize| {
+        let st = streams.iter().find(|s| s.node == n);
+        (st.into_iter().flat_map(|s| &s.to))
             .filter_map(|t| match t {
                 End::Kernel(b) if *b > l => Some(*b),
                 _ => None,
             })
-            .max();
-        out.extend(reader.map(|r| (l, r)));
+            .max()
+    };
+    let mut out = Vec::new();
+    for (l, kr) in kernels.iter().enumerate() {
+        let Kind::Dense {
+            carry: Some(c),
+            fwd,
+            dy,
+            ..
+        } = &kr.kind
+        else {
+            continue;
+        };
+        if c.first {
+            let outputs = Carry {
+                x: *fwd,
+                grad: dy.map(|d| cx.resolve(d)),
+                first: false,
+            };
+            out.extend(reader(*fwd, l).map(|r| (l, r, outputs)));
+        } else {
+            out.extend(reader(c.x, l).map(|r| (l, r, *c)));
+        }
     }
     out
 }

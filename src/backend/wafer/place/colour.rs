@@ -116,12 +116,18 @@ pub(super) fn streams(
         legs.into_iter().map(move |l| (st, l))
     }) {
         // (a stream carried to a kernel goes there on its carrier's colour; one
-        // carried to every kernel it reaches has no colour of its own)
+        // carried to every kernel it reaches has no colour of its own, but a shortcut's
+        // outputs, which carry its input to the layer after it: `Carry::first`)
         let direct = |b: usize| !f.carried(st.node, b);
-        if st
-            .to
-            .iter()
-            .all(|t| matches!(t, End::Kernel(b) if !direct(*b)))
+        let shortcut = match st.from {
+            End::Kernel(a) => f.carries_first(a) && f.kernels[a].fwd() == Some(st.node),
+            End::Host => false,
+        };
+        if !shortcut
+            && st
+                .to
+                .iter()
+                .all(|t| matches!(t, End::Kernel(b) if !direct(*b)))
         {
             continue;
         }
@@ -130,6 +136,9 @@ pub(super) fn streams(
             routers.extend(pes_of(a));
             if let Some(strip) = passes_over(f, st) {
                 routers.extend(pes_of(strip));
+            }
+            if shortcut {
+                routers.extend(pes_of(a + 1));
             }
         }
         for t in &st.to {

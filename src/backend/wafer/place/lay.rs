@@ -38,10 +38,26 @@ pub(super) fn kernels(
                 },
                 Some(d),
             ) => {
+                // (a shortcut's input goes on to the layer after it ahead of its outputs,
+                // on their colour, and that layer's input gradient comes back ahead of
+                // the shortcut's output gradient, on its: `Carry::first`)
+                let ahead = k > 0 && f.carries_first(k - 1);
+                let after = |k: usize| match f.kernels.get(k).map(|kr| &kr.kind) {
+                    Some(Kind::Dense { bwd, .. }) => *bwd,
+                    _ => None,
+                };
                 let cs = dense::Colours::with_streams(
-                    colour(Some(*x), k),
+                    if ahead {
+                        colour(f.kernels[k - 1].fwd(), k - 1)
+                    } else {
+                        colour(Some(*x), k)
+                    },
                     colour(Some(*fwd), k),
-                    colour(*dy, k),
+                    if f.carries_first(k) {
+                        colour(after(k + 1), k)
+                    } else {
+                        colour(*dy, k)
+                    },
                     colour(*bwd, k),
                 );
                 let more: Vec<(u32, Colour)> = (lanes.more[k].iter())
@@ -373,6 +389,7 @@ pub(super) fn dense_kernel(
             update: u,
             more: Vec::new(),
             carry: None,
+            first: false,
             pass: 0,
             pass_px: 1,
             side: part.side.then(|| back(part.dy)),
@@ -423,6 +440,7 @@ pub(super) fn dense_kernel(
         update,
         more: parts,
         carry: carried.map(|c| back(c.grad)),
+        first: f.carries_first(k),
         pass,
         pass_px,
         side: None,

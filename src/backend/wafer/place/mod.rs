@@ -412,7 +412,10 @@ fn chain_only(g: &Graph, f: &Formed) -> Result<(), LayoutError> {
             } else {
                 End::Kernel(k - 1)
             };
-            if from != Some(want) {
+            // (or carried to it by the shortcut before it: `Carry::first`)
+            if from != Some(want)
+                && !(k > 0 && f.carries_first(k - 1) && f.carried(f.resolve(x), k))
+            {
                 return Err(unsupported(g, x, "a layer whose input does not come from the kernel before it has no wafer layout yet".into(), "the wafer lays out chains of layers so far"));
             }
             for part in parts_of(f, k) {

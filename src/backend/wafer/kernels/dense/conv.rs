@@ -64,14 +64,15 @@ impl Dense {
             taps(tap_loops, yout.clone(), wt.clone(), xin.clone()),
         ]);
         let (send, recv) = links.fwd;
-        fwd.push(link(
-            y,
-            (g.wo, sw),
-            &[(b, plane_out), (g.ho, row)],
-            send,
-            recv,
-        ));
-        fwd.extend(carried);
+        let outputs = link(y, (g.wo, sw), &[(b, plane_out), (g.ho, row)], send, recv);
+        // (a shortcut's input goes ahead of its outputs: `Dense::first`)
+        if self.first {
+            fwd.extend(carried);
+            fwd.push(outputs);
+        } else {
+            fwd.push(outputs);
+            fwd.extend(carried);
+        }
         if self.train {
             fwd.push(self.count(0));
         }
@@ -79,27 +80,32 @@ impl Dense {
             return (fwd, Vec::new());
         };
         // the output gradient into the output planes (the words past each row zero)
-        let mut bwd = vec![
-            zero(y, b * plane_out),
-            nest(
-                &[b, g.ho],
-                receive(
-                    Dsd::strided(y, g.wo, sw as i32, &[plane_out, row], None),
-                    c.dy,
-                ),
+        let mut bwd = vec![zero(y, b * plane_out)];
+        let dy = nest(
+            &[b, g.ho],
+            receive(
+                Dsd::strided(y, g.wo, sw as i32, &[plane_out, row], None),
+                c.dy,
             ),
-        ];
-        // the residual's image's gradient, received after the output gradient or the
-        // output gradient itself
+        );
+        // the residual's image's gradient, received after the output gradient (a
+        // shortcut's: before it) or the output gradient itself
         let px = carry.px;
         let skip = match self.carry {
             Some(Back::Beside) if carry.row > 0 => {
                 let d = p.alloc("skip dy", carry.row * px);
-                bwd.push(receive(Dsd::mem(d, carry.row * px), c.dy));
+                let take = receive(Dsd::mem(d, carry.row * px), c.dy);
+                bwd.extend(if self.first { [take, dy] } else { [dy, take] });
                 Some(Skip::Beside(d))
             }
-            Some(Back::Same) => Some(Skip::Same((y, plane_out, row))),
-            _ => None,
+            Some(Back::Same) => {
+                bwd.push(dy);
+                Some(Skip::Same((y, plane_out, row)))
+            }
+            _ => {
+                bwd.push(dy);
+                None
+            }
         };
         if self.dx {
             // the input gradient: each output's gradient back through every tap

@@ -191,6 +191,10 @@ pub struct Dense {
     /// its outputs, each PE adding in those of its column's; and takes their gradient,
     /// each PE adding those of its column's into its partial input gradient.
     pub carry: Option<Back>,
+    /// Whether it carries its input ahead of its outputs (a shortcut's, which the layer
+    /// after reads as its input: `form::Carry::first`), and takes that input's gradient
+    /// ahead of its output gradient.
+    pub first: bool,
     /// The words a sample of a value it passes on for a skip of several kernels (its
     /// input is another: `form::Formed::passed`; 0: none), carried as its input is, by
     /// units of `pass_px` words: column `i` takes its share `split(units, w, i)` after
@@ -321,6 +325,7 @@ impl Dense {
             update: Update::default(),
             more: Vec::new(),
             carry: None,
+            first: false,
             pass: 0,
             pass_px: 1,
             side: None,
@@ -600,6 +605,12 @@ impl Dense {
             carry,
             row,
         };
+        if self.first && !matches!(self.shape, Shape::Conv(_)) {
+            return Err(
+                "a shortcut beside another layer of its input that is not a convolution has no wafer kernel yet"
+                    .into(),
+            );
+        }
         let (fwd, bwd) = match self.shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
             Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), blk),

@@ -200,6 +200,7 @@ fn trained(k: u32, n: u32, (batch, window): (u32, u32), dx: bool) -> Dense {
         update: sgd(),
         more: Vec::new(),
         carry: None,
+        first: false,
         pass: 0,
         pass_px: 1,
         side: None,
