@@ -259,8 +259,9 @@ pub(super) fn residuals(
 
 /// Makes each shortcut beside another layer of the same input a layer that carries
 /// that input to the other ahead of its own outputs (`Carry::first`): two convolutions
-/// of one value made on the fabric (ResNet's projection, a 1x1 convolution of a block's
-/// input beside the block's first convolution), neither with further parts or a carry,
+/// (or two dense layers) of one value made on the fabric (ResNet's projection, a 1x1
+/// convolution of a block's input beside the block's first convolution; two towers on
+/// a hidden value), neither with further parts or a carry,
 /// whose input gradients only their sum reads. The shortcut is the later of the two
 /// (its outputs go further, past the other's branch, to the sum); it comes just before
 /// the other (`in_order`) and owns the sum of their input gradients, the other's coming
@@ -280,7 +281,10 @@ pub(super) fn shortcuts(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usi
                 more,
                 carry: None,
                 ..
-            } if more.is_empty() && matches!(g.node(*fwd).op, Op::Conv2d(_)) => {
+            } if more.is_empty()
+                && (matches!(g.node(*fwd).op, Op::Conv2d(_))
+                    || (matches!(g.node(*fwd).op, Op::MatMul) && g.ty(*x).rank() == 2)) =>
+            {
                 Some((k, (cx.resolve(*x), *fwd, *bwd)))
             }
             _ => None,
@@ -291,8 +295,11 @@ pub(super) fn shortcuts(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usi
             continue;
         }
         // the other layer of `x`, before it
+        let same = |fa: &NodeIndex| {
+            std::mem::discriminant(&g.node(*fa).op) == std::mem::discriminant(&g.node(fwd).op)
+        };
         let others: Vec<&Layer> = (layers.iter())
-            .filter(|(a, (xa, fa, _))| *a != p && *xa == x && pos[fa] < pos[&fwd])
+            .filter(|(a, (xa, fa, _))| *a != p && *xa == x && pos[fa] < pos[&fwd] && same(fa))
             .collect();
         let [&(_, (_, _, da))] = others[..] else {
             continue;

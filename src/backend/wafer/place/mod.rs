@@ -53,7 +53,7 @@ use sizer::Sizer;
 use std::collections::BTreeMap;
 
 /// What the wafer lays out, for the help of what it does not.
-const RESIDUALS: &str = "the wafer lays out chains of layers, and residuals around dense layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, `x + conv(relu(conv(x)))`: the first layer carries `h` past itself, the kernels after it pass it on to the sum): feed each value to the next layer, or to a sum after the layers it reads";
+const RESIDUALS: &str = "the wafer lays out chains of layers, residuals around dense layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, `x + conv(relu(conv(x)))`: the first layer carries `h` past itself, the kernels after it pass it on to the sum), and two layers of one value (two towers, a projection shortcut: the later carries the value to the other): feed each value to the next layer, to a sum after the layers it reads, or to two layers at most";
 
 /// The colours a dense layer's chains take; streams take the ones above.
 pub const CHAIN_COLOURS: Colour = 4;
@@ -396,6 +396,44 @@ fn chain_only(g: &Graph, f: &Formed) -> Result<(), LayoutError> {
         }
     }
     for (k, kr) in f.kernels.iter().enumerate() {
+        // a vector kernel passes a value on between two layers (it comes in beside the
+        // outputs of the one before and goes on beside the input of the one after)
+        let layer = |k: Option<usize>| {
+            k.and_then(|k| f.kernels.get(k))
+                .is_some_and(|kr| matches!(kr.kind, Kind::Dense { .. }))
+        };
+        // (and a vector kernel that sends a carried value's gradient back beside the
+        // output gradient of the layer before must make that gradient, not let it pass
+        // over it from the kernel after)
+        let over = k.checked_sub(1).and_then(|l| match &f.kernels[l].kind {
+            Kind::Dense {
+                fwd, dy: Some(d), ..
+            } if matches!(kr.kind, Kind::Vector { .. }) => {
+                let d = f.resolve(*d);
+                let skip = f.carried_past(l).and_then(|c| c.grad);
+                let passes = (f.streams.iter()).any(|s| s.node == d && s.from != End::Kernel(k));
+                (skip.is_some_and(|g| g != d) && passes).then_some(*fwd)
+            }
+            _ => None,
+        });
+        if let Some(n) = over {
+            return Err(unsupported(
+                g,
+                n,
+                "a carried value's gradient beside an output gradient that passes over its kernel has no wafer layout yet".into(),
+                RESIDUALS,
+            ));
+        }
+        if let (Kind::Vector { .. }, Some(c)) = (&kr.kind, f.passed(k)) {
+            if !layer(k.checked_sub(1)) || !layer(Some(k + 1)) {
+                return Err(unsupported(
+                    g,
+                    c.x,
+                    "a value passed on through a kernel that is not between two layers has no wafer layout yet".into(),
+                    RESIDUALS,
+                ));
+            }
+        }
         if let Kind::Dense { x, fwd, .. } = kr.kind {
             let from = f
                 .streams

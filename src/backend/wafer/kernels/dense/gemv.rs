@@ -45,10 +45,12 @@ impl Dense {
             fwd.push(zero(chain, row.len));
             fwd.push(macs(y, b, a, wy, xy));
         }
+        // (after its outputs, or ahead of the row's: a shortcut's, `Dense::first`)
+        let carried_at = if self.first { chain } else { y + b };
         if carry.mine > 0 {
             fwd.push(Instr::Vec {
                 op: VecOp::Mov,
-                dst: Dsd::mem(y + b + carry.to, carry.mine),
+                dst: Dsd::mem(carried_at + carry.to, carry.mine),
                 srcs: vec![Src::V(carried)],
             });
         }
@@ -63,13 +65,16 @@ impl Dense {
         // the row's output gradient: this PE's at `row.back_at`, a residual's after
         // the layer's
         // where row `j`'s carried features' gradient is in `dy`
-        let skip = match self.carry {
-            Some(Back::Beside) => Some(b),
-            Some(Back::Same) => Some(0),
-            _ => None,
-        };
         let (grads, take_dy) = row_gradient(p, row.back_len, c.dy);
         let dy = grads + row.back_at;
+        // (where the row's carried gradient starts: after the output gradient, ahead of
+        // the row's for a shortcut, or the output gradient itself)
+        let skip = match self.carry {
+            Some(Back::Beside) if self.first => Some(grads),
+            Some(Back::Beside) => Some(dy + b),
+            Some(Back::Same) => Some(dy),
+            _ => None,
+        };
         let mut bwd = vec![take_dy];
         if self.dx {
             // (a value passed on: its gradient after the input gradient, each row's
@@ -94,10 +99,7 @@ impl Dense {
                 bwd.push(Instr::Vec {
                     op: VecOp::Add,
                     dst: part.clone(),
-                    srcs: vec![
-                        Src::V(part),
-                        Src::V(Dsd::mem(dy + at + carry.to, carry.mine)),
-                    ],
+                    srcs: vec![Src::V(part), Src::V(Dsd::mem(at + carry.to, carry.mine))],
                 });
             }
             let (send, recv) = links.bwd;

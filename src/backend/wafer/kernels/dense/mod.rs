@@ -382,7 +382,9 @@ impl Dense {
             0
         };
         let (mut len, mut back_len) = (own + carried, own + back);
-        let (mut at, mut back_at) = (0, 0);
+        // (a shortcut's carried input goes ahead of its outputs, that input's gradient
+        // ahead of its output gradient: `first`)
+        let (mut at, mut back_at) = if self.first { (carried, back) } else { (0, 0) };
         // where the last side part's outputs lie (a joined part's add into them)
         let mut last = (0, 0);
         for (p, d) in self.more.iter().enumerate() {
@@ -605,9 +607,9 @@ impl Dense {
             carry,
             row,
         };
-        if self.first && !matches!(self.shape, Shape::Conv(_)) {
+        if self.first && !matches!(self.shape, Shape::Conv(_) | Shape::Matmul) {
             return Err(
-                "a shortcut beside another layer of its input that is not a convolution has no wafer kernel yet"
+                "a shortcut beside another layer of a flattened image or an embedding has no wafer kernel yet"
                     .into(),
             );
         }
