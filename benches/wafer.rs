@@ -85,6 +85,32 @@ input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [64]), i 
 estimator r { model = r  train_input = data() }
 "#;
 
+/// A ResNet-8 on 8x8 images: a stem, then three basic blocks of 16, 32 and 64 channels,
+/// the last two strided by 2 with projection shortcuts (1x1 convolutions with batch
+/// norm); batch 16, momentum.
+const RESNET8: &str = r#"
+use std.nn.{batch_norm, conv2d, dense}
+use std.losses.softmax_cross_entropy
+fn conv_bn(x, filters: int, strides: int, kernel: int = 3) {
+  batch_norm(conv2d(x, filters, kernel, strides: strides, padding: same, use_bias: false), momentum: 0.9)
+}
+fn block(x, filters: int, strides: int, project: bool) {
+  let y = conv_bn(relu(conv_bn(x, filters, strides)), filters, 1)
+  let shortcut = if project { conv_bn(x, filters, strides, kernel: 1) } else { x }
+  relu(y + shortcut)
+}
+model r(features: f32[B, 64], labels: i32[B]) {
+  let x = relu(conv_bn(reshape(features, [B, 8, 8, 1]), 16, 1))
+  let x = block(x, 16, 1, false)
+  let x = block(x, 32, 2, true)
+  let x = block(x, 64, 2, true)
+  let loss = softmax_cross_entropy(labels, dense(reduce_mean(x, axis: [1, 2]), 10))
+  train { minimize loss with momentum(lr: 0.1, momentum: 0.9) }
+}
+input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [64]), i % 10) |> repeat |> batch(16, drop_remainder: true) }
+estimator r { model = r  train_input = data() }
+"#;
+
 /// A classifier of 1,000 classes: 256 features -> 256 (relu) -> 1,000, batch 32; its
 /// loss runs across the last layer's rows (on one lane, the layer fits no fabric).
 const THOUSAND_CLASSES: &str = r#"
@@ -243,4 +269,7 @@ fn main() {
     // residuals around convolutions with batch norm (ResNet's basic block)
     let res = Program::from_source("residual_cnn.est", RESIDUAL_CNN, None);
     bench("residual cnn 2 blocks, b16", res, &[], &t64, steps);
+    // ResNet's stages: projection shortcuts beside strided blocks
+    let resnet8 = Program::from_source("resnet8.est", RESNET8, None);
+    bench("resnet-8 16/32/64 on 8x8, b16", resnet8, &[], &t64, steps);
 }
