@@ -6,7 +6,7 @@
 
 use super::{Carry, Class, Cx, Kernel, Kind};
 use crate::ir::{Graph, NodeIndex, Op, Role};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// Union-find over node indices.
 fn find(p: &mut [usize], mut i: usize) -> usize {
@@ -268,9 +268,10 @@ pub(super) fn residuals(
 /// back to it. Run before the vector kernels take their nodes.
 pub(super) fn shortcuts(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usize>]) {
     let g = cx.g;
-    let pos: BTreeMap<NodeIndex, usize> = (cx.order.iter().enumerate())
-        .map(|(i, &n)| (n, i))
-        .collect();
+    let mut pos = vec![usize::MAX; cx.bound];
+    for (i, n) in cx.order.iter().enumerate() {
+        pos[n.index()] = i;
+    }
     type Layer = (usize, (NodeIndex, NodeIndex, Option<NodeIndex>));
     let layers: Vec<Layer> = (kernels.iter().enumerate())
         .filter_map(|(k, kr)| match &kr.kind {
@@ -299,7 +300,9 @@ pub(super) fn shortcuts(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usi
             std::mem::discriminant(&g.node(*fa).op) == std::mem::discriminant(&g.node(fwd).op)
         };
         let others: Vec<&Layer> = (layers.iter())
-            .filter(|(a, (xa, fa, _))| *a != p && *xa == x && pos[fa] < pos[&fwd] && same(fa))
+            .filter(|(a, (xa, fa, _))| {
+                *a != p && *xa == x && pos[fa.index()] < pos[fwd.index()] && same(fa)
+            })
             .collect();
         let [&(_, (_, _, da))] = others[..] else {
             continue;

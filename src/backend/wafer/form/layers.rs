@@ -228,12 +228,7 @@ pub(super) fn hosted(cx: &Cx, kernels: &[Kernel]) -> Vec<bool> {
     // A node's depth is the most layers' products on a way to it from the inputs;
     // the depths an inputs-only value is read at are its readers' (through the
     // inputs-only values they make).
-    let fwds: BTreeSet<NodeIndex> = (kernels.iter())
-        .filter_map(|k| match k.kind {
-            Kind::Dense { fwd, .. } => Some(fwd),
-            Kind::Vector { .. } => None,
-        })
-        .collect();
+    let fwds: BTreeSet<NodeIndex> = kernels.iter().filter_map(Kernel::fwd).collect();
     let mut depth = vec![0u32; bound];
     for &n in order {
         depth[n.index()] = (g.operands(n).into_iter())

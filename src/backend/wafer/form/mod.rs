@@ -316,13 +316,13 @@ impl Formed {
             });
             more.into_iter().flatten().filter(|p| p.beside())
         };
+        let dy = match self.kernels.get(to).map(|k| &k.kind) {
+            Some(Kind::Dense { dy, .. }) => dy.map(|d| self.resolve(d)),
+            _ => None,
+        };
         // (a shortcut takes its output gradient after the input gradient of the layer
         // after it, which carries it back: see `Carry::first`)
         if self.carries_first(to) {
-            let dy = match &self.kernels[to].kind {
-                Kind::Dense { dy, .. } => dy.map(|d| self.resolve(d)),
-                Kind::Vector { .. } => None,
-            };
             return u8::from(dy == Some(n));
         }
         if let Some(l) = to.checked_sub(1) {
@@ -333,14 +333,9 @@ impl Formed {
                 return 2 + i as u8;
             }
         }
-        // (not when the skip's gradient is the layer's output gradient: see
-        // `dense::Back::Same`)
-        let dy = match self.kernels.get(to).map(|k| &k.kind) {
-            Some(Kind::Dense { dy, .. }) => dy.map(|d| self.resolve(d)),
-            _ => None,
-        };
         // (the kernel a skip's gradient comes back into: the layer that carries it,
-        // or one passing it on, unless it is that layer's output gradient; and the
+        // or one passing it on, unless it is that layer's output gradient, `dy`: see
+        // `dense::Back::Same`; and the
         // kernel that made a value the layer after it carries beside its input)
         let back = self.carried_past(to).and_then(|c| c.grad);
         if back.is_some_and(|skip| skip == n && dy != Some(n)) {

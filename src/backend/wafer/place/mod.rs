@@ -395,13 +395,13 @@ fn chain_only(g: &Graph, f: &Formed) -> Result<(), LayoutError> {
             }
         }
     }
+    // a vector kernel passes a value on between two layers (it comes in beside the
+    // outputs of the one before and goes on beside the input of the one after)
+    let layer = |k: Option<usize>| {
+        k.and_then(|k| f.kernels.get(k))
+            .is_some_and(|kr| matches!(kr.kind, Kind::Dense { .. }))
+    };
     for (k, kr) in f.kernels.iter().enumerate() {
-        // a vector kernel passes a value on between two layers (it comes in beside the
-        // outputs of the one before and goes on beside the input of the one after)
-        let layer = |k: Option<usize>| {
-            k.and_then(|k| f.kernels.get(k))
-                .is_some_and(|kr| matches!(kr.kind, Kind::Dense { .. }))
-        };
         // (and a vector kernel that sends a carried value's gradient back beside the
         // output gradient of the layer before must make that gradient, not let it pass
         // over it from the kernel after)

@@ -91,22 +91,22 @@ impl Dense {
         // the residual's image's gradient, received after the output gradient (a
         // shortcut's: before it) or the output gradient itself
         let px = carry.px;
-        let skip = match self.carry {
+        let (skip, take) = match self.carry {
             Some(Back::Beside) if carry.row > 0 => {
                 let d = p.alloc("skip dy", carry.row * px);
                 let take = receive(Dsd::mem(d, carry.row * px), c.dy);
-                bwd.extend(if self.first { [take, dy] } else { [dy, take] });
-                Some(Skip::Beside(d))
+                (Some(Skip::Beside(d)), Some(take))
             }
-            Some(Back::Same) => {
-                bwd.push(dy);
-                Some(Skip::Same((y, plane_out, row)))
-            }
-            _ => {
-                bwd.push(dy);
-                None
-            }
+            Some(Back::Same) => (Some(Skip::Same((y, plane_out, row))), None),
+            _ => (None, None),
         };
+        if self.first {
+            bwd.extend(take);
+            bwd.push(dy);
+        } else {
+            bwd.push(dy);
+            bwd.extend(take);
+        }
         if self.dx {
             // the input gradient: each output's gradient back through every tap
             bwd.push(zero(xp, a * plane_pad));

@@ -62,9 +62,7 @@ impl Dense {
         let Some(dw) = dw else {
             return (fwd, Vec::new());
         };
-        // the row's output gradient: this PE's at `row.back_at`, a residual's after
-        // the layer's
-        // where row `j`'s carried features' gradient is in `dy`
+        // the row's output gradient: this PE's at `row.back_at`
         let (grads, take_dy) = row_gradient(p, row.back_len, c.dy);
         let dy = grads + row.back_at;
         // (where the row's carried gradient starts: after the output gradient, ahead of
