@@ -834,7 +834,8 @@ fn floats(k: usize) -> (String, String) {
 /// type `ty.1`; `logits` out; over the random data in `d`) 3 steps with `opt` on a
 /// `side x side` fabric and on the interpreter, each step on the wafer from the
 /// interpreter's variables: after each, the weights within 1e-4 of each variable's
-/// largest magnitude (or of the learning rate, see below), the loss within 1e-5.
+/// largest magnitude (or of the learning rate, see below; looser by `saturated` at a
+/// loss near zero), the loss within 1e-5.
 /// Random programs meet sums that nearly cancel (a gradient through a saturated
 /// tanh), whose summation-order error is larger against the variable than in
 /// digits_mlp: hence 1e-4 of the variable's scale after a step.
@@ -909,7 +910,7 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
         };
         let (lw, li) = (train(&mut w)?, train(&mut i)?);
         let worst = worst_above(&w.variables(), &i.variables(), lr);
-        if worst > bound {
+        if worst > bound.max(saturated(li)) {
             return Err(format!(
                 "step {step}: weights differ by {worst:e} of their scale\n{src}"
             ));
@@ -924,6 +925,20 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
     drop((w, i));
     let _ = std::fs::remove_dir_all(d);
     result
+}
+
+/// The rounding a step's gradients may carry when the loss is `loss`, relative to
+/// each variable's scale. A softmax cross entropy near zero is a softmax near one:
+/// its gradient (`softmax - labels`, as small as the loss) is a difference of two
+/// numbers near one, whose rounding (an ulp of one, `f32::EPSILON`) is `EPSILON / loss`
+/// of the gradient, on the wafer and the interpreter alike, each in its own order.
+/// Adam's step at a small second moment is the gradient over epsilon, so the step
+/// carries that relative error (seen: loss 8.0e-5, the interpreter's bias gradients
+/// -8.011e-5 and 7.990e-5 where they are equal and opposite, a conv bias 9.4e-4 of its
+/// scale apart after one clipped Adam step, `EPSILON / loss` being 1.5e-3). Four ulps:
+/// the gradient passes through another such difference in the dense layer before.
+fn saturated(loss: f64) -> f64 {
+    4.0 * f64::from(f32::EPSILON) / loss.abs()
 }
 
 /// `test32` with `side x side` PEs.
@@ -1637,6 +1652,14 @@ fn globally_pooled_like_the_interpreter(
         "  let h = conv2d(reshape(features, {image}), {n}, {filter}, padding: same, activation: relu)\n  let logits = dense({pooled}, {c})\n"
     );
     compare_with(&d, &body, (&opt, lr), (&floats(k), batch, 32, seed))
+}
+
+/// A case the proptest met: a sum over the image's 36 pixels makes large logits, and
+/// after one clipped Adam step the sample's loss is 8.0e-5, where the gradient's
+/// rounding is a thousandth of it (see `saturated`).
+#[test]
+fn a_saturated_softmax_trains_like_the_interpreter() {
+    globally_pooled_like_the_interpreter((6, 4, 2), (2, false, false), 3, (1, 695)).unwrap();
 }
 
 /// A convolution of `n` filters, then a depthwise one (`std.nn.depthwise_conv2d`: a
