@@ -941,6 +941,14 @@ fn saturated(loss: f64) -> f64 {
     4.0 * f64::from(f32::EPSILON) / loss.abs()
 }
 
+/// The cases each proptest draws: 48, or `EST_WAFER_CASES` (to hunt rare ones).
+fn cases() -> u32 {
+    std::env::var("EST_WAFER_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(48)
+}
+
 /// `test32` with `side x side` PEs.
 fn square(side: u32) -> est::backend::wafer::fabric::Fabric {
     let mut fabric = est::backend::wafer::fabric::Fabric::test32();
@@ -1941,7 +1949,7 @@ fn sequence_like_the_interpreter(
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(cases()))]
     #[test]
     fn random_classifiers_train_like_the_interpreter(
         k in 1usize..24, n in 1usize..40, c in 2usize..8, act in 0usize..4, bias in proptest::bool::ANY,
