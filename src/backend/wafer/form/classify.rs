@@ -1,9 +1,10 @@
 //! The survey of a graph before formation: each node's class (how it relates to the
 //! batch), the nodes that are others' values under other names, and every construct
-//! that has no wafer layout as far as each node alone shows it.
+//! that has no wafer layout as far as each node alone shows it (the model families
+//! without kernels among them).
 
 use super::{unsupported, Class, Unsupported};
-use crate::ir::{DType, Graph, NodeIndex, Op, ReduceOp, UnaryOp};
+use crate::ir::{DType, Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
 use petgraph::visit::NodeIndexable;
 use std::collections::BTreeSet;
 
@@ -111,7 +112,8 @@ pub fn classify(
                             .iter()
                             .any(|&v| image(g, v).is_some_and(|(h, w, c)| c > 1 && h * w > 1)) =>
                     {
-                        errors.push(unsupported(g, n, format!("a reshape of {} into {} has no wafer kernel yet", g.ty(ops[0]), node.ty), "the wafer keeps images planar (channel by channel) and regroups their pixels or flattens them for a dense layer, nothing else: keep the image's channels and reshape only its height and width, or use `--target host`"));
+                        let (message, help) = reshape_blocker(g, ops[0], n);
+                        errors.push(unsupported(g, n, message, help));
                         Class::Sample
                     }
                     _ if has(Class::SampleT) => {
@@ -146,6 +148,70 @@ pub fn classify(
         class[n.index()] = c;
     }
     (class, alias, inputs_only, errors)
+}
+
+/// Why reshaping sample value `from` into `to` has no wafer kernel, and the nearest
+/// form that has: attention's heads split or merged, an axis folded into the batch, or
+/// an image's channels moved.
+fn reshape_blocker(g: &Graph, from: NodeIndex, to: NodeIndex) -> (String, &'static str) {
+    let (a, b) = (&g.ty(from).shape, &g.ty(to).shape);
+    let what = format!("{} into {}", g.ty(from), g.ty(to));
+    let heads = |a: &[usize], b: &[usize]| {
+        a.len() == 3 && b.len() == 4 && a[..2] == b[..2] && a[2] == b[2] * b[3]
+    };
+    let attention = "the wafer keeps a token's features together; attention's heads run on the host for now (`--target host`)";
+    if heads(a, b) {
+        (
+            format!("splitting each token's features into heads ({what}) has no wafer kernel yet"),
+            attention,
+        )
+    } else if heads(b, a) {
+        (format!("merging attention's heads into each token's features ({what}) has no wafer kernel yet"), attention)
+    } else if a.first() != b.first() {
+        (format!("a reshape that folds another axis into the batch ({what}: a product over heads, as einsum makes one) has no wafer kernel"), "the wafer streams the samples of a batch one by one: keep the batch dimension first, alone, or train on the host (`--target host`)")
+    } else {
+        (format!("a reshape of {what} has no wafer kernel yet"), "the wafer keeps images planar (channel by channel) and regroups their pixels or flattens them for a dense layer, nothing else: keep the image's channels and reshape only its height and width, or use `--target host`")
+    }
+}
+
+/// The forward pass's products that no wafer kernel computes yet, each named by the
+/// model family it belongs to: a dense layer over each token of a sequence, a product
+/// of two activations (attention's), a transposed convolution. (A product the forward
+/// pass makes: one the loss, a prediction or a metric reads, not a gradient.)
+fn families(g: &Graph, class: &[Class]) -> Vec<Unsupported> {
+    let mut forward = vec![false; g.g.node_bound()];
+    let roots = (g.outputs.iter())
+        .filter(|o| matches!(o.role, Role::Loss | Role::Prediction | Role::MetricInput));
+    let mut stack: Vec<NodeIndex> = roots.map(|o| o.node).collect();
+    while let Some(n) = stack.pop() {
+        if !std::mem::replace(&mut forward[n.index()], true) {
+            stack.extend(g.operands(n));
+        }
+    }
+    let sample = |n: NodeIndex| matches!(class[n.index()], Class::Sample | Class::SampleT);
+    let mut out = Vec::new();
+    for n in g.topo_order().into_iter().filter(|n| forward[n.index()]) {
+        let ops = g.operands(n);
+        let found = match g.node(n).op {
+            Op::MatMul if sample(ops[0]) && sample(ops[1]) => Some((
+                format!("a product of two activations ({} by {}) has no wafer kernel yet", g.ty(ops[0]), g.ty(ops[1])),
+                "the wafer's layers multiply a sample by a weight; attention's `q k^T` and `p v` multiply two of a sample's values: train attention on the host (`--target host`)",
+            )),
+            Op::MatMul if sample(ops[0]) && g.ty(ops[0]).rank() > 2 => Some((
+                format!("a dense layer over each token of a sequence ({} by {}) has no wafer kernel yet", g.ty(ops[0]), g.ty(ops[1])),
+                "the wafer's dense layers take one vector a sample: flatten the sequence first (`reshape(x, [B, T * D])`), pool it over its tokens, or train on the host (`--target host`)",
+            )),
+            Op::Conv2dBackpropInput(_) if sample(ops[0]) => Some((
+                format!("a transposed convolution of {} has no wafer kernel yet", g.ty(ops[0])),
+                "the wafer's convolutions run forward (`conv2d`, strided or dilated); upsample with a transposed convolution on the host (`--target host`)",
+            )),
+            _ => None,
+        };
+        if let Some((message, help)) = found {
+            out.push(unsupported(g, n, message, help));
+        }
+    }
+    out
 }
 
 /// Whether `n` broadcasts a value of constants over a new leading axis of the batch
@@ -214,9 +280,10 @@ pub fn planes(g: &Graph, n: NodeIndex) -> Option<(u32, u32)> {
 
 /// A graph's batch, classes, aliases and values of the inputs alone (`classify`), and
 /// its blockers: every construct that has no wafer layout, as far as each node alone
-/// shows it (loss scaling, mixed precision, a node the batch does not class), each
-/// once, so that a check reports them together. `form_surveyed` refuses a graph with
-/// any, and finds the rest (how kernels meet) one at a time.
+/// shows it (loss scaling, mixed precision, a model family without kernels, a node the
+/// batch does not class), each once, so that a check reports them together.
+/// `form_surveyed` refuses a graph with any, and finds the rest (how kernels meet) one
+/// at a time.
 pub struct Survey {
     pub(super) batch: u32,
     pub(super) class: Vec<Class>,
@@ -248,6 +315,7 @@ pub fn survey(g: &Graph) -> Survey {
     }
     let batch = batch_of(g).unwrap_or(1);
     let (class, alias, inputs_only, unclassed) = classify(g, batch);
+    errors.extend(families(g, &class));
     errors.extend(unclassed);
     // each once (a layer's gradient nodes point at the layer too)
     let mut seen = BTreeSet::new();
