@@ -175,8 +175,8 @@ fn reshape_blocker(g: &Graph, from: NodeIndex, to: NodeIndex) -> (String, &'stat
 }
 
 /// The forward pass's products that no wafer kernel computes yet, each named by the
-/// model family it belongs to: a dense layer over each token of a sequence, a product
-/// of two activations (attention's), a transposed convolution. (A product the forward
+/// model family it belongs to: a product of two activations (attention's), a
+/// transposed convolution. (A product the forward
 /// pass makes: one the loss, a prediction or a metric reads, not a gradient.)
 fn families(g: &Graph, class: &[Class]) -> Vec<Unsupported> {
     let mut forward = vec![false; g.g.node_bound()];
@@ -196,10 +196,6 @@ fn families(g: &Graph, class: &[Class]) -> Vec<Unsupported> {
             Op::MatMul if sample(ops[0]) && sample(ops[1]) => Some((
                 format!("a product of two activations ({} by {}) has no wafer kernel yet", g.ty(ops[0]), g.ty(ops[1])),
                 "the wafer's layers multiply a sample by a weight; attention's `q k^T` and `p v` multiply two of a sample's values: train attention on the host (`--target host`)",
-            )),
-            Op::MatMul if sample(ops[0]) && g.ty(ops[0]).rank() > 2 => Some((
-                format!("a dense layer over each token of a sequence ({} by {}) has no wafer kernel yet", g.ty(ops[0]), g.ty(ops[1])),
-                "the wafer's dense layers take one vector a sample: flatten the sequence first (`reshape(x, [B, T * D])`), pool it over its tokens, or train on the host (`--target host`)",
             )),
             Op::Conv2dBackpropInput(_) if sample(ops[0]) => Some((
                 format!("a transposed convolution of {} has no wafer kernel yet", g.ty(ops[0])),

@@ -21,17 +21,9 @@ pub(super) fn layers(cx: &Cx, owner: &mut [Option<usize>]) -> Vec<Kernel> {
         let ops = g.operands(n);
         // its input and weight
         let (x, w) = match &g.node(n).op {
-            Op::MatMul | Op::Conv2d(_) => {
-                let rank = if matches!(g.node(n).op, Op::MatMul) {
-                    2
-                } else {
-                    4
-                };
-                if g.ty(ops[0]).rank() != rank {
-                    continue;
-                }
-                (ops[0], ops[1])
-            }
+            // (a dense layer over each token of a sequence, `[B, T, D] x [D, N]`, too)
+            Op::MatMul if matches!(g.ty(ops[0]).rank(), 2 | 3) => (ops[0], ops[1]),
+            Op::Conv2d(_) if g.ty(ops[0]).rank() == 4 => (ops[0], ops[1]),
             Op::Gather if g.ty(ops[0]).rank() == 2 && class[ops[1].index()] == Class::Sample => {
                 (ops[1], ops[0])
             }
@@ -107,6 +99,26 @@ pub(super) fn gradients(
             }
             owner[n.index()] = Some(k);
             continue;
+        }
+        if class[n.index()] == Class::Batch {
+            if let Some((m, t, x, dy)) = token_gradient(g, n) {
+                // a dense layer over tokens: `reduce_sum(transpose(x) @ dy, [0])`
+                let k = (kernels.iter())
+                    .position(|kr| matches!(kr.kind, Kind::Dense { x: v, dw: None, .. } if v == x));
+                if let Some(k) = k {
+                    if let Kind::Dense { dy: d, dw, .. } = &mut kernels[k].kind {
+                        if d.is_some_and(|d| d != dy) {
+                            return Err(unsupported(g, n, "a layer whose weight gradient and input gradient disagree has no wafer kernel".into(), "use each weight once in the forward pass"));
+                        }
+                        *d = Some(dy);
+                        *dw = Some(n);
+                    }
+                    for v in [n, m, t] {
+                        owner[v.index()] = Some(k);
+                    }
+                    continue;
+                }
+            }
         }
         if !matches!(
             g.node(n).op,
@@ -205,6 +217,31 @@ pub(super) fn gradients(
         }
     }
     Ok(())
+}
+
+/// The weight gradient of a dense layer over tokens, `n = reduce_sum(m, [0])` with
+/// `m = t @ dy` and `t = transpose(x, [0, 2, 1])` (each sample's `x^T dy`, summed over
+/// the batch): `(m, t, x, dy)`.
+fn token_gradient(g: &Graph, n: NodeIndex) -> Option<(NodeIndex, NodeIndex, NodeIndex, NodeIndex)> {
+    let Op::Reduce {
+        op: crate::ir::ReduceOp::Sum,
+        axes,
+        ..
+    } = &g.node(n).op
+    else {
+        return None;
+    };
+    let m = g.operands(n)[0];
+    if axes.as_slice() != [0] || !matches!(g.node(m).op, Op::MatMul) || g.ty(m).rank() != 3 {
+        return None;
+    }
+    let (t, dy) = (g.operands(m)[0], g.operands(m)[1]);
+    match &g.node(t).op {
+        Op::Transpose { perm } if perm.as_slice() == [0, 2, 1] => {
+            Some((m, t, g.operands(t)[0], dy))
+        }
+        _ => None,
+    }
 }
 
 /// The sample values the host computes and streams: a layer's input computed from the

@@ -111,6 +111,7 @@ impl Sizer<'_> {
             let reachable = |h: u32| match next {
                 Some((j, d2)) => {
                     used(d2.k, h) == h
+                        && (h == 1 || !self.one_column(j))
                         && self.rows(j, d2.n).iter().any(|&h2| {
                             let h2 = used(d2.n, h2);
                             t.admits(self.layer_period(j, d2, h, h2))
@@ -128,7 +129,8 @@ impl Sizer<'_> {
             let (w, h) = match (prev, first) {
                 (None, Some(shape)) => shape,
                 (None, None) => {
-                    for w in 1..=kk.min(fab.width.max(fab.height)) {
+                    let most = if self.one_column(k) { 1 } else { kk };
+                    for w in 1..=most.min(fab.width.max(fab.height)) {
                         let w = used(kk, w);
                         if let Some(&h) = hs.iter().find(|&&h| ok(w, used(nn, h))) {
                             shapes.push((w, used(nn, h)));
@@ -139,7 +141,7 @@ impl Sizer<'_> {
                     *shapes.first()?
                 }
                 (Some(w), _) => {
-                    if used(kk, w) != w {
+                    if used(kk, w) != w || (self.one_column(k) && w != 1) {
                         return None;
                     }
                     let h = *hs.iter().find(|&&h| ok(w, used(nn, h)))?;
@@ -225,7 +227,11 @@ impl Sizer<'_> {
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
             match self.dims[k] {
                 Some(Dims { k: kk, n: nn, .. }) => {
-                    lanes.inp[k] = prev.unwrap_or_else(|| used(kk, kk.div_ceil(s)));
+                    lanes.inp[k] = match prev {
+                        Some(p) => p,
+                        None if self.one_column(k) => 1,
+                        None => used(kk, kk.div_ceil(s)),
+                    };
                     lanes.out[k] = if self.one_row(k) {
                         1
                     } else {
@@ -236,7 +242,9 @@ impl Sizer<'_> {
                     lanes.more[k] = (self.parts(k))
                         .map(|(_, pd)| used(pd.k, pd.k.div_ceil(s)))
                         .collect();
-                    if used(kk, lanes.inp[k]) != lanes.inp[k] {
+                    if used(kk, lanes.inp[k]) != lanes.inp[k]
+                        || (self.one_column(k) && lanes.inp[k] != 1)
+                    {
                         return Err(LayoutError::DoesNotFit(format!(
                             "layer {} cannot split its {kk} inputs over {} lanes",
                             kernel_name(g, f, k),

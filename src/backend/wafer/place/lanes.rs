@@ -234,6 +234,11 @@ pub(super) fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
             let geom = Geom::new(h, wd, (ws[0], ws[1]), dil, stride, same)?;
             (ws[2], ws[3], Shape::Conv(geom))
         }
+        // each token of a sequence
+        (Op::MatMul, _, _) if g.ty(*x).rank() == 3 => {
+            let t = g.ty(*x).shape[1] as u32;
+            (ws[0], ws[1], Shape::Tokens { t })
+        }
         // an image flattened: its channels split over the columns
         (_, _, Some((h, wd, c))) => (c, ws[1], Shape::Planar { hw: h * wd }),
         _ => (ws[0], ws[1], Shape::Matmul),

@@ -473,6 +473,13 @@ impl<'a> Sizer<'a> {
             || self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Gather { t } if t > 1))
     }
 
+    /// Whether layer `k` takes one column: a dense layer over tokens, whose column
+    /// takes every token whole (a column's share of each token would be a strided
+    /// part of the stream, which no kernel before it deals yet).
+    pub(super) fn one_column(&self, k: usize) -> bool {
+        self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Tokens { .. }))
+    }
+
     /// The output lanes a dense layer may take: 1 before a one-lane kernel, or up to
     /// one more than its most replicas when its dealer gathers them (`fanned`); else
     /// at least its floor.

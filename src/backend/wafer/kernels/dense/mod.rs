@@ -43,6 +43,7 @@ mod gather;
 mod gemv;
 #[cfg(test)]
 mod tests;
+mod tokens;
 
 use chain::receive;
 use std::sync::Arc;
@@ -59,6 +60,9 @@ pub enum Shape {
     Conv(Geom),
     /// An embedding: each of a sample's `t` ids picks a row of the `k x n` table (`W`).
     Gather { t: u32 },
+    /// `y = x W` of each of a sample's `t` tokens (`[t, k]` in, `[t, n]` out, token by
+    /// token: a dense layer over a sequence).
+    Tokens { t: u32 },
 }
 
 /// A convolution's geometry: input plane, filter, dilation, strides, the padding
@@ -149,12 +153,13 @@ impl Shape {
             Shape::Matmul | Shape::Gather { .. } => 1,
             Shape::Planar { hw } => *hw,
             Shape::Conv(g) => g.h * g.w,
+            Shape::Tokens { t } => *t,
         }
     }
     pub fn per_out(&self) -> u32 {
         match self {
             Shape::Conv(g) => g.ho * g.wo,
-            Shape::Gather { t } => *t,
+            Shape::Gather { t } | Shape::Tokens { t } => *t,
             _ => 1,
         }
     }
@@ -420,7 +425,7 @@ impl Dense {
     /// order; or its filter taps (row, column), then its channels.
     fn rows(&self, ks: &std::ops::Range<u32>) -> Vec<u32> {
         match self.shape {
-            Shape::Matmul | Shape::Gather { .. } => ks.clone().collect(),
+            Shape::Matmul | Shape::Gather { .. } | Shape::Tokens { .. } => ks.clone().collect(),
             Shape::Planar { hw } => ks
                 .clone()
                 .flat_map(|c| (0..hw).map(move |p| p * self.k + c))
@@ -616,6 +621,7 @@ impl Dense {
         let (fwd, bwd) = match self.shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
             Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), blk),
+            Shape::Tokens { t } => self.tokens(&mut p, t, (a, b), blk)?,
             _ => self.gemv(&mut p, a * self.shape.per_in(), b, blk),
         };
         let kind = match self.shape {

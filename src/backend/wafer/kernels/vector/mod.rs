@@ -355,6 +355,15 @@ impl Vector<'_> {
         }
     }
 
+    /// A sequence's tokens and features when `n` is a sample's sequence (`[B, T, N]`,
+    /// token by token; not an image's planes).
+    fn tokens(&self, n: NodeIndex) -> Option<(u32, u32)> {
+        match self.g.ty(n).shape.as_slice() {
+            &[b, t, w] if b == self.f.batch as usize => Some((t as u32, w as u32)),
+            _ => None,
+        }
+    }
+
     /// Whether `n` reduces a sample's features to one (`reduce_sum(x, 1, keep_dims)`),
     /// which several lanes do together (`rows`).
     fn along_rows(&self, n: NodeIndex) -> bool {

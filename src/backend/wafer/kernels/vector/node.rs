@@ -129,6 +129,28 @@ impl Vector<'_> {
                             spread_out.push(t);
                         }
                     }
+                } else if let (Some((tokens, width)), 1) = (self.tokens(n), lanes) {
+                    // a sequence's tokens one after another: a value per token (a
+                    // layer norm's mean) spread over its features, or one per feature
+                    // (a bias) repeated for every token
+                    for (a, &o) in args.iter_mut().zip(&ops) {
+                        let per = g.ty(f.resolve(o)).shape.last().copied().unwrap_or(1) as u32;
+                        let cl = a.elements();
+                        let some = cl > 1 && cl != ext;
+                        let per_token = some && cl == tokens && per == 1;
+                        let per_feature = some && cl == width && per == width;
+                        if !(per_token || per_feature) {
+                            continue;
+                        }
+                        let t = scratch.alloc(ext);
+                        body.push(if per_token {
+                            spread(t, *a, tokens, width)
+                        } else {
+                            repeat(t, *a, width, tokens)
+                        });
+                        *a = t;
+                        spread_out.push(t);
+                    }
                 }
                 lower::emit(op, dst, &args, ext, (from, node.ty.dtype), body)?;
                 for t in spread_out {
@@ -412,8 +434,27 @@ impl Vector<'_> {
         };
         let src = ops[0];
         let per = self.extent(src, lanes, lane);
+        let tokens = self
+            .tokens(src)
+            .filter(|&(_, w)| lanes == 1 && acc.elements() == w && axes.as_slice() == [0, 1]);
         let part = if per == acc.elements() {
             args[0]
+        } else if let Some((tokens, width)) = tokens {
+            // a sequence's tokens (one after another) summed feature by feature
+            let t = scratch.alloc(width);
+            body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], width));
+            body.push(nest(
+                &[tokens],
+                Instr::Vec {
+                    op: VecOp::Add,
+                    dst: at(t, 0, width, 1, &[0]),
+                    srcs: vec![
+                        view(t, 0, width, 1, &[0]),
+                        view(args[0], 0, width, 1, &[width]),
+                    ],
+                },
+            ));
+            t
         } else if acc.elements() == 1 || per.is_multiple_of(acc.elements()) {
             // over the whole sample, or (an image) over each channel's plane
             let rows = acc.elements();

@@ -135,6 +135,19 @@ pub(super) fn spread(t: Val, v: Val, cl: u32, hw: u32) -> Instr {
     )
 }
 
+/// `count` copies of the `len` words of `v` one after another into `t` (a bias given
+/// to every token of a sequence).
+pub(super) fn repeat(t: Val, v: Val, len: u32, count: u32) -> Instr {
+    nest(
+        &[count],
+        Instr::Vec {
+            op: VecOp::Mov,
+            dst: at(t, 0, len, 1, &[len]),
+            srcs: vec![view(v, 0, len, 1, &[0])],
+        },
+    )
+}
+
 /// A pooling (or its gradient) over `cl` planes of `x` (`h x w`, the image pooled)
 /// into `y` (`ho x wo`): `dst` is `y` (pooling) or `x` (a gradient); `args` the op's
 /// operands. Windows that cross the image's border (`same` padding, TensorFlow's: the
