@@ -1562,6 +1562,71 @@ fn normed_like_the_interpreter(
     )
 }
 
+/// Dense layers over each token of a sequence (`dense` of `[B, t, k]`: the wafer's
+/// `Shape::Tokens`, each token's product in turn): of the features made `t` tokens of
+/// `k`, one layer of `n` units with activation `act` flattened into the logits (variant
+/// 0); two, pooled over the tokens (1); one of `n + 3` units normalised per token
+/// (`layer_norm`) before the flattening (2); or a transformer's feed-forward block over
+/// an embedding of `t` ids (3: the embedding, `k + 3` wide, normalised, then `dense(gelu)`
+/// of `n + 1` units, `dense`, normalised again). A norm is over 4 features or more, and
+/// the block 2 units wide or more: over two features a norm makes `+-1` of any input,
+/// and of a block one unit wide (`w2 * s`) it is the same for every `s > 0`, so the
+/// gradients before it are rounding alone (seen: 1.5e-3 apart after Adam's first step).
+/// Trained
+/// 3 steps like the interpreter with SGD, momentum, Adam or clipped Adam, within 1e-4
+/// (3e-4 with a layer norm, and Adam's first step in the feed-forward block 1e-3, as
+/// `normed_like_the_interpreter` says why).
+fn tokens_like_the_interpreter(
+    (t, k, n, c): (usize, usize, usize, usize),
+    (variant, act): (usize, usize),
+    opt: usize,
+    (batch, side, seed): (usize, u32, u64),
+) -> Result<(), String> {
+    let key = format!("sequence-{t}-{k}-{n}-{c}-{variant}-{act}-{opt}-{batch}-{side}-{seed}");
+    let act = [
+        "",
+        ", activation: relu",
+        ", activation: tanh",
+        ", activation: gelu",
+    ][act];
+    let (opt, lr) = optimiser(opt);
+    let (d, ty) = if variant == 3 {
+        let d = tmp(&key);
+        write_ids(&d, (k + 2, t, c), seed);
+        (d, (format!("i32[B, {t}]"), format!("i32[{t}]")))
+    } else {
+        (random_data(&key, t * k, c, seed), floats(t * k))
+    };
+    let x = format!("reshape(features, [B, {t}, {k}])");
+    let body = match variant {
+        0 => format!("  let h = reshape(dense({x}, {n}{act}), [B, {}])\n", t * n),
+        1 => format!(
+            "  let h = reduce_mean(dense(dense({x}, {n}{act}), {}, activation: tanh), axis: 1)\n",
+            n + 1
+        ),
+        2 => format!(
+            "  let h = reshape(layer_norm(dense({x}, {}{act})), [B, {}])\n",
+            n + 3,
+            t * (n + 3)
+        ),
+        _ => format!(
+            "  let x = layer_norm(embedding(features, {}, {}))\n  let y = layer_norm(dense(dense(x, {}, activation: gelu), {}))\n  let h = reshape(y, [B, {}])\n",
+            k + 2,
+            k + 3,
+            n + 1,
+            k + 3,
+            t * (k + 3)
+        ),
+    };
+    let body = format!("{body}  let logits = dense(h, {c})\n");
+    let bound = match variant {
+        3 if opt.contains("adam") => 1e-3,
+        2 | 3 => 3e-4,
+        _ => 1e-4,
+    };
+    compare_within(&d, &body, (&opt, lr), (&ty, batch, side, seed), bound)
+}
+
 /// Batch norm in training (`std.nn.batch_norm`: the mean and variance of the step's
 /// whole batch, and their moving averages) after a dense layer of `n` units (with
 /// ReLU after it, or without its centre and scale at momentum 0.9), or after a
@@ -2097,6 +2162,16 @@ proptest::proptest! {
         opt in 0usize..4, batch in 1usize..5, seed in 0u64..1000,
     ) {
         residual_convolutions_like_the_interpreter((h, n, m), (variant, c), opt, (batch, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn dense_layers_over_tokens_train_like_the_interpreter(
+        t in 1usize..7, k in 1usize..6, n in 1usize..9, c in 2usize..5, variant in 0usize..4,
+        act in 0usize..4, opt in 0usize..4, batch in 1usize..5, side in 16u32..33,
+        seed in 0u64..1000,
+    ) {
+        tokens_like_the_interpreter((t, k, n, c), (variant, act), opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -100,25 +100,8 @@ pub(super) fn gradients(
             owner[n.index()] = Some(k);
             continue;
         }
-        if class[n.index()] == Class::Batch {
-            if let Some((m, t, x, dy)) = token_gradient(g, n) {
-                // a dense layer over tokens: `reduce_sum(transpose(x) @ dy, [0])`
-                let k = (kernels.iter())
-                    .position(|kr| matches!(kr.kind, Kind::Dense { x: v, dw: None, .. } if v == x));
-                if let Some(k) = k {
-                    if let Kind::Dense { dy: d, dw, .. } = &mut kernels[k].kind {
-                        if d.is_some_and(|d| d != dy) {
-                            return Err(unsupported(g, n, "a layer whose weight gradient and input gradient disagree has no wafer kernel".into(), "use each weight once in the forward pass"));
-                        }
-                        *d = Some(dy);
-                        *dw = Some(n);
-                    }
-                    for v in [n, m, t] {
-                        owner[v.index()] = Some(k);
-                    }
-                    continue;
-                }
-            }
+        if class[n.index()] == Class::Batch && token_layer(g, n, kernels, owner)? {
+            continue;
         }
         if !matches!(
             g.node(n).op,
@@ -217,6 +200,42 @@ pub(super) fn gradients(
         }
     }
     Ok(())
+}
+
+/// Ties `n` to its layer when it is the weight gradient of a dense layer over tokens
+/// (`token_gradient`: `reduce_sum(transpose(x) @ dy, [0])`), with the product and the
+/// transpose it sums; whether it is.
+fn token_layer(
+    g: &Graph,
+    n: NodeIndex,
+    kernels: &mut [Kernel],
+    owner: &mut [Option<usize>],
+) -> Result<bool, Unsupported> {
+    let Some((m, t, x, dy)) = token_gradient(g, n) else {
+        return Ok(false);
+    };
+    let k = (kernels.iter())
+        .position(|kr| matches!(kr.kind, Kind::Dense { x: v, dw: None, .. } if v == x));
+    let Some(k) = k else {
+        return Ok(false);
+    };
+    if let Kind::Dense { dy: d, dw, .. } = &mut kernels[k].kind {
+        if d.is_some_and(|d| d != dy) {
+            return Err(unsupported(
+                g,
+                n,
+                "a layer whose weight gradient and input gradient disagree has no wafer kernel"
+                    .into(),
+                "use each weight once in the forward pass",
+            ));
+        }
+        *d = Some(dy);
+        *dw = Some(n);
+    }
+    for v in [n, m, t] {
+        owner[v.index()] = Some(k);
+    }
+    Ok(true)
 }
 
 /// The weight gradient of a dense layer over tokens, `n = reduce_sum(m, [0])` with

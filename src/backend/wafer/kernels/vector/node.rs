@@ -116,42 +116,8 @@ impl Vector<'_> {
         match &node.op {
             op if lower::elementwise(op) => {
                 let from = ops.first().map_or(node.ty.dtype, |&o| g.ty(o).dtype);
-                // an image's per-channel operands (a bias) spread over their planes
                 let mut args = args;
-                let mut spread_out = Vec::new();
-                if let Some((pixels, _)) = planes(g, n) {
-                    for a in &mut args {
-                        let cl = a.elements();
-                        if cl > 1 && cl * pixels == ext {
-                            let t = scratch.alloc(ext);
-                            body.push(spread(t, *a, cl, pixels));
-                            *a = t;
-                            spread_out.push(t);
-                        }
-                    }
-                } else if let (Some((tokens, width)), 1) = (self.tokens(n), lanes) {
-                    // a sequence's tokens one after another: a value per token (a
-                    // layer norm's mean) spread over its features, or one per feature
-                    // (a bias) repeated for every token
-                    for (a, &o) in args.iter_mut().zip(&ops) {
-                        let per = g.ty(f.resolve(o)).shape.last().copied().unwrap_or(1) as u32;
-                        let cl = a.elements();
-                        let some = cl > 1 && cl != ext;
-                        let per_token = some && cl == tokens && per == 1;
-                        let per_feature = some && cl == width && per == width;
-                        if !(per_token || per_feature) {
-                            continue;
-                        }
-                        let t = scratch.alloc(ext);
-                        body.push(if per_token {
-                            spread(t, *a, tokens, width)
-                        } else {
-                            repeat(t, *a, width, tokens)
-                        });
-                        *a = t;
-                        spread_out.push(t);
-                    }
-                }
+                let spread_out = self.broadcast(&site, &mut args, scratch, body);
                 lower::emit(op, dst, &args, ext, (from, node.ty.dtype), body)?;
                 for t in spread_out {
                     scratch.release(t);
@@ -211,6 +177,53 @@ impl Vector<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The operands of elementwise node `site.n` that it reads over more words than they
+    /// have, spread into scratch words of its extent (returned, to release after): an
+    /// image's per-channel operands (a bias) over their planes; a sequence's (tokens
+    /// one after another, on one lane) value per token (a layer norm's mean) over its
+    /// features, or value per feature (a bias) for every token.
+    fn broadcast(
+        &self,
+        site: &Site,
+        args: &mut [Val],
+        scratch: &mut Scratch,
+        body: &mut Vec<Instr>,
+    ) -> Vec<Val> {
+        let (g, n, ext) = (self.g, site.n, site.ext);
+        let mut spread_out = Vec::new();
+        if let Some((pixels, _)) = planes(g, n) {
+            for a in args.iter_mut() {
+                let cl = a.elements();
+                if cl > 1 && cl * pixels == ext {
+                    let t = scratch.alloc(ext);
+                    body.push(spread(t, *a, cl, pixels));
+                    *a = t;
+                    spread_out.push(t);
+                }
+            }
+        } else if let (Some((tokens, width)), 1) = (self.tokens(n), site.lanes.0) {
+            for (a, o) in args.iter_mut().zip(g.operands(n)) {
+                let per = g.ty(self.f.resolve(o)).shape.last().copied().unwrap_or(1) as u32;
+                let cl = a.elements();
+                let some = cl > 1 && cl != ext;
+                let per_token = some && cl == tokens && per == 1;
+                let per_feature = some && cl == width && per == width;
+                if !(per_token || per_feature) {
+                    continue;
+                }
+                let t = scratch.alloc(ext);
+                body.push(if per_token {
+                    spread(t, *a, tokens, width)
+                } else {
+                    repeat(t, *a, width, tokens)
+                });
+                *a = t;
+                spread_out.push(t);
+            }
+        }
+        spread_out
     }
 
     /// Whether `n` is an image of several pixels, whose last axis (its channels) lies a
