@@ -111,6 +111,24 @@ input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [64]), i 
 estimator r { model = r  train_input = data() }
 "#;
 
+/// A transformer's feed-forward block over 16 tokens of 16 features (an embedding of
+/// 64 ids, normalised per token, `dense(32, gelu) -> dense(16)`, normalised again),
+/// pooled over the tokens into 4 classes, batch 16: dense layers over tokens
+/// (`Shape::Tokens`, one column each) and one-lane vector kernels between, so every
+/// kernel is one PE today (at `128` hidden a layer needs 138 KiB: E0601).
+const TOKEN_FFN: &str = r#"
+use std.nn.{dense, embedding, gelu, layer_norm}
+use std.losses.softmax_cross_entropy
+model t(features: i32[B, 16], labels: i32[B]) {
+  let x = layer_norm(embedding(features, 64, 16))
+  let y = layer_norm(dense(dense(x, 32, activation: gelu), 16))
+  let loss = softmax_cross_entropy(labels, dense(reduce_mean(y, axis: 1), 4))
+  train { minimize loss with adam(lr: 0.001) }
+}
+input data() { range(64) |> map |i| (broadcast_to(i, [16]), i % 4) |> repeat |> batch(16, drop_remainder: true) }
+estimator t { model = t  train_input = data() }
+"#;
+
 /// A classifier of 1,000 classes: 256 features -> 256 (relu) -> 1,000, batch 32; its
 /// loss runs across the last layer's rows (on one lane, the layer fits no fabric).
 const THOUSAND_CLASSES: &str = r#"
@@ -272,4 +290,7 @@ fn main() {
     // ResNet's stages: projection shortcuts beside strided blocks
     let resnet8 = Program::from_source("resnet8.est", RESNET8, None);
     bench("resnet-8 16/32/64 on 8x8, b16", resnet8, &[], &t64, steps);
+    // a transformer's feed-forward block over tokens
+    let ffn = Program::from_source("token_ffn.est", TOKEN_FFN, None);
+    bench("token ffn 16x16->32, b16", ffn, &[], &t32, steps);
 }
