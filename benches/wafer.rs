@@ -114,8 +114,8 @@ estimator r { model = r  train_input = data() }
 /// A transformer's feed-forward block over 16 tokens of 16 features (an embedding of
 /// 64 ids, normalised per token, `dense(32, gelu) -> dense(16)`, normalised again),
 /// pooled over the tokens into 4 classes, batch 16: dense layers over tokens
-/// (`Shape::Tokens`, one column each) and one-lane vector kernels between, so every
-/// kernel is one PE today (at `128` hidden a layer needs 138 KiB: E0601).
+/// (`Shape::Tokens`) dealt through the GELU kernel's lanes between them, the layer
+/// norms on one lane each.
 const TOKEN_FFN: &str = r#"
 use std.nn.{dense, embedding, gelu, layer_norm}
 use std.losses.softmax_cross_entropy

@@ -927,6 +927,58 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
     result
 }
 
+/// Evaluates the model of `body` (the program `compare_within` writes, its input the
+/// eval input too) 2 batches on a `side x side` fabric and on the interpreter, both
+/// from the interpreter's checkpoint after one step: the losses within 1e-5. (An eval
+/// graph has no backward pass, so its kernels may take other lanes than in training.)
+fn evaluated_like_the_interpreter(
+    d: &Path,
+    body: &str,
+    opt: &str,
+    (ty, batch, side, seed): (&(String, String), usize, u32, u64),
+) -> Result<(), String> {
+    let (features, columns) = ty;
+    let src = format!(
+        r#"use std.nn.{{dense, embedding, gelu, layer_norm}}
+use std.losses.softmax_cross_entropy
+model m(features: {features}, labels: i32[B]) {{
+{body}  let loss = softmax_cross_entropy(labels, logits)
+  train {{ minimize loss with {opt} }}
+}}
+input data() {{ csv("data.csv", header: false, columns: {{ x: {columns}, label: i32 }}) |> map |r| (r.x, r.label) |> repeat |> batch({batch}, drop_remainder: true) }}
+estimator e {{ model = m  train_input = data()  eval_input = data()  config {{ random_seed = {seed} }} }}
+"#
+    );
+    std::fs::write(d.join("e.est"), &src).unwrap();
+    let p = est::Program::load(&d.join("e.est")).unwrap();
+    let open = |target: Target, dir: &str| {
+        let opts = est::runtime::RunOptions {
+            target,
+            model_dir: Some(d.join(dir)),
+            wafer: Some(square(side)),
+            ..Default::default()
+        };
+        est::runtime::Estimator::new(&p, &opts).map_err(|f| format!("{:?}", f.diags))
+    };
+    // (both from the checkpoint of the interpreter's step)
+    let mut i = open(Target::Interp, "e")?;
+    i.train(Steps::Max(1))
+        .map_err(|f| format!("{:?}", f.diags))?;
+    let mut w = open(Target::Wafer, "e")?;
+    let eval = |e: &mut est::runtime::Estimator| {
+        e.evaluate(Some(2))
+            .map(|r| r.loss)
+            .map_err(|f| format!("{:?}", f.diags))
+    };
+    let (lw, li) = (eval(&mut w)?, eval(&mut i)?);
+    if (lw - li).abs() > 1e-5 * li.abs().max(1.0) {
+        return Err(format!(
+            "eval loss {lw} where the interpreter has {li}\n{src}"
+        ));
+    }
+    Ok(())
+}
+
 /// The rounding a step's gradients may carry when the loss is `loss`, relative to
 /// each variable's scale. A softmax cross entropy near zero is a softmax near one:
 /// its gradient (`softmax - labels`, as small as the loss) is a difference of two
@@ -1564,8 +1616,8 @@ fn normed_like_the_interpreter(
 
 /// Dense layers over each token of a sequence (`dense` of `[B, t, k]`: the wafer's
 /// `Shape::Tokens`, each token's product in turn): of the features made `t` tokens of
-/// `k`, one layer of `n` units with activation `act` flattened into the logits (variant
-/// 0); two, pooled over the tokens (1); one of `n + 3` units normalised per token
+/// `k`, one layer of `n` units with activation `act` (or, `act` 0, no bias: the layers
+/// meet with no vector kernel between) flattened into the logits (variant 0); two, pooled over the tokens (1); one of `n + 3` units normalised per token
 /// (`layer_norm`) before the flattening (2); or a transformer's feed-forward block over
 /// an embedding of `t` ids (3: the embedding, `k + 3` wide, normalised, then `dense(gelu)`
 /// of `n + 1` units, `dense`, normalised again). A norm is over 4 features or more, and
@@ -1575,7 +1627,8 @@ fn normed_like_the_interpreter(
 /// Trained
 /// 3 steps like the interpreter with SGD, momentum, Adam or clipped Adam, within 1e-4
 /// (3e-4 with a layer norm, and Adam's first step in the feed-forward block 1e-3, as
-/// `normed_like_the_interpreter` says why).
+/// `normed_like_the_interpreter` says why), and evaluated alike
+/// (`evaluated_like_the_interpreter`).
 fn tokens_like_the_interpreter(
     (t, k, n, c): (usize, usize, usize, usize),
     (variant, act): (usize, usize),
@@ -1584,7 +1637,7 @@ fn tokens_like_the_interpreter(
 ) -> Result<(), String> {
     let key = format!("sequence-{t}-{k}-{n}-{c}-{variant}-{act}-{opt}-{batch}-{side}-{seed}");
     let act = [
-        "",
+        ", use_bias: false",
         ", activation: relu",
         ", activation: tanh",
         ", activation: gelu",
@@ -1624,6 +1677,7 @@ fn tokens_like_the_interpreter(
         2 | 3 => 3e-4,
         _ => 1e-4,
     };
+    evaluated_like_the_interpreter(&d, &body, &opt, (&ty, batch, side, seed))?;
     compare_within(&d, &body, (&opt, lr), (&ty, batch, side, seed), bound)
 }
 

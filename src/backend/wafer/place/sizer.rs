@@ -466,18 +466,35 @@ impl<'a> Sizer<'a> {
         }
     }
 
-    /// Whether layer `k` takes one row: before a one-lane kernel, or an embedding of
-    /// several ids a sample (whose rows would each send a part of every id's row).
+    /// Whether layer `k` takes one row: before a one-lane kernel, an embedding of
+    /// several ids a sample (whose rows would each send a part of every id's row), or
+    /// a dense layer over tokens before a layer that is not one.
     pub(super) fn one_row(&self, k: usize) -> bool {
+        let tokens = |j: usize| {
+            (self.dims.get(j).copied().flatten())
+                .is_some_and(|d| matches!(d.shape, Shape::Tokens { .. }))
+        };
+        // (a dense layer over tokens whose rows would each send a share of every
+        // token to a layer that reads them flattened, as runs of the flat words)
+        let flattened =
+            tokens(k) && self.dims.get(k + 1).is_some_and(Option::is_some) && !tokens(k + 1);
         self.single_next[k]
+            || flattened
             || self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Gather { t } if t > 1))
     }
 
-    /// Whether layer `k` takes one column: a dense layer over tokens, whose column
-    /// takes every token whole (a column's share of each token would be a strided
-    /// part of the stream, which no kernel before it deals yet).
+    /// Whether layer `k` takes one column: a dense layer over tokens that the host
+    /// feeds, whose column takes every token whole (the host sends a column a run of
+    /// a sample's words, and a column's share of each token is a strided part of it;
+    /// a kernel's lanes send each its share of every token).
     pub(super) fn one_column(&self, k: usize) -> bool {
-        self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Tokens { .. }))
+        let from_host = match self.f.kernels[k].kind {
+            Kind::Dense { x, .. } => {
+                (self.f.streams.iter()).any(|s| s.node == self.f.resolve(x) && s.from == End::Host)
+            }
+            Kind::Vector { .. } => false,
+        };
+        from_host && self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Tokens { .. }))
     }
 
     /// The output lanes a dense layer may take: 1 before a one-lane kernel, or up to

@@ -4,7 +4,8 @@
 //! features to `L` PEs (`split(N, L, l)`), which elementwise groups allow, and groups
 //! whose reductions within a sample are along its features (a layer norm's: the lanes
 //! reduce together, `rows`); any other reduction within a sample (a softmax, an argmax,
-//! a one-hot) runs on one lane.
+//! a one-hot) runs on one lane. A sequence (`[B, T, N]`, token by token) is dealt so
+//! too, each lane its share of every token (`tokens`), in elementwise groups.
 //!
 //! Tasks, one per phase: the forward task runs when a sample's forward inputs arrive,
 //! the backward task when its output gradients do, in the order of the 1F1B schedule
@@ -221,12 +222,17 @@ impl Vector<'_> {
                         || self.along_rows(n)
                         || (self.across && self.arg_across(n))
                 }
+                // a sequence, token by token: each lane its share of every token
+                Class::Sample if self.tokens(n).is_some() => {
+                    agree(node.ty.shape[2], false) && lower::elementwise(&node.op)
+                }
                 Class::Sample => {
                     node.ty.rank() == 2
                         && node.ty.shape[0] == b
                         && agree(node.ty.shape[1], false)
                         && (lower::elementwise(&node.op)
                             || self.pools_planes(n)
+                            || self.pools_tokens(n)
                             || matches!(node.op, Op::CheckIndices { .. })
                             || (matches!(node.op, Op::BroadcastTo)
                                 && src.is_some_and(|s| self.row_width(s) == 1))
@@ -247,7 +253,12 @@ impl Vector<'_> {
                 }
                 Class::Batch => {
                     let planes = src.is_some_and(|s| g.ty(s).rank() == 4);
-                    let axes: &[usize] = if planes { &[0, 1, 2] } else { &[0] };
+                    let tokens = src.is_some_and(|s| self.tokens(s).is_some());
+                    let axes: &[usize] = match (planes, tokens) {
+                        (true, _) => &[0, 1, 2],
+                        (_, true) => &[0, 1],
+                        _ => &[0],
+                    };
                     node.ty.rank() == 1
                         && agree(node.ty.shape[0], planes)
                         && matches!(&node.op, Op::Reduce { axes: a, .. } if a.as_slice() == axes)
@@ -266,11 +277,25 @@ impl Vector<'_> {
                 // a sample's scalar (a label), which every lane takes whole
                 (None, 1) => wide && self.across,
                 (None, 2) => agree(ty.shape[1], false),
+                // (a sequence the host sends whole would need each lane's strided share)
+                (None, 3) if self.tokens(p.node).is_some() && !p.whole => agree(ty.shape[2], false),
                 _ => false,
             };
             if !ok {
                 return None;
             }
+        }
+        // a sequence it sends on flattened (`reshape(x, [B, T * N])`, for a dense layer
+        // whose columns take runs of the flat words) goes whole, from one lane
+        let flattened = (self.outputs.iter()).any(|p| {
+            self.tokens(p.node).is_some()
+                && (g
+                    .g
+                    .neighbors_directed(p.node, petgraph::Direction::Outgoing))
+                .any(|u| matches!(g.node(u).op, Op::Reshape) && self.tokens(u).is_none())
+        });
+        if flattened {
+            return None;
         }
         width.map(|w| (w.0 as u32, w.1))
     }
@@ -355,6 +380,18 @@ impl Vector<'_> {
         }
     }
 
+    /// Whether `n` sums (or averages) a sequence over its tokens (`reduce_mean(x, axis:
+    /// 1)`), which each lane does for its share of the features.
+    fn pools_tokens(&self, n: NodeIndex) -> bool {
+        let Op::Reduce { op, axes, .. } = &self.g.node(n).op else {
+            return false;
+        };
+        let src = self.f.resolve(self.g.operands(n)[0]);
+        matches!(op, crate::ir::ReduceOp::Sum | crate::ir::ReduceOp::Mean)
+            && self.tokens(src).is_some()
+            && axes.as_slice() == [1]
+    }
+
     /// A sequence's tokens and features when `n` is a sample's sequence (`[B, T, N]`,
     /// token by token; not an image's planes).
     fn tokens(&self, n: NodeIndex) -> Option<(u32, u32)> {
@@ -411,6 +448,10 @@ impl Vector<'_> {
         if let Some(runs) = self.channel_runs(n, lanes, lane) {
             return runs.iter().map(|r| r.1).sum();
         }
+        if let (Some((t, w)), Class::Sample) = (self.tokens(n), self.f.class[n.index()]) {
+            // its share of every token
+            return t * split(w, lanes, lane).len() as u32;
+        }
         let per = match self.f.class[n.index()] {
             Class::Sample | Class::SampleT => ty.shape.iter().skip(1).product::<usize>(),
             _ => ty.elements(),
@@ -429,6 +470,12 @@ impl Vector<'_> {
     fn runs(&self, n: NodeIndex, lanes: u32, lane: u32) -> Vec<(u32, u32)> {
         if let Some(runs) = self.channel_runs(n, lanes, lane) {
             return runs;
+        }
+        if let (Some((t, w)), Class::Sample, true) =
+            (self.tokens(n), self.f.class[n.index()], lanes > 1)
+        {
+            let s = split(w, lanes, lane);
+            return (0..t).map(|i| (i * w + s.start, s.len() as u32)).collect();
         }
         let ext = self.extent(n, lanes, lane);
         if lanes > 1 && ext > 0 && self.extent(n, 1, 0) > 1 {

@@ -203,13 +203,15 @@ impl Vector<'_> {
                     spread_out.push(t);
                 }
             }
-        } else if let (Some((tokens, width)), 1) = (self.tokens(n), site.lanes.0) {
+        } else if let Some((tokens, width)) = self.tokens(n) {
+            // (on several lanes, each its share of every token's features)
+            let share = ext / tokens.max(1);
             for (a, o) in args.iter_mut().zip(g.operands(n)) {
                 let per = g.ty(self.f.resolve(o)).shape.last().copied().unwrap_or(1) as u32;
                 let cl = a.elements();
                 let some = cl > 1 && cl != ext;
-                let per_token = some && cl == tokens && per == 1;
-                let per_feature = some && cl == width && per == width;
+                let per_token = some && cl == tokens && per == 1 && site.lanes.0 == 1;
+                let per_feature = some && cl == share && per == width;
                 if !(per_token || per_feature) {
                     continue;
                 }
@@ -217,7 +219,7 @@ impl Vector<'_> {
                 body.push(if per_token {
                     spread(t, *a, tokens, width)
                 } else {
-                    repeat(t, *a, width, tokens)
+                    repeat(t, *a, share, tokens)
                 });
                 *a = t;
                 spread_out.push(t);
@@ -447,9 +449,10 @@ impl Vector<'_> {
         };
         let src = ops[0];
         let per = self.extent(src, lanes, lane);
-        let tokens = self
-            .tokens(src)
-            .filter(|&(_, w)| lanes == 1 && acc.elements() == w && axes.as_slice() == [0, 1]);
+        // (on several lanes, each its share of every token's features)
+        let tokens = (self.tokens(src))
+            .map(|(t, _)| (t, per / t.max(1)))
+            .filter(|&(_, share)| acc.elements() == share && axes.as_slice() == [0, 1]);
         let part = if per == acc.elements() {
             args[0]
         } else if let Some((tokens, width)) = tokens {
@@ -587,6 +590,9 @@ impl Vector<'_> {
         let (mut shape, at) = laid(&self.g.ty(n).shape, axis);
         if let (Some((_, c)), true) = (planes(self.g, n), lanes > 1) {
             shape[1] = split(c, lanes, lane).len();
+        } else if let (Some((_, w)), true) = (self.tokens(n), lanes > 1) {
+            // (a sequence's share of every token's features)
+            shape[2] = split(w, lanes, lane).len();
         }
         (shape, at)
     }
