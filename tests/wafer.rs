@@ -1615,20 +1615,24 @@ fn normed_like_the_interpreter(
 }
 
 /// Dense layers over each token of a sequence (`dense` of `[B, t, k]`: the wafer's
-/// `Shape::Tokens`, each token's product in turn): of the features made `t` tokens of
-/// `k`, one layer of `n` units with activation `act` (or, `act` 0, no bias: the layers
-/// meet with no vector kernel between) flattened into the logits (variant 0); two, pooled over the tokens (1); one of `n + 3` units normalised per token
-/// (`layer_norm`) before the flattening (2); or a transformer's feed-forward block over
-/// an embedding of `t` ids (3: the embedding, `k + 3` wide, normalised, then `dense(gelu)`
-/// of `n + 1` units, `dense`, normalised again). A norm is over 4 features or more, and
-/// the block 2 units wide or more: over two features a norm makes `+-1` of any input,
-/// and of a block one unit wide (`w2 * s`) it is the same for every `s > 0`, so the
-/// gradients before it are rounding alone (seen: 1.5e-3 apart after Adam's first step).
-/// Trained
-/// 3 steps like the interpreter with SGD, momentum, Adam or clipped Adam, within 1e-4
-/// (3e-4 with a layer norm, and Adam's first step in the feed-forward block 1e-3, as
-/// `normed_like_the_interpreter` says why), and evaluated alike
-/// (`evaluated_like_the_interpreter`).
+/// `Shape::Tokens`, each token's product in turn). Of the features made `t` tokens of
+/// `k`:
+/// - variant 0: one layer of `n` units with activation `act` (or, `act` 0, no bias:
+///   the layers meet with no vector kernel between), flattened into the logits;
+/// - 1: two, pooled over the tokens;
+/// - 2: one of `n + 3` units normalised per token (`layer_norm`, on as many lanes as
+///   the layer has rows) and pooled;
+/// - 3: a transformer's feed-forward block over an embedding of `t` ids: the
+///   embedding, `k + 3` wide, normalised, then `dense(gelu)` of `n + 1` units,
+///   `dense`, normalised again, flattened.
+///
+/// A norm is over 4 features or more, and the block 2 units wide or more: over two
+/// features a norm makes `+-1` of any input, and of a block one unit wide (`w2 * s`)
+/// it is the same for every `s > 0`, so the gradients before it are rounding alone
+/// (seen: 1.5e-3 apart after Adam's first step). Trained 3 steps like the interpreter
+/// with SGD, momentum, Adam or clipped Adam, within 1e-4 (3e-4 with a layer norm, and
+/// Adam's first step in the feed-forward block 1e-3, as `normed_like_the_interpreter`
+/// says why), and evaluated alike (`evaluated_like_the_interpreter`).
 fn tokens_like_the_interpreter(
     (t, k, n, c): (usize, usize, usize, usize),
     (variant, act): (usize, usize),
@@ -1658,9 +1662,8 @@ fn tokens_like_the_interpreter(
             n + 1
         ),
         2 => format!(
-            "  let h = reshape(layer_norm(dense({x}, {}{act})), [B, {}])\n",
-            n + 3,
-            t * (n + 3)
+            "  let h = reduce_mean(layer_norm(dense({x}, {}{act})), axis: 1)\n",
+            n + 3
         ),
         _ => format!(
             "  let x = layer_norm(embedding(features, {}, {}))\n  let y = layer_norm(dense(dense(x, {}, activation: gelu), {}))\n  let h = reshape(y, [B, {}])\n",

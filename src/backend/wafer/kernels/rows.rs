@@ -16,18 +16,19 @@ use super::{Laid, Orient};
 /// one the total comes back up on.
 pub type RowColours = [Colour; 3];
 
-/// `acc` (one word on each lane, its share's reduction by `op`) made the reduction of
-/// every lane's, on lane `lane` of `lanes`.
+/// `acc` (on each lane its share's reduction by `op`: one word, or one a token of a
+/// sequence) made the reduction of every lane's, on lane `lane` of `lanes`.
 pub fn across(op: VecOp, acc: Val, (lanes, lane): (u32, u32), c: RowColours) -> Vec<Instr> {
     if lanes < 2 {
         return Vec::new();
     }
-    let Some(mine) = acc.dsd(1) else {
+    let len = acc.elements();
+    let Some(mine) = acc.dsd(len) else {
         return Vec::new();
     };
     let on = |l: u32| c[(l % 2) as usize];
-    let out = |colour| Dsd::Out { colour, len: 1 };
-    let inp = |colour| Src::V(Dsd::In { colour, len: 1 });
+    let out = |colour| Dsd::Out { colour, len };
+    let inp = |colour| Src::V(Dsd::In { colour, len });
     let last = lanes - 1;
     let mut body = Vec::new();
     match lane {

@@ -5,7 +5,9 @@
 //! whose reductions within a sample are along its features (a layer norm's: the lanes
 //! reduce together, `rows`); any other reduction within a sample (a softmax, an argmax,
 //! a one-hot) runs on one lane. A sequence (`[B, T, N]`, token by token) is dealt so
-//! too, each lane its share of every token (`tokens`), in elementwise groups.
+//! too, each lane its share of every token (`tokens`), in elementwise groups and in
+//! groups that reduce along each token's features (`along_tokens`: the lanes reduce a
+//! word a token together, and hold the values per token whole).
 //!
 //! Tasks, one per phase: the forward task runs when a sample's forward inputs arrive,
 //! the backward task when its output gradients do, in the order of the 1F1B schedule
@@ -222,9 +224,20 @@ impl Vector<'_> {
                         || self.along_rows(n)
                         || (self.across && self.arg_across(n))
                 }
+                // a value per token of a sequence (a layer norm's mean), which every
+                // lane holds whole: a reduction along the tokens' features, or made
+                // from such values
+                Class::Sample if self.along_tokens(n) => true,
+                Class::Sample if self.token_scalar(n) => lower::elementwise(&node.op),
                 // a sequence, token by token: each lane its share of every token
                 Class::Sample if self.tokens(n).is_some() => {
-                    agree(node.ty.shape[2], false) && lower::elementwise(&node.op)
+                    // (a value per token over its features, or a sample's value per
+                    // feature over its tokens: the gradient of a pooling over them)
+                    let spreads = matches!(node.op, Op::BroadcastTo)
+                        && src.is_some_and(|s| {
+                            self.token_scalar(s) || self.along_tokens(s) || self.per_feature(s, n)
+                        });
+                    agree(node.ty.shape[2], false) && (lower::elementwise(&node.op) || spreads)
                 }
                 Class::Sample => {
                     node.ty.rank() == 2
@@ -392,6 +405,41 @@ impl Vector<'_> {
             && axes.as_slice() == [1]
     }
 
+    /// Whether `n` reduces each token of a sequence along its features (a layer norm's
+    /// `reduce_mean(x, axis: 2)`, its dims kept or not), which several lanes do
+    /// together (`rows`, a word a token).
+    fn along_tokens(&self, n: NodeIndex) -> bool {
+        let Op::Reduce { op, axes, .. } = &self.g.node(n).op else {
+            return false;
+        };
+        let src = self.f.resolve(self.g.operands(n)[0]);
+        matches!(op, crate::ir::ReduceOp::Sum | crate::ir::ReduceOp::Mean)
+            && self.tokens(src).is_some_and(|(_, w)| w > 1)
+            && axes.as_slice() == [2]
+    }
+
+    /// Whether `s` is a sample's value per feature (`[B, N]` or `[B, 1, N]`) that `n`, a
+    /// sequence of `N` features, gives every token.
+    fn per_feature(&self, s: NodeIndex, n: NodeIndex) -> bool {
+        let (from, to) = (&self.g.ty(s).shape, &self.g.ty(n).shape);
+        self.f.class[s.index()] == Class::Sample
+            && to.len() == 3
+            && from.first() == to.first()
+            && from.last() == to.last()
+            && from.iter().skip(1).product::<usize>() == to[2]
+    }
+
+    /// Whether `n` is a value per token of a sequence (`[B, T, 1]`) in a kernel of
+    /// wider sequences, which every lane holds whole.
+    fn token_scalar(&self, n: NodeIndex) -> bool {
+        self.tokens(n).is_some_and(|(_, w)| w == 1)
+            && (self
+                .nodes()
+                .iter()
+                .chain(self.inputs.iter().map(|p| &p.node)))
+            .any(|&m| self.tokens(m).is_some_and(|(_, w)| w > 1))
+    }
+
     /// A sequence's tokens and features when `n` is a sample's sequence (`[B, T, N]`,
     /// token by token; not an image's planes).
     fn tokens(&self, n: NodeIndex) -> Option<(u32, u32)> {
@@ -432,7 +480,8 @@ impl Vector<'_> {
                         self.g.node(n).op,
                         Op::Softmax { .. } | Op::LogSoftmax { .. }
                     ));
-            self.f.class[n.index()] == Class::Sample && (self.along_rows(n) || across)
+            self.f.class[n.index()] == Class::Sample
+                && (self.along_rows(n) || self.along_tokens(n) || across)
         })
     }
 
@@ -449,8 +498,14 @@ impl Vector<'_> {
             return runs.iter().map(|r| r.1).sum();
         }
         if let (Some((t, w)), Class::Sample) = (self.tokens(n), self.f.class[n.index()]) {
-            // its share of every token
+            // its share of every token, or a value per token whole
+            if self.token_scalar(n) {
+                return t;
+            }
             return t * split(w, lanes, lane).len() as u32;
+        }
+        if self.along_tokens(n) {
+            return self.g.ty(n).shape[1] as u32;
         }
         let per = match self.f.class[n.index()] {
             Class::Sample | Class::SampleT => ty.shape.iter().skip(1).product::<usize>(),
@@ -470,6 +525,9 @@ impl Vector<'_> {
     fn runs(&self, n: NodeIndex, lanes: u32, lane: u32) -> Vec<(u32, u32)> {
         if let Some(runs) = self.channel_runs(n, lanes, lane) {
             return runs;
+        }
+        if self.token_scalar(n) || self.along_tokens(n) {
+            return vec![(0, self.extent(n, lanes, lane))];
         }
         if let (Some((t, w)), Class::Sample, true) =
             (self.tokens(n), self.f.class[n.index()], lanes > 1)

@@ -210,14 +210,14 @@ impl Vector<'_> {
                 let per = g.ty(self.f.resolve(o)).shape.last().copied().unwrap_or(1) as u32;
                 let cl = a.elements();
                 let some = cl > 1 && cl != ext;
-                let per_token = some && cl == tokens && per == 1 && site.lanes.0 == 1;
+                let per_token = some && cl == tokens && per == 1;
                 let per_feature = some && cl == share && per == width;
                 if !(per_token || per_feature) {
                     continue;
                 }
                 let t = scratch.alloc(ext);
                 body.push(if per_token {
-                    spread(t, *a, tokens, width)
+                    spread(t, *a, tokens, share)
                 } else {
                     repeat(t, *a, share, tokens)
                 });
@@ -253,6 +253,17 @@ impl Vector<'_> {
         if lanes > 1 && args[0].elements() == 1 {
             return vec(VecOp::Mov, dst, &args[..1], ext);
         }
+        if let (Some((t, _)), true) = (self.tokens(n), lanes > 1) {
+            // a value per token over the lane's share of its features, or the lane's
+            // share of a value per feature for every token
+            let share = ext / t.max(1);
+            let src = self.f.resolve(g.operands(n)[0]);
+            return if self.per_feature(src, n) {
+                repeat(dst, args[0], share, t)
+            } else {
+                spread(dst, args[0], t, share)
+            };
+        }
         let from = &g.ty(g.operands(n)[0]).shape;
         broadcast(dst, args[0], from, &g.ty(n).shape)
     }
@@ -280,6 +291,20 @@ impl Vector<'_> {
             ReduceOp::Prod => (VecOp::Mul, 1.0),
         };
         body.push(vec(VecOp::Mov, dst, &[Val::Imm(init)], ext));
+        if lanes > 1 && self.along_tokens(n) {
+            // each token's share, then every lane's (`rows`, a word a token)
+            let src = f.resolve(ops[0]);
+            let (t, w) = self
+                .tokens(src)
+                .ok_or("a reduction along no sequence's tokens")?;
+            let share = self.extent(src, lanes, lane) / t.max(1);
+            body.push(reduce_rows(v, dst, args[0], t, share));
+            body.extend(self.together(v, dst, (lanes, lane)));
+            if op == ReduceOp::Mean {
+                body.push(vec(VecOp::Mul, dst, &[dst, Val::Imm(1.0 / w as f32)], t));
+            }
+            return Ok(());
+        }
         if lanes > 1 && self.along_rows(n) {
             // this lane's share, then every lane's (`rows`)
             let mine = self.extent(f.resolve(ops[0]), lanes, lane);
