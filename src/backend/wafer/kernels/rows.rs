@@ -1,5 +1,6 @@
 //! Reductions along a sample's features across the lanes of a vector kernel (a layer
-//! norm's mean and variance, their gradients' sums): each lane reduces its share, the
+//! norm's mean and variance, their gradients' sums; a word a sample, or a word a token
+//! of a sequence): each lane reduces its share, the
 //! partial results go down the strip lane to lane, each adding its own (on two colours
 //! that alternate, as a dense layer's chains do: a router passes one colour one way),
 //! and the last lane sends the whole back up to every other (a third colour, multicast
