@@ -80,11 +80,13 @@ pub(super) fn macs(acc: u32, len: u32, count: u32, w: Dsd, x: Dsd) -> Instr {
     }
 }
 
-/// `dst += a * b` (element by element, `dst` and `a`/`b` as given) in the loops of a
-/// convolution's taps: filter row, filter column, input channel, output channel.
-pub(super) fn taps(loops: [u32; 4], dst: Dsd, a: Dsd, b: Dsd) -> Instr {
+/// `dst += a * b` (element by element, `dst` and `a`/`b` as given) in `loops`,
+/// outermost first, each descriptor moved by its steps: a convolution's taps (filter
+/// row, filter column, input channel, output channel), or a sequence's tokens and a
+/// PE's inputs or outputs.
+pub(super) fn taps(loops: &[u32], dst: Dsd, a: Dsd, b: Dsd) -> Instr {
     nest(
-        &loops,
+        loops,
         Instr::Vec {
             op: VecOp::Fmac,
             dst: dst.clone(),

@@ -61,7 +61,7 @@ impl Dense {
         fwd.extend([
             pad(0),
             zero(y, b * plane_out),
-            taps(tap_loops, yout.clone(), wt.clone(), xin.clone()),
+            taps(&tap_loops, yout.clone(), wt.clone(), xin.clone()),
         ]);
         let (send, recv) = links.fwd;
         let outputs = link(y, (g.wo, sw), &[(b, plane_out), (g.ho, row)], send, recv);
@@ -110,7 +110,7 @@ impl Dense {
         if self.dx {
             // the input gradient: each output's gradient back through every tap
             bwd.push(zero(xp, a * plane_pad));
-            bwd.push(taps(tap_loops, xin.clone(), wt, yout.clone()));
+            bwd.push(taps(&tap_loops, xin.clone(), wt, yout.clone()));
             if let (Some(skip), 0, 1..) = (skip, carry.pass, carry.mine) {
                 // (its own input carried: the skip's gradient of its column's channels)
                 let dst = Dsd::strided(
@@ -158,7 +158,7 @@ impl Dense {
         // output gradient
         bwd.push(pad(1));
         let acc = Dsd::strided(dw, span, 0, &[g.s * a * b, a * b, b, 1], None);
-        bwd.push(taps(tap_loops, acc, xin, yout));
+        bwd.push(taps(&tap_loops, acc, xin, yout));
         bwd.push(self.count(1));
         (fwd, bwd)
     }

@@ -1,23 +1,9 @@
 //! A dense layer over each token of a sequence on a PE: the forward and backward bodies
 //! of `gemv`, each over a sample's `t` tokens in turn.
 
-use super::super::super::isa::{Dsd, Instr, Program, Src, VecOp};
-use super::super::nest;
-use super::chain::{link, row_gradient, zero};
+use super::super::super::isa::{Dsd, Instr, Program};
+use super::chain::{link, row_gradient, taps, zero};
 use super::{Block, Dense};
-
-/// `dst += a * b` in the loops `loops` (outermost first), each descriptor moved by its
-/// own steps.
-fn fmacs(loops: [u32; 2], dst: Dsd, a: Dsd, b: Dsd) -> Instr {
-    nest(
-        &loops,
-        Instr::Vec {
-            op: VecOp::Fmac,
-            dst: dst.clone(),
-            srcs: vec![Src::V(dst), Src::V(a), Src::V(b)],
-        },
-    )
-}
 
 impl Dense {
     /// A dense layer over tokens on a PE with `a` inputs and `b` outputs of each of a
@@ -50,8 +36,8 @@ impl Dense {
         // y[t, :] += x[t, i] W[i, :], over the tokens and the inputs
         let mut fwd = vec![take, zero(y, t * b)];
         if a > 0 && b > 0 {
-            fwd.push(fmacs(
-                [t, a],
+            fwd.push(taps(
+                &[t, a],
                 Dsd::strided(y, b, 1, &[b, 0], None),
                 Dsd::strided(w, b, 1, &[0, b], None),
                 Dsd::strided(xs, b, 0, &[a, 1], self.by(0, t * a)),
@@ -72,8 +58,8 @@ impl Dense {
             let dx = p.alloc("dx", t * a);
             bwd.push(zero(dx, t * a));
             if a > 0 && b > 0 {
-                bwd.push(fmacs(
-                    [t, b],
+                bwd.push(taps(
+                    &[t, b],
                     Dsd::strided(dx, a, 1, &[a, 0], None),
                     Dsd::strided(w, a, b as i32, &[0, 1], None),
                     Dsd::strided(dy, a, 0, &[b, 1], None),
@@ -84,8 +70,8 @@ impl Dense {
         }
         // dW[i, :] += x[t, i] dy[t, :], over the tokens and the inputs
         if a > 0 && b > 0 {
-            bwd.push(fmacs(
-                [t, a],
+            bwd.push(taps(
+                &[t, a],
                 Dsd::strided(dw, b, 1, &[0, b], None),
                 Dsd::strided(dy, b, 1, &[b, 0], None),
                 Dsd::strided(xs, b, 0, &[a, 1], self.by(1, t * a)),
