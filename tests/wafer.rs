@@ -866,30 +866,10 @@ fn compare_within(
     (ty, batch, side, seed): (&(String, String), usize, u32, u64),
     bound: f64,
 ) -> Result<(), String> {
-    let (features, columns) = ty;
-    let src = format!(
-        r#"use std.nn.{{avg_pool2d, batch_norm, conv2d, dense, depthwise_conv2d, embedding, gelu, gru, layer_norm, lstm, max_pool2d}}
-use std.losses.softmax_cross_entropy
-model m(features: {features}, labels: i32[B]) {{
-{body}  let loss = softmax_cross_entropy(labels, logits)
-  train {{ minimize loss with {opt} }}
-}}
-input data() {{ csv("data.csv", header: false, columns: {{ x: {columns}, label: i32 }}) |> map |r| (r.x, r.label) |> repeat |> batch({batch}, drop_remainder: true) }}
-estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }} }}
-"#
-    );
+    let src = classifier(body, opt, (ty, batch, seed), "");
     std::fs::write(d.join("m.est"), &src).unwrap();
     let p = est::Program::load(&d.join("m.est")).unwrap();
-    let fabric = square(side);
-    let open = |target: Target, dir: &str| {
-        let opts = est::runtime::RunOptions {
-            target,
-            model_dir: Some(d.join(dir)),
-            wafer: Some(fabric.clone()),
-            ..Default::default()
-        };
-        est::runtime::Estimator::new(&p, &opts).map_err(|f| format!("{:?}", f.diags))
-    };
+    let open = |target: Target, dir: &str| on_square(&p, target, &d.join(dir), side);
     let (mut w, mut i) = (open(Target::Wafer, "w")?, open(Target::Interp, "i")?);
     // a variable is measured against its largest magnitude or the learning rate: one
     // that starts at zero (a bias) moves by steps of the learning rate's order, and
@@ -927,6 +907,29 @@ estimator e {{ model = m  train_input = data()  config {{ random_seed = {seed} }
     result
 }
 
+/// The program of a classifier whose model is `body` (features of type `ty.0` in,
+/// read from CSV columns of type `ty.1`; `logits` out), trained with `opt` over
+/// `data.csv` at `batch`, its estimator with `more` keys.
+fn classifier(
+    body: &str,
+    opt: &str,
+    (ty, batch, seed): (&(String, String), usize, u64),
+    more: &str,
+) -> String {
+    let (features, columns) = ty;
+    format!(
+        r#"use std.nn.{{avg_pool2d, batch_norm, conv2d, dense, depthwise_conv2d, embedding, gelu, gru, layer_norm, lstm, max_pool2d}}
+use std.losses.softmax_cross_entropy
+model m(features: {features}, labels: i32[B]) {{
+{body}  let loss = softmax_cross_entropy(labels, logits)
+  train {{ minimize loss with {opt} }}
+}}
+input data() {{ csv("data.csv", header: false, columns: {{ x: {columns}, label: i32 }}) |> map |r| (r.x, r.label) |> repeat |> batch({batch}, drop_remainder: true) }}
+estimator e {{ model = m  train_input = data()  {more}config {{ random_seed = {seed} }} }}
+"#
+    )
+}
+
 /// Evaluates the model of `body` (the program `compare_within` writes, its input the
 /// eval input too) 2 batches on a `side x side` fabric and on the interpreter, both
 /// from the interpreter's checkpoint after one step: the losses within 1e-5. (An eval
@@ -937,29 +940,10 @@ fn evaluated_like_the_interpreter(
     opt: &str,
     (ty, batch, side, seed): (&(String, String), usize, u32, u64),
 ) -> Result<(), String> {
-    let (features, columns) = ty;
-    let src = format!(
-        r#"use std.nn.{{dense, embedding, gelu, layer_norm}}
-use std.losses.softmax_cross_entropy
-model m(features: {features}, labels: i32[B]) {{
-{body}  let loss = softmax_cross_entropy(labels, logits)
-  train {{ minimize loss with {opt} }}
-}}
-input data() {{ csv("data.csv", header: false, columns: {{ x: {columns}, label: i32 }}) |> map |r| (r.x, r.label) |> repeat |> batch({batch}, drop_remainder: true) }}
-estimator e {{ model = m  train_input = data()  eval_input = data()  config {{ random_seed = {seed} }} }}
-"#
-    );
+    let src = classifier(body, opt, (ty, batch, seed), "eval_input = data()  ");
     std::fs::write(d.join("e.est"), &src).unwrap();
     let p = est::Program::load(&d.join("e.est")).unwrap();
-    let open = |target: Target, dir: &str| {
-        let opts = est::runtime::RunOptions {
-            target,
-            model_dir: Some(d.join(dir)),
-            wafer: Some(square(side)),
-            ..Default::default()
-        };
-        est::runtime::Estimator::new(&p, &opts).map_err(|f| format!("{:?}", f.diags))
-    };
+    let open = |target: Target, dir: &str| on_square(&p, target, &d.join(dir), side);
     // (both from the checkpoint of the interpreter's step)
     let mut i = open(Target::Interp, "e")?;
     i.train(Steps::Max(1))
@@ -999,6 +983,23 @@ fn cases() -> u32 {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(48)
+}
+
+/// An estimator of `p` on `target` (the wafer a `side x side` fabric), its model
+/// directory `dir`; its diagnostics when it cannot be made.
+fn on_square(
+    p: &est::Program,
+    target: Target,
+    dir: &Path,
+    side: u32,
+) -> Result<est::runtime::Estimator, String> {
+    let opts = est::runtime::RunOptions {
+        target,
+        model_dir: Some(dir.to_path_buf()),
+        wafer: Some(square(side)),
+        ..Default::default()
+    };
+    est::runtime::Estimator::new(p, &opts).map_err(|f| format!("{:?}", f.diags))
 }
 
 /// `test32` with `side x side` PEs.

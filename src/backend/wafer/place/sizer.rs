@@ -470,14 +470,11 @@ impl<'a> Sizer<'a> {
     /// several ids a sample (whose rows would each send a part of every id's row), or
     /// a dense layer over tokens before a layer that is not one.
     pub(super) fn one_row(&self, k: usize) -> bool {
-        let tokens = |j: usize| {
-            (self.dims.get(j).copied().flatten())
-                .is_some_and(|d| matches!(d.shape, Shape::Tokens { .. }))
-        };
         // (a dense layer over tokens whose rows would each send a share of every
         // token to a layer that reads them flattened, as runs of the flat words)
-        let flattened =
-            tokens(k) && self.dims.get(k + 1).is_some_and(Option::is_some) && !tokens(k + 1);
+        let flattened = self.over_tokens(k)
+            && self.dims.get(k + 1).is_some_and(Option::is_some)
+            && !self.over_tokens(k + 1);
         self.single_next[k]
             || flattened
             || self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Gather { t } if t > 1))
@@ -494,7 +491,13 @@ impl<'a> Sizer<'a> {
             }
             Kind::Vector { .. } => false,
         };
-        from_host && self.dims[k].is_some_and(|d| matches!(d.shape, Shape::Tokens { .. }))
+        from_host && self.over_tokens(k)
+    }
+
+    /// Whether kernel `k` is a dense layer over tokens.
+    fn over_tokens(&self, k: usize) -> bool {
+        (self.dims.get(k).copied().flatten())
+            .is_some_and(|d| matches!(d.shape, Shape::Tokens { .. }))
     }
 
     /// The output lanes a dense layer may take: 1 before a one-lane kernel, or up to

@@ -85,6 +85,15 @@ pub struct Lane {
     pub tensors: Vec<(String, Piece)>,
 }
 
+/// How a value is given to every word of a sequence (`Vector::given_to_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Given {
+    /// One value a token, over its features.
+    PerToken,
+    /// One value a feature, for every token.
+    PerFeature,
+}
+
 /// A replica of a one-lane kernel (`Vector::replica`): which of how many, the colour
 /// its samples come on from the dealer (and, at the step's end, the sums over the
 /// batch of every replica), and the one it sends its sums and gradients back on.
@@ -234,9 +243,7 @@ impl Vector<'_> {
                     // (a value per token over its features, or a sample's value per
                     // feature over its tokens: the gradient of a pooling over them)
                     let spreads = matches!(node.op, Op::BroadcastTo)
-                        && src.is_some_and(|s| {
-                            self.token_scalar(s) || self.along_tokens(s) || self.per_feature(s, n)
-                        });
+                        && self.given_to_tokens(g.operands(n)[0], n).is_some();
                     agree(node.ty.shape[2], false) && (lower::elementwise(&node.op) || spreads)
                 }
                 Class::Sample => {
@@ -396,37 +403,48 @@ impl Vector<'_> {
     /// Whether `n` sums (or averages) a sequence over its tokens (`reduce_mean(x, axis:
     /// 1)`), which each lane does for its share of the features.
     fn pools_tokens(&self, n: NodeIndex) -> bool {
-        let Op::Reduce { op, axes, .. } = &self.g.node(n).op else {
-            return false;
-        };
-        let src = self.f.resolve(self.g.operands(n)[0]);
-        matches!(op, crate::ir::ReduceOp::Sum | crate::ir::ReduceOp::Mean)
-            && self.tokens(src).is_some()
-            && axes.as_slice() == [1]
+        self.sums_sequence(n, 1)
     }
 
     /// Whether `n` reduces each token of a sequence along its features (a layer norm's
     /// `reduce_mean(x, axis: 2)`, its dims kept or not), which several lanes do
     /// together (`rows`, a word a token).
     fn along_tokens(&self, n: NodeIndex) -> bool {
+        let src = || self.f.resolve(self.g.operands(n)[0]);
+        self.sums_sequence(n, 2) && self.tokens(src()).is_some_and(|(_, w)| w > 1)
+    }
+
+    /// Whether `n` sums (or averages) a sequence along `axis` alone.
+    fn sums_sequence(&self, n: NodeIndex, axis: usize) -> bool {
         let Op::Reduce { op, axes, .. } = &self.g.node(n).op else {
             return false;
         };
         let src = self.f.resolve(self.g.operands(n)[0]);
         matches!(op, crate::ir::ReduceOp::Sum | crate::ir::ReduceOp::Mean)
-            && self.tokens(src).is_some_and(|(_, w)| w > 1)
-            && axes.as_slice() == [2]
+            && self.tokens(src).is_some()
+            && axes.as_slice() == [axis]
     }
 
-    /// Whether `s` is a sample's value per feature (`[B, N]` or `[B, 1, N]`) that `n`, a
-    /// sequence of `N` features, gives every token.
-    fn per_feature(&self, s: NodeIndex, n: NodeIndex) -> bool {
-        let (from, to) = (&self.g.ty(s).shape, &self.g.ty(n).shape);
-        self.f.class[s.index()] == Class::Sample
-            && to.len() == 3
-            && from.first() == to.first()
-            && from.last() == to.last()
-            && from.iter().skip(1).product::<usize>() == to[2]
+    /// How operand `o` is given to every word of `n`, a sequence of `T` tokens of `N`
+    /// features: a value per token over its features (`[B, T, 1]`: a layer norm's
+    /// mean), or a value per feature for every token (a bias `[N]`, a sample's `[B, N]`
+    /// or `[B, 1, N]`: a pooling's gradient); `None` otherwise. By `o`'s own type, not
+    /// the value it names (`[B, T]` made `[B, T, 1]` is a value per token).
+    fn given_to_tokens(&self, o: NodeIndex, n: NodeIndex) -> Option<Given> {
+        let (tokens, width) = self.tokens(n)?;
+        let ty = self.g.ty(o);
+        let last = ty.shape.last().copied().unwrap_or(1) as u32;
+        let per = match self.f.class[self.f.resolve(o).index()] {
+            Class::Sample => ty.elements() / self.f.batch.max(1) as usize,
+            _ => ty.elements(),
+        } as u32;
+        if last == 1 && per == tokens {
+            Some(Given::PerToken)
+        } else if last == width && per == width {
+            Some(Given::PerFeature)
+        } else {
+            None
+        }
     }
 
     /// Whether `n` is a value per token of a sequence (`[B, T, 1]`) in a kernel of

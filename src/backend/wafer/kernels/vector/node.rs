@@ -1,9 +1,9 @@
 //! The code of one node of a vector kernel on a lane.
 
 use super::ops::*;
-use super::Vector;
+use super::{Given, Vector};
 use crate::backend::wafer::form::{constant, image, planes, view_of, Class};
-use crate::backend::wafer::isa::{Instr, Src, VecOp};
+use crate::backend::wafer::isa::{Instr, VecOp};
 use crate::backend::wafer::kernels::rows;
 use crate::backend::wafer::kernels::{nest, split};
 use crate::backend::wafer::lower::{self, vec, Scratch, Val};
@@ -203,24 +203,15 @@ impl Vector<'_> {
                     spread_out.push(t);
                 }
             }
-        } else if let Some((tokens, width)) = self.tokens(n) {
-            // (on several lanes, each its share of every token's features)
-            let share = ext / tokens.max(1);
+        } else if let Some((tokens, _)) = self.tokens(n) {
             for (a, o) in args.iter_mut().zip(g.operands(n)) {
-                let per = g.ty(self.f.resolve(o)).shape.last().copied().unwrap_or(1) as u32;
                 let cl = a.elements();
-                let some = cl > 1 && cl != ext;
-                let per_token = some && cl == tokens && per == 1;
-                let per_feature = some && cl == share && per == width;
-                if !(per_token || per_feature) {
+                let given = self.given_to_tokens(o, n).filter(|_| cl > 1 && cl != ext);
+                let Some(given) = given else {
                     continue;
-                }
+                };
                 let t = scratch.alloc(ext);
-                body.push(if per_token {
-                    spread(t, *a, tokens, share)
-                } else {
-                    repeat(t, *a, share, tokens)
-                });
+                body.push(over_tokens(t, *a, given, (tokens, ext / tokens.max(1))));
                 *a = t;
                 spread_out.push(t);
             }
@@ -254,15 +245,9 @@ impl Vector<'_> {
             return vec(VecOp::Mov, dst, &args[..1], ext);
         }
         if let (Some((t, _)), true) = (self.tokens(n), lanes > 1) {
-            // a value per token over the lane's share of its features, or the lane's
-            // share of a value per feature for every token
-            let share = ext / t.max(1);
-            let src = self.f.resolve(g.operands(n)[0]);
-            return if self.per_feature(src, n) {
-                repeat(dst, args[0], share, t)
-            } else {
-                spread(dst, args[0], t, share)
-            };
+            if let Some(given) = self.given_to_tokens(g.operands(n)[0], n) {
+                return over_tokens(dst, args[0], given, (t, ext / t.max(1)));
+            }
         }
         let from = &g.ty(g.operands(n)[0]).shape;
         broadcast(dst, args[0], from, &g.ty(n).shape)
@@ -325,18 +310,7 @@ impl Vector<'_> {
         } else {
             // axes in the middle: each run of the axes after them, accumulated
             // into its place, for every entry of the reduced ones
-            let acc = at(dst, 0, post, 1, &[post, 0]);
-            body.push(nest(
-                &[outer, inner],
-                Instr::Vec {
-                    op: v,
-                    dst: acc.clone(),
-                    srcs: vec![
-                        Src::V(acc),
-                        view(args[0], 0, post, 1, &[inner * post, post]),
-                    ],
-                },
-            ));
+            body.push(reduce_middle(v, dst, args[0], (outer, inner, post)));
         }
         if op == ReduceOp::Mean {
             body.push(vec(
@@ -484,17 +458,7 @@ impl Vector<'_> {
             // a sequence's tokens (one after another) summed feature by feature
             let t = scratch.alloc(width);
             body.push(vec(VecOp::Mov, t, &[Val::Imm(0.0)], width));
-            body.push(nest(
-                &[tokens],
-                Instr::Vec {
-                    op: VecOp::Add,
-                    dst: at(t, 0, width, 1, &[0]),
-                    srcs: vec![
-                        view(t, 0, width, 1, &[0]),
-                        view(args[0], 0, width, 1, &[width]),
-                    ],
-                },
-            ));
+            body.push(reduce_middle(VecOp::Add, t, args[0], (1, tokens, width)));
             t
         } else if acc.elements() == 1 || per.is_multiple_of(acc.elements()) {
             // over the whole sample, or (an image) over each channel's plane
@@ -620,6 +584,16 @@ impl Vector<'_> {
             shape[2] = split(w, lanes, lane).len();
         }
         (shape, at)
+    }
+}
+
+/// `v` given (`given`) to every word of a lane's share of a sequence, `tokens` tokens of
+/// `share` features each, into `t`: a value per token spread over its features, or the
+/// lane's share of a value per feature repeated for every token.
+fn over_tokens(t: Val, v: Val, given: Given, (tokens, share): (u32, u32)) -> Instr {
+    match given {
+        Given::PerToken => spread(t, v, tokens, share),
+        Given::PerFeature => repeat(t, v, share, tokens),
     }
 }
 

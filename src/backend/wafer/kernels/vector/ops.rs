@@ -511,6 +511,26 @@ pub(super) fn reduce_rows(op: VecOp, dst: Val, x: Val, outer: u32, inner: u32) -
     )
 }
 
+/// `dst[r * post + j] = op(dst[r * post + j], x[(r * inner + i) * post + j])` over every
+/// `i`: the middle axis of `outer x inner x post` reduced, a run of `post` words at a
+/// time (a sequence's tokens summed feature by feature).
+pub(super) fn reduce_middle(
+    op: VecOp,
+    dst: Val,
+    x: Val,
+    (outer, inner, post): (u32, u32, u32),
+) -> Instr {
+    let acc = at(dst, 0, post, 1, &[post, 0]);
+    nest(
+        &[outer, inner],
+        Instr::Vec {
+            op,
+            dst: acc.clone(),
+            srcs: vec![Src::V(acc), view(x, 0, post, 1, &[inner * post, post])],
+        },
+    )
+}
+
 /// `dst[r * inner + i] = op(x[r * inner + i], s[r])`: a row's elements against the row's
 /// one value.
 pub(super) fn per_row(op: VecOp, dst: Val, x: Val, s: Val, outer: u32, inner: u32) -> Instr {
