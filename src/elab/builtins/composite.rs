@@ -596,10 +596,7 @@ impl<'p> Elab<'p> {
         let (y, yl) = self.einsum_operand(s, 1, y, &keep_y, sp)?;
         let size = |c: &char| s.sizes[c];
         let pos = |ls: &[char], c: &char| ls.iter().position(|l| l == c).expect("kept");
-        let (nb, nc) = (
-            batch.iter().map(size).product::<usize>(),
-            contracted.iter().map(size).product::<usize>(),
-        );
+        let nc = contracted.iter().map(size).product::<usize>();
         let (nx, ny) = (
             xf.iter().map(size).product::<usize>(),
             yf.iter().map(size).product::<usize>(),
@@ -619,17 +616,14 @@ impl<'p> Elab<'p> {
             .collect();
         let xt = self.transposed(x, px, sp)?;
         let yt = self.transposed(y, py, sp)?;
-        let (xm, ym) = if batch.is_empty() {
-            (
-                self.reshaped(xt, vec![nx, nc], sp)?,
-                self.reshaped(yt, vec![nc, ny], sp)?,
-            )
-        } else {
-            (
-                self.reshaped(xt, vec![nb, nx, nc], sp)?,
-                self.reshaped(yt, vec![nb, nc, ny], sp)?,
-            )
-        };
+        // (the batch axes kept apart, not folded into one: a model's batch stays first
+        // and alone, as the wafer streams it, and attention's heads beside it)
+        let nb: Vec<usize> = batch.iter().map(size).collect();
+        let with = |a: usize, b: usize| [nb.as_slice(), &[a, b]].concat();
+        let (xm, ym) = (
+            self.reshaped(xt, with(nx, nc), sp)?,
+            self.reshaped(yt, with(nc, ny), sp)?,
+        );
         let p = self.mk(Op::MatMul, &[xm, ym], scalar(DType::F32), sp)?;
         let produced: Vec<char> = batch.iter().chain(&xf).chain(&yf).copied().collect();
         let p = self.reshaped(p, produced.iter().map(size).collect(), sp)?;

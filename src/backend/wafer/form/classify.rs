@@ -105,6 +105,13 @@ pub fn classify(
                         alias[n.index()] = Some(ops[0]);
                         Class::Sample
                     }
+                    // a regrouping of a sample's axes (attention's heads split from each
+                    // token's features, `[B, T, h * d]` as `[B, T, h, d]`, and merged
+                    // back): its vector kernel moves the words where the result lies, on
+                    // one lane
+                    Op::Reshape if leading && regroups(&g.ty(ops[0]).shape, &node.ty.shape) => {
+                        Class::Sample
+                    }
                     // any other reshape moves the words as they are, which would scramble
                     // an image of several channels and pixels (planar, not NHWC)
                     Op::Reshape
@@ -174,6 +181,28 @@ fn reshape_blocker(g: &Graph, from: NodeIndex, to: NodeIndex) -> (String, &'stat
     }
 }
 
+/// Whether one of two shapes (the batch first in both) regroups the other's axes: each
+/// axis of the coarser a run of the finer's, axes of one aside.
+fn regroups(a: &[usize], b: &[usize]) -> bool {
+    // the products of each shape's leading axes, past the batch: the finer's include
+    // every one of the coarser's
+    let bounds = |s: &[usize]| -> Vec<usize> {
+        let mut p = 1;
+        let mut out: Vec<usize> = s[1..]
+            .iter()
+            .map(|&d| {
+                p *= d;
+                p
+            })
+            .collect();
+        out.dedup();
+        out
+    };
+    let (x, y) = (bounds(a), bounds(b));
+    let within = |f: &[usize], c: &[usize]| c.iter().all(|v| f.contains(v));
+    a.first() == b.first() && x.last() == y.last() && (within(&x, &y) || within(&y, &x))
+}
+
 /// The forward pass's products that no wafer kernel computes yet, each named by the
 /// model family it belongs to: a product of two activations (attention's), a
 /// transposed convolution. (A product the forward
@@ -193,10 +222,6 @@ fn families(g: &Graph, class: &[Class]) -> Vec<Unsupported> {
     for n in g.topo_order().into_iter().filter(|n| forward[n.index()]) {
         let ops = g.operands(n);
         let found = match g.node(n).op {
-            Op::MatMul if sample(ops[0]) && sample(ops[1]) => Some((
-                format!("a product of two activations ({} by {}) has no wafer kernel yet", g.ty(ops[0]), g.ty(ops[1])),
-                "the wafer's layers multiply a sample by a weight; attention's `q k^T` and `p v` multiply two of a sample's values: train attention on the host (`--target host`)",
-            )),
             Op::Conv2dBackpropInput(_) if sample(ops[0]) => Some((
                 format!("a transposed convolution of {} has no wafer kernel yet", g.ty(ops[0])),
                 "the wafer's convolutions run forward (`conv2d`, strided or dilated); upsample with a transposed convolution on the host (`--target host`)",

@@ -108,9 +108,8 @@ impl Vector<'_> {
         // the softmax a log-softmax's gradient takes: its exponentials over their row
         // sums, which it computed
         let of_softmax = ops.first().and_then(|&o| soft.get(&f.resolve(o)).copied());
-        if let (Op::Unary(UnaryOp::Exp), Some(Soft { e, s, outer, inner })) = (&node.op, of_softmax)
-        {
-            body.extend(normalise(dst, e, s, outer, inner, scratch));
+        if let (Op::Unary(UnaryOp::Exp), Some(Soft { e, s, runs })) = (&node.op, of_softmax) {
+            body.extend(normalise(dst, e, s, runs, scratch));
             return Ok(());
         }
         match &node.op {
@@ -136,6 +135,11 @@ impl Vector<'_> {
                 let cl = split(x.2, lanes, lane).len() as u32;
                 pool(op, dst, &args, cl, (x.0, x.1), (y.0, y.1), scratch, body)?;
             }
+            // (on one lane, a regrouping between values that lie otherwise: heads split
+            // from a token's features, which lie planar as rank 4, and merged back)
+            Op::Reshape if lanes == 1 && relaid(g, ops[0], n) => {
+                body.push(regrouped(g, (ops[0], n), dst, args[0])?);
+            }
             Op::Reshape => {
                 body.push(vec(VecOp::Mov, dst, &args[..1], ext));
             }
@@ -147,10 +151,11 @@ impl Vector<'_> {
             Op::Reduce { op, axes, .. } => {
                 self.reduce(&site, (*op, axes), body)?;
             }
+            Op::MatMul if lanes == 1 => product(&site, self.g, body)?,
             // (along a sample's last axis as it lies: not an image's channels, which lie
             // a plane apart)
             Op::Softmax { axis } | Op::LogSoftmax { axis }
-                if *axis + 1 == rank && !self.across_planes(n) =>
+                if lanes == 1 || (*axis + 1 == rank && !self.across_planes(n)) =>
             {
                 self.softmax(&site, *axis, scratch, body, soft)?;
             }
@@ -194,9 +199,17 @@ impl Vector<'_> {
         let (g, n, ext) = (self.g, site.n, site.ext);
         let mut spread_out = Vec::new();
         if let Some((pixels, _)) = planes(g, n) {
-            for a in args.iter_mut() {
+            for (a, o) in args.iter_mut().zip(g.operands(n)) {
                 let cl = a.elements();
-                if cl > 1 && cl * pixels == ext {
+                // (a value per pixel, one plane: a softmax's sum over attention's keys,
+                // which lie a plane apart, repeated for each)
+                let per_pixel = g.ty(o).shape.last() == Some(&1) && cl == pixels;
+                if per_pixel && cl > 1 && cl < ext {
+                    let t = scratch.alloc(ext);
+                    body.push(repeat(t, *a, cl, ext / cl));
+                    *a = t;
+                    spread_out.push(t);
+                } else if cl > 1 && cl * pixels == ext {
                     let t = scratch.alloc(ext);
                     body.push(spread(t, *a, cl, pixels));
                     *a = t;
@@ -337,32 +350,36 @@ impl Vector<'_> {
         let (n, (lanes, lane), ext, dst, args) = site.parts();
         let node = g.node(n);
         let ops = g.operands(n);
-        // (on several lanes, this lane's share of a sample's features: the
-        // lanes reduce together, `rows`)
-        let (outer, inner) = match lanes {
-            1 => rows(g.ty(ops[0]).shape.as_slice(), &[axis])?,
-            _ => (1, ext),
+        // (on one lane, along its axis as it lies: the runs around it; on several, this
+        // lane's share of a sample's features: the lanes reduce together, `rows`)
+        let runs = match lanes {
+            1 => {
+                let (shape, at) = self.laid_here(ops[0], axis, (1, 0));
+                reduced(&shape, &[at])?
+            }
+            _ => (1, ext, 1),
         };
+        let rows = runs.0 * runs.2;
         let x = args[0];
-        let m = scratch.alloc(outer);
-        body.push(vec(VecOp::Mov, m, &[Val::Imm(f32::NEG_INFINITY)], outer));
-        body.push(reduce_rows(VecOp::Max, m, x, outer, inner));
+        let m = scratch.alloc(rows);
+        body.push(vec(VecOp::Mov, m, &[Val::Imm(f32::NEG_INFINITY)], rows));
+        body.push(reduce_run(VecOp::Max, m, x, runs));
         body.extend(self.together(VecOp::Max, m, (lanes, lane)));
         // t = x - m, row by row
-        body.push(per_row(VecOp::Sub, dst, x, m, outer, inner));
+        body.push(per_run(VecOp::Sub, dst, x, m, runs));
         let e = scratch.alloc(ext);
         body.push(vec(VecOp::Exp, e, &[dst], ext));
-        let s = scratch.alloc(outer);
-        body.push(vec(VecOp::Mov, s, &[Val::Imm(0.0)], outer));
-        body.push(reduce_rows(VecOp::Add, s, e, outer, inner));
+        let s = scratch.alloc(rows);
+        body.push(vec(VecOp::Mov, s, &[Val::Imm(0.0)], rows));
+        body.push(reduce_run(VecOp::Add, s, e, runs));
         body.extend(self.together(VecOp::Add, s, (lanes, lane)));
         if matches!(node.op, Op::LogSoftmax { .. }) {
-            let ls = scratch.alloc(outer);
-            body.push(vec(VecOp::Log, ls, &[s], outer));
-            body.push(per_row(VecOp::Sub, dst, dst, ls, outer, inner));
-            soft.insert(n, Soft { e, s, outer, inner });
+            let ls = scratch.alloc(rows);
+            body.push(vec(VecOp::Log, ls, &[s], rows));
+            body.push(per_run(VecOp::Sub, dst, dst, ls, runs));
+            soft.insert(n, Soft { e, s, runs });
         } else {
-            body.extend(normalise(dst, e, s, outer, inner, scratch));
+            body.extend(normalise(dst, e, s, runs, scratch));
         }
         Ok(())
     }
@@ -595,6 +612,96 @@ fn over_tokens(t: Val, v: Val, given: Given, (tokens, share): (u32, u32)) -> Ins
         Given::PerToken => spread(t, v, tokens, share),
         Given::PerFeature => repeat(t, v, share, tokens),
     }
+}
+
+/// Whether reshaping `from` into `to` moves words on a lane: the two lie otherwise
+/// (one of them rank 4 or more, planar, and not one plane) and one regroups the
+/// other's axes (`regroup_strides`).
+fn relaid(g: &crate::ir::Graph, from: NodeIndex, to: NodeIndex) -> bool {
+    let (a, b) = (&g.ty(from).shape, &g.ty(to).shape);
+    let planar = |s: &[usize]| {
+        s.len() >= 4 && s[s.len() - 1] > 1 && s[1..s.len() - 1].iter().product::<usize>() > 1
+    };
+    (planar(a) || planar(b)) && (regroup_strides(a, b).is_some() || regroup_strides(b, a).is_some())
+}
+
+/// `dst = x` reshaped from `from` to `to` (`relaid`): a loop over the axes of the finer
+/// shape, the words of each lying `laid_strides` apart in the value of that shape and
+/// `regroup_strides` apart in the other.
+fn regrouped(
+    g: &crate::ir::Graph,
+    (from, to): (NodeIndex, NodeIndex),
+    dst: Val,
+    x: Val,
+) -> Result<Instr, String> {
+    let (a, b) = (&g.ty(from).shape, &g.ty(to).shape);
+    let (fine, src, dsts) = match regroup_strides(b, a) {
+        Some(st) => (b, st, laid_strides(b)),
+        None => {
+            let st = regroup_strides(a, b).ok_or("a reshape that regroups no axes")?;
+            (a, laid_strides(a), st)
+        }
+    };
+    let r = fine.len();
+    let loops: Vec<u32> = fine[1..r - 1].iter().map(|&d| d as u32).collect();
+    let len = fine[r - 1] as u32;
+    Ok(nest(
+        &loops,
+        Instr::Vec {
+            op: VecOp::Mov,
+            dst: at(dst, 0, len, dsts[r - 1], &dsts[1..r - 1]),
+            srcs: vec![view(x, 0, len, src[r - 1], &src[1..r - 1])],
+        },
+    ))
+}
+
+/// A product of two of a sample's values on one lane (attention's `q k^T` and `p v`,
+/// and their gradients), each read as it lies (`laid_strides`): for each entry of the
+/// axes between the batch and the matrices' (a head's), each row `i` of the left and
+/// each of its columns `k`, the result's row `i` gains `a[i, k]` times `b`'s row `k`.
+fn product(site: &Site, g: &crate::ir::Graph, body: &mut Vec<Instr>) -> Result<(), String> {
+    let (n, _, ext, dst, args) = site.parts();
+    let ops = g.operands(n);
+    let (sa, sb, so) = (&g.ty(ops[0]).shape, &g.ty(ops[1]).shape, &g.ty(n).shape);
+    let r = so.len();
+    if sa.len() != r || sb.len() != r || r < 3 {
+        return Err(format!(
+            "a product of {} by {} has no wafer kernel yet",
+            g.ty(ops[0]),
+            g.ty(ops[1])
+        ));
+    }
+    let (ta, tb, to) = (laid_strides(sa), laid_strides(sb), laid_strides(so));
+    // (an operand of one entry along an axis the other has more of is read again)
+    let along = |shape: &[usize], st: &[u32], ax: usize| if shape[ax] == 1 { 0 } else { st[ax] };
+    let (mut loops, mut da, mut db, mut dd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for ax in 1..r - 2 {
+        loops.push(so[ax] as u32);
+        da.push(along(sa, &ta, ax));
+        db.push(along(sb, &tb, ax));
+        dd.push(to[ax]);
+    }
+    // rows, then the inner index
+    loops.extend([so[r - 2] as u32, sa[r - 1] as u32]);
+    da.extend([ta[r - 2], ta[r - 1]]);
+    db.extend([0, tb[r - 2]]);
+    dd.extend([to[r - 2], 0]);
+    let cols = so[r - 1] as u32;
+    body.push(vec(VecOp::Mov, dst, &[Val::Imm(0.0)], ext));
+    let acc = at(dst, 0, cols, to[r - 1], &dd);
+    body.push(nest(
+        &loops,
+        Instr::Vec {
+            op: VecOp::Fmac,
+            dst: acc.clone(),
+            srcs: vec![
+                crate::backend::wafer::isa::Src::V(acc),
+                view(args[0], 0, cols, 0, &da),
+                view(args[1], 0, cols, tb[r - 1], &db),
+            ],
+        },
+    ));
+    Ok(())
 }
 
 /// A node's place in a lane's code: the node, the lane of how many, its elements on

@@ -16,14 +16,13 @@ pub(super) fn mov(dst: Dsd, src: Dsd) -> Instr {
 }
 
 /// What a log-softmax computed on the way, in scratch of the current phase: its rows'
-/// exponentials (of `x` less the row's maximum) and their sums, `outer` rows of
-/// `inner`.
+/// exponentials (of `x` less the row's maximum) and their sums, the rows `runs` (`outer`
+/// runs of `inner` entries of `post` words: see `reduce_run`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Soft {
     pub(super) e: Val,
     pub(super) s: Val,
-    pub(super) outer: u32,
-    pub(super) inner: u32,
+    pub(super) runs: (u32, u32, u32),
 }
 
 /// `dst = e / s` row by row: each row's reciprocal once (in software), then a multiply.
@@ -31,15 +30,62 @@ pub(super) fn normalise(
     dst: Val,
     e: Val,
     s: Val,
-    outer: u32,
-    inner: u32,
+    runs: (u32, u32, u32),
     scratch: &mut Scratch,
 ) -> [Instr; 2] {
-    let r = scratch.alloc(outer);
+    let (outer, _, post) = runs;
+    let r = scratch.alloc(outer * post);
     [
-        vec(VecOp::Div, r, &[Val::Imm(1.0), s], outer),
-        per_row(VecOp::Mul, dst, e, r, outer, inner),
+        vec(VecOp::Div, r, &[Val::Imm(1.0), s], outer * post),
+        per_run(VecOp::Mul, dst, e, r, runs),
     ]
+}
+
+/// `op` reducing the middle axis of `outer x inner x post` words of `x` into `dst`'s
+/// `outer x post` (`reduce_rows` when `post` is 1, the axis last, else `reduce_middle`).
+pub(super) fn reduce_run(
+    op: VecOp,
+    dst: Val,
+    x: Val,
+    (outer, inner, post): (u32, u32, u32),
+) -> Instr {
+    if post == 1 {
+        reduce_rows(op, dst, x, outer, inner)
+    } else {
+        reduce_middle(op, dst, x, (outer, inner, post))
+    }
+}
+
+/// `dst = op(x, s)` of `outer x inner x post` words against `s`'s `outer x post`, one
+/// value for each entry of the middle axis (`per_row` when `post` is 1).
+pub(super) fn per_run(
+    op: VecOp,
+    dst: Val,
+    x: Val,
+    s: Val,
+    (outer, inner, post): (u32, u32, u32),
+) -> Instr {
+    if post == 1 {
+        return per_row(op, dst, x, s, outer, inner);
+    }
+    let many = |v: Val| u32::from(v.elements() != 1);
+    nest(
+        &[outer, inner],
+        Instr::Vec {
+            op,
+            dst: at(dst, 0, post, 1, &[inner * post, post]),
+            srcs: vec![
+                view(
+                    x,
+                    0,
+                    post,
+                    many(x),
+                    &[many(x) * inner * post, many(x) * post],
+                ),
+                view(s, 0, post, many(s), &[many(s) * post, 0]),
+            ],
+        },
+    )
 }
 
 /// The order a sample value's axes lie in on the wafer: an image's (rank 4, NHWC in
@@ -400,6 +446,46 @@ pub(super) fn pool_valid(
         }
     }
     Ok(())
+}
+
+/// The words between neighbours along each axis of a sample value of `shape` (the
+/// batch first, whose stride is 0) as it lies on a lane (`laid`: an image planar).
+pub(super) fn laid_strides(shape: &[usize]) -> Vec<u32> {
+    let order = laid_order(shape.len());
+    let sample: Vec<usize> = order.iter().skip(1).map(|&a| shape[a]).collect();
+    let st = strides(&sample);
+    let mut out = vec![0; shape.len()];
+    for (&a, &s) in order.iter().skip(1).zip(&st) {
+        out[a] = s;
+    }
+    out
+}
+
+/// For each axis of `fine` (a sample's shape, the batch first) that regroups the
+/// axes of `coarse` (each of `coarse`'s a run of `fine`'s: attention's heads split from
+/// a token's features, `[B, T, h * d]` as `[B, T, h, d]`), the words between its
+/// neighbours in a value of `coarse` as it lies (`laid_strides`); `None` when `fine`
+/// does not regroup `coarse`.
+pub(super) fn regroup_strides(fine: &[usize], coarse: &[usize]) -> Option<Vec<u32>> {
+    let cs = laid_strides(coarse);
+    let mut out = vec![0; fine.len()];
+    let (mut a, mut left) = (1, 1usize);
+    for (i, &f) in fine.iter().enumerate().skip(1) {
+        if f == 1 {
+            continue;
+        }
+        while left == 1 {
+            left = *coarse.get(a)?;
+            a += 1;
+        }
+        if !left.is_multiple_of(f) {
+            return None;
+        }
+        left /= f;
+        out[i] = cs[a - 1] * left as u32;
+    }
+    let rest_ones = coarse[a.min(coarse.len())..].iter().all(|&c| c == 1);
+    (left == 1 && rest_ones && fine.first() == coarse.first()).then_some(out)
 }
 
 /// The words between neighbours along each axis of a row-major `shape`.
