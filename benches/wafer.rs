@@ -129,6 +129,28 @@ input data() { range(64) |> map |i| (broadcast_to(i, [16]), i % 4) |> repeat |> 
 estimator t { model = t  train_input = data() }
 "#;
 
+/// Multi-head self-attention over an embedding: 16 tokens of 16 features, the query,
+/// key and value from one layer over each token (GPT-2's fused projection), 2 heads of
+/// 8, the context through a layer over each token, normalised and pooled, batch 16.
+const TOKEN_ATTENTION: &str = r#"
+use std.nn.{dense, embedding, layer_norm}
+use std.losses.softmax_cross_entropy
+model t(features: i32[B, 16], labels: i32[B]) {
+  let x = layer_norm(embedding(features, 64, 16))
+  let qkv = dense(x, 48)
+  let q = reshape(slice(qkv, 2, 0, 16), [B, 16, 2, 8])
+  let k = reshape(slice(qkv, 2, 16, 32), [B, 16, 2, 8])
+  let v = reshape(slice(qkv, 2, 32, 48), [B, 16, 2, 8])
+  let p = softmax(einsum("bqhd,bkhd->bhqk", q, k) * 0.35355, axis: 3)
+  let c = reshape(einsum("bhqk,bkhd->bqhd", p, v), [B, 16, 16])
+  let y = layer_norm(dense(c, 16))
+  let loss = softmax_cross_entropy(labels, dense(reduce_mean(y, axis: 1), 4))
+  train { minimize loss with adam(lr: 0.001) }
+}
+input data() { range(64) |> map |i| (broadcast_to(i, [16]), i % 4) |> repeat |> batch(16, drop_remainder: true) }
+estimator t { model = t  train_input = data() }
+"#;
+
 /// A classifier of 1,000 classes: 256 features -> 256 (relu) -> 1,000, batch 32; its
 /// loss runs across the last layer's rows (on one lane, the layer fits no fabric).
 const THOUSAND_CLASSES: &str = r#"
@@ -293,4 +315,7 @@ fn main() {
     // a transformer's feed-forward block over tokens
     let ffn = Program::from_source("token_ffn.est", TOKEN_FFN, None);
     bench("token ffn 16x16->32, b16", ffn, &[], &t32, steps);
+    // multi-head self-attention, its products on one lane
+    let attention = Program::from_source("token_attention.est", TOKEN_ATTENTION, None);
+    bench("attention 16x16 2 heads, b16", attention, &[], &t32, steps);
 }

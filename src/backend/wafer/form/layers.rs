@@ -100,7 +100,7 @@ pub(super) fn gradients(
             owner[n.index()] = Some(k);
             continue;
         }
-        if class[n.index()] == Class::Batch && token_layer(g, n, kernels, owner)? {
+        if class[n.index()] == Class::Batch && token_layer(g, class, n, kernels, owner)? {
             continue;
         }
         if !matches!(
@@ -207,6 +207,7 @@ pub(super) fn gradients(
 /// transpose it sums; whether it is.
 fn token_layer(
     g: &Graph,
+    class: &[Class],
     n: NodeIndex,
     kernels: &mut [Kernel],
     owner: &mut [Option<usize>],
@@ -214,8 +215,12 @@ fn token_layer(
     let Some((m, t, x, dy)) = token_gradient(g, n) else {
         return Ok(false);
     };
-    let k = (kernels.iter())
-        .position(|kr| matches!(kr.kind, Kind::Dense { x: v, dw: None, .. } if v == x));
+    // (of the layers over `x`, several when they are towers of one sequence, the one
+    // whose weight the update of this gradient reads)
+    let updated = updates_read(g, class, n);
+    let k = (kernels.iter()).position(|kr| {
+        matches!(kr.kind, Kind::Dense { x: v, w, dw: None, .. } if v == x && updated.contains(&w))
+    });
     let Some(k) = k else {
         return Ok(false);
     };

@@ -75,7 +75,7 @@ pub(super) fn kernels(
                         fan,
                     )
                     .map_err(|e| {
-                        unsupported(g, *fwd, e, "this layer's update has no wafer kernel")
+                        unsupported(g, *fwd, e, "the wafer's kernels for this form of layer are listed under Limits in docs/wafer.md; train it on the host (`--target host`)")
                     })?
             }
             (Kind::Dense { fwd, .. }, None) => {

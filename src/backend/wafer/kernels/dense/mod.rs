@@ -555,7 +555,7 @@ impl Dense {
             let conv = matches!(self.shape, Shape::Conv(_));
             if !conv && self.shape != Shape::Matmul {
                 return Err(
-                    "a residual around an embedding or a flattened image has no wafer kernel yet"
+                    "a residual around an embedding, a flattened image or a layer over tokens has no wafer kernel yet"
                         .into(),
                 );
             }
