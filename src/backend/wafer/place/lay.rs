@@ -414,9 +414,14 @@ pub(super) fn dense_kernel(
     });
     // (an image passed on goes by channels, as the kernels on either side deal it)
     let conv = matches!(dims, Some(d) if matches!(d.shape, Shape::Conv(_)));
-    let pass_px = (beside.filter(|_| conv))
-        .and_then(|c| form::planes(g, c.x))
-        .map_or(1, |(pixels, _)| pixels);
+    // (and a sequence by features, each a word a token, as the layer over its tokens
+    // deals its own input)
+    let tokens = matches!(dims, Some(d) if matches!(d.shape, Shape::Tokens { .. }));
+    let pass_px = match beside {
+        Some(c) if conv => form::planes(g, c.x).map_or(1, |(pixels, _)| pixels),
+        Some(c) if tokens && g.ty(c.x).rank() == 3 => g.ty(c.x).shape[1] as u32,
+        _ => 1,
+    };
     let Some(d) = dims else {
         return Err(unsupported(
             g,

@@ -553,9 +553,10 @@ impl Dense {
         let a = ks.len() as u32;
         let carry = if let Some(back) = self.carry {
             let conv = matches!(self.shape, Shape::Conv(_));
-            if !conv && self.shape != Shape::Matmul {
+            let tokens = matches!(self.shape, Shape::Tokens { .. });
+            if !conv && !tokens && self.shape != Shape::Matmul {
                 return Err(
-                    "a residual around an embedding, a flattened image or a layer over tokens has no wafer kernel yet"
+                    "a residual around an embedding or a flattened image has no wafer kernel yet"
                         .into(),
                 );
             }
@@ -597,10 +598,13 @@ impl Dense {
         // (a convolution's carried image travels after its outputs in links of its own)
         let sides = self.more.iter().any(|d| d.side.is_some());
         let conv_carries = matches!(self.shape, Shape::Conv(_)) && !sides;
+        // (a layer over tokens carries in its own chain: `tokens`)
+        let token_carries = matches!(self.shape, Shape::Tokens { .. }) && !sides;
         if row != plain
             && (!shares || carry.mine > 0 || carry.pass > 0)
             && self.shape != Shape::Matmul
             && !conv_carries
+            && !token_carries
         {
             return Err("a side part or a residual of a convolution or an embedding of several ids has no wafer kernel yet".into());
         }
