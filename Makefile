@@ -62,6 +62,8 @@ demo: build
 	  done; \
 	done
 	@echo "(on the host only, as the wafer does not lay them out yet: $(HOST_ONLY_EXAMPLES))"
+	@echo "== estc check examples/bert.est --target wafer, at 16 tokens of 16 features (a sample's attention runs on one PE)"
+	@./target/release/estc check examples/bert.est --target wafer --param length=16 --param hidden=16 --param ffn=32
 	@echo "== and a program with mistakes, as a user sees them:"
 	@./target/release/estc check tests/ui/multiple/several_errors.est; test $$? -eq 1
 

@@ -318,4 +318,7 @@ fn main() {
     // multi-head self-attention, its products on one lane
     let attention = Program::from_source("token_attention.est", TOKEN_ATTENTION, None);
     bench("attention 16x16 2 heads, b16", attention, &[], &t32, steps);
+    // the BERT example at 16 tokens of 16 features (its attention on one PE a sample)
+    let small = [("length", "16"), ("hidden", "16"), ("ffn", "32")];
+    bench("bert 16x16, b16", load("bert.est"), &small, &t32, steps);
 }

@@ -12,8 +12,8 @@ use est::elab::Target;
 const HOST_ONLY: [(&str, &[&str], &str); 4] = [
     (
         "examples/bert.est",
-        &["E0601"],
-        "attention: products of two activations and the reshapes into heads",
+        &["E0603"],
+        "attention runs on one PE a sample: at the default 32 tokens of 32 features, 4 heads' scores and their stash need 152 KiB of it; at 16 of 16 it trains on test32 (tests/wafer.rs, bert_trains_like_the_interpreter)",
     ),
     (
         "examples/mobilenet.est",
@@ -323,9 +323,9 @@ fn bert_trains_a_few_steps() {
             .filter(|k| !k.contains("/adam") && after[*k].shape().len() <= 2)
             .filter(|k| k.ends_with("kernel") || k.ends_with("embeddings"))
             .collect();
-        // per layer q, k, v, the attention's output and two feed-forward kernels; the
-        // pooler and the head; two embedding tables
-        assert_eq!(trained.len(), 2 * 6 + 2 + 2, "{target:?}: {trained:?}");
+        // per layer the query, key and value's projection, the attention's output and
+        // two feed-forward kernels; the pooler and the head; two embedding tables
+        assert_eq!(trained.len(), 2 * 4 + 2 + 2, "{target:?}: {trained:?}");
         // the [CLS] row of the token table (id 256) learns; a byte no review has does not
         let table = (after.keys())
             .find(|k| k.ends_with("embeddings") && after[*k].shape() == [257, 32])

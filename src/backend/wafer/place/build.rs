@@ -107,6 +107,7 @@ fn fits(sizer: &Sizer, placed: &[Placed], all: &Laid, s: u32) -> Result<(), Layo
             return Err(LayoutError::Sram(SramShort {
                 pinned,
                 keeps,
+                whole: k.is_some_and(one_lane),
                 kernel: k.map_or_else(|| "a kernel".to_string(), |k| placed[k].name.clone()),
                 span: k.and_then(|k| kernel_span(g, f, k)),
                 at: (*x, *y),

@@ -153,6 +153,9 @@ pub struct SramShort {
     /// of the batch, or a kernel after it does: `pipeline::BARRIER`), whatever the
     /// windows.
     pub keeps: Option<u32>,
+    /// Whether the kernel holds each sample whole on one PE, whatever the fabric (a
+    /// vector kernel of one lane: attention's products, a softmax over a sample's axes).
+    pub whole: bool,
 }
 
 /// A staircase larger than the fabric.

@@ -297,8 +297,9 @@ impl Vector<'_> {
                 // a sample's scalar (a label), which every lane takes whole
                 (None, 1) => wide && self.across,
                 (None, 2) => agree(ty.shape[1], false),
-                // (a sequence the host sends whole would need each lane's strided share)
-                (None, 3) if self.tokens(p.node).is_some() && !p.whole => agree(ty.shape[2], false),
+                // (a sequence the host sends whole: each lane keeps its share of every
+                // token, `passes::receive`)
+                (None, 3) if self.tokens(p.node).is_some() => agree(ty.shape[2], false),
                 _ => false,
             };
             if !ok {

@@ -213,6 +213,37 @@ impl Vector<'_> {
                 Some(&v) if m.stash.contains_key(&i.node) => v,
                 _ => m.scratch.alloc(ext),
             };
+            let junk = m.junk;
+            let drop = |len: u32| {
+                mov(
+                    Dsd::strided(junk, len, 0, &[], None),
+                    Dsd::In { colour, len },
+                )
+            };
+            // a whole sequence: of each token's words, those before and after this
+            // lane's share dropped, token by token
+            let runs = self.runs(i.node, lanes, lane);
+            if let (true, Some((t, w)), Some(&(start, share))) =
+                (i.whole && lanes > 1, self.tokens(i.node), runs.first())
+            {
+                let mut each = Vec::new();
+                if start > 0 {
+                    each.push(drop(start));
+                }
+                each.push(mov(
+                    at(dst, 0, share, 1, &[share]),
+                    Dsd::In { colour, len: share },
+                ));
+                if w > start + share {
+                    each.push(drop(w - start - share));
+                }
+                body.push(Instr::Loop {
+                    count: t,
+                    body: each,
+                });
+                cur.insert(i.node, dst);
+                continue;
+            }
             // a whole sample: the words before and after this lane's share dropped
             let (before, after) = if i.whole {
                 let all = self.extent(i.node, 1, 0);
@@ -220,12 +251,6 @@ impl Vector<'_> {
                 (start, all - start - ext)
             } else {
                 (0, 0)
-            };
-            let drop = |len: u32| {
-                mov(
-                    Dsd::strided(m.junk, len, 0, &[], None),
-                    Dsd::In { colour, len },
-                )
             };
             if before > 0 {
                 body.push(drop(before));
