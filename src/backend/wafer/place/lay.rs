@@ -285,6 +285,43 @@ pub(super) fn ports(
     Ok(())
 }
 
+/// The words a sample, and the words a unit, of the value layer `k` (of dims `dims`,
+/// its forward node `fwd`) passes on for a skip of several kernels, or carries beside
+/// its input (`Dense::pass`, `pass_px`): an image by channels, a sequence by features
+/// (a word a token), as the kernels on either side deal it; `(0, 1)` for none.
+fn passed_on(
+    g: &Graph,
+    f: &Formed,
+    k: usize,
+    fwd: NodeIndex,
+    dims: Option<Dims>,
+) -> Result<(u32, u32), LayoutError> {
+    let passed = f.passed(k);
+    if passed.is_some() && f.carry(k).is_some() {
+        return Err(unsupported(
+            g,
+            fwd,
+            "a layer inside one residual that carries another (nested skips) has no wafer layout yet".into(),
+            "end one residual before the next begins",
+        ));
+    }
+    let beside = passed.or(f.carries_beside(k));
+    let pass = beside.map_or(0, |c| {
+        (g.ty(c.x).elements() / f.batch.max(1) as usize) as u32
+    });
+    let shape = dims.map(|d| d.shape);
+    let pass_px = match beside {
+        Some(c) if matches!(shape, Some(Shape::Conv(_))) => {
+            form::planes(g, c.x).map_or(1, |(pixels, _)| pixels)
+        }
+        Some(c) if matches!(shape, Some(Shape::Tokens { .. })) && g.ty(c.x).rank() == 3 => {
+            g.ty(c.x).shape[1] as u32
+        }
+        _ => 1,
+    };
+    Ok((pass, pass_px))
+}
+
 /// Dense kernel `k` (of dims `dims`) with its variables, gradient, host values and
 /// update: all but its lanes.
 pub(super) fn dense_kernel(
@@ -398,30 +435,8 @@ pub(super) fn dense_kernel(
     }
     let update = update_main;
     // its own input carried past it, or a value it passes on (of its width a sample)
-    let passed = f.passed(k);
-    if passed.is_some() && f.carry(k).is_some() {
-        return Err(unsupported(
-            g,
-            fwd,
-            "a layer inside one residual that carries another (nested skips) has no wafer layout yet".into(),
-            "end one residual before the next begins",
-        ));
-    }
     let carried = f.carried_past(k);
-    let beside = passed.or(f.carries_beside(k));
-    let pass = beside.map_or(0, |c| {
-        (g.ty(c.x).elements() / f.batch.max(1) as usize) as u32
-    });
-    // (an image passed on goes by channels, as the kernels on either side deal it)
-    let conv = matches!(dims, Some(d) if matches!(d.shape, Shape::Conv(_)));
-    // (and a sequence by features, each a word a token, as the layer over its tokens
-    // deals its own input)
-    let tokens = matches!(dims, Some(d) if matches!(d.shape, Shape::Tokens { .. }));
-    let pass_px = match beside {
-        Some(c) if conv => form::planes(g, c.x).map_or(1, |(pixels, _)| pixels),
-        Some(c) if tokens && g.ty(c.x).rank() == 3 => g.ty(c.x).shape[1] as u32,
-        _ => 1,
-    };
+    let (pass, pass_px) = passed_on(g, f, k, fwd, dims)?;
     let Some(d) = dims else {
         return Err(unsupported(
             g,

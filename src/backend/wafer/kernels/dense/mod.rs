@@ -499,6 +499,51 @@ impl Dense {
         Ok(laid)
     }
 
+    /// What PE `(i, j)` of a frame of `hr` rows, holding input groups `ks` of its row's
+    /// `cols` columns, adds to its row's chain for what the layer carries past itself
+    /// (`Carrying`; nothing when it carries nothing).
+    fn carrying(
+        &self,
+        (i, j): (u32, u32),
+        hr: u32,
+        ks: &std::ops::Range<u32>,
+        cols: u32,
+    ) -> Result<Carrying, String> {
+        let Some(back) = self.carry else {
+            return Ok(Carrying::default());
+        };
+        let conv = matches!(self.shape, Shape::Conv(_));
+        let tokens = matches!(self.shape, Shape::Tokens { .. });
+        if !conv && !tokens && self.shape != Shape::Matmul {
+            return Err(
+                "a residual around an embedding or a flattened image has no wafer kernel yet"
+                    .into(),
+            );
+        }
+        let same_plane = match self.shape {
+            Shape::Conv(g) => self.carried_px() == g.ho * g.wo,
+            _ => true,
+        };
+        if back == Back::Same && (self.carried() != self.n || !same_plane) {
+            return Err("a residual whose sum has another shape than its layer's input".into());
+        }
+        let rows = split(self.carried(), hr, j);
+        // (a value passed on: this column's share of it, after its inputs)
+        let ks = match self.pass {
+            0 => ks.clone(),
+            _ => split(self.carried(), cols, i),
+        };
+        let (lo, hi) = (ks.start.max(rows.start), ks.end.min(rows.end));
+        Ok(Carrying {
+            mine: hi.saturating_sub(lo),
+            at: lo.saturating_sub(ks.start),
+            to: lo.saturating_sub(rows.start),
+            pass: if self.pass > 0 { ks.len() as u32 } else { 0 },
+            px: self.carried_px(),
+            row: rows.len() as u32,
+        })
+    }
+
     /// The program of PE `(i, j)` of a `wc x hr` frame, holding input groups `ks` and
     /// output groups `ns` (the tensors it holds added to `laid`, at PE `at`).
     #[allow(clippy::too_many_arguments)]
@@ -551,40 +596,7 @@ impl Dense {
             bwd: c.backward_link(j, hr),
         };
         let a = ks.len() as u32;
-        let carry = if let Some(back) = self.carry {
-            let conv = matches!(self.shape, Shape::Conv(_));
-            let tokens = matches!(self.shape, Shape::Tokens { .. });
-            if !conv && !tokens && self.shape != Shape::Matmul {
-                return Err(
-                    "a residual around an embedding or a flattened image has no wafer kernel yet"
-                        .into(),
-                );
-            }
-            let same_plane = match self.shape {
-                Shape::Conv(g) => self.carried_px() == g.ho * g.wo,
-                _ => true,
-            };
-            if back == Back::Same && (self.carried() != self.n || !same_plane) {
-                return Err("a residual whose sum has another shape than its layer's input".into());
-            }
-            let rows = split(self.carried(), hr, j);
-            // (a value passed on: this column's share of it, after its inputs)
-            let ks = match self.pass {
-                0 => ks.clone(),
-                _ => split(self.carried(), row.cols, i),
-            };
-            let (lo, hi) = (ks.start.max(rows.start), ks.end.min(rows.end));
-            Carrying {
-                mine: hi.saturating_sub(lo),
-                at: lo.saturating_sub(ks.start),
-                to: lo.saturating_sub(rows.start),
-                pass: if self.pass > 0 { ks.len() as u32 } else { 0 },
-                px: self.carried_px(),
-                row: rows.len() as u32,
-            }
-        } else {
-            Carrying::default()
-        };
+        let carry = self.carrying((i, j), hr, ks, row.cols)?;
         let plain = Row {
             len: b,
             at: 0,

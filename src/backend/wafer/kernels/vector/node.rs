@@ -18,6 +18,49 @@ impl Vector<'_> {
         rows::across(op, acc, (lanes, lane), c)
     }
 
+    /// The value operand `o` has on lane `lane` of `lanes`, if it has one: a constant, a value the lane
+    /// has (`cur`), or a view of a variable it holds, in place (one lane's, or the whole,
+    /// or a run of channels of which the lane holds its own: a depthwise filter's tap).
+    fn operand(
+        &self,
+        o: NodeIndex,
+        (lanes, lane): (u32, u32),
+        cur: &BTreeMap<NodeIndex, Val>,
+    ) -> Option<Val> {
+        let g = self.g;
+        let o = self.f.resolve(o);
+        if let Some(v) = constant(g, o) {
+            return Some(Val::Imm(v));
+        }
+        let elements = g.ty(o).elements() as u32;
+        let view = || match view_of(g, o).and_then(|(v, at)| Some((v, *cur.get(&v)?, at))) {
+            Some((v, Val::Buf { base, len, slot }, at))
+                if lanes == 1
+                    || (at == 0
+                        && len == elements
+                        && self.channel_runs(v, lanes, lane).is_none()) =>
+            {
+                Some(Val::Buf {
+                    base: base + at,
+                    len: elements,
+                    slot,
+                })
+            }
+            Some((v, Val::Buf { base, slot, .. }, at)) => {
+                let runs = self.channel_runs(v, lanes, lane)?;
+                let c = self.width()?;
+                let mine = runs.first()?.1;
+                (elements == c && at % c == 0).then_some(Val::Buf {
+                    base: base + at / c * mine,
+                    len: mine,
+                    slot,
+                })
+            }
+            _ => None,
+        };
+        cur.get(&o).copied().or_else(view)
+    }
+
     /// The code of one node of the current phase.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn node(
@@ -37,53 +80,19 @@ impl Vector<'_> {
         let node = g.node(n);
         let ext = self.extent(n, lanes, lane);
         let ops = g.operands(n);
-        let arg = |o: NodeIndex, cur: &BTreeMap<NodeIndex, Val>| -> Result<Val, String> {
-            let o = f.resolve(o);
-            if let Some(v) = constant(g, o) {
-                return Ok(Val::Imm(v));
-            }
-            // (a view of a variable it holds, in place: one lane's, or the whole, or a
-            // run of channels of which the lane holds its own: a depthwise filter's tap)
-            let elements = g.ty(o).elements() as u32;
-            let view = || match view_of(g, o).and_then(|(v, at)| Some((v, *cur.get(&v)?, at))) {
-                Some((v, Val::Buf { base, len, slot }, at))
-                    if lanes == 1
-                        || (at == 0
-                            && len == elements
-                            && self.channel_runs(v, lanes, lane).is_none()) =>
-                {
-                    Some(Val::Buf {
-                        base: base + at,
-                        len: elements,
-                        slot,
-                    })
-                }
-                Some((v, Val::Buf { base, slot, .. }, at)) => {
-                    let runs = self.channel_runs(v, lanes, lane)?;
-                    let c = self.width()?;
-                    let mine = runs.first()?.1;
-                    (elements == c && at % c == 0).then_some(Val::Buf {
-                        base: base + at / c * mine,
-                        len: mine,
-                        slot,
-                    })
-                }
-                _ => None,
-            };
-            cur.get(&o).copied().or_else(view).ok_or_else(|| {
-                format!(
-                    "`{}` reads a value its kernel does not have",
-                    node.op.name()
-                )
-            })
-        };
         if f.alias[n.index()].is_some() {
             return Ok(());
         }
         let args = ops
             .iter()
-            .map(|&o| arg(o, cur))
-            .collect::<Result<Vec<Val>, String>>()?;
+            .map(|&o| self.operand(o, (lanes, lane), cur))
+            .collect::<Option<Vec<Val>>>()
+            .ok_or_else(|| {
+                format!(
+                    "`{}` reads a value its kernel does not have",
+                    node.op.name()
+                )
+            })?;
         if f.class[n.index()] == Class::Batch {
             let acc = cur[&n];
             return self.batch_sum(n, (lanes, lane), (acc, args[0]), scratch, body, means);
