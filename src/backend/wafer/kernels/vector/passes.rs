@@ -221,10 +221,14 @@ impl Vector<'_> {
                 )
             };
             // a whole sequence: of each token's words, those before and after this
-            // lane's share dropped, token by token
+            // lane's share dropped, token by token (not a value per token, which every
+            // lane keeps whole)
             let runs = self.runs(i.node, lanes, lane);
+            let sequence = self
+                .tokens(i.node)
+                .filter(|&(_, w)| w > 1 && !self.token_scalar(i.node));
             if let (true, Some((t, w)), Some(&(start, share))) =
-                (i.whole && lanes > 1, self.tokens(i.node), runs.first())
+                (i.whole && lanes > 1, sequence, runs.first())
             {
                 let mut each = Vec::new();
                 if start > 0 {
