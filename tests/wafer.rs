@@ -22,6 +22,28 @@ fn tmp(name: &str) -> PathBuf {
     common::scratch("wafer", name)
 }
 
+/// An estimator of example `file` with `params` overridden, on `target`, its model
+/// directory `dir` (its data under `data` when given, else beside it).
+fn example(
+    file: &str,
+    params: &[(&str, &str)],
+    data: Option<&Path>,
+    target: Target,
+    dir: &Path,
+) -> est::runtime::Estimator {
+    let mut p = est::Program::load(&root().join(file)).unwrap();
+    for (k, v) in params {
+        p.add_override(k, v, &format!("--param {k}"));
+    }
+    let opts = est::runtime::RunOptions {
+        target,
+        model_dir: Some(dir.to_path_buf()),
+        data_dir: data.map(Path::to_path_buf),
+        ..Default::default()
+    };
+    est::runtime::Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{file}: {:?}", f.diags))
+}
+
 /// Example `file` trained 20 steps on the wafer and on the interpreter from the same
 /// seed (in scratch directories named after `name`; its data under `data` when given,
 /// else beside it), its variables checked within
@@ -41,16 +63,7 @@ fn trained_alike(
         tmp(&format!("{name}-wafer")),
         tmp(&format!("{name}-interp")),
     );
-    let open = |target: Target, dir: &Path| {
-        let p = est::Program::load(&root().join(file)).unwrap();
-        let opts = est::runtime::RunOptions {
-            target,
-            model_dir: Some(dir.to_path_buf()),
-            data_dir: data.map(Path::to_path_buf),
-            ..Default::default()
-        };
-        est::runtime::Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{file}: {:?}", f.diags))
-    };
+    let open = |target: Target, dir: &Path| example(file, &[], data, target, dir);
     let (mut w, mut i) = (open(Target::Wafer, &dw), open(Target::Interp, &di));
     let rw = w.train(Steps::Max(20)).unwrap();
     let ri = i.train(Steps::Max(20)).unwrap();
@@ -244,18 +257,8 @@ fn the_other_examples_train_like_the_interpreter() {
 #[test]
 fn bert_trains_like_the_interpreter() {
     let params = [("length", "16"), ("hidden", "16"), ("ffn", "32")];
-    let open = |target: Target, dir: &Path| {
-        let mut p = est::Program::load(&root().join("examples/bert.est")).unwrap();
-        for (k, v) in params {
-            p.add_override(k, v, &format!("--param {k}"));
-        }
-        let opts = est::runtime::RunOptions {
-            target,
-            model_dir: Some(dir.to_path_buf()),
-            ..Default::default()
-        };
-        est::runtime::Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("bert: {:?}", f.diags))
-    };
+    let open =
+        |target: Target, dir: &Path| example("examples/bert.est", &params, None, target, dir);
     let (dw, di) = (tmp("bert-wafer"), tmp("bert-interp"));
     let (mut w, mut i) = (open(Target::Wafer, &dw), open(Target::Interp, &di));
     let rw = w.train(Steps::Max(20)).unwrap();

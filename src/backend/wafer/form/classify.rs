@@ -181,26 +181,39 @@ fn reshape_blocker(g: &Graph, from: NodeIndex, to: NodeIndex) -> (String, &'stat
     }
 }
 
-/// Whether one of two shapes (the batch first in both) regroups the other's axes: each
-/// axis of the coarser a run of the finer's, axes of one aside.
-fn regroups(a: &[usize], b: &[usize]) -> bool {
-    // the products of each shape's leading axes, past the batch: the finer's include
-    // every one of the coarser's
-    let bounds = |s: &[usize]| -> Vec<usize> {
-        let mut p = 1;
-        let mut out: Vec<usize> = s[1..]
-            .iter()
-            .map(|&d| {
-                p *= d;
-                p
-            })
-            .collect();
-        out.dedup();
-        out
-    };
-    let (x, y) = (bounds(a), bounds(b));
-    let within = |f: &[usize], c: &[usize]| c.iter().all(|v| f.contains(v));
-    a.first() == b.first() && x.last() == y.last() && (within(&x, &y) || within(&y, &x))
+/// Whether one of two shapes (the batch first in both) regroups the other's axes
+/// (`regrouping`).
+pub fn regroups(a: &[usize], b: &[usize]) -> bool {
+    regrouping(a, b).is_some() || regrouping(b, a).is_some()
+}
+
+/// How shape `fine` (a sample's, the batch first) regroups the axes of `coarse`, each
+/// of `coarse`'s a run of `fine`'s (attention's heads split from a token's features,
+/// `[B, T, h * d]` as `[B, T, h, d]`): for each axis of `fine`, the axis of `coarse` it
+/// lies in and the entries of that axis one of its steps spans (`(0, 0)` for an axis
+/// of one); `None` when `fine` does not regroup `coarse`.
+pub fn regrouping(fine: &[usize], coarse: &[usize]) -> Option<Vec<(usize, usize)>> {
+    if fine.first() != coarse.first() {
+        return None;
+    }
+    let mut out = vec![(0, 0); fine.len()];
+    let (mut a, mut left) = (1, 1usize);
+    for (i, &f) in fine.iter().enumerate().skip(1) {
+        if f == 1 {
+            continue;
+        }
+        while left == 1 {
+            left = *coarse.get(a)?;
+            a += 1;
+        }
+        if !left.is_multiple_of(f) {
+            return None;
+        }
+        left /= f;
+        out[i] = (a - 1, left);
+    }
+    let rest_ones = coarse[a.min(coarse.len())..].iter().all(|&c| c == 1);
+    (left == 1 && rest_ones).then_some(out)
 }
 
 /// The forward pass's products that no wafer kernel computes yet, each named by the

@@ -36,7 +36,9 @@ mod streams;
 mod tests;
 mod update;
 
-pub use classify::{batch_of, classify, image, per_sample_constant, planes, survey, Survey};
+pub use classify::{
+    batch_of, classify, image, per_sample_constant, planes, regrouping, regroups, survey, Survey,
+};
 pub use update::{feeding, part_update, update_of, update_over};
 
 use crate::ir::{Graph, NodeIndex, Op};

@@ -55,7 +55,7 @@ use std::collections::BTreeMap;
 /// What the wafer lays out, for the help of what it does not.
 const RESIDUALS: &str = "the wafer lays out chains of layers, residuals around dense layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, `x + conv(relu(conv(x)))`: the first layer carries `h` past itself, the kernels after it pass it on to the sum), and two layers of one value (two towers, a projection shortcut: the later carries the value to the other): feed each value to the next layer, to a sum after the layers it reads, or to two layers at most";
 
-const TOKEN_RESIDUALS: &str = "a layer over each token of a sequence carries nothing past itself yet: a residual around it, or several layers of one sequence, have no wafer layout; make the layers of one sequence one layer and slice its outputs apart (`dense(x, 3 * d)`, as GPT-2 projects attention's query, key and value), or train on the host (`--target host`)";
+const TOKEN_TOWERS: &str = "a layer over each token of a sequence carries its own input past itself (a residual's) but no other layer's: several layers of one sequence have no wafer layout yet; make them one layer and slice its outputs apart (`dense(x, 3 * d)`, as GPT-2 projects attention's query, key and value), or train on the host (`--target host`)";
 
 /// The colours a dense layer's chains take; streams take the ones above.
 pub const CHAIN_COLOURS: Colour = 4;
@@ -396,9 +396,9 @@ fn chain_only(g: &Graph, f: &Formed) -> Result<(), LayoutError> {
                 End::Host => true,
             });
             if !ok {
-                // (a sequence, token by token: the layers over tokens carry nothing)
+                // (a sequence, token by token: no tower beside a layer over tokens)
                 let help = match g.ty(s.node).rank() {
-                    3 => TOKEN_RESIDUALS,
+                    3 => TOKEN_TOWERS,
                     _ => RESIDUALS,
                 };
                 return Err(unsupported(g, s.node, "a value read past the layer after it (or by several layers) has no wafer layout yet".into(), help));

@@ -2,8 +2,8 @@
 
 use super::ops::*;
 use super::{Given, Vector};
-use crate::backend::wafer::form::{constant, image, planes, view_of, Class};
-use crate::backend::wafer::isa::{Instr, VecOp};
+use crate::backend::wafer::form::{constant, image, planes, regroups, view_of, Class};
+use crate::backend::wafer::isa::{Instr, Src, VecOp};
 use crate::backend::wafer::kernels::rows;
 use crate::backend::wafer::kernels::{nest, split};
 use crate::backend::wafer::lower::{self, vec, Scratch, Val};
@@ -298,32 +298,21 @@ impl Vector<'_> {
             ReduceOp::Prod => (VecOp::Mul, 1.0),
         };
         body.push(vec(VecOp::Mov, dst, &[Val::Imm(init)], ext));
-        if lanes > 1 && self.along_tokens(n) {
-            // each token's share, then every lane's (`rows`, a word a token)
-            let src = f.resolve(ops[0]);
-            let (t, w) = self
-                .tokens(src)
-                .ok_or("a reduction along no sequence's tokens")?;
-            let share = self.extent(src, lanes, lane) / t.max(1);
-            body.push(reduce_rows(v, dst, args[0], t, share));
+        // along the features across the lanes: each lane's share of every row (a
+        // sample's, or each token's of a sequence), then every lane's (`rows`)
+        let src = f.resolve(ops[0]);
+        let across = match (lanes > 1, self.tokens(src)) {
+            (true, Some(tw)) if self.along_tokens(n) => Some(tw),
+            (true, _) if self.along_rows(n) => Some((1, inner)),
+            _ => None,
+        };
+        if let Some((rows, whole)) = across {
+            let share = self.extent(src, lanes, lane) / rows.max(1);
+            body.push(reduce_rows(v, dst, args[0], rows, share));
             body.extend(self.together(v, dst, (lanes, lane)));
             if op == ReduceOp::Mean {
-                body.push(vec(VecOp::Mul, dst, &[dst, Val::Imm(1.0 / w as f32)], t));
-            }
-            return Ok(());
-        }
-        if lanes > 1 && self.along_rows(n) {
-            // this lane's share, then every lane's (`rows`)
-            let mine = self.extent(f.resolve(ops[0]), lanes, lane);
-            body.push(reduce_rows(v, dst, args[0], 1, mine));
-            body.extend(self.together(v, dst, (lanes, lane)));
-            if op == ReduceOp::Mean {
-                body.push(vec(
-                    VecOp::Mul,
-                    dst,
-                    &[dst, Val::Imm(1.0 / inner as f32)],
-                    1,
-                ));
+                let by = Val::Imm(1.0 / whole as f32);
+                body.push(vec(VecOp::Mul, dst, &[dst, by], rows));
             }
             return Ok(());
         }
@@ -627,11 +616,8 @@ fn over_tokens(t: Val, v: Val, given: Given, (tokens, share): (u32, u32)) -> Ins
 /// (one of them rank 4 or more, planar, and not one plane) and one regroups the
 /// other's axes (`regroup_strides`).
 fn relaid(g: &crate::ir::Graph, from: NodeIndex, to: NodeIndex) -> bool {
-    let (a, b) = (&g.ty(from).shape, &g.ty(to).shape);
-    let planar = |s: &[usize]| {
-        s.len() >= 4 && s[s.len() - 1] > 1 && s[1..s.len() - 1].iter().product::<usize>() > 1
-    };
-    (planar(a) || planar(b)) && (regroup_strides(a, b).is_some() || regroup_strides(b, a).is_some())
+    let planar = |v: NodeIndex| planes(g, v).is_some_and(|(pixels, c)| pixels > 1 && c > 1);
+    (planar(from) || planar(to)) && regroups(&g.ty(from).shape, &g.ty(to).shape)
 }
 
 /// `dst = x` reshaped from `from` to `to` (`relaid`): a loop over the axes of the finer
@@ -704,7 +690,7 @@ fn product(site: &Site, g: &crate::ir::Graph, body: &mut Vec<Instr>) -> Result<(
             op: VecOp::Fmac,
             dst: acc.clone(),
             srcs: vec![
-                crate::backend::wafer::isa::Src::V(acc),
+                Src::V(acc),
                 view(args[0], 0, cols, 0, &da),
                 view(args[1], 0, cols, tb[r - 1], &db),
             ],

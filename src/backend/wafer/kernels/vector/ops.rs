@@ -461,31 +461,13 @@ pub(super) fn laid_strides(shape: &[usize]) -> Vec<u32> {
     out
 }
 
-/// For each axis of `fine` (a sample's shape, the batch first) that regroups the
-/// axes of `coarse` (each of `coarse`'s a run of `fine`'s: attention's heads split from
-/// a token's features, `[B, T, h * d]` as `[B, T, h, d]`), the words between its
-/// neighbours in a value of `coarse` as it lies (`laid_strides`); `None` when `fine`
-/// does not regroup `coarse`.
+/// For each axis of `fine` (a sample's shape, the batch first) that regroups the axes
+/// of `coarse` (`form::regrouping`), the words between its neighbours in a value of
+/// `coarse` as it lies (`laid_strides`); `None` when `fine` does not regroup `coarse`.
 pub(super) fn regroup_strides(fine: &[usize], coarse: &[usize]) -> Option<Vec<u32>> {
     let cs = laid_strides(coarse);
-    let mut out = vec![0; fine.len()];
-    let (mut a, mut left) = (1, 1usize);
-    for (i, &f) in fine.iter().enumerate().skip(1) {
-        if f == 1 {
-            continue;
-        }
-        while left == 1 {
-            left = *coarse.get(a)?;
-            a += 1;
-        }
-        if !left.is_multiple_of(f) {
-            return None;
-        }
-        left /= f;
-        out[i] = cs[a - 1] * left as u32;
-    }
-    let rest_ones = coarse[a.min(coarse.len())..].iter().all(|&c| c == 1);
-    (left == 1 && rest_ones && fine.first() == coarse.first()).then_some(out)
+    let groups = crate::backend::wafer::form::regrouping(fine, coarse)?;
+    Some(groups.iter().map(|&(a, m)| cs[a] * m as u32).collect())
 }
 
 /// The words between neighbours along each axis of a row-major `shape`.

@@ -213,56 +213,41 @@ impl Vector<'_> {
                 Some(&v) if m.stash.contains_key(&i.node) => v,
                 _ => m.scratch.alloc(ext),
             };
-            let junk = m.junk;
-            let drop = |len: u32| {
-                mov(
-                    Dsd::strided(junk, len, 0, &[], None),
-                    Dsd::In { colour, len },
-                )
+            // a whole sample: the words before and after this lane's share dropped; of
+            // a sequence, each token's, token by token (a value per token, which every
+            // lane keeps whole, aside)
+            let (count, all) = match self.tokens(i.node) {
+                Some((t, w)) if i.whole && lanes > 1 && w > 1 => (t, w),
+                _ => (1, self.extent(i.node, 1, 0)),
             };
-            // a whole sequence: of each token's words, those before and after this
-            // lane's share dropped, token by token (not a value per token, which every
-            // lane keeps whole)
-            let runs = self.runs(i.node, lanes, lane);
-            let sequence = self
-                .tokens(i.node)
-                .filter(|&(_, w)| w > 1 && !self.token_scalar(i.node));
-            if let (true, Some((t, w)), Some(&(start, share))) =
-                (i.whole && lanes > 1, sequence, runs.first())
-            {
-                let mut each = Vec::new();
-                if start > 0 {
-                    each.push(drop(start));
-                }
-                each.push(mov(
-                    at(dst, 0, share, 1, &[share]),
-                    Dsd::In { colour, len: share },
-                ));
-                if w > start + share {
-                    each.push(drop(w - start - share));
-                }
-                body.push(Instr::Loop {
-                    count: t,
-                    body: each,
-                });
-                cur.insert(i.node, dst);
-                continue;
-            }
-            // a whole sample: the words before and after this lane's share dropped
+            let take = ext / count;
             let (before, after) = if i.whole {
-                let all = self.extent(i.node, 1, 0);
                 let start = self.runs(i.node, lanes, lane).first().map_or(0, |r| r.0);
-                (start, all - start - ext)
+                (start, all - start - take)
             } else {
                 (0, 0)
             };
+            let drop = |len: u32| {
+                mov(
+                    Dsd::strided(m.junk, len, 0, &[], None),
+                    Dsd::In { colour, len },
+                )
+            };
+            let into = match count {
+                1 => dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext)),
+                _ => at(dst, 0, take, 1, &[take]),
+            };
+            let mut each = Vec::new();
             if before > 0 {
-                body.push(drop(before));
+                each.push(drop(before));
             }
-            let into = dst.dsd(ext).unwrap_or_else(|| Dsd::mem(0, ext));
-            body.push(mov(into, Dsd::In { colour, len: ext }));
+            each.push(mov(into, Dsd::In { colour, len: take }));
             if after > 0 {
-                body.push(drop(after));
+                each.push(drop(after));
+            }
+            match count {
+                1 => body.extend(each),
+                _ => body.push(Instr::Loop { count, body: each }),
             }
             cur.insert(i.node, dst);
         }
