@@ -7,6 +7,9 @@ use super::search::{thrifty, STEP_SLACK};
 use super::sizer::*;
 use super::{kernel_name, LayoutError};
 
+/// How many of the first layer's smallest shapes a budget's chains are tried from.
+const SHAPES: usize = 8;
+
 impl Sizer<'_> {
     /// Each kernel sized to budget `t`: every layer gets the fewest lanes whose cost `t`
     /// admits and that leave the next layer able to meet `t`, and the staircase fits the
@@ -16,7 +19,6 @@ impl Sizer<'_> {
     /// shapes, the one whose chain takes the fewest PEs for about the shortest
     /// estimated step (`thrifty`).
     pub(super) fn for_period(&self, t: Budget) -> Option<Lanes> {
-        const SHAPES: usize = 8;
         let mut shapes = Vec::new();
         let first = self.chain(t, None, &mut shapes);
         let others = shapes.into_iter().skip(1).take(SHAPES - 1);
@@ -107,17 +109,19 @@ impl Sizer<'_> {
             let hs = self.rows(k, nn);
             // the next layer (past a strip) takes these rows as its columns: it must
             // still reach `t` on them
-            let next = (k + 1..nk).find_map(|j| self.dims[j].map(|d| (j, d)));
+            let next = (k + 1..nk).find_map(|j| self.dims[j].map(|d| (j, d, self.one_column(j))));
+            // (asked of every shape tried: remembered per row count)
+            let reached = std::cell::RefCell::new(std::collections::HashMap::new());
             let reachable = |h: u32| match next {
-                Some((j, d2)) => {
+                Some((j, d2, one_column)) => *reached.borrow_mut().entry(h).or_insert_with(|| {
                     used(d2.k, h) == h
-                        && (h == 1 || !self.one_column(j))
+                        && (h == 1 || !one_column)
                         && self.rows(j, d2.n).iter().any(|&h2| {
                             let h2 = used(d2.n, h2);
                             t.admits(self.layer_period(j, d2, h, h2))
                                 && self.layer_fits(j, d2, h, h2)
                         })
-                }
+                }),
                 None => true,
             };
             let ok = |w: u32, h: u32| {
@@ -130,10 +134,24 @@ impl Sizer<'_> {
                 (None, Some(shape)) => shape,
                 (None, None) => {
                     let most = if self.one_column(k) { 1 } else { kk };
+                    // (only the smallest `SHAPES` are wanted: a shape larger than every
+                    // one of them is not looked for)
+                    let mut areas: Vec<u32> = Vec::new();
+                    let (mut last, low) = (0, hs.first().map_or(1, |&h| used(nn, h)));
                     for w in 1..=most.min(fab.width.max(fab.height)) {
                         let w = used(kk, w);
-                        if let Some(&h) = hs.iter().find(|&&h| ok(w, used(nn, h))) {
-                            shapes.push((w, used(nn, h)));
+                        let bound = areas.get(SHAPES - 1).copied().unwrap_or(u32::MAX);
+                        if w == last || w.saturating_mul(low) > bound {
+                            continue;
+                        }
+                        last = w;
+                        let h = (hs.iter().map(|&h| used(nn, h)))
+                            .take_while(|&h| w.saturating_mul(h) <= bound)
+                            .find(|&h| ok(w, h));
+                        if let Some(h) = h {
+                            shapes.push((w, h));
+                            let at = areas.partition_point(|&a| a <= w * h);
+                            areas.insert(at, w * h);
                         }
                     }
                     shapes.sort_by_key(|&(w, h)| (w * h, h));
@@ -175,9 +193,17 @@ impl Sizer<'_> {
         let on_one: Vec<Cost> = ones
             .filter_map(|k| self.vector_period(k, 1, 1, 1))
             .collect();
-        // the smallest period at which a pace admits every one-lane kernel
-        let least = |pace: Pace| {
-            let ok = |t: u64| single.iter().all(|&c| pace.at(t).admits(c));
+        // every kernel on one lane: a budget that admits them all sizes each kernel to
+        // its fewest lanes, as every looser budget does
+        let slowest: Vec<Cost> = (0..self.f.kernels.len())
+            .filter_map(|k| match self.dims[k] {
+                Some(d) => Some(self.layer_period(k, d, 1, 1)),
+                None => self.vector_period(k, 1, 1, 1),
+            })
+            .collect();
+        // the smallest period at which a pace admits all of `costs`
+        let least = |pace: Pace, costs: &[Cost]| {
+            let ok = |t: u64| costs.iter().all(|&c| pace.at(t).admits(c));
             let (mut lo, mut hi) = (0u64, 1u64 << 24);
             while lo + 1 < hi {
                 let mid = (lo + hi) / 2;
@@ -203,13 +229,21 @@ impl Sizer<'_> {
             .chain(fixed.into_iter().map(Pace::Back));
         let mut found: Vec<Lanes> = Vec::new();
         for pace in paces {
-            let mut t = least(pace);
+            let (mut t, loosest) = (least(pace, &single), least(pace, &slowest));
+            // (no tighter budget fits a fabric that the fewest lanes do not: it gives
+            // each kernel as many lanes or more)
+            if self.for_period(pace.at(loosest.max(t))).is_none() {
+                continue;
+            }
             while t < 1 << 24 {
                 if let Some(l) = self.for_period(pace.at(t)) {
                     let l = self.trim(l);
                     if !found.contains(&l) {
                         found.push(l);
                     }
+                    break;
+                }
+                if t >= loosest {
                     break;
                 }
                 t += (t / 50).max(1);
