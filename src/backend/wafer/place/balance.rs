@@ -230,11 +230,6 @@ impl Sizer<'_> {
         let mut found: Vec<Lanes> = Vec::new();
         for pace in paces {
             let (mut t, loosest) = (least(pace, &single), least(pace, &slowest));
-            // (no tighter budget fits a fabric that the fewest lanes do not: it gives
-            // each kernel as many lanes or more)
-            if self.for_period(pace.at(loosest.max(t))).is_none() {
-                continue;
-            }
             while t < 1 << 24 {
                 if let Some(l) = self.for_period(pace.at(t)) {
                     let l = self.trim(l);

@@ -350,8 +350,13 @@ fn sized_until(
             widths = w;
             continue;
         }
+        // (a kernel short of memory that keeps the whole batch stays short at any
+        // windows: what it keeps is the batch's)
+        let kept = |e: &LayoutError| matches!(e, LayoutError::Sram(s) if s.keeps.is_some());
         match (search::search(&sizer), narrower) {
-            (Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))), Some(w)) if !stop(&e) => {
+            (Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))), Some(w))
+                if !stop(&e) && !kept(&e) =>
+            {
                 last = Some(sizer.sched.clone());
                 widths = w
             }

@@ -80,9 +80,15 @@ pub(super) fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
         let r = sizer
             .block(s)
             .and_then(|lanes| try_lanes(sizer, &lanes, s).map(|l| (lanes, l)));
-        let fits = r.is_ok();
+        // (a kernel short of memory that keeps the batch's samples holds more of
+        // them on each PE with larger blocks: past it, none fits)
+        let stop = match &r {
+            Ok(_) => true,
+            Err(LayoutError::Sram(e)) => e.keeps.is_some(),
+            Err(_) => false,
+        };
         consider(r, s)?;
-        if fits {
+        if stop {
             break;
         }
     }
