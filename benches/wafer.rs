@@ -4,7 +4,8 @@
 //! of each dense layer, the slowest kernel against the balanced period (the busy
 //! cycles per sample of every PE, spread evenly over them), the simulator's speed
 //! in simulated PE-cycles per second of wall time, and the fullest PE's memory by
-//! what it holds. There is no peer to run beside: no
+//! what it holds; last, how long a check takes to refuse programs that do not fit.
+//! There is no peer to run beside: no
 //! public wafer compiler or simulator exists.
 //!
 //! `cargo bench --bench wafer`; `EST_BENCH_STEPS` (default 2) simulated steps;
@@ -261,6 +262,38 @@ fn bench(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric
     );
 }
 
+/// How long the wafer takes to refuse a program that does not fit (`estc check
+/// --target wafer`: every sizing tried before the diagnostic; median of 3), and the
+/// code it refuses it with.
+fn refusal(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric) {
+    if std::env::var("EST_BENCH_ONLY").is_ok_and(|only| !name.contains(&only)) {
+        return;
+    }
+    for (k, v) in params {
+        program.add_override(k, v, "bench");
+    }
+    let opts = CheckOptions {
+        target: Target::Wafer,
+        modes: vec![SectionKind::Train],
+        fabric: Some(fab.clone()),
+        ..Default::default()
+    };
+    let mut times = Vec::new();
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let checked = check(&program, &opts);
+        times.push(t.elapsed().as_secs_f64());
+        codes = (checked.diags.iter()).map(|d| d.code.id()).collect();
+    }
+    println!(
+        "{name:<28} {:<7} refused in {:>7.1} ms: {}",
+        fab.name,
+        median(times) * 1e3,
+        codes.join(", ")
+    );
+}
+
 fn main() {
     let steps: u32 = std::env::var("EST_BENCH_STEPS")
         .ok()
@@ -321,4 +354,17 @@ fn main() {
     // the BERT example at 16 tokens of 16 features (its attention on one PE a sample)
     let small = [("length", "16"), ("hidden", "16"), ("ffn", "32")];
     bench("bert 16x16, b16", load("bert.est"), &small, &t32, steps);
+    // programs the wafer refuses, and how long it takes to say so
+    let huge = [("hidden", "[4096, 4096]")];
+    refusal(
+        "digits_mlp hidden=[4096, 4096]",
+        load("digits_mlp.est"),
+        &huge,
+        &t32,
+    );
+    let wse2 = Fabric::named("wse2").expect("wse2");
+    refusal("mobilenet, batch 32", load("mobilenet.est"), &[], &wse2);
+    let deep = Program::load(&root.join("tests/ui/wafer/E0604_too_many_layers.est"))
+        .expect("E0604_too_many_layers");
+    refusal("40 layers", deep, &[], &t32);
 }
