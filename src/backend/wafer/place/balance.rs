@@ -85,6 +85,12 @@ impl Sizer<'_> {
         let used = crate::backend::wafer::kernels::used;
         let mut lanes = Lanes::new(nk);
         for k in 0..nk {
+            // (a staircase that runs off the fabric already does with every kernel
+            // still to size: they only add to it)
+            let off = |(w, h): (u32, u32)| w > fab.width || h > fab.height;
+            if k > 0 && off(extents(self.f, &lanes)) {
+                return None;
+            }
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
             let Some(d) = self.dims[k] else {
                 let l = self.vector_lanes(k, prev, 1)?;
