@@ -171,9 +171,16 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn bench(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric, steps: u32) {
+/// `program` with `params` and the options of a train check on `fab`; `None` when
+/// `EST_BENCH_ONLY` leaves `name` out.
+fn setup(
+    name: &str,
+    mut program: Program,
+    params: &[(&str, &str)],
+    fab: &Fabric,
+) -> Option<(Program, CheckOptions)> {
     if std::env::var("EST_BENCH_ONLY").is_ok_and(|only| !name.contains(&only)) {
-        return;
+        return None;
     }
     for (k, v) in params {
         program.add_override(k, v, "bench");
@@ -183,6 +190,13 @@ fn bench(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric
         modes: vec![SectionKind::Train],
         fabric: Some(fab.clone()),
         ..Default::default()
+    };
+    Some((program, opts))
+}
+
+fn bench(name: &str, program: Program, params: &[(&str, &str)], fab: &Fabric, steps: u32) {
+    let Some((program, opts)) = setup(name, program, params, fab) else {
+        return;
     };
     let checked = check(&program, &opts);
     let Some(c) = checked.graphs.first().filter(|_| !checked.has_errors()) else {
@@ -265,18 +279,9 @@ fn bench(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric
 /// How long the wafer takes to refuse a program that does not fit (`estc check
 /// --target wafer`: every sizing tried before the diagnostic; median of 3), and the
 /// code it refuses it with.
-fn refusal(name: &str, mut program: Program, params: &[(&str, &str)], fab: &Fabric) {
-    if std::env::var("EST_BENCH_ONLY").is_ok_and(|only| !name.contains(&only)) {
+fn refusal(name: &str, program: Program, params: &[(&str, &str)], fab: &Fabric) {
+    let Some((program, opts)) = setup(name, program, params, fab) else {
         return;
-    }
-    for (k, v) in params {
-        program.add_override(k, v, "bench");
-    }
-    let opts = CheckOptions {
-        target: Target::Wafer,
-        modes: vec![SectionKind::Train],
-        fabric: Some(fab.clone()),
-        ..Default::default()
     };
     let mut times = Vec::new();
     let mut codes = Vec::new();
