@@ -23,11 +23,7 @@ impl Sizer<'_> {
         let first = self.chain(t, None, &mut shapes);
         let others = shapes.into_iter().skip(1).take(SHAPES - 1);
         let chains = others.filter_map(|s| self.chain(t, Some(s), &mut Vec::new()));
-        let fits = |l: &Lanes| {
-            let (w, h) = extents(self.f, l);
-            w <= self.fab.width && h <= self.fab.height
-        };
-        let mut all: Vec<Lanes> = first.into_iter().chain(chains).filter(fits).collect();
+        let mut all: Vec<Lanes> = first.into_iter().chain(chains).collect();
         let keys: Vec<(u64, usize)> = (all.iter())
             .map(|l| (self.step(l), self.area(l) as usize))
             .collect();
@@ -87,8 +83,7 @@ impl Sizer<'_> {
         for k in 0..nk {
             // (a staircase that runs off the fabric already does with every kernel
             // still to size: they only add to it)
-            let off = |(w, h): (u32, u32)| w > fab.width || h > fab.height;
-            if k > 0 && off(extents(self.f, &lanes)) {
+            if k > 0 && !self.on_fabric(&lanes) {
                 return None;
             }
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
@@ -140,13 +135,15 @@ impl Sizer<'_> {
                 (None, Some(shape)) => shape,
                 (None, None) => {
                     let most = if self.one_column(k) { 1 } else { kk };
-                    // (only the smallest `SHAPES` are wanted: a shape larger than every
-                    // one of them is not looked for)
-                    let mut areas: Vec<u32> = Vec::new();
+                    // (kept smallest first, the fewest rows first among equals; only
+                    // the smallest `SHAPES` are wanted, so a shape larger than every
+                    // one of them is not looked for; each column count once, as
+                    // `used` never falls)
+                    let key = |&(w, h): &(u32, u32)| (w * h, h);
                     let (mut last, low) = (0, hs.first().map_or(1, |&h| used(nn, h)));
                     for w in 1..=most.min(fab.width.max(fab.height)) {
                         let w = used(kk, w);
-                        let bound = areas.get(SHAPES - 1).copied().unwrap_or(u32::MAX);
+                        let bound = shapes.get(SHAPES - 1).map_or(u32::MAX, |s| key(s).0);
                         if w == last || w.saturating_mul(low) > bound {
                             continue;
                         }
@@ -155,13 +152,10 @@ impl Sizer<'_> {
                             .take_while(|&h| w.saturating_mul(h) <= bound)
                             .find(|&h| ok(w, h));
                         if let Some(h) = h {
-                            shapes.push((w, h));
-                            let at = areas.partition_point(|&a| a <= w * h);
-                            areas.insert(at, w * h);
+                            let at = shapes.partition_point(|s| key(s) <= key(&(w, h)));
+                            shapes.insert(at, (w, h));
                         }
                     }
-                    shapes.sort_by_key(|&(w, h)| (w * h, h));
-                    shapes.dedup();
                     *shapes.first()?
                 }
                 (Some(w), _) => {
@@ -176,7 +170,14 @@ impl Sizer<'_> {
             lanes.out[k] = h;
             lanes.more[k] = self.part_lanes(k, h, t)?;
         }
-        Some(lanes)
+        Some(lanes).filter(|l| self.on_fabric(l))
+    }
+
+    /// Whether a sizing's staircase (of the kernels it has sized so far) is within the
+    /// fabric.
+    fn on_fabric(&self, lanes: &Lanes) -> bool {
+        let (w, h) = extents(self.f, lanes);
+        w <= self.fab.width && h <= self.fab.height
     }
 
     /// The sizings of the tightest budgets whose staircases fit the fabric: a common

@@ -130,6 +130,15 @@ pub enum LayoutError {
     DoesNotFit(String),
 }
 
+impl LayoutError {
+    /// Whether it is a kernel short of memory that keeps every sample of the step
+    /// (`SramShort::keeps`): neither larger blocks nor narrower windows shrink what it
+    /// keeps, so the search stops at it.
+    pub fn keeps_batch(&self) -> bool {
+        matches!(self, LayoutError::Sram(s) if s.keeps.is_some())
+    }
+}
+
 /// A kernel whose PE needs more SRAM than a PE has.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SramShort {
@@ -350,12 +359,9 @@ fn sized_until(
             widths = w;
             continue;
         }
-        // (a kernel short of memory that keeps the whole batch stays short at any
-        // windows: what it keeps is the batch's)
-        let kept = |e: &LayoutError| matches!(e, LayoutError::Sram(s) if s.keeps.is_some());
         match (search::search(&sizer), narrower) {
             (Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))), Some(w))
-                if !stop(&e) && !kept(&e) =>
+                if !stop(&e) && !e.keeps_batch() =>
             {
                 last = Some(sizer.sched.clone());
                 widths = w

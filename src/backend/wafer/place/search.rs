@@ -80,13 +80,9 @@ pub(super) fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
         let r = sizer
             .block(s)
             .and_then(|lanes| try_lanes(sizer, &lanes, s).map(|l| (lanes, l)));
-        // (a kernel short of memory that keeps the batch's samples holds more of
-        // them on each PE with larger blocks: past it, none fits)
-        let stop = match &r {
-            Ok(_) => true,
-            Err(LayoutError::Sram(e)) => e.keeps.is_some(),
-            Err(_) => false,
-        };
+        // (past a kernel that keeps the batch short of memory, larger blocks only
+        // give its PEs more of it)
+        let stop = r.as_ref().map_or_else(LayoutError::keeps_batch, |_| true);
         consider(r, s)?;
         if stop {
             break;
