@@ -22,7 +22,7 @@ build: setup
 # mistakes as a user sees them.
 DEMO_DIR ?= target/demo/digits
 # Examples using what the wafer does not lay out yet (tests/examples.rs says why).
-HOST_ONLY_EXAMPLES = bert mobilenet resnet20 text_classifier
+HOST_ONLY_EXAMPLES = mobilenet resnet20 text_classifier
 demo: build
 	@rm -rf $(DEMO_DIR) target/demo/digits_tfrecord target/demo/cache
 	@echo "== estc train examples/digits_mlp.est"
@@ -62,8 +62,6 @@ demo: build
 	  done; \
 	done
 	@echo "(on the host only, as the wafer does not lay them out yet: $(HOST_ONLY_EXAMPLES))"
-	@echo "== estc check examples/bert.est --target wafer, at 16 tokens of 16 features (a sample's attention runs on one PE)"
-	@./target/release/estc check examples/bert.est --target wafer --param length=16 --param hidden=16 --param ffn=32
 	@echo "== and a program with mistakes, as a user sees them:"
 	@./target/release/estc check tests/ui/multiple/several_errors.est; test $$? -eq 1
 

@@ -101,6 +101,8 @@ pub(super) fn vector_of<'a>(
         rows: None,
         across,
         widths: Default::default(),
+        heads_memo: Default::default(),
+        dealt: None,
     };
     // a residual's value and a side part's outputs come in after the outputs of the
     // layer before, which carries them; their gradients go out after that layer's

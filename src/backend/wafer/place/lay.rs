@@ -431,12 +431,20 @@ pub(super) fn dense_kernel(
             pass_px: 1,
             side: part.side.then(|| back(part.dy)),
             joined: part.joined,
+            groups: 1,
         });
     }
     let update = update_main;
     // its own input carried past it, or a value it passes on (of its width a sample)
     let carried = f.carried_past(k);
     let (pass, pass_px) = passed_on(g, f, k, fwd, dims)?;
+    // (before a heads kernel: its outputs' columns grouped as that kernel deals them)
+    let groups = match f.kernels.get(k + 1).map(|kr| &kr.kind) {
+        Some(Kind::Vector { .. }) => vector_of(g, f, k + 1, ((f.batch, 0), false), |_| 0)
+            .input_groups()
+            .unwrap_or(1),
+        _ => 1,
+    };
     let Some(d) = dims else {
         return Err(unsupported(
             g,
@@ -465,5 +473,6 @@ pub(super) fn dense_kernel(
         pass_px,
         side: None,
         joined: false,
+        groups,
     })
 }

@@ -56,6 +56,8 @@ pub(super) struct Sizer<'a> {
     pub(super) sched: Vec<(u32, u32)>,
     /// Whether vector kernels softmax across their lanes (`Vector::across`).
     pub(super) across: bool,
+    /// A heads kernel's heads (`Vector::heads`), whose lanes must divide them.
+    pub(super) heads: Vec<Option<u32>>,
 }
 
 /// The samples a dealer keeps out at each of its replicas: one computed, one waiting
@@ -156,15 +158,17 @@ impl<'a> Sizer<'a> {
         // each vector kernel's width, whether it may run as replicas, and whether it
         // reduces along its samples' features
         let unscheduled = (f.batch, 0);
-        let vectors: Vec<(Option<u32>, bool, bool)> = (0..nk)
+        let vectors: Vec<(Option<u32>, bool, bool, Option<u32>)> = (0..nk)
             .map(|k| match dims[k] {
-                Some(_) => (None, false, false),
+                Some(_) => (None, false, false, None),
                 None => {
                     let v = vector_of(g, f, k, (unscheduled, across), |_| 0);
-                    (v.width(), v.replicable(), v.reduces_rows())
+                    let heads = v.heads().map(|h| h.count);
+                    (v.width(), v.replicable(), v.reduces_rows(), heads)
                 }
             })
             .collect();
+        let heads: Vec<Option<u32>> = vectors.iter().map(|v| v.3).collect();
         let width: Vec<Option<u32>> = vectors.iter().map(|v| v.0).collect();
         let replicable: Vec<bool> = vectors.iter().map(|v| v.1).collect();
         let reduces_rows: Vec<bool> = vectors.iter().map(|v| v.2).collect();
@@ -194,6 +198,7 @@ impl<'a> Sizer<'a> {
             .map(|k| match (dims[k], width.get(k + 1).copied().flatten()) {
                 (Some(_), Some(wd)) => (1..=wd)
                     .filter(|&l| crate::backend::wafer::kernels::used(wd, l) == l)
+                    .filter(|&l| heads[k + 1].is_none_or(|h| h % l == 0))
                     .find(|&l| {
                         vector_of(g, f, k + 1, (sched[k + 1], across), |_| CHAIN_COLOURS)
                             .lane(l, 0)
@@ -221,6 +226,7 @@ impl<'a> Sizer<'a> {
             widths,
             sched,
             across,
+            heads,
         })
     }
 
@@ -462,7 +468,9 @@ impl<'a> Sizer<'a> {
         match (self.width[k], prev) {
             (None, _) => Some(1),
             (Some(_), None) => Some(first),
-            (Some(w), Some(l)) => (crate::backend::wafer::kernels::used(w, l) == l).then_some(l),
+            (Some(w), Some(l)) => (crate::backend::wafer::kernels::used(w, l) == l
+                && self.heads[k].is_none_or(|h| h % l == 0))
+            .then_some(l),
         }
     }
 

@@ -217,6 +217,11 @@ pub struct Dense {
     /// Whether, a side part, it adds its outputs into those of the side part before it
     /// (a side layer of several products: `form::Part::joined`).
     pub joined: bool,
+    /// Its outputs' columns as so many equal groups, each dealt over its rows (1:
+    /// the plain split): row `j` of `h` holds columns `split(n / groups, h, j)` of each
+    /// group, one after another (the fused `q | k | v` projection before heads dealt
+    /// to lanes, `vector::Heads`: lane `j` takes its heads of each).
+    pub groups: u32,
 }
 
 /// Where a PE's values lie in its row's chain: the chain's words forward, and where
@@ -335,6 +340,7 @@ impl Dense {
             pass_px: 1,
             side: None,
             joined: false,
+            groups: 1,
         }
     }
 
@@ -544,6 +550,20 @@ impl Dense {
         })
     }
 
+    /// The runs of its weight that a PE of input rows `rows` and output columns `ns`
+    /// holds: a run of each row, or (its columns in `groups`) the PE's share of each
+    /// group in each row.
+    fn block(&self, rows: &[u32], ns: &std::ops::Range<u32>) -> Vec<(u32, u32)> {
+        let (b, g) = (ns.len() as u32, self.groups.max(1));
+        let even = self.n.is_multiple_of(g) && b.is_multiple_of(g) && ns.start.is_multiple_of(g);
+        let (runs, len) = if even { (g, b / g) } else { (1, b) };
+        let per = self.n / runs;
+        let start = ns.start / runs;
+        (rows.iter())
+            .flat_map(|&r| (0..runs).map(move |q| (r * self.n + q * per + start, len)))
+            .collect()
+    }
+
     /// The program of PE `(i, j)` of a `wc x hr` frame, holding input groups `ks` and
     /// output groups `ns` (the tensors it holds added to `laid`, at PE `at`).
     #[allow(clippy::too_many_arguments)]
@@ -561,7 +581,7 @@ impl Dense {
         let mut p = Program::default();
         let b = ns.len() as u32;
         let rows = self.rows(ks);
-        let block: Vec<(u32, u32)> = rows.iter().map(|&r| (r * self.n + ns.start, b)).collect();
+        let block = self.block(&rows, ns);
         let size = rows.len() as u32 * b;
         let piece = |laid: &mut Laid, name: &str, word: u32, runs: Vec<(u32, u32)>| {
             laid.tensors

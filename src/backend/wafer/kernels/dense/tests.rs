@@ -205,6 +205,7 @@ fn trained(k: u32, n: u32, (batch, window): (u32, u32), dx: bool) -> Dense {
         pass_px: 1,
         side: None,
         joined: false,
+        groups: 1,
     }
 }
 

@@ -31,12 +31,15 @@ use crate::ir::{Graph, NodeIndex, Op};
 
 mod build;
 mod dealer;
+mod heads;
 mod levels;
 mod node;
 mod ops;
 mod passes;
 
 use ops::*;
+
+pub use heads::{Deal, Heads};
 
 /// A stream of a vector kernel: the node, its colour, whether it is part of the
 /// backward pass, whether every lane receives the whole sample (a stream from the
@@ -76,6 +79,10 @@ pub struct Vector<'a> {
     pub across: bool,
     /// `width_of`, once worked out (every value's extent on a lane reads it).
     pub widths: std::cell::OnceCell<Option<(u32, bool)>>,
+    /// `heads`, once worked out.
+    pub heads_memo: std::cell::OnceCell<Option<Heads>>,
+    /// A lane of a heads kernel, when this is its local view (`heads`).
+    pub dealt: Option<heads::Dealt<'a>>,
 }
 
 /// A lane's program, initial memory and tensors (pieces without their PE).
@@ -169,7 +176,11 @@ impl Vector<'_> {
     /// `width`, and whether it counts an image's channels (each lane then holds some
     /// channels' planes, and a variable of them its channels' share of each run).
     fn width_of(&self) -> Option<(u32, bool)> {
-        *self.widths.get_or_init(|| self.work_out_width())
+        *self.widths.get_or_init(|| {
+            // (a heads kernel: its heads)
+            self.work_out_width()
+                .or_else(|| self.heads().map(|h| (h.count, false)))
+        })
     }
 
     /// `width_of`, worked out from its nodes and streams.
@@ -289,7 +300,13 @@ impl Vector<'_> {
                 return None;
             }
         }
-        for p in &self.inputs {
+        // (a sequence passed on past it, of its own width: each lane its share of
+        // every token, as the layers on either side deal it)
+        let passed = |n: NodeIndex| {
+            (self.f.passed(self.k)).is_some_and(|c| c.x == n || c.grad == Some(n))
+                && self.tokens(n).is_some()
+        };
+        for p in self.inputs.iter().filter(|p| !passed(p.node)) {
             let ty = g.ty(p.node);
             let ok = match (self.image(p.node), ty.rank()) {
                 (Some((_, _, c)), _) => agree(c as usize, true),
@@ -492,6 +509,10 @@ impl Vector<'_> {
     /// Whether it reduces along a sample's features (on several lanes, it then needs
     /// the colours of `rows`).
     pub fn reduces_rows(&self) -> bool {
+        // (a heads kernel's lanes reduce within their heads)
+        if self.work_out_width().is_none() {
+            return false;
+        }
         (self.nodes().iter()).any(|&n| {
             let across = self.across
                 && (self.arg_across(n)
@@ -540,8 +561,12 @@ impl Vector<'_> {
         }
     }
 
-    /// The flat elements of node `n` that lane `lane` holds (one run).
+    /// The flat elements of node `n` that lane `lane` holds (one run; a heads kernel's
+    /// lane, its heads' runs).
     fn runs(&self, n: NodeIndex, lanes: u32, lane: u32) -> Vec<(u32, u32)> {
+        if let Some((_, runs)) = self.dealt_runs(n) {
+            return runs;
+        }
         if let Some(runs) = self.channel_runs(n, lanes, lane) {
             return runs;
         }
@@ -563,9 +588,35 @@ impl Vector<'_> {
         }
     }
 
-    /// Lane `lane` of `lanes`.
+    /// Lane `lane` of `lanes` (of a heads kernel on several: its local view's one lane).
     pub fn lane(&self, lanes: u32, lane: u32) -> Result<Lane, String> {
-        self.build(lanes, lane, None)
+        match self.heads() {
+            Some(h) if lanes > 1 => {
+                let local = (h.local(self.g, self.f, lanes))
+                    .ok_or_else(|| format!("{} heads do not split over {lanes} lanes", h.count))?;
+                let v = Vector {
+                    g: &local,
+                    f: self.f,
+                    k: self.k,
+                    inputs: self.inputs.clone(),
+                    outputs: self.outputs.clone(),
+                    window: self.window,
+                    fifo: self.fifo,
+                    rows: None,
+                    across: self.across,
+                    widths: Default::default(),
+                    heads_memo: Default::default(),
+                    dealt: Some(heads::Dealt {
+                        global: self.g,
+                        heads: h.clone(),
+                        lanes,
+                        lane,
+                    }),
+                };
+                v.build(1, 0, None)
+            }
+            _ => self.build(lanes, lane, None),
+        }
     }
 
     /// Whether it can run as replicas, each taking one sample in so many

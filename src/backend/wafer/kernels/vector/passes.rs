@@ -55,7 +55,7 @@ impl Vector<'_> {
         let mut cur = self.current(m, (pass, 0));
         // (the step values made from variables alone, at each sample)
         let mut body = self.mids((pass, 0), (lanes, lane), m)?;
-        body.extend(self.receive(pass, (lanes, lane), rep, m, &mut cur));
+        body.extend(self.receive(pass, (lanes, lane), rep, m, &mut cur)?);
         let (code, means) = self.code((pass, 0), (lanes, lane), rep, m, &mut cur)?;
         body.extend(code);
         let mut fin = Vec::new();
@@ -204,7 +204,7 @@ impl Vector<'_> {
         rep: Option<Rep>,
         m: &mut Layout,
         cur: &mut BTreeMap<NodeIndex, Val>,
-    ) -> Vec<Instr> {
+    ) -> Result<Vec<Instr>, String> {
         let mut body = Vec::new();
         for i in self.inputs.iter().filter(|i| u8::from(i.bwd) == pass) {
             let colour = rep.map_or(i.colour, |r| r.to);
@@ -216,17 +216,29 @@ impl Vector<'_> {
             // a whole sample: the words before and after this lane's share dropped; of
             // a sequence, each token's, token by token (a value per token, which every
             // lane keeps whole, aside)
-            let (count, all) = match self.tokens(i.node) {
-                Some((t, w)) if i.whole && lanes > 1 && w > 1 => (t, w),
+            // (of a heads kernel's dealt value, its heads' runs: one in each of so
+            // many equal stretches of the sample)
+            let dealt = self.dealt_runs(i.node).filter(|_| i.whole);
+            let (count, all) = match (self.tokens(i.node), &dealt) {
+                (_, Some((words, runs))) => (runs.len() as u32, words / runs.len() as u32),
+                (Some((t, w)), _) if i.whole && lanes > 1 && w > 1 => (t, w),
                 _ => (1, self.extent(i.node, 1, 0)),
             };
             let take = ext / count;
             let (before, after) = if i.whole {
                 let start = self.runs(i.node, lanes, lane).first().map_or(0, |r| r.0);
-                (start, all - start - take)
+                (start % all, all - start % all - take)
             } else {
                 (0, 0)
             };
+            if let Some((_, runs)) = &dealt {
+                let even = runs.iter().enumerate().all(|(j, r)| {
+                    r.1 == take && r.0 == j as u32 * all + before
+                });
+                if !even {
+                    return Err(format!("a value the host sends whole, of which a lane keeps runs of unequal stretches ({runs:?})"));
+                }
+            }
             let drop = |len: u32| {
                 mov(
                     Dsd::strided(m.junk, len, 0, &[], None),
@@ -251,7 +263,7 @@ impl Vector<'_> {
             }
             cur.insert(i.node, dst);
         }
-        body
+        Ok(body)
     }
 
     /// The code of the nodes at `at` for one sample, and the sends of what goes out
