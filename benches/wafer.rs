@@ -356,7 +356,9 @@ fn main() {
     // multi-head self-attention, its products on one lane
     let attention = Program::from_source("token_attention.est", TOKEN_ATTENTION, None);
     bench("attention 16x16 2 heads, b16", attention, &[], &t32, steps);
-    // the BERT example at 16 tokens of 16 features (its attention on one PE a sample)
+    // the BERT example at its default 32 tokens of 32 features and at 16 of 16 (its
+    // attention's heads dealt to lanes)
+    bench("bert 32x32, b16", load("bert.est"), &[], &t32, steps);
     let small = [("length", "16"), ("hidden", "16"), ("ffn", "32")];
     bench("bert 16x16, b16", load("bert.est"), &small, &t32, steps);
     // programs the wafer refuses, and how long it takes to say so

@@ -496,9 +496,10 @@ shrinks with fewer hidden units. A kernel that keeps every sample of the step (b
 norm in training, and the kernels before it, which must hold the batch until its
 statistics are whole) is short of memory whatever the fabric, since its PEs hold whole
 channels: its help names the largest batch per step that fits. A vector kernel that
-holds each sample whole on one PE (attention's products, whose scores grow as heads x
-tokens x tokens, or a softmax over a sample's axes) is short whatever the fabric too:
-its help asks for fewer tokens, heads or features a sample.";
+holds each sample whole on one PE (a softmax over a sample's axes, attention's
+products), or each head of a sample (attention with a head a PE, whose scores grow as
+tokens x tokens), is short whatever the fabric too: its help asks for fewer tokens,
+heads or features a sample.";
 
 pub const E0604: &str =
     "The wafer lays a program's kernels out as a staircase from the fabric's north-west

@@ -107,7 +107,11 @@ fn fits(sizer: &Sizer, placed: &[Placed], all: &Laid, s: u32) -> Result<(), Layo
             return Err(LayoutError::Sram(SramShort {
                 pinned,
                 keeps,
-                whole: k.is_some_and(one_lane),
+                // (or a heads kernel with a head a lane)
+                whole: k.is_some_and(|k| {
+                    let lanes = u64::from(placed[k].w) * u64::from(placed[k].h);
+                    one_lane(k) || sizer.heads[k].is_some_and(|h| u64::from(h) == lanes)
+                }),
                 kernel: k.map_or_else(|| "a kernel".to_string(), |k| placed[k].name.clone()),
                 span: k.and_then(|k| kernel_span(g, f, k)),
                 at: (*x, *y),

@@ -162,8 +162,9 @@ pub struct SramShort {
     /// of the batch, or a kernel after it does: `pipeline::BARRIER`), whatever the
     /// windows.
     pub keeps: Option<u32>,
-    /// Whether the kernel holds each sample whole on one PE, whatever the fabric (a
-    /// vector kernel of one lane: attention's products, a softmax over a sample's axes).
+    /// Whether the kernel holds each sample (or each head of it) whole on one PE,
+    /// whatever the fabric (a vector kernel of one lane: attention's products, a
+    /// softmax over a sample's axes; a heads kernel with a head a lane).
     pub whole: bool,
 }
 

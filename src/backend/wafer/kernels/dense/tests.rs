@@ -426,3 +426,17 @@ fn a_one_pe_layer_takes_hand_computed_cycles() {
     assert_eq!(r.y, [9.0, 12.0, 15.0]);
     assert_eq!(r.forward, 4 + 40 + 3);
 }
+
+/// A layer's columns in groups (the fused `q | k | v` before heads dealt to lanes): a
+/// PE of row 1 of 2 holds its half of each group, a run per group in each weight row;
+/// in one group, a run a weight row.
+#[test]
+fn grouped_columns_are_a_run_per_group() {
+    let mut d = trained(2, 12, (4, 1), false);
+    d.groups = 3;
+    // 12 columns in 3 groups of 4: row 1 holds columns 2..4 of each
+    let runs = vec![(2, 2), (6, 2), (10, 2), (14, 2), (18, 2), (22, 2)];
+    assert_eq!(d.block(&[0, 1], &(6..12)), runs);
+    d.groups = 1;
+    assert_eq!(d.block(&[0, 1], &(6..12)), vec![(6, 6), (18, 6)]);
+}

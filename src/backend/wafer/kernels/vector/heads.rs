@@ -54,7 +54,9 @@ impl Vector<'_> {
         if self.dealt.is_some() {
             return None;
         }
-        self.heads_memo.get_or_init(|| self.find_heads().ok()).as_ref()
+        self.heads_memo
+            .get_or_init(|| self.find_heads().ok())
+            .as_ref()
     }
 
     /// The groups of its input from the layer before (`Deal::groups` of that layer's
@@ -98,9 +100,7 @@ impl Vector<'_> {
         }
         let count = count.ok_or(())? as u32;
         let kr = &f.kernels[self.k];
-        let nodes: Vec<NodeIndex> = (self.nodes().iter().chain(&kr.steps))
-            .copied()
-            .collect();
+        let nodes: Vec<NodeIndex> = (self.nodes().iter().chain(&kr.steps)).copied().collect();
         // (a value passed on, past the kernel: its features dealt as the layers on
         // either side deal theirs)
         if let Some(c) = f.passed(self.k) {
@@ -232,15 +232,20 @@ impl Heads {
     /// The graph a lane of `lanes` works on: every dealt value's type with its dealt
     /// axis's share, a slice along it cut to the lane's groups; `None` when a dealt axis
     /// does not split evenly.
-    pub fn local(&self, g: &Graph, f: &crate::backend::wafer::form::Formed, lanes: u32) -> Option<Graph> {
+    pub fn local(
+        &self,
+        g: &Graph,
+        f: &crate::backend::wafer::form::Formed,
+        lanes: u32,
+    ) -> Option<Graph> {
         let lanes = lanes as usize;
-        if self.count as usize % lanes != 0 {
+        if !(self.count as usize).is_multiple_of(lanes) {
             return None;
         }
         let mut local = g.clone();
         for (&n, d) in &self.deal {
             let size = g.ty(n).shape[d.axis];
-            if size % (d.groups as usize * lanes) != 0 {
+            if !size.is_multiple_of(d.groups as usize * lanes) {
                 return None;
             }
         }
@@ -317,45 +322,8 @@ impl Heads {
         let r = so.len();
         let mut changed = false;
         match &node.op {
-            // right-aligned operands: those of the same extent along the dealt axis
-            // deal alike, those of one entry there (or without it) are whole
             op if lower::elementwise(op) || matches!(op, Op::BroadcastTo) => {
-                let aligned = |o: NodeIndex, axis: usize| -> Option<usize> {
-                    let ro = g.ty(o).rank();
-                    let a = axis.checked_sub(r - ro.min(r))?;
-                    (g.ty(o).shape[a] == so[axis] && so[axis] > 1).then_some(a)
-                };
-                // the deal, from the node or an operand that has it
-                let known = self.deal.get(&n).copied().or_else(|| {
-                    ops.iter().find_map(|&o| {
-                        let d = *self.deal.get(&o)?;
-                        let shift = r.checked_sub(g.ty(o).rank())?;
-                        Some(Deal {
-                            axis: d.axis + shift,
-                            groups: d.groups,
-                        })
-                    })
-                });
-                let Some(d) = known else {
-                    return Ok(false);
-                };
-                changed |= self.link_to(n, d)?;
-                for &o in &ops {
-                    if constant(g, o).is_some() && g.ty(o).elements() == 1 {
-                        continue;
-                    }
-                    match aligned(o, d.axis) {
-                        Some(a) => {
-                            let od = Deal {
-                                axis: a,
-                                groups: d.groups,
-                            };
-                            changed |= self.link_to(o, od)?;
-                        }
-                        None if self.has(o) => return Err(()),
-                        None => {}
-                    }
-                }
+                changed |= self.spread_rule(g, (n, &ops))?;
             }
             Op::Reshape => {
                 let (a, o) = (ops[0], n);
@@ -392,81 +360,13 @@ impl Heads {
                 })?;
             }
             Op::Slice { axis, start, end } => {
-                let (axis, start, end) = (*axis, *start, *end);
-                let whole = g.ty(ops[0]).shape[axis];
-                changed |= self.link(ops[0], n, |d| {
-                    if d.axis != axis {
-                        return Some(d);
-                    }
-                    let group = whole / d.groups as usize;
-                    (start % group == 0 && end % group == 0).then(|| Deal {
-                        axis,
-                        groups: ((end - start) / group) as u32,
-                    })
-                })?;
-                changed |= self.link(n, ops[0], |d| {
-                    if d.axis != axis {
-                        return Some(d);
-                    }
-                    let group = (end - start) / d.groups as usize;
-                    (start % group == 0 && whole % group == 0).then(|| Deal {
-                        axis,
-                        groups: (whole / group) as u32,
-                    })
-                })?;
+                changed |= self.slice_rule(g, (n, &ops), *axis, *start, *end)?;
             }
             Op::Concat { axis } => {
-                let axis = *axis;
-                // the size of a group: from the result, or from a dealt operand
-                let group = (self.deal.get(&n))
-                    .map(|d| (d.axis, so[d.axis] / d.groups as usize))
-                    .or_else(|| {
-                        ops.iter().find_map(|o| {
-                            let d = self.deal.get(o)?;
-                            Some((d.axis, g.ty(*o).shape[d.axis] / d.groups as usize))
-                        })
-                    });
-                let Some((at, group)) = group else {
-                    return Ok(false);
-                };
-                let deal_of = |size: usize| -> Option<Deal> {
-                    match at == axis {
-                        true => (size % group == 0).then(|| Deal {
-                            axis,
-                            groups: (size / group) as u32,
-                        }),
-                        false => Some(Deal {
-                            axis: at,
-                            groups: (so[at] / group) as u32,
-                        }),
-                    }
-                };
-                changed |= self.link_to(n, deal_of(so[axis]).ok_or(())?)?;
-                for &o in &ops {
-                    let d = deal_of(g.ty(o).shape[axis]).ok_or(())?;
-                    changed |= self.link_to(o, d)?;
-                }
+                changed |= self.concat_rule(g, (n, &ops), *axis)?;
             }
             Op::MatMul if r >= 3 => {
-                // along an axis before the matrices' (a head's), the operands alike
-                let d = self.deal.get(&n).copied().or_else(|| {
-                    ops.iter()
-                        .find_map(|o| self.deal.get(o).copied().filter(|d| d.axis + 2 < r))
-                });
-                let Some(d) = d else {
-                    return Ok(false);
-                };
-                if d.axis + 2 >= r || d.axis == 0 {
-                    return Err(());
-                }
-                changed |= self.link_to(n, d)?;
-                for &o in &ops {
-                    match g.ty(o).shape.get(d.axis) == Some(&so[d.axis]) && g.ty(o).rank() == r {
-                        true => changed |= self.link_to(o, d)?,
-                        false if self.has(o) => return Err(()),
-                        false => {}
-                    }
-                }
+                changed |= self.product_rule(g, (n, &ops))?;
             }
             Op::Softmax { axis } | Op::LogSoftmax { axis } => {
                 let axis = *axis;
@@ -477,33 +377,7 @@ impl Heads {
             Op::Reduce {
                 axes, keep_dims, ..
             } => {
-                let (axes, keep) = (axes.clone(), *keep_dims);
-                let out = |d: Deal| {
-                    if axes.contains(&d.axis) {
-                        return None;
-                    }
-                    let gone = match keep {
-                        true => 0,
-                        false => axes.iter().filter(|&&a| a < d.axis).count(),
-                    };
-                    Some(Deal {
-                        axis: d.axis - gone,
-                        ..d
-                    })
-                };
-                let back = |d: Deal| {
-                    let mut axis = d.axis;
-                    if !keep {
-                        for a in axes.iter().copied().collect::<std::collections::BTreeSet<_>>() {
-                            if a <= axis {
-                                axis += 1;
-                            }
-                        }
-                    }
-                    (!axes.contains(&axis)).then_some(Deal { axis, ..d })
-                };
-                changed |= self.link(ops[0], n, out)?;
-                changed |= self.link(n, ops[0], back)?;
+                changed |= self.reduce_rule((n, &ops), axes, *keep_dims)?;
             }
             _ => {
                 if self.has(n) || ops.iter().any(|o| self.has(*o)) {
@@ -511,6 +385,211 @@ impl Heads {
                 }
             }
         }
+        Ok(changed)
+    }
+
+    /// Spread alike: right-aligned operands of the same extent along the dealt axis
+    /// deal alike, those of one entry there (or without it) are whole (elementwise
+    /// ops, `broadcast_to`).
+    fn spread_rule(
+        &mut self,
+        g: &Graph,
+        (n, ops): (NodeIndex, &[NodeIndex]),
+    ) -> Result<bool, NoHeads> {
+        let so = &g.ty(n).shape;
+        let r = so.len();
+        let mut changed = false;
+        let aligned = |o: NodeIndex, axis: usize| -> Option<usize> {
+            let ro = g.ty(o).rank();
+            let a = axis.checked_sub(r - ro.min(r))?;
+            (g.ty(o).shape[a] == so[axis] && so[axis] > 1).then_some(a)
+        };
+        // the deal, from the node or an operand that has it
+        let known = self.deal.get(&n).copied().or_else(|| {
+            ops.iter().find_map(|&o| {
+                let d = *self.deal.get(&o)?;
+                let shift = r.checked_sub(g.ty(o).rank())?;
+                Some(Deal {
+                    axis: d.axis + shift,
+                    groups: d.groups,
+                })
+            })
+        });
+        let Some(d) = known else {
+            return Ok(false);
+        };
+        changed |= self.link_to(n, d)?;
+        for &o in ops {
+            if constant(g, o).is_some() && g.ty(o).elements() == 1 {
+                continue;
+            }
+            match aligned(o, d.axis) {
+                Some(a) => {
+                    let od = Deal {
+                        axis: a,
+                        groups: d.groups,
+                    };
+                    changed |= self.link_to(o, od)?;
+                }
+                None if self.has(o) => return Err(()),
+                None => {}
+            }
+        }
+        Ok(changed)
+    }
+
+    /// A slice: along another axis dealt alike; along the dealt one, whole groups of it.
+    fn slice_rule(
+        &mut self,
+        g: &Graph,
+        (n, ops): (NodeIndex, &[NodeIndex]),
+        axis: usize,
+        start: usize,
+        end: usize,
+    ) -> Result<bool, NoHeads> {
+        let mut changed = false;
+        let whole = g.ty(ops[0]).shape[axis];
+        changed |= self.link(ops[0], n, |d| {
+            if d.axis != axis {
+                return Some(d);
+            }
+            let group = whole / d.groups as usize;
+            let even = group > 0 && start.is_multiple_of(group) && end.is_multiple_of(group);
+            even.then(|| Deal {
+                axis,
+                groups: ((end - start) / group) as u32,
+            })
+        })?;
+        changed |= self.link(n, ops[0], |d| {
+            if d.axis != axis {
+                return Some(d);
+            }
+            let group = (end - start) / d.groups as usize;
+            let even = group > 0 && start.is_multiple_of(group) && whole.is_multiple_of(group);
+            even.then(|| Deal {
+                axis,
+                groups: (whole / group) as u32,
+            })
+        })?;
+        Ok(changed)
+    }
+
+    /// A concat: along the dealt axis, each operand so many groups of one size (the
+    /// zeros the slices' gradients pad with among them); along another, dealt
+    /// alike.
+    fn concat_rule(
+        &mut self,
+        g: &Graph,
+        (n, ops): (NodeIndex, &[NodeIndex]),
+        axis: usize,
+    ) -> Result<bool, NoHeads> {
+        let so = &g.ty(n).shape;
+        let mut changed = false;
+        // the size of a group: from the result, or from a dealt operand
+        let group = (self.deal.get(&n))
+            .map(|d| (d.axis, so[d.axis] / d.groups as usize))
+            .or_else(|| {
+                ops.iter().find_map(|o| {
+                    let d = self.deal.get(o)?;
+                    Some((d.axis, g.ty(*o).shape[d.axis] / d.groups as usize))
+                })
+            });
+        let Some((at, group)) = group else {
+            return Ok(false);
+        };
+        if group == 0 {
+            return Err(());
+        }
+        let deal_of = |size: usize| -> Option<Deal> {
+            match at == axis {
+                true => (group > 0 && size.is_multiple_of(group)).then(|| Deal {
+                    axis,
+                    groups: (size / group) as u32,
+                }),
+                false => Some(Deal {
+                    axis: at,
+                    groups: (so[at] / group) as u32,
+                }),
+            }
+        };
+        changed |= self.link_to(n, deal_of(so[axis]).ok_or(())?)?;
+        for &o in ops {
+            let d = deal_of(g.ty(o).shape[axis]).ok_or(())?;
+            changed |= self.link_to(o, d)?;
+        }
+        Ok(changed)
+    }
+
+    /// A product of two sample values: along an axis before the matrices' (a
+    /// head's), the operands alike.
+    fn product_rule(
+        &mut self,
+        g: &Graph,
+        (n, ops): (NodeIndex, &[NodeIndex]),
+    ) -> Result<bool, NoHeads> {
+        let so = &g.ty(n).shape;
+        let r = so.len();
+        let mut changed = false;
+        // along an axis before the matrices' (a head's), the operands alike
+        let d = self.deal.get(&n).copied().or_else(|| {
+            ops.iter()
+                .find_map(|o| self.deal.get(o).copied().filter(|d| d.axis + 2 < r))
+        });
+        let Some(d) = d else {
+            return Ok(false);
+        };
+        if d.axis + 2 >= r || d.axis == 0 {
+            return Err(());
+        }
+        changed |= self.link_to(n, d)?;
+        for &o in ops {
+            match g.ty(o).shape.get(d.axis) == Some(&so[d.axis]) && g.ty(o).rank() == r {
+                true => changed |= self.link_to(o, d)?,
+                false if self.has(o) => return Err(()),
+                false => {}
+            }
+        }
+        Ok(changed)
+    }
+
+    /// A reduction: the dealt axis kept (not reduced), renumbered past those reduced.
+    fn reduce_rule(
+        &mut self,
+        (n, ops): (NodeIndex, &[NodeIndex]),
+        axes: &[usize],
+        keep: bool,
+    ) -> Result<bool, NoHeads> {
+        let mut changed = false;
+        let out = |d: Deal| {
+            if axes.contains(&d.axis) {
+                return None;
+            }
+            let gone = match keep {
+                true => 0,
+                false => axes.iter().filter(|&&a| a < d.axis).count(),
+            };
+            Some(Deal {
+                axis: d.axis - gone,
+                ..d
+            })
+        };
+        let back = |d: Deal| {
+            let mut axis = d.axis;
+            if !keep {
+                for a in axes
+                    .iter()
+                    .copied()
+                    .collect::<std::collections::BTreeSet<_>>()
+                {
+                    if a <= axis {
+                        axis += 1;
+                    }
+                }
+            }
+            (!axes.contains(&axis)).then_some(Deal { axis, ..d })
+        };
+        changed |= self.link(ops[0], n, out)?;
+        changed |= self.link(n, ops[0], back)?;
         Ok(changed)
     }
 

@@ -17,9 +17,12 @@
 //! the forward task (a loss's, which needs no output gradient) goes back in the
 //! sample's backward task, or, in a kernel without one, as soon as it is computed.
 //!
+//! A kernel of multi-head attention may instead deal its heads to lanes (`heads`): each
+//! lane runs, as one lane would, a local graph of the heads it holds.
+//!
 //! Here: the kernel, its ports and what its lanes hold; `build` makes a lane's program
 //! (or a replica's), `node` one node's code in it, `dealer` a one-lane kernel's dealer,
-//! and `ops` the helpers they share (views of a sample's laid-out axes, reductions and
+//! `heads` a heads kernel's analysis and local graph, and `ops` the helpers they share (views of a sample's laid-out axes, reductions and
 //! broadcasts by rows, pooling).
 
 use super::super::form::{image, planes, Class, End, Formed, Kind};

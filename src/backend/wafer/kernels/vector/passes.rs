@@ -232,9 +232,10 @@ impl Vector<'_> {
                 (0, 0)
             };
             if let Some((_, runs)) = &dealt {
-                let even = runs.iter().enumerate().all(|(j, r)| {
-                    r.1 == take && r.0 == j as u32 * all + before
-                });
+                let even = runs
+                    .iter()
+                    .enumerate()
+                    .all(|(j, r)| r.1 == take && r.0 == j as u32 * all + before);
                 if !even {
                     return Err(format!("a value the host sends whole, of which a lane keeps runs of unequal stretches ({runs:?})"));
                 }
