@@ -467,7 +467,9 @@ impl<'a> Sizer<'a> {
     pub(super) fn vector_lanes(&self, k: usize, prev: Option<u32>, first: u32) -> Option<u32> {
         match (self.width[k], prev) {
             (None, _) => Some(1),
-            (Some(_), None) => Some(first),
+            (Some(_), None) => self.heads[k]
+                .is_none_or(|h| h % first == 0)
+                .then_some(first),
             (Some(w), Some(l)) => (crate::backend::wafer::kernels::used(w, l) == l
                 && self.heads[k].is_none_or(|h| h % l == 0))
             .then_some(l),

@@ -553,15 +553,24 @@ impl Dense {
     /// The runs of its weight that a PE of input rows `rows` and output columns `ns`
     /// holds: a run of each row, or (its columns in `groups`) the PE's share of each
     /// group in each row.
-    fn block(&self, rows: &[u32], ns: &std::ops::Range<u32>) -> Vec<(u32, u32)> {
+    /// An error when its groups do not split evenly over `hr` rows.
+    fn block(
+        &self,
+        rows: &[u32],
+        ns: &std::ops::Range<u32>,
+        hr: u32,
+    ) -> Result<Vec<(u32, u32)>, String> {
         let (b, g) = (ns.len() as u32, self.groups.max(1));
-        let even = self.n.is_multiple_of(g) && b.is_multiple_of(g) && ns.start.is_multiple_of(g);
-        let (runs, len) = if even { (g, b / g) } else { (1, b) };
-        let per = self.n / runs;
-        let start = ns.start / runs;
-        (rows.iter())
-            .flat_map(|&r| (0..runs).map(move |q| (r * self.n + q * per + start, len)))
-            .collect()
+        if g > 1 && !self.n.is_multiple_of(g * hr.max(1)) {
+            return Err(format!(
+                "{} columns in {g} groups do not split over {hr} rows",
+                self.n
+            ));
+        }
+        let (per, start, len) = (self.n / g, ns.start / g, b / g);
+        Ok((rows.iter())
+            .flat_map(|&r| (0..g).map(move |q| (r * self.n + q * per + start, len)))
+            .collect())
     }
 
     /// The program of PE `(i, j)` of a `wc x hr` frame, holding input groups `ks` and
@@ -581,7 +590,7 @@ impl Dense {
         let mut p = Program::default();
         let b = ns.len() as u32;
         let rows = self.rows(ks);
-        let block = self.block(&rows, ns);
+        let block = self.block(&rows, ns, hr)?;
         let size = rows.len() as u32 * b;
         let piece = |laid: &mut Laid, name: &str, word: u32, runs: Vec<(u32, u32)>| {
             laid.tensors

@@ -436,7 +436,9 @@ fn grouped_columns_are_a_run_per_group() {
     d.groups = 3;
     // 12 columns in 3 groups of 4: row 1 holds columns 2..4 of each
     let runs = vec![(2, 2), (6, 2), (10, 2), (14, 2), (18, 2), (22, 2)];
-    assert_eq!(d.block(&[0, 1], &(6..12)), runs);
+    assert_eq!(d.block(&[0, 1], &(6..12), 2), Ok(runs));
+    // (over 3 rows, the groups of 4 do not split)
+    assert!(d.block(&[0, 1], &(8..12), 3).is_err());
     d.groups = 1;
-    assert_eq!(d.block(&[0, 1], &(6..12)), vec![(6, 6), (18, 6)]);
+    assert_eq!(d.block(&[0, 1], &(6..12), 2), Ok(vec![(6, 6), (18, 6)]));
 }

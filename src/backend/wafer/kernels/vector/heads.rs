@@ -118,7 +118,7 @@ impl Vector<'_> {
         for _ in 0..=nodes.len() {
             let mut changed = false;
             for &n in &nodes {
-                changed |= heads.relate(g, f, n)?;
+                changed |= heads.relate(g, f, (n, &nodes))?;
             }
             for &(s, v) in &commits {
                 changed |= heads.same(s, v)?;
@@ -142,6 +142,18 @@ impl Vector<'_> {
             _ => None,
         });
         let groups = before.and_then(|x| h.deal.get(&x)).map(|d| d.groups);
+        // (a layer of several products sums its parts' columns into its own by place:
+        // its columns stay plain)
+        let parts = self
+            .k
+            .checked_sub(1)
+            .is_some_and(|l| match &f.kernels[l].kind {
+                crate::backend::wafer::form::Kind::Dense { more, .. } => !more.is_empty(),
+                crate::backend::wafer::form::Kind::Vector { .. } => false,
+            });
+        if parts && groups.is_some_and(|g| g > 1) {
+            return Err(());
+        }
         // (a layer on either side over tokens, which deals each token's features as
         // its lanes do: not one that reads the sequence flattened)
         let over_tokens = |j: usize| match f.kernels[j].kind {
@@ -294,7 +306,7 @@ impl Heads {
                 false => Err(()),
             },
             (Some(da), None) => {
-                let db = map(da).ok_or(())?;
+                let db = map(da).filter(|d| d.groups > 0).ok_or(())?;
                 self.deal.insert(b, db);
                 Ok(true)
             }
@@ -314,16 +326,38 @@ impl Heads {
         &mut self,
         g: &Graph,
         f: &crate::backend::wafer::form::Formed,
-        n: NodeIndex,
+        (n, inside): (NodeIndex, &[NodeIndex]),
     ) -> Result<bool, NoHeads> {
+        // each operand by the value it names, but one whose own shape is not that
+        // value's (a reshape that keeps its operand's words: `form`'s alias) by its own
+        // node, so that the rules read its own axes: dealt, it must be one of the
+        // kernel's nodes, whose reshape rule links it to the value
+        let own = |o: NodeIndex| {
+            let v = f.resolve(o);
+            if g.ty(o).shape == g.ty(v).shape {
+                v
+            } else {
+                o
+            }
+        };
+        let ops: Vec<NodeIndex> = g.operands(n).iter().map(|&o| own(o)).collect();
+        let changed = self.rule(g, n, &ops)?;
+        let stray = |o: &NodeIndex| f.resolve(*o) != *o && !inside.contains(o) && self.has(*o);
+        if ops.iter().any(stray) {
+            return Err(());
+        }
+        Ok(changed)
+    }
+
+    /// The rule of node `n`'s op over operands `ops` (see `relate`).
+    fn rule(&mut self, g: &Graph, n: NodeIndex, ops: &[NodeIndex]) -> Result<bool, NoHeads> {
         let node = g.node(n);
-        let ops: Vec<NodeIndex> = g.operands(n).iter().map(|&o| f.resolve(o)).collect();
         let so = &node.ty.shape;
         let r = so.len();
         let mut changed = false;
         match &node.op {
             op if lower::elementwise(op) || matches!(op, Op::BroadcastTo) => {
-                changed |= self.spread_rule(g, (n, &ops))?;
+                changed |= self.spread_rule(g, (n, ops))?;
             }
             Op::Reshape => {
                 let (a, o) = (ops[0], n);
@@ -360,13 +394,13 @@ impl Heads {
                 })?;
             }
             Op::Slice { axis, start, end } => {
-                changed |= self.slice_rule(g, (n, &ops), *axis, *start, *end)?;
+                changed |= self.slice_rule(g, (n, ops), *axis, *start, *end)?;
             }
             Op::Concat { axis } => {
-                changed |= self.concat_rule(g, (n, &ops), *axis)?;
+                changed |= self.concat_rule(g, (n, ops), *axis)?;
             }
             Op::MatMul if r >= 3 => {
-                changed |= self.product_rule(g, (n, &ops))?;
+                changed |= self.product_rule(g, (n, ops))?;
             }
             Op::Softmax { axis } | Op::LogSoftmax { axis } => {
                 let axis = *axis;
@@ -377,7 +411,7 @@ impl Heads {
             Op::Reduce {
                 axes, keep_dims, ..
             } => {
-                changed |= self.reduce_rule((n, &ops), axes, *keep_dims)?;
+                changed |= self.reduce_rule((n, ops), axes, *keep_dims)?;
             }
             _ => {
                 if self.has(n) || ops.iter().any(|o| self.has(*o)) {
@@ -530,7 +564,12 @@ impl Heads {
         let so = &g.ty(n).shape;
         let r = so.len();
         let mut changed = false;
-        // along an axis before the matrices' (a head's), the operands alike
+        // (an operand dealt along its matrices' axes would sum a lane's share alone)
+        let on_matrix =
+            |o: &NodeIndex| (self.deal.get(o)).is_some_and(|d| d.axis + 2 >= g.ty(*o).rank());
+        if ops.iter().any(on_matrix) {
+            return Err(());
+        }
         let d = self.deal.get(&n).copied().or_else(|| {
             ops.iter()
                 .find_map(|o| self.deal.get(o).copied().filter(|d| d.axis + 2 < r))
@@ -595,6 +634,9 @@ impl Heads {
 
     /// `n` dealt `d`: whether that is new; an error when it is dealt otherwise.
     fn link_to(&mut self, n: NodeIndex, d: Deal) -> Result<bool, NoHeads> {
+        if d.groups == 0 {
+            return Err(());
+        }
         match self.deal.get(&n) {
             Some(&e) if e == d => Ok(false),
             Some(_) => Err(()),

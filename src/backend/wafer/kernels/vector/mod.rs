@@ -307,7 +307,7 @@ impl Vector<'_> {
         // every token, as the layers on either side deal it)
         let passed = |n: NodeIndex| {
             (self.f.passed(self.k)).is_some_and(|c| c.x == n || c.grad == Some(n))
-                && self.tokens(n).is_some()
+                && self.tokens(n).is_some_and(|(_, w)| w > 1)
         };
         for p in self.inputs.iter().filter(|p| !passed(p.node)) {
             let ty = g.ty(p.node);
