@@ -1,0 +1,121 @@
+//! What a layer computes with its inputs (`Shape`): a product, a flattened image's,
+//! a convolution (its geometry, `Geom`), an embedding or a product over each token.
+
+use crate::ir::{window_out, window_pad, Padding};
+
+/// What a layer computes with its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `y = x W`: `k` features in, `n` out.
+    Matmul,
+    /// `y = x W` of an image of `k` channels of `hw` pixels flattened in NHWC order
+    /// (`W`'s rows), which arrives planar.
+    Planar { hw: u32 },
+    /// A convolution of an image of `k` channels into one of `n`.
+    Conv(Geom),
+    /// An embedding: each of a sample's `t` ids picks a row of the `k x n` table (`W`).
+    Gather { t: u32 },
+    /// `y = x W` of each of a sample's `t` tokens (`[t, k]` in, `[t, n]` out, token by
+    /// token: a dense layer over a sequence).
+    Tokens { t: u32 },
+}
+
+/// A convolution's geometry: input plane, filter, dilation, strides, the padding
+/// before the first row and column, output plane. A PE computes the outputs of every
+/// position from the first to the last strided one (`h1 x w1`, stride 1) and sends
+/// those `stride` apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geom {
+    pub h: u32,
+    pub w: u32,
+    pub r: u32,
+    pub s: u32,
+    pub dil: (u32, u32),
+    pub stride: (u32, u32),
+    pub pad: (u32, u32),
+    pub ho: u32,
+    pub wo: u32,
+}
+
+impl Geom {
+    /// The geometry of an `h x w` input under an `r x s` filter at `stride`, `same` or
+    /// valid padding (TensorFlow's: `ceil(h / stride)` outputs, the odd padding after);
+    /// `None` when no output is left.
+    pub fn new(
+        h: u32,
+        w: u32,
+        (r, s): (u32, u32),
+        dil: (u32, u32),
+        stride: (u32, u32),
+        same: bool,
+    ) -> Option<Geom> {
+        let padding = if same { Padding::Same } else { Padding::Valid };
+        // along one axis of `len`: the outputs and the padding before them
+        let axis = |len: u32, window: u32, dil: u32, stride: u32| {
+            let (len, eff, stride) = (
+                len as usize,
+                ((window - 1) * dil + 1) as usize,
+                stride as usize,
+            );
+            let out = window_out(len, eff, stride, padding).filter(|&o| o > 0)?;
+            Some((
+                out as u32,
+                window_pad(len, out, eff, stride, padding) as u32,
+            ))
+        };
+        let (ho, pt) = axis(h, r, dil.0, stride.0)?;
+        let (wo, pl) = axis(w, s, dil.1, stride.1)?;
+        Some(Geom {
+            h,
+            w,
+            r,
+            s,
+            dil,
+            stride,
+            pad: (pt, pl),
+            ho,
+            wo,
+        })
+    }
+
+    /// The stride-1 outputs a PE computes: from the first strided output to the last.
+    pub fn h1(&self) -> u32 {
+        (self.ho - 1) * self.stride.0 + 1
+    }
+    pub fn w1(&self) -> u32 {
+        (self.wo - 1) * self.stride.1 + 1
+    }
+
+    /// The padded input plane's rows and pitch (also the output planes' pitch): what
+    /// the outputs read, and room for the whole input at its padding.
+    pub fn hp(&self) -> u32 {
+        (self.h1() + (self.r - 1) * self.dil.0).max(self.pad.0 + self.h)
+    }
+    pub fn wp(&self) -> u32 {
+        (self.w1() + (self.s - 1) * self.dil.1).max(self.pad.1 + self.w)
+    }
+
+    /// The words an output plane spans at pitch `wp`: one vector operation's length.
+    pub fn span(&self) -> u32 {
+        (self.h1() - 1) * self.wp() + self.w1()
+    }
+}
+
+impl Shape {
+    /// A sample's elements per input group (feature or channel), and per output group.
+    pub fn per_in(&self) -> u32 {
+        match self {
+            Shape::Matmul | Shape::Gather { .. } => 1,
+            Shape::Planar { hw } => *hw,
+            Shape::Conv(g) => g.h * g.w,
+            Shape::Tokens { t } => *t,
+        }
+    }
+    pub fn per_out(&self) -> u32 {
+        match self {
+            Shape::Conv(g) => g.ho * g.wo,
+            Shape::Gather { t } | Shape::Tokens { t } => *t,
+            _ => 1,
+        }
+    }
+}
