@@ -322,13 +322,13 @@ fn passed_on(
     Ok((pass, pass_px))
 }
 
-/// Dense kernel `k` (of dims `dims`) with its variables, gradient, host values and
-/// update: all but its lanes.
+/// Dense kernel `k` (of dims `dims`, its columns in `groups`: `Dense::groups`) with its
+/// variables, gradient, host values and update: all but its lanes.
 pub(super) fn dense_kernel(
     g: &Graph,
     f: &Formed,
     k: usize,
-    dims: Option<Dims>,
+    (dims, groups): (Option<Dims>, u32),
     (window, fifo): (u32, u32),
 ) -> Result<Dense, LayoutError> {
     let kr = &f.kernels[k];
@@ -438,13 +438,6 @@ pub(super) fn dense_kernel(
     // its own input carried past it, or a value it passes on (of its width a sample)
     let carried = f.carried_past(k);
     let (pass, pass_px) = passed_on(g, f, k, fwd, dims)?;
-    // (before a heads kernel: its outputs' columns grouped as that kernel deals them)
-    let groups = match f.kernels.get(k + 1).map(|kr| &kr.kind) {
-        Some(Kind::Vector { .. }) => vector_of(g, f, k + 1, ((f.batch, 0), false), |_| 0)
-            .input_groups()
-            .unwrap_or(1),
-        _ => 1,
-    };
     let Some(d) = dims else {
         return Err(unsupported(
             g,

@@ -158,17 +158,20 @@ impl<'a> Sizer<'a> {
         // each vector kernel's width, whether it may run as replicas, and whether it
         // reduces along its samples' features
         let unscheduled = (f.batch, 0);
-        let vectors: Vec<(Option<u32>, bool, bool, Option<u32>)> = (0..nk)
+        // (a heads kernel: its heads, and the groups of the layer before's columns)
+        type HeadsGroups = Option<(u32, u32)>;
+        let vectors: Vec<(Option<u32>, bool, bool, HeadsGroups)> = (0..nk)
             .map(|k| match dims[k] {
                 Some(_) => (None, false, false, None),
                 None => {
                     let v = vector_of(g, f, k, (unscheduled, across), |_| 0);
-                    let heads = v.heads().map(|h| h.count);
+                    let heads = (v.heads()).map(|h| (h.count, v.input_groups().unwrap_or(1)));
                     (v.width(), v.replicable(), v.reduces_rows(), heads)
                 }
             })
             .collect();
-        let heads: Vec<Option<u32>> = vectors.iter().map(|v| v.3).collect();
+        let heads: Vec<Option<u32>> = vectors.iter().map(|v| v.3.map(|h| h.0)).collect();
+        let groups = |k: usize| (vectors.get(k + 1)).and_then(|v| v.3).map_or(1, |h| h.1);
         let width: Vec<Option<u32>> = vectors.iter().map(|v| v.0).collect();
         let replicable: Vec<bool> = vectors.iter().map(|v| v.1).collect();
         let reduces_rows: Vec<bool> = vectors.iter().map(|v| v.2).collect();
@@ -176,7 +179,9 @@ impl<'a> Sizer<'a> {
         let sched = schedule(f, widths, |k| if replicable[k] { MAX_REPS } else { 1 });
         let dense = (0..nk)
             .map(|k| match f.kernels[k].kind {
-                Kind::Dense { .. } => dense_kernel(g, f, k, dims[k], sched[k]).map(Some),
+                Kind::Dense { .. } => {
+                    dense_kernel(g, f, k, (dims[k], groups(k)), sched[k]).map(Some)
+                }
                 Kind::Vector { .. } => Ok(None),
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -12,7 +12,7 @@
 //! context as its column `l`'s inputs.
 
 use super::ops::laid_order;
-use super::Vector;
+use super::{Lane, Vector};
 use crate::backend::wafer::form::{constant, Class, End};
 use crate::backend::wafer::lower;
 use crate::ir::{Graph, NodeIndex, Op};
@@ -57,6 +57,33 @@ impl Vector<'_> {
         self.heads_memo
             .get_or_init(|| self.find_heads().ok())
             .as_ref()
+    }
+
+    /// Lane `lane` of `lanes` of heads kernel `h`: the one lane of its local view, a
+    /// vector kernel over the lane's local graph (`Heads::local`).
+    pub(super) fn dealt_lane(&self, h: &Heads, lanes: u32, lane: u32) -> Result<Lane, String> {
+        let local = (h.local(self.g, self.f, lanes))
+            .ok_or_else(|| format!("{} heads do not split over {lanes} lanes", h.count))?;
+        let v = Vector {
+            g: &local,
+            f: self.f,
+            k: self.k,
+            inputs: self.inputs.clone(),
+            outputs: self.outputs.clone(),
+            window: self.window,
+            fifo: self.fifo,
+            rows: None,
+            across: self.across,
+            widths: Default::default(),
+            heads_memo: Default::default(),
+            dealt: Some(Dealt {
+                global: self.g,
+                heads: h.clone(),
+                lanes,
+                lane,
+            }),
+        };
+        v.build(1, 0, None)
     }
 
     /// The groups of its input from the layer before (`Deal::groups` of that layer's

@@ -22,8 +22,8 @@
 //!
 //! Here: the kernel, its ports and what its lanes hold; `build` makes a lane's program
 //! (or a replica's), `node` one node's code in it, `dealer` a one-lane kernel's dealer,
-//! `heads` a heads kernel's analysis and local graph, and `ops` the helpers they share (views of a sample's laid-out axes, reductions and
-//! broadcasts by rows, pooling).
+//! `heads` a heads kernel's analysis and local graph, and `ops` the helpers they share
+//! (views of a sample's laid-out axes, reductions and broadcasts by rows, pooling).
 
 use super::super::form::{image, planes, Class, End, Formed, Kind};
 use super::super::isa::{Colour, Program};
@@ -42,7 +42,7 @@ mod passes;
 
 use ops::*;
 
-pub use heads::{Deal, Heads};
+pub use heads::Heads;
 
 /// A stream of a vector kernel: the node, its colour, whether it is part of the
 /// backward pass, whether every lane receives the whole sample (a stream from the
@@ -591,33 +591,11 @@ impl Vector<'_> {
         }
     }
 
-    /// Lane `lane` of `lanes` (of a heads kernel on several: its local view's one lane).
+    /// Lane `lane` of `lanes` (of a heads kernel on several: its local view's one lane,
+    /// `dealt_lane`).
     pub fn lane(&self, lanes: u32, lane: u32) -> Result<Lane, String> {
         match self.heads() {
-            Some(h) if lanes > 1 => {
-                let local = (h.local(self.g, self.f, lanes))
-                    .ok_or_else(|| format!("{} heads do not split over {lanes} lanes", h.count))?;
-                let v = Vector {
-                    g: &local,
-                    f: self.f,
-                    k: self.k,
-                    inputs: self.inputs.clone(),
-                    outputs: self.outputs.clone(),
-                    window: self.window,
-                    fifo: self.fifo,
-                    rows: None,
-                    across: self.across,
-                    widths: Default::default(),
-                    heads_memo: Default::default(),
-                    dealt: Some(heads::Dealt {
-                        global: self.g,
-                        heads: h.clone(),
-                        lanes,
-                        lane,
-                    }),
-                };
-                v.build(1, 0, None)
-            }
+            Some(h) if lanes > 1 => self.dealt_lane(h, lanes, lane),
             _ => self.build(lanes, lane, None),
         }
     }
