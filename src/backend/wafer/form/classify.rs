@@ -1,7 +1,7 @@
 //! The survey of a graph before formation: each node's class (how it relates to the
 //! batch), the nodes that are others' values under other names, and every construct
-//! that has no wafer layout as far as each node alone shows it (the model families
-//! without kernels among them).
+//! that has no wafer layout as far as each node alone shows it; and which nodes the
+//! forward pass computes.
 
 use super::{unsupported, Class, Unsupported};
 use crate::ir::{DType, Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
@@ -216,11 +216,10 @@ pub fn regrouping(fine: &[usize], coarse: &[usize]) -> Option<Vec<(usize, usize)
     (left == 1 && rest_ones).then_some(out)
 }
 
-/// The forward pass's products that no wafer kernel computes yet, each named by the
-/// model family it belongs to: a product of two activations (attention's), a
-/// transposed convolution. (A product the forward
-/// pass makes: one the loss, a prediction or a metric reads, not a gradient.)
-fn families(g: &Graph, class: &[Class]) -> Vec<Unsupported> {
+/// Which nodes the forward pass computes: those the loss, a prediction or a metric
+/// reads, not a gradient (a convolution's input gradient and a transposed convolution
+/// are one op).
+pub fn forward(g: &Graph) -> Vec<bool> {
     let mut forward = vec![false; g.g.node_bound()];
     let roots = (g.outputs.iter())
         .filter(|o| matches!(o.role, Role::Loss | Role::Prediction | Role::MetricInput));
@@ -230,22 +229,7 @@ fn families(g: &Graph, class: &[Class]) -> Vec<Unsupported> {
             stack.extend(g.operands(n));
         }
     }
-    let sample = |n: NodeIndex| matches!(class[n.index()], Class::Sample | Class::SampleT);
-    let mut out = Vec::new();
-    for n in g.topo_order().into_iter().filter(|n| forward[n.index()]) {
-        let ops = g.operands(n);
-        let found = match g.node(n).op {
-            Op::Conv2dBackpropInput(_) if sample(ops[0]) => Some((
-                format!("a transposed convolution of {} has no wafer kernel yet", g.ty(ops[0])),
-                "the wafer's convolutions run forward (`conv2d`, strided or dilated); upsample with a transposed convolution on the host (`--target host`)",
-            )),
-            _ => None,
-        };
-        if let Some((message, help)) = found {
-            out.push(unsupported(g, n, message, help));
-        }
-    }
-    out
+    forward
 }
 
 /// Whether `n` broadcasts a value of constants over a new leading axis of the batch
@@ -349,7 +333,6 @@ pub fn survey(g: &Graph) -> Survey {
     }
     let batch = batch_of(g).unwrap_or(1);
     let (class, alias, inputs_only, unclassed) = classify(g, batch);
-    errors.extend(families(g, &class));
     errors.extend(unclassed);
     // each once (a layer's gradient nodes point at the layer too)
     let mut seen = BTreeSet::new();

@@ -13,9 +13,12 @@ use std::collections::BTreeSet;
 pub(super) fn layers(cx: &Cx, owner: &mut [Option<usize>]) -> Vec<Kernel> {
     let (g, class, order) = (cx.g, &cx.class, &cx.order);
     let is_var = |n: NodeIndex| cx.is_var(n);
+    // (a convolution's input gradient is a transposed convolution's op, and a
+    // transposed convolution's a convolution's: a layer is of the forward pass)
+    let forward = super::classify::forward(g);
     let mut kernels: Vec<Kernel> = Vec::new();
     for &n in order {
-        if class[n.index()] != Class::Sample {
+        if class[n.index()] != Class::Sample || !forward[n.index()] {
             continue;
         }
         let ops = g.operands(n);
@@ -23,7 +26,9 @@ pub(super) fn layers(cx: &Cx, owner: &mut [Option<usize>]) -> Vec<Kernel> {
         let (x, w) = match &g.node(n).op {
             // (a dense layer over each token of a sequence, `[B, T, D] x [D, N]`, too)
             Op::MatMul if matches!(g.ty(ops[0]).rank(), 2 | 3) => (ops[0], ops[1]),
-            Op::Conv2d(_) if g.ty(ops[0]).rank() == 4 => (ops[0], ops[1]),
+            Op::Conv2d(_) | Op::Conv2dBackpropInput(_) if g.ty(ops[0]).rank() == 4 => {
+                (ops[0], ops[1])
+            }
             Op::Gather if g.ty(ops[0]).rank() == 2 && class[ops[1].index()] == Class::Sample => {
                 (ops[1], ops[0])
             }
@@ -103,14 +108,30 @@ pub(super) fn gradients(
         if class[n.index()] == Class::Batch && token_layer(g, class, n, kernels, owner)? {
             continue;
         }
-        if !matches!(
-            g.node(n).op,
-            Op::MatMul | Op::Conv2dBackpropInput(_) | Op::Conv2dBackpropFilter(_)
-        ) {
+        // (a layer's forward node is its own: a convolution, a transposed one)
+        if owner[n.index()].is_some()
+            || !matches!(
+                g.node(n).op,
+                Op::MatMul
+                    | Op::Conv2d(_)
+                    | Op::Conv2dBackpropInput(_)
+                    | Op::Conv2dBackpropFilter(_)
+            )
+        {
             continue;
         }
-        let (a, b) = (ops[0], ops[1]);
+        let (mut a, mut b) = (ops[0], ops[1]);
         let conv = !matches!(g.node(n).op, Op::MatMul);
+        // a transposed convolution's filter gradient reads its output gradient first
+        let transposed = |x: NodeIndex| {
+            kernels.iter().any(|kr| {
+                matches!(kr.kind, Kind::Dense { x: v, fwd, .. }
+                    if v == x && matches!(g.node(fwd).op, Op::Conv2dBackpropInput(_)))
+            })
+        };
+        if matches!(g.node(n).op, Op::Conv2dBackpropFilter(_)) && transposed(b) {
+            (a, b) = (b, a);
+        }
         let transposed_var = |t: NodeIndex| match g.node(t).op {
             Op::Transpose { .. } if is_var(g.operands(t)[0]) => Some(g.operands(t)[0]),
             _ if conv && is_var(t) => Some(t),

@@ -124,7 +124,7 @@ pub(super) fn leg(
             });
         }
     } else if let (0, Some(d)) = (b, dims[b]) {
-        if let (Shape::Conv(_), Some((_, _, c))) = (d.shape, image(g, node)) {
+        if let (true, Some((_, _, c))) = (d.shape.images(), image(g, node)) {
             channels = c;
         }
         for i in 0..lanes.inp[b] {

@@ -236,6 +236,19 @@ pub(super) fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
             let geom = Geom::new(h, wd, (ws[0], ws[1]), dil, stride, same)?;
             (ws[2], ws[3], Shape::Conv(geom))
         }
+        // a transposed convolution: the geometry of the convolution whose input
+        // gradient it is (its output plane that convolution's input)
+        (Op::Conv2dBackpropInput(c), Some((h, wd, _)), _) => {
+            let (ho, wo) = (g.ty(made).shape[1] as u32, g.ty(made).shape[2] as u32);
+            let dil = (c.dilation[0] as u32, c.dilation[1] as u32);
+            let same = c.padding == Padding::Same;
+            let stride = (c.strides[0] as u32, c.strides[1] as u32);
+            let geom = Geom::new(ho, wo, (ws[0], ws[1]), dil, stride, same)?;
+            if (geom.ho, geom.wo) != (h, wd) {
+                return None;
+            }
+            (ws[3], ws[2], Shape::ConvT(geom))
+        }
         // each token of a sequence
         (Op::MatMul, _, _) if g.ty(*x).rank() == 3 => {
             let t = g.ty(*x).shape[1] as u32;

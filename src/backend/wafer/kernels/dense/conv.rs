@@ -1,5 +1,6 @@
 //! A convolution's forward and backward bodies on a PE: its channels padded into planes,
-//! one vector operation per filter tap, input channel and output channel.
+//! one vector operation per filter tap, input channel and output channel; and a
+//! transposed convolution's, the same operations with the passes' roles swapped.
 
 use super::super::super::isa::{Colour, Dsd, Instr, Program, Src, VecOp};
 use super::super::nest;
@@ -161,6 +162,111 @@ impl Dense {
         bwd.push(taps(&tap_loops, acc, xin, yout));
         bwd.push(self.count(1));
         (fwd, bwd)
+    }
+
+    /// A transposed convolution's forward and backward bodies on a PE with `a` input
+    /// channels and `b` output channels: the input gradient of the convolution `g`
+    /// (whose outputs are this layer's inputs, and whose inputs its outputs; filter
+    /// block as `[r][s][b][a]`, that convolution's `[r][s][in][out]`). Forward, that
+    /// convolution's backward body: the input at its strided places in output planes,
+    /// every tap into padded planes whose interior is the output. Backward, its
+    /// forward body from the output gradient in the padded planes (the input gradient),
+    /// and its filter gradient with the stashed input as its output gradient.
+    pub(super) fn conv_t(
+        &self,
+        p: &mut Program,
+        g: Geom,
+        (a, b): (u32, u32),
+        Block {
+            w, dw, c, links, ..
+        }: Block,
+    ) -> Result<(Vec<Instr>, Vec<Instr>), String> {
+        if self.first || self.pass > 0 || !self.more.is_empty() || self.side.is_some() {
+            return Err("a transposed convolution beside another layer or carrying a value has no wafer kernel yet".into());
+        }
+        let (hp, wp, span) = (g.hp(), g.wp(), g.span());
+        let (plane_in, plane_pad, plane_out) = (g.ho * g.wo, hp * wp, g.h1() * wp);
+        let (sw, row) = (g.stride.1, g.stride.0 * wp);
+        let (xs, take) = self.stash(p, "x stash", a * plane_in, c.x);
+        // the outputs at the padding (the border is computed and never sent), also
+        // the output gradient's planes
+        let yp = p.alloc("padded y", b * plane_pad);
+        // the inputs at their strided places, zeros between, at pitch wp
+        let x = p.alloc("strided x", a * plane_out);
+        let inner = g.pad.0 * wp + g.pad.1;
+        // the stashed slot's planes at their strided places
+        let spread = |k: u8| {
+            nest(
+                &[a, g.ho],
+                Instr::Vec {
+                    op: VecOp::Mov,
+                    dst: Dsd::strided(x, g.wo, sw as i32, &[plane_out, row], None),
+                    srcs: vec![Src::V(Dsd::strided(
+                        xs,
+                        g.wo,
+                        1,
+                        &[plane_in, g.wo],
+                        self.by(k, a * plane_in),
+                    ))],
+                },
+            )
+        };
+        let tap_loops = [g.r, g.s, b, a];
+        let wt = Dsd::strided(w, span, 0, &[g.s * b * a, b * a, a, 1], None);
+        let ypad = Dsd::strided(yp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
+        let xin = Dsd::strided(x, span, 1, &[0, 0, 0, plane_out], None);
+        let mut fwd = vec![
+            take,
+            zero(x, a * plane_out),
+            spread(0),
+            zero(yp, b * plane_pad),
+            taps(&tap_loops, ypad.clone(), wt.clone(), xin.clone()),
+        ];
+        let (send, recv) = links.fwd;
+        fwd.push(link(
+            yp + inner,
+            (g.w, 1),
+            &[(b, plane_pad), (g.h, wp)],
+            send,
+            recv,
+        ));
+        if self.train {
+            fwd.push(self.count(0));
+        }
+        let Some(dw) = dw else {
+            return Ok((fwd, Vec::new()));
+        };
+        // the output gradient into the padded planes' interior
+        let mut bwd = vec![
+            zero(yp, b * plane_pad),
+            nest(
+                &[b, g.h],
+                receive(
+                    Dsd::strided(yp + inner, g.w, 1, &[plane_pad, wp], None),
+                    c.dy,
+                ),
+            ),
+        ];
+        if self.dx {
+            // the input gradient: the convolution's forward body, its strided outputs
+            bwd.push(zero(x, a * plane_out));
+            bwd.push(taps(&tap_loops, xin.clone(), wt, ypad.clone()));
+            let (send, recv) = links.bwd;
+            bwd.push(link(
+                x,
+                (g.wo, sw),
+                &[(a, plane_out), (g.ho, row)],
+                send,
+                recv,
+            ));
+        }
+        // the filter's gradient: per tap, the dot product of the shifted output
+        // gradient and the input at its strided places
+        bwd.extend([zero(x, a * plane_out), spread(1)]);
+        let acc = Dsd::strided(dw, span, 0, &[g.s * b * a, b * a, a, 1], None);
+        bwd.push(taps(&tap_loops, acc, ypad, xin));
+        bwd.push(self.count(1));
+        Ok((fwd, bwd))
     }
 
     /// A residual's image that the PE carries (its input's, or one it passes on, which

@@ -321,10 +321,26 @@ impl Dense {
                 .clone()
                 .flat_map(|c| (0..hw).map(move |p| p * self.k + c))
                 .collect(),
-            Shape::Conv(g) => (0..g.r * g.s)
+            Shape::Conv(g) | Shape::ConvT(g) => (0..g.r * g.s)
                 .flat_map(|t| ks.clone().map(move |c| t * self.k + c))
                 .collect(),
         }
+    }
+
+    /// The runs of a transposed convolution's filter (`[r, s, n, k]`: its outputs'
+    /// channels before its inputs') that a PE of input channels `ks` and output
+    /// channels `ns` holds, in the order of its block (`[r][s][b][a]`): a run of its
+    /// inputs' for each tap and output channel.
+    fn transposed_block(
+        &self,
+        g: Geom,
+        ks: &std::ops::Range<u32>,
+        ns: &std::ops::Range<u32>,
+    ) -> Vec<(u32, u32)> {
+        let (a, k, n) = (ks.len() as u32, self.k, self.n);
+        (0..g.r * g.s)
+            .flat_map(|t| ns.clone().map(move |o| ((t * n + o) * k + ks.start, a)))
+            .collect()
     }
 
     /// Lays the layer out on a `w x h` frame at `origin`, oriented `o`. Column `i`
@@ -403,6 +419,11 @@ impl Dense {
         let Some(back) = self.carry else {
             return Ok(Carrying::default());
         };
+        if matches!(self.shape, Shape::ConvT(_)) {
+            return Err(
+                "a residual around a transposed convolution has no wafer kernel yet".into(),
+            );
+        }
         let conv = matches!(self.shape, Shape::Conv(_));
         let tokens = matches!(self.shape, Shape::Tokens { .. });
         if !conv && !tokens && self.shape != Shape::Matmul {
@@ -474,7 +495,10 @@ impl Dense {
         let mut p = Program::default();
         let b = ns.len() as u32;
         let rows = self.rows(ks);
-        let block = self.block(&rows, ns, hr)?;
+        let block = match self.shape {
+            Shape::ConvT(g) => self.transposed_block(g, ks, ns),
+            _ => self.block(&rows, ns, hr)?,
+        };
         let size = rows.len() as u32 * b;
         let piece = |laid: &mut Laid, name: &str, word: u32, runs: Vec<(u32, u32)>| {
             laid.tensors
@@ -549,12 +573,14 @@ impl Dense {
         }
         let (fwd, bwd) = match self.shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
+            Shape::ConvT(g) => self.conv_t(&mut p, g, (a, b), blk)?,
             Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), blk),
             Shape::Tokens { t } => self.tokens(&mut p, t, (a, b), blk)?,
             _ => self.gemv(&mut p, a * self.shape.per_in(), b, blk),
         };
         let kind = match self.shape {
             Shape::Conv(_) => "conv",
+            Shape::ConvT(_) => "transposed conv",
             Shape::Gather { .. } => "embedding",
             _ => "dense",
         };

@@ -1,5 +1,6 @@
 //! What a layer computes with its inputs (`Shape`): a product, a flattened image's,
-//! a convolution (its geometry, `Geom`), an embedding or a product over each token.
+//! a convolution or a transposed one (their geometry, `Geom`), an embedding or a
+//! product over each token.
 
 use crate::ir::{window_out, window_pad, Padding};
 
@@ -13,6 +14,10 @@ pub enum Shape {
     Planar { hw: u32 },
     /// A convolution of an image of `k` channels into one of `n`.
     Conv(Geom),
+    /// A transposed convolution of an image of `k` channels into one of `n`: the input
+    /// gradient of the convolution `Geom` describes, whose input plane (`h x w`) is
+    /// this layer's output and whose output plane (`ho x wo`) its input.
+    ConvT(Geom),
     /// An embedding: each of a sample's `t` ids picks a row of the `k x n` table (`W`).
     Gather { t: u32 },
     /// `y = x W` of each of a sample's `t` tokens (`[t, k]` in, `[t, n]` out, token by
@@ -108,14 +113,22 @@ impl Shape {
             Shape::Matmul | Shape::Gather { .. } => 1,
             Shape::Planar { hw } => *hw,
             Shape::Conv(g) => g.h * g.w,
+            Shape::ConvT(g) => g.ho * g.wo,
             Shape::Tokens { t } => *t,
         }
     }
     pub fn per_out(&self) -> u32 {
         match self {
             Shape::Conv(g) => g.ho * g.wo,
+            Shape::ConvT(g) => g.h * g.w,
             Shape::Gather { t } | Shape::Tokens { t } => *t,
             _ => 1,
         }
+    }
+
+    /// Whether it reads and makes images (planar channels): a convolution, or a
+    /// transposed one.
+    pub fn images(&self) -> bool {
+        matches!(self, Shape::Conv(_) | Shape::ConvT(_))
     }
 }

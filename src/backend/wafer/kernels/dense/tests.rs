@@ -284,11 +284,81 @@ fn under(g: &Geom, (oh, ow): (u32, u32), (r, s): (u32, u32)) -> Option<(u32, u32
     Some((ih, iw))
 }
 
+/// The products of convolution `g` (`a` input channels, `b` output channels): for each
+/// tap, channel pair and output pixel over an input pixel, that input's index in a
+/// sample's planes, the filter tap's `(t, in, out)`, and the output's index.
+fn convolution(g: &Geom, (a, b): (u32, u32)) -> Vec<(u32, (u32, u32, u32), u32)> {
+    let mut out = Vec::new();
+    for t in 0..g.r * g.s {
+        for c in 0..a {
+            for m in 0..b {
+                for oh in 0..g.ho {
+                    for ow in 0..g.wo {
+                        if let Some((ih, iw)) = under(g, (oh, ow), (t / g.s, t % g.s)) {
+                            let x = (c * g.h + ih) * g.w + iw;
+                            out.push((x, (t, c, m), (m * g.ho + oh) * g.wo + ow));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Checks a run's outputs, input gradient (when `dx`), weight gradient and SGD update
+/// (lr 0.25) against the sums in f64 of a layer's products (`links`: the input, weight
+/// and output index of each, within a sample of `per` inputs and outputs): within 1e-5
+/// of the sum of the terms' magnitudes.
+fn sums_of(
+    r: &Run,
+    links: &[(u32, u32, u32)],
+    (x, wt, dy): (&[f32], &[f32], &[f32]),
+    (batch, per): (u32, (u32, u32)),
+    dx: bool,
+) -> Result<(), TestCaseError> {
+    let (px, py) = (per.0 as usize, per.1 as usize);
+    let (mut y, mut dxs) = (
+        vec![Vec::new(); batch as usize * py],
+        vec![Vec::new(); batch as usize * px],
+    );
+    let mut dw = vec![Vec::new(); wt.len()];
+    for s in 0..batch as usize {
+        for &(i, w, o) in links {
+            let (i, w, o) = (s * px + i as usize, w as usize, s * py + o as usize);
+            let (xv, wv, dyv) = (f64::from(x[i]), f64::from(wt[w]), f64::from(dy[o]));
+            y[o].push(xv * wv);
+            dxs[i].push(dyv * wv);
+            dw[w].push(xv * dyv);
+        }
+    }
+    let check = |what: &str, got: &[f32], sums: &[Vec<f64>]| {
+        for (q, terms) in sums.iter().enumerate() {
+            close(got[q], terms.iter().copied(), 1e-5)
+                .map_err(|e| TestCaseError::fail(format!("{what}[{q}] = {e}")))?;
+        }
+        Ok::<(), TestCaseError>(())
+    };
+    check("y", &r.y, &y)?;
+    if dx {
+        check("dx", &r.dx, &dxs)?;
+    }
+    check("dW", &r.dw, &dw)?;
+    let after: Vec<Vec<f64>> = (dw.iter().zip(wt))
+        .map(|(g, &w)| {
+            std::iter::once(f64::from(w))
+                .chain(g.iter().map(|v| -0.25 * v))
+                .collect()
+        })
+        .collect();
+    check("W", &r.w, &after)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
-    /// A convolution's (any strides, dilations, padding) forward pass, input and filter gradients and an SGD update,
-    /// against the same sums in f64 (planar images, an HWIO filter): within 1e-5
-    /// of the sum of the terms' magnitudes.
+    /// A convolution's (any strides, dilations, padding) forward pass, input and filter
+    /// gradients and an SGD update, against the same sums in f64 (planar images, an
+    /// HWIO filter): within 1e-5 of the sum of the terms' magnitudes.
     #[test]
     fn a_convolution_equals_the_sums(
         k in 1u32..5, n in 1u32..5, h in 1u32..9, w in 1u32..9, r in 1u32..4, s in 1u32..4,
@@ -301,71 +371,46 @@ proptest! {
         let mut d = trained(k, n, (batch, window), dx);
         d.shape = Shape::Conv(g);
         let (pi, po) = (h * w, g.ho * g.wo);
-        let taps = r * s;
         let x = uniforms(seed, 0, batch * k * pi);
-        let wt = uniforms(seed, 1 << 20, taps * k * n);
+        let wt = uniforms(seed, 1 << 20, r * s * k * n);
         let dy = uniforms(seed, 2 << 20, batch * n * po);
         let o = if west { Orient::West } else { Orient::North };
         let run = run(&d, o, (fw, fh), &x, &dy, &wt, 0.25);
-        let xv = |b: u32, c: u32, (ih, iw): (u32, u32)| f64::from(x[(((b * k + c) * h + ih) * w + iw) as usize]);
-        let wv = |t: u32, c: u32, m: u32| f64::from(wt[((t * k + c) * n + m) as usize]);
-        let dyv = |b: u32, m: u32, oh: u32, ow: u32| f64::from(dy[(((b * n + m) * g.ho + oh) * g.wo + ow) as usize]);
-        let at = |t: u32| (t / s, t % s);
-        for b in 0..batch {
-            for m in 0..n {
-                for oh in 0..g.ho {
-                    for ow in 0..g.wo {
-                        let terms: Vec<f64> = (0..taps).flat_map(|t| (0..k).filter_map(move |c| under(&g, (oh, ow), at(t)).map(|p| xv(b, c, p) * wv(t, c, m)))).collect();
-                        close(run.y[(((b * n + m) * g.ho + oh) * g.wo + ow) as usize], terms.into_iter(), 1e-5)
-                            .map_err(|e| TestCaseError::fail(format!("y[{b}][{m}][{oh}][{ow}] = {e}")))?;
-                    }
-                }
-            }
-            if dx {
-                for c in 0..k {
-                    for ih in 0..h {
-                        for iw in 0..w {
-                            let mut terms = Vec::new();
-                            for t in 0..taps {
-                                for m in 0..n {
-                                    for oh in 0..g.ho {
-                                        for ow in 0..g.wo {
-                                            if under(&g, (oh, ow), at(t)) == Some((ih, iw)) {
-                                                terms.push(dyv(b, m, oh, ow) * wv(t, c, m));
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                            close(run.dx[(((b * k + c) * h + ih) * w + iw) as usize], terms.into_iter(), 1e-5)
-                                .map_err(|e| TestCaseError::fail(format!("dx[{b}][{c}][{ih}][{iw}] = {e}")))?;
-                        }
-                    }
-                }
-            }
-        }
-        for t in 0..taps {
-            for c in 0..k {
-                for m in 0..n {
-                    let mut terms = Vec::new();
-                    for b in 0..batch {
-                        for oh in 0..g.ho {
-                            for ow in 0..g.wo {
-                                if let Some(p) = under(&g, (oh, ow), at(t)) {
-                                    terms.push(xv(b, c, p) * dyv(b, m, oh, ow));
-                                }
-                            }
-                        }
-                    }
-                    let i = ((t * k + c) * n + m) as usize;
-                    close(run.dw[i], terms.iter().copied(), 1e-5)
-                        .map_err(|e| TestCaseError::fail(format!("dW[{t}][{c}][{m}] = {e}")))?;
-                    let after = std::iter::once(wv(t, c, m)).chain(terms.iter().map(|v| -0.25 * v));
-                    close(run.w[i], after, 1e-5)
-                        .map_err(|e| TestCaseError::fail(format!("W[{t}][{c}][{m}] = {e}")))?;
-                }
-            }
-        }
+        // (HWIO: tap, input channel, output channel)
+        let links: Vec<_> = (convolution(&g, (k, n)).into_iter())
+            .map(|(x, (t, c, m), y)| (x, (t * k + c) * n + m, y))
+            .collect();
+        sums_of(&run, &links, (&x, &wt, &dy), (batch, (k * pi, n * po)), dx)?;
+    }
+
+    /// A transposed convolution's (the input gradient of a convolution of any strides
+    /// and padding) forward pass, input and filter gradients and an SGD update, against
+    /// the same sums in f64 (planar images; the filter `[r, s, out, in]`, as
+    /// TensorFlow's): within 1e-5 of the sum of the terms' magnitudes.
+    #[test]
+    fn a_transposed_convolution_equals_the_sums(
+        k in 1u32..5, n in 1u32..5, h in 1u32..9, w in 1u32..9, r in 1u32..4, s in 1u32..4,
+        stride in (1u32..4, 1u32..4), same in any::<bool>(), batch in 1u32..4,
+        window in 1u32..3, fw in 1u32..4, fh in 1u32..4, seed in 0u64..1000, west in any::<bool>(), dx in any::<bool>(),
+    ) {
+        // the convolution whose input gradient it is: its `n` channels of `h x w` in,
+        // the layer's `k` of `ho x wo` out
+        let Some(g) = Geom::new(h, w, (r, s), (1, 1), stride, same) else {
+            return Ok(());
+        };
+        let mut d = trained(k, n, (batch, window), dx);
+        d.shape = Shape::ConvT(g);
+        let (pi, po) = (g.ho * g.wo, h * w);
+        let x = uniforms(seed, 0, batch * k * pi);
+        let wt = uniforms(seed, 1 << 20, r * s * k * n);
+        let dy = uniforms(seed, 2 << 20, batch * n * po);
+        let o = if west { Orient::West } else { Orient::North };
+        let run = run(&d, o, (fw, fh), &x, &dy, &wt, 0.25);
+        // (the convolution's input is the layer's output, its output the layer's input)
+        let links: Vec<_> = (convolution(&g, (n, k)).into_iter())
+            .map(|(y, (t, m, c), x)| (x, (t * n + m) * k + c, y))
+            .collect();
+        sums_of(&run, &links, (&x, &wt, &dy), (batch, (k * pi, n * po)), dx)?;
     }
 }
 
