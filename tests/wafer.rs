@@ -938,9 +938,21 @@ fn compare_with(
 fn compare_within(
     d: &Path,
     body: &str,
+    opt: (&str, f64),
+    run: (&(String, String), usize, u32, u64),
+    bound: f64,
+) -> Result<(), String> {
+    compare_bounded(d, body, opt, run, (bound, 1e-5))
+}
+
+/// `compare_with` within `bound` of each variable's scale, the loss within `loss` of
+/// the interpreter's (relative, or absolute under 1).
+fn compare_bounded(
+    d: &Path,
+    body: &str,
     (opt, lr): (&str, f64),
     (ty, batch, side, seed): (&(String, String), usize, u32, u64),
-    bound: f64,
+    (bound, loss): (f64, f64),
 ) -> Result<(), String> {
     let src = classifier(body, opt, (ty, batch, seed), "");
     std::fs::write(d.join("m.est"), &src).unwrap();
@@ -971,7 +983,7 @@ fn compare_within(
                 "step {step}: weights differ by {worst:e} of their scale\n{src}"
             ));
         }
-        if (lw - li).abs() > 1e-5 * li.abs().max(1.0) {
+        if (lw - li).abs() > loss * li.abs().max(1.0) {
             return Err(format!(
                 "step {step}: loss {lw} where the interpreter has {li}\n{src}"
             ));
@@ -1407,6 +1419,55 @@ fn transposed_like_the_interpreter(
 "
     );
     compare(&d, &body, ("sgd", 0.1, ""), (&floats(k), batch, 24, seed))
+}
+
+/// Mixed precision: a dense layer (or a convolution) computing in f16 or bf16 from the
+/// features cast to it, with ReLU, its weight and bias the f32 variables cast (the
+/// layers multiply on the fp16 lanes from copies of their weights rounded after each
+/// update), the logits cast back to f32 for the loss, trained 3 steps like the
+/// interpreter. Bounds: a half-precision value whose f32 sum the two targets round
+/// from different orders may round to the neighbouring half value, 1 unit in the last
+/// place (2^-11 of it in f16, 2^-8 in bf16), and so may a gradient summed over the
+/// batch; an update moves a weight by at most the learning rate times such a gradient
+/// (Adam: times the gradient over its magnitude plus epsilon, at most a quarter of a
+/// unit in the last place of the learning rate), and a weight's scale is at least the
+/// learning rate. So the weights within 4 units of the half precision's last place of
+/// their scale, and the loss within 4 of its.
+fn mixed_like_the_interpreter(
+    (k, n, c): (usize, usize, usize),
+    (bf16, conv): (bool, bool),
+    opt: usize,
+    (batch, side, seed): (usize, u32, u64),
+) -> Result<(), String> {
+    let half = if bf16 { "bf16" } else { "f16" };
+    let d = random_data(
+        &format!("mixed-{k}-{n}-{c}-{half}-{conv}-{opt}-{batch}-{seed}"),
+        k,
+        c,
+        seed,
+    );
+    let layer = if conv {
+        format!(
+            "reshape(conv2d(reshape(x, [B, {k}, 1, 1]), {n}, [3, 1], activation: relu), [B, -1])"
+        )
+    } else {
+        format!("dense(x, {n}, activation: relu)")
+    };
+    let body = format!(
+        "  let x = cast(features, {half})
+  let h = {layer}
+  let logits = cast(dense(h, {c}), f32)
+"
+    );
+    let (opt, lr) = optimiser(opt);
+    let ulp = if bf16 { 2f64.powi(-8) } else { 2f64.powi(-11) };
+    compare_bounded(
+        &d,
+        &body,
+        (&opt, lr),
+        (&floats(k), batch, side, seed),
+        (4.0 * ulp, 4.0 * ulp),
+    )
 }
 
 /// A convolution's output max- or average-pooled with random windows, strides and
@@ -2348,6 +2409,16 @@ proptest::proptest! {
         filters in 1usize..4, first in proptest::bool::ANY, batch in 1usize..4, seed in 0u64..1000,
     ) {
         transposed_like_the_interpreter(stride, filter, same, (filters, first), (batch, seed))
+            .map_err(proptest::test_runner::TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn mixed_precision_trains_like_the_interpreter(
+        k in 3usize..24, n in 1usize..16, c in 2usize..6, bf16 in proptest::bool::ANY,
+        conv in proptest::bool::ANY, opt in 0usize..4, batch in 1usize..5, side in 16u32..25,
+        seed in 0u64..1000,
+    ) {
+        mixed_like_the_interpreter((k, n, c), (bf16, conv), opt, (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

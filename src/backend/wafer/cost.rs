@@ -9,25 +9,58 @@ use super::isa::{Colour, Dsd, Instr, Program, Src, TaskId, Trigger, VecOp};
 /// Bytes per SRAM word (f32).
 pub const WORD: u32 = 4;
 
-/// Cycles per step of `lanes` elements of an operation reading `reads` vectors from
-/// SRAM and writing `writes` (0 or 1): one, or more when the SRAM ports cannot feed it.
-pub fn cycles_per_step(f: &Fabric, lanes: u32, reads: u32, writes: u32) -> u64 {
-    let read = (reads * lanes * WORD).div_ceil(f.sram_read_bytes);
-    let write = (writes * lanes * WORD).div_ceil(f.sram_write_bytes);
+/// Bytes of an element of a half-precision operation's operands (f16, bf16).
+pub const HALF: u32 = 2;
+
+/// Cycles per step of `lanes` elements of `bytes` each of an operation reading `reads`
+/// vectors from SRAM and writing `writes` (0 or 1): one, or more when the SRAM ports
+/// cannot feed it.
+pub fn cycles_per_step(f: &Fabric, (lanes, bytes): (u32, u32), reads: u32, writes: u32) -> u64 {
+    let read = (reads * lanes * bytes).div_ceil(f.sram_read_bytes);
+    let write = (writes * lanes * bytes).div_ceil(f.sram_write_bytes);
     u64::from(read.max(write).max(1))
 }
 
-/// Cycles of a vector operation over `n` f32 elements, `reads` of whose sources are
-/// SRAM vectors and whose result goes to SRAM when `writes` (else to the fabric), with
-/// every fabric operand ready: the start-up, then one step per `fp32_lanes` elements
-/// (or `software_op` cycles per element for the operations done in software).
+/// The elements a step of `op` takes, and their bytes: `fp32_lanes` f32 words, or a
+/// half-precision operation's `fp16_lanes` 16-bit ones (`VecOp::half`).
+pub fn lanes(f: &Fabric, op: VecOp) -> (u32, u32) {
+    if op.half() {
+        (f.fp16_lanes, HALF)
+    } else {
+        (f.fp32_lanes, WORD)
+    }
+}
+
+/// The work of an operation over `n` elements, in f32 lane steps (what utilisation
+/// counts against `fp32_lanes` a cycle): a half-precision operation's elements count
+/// `fp32_lanes / fp16_lanes` each; moves and roundings count none.
+pub fn work(f: &Fabric, op: VecOp, n: u32) -> u64 {
+    match op {
+        op if op == VecOp::Mov || op.rounds() => 0,
+        op if op.half() => {
+            (u64::from(n) * u64::from(f.fp32_lanes)).div_ceil(u64::from(f.fp16_lanes.max(1)))
+        }
+        _ => u64::from(n),
+    }
+}
+
+/// Cycles of a vector operation over `n` elements, `reads` of whose sources are SRAM
+/// vectors and whose result goes to SRAM when `writes` (else to the fabric), with
+/// every fabric operand ready: the start-up, then one step per `fp32_lanes` f32
+/// elements or `fp16_lanes` half-precision ones (or `software_op` cycles per element
+/// for the operations done in software). A rounding to half precision costs nothing:
+/// it stands for the operation before it writing half-precision words, as the PE's
+/// half-precision operations do (the simulator computes in f32, then rounds).
 pub fn vec_op(f: &Fabric, op: VecOp, n: u32, reads: u32, writes: bool) -> u64 {
+    if op.rounds() {
+        return 0;
+    }
     let start = u64::from(f.dsd_startup);
     if op.software() {
         return start + u64::from(n) * u64::from(f.software_op);
     }
-    let lanes = f.fp32_lanes;
-    start + u64::from(n.div_ceil(lanes)) * cycles_per_step(f, lanes, reads, u32::from(writes))
+    let step = lanes(f, op);
+    start + u64::from(n.div_ceil(step.0)) * cycles_per_step(f, step, reads, u32::from(writes))
 }
 
 /// The sources of an operation that are vectors in SRAM (what its steps read).
@@ -47,12 +80,12 @@ pub fn on_fabric(dst: &Dsd, srcs: &[Src]) -> bool {
 }
 
 /// Cycles between element steps of an operation: `vec_op` without its start-up, per
-/// step of `fp32_lanes` elements.
+/// step of its lanes' elements (`lanes`).
 pub fn step(f: &Fabric, op: VecOp, reads: u32, writes: bool) -> u64 {
     if op.software() {
         u64::from(f.software_op)
     } else {
-        cycles_per_step(f, f.fp32_lanes, reads, u32::from(writes))
+        cycles_per_step(f, lanes(f, op), reads, u32::from(writes))
     }
 }
 
@@ -228,9 +261,20 @@ mod tests {
         assert_eq!(vec_op(&f, VecOp::Fmac, 64, 3, true), 5 + 64);
         // software exp: 20 cycles per element
         assert_eq!(vec_op(&f, VecOp::Exp, 10, 1, true), 5 + 200);
-        // a 4-lane unit reading 3 vectors needs 48 bytes per step from 16-byte ports
-        assert_eq!(cycles_per_step(&f, 4, 3, 1), 3);
-        assert_eq!(cycles_per_step(&f, 4, 2, 1), 2);
+        // a 4-lane unit reading 3 vectors of f32 needs 48 bytes per step from 16-byte
+        // ports
+        assert_eq!(cycles_per_step(&f, (4, WORD), 3, 1), 3);
+        assert_eq!(cycles_per_step(&f, (4, WORD), 2, 1), 2);
+        // half precision on the 4 fp16 lanes: 3 vectors of 16-bit words, 24 bytes a
+        // step (2 cycles); 2 vectors, one; 64 multiply-adds, 16 steps
+        assert_eq!(cycles_per_step(&f, (4, HALF), 3, 1), 2);
+        assert_eq!(vec_op(&f, VecOp::Fmach, 64, 3, true), 5 + 32);
+        assert_eq!(vec_op(&f, VecOp::Mulh, 64, 2, true), 5 + 16);
+        // a rounding stands for the half-precision write before it: free
+        assert_eq!(vec_op(&f, VecOp::ToF16, 64, 1, true), 0);
+        // the work utilisation counts: a half-precision element a quarter of an f32 one
+        assert_eq!(work(&f, VecOp::Fmach, 64), 16);
+        assert_eq!(work(&f, VecOp::Fmac, 64), 64);
         // 2 ramps of 2 cycles and 3 hops
         assert_eq!(latency(&f, 3), 7);
         assert_eq!(stream(&f, 10, 3), 9 + 7 + 1);

@@ -16,7 +16,8 @@
 use super::diagnose::layout_diag;
 use super::fabric::Fabric;
 use super::form::{self, Formed};
-use super::kernels::{gather, scatter, UPDATE};
+use super::isa::VecOp;
+use super::kernels::{gather, half_copy, scatter, UPDATE};
 use super::place::{self, Layout, LayoutError};
 use super::sim::Sim;
 use crate::backend::interp::{execute, Env, Plan, Values};
@@ -170,13 +171,22 @@ fn sync(exe: &mut Exe, vars: &FxHashMap<String, Tensor>) {
     exe.current = true;
 }
 
-/// Writes tensor `t` into every PE that holds a piece of `name` (each replica).
+/// Writes tensor `t` into every PE that holds a piece of `name` (each replica), and
+/// its rounded copies into the half-precision layers that hold one (`half_copy`).
 fn write_tensor(layout: &Layout, sim: &mut Sim, name: &str, t: &Tensor) {
+    let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
     if let Some(pieces) = layout.tensors.get(name) {
-        let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
         scatter(pieces, &data, |(x, y), a, v| {
             sim.write(x, y, a, v);
         });
+    }
+    for round in [VecOp::ToF16, VecOp::ToBf16] {
+        if let Some(pieces) = layout.tensors.get(&half_copy(name, round)) {
+            let rounded: Vec<f32> = data.iter().map(|&v| round.apply(v, 0.0, 0.0)).collect();
+            scatter(pieces, &rounded, |(x, y), a, v| {
+                sim.write(x, y, a, v);
+            });
+        }
     }
 }
 

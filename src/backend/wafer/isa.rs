@@ -14,7 +14,8 @@
 //! address is affine in the loops' counters too, and `v` is read as an integer).
 
 use super::pipeline::Pipeline;
-use crate::ir::float;
+use crate::ir::{float, DType};
+use crate::tensor::round_float;
 
 /// The task ids of a PE (0 to 63; lower ids run first).
 pub const TASKS: u8 = 64;
@@ -212,6 +213,15 @@ pub enum VecOp {
     Ge,
     /// `if a != 0 { b } else { c }`
     Sel,
+    /// `a + b * c` of half-precision `b` and `c` (f16 or bf16 values, whose products
+    /// f32 holds exactly), accumulated in f32 (CSL's mixed `@fmachs`): on the fp16
+    /// lanes.
+    Fmach,
+    /// `a * b` of half-precision values, in f32: on the fp16 lanes.
+    Mulh,
+    /// `a` rounded to f16, or to bf16 (to nearest, ties to even): on the fp16 lanes.
+    ToF16,
+    ToBf16,
 }
 
 impl VecOp {
@@ -232,8 +242,10 @@ impl VecOp {
             | VecOp::Sign
             | VecOp::Sin
             | VecOp::Cos
-            | VecOp::Erf => 1,
-            VecOp::Fmac | VecOp::Sel => 3,
+            | VecOp::Erf
+            | VecOp::ToF16
+            | VecOp::ToBf16 => 1,
+            VecOp::Fmac | VecOp::Fmach | VecOp::Sel => 3,
             _ => 2,
         }
     }
@@ -259,11 +271,46 @@ impl VecOp {
         )
     }
 
+    /// Whether it runs on the fp16 lanes, its operands 16-bit words.
+    pub fn half(self) -> bool {
+        matches!(
+            self,
+            VecOp::Fmach | VecOp::Mulh | VecOp::ToF16 | VecOp::ToBf16
+        )
+    }
+
+    /// Whether it rounds to half precision (`ToF16`, `ToBf16`).
+    pub fn rounds(self) -> bool {
+        matches!(self, VecOp::ToF16 | VecOp::ToBf16)
+    }
+
+    /// The op that computes the same on half-precision operands on the fp16 lanes,
+    /// where there is one (a product's: `Fmac`, `Mul`); else itself.
+    pub fn halved(self) -> VecOp {
+        match self {
+            VecOp::Fmac => VecOp::Fmach,
+            VecOp::Mul => VecOp::Mulh,
+            op => op,
+        }
+    }
+
+    /// The op that rounds to `dtype`, a half-precision float (none for another).
+    pub fn round_to(dtype: DType) -> Option<VecOp> {
+        match dtype {
+            DType::F16 => Some(VecOp::ToF16),
+            DType::BF16 => Some(VecOp::ToBf16),
+            _ => None,
+        }
+    }
+
     /// The value of one element, computed in f32 as the interpreter does.
     pub fn apply(self, a: f32, b: f32, c: f32) -> f32 {
         match self {
             VecOp::Mov => a,
-            VecOp::Fmac => a + b * c,
+            VecOp::Fmac | VecOp::Fmach => a + b * c,
+            VecOp::Mulh => a * b,
+            VecOp::ToF16 => round_float(DType::F16, a),
+            VecOp::ToBf16 => round_float(DType::BF16, a),
             VecOp::Add => a + b,
             VecOp::Sub => a - b,
             VecOp::Mul => a * b,
@@ -341,6 +388,10 @@ impl VecOp {
             VecOp::Gt => "gt",
             VecOp::Ge => "ge",
             VecOp::Sel => "sel",
+            VecOp::Fmach => "fmach",
+            VecOp::Mulh => "mulh",
+            VecOp::ToF16 => "to_f16",
+            VecOp::ToBf16 => "to_bf16",
         }
     }
 }

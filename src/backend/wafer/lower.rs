@@ -247,7 +247,19 @@ pub fn emit(
         other => return Err(format!("`{}` is not elementwise", other.name())),
     };
     out.push(ins);
+    out.extend(rounded(dst, n, to));
     Ok(())
+}
+
+/// `dst` (`n` elements) rounded in place to `dtype` when it is a half-precision float
+/// (computed in f32, as the interpreter computes it, then rounded); nothing else.
+pub fn rounded(dst: Val, n: u32, dtype: DType) -> Option<Instr> {
+    let op = VecOp::round_to(dtype)?;
+    dst.dsd(n).map(|d| Instr::Vec {
+        op,
+        dst: d.clone(),
+        srcs: vec![Src::V(d)],
+    })
 }
 
 /// An operand of an update's op: a variable the kernel holds, a gradient it
@@ -374,6 +386,17 @@ impl Update {
         }
         let mut vals: Vec<Val> = Vec::with_capacity(self.ops.len());
         let mut out = Vec::new();
+        // a half-precision gradient, summed over the batch in f32, rounded once before
+        // its first reader (as the interpreter rounds the product over the batch)
+        let mut halved = vec![false; accs.len()];
+        for o in &self.ops {
+            if let Some(&Operand::Acc(i)) = o.args.first() {
+                let acc = accs.get(i).copied().ok_or_else(missing)?;
+                if !std::mem::replace(&mut halved[i], true) {
+                    out.extend(rounded(acc, acc.elements(), o.types.0));
+                }
+            }
+        }
         let get = |a: Operand, vals: &[Val]| -> Result<Val, String> {
             match a {
                 Operand::Var(i) => vars.get(i).copied(),

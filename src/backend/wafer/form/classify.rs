@@ -4,7 +4,7 @@
 //! forward pass computes.
 
 use super::{unsupported, Class, Unsupported};
-use crate::ir::{DType, Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
+use crate::ir::{Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
 use petgraph::visit::NodeIndexable;
 use std::collections::BTreeSet;
 
@@ -298,8 +298,8 @@ pub fn planes(g: &Graph, n: NodeIndex) -> Option<(u32, u32)> {
 
 /// A graph's batch, classes, aliases and values of the inputs alone (`classify`), and
 /// its blockers: every construct that has no wafer layout, as far as each node alone
-/// shows it (loss scaling, mixed precision, a model family without kernels, a node the
-/// batch does not class), each once, so that a check reports them together.
+/// shows it (loss scaling, a node the batch does not class), each once, so that a
+/// check reports them together.
 /// `form_surveyed` refuses a graph with any, and finds the rest (how kernels meet) one
 /// at a time.
 pub struct Survey {
@@ -317,20 +317,9 @@ pub fn survey(g: &Graph) -> Survey {
         .map(|o| Unsupported {
             span: o.span,
             message: "loss scaling has no wafer layout yet".into(),
-            help: "the wafer trains in f32, which needs no loss scale: drop `loss_scale(...)` for the wafer (`if target == wafer { opt } else { loss_scale(opt) }`), or train on the host (`--target host`)".into(),
+            help: "the wafer trains half-precision layers without a loss scale: compute in bf16 (`cast(x, bf16)`), whose range needs none, or drop `loss_scale(...)` for the wafer (`if target == wafer { opt } else { loss_scale(opt) }`), or train on the host (`--target host`)".into(),
         })
         .collect();
-    // mixed precision: a weight cast to f16 or bf16 before its layer uses it
-    for n in g.topo_order() {
-        let narrows = matches!(g.node(n).op, Op::Cast)
-            && matches!(g.ty(n).dtype, DType::F16 | DType::BF16)
-            && g.operands(n)
-                .into_iter()
-                .any(|o| matches!(g.node(o).op, Op::Variable { .. }));
-        if narrows {
-            errors.push(unsupported(g, n, format!("mixed precision (an f32 weight cast to {} for its layer) has no wafer layout yet", g.ty(n).dtype), "the wafer's kernels read their weights as they are stored: compute in f32 on the wafer, or train this model in mixed precision on the host (`--target host`)"));
-        }
-    }
     let batch = batch_of(g).unwrap_or(1);
     let (class, alias, inputs_only, unclassed) = classify(g, batch);
     errors.extend(unclassed);

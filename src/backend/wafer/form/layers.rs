@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 /// embedding), each with its forward node in `owner`.
 pub(super) fn layers(cx: &Cx, owner: &mut [Option<usize>]) -> Vec<Kernel> {
     let (g, class, order) = (cx.g, &cx.class, &cx.order);
-    let is_var = |n: NodeIndex| cx.is_var(n);
     // (a convolution's input gradient is a transposed convolution's op, and a
     // transposed convolution's a convolution's: a layer is of the forward pass)
     let forward = super::classify::forward(g);
@@ -34,9 +33,14 @@ pub(super) fn layers(cx: &Cx, owner: &mut [Option<usize>]) -> Vec<Kernel> {
             }
             _ => continue,
         };
-        if !is_var(w) {
+        let Some(var) = cx.weight(w) else {
             continue;
+        };
+        // (a weight cast to half precision: the layer rounds its own copy)
+        if var != w {
+            owner[w.index()] = Some(kernels.len());
         }
+        let w = var;
         // a weight several products use (across the time steps of an unrolled
         // recurrent network, a table looked up twice) is held by each of their layers:
         // a replica each, which the host keeps equal (see `Formed::host_commits`)
@@ -72,7 +76,6 @@ pub(super) fn gradients(
     owner: &mut [Option<usize>],
 ) -> Result<(), Unsupported> {
     let (g, class, order) = (cx.g, &cx.class, &cx.order);
-    let is_var = |n: NodeIndex| cx.is_var(n);
     // the weight gradients first, which tie each replica of a shared weight to its
     // output gradient
     let gradients = (order.iter().filter(|n| class[n.index()] == Class::Batch))
@@ -133,8 +136,8 @@ pub(super) fn gradients(
             (a, b) = (b, a);
         }
         let transposed_var = |t: NodeIndex| match g.node(t).op {
-            Op::Transpose { .. } if is_var(g.operands(t)[0]) => Some(g.operands(t)[0]),
-            _ if conv && is_var(t) => Some(t),
+            Op::Transpose { .. } => cx.weight(g.operands(t)[0]),
+            _ if conv => cx.weight(t),
             _ => None,
         };
         if class[n.index()] == Class::Sample {

@@ -41,7 +41,7 @@ pub use classify::{
 };
 pub use update::{feeding, part_update, update_of, update_over};
 
-use crate::ir::{Graph, NodeIndex, Op};
+use crate::ir::{DType, Graph, NodeIndex, Op};
 use crate::span::Span;
 use petgraph::visit::NodeIndexable;
 
@@ -433,6 +433,18 @@ impl Cx<'_> {
 
     fn is_var(&self, n: NodeIndex) -> bool {
         matches!(self.g.node(n).op, Op::Variable { .. })
+    }
+
+    /// The variable `n` is as a layer's weight: itself, or it cast to a half-precision
+    /// float (mixed precision: the layer computes with the weight rounded and updates
+    /// the f32 variable).
+    fn weight(&self, n: NodeIndex) -> Option<NodeIndex> {
+        if self.is_var(n) {
+            return Some(n);
+        }
+        let o = *self.g.operands(n).first()?;
+        let half = matches!(self.g.ty(n).dtype, DType::F16 | DType::BF16);
+        (matches!(self.g.node(n).op, Op::Cast) && half && self.is_var(o)).then_some(o)
     }
 
     /// Whether `n` is a value the host streams as it has it: an input, random numbers,

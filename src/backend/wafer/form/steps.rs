@@ -14,9 +14,11 @@ fn variables(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usize>]) {
     let is_var = |n: NodeIndex| cx.is_var(n);
     for &n in order {
         if let (Some(k), Class::Sample) = (owner[n.index()], class[n.index()]) {
-            // (the variable of a view it reads: `view_of`)
+            // (the variable of a view it reads, `view_of`, or of a cast to half
+            // precision, which the kernel computes from its copy)
             let ops = g.operands(n).into_iter();
-            for o in ops.map(|o| view_of(g, o).map_or(o, |v| v.0)) {
+            let var = |o: NodeIndex| view_of(g, o).map(|v| v.0).or_else(|| cx.weight(o));
+            for o in ops.map(|o| var(o).unwrap_or(o)) {
                 let elsewhere = owner[o.index()].is_some_and(|k2| k2 != k)
                     && matches!(g.node(n).op, Op::MatMul | Op::Transpose { .. });
                 if is_var(o) && !kernels[k].vars.contains(&o) && !elsewhere {
@@ -131,6 +133,13 @@ pub(super) fn steps(
                 || owner[n.index()].is_some()
                 || mixed.contains(&n)
             {
+                continue;
+            }
+            // a variable cast to half precision belongs to the kernel holding the
+            // variable, which computes it from its copy (one the host may update)
+            if let Some(k) = cx.weight(n).and_then(|v| owner[v.index()]) {
+                claim(n, k, owner, kernels);
+                changed = true;
                 continue;
             }
             let ops = g.operands(n);
@@ -250,7 +259,7 @@ pub(super) fn host_values(
                     class[o.index()] == Class::Host && !matches!(g.node(o).op, Op::Const { .. });
                 if computed || mixed.contains(&o) {
                     if g.ty(o).rank() != 0 {
-                        return Err(unsupported(g, o, "a computed tensor the host would send each step has no wafer kernel".into(), "the host sends scalars (a learning rate, a global norm's clipping factor) each step; compute tensors from the samples or the variables"));
+                        return Err(unsupported(g, o, format!("a computed tensor (`{}` of {}) the host would send each step has no wafer kernel", g.node(o).op.name(), g.ty(o)), "the host sends scalars (a learning rate, a global norm's clipping factor) each step; compute tensors from the samples or the variables"));
                     }
                     mine.insert(o);
                 }

@@ -14,7 +14,7 @@ pub mod dense;
 pub mod rows;
 pub mod vector;
 
-use super::isa::{Colour, Instr, Program, TaskId};
+use super::isa::{Colour, Instr, Program, TaskId, VecOp};
 use super::sim::{Dir, Route};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +22,13 @@ use std::sync::Arc;
 /// The task every PE with an update runs it as: the host launches it once per step,
 /// after the samples.
 pub const UPDATE: TaskId = 62;
+
+/// The name of a layer's copy of variable `name` rounded by `round` (a half-precision
+/// layer's weight as its products read it: `Dense::half`), which the host writes
+/// whenever it writes the variable, and the layer's update after it updates it.
+pub fn half_copy(name: &str, round: VecOp) -> String {
+    format!("{name}#{}", round.name().trim_start_matches("to_"))
+}
 
 /// Where the words of one tensor are: pieces, each on a PE from a word on, holding
 /// runs of the tensor's flat elements (offset, length) one after another.

@@ -5,7 +5,7 @@
 use super::sizer::Cost;
 use crate::backend::wafer::fabric::Fabric;
 use crate::backend::wafer::form::{self, image, End, Formed, Kind};
-use crate::backend::wafer::isa::Colour;
+use crate::backend::wafer::isa::{Colour, VecOp};
 use crate::backend::wafer::kernels::dense::{Geom, Shape};
 use crate::backend::wafer::kernels::vector::{Port, Vector};
 use crate::backend::wafer::kernels::Orient;
@@ -212,6 +212,8 @@ pub(super) struct Dims {
     pub(super) train: bool,
     pub(super) dx: bool,
     pub(super) shape: Shape,
+    /// The rounding to its half precision when it computes in one (mixed precision).
+    pub(super) half: Option<VecOp>,
 }
 
 /// A layer kernel's dimensions (`None` for a vector kernel).
@@ -264,6 +266,7 @@ pub(super) fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
         train: dw.is_some(),
         dx: bwd.is_some(),
         shape,
+        half: VecOp::round_to(g.ty(made).dtype),
     })
 }
 
@@ -276,6 +279,11 @@ pub(super) fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> Cost {
     let Dims {
         k, n, train, dx, ..
     } = d;
+    // (a layer in half precision multiplies on the fp16 lanes)
+    let (fmac, mul) = match d.half {
+        Some(_) => (Fmac.halved(), Mul.halved()),
+        None => (Fmac, Mul),
+    };
     let (a, b) = (
         k.div_ceil(w.max(1)) * d.shape.per_in(),
         n.div_ceil(h.max(1)),
@@ -284,12 +292,12 @@ pub(super) fn dense_period(fab: &Fabric, d: Dims, w: u32, h: u32) -> Cost {
     // `count` multiply-adds of `len` elements: one two-dimensional operation
     let macs = |count: u32, len: u32| match count {
         0 => 0,
-        _ => vec_op(fab, Fmac, count * len, 3, true),
+        _ => vec_op(fab, fmac, count * len, 3, true),
     };
     // `count` products of `len` elements summed: a multiply, then the multiply-adds
     let products = |count: u32, len: u32| match count {
         0 => vec_op(fab, Mov, len, 0, true),
-        _ => vec_op(fab, Mul, len, 2, true) + macs(count - 1, len),
+        _ => vec_op(fab, mul, len, 2, true) + macs(count - 1, len),
     };
     let fwd = sw + vec_op(fab, Mov, a, 0, true) + products(a, b) + vec_op(fab, Add, b, 1, false);
     if !train {

@@ -432,6 +432,7 @@ pub(super) fn dense_kernel(
             side: part.side.then(|| back(part.dy)),
             joined: part.joined,
             groups: 1,
+            half: None,
         });
     }
     let update = update_main;
@@ -467,5 +468,6 @@ pub(super) fn dense_kernel(
         side: None,
         joined: false,
         groups,
+        half: d.half,
     })
 }

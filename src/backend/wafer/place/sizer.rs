@@ -398,6 +398,7 @@ impl<'a> Sizer<'a> {
             train: p.train,
             dx: false,
             shape: p.shape,
+            half: p.half,
         };
         (self.dense[k].iter().flat_map(|d| &d.more)).map(move |p| (p, dims(p)))
     }

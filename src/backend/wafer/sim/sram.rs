@@ -61,7 +61,8 @@ pub(super) fn run_nest(
                 }
                 compute(&mut pe.mem, *op, &o, d.map(|(a, st)| (a + i * dby, st)), n);
             }
-            let steps = cost::vec_op(f, *op, n, cost::reads(srcs), true) - u64::from(f.dsd_startup);
+            let steps = cost::vec_op(f, *op, n, cost::reads(srcs), true)
+                .saturating_sub(u64::from(f.dsd_startup));
             (*op, n * count, steps * u64::from(*count))
         }
         Instr::Loop { count, body } => {
@@ -78,7 +79,8 @@ pub(super) fn run_nest(
         Instr::Vec { op, dst, srcs } => {
             sram_op(pe, (*op, dst, srcs), at);
             let n = dst.len();
-            let steps = cost::vec_op(f, *op, n, cost::reads(srcs), true) - u64::from(f.dsd_startup);
+            let steps = cost::vec_op(f, *op, n, cost::reads(srcs), true)
+                .saturating_sub(u64::from(f.dsd_startup));
             (*op, n, steps)
         }
         _ => (VecOp::Mov, 0, 0),
@@ -213,11 +215,11 @@ fn sweep(mem: &mut [f32], op: VecOp, ops: &[Opnd; 3], dst: Option<(i64, i64)>, n
     }
     let d = (d as usize, ds as isize);
     match op {
-        VecOp::Fmac => run(mem, at, d, n, |a, b, c| a + b * c),
+        VecOp::Fmac | VecOp::Fmach => run(mem, at, d, n, |a, b, c| a + b * c),
         VecOp::Mov => run(mem, at, d, n, |a, _, _| a),
         VecOp::Add => run(mem, at, d, n, |a, b, _| a + b),
         VecOp::Sub => run(mem, at, d, n, |a, b, _| a - b),
-        VecOp::Mul => run(mem, at, d, n, |a, b, _| a * b),
+        VecOp::Mul | VecOp::Mulh => run(mem, at, d, n, |a, b, _| a * b),
         op => run(mem, at, d, n, |a, b, c| op.apply(a, b, c)),
     }
     true

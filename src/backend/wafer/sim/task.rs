@@ -89,9 +89,7 @@ impl Sim {
                 let cycles = u64::from(self.f.dsd_startup) + steps;
                 pe.time += cycles;
                 pe.stats.busy += cycles;
-                if op != VecOp::Mov {
-                    pe.stats.work += u64::from(n);
-                }
+                pe.stats.work += cost::work(&self.f, op, n);
                 run.frames[depth].pc += 1;
                 Step::Continue
             }
@@ -157,18 +155,21 @@ impl Sim {
         let writes = matches!(dst, Dsd::Mem { .. });
         let fabric = cost::on_fabric(dst, srcs);
         let step = cost::step(f, op, reads, writes).max(1);
-        let lanes = if op.software() { 1 } else { f.fp32_lanes };
+        let lanes = if op.software() {
+            1
+        } else {
+            cost::lanes(f, op).0
+        };
         let startup = if start { u64::from(f.dsd_startup) } else { 0 };
         let pe = &mut self.pes[p];
         if !fabric {
             // on SRAM alone: all of it at once
             sram_op(pe, (op, dst, srcs), loops);
-            let cycles = cost::vec_op(f, op, n, reads, writes) + startup - u64::from(f.dsd_startup);
+            let cycles = (cost::vec_op(f, op, n, reads, writes) + startup)
+                .saturating_sub(u64::from(f.dsd_startup));
             pe.time += cycles;
             pe.stats.busy += cycles;
-            if op != VecOp::Mov {
-                pe.stats.work += u64::from(n);
-            }
+            pe.stats.work += cost::work(f, op, n);
             return Step::Continue;
         }
         let mut g = progress.unwrap_or_else(|| Progress {
@@ -238,9 +239,7 @@ impl Sim {
         }
         let pe = &mut self.pes[p];
         pe.stats.busy += g.next - g.start - g.stalled;
-        if op != VecOp::Mov {
-            pe.stats.work += u64::from(n);
-        }
+        pe.stats.work += cost::work(&self.f, op, n);
         pe.stats.stalled += g.stalled;
         pe.time = pe.time.max(g.next);
         *progress = None;

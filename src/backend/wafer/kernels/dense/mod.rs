@@ -31,7 +31,7 @@
 //! instructions the bodies share (receives, partial sums along a chain); `gemv`,
 //! `conv` and `gather` the forward and backward bodies of a product, a convolution
 //! and an embedding.
-use super::super::isa::{Colour, Dsd, Instr, Program, Task, Trigger};
+use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
 use super::super::lower::{self, Scratch, Update, Val};
 use super::super::pipeline::Pipeline;
 use super::super::sim::Dir;
@@ -107,6 +107,10 @@ pub struct Dense {
     /// group, one after another (the fused `q | k | v` projection before heads dealt
     /// to lanes, `vector::Heads`: lane `j` takes its heads of each).
     pub groups: u32,
+    /// The rounding to its half precision when it computes in one (mixed precision,
+    /// `halved`): its weight's f32 values stay the update's, and its products read a
+    /// copy rounded after each update.
+    pub half: Option<VecOp>,
 }
 
 /// Where a PE's values lie in its row's chain: the chain's words forward, and where
@@ -226,6 +230,7 @@ impl Dense {
             side: None,
             joined: false,
             groups: 1,
+            half: None,
         }
     }
 
@@ -515,6 +520,16 @@ impl Dense {
             piece(laid, name, base, block.clone());
             vars.push(Val::buf(base, size));
         }
+        // (in half precision: the weight's rounded copy, which the products read)
+        let w = match self.half {
+            Some(round) => {
+                let name = super::half_copy(&self.vars[0], round);
+                let base = p.alloc(&name, size);
+                piece(laid, &name, base, block.clone());
+                base
+            }
+            None => w,
+        };
         let mut hosts = Vec::new();
         let dw = if self.train {
             let base = p.alloc(&self.grad, size);
@@ -578,6 +593,15 @@ impl Dense {
             Shape::Tokens { t } => self.tokens(&mut p, t, (a, b), blk)?,
             _ => self.gemv(&mut p, a * self.shape.per_in(), b, blk),
         };
+        let (fwd, bwd) = match self.half {
+            Some(round) => {
+                if self.carry.is_some() || self.first || self.pass > 0 || !self.more.is_empty() {
+                    return Err("a half-precision layer that carries a value or has further parts has no wafer kernel yet".into());
+                }
+                (halved(fwd, round, c.x), halved(bwd, round, c.dy))
+            }
+            None => (fwd, bwd),
+        };
         let kind = match self.shape {
             Shape::Conv(_) => "conv",
             Shape::ConvT(_) => "transposed conv",
@@ -610,6 +634,14 @@ impl Dense {
         let acc = [Val::buf(dw, size)];
         let mut body = self.update.code(&vars, &acc, &hosts, size, &mut scratch)?;
         body.extend(lower::zeroed(&acc));
+        if let Some(round) = self.half {
+            // the updated weight's copy its products read
+            body.push(Instr::Vec {
+                op: round,
+                dst: Dsd::mem(w, size),
+                srcs: vec![vars[0].src(size)],
+            });
+        }
         if scratch.high > 0 {
             p.alloc("scratch", scratch.high);
         }
@@ -695,6 +727,40 @@ impl Dense {
         }
         Ok(())
     }
+}
+
+/// A half-precision layer's body (`Dense::half`): its products on the fp16 lanes
+/// (`VecOp::halved`), and what it receives on `colour` (its inputs, or its output
+/// gradient) rounded to its precision where it lands (a layer's sums of products come
+/// in f32).
+fn halved(body: Vec<Instr>, round: VecOp, colour: Colour) -> Vec<Instr> {
+    let mut out = Vec::with_capacity(body.len());
+    for i in body {
+        match i {
+            Instr::Vec { op, dst, srcs } => {
+                let lands = matches!(dst, Dsd::Mem { .. })
+                    && (srcs.iter())
+                        .any(|s| matches!(s, Src::V(Dsd::In { colour: c, .. }) if *c == colour));
+                let rounded = lands.then(|| Instr::Vec {
+                    op: round,
+                    dst: dst.clone(),
+                    srcs: vec![Src::V(dst.clone())],
+                });
+                out.push(Instr::Vec {
+                    op: op.halved(),
+                    dst,
+                    srcs,
+                });
+                out.extend(rounded);
+            }
+            Instr::Loop { count, body } => out.push(Instr::Loop {
+                count,
+                body: halved(body, round, colour),
+            }),
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// What a PE's bodies work on: its weight block (at `w`) and that block's gradient (at

@@ -206,6 +206,7 @@ fn trained(k: u32, n: u32, (batch, window): (u32, u32), dx: bool) -> Dense {
         side: None,
         joined: false,
         groups: 1,
+        half: None,
     }
 }
 

@@ -119,6 +119,7 @@ impl Vector<'_> {
         let of_softmax = ops.first().and_then(|&o| soft.get(&f.resolve(o)).copied());
         if let (Op::Unary(UnaryOp::Exp), Some(Soft { e, s, runs })) = (&node.op, of_softmax) {
             body.extend(normalise(dst, e, s, runs, scratch));
+            body.extend(lower::rounded(dst, ext, node.ty.dtype));
             return Ok(());
         }
         match &node.op {
@@ -189,6 +190,15 @@ impl Vector<'_> {
                     node.ty
                 ));
             }
+        }
+        // a half-precision result the op computed in f32 (an elementwise op's is
+        // rounded where it is made; a move's words are already)
+        let computes = matches!(
+            node.op,
+            Op::Reduce { .. } | Op::MatMul | Op::Softmax { .. } | Op::LogSoftmax { .. }
+        ) || pooling(&node.op);
+        if computes {
+            body.extend(lower::rounded(dst, ext, node.ty.dtype));
         }
         Ok(())
     }

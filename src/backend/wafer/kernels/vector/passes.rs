@@ -262,6 +262,8 @@ impl Vector<'_> {
                 1 => body.extend(each),
                 _ => body.push(Instr::Loop { count, body: each }),
             }
+            // (a half-precision value, a layer's sums of its products among them)
+            body.extend(lower::rounded(dst, ext, self.g.ty(i.node).dtype));
             cur.insert(i.node, dst);
         }
         Ok(body)
