@@ -1424,8 +1424,9 @@ fn transposed_like_the_interpreter(
 /// Mixed precision: a dense layer (or a convolution) computing in f16 or bf16 from the
 /// features cast to it, with ReLU, its weight and bias the f32 variables cast (the
 /// layers multiply on the fp16 lanes from copies of their weights rounded after each
-/// update), the logits cast back to f32 for the loss, trained 3 steps like the
-/// interpreter. Bounds: a half-precision value whose f32 sum the two targets round
+/// update), the logits cast back to f32 for the loss, with or without a loss scale
+/// (fixed, or dynamic: growing, or skipping overflowing steps), trained 3 steps like
+/// the interpreter. Bounds: a half-precision value whose f32 sum the two targets round
 /// from different orders may round to the neighbouring half value, 1 unit in the last
 /// place (2^-11 of it in f16, 2^-8 in bf16), and so may a gradient summed over the
 /// batch; an update moves a weight by at most the learning rate times such a gradient
@@ -1436,12 +1437,12 @@ fn transposed_like_the_interpreter(
 fn mixed_like_the_interpreter(
     (k, n, c): (usize, usize, usize),
     (bf16, conv): (bool, bool),
-    opt: usize,
+    (opt, scale): (usize, usize),
     (batch, side, seed): (usize, u32, u64),
 ) -> Result<(), String> {
     let half = if bf16 { "bf16" } else { "f16" };
     let d = random_data(
-        &format!("mixed-{k}-{n}-{c}-{half}-{conv}-{opt}-{batch}-{seed}"),
+        &format!("mixed-{k}-{n}-{c}-{half}-{conv}-{opt}-{scale}-{batch}-{seed}"),
         k,
         c,
         seed,
@@ -1460,6 +1461,14 @@ fn mixed_like_the_interpreter(
 "
     );
     let (opt, lr) = optimiser(opt);
+    // a loss scale: none, fixed, dynamic (doubling after 2 finite steps), or dynamic
+    // from a scale whose gradients overflow f16 (those steps skipped, the scale halved)
+    let opt = match scale {
+        1 => format!("loss_scale({opt}, scale: 256.0)"),
+        2 => format!("loss_scale({opt}, initial: 1024.0, growth_interval: 2)"),
+        3 => format!("loss_scale({opt}, initial: 1.0e9, growth_interval: 2)"),
+        _ => opt,
+    };
     let ulp = if bf16 { 2f64.powi(-8) } else { 2f64.powi(-11) };
     compare_bounded(
         &d,
@@ -2415,10 +2424,10 @@ proptest::proptest! {
     #[test]
     fn mixed_precision_trains_like_the_interpreter(
         k in 3usize..24, n in 1usize..16, c in 2usize..6, bf16 in proptest::bool::ANY,
-        conv in proptest::bool::ANY, opt in 0usize..4, batch in 1usize..5, side in 16u32..25,
-        seed in 0u64..1000,
+        conv in proptest::bool::ANY, opt in 0usize..4, scale in 0usize..4, batch in 1usize..5,
+        side in 16u32..25, seed in 0u64..1000,
     ) {
-        mixed_like_the_interpreter((k, n, c), (bf16, conv), opt, (batch, side, seed))
+        mixed_like_the_interpreter((k, n, c), (bf16, conv), (opt, scale), (batch, side, seed))
             .map_err(proptest::test_runner::TestCaseError::fail)?;
     }
 

@@ -447,7 +447,7 @@ mixes layers in anything but a scalar (a global norm and a shared weight's updat
 are computed by the host). The
 label points at the expression that makes it, and the help names the nearest
 formulation the target runs. On the wafer the check reports every construct a node
-alone shows has no layout (an op over the batch, a loss scale) at
+alone shows has no layout (an op over the batch, random numbers without it) at
 once, each once, and then the first way its kernels do not meet.
 
     let bucket = ids % 1_000     // error with --target wafer: `rem` is not supported

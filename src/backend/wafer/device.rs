@@ -226,14 +226,19 @@ fn planar_to_nhwc(per: usize, channels: u32) -> impl Fn(usize) -> usize + Copy {
     move |e| (e % hw) * c + e / hw
 }
 
-/// Runs one batch through an executable: the host's values, the label checks, the
-/// samples, until the fabric is quiet. The host's values, by node.
-fn stream(exe: &mut Exe, feeds: &Feeds, ctx: StepCtx, shard: usize) -> Result<Values, RunError> {
+/// Runs one batch through an executable: the host's values (from the inputs, the
+/// constants and the variables: a dynamic loss scale), the label checks, the samples,
+/// until the fabric is quiet. The host's values, by node.
+fn stream(
+    exe: &mut Exe,
+    (feeds, vars): (&Feeds, &FxHashMap<String, Tensor>),
+    ctx: StepCtx,
+    shard: usize,
+) -> Result<Values, RunError> {
     let g = exe.graph.clone();
-    let no_vars = FxHashMap::default();
     let env = Env {
         feeds,
-        vars: &no_vars,
+        vars,
         op: ctx.op_env(shard),
     };
     let mut values = Values::new(g.g.node_bound());
@@ -431,7 +436,7 @@ impl backend::Device for Device {
         }
         sync(e, &self.vars);
         let run = |error| StepError::Run { shard: None, error };
-        let values = match stream(e, &batches[0], ctx, me) {
+        let values = match stream(e, (&batches[0], &self.vars), ctx, me) {
             Ok(v) => v,
             Err(error) => return Err(peers.fail(run(error))),
         };
@@ -539,7 +544,7 @@ impl backend::Device for Device {
     ) -> Result<Vec<Tensor>, RunError> {
         let (e, targets) = &mut self.runs[exe.0];
         sync(e, &self.vars);
-        let values = stream(e, &feeds, ctx, shard)?;
+        let values = stream(e, (&feeds, &self.vars), ctx, shard)?;
         let g = e.graph.clone();
         let batch = e.layout.batch as usize;
         let mut out = Vec::with_capacity(targets.len());

@@ -298,8 +298,8 @@ pub fn planes(g: &Graph, n: NodeIndex) -> Option<(u32, u32)> {
 
 /// A graph's batch, classes, aliases and values of the inputs alone (`classify`), and
 /// its blockers: every construct that has no wafer layout, as far as each node alone
-/// shows it (loss scaling, a node the batch does not class), each once, so that a
-/// check reports them together.
+/// shows it (a node the batch does not class: an op over the batch, random numbers
+/// without it), each once, so that a check reports them together.
 /// `form_surveyed` refuses a graph with any, and finds the rest (how kernels meet) one
 /// at a time.
 pub struct Survey {
@@ -312,17 +312,8 @@ pub struct Survey {
 
 /// `g`'s survey (see `Survey`).
 pub fn survey(g: &Graph) -> Survey {
-    let mut errors: Vec<Unsupported> = (g.optimizers.iter())
-        .filter(|o| o.loss_scale.is_some())
-        .map(|o| Unsupported {
-            span: o.span,
-            message: "loss scaling has no wafer layout yet".into(),
-            help: "the wafer trains half-precision layers without a loss scale: compute in bf16 (`cast(x, bf16)`), whose range needs none, or drop `loss_scale(...)` for the wafer (`if target == wafer { opt } else { loss_scale(opt) }`), or train on the host (`--target host`)".into(),
-        })
-        .collect();
     let batch = batch_of(g).unwrap_or(1);
-    let (class, alias, inputs_only, unclassed) = classify(g, batch);
-    errors.extend(unclassed);
+    let (class, alias, inputs_only, mut errors) = classify(g, batch);
     // each once (a layer's gradient nodes point at the layer too)
     let mut seen = BTreeSet::new();
     errors.retain(|u| seen.insert((u.span.file, u.span.lo, u.span.hi, u.message.clone())));

@@ -258,7 +258,7 @@ pub(super) fn host_values(
                 let computed =
                     class[o.index()] == Class::Host && !matches!(g.node(o).op, Op::Const { .. });
                 if computed || mixed.contains(&o) {
-                    if g.ty(o).rank() != 0 {
+                    if g.ty(o).elements() != 1 {
                         return Err(unsupported(g, o, format!("a computed tensor (`{}` of {}) the host would send each step has no wafer kernel", g.node(o).op.name(), g.ty(o)), "the host sends scalars (a learning rate, a global norm's clipping factor) each step; compute tensors from the samples or the variables"));
                     }
                     mine.insert(o);
@@ -266,10 +266,17 @@ pub(super) fn host_values(
             }
         }
         kr.hosts = mine.iter().copied().collect();
-        host.extend(mine.into_iter().filter(|o| !mixed.contains(o)));
+        // (a mixed value made from the variables alone, as a dynamic loss scale's seed
+        // of the backward pass: the host computes it before the step, for the
+        // samples may read it)
+        host.extend(
+            mine.into_iter()
+                .filter(|&o| !mixed.contains(&o) || !reads_batch(cx, o)),
+        );
     }
     // the mixed values the kernels read, which the host computes after the gradients
     let mixed: Vec<NodeIndex> = (mixed.into_iter())
+        .filter(|m| !host.contains(m))
         .filter(|m| {
             kernels.iter().any(|k| k.hosts.contains(m)) || host_commits.iter().any(|(_, c)| c == m)
         })
@@ -281,4 +288,22 @@ pub(super) fn host_values(
     }
     let host = g.schedule(&host.into_iter().collect::<Vec<_>>(), |_| false);
     Ok((host, mixed))
+}
+
+/// Whether `n` reads a sum over the batch (a gradient), directly or through the values
+/// it is made of.
+fn reads_batch(cx: &Cx, n: NodeIndex) -> bool {
+    let mut stack = vec![n];
+    let mut seen = BTreeSet::new();
+    while let Some(m) = stack.pop() {
+        let m = cx.resolve(m);
+        if !seen.insert(m) {
+            continue;
+        }
+        if cx.class[m.index()] == Class::Batch {
+            return true;
+        }
+        stack.extend(cx.g.operands(m));
+    }
+    false
 }
