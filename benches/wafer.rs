@@ -311,6 +311,23 @@ fn main() {
     bench("digits_mlp", load("digits_mlp.est"), &[], &t64, steps);
     bench("fc_mnist", load("fc_mnist.est"), &[], &t32, steps);
     bench("fc_mnist", load("fc_mnist.est"), &[], &t64, steps);
+    // the same in mixed precision (Cerebras's `mixed_precision`), its layers on the
+    // fp16 lanes
+    let mixed = [("mixed_precision", "true")];
+    bench(
+        "fc_mnist mixed precision",
+        load("fc_mnist.est"),
+        &mixed,
+        &t32,
+        steps,
+    );
+    bench(
+        "fc_mnist mixed precision",
+        load("fc_mnist.est"),
+        &mixed,
+        &t64,
+        steps,
+    );
     bench(
         "linear_regression",
         load("linear_regression.est"),

@@ -242,6 +242,57 @@ fn the_other_examples_train_like_the_interpreter() {
     trained_alike("examples/linear_regression.est", "linreg", None);
 }
 
+/// `examples/fc_mnist.est` in Cerebras's mixed precision (`mixed_precision=true`: f16
+/// layers from f32 weights, a dynamic loss scale) at its own batch of 128 on `test32`:
+/// 5 steps, each from the interpreter's variables, like the interpreter within 4 units
+/// in the last place of f16 (2^-9) of each variable's scale, the loss too (see
+/// `mixed_like_the_interpreter` for why), then both evaluate alike.
+#[test]
+fn fc_mnist_in_mixed_precision_trains_like_the_interpreter() {
+    let d = tmp("fc-mnist-mixed");
+    mnist::write(&d, 256);
+    let mixed = [("mixed_precision", "true")];
+    let open = |target: Target, dir: &str| {
+        example(
+            "examples/fc_mnist.est",
+            &mixed,
+            Some(&d),
+            target,
+            &d.join(dir),
+        )
+    };
+    let (mut w, mut i) = (open(Target::Wafer, "w"), open(Target::Interp, "i"));
+    let bound = 4.0 * 2f64.powi(-11);
+    let mut seen = 0f64;
+    for step in 1..=5 {
+        if step > 1 {
+            for (k, v) in i.variables() {
+                w.set_variable(&k, v).unwrap();
+            }
+        }
+        let (rw, ri) = (
+            w.train(Steps::Max(step)).unwrap(),
+            i.train(Steps::Max(step)).unwrap(),
+        );
+        let worst = worst_beyond_rounding(&w.variables(), &i.variables(), 0.1);
+        assert!(
+            worst <= bound,
+            "step {step}: weights differ by {worst:e} of their scale"
+        );
+        seen = seen.max(worst);
+        let (a, b) = (rw.final_loss, ri.final_loss);
+        assert!(
+            (a - b).abs() <= bound * b.abs().max(1.0),
+            "step {step}: {a} vs {b}"
+        );
+    }
+    eprintln!("largest relative difference over 5 steps {seen:e}");
+    let (ew, ei) = (w.evaluate(Some(2)).unwrap(), i.evaluate(Some(2)).unwrap());
+    assert!((ew.loss - ei.loss).abs() <= bound * ei.loss.abs().max(1.0));
+    drop((w, i));
+    let _ = std::fs::remove_dir_all(d);
+}
+
 /// `examples/bert.est` on the wafer at its own batch of 16, at its default 32 tokens of
 /// 32 features (4 heads, dealt to lanes that divide them: `kernels/vector/heads.rs`) and
 /// at 16 tokens of 16 features (`length=16 hidden=16 ffn=32`): token and position
