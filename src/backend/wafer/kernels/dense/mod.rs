@@ -29,9 +29,10 @@
 //! Here: the layer, its rows, colours and the program of a PE; `shape` what it
 //! computes (a product, a convolution's geometry, ...); `chain` the
 //! instructions the bodies share (receives, partial sums along a chain); `gemv`,
-//! `conv` and `gather` the forward and backward bodies of a product, a convolution
-//! and an embedding.
-use super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
+//! `conv`, `gather` and `tokens` the forward and backward bodies of a product, a
+//! convolution (or a transposed one), an embedding and a product over each token;
+//! `half` a layer's bodies in half precision.
+use super::super::isa::{Colour, Dsd, Instr, Program, Task, Trigger, VecOp};
 use super::super::lower::{self, Scratch, Update, Val};
 use super::super::pipeline::Pipeline;
 use super::super::sim::Dir;
@@ -41,6 +42,7 @@ mod chain;
 mod conv;
 mod gather;
 mod gemv;
+mod half;
 mod shape;
 #[cfg(test)]
 mod tests;
@@ -556,22 +558,7 @@ impl Dense {
             back_at: 0,
             cols: row.cols,
         };
-        // (an embedding of one id a sample may share its row's chain: a side part, or a
-        // layer with side parts)
-        let shares = matches!(self.shape, Shape::Matmul | Shape::Gather { t: 1 });
-        // (a convolution's carried image travels after its outputs in links of its own)
-        let sides = self.more.iter().any(|d| d.side.is_some());
-        let conv_carries = matches!(self.shape, Shape::Conv(_)) && !sides;
-        // (a layer over tokens carries in its own chain: `tokens`)
-        let token_carries = matches!(self.shape, Shape::Tokens { .. }) && !sides;
-        if row != plain
-            && (!shares || carry.mine > 0 || carry.pass > 0)
-            && self.shape != Shape::Matmul
-            && !conv_carries
-            && !token_carries
-        {
-            return Err("a side part or a residual of a convolution or an embedding of several ids has no wafer kernel yet".into());
-        }
+        self.supported(row != plain, carry)?;
         let blk = Block {
             w,
             dw,
@@ -580,12 +567,6 @@ impl Dense {
             carry,
             row,
         };
-        if self.first && !matches!(self.shape, Shape::Conv(_) | Shape::Matmul) {
-            return Err(
-                "a shortcut beside another layer of a flattened image or an embedding has no wafer kernel yet"
-                    .into(),
-            );
-        }
         let (fwd, bwd) = match self.shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
             Shape::ConvT(g) => self.conv_t(&mut p, g, (a, b), blk)?,
@@ -593,15 +574,7 @@ impl Dense {
             Shape::Tokens { t } => self.tokens(&mut p, t, (a, b), blk)?,
             _ => self.gemv(&mut p, a * self.shape.per_in(), b, blk),
         };
-        let (fwd, bwd) = match self.half {
-            Some(round) => {
-                if self.carry.is_some() || self.first || self.pass > 0 || !self.more.is_empty() {
-                    return Err("a half-precision layer that carries a value or has further parts has no wafer kernel yet".into());
-                }
-                (halved(fwd, round, c.x), halved(bwd, round, c.dy))
-            }
-            None => (fwd, bwd),
-        };
+        let (fwd, bwd) = self.halved((fwd, bwd), c)?;
         let kind = match self.shape {
             Shape::Conv(_) => "conv",
             Shape::ConvT(_) => "transposed conv",
@@ -634,14 +607,7 @@ impl Dense {
         let acc = [Val::buf(dw, size)];
         let mut body = self.update.code(&vars, &acc, &hosts, size, &mut scratch)?;
         body.extend(lower::zeroed(&acc));
-        if let Some(round) = self.half {
-            // the updated weight's copy its products read
-            body.push(Instr::Vec {
-                op: round,
-                dst: Dsd::mem(w, size),
-                srcs: vec![vars[0].src(size)],
-            });
-        }
+        body.extend(self.refreshed(w, vars[0], size));
         if scratch.high > 0 {
             p.alloc("scratch", scratch.high);
         }
@@ -655,6 +621,34 @@ impl Dense {
         let words = p.receives(1, c.dy) as u32;
         p.fifo(c.dy, self.fifo * words);
         Ok(p)
+    }
+
+    /// Whether a PE of this layer has a body: an error for what it has none of yet
+    /// (`extra`: its row's chain carries more than its outputs).
+    fn supported(&self, extra: bool, carry: Carrying) -> Result<(), String> {
+        // (an embedding of one id a sample may share its row's chain: a side part, or a
+        // layer with side parts)
+        let shares = matches!(self.shape, Shape::Matmul | Shape::Gather { t: 1 });
+        // (a convolution's carried image travels after its outputs in links of its own)
+        let sides = self.more.iter().any(|d| d.side.is_some());
+        let conv_carries = matches!(self.shape, Shape::Conv(_)) && !sides;
+        // (a layer over tokens carries in its own chain: `tokens`)
+        let token_carries = matches!(self.shape, Shape::Tokens { .. }) && !sides;
+        if extra
+            && (!shares || carry.mine > 0 || carry.pass > 0)
+            && self.shape != Shape::Matmul
+            && !conv_carries
+            && !token_carries
+        {
+            return Err("a side part or a residual of a convolution or an embedding of several ids has no wafer kernel yet".into());
+        }
+        if self.first && !matches!(self.shape, Shape::Conv(_) | Shape::Matmul) {
+            return Err(
+                "a shortcut beside another layer of a flattened image or an embedding has no wafer kernel yet"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// The slot counter `k`'s stash descriptor offset for slots of `len` words (none
@@ -727,40 +721,6 @@ impl Dense {
         }
         Ok(())
     }
-}
-
-/// A half-precision layer's body (`Dense::half`): its products on the fp16 lanes
-/// (`VecOp::halved`), and what it receives on `colour` (its inputs, or its output
-/// gradient) rounded to its precision where it lands (a layer's sums of products come
-/// in f32).
-fn halved(body: Vec<Instr>, round: VecOp, colour: Colour) -> Vec<Instr> {
-    let mut out = Vec::with_capacity(body.len());
-    for i in body {
-        match i {
-            Instr::Vec { op, dst, srcs } => {
-                let lands = matches!(dst, Dsd::Mem { .. })
-                    && (srcs.iter())
-                        .any(|s| matches!(s, Src::V(Dsd::In { colour: c, .. }) if *c == colour));
-                let rounded = lands.then(|| Instr::Vec {
-                    op: round,
-                    dst: dst.clone(),
-                    srcs: vec![Src::V(dst.clone())],
-                });
-                out.push(Instr::Vec {
-                    op: op.halved(),
-                    dst,
-                    srcs,
-                });
-                out.extend(rounded);
-            }
-            Instr::Loop { count, body } => out.push(Instr::Loop {
-                count,
-                body: halved(body, round, colour),
-            }),
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 /// What a PE's bodies work on: its weight block (at `w`) and that block's gradient (at
