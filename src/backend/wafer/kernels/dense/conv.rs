@@ -5,6 +5,7 @@
 use super::super::super::isa::{Colour, Dsd, Instr, Program, Src, VecOp};
 use super::super::nest;
 use super::chain::{link, receive, taps, zero};
+use super::shape::Planes;
 use super::Geom;
 use super::{Back, Block, Carrying, Dense};
 
@@ -25,16 +26,20 @@ impl Dense {
             ..
         }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
-        let (hp, wp, span) = (g.hp(), g.wp(), g.span());
-        let (plane_in, plane_pad, plane_out) = (g.h * g.w, hp * wp, g.h1() * wp);
-        // an output row's strided outputs, and the rows' distance, in the planes
-        let (sw, row) = (g.stride.1, g.stride.0 * wp);
+        let (wp, span, sw) = (g.wp(), g.span(), g.stride.1);
+        // (an output row's strided outputs are `sw` apart, the rows `row`)
+        let Planes {
+            pad,
+            out,
+            inner,
+            row,
+        } = g.planes();
+        let (plane_in, plane_pad, plane_out) = (g.h * g.w, pad, out);
         let (xs, take) = self.stash(p, "x stash", a * plane_in, c.x);
         // the padded input (its border stays zero), also the input gradient's planes
         let xp = p.alloc("padded x", a * plane_pad);
         // the output planes at pitch wp, also the output gradient's
         let y = p.alloc("y", b * plane_out);
-        let inner = g.pad.0 * wp + g.pad.1;
         // the stashed slot's channels into the padded planes' interiors
         let pad = |k: u8| {
             nest(
@@ -184,16 +189,20 @@ impl Dense {
         if self.first || self.pass > 0 || !self.more.is_empty() || self.side.is_some() {
             return Err("a transposed convolution beside another layer or carrying a value has no wafer kernel yet".into());
         }
-        let (hp, wp, span) = (g.hp(), g.wp(), g.span());
-        let (plane_in, plane_pad, plane_out) = (g.ho * g.wo, hp * wp, g.h1() * wp);
-        let (sw, row) = (g.stride.1, g.stride.0 * wp);
+        let (wp, span, sw) = (g.wp(), g.span(), g.stride.1);
+        let Planes {
+            pad,
+            out,
+            inner,
+            row,
+        } = g.planes();
+        let (plane_in, plane_pad, plane_out) = (g.ho * g.wo, pad, out);
         let (xs, take) = self.stash(p, "x stash", a * plane_in, c.x);
         // the outputs at the padding (the border is computed and never sent), also
         // the output gradient's planes
         let yp = p.alloc("padded y", b * plane_pad);
         // the inputs at their strided places, zeros between, at pitch wp
         let x = p.alloc("strided x", a * plane_out);
-        let inner = g.pad.0 * wp + g.pad.1;
         // the stashed slot's planes at their strided places
         let spread = |k: u8| {
             nest(

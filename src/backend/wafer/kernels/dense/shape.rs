@@ -104,6 +104,27 @@ impl Geom {
     pub fn span(&self) -> u32 {
         (self.h1() - 1) * self.wp() + self.w1()
     }
+
+    /// The words of a padded input plane, and of an output plane at pitch `wp`; where
+    /// the padded plane's interior starts; the distance of two strided output rows.
+    pub fn planes(&self) -> Planes {
+        let wp = self.wp();
+        Planes {
+            pad: self.hp() * wp,
+            out: self.h1() * wp,
+            inner: self.pad.0 * wp + self.pad.1,
+            row: self.stride.0 * wp,
+        }
+    }
+}
+
+/// A convolution's planes as a PE lays them out (`Geom::planes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planes {
+    pub pad: u32,
+    pub out: u32,
+    pub inner: u32,
+    pub row: u32,
 }
 
 impl Shape {
