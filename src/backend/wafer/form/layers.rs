@@ -33,7 +33,9 @@ pub(super) fn layers(cx: &Cx, owner: &mut [Option<usize>]) -> Vec<Kernel> {
             }
             _ => continue,
         };
-        let Some(var) = cx.weight(w) else {
+        // (an embedding's table as stored: its ids are no half-precision values)
+        let gather = matches!(g.node(n).op, Op::Gather);
+        let Some(var) = cx.weight(w).filter(|&v| v == w || !gather) else {
             continue;
         };
         // (a weight cast to half precision: the layer rounds its own copy)
@@ -91,7 +93,7 @@ pub(super) fn gradients(
                 _ => None,
             });
             let Some(k) = table else {
-                return Err(unsupported(g, n, "a `scatter_add` that is no embedding's gradient has no wafer kernel".into(), "the wafer adds rows into a table only as the gradient of `gather` from a variable (an embedding)"));
+                return Err(unsupported(g, n, "a `scatter_add` that is no embedding's gradient has no wafer kernel".into(), "the wafer adds rows into a table only as the gradient of `gather` from a variable as it is stored (an embedding; not a table cast to f16 or bf16: gather from the f32 table and cast the rows)"));
             };
             if let Kind::Dense { dy: d, dw, .. } = &mut kernels[k].kind {
                 if d.is_some() || dw.is_some() {
