@@ -4,7 +4,7 @@
 //! forward pass computes.
 
 use super::{unsupported, Class, Unsupported};
-use crate::ir::{Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
+use crate::ir::{BinaryOp, Graph, NodeIndex, Op, ReduceOp, Role, UnaryOp};
 use petgraph::visit::NodeIndexable;
 use std::collections::BTreeSet;
 
@@ -123,6 +123,12 @@ pub fn classify(
                         errors.push(unsupported(g, n, message, help));
                         Class::Sample
                     }
+                    // a depthwise convolution of several channels with a multiplier above
+                    // 1: each tap's window `[B, h, w, C, 1]` times its weights `[C, m]`
+                    Op::Binary(BinaryOp::Mul) if depthwise_multiplied(g, &ops) => {
+                        errors.push(unsupported(g, n, "a depthwise convolution of several channels with a channel multiplier above 1 has no wafer kernel yet".into(), "a multiplier of 1 runs (MobileNet's depthwise convolutions), and so does a multiplier over an image of one channel; or follow a multiplier-1 depthwise convolution with a 1x1 `conv2d` (a separable convolution)"));
+                        Class::Sample
+                    }
                     _ if has(Class::SampleT) => {
                         errors.push(unsupported(g, n, format!("`{}` of a transposed batch has no wafer kernel", node.op.name()), "the wafer computes `transpose(x) @ dy` (a weight gradient) over the batch and nothing else of a transposed batch"));
                         Class::Sample
@@ -214,6 +220,18 @@ pub fn regrouping(fine: &[usize], coarse: &[usize]) -> Option<Vec<(usize, usize)
     }
     let rest_ones = coarse[a.min(coarse.len())..].iter().all(|&c| c == 1);
     (left == 1 && rest_ones).then_some(out)
+}
+
+/// Whether `ops`, a product's operands, are a depthwise convolution's tap of several
+/// channels with a multiplier above 1 (`depthwise_conv` elaborates each tap as a window
+/// `[B, h, w, C, 1]` times the tap's weights `[C, m]`).
+fn depthwise_multiplied(g: &Graph, ops: &[NodeIndex]) -> bool {
+    let [a, b] = ops else { return false };
+    let (a, b) = (&g.ty(*a).shape, &g.ty(*b).shape);
+    matches!(
+        (a.as_slice(), b.as_slice()),
+        (&[_, _, _, c, 1], &[c2, m]) if c == c2 && c > 1 && m > 1
+    )
 }
 
 /// Which nodes the forward pass computes: those the loss, a prediction or a metric
