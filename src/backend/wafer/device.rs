@@ -16,7 +16,6 @@
 use super::diagnose::layout_diag;
 use super::fabric::Fabric;
 use super::form::{self, Formed};
-use super::isa::VecOp;
 use super::kernels::{gather, half_copy, scatter, UPDATE};
 use super::place::{self, Layout, LayoutError};
 use super::sim::Sim;
@@ -25,9 +24,9 @@ use crate::backend::{
     self, Feeds, Finite, Peers, RunError, RunExe, StepCtx, StepError, StepOut, TrainExe, TrainSpec,
 };
 use crate::diag::{Code, Diag};
-use crate::ir::{Graph, NodeIndex, Op};
+use crate::ir::{DType, Graph, NodeIndex, Op};
 use crate::span::Span;
-use crate::tensor::Tensor;
+use crate::tensor::{round_float, Tensor};
 use petgraph::visit::NodeIndexable;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
@@ -174,16 +173,15 @@ fn sync(exe: &mut Exe, vars: &FxHashMap<String, Tensor>) {
 /// Writes tensor `t` into every PE that holds a piece of `name` (each replica), and
 /// its rounded copies into the half-precision layers that hold one (`half_copy`).
 fn write_tensor(layout: &Layout, sim: &mut Sim, name: &str, t: &Tensor) {
-    let data: Vec<f32> = t.to_f64().iter().map(|&v| v as f32).collect();
-    if let Some(pieces) = layout.tensors.get(name) {
-        scatter(pieces, &data, |(x, y), a, v| {
-            sim.write(x, y, a, v);
-        });
-    }
-    for round in [VecOp::ToF16, VecOp::ToBf16] {
-        if let Some(pieces) = layout.tensors.get(&half_copy(name, round)) {
-            let rounded: Vec<f32> = data.iter().map(|&v| round.apply(v, 0.0, 0.0)).collect();
-            scatter(pieces, &rounded, |(x, y), a, v| {
+    let copies = [DType::F16, DType::BF16].map(|d| (half_copy(name, d), d));
+    let held =
+        std::iter::once((name, DType::F32)).chain(copies.iter().map(|(n, d)| (n.as_str(), *d)));
+    for (key, dtype) in held {
+        if let Some(pieces) = layout.tensors.get(key) {
+            let data: Vec<f32> = (t.to_f64().iter())
+                .map(|&v| round_float(dtype, v as f32))
+                .collect();
+            scatter(pieces, &data, |(x, y), a, v| {
                 sim.write(x, y, a, v);
             });
         }

@@ -219,7 +219,8 @@ pub enum VecOp {
     Fmach,
     /// `a * b` of half-precision values, in f32: on the fp16 lanes.
     Mulh,
-    /// `a` rounded to f16, or to bf16 (to nearest, ties to even): on the fp16 lanes.
+    /// `a` rounded to f16, or to bf16 (to nearest, ties to even): free in the cost
+    /// model (it stands for the half-precision write of the operation before it).
     ToF16,
     ToBf16,
 }
@@ -273,10 +274,7 @@ impl VecOp {
 
     /// Whether it runs on the fp16 lanes, its operands 16-bit words.
     pub fn half(self) -> bool {
-        matches!(
-            self,
-            VecOp::Fmach | VecOp::Mulh | VecOp::ToF16 | VecOp::ToBf16
-        )
+        matches!(self, VecOp::Fmach | VecOp::Mulh)
     }
 
     /// Whether it rounds to half precision (`ToF16`, `ToBf16`).

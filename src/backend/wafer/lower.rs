@@ -388,11 +388,11 @@ impl Update {
         let mut out = Vec::new();
         // a half-precision gradient, summed over the batch in f32, rounded once before
         // its first reader (as the interpreter rounds the product over the batch)
-        let mut halved = vec![false; accs.len()];
+        let mut rounded_acc = vec![false; accs.len()];
         for o in &self.ops {
             if let Some(&Operand::Acc(i)) = o.args.first() {
                 let acc = accs.get(i).copied().ok_or_else(missing)?;
-                if !std::mem::replace(&mut halved[i], true) {
+                if !std::mem::replace(&mut rounded_acc[i], true) {
                     out.extend(rounded(acc, acc.elements(), o.types.0));
                 }
             }

@@ -14,8 +14,9 @@ pub mod dense;
 pub mod rows;
 pub mod vector;
 
-use super::isa::{Colour, Instr, Program, TaskId, VecOp};
+use super::isa::{Colour, Instr, Program, TaskId};
 use super::sim::{Dir, Route};
+use crate::ir::DType;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -23,11 +24,12 @@ use std::sync::Arc;
 /// after the samples.
 pub const UPDATE: TaskId = 62;
 
-/// The name of a layer's copy of variable `name` rounded by `round` (a half-precision
-/// layer's weight as its products read it: `Dense::half`), which the host writes
-/// whenever it writes the variable, and the layer's update after it updates it.
-pub fn half_copy(name: &str, round: VecOp) -> String {
-    format!("{name}#{}", round.name().trim_start_matches("to_"))
+/// The name of a layer's copy of variable `name` rounded to half precision `dtype` (a
+/// half-precision layer's weight as its products read it: `Dense::half`), which the
+/// host writes whenever it writes the variable, and the layer's update after it
+/// updates it.
+pub fn half_copy(name: &str, dtype: DType) -> String {
+    format!("{name}#{dtype}")
 }
 
 /// Where the words of one tensor are: pieces, each on a PE from a word on, holding

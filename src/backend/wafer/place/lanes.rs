@@ -9,7 +9,7 @@ use crate::backend::wafer::isa::{Colour, VecOp};
 use crate::backend::wafer::kernels::dense::{Geom, Shape};
 use crate::backend::wafer::kernels::vector::{Port, Vector};
 use crate::backend::wafer::kernels::Orient;
-use crate::ir::{Graph, NodeIndex, Op, Padding};
+use crate::ir::{DType, Graph, NodeIndex, Op, Padding};
 
 /// Each kernel's input and output lanes.
 #[derive(Debug, Clone, PartialEq)]
@@ -212,8 +212,8 @@ pub(super) struct Dims {
     pub(super) train: bool,
     pub(super) dx: bool,
     pub(super) shape: Shape,
-    /// The rounding to its half precision when it computes in one (mixed precision).
-    pub(super) half: Option<VecOp>,
+    /// Its half precision when it computes in one (mixed precision).
+    pub(super) half: Option<DType>,
 }
 
 /// A layer kernel's dimensions (`None` for a vector kernel).
@@ -266,7 +266,7 @@ pub(super) fn dense_dims(g: &Graph, f: &Formed, kind: &Kind) -> Option<Dims> {
         train: dw.is_some(),
         dx: bwd.is_some(),
         shape,
-        half: VecOp::round_to(g.ty(made).dtype),
+        half: Some(g.ty(made).dtype).filter(|d| VecOp::round_to(*d).is_some()),
     })
 }
 

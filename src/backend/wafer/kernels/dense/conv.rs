@@ -41,22 +41,8 @@ impl Dense {
         // the output planes at pitch wp, also the output gradient's
         let y = p.alloc("y", b * plane_out);
         // the stashed slot's channels into the padded planes' interiors
-        let pad = |k: u8| {
-            nest(
-                &[a, g.h],
-                Instr::Vec {
-                    op: VecOp::Mov,
-                    dst: Dsd::strided(xp + inner, g.w, 1, &[plane_pad, wp], None),
-                    srcs: vec![Src::V(Dsd::strided(
-                        xs,
-                        g.w,
-                        1,
-                        &[plane_in, g.w],
-                        self.by(k, a * plane_in),
-                    ))],
-                },
-            )
-        };
+        let into_pad = Dsd::strided(xp + inner, g.w, 1, &[plane_pad, wp], None);
+        let pad = |k: u8| self.slot_planes((xs, k), (a, g.h, g.w), into_pad.clone());
         let tap_loops = [g.r, g.s, a, b];
         let wt = Dsd::strided(w, span, 0, &[g.s * a * b, a * b, b, 1], None);
         let xin = Dsd::strided(xp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
@@ -185,10 +171,7 @@ impl Dense {
         Block {
             w, dw, c, links, ..
         }: Block,
-    ) -> Result<(Vec<Instr>, Vec<Instr>), String> {
-        if self.first || self.pass > 0 || !self.more.is_empty() || self.side.is_some() {
-            return Err("a transposed convolution beside another layer or carrying a value has no wafer kernel yet".into());
-        }
+    ) -> (Vec<Instr>, Vec<Instr>) {
         let (wp, span, sw) = (g.wp(), g.span(), g.stride.1);
         let Planes {
             pad,
@@ -204,22 +187,8 @@ impl Dense {
         // the inputs at their strided places, zeros between, at pitch wp
         let x = p.alloc("strided x", a * plane_out);
         // the stashed slot's planes at their strided places
-        let spread = |k: u8| {
-            nest(
-                &[a, g.ho],
-                Instr::Vec {
-                    op: VecOp::Mov,
-                    dst: Dsd::strided(x, g.wo, sw as i32, &[plane_out, row], None),
-                    srcs: vec![Src::V(Dsd::strided(
-                        xs,
-                        g.wo,
-                        1,
-                        &[plane_in, g.wo],
-                        self.by(k, a * plane_in),
-                    ))],
-                },
-            )
-        };
+        let strided = Dsd::strided(x, g.wo, sw as i32, &[plane_out, row], None);
+        let spread = |k: u8| self.slot_planes((xs, k), (a, g.ho, g.wo), strided.clone());
         let tap_loops = [g.r, g.s, b, a];
         let wt = Dsd::strided(w, span, 0, &[g.s * b * a, b * a, a, 1], None);
         let ypad = Dsd::strided(yp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
@@ -243,7 +212,7 @@ impl Dense {
             fwd.push(self.count(0));
         }
         let Some(dw) = dw else {
-            return Ok((fwd, Vec::new()));
+            return (fwd, Vec::new());
         };
         // the output gradient into the padded planes' interior
         let mut bwd = vec![
@@ -275,7 +244,22 @@ impl Dense {
         let acc = Dsd::strided(dw, span, 0, &[g.s * b * a, b * a, a, 1], None);
         bwd.push(taps(&tap_loops, acc, ypad, xin));
         bwd.push(self.count(1));
-        Ok((fwd, bwd))
+        (fwd, bwd)
+    }
+
+    /// The `a` planes of `h x w` of counter `k`'s slot of a stash at `xs`, moved row by
+    /// row into `dst` (which `nest`s channels, then rows).
+    fn slot_planes(&self, (xs, k): (u32, u8), (a, h, w): (u32, u32, u32), dst: Dsd) -> Instr {
+        let plane = h * w;
+        let src = Dsd::strided(xs, w, 1, &[plane, w], self.by(k, a * plane));
+        nest(
+            &[a, h],
+            Instr::Vec {
+                op: VecOp::Mov,
+                dst,
+                srcs: vec![Src::V(src)],
+            },
+        )
     }
 
     /// A residual's image that the PE carries (its input's, or one it passes on, which

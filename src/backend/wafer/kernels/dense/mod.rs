@@ -32,11 +32,12 @@
 //! `conv`, `gather` and `tokens` the forward and backward bodies of a product, a
 //! convolution (or a transposed one), an embedding and a product over each token;
 //! `half` a layer's bodies in half precision.
-use super::super::isa::{Colour, Dsd, Instr, Program, Task, Trigger, VecOp};
+use super::super::isa::{Colour, Dsd, Instr, Program, Task, Trigger};
 use super::super::lower::{self, Scratch, Update, Val};
 use super::super::pipeline::Pipeline;
 use super::super::sim::Dir;
 use super::{split, used, Laid, Orient, Piece, UPDATE};
+use crate::ir::DType;
 
 mod chain;
 mod conv;
@@ -109,10 +110,10 @@ pub struct Dense {
     /// group, one after another (the fused `q | k | v` projection before heads dealt
     /// to lanes, `vector::Heads`: lane `j` takes its heads of each).
     pub groups: u32,
-    /// The rounding to its half precision when it computes in one (mixed precision,
+    /// Its half precision (f16, bf16) when it computes in one (mixed precision,
     /// `halved`): its weight's f32 values stay the update's, and its products read a
     /// copy rounded after each update.
-    pub half: Option<VecOp>,
+    pub half: Option<DType>,
 }
 
 /// Where a PE's values lie in its row's chain: the chain's words forward, and where
@@ -426,11 +427,6 @@ impl Dense {
         let Some(back) = self.carry else {
             return Ok(Carrying::default());
         };
-        if matches!(self.shape, Shape::ConvT(_)) {
-            return Err(
-                "a residual around a transposed convolution has no wafer kernel yet".into(),
-            );
-        }
         let conv = matches!(self.shape, Shape::Conv(_));
         let tokens = matches!(self.shape, Shape::Tokens { .. });
         if !conv && !tokens && self.shape != Shape::Matmul {
@@ -499,6 +495,7 @@ impl Dense {
         (ks, ns): (&std::ops::Range<u32>, &std::ops::Range<u32>),
         row: Row,
     ) -> Result<Program, String> {
+        self.plain()?;
         let mut p = Program::default();
         let b = ns.len() as u32;
         let rows = self.rows(ks);
@@ -524,8 +521,8 @@ impl Dense {
         }
         // (in half precision: the weight's rounded copy, which the products read)
         let w = match self.half {
-            Some(round) => {
-                let name = super::half_copy(&self.vars[0], round);
+            Some(dtype) => {
+                let name = super::half_copy(&self.vars[0], dtype);
                 let base = p.alloc(&name, size);
                 piece(laid, &name, base, block.clone());
                 base
@@ -569,12 +566,12 @@ impl Dense {
         };
         let (fwd, bwd) = match self.shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
-            Shape::ConvT(g) => self.conv_t(&mut p, g, (a, b), blk)?,
+            Shape::ConvT(g) => self.conv_t(&mut p, g, (a, b), blk),
             Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), blk),
             Shape::Tokens { t } => self.tokens(&mut p, t, (a, b), blk)?,
             _ => self.gemv(&mut p, a * self.shape.per_in(), b, blk),
         };
-        let (fwd, bwd) = self.halved((fwd, bwd), c)?;
+        let (fwd, bwd) = self.halved((fwd, bwd), c);
         let kind = match self.shape {
             Shape::Conv(_) => "conv",
             Shape::ConvT(_) => "transposed conv",
@@ -621,6 +618,22 @@ impl Dense {
         let words = p.receives(1, c.dy) as u32;
         p.fifo(c.dy, self.fifo * words);
         Ok(p)
+    }
+
+    /// Whether a layer that carries nothing and has no further parts is all its PEs have
+    /// a body for (a transposed convolution, a layer in half precision): an error for
+    /// what else it has.
+    fn plain(&self) -> Result<(), String> {
+        let what = match (self.shape, self.half) {
+            (Shape::ConvT(_), _) => "a transposed convolution",
+            (_, Some(_)) => "a half-precision layer",
+            _ => return Ok(()),
+        };
+        let sides = self.more.iter().any(|d| d.side.is_some());
+        if self.carry.is_some() || self.first || self.pass > 0 || !self.more.is_empty() || sides {
+            return Err(format!("{what} that carries a value or has further parts (a residual, a shortcut, a side part) has no wafer kernel yet"));
+        }
+        Ok(())
     }
 
     /// Whether a PE of this layer has a body: an error for what it has none of yet
