@@ -50,6 +50,11 @@ pub struct Laid {
     pub routes: BTreeMap<(u32, u32, Colour), Route>,
     /// Named tensors (variables, gradients, host values) and where they live.
     pub tensors: BTreeMap<String, Vec<Piece>>,
+    /// The tensors whose pieces each hold a part of their value, which is the sum of
+    /// them (`gather_sum`): the weight gradient of a layer in bands (`Dense::bands`),
+    /// each PE's over its band. The host sums them and writes the sum back into every
+    /// piece before the updates run, so that every copy of the weight stays equal.
+    pub summed: std::collections::BTreeSet<String>,
 }
 
 impl Laid {
@@ -79,6 +84,7 @@ impl Laid {
         for (k, mut v) in other.tensors {
             self.tensors.entry(k).or_default().append(&mut v);
         }
+        self.summed.extend(other.summed);
         Ok(())
     }
 }
@@ -162,6 +168,47 @@ pub fn split(n: u32, parts: u32, i: u32) -> std::ops::Range<u32> {
     (i * per).min(n)..((i + 1) * per).min(n)
 }
 
+/// What lane `lane` of `lanes` holds of a sample of `groups` features or channels, of
+/// `rows` rows each (an image's planes; 1 else), dealt in `bands` bands of rows: with
+/// one band, its groups `split(groups, lanes, lane)` whole; with more (`lanes` is then
+/// `groups * bands`), one channel, `lane / bands`, and its band of rows
+/// `split(rows, bands, lane % bands)`. Either way a run of the sample's planar words,
+/// the lanes' one after another.
+pub fn share(groups: u32, rows: u32, bands: u32, lanes: u32, lane: u32) -> Share {
+    if bands > 1 {
+        let c = (lane / bands).min(groups);
+        Share {
+            groups: c..(c + 1).min(groups),
+            rows: split(rows, bands, lane % bands),
+        }
+    } else {
+        Share {
+            groups: split(groups, lanes, lane),
+            rows: 0..rows,
+        }
+    }
+}
+
+/// A lane's share of a sample (`share`): its groups, and their rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    pub groups: std::ops::Range<u32>,
+    pub rows: std::ops::Range<u32>,
+}
+
+impl Share {
+    /// The sample's words it holds when each row has `row` words (a plane, `rows`
+    /// of them, `rows * row` a group).
+    pub fn words(&self, rows: u32, row: u32) -> std::ops::Range<u32> {
+        if self.groups.is_empty() {
+            let at = self.groups.start * rows * row;
+            return at..at;
+        }
+        let last = self.groups.end - 1;
+        (self.groups.start * rows + self.rows.start) * row..(last * rows + self.rows.end) * row
+    }
+}
+
 /// The parts of `split(n, parts, _)` that are not empty.
 pub fn used(n: u32, parts: u32) -> u32 {
     n.div_ceil(n.div_ceil(parts.max(1)).max(1))
@@ -178,6 +225,31 @@ pub fn scatter(pieces: &[Piece], data: &[f32], mut write: impl FnMut((u32, u32),
             word += len;
         }
     }
+}
+
+/// Reads a tensor of `len` elements whose pieces each hold a part of it (a gradient of
+/// a weight several PEs hold, each summing over its own share of a sample: `Laid::summed`):
+/// the sum of every piece's (elements no piece holds are 0).
+pub fn gather_sum<'a>(
+    pieces: &[Piece],
+    len: usize,
+    read: impl Fn((u32, u32)) -> Option<&'a [f32]>,
+) -> Vec<f32> {
+    let mut out = vec![0.0; len];
+    for p in pieces {
+        let Some(mem) = read(p.pe) else { continue };
+        let mut word = p.word as usize;
+        for &(off, n) in &p.runs {
+            let (off, n) = (off as usize, n as usize);
+            if let (Some(dst), Some(src)) = (out.get_mut(off..off + n), mem.get(word..word + n)) {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d += s;
+                }
+            }
+            word += n;
+        }
+    }
+    out
 }
 
 /// Reads a tensor of `len` elements from its pieces (`read(pe)`: the PE's memory);

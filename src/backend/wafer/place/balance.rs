@@ -43,7 +43,7 @@ impl Sizer<'_> {
         let h = lanes.out[0];
         let used = crate::backend::wafer::kernels::used;
         let fewest = (1..lanes.inp[0])
-            .filter(|&w| used(d.k, w) == w && self.layer_fits(0, d, w, h))
+            .filter(|&w| used(d.k, w) == w && self.layer_fits(0, w, h))
             .find(|&w| {
                 let mut l = lanes.clone();
                 l.inp[0] = w;
@@ -119,15 +119,14 @@ impl Sizer<'_> {
                         && (h == 1 || !one_column)
                         && self.rows(j, d2.n).iter().any(|&h2| {
                             let h2 = used(d2.n, h2);
-                            t.admits(self.layer_period(j, d2, h, h2))
-                                && self.layer_fits(j, d2, h, h2)
+                            t.admits(self.layer_period(j, d2, h, h2)) && self.layer_fits(j, h, h2)
                         })
                 }),
                 None => true,
             };
             let ok = |w: u32, h: u32| {
                 t.admits(self.layer_period(k, d, w, h))
-                    && self.layer_fits(k, d, w, h)
+                    && self.layer_fits(k, w, h)
                     && reachable(h)
                     && self.part_lanes(k, h, t).is_some()
             };

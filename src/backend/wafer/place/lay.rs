@@ -433,6 +433,7 @@ pub(super) fn dense_kernel(
             joined: part.joined,
             groups: 1,
             half: None,
+            bands: (1, 1),
         });
     }
     let update = update_main;
@@ -469,5 +470,6 @@ pub(super) fn dense_kernel(
         joined: false,
         groups,
         half: d.half,
+        bands: (1, 1),
     })
 }

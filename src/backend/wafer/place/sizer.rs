@@ -12,7 +12,6 @@ use crate::backend::wafer::fabric::Fabric;
 use crate::backend::wafer::form::{End, Formed, Kind};
 use crate::backend::wafer::isa::Colour;
 use crate::backend::wafer::kernels::dense::{self, Dense, Shape};
-use crate::backend::wafer::kernels::split;
 use crate::backend::wafer::kernels::vector::{Fan, Rep};
 use crate::backend::wafer::kernels::Laid;
 use crate::backend::wafer::pipeline::Widths;
@@ -245,34 +244,34 @@ impl<'a> Sizer<'a> {
         if matches!(d.shape, Shape::Matmul | Shape::Planar { .. }) && !carries {
             return dense_period(self.fab, d, w, h);
         }
-        self.first_pe(k, d, w, h).0
+        self.first_pe(k, w, h).0
     }
 
     /// Whether layer `k`'s first PE (the one with the largest share) fits its memory on
     /// `w x h` lanes.
-    pub(super) fn layer_fits(&self, k: usize, d: Dims, w: u32, h: u32) -> bool {
-        self.first_pe(k, d, w, h).1
+    pub(super) fn layer_fits(&self, k: usize, w: u32, h: u32) -> bool {
+        self.first_pe(k, w, h).1
     }
 
     /// Layer `k`'s first PE on `w x h` lanes, from its program: its cycles per sample,
     /// and whether its memory fits (memoised).
-    pub(super) fn first_pe(&self, k: usize, d: Dims, w: u32, h: u32) -> Measured {
+    pub(super) fn first_pe(&self, k: usize, w: u32, h: u32) -> Measured {
         *self
             .layers
             .borrow_mut()
             .entry((k, w, h))
             .or_insert_with(|| match &self.dense[k] {
-                Some(layer) => self.measure(layer, d, w, h),
+                Some(layer) => self.measure(layer, w, h),
                 None => (NEVER, false),
             })
     }
 
-    /// `layer` (of dims `d`) on `w x h` lanes, from its first PE's program: its cycles
-    /// per sample, and whether its memory fits.
-    pub(super) fn measure(&self, layer: &Dense, d: Dims, w: u32, h: u32) -> Measured {
+    /// `layer` on `w x h` lanes, from its first PE's program: its cycles per sample,
+    /// and whether its memory fits.
+    pub(super) fn measure(&self, layer: &Dense, w: u32, h: u32) -> Measured {
         let (wc, hr) = layer.used(w, h);
         let c = dense::Colours::with_streams(4, 5, 6, 7);
-        let ranges = (&split(d.k, wc, 0), &split(d.n, hr, 0));
+        let ranges = (&layer.column(wc, 0), &layer.out_row(hr, 0));
         let mut scratch = Laid::default();
         let words = self.fab.usable_bytes() / crate::backend::wafer::cost::WORD;
         layer
@@ -432,7 +431,7 @@ impl<'a> Sizer<'a> {
                 let Some((part, d)) = self.parts(k).nth(p) else {
                     return (NEVER, false);
                 };
-                let (t, fits) = self.measure(part, d, l, h);
+                let (t, fits) = self.measure(part, l, h);
                 match d.shape {
                     Shape::Matmul => (dense_period(self.fab, d, l, h), fits),
                     _ => (t, fits),

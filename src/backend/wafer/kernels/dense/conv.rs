@@ -1,13 +1,15 @@
 //! A convolution's forward and backward bodies on a PE: its channels padded into planes,
-//! one vector operation per filter tap, input channel and output channel; and a
-//! transposed convolution's, the same operations with the passes' roles swapped.
+//! one vector operation per filter tap, input channel and output channel (in bands of
+//! rows, its band's part: `Geom::band`; or, a PE whose bands meet no output, a relay of
+//! the chains); and a transposed convolution's, the same operations with the passes'
+//! roles swapped.
 
-use super::super::super::isa::{Colour, Dsd, Instr, Program, Src, VecOp};
-use super::super::nest;
+use super::super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
+use super::super::super::pipeline::Pipeline;
+use super::super::{nest, Share};
 use super::chain::{link, receive, taps, zero};
 use super::shape::Planes;
-use super::Geom;
-use super::{Back, Block, Carrying, Dense};
+use super::{Back, Block, Carrying, Colours, Dense, Geom, Shape};
 
 impl Dense {
     /// A convolution's forward and backward bodies on a PE with `a` input channels and
@@ -32,6 +34,7 @@ impl Dense {
             pad,
             out,
             inner,
+            top,
             row,
         } = g.planes();
         let (plane_in, plane_pad, plane_out) = (g.h * g.w, pad, out);
@@ -45,7 +48,13 @@ impl Dense {
         let pad = |k: u8| self.slot_planes((xs, k), (a, g.h, g.w), into_pad.clone());
         let tap_loops = [g.r, g.s, a, b];
         let wt = Dsd::strided(w, span, 0, &[g.s * a * b, a * b, b, 1], None);
-        let xin = Dsd::strided(xp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
+        let xin = Dsd::strided(
+            xp + top,
+            span,
+            1,
+            &[g.dil.0 * wp, g.dil.1, plane_pad, 0],
+            None,
+        );
         let yout = Dsd::strided(y, span, 1, &[0, 0, 0, plane_out], None);
         let mut fwd = vec![take];
         let (passed, carried) = self.carried_image(p, carry, (xs, a * plane_in), c.x, links.fwd);
@@ -177,6 +186,7 @@ impl Dense {
             pad,
             out,
             inner,
+            top,
             row,
         } = g.planes();
         let (plane_in, plane_pad, plane_out) = (g.ho * g.wo, pad, out);
@@ -191,7 +201,13 @@ impl Dense {
         let spread = |k: u8| self.slot_planes((xs, k), (a, g.ho, g.wo), strided.clone());
         let tap_loops = [g.r, g.s, b, a];
         let wt = Dsd::strided(w, span, 0, &[g.s * b * a, b * a, a, 1], None);
-        let ypad = Dsd::strided(yp, span, 1, &[g.dil.0 * wp, g.dil.1, plane_pad, 0], None);
+        let ypad = Dsd::strided(
+            yp + top,
+            span,
+            1,
+            &[g.dil.0 * wp, g.dil.1, plane_pad, 0],
+            None,
+        );
         let xin = Dsd::strided(x, span, 1, &[0, 0, 0, plane_out], None);
         let mut fwd = vec![
             take,
@@ -245,6 +261,66 @@ impl Dense {
         bwd.push(taps(&tap_loops, acc, ypad, xin));
         bwd.push(self.count(1));
         (fwd, bwd)
+    }
+
+    /// PE `(i, j)` of a `wc x hr` convolution in bands whose input band gives its
+    /// output band nothing (`Geom::band`): it takes its column's inputs and its row's
+    /// output gradients as the others do, keeping none, and passes its row's and its
+    /// column's partial sums on (zeros where a chain starts).
+    pub(super) fn relay(
+        &self,
+        i: u32,
+        j: u32,
+        (wc, hr): (u32, u32),
+        c: Colours,
+        (ins, outs): (&Share, &Share),
+    ) -> Program {
+        let (w, wo) = match self.shape {
+            Shape::Conv(g) => (g.w, g.wo),
+            _ => (1, 1),
+        };
+        let words = |s: &Share, row: u32| s.groups.len() as u32 * s.rows.len() as u32 * row;
+        let (x, y) = (words(ins, w), words(outs, wo));
+        let mut p = Program::default();
+        let sink = p.alloc("dropped", 1);
+        let drop = |len: u32, colour: Colour| Instr::Vec {
+            op: VecOp::Mov,
+            dst: Dsd::strided(sink, len, 0, &[], None),
+            srcs: vec![Src::V(Dsd::In { colour, len })],
+        };
+        let pass = |len: u32, (send, recv): (Colour, Option<Colour>)| Instr::Vec {
+            op: VecOp::Mov,
+            dst: Dsd::Out { colour: send, len },
+            srcs: vec![recv.map_or(Src::Imm(0.0), |colour| Src::V(Dsd::In { colour, len }))],
+        };
+        p.tasks.push(Task {
+            id: 0,
+            name: "conv relay forward".into(),
+            trigger: Trigger::Data(c.x),
+            body: vec![drop(x, c.x), pass(y, c.forward_link(i, wc))],
+        });
+        if !self.train {
+            return p;
+        }
+        let mut bwd = vec![drop(y, c.dy)];
+        if self.dx {
+            bwd.push(pass(x, c.backward_link(j, hr)));
+        }
+        p.tasks.push(Task {
+            id: 1,
+            name: "conv relay backward".into(),
+            trigger: Trigger::Data(c.dy),
+            body: bwd,
+        });
+        p.pipeline = Some(Pipeline {
+            forward: 0,
+            backward: vec![1],
+            window: self.window,
+            samples: self.batch,
+        });
+        let words = p.receives(1, c.dy) as u32;
+        p.fifo(c.dy, self.fifo * words);
+        p
     }
 
     /// The `a` planes of `h x w` of counter `k`'s slot of a stash at `xs`, moved row by

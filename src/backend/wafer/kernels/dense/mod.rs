@@ -36,7 +36,7 @@ use super::super::isa::{Colour, Dsd, Instr, Program, Task, Trigger};
 use super::super::lower::{self, Scratch, Update, Val};
 use super::super::pipeline::Pipeline;
 use super::super::sim::Dir;
-use super::{split, used, Laid, Orient, Piece, UPDATE};
+use super::{share, split, used, Laid, Orient, Piece, Share, UPDATE};
 use crate::ir::DType;
 
 mod chain;
@@ -114,6 +114,15 @@ pub struct Dense {
     /// `halved`): its weight's f32 values stay the update's, and its products read a
     /// copy rounded after each update.
     pub half: Option<DType>,
+    /// A convolution's bands of rows, of its input image and of its output (1: whole
+    /// planes): with more, column `i` takes one channel's band of rows and row `j`
+    /// gives one channel's (`kernels::share`), so that a PE keeps only its band of a
+    /// sample, however large the image. PE `(i, j)` adds what its input band gives
+    /// its output band (`Geom::band`), or, where it gives nothing, passes its row's
+    /// and its column's partial sums on (`relay`). The PEs of one pair of channels
+    /// each hold the pair's filter, and sum its gradient over their bands: the host
+    /// sums those and writes the sum back before the update (`Laid::summed`).
+    pub bands: (u32, u32),
 }
 
 /// Where a PE's values lie in its row's chain: the chain's words forward, and where
@@ -234,6 +243,7 @@ impl Dense {
             joined: false,
             groups: 1,
             half: None,
+            bands: (1, 1),
         }
     }
 
@@ -248,9 +258,44 @@ impl Dense {
     }
 
     /// The columns and rows of a `w x h` frame that hold a block (each part gets
-    /// `ceil(k / w)` inputs, so fewer columns may do).
+    /// `ceil(k / w)` inputs, so fewer columns may do; in bands, a column a channel's
+    /// band and a row a channel's).
     pub fn used(&self, w: u32, h: u32) -> (u32, u32) {
-        (used(self.k, w), used(self.n, h))
+        let (bi, bo) = self.bands;
+        (
+            if bi > 1 { self.k * bi } else { used(self.k, w) },
+            if bo > 1 { self.n * bo } else { used(self.n, h) },
+        )
+    }
+
+    /// The rows of its input's planes and of its output's (a convolution's; 1 else).
+    fn plane_rows(&self) -> (u32, u32) {
+        match self.shape {
+            Shape::Conv(g) => (g.h, g.ho),
+            Shape::ConvT(g) => (g.ho, g.h),
+            _ => (1, 1),
+        }
+    }
+
+    /// What column `i` of `wc` takes of a sample: its input groups, or a channel's band.
+    pub fn column(&self, wc: u32, i: u32) -> Share {
+        share(self.k, self.plane_rows().0, self.bands.0, wc, i)
+    }
+
+    /// What row `j` of `hr` gives of a sample: its output groups, or a channel's band.
+    pub fn out_row(&self, hr: u32, j: u32) -> Share {
+        share(self.n, self.plane_rows().1, self.bands.1, hr, j)
+    }
+
+    /// The words of a sample's input that column `i` of `wc` takes, and of its output
+    /// that row `j` of `hr` gives.
+    pub fn column_words(&self, wc: u32, i: u32) -> std::ops::Range<u32> {
+        let rows = self.plane_rows().0;
+        self.column(wc, i).words(rows, self.shape.per_in() / rows)
+    }
+    pub fn row_words(&self, hr: u32, j: u32) -> std::ops::Range<u32> {
+        let rows = self.plane_rows().1;
+        self.out_row(hr, j).words(rows, self.shape.per_out() / rows)
     }
 
     /// The units (features, or an image's channels) of what it carries past itself:
@@ -396,12 +441,12 @@ impl Dense {
         let mut laid = Laid::default();
         for (d, part, first, cols, c) in parts {
             for i in 0..cols {
-                let ks = split(d.k, cols, i);
+                let ks = d.column(cols, i);
                 let col = first + i;
                 for j in 0..hr {
                     let c = c.row(j, fan);
                     // a side part's own outputs; the others', the layer's
-                    let ns = split(if d.side.is_some() { d.n } else { self.n }, hr, j);
+                    let ns = if d.side.is_some() { d } else { self }.out_row(hr, j);
                     let at = o.at(origin, col, j);
                     let row = self.row(j, (wc, hr), part);
                     let p = d.program(col, j, (all, hr), c, &mut laid, at, (&ks, &ns), row)?;
@@ -481,8 +526,8 @@ impl Dense {
             .collect())
     }
 
-    /// The program of PE `(i, j)` of a `wc x hr` frame, holding input groups `ks` and
-    /// output groups `ns` (the tensors it holds added to `laid`, at PE `at`).
+    /// The program of PE `(i, j)` of a `wc x hr` frame, holding input share `ks` and
+    /// output share `ns` (the tensors it holds added to `laid`, at PE `at`).
     #[allow(clippy::too_many_arguments)]
     pub fn program(
         &self,
@@ -492,12 +537,24 @@ impl Dense {
         c: Colours,
         laid: &mut Laid,
         at: (u32, u32),
-        (ks, ns): (&std::ops::Range<u32>, &std::ops::Range<u32>),
+        (share_in, share_out): (&Share, &Share),
         row: Row,
     ) -> Result<Program, String> {
         self.plain()?;
-        let mut p = Program::default();
+        let (ks, ns) = (&share_in.groups, &share_out.groups);
         let b = ns.len() as u32;
+        // (in bands: the part of the convolution its input band gives its output
+        // band, or nothing)
+        let shape = match self.shape {
+            Shape::Conv(g) if self.bands != (1, 1) => {
+                match g.band(share_in.rows.clone(), share_out.rows.clone()) {
+                    Some(g) => Shape::Conv(g),
+                    None => return Ok(self.relay(i, j, (wc, hr), c, (share_in, share_out))),
+                }
+            }
+            shape => shape,
+        };
+        let mut p = Program::default();
         let rows = self.rows(ks);
         let block = match self.shape {
             Shape::ConvT(g) => self.transposed_block(g, ks, ns),
@@ -533,6 +590,9 @@ impl Dense {
         let dw = if self.train {
             let base = p.alloc(&self.grad, size);
             piece(laid, &self.grad, base, block.clone());
+            if self.bands != (1, 1) {
+                laid.summed.insert(self.grad.clone());
+            }
             for name in &self.hosts {
                 let base = p.alloc(name, 1);
                 piece(laid, name, base, vec![(0, 1)]);
@@ -564,7 +624,7 @@ impl Dense {
             carry,
             row,
         };
-        let (fwd, bwd) = match self.shape {
+        let (fwd, bwd) = match shape {
             Shape::Conv(g) => self.conv(&mut p, g, (a, b), blk),
             Shape::ConvT(g) => self.conv_t(&mut p, g, (a, b), blk),
             Shape::Gather { t } => self.gather(&mut p, (t, ks.start), (a, b), blk),
@@ -625,6 +685,17 @@ impl Dense {
     /// what else it has.
     fn plain(&self) -> Result<(), String> {
         let what = match (self.shape, self.half) {
+            (_, _) if self.bands != (1, 1) && !matches!(self.shape, Shape::Conv(_)) => {
+                return Err(
+                    "a layer in bands of rows that is not a convolution has no wafer kernel".into(),
+                )
+            }
+            (_, Some(_)) if self.bands != (1, 1) => {
+                return Err(
+                    "a half-precision convolution in bands of rows has no wafer kernel yet".into(),
+                )
+            }
+            (Shape::Conv(_), _) if self.bands != (1, 1) => "a convolution in bands of rows",
             (Shape::ConvT(_), _) => "a transposed convolution",
             (_, Some(_)) => "a half-precision layer",
             _ => return Ok(()),

@@ -28,7 +28,8 @@ pub enum Shape {
 /// A convolution's geometry: input plane, filter, dilation, strides, the padding
 /// before the first row and column, output plane. A PE computes the outputs of every
 /// position from the first to the last strided one (`h1 x w1`, stride 1) and sends
-/// those `stride` apart.
+/// those `stride` apart. The first output's window starts `top` rows into the padded
+/// plane: 0 for a whole image; a band's (`band`) may start further down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geom {
     pub h: u32,
@@ -40,6 +41,7 @@ pub struct Geom {
     pub pad: (u32, u32),
     pub ho: u32,
     pub wo: u32,
+    pub top: u32,
 }
 
 impl Geom {
@@ -80,6 +82,36 @@ impl Geom {
             pad: (pt, pl),
             ho,
             wo,
+            top: 0,
+        })
+    }
+
+    /// The geometry of the part of this convolution that input rows `ins` add to output
+    /// rows `outs` (a band of each: a PE of a layer split into bands of rows,
+    /// `Dense::bands`): the band's `ins.len()` rows at `pad` in a padded plane whose
+    /// row `top` is the first that output row `outs.start` reads; none when no output
+    /// of the band reads a row of the input band.
+    pub fn band(&self, ins: std::ops::Range<u32>, outs: std::ops::Range<u32>) -> Option<Geom> {
+        let (sh, dh, pt) = (
+            i64::from(self.stride.0),
+            i64::from(self.dil.0),
+            i64::from(self.pad.0),
+        );
+        let first = i64::from(outs.start) * sh - pt;
+        let (lo, hi) = (i64::from(ins.start), i64::from(ins.end));
+        let reads = (outs.clone()).any(|o| {
+            (0..i64::from(self.r)).any(|t| (lo..hi).contains(&(i64::from(o) * sh - pt + t * dh)))
+        });
+        if !reads {
+            return None;
+        }
+        let start = first.min(lo);
+        Some(Geom {
+            h: ins.len() as u32,
+            ho: outs.len() as u32,
+            pad: ((lo - start) as u32, self.pad.1),
+            top: (first - start) as u32,
+            ..*self
         })
     }
 
@@ -94,7 +126,7 @@ impl Geom {
     /// The padded input plane's rows and pitch (also the output planes' pitch): what
     /// the outputs read, and room for the whole input at its padding.
     pub fn hp(&self) -> u32 {
-        (self.h1() + (self.r - 1) * self.dil.0).max(self.pad.0 + self.h)
+        (self.top + self.h1() + (self.r - 1) * self.dil.0).max(self.pad.0 + self.h)
     }
     pub fn wp(&self) -> u32 {
         (self.w1() + (self.s - 1) * self.dil.1).max(self.pad.1 + self.w)
@@ -106,13 +138,15 @@ impl Geom {
     }
 
     /// The words of a padded input plane, and of an output plane at pitch `wp`; where
-    /// the padded plane's interior starts; the distance of two strided output rows.
+    /// the padded plane's interior starts, and the first output's window; the distance
+    /// of two strided output rows.
     pub fn planes(&self) -> Planes {
         let wp = self.wp();
         Planes {
             pad: self.hp() * wp,
             out: self.h1() * wp,
             inner: self.pad.0 * wp + self.pad.1,
+            top: self.top * wp,
             row: self.stride.0 * wp,
         }
     }
@@ -124,6 +158,7 @@ pub struct Planes {
     pub pad: u32,
     pub out: u32,
     pub inner: u32,
+    pub top: u32,
     pub row: u32,
 }
 
