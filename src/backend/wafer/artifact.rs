@@ -72,6 +72,9 @@ pub struct Artifact {
     pub pes: Vec<(u32, u32, usize)>,
     pub routes: Vec<(u32, u32, Colour, Route)>,
     pub tensors: BTreeMap<String, Vec<Piece>>,
+    /// The tensors whose pieces each hold a part of their value (`Laid::summed`).
+    #[serde(default)]
+    pub summed: Vec<String>,
     pub inputs: Vec<HostStream>,
     pub outputs: Vec<HostStream>,
     pub report: Option<Report>,
@@ -131,6 +134,7 @@ impl Artifact {
                 .map(|(&(x, y, c), &r)| (x, y, c, r))
                 .collect(),
             tensors: l.tensors.clone(),
+            summed: l.summed.iter().cloned().collect(),
             inputs: l.inputs.clone(),
             outputs: l.outputs.clone(),
             report,
@@ -296,6 +300,7 @@ impl Artifact {
             batch: self.batch,
             setup,
             tensors: self.tensors.clone(),
+            summed: self.summed.iter().cloned().collect(),
             inputs: self.inputs.clone(),
             outputs: self.outputs.clone(),
             kernels: self.kernels.clone(),

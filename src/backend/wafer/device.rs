@@ -16,7 +16,7 @@
 use super::diagnose::layout_diag;
 use super::fabric::Fabric;
 use super::form::{self, Formed};
-use super::kernels::{gather, half_copy, scatter, UPDATE};
+use super::kernels::{gather, gather_sum, half_copy, scatter, UPDATE};
 use super::place::{self, Layout, LayoutError};
 use super::sim::Sim;
 use crate::backend::interp::{execute, Env, Plan, Values};
@@ -46,6 +46,9 @@ struct Exe {
     mixed_reads: Vec<NodeIndex>,
     /// The variables' values the simulator holds are the device's (not stale).
     current: bool,
+    /// Whether the tensors whose pieces hold parts of them (`Layout::summed`) hold
+    /// their sum in every piece (`sum_parts`, until the next step's samples).
+    whole: bool,
     /// Wall time spent simulating.
     wall: std::time::Duration,
 }
@@ -120,6 +123,7 @@ impl Device {
             mixed,
             mixed_reads,
             current: false,
+            whole: false,
             wall: std::time::Duration::ZERO,
         })
     }
@@ -192,7 +196,11 @@ fn write_tensor(layout: &Layout, sim: &mut Sim, name: &str, t: &Tensor) {
 fn read(exe: &Exe, name: &str, n: NodeIndex) -> Option<Tensor> {
     let pieces = exe.layout.tensors.get(name)?;
     let ty = exe.graph.ty(n);
-    let v = gather(pieces, ty.elements(), |(x, y)| exe.sim.memory(x, y));
+    let mem = |(x, y)| exe.sim.memory(x, y);
+    let v = match exe.layout.summed.contains(name) && !exe.whole {
+        true => gather_sum(pieces, ty.elements(), mem),
+        false => gather(pieces, ty.elements(), mem),
+    };
     Some(Tensor::from_f64(
         ty,
         v.iter().map(|&x| f64::from(x)).collect(),
@@ -234,6 +242,7 @@ fn stream(
     shard: usize,
 ) -> Result<Values, RunError> {
     let g = exe.graph.clone();
+    exe.whole = false;
     let env = Env {
         feeds,
         vars,
@@ -358,6 +367,26 @@ fn write_scalars(layout: &Layout, sim: &mut Sim, nodes: &[NodeIndex], values: &V
     }
 }
 
+/// Sums each tensor whose pieces hold a part of it (`Layout::summed`: a weight's
+/// gradient over the bands of a convolution in bands) and writes the sum back into
+/// every piece, so that the updates of every copy of the weight read the whole.
+fn sum_parts(exe: &mut Exe) {
+    exe.whole = true;
+    for name in exe.layout.summed.clone() {
+        let Some(pieces) = exe.layout.tensors.get(&name) else {
+            continue;
+        };
+        let len = (pieces.iter().flat_map(|p| &p.runs))
+            .map(|&(off, n)| (off + n) as usize)
+            .max()
+            .unwrap_or(0);
+        let sum = gather_sum(pieces, len, |(x, y)| exe.sim.memory(x, y));
+        scatter(pieces, &sum, |(x, y), a, v| {
+            exe.sim.write(x, y, a, v);
+        });
+    }
+}
+
 /// Launches every update and runs it.
 fn update(exe: &mut Exe) -> Result<(), RunError> {
     let pes: Vec<(u32, u32)> = exe.layout.setup.pes.keys().copied().collect();
@@ -438,6 +467,7 @@ impl backend::Device for Device {
             Ok(v) => v,
             Err(error) => return Err(peers.fail(run(error))),
         };
+        sum_parts(e);
         let scan = |e: &Exe, n: NodeIndex, want: Finite| -> Option<(usize, f32)> {
             read(e, &kept(e, n), n).and_then(|t| want.first_bad(&t))
         };

@@ -189,6 +189,37 @@ pub fn share(groups: u32, rows: u32, bands: u32, lanes: u32, lane: u32) -> Share
     }
 }
 
+/// The bands of rows `lanes` lanes deal a sample of `groups` groups of `rows` rows in
+/// (`share`): `lanes / groups` on more lanes than groups (an image's channels), else 1.
+pub fn bands_of(groups: u32, rows: u32, lanes: u32) -> u32 {
+    if lanes > groups && rows > 1 && groups > 0 {
+        lanes / groups
+    } else {
+        1
+    }
+}
+
+/// Whether `lanes` lanes each hold a share of a sample of `groups` groups of `rows`
+/// rows (`share`): a run of whole groups each, or, in bands, each a band of at least a
+/// row of one channel.
+pub fn lanes_fit(groups: u32, rows: u32, lanes: u32) -> bool {
+    match bands_of(groups, rows, lanes) {
+        1 => lanes <= groups.max(1) && used(groups, lanes) == lanes,
+        b => lanes == groups * b && used(rows, b) == b,
+    }
+}
+
+/// The lane counts that each hold a share of a sample of `groups` groups of `rows`
+/// rows (`lanes_fit`), fewest first, up to `most`.
+pub fn lane_counts(groups: u32, rows: u32, most: u32) -> Vec<u32> {
+    let whole = (1..=groups.min(most)).filter(|&l| used(groups, l) == l);
+    let bands = (2..=rows)
+        .filter(|&b| used(rows, b) == b)
+        .map(|b| groups * b)
+        .take_while(|&l| l <= most);
+    whole.chain(bands).collect()
+}
+
 /// A lane's share of a sample (`share`): its groups, and their rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {

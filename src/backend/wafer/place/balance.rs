@@ -35,15 +35,14 @@ impl Sizer<'_> {
     /// depends on them). A budget sizes every kernel to the pass it bounds; a layer
     /// faster than a pass's slowest kernel gains nothing from its extra PEs.
     pub(super) fn trim(&self, mut lanes: Lanes) -> Lanes {
-        let Some(d) = self.dims.first().copied().flatten() else {
+        if self.dims.first().copied().flatten().is_none() {
             return lanes;
-        };
+        }
         let step = self.step(&lanes);
         let limit = step + step * STEP_SLACK / 2000;
         let h = lanes.out[0];
-        let used = crate::backend::wafer::kernels::used;
         let fewest = (1..lanes.inp[0])
-            .filter(|&w| used(d.k, w) == w && self.layer_fits(0, w, h))
+            .filter(|&w| self.takes(0, w) && self.layer_fits(0, w, h))
             .find(|&w| {
                 let mut l = lanes.clone();
                 l.inp[0] = w;
@@ -77,8 +76,7 @@ impl Sizer<'_> {
         first: Option<(u32, u32)>,
         shapes: &mut Vec<(u32, u32)>,
     ) -> Option<Lanes> {
-        let (fab, nk) = (self.fab, self.f.kernels.len());
-        let used = crate::backend::wafer::kernels::used;
+        let nk = self.f.kernels.len();
         let mut lanes = Lanes::new(nk);
         for k in 0..nk {
             // (a staircase that runs off the fabric already does with every kernel
@@ -106,7 +104,7 @@ impl Sizer<'_> {
                 lanes.reps[k] = r;
                 continue;
             };
-            let (kk, nn) = (d.k, d.n);
+            let nn = d.n;
             let hs = self.rows(k, nn);
             // the next layer (past a strip) takes these rows as its columns: it must
             // still reach `t` on them
@@ -115,11 +113,16 @@ impl Sizer<'_> {
             let reached = std::cell::RefCell::new(std::collections::HashMap::new());
             let reachable = |h: u32| match next {
                 Some((j, d2, one_column)) => *reached.borrow_mut().entry(h).or_insert_with(|| {
-                    used(d2.k, h) == h
+                    self.takes(j, h)
                         && (h == 1 || !one_column)
                         && self.rows(j, d2.n).iter().any(|&h2| {
-                            let h2 = used(d2.n, h2);
-                            t.admits(self.layer_period(j, d2, h, h2)) && self.layer_fits(j, h, h2)
+                            let h2 = lanes_used(d2.n, h2);
+                            // (rows the layer after that takes: no bands for one that
+                            // is no convolution)
+                            let then = (j + 1..nk).find(|&i| self.dims[i].is_some());
+                            t.admits(self.layer_period(j, d2, h, h2))
+                                && self.layer_fits(j, h, h2)
+                                && then.is_none_or(|i| self.takes(i, h2))
                         })
                 }),
                 None => true,
@@ -133,21 +136,23 @@ impl Sizer<'_> {
             let (w, h) = match (prev, first) {
                 (None, Some(shape)) => shape,
                 (None, None) => {
-                    let most = if self.one_column(k) { 1 } else { kk };
                     // (kept smallest first, the fewest rows first among equals; only
                     // the smallest `SHAPES` are wanted, so a shape larger than every
                     // one of them is not looked for; each column count once, as
                     // `used` never falls)
                     let key = |&(w, h): &(u32, u32)| (w * h, h);
-                    let (mut last, low) = (0, hs.first().map_or(1, |&h| used(nn, h)));
-                    for w in 1..=most.min(fab.width.max(fab.height)) {
-                        let w = used(kk, w);
+                    let (mut last, low) = (0, hs.first().map_or(1, |&h| lanes_used(nn, h)));
+                    let widths = match self.one_column(k) {
+                        true => vec![1],
+                        false => self.column_counts(k),
+                    };
+                    for w in widths {
                         let bound = shapes.get(SHAPES - 1).map_or(u32::MAX, |s| key(s).0);
                         if w == last || w.saturating_mul(low) > bound {
                             continue;
                         }
                         last = w;
-                        let h = (hs.iter().map(|&h| used(nn, h)))
+                        let h = (hs.iter().map(|&h| lanes_used(nn, h)))
                             .take_while(|&h| w.saturating_mul(h) <= bound)
                             .find(|&h| ok(w, h));
                         if let Some(h) = h {
@@ -158,11 +163,11 @@ impl Sizer<'_> {
                     *shapes.first()?
                 }
                 (Some(w), _) => {
-                    if used(kk, w) != w || (self.one_column(k) && w != 1) {
+                    if !self.takes(k, w) || (self.one_column(k) && w != 1) {
                         return None;
                     }
-                    let h = *hs.iter().find(|&&h| ok(w, used(nn, h)))?;
-                    (w, used(nn, h))
+                    let h = *hs.iter().find(|&&h| ok(w, lanes_used(nn, h)))?;
+                    (w, lanes_used(nn, h))
                 }
             };
             lanes.inp[k] = w;
@@ -277,9 +282,7 @@ impl Sizer<'_> {
                     lanes.more[k] = (self.parts(k))
                         .map(|(_, pd)| used(pd.k, pd.k.div_ceil(s)))
                         .collect();
-                    if used(kk, lanes.inp[k]) != lanes.inp[k]
-                        || (self.one_column(k) && lanes.inp[k] != 1)
-                    {
+                    if !self.takes(k, lanes.inp[k]) || (self.one_column(k) && lanes.inp[k] != 1) {
                         return Err(LayoutError::DoesNotFit(format!(
                             "layer {} cannot split its {kk} inputs over {} lanes",
                             kernel_name(g, f, k),
@@ -305,5 +308,15 @@ impl Sizer<'_> {
             }
         }
         Ok(lanes)
+    }
+}
+
+/// The output lanes `h` lanes of a layer of `n` outputs come to: `used(n, h)`, or in
+/// bands (more lanes than outputs: `kernels::lanes_fit`), `h` itself.
+fn lanes_used(n: u32, h: u32) -> u32 {
+    if h > n {
+        h
+    } else {
+        crate::backend::wafer::kernels::used(n, h)
     }
 }

@@ -10,7 +10,7 @@ use super::{HostLane, HostStream, LayoutError, Placed};
 use crate::backend::wafer::form::{self, image, End, Formed, Kind};
 use crate::backend::wafer::isa::Colour;
 use crate::backend::wafer::kernels::dense::Shape;
-use crate::backend::wafer::kernels::{split, Laid};
+use crate::backend::wafer::kernels::{bands_of, share, split, Laid};
 use crate::backend::wafer::sim::{Dir, HostIn, Route};
 use crate::ir::{NodeIndex, Op};
 
@@ -127,14 +127,15 @@ pub(super) fn leg(
         if let (true, Some((_, _, c))) = (d.shape.images(), image(g, node)) {
             channels = c;
         }
-        for i in 0..lanes.inp[b] {
+        let (cols, rows) = (lanes.inp[b], d.shape.rows().0);
+        for i in 0..cols {
             let (x, y) = p.orient.at((p.x, p.y), i, 0);
-            let groups = split(d.k, lanes.inp[b], i);
-            let per_in = d.shape.per_in();
-            // an embedding's columns each take every id
+            // a column's groups (or, in bands, a channel's band of rows); an
+            // embedding's columns each take every id
             let elems = match d.shape {
                 Shape::Gather { t } => 0..t,
-                _ => groups.start * per_in..groups.end * per_in,
+                _ => share(d.k, rows, bands_of(d.k, rows, cols), cols, i)
+                    .words(rows, d.shape.per_in() / rows),
             };
             host_lanes.push(HostLane {
                 x,

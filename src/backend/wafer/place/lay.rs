@@ -66,6 +66,7 @@ pub(super) fn kernels(
                     .collect();
                 let fan = c.fans.get(&(k + 1)).map_or(&[][..], Vec::as_slice);
                 d.scheduled(sched[k])
+                    .on_lanes(lanes.inp[k], lanes.out[k])
                     .lay_parts(
                         (p.x, p.y),
                         p.orient,
@@ -135,6 +136,9 @@ pub(super) fn vector(
                 programs.push((j, v.replica(rep)?));
             }
         }
+    }
+    if reps.is_none() {
+        laid.summed.extend(v.summed(lanes));
     }
     for (l, lane) in programs {
         let at = p.orient.at((p.x, p.y), 0, l);

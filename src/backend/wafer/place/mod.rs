@@ -107,6 +107,8 @@ pub struct Layout {
     pub batch: u32,
     pub setup: Setup,
     pub tensors: BTreeMap<String, Vec<Piece>>,
+    /// The tensors whose pieces each hold a part of their value (`Laid::summed`).
+    pub summed: std::collections::BTreeSet<String>,
     pub inputs: Vec<HostStream>,
     pub outputs: Vec<HostStream>,
     pub kernels: Vec<Placed>,

@@ -200,15 +200,22 @@ impl<'a> Sizer<'a> {
         let words = fab.usable_bytes() / crate::backend::wafer::cost::WORD;
         let floor = (0..nk)
             .map(|k| match (dims[k], width.get(k + 1).copied().flatten()) {
-                (Some(_), Some(wd)) => (1..=wd)
-                    .filter(|&l| crate::backend::wafer::kernels::used(wd, l) == l)
-                    .filter(|&l| heads[k + 1].is_none_or(|h| h % l == 0))
-                    .find(|&l| {
-                        vector_of(g, f, k + 1, (sched[k + 1], across), |_| CHAIN_COLOURS)
-                            .lane(l, 0)
-                            .is_ok_and(|lane| lane.program.words() <= words)
-                    })
-                    .unwrap_or(wd),
+                (Some(d), Some(wd)) => (crate::backend::wafer::kernels::lane_counts(
+                    wd,
+                    match &dense[k] {
+                        Some(layer) if layer.can_band() => d.shape.rows().1,
+                        _ => 1,
+                    },
+                    fab.width.max(fab.height),
+                )
+                .into_iter())
+                .filter(|&l| heads[k + 1].is_none_or(|h| h % l == 0))
+                .find(|&l| {
+                    vector_of(g, f, k + 1, (sched[k + 1], across), |_| CHAIN_COLOURS)
+                        .lane(l, 0)
+                        .is_ok_and(|lane| lane.program.words() <= words)
+                })
+                .unwrap_or(wd),
                 _ => 1,
             })
             .collect();
@@ -269,6 +276,7 @@ impl<'a> Sizer<'a> {
     /// `layer` on `w x h` lanes, from its first PE's program: its cycles per sample,
     /// and whether its memory fits.
     pub(super) fn measure(&self, layer: &Dense, w: u32, h: u32) -> Measured {
+        let layer = &layer.on_lanes(w, h);
         let (wc, hr) = layer.used(w, h);
         let c = dense::Colours::with_streams(4, 5, 6, 7);
         let ranges = (&layer.column(wc, 0), &layer.out_row(hr, 0));
@@ -475,9 +483,11 @@ impl<'a> Sizer<'a> {
             (Some(_), None) => self.heads[k]
                 .is_none_or(|h| h % first == 0)
                 .then_some(first),
-            (Some(w), Some(l)) => (crate::backend::wafer::kernels::used(w, l) == l
-                && self.heads[k].is_none_or(|h| h % l == 0))
-            .then_some(l),
+            (Some(w), Some(l)) => {
+                (crate::backend::wafer::kernels::lanes_fit(w, self.image_rows(k), l)
+                    && self.heads[k].is_none_or(|h| h % l == 0))
+                .then_some(l)
+            }
         }
     }
 
@@ -519,12 +529,49 @@ impl<'a> Sizer<'a> {
     /// one more than its most replicas when its dealer gathers them (`fanned`); else
     /// at least its floor.
     pub(super) fn rows(&self, k: usize, n: u32) -> Vec<u32> {
+        let most = self.fab.height.max(self.fab.width);
         if self.fanned.get(k + 1).is_some_and(Option::is_some) {
             (1..=n.min(1 + MAX_REPS)).collect()
         } else if self.one_row(k) {
             vec![1]
         } else {
-            (self.floor[k]..=n.min(self.fab.height.max(self.fab.width))).collect()
+            // (a convolution's rows may also give its channels in bands of rows)
+            let bands = crate::backend::wafer::kernels::lane_counts(n, self.band_rows(k).1, most);
+            let whole = self.floor[k]..=n.min(most);
+            whole
+                .chain(bands.into_iter().filter(|&l| l > n && l >= self.floor[k]))
+                .collect()
         }
+    }
+
+    /// Whether layer `k` may take `w` input lanes: a run of whole input groups each,
+    /// or, a convolution's, a channel's band of rows each (`kernels::lanes_fit`).
+    pub(super) fn takes(&self, k: usize, w: u32) -> bool {
+        let rows = self.band_rows(k).0;
+        self.dims[k].is_some_and(|d| crate::backend::wafer::kernels::lanes_fit(d.k, rows, w))
+    }
+
+    /// The input lane counts layer `k` may take (`takes`), fewest first.
+    pub(super) fn column_counts(&self, k: usize) -> Vec<u32> {
+        let most = self.fab.width.max(self.fab.height);
+        let rows = self.band_rows(k).0;
+        self.dims[k].map_or(Vec::new(), |d| {
+            crate::backend::wafer::kernels::lane_counts(d.k, rows, most)
+        })
+    }
+
+    /// The rows layer `k` may deal its input and output in bands of (`Dense::bands`):
+    /// a convolution's planes' when it may run in bands (`Dense::can_band`), else 1.
+    pub(super) fn band_rows(&self, k: usize) -> (u32, u32) {
+        match (&self.dense[k], self.dims[k]) {
+            (Some(layer), Some(d)) if layer.can_band() => d.shape.rows(),
+            _ => (1, 1),
+        }
+    }
+
+    /// The rows of the images vector kernel `k` deals (those the layer before gives;
+    /// 1 when that is no convolution): what bands of its lanes may split.
+    pub(super) fn image_rows(&self, k: usize) -> u32 {
+        k.checked_sub(1).map_or(1, |l| self.band_rows(l).1)
     }
 }

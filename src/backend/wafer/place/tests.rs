@@ -59,6 +59,7 @@ fn row(pes: &[(u32, Arc<Program>)], streams: &[(Colour, u32, u32)]) -> Layout {
         batch: 1,
         setup,
         tensors: BTreeMap::new(),
+        summed: Default::default(),
         inputs: Vec::new(),
         outputs: Vec::new(),
         kernels: vec![Placed {

@@ -36,7 +36,7 @@ use super::super::isa::{Colour, Dsd, Instr, Program, Task, Trigger};
 use super::super::lower::{self, Scratch, Update, Val};
 use super::super::pipeline::Pipeline;
 use super::super::sim::Dir;
-use super::{share, split, used, Laid, Orient, Piece, Share, UPDATE};
+use super::{bands_of, share, split, used, Laid, Orient, Piece, Share, UPDATE};
 use crate::ir::DType;
 
 mod chain;
@@ -271,9 +271,29 @@ impl Dense {
     /// The rows of its input's planes and of its output's (a convolution's; 1 else).
     fn plane_rows(&self) -> (u32, u32) {
         match self.shape {
-            Shape::Conv(g) => (g.h, g.ho),
             Shape::ConvT(g) => (g.ho, g.h),
-            _ => (1, 1),
+            shape => shape.rows(),
+        }
+    }
+
+    /// Whether it may run in bands of rows (`bands`): a convolution in f32 that carries
+    /// nothing and has no further parts.
+    pub fn can_band(&self) -> bool {
+        matches!(self.shape, Shape::Conv(_))
+            && self.half.is_none()
+            && self.carry.is_none()
+            && !self.first
+            && self.pass == 0
+            && self.more.is_empty()
+    }
+
+    /// This layer on `w` input lanes and `h` output lanes: a convolution on more lanes
+    /// than its images have channels takes them in bands (`bands`, `kernels::bands_of`).
+    pub fn on_lanes(&self, w: u32, h: u32) -> Dense {
+        let (ri, ro) = self.shape.rows();
+        Dense {
+            bands: (bands_of(self.k, ri, w), bands_of(self.n, ro, h)),
+            ..self.clone()
         }
     }
 

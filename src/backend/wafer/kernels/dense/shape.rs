@@ -182,6 +182,15 @@ impl Shape {
         }
     }
 
+    /// The rows of a sample's input planes and of its output's: a convolution's,
+    /// which it may take and give in bands of rows (`Dense::bands`); 1 else.
+    pub fn rows(&self) -> (u32, u32) {
+        match self {
+            Shape::Conv(g) => (g.h, g.ho),
+            _ => (1, 1),
+        }
+    }
+
     /// Whether it reads and makes images (planar channels): a convolution, or a
     /// transposed one.
     pub fn images(&self) -> bool {

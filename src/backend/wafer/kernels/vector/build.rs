@@ -45,6 +45,7 @@ pub(super) struct Layout {
 impl Vector<'_> {
     /// Lane `lane` of `lanes`, or a replica of the one lane.
     pub(super) fn build(&self, lanes: u32, lane: u32, rep: Option<Rep>) -> Result<Lane, String> {
+        self.in_bands(lanes)?;
         let mut m = self.layout(lanes, lane, rep);
         let has_bwd = self.has_backward();
         if m.levels.deep() && has_bwd && self.window != m.samples {

@@ -29,7 +29,7 @@ use super::super::form::{image, planes, Class, End, Formed, Kind};
 use super::super::isa::{Colour, Program};
 use super::super::lower;
 use super::rows::RowColours;
-use super::{split, Piece};
+use super::{share, split, Piece, Share};
 use crate::ir::{Graph, NodeIndex, Op};
 
 mod build;
@@ -388,13 +388,88 @@ impl Vector<'_> {
         if c != w {
             return None;
         }
-        let share = split(c, lanes, lane);
+        // (in bands: the lane's channel)
+        let share = match self.bands(lanes) {
+            1 => split(c, lanes, lane),
+            b => (lane / b).min(c)..(lane / b + 1).min(c),
+        };
         let runs = ty.elements() as u32 / c;
         Some(
             (0..runs)
                 .map(|t| (t * c + share.start, share.len() as u32))
                 .collect(),
         )
+    }
+
+    /// The bands of rows its lanes deal its images in (`kernels::share`): with more
+    /// lanes than its images have channels, `lanes / C`, each lane a channel's band of
+    /// rows (a convolution in bands on either side: `Dense::bands`); else 1.
+    pub fn bands(&self, lanes: u32) -> u32 {
+        match self.width_of() {
+            Some((w, true)) if w > 0 && lanes > w => lanes / w,
+            _ => 1,
+        }
+    }
+
+    /// In bands (`bands`), what lane `lane` of `lanes` holds of a sample of image `n`:
+    /// its channel's band of rows, the image's rows, and a row's words; none out of
+    /// bands or for a value that is not an image.
+    fn band_share(&self, n: NodeIndex, lanes: u32, lane: u32) -> Option<(Share, u32, u32)> {
+        let bands = self.bands(lanes);
+        let (h, w, c) = self.image(n).filter(|_| bands > 1)?;
+        Some((share(c, h, bands, lanes, lane), h, w))
+    }
+
+    /// The tensors of lane `lane` of `lanes` that hold a part of their value (in bands:
+    /// its sums over the batch, each lane's over its band: `Laid::summed`).
+    pub fn summed(&self, lanes: u32) -> Vec<String> {
+        if self.bands(lanes) < 2 {
+            return Vec::new();
+        }
+        (self.nodes().iter())
+            .filter(|&&n| self.f.class[n.index()] == Class::Batch)
+            .map(|&n| super::super::form::key(n))
+            .collect()
+    }
+
+    /// In bands (`bands`), an error for what its lanes have no code for yet: only
+    /// elementwise work on the images (an activation, a bias and their gradients) and
+    /// sums of each channel over the batch (a bias's gradient) run; a statistic of the
+    /// batch (batch norm), a pooling, a reduction within a sample need the lanes of a
+    /// channel to work together.
+    fn in_bands(&self, lanes: u32) -> Result<(), String> {
+        if self.bands(lanes) < 2 {
+            return Ok(());
+        }
+        let g = self.g;
+        let refused = |what: &str| {
+            Err(format!(
+                "{what} over an image in bands of rows has no wafer kernel yet"
+            ))
+        };
+        if self.f.barriers[self.k] {
+            return refused("a statistic of the batch (batch norm)");
+        }
+        for &n in self.nodes() {
+            let node = g.node(n);
+            let ok = match self.f.class[n.index()] {
+                Class::Sample => {
+                    self.image(n).is_some()
+                        && (lower::elementwise(&node.op)
+                            || matches!(node.op, Op::BroadcastTo)
+                            || (matches!(node.op, Op::Reshape)
+                                && g.ty(n).shape == g.ty(g.operands(n)[0]).shape))
+                }
+                Class::Batch => {
+                    matches!(&node.op, Op::Reduce { axes, .. } if axes.as_slice() == [0, 1, 2])
+                }
+                _ => true,
+            };
+            if !ok {
+                return refused(&format!("`{}`", node.op.name()));
+            }
+        }
+        Ok(())
     }
 
     /// Whether it has a backward pass (an input of it: an output gradient).
@@ -534,7 +609,10 @@ impl Vector<'_> {
         let ty = self.g.ty(n);
         let planar = planes(self.g, n).or_else(|| self.image(n).map(|(h, w, c)| (h * w, c)));
         if let (Some((pixels, c)), Class::Sample) = (planar, self.f.class[n.index()]) {
-            // some channels' planes
+            // some channels' planes, or a channel's band of rows
+            if let Some((s, _, w)) = self.band_share(n, lanes, lane) {
+                return s.rows.len() as u32 * w;
+            }
             return split(c, lanes, lane).len() as u32 * pixels;
         }
         if let Some(runs) = self.channel_runs(n, lanes, lane) {
@@ -569,6 +647,12 @@ impl Vector<'_> {
     fn runs(&self, n: NodeIndex, lanes: u32, lane: u32) -> Vec<(u32, u32)> {
         if let Some((_, runs)) = self.dealt_runs(n) {
             return runs;
+        }
+        if let (Some((s, h, w)), Class::Sample) =
+            (self.band_share(n, lanes, lane), self.f.class[n.index()])
+        {
+            let words = s.words(h, w);
+            return vec![(words.start, words.len() as u32)];
         }
         if let Some(runs) = self.channel_runs(n, lanes, lane) {
             return runs;

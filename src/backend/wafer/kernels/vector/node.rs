@@ -602,7 +602,11 @@ impl Vector<'_> {
         (lanes, lane): (u32, u32),
     ) -> (Vec<usize>, usize) {
         let (mut shape, at) = laid(&self.g.ty(n).shape, axis);
-        if let (Some((_, c)), true) = (planes(self.g, n), lanes > 1) {
+        if let Some((s, _, _)) = self.band_share(n, lanes, lane) {
+            // (a channel's band of rows)
+            shape[1] = s.groups.len();
+            shape[2] = s.rows.len();
+        } else if let (Some((_, c)), true) = (planes(self.g, n), lanes > 1) {
             shape[1] = split(c, lanes, lane).len();
         } else if let (Some((_, w)), true) = (self.tokens(n), lanes > 1) {
             // (a sequence's share of every token's features)
