@@ -78,7 +78,7 @@ pub(super) fn colour(
     // a vector kernel that reduces along its samples' features on several lanes: three
     // colours along its strip (`kernels::rows`)
     for (k, p) in placed.iter().enumerate() {
-        if sizer.reduces_rows[k] && lanes.out[k] > 1 {
+        if (sizer.reduces_rows[k] || sizer.sums_in_bands(k, lanes.out[k])) && lanes.out[k] > 1 {
             let routers = pes_of(p);
             let name = || format!("the reductions of {}", p.name);
             let mut take = || palette.take(&routers, name);

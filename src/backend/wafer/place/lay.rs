@@ -102,8 +102,14 @@ pub(super) fn kernels(
                 }
                 ports(f, k, p, &v, lanes.out[k], c, &mut laid)?;
                 if let Some(cs) = v.rows {
-                    rows::routes(&mut laid, (p.x, p.y), p.orient, lanes.out[k], cs)
-                        .map_err(LayoutError::DoesNotFit)?;
+                    // (in bands, each channel's lanes apart: `Vector::sums_in_bands`)
+                    let each = v.bands(lanes.out[k]);
+                    let strip = if each > 1 { each } else { lanes.out[k] };
+                    for group in 0..lanes.out[k] / strip {
+                        let at = p.orient.at((p.x, p.y), 0, group * strip);
+                        rows::routes(&mut laid, at, p.orient, strip, cs)
+                            .map_err(LayoutError::DoesNotFit)?;
+                    }
                 }
                 laid
             }

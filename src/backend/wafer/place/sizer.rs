@@ -279,19 +279,20 @@ impl<'a> Sizer<'a> {
         let layer = &layer.on_lanes(w, h);
         let (wc, hr) = layer.used(w, h);
         let c = dense::Colours::with_streams(4, 5, 6, 7);
-        let ranges = (&layer.column(wc, 0), &layer.out_row(hr, 0));
+        let (i, j) = layer.fullest((wc, hr));
+        let ranges = (&layer.column(wc, i), &layer.out_row(hr, j));
         let mut scratch = Laid::default();
         let words = self.fab.usable_bytes() / crate::backend::wafer::cost::WORD;
         layer
             .program(
-                0,
-                0,
+                i,
+                j,
                 (wc, hr),
                 c,
                 &mut scratch,
                 (0, 0),
                 ranges,
-                layer.row(0, (wc, hr), None),
+                layer.row(j, (wc, hr), None),
             )
             .map_or((NEVER, false), |p| {
                 let t = crate::backend::wafer::cost::per_pass(
@@ -558,6 +559,14 @@ impl<'a> Sizer<'a> {
         self.dims[k].map_or(Vec::new(), |d| {
             crate::backend::wafer::kernels::lane_counts(d.k, rows, most)
         })
+    }
+
+    /// Whether vector kernel `k` on `lanes` lanes sums statistics of the batch over the
+    /// lanes of each channel (`Vector::sums_in_bands`).
+    pub(super) fn sums_in_bands(&self, k: usize, lanes: u32) -> bool {
+        self.dims[k].is_none()
+            && vector_of(self.g, self.f, k, ((self.f.batch, 0), self.across), |_| 0)
+                .sums_in_bands(lanes)
     }
 
     /// The rows layer `k` may deal its input and output in bands of (`Dense::bands`):

@@ -287,6 +287,30 @@ impl Dense {
             && self.more.is_empty()
     }
 
+    /// The PE of a `wc x hr` frame with the most to hold and do: the first, or, in
+    /// bands, the one of the first channels whose bands' part of the convolution
+    /// (`Geom::band`) has the largest planes (an output band near the far edge of its
+    /// input band reads past it).
+    pub fn fullest(&self, (wc, hr): (u32, u32)) -> (u32, u32) {
+        let (Shape::Conv(g), (bi, bo)) = (self.shape, self.bands) else {
+            return (0, 0);
+        };
+        if (bi, bo) == (1, 1) {
+            return (0, 0);
+        }
+        let size = |(i, j): (u32, u32)| {
+            let (ins, outs) = (self.column(wc, i).rows, self.out_row(hr, j).rows);
+            g.band(ins, outs).map_or(0, |b| {
+                let p = b.planes();
+                p.pad + p.out
+            })
+        };
+        (0..bi.min(wc))
+            .flat_map(|i| (0..bo.min(hr)).map(move |j| (i, j)))
+            .max_by_key(|&ij| (size(ij), std::cmp::Reverse(ij)))
+            .unwrap_or((0, 0))
+    }
+
     /// This layer on `w` input lanes and `h` output lanes: a convolution on more lanes
     /// than its images have channels takes them in bands (`bands`, `kernels::bands_of`).
     pub fn on_lanes(&self, w: u32, h: u32) -> Dense {

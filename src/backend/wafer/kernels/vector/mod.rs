@@ -426,17 +426,34 @@ impl Vector<'_> {
         if self.bands(lanes) < 2 {
             return Vec::new();
         }
+        // (not those the lanes of a channel sum together: `grouped_sums`)
+        let lv = self.levels();
         (self.nodes().iter())
-            .filter(|&&n| self.f.class[n.index()] == Class::Batch)
+            .filter(|&&n| self.f.class[n.index()] == Class::Batch && !self.read_in_step(&lv, n))
             .map(|&n| super::super::form::key(n))
             .collect()
     }
 
+    /// Whether sum over the batch `acc` is read within the step: by a step value its
+    /// samples read (`Levels::mids`) or by code of a later level (a batch norm's
+    /// statistics), not only by the update.
+    fn read_in_step(&self, lv: &levels::Levels, acc: NodeIndex) -> bool {
+        let reads =
+            |n: &NodeIndex| (self.g.operands(*n).into_iter()).any(|o| self.f.resolve(o) == acc);
+        lv.mids.iter().any(|(n, _)| reads(n)) || lv.code.values().flatten().any(reads)
+    }
+
+    /// Whether on `lanes` lanes, in bands, the lanes of a channel sum its statistics of
+    /// the batch together (`grouped_sums`), on the colours of `rows`.
+    pub fn sums_in_bands(&self, lanes: u32) -> bool {
+        self.bands(lanes) > 1 && self.f.barriers[self.k]
+    }
+
     /// In bands (`bands`), an error for what its lanes have no code for yet: only
     /// elementwise work on the images (an activation, a bias and their gradients) and
-    /// sums of each channel over the batch (a bias's gradient) run; a statistic of the
-    /// batch (batch norm), a pooling, a reduction within a sample need the lanes of a
-    /// channel to work together.
+    /// sums of each channel over the batch (a bias's gradient, a batch norm's
+    /// statistics: `grouped_sums`) run; a pooling or a reduction within a sample would
+    /// need the lanes of a channel to work together sample by sample.
     fn in_bands(&self, lanes: u32) -> Result<(), String> {
         if self.bands(lanes) < 2 {
             return Ok(());
@@ -447,9 +464,6 @@ impl Vector<'_> {
                 "{what} over an image in bands of rows has no wafer kernel yet"
             ))
         };
-        if self.f.barriers[self.k] {
-            return refused("a statistic of the batch (batch norm)");
-        }
         for &n in self.nodes() {
             let node = g.node(n);
             let ok = match self.f.class[n.index()] {

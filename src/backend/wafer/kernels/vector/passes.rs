@@ -146,12 +146,34 @@ impl Vector<'_> {
         lanes: (u32, u32),
         m: &Layout,
     ) -> Result<Vec<Instr>, String> {
-        let mut out = divided(means);
+        // (in bands: the sums a later level reads made whole on every lane of a
+        // channel first)
+        let done = (next.0, next.1.saturating_sub(1));
+        let mut out = self.grouped_sums(done, lanes, m);
+        out.extend(divided(means));
         if let Some(t) = then {
             out.extend(self.mids(next, lanes, m)?);
             out.push(Instr::Activate(t));
         }
         Ok(out)
+    }
+
+    /// In bands (`Vector::bands`), the sums over the batch accumulated at `at` that the
+    /// step reads (`read_in_step`: a batch norm's statistics and their gradients'
+    /// sums), each lane's over its band, summed over the lanes of its channel, which
+    /// then each hold the whole (`rows::across` within each channel's lanes).
+    fn grouped_sums(&self, at: At, (lanes, lane): (u32, u32), m: &Layout) -> Vec<Instr> {
+        let bands = self.bands(lanes);
+        if bands < 2 {
+            return Vec::new();
+        }
+        let c = self.rows.unwrap_or([0; 3]);
+        (m.accs.iter())
+            .filter(|&&a| m.levels.at.get(&a) == Some(&at) && self.read_in_step(&m.levels, a))
+            .flat_map(|a| {
+                super::super::rows::across(VecOp::Add, m.vals[a], (bands, lane % bands), c)
+            })
+            .collect()
     }
 
     /// What stays, with each stashed value at its slot for the code at `at`.
