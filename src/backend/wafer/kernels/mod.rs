@@ -267,20 +267,34 @@ pub fn gather_sum<'a>(
     read: impl Fn((u32, u32)) -> Option<&'a [f32]>,
 ) -> Vec<f32> {
     let mut out = vec![0.0; len];
+    runs_of(
+        pieces,
+        read,
+        |dst, src| (dst.iter_mut().zip(src)).for_each(|(d, s)| *d += s),
+        &mut out,
+    );
+    out
+}
+
+/// Each run of `pieces` (read from `read(pe)`) with the elements of `out` it holds:
+/// `f(those elements, the run's words)`.
+fn runs_of<'a>(
+    pieces: &[Piece],
+    read: impl Fn((u32, u32)) -> Option<&'a [f32]>,
+    mut f: impl FnMut(&mut [f32], &[f32]),
+    out: &mut [f32],
+) {
     for p in pieces {
         let Some(mem) = read(p.pe) else { continue };
         let mut word = p.word as usize;
         for &(off, n) in &p.runs {
             let (off, n) = (off as usize, n as usize);
             if let (Some(dst), Some(src)) = (out.get_mut(off..off + n), mem.get(word..word + n)) {
-                for (d, s) in dst.iter_mut().zip(src) {
-                    *d += s;
-                }
+                f(dst, src);
             }
             word += n;
         }
     }
-    out
 }
 
 /// Reads a tensor of `len` elements from its pieces (`read(pe)`: the PE's memory);
@@ -292,16 +306,6 @@ pub fn gather<'a>(
     read: impl Fn((u32, u32)) -> Option<&'a [f32]>,
 ) -> Vec<f32> {
     let mut out = vec![f32::NAN; len];
-    for p in pieces {
-        let Some(mem) = read(p.pe) else { continue };
-        let mut word = p.word as usize;
-        for &(off, n) in &p.runs {
-            let (off, n) = (off as usize, n as usize);
-            if let (Some(dst), Some(src)) = (out.get_mut(off..off + n), mem.get(word..word + n)) {
-                dst.copy_from_slice(src);
-            }
-            word += n;
-        }
-    }
+    runs_of(pieces, read, |dst, src| dst.copy_from_slice(src), &mut out);
     out
 }

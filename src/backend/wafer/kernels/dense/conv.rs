@@ -5,7 +5,6 @@
 //! roles swapped.
 
 use super::super::super::isa::{Colour, Dsd, Instr, Program, Src, Task, Trigger, VecOp};
-use super::super::super::pipeline::Pipeline;
 use super::super::{nest, Share};
 use super::chain::{link, receive, taps, zero};
 use super::shape::Planes;
@@ -306,20 +305,7 @@ impl Dense {
         if self.dx {
             bwd.push(pass(x, c.backward_link(j, hr)));
         }
-        p.tasks.push(Task {
-            id: 1,
-            name: "conv relay backward".into(),
-            trigger: Trigger::Data(c.dy),
-            body: bwd,
-        });
-        p.pipeline = Some(Pipeline {
-            forward: 0,
-            backward: vec![1],
-            window: self.window,
-            samples: self.batch,
-        });
-        let words = p.receives(1, c.dy) as u32;
-        p.fifo(c.dy, self.fifo * words);
+        self.backward(&mut p, "conv relay backward", bwd, c.dy);
         p
     }
 

@@ -691,18 +691,7 @@ impl Dense {
         let Some(dw) = dw else {
             return Ok(p);
         };
-        p.tasks.push(Task {
-            id: 1,
-            name: format!("{kind} backward"),
-            trigger: Trigger::Data(c.dy),
-            body: bwd,
-        });
-        p.pipeline = Some(Pipeline {
-            forward: 0,
-            backward: vec![1],
-            window: self.window,
-            samples: self.batch,
-        });
+        self.backward(&mut p, &format!("{kind} backward"), bwd, c.dy);
         // the update, over the blocks
         let mut scratch = Scratch::new(p.words());
         let acc = [Val::buf(dw, size)];
@@ -718,10 +707,27 @@ impl Dense {
             trigger: Trigger::Local { at_start: false },
             body,
         });
-        // room for the output gradients that come while it runs forwards
-        let words = p.receives(1, c.dy) as u32;
-        p.fifo(c.dy, self.fifo * words);
         Ok(p)
+    }
+
+    /// A PE's backward task (`bwd`, named `name`, run by its output gradients on `dy`)
+    /// after its forward one, in the 1F1B order of its window (`Pipeline`), with room
+    /// for the output gradients that come while it runs forwards.
+    fn backward(&self, p: &mut Program, name: &str, bwd: Vec<Instr>, dy: Colour) {
+        p.tasks.push(Task {
+            id: 1,
+            name: name.into(),
+            trigger: Trigger::Data(dy),
+            body: bwd,
+        });
+        p.pipeline = Some(Pipeline {
+            forward: 0,
+            backward: vec![1],
+            window: self.window,
+            samples: self.batch,
+        });
+        let words = p.receives(1, dy) as u32;
+        p.fifo(dy, self.fifo * words);
     }
 
     /// Whether a layer that carries nothing and has no further parts is all its PEs have
