@@ -1,0 +1,148 @@
+//! A layer's lanes: the columns and rows of a frame it uses, what each column takes
+//! and each row gives of a sample (groups of features or channels, or a channel's band
+//! of rows: `kernels::share`), when a convolution runs in bands (`Dense::bands`), and
+//! the runs of its weight a PE holds.
+
+use super::super::{bands_of, share, used, Share};
+use super::{Dense, Geom, Shape};
+
+impl Dense {
+    /// The columns and rows of a `w x h` frame that hold a block (each part gets
+    /// `ceil(k / w)` inputs, so fewer columns may do; in bands, a column a channel's
+    /// band and a row a channel's).
+    pub fn used(&self, w: u32, h: u32) -> (u32, u32) {
+        let (bi, bo) = self.bands;
+        (
+            if bi > 1 { self.k * bi } else { used(self.k, w) },
+            if bo > 1 { self.n * bo } else { used(self.n, h) },
+        )
+    }
+
+    /// The rows of its input's planes and of its output's (a convolution's; 1 else).
+    pub(super) fn plane_rows(&self) -> (u32, u32) {
+        match self.shape {
+            Shape::ConvT(g) => (g.ho, g.h),
+            shape => shape.rows(),
+        }
+    }
+
+    /// Whether it may run in bands of rows (`bands`): a convolution in f32 that carries
+    /// nothing and has no further parts.
+    pub fn can_band(&self) -> bool {
+        matches!(self.shape, Shape::Conv(_))
+            && self.half.is_none()
+            && self.carry.is_none()
+            && !self.first
+            && self.pass == 0
+            && self.more.is_empty()
+    }
+
+    /// The PE of a `wc x hr` frame with the most to hold and do: the first, or, in
+    /// bands, the one of the first channels whose bands' part of the convolution
+    /// (`Geom::band`) has the largest planes (an output band near the far edge of its
+    /// input band reads past it).
+    pub fn fullest(&self, (wc, hr): (u32, u32)) -> (u32, u32) {
+        let (Shape::Conv(g), (bi, bo)) = (self.shape, self.bands) else {
+            return (0, 0);
+        };
+        if (bi, bo) == (1, 1) {
+            return (0, 0);
+        }
+        let size = |(i, j): (u32, u32)| {
+            let (ins, outs) = (self.column(wc, i).rows, self.out_row(hr, j).rows);
+            g.band(ins, outs).map_or(0, |b| {
+                let p = b.planes();
+                p.pad + p.out
+            })
+        };
+        (0..bi.min(wc))
+            .flat_map(|i| (0..bo.min(hr)).map(move |j| (i, j)))
+            .max_by_key(|&ij| (size(ij), std::cmp::Reverse(ij)))
+            .unwrap_or((0, 0))
+    }
+
+    /// This layer on `w` input lanes and `h` output lanes: a convolution on more lanes
+    /// than its images have channels takes them in bands (`bands`, `kernels::bands_of`).
+    pub fn on_lanes(&self, w: u32, h: u32) -> Dense {
+        let (ri, ro) = self.shape.rows();
+        Dense {
+            bands: (bands_of(self.k, ri, w), bands_of(self.n, ro, h)),
+            ..self.clone()
+        }
+    }
+
+    /// What column `i` of `wc` takes of a sample: its input groups, or a channel's band.
+    pub fn column(&self, wc: u32, i: u32) -> Share {
+        share(self.k, self.plane_rows().0, self.bands.0, wc, i)
+    }
+
+    /// What row `j` of `hr` gives of a sample: its output groups, or a channel's band.
+    pub fn out_row(&self, hr: u32, j: u32) -> Share {
+        share(self.n, self.plane_rows().1, self.bands.1, hr, j)
+    }
+
+    /// The words of a sample's input that column `i` of `wc` takes, and of its output
+    /// that row `j` of `hr` gives.
+    pub fn column_words(&self, wc: u32, i: u32) -> std::ops::Range<u32> {
+        let rows = self.plane_rows().0;
+        self.column(wc, i).words(rows, self.shape.per_in() / rows)
+    }
+    pub fn row_words(&self, hr: u32, j: u32) -> std::ops::Range<u32> {
+        let rows = self.plane_rows().1;
+        self.out_row(hr, j).words(rows, self.shape.per_out() / rows)
+    }
+
+    /// The rows of `W` (seen as `[rows, n]`) that a column with input groups `ks`
+    /// holds, in the order of its block: its features; its channels' pixels in NHWC
+    /// order; or its filter taps (row, column), then its channels.
+    pub(super) fn rows(&self, ks: &std::ops::Range<u32>) -> Vec<u32> {
+        match self.shape {
+            Shape::Matmul | Shape::Gather { .. } | Shape::Tokens { .. } => ks.clone().collect(),
+            Shape::Planar { hw } => ks
+                .clone()
+                .flat_map(|c| (0..hw).map(move |p| p * self.k + c))
+                .collect(),
+            Shape::Conv(g) | Shape::ConvT(g) => (0..g.r * g.s)
+                .flat_map(|t| ks.clone().map(move |c| t * self.k + c))
+                .collect(),
+        }
+    }
+
+    /// The runs of a transposed convolution's filter (`[r, s, n, k]`: its outputs'
+    /// channels before its inputs') that a PE of input channels `ks` and output
+    /// channels `ns` holds, in the order of its block (`[r][s][b][a]`): a run of its
+    /// inputs' for each tap and output channel.
+    pub(super) fn transposed_block(
+        &self,
+        g: Geom,
+        ks: &std::ops::Range<u32>,
+        ns: &std::ops::Range<u32>,
+    ) -> Vec<(u32, u32)> {
+        let (a, k, n) = (ks.len() as u32, self.k, self.n);
+        (0..g.r * g.s)
+            .flat_map(|t| ns.clone().map(move |o| ((t * n + o) * k + ks.start, a)))
+            .collect()
+    }
+
+    /// The runs of its weight that a PE of input rows `rows` and output columns `ns`
+    /// holds: a run of each row, or (its columns in `groups`) the PE's share of each
+    /// group in each row; an error when its groups do not split evenly over `hr` rows.
+    pub(super) fn block(
+        &self,
+        rows: &[u32],
+        ns: &std::ops::Range<u32>,
+        hr: u32,
+    ) -> Result<Vec<(u32, u32)>, String> {
+        let (b, g) = (ns.len() as u32, self.groups.max(1));
+        if g > 1 && !self.n.is_multiple_of(g * hr.max(1)) {
+            return Err(format!(
+                "{} columns in {g} groups do not split over {hr} rows",
+                self.n
+            ));
+        }
+        let (per, start, len) = (self.n / g, ns.start / g, b / g);
+        Ok((rows.iter())
+            .flat_map(|&r| (0..g).map(move |q| (r * self.n + q * per + start, len)))
+            .collect())
+    }
+}
