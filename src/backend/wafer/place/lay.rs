@@ -305,7 +305,7 @@ fn passed_on(
     k: usize,
     fwd: NodeIndex,
     dims: Option<Dims>,
-) -> Result<(u32, u32), LayoutError> {
+) -> Result<(u32, u32, u32), LayoutError> {
     let passed = f.passed(k);
     if passed.is_some() && f.carry(k).is_some() {
         return Err(unsupported(
@@ -329,7 +329,12 @@ fn passed_on(
         }
         _ => 1,
     };
-    Ok((pass, pass_px))
+    // (an image's rows, which bands split)
+    let rows = match beside {
+        Some(c) if matches!(shape, Some(Shape::Conv(_))) => form::image(g, c.x).map_or(1, |i| i.0),
+        _ => 1,
+    };
+    Ok((pass, pass_px, rows))
 }
 
 /// Dense kernel `k` (of dims `dims`, its columns in `groups`: `Dense::groups`) with its
@@ -439,6 +444,7 @@ pub(super) fn dense_kernel(
             first: false,
             pass: 0,
             pass_px: 1,
+            pass_rows: 1,
             side: part.side.then(|| back(part.dy)),
             joined: part.joined,
             groups: 1,
@@ -449,7 +455,7 @@ pub(super) fn dense_kernel(
     let update = update_main;
     // its own input carried past it, or a value it passes on (of its width a sample)
     let carried = f.carried_past(k);
-    let (pass, pass_px) = passed_on(g, f, k, fwd, dims)?;
+    let (pass, pass_px, pass_rows) = passed_on(g, f, k, fwd, dims)?;
     let Some(d) = dims else {
         return Err(unsupported(
             g,
@@ -476,6 +482,7 @@ pub(super) fn dense_kernel(
         first: f.carries_first(k),
         pass,
         pass_px,
+        pass_rows,
         side: None,
         joined: false,
         groups,

@@ -90,13 +90,15 @@ impl Dense {
         );
         // the residual's image's gradient, received after the output gradient (a
         // shortcut's: before it) or the output gradient itself
-        let px = carry.px;
+        let (px, banded) = (carry.px, self.bands != (1, 1));
         let (skip, take) = match self.carry {
             Some(Back::Beside) if carry.row > 0 => {
                 let d = p.alloc("skip dy", carry.row * px);
                 let take = receive(Dsd::mem(d, carry.row * px), c.dy);
                 (Some(Skip::Beside(d)), Some(take))
             }
+            // (in bands, a unit of the carried image is a row: `carrying_in_bands`)
+            Some(Back::Same) if banded => (Some(Skip::Same((y, row, row))), None),
             Some(Back::Same) => (Some(Skip::Same((y, plane_out, row))), None),
             _ => (None, None),
         };
@@ -113,17 +115,13 @@ impl Dense {
             bwd.push(taps(&tap_loops, xin.clone(), wt, yout.clone()));
             if let (Some(skip), 0, 1..) = (skip, carry.pass, carry.mine) {
                 // (its own input carried: the skip's gradient of its column's channels)
-                let dst = Dsd::strided(
-                    xp + inner + carry.at * plane_pad,
-                    g.w,
-                    1,
-                    &[plane_pad, wp],
-                    None,
-                );
+                let unit = if banded { wp } else { plane_pad };
+                let dst = Dsd::strided(xp + inner + carry.at * unit, g.w, 1, &[unit, wp], None);
                 let (w, h) = match skip {
                     Skip::Same(_) => (g.wo, g.ho),
                     Skip::Beside(_) => (g.w, g.h),
                 };
+                let h = if banded { 1 } else { h };
                 bwd.push(skip.added(carry, dst, (w, h)));
             }
             let (send, recv) = links.bwd;
@@ -145,7 +143,7 @@ impl Dense {
                     // (its channels' planes as rows: the output planes' for the output
                     // gradient itself)
                     let (w, h) = match skip {
-                        Skip::Same(_) => (g.wo, g.ho),
+                        Skip::Same(_) => (g.wo, if banded { 1 } else { g.ho }),
                         Skip::Beside(_) => (px, 1),
                     };
                     let dst = Dsd::strided(d + carry.at * px, w, 1, &[px, w], None);

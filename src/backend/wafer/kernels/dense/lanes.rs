@@ -26,15 +26,11 @@ impl Dense {
         }
     }
 
-    /// Whether it may run in bands of rows (`bands`): a convolution in f32 that carries
-    /// nothing and has no further parts.
+    /// Whether it may run in bands of rows (`bands`): a convolution in f32 without
+    /// further parts (what it carries, its input or an image it passes on, goes in
+    /// bands too: `carrying_in_bands`).
     pub fn can_band(&self) -> bool {
-        matches!(self.shape, Shape::Conv(_))
-            && self.half.is_none()
-            && self.carry.is_none()
-            && !self.first
-            && self.pass == 0
-            && self.more.is_empty()
+        matches!(self.shape, Shape::Conv(_)) && self.half.is_none() && self.more.is_empty()
     }
 
     /// The PE of a `wc x hr` frame with the most to hold and do: the first, or, in

@@ -37,7 +37,7 @@ use super::super::isa::{Colour, Dsd, Instr, Program, Task, Trigger};
 use super::super::lower::{self, Scratch, Update, Val};
 use super::super::pipeline::Pipeline;
 use super::super::sim::Dir;
-use super::{split, used, Laid, Orient, Piece, Share, UPDATE};
+use super::{bands_of, lanes_fit, share, split, used, Laid, Orient, Piece, Share, UPDATE};
 use crate::ir::DType;
 
 mod chain;
@@ -99,6 +99,9 @@ pub struct Dense {
     /// The words of each unit of the value it passes on (a channel's plane of an image
     /// a convolution passes on, split by channels as its own input is; 1 for features).
     pub pass_px: u32,
+    /// The rows of each unit of the value it passes on (an image's planes; 1 else):
+    /// what its bands of rows split (`bands`).
+    pub pass_rows: u32,
     /// Whether it is a side part (`form::Part::side`), and how its outputs' gradient
     /// comes back: its outputs travel in the rows' chains after the layer's (and a
     /// residual's), not summed into them; so do their gradients, after the layer's
@@ -241,6 +244,7 @@ impl Dense {
             first: false,
             pass: 0,
             pass_px: 1,
+            pass_rows: 1,
             side: None,
             joined: false,
             groups: 1,
@@ -266,6 +270,15 @@ impl Dense {
             self.pass / self.pass_px.max(1)
         } else {
             self.k
+        }
+    }
+
+    /// The rows of a unit of what it carries past itself (`carried`): an image's.
+    fn carried_rows(&self) -> u32 {
+        if self.pass > 0 {
+            self.pass_rows.max(1)
+        } else {
+            self.plane_rows().0
         }
     }
 
@@ -416,6 +429,9 @@ impl Dense {
         if back == Back::Same && (self.carried() != self.n || !same_plane) {
             return Err("a residual whose sum has another shape than its layer's input".into());
         }
+        if self.bands != (1, 1) {
+            return self.carrying_in_bands((i, j), (cols, hr));
+        }
         let rows = split(self.carried(), hr, j);
         // (a value passed on: this column's share of it, after its inputs)
         let ks = match self.pass {
@@ -430,6 +446,41 @@ impl Dense {
             pass: if self.pass > 0 { ks.len() as u32 } else { 0 },
             px: self.carried_px(),
             row: rows.len() as u32,
+        })
+    }
+
+    /// `carrying` in bands (`bands`): the image it carries (its input, or one it passes
+    /// on) dealt over its columns and over its rows as an image is over lanes
+    /// (`kernels::share`), at most one channel a lane; PE `(i, j)` copies the rows its
+    /// column's share and its row's share have in common, a row of the image's words a
+    /// unit.
+    fn carrying_in_bands(
+        &self,
+        (i, j): (u32, u32),
+        (cols, hr): (u32, u32),
+    ) -> Result<Carrying, String> {
+        let (c, h) = (self.carried(), self.carried_rows());
+        let px = self.carried_px() / h;
+        let fits = |lanes: u32| lanes_fit(c, h, lanes) && lanes >= c;
+        if !fits(cols) || !fits(hr) || self.carried_px() != h * px {
+            return Err(format!(
+                "an image of {c} channels of {h} rows carried in bands over {cols} columns and {hr} rows has no wafer kernel"
+            ));
+        }
+        let dealt = |lanes: u32, l: u32| share(c, h, bands_of(c, h, lanes), lanes, l);
+        let (col, row) = (dealt(cols, i), dealt(hr, j));
+        let (lo, hi) = (
+            col.rows.start.max(row.rows.start),
+            col.rows.end.min(row.rows.end),
+        );
+        let mine = if col.groups == row.groups { hi.saturating_sub(lo) } else { 0 };
+        Ok(Carrying {
+            mine,
+            at: lo.saturating_sub(col.rows.start),
+            to: lo.saturating_sub(row.rows.start),
+            pass: if self.pass > 0 { col.rows.len() as u32 } else { 0 },
+            px,
+            row: row.rows.len() as u32 * row.groups.len() as u32,
         })
     }
 
@@ -608,7 +659,12 @@ impl Dense {
                     "a half-precision convolution in bands of rows has no wafer kernel yet".into(),
                 )
             }
-            (Shape::Conv(_), _) if self.bands != (1, 1) => "a convolution in bands of rows",
+            (Shape::Conv(_), _) if self.bands != (1, 1) => {
+                return match self.more.is_empty() {
+                    true => Ok(()),
+                    false => Err("a convolution in bands of rows with further parts has no wafer kernel".into()),
+                }
+            }
             (Shape::ConvT(_), _) => "a transposed convolution",
             (_, Some(_)) => "a half-precision layer",
             _ => return Ok(()),

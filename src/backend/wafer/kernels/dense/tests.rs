@@ -211,6 +211,7 @@ fn trained(k: u32, n: u32, (batch, window): (u32, u32), dx: bool) -> Dense {
         first: false,
         pass: 0,
         pass_px: 1,
+        pass_rows: 1,
         side: None,
         joined: false,
         groups: 1,
