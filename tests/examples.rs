@@ -13,12 +13,12 @@ const HOST_ONLY: [(&str, &[&str], &str); 3] = [
     (
         "examples/mobilenet.est",
         &["E0603", "E0604"],
-        "batch norm keeps every sample of its step, and each PE of a kernel around a depthwise convolution holds whole channels (its images go in bands of rows only between convolutions that carry nothing): the first depthwise block's 32x32 planes of 32 samples do not fit a PE (E0603), or, on a small fabric, its kernels' lanes do not fit the PEs (E0604)",
+        "batch norm keeps every sample of its step, and each PE of a kernel around a depthwise convolution holds whole channels (its images go in bands of rows between plain convolutions only): the first depthwise block's 32x32 planes of 32 samples do not fit a PE (E0603), or, on a small fabric, its kernels' lanes do not fit the PEs (E0604)",
     ),
     (
         "examples/resnet20.est",
         &["E0603", "E0604"],
-        "batch norm keeps every sample of its step, and each PE of a kernel of a residual block holds whole channels (images go in bands of rows only between convolutions that carry nothing, not around a residual or a shortcut yet): a block's batch norm over 32x32 planes of 32 samples does not fit a PE (E0603 on wse2), or, on a small fabric, its kernels' lanes do not fit the PEs (E0604); its residuals and projection shortcuts have kernels",
+        "batch norm keeps every sample of its step, and each PE of a kernel of a block with a projection shortcut holds whole channels (images go in bands of rows through residuals, not through a shortcut yet): a block's batch norm over 32x32 planes of 32 samples does not fit a PE (E0603 on wse2), or, on a small fabric, its kernels' lanes do not fit the PEs (E0604); its residuals and projection shortcuts have kernels",
     ),
     (
         "examples/text_classifier.est",

@@ -1444,8 +1444,10 @@ fn strided_like_the_interpreter(
 /// the host sums before the update (`Layout::summed`: the layout has some, or this
 /// would not test bands). With batch norm after the first convolution (`bn`), the
 /// lanes of a channel sum its statistics, and their gradients' sums, together
-/// (`Vector::sums_in_bands`). Trained 3 steps like the interpreter (within 1e-4, as
-/// `compare` measures).
+/// (`Vector::sums_in_bands`); without it, at odd seeds, a residual block follows (two
+/// convolutions, the first carrying its input past itself in bands of rows, the second
+/// passing it on: `Dense::carrying_in_bands`, and the relays carrying it on). Trained
+/// 3 steps like the interpreter (within 1e-4, as `compare` measures).
 fn bands_like_the_interpreter(
     h: usize,
     filters: usize,
@@ -1467,9 +1469,17 @@ fn bands_like_the_interpreter(
         ),
         false => format!("conv2d({image}, {filters}, 3, padding: same, activation: relu)"),
     };
+    // (a residual block around two convolutions in half the cases: `bn` or not, one
+    // of the two)
+    let block = match (bn, seed % 2) {
+        (false, 1) => format!(
+            "  let x = relu(x + conv2d(relu(conv2d(x, {filters}, 3, padding: same)), {filters}, 3, padding: same))\n"
+        ),
+        _ => String::new(),
+    };
     let body = format!(
         "  let x = {first}
-  let y = conv2d(x, 2, 3, strides: {stride}, padding: same, activation: tanh)
+{block}  let y = conv2d(x, 2, 3, strides: {stride}, padding: same, activation: tanh)
   let z = conv2d(y, 2, [2, 2], strides: [2, 2], padding: same)
   let logits = dense(reshape(z, [B, -1]), {c})
 "

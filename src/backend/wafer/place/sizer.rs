@@ -570,10 +570,15 @@ impl<'a> Sizer<'a> {
     }
 
     /// The rows layer `k` may deal its input and output in bands of (`Dense::bands`):
-    /// a convolution's planes' when it may run in bands (`Dense::can_band`), else 1.
+    /// a convolution's planes' when it may run in bands (`Dense::can_band`) and is
+    /// neither a shortcut nor the layer a shortcut carries its input to, else 1.
     pub(super) fn band_rows(&self, k: usize) -> (u32, u32) {
+        // (not a shortcut, nor the layer it carries its input to: their images in
+        // bands have no kernel yet)
+        let shortcut =
+            self.f.carries_first(k) || k.checked_sub(1).is_some_and(|l| self.f.carries_first(l));
         match (&self.dense[k], self.dims[k]) {
-            (Some(layer), Some(d)) if layer.can_band() => d.shape.rows(),
+            (Some(layer), Some(d)) if layer.can_band() && !shortcut => d.shape.rows(),
             _ => (1, 1),
         }
     }

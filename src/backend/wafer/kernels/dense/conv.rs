@@ -66,13 +66,7 @@ impl Dense {
         let (send, recv) = links.fwd;
         let outputs = link(y, (g.wo, sw), &[(b, plane_out), (g.ho, row)], send, recv);
         // (a shortcut's input goes ahead of its outputs: `Dense::first`)
-        if self.first {
-            fwd.extend(carried);
-            fwd.push(outputs);
-        } else {
-            fwd.push(outputs);
-            fwd.extend(carried);
-        }
+        fwd.extend(self.in_order(outputs, carried));
         if self.train {
             fwd.push(self.count(0));
         }
@@ -102,13 +96,7 @@ impl Dense {
             Some(Back::Same) => (Some(Skip::Same((y, plane_out, row))), None),
             _ => (None, None),
         };
-        if self.first {
-            bwd.extend(take);
-            bwd.push(dy);
-        } else {
-            bwd.push(dy);
-            bwd.extend(take);
-        }
+        bwd.extend(self.in_order(dy, take.into_iter().collect()));
         if self.dx {
             // the input gradient: each output's gradient back through every tap
             bwd.push(zero(xp, a * plane_pad));
@@ -263,14 +251,18 @@ impl Dense {
     /// PE `(i, j)` of a `wc x hr` convolution in bands whose input band gives its
     /// output band nothing (`Geom::band`): it takes its column's inputs and its row's
     /// output gradients as the others do, keeping none, and passes its row's and its
-    /// column's partial sums on (zeros where a chain starts).
+    /// column's partial sums on (zeros where a chain starts). Of an image the layer
+    /// carries (`carry`), it passes its row's chain on too, adding the rows it holds
+    /// (`Carrying::mine`: kept from the sample's input, or from the share of an image
+    /// passed on), and their gradient to its column's input gradient (or to the passed
+    /// image's).
     pub(super) fn relay(
         &self,
-        i: u32,
-        j: u32,
+        (i, j): (u32, u32),
         (wc, hr): (u32, u32),
         c: Colours,
         (ins, outs): (&Share, &Share),
+        carry: Carrying,
     ) -> Program {
         let (w, wo) = match self.shape {
             Shape::Conv(g) => (g.w, g.wo),
@@ -290,21 +282,123 @@ impl Dense {
             dst: Dsd::Out { colour: send, len },
             srcs: vec![recv.map_or(Src::Imm(0.0), |colour| Src::V(Dsd::In { colour, len }))],
         };
+        let px = carry.px;
+        let mine = carry.mine * px;
+        // a received value kept (when it holds rows of the carried image) or dropped
+        let take = |p: &mut Program, name: &str, len: u32, colour: Colour| match mine {
+            0 => (None, drop(len, colour)),
+            _ => {
+                let buf = p.alloc(name, len);
+                (Some(buf), receive(Dsd::mem(buf, len), colour))
+            }
+        };
+        let (held, take_x) = take(&mut p, "x", x, c.x);
+        let mut fwd = vec![take_x];
+        // (the share of an image passed on comes after the input: the rows it holds)
+        let source = match carry.pass {
+            0 => held,
+            n => {
+                let (buf, t) = take(&mut p, "passed", n * px, c.x);
+                fwd.push(t);
+                buf
+            }
+        };
+        let outputs = pass(y, c.forward_link(i, wc));
+        let chain = carry.row * px;
+        let carried = match (chain, source) {
+            (0, _) => Vec::new(),
+            (_, Some(src)) => {
+                let buf = p.alloc("carried", chain);
+                vec![
+                    zero(buf, chain),
+                    Instr::Vec {
+                        op: VecOp::Mov,
+                        dst: Dsd::mem(buf + carry.to * px, mine),
+                        srcs: vec![Src::V(Dsd::mem(src + carry.at * px, mine))],
+                    },
+                    link(
+                        buf,
+                        (chain, 1),
+                        &[],
+                        c.forward_link(i, wc).0,
+                        c.forward_link(i, wc).1,
+                    ),
+                ]
+            }
+            (_, None) => vec![pass(chain, c.forward_link(i, wc))],
+        };
+        // (a shortcut's input goes ahead of its outputs: `Dense::first`)
+        fwd.extend(self.in_order(outputs, carried));
         p.tasks.push(Task {
             id: 0,
             name: "conv relay forward".into(),
             trigger: Trigger::Data(c.x),
-            body: vec![drop(x, c.x), pass(y, c.forward_link(i, wc))],
+            body: fwd,
         });
         if !self.train {
             return p;
         }
-        let mut bwd = vec![drop(y, c.dy)];
+        // the output gradient (kept when it is the carried image's: `Back::Same`),
+        // and the carried image's gradient after it (a shortcut's: before it)
+        let same = self.carry == Some(Back::Same);
+        let (dy, take_dy) = if same {
+            take(&mut p, "dy", y, c.dy)
+        } else {
+            (None, drop(y, c.dy))
+        };
+        let (skip, take_skip) = match self.carry {
+            Some(Back::Beside) if chain > 0 => {
+                let (buf, t) = take(&mut p, "skip dy", chain, c.dy);
+                (buf, Some(t))
+            }
+            _ => (dy, None),
+        };
+        let mut bwd = self.in_order(take_dy, take_skip.into_iter().collect());
         if self.dx {
-            bwd.push(pass(x, c.backward_link(j, hr)));
+            let links = c.backward_link(j, hr);
+            // the skip's rows (`wo` words a row in the output gradient, `px` in its own)
+            let row = if same { wo } else { px };
+            let added = |p: &mut Program, len: u32, at: u32| match skip {
+                Some(src) => {
+                    let buf = p.alloc("relayed dx", len);
+                    vec![
+                        zero(buf, len),
+                        Instr::Vec {
+                            op: VecOp::Mov,
+                            dst: Dsd::mem(buf + at, mine),
+                            srcs: vec![Src::V(Dsd::strided(
+                                src + carry.to * row,
+                                mine,
+                                1,
+                                &[],
+                                None,
+                            ))],
+                        },
+                        link(buf, (len, 1), &[], links.0, links.1),
+                    ]
+                }
+                None => vec![pass(len, links)],
+            };
+            match carry.pass {
+                // (its own input carried: the skip's gradient of its rows)
+                0 => bwd.extend(added(&mut p, x, carry.at * px)),
+                n => {
+                    bwd.push(pass(x, links));
+                    bwd.extend(added(&mut p, n * px, carry.at * px));
+                }
+            }
         }
         self.backward(&mut p, "conv relay backward", bwd, c.dy);
         p
+    }
+
+    /// `own` and what the PE carries with it (`carried`) in the order they travel: a
+    /// shortcut's carried input ahead of its own values (`first`), another's after.
+    fn in_order(&self, own: Instr, carried: Vec<Instr>) -> Vec<Instr> {
+        match self.first {
+            true => carried.into_iter().chain([own]).collect(),
+            false => std::iter::once(own).chain(carried).collect(),
+        }
     }
 
     /// The `a` planes of `h x w` of counter `k`'s slot of a stash at `xs`, moved row by

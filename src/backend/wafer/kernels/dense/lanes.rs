@@ -1,10 +1,11 @@
 //! A layer's lanes: the columns and rows of a frame it uses, what each column takes
 //! and each row gives of a sample (groups of features or channels, or a channel's band
-//! of rows: `kernels::share`), when a convolution runs in bands (`Dense::bands`), and
-//! the runs of its weight a PE holds.
+//! of rows: `kernels::share`), when a convolution runs in bands (`Dense::bands`), the
+//! runs of its weight a PE holds, and what it adds to its row's chain of what the layer
+//! carries (`Carrying`).
 
-use super::super::{bands_of, share, used, Share};
-use super::{Dense, Geom, Shape};
+use super::super::{bands_of, lanes_fit, share, split, used, Share};
+use super::{Back, Carrying, Dense, Geom, Shape};
 
 impl Dense {
     /// The columns and rows of a `w x h` frame that hold a block (each part gets
@@ -140,5 +141,96 @@ impl Dense {
         Ok((rows.iter())
             .flat_map(|&r| (0..g).map(move |q| (r * self.n + q * per + start, len)))
             .collect())
+    }
+
+    /// What PE `(i, j)` of a frame of `hr` rows, holding input groups `ks` of its row's
+    /// `cols` columns, adds to its row's chain for what the layer carries past itself
+    /// (`Carrying`; nothing when it carries nothing).
+    pub(super) fn carrying(
+        &self,
+        (i, j): (u32, u32),
+        hr: u32,
+        ks: &std::ops::Range<u32>,
+        cols: u32,
+    ) -> Result<Carrying, String> {
+        let Some(back) = self.carry else {
+            return Ok(Carrying::default());
+        };
+        let conv = matches!(self.shape, Shape::Conv(_));
+        let tokens = matches!(self.shape, Shape::Tokens { .. });
+        if !conv && !tokens && self.shape != Shape::Matmul {
+            return Err(
+                "a residual around an embedding or a flattened image has no wafer kernel yet"
+                    .into(),
+            );
+        }
+        let same_plane = match self.shape {
+            Shape::Conv(g) => self.carried_px() == g.ho * g.wo,
+            _ => true,
+        };
+        if back == Back::Same && (self.carried() != self.n || !same_plane) {
+            return Err("a residual whose sum has another shape than its layer's input".into());
+        }
+        if self.bands != (1, 1) {
+            return self.carrying_in_bands((i, j), (cols, hr));
+        }
+        let rows = split(self.carried(), hr, j);
+        // (a value passed on: this column's share of it, after its inputs)
+        let ks = match self.pass {
+            0 => ks.clone(),
+            _ => split(self.carried(), cols, i),
+        };
+        let (lo, hi) = (ks.start.max(rows.start), ks.end.min(rows.end));
+        Ok(Carrying {
+            mine: hi.saturating_sub(lo),
+            at: lo.saturating_sub(ks.start),
+            to: lo.saturating_sub(rows.start),
+            pass: if self.pass > 0 { ks.len() as u32 } else { 0 },
+            px: self.carried_px(),
+            row: rows.len() as u32,
+        })
+    }
+
+    /// `carrying` in bands (`bands`): the image it carries (its input, or one it passes
+    /// on) dealt over its columns and over its rows as an image is over lanes
+    /// (`kernels::share`), at most one channel a lane; PE `(i, j)` copies the rows its
+    /// column's share and its row's share have in common, a row of the image's words a
+    /// unit.
+    fn carrying_in_bands(
+        &self,
+        (i, j): (u32, u32),
+        (cols, hr): (u32, u32),
+    ) -> Result<Carrying, String> {
+        let (c, h) = (self.carried(), self.carried_rows());
+        let px = self.carried_px() / h;
+        let fits = |lanes: u32| lanes_fit(c, h, lanes) && lanes >= c;
+        if !fits(cols) || !fits(hr) || self.carried_px() != h * px {
+            return Err(format!(
+                "an image of {c} channels of {h} rows carried in bands over {cols} columns and {hr} rows has no wafer kernel"
+            ));
+        }
+        let dealt = |lanes: u32, l: u32| share(c, h, bands_of(c, h, lanes), lanes, l);
+        let (col, row) = (dealt(cols, i), dealt(hr, j));
+        let (lo, hi) = (
+            col.rows.start.max(row.rows.start),
+            col.rows.end.min(row.rows.end),
+        );
+        let mine = if col.groups == row.groups {
+            hi.saturating_sub(lo)
+        } else {
+            0
+        };
+        Ok(Carrying {
+            mine,
+            at: lo.saturating_sub(col.rows.start),
+            to: lo.saturating_sub(row.rows.start),
+            pass: if self.pass > 0 {
+                col.rows.len() as u32
+            } else {
+                0
+            },
+            px,
+            row: row.rows.len() as u32 * row.groups.len() as u32,
+        })
     }
 }
