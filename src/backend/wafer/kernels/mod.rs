@@ -212,12 +212,7 @@ pub fn lanes_fit(groups: u32, rows: u32, lanes: u32) -> bool {
 /// The lane counts that each hold a share of a sample of `groups` groups of `rows`
 /// rows (`lanes_fit`), fewest first, up to `most`.
 pub fn lane_counts(groups: u32, rows: u32, most: u32) -> Vec<u32> {
-    let whole = (1..=groups.min(most)).filter(|&l| used(groups, l) == l);
-    let bands = (2..=rows)
-        .filter(|&b| used(rows, b) == b)
-        .map(|b| groups * b)
-        .take_while(|&l| l <= most);
-    whole.chain(bands).collect()
+    (1..=most).filter(|&l| lanes_fit(groups, rows, l)).collect()
 }
 
 /// A lane's share of a sample (`share`): its groups, and their rows.

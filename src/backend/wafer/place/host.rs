@@ -10,7 +10,7 @@ use super::{HostLane, HostStream, LayoutError, Placed};
 use crate::backend::wafer::form::{self, image, End, Formed, Kind};
 use crate::backend::wafer::isa::Colour;
 use crate::backend::wafer::kernels::dense::Shape;
-use crate::backend::wafer::kernels::{bands_of, share, split, Laid};
+use crate::backend::wafer::kernels::{split, Laid};
 use crate::backend::wafer::sim::{Dir, HostIn, Route};
 use crate::ir::{NodeIndex, Op};
 
@@ -123,19 +123,19 @@ pub(super) fn leg(
                 elems: groups,
             });
         }
-    } else if let (0, Some(d)) = (b, dims[b]) {
+    } else if let (0, Some(d), Some(layer)) = (b, dims[b], sizer.dense[b].as_ref()) {
         if let (true, Some((_, _, c))) = (d.shape.images(), image(g, node)) {
             channels = c;
         }
-        let (cols, rows) = (lanes.inp[b], d.shape.rows().0);
+        let cols = lanes.inp[b];
+        let layer = layer.on_lanes(cols, lanes.out[b]);
         for i in 0..cols {
             let (x, y) = p.orient.at((p.x, p.y), i, 0);
-            // a column's groups (or, in bands, a channel's band of rows); an
-            // embedding's columns each take every id
+            // a column's groups (or, in bands, a channel's band of rows), as the layer
+            // takes them; an embedding's columns each take every id
             let elems = match d.shape {
                 Shape::Gather { t } => 0..t,
-                _ => share(d.k, rows, bands_of(d.k, rows, cols), cols, i)
-                    .words(rows, d.shape.per_in() / rows),
+                _ => layer.column_words(cols, i),
             };
             host_lanes.push(HostLane {
                 x,

@@ -202,10 +202,7 @@ impl<'a> Sizer<'a> {
             .map(|k| match (dims[k], width.get(k + 1).copied().flatten()) {
                 (Some(d), Some(wd)) => (crate::backend::wafer::kernels::lane_counts(
                     wd,
-                    match &dense[k] {
-                        Some(layer) if layer.can_band() => d.shape.rows().1,
-                        _ => 1,
-                    },
+                    band_rows(f, (dense[k].as_ref(), Some(d)), k).1,
                     fab.width.max(fab.height),
                 )
                 .into_iter())
@@ -573,19 +570,23 @@ impl<'a> Sizer<'a> {
     /// a convolution's planes' when it may run in bands (`Dense::can_band`) and is
     /// neither a shortcut nor the layer a shortcut carries its input to, else 1.
     pub(super) fn band_rows(&self, k: usize) -> (u32, u32) {
-        // (not a shortcut, nor the layer it carries its input to: their images in
-        // bands have no kernel yet)
-        let shortcut =
-            self.f.carries_first(k) || k.checked_sub(1).is_some_and(|l| self.f.carries_first(l));
-        match (&self.dense[k], self.dims[k]) {
-            (Some(layer), Some(d)) if layer.can_band() && !shortcut => d.shape.rows(),
-            _ => (1, 1),
-        }
+        band_rows(self.f, (self.dense[k].as_ref(), self.dims[k]), k)
     }
 
     /// The rows of the images vector kernel `k` deals (those the layer before gives;
     /// 1 when that is no convolution): what bands of its lanes may split.
     pub(super) fn image_rows(&self, k: usize) -> u32 {
         k.checked_sub(1).map_or(1, |l| self.band_rows(l).1)
+    }
+}
+
+/// `Sizer::band_rows` of layer `k` (its kernel and dimensions) of `f`.
+fn band_rows(f: &Formed, (layer, dims): (Option<&Dense>, Option<Dims>), k: usize) -> (u32, u32) {
+    // (not a shortcut, nor the layer it carries its input to: their images in bands
+    // have no kernel yet)
+    let shortcut = f.carries_first(k) || k.checked_sub(1).is_some_and(|l| f.carries_first(l));
+    match (layer, dims) {
+        (Some(layer), Some(d)) if layer.can_band() && !shortcut => d.shape.rows(),
+        _ => (1, 1),
     }
 }

@@ -282,53 +282,23 @@ impl Dense {
             dst: Dsd::Out { colour: send, len },
             srcs: vec![recv.map_or(Src::Imm(0.0), |colour| Src::V(Dsd::In { colour, len }))],
         };
-        let px = carry.px;
-        let mine = carry.mine * px;
+        let (px, mine) = (carry.px, carry.mine > 0);
         // a received value kept (when it holds rows of the carried image) or dropped
-        let take = |p: &mut Program, name: &str, len: u32, colour: Colour| match mine {
-            0 => (None, drop(len, colour)),
-            _ => {
+        let take = |p: &mut Program, name: &str, len: u32, colour: Colour, keep: bool| match keep {
+            false => (sink, drop(len, colour)),
+            true => {
                 let buf = p.alloc(name, len);
-                (Some(buf), receive(Dsd::mem(buf, len), colour))
+                (buf, receive(Dsd::mem(buf, len), colour))
             }
         };
-        let (held, take_x) = take(&mut p, "x", x, c.x);
+        // (its input, for its rows of the carried input; an image passed on comes after
+        // it, which `carried_image` takes)
+        let (held, take_x) = take(&mut p, "x", x, c.x, mine && carry.pass == 0);
         let mut fwd = vec![take_x];
-        // (the share of an image passed on comes after the input: the rows it holds)
-        let source = match carry.pass {
-            0 => held,
-            n => {
-                let (buf, t) = take(&mut p, "passed", n * px, c.x);
-                fwd.push(t);
-                buf
-            }
-        };
-        let outputs = pass(y, c.forward_link(i, wc));
-        let chain = carry.row * px;
-        let carried = match (chain, source) {
-            (0, _) => Vec::new(),
-            (_, Some(src)) => {
-                let buf = p.alloc("carried", chain);
-                vec![
-                    zero(buf, chain),
-                    Instr::Vec {
-                        op: VecOp::Mov,
-                        dst: Dsd::mem(buf + carry.to * px, mine),
-                        srcs: vec![Src::V(Dsd::mem(src + carry.at * px, mine))],
-                    },
-                    link(
-                        buf,
-                        (chain, 1),
-                        &[],
-                        c.forward_link(i, wc).0,
-                        c.forward_link(i, wc).1,
-                    ),
-                ]
-            }
-            (_, None) => vec![pass(chain, c.forward_link(i, wc))],
-        };
-        // (a shortcut's input goes ahead of its outputs: `Dense::first`)
-        fwd.extend(self.in_order(outputs, carried));
+        let links = c.forward_link(i, wc);
+        let (passed, carried) = self.carried_image(&mut p, carry, (held, x), c.x, links);
+        fwd.extend(passed);
+        fwd.extend(self.in_order(pass(y, links), carried));
         p.tasks.push(Task {
             id: 0,
             name: "conv relay forward".into(),
@@ -341,50 +311,38 @@ impl Dense {
         // the output gradient (kept when it is the carried image's: `Back::Same`),
         // and the carried image's gradient after it (a shortcut's: before it)
         let same = self.carry == Some(Back::Same);
-        let (dy, take_dy) = if same {
-            take(&mut p, "dy", y, c.dy)
-        } else {
-            (None, drop(y, c.dy))
-        };
+        let (dy, take_dy) = take(&mut p, "dy", y, c.dy, mine && same);
+        let chain = carry.row * px;
         let (skip, take_skip) = match self.carry {
             Some(Back::Beside) if chain > 0 => {
-                let (buf, t) = take(&mut p, "skip dy", chain, c.dy);
-                (buf, Some(t))
+                let (d, t) = take(&mut p, "skip dy", chain, c.dy, mine);
+                (mine.then_some(Skip::Beside(d)), Some(t))
             }
-            _ => (dy, None),
+            // (its rows, a row of `wo` words, in the output gradient)
+            Some(Back::Same) if mine => (Some(Skip::Same((dy, wo, wo))), None),
+            _ => (None, None),
         };
         let mut bwd = self.in_order(take_dy, take_skip.into_iter().collect());
         if self.dx {
             let links = c.backward_link(j, hr);
-            // the skip's rows (`wo` words a row in the output gradient, `px` in its own)
-            let row = if same { wo } else { px };
-            let added = |p: &mut Program, len: u32, at: u32| match skip {
-                Some(src) => {
+            // the input gradient's (or the passed image's) part: its rows' gradient
+            let added = |p: &mut Program, len: u32| match skip {
+                Some(skip) => {
                     let buf = p.alloc("relayed dx", len);
+                    let dst = Dsd::strided(buf + carry.at * px, px, 1, &[px, px], None);
                     vec![
                         zero(buf, len),
-                        Instr::Vec {
-                            op: VecOp::Mov,
-                            dst: Dsd::mem(buf + at, mine),
-                            srcs: vec![Src::V(Dsd::strided(
-                                src + carry.to * row,
-                                mine,
-                                1,
-                                &[],
-                                None,
-                            ))],
-                        },
+                        skip.added(carry, dst, (px, 1)),
                         link(buf, (len, 1), &[], links.0, links.1),
                     ]
                 }
                 None => vec![pass(len, links)],
             };
             match carry.pass {
-                // (its own input carried: the skip's gradient of its rows)
-                0 => bwd.extend(added(&mut p, x, carry.at * px)),
+                0 => bwd.extend(added(&mut p, x)),
                 n => {
                     bwd.push(pass(x, links));
-                    bwd.extend(added(&mut p, n * px, carry.at * px));
+                    bwd.extend(added(&mut p, n * px));
                 }
             }
         }

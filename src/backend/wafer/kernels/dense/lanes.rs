@@ -19,14 +19,6 @@ impl Dense {
         )
     }
 
-    /// The rows of its input's planes and of its output's (a convolution's; 1 else).
-    pub(super) fn plane_rows(&self) -> (u32, u32) {
-        match self.shape {
-            Shape::ConvT(g) => (g.ho, g.h),
-            shape => shape.rows(),
-        }
-    }
-
     /// Whether it may run in bands of rows (`bands`): a convolution in f32 without
     /// further parts (what it carries, its input or an image it passes on, goes in
     /// bands too: `carrying_in_bands`).
@@ -70,22 +62,22 @@ impl Dense {
 
     /// What column `i` of `wc` takes of a sample: its input groups, or a channel's band.
     pub fn column(&self, wc: u32, i: u32) -> Share {
-        share(self.k, self.plane_rows().0, self.bands.0, wc, i)
+        share(self.k, self.shape.rows().0, self.bands.0, wc, i)
     }
 
     /// What row `j` of `hr` gives of a sample: its output groups, or a channel's band.
     pub fn out_row(&self, hr: u32, j: u32) -> Share {
-        share(self.n, self.plane_rows().1, self.bands.1, hr, j)
+        share(self.n, self.shape.rows().1, self.bands.1, hr, j)
     }
 
     /// The words of a sample's input that column `i` of `wc` takes, and of its output
     /// that row `j` of `hr` gives.
     pub fn column_words(&self, wc: u32, i: u32) -> std::ops::Range<u32> {
-        let rows = self.plane_rows().0;
+        let rows = self.shape.rows().0;
         self.column(wc, i).words(rows, self.shape.per_in() / rows)
     }
     pub fn row_words(&self, hr: u32, j: u32) -> std::ops::Range<u32> {
-        let rows = self.plane_rows().1;
+        let rows = self.shape.rows().1;
         self.out_row(hr, j).words(rows, self.shape.per_out() / rows)
     }
 

@@ -278,7 +278,7 @@ impl Dense {
         if self.pass > 0 {
             self.pass_rows.max(1)
         } else {
-            self.plane_rows().0
+            self.shape.rows().0
         }
     }
 
@@ -381,6 +381,11 @@ impl Dense {
             all += cols;
         }
         let mut laid = Laid::default();
+        // (in bands, each PE of a pair of channels sums the filter's gradient over its
+        // band)
+        if self.bands != (1, 1) && self.train {
+            laid.summed.insert(self.grad.clone());
+        }
         for (d, part, first, cols, c) in parts {
             for i in 0..cols {
                 let ks = d.column(cols, i);
@@ -469,9 +474,6 @@ impl Dense {
         let dw = if self.train {
             let base = p.alloc(&self.grad, size);
             piece(laid, &self.grad, base, block.clone());
-            if self.bands != (1, 1) {
-                laid.summed.insert(self.grad.clone());
-            }
             for name in &self.hosts {
                 let base = p.alloc(name, 1);
                 piece(laid, name, base, vec![(0, 1)]);
@@ -566,29 +568,16 @@ impl Dense {
     }
 
     /// Whether a layer that carries nothing and has no further parts is all its PEs have
-    /// a body for (a transposed convolution, a layer in half precision): an error for
-    /// what else it has.
+    /// a body for (a transposed convolution, a layer in half precision), and a layer in
+    /// bands one that may be (`can_band`): an error for what else it has.
     fn plain(&self) -> Result<(), String> {
+        if self.bands != (1, 1) {
+            return match self.can_band() {
+                true => Ok(()),
+                false => Err("in bands of rows the wafer has kernels for convolutions in f32 without further parts alone".into()),
+            };
+        }
         let what = match (self.shape, self.half) {
-            (_, _) if self.bands != (1, 1) && !matches!(self.shape, Shape::Conv(_)) => {
-                return Err(
-                    "a layer in bands of rows that is not a convolution has no wafer kernel".into(),
-                )
-            }
-            (_, Some(_)) if self.bands != (1, 1) => {
-                return Err(
-                    "a half-precision convolution in bands of rows has no wafer kernel yet".into(),
-                )
-            }
-            (Shape::Conv(_), _) if self.bands != (1, 1) => {
-                return match self.more.is_empty() {
-                    true => Ok(()),
-                    false => Err(
-                        "a convolution in bands of rows with further parts has no wafer kernel"
-                            .into(),
-                    ),
-                }
-            }
             (Shape::ConvT(_), _) => "a transposed convolution",
             (_, Some(_)) => "a half-precision layer",
             _ => return Ok(()),

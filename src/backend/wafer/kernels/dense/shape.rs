@@ -182,11 +182,13 @@ impl Shape {
         }
     }
 
-    /// The rows of a sample's input planes and of its output's: a convolution's,
-    /// which it may take and give in bands of rows (`Dense::bands`); 1 else.
+    /// The rows of a sample's input planes and of its output's (a convolution's,
+    /// which it may take and give in bands of rows, `Dense::bands`; a transposed
+    /// one's); 1 else.
     pub fn rows(&self) -> (u32, u32) {
         match self {
             Shape::Conv(g) => (g.h, g.ho),
+            Shape::ConvT(g) => (g.ho, g.h),
             _ => (1, 1),
         }
     }

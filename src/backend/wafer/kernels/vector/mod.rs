@@ -388,11 +388,8 @@ impl Vector<'_> {
         if c != w {
             return None;
         }
-        // (in bands: the lane's channel)
-        let share = match self.bands(lanes) {
-            1 => split(c, lanes, lane),
-            b => (lane / b).min(c)..(lane / b + 1).min(c),
-        };
+        // (its channels, or in bands its channel)
+        let share = share(c, 1, self.bands(lanes), lanes, lane).groups;
         let runs = ty.elements() as u32 / c;
         Some(
             (0..runs)
