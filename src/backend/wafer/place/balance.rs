@@ -130,6 +130,7 @@ impl Sizer<'_> {
             let ok = |w: u32, h: u32| {
                 t.admits(self.layer_period(k, d, w, h))
                     && self.layer_fits(k, w, h)
+                    && self.lanes_after_meet(k, h, t)
                     && reachable(h)
                     && self.part_lanes(k, h, t).is_some()
             };
@@ -175,6 +176,18 @@ impl Sizer<'_> {
             lanes.more[k] = self.part_lanes(k, h, t)?;
         }
         Some(lanes).filter(|l| self.on_fabric(l))
+    }
+
+    /// Whether the vector kernels of several lanes just after layer `k` meet budget `t`
+    /// on the `h` lanes it gives them (they take its rows as theirs: a layer with too
+    /// few rows for them is no sizing at `t`, where one with more may be).
+    fn lanes_after_meet(&self, k: usize, h: u32, t: Budget) -> bool {
+        (k + 1..self.f.kernels.len())
+            .take_while(|&j| self.dims[j].is_none() && self.width[j].is_some())
+            .all(|j| {
+                self.vector_lanes(j, Some(h), 1)
+                    .is_none_or(|l| self.vector_period(j, l, 1, 1).is_some_and(|c| t.admits(c)))
+            })
     }
 
     /// Whether a sizing's staircase (of the kernels it has sized so far) is within the

@@ -30,9 +30,11 @@ pub(super) struct Levels {
     /// Each pass's deepest level.
     pub deepest: [u8; 2],
     /// In a kernel with levels, whose stash holds every sample of the step: the values
-    /// made by elementwise ops, which each pass and level that reads one computes again
-    /// from what it reads rather than stash it (a batch norm's `x - mean`, read in
-    /// three places, is one subtraction in each; the stash keeps `x`).
+    /// made by elementwise ops or spread from step values, which each pass and level
+    /// that reads one computes again from what it reads rather than stash it (a batch
+    /// norm's `x - mean`, read in three places, is one subtraction in each; the stash
+    /// keeps `x`). An output among them is also computed where it is sent from (a
+    /// batch norm's ReLU, whose mask the backward pass reads again from `x`).
     pub recomputed: BTreeSet<NodeIndex>,
     /// The nodes each pass and level computes, in order: those made there, and the
     /// values made elsewhere that it computes again to read them (`recomputed`).
@@ -163,19 +165,28 @@ impl Vector<'_> {
             let d = &mut lv.deepest[usize::from(p.min(1))];
             *d = (*d).max(l);
         }
-        // (a barrier's elementwise values, and an image's windows and paddings, which
-        // overlap: a depthwise convolution's taps would stash its image nine times)
+        // (a barrier's elementwise values and step values spread over a sample, and an
+        // image's windows and paddings, which overlap: a depthwise convolution's taps
+        // would stash its image nine times; an output too, where it is sent from its
+        // own place, which computes it as well)
         let deep = lv.deep();
+        let has_bwd = self.has_backward();
         lv.recomputed = (self.nodes().iter())
             .copied()
             .filter(|&n| {
-                let moved = planes(g, n).is_some() && moves_pixels(&g.node(n).op, g.ty(n).rank());
+                let op = &g.node(n).op;
+                let moved = planes(g, n).is_some() && moves_pixels(op, g.ty(n).rank());
+                let spread = matches!(op, Op::BroadcastTo | Op::Reshape)
+                    && (g.operands(n).iter())
+                        .all(|&o| f.class[f.resolve(o).index()] != Class::Sample);
+                let sent_elsewhere = (self.outputs.iter()).any(|o| {
+                    o.node == n && Some(self.sent_at(o, &lv, has_bwd)) != lv.at.get(&n).copied()
+                });
                 f.class[n.index()] == Class::Sample
-                    && ((deep && elementwise(&g.node(n).op)) || moved)
-                    && !self.outputs.iter().any(|o| o.node == n)
+                    && ((deep && (elementwise(op) || spread)) || moved)
+                    && !sent_elsewhere
             })
             .collect();
-        let has_bwd = self.has_backward();
         for pass in 0..=u8::from(has_bwd) {
             for level in 0..=lv.deepest[usize::from(pass)] {
                 let code = self.emitted(&lv, (pass, level));
@@ -189,13 +200,14 @@ impl Vector<'_> {
     /// after the values it computes again for it, just before their first reader, and
     /// a slice before every reader (so that they die soon: a depthwise convolution's
     /// nine windows, read going forward and again by their taps' gradients, are not
-    /// all live at once, only the padded image they are cut from). (Outputs sent there
-    /// are never recomputed: what they read is wanted through them.)
+    /// all live at once, only the padded image they are cut from). An output is
+    /// computed where it is made, recomputed or not.
     fn emitted(&self, lv: &Levels, at: At) -> Vec<NodeIndex> {
         let mut out = Vec::new();
         let mut done = BTreeSet::new();
         for &n in self.nodes() {
-            if lv.at.get(&n) == Some(&at) && !lv.recomputed.contains(&n) {
+            let output = self.outputs.iter().any(|o| o.node == n);
+            if lv.at.get(&n) == Some(&at) && (!lv.recomputed.contains(&n) || output) {
                 self.after_recomputed(n, lv, &mut done, &mut out);
             }
         }
