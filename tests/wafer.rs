@@ -1446,8 +1446,11 @@ fn strided_like_the_interpreter(
 /// lanes of a channel sum its statistics, and their gradients' sums, together
 /// (`Vector::sums_in_bands`); without it, at odd seeds, a residual block follows (two
 /// convolutions, the first carrying its input past itself in bands of rows, the second
-/// passing it on: `Dense::carrying_in_bands`, and the relays carrying it on). Trained
-/// 3 steps like the interpreter (within 1e-4, as `compare` measures).
+/// passing it on: `Dense::carrying_in_bands`, and the relays carrying it on), or, at
+/// every other odd seed, a strided one with a projection shortcut (the shortcut's
+/// rows carry its input to the block's first convolution in the bands that layer's
+/// columns take). Trained 3 steps like the interpreter (within 1e-4, as `compare`
+/// measures).
 fn bands_like_the_interpreter(
     h: usize,
     filters: usize,
@@ -1470,10 +1473,15 @@ fn bands_like_the_interpreter(
         false => format!("conv2d({image}, {filters}, 3, padding: same, activation: relu)"),
     };
     // (a residual block around two convolutions in half the cases: `bn` or not, one
-    // of the two)
-    let block = match (bn, seed % 2) {
+    // of the two; in half of those a strided block with a projection shortcut to one
+    // more channel)
+    let more = filters + 1;
+    let block = match (bn, seed % 4) {
         (false, 1) => format!(
             "  let x = relu(x + conv2d(relu(conv2d(x, {filters}, 3, padding: same)), {filters}, 3, padding: same))\n"
+        ),
+        (false, 3) => format!(
+            "  let x = relu(conv2d(relu(conv2d(x, {more}, 3, strides: 2, padding: same)), {more}, 3, padding: same) + conv2d(x, {more}, 1, strides: 2, padding: same))\n"
         ),
         _ => String::new(),
     };

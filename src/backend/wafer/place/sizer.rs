@@ -202,7 +202,7 @@ impl<'a> Sizer<'a> {
             .map(|k| match (dims[k], width.get(k + 1).copied().flatten()) {
                 (Some(d), Some(wd)) => (crate::backend::wafer::kernels::lane_counts(
                     wd,
-                    band_rows(f, (dense[k].as_ref(), Some(d)), k).1,
+                    band_rows((dense[k].as_ref(), Some(d))).1,
                     fab.width.max(fab.height),
                 )
                 .into_iter())
@@ -567,10 +567,9 @@ impl<'a> Sizer<'a> {
     }
 
     /// The rows layer `k` may deal its input and output in bands of (`Dense::bands`):
-    /// a convolution's planes' when it may run in bands (`Dense::can_band`) and is
-    /// neither a shortcut nor the layer a shortcut carries its input to, else 1.
+    /// a convolution's planes' when it may run in bands (`Dense::can_band`), else 1.
     pub(super) fn band_rows(&self, k: usize) -> (u32, u32) {
-        band_rows(self.f, (self.dense[k].as_ref(), self.dims[k]), k)
+        band_rows((self.dense[k].as_ref(), self.dims[k]))
     }
 
     /// The rows of the images vector kernel `k` deals (those the layer before gives;
@@ -580,13 +579,10 @@ impl<'a> Sizer<'a> {
     }
 }
 
-/// `Sizer::band_rows` of layer `k` (its kernel and dimensions) of `f`.
-fn band_rows(f: &Formed, (layer, dims): (Option<&Dense>, Option<Dims>), k: usize) -> (u32, u32) {
-    // (not a shortcut, nor the layer it carries its input to: their images in bands
-    // have no kernel yet)
-    let shortcut = f.carries_first(k) || k.checked_sub(1).is_some_and(|l| f.carries_first(l));
+/// `Sizer::band_rows` of a layer (its kernel and dimensions).
+fn band_rows((layer, dims): (Option<&Dense>, Option<Dims>)) -> (u32, u32) {
     match (layer, dims) {
-        (Some(layer), Some(d)) if layer.can_band() && !shortcut => d.shape.rows(),
+        (Some(layer), Some(d)) if layer.can_band() => d.shape.rows(),
         _ => (1, 1),
     }
 }

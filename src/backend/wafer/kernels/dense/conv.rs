@@ -84,7 +84,7 @@ impl Dense {
         );
         // the residual's image's gradient, received after the output gradient (a
         // shortcut's: before it) or the output gradient itself
-        let (px, banded) = (carry.px, self.bands != (1, 1));
+        let (px, banded) = (carry.px, carry.rows);
         let (skip, take) = match self.carry {
             Some(Back::Beside) if carry.row > 0 => {
                 let d = p.alloc("skip dy", carry.row * px);

@@ -163,7 +163,10 @@ impl Dense {
         if back == Back::Same && (self.carried() != self.n || !same_plane) {
             return Err("a residual whose sum has another shape than its layer's input".into());
         }
-        if self.bands != (1, 1) {
+        // (in bands when its columns or its rows deal the image's channels in bands:
+        // more lanes than channels; a shortcut's input to a layer that takes it so)
+        let c = self.carried();
+        if conv && self.carried_rows() > 1 && (hr > c || cols > c) {
             return self.carrying_in_bands((i, j), (cols, hr));
         }
         let rows = split(self.carried(), hr, j);
@@ -180,6 +183,7 @@ impl Dense {
             pass: if self.pass > 0 { ks.len() as u32 } else { 0 },
             px: self.carried_px(),
             row: rows.len() as u32,
+            rows: false,
         })
     }
 
@@ -223,6 +227,7 @@ impl Dense {
             },
             px,
             row: row.rows.len() as u32 * row.groups.len() as u32,
+            rows: true,
         })
     }
 }

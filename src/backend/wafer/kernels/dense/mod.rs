@@ -714,6 +714,9 @@ struct Carrying {
     pass: u32,
     px: u32,
     row: u32,
+    /// Whether its units are rows of an image in bands (`carrying_in_bands`), not
+    /// channels' planes.
+    rows: bool,
 }
 
 /// A PE's links in the forward chain and in the input gradients' chain: the colours it
