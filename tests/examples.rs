@@ -18,7 +18,7 @@ const HOST_ONLY: [(&str, &[&str], &str); 3] = [
     (
         "examples/resnet20.est",
         &["E0603", "E0604"],
-        "batch norm keeps every sample of its step: at 32 samples the first stage's kernels need 128 to 256 lanes each (a lane's band of 32x32 planes of every sample), and the staircase of its twenty layers at those widths is wider than wse2, so the layer sizes that fit a PE do not fit the fabric (E0603 on wse2, at 16 samples it checks), or, on a small fabric, its kernels' lanes do not fit the PEs (E0604); its residuals and projection shortcuts have kernels, in bands of rows too",
+        "batch norm keeps every sample of its step: at 32 samples the first stage's kernels need 128 to 256 lanes each (a lane's band of 32x32 planes of every sample), and the staircase of its twenty layers at those widths spans 1118x1387 PEs, wider and taller than wse2 (E0604 on wse2; at 16 samples it checks), or, on a small fabric, its kernels' lanes do not fit the PEs (E0603 or E0604); its residuals and projection shortcuts have kernels, in bands of rows too",
     ),
     (
         "examples/text_classifier.est",

@@ -1516,6 +1516,16 @@ fn bands_like_the_interpreter(
     compare_with(&d, &body, (opt, lr), (&floats(k), batch, 64, seed))
 }
 
+/// A case the proptest met: the layout's search tried a sizing in which a layer
+/// carries an image of 2 channels in bands over 4 columns (2 bands each) and whole
+/// over its one row, which had no kernel (an E0601 that ended the search); its PEs now
+/// copy a channel's band into the run of both channels (`carrying_in_bands` with whole
+/// channels on one side).
+#[test]
+fn a_shortcut_from_bands_to_whole_channels_trains_like_the_interpreter() {
+    bands_like_the_interpreter(40, 2, (2, false), (4, 27)).unwrap();
+}
+
 /// A transposed convolution of random strides (1 to 3 each way), filter, padding and
 /// filters (Keras's `Conv2DTranspose`: the input gradient of the convolution that maps
 /// its output back), after a convolution that it upsamples, or first on the image,

@@ -514,7 +514,8 @@ columns, rows and PEs are missing and which kernel runs off first.
     for i in 0..40 { x = dense(x, 8) }
 
 The help names the rectangle the nearest layout spans and the smallest named fabric that
-holds it (`--wafer test64`, `wse2`); or use fewer layers.";
+holds it (`--wafer test64`, `wse2`), or, when none does, that rectangle as a `.toml`
+config's size; or use fewer layers.";
 
 pub const E0605: &str =
     "Streams between kernels travel on colours (virtual channels); two streams crossing one

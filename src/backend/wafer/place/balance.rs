@@ -289,8 +289,13 @@ impl Sizer<'_> {
                         1
                     } else {
                         // as many as the block size gives, or the floor, split evenly
+                        // (a floor past the outputs in bands of rows, where the layer
+                        // gives them)
                         let l = used(nn, nn.div_ceil(s)).max(self.floor[k]);
-                        (l..=nn).find(|&l| used(nn, l) == l).unwrap_or(nn)
+                        (l..=nn)
+                            .find(|&l| used(nn, l) == l)
+                            .or_else(|| (self.rows(k, nn).into_iter()).find(|&h| h > nn && h >= l))
+                            .unwrap_or(nn)
                     };
                     lanes.more[k] = (self.parts(k))
                         .map(|(_, pd)| used(pd.k, pd.k.div_ceil(s)))

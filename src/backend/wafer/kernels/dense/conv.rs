@@ -92,8 +92,8 @@ impl Dense {
                 (Some(Skip::Beside(d)), Some(take))
             }
             // (in bands, a unit of the carried image is a row: `carrying_in_bands`)
-            Some(Back::Same) if banded => (Some(Skip::Same((y, row, row))), None),
-            Some(Back::Same) => (Some(Skip::Same((y, plane_out, row))), None),
+            Some(Back::Same) if banded => (Some(Skip::Same((y, plane_out, row, g.ho))), None),
+            Some(Back::Same) => (Some(Skip::Same((y, plane_out, row, 0))), None),
             _ => (None, None),
         };
         bwd.extend(self.in_order(dy, take.into_iter().collect()));
@@ -103,8 +103,13 @@ impl Dense {
             bwd.push(taps(&tap_loops, xin.clone(), wt, yout.clone()));
             if let (Some(skip), 0, 1..) = (skip, carry.pass, carry.mine) {
                 // (its own input carried: the skip's gradient of its column's channels)
-                let unit = if banded { wp } else { plane_pad };
-                let dst = Dsd::strided(xp + inner + carry.at * unit, g.w, 1, &[unit, wp], None);
+                // (a row's place in its channel's padded plane, the rows of a share
+                // being within one channel)
+                let (unit, start) = match banded {
+                    true => (wp, (carry.at / g.h) * plane_pad + (carry.at % g.h) * wp),
+                    false => (plane_pad, carry.at * plane_pad),
+                };
+                let dst = Dsd::strided(xp + inner + start, g.w, 1, &[unit, wp], None);
                 let (w, h) = match skip {
                     Skip::Same(_) => (g.wo, g.ho),
                     Skip::Beside(_) => (g.w, g.h),
@@ -319,7 +324,11 @@ impl Dense {
                 (mine.then_some(Skip::Beside(d)), Some(t))
             }
             // (its rows, a row of `wo` words, in the output gradient)
-            Some(Back::Same) if mine => (Some(Skip::Same((dy, wo, wo))), None),
+            Some(Back::Same) if mine => {
+                let per = outs.rows.len() as u32;
+                let rows = if carry.rows { per } else { 0 };
+                (Some(Skip::Same((dy, per * wo, wo, rows))), None)
+            }
             _ => (None, None),
         };
         let mut bwd = self.in_order(take_dy, take_skip.into_iter().collect());
@@ -422,11 +431,12 @@ impl Dense {
 
 /// Where a convolution that carries a residual's image finds that image's gradient: in
 /// its own buffer (at a word), after the output gradient; or in the output gradient's
-/// planes (`Back::Same`: where they start, a plane's words and the rows' distance).
+/// planes (`Back::Same`: where they start, a plane's words, the rows' distance, and,
+/// where the carried units are rows, a channel's rows; 0 where they are planes).
 #[derive(Debug, Clone, Copy)]
 enum Skip {
     Beside(u32),
-    Same((u32, u32, u32)),
+    Same((u32, u32, u32, u32)),
 }
 
 impl Skip {
@@ -437,8 +447,12 @@ impl Skip {
         let px = carry.px;
         let src = match self {
             Skip::Beside(d) => Dsd::strided(d + carry.to * px, w, 1, &[px, w], None),
-            Skip::Same((y, plane, row)) => {
+            Skip::Same((y, plane, row, 0)) => {
                 Dsd::strided(y + carry.to * plane, w, 1, &[plane, row], None)
+            }
+            Skip::Same((y, plane, row, per)) => {
+                let start = (carry.to / per) * plane + (carry.to % per) * row;
+                Dsd::strided(y + start, w, 1, &[row, row], None)
             }
         };
         nest(

@@ -187,11 +187,12 @@ impl Dense {
         })
     }
 
-    /// `carrying` in bands (`bands`): the image it carries (its input, or one it passes
+    /// `carrying` in bands of rows: the image it carries (its input, or one it passes
     /// on) dealt over its columns and over its rows as an image is over lanes
-    /// (`kernels::share`), at most one channel a lane; PE `(i, j)` copies the rows its
-    /// column's share and its row's share have in common, a row of the image's words a
-    /// unit.
+    /// (`kernels::share`: whole channels, or one channel's band of rows, a lane); PE
+    /// `(i, j)` copies the rows its column's share and its row's share have in common
+    /// (a row of the image's words a unit: a run of them, since where both shares hold
+    /// several channels they hold them whole).
     fn carrying_in_bands(
         &self,
         (i, j): (u32, u32),
@@ -199,34 +200,34 @@ impl Dense {
     ) -> Result<Carrying, String> {
         let (c, h) = (self.carried(), self.carried_rows());
         let px = self.carried_px() / h;
-        let fits = |lanes: u32| lanes_fit(c, h, lanes) && lanes >= c;
-        if !fits(cols) || !fits(hr) || self.carried_px() != h * px {
+        if !lanes_fit(c, h, cols) || !lanes_fit(c, h, hr) || self.carried_px() != h * px {
             return Err(format!(
                 "an image of {c} channels of {h} rows carried in bands over {cols} columns and {hr} rows has no wafer kernel"
             ));
         }
         let dealt = |lanes: u32, l: u32| share(c, h, bands_of(c, h, lanes), lanes, l);
         let (col, row) = (dealt(cols, i), dealt(hr, j));
-        let (lo, hi) = (
-            col.rows.start.max(row.rows.start),
-            col.rows.end.min(row.rows.end),
-        );
-        let mine = if col.groups == row.groups {
-            hi.saturating_sub(lo)
-        } else {
-            0
+        let groups = col.groups.start.max(row.groups.start)..col.groups.end.min(row.groups.end);
+        let rows = col.rows.start.max(row.rows.start)..col.rows.end.min(row.rows.end);
+        // (where the common run starts within a share: its channels' rows one after
+        // another)
+        let offset = |s: &crate::backend::wafer::kernels::Share| {
+            (groups.start - s.groups.start) * s.rows.len() as u32 + rows.start - s.rows.start
         };
+        let units =
+            |s: &crate::backend::wafer::kernels::Share| s.groups.len() as u32 * s.rows.len() as u32;
+        let common = !groups.is_empty() && !rows.is_empty();
         Ok(Carrying {
-            mine,
-            at: lo.saturating_sub(col.rows.start),
-            to: lo.saturating_sub(row.rows.start),
-            pass: if self.pass > 0 {
-                col.rows.len() as u32
+            mine: if common {
+                groups.len() as u32 * rows.len() as u32
             } else {
                 0
             },
+            at: if common { offset(&col) } else { 0 },
+            to: if common { offset(&row) } else { 0 },
+            pass: if self.pass > 0 { units(&col) } else { 0 },
             px,
-            row: row.rows.len() as u32 * row.groups.len() as u32,
+            row: units(&row),
             rows: true,
         })
     }
