@@ -102,11 +102,13 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
             }
             // (no named fabric holding it: the rectangle it needs, not a larger
             // fabric that would not hold it either)
-            let beyond = format!(
-                "a fabric of at least {}x{} PEs (a `.toml` config: no named one is that large)",
-                p.extent.0, p.extent.1
-            );
-            let mut helps = vec![holding(p.extent, fab).unwrap_or(beyond)];
+            let beyond = || {
+                format!(
+                    "a fabric of at least {}x{} PEs (a `.toml` config: no named one is that large)",
+                    p.extent.0, p.extent.1
+                )
+            };
+            let mut helps = vec![holding(p.extent, fab).unwrap_or_else(beyond)];
             if p.floor {
                 helps.push("a smaller batch per step (kernels take enough PEs to hold a step's stashed activations)".to_string());
             }

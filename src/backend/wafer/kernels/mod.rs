@@ -223,6 +223,12 @@ pub struct Share {
 }
 
 impl Share {
+    /// The rows it holds of a sample, each of its groups' (a group a unit where groups
+    /// have one row).
+    pub fn units(&self) -> u32 {
+        self.groups.len() as u32 * self.rows.len() as u32
+    }
+
     /// The sample's words it holds when each row has `row` words (a plane, `rows`
     /// of them, `rows * row` a group).
     pub fn words(&self, rows: u32, row: u32) -> std::ops::Range<u32> {

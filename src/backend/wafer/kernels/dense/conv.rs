@@ -91,9 +91,7 @@ impl Dense {
                 let take = receive(Dsd::mem(d, carry.row * px), c.dy);
                 (Some(Skip::Beside(d)), Some(take))
             }
-            // (in bands, a unit of the carried image is a row: `carrying_in_bands`)
-            Some(Back::Same) if banded => (Some(Skip::Same((y, plane_out, row, g.ho))), None),
-            Some(Back::Same) => (Some(Skip::Same((y, plane_out, row, 0))), None),
+            Some(Back::Same) => (Some(Skip::Same((y, (g.ho, plane_out, row)))), None),
             _ => (None, None),
         };
         bwd.extend(self.in_order(dy, take.into_iter().collect()));
@@ -102,13 +100,9 @@ impl Dense {
             bwd.push(zero(xp, a * plane_pad));
             bwd.push(taps(&tap_loops, xin.clone(), wt, yout.clone()));
             if let (Some(skip), 0, 1..) = (skip, carry.pass, carry.mine) {
-                // (its own input carried: the skip's gradient of its column's channels)
-                // (a row's place in its channel's padded plane, the rows of a share
-                // being within one channel)
-                let (unit, start) = match banded {
-                    true => (wp, (carry.at / g.h) * plane_pad + (carry.at % g.h) * wp),
-                    false => (plane_pad, carry.at * plane_pad),
-                };
+                // (its own input carried: the skip's gradient of its column's channels,
+                // or rows, in their padded planes)
+                let (start, unit) = carry.place(carry.at, (g.h, plane_pad, wp));
                 let dst = Dsd::strided(xp + inner + start, g.w, 1, &[unit, wp], None);
                 let (w, h) = match skip {
                     Skip::Same(_) => (g.wo, g.ho),
@@ -273,8 +267,7 @@ impl Dense {
             Shape::Conv(g) => (g.w, g.wo),
             _ => (1, 1),
         };
-        let words = |s: &Share, row: u32| s.groups.len() as u32 * s.rows.len() as u32 * row;
-        let (x, y) = (words(ins, w), words(outs, wo));
+        let (x, y) = (ins.units() * w, outs.units() * wo);
         let mut p = Program::default();
         let sink = p.alloc("dropped", 1);
         let drop = |len: u32, colour: Colour| Instr::Vec {
@@ -326,8 +319,7 @@ impl Dense {
             // (its rows, a row of `wo` words, in the output gradient)
             Some(Back::Same) if mine => {
                 let per = outs.rows.len() as u32;
-                let rows = if carry.rows { per } else { 0 };
-                (Some(Skip::Same((dy, per * wo, wo, rows))), None)
+                (Some(Skip::Same((dy, (per, per * wo, wo)))), None)
             }
             _ => (None, None),
         };
@@ -431,12 +423,12 @@ impl Dense {
 
 /// Where a convolution that carries a residual's image finds that image's gradient: in
 /// its own buffer (at a word), after the output gradient; or in the output gradient's
-/// planes (`Back::Same`: where they start, a plane's words, the rows' distance, and,
-/// where the carried units are rows, a channel's rows; 0 where they are planes).
+/// planes (`Back::Same`: where they start, and a plane's rows, its words and the rows'
+/// distance, `Carrying::place`'s).
 #[derive(Debug, Clone, Copy)]
 enum Skip {
     Beside(u32),
-    Same((u32, u32, u32, u32)),
+    Same((u32, (u32, u32, u32))),
 }
 
 impl Skip {
@@ -447,12 +439,9 @@ impl Skip {
         let px = carry.px;
         let src = match self {
             Skip::Beside(d) => Dsd::strided(d + carry.to * px, w, 1, &[px, w], None),
-            Skip::Same((y, plane, row, 0)) => {
-                Dsd::strided(y + carry.to * plane, w, 1, &[plane, row], None)
-            }
-            Skip::Same((y, plane, row, per)) => {
-                let start = (carry.to / per) * plane + (carry.to % per) * row;
-                Dsd::strided(y + start, w, 1, &[row, row], None)
+            Skip::Same((y, planes)) => {
+                let (start, unit) = carry.place(carry.to, planes);
+                Dsd::strided(y + start, w, 1, &[unit, planes.2], None)
             }
         };
         nest(

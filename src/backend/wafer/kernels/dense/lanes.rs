@@ -211,23 +211,24 @@ impl Dense {
         let rows = col.rows.start.max(row.rows.start)..col.rows.end.min(row.rows.end);
         // (where the common run starts within a share: its channels' rows one after
         // another)
-        let offset = |s: &crate::backend::wafer::kernels::Share| {
+        let offset = |s: &Share| {
             (groups.start - s.groups.start) * s.rows.len() as u32 + rows.start - s.rows.start
         };
-        let units =
-            |s: &crate::backend::wafer::kernels::Share| s.groups.len() as u32 * s.rows.len() as u32;
-        let common = !groups.is_empty() && !rows.is_empty();
+        let (mine, at, to) = match !groups.is_empty() && !rows.is_empty() {
+            true => (
+                groups.len() as u32 * rows.len() as u32,
+                offset(&col),
+                offset(&row),
+            ),
+            false => (0, 0, 0),
+        };
         Ok(Carrying {
-            mine: if common {
-                groups.len() as u32 * rows.len() as u32
-            } else {
-                0
-            },
-            at: if common { offset(&col) } else { 0 },
-            to: if common { offset(&row) } else { 0 },
-            pass: if self.pass > 0 { units(&col) } else { 0 },
+            mine,
+            at,
+            to,
+            pass: if self.pass > 0 { col.units() } else { 0 },
             px,
-            row: units(&row),
+            row: row.units(),
             rows: true,
         })
     }

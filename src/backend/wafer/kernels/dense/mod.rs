@@ -719,6 +719,18 @@ struct Carrying {
     rows: bool,
 }
 
+impl Carrying {
+    /// Where unit `u` starts in planes of `per` rows, `plane` words apart, a row `row`
+    /// words (a row's place in its channel's plane, when its units are rows; a
+    /// plane's, else), and the distance from one unit to the next.
+    fn place(&self, u: u32, (per, plane, row): (u32, u32, u32)) -> (u32, u32) {
+        match self.rows {
+            true => ((u / per) * plane + (u % per) * row, row),
+            false => (u * plane, plane),
+        }
+    }
+}
+
 /// A PE's links in the forward chain and in the input gradients' chain: the colours it
 /// sends on and receives on.
 #[derive(Debug, Clone, Copy)]
