@@ -6,6 +6,8 @@ use super::lanes::*;
 use super::search::{thrifty, STEP_SLACK};
 use super::sizer::*;
 use super::{kernel_name, LayoutError};
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// How many of the first layer's smallest shapes a budget's chains are tried from.
 const SHAPES: usize = 8;
@@ -108,30 +110,14 @@ impl Sizer<'_> {
             let hs = self.rows(k, nn);
             // the next layer (past a strip) takes these rows as its columns: it must
             // still reach `t` on them
-            let next = (k + 1..nk).find_map(|j| self.dims[j].map(|d| (j, d, self.one_column(j))));
-            // (asked of every shape tried: remembered per row count)
-            let reached = std::cell::RefCell::new(std::collections::HashMap::new());
-            let reachable = |h: u32| match next {
-                Some((j, d2, one_column)) => *reached.borrow_mut().entry(h).or_insert_with(|| {
-                    self.takes(j, h)
-                        && (h == 1 || !one_column)
-                        && self.rows(j, d2.n).iter().any(|&h2| {
-                            let h2 = lanes_used(d2.n, h2);
-                            // (rows the layer after that takes: no bands for one that
-                            // is no convolution)
-                            let then = (j + 1..nk).find(|&i| self.dims[i].is_some());
-                            t.admits(self.layer_period(j, d2, h, h2))
-                                && self.layer_fits(j, h, h2)
-                                && then.is_none_or(|i| self.takes(i, h2))
-                        })
-                }),
-                None => true,
-            };
+            // (asked of every shape tried: the rows it may take remembered per column
+            // count)
+            let reached = RefCell::new(HashMap::new());
             let ok = |w: u32, h: u32| {
                 t.admits(self.layer_period(k, d, w, h))
                     && self.layer_fits(k, w, h)
                     && self.lanes_after_meet(k, h, t)
-                    && reachable(h)
+                    && self.next_reaches(&lanes, (k, w, h), t, &reached)
                     && self.part_lanes(k, h, t).is_some()
             };
             let (w, h) = match (prev, first) {
@@ -178,6 +164,52 @@ impl Sizer<'_> {
         Some(lanes).filter(|l| self.on_fabric(l))
     }
 
+    /// Whether the layer after layer `k` (past the vector kernels between) can meet
+    /// budget `t` on the `h` rows `k` gives it as its columns, with rows the kernels
+    /// after it take, and the staircase so far (`k` on `w x h` lanes, the vector
+    /// kernels on `h`) still on the fabric: the first row count of the next layer that
+    /// meets `t` may run in bands off the fabric where more columns would not. The row
+    /// counts that meet `t` are remembered in `reached` by column count.
+    fn next_reaches(
+        &self,
+        lanes: &Lanes,
+        (k, w, h): (usize, u32, u32),
+        t: Budget,
+        reached: &RefCell<HashMap<u32, Vec<u32>>>,
+    ) -> bool {
+        let nk = self.f.kernels.len();
+        let Some((j, d2)) = (k + 1..nk).find_map(|j| self.dims[j].map(|d| (j, d))) else {
+            return true;
+        };
+        let mut reached = reached.borrow_mut();
+        let rows = reached.entry(h).or_insert_with(|| {
+            if !self.takes(j, h) || (h > 1 && self.one_column(j)) {
+                return Vec::new();
+            }
+            // (rows the layer after that takes: no bands for one that is no
+            // convolution)
+            let then = (j + 1..nk).find(|&i| self.dims[i].is_some());
+            (self.rows(j, d2.n).into_iter())
+                .map(|h2| lanes_used(d2.n, h2))
+                .filter(|&h2| {
+                    t.admits(self.layer_period(j, d2, h, h2))
+                        && self.layer_fits(j, h, h2)
+                        && self.lanes_after_meet(j, h2, t)
+                        && then.is_none_or(|i| self.takes(i, h2))
+                })
+                .collect()
+        });
+        let mut so_far = lanes.clone();
+        (so_far.inp[k], so_far.out[k]) = (w, h);
+        for v in k + 1..j {
+            (so_far.inp[v], so_far.out[v], so_far.reps[v]) = (h, h, 1);
+        }
+        rows.iter().any(|&h2| {
+            (so_far.inp[j], so_far.out[j]) = (h, h2);
+            self.on_fabric(&so_far)
+        })
+    }
+
     /// Whether the vector kernels of several lanes just after layer `k` meet budget `t`
     /// on the `h` lanes it gives them (they take its rows as theirs: a layer with too
     /// few rows for them is no sizing at `t`, where one with more may be).
@@ -185,8 +217,8 @@ impl Sizer<'_> {
         (k + 1..self.f.kernels.len())
             .take_while(|&j| self.dims[j].is_none() && self.width[j].is_some())
             .all(|j| {
-                self.vector_lanes(j, Some(h), 1)
-                    .is_none_or(|l| self.vector_period(j, l, 1, 1).is_some_and(|c| t.admits(c)))
+                (self.vector_lanes(j, Some(h), 1).filter(|&l| l == h))
+                    .is_some_and(|l| self.vector_period(j, l, 1, 1).is_some_and(|c| t.admits(c)))
             })
     }
 
