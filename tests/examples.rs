@@ -23,7 +23,7 @@ const HOST_ONLY: [(&str, &[&str], &str); 3] = [
     (
         "examples/text_classifier.est",
         &["E0601"],
-        "a GRU, whose state is read past the layer after it",
+        "an embedding's sequence into a GRU: each step of the unrolled GRU takes its input from the host, and a sequence the wafer makes does not reach every step",
     ),
 ];
 
