@@ -440,7 +440,9 @@ gradients), and lays out chains of layers (a sum of products, one of them of the
 layer before and the others of the inputs, is one layer) with residuals around one
 dense layer (`h + f(h W)`) and layers of the inputs beside a later layer (a tower, a
 shortcut): a value computed on the wafer that several layers read, or one read further
-on than the sum just after the next layer, is E0601 too, as is a layer between two kernels
+on than the sum just after the next layer, is E0601 too (a sequence the wafer makes,
+such as an embedding's, read step by step by an unrolled recurrent layer is one: its
+steps take their inputs from the host), as is a layer between two kernels
 that run on one PE each (a `layer_norm` on both sides) when it does not fit one PE,
 and a value a kernel reads that
 mixes layers in anything but a scalar (a global norm and a shared weight's update
