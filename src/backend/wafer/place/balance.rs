@@ -80,10 +80,12 @@ impl Sizer<'_> {
     ) -> Option<Lanes> {
         let nk = self.f.kernels.len();
         let mut lanes = Lanes::new(nk);
+        // (the staircase of the kernels sized so far)
+        let mut walk = Walk::default();
         for k in 0..nk {
             // (a staircase that runs off the fabric already does with every kernel
             // still to size: they only add to it)
-            if k > 0 && !self.on_fabric(&lanes) {
+            if !self.holds(walk.extent) {
                 return None;
             }
             let prev = k.checked_sub(1).map(|p| lanes.out[p]);
@@ -104,6 +106,7 @@ impl Sizer<'_> {
                 lanes.inp[k] = l;
                 lanes.out[k] = l;
                 lanes.reps[k] = r;
+                walk.strip(lanes.strip(k));
                 continue;
             };
             let nn = d.n;
@@ -117,7 +120,7 @@ impl Sizer<'_> {
                 t.admits(self.layer_period(k, d, w, h))
                     && self.layer_fits(k, w, h)
                     && self.lanes_after_meet(k, h, t)
-                    && self.next_reaches(&lanes, (k, w, h), t, &reached)
+                    && self.next_reaches(walk, (k, w, h), t, &reached)
                     && self.part_lanes(k, h, t).is_some()
             };
             let (w, h) = match (prev, first) {
@@ -160,22 +163,25 @@ impl Sizer<'_> {
             lanes.inp[k] = w;
             lanes.out[k] = h;
             lanes.more[k] = self.part_lanes(k, h, t)?;
+            walk.layer(lanes.columns(k), h);
         }
         Some(lanes).filter(|l| self.on_fabric(l))
     }
 
     /// Whether the layer after layer `k` (past the vector kernels between) can meet
     /// budget `t` on the `h` rows `k` gives it as its columns, with rows the kernels
-    /// after it take, and the staircase so far (`k` on `w x h` lanes, the vector
-    /// kernels on `h`) still on the fabric: the first row count of the next layer that
-    /// meets `t` may run in bands off the fabric where more columns would not. The row
-    /// counts that meet `t` are remembered in `reached` by column count.
+    /// after it take, and the staircase (`walk`, the kernels before `k`; then `k` on
+    /// `w x h` lanes, the vector kernels on `h`, and the next layer on its fewest rows)
+    /// still on the fabric: the first row count of the next layer that meets `t` may
+    /// run in bands off the fabric where more columns would not. The row counts that
+    /// meet `t` are remembered in `reached` by column count (the fewest of them, whose
+    /// staircase is the smallest).
     fn next_reaches(
         &self,
-        lanes: &Lanes,
+        mut walk: Walk,
         (k, w, h): (usize, u32, u32),
         t: Budget,
-        reached: &RefCell<HashMap<u32, Vec<u32>>>,
+        reached: &RefCell<HashMap<u32, Option<u32>>>,
     ) -> bool {
         let nk = self.f.kernels.len();
         let Some((j, d2)) = (k + 1..nk).find_map(|j| self.dims[j].map(|d| (j, d))) else {
@@ -184,30 +190,30 @@ impl Sizer<'_> {
         let mut reached = reached.borrow_mut();
         let rows = reached.entry(h).or_insert_with(|| {
             if !self.takes(j, h) || (h > 1 && self.one_column(j)) {
-                return Vec::new();
+                return None;
             }
             // (rows the layer after that takes: no bands for one that is no
             // convolution)
             let then = (j + 1..nk).find(|&i| self.dims[i].is_some());
+            // (the fewest: the rows are tried fewest first)
             (self.rows(j, d2.n).into_iter())
                 .map(|h2| lanes_used(d2.n, h2))
-                .filter(|&h2| {
+                .find(|&h2| {
                     t.admits(self.layer_period(j, d2, h, h2))
                         && self.layer_fits(j, h, h2)
                         && self.lanes_after_meet(j, h2, t)
                         && then.is_none_or(|i| self.takes(i, h2))
                 })
-                .collect()
         });
-        let mut so_far = lanes.clone();
-        (so_far.inp[k], so_far.out[k]) = (w, h);
-        for v in k + 1..j {
-            (so_far.inp[v], so_far.out[v], so_far.reps[v]) = (h, h, 1);
+        let Some(fewest) = *rows else {
+            return false;
+        };
+        walk.layer(w, h);
+        for _ in k + 1..j {
+            walk.strip(h);
         }
-        rows.iter().any(|&h2| {
-            (so_far.inp[j], so_far.out[j]) = (h, h2);
-            self.on_fabric(&so_far)
-        })
+        walk.layer(h, fewest);
+        self.holds(walk.extent)
     }
 
     /// Whether the vector kernels of several lanes just after layer `k` meet budget `t`
@@ -225,7 +231,11 @@ impl Sizer<'_> {
     /// Whether a sizing's staircase (of the kernels it has sized so far) is within the
     /// fabric.
     fn on_fabric(&self, lanes: &Lanes) -> bool {
-        let (w, h) = extents(self.f, lanes);
+        self.holds(extents(self.f, lanes))
+    }
+
+    /// Whether the fabric holds a staircase of extent `(w, h)`.
+    fn holds(&self, (w, h): (u32, u32)) -> bool {
         w <= self.fab.width && h <= self.fab.height
     }
 

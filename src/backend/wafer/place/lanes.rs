@@ -318,26 +318,65 @@ pub(super) type Stair = ((u32, u32), (u32, u32), Orient);
 /// Each kernel's place on the staircase of a sizing (layers alternate orientation; a
 /// strip keeps its layer's).
 pub(super) fn staircase(f: &Formed, lanes: &Lanes) -> Vec<Stair> {
-    let mut orient = Orient::North;
-    let mut at = (0u32, 0u32);
-    let mut out = Vec::with_capacity(f.kernels.len());
-    for (k, kr) in f.kernels.iter().enumerate() {
-        let size = match kr.kind {
-            Kind::Dense { .. } => {
-                if k > 0 {
-                    orient = orient.flip();
-                }
-                orient.size(lanes.columns(k), lanes.out[k])
-            }
-            Kind::Vector { .. } => orient.size(1, lanes.strip(k)),
-        };
-        out.push((at, size, orient));
-        at = match orient {
-            Orient::North => (at.0 + size.0, at.1),
-            Orient::West => (at.0, at.1 + size.1),
-        };
+    let mut walk = Walk::default();
+    (f.kernels.iter().enumerate())
+        .map(|(k, kr)| match kr.kind {
+            Kind::Dense { .. } => walk.layer(lanes.columns(k), lanes.out[k]),
+            Kind::Vector { .. } => walk.strip(lanes.strip(k)),
+        })
+        .collect()
+}
+
+/// A staircase laid kernel by kernel: where the next kernel goes, the orientation of
+/// the last, whether one is laid yet, and the extent so far (the sizer's chains keep
+/// one as they size each kernel, and try a kernel's shape on a copy).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Walk {
+    at: (u32, u32),
+    orient: Orient,
+    laid: bool,
+    pub(super) extent: (u32, u32),
+}
+
+impl Default for Walk {
+    fn default() -> Walk {
+        Walk {
+            at: (0, 0),
+            orient: Orient::North,
+            laid: false,
+            extent: (0, 0),
+        }
     }
-    out
+}
+
+impl Walk {
+    /// A layer of `cols x rows` lanes laid next (turned from the kernel before's
+    /// orientation, but for the first kernel).
+    pub(super) fn layer(&mut self, cols: u32, rows: u32) -> Stair {
+        if self.laid {
+            self.orient = self.orient.flip();
+        }
+        self.lay(self.orient.size(cols, rows))
+    }
+
+    /// A strip of `lanes` lanes laid next, in the layer before's orientation.
+    pub(super) fn strip(&mut self, lanes: u32) -> Stair {
+        self.lay(self.orient.size(1, lanes))
+    }
+
+    fn lay(&mut self, size: (u32, u32)) -> Stair {
+        let stair = (self.at, size, self.orient);
+        self.at = match self.orient {
+            Orient::North => (self.at.0 + size.0, self.at.1),
+            Orient::West => (self.at.0, self.at.1 + size.1),
+        };
+        self.extent = (
+            self.extent.0.max(stair.0 .0 + size.0),
+            self.extent.1.max(stair.0 .1 + size.1),
+        );
+        self.laid = true;
+        stair
+    }
 }
 
 /// The staircase's width and height for a sizing.
