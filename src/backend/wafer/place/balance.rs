@@ -165,7 +165,7 @@ impl Sizer<'_> {
             lanes.more[k] = self.part_lanes(k, h, t)?;
             walk.layer(lanes.columns(k), h);
         }
-        Some(lanes).filter(|l| self.on_fabric(l))
+        self.holds(walk.extent).then_some(lanes)
     }
 
     /// Whether the layer after layer `k` (past the vector kernels between) can meet
@@ -226,12 +226,6 @@ impl Sizer<'_> {
                 (self.vector_lanes(j, Some(h), 1).filter(|&l| l == h))
                     .is_some_and(|l| self.vector_period(j, l, 1, 1).is_some_and(|c| t.admits(c)))
             })
-    }
-
-    /// Whether a sizing's staircase (of the kernels it has sized so far) is within the
-    /// fabric.
-    fn on_fabric(&self, lanes: &Lanes) -> bool {
-        self.holds(extents(self.f, lanes))
     }
 
     /// Whether the fabric holds a staircase of extent `(w, h)`.

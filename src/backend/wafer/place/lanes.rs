@@ -378,12 +378,3 @@ impl Walk {
         stair
     }
 }
-
-/// The staircase's width and height for a sizing.
-pub(super) fn extents(f: &Formed, lanes: &Lanes) -> (u32, u32) {
-    staircase(f, lanes)
-        .iter()
-        .fold((0, 0), |(w, h), &((x, y), (fw, fh), _)| {
-            (w.max(x + fw), h.max(y + fh))
-        })
-}

@@ -59,19 +59,22 @@ const TOKEN_TOWERS: &str = "a layer over each token of a sequence carries its ow
 
 const STEPS: &str = "each step of an unrolled recurrent layer (`gru`, `lstm`, a loop over time steps) takes its step of the sequence beside its state, from the host: a sequence the wafer makes (an `embedding`'s, a layer's) would have to reach every step at once, which the chain of layers does not route yet; feed the recurrent layer a sequence of the features (ids one-hot in the input pipeline, `map |(f, l)| (one_hot(f.ids, vocabulary), l)`: its input kernel, vocabulary by 3 or 4 units, takes the place of the embedding's table and its own), or train on the host (`--target host`)";
 
-/// Whether kernel `a` sends slices of a value to three or more layers: the steps of an
-/// unrolled recurrent layer, each taking its time step of a sequence the wafer makes.
-fn deals_steps(g: &Graph, f: &Formed, a: usize) -> bool {
-    let layers: std::collections::BTreeSet<usize> = (f.streams.iter())
-        .filter(|s| s.from == End::Kernel(a) && !s.bwd)
-        .filter(|s| matches!(g.node(s.node).op, Op::Slice { .. }))
-        .flat_map(|s| s.to.iter())
-        .filter_map(|t| match t {
+/// Whether some kernel sends slices of a value to three or more layers: the steps of
+/// an unrolled recurrent layer, each taking its time step of a sequence the wafer
+/// makes.
+fn deals_steps(g: &Graph, f: &Formed) -> bool {
+    let mut layers: BTreeMap<usize, std::collections::BTreeSet<usize>> = BTreeMap::new();
+    let slices =
+        (f.streams.iter()).filter(|s| !s.bwd && matches!(g.node(s.node).op, Op::Slice { .. }));
+    for s in slices {
+        let End::Kernel(a) = s.from else { continue };
+        let to = s.to.iter().filter_map(|t| match t {
             End::Kernel(b) if matches!(f.kernels[*b].kind, Kind::Dense { .. }) => Some(*b),
             _ => None,
-        })
-        .collect();
-    layers.len() > 2
+        });
+        layers.entry(a).or_default().extend(to);
+    }
+    layers.values().any(|l| l.len() > 2)
 }
 
 /// The colours a dense layer's chains take; streams take the ones above.
@@ -429,7 +432,7 @@ fn chain_only(g: &Graph, f: &Formed) -> Result<(), LayoutError> {
             if !ok {
                 // (a layer of each step's input between a step's state and the next
                 // step's layer)
-                if (0..f.kernels.len()).any(|k| deals_steps(g, f, k)) {
+                if deals_steps(g, f) {
                     return Err(unsupported(g, s.node, "a sequence made on the wafer and read step by step by an unrolled recurrent layer has no wafer layout yet".into(), STEPS));
                 }
                 // (a sequence, token by token: no tower beside a layer over tokens)
