@@ -1449,8 +1449,11 @@ fn strided_like_the_interpreter(
 /// passing it on: `Dense::carrying_in_bands`, and the relays carrying it on), or, at
 /// every other odd seed, a strided one with a projection shortcut (the shortcut's
 /// rows carry its input to the block's first convolution in the bands that layer's
-/// columns take). Trained 3 steps like the interpreter (within 1e-4, as `compare`
-/// measures).
+/// columns take). At seeds 2 mod 4 a depthwise convolution follows (3x3 or 5x5,
+/// strided by 1 or 2, batch-normed with `bn`, else with a bias), its lanes in bands
+/// too, each taking the rows its windows reach from the lanes beside it
+/// (`kernels::vector::halo`). Trained 3 steps like the interpreter (within 1e-4, as
+/// `compare` measures).
 fn bands_like_the_interpreter(
     h: usize,
     filters: usize,
@@ -1483,6 +1486,17 @@ fn bands_like_the_interpreter(
         (false, 3) => format!(
             "  let x = relu(conv2d(relu(conv2d(x, {more}, 3, strides: 2, padding: same)), {more}, 3, padding: same) + conv2d(x, {more}, 1, strides: 2, padding: same))\n"
         ),
+        (_, 2) => {
+            let (kernel, strides) = (3 + 2 * (seed / 4 % 2), 1 + seed / 8 % 2);
+            let dw = format!(
+                "depthwise_conv2d(x, kernel: {kernel}, strides: {strides}, use_bias: {})",
+                !bn
+            );
+            match bn {
+                true => format!("  let x = relu(batch_norm({dw}, momentum: 0.9))\n"),
+                false => format!("  let x = relu({dw})\n"),
+            }
+        }
         _ => String::new(),
     };
     let body = format!(
@@ -1513,7 +1527,30 @@ fn bands_like_the_interpreter(
     if l.summed.is_empty() {
         return Err(format!("no layer in bands on {h} x {h} at batch {batch}"));
     }
+    // (a depthwise convolution's lanes each a channel's band: `halo`)
+    let depthwise = l.tensors.get("depthwise_conv2d/depthwise_kernel");
+    if depthwise.is_some_and(|pieces| pieces.len() <= filters) {
+        return Err(format!(
+            "the depthwise convolution is not in bands on {h} x {h}"
+        ));
+    }
     compare_with(&d, &body, (opt, lr), (&floats(k), batch, 64, seed))
+}
+
+/// Depthwise convolutions in bands of rows, each lane taking the rows its windows
+/// reach past its band from the lanes beside it (`halo`): 3x3 and 5x5, strided by 1
+/// and 2, batch-normed or with a bias (the cases of `bands_like_the_interpreter` at
+/// seeds 2, 6, 10 and 14, with and without batch norm).
+#[test]
+fn depthwise_convolutions_in_bands_train_like_the_interpreter() {
+    for (h, bn, seed) in [
+        (40, true, 2),
+        (44, false, 6),
+        (48, true, 10),
+        (41, false, 14),
+    ] {
+        bands_like_the_interpreter(h, 2, (2, bn), (3, seed)).unwrap();
+    }
 }
 
 /// A case the proptest met: the layout's search tried a sizing in which a layer

@@ -197,7 +197,7 @@ fn kept_batch(s: &place::SramShort, batch: u32) -> String {
     let per = f64::from(stash) / f64::from(batch.max(1));
     let room = f64::from(s.have) - f64::from(s.need - stash.min(s.need));
     let fits = if per > 0.0 { (room / per).floor() } else { 0.0 };
-    let why = "it keeps every sample of the step, since it (or a kernel after it) reads a statistic of the whole batch (batch norm in training), and each of its PEs holds whole channels (images go in bands of rows between convolutions, through residuals and projection shortcuts, but not through a depthwise convolution or a pooling yet), so neither a larger fabric nor narrower windows shrink it";
+    let why = "it keeps every sample of the step, since it (or a kernel after it) reads a statistic of the whole batch (batch norm in training), and each of its PEs holds whole channels (images go in bands of rows between convolutions, through residuals, projection shortcuts and depthwise convolutions, but not through a pooling yet), so neither a larger fabric nor narrower windows shrink it";
     if fits >= 1.0 {
         format!("a batch of at most {fits} per step: {why}")
     } else {

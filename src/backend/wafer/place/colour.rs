@@ -11,6 +11,7 @@ use super::{unsupported, ColoursShort, LayoutError, Placed, CHAIN_COLOURS};
 use crate::backend::wafer::form::{self, End, Formed, Kind};
 use crate::backend::wafer::isa::Colour;
 use crate::backend::wafer::kernels::rows::RowColours;
+use crate::backend::wafer::kernels::vector::HaloColours;
 use crate::ir::{Graph, NodeIndex, Op};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -30,6 +31,9 @@ pub(super) struct Colouring {
     /// The colours of a vector kernel's reductions along a sample's features across
     /// its lanes (`kernels::rows`).
     pub rows: BTreeMap<usize, RowColours>,
+    /// The colours of a vector kernel's halos along each channel's lanes, in bands
+    /// (`Vector::halos`).
+    pub halos: BTreeMap<usize, HaloColours>,
 }
 
 impl Colouring {
@@ -83,6 +87,13 @@ pub(super) fn colour(
             let name = || format!("the reductions of {}", p.name);
             let mut take = || palette.take(&routers, name);
             c.rows.insert(k, [take()?, take()?, take()?]);
+        }
+        // one whose lanes exchange halos: four (`kernels::vector::halo`)
+        if sizer.halos(k, lanes.out[k]) {
+            let routers = pes_of(p);
+            let name = || format!("the halos of {}", p.name);
+            let mut take = || palette.take(&routers, name);
+            c.halos.insert(k, [take()?, take()?, take()?, take()?]);
         }
     }
     if let Some(stream) = palette.short {

@@ -99,6 +99,7 @@ pub(super) fn vector_of<'a>(
         window,
         fifo,
         rows: None,
+        halo: None,
         across,
         widths: Default::default(),
         heads_memo: Default::default(),

@@ -10,7 +10,7 @@ use super::{unsupported, LayoutError, Placed};
 use crate::backend::wafer::form::{self, End, Formed, Kind};
 use crate::backend::wafer::isa::Colour;
 use crate::backend::wafer::kernels::dense::{self, Dense, Shape};
-use crate::backend::wafer::kernels::vector::{Fan, Rep, Vector};
+use crate::backend::wafer::kernels::vector::{halo_routes, Fan, Rep, Vector};
 use crate::backend::wafer::kernels::{rows, Laid};
 use crate::backend::wafer::lower::Update;
 use crate::backend::wafer::sim::Dir;
@@ -92,6 +92,7 @@ pub(super) fn kernels(
                     c.into(n, k).unwrap_or(0)
                 });
                 v.rows = c.rows.get(&k).copied();
+                v.halo = c.halos.get(&k).copied();
                 let no_kernel = |e: String| {
                     unsupported(g, nodes[0], e, "write it with the ops the wafer's vector kernels run: elementwise ops, reductions over a sample's last axes, softmax, argmax, one-hot")
                 };
@@ -108,6 +109,15 @@ pub(super) fn kernels(
                     for group in 0..lanes.out[k] / strip {
                         let at = p.orient.at((p.x, p.y), 0, group * strip);
                         rows::routes(&mut laid, at, p.orient, strip, cs)
+                            .map_err(LayoutError::DoesNotFit)?;
+                    }
+                }
+                if let Some(cs) = v.halo {
+                    // (along each channel's lanes, its bands)
+                    let each = v.bands(lanes.out[k]);
+                    for group in 0..lanes.out[k] / each.max(1) {
+                        let at = p.orient.at((p.x, p.y), 0, group * each);
+                        halo_routes(&mut laid, at, p.orient, each, cs)
                             .map_err(LayoutError::DoesNotFit)?;
                     }
                 }

@@ -349,7 +349,26 @@ impl<'a> Sizer<'a> {
                     let one = cost(&rep.program);
                     return Some([dealer[0].max(one[0]), dealer[1].max(one[1])]);
                 }
-                Some(cost(&v.lane(lanes, 0).ok()?.program))
+                // (lanes whose halos reach the bands beside them, in the middle of a
+                // channel's and next to its last, which may be thinner: `halo`)
+                let bands = v.bands(lanes);
+                let reach = match v.halos(lanes) {
+                    true => vec![bands / 2, bands.saturating_sub(2)],
+                    false => vec![],
+                };
+                for l in reach {
+                    if let Err(e) = v.lane(lanes, l) {
+                        if std::env::var_os("EST_WAFER_DEBUG").is_some() {
+                            eprintln!("kernel {k} on {lanes} lanes (lane {l}): {e}");
+                        }
+                        return None;
+                    }
+                }
+                let lane = v.lane(lanes, 0);
+                if let (Err(e), true) = (&lane, std::env::var_os("EST_WAFER_DEBUG").is_some()) {
+                    eprintln!("kernel {k} on {lanes} lanes: {e}");
+                }
+                Some(cost(&lane.ok()?.program))
             })
     }
 
@@ -564,6 +583,13 @@ impl<'a> Sizer<'a> {
         self.dims[k].is_none()
             && vector_of(self.g, self.f, k, ((self.f.batch, 0), self.across), |_| 0)
                 .sums_in_bands(lanes)
+    }
+
+    /// Whether vector kernel `k` on `lanes` lanes exchanges halos along the lanes of
+    /// each channel (`Vector::halos`).
+    pub(super) fn halos(&self, k: usize, lanes: u32) -> bool {
+        self.dims[k].is_none()
+            && vector_of(self.g, self.f, k, ((self.f.batch, 0), self.across), |_| 0).halos(lanes)
     }
 
     /// The rows layer `k` may deal its input and output in bands of (`Dense::bands`):

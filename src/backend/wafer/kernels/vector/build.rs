@@ -70,6 +70,16 @@ impl Vector<'_> {
         if scratch.high > 0 {
             p.alloc("scratch", scratch.high);
         }
+        if let Some(c) = self.halo {
+            // room for the rows the lanes beside it send it in a task (`halo`)
+            for colour in c {
+                let most = (p.tasks.iter()).map(|t| p.receives(t.id, colour)).max();
+                let words = most.unwrap_or(0) as u32;
+                if words > 0 {
+                    p.fifo(colour, words);
+                }
+            }
+        }
         if let Some(r) = rep {
             // room for the samples dealt to it while it computes one
             let words = p.receives(0, r.to) as u32;

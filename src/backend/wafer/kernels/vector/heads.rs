@@ -73,6 +73,7 @@ impl Vector<'_> {
             window: self.window,
             fifo: self.fifo,
             rows: None,
+            halo: None,
             across: self.across,
             widths: Default::default(),
             heads_memo: Default::default(),

@@ -34,6 +34,7 @@ use crate::ir::{Graph, NodeIndex, Op};
 
 mod build;
 mod dealer;
+mod halo;
 mod heads;
 mod levels;
 mod node;
@@ -42,6 +43,7 @@ mod passes;
 
 use ops::*;
 
+pub use halo::{routes as halo_routes, HaloColours};
 pub use heads::Heads;
 
 /// A stream of a vector kernel: the node, its colour, whether it is part of the
@@ -74,6 +76,8 @@ pub struct Vector<'a> {
     /// The colours of its reductions along a sample's features across its lanes
     /// (`rows`), when it has any on several lanes.
     pub rows: Option<RowColours>,
+    /// The colours of its halos (`halo`), when its lanes exchange them.
+    pub halo: Option<HaloColours>,
     /// Whether a softmax, a one-hot and an argmax along its samples' features run
     /// across its lanes, the lanes reducing together (`rows`), so that it runs on as
     /// many lanes as the layer before it has rows (a softmax over 1,000 classes, whose
@@ -384,6 +388,10 @@ impl Vector<'_> {
         let (w, true) = self.width_of()? else {
             return None;
         };
+        if w == 1 {
+            // (of one channel, in bands: every lane holds it whole)
+            return Some(vec![(0, ty.elements() as u32)]);
+        }
         let c = *ty.shape.iter().rev().find(|&&d| d != 1)? as u32;
         if c != w {
             return None;
@@ -447,10 +455,11 @@ impl Vector<'_> {
     }
 
     /// In bands (`bands`), an error for what its lanes have no code for yet: only
-    /// elementwise work on the images (an activation, a bias and their gradients) and
-    /// sums of each channel over the batch (a bias's gradient, a batch norm's
-    /// statistics: `grouped_sums`) run; a pooling or a reduction within a sample would
-    /// need the lanes of a channel to work together sample by sample.
+    /// elementwise work on the images (an activation, a bias and their gradients),
+    /// moves of their pixels (a depthwise convolution's padding, windows and strides:
+    /// `halo`) and sums of each channel over the batch (a bias's gradient, a batch
+    /// norm's statistics: `grouped_sums`) run; a pooling or a reduction within a sample
+    /// would need the lanes of a channel to work together sample by sample.
     fn in_bands(&self, lanes: u32) -> Result<(), String> {
         if self.bands(lanes) < 2 {
             return Ok(());
@@ -464,12 +473,18 @@ impl Vector<'_> {
         for &n in self.nodes() {
             let node = g.node(n);
             let ok = match self.f.class[n.index()] {
+                // (a move of its pixels, along its rows too: `halo`)
                 Class::Sample => {
-                    self.image(n).is_some()
+                    let src = self.f.resolve(g.operands(n)[0]);
+                    let rank = node.ty.rank();
+                    let same_channels = planes(g, src).map(|p| p.1) == planes(g, n).map(|p| p.1);
+                    self.row_layout(n).is_some()
                         && (lower::elementwise(&node.op)
                             || matches!(node.op, Op::BroadcastTo)
+                            || moves_pixels(&node.op, rank)
                             || (matches!(node.op, Op::Reshape)
-                                && g.ty(n).shape == g.ty(g.operands(n)[0]).shape))
+                                && self.row_layout(src).is_some()
+                                && same_channels))
                 }
                 Class::Batch => {
                     matches!(&node.op, Op::Reduce { axes, .. } if axes.as_slice() == [0, 1, 2])
@@ -620,9 +635,12 @@ impl Vector<'_> {
         let ty = self.g.ty(n);
         let planar = planes(self.g, n).or_else(|| self.image(n).map(|(h, w, c)| (h * w, c)));
         if let (Some((pixels, c)), Class::Sample) = (planar, self.f.class[n.index()]) {
-            // some channels' planes, or a channel's band of rows
-            if let Some((s, _, w)) = self.band_share(n, lanes, lane) {
-                return s.rows.len() as u32 * w;
+            // some channels' planes, or a channel's band of rows (of an image, or of its
+            // rows regrouped)
+            if let (Some(r), Some((_, words))) =
+                (self.band_rows(n, lanes, lane), self.row_layout(n))
+            {
+                return r.len() as u32 * words;
             }
             return split(c, lanes, lane).len() as u32 * pixels;
         }

@@ -1,5 +1,6 @@
 //! The code of one node of a vector kernel on a lane.
 
+use super::halo::{part_of, Halo};
 use super::ops::*;
 use super::{Given, Vector};
 use crate::backend::wafer::form::{constant, image, planes, regroups, view_of, Class};
@@ -36,6 +37,7 @@ impl Vector<'_> {
         let view = || match view_of(g, o).and_then(|(v, at)| Some((v, *cur.get(&v)?, at))) {
             Some((v, Val::Buf { base, len, slot }, at))
                 if lanes == 1
+                    || self.width() == Some(1)
                     || (at == 0
                         && len == elements
                         && self.channel_runs(v, lanes, lane).is_none()) =>
@@ -68,7 +70,7 @@ impl Vector<'_> {
         n: NodeIndex,
         (lanes, lane): (u32, u32),
         cur: &mut BTreeMap<NodeIndex, Val>,
-        (stash, slot): (&BTreeMap<NodeIndex, (u32, u32)>, u8),
+        (stash, slot, halo): (&BTreeMap<NodeIndex, (u32, u32)>, u8, Option<&Halo>),
         scratch: &mut Scratch,
         iota: Option<u32>,
         body: &mut Vec<Instr>,
@@ -78,12 +80,17 @@ impl Vector<'_> {
         let g = self.g;
         let f = self.f;
         let node = g.node(n);
-        let ext = self.extent(n, lanes, lane);
+        // (in bands, the rows its readers want: `halo`)
+        let rows = halo.and_then(|h| h.rows.get(&n).cloned());
+        let ext = match (&rows, self.row_layout(n)) {
+            (Some(r), Some((_, words))) => r.len() as u32 * words,
+            _ => self.extent(n, lanes, lane),
+        };
         let ops = g.operands(n);
         if f.alias[n.index()].is_some() {
             return Ok(());
         }
-        let args = ops
+        let mut args = ops
             .iter()
             .map(|&o| self.operand(o, (lanes, lane), cur))
             .collect::<Option<Vec<Val>>>()
@@ -93,17 +100,56 @@ impl Vector<'_> {
                     node.op.name()
                 )
             })?;
-        if f.class[n.index()] == Class::Batch {
-            let acc = cur[&n];
-            return self.batch_sum(n, (lanes, lane), (acc, args[0]), scratch, body, means);
+        if rows.as_ref().is_some_and(|r| r.is_empty()) {
+            // (no reader wants a row of it on this lane: a padding's part)
+            cur.insert(n, Val::Imm(0.0));
+            return Ok(());
         }
+        let mut copies = Vec::new();
+        if f.class[n.index()] == Class::Batch {
+            // (in bands, a sample's share is its band: not the rows past it it holds)
+            if let Some(h) = halo {
+                let o = f.resolve(ops[0]);
+                if let Some(b) = self.band_rows(o, lanes, lane) {
+                    let from = self.held_rows(o, h, lanes, lane).unwrap_or(b.clone());
+                    let words = self.row_layout(o).map_or(0, |r| r.1);
+                    let part = ((b.start - from.start) * words, b.len() as u32 * words);
+                    args[0] = part_of(args[0], part, scratch, body, &mut copies);
+                }
+            }
+            let acc = cur[&n];
+            self.batch_sum(n, (lanes, lane), (acc, args[0]), scratch, body, means)?;
+            copies.into_iter().for_each(|t| scratch.release(t));
+            return Ok(());
+        }
+        // (in bands, an elementwise op's operands from the rows it computes on)
+        if let (Some(h), Some(r), true) = (halo, &rows, lower::elementwise(&node.op)) {
+            let entries = self.row_layout(n).map(|l| l.0);
+            for (a, &o) in args.iter_mut().zip(&ops) {
+                let v = f.resolve(o);
+                let from = self
+                    .held_rows(v, h, lanes, lane)
+                    .map(|r| self.as_read(v, o, r));
+                let (Some(from), Some((e, words))) = (from, self.row_layout(o)) else {
+                    continue;
+                };
+                if Some(e) == entries && from != *r {
+                    let part = ((r.start - from.start) * words, ext);
+                    *a = part_of(*a, part, scratch, body, &mut copies);
+                }
+            }
+        }
+        // (a stashed value computed on more rows than its band: computed in scratch,
+        // its band then stashed)
+        let band = self.band_rows(n, lanes, lane);
+        let wider = rows.is_some() && band.is_some() && rows != band;
         let dst = match stash.get(&n) {
-            Some(&(base, len)) => Val::Buf {
+            Some(&(base, len)) if !wider => Val::Buf {
                 base,
                 len,
                 slot: Some(slot),
             },
-            None => scratch.alloc(ext),
+            _ => scratch.alloc(ext),
         };
         cur.insert(n, dst);
         let rank = node.ty.rank();
@@ -113,6 +159,7 @@ impl Vector<'_> {
             ext,
             dst,
             args: args.clone(),
+            halo,
         };
         // the softmax a log-softmax's gradient takes: its exponentials over their row
         // sums, which it computed
@@ -151,7 +198,8 @@ impl Vector<'_> {
                 body.push(regrouped(g, (ops[0], n), dst, args[0])?);
             }
             Op::Reshape => {
-                body.push(vec(VecOp::Mov, dst, &args[..1], ext));
+                let from = words_at(self.shift(&site, ops[0]))?;
+                body.push(mov(at(dst, 0, ext, 1, &[]), at(args[0], from, ext, 1, &[])));
             }
             Op::BroadcastTo => body.push(self.broadcast_to(&site)),
             // a transpose of a batch of scalars keeps them where they are
@@ -175,7 +223,18 @@ impl Vector<'_> {
                 self.arg_best(&site, *axis, iota, scratch, body)?;
             }
             Op::Slice { .. } | Op::Concat { .. } | Op::Transpose { .. } if self.movable(n) => {
-                self.moved(&site, body);
+                self.moved(&site, body).map_err(|e| {
+                    let held: Vec<_> = ops
+                        .iter()
+                        .map(|&o| (o, self.held(o, &site), g.ty(o).shape.clone()))
+                        .collect();
+                    format!(
+                        "{e} ({} {:?} {n:?} {:?}: {held:?})",
+                        node.op.name(),
+                        node.op,
+                        self.held(n, &site)
+                    )
+                })?;
             }
             // (on several lanes, this lane's share of the classes, which its counting
             // buffer counts)
@@ -200,6 +259,19 @@ impl Vector<'_> {
         if computes {
             body.extend(lower::rounded(dst, ext, node.ty.dtype));
         }
+        if let (true, Some(&(base, len)), Some(r), Some(b)) = (wider, stash.get(&n), &rows, &band) {
+            let words = self.row_layout(n).map_or(0, |l| l.1);
+            let slot = Val::Buf {
+                base,
+                len,
+                slot: Some(slot),
+            };
+            body.push(mov(
+                at(slot, 0, len, 1, &[]),
+                at(dst, (b.start - r.start) * words, len, 1, &[]),
+            ));
+        }
+        copies.into_iter().for_each(|t| scratch.release(t));
         Ok(())
     }
 
@@ -299,8 +371,10 @@ impl Vector<'_> {
         // (over an image's axes as they lie: planar, channel by channel)
         let shape = g.ty(ops[0]).shape.as_slice();
         let laid_axes: Vec<usize> = axes.iter().map(|&a| laid(shape, a).1).collect();
-        let (outer, inner, post) =
-            reduced(&self.laid_here(ops[0], 0, (lanes, lane)).0, &laid_axes)?;
+        let (outer, inner, post) = reduced(
+            &self.laid_here(ops[0], 0, (lanes, lane), None).0,
+            &laid_axes,
+        )?;
         let (v, init) = match op {
             ReduceOp::Sum | ReduceOp::Mean => (VecOp::Add, 0.0),
             ReduceOp::Max => (VecOp::Max, f32::NEG_INFINITY),
@@ -362,7 +436,7 @@ impl Vector<'_> {
         // lane's share of a sample's features: the lanes reduce together, `rows`)
         let runs = match lanes {
             1 => {
-                let (shape, at) = self.laid_here(ops[0], axis, (1, 0));
+                let (shape, at) = self.laid_here(ops[0], axis, (1, 0), None);
                 reduced(&shape, &[at])?
             }
             _ => (1, ext, 1),
@@ -517,7 +591,7 @@ impl Vector<'_> {
     }
 
     /// A slice, concat or transpose within a sample (`movable`), row by row.
-    fn moved(&self, site: &Site, body: &mut Vec<Instr>) {
+    fn moved(&self, site: &Site, body: &mut Vec<Instr>) -> Result<(), String> {
         let g = self.g;
         let Site {
             n, dst, ref args, ..
@@ -526,22 +600,57 @@ impl Vector<'_> {
         let ops = g.operands(n);
         match &node.op {
             Op::Slice { axis, start, end } if *axis > 0 => {
-                // each run of the sliced axis (and the axes inside it), row by row
-                let (shape, axis) = self.laid_here(ops[0], *axis, site.lanes);
-                let (outer, inner) = around(&shape, axis);
-                let (whole, part) = (shape[axis] as u32 * inner, (end - start) as u32 * inner);
+                // each run of the sliced axis (and the axes inside it), row by row (in
+                // bands, of the rows it computes: `halo`)
+                let (shape, laxis) = self.laid_here(ops[0], *axis, site.lanes, site.halo);
+                let outer = around(&self.laid_here(n, *axis, site.lanes, site.halo).0, laxis).0;
+                let inner = around(&shape, laxis).1;
+                let whole = shape[laxis] as u32 * inner;
+                let part = match (*axis, self.held(n, site)) {
+                    (1, Some(r)) => r.len() as u32 * inner,
+                    _ => (end - start) as u32 * inner,
+                };
+                let from = words_at(i64::from(*start as u32 * inner) + self.shift(site, ops[0]))?;
                 body.push(nest(
                     &[outer],
                     Instr::Vec {
                         op: VecOp::Mov,
                         dst: at(dst, 0, part, 1, &[part]),
-                        srcs: vec![view(args[0], *start as u32 * inner, part, 1, &[whole])],
+                        srcs: vec![view(args[0], from, part, 1, &[whole])],
                     },
                 ));
             }
+            Op::Concat { axis: 1 } if self.held(n, site).is_some() => {
+                // in bands, each operand's rows among those it computes into their place
+                let rows = self.held(n, site).unwrap_or(0..0);
+                let inner = self.row_layout(n).map_or(0, |l| l.1);
+                let mut off = 0;
+                for (&o, &a) in ops.iter().zip(args) {
+                    let len = g.ty(o).shape[1] as u32;
+                    let (lo, hi) = (rows.start.max(off), rows.end.min(off + len));
+                    if lo < hi {
+                        // (a one-word operand repeats its word)
+                        let stride = u32::from(a.elements() != 1);
+                        let from = match stride {
+                            0 => 0,
+                            _ => {
+                                let held = self.held(o, site).unwrap_or(0..len);
+                                words_at(i64::from(lo) - i64::from(off + held.start))? * inner
+                            }
+                        };
+                        let words = (hi - lo) * inner;
+                        body.push(Instr::Vec {
+                            op: VecOp::Mov,
+                            dst: at(dst, (lo - rows.start) * inner, words, 1, &[]),
+                            srcs: vec![view(a, from, words, stride, &[])],
+                        });
+                    }
+                    off += len;
+                }
+            }
             Op::Concat { axis } if *axis > 0 => {
                 // each operand's rows into their place in each row of the result
-                let (shape, axis) = self.laid_here(n, *axis, site.lanes);
+                let (shape, axis) = self.laid_here(n, *axis, site.lanes, site.halo);
                 let (outer, inner) = around(&shape, axis);
                 let whole = shape[axis] as u32 * inner;
                 let mut off = 0;
@@ -549,12 +658,16 @@ impl Vector<'_> {
                     let part = laid(&g.ty(o).shape, axis).0[axis] as u32 * inner;
                     // a one-word operand repeats its word
                     let stride = u32::from(a.elements() != 1);
+                    let from = match stride {
+                        0 => 0,
+                        _ => words_at(self.shift(site, o))?,
+                    };
                     body.push(nest(
                         &[outer],
                         Instr::Vec {
                             op: VecOp::Mov,
                             dst: at(dst, off, part, 1, &[whole]),
-                            srcs: vec![view(a, 0, part, stride, &[stride * part])],
+                            srcs: vec![view(a, from, part, stride, &[stride * part])],
                         },
                     ));
                     off += part;
@@ -589,23 +702,65 @@ impl Vector<'_> {
             }
             _ => {}
         }
+        Ok(())
     }
 }
 
 impl Vector<'_> {
+    /// The rows of planar value `o` the code at `site` holds (`halo::held_rows`), in
+    /// bands.
+    fn held(&self, o: NodeIndex, site: &Site) -> Option<std::ops::Range<u32>> {
+        let (lanes, lane) = site.lanes;
+        let v = self.f.resolve(o);
+        // (in `o`'s rows, a view's of the value it views)
+        let rows = site.halo.and_then(|h| self.held_rows(v, h, lanes, lane))?;
+        Some(self.as_read(v, o, rows))
+    }
+
+    /// Where the first row node `site.n` computes starts among the words of operand
+    /// `o` it holds, in bands, when it holds other rows of `o` (`halo`); 0 else. Its
+    /// rows are `o`'s rows (a slice or concat along another axis: a slice along the
+    /// rows adds its start), or, through a reshape, the same words.
+    fn shift(&self, site: &Site, o: NodeIndex) -> i64 {
+        let reshape = matches!(self.g.node(site.n).op, Op::Reshape);
+        match (
+            self.held(site.n, site),
+            self.held(o, site),
+            self.row_layout(site.n),
+            self.row_layout(o),
+        ) {
+            (Some(r), Some(from), Some((_, wn)), Some((_, wo))) if reshape => {
+                i64::from(r.start * wn) - i64::from(from.start * wo)
+            }
+            (Some(r), Some(from), Some(_), Some((_, wo))) => {
+                (i64::from(r.start) - i64::from(from.start)) * i64::from(wo)
+            }
+            _ => 0,
+        }
+    }
+
     /// `laid` of value `n` as lane `lane` of `lanes` holds it: an image's (or its
-    /// pixels regrouped) with the lane's channels.
+    /// pixels regrouped) with the lane's channels (in bands, its channel's rows: its
+    /// band, or those its code computes, `halo`).
     fn laid_here(
         &self,
         n: NodeIndex,
         axis: usize,
         (lanes, lane): (u32, u32),
+        halo: Option<&Halo>,
     ) -> (Vec<usize>, usize) {
         let (mut shape, at) = laid(&self.g.ty(n).shape, axis);
-        if let Some((s, _, _)) = self.band_share(n, lanes, lane) {
+        let v = self.f.resolve(n);
+        let rows = match halo {
+            Some(h) => self
+                .held_rows(v, h, lanes, lane)
+                .map(|r| self.as_read(v, n, r)),
+            None => self.band_rows(n, lanes, lane),
+        };
+        if let Some(r) = rows.filter(|_| self.bands(lanes) > 1) {
             // (a channel's band of rows)
-            shape[1] = s.groups.len();
-            shape[2] = s.rows.len();
+            shape[1] = 1;
+            shape[2] = r.len();
         } else if let (Some((_, c)), true) = (planes(self.g, n), lanes > 1) {
             shape[1] = split(c, lanes, lane).len();
         } else if let (Some((_, w)), true) = (self.tokens(n), lanes > 1) {
@@ -614,6 +769,12 @@ impl Vector<'_> {
         }
         (shape, at)
     }
+}
+
+/// A word offset worked out from rows (`Vector::shift`), which must not be negative.
+fn words_at(off: i64) -> Result<u32, String> {
+    u32::try_from(off)
+        .map_err(|_| format!("a window of rows {off} words before those its lane holds"))
 }
 
 /// `v` given (`given`) to every word of a lane's share of a sequence, `tokens` tokens of
@@ -715,15 +876,18 @@ fn product(site: &Site, g: &crate::ir::Graph, body: &mut Vec<Instr>) -> Result<(
 
 /// A node's place in a lane's code: the node, the lane of how many, its elements on
 /// the lane, where its value goes and its operands' values.
-struct Site {
+struct Site<'h> {
     n: NodeIndex,
     lanes: (u32, u32),
     ext: u32,
     dst: Val,
     args: Vec<Val>,
+    /// In bands, the rows of its images the code holds (`halo`), when its lanes
+    /// exchange halos.
+    halo: Option<&'h Halo>,
 }
 
-impl Site {
+impl Site<'_> {
     /// Its node, lane of how many, elements, place and operands, to unpack at once.
     fn parts(&self) -> (NodeIndex, (u32, u32), u32, Val, &[Val]) {
         (self.n, self.lanes, self.ext, self.dst, &self.args)

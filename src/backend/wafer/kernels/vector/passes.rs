@@ -11,7 +11,7 @@ use super::levels::At;
 use super::ops::*;
 use super::{Rep, Vector, BARRIER_BASE, SAMPLE_BASE, SLOT_BASE};
 use crate::backend::wafer::form::{self, constant};
-use crate::backend::wafer::isa::{Dsd, Instr, Task, TaskId, Trigger, VecOp};
+use crate::backend::wafer::isa::{Dsd, Instr, Src, Task, TaskId, Trigger, VecOp};
 use crate::backend::wafer::lower::{self, vec, Val};
 use crate::ir::{NodeIndex, Op};
 use std::collections::BTreeMap;
@@ -308,12 +308,15 @@ impl Vector<'_> {
         let mut soft = BTreeMap::new();
         let nodes = m.levels.code.get(&at).cloned().unwrap_or_default();
         let dies = self.deaths(&nodes);
+        // (in bands, the rows of its images the code computes, and those of the values
+        // it holds a band of widened first: `halo`)
+        let halo = self.halo_at(at, &nodes, (lanes, lane), m, cur, &mut body)?;
         for (i, &n) in nodes.iter().enumerate() {
             self.node(
                 n,
                 (lanes, lane),
                 cur,
-                (&m.stash, counter(at)),
+                (&m.stash, counter(at), halo.as_ref()),
                 &mut m.scratch,
                 m.iota,
                 &mut body,
@@ -343,10 +346,17 @@ impl Vector<'_> {
                 Some(r) if o.bwd => r.back,
                 _ => o.colour,
             };
+            // (in bands, its band among the rows the code holds: `halo`)
+            let from = halo
+                .as_ref()
+                .map_or(0, |h| self.band_within(f.resolve(o.node), h, (lanes, lane)));
             body.push(Instr::Vec {
                 op: VecOp::Mov,
                 dst: Dsd::Out { colour, len: ext },
-                srcs: vec![v.src(ext)],
+                srcs: vec![match from {
+                    0 => v.src(ext),
+                    _ => Src::V(super::ops::at(v, from, ext, 1, &[])),
+                }],
             });
         }
         Ok((body, means))
