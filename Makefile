@@ -61,7 +61,9 @@ demo: build
 	    ./target/release/estc check $$f --target $$t || exit 1; \
 	  done; \
 	done
-	@echo "(on the host only, as the wafer does not lay them out yet: $(HOST_ONLY_EXAMPLES))"
+	@echo "(on the host only, as the wafer's default test32 does not lay them out: $(HOST_ONLY_EXAMPLES))"
+	@echo "== estc check examples/mobilenet.est on the wafer's wse2, at its batch of 32"
+	@./target/release/estc check examples/mobilenet.est --target wafer --wafer wse2
 	@echo "== and a program with mistakes, as a user sees them:"
 	@./target/release/estc check tests/ui/multiple/several_errors.est; test $$? -eq 1
 

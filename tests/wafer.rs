@@ -356,6 +356,57 @@ fn bert_like_the_interpreter(params: &[(&str, &str)], hidden: usize) {
     );
 }
 
+/// `examples/mobilenet.est` on the wafer (`test32`) at small params (4 samples, width 4,
+/// its first 2 blocks; at its own batch of 32 it checks on `wse2`, whose simulation is
+/// too slow for a test): batch norm keeps every sample of the step, so its first vector
+/// kernel (two batch norms around the first depthwise convolution) deals its 32x32
+/// planes in bands of rows, each lane taking the rows its windows reach from the lanes
+/// beside it (`kernels::vector::halo`); the second block's depthwise convolution is
+/// strided. 20 steps of RMSProp with momentum from the same seed like the interpreter:
+/// the same loss within 1e-5, and every weight within 1e-4 of its scale (`worst`; seen
+/// 2.7e-5: the batch norms' sums add band by band, then over a channel's lanes, so they
+/// round otherwise, and RMSProp divides by the root of the squared gradients).
+#[test]
+fn mobilenet_trains_like_the_interpreter() {
+    use est::backend::wafer::{form, place};
+    let params = [("batch_size", "4"), ("width", "4"), ("blocks", "2")];
+    // (in bands: the first depthwise filter, of 8 channels, held by more lanes)
+    let mut p = est::Program::load(&root().join("examples/mobilenet.est")).unwrap();
+    for (k, v) in params {
+        p.add_override(k, v, &format!("--param {k}"));
+    }
+    let fabric = est::backend::wafer::fabric::Fabric::named("test32").unwrap();
+    let opts = est::CheckOptions {
+        target: Target::Wafer,
+        modes: vec![est::syntax::ast::SectionKind::Train],
+        fabric: Some(fabric.clone()),
+        ..Default::default()
+    };
+    let checked = est::check(&p, &opts);
+    let g = &checked.graphs[0].graph;
+    let l = place::layout(g, &form::form(g).unwrap(), &fabric).unwrap();
+    let lanes = l.tensors["separable/depthwise_conv2d/depthwise_kernel"].len();
+    assert!(
+        lanes > 8,
+        "the first depthwise convolution on {lanes} lanes"
+    );
+    let open =
+        |target: Target, dir: &Path| example("examples/mobilenet.est", &params, None, target, dir);
+    let (dw, di) = (tmp("mobilenet-wafer"), tmp("mobilenet-interp"));
+    let (mut w, mut i) = (open(Target::Wafer, &dw), open(Target::Interp, &di));
+    let rw = w.train(Steps::Max(20)).unwrap();
+    let ri = i.train(Steps::Max(20)).unwrap();
+    assert_eq!(rw.global_step, 20);
+    assert!(
+        (rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs().max(1.0),
+        "{} vs {}",
+        rw.final_loss,
+        ri.final_loss
+    );
+    let d = worst(&w.variables(), &i.variables());
+    assert!(d <= 1e-4, "largest relative difference {d:e}");
+}
+
 /// `examples/wide_deep.est` on the wafer: its deep part's four embeddings side by side
 /// (side parts of the first, concatenated with the numeric features), its wide part
 /// (two crossed-column embeddings summed) a side part of the last dense layer, FTRL
@@ -1537,18 +1588,14 @@ fn bands_like_the_interpreter(
     compare_with(&d, &body, (opt, lr), (&floats(k), batch, 64, seed))
 }
 
-/// Depthwise convolutions in bands of rows, each lane taking the rows its windows
-/// reach past its band from the lanes beside it (`halo`): 3x3 and 5x5, strided by 1
-/// and 2, batch-normed or with a bias (the cases of `bands_like_the_interpreter` at
-/// seeds 2, 6, 10 and 14, with and without batch norm).
+/// Depthwise convolutions in bands of rows, each lane taking the rows its windows reach
+/// from the lanes beside it (`halo`), both strided by 2 (a view that regroups the rows):
+/// 3x3 batch-normed on 48 rows, and 5x5 with a bias on 41 (the cases of
+/// `bands_like_the_interpreter` at seeds 10 and 14; its proptest draws the others, and
+/// `mobilenet_trains_like_the_interpreter` a 3x3 of stride 1).
 #[test]
 fn depthwise_convolutions_in_bands_train_like_the_interpreter() {
-    for (h, bn, seed) in [
-        (40, true, 2),
-        (44, false, 6),
-        (48, true, 10),
-        (41, false, 14),
-    ] {
+    for (h, bn, seed) in [(48, true, 10), (41, false, 14)] {
         bands_like_the_interpreter(h, 2, (2, bn), (3, seed)).unwrap();
     }
 }
