@@ -20,10 +20,15 @@
 //! A kernel of multi-head attention may instead deal its heads to lanes (`heads`): each
 //! lane runs, as one lane would, a local graph of the heads it holds.
 //!
+//! In bands of rows (`bands`), a lane computes its images on the rows its code's
+//! readers want, and takes the rows past its band from the lanes beside it (`halo`).
+//!
 //! Here: the kernel, its ports and what its lanes hold; `build` makes a lane's program
-//! (or a replica's), `node` one node's code in it, `dealer` a one-lane kernel's dealer,
-//! `heads` a heads kernel's analysis and local graph, and `ops` the helpers they share
-//! (views of a sample's laid-out axes, reductions and broadcasts by rows, pooling).
+//! (or a replica's), `node` one node's code in it, `moves` the code of moving a
+//! sample's elements, `halo` the rows of its images in bands, `dealer` a one-lane
+//! kernel's dealer, `heads` a heads kernel's analysis and local graph, and `ops` the
+//! helpers they share (views of a sample's laid-out axes, reductions and broadcasts by
+//! rows, pooling).
 
 use super::super::form::{image, planes, Class, End, Formed, Kind};
 use super::super::isa::{Colour, Program};
@@ -37,6 +42,7 @@ mod dealer;
 mod halo;
 mod heads;
 mod levels;
+mod moves;
 mod node;
 mod ops;
 mod passes;
