@@ -44,13 +44,13 @@ fn example(
     est::runtime::Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{file}: {:?}", f.diags))
 }
 
-/// Example `file` trained 20 steps on the wafer and on the interpreter from the same
-/// seed (in scratch directories named after `name`; its data under `data` when given,
-/// else beside it), its variables checked within
-/// 1e-5 of each one's scale and its final losses alike: both estimators and their
-/// model directories.
-fn trained_alike(
+/// Both estimators of example `file` (with `params` overridden) and their model
+/// directories, trained 20 steps on the wafer and on the interpreter from the same seed
+/// (in scratch directories named after `name`; its data under `data` when given, else
+/// beside it), their final losses checked alike (within 1e-5).
+fn twenty_steps(
     file: &str,
+    params: &[(&str, &str)],
     name: &str,
     data: Option<&Path>,
 ) -> (
@@ -63,20 +63,36 @@ fn trained_alike(
         tmp(&format!("{name}-wafer")),
         tmp(&format!("{name}-interp")),
     );
-    let open = |target: Target, dir: &Path| example(file, &[], data, target, dir);
+    let open = |target: Target, dir: &Path| example(file, params, data, target, dir);
     let (mut w, mut i) = (open(Target::Wafer, &dw), open(Target::Interp, &di));
     let rw = w.train(Steps::Max(20)).unwrap();
     let ri = i.train(Steps::Max(20)).unwrap();
     assert_eq!(rw.global_step, 20);
-    let d = worst(&w.variables(), &i.variables());
-    eprintln!("{file}: largest relative difference {d:e}");
-    assert!(d <= 1e-5, "{file}: largest relative difference {d:e}");
     assert!(
         (rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs().max(1.0),
         "{file}: {} vs {}",
         rw.final_loss,
         ri.final_loss
     );
+    (w, i, dw, di)
+}
+
+/// Example `file` trained alike (`twenty_steps`), its variables checked within 1e-5 of
+/// each one's scale: both estimators and their model directories.
+fn trained_alike(
+    file: &str,
+    name: &str,
+    data: Option<&Path>,
+) -> (
+    est::runtime::Estimator,
+    est::runtime::Estimator,
+    PathBuf,
+    PathBuf,
+) {
+    let (w, i, dw, di) = twenty_steps(file, &[], name, data);
+    let d = worst(&w.variables(), &i.variables());
+    eprintln!("{file}: largest relative difference {d:e}");
+    assert!(d <= 1e-5, "{file}: largest relative difference {d:e}");
     (w, i, dw, di)
 }
 
@@ -314,21 +330,8 @@ fn bert_trains_like_the_interpreter() {
 /// `examples/bert.est` with `params` (of `hidden` features) on the wafer and the
 /// interpreter, 20 steps, then evaluated: see `bert_trains_like_the_interpreter`.
 fn bert_like_the_interpreter(params: &[(&str, &str)], hidden: usize) {
-    let open = |target: Target, dir: &Path| example("examples/bert.est", params, None, target, dir);
-    let (dw, di) = (
-        tmp(&format!("bert-wafer-{hidden}")),
-        tmp(&format!("bert-interp-{hidden}")),
-    );
-    let (mut w, mut i) = (open(Target::Wafer, &dw), open(Target::Interp, &di));
-    let rw = w.train(Steps::Max(20)).unwrap();
-    let ri = i.train(Steps::Max(20)).unwrap();
-    assert_eq!(rw.global_step, 20);
-    assert!(
-        (rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs().max(1.0),
-        "{} vs {}",
-        rw.final_loss,
-        ri.final_loss
-    );
+    let name = format!("bert-{hidden}");
+    let (mut w, mut i, _, _) = twenty_steps("examples/bert.est", params, &name, None);
     let (vw, vi) = (w.variables(), i.variables());
     let peak = 0.001;
     for (k, x) in &vi {
@@ -368,7 +371,6 @@ fn bert_like_the_interpreter(params: &[(&str, &str)], hidden: usize) {
 /// round otherwise, and RMSProp divides by the root of the squared gradients).
 #[test]
 fn mobilenet_trains_like_the_interpreter() {
-    use est::backend::wafer::{form, place};
     let params = [("batch_size", "4"), ("width", "4"), ("blocks", "2")];
     // (in bands: the first depthwise filter, of 8 channels, held by more lanes)
     let mut p = est::Program::load(&root().join("examples/mobilenet.est")).unwrap();
@@ -376,33 +378,13 @@ fn mobilenet_trains_like_the_interpreter() {
         p.add_override(k, v, &format!("--param {k}"));
     }
     let fabric = est::backend::wafer::fabric::Fabric::named("test32").unwrap();
-    let opts = est::CheckOptions {
-        target: Target::Wafer,
-        modes: vec![est::syntax::ast::SectionKind::Train],
-        fabric: Some(fabric.clone()),
-        ..Default::default()
-    };
-    let checked = est::check(&p, &opts);
-    let g = &checked.graphs[0].graph;
-    let l = place::layout(g, &form::form(g).unwrap(), &fabric).unwrap();
+    let l = train_layout(&p, &fabric).unwrap();
     let lanes = l.tensors["separable/depthwise_conv2d/depthwise_kernel"].len();
     assert!(
         lanes > 8,
         "the first depthwise convolution on {lanes} lanes"
     );
-    let open =
-        |target: Target, dir: &Path| example("examples/mobilenet.est", &params, None, target, dir);
-    let (dw, di) = (tmp("mobilenet-wafer"), tmp("mobilenet-interp"));
-    let (mut w, mut i) = (open(Target::Wafer, &dw), open(Target::Interp, &di));
-    let rw = w.train(Steps::Max(20)).unwrap();
-    let ri = i.train(Steps::Max(20)).unwrap();
-    assert_eq!(rw.global_step, 20);
-    assert!(
-        (rw.final_loss - ri.final_loss).abs() <= 1e-5 * ri.final_loss.abs().max(1.0),
-        "{} vs {}",
-        rw.final_loss,
-        ri.final_loss
-    );
+    let (w, i, _, _) = twenty_steps("examples/mobilenet.est", &params, "mobilenet", None);
     let d = worst(&w.variables(), &i.variables());
     assert!(d <= 1e-4, "largest relative difference {d:e}");
 }
@@ -1227,9 +1209,11 @@ fn square(side: u32) -> est::backend::wafer::fabric::Fabric {
     fabric
 }
 
-/// The pipelines of the train graph of `p` laid out on `fabric`: each PE's window, and
-/// the PEs that keep a FIFO.
-fn pipelines(p: &est::Program, fabric: &est::backend::wafer::fabric::Fabric) -> (Vec<u32>, usize) {
+/// The layout of the train graph of `p` on `fabric`, or why it has none.
+fn train_layout(
+    p: &est::Program,
+    fabric: &est::backend::wafer::fabric::Fabric,
+) -> Result<est::backend::wafer::place::Layout, String> {
     use est::backend::wafer::{form, place};
     let opts = est::CheckOptions {
         target: Target::Wafer,
@@ -1239,7 +1223,13 @@ fn pipelines(p: &est::Program, fabric: &est::backend::wafer::fabric::Fabric) -> 
     };
     let checked = est::check(p, &opts);
     let g = &checked.graphs[0].graph;
-    let l = place::layout(g, &form::form(g).unwrap(), fabric).unwrap();
+    place::layout(g, &form::form(g).map_err(|u| u.message)?, fabric).map_err(|e| format!("{e:?}"))
+}
+
+/// The pipelines of the train graph of `p` laid out on `fabric`: each PE's window, and
+/// the PEs that keep a FIFO.
+fn pipelines(p: &est::Program, fabric: &est::backend::wafer::fabric::Fabric) -> (Vec<u32>, usize) {
+    let l = train_layout(p, fabric).unwrap();
     let progs = l.setup.pes.values().map(|(prog, _)| prog);
     let windows = progs
         .clone()
@@ -1511,7 +1501,6 @@ fn bands_like_the_interpreter(
     (stride, bn): (usize, bool),
     (batch, seed): (usize, u64),
 ) -> Result<(), String> {
-    use est::backend::wafer::{form, place};
     let (k, c) = (h * h, 3);
     let d = random_data(
         &format!("bands-{h}-{filters}-{stride}-{bn}-{batch}-{seed}"),
@@ -1564,17 +1553,7 @@ fn bands_like_the_interpreter(
     )
     .unwrap();
     let p = est::Program::load(&d.join("m.est")).unwrap();
-    let fabric = square(64);
-    let opts = est::CheckOptions {
-        target: Target::Wafer,
-        modes: vec![est::syntax::ast::SectionKind::Train],
-        fabric: Some(fabric.clone()),
-        ..Default::default()
-    };
-    let checked = est::check(&p, &opts);
-    let g = &checked.graphs[0].graph;
-    let l = place::layout(g, &form::form(g).map_err(|u| u.message)?, &fabric)
-        .map_err(|e| format!("{e:?}"))?;
+    let l = train_layout(&p, &square(64))?;
     if l.summed.is_empty() {
         return Err(format!("no layer in bands on {h} x {h} at batch {batch}"));
     }
