@@ -44,21 +44,20 @@ fn example(
     est::runtime::Estimator::new(&p, &opts).unwrap_or_else(|f| panic!("{file}: {:?}", f.diags))
 }
 
+/// An example's estimators on the wafer and on the interpreter, and their model
+/// directories.
+type Alike = (
+    est::runtime::Estimator,
+    est::runtime::Estimator,
+    PathBuf,
+    PathBuf,
+);
+
 /// Both estimators of example `file` (with `params` overridden) and their model
 /// directories, trained 20 steps on the wafer and on the interpreter from the same seed
 /// (in scratch directories named after `name`; its data under `data` when given, else
 /// beside it), their final losses checked alike (within 1e-5).
-fn twenty_steps(
-    file: &str,
-    params: &[(&str, &str)],
-    name: &str,
-    data: Option<&Path>,
-) -> (
-    est::runtime::Estimator,
-    est::runtime::Estimator,
-    PathBuf,
-    PathBuf,
-) {
+fn twenty_steps(file: &str, params: &[(&str, &str)], name: &str, data: Option<&Path>) -> Alike {
     let (dw, di) = (
         tmp(&format!("{name}-wafer")),
         tmp(&format!("{name}-interp")),
@@ -79,16 +78,7 @@ fn twenty_steps(
 
 /// Example `file` trained alike (`twenty_steps`), its variables checked within 1e-5 of
 /// each one's scale: both estimators and their model directories.
-fn trained_alike(
-    file: &str,
-    name: &str,
-    data: Option<&Path>,
-) -> (
-    est::runtime::Estimator,
-    est::runtime::Estimator,
-    PathBuf,
-    PathBuf,
-) {
+fn trained_alike(file: &str, name: &str, data: Option<&Path>) -> Alike {
     let (w, i, dw, di) = twenty_steps(file, &[], name, data);
     let d = worst(&w.variables(), &i.variables());
     eprintln!("{file}: largest relative difference {d:e}");
