@@ -12,8 +12,9 @@
 //! strip from an even lane and from an odd one, and up from each (a router passes one
 //! colour one way). Every lane of a strip runs the same code in the same order, so the
 //! lanes meet each widening in the same order; a lane sends before it takes, and its
-//! FIFOs hold what its neighbours send it in one task (`Vector::halo_fifos`), so no
-//! lane waits on one that waits on it.
+//! FIFOs hold what its neighbours send it in one task (`build`), so no lane waits on
+//! one that waits on it. A sizing whose windows reach past the bands beside a lane's
+//! has no program; the sizer builds the lanes that would show it (`Sizer::vector_period`).
 
 use super::build::Layout;
 use super::levels::At;
