@@ -349,26 +349,29 @@ impl<'a> Sizer<'a> {
                     let one = cost(&rep.program);
                     return Some([dealer[0].max(one[0]), dealer[1].max(one[1])]);
                 }
-                // (lanes whose halos reach the bands beside them, in the middle of a
-                // channel's and next to its last, which may be thinner: `halo`)
+                // (lane 0, costed; and where halos reach the bands beside a lane's, a
+                // lane in the middle of a channel's and the one next to its last, which
+                // may be thinner: `halo`)
                 let bands = v.bands(lanes);
-                let reach = match v.halos(lanes) {
-                    true => vec![bands / 2, bands.saturating_sub(2)],
-                    false => vec![],
-                };
-                for l in reach {
-                    if let Err(e) = v.lane(lanes, l) {
-                        if std::env::var_os("EST_WAFER_DEBUG").is_some() {
-                            eprintln!("kernel {k} on {lanes} lanes (lane {l}): {e}");
+                let mut built = vec![0];
+                if v.halos(lanes) {
+                    built.extend([bands / 2, bands.saturating_sub(2)]);
+                }
+                let mut first = None;
+                for l in built {
+                    match v.lane(lanes, l) {
+                        Ok(lane) => {
+                            first.get_or_insert(lane);
                         }
-                        return None;
+                        Err(e) => {
+                            if std::env::var_os("EST_WAFER_DEBUG").is_some() {
+                                eprintln!("kernel {k} on {lanes} lanes (lane {l}): {e}");
+                            }
+                            return None;
+                        }
                     }
                 }
-                let lane = v.lane(lanes, 0);
-                if let (Err(e), true) = (&lane, std::env::var_os("EST_WAFER_DEBUG").is_some()) {
-                    eprintln!("kernel {k} on {lanes} lanes: {e}");
-                }
-                Some(cost(&lane.ok()?.program))
+                Some(cost(&first?.program))
             })
     }
 

@@ -165,11 +165,13 @@ impl Vector<'_> {
     ) -> Result<Halo, String> {
         let (g, f) = (self.g, self.f);
         let band = |n: NodeIndex| self.band_rows(n, lanes, lane).unwrap_or(0..0);
-        let computed: BTreeSet<NodeIndex> = nodes.iter().copied().collect();
+        // (readers first: the code computes a node before its readers, so each at its
+        // first place in the code, in reverse)
+        let mut seen = BTreeSet::new();
+        let first: Vec<NodeIndex> = nodes.iter().copied().filter(|&n| seen.insert(n)).collect();
         let mut want: BTreeMap<NodeIndex, Rows> = BTreeMap::new();
         let mut halo = Halo::default();
-        // (readers first)
-        for u in self.readers_first(&computed) {
+        for u in first.into_iter().rev() {
             if f.alias[u.index()].is_some() {
                 continue;
             }
@@ -200,7 +202,7 @@ impl Vector<'_> {
                 let Some(w) = self.wants(u, raw, &d, &raw_band) else {
                     continue;
                 };
-                let w = self.as_viewed(raw, o, w);
+                let w = self.as_read(raw, o, w);
                 let old = want.remove(&o);
                 want.insert(o, hull(old, w));
             }
@@ -299,7 +301,8 @@ impl Vector<'_> {
     }
 
     /// Rows `r` of value `o` in the rows of `raw`, a view of it (the same rows, but
-    /// through a view that regroups them: the same words).
+    /// through a view that regroups them: the same words); or, the other way, rows of
+    /// view `o` in those of the value `raw` it views.
     pub(super) fn as_read(&self, o: NodeIndex, raw: NodeIndex, r: Rows) -> Rows {
         match (self.row_layout(o), self.row_layout(raw)) {
             (Some((_, wo)), Some((_, wr))) if o != raw && wo != wr => {
@@ -307,41 +310,6 @@ impl Vector<'_> {
             }
             _ => r,
         }
-    }
-
-    /// Rows `r` of view `raw` in the rows of the value `o` it views (`as_read`'s
-    /// converse).
-    fn as_viewed(&self, raw: NodeIndex, o: NodeIndex, r: Rows) -> Rows {
-        self.as_read(raw, o, r)
-    }
-
-    /// `nodes` in an order in which each comes before the nodes it reads.
-    fn readers_first(&self, nodes: &BTreeSet<NodeIndex>) -> Vec<NodeIndex> {
-        let (g, f) = (self.g, self.f);
-        let mut order = Vec::new();
-        let mut seen = BTreeSet::new();
-        for &n in nodes {
-            // (depth first, each node after those it reads)
-            let mut stack = vec![(n, false)];
-            while let Some((u, done)) = stack.pop() {
-                if done {
-                    order.push(u);
-                    continue;
-                }
-                if !seen.insert(u) {
-                    continue;
-                }
-                stack.push((u, true));
-                for o in g.operands(u) {
-                    let o = f.resolve(o);
-                    if nodes.contains(&o) && !seen.contains(&o) {
-                        stack.push((o, false));
-                    }
-                }
-            }
-        }
-        order.reverse();
-        order
     }
 
     /// The rows of value `o` the code whose `Halo` is `h` holds: those it computes or
@@ -393,10 +361,8 @@ impl Vector<'_> {
                 .and_then(|h| h.widened.get(&o))
                 .zip(self.band_rows(o, lanes, lane + 1))
                 .map_or(0, |(w, nb)| nb.start.saturating_sub(w.start));
+            // (no more than this band's rows: `halo` refuses windows past it)
             let len = b.len() as u32;
-            if to_up > len || to_down > len {
-                return Err("a halo past the band beside it".into());
-            }
             if to_up > 0 {
                 let words = to_up * rw;
                 body.push(mov(

@@ -111,10 +111,13 @@ impl Vector<'_> {
             // (in bands, a sample's share is its band: not the rows past it it holds)
             if let Some(h) = halo {
                 let o = f.resolve(ops[0]);
-                if let Some(b) = self.band_rows(o, lanes, lane) {
-                    let from = self.held_rows(o, h, lanes, lane).unwrap_or(b.clone());
-                    let words = self.row_layout(o).map_or(0, |r| r.1);
-                    let part = ((b.start - from.start) * words, b.len() as u32 * words);
+                if let (Some(b), Some((_, words))) =
+                    (self.band_rows(o, lanes, lane), self.row_layout(o))
+                {
+                    let part = (
+                        self.band_within(o, h, (lanes, lane)),
+                        b.len() as u32 * words,
+                    );
                     args[0] = part_of(args[0], part, scratch, body, &mut copies);
                 }
             }
@@ -224,18 +227,7 @@ impl Vector<'_> {
                 self.arg_best(&site, *axis, iota, scratch, body)?;
             }
             Op::Slice { .. } | Op::Concat { .. } | Op::Transpose { .. } if self.movable(n) => {
-                self.moved(&site, body).map_err(|e| {
-                    let held: Vec<_> = ops
-                        .iter()
-                        .map(|&o| (o, self.held(o, &site), g.ty(o).shape.clone()))
-                        .collect();
-                    format!(
-                        "{e} ({} {:?} {n:?} {:?}: {held:?})",
-                        node.op.name(),
-                        node.op,
-                        self.held(n, &site)
-                    )
-                })?;
+                self.moved(&site, body)?;
             }
             // (on several lanes, this lane's share of the classes, which its counting
             // buffer counts)
