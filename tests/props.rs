@@ -168,11 +168,6 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn mutated_examples_never_panic(which in 0..EXAMPLES.len(), edits in proptest::collection::vec(edit(), 1..6)) {
-        run(&apply(EXAMPLES[which], &edits));
-    }
-
-    #[test]
     fn token_soup_never_panics(toks in proptest::collection::vec(0..TOKENS.len(), 0..80)) {
         let text: Vec<&str> = toks.iter().map(|&i| TOKENS[i]).collect();
         run(&text.join(" "));
@@ -181,5 +176,21 @@ proptest! {
     #[test]
     fn arbitrary_text_never_panics(text in "\\PC{0,300}") {
         run(&text);
+    }
+}
+
+// Mutated examples in two tests that run side by side, each with half the cases: as many
+// programs as one test of all the cases.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases().div_ceil(2), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mutated_examples_never_panic(which in 0..EXAMPLES.len(), edits in proptest::collection::vec(edit(), 1..6)) {
+        run(&apply(EXAMPLES[which], &edits));
+    }
+
+    #[test]
+    fn more_mutated_examples_never_panic(which in 0..EXAMPLES.len(), edits in proptest::collection::vec(edit(), 1..6)) {
+        run(&apply(EXAMPLES[which], &edits));
     }
 }
