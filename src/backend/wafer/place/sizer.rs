@@ -351,11 +351,13 @@ impl<'a> Sizer<'a> {
                 }
                 // (lane 0, costed; and where halos reach the bands beside a lane's, a
                 // lane in the middle of a channel's and the one next to its last, which
-                // may be thinner: `halo`)
+                // may be thinner: `halo`; each once, as few bands make them one lane)
                 let bands = v.bands(lanes);
                 let mut built = vec![0];
                 if v.halos(lanes) {
                     built.extend([bands / 2, bands.saturating_sub(2)]);
+                    built.sort_unstable();
+                    built.dedup();
                 }
                 let mut first = None;
                 for l in built {

@@ -361,7 +361,6 @@ impl Vector<'_> {
                 .and_then(|h| h.widened.get(&o))
                 .zip(self.band_rows(o, lanes, lane + 1))
                 .map_or(0, |(w, nb)| nb.start.saturating_sub(w.start));
-            // (no more than this band's rows: `halo` refuses windows past it)
             let len = b.len() as u32;
             if to_up > 0 {
                 let words = to_up * rw;
@@ -375,6 +374,7 @@ impl Vector<'_> {
             }
             if to_down > 0 {
                 let words = to_down * rw;
+                // (no more than this band's rows: `halo` refuses windows past it)
                 let from = (len - to_down) * rw;
                 body.push(mov(
                     Dsd::Out {
