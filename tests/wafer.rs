@@ -860,11 +860,12 @@ fn a_does_not_fit_help_names_a_fabric_that_fits() {
 }
 
 /// A batch norm's kernel keeps every sample of the step (it reads the batch's
-/// statistics), which neither narrower windows nor a larger fabric shrink: its E0603
-/// (on `wse2`) names the largest batch that fits instead, and that batch fits and one
-/// more does not.
+/// statistics), which narrower windows do not shrink: its E0603 (on `wse2`, at a batch
+/// of 1024) names the largest batch its sizing has room for instead, and that batch
+/// fits. (Other sizings may fit a larger one: this CNN's images go in bands of rows
+/// through its poolings, and at 128 it fits too.)
 #[test]
-fn a_batch_norm_short_of_memory_names_the_batch_that_fits() {
+fn a_batch_norm_short_of_memory_names_a_batch_that_fits() {
     let file = root().join("tests/ui/pass/cnn_batch_norm.est");
     let file = file.to_str().unwrap();
     let check = |batch: u32| {
@@ -873,7 +874,7 @@ fn a_batch_norm_short_of_memory_names_the_batch_that_fits() {
             "check", file, "--target", "wafer", "--wafer", "wse2", "--param", &batch,
         ])
     };
-    let (status, _, err) = check(128);
+    let (status, _, err) = check(1024);
     assert_eq!(status, 1, "{err}");
     assert!(err.contains("E0603"), "{err}");
     let help = err
@@ -881,20 +882,16 @@ fn a_batch_norm_short_of_memory_names_the_batch_that_fits() {
         .nth(1)
         .unwrap_or_default()
         .replace('\n', " ");
-    let fits: u32 = (help.split("a batch of at most ").nth(1))
+    let fits: u32 = (help.split("a batch of ").nth(1))
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no batch in {help}"));
     assert!(help.contains("statistic of the whole batch"), "{help}");
-    assert!((2..128).contains(&fits), "{help}");
+    assert!((2..1024).contains(&fits), "{help}");
     let (status, out, err) = check(fits);
     assert_eq!(status, 0, "batch {fits}: {out}{err}");
-    let (status, _, err) = check(fits + 1);
-    assert_eq!(status, 1, "batch {}: {err}", fits + 1);
-    assert!(
-        err.contains(&format!("a batch of at most {fits} ")),
-        "{err}"
-    );
+    let (status, out, err) = check(128);
+    assert_eq!(status, 0, "batch 128: {out}{err}");
 }
 
 /// A two-layer classifier of random sizes, activation, bias, optimiser and batch,
@@ -1483,8 +1480,9 @@ fn strided_like_the_interpreter(
 /// columns take). At seeds 2 mod 4 a depthwise convolution follows (3x3 or 5x5,
 /// strided by 1 or 2, batch-normed with `bn`, else with a bias), its lanes in bands
 /// too, each taking the rows its windows reach from the lanes beside it
-/// (`kernels::vector::halo`). Trained 3 steps like the interpreter (within 1e-4, as
-/// `compare` measures).
+/// (`kernels::vector::halo`). At seeds 0 mod 4 a pooling follows instead (max or
+/// average, 2x2 or 3x3, `same` or `valid`), in bands the same way. Trained 3 steps
+/// like the interpreter (within 1e-4, as `compare` measures).
 fn bands_like_the_interpreter(
     h: usize,
     filters: usize,
@@ -1527,6 +1525,14 @@ fn bands_like_the_interpreter(
                 false => format!("  let x = relu({dw})\n"),
             }
         }
+        // (a pooling: 2x2 or 3x3 windows, overlapping when 3x3 and strided by 2, over
+        // `same` or `valid` padding)
+        (_, 0) => {
+            let (window, strides) = (2 + seed / 4 % 2, 2 + seed / 8 % 2 * (seed / 4 % 2));
+            let pool = ["max_pool2d", "avg_pool2d"][(seed / 16 % 2) as usize];
+            let padding = ["same", "valid"][(seed / 32 % 2) as usize];
+            format!("  let x = {pool}(x, {window}, {strides}, padding: {padding})\n")
+        }
         _ => String::new(),
     };
     let body = format!(
@@ -1554,7 +1560,23 @@ fn bands_like_the_interpreter(
             "the depthwise convolution is not in bands on {h} x {h}"
         ));
     }
+    // (a pooling's lanes each a channel's band too)
+    let mut pooled = (l.kernels.iter()).filter(|p| p.name.contains("pool"));
+    if block.contains("pool") && !pooled.any(|p| p.w * p.h > filters as u32) {
+        return Err(format!("the pooling is not in bands on {h} x {h}"));
+    }
     compare_with(&d, &body, (opt, lr), (&floats(k), batch, 64, seed))
+}
+
+/// Poolings in bands of rows (the cases of `bands_like_the_interpreter` at seeds 0 mod
+/// 4): 2x2 max windows of stride 2 (as in the MNIST CNN), and overlapping 3x3 average
+/// ones of stride 2 over `valid` padding, each lane taking the rows its windows reach
+/// from the lanes beside it (`halo`), on 50 and 45 rows of one filter and two.
+#[test]
+fn poolings_in_bands_train_like_the_interpreter() {
+    for (h, filters, seed) in [(50, 1, 0), (45, 2, 52)] {
+        bands_like_the_interpreter(h, filters, (2, false), (3, seed)).unwrap();
+    }
 }
 
 /// Depthwise convolutions in bands of rows, each lane taking the rows its windows reach

@@ -499,7 +499,8 @@ norm in training, and the kernels before it, which must hold the batch until its
 statistics are whole) is short of memory whatever the fabric where its PEs hold whole
 channels (between convolutions they may hold a channel's band of rows instead, and
 then a larger fabric has room for more bands): its help names the largest batch per
-step that fits. A vector kernel that
+step the best of its sizings tried has room for (a smaller batch may let another
+sizing fit more). A vector kernel that
 holds each sample whole on one PE (a softmax over a sample's axes, attention's
 products), or each head of a sample (attention with a head a PE, whose scores grow as
 tokens x tokens), is short whatever the fabric too: its help asks for fewer tokens,

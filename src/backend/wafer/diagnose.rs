@@ -55,8 +55,8 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
                 // (more PEs would not divide a sample it holds whole)
                 helps.push("fewer tokens, heads or features a sample (this kernel holds each sample, or each of its heads, whole on one PE, on any fabric: attention's products, whose scores grow as tokens x tokens a head, or a softmax over a sample's axes)".to_string());
                 helps.push("the host target (`--target host`)".to_string());
-            } else if let (Some(batch), true) = (s.keeps, large("stashed activations")) {
-                helps.push(kept_batch(&s, batch));
+            } else if let (Some(_), true) = (s.keeps, large("stashed activations")) {
+                helps.push(kept_batch(&s));
             } else {
                 if large("stashed activations") {
                     helps.push(
@@ -185,23 +185,15 @@ fn holding((w, h): (u32, u32), fab: &Fabric) -> Option<String> {
     ))
 }
 
-/// The help of a kernel short of memory that keeps every sample of a step of `batch`
-/// (`SramShort::keeps`): its stash grows with the batch, and neither narrower windows
-/// nor a larger fabric shrink it (a lane holds whole features or channels), so the
-/// largest batch that fits.
-fn kept_batch(s: &place::SramShort, batch: u32) -> String {
-    let stash: u32 = (s.parts.iter())
-        .filter(|(w, _)| *w == "stashed activations")
-        .map(|(_, b)| *b)
-        .sum();
-    let per = f64::from(stash) / f64::from(batch.max(1));
-    let room = f64::from(s.have) - f64::from(s.need - stash.min(s.need));
-    let fits = if per > 0.0 { (room / per).floor() } else { 0.0 };
-    let why = "it keeps every sample of the step, since it (or a kernel after it) reads a statistic of the whole batch (batch norm in training), and each of its PEs holds whole channels (images go in bands of rows between convolutions, through residuals, projection shortcuts and depthwise convolutions, but not through a pooling yet), so neither a larger fabric nor narrower windows shrink it";
-    if fits >= 1.0 {
-        format!("a batch of at most {fits} per step: {why}")
-    } else {
-        format!("a model whose layers keep less of a sample before the batch's statistics: even one sample does not fit, and {why}")
+/// The help of a kernel short of memory that keeps every sample of a step
+/// (`SramShort::keeps`): its stash grows with the batch, so the largest batch its
+/// sizing leaves room for (`SramShort::batch_that_fits`; other sizings, at a smaller
+/// batch, may fit more). A larger fabric helps only where its images go in bands.
+fn kept_batch(s: &place::SramShort) -> String {
+    let why = "it keeps every sample of the step, since it (or a kernel after it) reads a statistic of the whole batch (batch norm in training); a larger fabric helps only where its images go in bands of rows (between convolutions, through residuals, projection shortcuts, depthwise convolutions and poolings), since a PE holding whole channels holds them for every sample";
+    match s.batch_that_fits() {
+        Some(fits) if fits >= 1 => format!("a batch of {fits} per step (or fewer), which this kernel has room for: {why}"),
+        _ => format!("a model whose layers keep less of a sample before the batch's statistics: even one sample does not fit, and {why}"),
     }
 }
 

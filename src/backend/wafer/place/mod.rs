@@ -190,6 +190,26 @@ pub struct SramShort {
     pub whole: bool,
 }
 
+impl SramShort {
+    /// For a kernel that keeps the batch (`keeps`), the largest batch its stash leaves
+    /// room for as it was sized: the stash grows with the batch, the rest does not (0
+    /// when even one sample does not fit).
+    pub fn batch_that_fits(&self) -> Option<u32> {
+        let batch = self.keeps?;
+        let stash: u32 = (self.parts.iter())
+            .filter(|(w, _)| *w == "stashed activations")
+            .map(|(_, b)| *b)
+            .sum();
+        let per = f64::from(stash) / f64::from(batch.max(1));
+        let room = f64::from(self.have) - f64::from(self.need - stash.min(self.need));
+        Some(if per > 0.0 {
+            (room / per).floor().max(0.0) as u32
+        } else {
+            0
+        })
+    }
+}
+
 /// A staircase larger than the fabric.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PesShort {
@@ -278,6 +298,8 @@ fn kernel_name(g: &Graph, f: &Formed, k: usize) -> String {
                         | "argmax"
                         | "exp"
                         | "log"
+                        | "max_pool2d"
+                        | "avg_pool2d"
                 );
                 if telling && !ops.contains(&name) {
                     ops.push(name);

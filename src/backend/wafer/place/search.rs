@@ -29,7 +29,7 @@ pub(super) fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
     }
     // what no sizing had enough of: a PE's memory (the smallest blocks that got that
     // far), colours, PEs (the staircase nearest to fitting), something else
-    let mut sram = None;
+    let mut sram: Option<super::SramShort> = None;
     let mut colours = None;
     let mut pes: Option<PesShort> = None;
     let mut other = None;
@@ -56,9 +56,13 @@ pub(super) fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
                     }
                     fit.push((key, lanes, s));
                 }
-                Err(LayoutError::Sram(e)) => {
-                    sram.get_or_insert(e);
-                }
+                // (of kernels that keep the batch, the sizing that fits the most:
+                // in bands, more lanes hold less of each sample)
+                Err(LayoutError::Sram(e)) => match &sram {
+                    Some(first) if e.batch_that_fits() > first.batch_that_fits() => sram = Some(e),
+                    Some(_) => {}
+                    None => sram = Some(e),
+                },
                 Err(LayoutError::Colours(e)) => {
                     colours.get_or_insert(e);
                 }

@@ -19,6 +19,7 @@
 use super::build::Layout;
 use super::levels::At;
 use super::ops::{at, mov};
+use super::pool::pooling;
 use super::Vector;
 use crate::backend::wafer::form::{planes, Class};
 use crate::backend::wafer::isa::{Colour, Dsd, Instr};
@@ -93,6 +94,8 @@ impl Vector<'_> {
                     _ => false,
                 }
             }
+            // (its windows reach past a band's rows, unless they tile them)
+            ref op if pooling(op) => self.row_layout(n).is_some(),
             _ => false,
         }
     }
@@ -146,6 +149,7 @@ impl Vector<'_> {
             Op::Slice { .. } | Op::Concat { .. } | Op::BroadcastTo => {
                 Some(d.clone()).filter(|_| self.row_layout(u).map(|r| r.0) == Some(entries))
             }
+            ref op if pooling(op) => self.pool_wants(u, o, d),
             ref op if lower::elementwise(op) => match self.row_layout(u) {
                 Some((e, _)) if e == entries => Some(d.clone()),
                 _ => None,

@@ -25,10 +25,10 @@
 //!
 //! Here: the kernel, its ports and what its lanes hold; `build` makes a lane's program
 //! (or a replica's), `node` one node's code in it, `moves` the code of moving a
-//! sample's elements, `halo` the rows of its images in bands, `dealer` a one-lane
-//! kernel's dealer, `heads` a heads kernel's analysis and local graph, and `ops` the
-//! helpers they share (views of a sample's laid-out axes, reductions and broadcasts by
-//! rows, pooling).
+//! sample's elements, `halo` the rows of its images in bands, `pool` a pooling's code
+//! (whole planes or in bands), `dealer` a one-lane kernel's dealer, `heads` a heads
+//! kernel's analysis and local graph, and `ops` the helpers they share (views of a
+//! sample's laid-out axes, reductions and broadcasts by rows).
 
 use super::super::form::{image, planes, Class, End, Formed, Kind};
 use super::super::isa::{Colour, Program};
@@ -46,8 +46,10 @@ mod moves;
 mod node;
 mod ops;
 mod passes;
+mod pool;
 
 use ops::*;
+use pool::pooling;
 
 pub use halo::{routes as halo_routes, HaloColours};
 pub use heads::Heads;
@@ -463,9 +465,10 @@ impl Vector<'_> {
     /// In bands (`bands`), an error for what its lanes have no code for yet: only
     /// elementwise work on the images (an activation, a bias and their gradients),
     /// moves of their pixels (a depthwise convolution's padding, windows and strides:
-    /// `halo`) and sums of each channel over the batch (a bias's gradient, a batch
-    /// norm's statistics: `grouped_sums`) run; a pooling or a reduction within a sample
-    /// would need the lanes of a channel to work together sample by sample.
+    /// `halo`), poolings and their gradients (`pool`), and sums of each channel over the
+    /// batch (a bias's gradient, a batch norm's statistics: `grouped_sums`) run; a
+    /// reduction within a sample would need the lanes of a channel to work together
+    /// sample by sample.
     fn in_bands(&self, lanes: u32) -> Result<(), String> {
         if self.bands(lanes) < 2 {
             return Ok(());
@@ -488,6 +491,7 @@ impl Vector<'_> {
                         && (lower::elementwise(&node.op)
                             || matches!(node.op, Op::BroadcastTo)
                             || moves_pixels(&node.op, rank)
+                            || pooling(&node.op)
                             || (matches!(node.op, Op::Reshape)
                                 && self.row_layout(src).is_some()
                                 && same_channels))

@@ -3,11 +3,12 @@
 use super::halo::{part_of, Halo};
 use super::moves::{regrouped, relaid, words_at};
 use super::ops::*;
+use super::pool::pooling;
 use super::{Given, Vector};
 use crate::backend::wafer::form::{constant, image, planes, view_of, Class};
 use crate::backend::wafer::isa::{Instr, Src, VecOp};
+use crate::backend::wafer::kernels::nest;
 use crate::backend::wafer::kernels::rows;
-use crate::backend::wafer::kernels::{nest, split};
 use crate::backend::wafer::lower::{self, vec, Scratch, Val};
 use crate::ir::{NodeIndex, Op, ReduceOp, UnaryOp};
 use std::collections::BTreeMap;
@@ -183,19 +184,7 @@ impl Vector<'_> {
                     scratch.release(t);
                 }
             }
-            op if pooling(op) => {
-                // the image pooled and the pooled one
-                let (x, y) = match op {
-                    Op::MaxPool2d(_) | Op::AvgPool2d(_) => (f.resolve(ops[0]), n),
-                    Op::MaxPool2dGrad(_) => (n, f.resolve(ops[1])),
-                    _ => (n, f.resolve(ops[0])),
-                };
-                let (Some(x), Some(y)) = (self.image(x), self.image(y)) else {
-                    return Err(format!("`{}` of values not images", op.name()));
-                };
-                let cl = split(x.2, lanes, lane).len() as u32;
-                pool(op, dst, &args, cl, (x.0, x.1), (y.0, y.1), scratch, body)?;
-            }
+            op if pooling(op) => self.pooled(&site, halo, scratch, body)?,
             // (on one lane, a regrouping between values that lie otherwise: heads split
             // from a token's features, which lie planar as rank 4, and merged back)
             Op::Reshape if lanes == 1 && relaid(g, ops[0], n) => {
