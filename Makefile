@@ -74,9 +74,14 @@ demo: build
 # (the Neovim check reuses the estc that `cargo test --no-default-features` just built
 # for its integration tests, target/debug/estc: the language server needs neither LLVM
 # nor MPI, and a build of its own would be a third full debug build)
+# The suites run under cargo-nextest where it is installed (each test a process, the
+# tests of every suite in one queue over the cores, the slowest first:
+# .config/nextest.toml), else under cargo test, one suite after another.
+NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
+TEST_RUN = $(if $(NEXTEST),$(CARGO) nextest run,$(CARGO) test)
 test: setup fmt clippy
-	$(CARGO) test --features mpi
-	$(CARGO) test --no-default-features
+	$(TEST_RUN) --features mpi
+	$(TEST_RUN) --no-default-features
 	@$(MAKE) --no-print-directory nvim-check
 
 # docs/editors.md's Neovim setup, headless, against the debug estc (built first).
