@@ -55,7 +55,7 @@ pub fn layout_diag(e: LayoutError, fab: &Fabric, at: Span) -> Diag {
                 // (more PEs would not divide a sample it holds whole)
                 helps.push("fewer tokens, heads or features a sample (this kernel holds each sample, or each of its heads, whole on one PE, on any fabric: attention's products, whose scores grow as tokens x tokens a head, or a softmax over a sample's axes)".to_string());
                 helps.push("the host target (`--target host`)".to_string());
-            } else if let (Some(_), true) = (s.keeps, large("stashed activations")) {
+            } else if s.keeps.is_some() && large("stashed activations") {
                 helps.push(kept_batch(&s));
             } else {
                 if large("stashed activations") {

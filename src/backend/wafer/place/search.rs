@@ -58,11 +58,14 @@ pub(super) fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
                 }
                 // (of kernels that keep the batch, the sizing that fits the most:
                 // in bands, more lanes hold less of each sample)
-                Err(LayoutError::Sram(e)) => match &sram {
-                    Some(first) if e.batch_that_fits() > first.batch_that_fits() => sram = Some(e),
-                    Some(_) => {}
-                    None => sram = Some(e),
-                },
+                Err(LayoutError::Sram(e)) => {
+                    if sram
+                        .as_ref()
+                        .is_none_or(|s| e.batch_that_fits() > s.batch_that_fits())
+                    {
+                        sram = Some(e);
+                    }
+                }
                 Err(LayoutError::Colours(e)) => {
                     colours.get_or_insert(e);
                 }

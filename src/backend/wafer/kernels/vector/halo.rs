@@ -94,7 +94,7 @@ impl Vector<'_> {
                     _ => false,
                 }
             }
-            // (its windows reach past a band's rows, unless they tile them)
+            // (its windows may reach past a band's rows)
             ref op if pooling(op) => self.row_layout(n).is_some(),
             _ => false,
         }

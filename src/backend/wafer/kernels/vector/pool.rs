@@ -9,7 +9,7 @@ use super::ops::{at, mov, rows_of, view};
 use super::Vector;
 use crate::backend::wafer::isa::{Instr, Src, VecOp};
 use crate::backend::wafer::lower::{vec, Scratch, Val};
-use crate::ir::{window_pad, NodeIndex, Op};
+use crate::ir::{window_pad, NodeIndex, Op, Pool};
 
 /// A pooling's windows along an image's rows: `k` rows each, `s` apart, the first
 /// starting `pad` rows above the image (`same` padding's), over `h` rows pooled into
@@ -24,16 +24,11 @@ pub(super) struct RowWindows {
 }
 
 impl RowWindows {
-    /// The windows of pooling `op` (or its gradient) of an image of `h` rows into `ho`.
-    pub(super) fn of(op: &Op, h: u32, ho: u32) -> Option<Self> {
-        let (Op::MaxPool2d(p) | Op::AvgPool2d(p) | Op::MaxPool2dGrad(p) | Op::AvgPool2dGrad(p)) =
-            op
-        else {
-            return None;
-        };
+    /// The windows of pooling `p` (or its gradient) of an image of `h` rows into `ho`.
+    pub(super) fn of(p: &Pool, h: u32, ho: u32) -> Self {
         let (k, s) = (p.window[0] as u32, p.strides[0] as u32);
         let pad = window_pad(h as usize, ho as usize, k as usize, s as usize, p.padding) as u32;
-        Some(RowWindows { k, s, pad, h, ho })
+        RowWindows { k, s, pad, h, ho }
     }
 
     /// The image's rows that output rows `q` pool (those inside the image).
@@ -65,18 +60,6 @@ impl RowWindows {
     }
 }
 
-/// The padding before the first column of `w` pooled into `wo` by pooling `op`'s
-/// windows (none for `valid`).
-fn left_pad(p: &crate::ir::Pool, w: u32, wo: u32) -> u32 {
-    window_pad(
-        w as usize,
-        wo as usize,
-        p.window[1],
-        p.strides[1],
-        p.padding,
-    ) as u32
-}
-
 impl Vector<'_> {
     /// A pooling (or its gradient) at `site` over the planes of the channels lane
     /// holds: the image pooled (`x`) and the pooled one (`y`), each whole, or in bands
@@ -100,13 +83,16 @@ impl Vector<'_> {
         let (Some(xi), Some(yi)) = (self.image(x), self.image(y)) else {
             return Err(format!("`{}` of values not images", op.name()));
         };
-        let (Op::MaxPool2d(p) | Op::AvgPool2d(p) | Op::MaxPool2dGrad(p) | Op::AvgPool2dGrad(p)) =
-            op
-        else {
-            return Err(format!("`{}` is no pooling", op.name()));
-        };
-        let win = RowWindows::of(op, xi.0, yi.0).ok_or("no pooling")?;
-        let pl = left_pad(p, xi.1, yi.1);
+        let p = params(op)?;
+        let win = RowWindows::of(p, xi.0, yi.0);
+        let pl = window_pad(
+            xi.1 as usize,
+            yi.1 as usize,
+            p.window[1],
+            p.strides[1],
+            p.padding,
+        );
+        let pl = pl as u32;
         match (h, self.bands(lanes) > 1) {
             (Some(h), true) => self.pool_band(site, h, (win, pl), (xi.1, yi.1), scratch, body),
             _ => {
@@ -218,12 +204,12 @@ impl Vector<'_> {
         match op {
             Op::MaxPool2d(_) | Op::AvgPool2d(_) => {
                 let (h, ho) = (self.row_layout(raw)?.0, self.row_layout(u)?.0);
-                Some(RowWindows::of(op, h, ho)?.input(d))
+                Some(RowWindows::of(params(op).ok()?, h, ho).input(d))
             }
             Op::MaxPool2dGrad(_) | Op::AvgPool2dGrad(_) => {
                 let dy = *ops.last()?;
                 let (h, ho) = (self.row_layout(u)?.0, self.row_layout(dy)?.0);
-                let win = RowWindows::of(op, h, ho)?;
+                let win = RowWindows::of(params(op).ok()?, h, ho);
                 let q = win.output(d);
                 let image = f.resolve(raw) != f.resolve(dy);
                 Some(if image { win.input(&q) } else { q })
@@ -235,10 +221,15 @@ impl Vector<'_> {
 
 /// Whether an op pools an image (or is pooling's gradient).
 pub(super) fn pooling(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::MaxPool2d(_) | Op::AvgPool2d(_) | Op::MaxPool2dGrad(_) | Op::AvgPool2dGrad(_)
-    )
+    params(op).is_ok()
+}
+
+/// The windows of pooling `op` (or of its gradient).
+fn params(op: &Op) -> Result<&Pool, String> {
+    match op {
+        Op::MaxPool2d(p) | Op::AvgPool2d(p) | Op::MaxPool2dGrad(p) | Op::AvgPool2dGrad(p) => Ok(p),
+        _ => Err(format!("`{}` is no pooling", op.name())),
+    }
 }
 
 /// A pooling (or its gradient) over `cl` planes of `x` (`h x w`, the image pooled)
@@ -246,10 +237,9 @@ pub(super) fn pooling(op: &Op) -> bool {
 /// operands; the first window starts `pt` rows above the image and `pl` columns left of
 /// it. Windows that cross the image's border (`same` padding, TensorFlow's: the odd
 /// row or column after; in bands, a lane's rows) pool a copy of the image padded with
-/// what changes nothing
-/// (`-inf` for a maximum, 0 for a sum); an average then divides by the pixels inside
-/// each window, as TensorFlow does, and a gradient is taken in the padded planes and
-/// its interior kept.
+/// what changes nothing (`-inf` for a maximum, 0 for a sum); an average then divides
+/// by the pixels inside each window, as TensorFlow does, and a gradient is taken in the
+/// padded planes and its interior kept.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn pool(
     op: &Op,
@@ -262,10 +252,7 @@ pub(super) fn pool(
     scratch: &mut Scratch,
     body: &mut Vec<Instr>,
 ) -> Result<(), String> {
-    let (Op::MaxPool2d(p) | Op::AvgPool2d(p) | Op::MaxPool2dGrad(p) | Op::AvgPool2dGrad(p)) = op
-    else {
-        return Err(format!("`{}` is no pooling", op.name()));
-    };
+    let p = params(op)?;
     let ([kh, kw], [sh, sw]) = (p.window.map(|v| v as u32), p.strides.map(|v| v as u32));
     let (eh, ew) = ((ho - 1) * sh + kh, (wo - 1) * sw + kw);
     if pt == 0 && pl == 0 && eh <= h && ew <= w {
@@ -386,10 +373,7 @@ pub(super) fn pool_valid(
     scratch: &mut Scratch,
     body: &mut Vec<Instr>,
 ) -> Result<(), String> {
-    let (Op::MaxPool2d(p) | Op::AvgPool2d(p) | Op::MaxPool2dGrad(p) | Op::AvgPool2dGrad(p)) = op
-    else {
-        return Err(format!("`{}` is no pooling", op.name()));
-    };
+    let p = params(op)?;
     let ([kh, kw], [sh, sw]) = (p.window.map(|v| v as u32), p.strides.map(|v| v as u32));
     if (ho - 1) * sh + kh > h || (wo - 1) * sw + kw > w {
         return Err(format!(
