@@ -753,6 +753,56 @@ fn link_loads_are_what_the_simulator_counts() {
     }
 }
 
+/// The sizer's estimate of a step, which picks the layout, follows the simulation
+/// where memory caps the windows equal (the MNIST CNN on a fabric of 32 KiB PEs): each
+/// sample then waits for a round trip between the kernels of equal windows, longer
+/// than the slowest kernel's pace (without it the estimate was 25% short).
+#[test]
+fn a_steps_estimate_counts_the_round_trips_of_capped_windows() {
+    use est::backend::wafer::{artifact::Artifact, fabric::Fabric, report};
+    let d = tmp("estimate");
+    let cnn = root().join("examples/mnist_cnn.est");
+    let cramped = root().join("tests/fixtures/wafer_cramped.toml");
+    let out = d.join("cnn.estw");
+    let (code, _, err) = estc(&[
+        "build",
+        cnn.to_str().unwrap(),
+        "--target",
+        "wafer",
+        "--wafer",
+        cramped.to_str().unwrap(),
+        "--param",
+        "hidden=[128]",
+        "--param",
+        "batch_size=32",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let fab = Fabric::from_toml(&std::fs::read_to_string(&cramped).unwrap()).unwrap();
+    let l = Artifact::from_bytes(&std::fs::read(&out).unwrap(), &fab)
+        .unwrap()
+        .layout(&fab);
+    let sim = report::simulate(&l, 2).unwrap();
+    let r = report::measure(&l, &sim, 2);
+    let windows: Vec<u32> = r.kernels.iter().map(|k| k.window).collect();
+    assert!(
+        windows.windows(2).any(|w| w[0] == w[1] && w[0] > 1),
+        "no equal windows: {windows:?}"
+    );
+    let slowest = r.kernels[r.slowest].cycles_per_sample;
+    let off = l.estimate as f64 / r.step_cycles - 1.0;
+    assert!(
+        off.abs() < 0.12,
+        "estimated {} against {:.0} simulated ({:+.1}%), windows {windows:?}",
+        l.estimate,
+        r.step_cycles,
+        100.0 * off
+    );
+    // (the slowest kernel's pace alone is well short of the simulation)
+    assert!(32.0 * slowest < 0.85 * r.step_cycles, "{slowest} a sample");
+}
+
 /// The eval and predict graphs lay out too, and `--emit wafer` prints the programs.
 #[test]
 fn every_mode_lays_out_and_prints() {

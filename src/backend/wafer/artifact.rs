@@ -78,6 +78,9 @@ pub struct Artifact {
     pub inputs: Vec<HostStream>,
     pub outputs: Vec<HostStream>,
     pub report: Option<Report>,
+    /// The compiler's estimate of a step's cycles (`Layout::estimate`).
+    #[serde(default)]
+    pub estimate: u64,
     /// CRC32C of the file's bytes before `,"checksum":`, in hex (set by `to_bytes`).
     #[serde(default)]
     pub checksum: String,
@@ -138,6 +141,7 @@ impl Artifact {
             inputs: l.inputs.clone(),
             outputs: l.outputs.clone(),
             report,
+            estimate: l.estimate,
             checksum: String::new(),
         }
     }
@@ -305,6 +309,7 @@ impl Artifact {
             outputs: self.outputs.clone(),
             kernels: self.kernels.clone(),
             block: self.block,
+            estimate: self.estimate,
         }
     }
 }

@@ -54,6 +54,10 @@ pub struct Report {
     pub fullest: Option<Fullest>,
     pub steps: u32,
     pub step_cycles: f64,
+    /// The compiler's estimate of a step's cycles before simulating it
+    /// (`Layout::estimate`; 0: none).
+    #[serde(default)]
+    pub estimate: u64,
     pub samples_per_second: f64,
     /// Over every PE that runs a program.
     pub utilisation: f64,
@@ -205,6 +209,7 @@ pub fn measure(l: &Layout, sim: &Sim, steps: u32) -> Report {
         fullest,
         steps,
         step_cycles,
+        estimate: l.estimate,
         samples_per_second: f64::from(l.batch) * f.clock_ghz * 1e9 / step_cycles,
         utilisation: all_work as f64 / (f64::from(pes.max(1)) * total * lanes),
         pes,
@@ -227,6 +232,14 @@ impl std::fmt::Display for Report {
             self.pes,
             100.0 * self.utilisation
         )?;
+        if self.estimate > 0 {
+            let off = 100.0 * (self.estimate as f64 / self.step_cycles.max(1.0) - 1.0);
+            writeln!(
+                f,
+                "  estimated before simulating: {} cycles a step ({off:+.1}%)",
+                self.estimate
+            )?;
+        }
         writeln!(
             f,
             "  {:<24} {:>9} {:>11} {:>10} {:>6} {:>9} {:>6}  colours",

@@ -34,6 +34,7 @@ pub(super) fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, 
         outputs,
         kernels: placed,
         block: s,
+        estimate: 0,
     };
     // every layout is checked: it is cheap beside the simulation it leads to
     check(&l)

@@ -134,6 +134,9 @@ pub struct Layout {
     pub kernels: Vec<Placed>,
     /// The block size every layer got, or 0 when each was sized to a common period.
     pub block: u32,
+    /// The cycles of a step as the sizer estimates them before any simulation
+    /// (`Sizer::step`); 0 when not known.
+    pub estimate: u64,
 }
 
 /// Why a layout failed.
@@ -339,10 +342,10 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     // once when its layer's weights alone cannot fit those rows
     let widens = lanes::across_widens(g, f);
     if (widens.iter()).any(|&k| lanes::one_lane_hopeless(g, f, fab, k)) {
-        return sized(g, f, fab, true);
+        return sized(g, f, fab, true).map(|s| s.0);
     }
     if widens.is_empty() {
-        return sized(g, f, fab, false);
+        return sized(g, f, fab, false).map(|s| s.0);
     }
     // (a one-lane loss or its layer short of memory at the widest windows: across
     // before narrower windows, which leave those kernels as they are)
@@ -354,33 +357,28 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         |e: &LayoutError| matches!(e, LayoutError::Sram(s) if at_softmax.contains(&s.kernel));
     match sized_until(g, f, fab, false, stop) {
         Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))) => match sized(g, f, fab, true) {
-            Ok(l) => Ok(l),
+            Ok(l) => Ok(l.0),
             // (the one-lane layout's own error, its windows narrowed as far as they go)
-            Err(_) if stop(&e) => sized(g, f, fab, false),
+            Err(_) if stop(&e) => sized(g, f, fab, false).map(|s| s.0),
             Err(_) => Err(e),
         },
-        // (both fit: the shorter period, a wide softmax's lanes often)
+        // (both fit: the shorter estimated step, a wide softmax's lanes often, whose
+        // windows narrow less)
         Ok(one) => match sized(g, f, fab, true) {
-            Ok(wide) if period(&wide, fab) < period(&one, fab) => Ok(wide),
-            _ => Ok(one),
+            Ok(wide) if wide.1 < one.1 => Ok(wide.0),
+            _ => Ok(one.0),
         },
-        r => r,
+        Err(e) => Err(e),
     }
 }
 
-/// A layout's period as its programs' costs say: the most cycles any PE spends per
-/// sample (stalls aside).
-fn period(l: &Layout, fab: &Fabric) -> u64 {
-    (l.setup.pes.values())
-        .map(|(p, _)| super::cost::per_sample(fab, p, l.batch, super::kernels::UPDATE))
-        .max()
-        .unwrap_or(0)
-}
+/// A layout and its estimated step (`Sizer::step`).
+type Sized = (Layout, u64);
 
 /// `layout` with vector kernels softmaxing `across` their lanes or not: the windows as
 /// wide as they need, narrowed while memory (or the PEs that more lanes of memory
 /// take) is short.
-fn sized(g: &Graph, f: &Formed, fab: &Fabric, across: bool) -> Result<Layout, LayoutError> {
+fn sized(g: &Graph, f: &Formed, fab: &Fabric, across: bool) -> Result<Sized, LayoutError> {
     sized_until(g, f, fab, across, |_| false)
 }
 
@@ -391,13 +389,16 @@ fn sized_until(
     fab: &Fabric,
     across: bool,
     stop: impl Fn(&LayoutError) -> bool,
-) -> Result<Layout, LayoutError> {
+) -> Result<Sized, LayoutError> {
     let mut widths = Widths::WIDEST;
     // the last schedule searched, which narrower widths may leave as it was (windows
     // at or before a barrier keep the batch)
     let mut last: Option<Vec<(u32, u32)>> = None;
     loop {
         let sizer = Sizer::new(g, f, fab, (widths, across))?;
+        if std::env::var_os("EST_WAFER_DEBUG").is_some() {
+            eprintln!("widths {widths:?}: windows {:?}", sizer.sched);
+        }
         let widest = sizer.sched.iter().map(|s| s.0).max().unwrap_or(1);
         let narrower = widths.narrower(widest);
         if let (Some(w), true) = (narrower, last.as_ref() == Some(&sizer.sched)) {

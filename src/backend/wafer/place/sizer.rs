@@ -270,36 +270,37 @@ impl<'a> Sizer<'a> {
             })
     }
 
-    /// `layer` on `w x h` lanes, from its first PE's program: its cycles per sample,
-    /// and whether its memory fits.
+    /// `layer` on `w x h` lanes, from the programs of its fullest PE and its busiest
+    /// (`Dense::fullest`): its cycles per sample, and whether its memory fits.
     pub(super) fn measure(&self, layer: &Dense, w: u32, h: u32) -> Measured {
         let layer = &layer.on_lanes(w, h);
         let (wc, hr) = layer.used(w, h);
         let c = dense::Colours::with_streams(4, 5, 6, 7);
-        let (i, j) = layer.fullest((wc, hr));
-        let ranges = (&layer.column(wc, i), &layer.out_row(hr, j));
-        let mut scratch = Laid::default();
         let words = self.fab.usable_bytes() / crate::backend::wafer::cost::WORD;
-        layer
-            .program(
-                i,
-                j,
-                (wc, hr),
-                c,
-                &mut scratch,
-                (0, 0),
-                ranges,
-                layer.row(j, (wc, hr), None),
+        let [fullest, busiest] = layer.fullest((wc, hr));
+        let pe = |(i, j): (u32, u32)| {
+            let ranges = (&layer.column(wc, i), &layer.out_row(hr, j));
+            let row = layer.row(j, (wc, hr), None);
+            let mut scratch = Laid::default();
+            (layer.program(i, j, (wc, hr), c, &mut scratch, (0, 0), ranges, row)).map_or(
+                (NEVER, false),
+                |p| {
+                    let t = crate::backend::wafer::cost::per_pass(
+                        self.fab,
+                        &p,
+                        self.f.batch,
+                        crate::backend::wafer::kernels::UPDATE,
+                    );
+                    (t, p.words() <= words)
+                },
             )
-            .map_or((NEVER, false), |p| {
-                let t = crate::backend::wafer::cost::per_pass(
-                    self.fab,
-                    &p,
-                    self.f.batch,
-                    crate::backend::wafer::kernels::UPDATE,
-                );
-                (t, p.words() <= words)
-            })
+        };
+        let (t, fits) = pe(fullest);
+        if busiest == fullest || !fits {
+            return (t, fits);
+        }
+        let (u, _) = pe(busiest);
+        ([t[0].max(u[0]), t[1].max(u[1])], fits)
     }
 
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
@@ -493,7 +494,41 @@ impl<'a> Sizer<'a> {
             total += batch * (slowest(segment, Some(0)) + slowest(segment, Some(1)));
             start = k + 1;
         }
-        total + batch.saturating_sub(1) * slowest(&each[start.min(each.len())..], None)
+        let tail = start.min(each.len());
+        let period = slowest(&each[tail..], None).max(self.round_trip(lanes, &each, tail));
+        total + batch.saturating_sub(1) * period
+    }
+
+    /// The period a sample's way back and forth between kernels allows, from kernel
+    /// `from` on: in the 1F1B order a kernel `i` runs the forward of sample `s + w_i`
+    /// right after the backward of `s`, which waits for the backward of `s` at each
+    /// kernel `j` after it; so `j`'s forward of `s + w_j` waits for a round trip, in
+    /// which `j` runs `w_i - w_j + 1` samples: the input gradient's way back from `j`
+    /// to `i` (each kernel's backward until it sends it: a layer's first half, before
+    /// its filter's gradient; a vector kernel's whole), `i`'s backward, and the
+    /// forwards from `i` to `j`. With equal windows (a cap of memory) this is each
+    /// sample's pace.
+    fn round_trip(&self, lanes: &Lanes, each: &[Cost], from: usize) -> u64 {
+        let sched = schedule(self.f, self.widths, |k| lanes.reps[k]);
+        let back = |k: usize| match self.dims[k] {
+            Some(_) => each[k][1] / 2,
+            None => each[k][1],
+        };
+        let windowed: Vec<usize> = (from..each.len()).filter(|&k| sched[k].0 > 0).collect();
+        let mut most = 0;
+        for (a, &i) in windowed.iter().enumerate() {
+            // (from `i`'s backward to `j`'s forward's start)
+            let mut trip = each[i][1];
+            let mut prev = i;
+            for &j in &windowed[a + 1..] {
+                trip += (prev..j).map(|k| each[k][0]).sum::<u64>();
+                trip += (prev + 1..=j).map(back).sum::<u64>();
+                prev = j;
+                let samples = u64::from(sched[i].0.saturating_sub(sched[j].0)) + 1;
+                most = most.max((trip + each[j][0]) / samples);
+            }
+        }
+        most
     }
 
     /// The lanes of vector kernel `k` after a kernel with `prev` output lanes (or, first

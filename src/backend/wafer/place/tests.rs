@@ -71,6 +71,7 @@ fn row(pes: &[(u32, Arc<Program>)], streams: &[(Colour, u32, u32)]) -> Layout {
             orient: Orient::North,
         }],
         block: 0,
+        estimate: 0,
     }
 }
 

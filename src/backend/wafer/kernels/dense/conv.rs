@@ -27,7 +27,9 @@ impl Dense {
             ..
         }: Block,
     ) -> (Vec<Instr>, Vec<Instr>) {
-        let (wp, span, sw) = (g.wp(), g.span(), g.stride.1);
+        let (wp, sw) = (g.wp(), g.stride.1);
+        // (the taps run over the output rows the input reaches, `at` words in)
+        let (at, span) = g.reached_span();
         // (an output row's strided outputs are `sw` apart, the rows `row`)
         let Planes {
             pad,
@@ -48,13 +50,13 @@ impl Dense {
         let tap_loops = [g.r, g.s, a, b];
         let wt = Dsd::strided(w, span, 0, &[g.s * a * b, a * b, b, 1], None);
         let xin = Dsd::strided(
-            xp + top,
+            xp + top + at,
             span,
             1,
             &[g.dil.0 * wp, g.dil.1, plane_pad, 0],
             None,
         );
-        let yout = Dsd::strided(y, span, 1, &[0, 0, 0, plane_out], None);
+        let yout = Dsd::strided(y + at, span, 1, &[0, 0, 0, plane_out], None);
         let mut fwd = vec![take];
         let (passed, carried) = self.carried_image(p, carry, (xs, a * plane_in), c.x, links.fwd);
         fwd.extend(passed);

@@ -26,28 +26,29 @@ impl Dense {
         matches!(self.shape, Shape::Conv(_)) && self.half.is_none() && self.more.is_empty()
     }
 
-    /// The PE of a `wc x hr` frame with the most to hold and do: the first, or, in
-    /// bands, the one of the first channels whose bands' part of the convolution
-    /// (`Geom::band`) has the largest planes (an output band near the far edge of its
-    /// input band reads past it).
-    pub fn fullest(&self, (wc, hr): (u32, u32)) -> (u32, u32) {
+    /// The PEs of a `wc x hr` frame with the most to hold and the most to do: the
+    /// first, or, in bands, of the first channels' bands, the one whose part of the
+    /// convolution (`Geom::band`) has the largest planes (an output band near the far
+    /// edge of its input band reads past it), then the one whose taps run over the most
+    /// output rows (`Geom::reached`: a band in the middle reaches rows on both sides).
+    pub fn fullest(&self, (wc, hr): (u32, u32)) -> [(u32, u32); 2] {
         let (Shape::Conv(g), (bi, bo)) = (self.shape, self.bands) else {
-            return (0, 0);
+            return [(0, 0); 2];
         };
         if (bi, bo) == (1, 1) {
-            return (0, 0);
+            return [(0, 0); 2];
         }
-        let size = |(i, j): (u32, u32)| {
-            let (ins, outs) = (self.column(wc, i).rows, self.out_row(hr, j).rows);
-            g.band(ins, outs).map_or(0, |b| {
-                let p = b.planes();
-                p.pad + p.out
-            })
+        let band = |(i, j): (u32, u32)| g.band(self.column(wc, i).rows, self.out_row(hr, j).rows);
+        let pes = || (0..bi.min(wc)).flat_map(|i| (0..bo.min(hr)).map(move |j| (i, j)));
+        let most = |key: &dyn Fn(Geom) -> u32| {
+            pes()
+                .max_by_key(|&ij| (band(ij).map_or(0, key), std::cmp::Reverse(ij)))
+                .unwrap_or((0, 0))
         };
-        (0..bi.min(wc))
-            .flat_map(|i| (0..bo.min(hr)).map(move |j| (i, j)))
-            .max_by_key(|&ij| (size(ij), std::cmp::Reverse(ij)))
-            .unwrap_or((0, 0))
+        [
+            most(&|b| b.planes().pad + b.planes().out),
+            most(&|b| b.reached().1),
+        ]
     }
 
     /// This layer on `w` input lanes and `h` output lanes: a convolution on more lanes

@@ -137,6 +137,33 @@ impl Geom {
         (self.h1() - 1) * self.wp() + self.w1()
     }
 
+    /// The stride-1 output rows whose windows reach the input's rows (the first, and
+    /// how many): all `h1` of a whole image; of a band (`band`), from the first whose
+    /// window reaches its rows to the last (a dilated filter's taps may step over a
+    /// thin band, and rows between add zeros), the others reading padding alone. A
+    /// PE's taps run over these rows only (`reached_span`), which is exact: the rows
+    /// left out add zeros to the outputs and the filter's gradient, and their input
+    /// gradient falls outside the band.
+    pub fn reached(&self) -> (u32, u32) {
+        let (top, pad, h1) = (
+            i64::from(self.top),
+            i64::from(self.pad.0),
+            i64::from(self.h1()),
+        );
+        let reach = i64::from((self.r - 1) * self.dil.0);
+        let first = (pad - top - reach).clamp(0, h1 - 1);
+        let last = (pad + i64::from(self.h) - 1 - top).clamp(first, h1 - 1);
+        (first as u32, (last - first + 1) as u32)
+    }
+
+    /// The words of the output rows `reached` spans at pitch `wp`, and where they
+    /// start: the taps' vector operation.
+    pub fn reached_span(&self) -> (u32, u32) {
+        let (first, rows) = self.reached();
+        let wp = self.wp();
+        (first * wp, (rows - 1) * wp + self.w1())
+    }
+
     /// The words of a padded input plane, and of an output plane at pitch `wp`; where
     /// the padded plane's interior starts, and the first output's window; the distance
     /// of two strided output rows.

@@ -459,6 +459,49 @@ proptest! {
 }
 
 proptest! {
+    /// The output rows a band's taps run over (`Geom::reached`) hold every one whose
+    /// window reads a row of the band, and, without dilation, no more (a dilated
+    /// filter's taps may step over a thin band: such rows add zeros).
+    #[test]
+    fn a_band_reaches_the_rows_that_read_it(
+        h in 1u32..30, r in 1u32..6, dil in 1u32..3, stride in 1u32..4, same in any::<bool>(),
+        cut in (0u32..30, 0u32..30), outs in (0u32..30, 0u32..30),
+    ) {
+        let Some(g) = Geom::new(h, 4, (r, 1), (dil, 1), (stride, 1), same) else {
+            return Ok(());
+        };
+        let (lo, hi) = (cut.0.min(cut.1) % h, (cut.0.max(cut.1) % h) + 1);
+        let (o0, o1) = (outs.0.min(outs.1) % g.ho, (outs.0.max(outs.1) % g.ho) + 1);
+        let Some(b) = g.band(lo..hi.max(lo + 1), o0..o1) else {
+            return Ok(());
+        };
+        let band = b.pad.0..b.pad.0 + b.h;
+        let reads = |u: u32| (0..b.r).any(|t| band.contains(&(b.top + u + t * b.dil.0)));
+        let all: Vec<u32> = (0..b.h1()).filter(|&u| reads(u)).collect();
+        let (first, rows) = b.reached();
+        let last = first + rows - 1;
+        prop_assert!(first <= all[0] && last >= *all.last().unwrap() && last < b.h1());
+        if b.dil.0 == 1 {
+            prop_assert_eq!((first, last), (all[0], *all.last().unwrap()));
+        }
+        // (a whole image: every row)
+        prop_assert_eq!(g.reached(), (0, g.h1()));
+    }
+}
+
+#[test]
+fn bands_of_the_mnist_convolution_reach_their_rows_and_their_halos() {
+    // 28 rows under a 5x5 filter, `same`: a band of 14 of 2 reaches 16 output rows
+    // (two past it), a middle band of 9 of 3 reaches 13 (two each side)
+    let g = Geom::new(28, 28, (5, 5), (1, 1), (1, 1), true).unwrap();
+    assert_eq!(g.reached(), (0, 28));
+    let rows = |ins: std::ops::Range<u32>| g.band(ins, 0..28).unwrap().reached();
+    assert_eq!(rows(0..14), (0, 16));
+    assert_eq!(rows(14..28), (12, 16));
+    assert_eq!(rows(10..19), (8, 13));
+}
+
+proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
     /// An embedding of `t` ids a sample from a `v x n` table: the rows it looks up,
     /// the rows' gradients added into the table's (an id met twice, twice) and an
