@@ -177,11 +177,6 @@ pub(super) fn element(
 /// operand's place worked out once; false (nothing done) when some operand or the
 /// destination leaves memory, which `element` and `store` handle word by word.
 fn sweep(mem: &mut [f32], op: VecOp, ops: &[Opnd; 3], dst: Option<(i64, i64)>, n: u32) -> bool {
-    #[derive(Clone, Copy)]
-    enum At {
-        Mem(usize, isize),
-        Const(f32),
-    }
     let len = mem.len() as i64;
     let last = i64::from(n.max(1) - 1);
     let within = |a: i64, st: i64| a >= 0 && a < len && a + last * st >= 0 && a + last * st < len;
@@ -197,32 +192,250 @@ fn sweep(mem: &mut [f32], op: VecOp, ops: &[Opnd; 3], dst: Option<(i64, i64)>, n
             _ => return false,
         };
     }
-    fn run(
-        mem: &mut [f32],
-        at: [At; 3],
-        (d, ds): (usize, isize),
-        n: u32,
-        f: impl Fn(f32, f32, f32) -> f32,
-    ) {
-        let get = |mem: &[f32], a: At, i: isize| match a {
-            At::Mem(b, st) => mem[(b as isize + i * st) as usize],
-            At::Const(x) => x,
-        };
-        for i in 0..n as isize {
-            let v = f(get(mem, at[0], i), get(mem, at[1], i), get(mem, at[2], i));
-            mem[(d as isize + i * ds) as usize] = v;
-        }
-    }
     let d = (d as usize, ds as isize);
     match op {
-        VecOp::Fmac | VecOp::Fmach => run(mem, at, d, n, |a, b, c| a + b * c),
-        VecOp::Mov => run(mem, at, d, n, |a, _, _| a),
-        VecOp::Add => run(mem, at, d, n, |a, b, _| a + b),
-        VecOp::Sub => run(mem, at, d, n, |a, b, _| a - b),
-        VecOp::Mul | VecOp::Mulh => run(mem, at, d, n, |a, b, _| a * b),
+        VecOp::Fmac | VecOp::Fmach => kinds(mem, at, d, n, |a, b, c| a + b * c),
+        VecOp::Mov => kinds(mem, at, d, n, |a, _, _| a),
+        VecOp::Add => kinds(mem, at, d, n, |a, b, _| a + b),
+        VecOp::Sub => kinds(mem, at, d, n, |a, b, _| a - b),
+        VecOp::Mul | VecOp::Mulh => kinds(mem, at, d, n, |a, b, _| a * b),
         op => run(mem, at, d, n, |a, b, c| op.apply(a, b, c)),
     }
     true
+}
+
+/// A swept operand: words of memory from a place at a stride, or a constant.
+#[derive(Clone, Copy)]
+enum At {
+    Mem(usize, isize),
+    Const(f32),
+}
+
+/// An operand whose kind is known where the sweep is compiled (`kinds`), so that the
+/// loop over the elements does not ask each element's operands what they are.
+trait Get: Copy {
+    fn get(self, mem: &[f32], i: isize) -> f32;
+}
+
+#[derive(Clone, Copy)]
+struct Words(usize, isize);
+
+impl Get for Words {
+    #[inline(always)]
+    fn get(self, mem: &[f32], i: isize) -> f32 {
+        mem[(self.0 as isize + i * self.1) as usize]
+    }
+}
+
+impl Get for f32 {
+    #[inline(always)]
+    fn get(self, _: &[f32], _: isize) -> f32 {
+        self
+    }
+}
+
+impl Get for At {
+    #[inline(always)]
+    fn get(self, mem: &[f32], i: isize) -> f32 {
+        match self {
+            At::Mem(b, st) => Words(b, st).get(mem, i),
+            At::Const(x) => x,
+        }
+    }
+}
+
+/// `run` for the operations most sweeps are (a convolution's taps, a layer's
+/// products, moves): over slices where the destination is contiguous (`contiguous`),
+/// else with each operand's kind (words or a constant) fixed, so that the loop over
+/// the elements does not ask each element's operands what they are.
+fn kinds(
+    mem: &mut [f32],
+    at: [At; 3],
+    d: (usize, isize),
+    n: u32,
+    f: impl Fn(f32, f32, f32) -> f32 + Copy,
+) {
+    use At::{Const as C, Mem as M};
+    if contiguous(mem, at, d, n, f) || accumulated(mem, at, d, n, f) {
+        return;
+    }
+    match at {
+        [M(a, sa), M(b, sb), M(c, sc)] => {
+            run(mem, [Words(a, sa), Words(b, sb), Words(c, sc)], d, n, f)
+        }
+        [M(a, sa), C(b), M(c, sc)] => run3(mem, (Words(a, sa), b, Words(c, sc)), d, n, f),
+        [M(a, sa), M(b, sb), C(c)] => run3(mem, (Words(a, sa), Words(b, sb), c), d, n, f),
+        [M(a, sa), C(b), C(c)] => run3(mem, (Words(a, sa), b, c), d, n, f),
+        [C(a), M(b, sb), M(c, sc)] => run3(mem, (a, Words(b, sb), Words(c, sc)), d, n, f),
+        at => run(mem, at, d, n, f),
+    }
+}
+
+/// A sweep into one word that is also its first operand (a sum of products into an
+/// accumulator: a filter's gradient), whose other operands never read that word: the
+/// running value kept out of memory until the end, in the same order (so the same
+/// sums). False (nothing done) for any other shape.
+fn accumulated(
+    mem: &mut [f32],
+    at: [At; 3],
+    (d, ds): (usize, isize),
+    n: u32,
+    f: impl Fn(f32, f32, f32) -> f32 + Copy,
+) -> bool {
+    if ds != 0 || !matches!(at[0], At::Mem(a, 0) if a == d) {
+        return false;
+    }
+    let apart = |x: At| match x {
+        At::Const(_) => true,
+        At::Mem(b, st) => {
+            let last = b as isize + (n.max(1) as isize - 1) * st;
+            let (lo, hi) = (last.min(b as isize), last.max(b as isize));
+            (d as isize) < lo || (d as isize) > hi
+        }
+    };
+    if !(apart(at[1]) && apart(at[2])) {
+        return false;
+    }
+    let mut acc = mem[d];
+    match (at[1], at[2]) {
+        (At::Mem(b, sb), At::Mem(c, sc)) => {
+            let (b, c) = (Words(b, sb), Words(c, sc));
+            for i in 0..n as isize {
+                acc = f(acc, b.get(mem, i), c.get(mem, i));
+            }
+        }
+        (b, c) => {
+            for i in 0..n as isize {
+                acc = f(acc, b.get(mem, i), c.get(mem, i));
+            }
+        }
+    }
+    mem[d] = acc;
+    true
+}
+
+/// An operand of a sweep over slices: the destination's own element (an operation in
+/// place), a run of words beside the destination, or one value.
+#[derive(Clone, Copy)]
+enum Lane<'a> {
+    Own,
+    Run(&'a [f32]),
+    One(f32),
+}
+
+trait Elem: Copy {
+    fn at(self, i: usize, own: f32) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn at(self, _: usize, _: f32) -> f32 {
+        self
+    }
+}
+
+impl Elem for &[f32] {
+    #[inline(always)]
+    fn at(self, i: usize, _: f32) -> f32 {
+        self[i]
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Own;
+
+impl Elem for Own {
+    #[inline(always)]
+    fn at(self, _: usize, own: f32) -> f32 {
+        own
+    }
+}
+
+/// A sweep whose destination is a contiguous run and whose operands are each that run
+/// itself, a contiguous run apart from it, or one value (a constant, or a word outside
+/// the destination, read once): over slices, which the compiler vectorises (each
+/// element's arithmetic is the same, so the results are). False (nothing done) for
+/// any other shape.
+fn contiguous(
+    mem: &mut [f32],
+    at: [At; 3],
+    (d, ds): (usize, isize),
+    n: u32,
+    f: impl Fn(f32, f32, f32) -> f32 + Copy,
+) -> bool {
+    let n = n as usize;
+    if ds != 1 || n == 0 {
+        return false;
+    }
+    let (end, mut kinds) = (d + n, [(0u8, 0usize, 0.0f32); 3]);
+    for (k, a) in at.iter().enumerate() {
+        kinds[k] = match *a {
+            At::Const(x) => (2, 0, x),
+            At::Mem(b, 0) if b < d || b >= end => (2, 0, mem[b]),
+            At::Mem(b, 1) if b == d => (0, 0, 0.0),
+            At::Mem(b, 1) if b + n <= d || b >= end => (1, b, 0.0),
+            _ => return false,
+        };
+    }
+    let (before, rest) = mem.split_at_mut(d);
+    let (dst, after) = rest.split_at_mut(n);
+    let lane = |(kind, b, x): (u8, usize, f32)| match kind {
+        0 => Lane::Own,
+        1 if b < d => Lane::Run(&before[b..b + n]),
+        1 => Lane::Run(&after[b - end..b - end + n]),
+        _ => Lane::One(x),
+    };
+    match (lane(kinds[0]), lane(kinds[1]), lane(kinds[2])) {
+        (Lane::Own, Lane::One(b), Lane::Run(c)) => over(dst, (Own, b, c), f),
+        (Lane::Own, Lane::Run(b), Lane::One(c)) => over(dst, (Own, b, c), f),
+        (Lane::Own, Lane::Run(b), Lane::Run(c)) => over(dst, (Own, b, c), f),
+        (Lane::Own, Lane::One(b), Lane::One(c)) => over(dst, (Own, b, c), f),
+        (Lane::Run(a), Lane::One(b), Lane::Run(c)) => over(dst, (a, b, c), f),
+        (Lane::Run(a), Lane::Run(b), Lane::One(c)) => over(dst, (a, b, c), f),
+        (Lane::Run(a), Lane::Run(b), Lane::Run(c)) => over(dst, (a, b, c), f),
+        (Lane::Run(a), Lane::One(b), Lane::One(c)) => over(dst, (a, b, c), f),
+        (Lane::One(a), Lane::Run(b), Lane::Run(c)) => over(dst, (a, b, c), f),
+        (Lane::One(a), Lane::One(b), Lane::Run(c)) => over(dst, (a, b, c), f),
+        (Lane::One(a), Lane::Run(b), Lane::One(c)) => over(dst, (a, b, c), f),
+        (Lane::One(a), Lane::One(b), Lane::One(c)) => over(dst, (a, b, c), f),
+        _ => return false,
+    }
+    true
+}
+
+fn over<A: Elem, B: Elem, C: Elem>(
+    dst: &mut [f32],
+    (a, b, c): (A, B, C),
+    f: impl Fn(f32, f32, f32) -> f32,
+) {
+    for (i, y) in dst.iter_mut().enumerate() {
+        let own = *y;
+        *y = f(a.at(i, own), b.at(i, own), c.at(i, own));
+    }
+}
+
+/// Element by element: `f` of the operands' elements into the destination's.
+fn run<G: Get>(
+    mem: &mut [f32],
+    at: [G; 3],
+    d: (usize, isize),
+    n: u32,
+    f: impl Fn(f32, f32, f32) -> f32,
+) {
+    run3(mem, (at[0], at[1], at[2]), d, n, f)
+}
+
+fn run3<A: Get, B: Get, C: Get>(
+    mem: &mut [f32],
+    (a, b, c): (A, B, C),
+    (d, ds): (usize, isize),
+    n: u32,
+    f: impl Fn(f32, f32, f32) -> f32,
+) {
+    for i in 0..n as isize {
+        let v = f(a.get(mem, i), b.get(mem, i), c.get(mem, i));
+        mem[(d as isize + i * ds) as usize] = v;
+    }
 }
 
 fn load(mem: &[f32], a: Option<i64>) -> f32 {
@@ -238,5 +451,72 @@ pub(super) fn store(mem: &mut [f32], dst: Option<(i64, i64)>, i: u32, v: f32) {
         .and_then(|a| mem.get_mut(a))
     {
         *m = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An operand drawn: words from a place at a stride (backward too), or a constant.
+    fn opnd() -> impl Strategy<Value = Opnd> {
+        prop_oneof![
+            (0i64..48, -1i64..3).prop_map(|(a, st)| Opnd::Mem(a, st)),
+            (-2.0f32..2.0).prop_map(Opnd::Const),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// A sweep (over slices, into an accumulator, or with its operands' kinds
+        /// fixed) leaves memory as the element-by-element reference does, bit for bit,
+        /// whatever overlaps the operands and the destination have.
+        #[test]
+        fn a_sweep_is_the_elements_in_order(
+            op in prop::sample::select(vec![VecOp::Fmac, VecOp::Mov, VecOp::Add, VecOp::Sub, VecOp::Mul, VecOp::Max]),
+            ops in (opnd(), opnd(), opnd()), dst in (0i64..48, 0i64..3), n in 1u32..16,
+            seed in 0u64..1000,
+        ) {
+            let mem = crate::rng::Stream::new(seed, 0).uniforms(0, 64, 0);
+            let ops = [ops.0, ops.1, ops.2];
+            let mut want = mem.clone();
+            for i in 0..n {
+                let v = element(&want, op, &ops, i, &[], None);
+                store(&mut want, Some(dst), i, v);
+            }
+            let mut got = mem;
+            if sweep(&mut got, op, &ops, Some(dst), n) {
+                let bits = |m: &[f32]| m.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&got), bits(&want));
+            }
+        }
+    }
+
+    /// A convolution's taps (outputs in place plus a weight times a run of inputs) and
+    /// its filter's gradient (a sum of products into one word) take the fast sweeps.
+    #[test]
+    fn taps_and_gradients_sweep_fast() {
+        let mem = crate::rng::Stream::new(3, 0).uniforms(0, 64, 0);
+        let taps = [Opnd::Mem(0, 1), Opnd::Mem(40, 0), Opnd::Mem(20, 1)];
+        let sum = [Opnd::Mem(40, 0), Opnd::Mem(0, 1), Opnd::Mem(20, 1)];
+        for (ops, dst) in [(taps, (0, 1)), (sum, (40, 0))] {
+            let at = |o: Opnd| match o {
+                Opnd::Mem(a, st) => At::Mem(a as usize, st as isize),
+                _ => At::Const(0.0),
+            };
+            let mut got = mem.clone();
+            let f = |a: f32, b: f32, c: f32| a + b * c;
+            let d = (dst.0 as usize, dst.1 as isize);
+            let fast = contiguous(&mut got, ops.map(at), d, 16, f)
+                || accumulated(&mut got, ops.map(at), d, 16, f);
+            assert!(fast, "{dst:?}");
+            let mut want = mem.clone();
+            for i in 0..16 {
+                let v = element(&want, VecOp::Fmac, &ops, i, &[], None);
+                store(&mut want, Some(dst), i, v);
+            }
+            assert_eq!(got, want);
+        }
     }
 }
