@@ -363,10 +363,16 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
             Err(_) => Err(e),
         },
         // (both fit: the shorter estimated step, a wide softmax's lanes often, whose
-        // windows narrow less)
+        // windows narrow less; within the estimates' slack, the fewer PEs)
         Ok(one) => match sized(g, f, fab, true) {
-            Ok(wide) if wide.1 < one.1 => Ok(wide.0),
-            _ => Ok(one.0),
+            Ok(wide) => {
+                let key = |s: &Sized| (s.1, s.0.setup.pes.len());
+                match search::thrifty([key(&one), key(&wide)].into_iter()) {
+                    Some(1) => Ok(wide.0),
+                    _ => Ok(one.0),
+                }
+            }
+            Err(_) => Ok(one.0),
         },
         Err(e) => Err(e),
     }
