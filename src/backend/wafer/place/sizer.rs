@@ -1,6 +1,8 @@
-//! The sizer: what a graph's kernels cost on so many lanes, measured on their first PE
-//! (a layer's cycles per sample and memory, a vector kernel's period on lanes or
-//! replicas), each kernel's floor and fan, and the windows of the 1F1B schedule.
+//! The sizer: what a graph's kernels cost on so many lanes, measured on their programs
+//! (a layer's cycles per sample and memory at its fullest and busiest PE, a vector
+//! kernel's period on lanes or replicas), each kernel's floor and fan, the windows of
+//! the 1F1B schedule, and a sizing's estimated step (its period: the slowest kernel,
+//! or a sample's round trip between kernels of near-equal windows).
 
 use super::colour::{fan_of, fanned};
 use super::host::parts_of;
