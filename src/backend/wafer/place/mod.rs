@@ -342,10 +342,10 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
     // once when its layer's weights alone cannot fit those rows
     let widens = lanes::across_widens(g, f);
     if (widens.iter()).any(|&k| lanes::one_lane_hopeless(g, f, fab, k)) {
-        return sized(g, f, fab, true).map(|s| s.0);
+        return sized(g, f, fab, true);
     }
     if widens.is_empty() {
-        return sized(g, f, fab, false).map(|s| s.0);
+        return sized(g, f, fab, false);
     }
     // (a one-lane loss or its layer short of memory at the widest windows: across
     // before narrower windows, which leave those kernels as they are)
@@ -357,34 +357,31 @@ pub fn layout(g: &Graph, f: &Formed, fab: &Fabric) -> Result<Layout, LayoutError
         |e: &LayoutError| matches!(e, LayoutError::Sram(s) if at_softmax.contains(&s.kernel));
     match sized_until(g, f, fab, false, stop) {
         Err(e @ (LayoutError::Sram(_) | LayoutError::Pes(_))) => match sized(g, f, fab, true) {
-            Ok(l) => Ok(l.0),
+            Ok(l) => Ok(l),
             // (the one-lane layout's own error, its windows narrowed as far as they go)
-            Err(_) if stop(&e) => sized(g, f, fab, false).map(|s| s.0),
+            Err(_) if stop(&e) => sized(g, f, fab, false),
             Err(_) => Err(e),
         },
         // (both fit: the shorter estimated step, a wide softmax's lanes often, whose
         // windows narrow less; within the estimates' slack, the fewer PEs)
         Ok(one) => match sized(g, f, fab, true) {
             Ok(wide) => {
-                let key = |s: &Sized| (s.1, s.0.setup.pes.len());
+                let key = |l: &Layout| (l.estimate, l.setup.pes.len());
                 match search::thrifty([key(&one), key(&wide)].into_iter()) {
-                    Some(1) => Ok(wide.0),
-                    _ => Ok(one.0),
+                    Some(1) => Ok(wide),
+                    _ => Ok(one),
                 }
             }
-            Err(_) => Ok(one.0),
+            Err(_) => Ok(one),
         },
-        Err(e) => Err(e),
+        r => r,
     }
 }
-
-/// A layout and its estimated step (`Sizer::step`).
-type Sized = (Layout, u64);
 
 /// `layout` with vector kernels softmaxing `across` their lanes or not: the windows as
 /// wide as they need, narrowed while memory (or the PEs that more lanes of memory
 /// take) is short.
-fn sized(g: &Graph, f: &Formed, fab: &Fabric, across: bool) -> Result<Sized, LayoutError> {
+fn sized(g: &Graph, f: &Formed, fab: &Fabric, across: bool) -> Result<Layout, LayoutError> {
     sized_until(g, f, fab, across, |_| false)
 }
 
@@ -395,7 +392,7 @@ fn sized_until(
     fab: &Fabric,
     across: bool,
     stop: impl Fn(&LayoutError) -> bool,
-) -> Result<Sized, LayoutError> {
+) -> Result<Layout, LayoutError> {
     let mut widths = Widths::WIDEST;
     // the last schedule searched, which narrower widths may leave as it was (windows
     // at or before a barrier keep the batch)

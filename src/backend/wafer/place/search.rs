@@ -11,8 +11,8 @@ use super::{Layout, LayoutError};
 /// The sizings of `sizer`'s graph: one block size for every layer (the smallest that
 /// fits), and each kernel sized to the tightest budget of each pace whose staircase
 /// fits (`balanced`); of the layouts within 2% of the shortest estimated step, the one
-/// with the fewest PEs wins (`thrifty`); its layout, and its estimated step.
-pub(super) fn search(sizer: &Sizer) -> Result<(Layout, u64), LayoutError> {
+/// with the fewest PEs wins (`thrifty`), its estimated step kept (`Layout::estimate`).
+pub(super) fn search(sizer: &Sizer) -> Result<Layout, LayoutError> {
     let (g, f, fab) = (sizer.g, sizer.f, sizer.fab);
     let n = f.kernels.len();
     let debug = std::env::var_os("EST_WAFER_DEBUG").is_some();
@@ -101,9 +101,9 @@ pub(super) fn search(sizer: &Sizer) -> Result<(Layout, u64), LayoutError> {
     }
     if let Some(i) = thrifty(fit.iter().map(|f| f.0)) {
         let ((step, _), lanes, s) = fit.swap_remove(i);
-        return try_lanes(sizer, &lanes, s).map(|l| {
-            let estimate = step;
-            (Layout { estimate, ..l }, step)
+        return try_lanes(sizer, &lanes, s).map(|l| Layout {
+            estimate: step,
+            ..l
         });
     }
     Err(if let Some(e) = sram {

@@ -273,13 +273,13 @@ impl<'a> Sizer<'a> {
     }
 
     /// `layer` on `w x h` lanes, from the programs of its fullest PE and its busiest
-    /// (`Dense::fullest`): its cycles per sample, and whether its memory fits.
+    /// (`Dense::heaviest`): its cycles per sample, and whether its memory fits.
     pub(super) fn measure(&self, layer: &Dense, w: u32, h: u32) -> Measured {
         let layer = &layer.on_lanes(w, h);
         let (wc, hr) = layer.used(w, h);
         let c = dense::Colours::with_streams(4, 5, 6, 7);
         let words = self.fab.usable_bytes() / crate::backend::wafer::cost::WORD;
-        let [fullest, busiest] = layer.fullest((wc, hr));
+        let [fullest, busiest] = layer.heaviest((wc, hr));
         let pe = |(i, j): (u32, u32)| {
             let ranges = (&layer.column(wc, i), &layer.out_row(hr, j));
             let row = layer.row(j, (wc, hr), None);

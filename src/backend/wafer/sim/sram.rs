@@ -296,30 +296,32 @@ fn accumulated(
     if !(apart(at[1]) && apart(at[2])) {
         return false;
     }
-    let mut acc = mem[d];
-    match (at[1], at[2]) {
-        (At::Mem(b, sb), At::Mem(c, sc)) => {
-            let (b, c) = (Words(b, sb), Words(c, sc));
-            for i in 0..n as isize {
-                acc = f(acc, b.get(mem, i), c.get(mem, i));
-            }
-        }
-        (b, c) => {
-            for i in 0..n as isize {
-                acc = f(acc, b.get(mem, i), c.get(mem, i));
-            }
-        }
-    }
-    mem[d] = acc;
+    // (two runs of words, the common shape, with their kinds fixed)
+    mem[d] = match (at[1], at[2]) {
+        (At::Mem(b, sb), At::Mem(c, sc)) => sum(mem, d, (Words(b, sb), Words(c, sc)), n, f),
+        (b, c) => sum(mem, d, (b, c), n, f),
+    };
     true
 }
 
+/// `f` of the running value (from word `d`'s) and the operands' elements, in order.
+fn sum<B: Get, C: Get>(
+    mem: &[f32],
+    d: usize,
+    (b, c): (B, C),
+    n: u32,
+    f: impl Fn(f32, f32, f32) -> f32,
+) -> f32 {
+    (0..n as isize).fold(mem[d], |acc, i| f(acc, b.get(mem, i), c.get(mem, i)))
+}
+
 /// An operand of a sweep over slices: the destination's own element (an operation in
-/// place), a run of words beside the destination, or one value.
+/// place), a run of words beside the destination (where it starts, then its slice),
+/// or one value.
 #[derive(Clone, Copy)]
-enum Lane<'a> {
+enum Lane<R> {
     Own,
-    Run(&'a [f32]),
+    Run(R),
     One(f32),
 }
 
@@ -367,25 +369,27 @@ fn contiguous(
     if ds != 1 || n == 0 {
         return false;
     }
-    let (end, mut kinds) = (d + n, [(0u8, 0usize, 0.0f32); 3]);
+    let end = d + n;
+    // (each operand's kind, a run by where it starts in memory)
+    let mut operands = [Lane::Own; 3];
     for (k, a) in at.iter().enumerate() {
-        kinds[k] = match *a {
-            At::Const(x) => (2, 0, x),
-            At::Mem(b, 0) if b < d || b >= end => (2, 0, mem[b]),
-            At::Mem(b, 1) if b == d => (0, 0, 0.0),
-            At::Mem(b, 1) if b + n <= d || b >= end => (1, b, 0.0),
+        operands[k] = match *a {
+            At::Const(x) => Lane::One(x),
+            At::Mem(b, 0) if b < d || b >= end => Lane::One(mem[b]),
+            At::Mem(b, 1) if b == d => Lane::Own,
+            At::Mem(b, 1) if b + n <= d || b >= end => Lane::Run(b),
             _ => return false,
         };
     }
     let (before, rest) = mem.split_at_mut(d);
     let (dst, after) = rest.split_at_mut(n);
-    let lane = |(kind, b, x): (u8, usize, f32)| match kind {
-        0 => Lane::Own,
-        1 if b < d => Lane::Run(&before[b..b + n]),
-        1 => Lane::Run(&after[b - end..b - end + n]),
-        _ => Lane::One(x),
+    let lane = |kind: Lane<usize>| match kind {
+        Lane::Own => Lane::Own,
+        Lane::Run(b) if b < d => Lane::Run(&before[b..b + n]),
+        Lane::Run(b) => Lane::Run(&after[b - end..b - end + n]),
+        Lane::One(x) => Lane::One(x),
     };
-    match (lane(kinds[0]), lane(kinds[1]), lane(kinds[2])) {
+    match (lane(operands[0]), lane(operands[1]), lane(operands[2])) {
         (Lane::Own, Lane::One(b), Lane::Run(c)) => over(dst, (Own, b, c), f),
         (Lane::Own, Lane::Run(b), Lane::One(c)) => over(dst, (Own, b, c), f),
         (Lane::Own, Lane::Run(b), Lane::Run(c)) => over(dst, (Own, b, c), f),

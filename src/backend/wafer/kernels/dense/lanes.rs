@@ -31,7 +31,7 @@ impl Dense {
     /// convolution (`Geom::band`) has the largest planes (an output band near the far
     /// edge of its input band reads past it), then the one whose taps run over the most
     /// output rows (`Geom::reached`: a band in the middle reaches rows on both sides).
-    pub fn fullest(&self, (wc, hr): (u32, u32)) -> [(u32, u32); 2] {
+    pub fn heaviest(&self, (wc, hr): (u32, u32)) -> [(u32, u32); 2] {
         let (Shape::Conv(g), (bi, bo)) = (self.shape, self.bands) else {
             return [(0, 0); 2];
         };
