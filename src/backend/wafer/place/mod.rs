@@ -32,6 +32,7 @@ mod colour;
 mod host;
 mod lanes;
 mod lay;
+mod replay;
 mod search;
 mod sizer;
 #[cfg(test)]

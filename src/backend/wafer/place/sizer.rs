@@ -1,8 +1,8 @@
 //! The sizer: what a graph's kernels cost on so many lanes, measured on their programs
 //! (a layer's cycles per sample and memory at its fullest and busiest PE, a vector
 //! kernel's period on lanes or replicas), each kernel's floor and fan, the windows of
-//! the 1F1B schedule, and a sizing's estimated step (its period: the slowest kernel,
-//! or a sample's round trip between kernels of near-equal windows).
+//! the 1F1B schedule, and a sizing's estimated step (the schedule replayed over the
+//! kernels' cycles a sample: `replay`).
 
 use super::colour::{fan_of, fanned};
 use super::host::parts_of;
@@ -472,65 +472,23 @@ impl<'a> Sizer<'a> {
             })
     }
 
-    /// The estimated cycles of a step of a sizing: its samples one period apart (the
-    /// slowest kernel's cycles per sample, forward and backward), plus the pipeline's
-    /// filling and draining (about one sample's time through every kernel). Kernels up
-    /// to a barrier (`pipeline::BARRIER`) run a pass's every sample before the next
-    /// segment's start: each segment between barriers adds the batch at its slowest
-    /// forward, and again at its slowest backward; the kernels after the last barrier
-    /// alternate the two as before.
+    /// The estimated cycles of a step of a sizing: the 1F1B schedule replayed over
+    /// each kernel's cycles a sample (`replay`).
     pub(super) fn step(&self, lanes: &Lanes) -> u64 {
         let each = self.periods(lanes);
-        let through: u64 = each.iter().map(|c| c[0] + c[1]).sum();
-        let batch = u64::from(self.f.batch);
-        let slowest = |ks: &[Cost], pass: Option<usize>| -> u64 {
-            (ks.iter())
-                .map(|c| pass.map_or(c[0] + c[1], |p| c[p]))
-                .max()
-                .unwrap_or(0)
-        };
-        let mut total = through;
-        let mut start = 0;
-        for k in (0..each.len()).filter(|&k| self.f.barriers.get(k) == Some(&true)) {
-            let segment = &each[start..=k];
-            total += batch * (slowest(segment, Some(0)) + slowest(segment, Some(1)));
-            start = k + 1;
-        }
-        let tail = start.min(each.len());
-        let period = slowest(&each[tail..], None).max(self.round_trip(lanes, &each, tail));
-        total + batch.saturating_sub(1) * period
-    }
-
-    /// The period a sample's way back and forth between kernels allows, from kernel
-    /// `from` on: in the 1F1B order a kernel `i` runs the forward of sample `s + w_i`
-    /// right after the backward of `s`, which waits for the backward of `s` at each
-    /// kernel `j` after it; so `j`'s forward of `s + w_j` waits for a round trip, in
-    /// which `j` runs `w_i - w_j + 1` samples: the input gradient's way back from `j`
-    /// to `i` (each kernel's backward until it sends it: a layer's first half, before
-    /// its filter's gradient; a vector kernel's whole), `i`'s backward, and the
-    /// forwards from `i` to `j`. With equal windows (a cap of memory) this is each
-    /// sample's pace.
-    fn round_trip(&self, lanes: &Lanes, each: &[Cost], from: usize) -> u64 {
         let sched = schedule(self.f, self.widths, |k| lanes.reps[k]);
-        let back = |k: usize| match self.dims[k] {
-            Some(_) => each[k][1] / 2,
-            None => each[k][1],
-        };
-        let windowed: Vec<usize> = (from..each.len()).filter(|&k| sched[k].0 > 0).collect();
-        let mut most = 0;
-        for (a, &i) in windowed.iter().enumerate() {
-            // (from `i`'s backward to `j`'s forward's start)
-            let mut trip = each[i][1];
-            let mut prev = i;
-            for &j in &windowed[a + 1..] {
-                trip += (prev..j).map(|k| each[k][0]).sum::<u64>();
-                trip += (prev + 1..=j).map(back).sum::<u64>();
-                prev = j;
-                let samples = u64::from(sched[i].0.saturating_sub(sched[j].0)) + 1;
-                most = most.max((trip + each[j][0]) / samples);
-            }
-        }
-        most
+        let servers: Vec<super::replay::Server> = (each.iter().enumerate())
+            .map(|(k, c)| super::replay::Server {
+                fwd: c[0],
+                bwd: c[1],
+                window: sched[k].0,
+                sends: match self.dims[k] {
+                    Some(_) => c[1] / 2,
+                    None => c[1],
+                },
+            })
+            .collect();
+        super::replay::replay(&servers, self.f.batch)
     }
 
     /// The lanes of vector kernel `k` after a kernel with `prev` output lanes (or, first
