@@ -55,8 +55,8 @@ estimator rnn { model = rnn  train_input = data() }
 "#;
 
 /// A GRU classifier (`std.nn.gru`, Keras's reset-after form): 16 steps of 8 features,
-/// 16 units, its last state into 10 classes, batch 16. (A step's gates run on one PE,
-/// and so does the state's product between them: 64 units do not fit.)
+/// 16 units, its last state into 10 classes, batch 16. (A step's gates are dealt to
+/// lanes, each lane its units of every gate: `kernels/vector/heads.rs`.)
 const GRU_CLASSIFIER: &str = r#"
 use std.nn.{dense, gru}
 use std.losses.softmax_cross_entropy

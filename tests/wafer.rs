@@ -2598,8 +2598,9 @@ fn towers_like_the_interpreter(
 /// seen as `[B, t, k]`), its gates slices of one kernel variable: the cell state is
 /// read past each step's product by the next step's gates, so the product's layer
 /// carries it beside its input (`form::Formed::carries_beside`) and its gradient back
-/// after its input gradient; then a dense layer. Trained 3 steps like the interpreter
-/// (within 1e-4, as `compare` measures) with SGD, momentum, Adam or clipped Adam.
+/// after its input gradient; then a dense layer. From a random bias, trained 3 steps
+/// like the interpreter (within 1e-4, as `compare` measures) with SGD, momentum, Adam
+/// or clipped Adam.
 fn lstm_like_the_interpreter(
     (k, units, c, t): (usize, usize, usize, usize),
     opt: usize,
@@ -2613,7 +2614,7 @@ fn lstm_like_the_interpreter(
     );
     let (opt, lr) = optimiser(opt);
     let body = format!(
-        "  let h = lstm(reshape(features, [B, {t}, {k}]), {units})\n  let logits = dense(h, {c})\n"
+        "  let h = lstm(reshape(features, [B, {t}, {k}]), {units}, bias_init: init_normal(0.4))\n  let logits = dense(h, {c})\n"
     );
     compare_with(&d, &body, (&opt, lr), (&floats(t * k), batch, side, seed))
 }
@@ -2624,7 +2625,10 @@ fn lstm_like_the_interpreter(
 /// 1e-4, as `compare` measures). Each step's product of the state is a layer and the
 /// step's product of its input a side part of it (the reset gate multiplies the
 /// state's product alone); the bias `[2, 3u]` is read in place, a row and a gate at
-/// a time (`form::view_of`), by every step's kernel, which holds a replica of it.
+/// a time (`form::view_of`), by every step's kernel, which holds a replica of it; a
+/// step's gates dealt to lanes (`kernels/vector/heads.rs`), each lane holds its units'
+/// share of the bias. The bias starts random: a zero one hides a lane that reads
+/// another's share.
 ///
 /// With `lengths`, each sequence is read up to its own length (1 to `t`, from one more
 /// feature): each step keeps the state of a sequence past its end, its mask made from
@@ -2646,11 +2650,11 @@ fn gru_like_the_interpreter(
     let tk = t * k;
     let body = if lengths {
         format!(
-            "  let x = reshape(slice(features, 1, 0, {tk}), [B, {t}, {k}])\n  let len = minimum(cast(abs(slice(features, 1, {tk}, {tk} + 1)) * {t}.0, i32) + 1, {t})\n  let h = gru(x, {units}, lengths: reshape(len, [B]))\n  let logits = dense(h, {c})\n"
+            "  let x = reshape(slice(features, 1, 0, {tk}), [B, {t}, {k}])\n  let len = minimum(cast(abs(slice(features, 1, {tk}, {tk} + 1)) * {t}.0, i32) + 1, {t})\n  let h = gru(x, {units}, lengths: reshape(len, [B]), bias_init: init_normal(0.4))\n  let logits = dense(h, {c})\n"
         )
     } else {
         format!(
-            "  let h = gru(reshape(slice(features, 1, 0, {tk}), [B, {t}, {k}]), {units})\n  let logits = dense(h, {c})\n"
+            "  let h = gru(reshape(slice(features, 1, 0, {tk}), [B, {t}, {k}]), {units}, bias_init: init_normal(0.4))\n  let logits = dense(h, {c})\n"
         )
     };
     compare_with(&d, &body, (&opt, lr), (&floats(tk + 1), batch, side, seed))

@@ -457,7 +457,8 @@ pub(super) fn dense_kernel(
             pass_rows: 1,
             side: part.side.then(|| back(part.dy)),
             joined: part.joined,
-            groups: 1,
+            // (a side part's outputs lie beside the layer's, in its rows' groups)
+            groups: if part.beside() { groups } else { 1 },
             half: None,
             bands: (1, 1),
         });

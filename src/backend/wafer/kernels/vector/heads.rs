@@ -10,6 +10,13 @@
 //! features so too: the one before sends row `l` its heads of each group (its columns
 //! regrouped, `Dense::groups`), the one after takes lane `l`'s share of the merged
 //! context as its column `l`'s inputs.
+//!
+//! A recurrent step's gates are dealt alike (`gate_seeds`): with no head reshape, a
+//! sample's features `[B, N]` sliced into equal runs (the gates of `x W + b`) make as
+//! many heads as a gate has units, each sliced value dealt in as many groups as it has
+//! gates, so that lane `l` holds its units of every gate. The views of variables that
+//! its nodes read in place (`form::view_of`: a GRU's bias rows) are dealt with their
+//! variables, whose lanes hold their shares.
 
 use super::ops::laid_order;
 use super::{Lane, Vector};
@@ -31,6 +38,9 @@ pub struct Deal {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Heads {
     pub count: u32,
+    /// Whether they are gates (`gate_seeds`), each unit a head: the layers on either
+    /// side are over a sample's features (`[B, N]`), not over tokens.
+    pub gates: bool,
     pub deal: BTreeMap<NodeIndex, Deal>,
 }
 
@@ -126,9 +136,34 @@ impl Vector<'_> {
             count = Some(heads);
             deal.insert(n, Deal { axis: 2, groups: 1 });
         }
-        let count = count.ok_or(())? as u32;
+        // (no heads: gates, equal slices of a product's features, as a recurrent step's)
+        let (count, gates) = match count {
+            Some(c) => (c as u32, false),
+            None => {
+                let seeds = self.gate_seeds();
+                let (units, seeds) = seeds.ok_or(())?;
+                deal.extend(seeds);
+                (units, true)
+            }
+        };
         let kr = &f.kernels[self.k];
-        let nodes: Vec<NodeIndex> = (self.nodes().iter().chain(&kr.steps)).copied().collect();
+        let mut nodes: Vec<NodeIndex> = (self.nodes().iter().chain(&kr.steps)).copied().collect();
+        // (and the views of variables its nodes read in place, reshapes and slices of
+        // a variable's words, which the lane reads from its share of the variable: a
+        // GRU's bias rows, `view_of`)
+        for i in 0..nodes.len() {
+            for o in g.operands(nodes[i]) {
+                let mut v = o;
+                while matches!(g.node(v).op, Op::Reshape | Op::Slice { .. })
+                    && crate::backend::wafer::form::view_of(g, v).is_some()
+                {
+                    if !nodes.contains(&v) {
+                        nodes.push(v);
+                    }
+                    v = g.operands(v)[0];
+                }
+            }
+        }
         // (a value passed on, past the kernel: its features dealt as the layers on
         // either side deal theirs)
         if let Some(c) = f.passed(self.k) {
@@ -142,7 +177,7 @@ impl Vector<'_> {
         let commits: Vec<(NodeIndex, NodeIndex)> = (kr.commits.iter())
             .filter_map(|(name, s)| Some((f.resolve(*s), g.variable(name)?)))
             .collect();
-        let mut heads = Heads { count, deal };
+        let mut heads = Heads { count, gates, deal };
         for _ in 0..=nodes.len() {
             let mut changed = false;
             for &n in &nodes {
@@ -159,6 +194,56 @@ impl Vector<'_> {
         Err(())
     }
 
+    /// The gates of a kernel that slices a sample's features into equal runs (a
+    /// recurrent step's `x W + b` and `h U + b` cut into its gates): the units a gate
+    /// has, and each sliced value dealt in as many groups as it has gates, so that lane
+    /// `l` holds its units of every gate. `None` when no value is sliced so, or two are
+    /// sliced into gates of other sizes.
+    fn gate_seeds(&self) -> Option<(u32, Vec<(NodeIndex, Deal)>)> {
+        let (g, f) = (self.g, self.f);
+        let nodes = self.nodes();
+        let mut runs: BTreeMap<NodeIndex, Vec<(usize, usize)>> = BTreeMap::new();
+        for &n in nodes {
+            let Op::Slice {
+                axis: 1,
+                start,
+                end,
+            } = g.node(n).op
+            else {
+                continue;
+            };
+            let o = f.resolve(g.operands(n)[0]);
+            let sample = matches!(f.class[o.index()], Class::Sample);
+            if sample && g.ty(o).rank() == 2 {
+                runs.entry(o).or_default().push((start, end));
+            }
+        }
+        let mut units = None;
+        let mut seeds = Vec::new();
+        for (o, rs) in runs {
+            let size = rs[0].1 - rs[0].0;
+            let whole = g.ty(o).shape[1];
+            let even = rs
+                .iter()
+                .all(|&(a, b)| b - a == size && a.is_multiple_of(size));
+            if size == 0 || !even || !whole.is_multiple_of(size) || whole == size {
+                return None;
+            }
+            if units.is_some_and(|u| u != size) {
+                return None;
+            }
+            units = Some(size);
+            seeds.push((
+                o,
+                Deal {
+                    axis: 1,
+                    groups: (whole / size) as u32,
+                },
+            ));
+        }
+        Some((units? as u32, seeds))
+    }
+
     /// Whether each stream's deal agrees with its other end: a sequence from or to a
     /// layer dealt along its features, in one group but the layer before's input and
     /// its gradient (which agree); nothing dealt to the host.
@@ -171,14 +256,21 @@ impl Vector<'_> {
         });
         let groups = before.and_then(|x| h.deal.get(&x)).map(|d| d.groups);
         // (a layer of several products sums its parts' columns into its own by place:
-        // its columns stay plain)
-        let parts = self
-            .k
-            .checked_sub(1)
-            .is_some_and(|l| match &f.kernels[l].kind {
-                crate::backend::wafer::form::Kind::Dense { more, .. } => !more.is_empty(),
-                crate::backend::wafer::form::Kind::Vector { .. } => false,
-            });
+        // its columns stay plain; a side part's outputs, beside the layer's, are
+        // dealt in its groups too)
+        let layer_before = self.k.checked_sub(1).map(|l| &f.kernels[l].kind);
+        let parts = layer_before.is_some_and(|kind| match kind {
+            crate::backend::wafer::form::Kind::Dense { more, .. } => {
+                more.iter().any(|p| !p.beside())
+            }
+            crate::backend::wafer::form::Kind::Vector { .. } => false,
+        });
+        let beside = |n: NodeIndex| match layer_before {
+            Some(crate::backend::wafer::form::Kind::Dense { more, .. }) => more.iter().any(|p| {
+                p.beside() && (f.resolve(p.out) == n || p.dy.map(|d| f.resolve(d)) == Some(n))
+            }),
+            _ => false,
+        };
         if parts && groups.is_some_and(|g| g > 1) {
             return Err(());
         }
@@ -186,17 +278,25 @@ impl Vector<'_> {
         // its lanes do: not one that reads the sequence flattened)
         let over_tokens = |j: usize| match f.kernels[j].kind {
             crate::backend::wafer::form::Kind::Dense { x, fwd, .. } => {
-                self.g.ty(if j > self.k { x } else { fwd }).rank() == 3
+                let rank = self.g.ty(if j > self.k { x } else { fwd }).rank();
+                rank == 3 || (h.gates && rank == 2)
             }
             crate::backend::wafer::form::Kind::Vector { .. } => false,
         };
+        // (or, for gates, a recurrent step's state carried past the layer between two
+        // steps' gates, which its rows pass on as they deal their features)
         let ends_over_tokens = |s: &crate::backend::wafer::form::Stream| {
-            let ends = match s.from == End::Kernel(self.k) {
+            let ours = s.from == End::Kernel(self.k);
+            let ends = match ours {
                 true => s.to.clone(),
                 false => vec![s.from],
             };
+            let carried = |j: usize| match ours {
+                true => f.carried(s.node, j),
+                false => f.carried(s.node, self.k),
+            };
             ends.iter().all(|e| match e {
-                End::Kernel(j) => over_tokens(*j),
+                End::Kernel(j) => over_tokens(*j) || (h.gates && carried(*j)),
                 End::Host => true,
             })
         };
@@ -220,7 +320,8 @@ impl Vector<'_> {
                     along
                         && ends_over_tokens(s)
                         && (d.groups == 1
-                            || ((Some(n) == before || to_before) && Some(d.groups) == groups))
+                            || ((Some(n) == before || to_before || beside(n))
+                                && Some(d.groups) == groups))
                 }
             };
             if !ok {
