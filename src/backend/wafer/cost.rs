@@ -152,6 +152,16 @@ pub fn per_pass(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> [u64; 2]
     [all[0] / b, all[1] / b]
 }
 
+/// The cycles of a program's update (`update`, the step's finishing task, which runs
+/// once a step after the last sample's backward pass), with its switch: 0 when it has
+/// none.
+pub fn update_cycles(f: &Fabric, p: &Program, update: TaskId) -> u64 {
+    (p.tasks.iter())
+        .filter(|t| t.id == update)
+        .map(|t| u64::from(f.task_switch) + body(f, &t.body))
+        .sum()
+}
+
 /// How many times each task of `p` (in its order) runs in a step of `batch` samples:
 /// a data task once for each sample dealt to it (`Program::share`), shared with the
 /// other backward tasks of its pipeline that it takes turns with; a local task as

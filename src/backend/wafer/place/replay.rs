@@ -1,11 +1,11 @@
-//! The estimated step: the 1F1B schedule replayed kernel by kernel (`replay`), each
-//! kernel a server of its measured cycles a sample in each pass, in the order its
-//! pipeline admits its passes (`pipeline::Pipeline::admits`), each pass waiting for
-//! what it reads: a sample's forward for the kernel before's, its backward for the
-//! input gradient of the next kernel that has a backward pass. Round trips between
-//! kernels of near-equal windows, the fill and the drain, and the barriers of the batch
-//! (a window of the whole batch) all follow from the order, with no formula of their
-//! own.
+//! The samples' part of the estimated step (the updates after it: `Sizer::step`): the
+//! 1F1B schedule replayed kernel by kernel (`replay`), each kernel a server of its
+//! measured cycles a sample in each pass, in the order its pipeline admits its passes
+//! (`pipeline::Pipeline::admits`), each pass waiting for what it reads: a sample's
+//! forward for the kernel before's, its backward for the input gradient of the next
+//! kernel that has a backward pass. Round trips between kernels of near-equal windows,
+//! the fill and the drain, and the barriers of the batch (a window of the whole batch)
+//! all follow from the order, with no formula of their own.
 
 /// One kernel of a replay: its cycles a sample forward and backward, its window (0 for
 /// a kernel with no backward pass: forwards alone), and the cycles into its backward

@@ -39,7 +39,8 @@ pub(super) struct Sizer<'a> {
     /// Further parts' first PEs by (kernel, part, columns, rows), as they are asked
     /// for: cycles per sample, and whether the memory fits.
     pub(super) part_pes: std::cell::RefCell<BTreeMap<(usize, usize, u32, u32), Measured>>,
-    pub(super) periods: std::cell::RefCell<BTreeMap<VectorSizing, Option<Cost>>>,
+    /// Vector kernels' cycles per sample and their updates' cycles a step, by sizing.
+    pub(super) periods: std::cell::RefCell<BTreeMap<VectorSizing, Option<(Cost, u64)>>>,
     /// Whether a one-lane kernel can run as replicas (`Vector::replicable`).
     pub(super) replicable: Vec<bool>,
     /// Whether a vector kernel reduces along its samples' features (on several lanes
@@ -132,8 +133,9 @@ impl Pace {
     }
 }
 
-/// A layer's first PE as measured: cycles per sample, and whether its memory fits.
-pub(super) type Measured = (Cost, bool);
+/// A layer's first PE as measured: cycles per sample, whether its memory fits, and its
+/// update's cycles a step (`cost::update_cycles`).
+pub(super) type Measured = (Cost, bool, u64);
 
 /// A vector kernel on lanes, replicas, and rows it gathers: (kernel, lanes, reps, fan).
 pub(super) type VectorSizing = (usize, u32, u32, u32);
@@ -268,7 +270,7 @@ impl<'a> Sizer<'a> {
             .entry((k, w, h))
             .or_insert_with(|| match &self.dense[k] {
                 Some(layer) => self.measure(layer, w, h),
-                None => (NEVER, false),
+                None => (NEVER, false, 0),
             })
     }
 
@@ -285,24 +287,22 @@ impl<'a> Sizer<'a> {
             let row = layer.row(j, (wc, hr), None);
             let mut scratch = Laid::default();
             (layer.program(i, j, (wc, hr), c, &mut scratch, (0, 0), ranges, row)).map_or(
-                (NEVER, false),
+                (NEVER, false, 0),
                 |p| {
-                    let t = crate::backend::wafer::cost::per_pass(
-                        self.fab,
-                        &p,
-                        self.f.batch,
-                        crate::backend::wafer::kernels::UPDATE,
-                    );
-                    (t, p.words() <= words)
+                    let update = crate::backend::wafer::kernels::UPDATE;
+                    let t =
+                        crate::backend::wafer::cost::per_pass(self.fab, &p, self.f.batch, update);
+                    let u = crate::backend::wafer::cost::update_cycles(self.fab, &p, update);
+                    (t, p.words() <= words, u)
                 },
             )
         };
-        let (t, fits) = pe(fullest);
+        let (t, fits, tu) = pe(fullest);
         if busiest == fullest || !fits {
-            return (t, fits);
+            return (t, fits, tu);
         }
-        let (u, _) = pe(busiest);
-        ([t[0].max(u[0]), t[1].max(u[1])], fits)
+        let (u, _, uu) = pe(busiest);
+        ([t[0].max(u[0]), t[1].max(u[1])], fits, tu.max(uu))
     }
 
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
@@ -310,6 +310,12 @@ impl<'a> Sizer<'a> {
     /// replica; the dealer gathering its input from `fan` rows of the layer before),
     /// stalls aside; `None` when it cannot run so.
     pub(super) fn vector_period(&self, k: usize, lanes: u32, reps: u32, fan: u32) -> Option<Cost> {
+        self.vector_measure(k, lanes, reps, fan).map(|m| m.0)
+    }
+
+    /// `vector_period` and the cycles of the kernel's update a step (of its first lane,
+    /// or the slower of the dealer and a replica), memoised.
+    fn vector_measure(&self, k: usize, lanes: u32, reps: u32, fan: u32) -> Option<(Cost, u64)> {
         *self
             .periods
             .borrow_mut()
@@ -319,11 +325,12 @@ impl<'a> Sizer<'a> {
                     CHAIN_COLOURS
                 });
                 let cost = |p: &crate::backend::wafer::isa::Program| {
-                    crate::backend::wafer::cost::per_pass(
-                        self.fab,
-                        p,
-                        self.f.batch,
-                        crate::backend::wafer::kernels::UPDATE,
+                    let update = crate::backend::wafer::kernels::UPDATE;
+                    let t =
+                        crate::backend::wafer::cost::per_pass(self.fab, p, self.f.batch, update);
+                    (
+                        t,
+                        crate::backend::wafer::cost::update_cycles(self.fab, p, update),
                     )
                 };
                 if reps > 1 {
@@ -350,7 +357,8 @@ impl<'a> Sizer<'a> {
                         })
                         .ok()?;
                     let one = cost(&rep.program);
-                    return Some([dealer[0].max(one[0]), dealer[1].max(one[1])]);
+                    let t = [dealer.0[0].max(one.0[0]), dealer.0[1].max(one.0[1])];
+                    return Some((t, dealer.1.max(one.1)));
                 }
                 // (lane 0, costed; and where halos reach the bands beside a lane's, a
                 // lane in the middle of a channel's and the one next to its last, which
@@ -445,7 +453,7 @@ impl<'a> Sizer<'a> {
                 (1..=pd.k.min(most))
                     .filter(|&l| used(pd.k, l) == l)
                     .find(|&l| {
-                        let (period, fits) = self.part_pe(k, p, l, h);
+                        let (period, fits, _) = self.part_pe(k, p, l, h);
                         t.admits(period) && fits
                     })
             })
@@ -462,19 +470,45 @@ impl<'a> Sizer<'a> {
             .entry((k, p, l, h))
             .or_insert_with(|| {
                 let Some((part, d)) = self.parts(k).nth(p) else {
-                    return (NEVER, false);
+                    return (NEVER, false, 0);
                 };
-                let (t, fits) = self.measure(part, l, h);
+                let (t, fits, u) = self.measure(part, l, h);
                 match d.shape {
-                    Shape::Matmul => (dense_period(self.fab, d, l, h), fits),
-                    _ => (t, fits),
+                    Shape::Matmul => (dense_period(self.fab, d, l, h), fits, u),
+                    _ => (t, fits, u),
                 }
             })
     }
 
     /// The estimated cycles of a step of a sizing: the 1F1B schedule replayed over
-    /// each kernel's cycles a sample (`replay`).
+    /// each kernel's cycles a sample (`replay`), then the slowest update (the updates
+    /// run side by side once the last backward pass is done: a table's Adam update on
+    /// one PE, thousands of cycles, can take as long as the samples).
     pub(super) fn step(&self, lanes: &Lanes) -> u64 {
+        self.streamed(lanes) + self.updates(lanes)
+    }
+
+    /// The slowest kernel's update on a sizing, its cycles a step.
+    fn updates(&self, lanes: &Lanes) -> u64 {
+        (0..self.f.kernels.len())
+            .map(|k| match self.dims[k] {
+                Some(_) => {
+                    let h = lanes.out[k];
+                    let parts =
+                        (0..lanes.more[k].len()).map(|p| self.part_pe(k, p, lanes.more[k][p], h).2);
+                    parts.fold(self.first_pe(k, lanes.inp[k], h).2, u64::max)
+                }
+                None => self
+                    .vector_measure(k, lanes.out[k], lanes.reps[k], fan_of(self.f, lanes, k))
+                    .map_or(0, |m| m.1),
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The cycles of a step's samples through a sizing, the updates aside: the 1F1B
+    /// schedule replayed over each kernel's cycles a sample (`replay`).
+    fn streamed(&self, lanes: &Lanes) -> u64 {
         let each = self.periods(lanes);
         let sched = schedule(self.f, self.widths, |k| lanes.reps[k]);
         let servers: Vec<super::replay::Server> = (each.iter().enumerate())
