@@ -152,6 +152,48 @@ pub fn per_pass(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> [u64; 2]
     [all[0] / b, all[1] / b]
 }
 
+/// The cycles lane 0 of a strip of `lanes` waits a sample in each pass for its
+/// reductions across the strip (`kernels::rows`): each read of the strip's total (on
+/// colour `total`) waits for the partial sums to go down the strip, a lane adding its
+/// own at each hop, and the total to come back up. `body` leaves such waits out, as it
+/// does every stall; this one is the same every sample, and on a strip of tens of
+/// lanes it outlasts the lane's own work (a softmax of 1,000 classes across 59 lanes:
+/// about 750 cycles a reduction).
+pub fn strip_waits(f: &Fabric, p: &Program, batch: u32, total: Colour, lanes: u32) -> [u64; 2] {
+    if lanes < 2 {
+        return [0; 2];
+    }
+    // one reduction of `len` words: a hop and the words added per lane down (each
+    // lane's add has started, waiting on its input, as the lanes run in step), the
+    // way back up
+    let trip = |len: u32| {
+        u64::from(lanes - 1) * (latency(f, 1) + u64::from(len))
+            + latency(f, lanes - 1)
+            + u64::from(len)
+    };
+    fn waits(instrs: &[Instr], total: Colour, trip: &dyn Fn(u32) -> u64) -> u64 {
+        instrs
+            .iter()
+            .map(|i| match i {
+                Instr::Vec { srcs, .. } => (srcs.iter())
+                    .map(|s| match s {
+                        Src::V(Dsd::In { colour, len }) if *colour == total => trip(*len),
+                        _ => 0,
+                    })
+                    .sum(),
+                Instr::Loop { count, body } => u64::from(*count) * waits(body, total, trip),
+                _ => 0,
+            })
+            .sum()
+    }
+    let mut all = [0; 2];
+    for (t, n) in p.tasks.iter().zip(runs(p, batch)) {
+        all[usize::from(t.id % 2)] += n * waits(&t.body, total, &trip);
+    }
+    let b = u64::from(batch.max(1));
+    [all[0] / b, all[1] / b]
+}
+
 /// The cycles of a program's update (`update`, the step's finishing task, which runs
 /// once a step after the last sample's backward pass), with its switch: 0 when it has
 /// none.

@@ -308,7 +308,8 @@ impl<'a> Sizer<'a> {
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
     /// program), or on one lane as `reps` replicas (the slower of the dealer and a
     /// replica; the dealer gathering its input from `fan` rows of the layer before),
-    /// stalls aside; `None` when it cannot run so.
+    /// stalls aside but its waits for reductions across its lanes
+    /// (`cost::strip_waits`); `None` when it cannot run so.
     pub(super) fn vector_period(&self, k: usize, lanes: u32, reps: u32, fan: u32) -> Option<Cost> {
         self.vector_measure(k, lanes, reps, fan).map(|m| m.0)
     }
@@ -384,7 +385,19 @@ impl<'a> Sizer<'a> {
                         }
                     }
                 }
-                Some(cost(&first?.program))
+                // (and its waits for the reductions across its strip, which the
+                // program's cycles leave out)
+                let p = &first?.program;
+                let total = v.rows.map_or(0, |c| c[2]);
+                let waits = crate::backend::wafer::cost::strip_waits(
+                    self.fab,
+                    p,
+                    self.f.batch,
+                    total,
+                    lanes,
+                );
+                let (t, u) = cost(p);
+                Some(([t[0] + waits[0], t[1] + waits[1]], u))
             })
     }
 
