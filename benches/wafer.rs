@@ -57,17 +57,7 @@ estimator rnn { model = rnn  train_input = data() }
 /// A GRU classifier (`std.nn.gru`, Keras's reset-after form): 16 steps of 8 features,
 /// 16 units, its last state into 10 classes, batch 16. (A step's gates are dealt to
 /// lanes, each lane its units of every gate: `kernels/vector/heads.rs`.)
-const GRU_CLASSIFIER: &str = r#"
-use std.nn.{dense, gru}
-use std.losses.softmax_cross_entropy
-model g(features: f32[B, 128], labels: i32[B]) {
-  let h = gru(reshape(features, [B, 16, 8]), 16)
-  let loss = softmax_cross_entropy(labels, dense(h, 10))
-  train { minimize loss with sgd(lr: 0.1) }
-}
-input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [128]), i % 10) |> repeat |> batch(16, drop_remainder: true) }
-estimator g { model = g  train_input = data() }
-"#;
+const GRU_CLASSIFIER: &str = include_str!("../tests/fixtures/wafer/gru_classifier.est");
 
 /// ResNet's basic blocks on 8x8 images: a convolution with batch norm, then two
 /// residual blocks of two convolutions with batch norm each (16 channels, no
@@ -117,18 +107,7 @@ estimator r { model = r  train_input = data() }
 /// pooled over the tokens into 4 classes, batch 16: dense layers over tokens
 /// (`Shape::Tokens`) dealt through the GELU kernel's lanes between them, the layer
 /// norms on one lane each.
-const TOKEN_FFN: &str = r#"
-use std.nn.{dense, embedding, gelu, layer_norm}
-use std.losses.softmax_cross_entropy
-model t(features: i32[B, 16], labels: i32[B]) {
-  let x = layer_norm(embedding(features, 64, 16))
-  let y = layer_norm(dense(dense(x, 32, activation: gelu), 16))
-  let loss = softmax_cross_entropy(labels, dense(reduce_mean(y, axis: 1), 4))
-  train { minimize loss with adam(lr: 0.001) }
-}
-input data() { range(64) |> map |i| (broadcast_to(i, [16]), i % 4) |> repeat |> batch(16, drop_remainder: true) }
-estimator t { model = t  train_input = data() }
-"#;
+const TOKEN_FFN: &str = include_str!("../tests/fixtures/wafer/token_ffn.est");
 
 /// Multi-head self-attention over an embedding: 16 tokens of 16 features, the query,
 /// key and value from one layer over each token (GPT-2's fused projection), 2 heads of
@@ -154,17 +133,7 @@ estimator t { model = t  train_input = data() }
 
 /// A classifier of 1,000 classes: 256 features -> 256 (relu) -> 1,000, batch 32; its
 /// loss runs across the last layer's rows (on one lane, the layer fits no fabric).
-const THOUSAND_CLASSES: &str = r#"
-use std.nn.dense
-use std.losses.softmax_cross_entropy
-model c(features: f32[B, 256], labels: i32[B]) {
-  let logits = dense(dense(features, 256, activation: relu), 1000)
-  let loss = softmax_cross_entropy(labels, logits)
-  train { minimize loss with sgd(lr: 0.1) }
-}
-input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [256]), i * 13 % 1000) |> repeat |> batch(32, drop_remainder: true) }
-estimator c { model = c  train_input = data() }
-"#;
+const THOUSAND_CLASSES: &str = include_str!("../tests/fixtures/wafer/thousand_classes.est");
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -809,53 +809,23 @@ fn a_steps_estimate_counts_the_round_trips_of_capped_windows() {
         windows.windows(2).any(|w| w[0] == w[1] && w[0] > 1),
         "no equal windows: {windows:?}"
     );
-    let slowest = r.kernels[r.slowest].cycles_per_sample;
-    let off = l.estimate as f64 / r.step_cycles - 1.0;
-    assert!(
-        off.abs() < 0.12,
-        "estimated {} against {:.0} simulated ({:+.1}%), windows {windows:?}",
-        l.estimate,
-        r.step_cycles,
-        100.0 * off
-    );
+    estimated_within(&l, &r, 0.12, &format!("windows {windows:?}"));
     // (the slowest kernel's pace alone is well short of the simulation)
+    let slowest = r.kernels[r.slowest].cycles_per_sample;
     assert!(32.0 * slowest < 0.85 * r.step_cycles, "{slowest} a sample");
 }
 
 /// The updates run once the last backward pass is done, side by side, and the slowest
-/// ends the step: the estimate counts it. A token feed-forward block whose embedding
-/// table (64 x 16) takes Adam's update on one PE (about 90k cycles, as long as the
-/// samples' passes) was estimated 40% short when the estimate left the updates out,
-/// and the sizer took that layout (283k cycles simulated) over one of 16 PEs for the
-/// table (172k).
+/// ends the step: the estimate counts it. A token feed-forward block (the bench's)
+/// whose embedding table (64 x 16) takes Adam's update on one PE (about 90k cycles, as
+/// long as the samples' passes) was estimated 40% short when the estimate left the
+/// updates out, and the sizer took that layout (283k cycles simulated) over one of 16
+/// PEs for the table (172k).
 #[test]
 fn a_steps_estimate_counts_the_slowest_update() {
-    let d = tmp("estimate-update");
-    let src = d.join("ffn.est");
-    std::fs::write(
-        &src,
-        r#"use std.nn.{dense, embedding, gelu, layer_norm}
-use std.losses.softmax_cross_entropy
-model t(features: i32[B, 16], labels: i32[B]) {
-  let x = layer_norm(embedding(features, 64, 16))
-  let y = layer_norm(dense(dense(x, 32, activation: gelu), 16))
-  let loss = softmax_cross_entropy(labels, dense(reduce_mean(y, axis: 1), 4))
-  train { minimize loss with adam(lr: 0.001) }
-}
-input data() { range(64) |> map |i| (broadcast_to(i, [16]), i % 4) |> repeat |> batch(16, drop_remainder: true) }
-estimator t { model = t  train_input = data() }
-"#,
-    )
-    .unwrap();
+    let src = root().join("tests/fixtures/wafer/token_ffn.est");
     let (l, r) = estimated_and_simulated(&src, "test32", &[]);
-    let off = l.estimate as f64 / r.step_cycles - 1.0;
-    assert!(
-        off.abs() < 0.12,
-        "estimated {} against {:.0} simulated ({:+.1}%)",
-        l.estimate,
-        r.step_cycles,
-        100.0 * off
-    );
+    estimated_within(&l, &r, 0.12, "");
     // (the table on more PEs than one: its update shared)
     let table = &r.kernels[0];
     assert!(
@@ -867,74 +837,48 @@ estimator t { model = t  train_input = data() }
 }
 
 /// A loss across a strip of lanes waits, each sample, for its softmax's sums to go down
-/// the strip and back (`cost::strip_waits`): a 1,000-class classifier on `test64`,
-/// whose loss spans tens of lanes, was estimated 61% short of the simulation when the
-/// estimate counted the lanes' work alone (the sizer then spread it over 2,811 PEs for
-/// no shorter a step). Within 12% now.
+/// the strip and back (`cost::strip_waits`): a 1,000-class classifier on `test64` (the
+/// bench's), whose loss spans tens of lanes, was estimated 61% short of the simulation
+/// when the estimate counted the lanes' work alone (the sizer then spread it over 2,811
+/// PEs for no shorter a step). Within 12% now.
 #[test]
 fn a_steps_estimate_counts_the_waits_across_a_strip() {
-    let d = tmp("estimate-strip");
-    let src = d.join("classes.est");
-    std::fs::write(
-        &src,
-        r#"use std.nn.dense
-use std.losses.softmax_cross_entropy
-model c(features: f32[B, 256], labels: i32[B]) {
-  let logits = dense(dense(features, 256, activation: relu), 1000)
-  let loss = softmax_cross_entropy(labels, logits)
-  train { minimize loss with sgd(lr: 0.1) }
-}
-input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [256]), i * 13 % 1000) |> repeat |> batch(32, drop_remainder: true) }
-estimator c { model = c  train_input = data() }
-"#,
-    )
-    .unwrap();
+    let src = root().join("tests/fixtures/wafer/thousand_classes.est");
     let (l, r) = estimated_and_simulated(&src, "test64", &[]);
     let loss = r.kernels.last().unwrap();
     assert!(loss.w * loss.h > 8, "the loss on {}x{}", loss.w, loss.h);
-    let off = l.estimate as f64 / r.step_cycles - 1.0;
-    assert!(
-        off.abs() < 0.12,
-        "estimated {} against {:.0} simulated ({:+.1}%)",
-        l.estimate,
-        r.step_cycles,
-        100.0 * off
-    );
+    estimated_within(&l, &r, 0.12, "");
 }
 
-/// Where every window is the batch (a GRU unrolled over 16 steps is a chain of 34
-/// kernels, whose windows, 3 more a kernel back from the loss's, reach its batch of
-/// 16), every forward runs before any backward and no round trip paces a sample: the
-/// estimate follows the simulation (a formula that counted round trips there was
-/// 8.5 times the simulation).
+/// Where every window is the batch (the bench's GRU classifier, unrolled over 16
+/// steps, is a chain of 34 kernels, whose windows, 3 more a kernel back from the
+/// loss's, reach its batch of 16), every forward runs before any backward and no round
+/// trip paces a sample: the estimate follows the simulation (a formula that counted
+/// round trips there was 8.5 times the simulation).
 #[test]
 fn a_steps_estimate_of_windows_of_the_batch_has_no_round_trip() {
-    let d = tmp("estimate-gru");
-    let src = d.join("gru.est");
-    std::fs::write(
-        &src,
-        r#"use std.nn.{dense, gru}
-use std.losses.softmax_cross_entropy
-model g(features: f32[B, 128], labels: i32[B]) {
-  let h = gru(reshape(features, [B, 16, 8]), 16)
-  let loss = softmax_cross_entropy(labels, dense(h, 10))
-  train { minimize loss with sgd(lr: 0.1) }
-}
-input data() { range(64) |> map |i| (broadcast_to(cast(i, f32) / 64.0, [128]), i % 10) |> repeat |> batch(16, drop_remainder: true) }
-estimator g { model = g  train_input = data() }
-"#,
-    )
-    .unwrap();
+    let src = root().join("tests/fixtures/wafer/gru_classifier.est");
     let (l, r) = estimated_and_simulated(&src, "test64", &[]);
     let windows: Vec<u32> = r.kernels.iter().map(|k| k.window).collect();
     assert!(
         windows.iter().filter(|&&w| w == 16).count() > windows.len() / 2,
         "windows {windows:?}"
     );
+    estimated_within(&l, &r, 0.12, &format!("windows {windows:?}"));
+}
+
+/// That layout `l`'s estimated step is within `bound` (relative) of the simulation's
+/// `r`.
+fn estimated_within(
+    l: &est::backend::wafer::place::Layout,
+    r: &est::backend::wafer::report::Report,
+    bound: f64,
+    context: &str,
+) {
     let off = l.estimate as f64 / r.step_cycles - 1.0;
     assert!(
-        off.abs() < 0.12,
-        "estimated {} against {:.0} simulated ({:+.1}%), windows {windows:?}",
+        off.abs() < bound,
+        "estimated {} against {:.0} simulated ({:+.1}%) {context}",
         l.estimate,
         r.step_cycles,
         100.0 * off
