@@ -764,7 +764,9 @@ fn estimated_and_simulated(
     est::backend::wafer::report::Report,
 ) {
     use est::backend::wafer::{artifact::Artifact, fabric::Fabric, report};
-    let d = tmp("estimate");
+    // (a directory of the program's own: the tests that call this run side by side)
+    let stem = program.file_stem().unwrap().to_string_lossy();
+    let d = tmp(&format!("estimate-{stem}"));
     let out = d.join("m.estw");
     let mut args = vec![
         "build",

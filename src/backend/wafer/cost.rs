@@ -4,7 +4,7 @@
 //! so that the two cannot disagree about a primitive.
 
 use super::fabric::Fabric;
-use super::isa::{Colour, Dsd, Instr, Program, Src, TaskId, Trigger, VecOp};
+use super::isa::{Colour, Dsd, Instr, Program, Src, Task, TaskId, Trigger, VecOp};
 
 /// Bytes per SRAM word (f32).
 pub const WORD: u32 = 4;
@@ -142,11 +142,18 @@ pub fn per_sample(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> u64 {
 /// those of the backward pass odd.
 pub fn per_pass(f: &Fabric, p: &Program, batch: u32, update: TaskId) -> [u64; 2] {
     let switch = u64::from(f.task_switch);
+    by_pass(p, batch, |t| match t.id == update {
+        true => 0,
+        false => switch + body(f, &t.body),
+    })
+}
+
+/// `each` task's cycles a run, times its runs in a step of `batch` samples (`runs`),
+/// summed per pass (forward tasks even, backward odd) over the samples.
+fn by_pass(p: &Program, batch: u32, each: impl Fn(&Task) -> u64) -> [u64; 2] {
     let mut all = [0; 2];
     for (t, n) in p.tasks.iter().zip(runs(p, batch)) {
-        if t.id != update {
-            all[usize::from(t.id % 2)] += n * (switch + body(f, &t.body));
-        }
+        all[usize::from(t.id % 2)] += n * each(t);
     }
     let b = u64::from(batch.max(1));
     [all[0] / b, all[1] / b]
@@ -186,12 +193,7 @@ pub fn strip_waits(f: &Fabric, p: &Program, batch: u32, total: Colour, lanes: u3
             })
             .sum()
     }
-    let mut all = [0; 2];
-    for (t, n) in p.tasks.iter().zip(runs(p, batch)) {
-        all[usize::from(t.id % 2)] += n * waits(&t.body, total, &trip);
-    }
-    let b = u64::from(batch.max(1));
-    [all[0] / b, all[1] / b]
+    by_pass(p, batch, |t| waits(&t.body, total, &trip))
 }
 
 /// The cycles of a program's update (`update`, the step's finishing task, which runs

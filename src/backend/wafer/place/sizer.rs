@@ -289,10 +289,7 @@ impl<'a> Sizer<'a> {
             (layer.program(i, j, (wc, hr), c, &mut scratch, (0, 0), ranges, row)).map_or(
                 (NEVER, false, 0),
                 |p| {
-                    let update = crate::backend::wafer::kernels::UPDATE;
-                    let t =
-                        crate::backend::wafer::cost::per_pass(self.fab, &p, self.f.batch, update);
-                    let u = crate::backend::wafer::cost::update_cycles(self.fab, &p, update);
+                    let (t, u) = self.costed(&p);
                     (t, p.words() <= words, u)
                 },
             )
@@ -303,6 +300,16 @@ impl<'a> Sizer<'a> {
         }
         let (u, _, uu) = pe(busiest);
         ([t[0].max(u[0]), t[1].max(u[1])], fits, tu.max(uu))
+    }
+
+    /// A PE program's cycles per sample in each pass, stalls aside, and its update's
+    /// cycles a step.
+    fn costed(&self, p: &crate::backend::wafer::isa::Program) -> (Cost, u64) {
+        use crate::backend::wafer::{cost, kernels::UPDATE};
+        (
+            cost::per_pass(self.fab, p, self.f.batch, UPDATE),
+            cost::update_cycles(self.fab, p, UPDATE),
+        )
     }
 
     /// A vector kernel's cycles per sample on `lanes` lanes (its first, widest lane's
@@ -325,15 +332,6 @@ impl<'a> Sizer<'a> {
                 let v = vector_of(self.g, self.f, k, (self.sched[k], self.across), |_| {
                     CHAIN_COLOURS
                 });
-                let cost = |p: &crate::backend::wafer::isa::Program| {
-                    let update = crate::backend::wafer::kernels::UPDATE;
-                    let t =
-                        crate::backend::wafer::cost::per_pass(self.fab, p, self.f.batch, update);
-                    (
-                        t,
-                        crate::backend::wafer::cost::update_cycles(self.fab, p, update),
-                    )
-                };
                 if reps > 1 {
                     let c = CHAIN_COLOURS;
                     let to: Vec<(Colour, Colour)> =
@@ -349,7 +347,7 @@ impl<'a> Sizer<'a> {
                     } else {
                         None
                     };
-                    let dealer = cost(&v.dealer(&to, fan.as_ref()).ok()?);
+                    let dealer = self.costed(&v.dealer(&to, fan.as_ref()).ok()?);
                     let rep = v
                         .replica(Rep {
                             of: reps,
@@ -357,7 +355,7 @@ impl<'a> Sizer<'a> {
                             back: c + 1,
                         })
                         .ok()?;
-                    let one = cost(&rep.program);
+                    let one = self.costed(&rep.program);
                     let t = [dealer.0[0].max(one.0[0]), dealer.0[1].max(one.0[1])];
                     return Some((t, dealer.1.max(one.1)));
                 }
@@ -388,7 +386,7 @@ impl<'a> Sizer<'a> {
                 // (and its waits for the reductions across its strip, which the
                 // program's cycles leave out)
                 let p = &first?.program;
-                let total = v.rows.map_or(0, |c| c[2]);
+                let total = v.row_colours()[2];
                 let waits = crate::backend::wafer::cost::strip_waits(
                     self.fab,
                     p,
@@ -396,7 +394,7 @@ impl<'a> Sizer<'a> {
                     total,
                     lanes,
                 );
-                let (t, u) = cost(p);
+                let (t, u) = self.costed(p);
                 Some(([t[0] + waits[0], t[1] + waits[1]], u))
             })
     }
@@ -427,20 +425,32 @@ impl<'a> Sizer<'a> {
     /// Each kernel's estimated cycles per sample on a sizing.
     pub(super) fn periods(&self, lanes: &Lanes) -> Vec<Cost> {
         (0..self.f.kernels.len())
-            .map(|k| match self.dims[k] {
-                Some(d) => {
-                    let h = lanes.out[k];
-                    let parts = (lanes.more[k].iter().enumerate())
-                        .map(|(p, &l)| self.part_pe(k, p, l, h).0);
-                    parts.fold(self.layer_period(k, d, lanes.inp[k], h), |a, b| {
-                        [a[0].max(b[0]), a[1].max(b[1])]
-                    })
-                }
-                None => self
-                    .vector_period(k, lanes.out[k], lanes.reps[k], fan_of(self.f, lanes, k))
-                    .unwrap_or(NEVER),
-            })
+            .map(|k| self.kernel_on(k, lanes).0)
             .collect()
+    }
+
+    /// Kernel `k`'s estimated cycles per sample on a sizing, and its update's cycles a
+    /// step (a layer's the slowest of its parts').
+    fn kernel_on(&self, k: usize, lanes: &Lanes) -> (Cost, u64) {
+        match self.dims[k] {
+            Some(d) => {
+                let h = lanes.out[k];
+                let layer = (
+                    self.layer_period(k, d, lanes.inp[k], h),
+                    self.first_pe(k, lanes.inp[k], h).2,
+                );
+                let parts = (lanes.more[k].iter().enumerate()).map(|(p, &l)| {
+                    let (t, _, u) = self.part_pe(k, p, l, h);
+                    (t, u)
+                });
+                parts.fold(layer, |(a, ua), (b, ub)| {
+                    ([a[0].max(b[0]), a[1].max(b[1])], ua.max(ub))
+                })
+            }
+            None => self
+                .vector_measure(k, lanes.out[k], lanes.reps[k], fan_of(self.f, lanes, k))
+                .unwrap_or((NEVER, 0)),
+        }
     }
 
     /// Layer `k`'s further parts, each with its dimensions.
@@ -498,34 +508,13 @@ impl<'a> Sizer<'a> {
     /// run side by side once the last backward pass is done: a table's Adam update on
     /// one PE, thousands of cycles, can take as long as the samples).
     pub(super) fn step(&self, lanes: &Lanes) -> u64 {
-        self.streamed(lanes) + self.updates(lanes)
-    }
-
-    /// The slowest kernel's update on a sizing, its cycles a step.
-    fn updates(&self, lanes: &Lanes) -> u64 {
-        (0..self.f.kernels.len())
-            .map(|k| match self.dims[k] {
-                Some(_) => {
-                    let h = lanes.out[k];
-                    let parts =
-                        (0..lanes.more[k].len()).map(|p| self.part_pe(k, p, lanes.more[k][p], h).2);
-                    parts.fold(self.first_pe(k, lanes.inp[k], h).2, u64::max)
-                }
-                None => self
-                    .vector_measure(k, lanes.out[k], lanes.reps[k], fan_of(self.f, lanes, k))
-                    .map_or(0, |m| m.1),
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// The cycles of a step's samples through a sizing, the updates aside: the 1F1B
-    /// schedule replayed over each kernel's cycles a sample (`replay`).
-    fn streamed(&self, lanes: &Lanes) -> u64 {
-        let each = self.periods(lanes);
+        let each: Vec<(Cost, u64)> = (0..self.f.kernels.len())
+            .map(|k| self.kernel_on(k, lanes))
+            .collect();
+        let update = each.iter().map(|e| e.1).max().unwrap_or(0);
         let sched = schedule(self.f, self.widths, |k| lanes.reps[k]);
         let servers: Vec<super::replay::Server> = (each.iter().enumerate())
-            .map(|(k, c)| super::replay::Server {
+            .map(|(k, (c, _))| super::replay::Server {
                 fwd: c[0],
                 bwd: c[1],
                 window: sched[k].0,
@@ -535,7 +524,7 @@ impl<'a> Sizer<'a> {
                 },
             })
             .collect();
-        super::replay::replay(&servers, self.f.batch)
+        super::replay::replay(&servers, self.f.batch) + update
     }
 
     /// The lanes of vector kernel `k` after a kernel with `prev` output lanes (or, first

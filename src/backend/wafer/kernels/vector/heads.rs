@@ -20,7 +20,7 @@
 
 use super::ops::laid_order;
 use super::{Lane, Vector};
-use crate::backend::wafer::form::{constant, Class, End};
+use crate::backend::wafer::form::{constant, view_of, Class, End, Kind};
 use crate::backend::wafer::lower;
 use crate::ir::{Graph, NodeIndex, Op};
 use std::collections::BTreeMap;
@@ -102,8 +102,7 @@ impl Vector<'_> {
     pub fn input_groups(&self) -> Option<u32> {
         let h = self.heads()?;
         let layer = self.k.checked_sub(1)?;
-        let crate::backend::wafer::form::Kind::Dense { fwd, .. } = self.f.kernels[layer].kind
-        else {
+        let Kind::Dense { fwd, .. } = self.f.kernels[layer].kind else {
             return None;
         };
         h.deal.get(&self.f.resolve(fwd)).map(|d| d.groups)
@@ -155,7 +154,7 @@ impl Vector<'_> {
             for o in g.operands(nodes[i]) {
                 let mut v = o;
                 while matches!(g.node(v).op, Op::Reshape | Op::Slice { .. })
-                    && crate::backend::wafer::form::view_of(g, v).is_some()
+                    && view_of(g, v).is_some()
                 {
                     if !nodes.contains(&v) {
                         nodes.push(v);
@@ -251,7 +250,7 @@ impl Vector<'_> {
         let f = self.f;
         let last = |n: NodeIndex| self.g.ty(n).rank().checked_sub(1);
         let before = self.k.checked_sub(1).and_then(|l| match f.kernels[l].kind {
-            crate::backend::wafer::form::Kind::Dense { fwd, .. } => Some(f.resolve(fwd)),
+            Kind::Dense { fwd, .. } => Some(f.resolve(fwd)),
             _ => None,
         });
         let groups = before.and_then(|x| h.deal.get(&x)).map(|d| d.groups);
@@ -260,13 +259,11 @@ impl Vector<'_> {
         // dealt in its groups too)
         let layer_before = self.k.checked_sub(1).map(|l| &f.kernels[l].kind);
         let parts = layer_before.is_some_and(|kind| match kind {
-            crate::backend::wafer::form::Kind::Dense { more, .. } => {
-                more.iter().any(|p| !p.beside())
-            }
-            crate::backend::wafer::form::Kind::Vector { .. } => false,
+            Kind::Dense { more, .. } => more.iter().any(|p| !p.beside()),
+            Kind::Vector { .. } => false,
         });
         let beside = |n: NodeIndex| match layer_before {
-            Some(crate::backend::wafer::form::Kind::Dense { more, .. }) => more.iter().any(|p| {
+            Some(Kind::Dense { more, .. }) => more.iter().any(|p| {
                 p.beside() && (f.resolve(p.out) == n || p.dy.map(|d| f.resolve(d)) == Some(n))
             }),
             _ => false,
@@ -277,11 +274,11 @@ impl Vector<'_> {
         // (a layer on either side over tokens, which deals each token's features as
         // its lanes do: not one that reads the sequence flattened)
         let over_tokens = |j: usize| match f.kernels[j].kind {
-            crate::backend::wafer::form::Kind::Dense { x, fwd, .. } => {
+            Kind::Dense { x, fwd, .. } => {
                 let rank = self.g.ty(if j > self.k { x } else { fwd }).rank();
                 rank == 3 || (h.gates && rank == 2)
             }
-            crate::backend::wafer::form::Kind::Vector { .. } => false,
+            Kind::Vector { .. } => false,
         };
         // (or, for gates, a recurrent step's state carried past the layer between two
         // steps' gates, which its rows pass on as they deal their features)

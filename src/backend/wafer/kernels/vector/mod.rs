@@ -160,6 +160,12 @@ const SAMPLE_BASE: u8 = 2;
 const BARRIER_BASE: u8 = 4;
 
 impl Vector<'_> {
+    /// The colours its reductions across its lanes take (`rows`; colour 0 for each
+    /// when none were given, as the sizer builds it to measure).
+    pub fn row_colours(&self) -> RowColours {
+        self.rows.unwrap_or([0; 3])
+    }
+
     /// The image a sample value is: its own shape's, or (a vector a layer sends back
     /// for an image it flattened) the shape this kernel reads it as.
     fn image(&self, n: NodeIndex) -> Option<(u32, u32, u32)> {

@@ -17,7 +17,7 @@ impl Vector<'_> {
     /// `acc` (one word a lane: its share's reduction by `op`) made every lane's on
     /// lane `lane` of `lanes` (`rows::across`; nothing on one lane).
     fn together(&self, op: VecOp, acc: Val, (lanes, lane): (u32, u32)) -> Vec<Instr> {
-        let c = self.rows.unwrap_or([0; 3]);
+        let c = self.row_colours();
         rows::across(op, acc, (lanes, lane), c)
     }
 

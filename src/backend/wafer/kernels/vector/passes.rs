@@ -167,7 +167,7 @@ impl Vector<'_> {
         if bands < 2 {
             return Vec::new();
         }
-        let c = self.rows.unwrap_or([0; 3]);
+        let c = self.row_colours();
         (m.accs.iter())
             .filter(|&&a| m.levels.at.get(&a) == Some(&at) && self.read_in_step(&m.levels, a))
             .flat_map(|a| {
