@@ -454,6 +454,58 @@ fn shape_op_gradients() {
     check("cross_shard_mean", c, y, -1.0, none());
 }
 
+/// A case of slices of one `[3, 8]` variable along its last axis, each through an op of
+/// its own, set side by side (as a recurrent step's gates are cut from one product).
+fn sliced(runs: &[(usize, usize)]) -> (Case, NodeIndex) {
+    let mut c = Case::new();
+    let x = c.var("x", &[3, 8]);
+    let parts: Vec<NodeIndex> = (runs.iter().enumerate())
+        .map(|(i, &(start, end))| {
+            let s = c.op(
+                Op::Slice {
+                    axis: 1,
+                    start,
+                    end,
+                },
+                &[x],
+            );
+            match i % 3 {
+                0 => c.op(Op::Unary(UnaryOp::Exp), &[s]),
+                1 => c.op(Op::Unary(UnaryOp::Sin), &[s]),
+                _ => s,
+            }
+        })
+        .collect();
+    let y = c.op(Op::Concat { axis: 1 }, &parts);
+    (c, y)
+}
+
+/// The `add`s among a graph's nodes.
+fn adds(g: &Graph) -> usize {
+    (g.g.node_indices())
+        .filter(|&n| matches!(g.node(n).op, Op::Binary(BinaryOp::Add)))
+        .count()
+}
+
+#[test]
+fn slices_of_one_value_send_back_their_pieces_side_by_side() {
+    // apart (with a gap, which takes zeros): the pieces concatenated, no sum
+    let apart = [(0, 2), (5, 8), (2, 4)];
+    let (c, y) = sliced(&apart);
+    check("slices apart", c, y, -1.0, none());
+    let (c, y) = sliced(&apart);
+    assert_eq!(adds(&analytic("slices apart", c, y, -1.0, none()).g), 0);
+    // each overlapping each: summed
+    let overlapping = [(0, 4), (2, 6), (3, 8)];
+    let (c, y) = sliced(&overlapping);
+    check("slices overlapping", c, y, -1.0, none());
+    let (c, y) = sliced(&overlapping);
+    assert_eq!(
+        adds(&analytic("slices overlapping", c, y, -1.0, none()).g),
+        2
+    );
+}
+
 #[test]
 fn softmax_gradients() {
     for axis in [0, 1] {

@@ -24,6 +24,51 @@ impl Vector<'_> {
         }
     }
 
+    /// The operand slice `n` reads in place on lane `lane` of `lanes`, as a run of its
+    /// words (a recurrent step's gate, cut from all its gates), rather than copying it:
+    /// a slice along a sample's axis whose run is one stretch of words, outside bands,
+    /// neither it nor its operand stashed (a stash is read through a counter's slots).
+    pub(super) fn in_place(
+        &self,
+        n: NodeIndex,
+        (lanes, lane): (u32, u32),
+        stash: &std::collections::BTreeMap<NodeIndex, (u32, u32)>,
+    ) -> Option<NodeIndex> {
+        let Op::Slice { axis, .. } = self.g.node(n).op else {
+            return None;
+        };
+        let o = self.f.resolve(*self.g.operands(n).first()?);
+        let banded =
+            self.band_rows(n, lanes, lane).is_some() || self.band_rows(o, lanes, lane).is_some();
+        let (shape, laxis) = self.laid_here(n, axis, (lanes, lane), None);
+        let one_run = axis > 0 && around(&shape, laxis).0 == 1;
+        (one_run && !banded && !stash.contains_key(&n) && !stash.contains_key(&o)).then_some(o)
+    }
+
+    /// Slice `site.n` as a view of its operand's words (`in_place`), when the operand
+    /// lies in words of its own.
+    pub(super) fn sliced_in_place(&self, site: &Site) -> Option<Val> {
+        let g = self.g;
+        let Op::Slice { axis, start, end } = g.node(site.n).op else {
+            return None;
+        };
+        let o = g.operands(site.n)[0];
+        let (shape, laxis) = self.laid_here(o, axis, site.lanes, None);
+        let inner = around(&shape, laxis).1;
+        let whole = shape[laxis] as u32 * inner;
+        match site.args[0] {
+            Val::Buf {
+                base,
+                len,
+                slot: None,
+            } if len == whole => Some(Val::buf(
+                base + start as u32 * inner,
+                (end - start) as u32 * inner,
+            )),
+            _ => None,
+        }
+    }
+
     /// A slice, concat or transpose within a sample (`movable`), row by row.
     pub(super) fn moved(&self, site: &Site, body: &mut Vec<Instr>) -> Result<(), String> {
         let g = self.g;

@@ -144,6 +144,21 @@ impl Vector<'_> {
                 }
             }
         }
+        // (a gate of a step's gates: a run of their words, read in place)
+        if halo.is_none() && self.in_place(n, (lanes, lane), stash).is_some() {
+            let site = Site {
+                n,
+                lanes: (lanes, lane),
+                ext,
+                dst: Val::Imm(0.0),
+                args: args.clone(),
+                halo,
+            };
+            if let Some(v) = self.sliced_in_place(&site) {
+                cur.insert(n, v);
+                return Ok(());
+            }
+        }
         // (a stashed value computed on more rows than its band: computed in scratch,
         // its band then stashed)
         let band = self.band_rows(n, lanes, lane);

@@ -190,13 +190,25 @@ impl Vector<'_> {
     /// never read), which give their scratch back: not a value it sends, stashes or
     /// reads as a softmax's (kept until the sends), nor an accumulator. A node computed
     /// again further on (a slice cut for each reader) is a new value there.
-    fn deaths(&self, nodes: &[NodeIndex]) -> Vec<Vec<NodeIndex>> {
+    fn deaths(
+        &self,
+        nodes: &[NodeIndex],
+        in_place: impl Fn(NodeIndex) -> Option<NodeIndex>,
+    ) -> Vec<Vec<NodeIndex>> {
         let (g, f) = (self.g, self.f);
+        // (a slice read in place lives in its operand's words, which live as long)
+        let root = |mut n: NodeIndex| {
+            while let Some(o) = in_place(n) {
+                n = o;
+            }
+            n
+        };
         let mut dies: Vec<Vec<NodeIndex>> = vec![Vec::new(); nodes.len()];
         let mut last: BTreeMap<NodeIndex, usize> = BTreeMap::new();
         for (i, &n) in nodes.iter().enumerate() {
             for o in g.operands(n) {
                 last.insert(f.resolve(o), i);
+                last.insert(root(f.resolve(o)), i);
             }
             if let Some(l) = last.insert(n, i) {
                 dies[l].push(n);
@@ -205,10 +217,13 @@ impl Vector<'_> {
         for (n, l) in last {
             dies[l].push(n);
         }
-        let sent: Vec<NodeIndex> = (self.outputs.iter()).map(|o| f.resolve(o.node)).collect();
+        let sent: Vec<NodeIndex> = (self.outputs.iter())
+            .flat_map(|o| [f.resolve(o.node), root(f.resolve(o.node))])
+            .collect();
         for d in &mut dies {
             d.retain(|o| {
                 !sent.contains(o)
+                    && in_place(*o).is_none()
                     && f.class[o.index()] == form::Class::Sample
                     && !matches!(g.node(*o).op, Op::Softmax { .. } | Op::LogSoftmax { .. })
             });
@@ -307,10 +322,14 @@ impl Vector<'_> {
         let (mut body, mut means) = (Vec::new(), Vec::new());
         let mut soft = BTreeMap::new();
         let nodes = m.levels.code.get(&at).cloned().unwrap_or_default();
-        let dies = self.deaths(&nodes);
         // (in bands, the rows of its images the code computes, and those of the values
         // it holds a band of widened first: `halo`)
         let halo = self.halo_at(at, &nodes, (lanes, lane), m, cur, &mut body)?;
+        let in_place = |n| match halo {
+            None => self.in_place(n, (lanes, lane), &m.stash),
+            Some(_) => None,
+        };
+        let dies = self.deaths(&nodes, in_place);
         for (i, &n) in nodes.iter().enumerate() {
             self.node(
                 n,

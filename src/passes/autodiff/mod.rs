@@ -16,6 +16,8 @@
 //! a comparison, `floor`, a cast to an integer) is E0801: the optimiser would never
 //! see that path.
 
+mod pieces;
+
 use super::PassCtx;
 use crate::diag::{Code, Diag, Diags};
 use crate::ir::{
@@ -355,7 +357,7 @@ impl Ad<'_> {
                     continue;
                 };
                 let d = match adj.get(&o) {
-                    Some(&prev) => self.bin(BinaryOp::Add, prev, d, span),
+                    Some(&prev) => self.sum_adjoints(prev, d, span),
                     None => d,
                 };
                 adj.insert(o, d);
