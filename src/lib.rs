@@ -321,7 +321,7 @@ fn check_wafer(
     for info in estimators {
         let mine: Vec<_> = (graphs.iter())
             .filter(|c| c.estimator == info.name)
-            .map(|c| passes::without_summaries(&c.graph))
+            .map(|c| form::prepared(&c.graph))
             .collect();
         // every construct a node alone shows has no layout, in every mode, each once;
         // else the first way the kernels do not meet or fit

@@ -2205,7 +2205,11 @@ fn normed_like_the_interpreter(
 ///   `x` a layer's output), pooled: the first carries `x` past itself in its rows'
 ///   chains after every token's outputs, the kernel after it and the second pass it on;
 /// - 5: variant 2 with dropout after the norm: each lane keeps its share of every token
-///   of the random numbers the host sends whole.
+///   of the random numbers the host sends whole;
+/// - 6: a pre-LayerNorm residual (GPT-2's, `x + dense(dense(layer_norm(x), n), k + 3)`,
+///   `x` a layer's output), pooled: the layer norm's kernel relays `x`
+///   (`form::prepared`), the first layer carries it beside its input, the kernel
+///   after it and the second pass it on.
 ///
 /// A norm is over 4 features or more, and the block 2 units wide or more: over two
 /// features a norm makes `+-1` of any input, and of a block one unit wide (`w2 * s`)
@@ -2260,6 +2264,14 @@ fn tokens_like_the_interpreter(
             "  let h = reduce_mean(dropout(layer_norm(dense({x}, {}{act})), 0.3), axis: 1)\n",
             n + 3
         ),
+        // a pre-LayerNorm residual (GPT-2's): a layer's sequence normalised into two
+        // layers over tokens and added to their outputs, which the layer norm's kernel
+        // relays (`form::prepared`) for the first layer to carry
+        6 => format!(
+            "  let x = dense({x}, {}, activation: tanh)\n  let h = reduce_mean(x + dense(dense(layer_norm(x), {n}{act}), {}), axis: 1)\n",
+            k + 3,
+            k + 3
+        ),
         // a residual around two layers over tokens: the first carries its input past
         // itself and the kernel after it, and the second passes it on to the sum
         _ => format!(
@@ -2270,8 +2282,8 @@ fn tokens_like_the_interpreter(
     };
     let body = format!("{body}  let logits = dense(h, {c})\n");
     let bound = match variant {
-        3 if opt.contains("adam") => 1e-3,
-        2 | 3 | 5 => 3e-4,
+        3 | 6 if opt.contains("adam") => 1e-3,
+        2 | 3 | 5 | 6 => 3e-4,
         _ => 1e-4,
     };
     evaluated_like_the_interpreter(&d, &body, &opt, (&ty, batch, side, seed))?;
@@ -2287,7 +2299,9 @@ fn tokens_like_the_interpreter(
 /// heads' context through a dense layer over each token and added to the sequence
 /// (a residual), normalised per token; 3: the sequence a layer's (`d` wide), the
 /// residual around the attention carried by the projection's layer and passed on by
-/// the attention's kernel and the layer after it, pooled. On the wafer the products of two activations
+/// the attention's kernel and the layer after it, pooled; 4: as 3, the sequence
+/// normalised before the projection (GPT-2's pre-LayerNorm block: the layer norm's
+/// kernel relays the sequence, `form::prepared`). On the wafer the products of two activations
 /// run in the vector kernel between the layers, on one lane.
 /// Trained 3 steps like the interpreter within 1e-4 (3e-4 with a layer norm, 1e-3
 /// after Adam's first step: see `normed_like_the_interpreter`; seen 3.4e-4), and
@@ -2301,17 +2315,29 @@ fn attention_like_the_interpreter(
     let key = format!("attention-{t}-{k}-{d}-{heads}-{c}-{variant}-{opt}-{batch}-{side}-{seed}");
     let (opt, lr) = optimiser(opt);
     let (per, heads) = (d, if variant == 0 { 1 } else { heads });
+    // (a norm over 4 features or more: see `tokens_like_the_interpreter`)
+    let per = if variant == 4 {
+        per.max(4usize.div_ceil(heads))
+    } else {
+        per
+    };
     let d = per * heads;
     let (dir, ty) = (random_data(&key, t * k, c, seed), floats(t * k));
     let scale = 1.0 / (per as f64).sqrt();
     let x = format!("reshape(features, [B, {t}, {k}])");
-    // (variant 3: the sequence a layer's, so that the residual's input is carried)
+    // (variant 3: the sequence a layer's, so that the residual's input is carried;
+    // 4: normalised first, GPT-2's pre-LayerNorm block, the layer norm's kernel
+    // relaying the sequence for the projection to carry)
     let x = match variant {
-        3 => format!("dense({x}, {d}, activation: tanh)"),
+        3 | 4 => format!("dense({x}, {d}, activation: tanh)"),
         _ => x,
     };
+    let normed = match variant {
+        4 => "layer_norm(x)",
+        _ => "x",
+    };
     let qkv = format!(
-        "  let x = {x}\n  let h = dense(x, {})\n  let q = slice(h, 2, 0, {d})\n  let k = slice(h, 2, {d}, {})\n  let v = slice(h, 2, {}, {})\n",
+        "  let x = {x}\n  let h = dense({normed}, {})\n  let q = slice(h, 2, 0, {d})\n  let k = slice(h, 2, {d}, {})\n  let v = slice(h, 2, {}, {})\n",
         3 * d,
         2 * d,
         2 * d,
@@ -2330,13 +2356,13 @@ fn attention_like_the_interpreter(
     };
     let out = match variant {
         2 => format!("  let y = layer_norm(x + dense(a, {k}))\n  let logits = dense(reshape(y, [B, {}]), {c})\n", t * k),
-        3 => format!("  let logits = dense(reduce_mean(x + dense(a, {d}), axis: 1), {c})\n"),
+        3 | 4 => format!("  let logits = dense(reduce_mean(x + dense(a, {d}), axis: 1), {c})\n"),
         _ => format!("  let logits = dense(reshape(a, [B, {}]), {c})\n", t * d),
     };
     let body = format!("{qkv}{attend}{out}");
     let bound = match variant {
-        2 if opt.contains("adam") => 1e-3,
-        2 => 3e-4,
+        2 | 4 if opt.contains("adam") => 1e-3,
+        2 | 4 => 3e-4,
         _ => 1e-4,
     };
     evaluated_like_the_interpreter(&dir, &body, &opt, (&ty, batch, side, seed))?;
@@ -2927,7 +2953,7 @@ proptest::proptest! {
 
     #[test]
     fn dense_layers_over_tokens_train_like_the_interpreter(
-        t in 1usize..7, k in 1usize..6, n in 1usize..9, c in 2usize..5, variant in 0usize..6,
+        t in 1usize..7, k in 1usize..6, n in 1usize..9, c in 2usize..5, variant in 0usize..7,
         act in 0usize..4, opt in 0usize..4, batch in 1usize..5, side in 16u32..33,
         seed in 0u64..1000,
     ) {
@@ -2938,7 +2964,7 @@ proptest::proptest! {
     #[test]
     fn attention_trains_like_the_interpreter(
         t in 1usize..7, k in 1usize..6, d in 1usize..5, heads in 1usize..4, c in 2usize..5,
-        variant in 0usize..4, opt in 0usize..4, batch in 1usize..5, side in 16u32..33,
+        variant in 0usize..5, opt in 0usize..4, batch in 1usize..5, side in 16u32..33,
         seed in 0u64..1000,
     ) {
         attention_like_the_interpreter((t, k, d, heads, c), variant, opt, (batch, side, seed))

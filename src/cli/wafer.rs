@@ -35,9 +35,10 @@ pub fn build(
     artifact: Option<&Path>,
     report: bool,
 ) -> Result<Built, Diag> {
-    let formed = form::form(&c.graph)
-        .map_err(|u| layout_diag(place::LayoutError::Unsupported(u), fab, at))?;
-    let layout = place::layout(&c.graph, &formed, fab).map_err(|e| layout_diag(e, fab, at))?;
+    let graph = form::prepared(&c.graph);
+    let formed =
+        form::form(&graph).map_err(|u| layout_diag(place::LayoutError::Unsupported(u), fab, at))?;
+    let layout = place::layout(&graph, &formed, fab).map_err(|e| layout_diag(e, fab, at))?;
     let mut text = String::new();
     if emit {
         text.push_str(&dump(c, &layout));

@@ -72,8 +72,9 @@ impl Device {
     }
 
     fn load(&self, graph: Arc<Graph>, at: Span) -> Result<Exe, Diag> {
-        // the runtime computes the train summaries apart, on the interpreter
-        let graph = match crate::passes::without_summaries(&graph) {
+        // the runtime computes the train summaries apart, on the interpreter (and
+        // values a layer's next kernel passes on are relayed: `form::prepared`)
+        let graph = match form::prepared(&graph) {
             std::borrow::Cow::Owned(g) => Arc::new(g),
             std::borrow::Cow::Borrowed(_) => graph,
         };

@@ -24,11 +24,14 @@
 //! for them), `groups` (the vector kernels between them, residuals and shortcuts), `order`
 //! (kernels in dataflow order), `steps` (where the variables, step nodes and host
 //! values live), `streams` (what crosses between kernels); `update` turns a kernel's
-//! step nodes into its PEs' update.
+//! step nodes into its PEs' update. Every wafer path forms the graph `relay::prepared`
+//! makes: without train summaries, and with a relay where a layer's output must pass
+//! through the vector kernel after it (a pre-LayerNorm residual's).
 
 mod classify;
 mod groups;
 mod layers;
+mod relay;
 mod statistics;
 mod steps;
 mod streams;
@@ -39,6 +42,7 @@ mod update;
 pub use classify::{
     batch_of, classify, image, per_sample_constant, planes, regrouping, regroups, survey, Survey,
 };
+pub use relay::prepared;
 pub use update::{feeding, part_update, update_of, update_over};
 
 use crate::ir::{DType, Graph, NodeIndex, Op};

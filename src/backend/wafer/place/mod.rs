@@ -54,7 +54,7 @@ use sizer::Sizer;
 use std::collections::BTreeMap;
 
 /// What the wafer lays out, for the help of what it does not.
-const RESIDUALS: &str = "the wafer lays out chains of layers, residuals around dense layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, `x + conv(relu(conv(x)))`: the first layer carries `h` past itself, the kernels after it pass it on to the sum), and two layers of one value (two towers, a projection shortcut: the later carries the value to the other): feed each value to the next layer, to a sum after the layers it reads, or to two layers at most";
+const RESIDUALS: &str = "the wafer lays out chains of layers, residuals around dense layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, `x + conv(relu(conv(x)))`, `h + f(layer_norm(h) W)`: the first layer carries `h` past itself, the kernels after it pass it on to the sum), and two layers of one value (two towers, a projection shortcut: the later carries the value to the other): feed each value to the next layer, to a sum after the layers it reads, or to two layers at most";
 
 const TOKEN_TOWERS: &str = "a layer over each token of a sequence carries its own input past itself (a residual's) but no other layer's: several layers of one sequence have no wafer layout yet; make them one layer and slice its outputs apart (`dense(x, 3 * d)`, as GPT-2 projects attention's query, key and value), or train on the host (`--target host`)";
 
