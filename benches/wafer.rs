@@ -131,6 +131,11 @@ input data() { range(64) |> map |i| (broadcast_to(i, [16]), i % 4) |> repeat |> 
 estimator t { model = t  train_input = data() }
 "#;
 
+/// GPT-2's pre-LayerNorm blocks, small: token and position embeddings, two blocks of
+/// `x + attention(layer_norm(x))` (2 heads of 8, the fused projection) and `x +
+/// ffn(layer_norm(x))` (GELU, 32), normalised and pooled, 16 tokens of 16, batch 16.
+const GPT_BLOCKS: &str = include_str!("../tests/fixtures/wafer/gpt_blocks.est");
+
 /// A classifier of 1,000 classes: 256 features -> 256 (relu) -> 1,000, batch 32; its
 /// loss runs across the last layer's rows (on one lane, the layer fits no fabric).
 const THOUSAND_CLASSES: &str = include_str!("../tests/fixtures/wafer/thousand_classes.est");
@@ -184,9 +189,10 @@ fn bench(name: &str, program: Program, params: &[(&str, &str)], fab: &Fabric, st
     let mut laid = None;
     for _ in 0..5 {
         let t = Instant::now();
-        let r = form::form(g)
+        let g = form::prepared(g);
+        let r = form::form(&g)
             .map_err(|u| u.message)
-            .and_then(|f| place::layout(g, &f, fab).map_err(|e| format!("{e:?}")));
+            .and_then(|f| place::layout(&g, &f, fab).map_err(|e| format!("{e:?}")));
         times.push(t.elapsed().as_secs_f64());
         laid = Some(r);
     }
@@ -346,6 +352,9 @@ fn main() {
     // multi-head self-attention, its products on one lane
     let attention = Program::from_source("token_attention.est", TOKEN_ATTENTION, None);
     bench("attention 16x16 2 heads, b16", attention, &[], &t32, steps);
+    // GPT-2's pre-LayerNorm blocks: each layer norm's kernel relays the block's input
+    let gpt = Program::from_source("gpt_blocks.est", GPT_BLOCKS, None);
+    bench("gpt 2 pre-LN blocks 16x16, b16", gpt, &[], &t32, steps);
     // the BERT example at its default 32 tokens of 32 features and at 16 of 16 (its
     // attention's heads dealt to lanes)
     bench("bert 32x32, b16", load("bert.est"), &[], &t32, steps);

@@ -1355,8 +1355,8 @@ fn train_layout(
         ..Default::default()
     };
     let checked = est::check(p, &opts);
-    let g = &checked.graphs[0].graph;
-    place::layout(g, &form::form(g).map_err(|u| u.message)?, fabric).map_err(|e| format!("{e:?}"))
+    let g = form::prepared(&checked.graphs[0].graph);
+    place::layout(&g, &form::form(&g).map_err(|u| u.message)?, fabric).map_err(|e| format!("{e:?}"))
 }
 
 /// The pipelines of the train graph of `p` laid out on `fabric`: each PE's window, and
