@@ -134,7 +134,7 @@ estimator t { model = t  train_input = data() }
 /// GPT-2's pre-LayerNorm blocks, small: token and position embeddings, two blocks of
 /// `x + attention(layer_norm(x))` (2 heads of 8, the fused projection) and `x +
 /// ffn(layer_norm(x))` (GELU, 32), normalised and pooled, 16 tokens of 16, batch 16.
-const GPT_BLOCKS: &str = include_str!("../tests/fixtures/wafer/gpt_blocks.est");
+const GPT_BLOCKS: &str = include_str!("../tests/ui/pass/gpt_blocks.est");
 
 /// A classifier of 1,000 classes: 256 features -> 256 (relu) -> 1,000, batch 32; its
 /// loss runs across the last layer's rows (on one lane, the layer fits no fabric).
