@@ -437,10 +437,12 @@ pub const E0601: &str =
 runs a declared list (matmul, convolution, elementwise, reductions, pooling, softmax,
 embeddings, random numbers, slice, concat, pad, transpose, reshape, and their
 gradients), and lays out chains of layers (a sum of products, one of them of the
-layer before and the others of the inputs, is one layer) with residuals around one
-dense layer (`h + f(h W)`) and layers of the inputs beside a later layer (a tower, a
-shortcut): a value computed on the wafer that several layers read, or one read further
-on than the sum just after the next layer, is E0601 too (a sequence the wafer makes,
+layer before and the others of the inputs, is one layer) with residuals around dense
+layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, a pre-LayerNorm block's
+`h + f(layer_norm(h) W)`), two layers of one value (a tower, a projection shortcut)
+and layers of the inputs beside a later layer: a value computed on the wafer that
+three or more layers read, or one read further on than such a residual's sum, is
+E0601 too (a sequence the wafer makes,
 such as an embedding's, read step by step by an unrolled recurrent layer is one: its
 steps take their inputs from the host), as is a layer between two kernels
 that run on one PE each (a `layer_norm` on both sides) when it does not fit one PE,
