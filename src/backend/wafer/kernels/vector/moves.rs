@@ -45,18 +45,24 @@ impl Vector<'_> {
         (one_run && !banded && !stash.contains_key(&n) && !stash.contains_key(&o)).then_some(o)
     }
 
-    /// Slice `site.n` as a view of its operand's words (`in_place`), when the operand
-    /// lies in words of its own.
-    pub(super) fn sliced_in_place(&self, site: &Site) -> Option<Val> {
+    /// Slice `n` as a view of its operand's words `args[0]` (`in_place`), when the
+    /// operand lies in words of its own.
+    pub(super) fn sliced_in_place(
+        &self,
+        n: NodeIndex,
+        lanes: (u32, u32),
+        stash: &std::collections::BTreeMap<NodeIndex, (u32, u32)>,
+        args: &[Val],
+    ) -> Option<Val> {
         let g = self.g;
-        let Op::Slice { axis, start, end } = g.node(site.n).op else {
+        let Op::Slice { axis, start, end } = g.node(n).op else {
             return None;
         };
-        let o = g.operands(site.n)[0];
-        let (shape, laxis) = self.laid_here(o, axis, site.lanes, None);
+        self.in_place(n, lanes, stash)?;
+        let (shape, laxis) = self.laid_here(g.operands(n)[0], axis, lanes, None);
         let inner = around(&shape, laxis).1;
         let whole = shape[laxis] as u32 * inner;
-        match site.args[0] {
+        match *args.first()? {
             Val::Buf {
                 base,
                 len,

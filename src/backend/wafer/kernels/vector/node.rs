@@ -145,19 +145,13 @@ impl Vector<'_> {
             }
         }
         // (a gate of a step's gates: a run of their words, read in place)
-        if halo.is_none() && self.in_place(n, (lanes, lane), stash).is_some() {
-            let site = Site {
-                n,
-                lanes: (lanes, lane),
-                ext,
-                dst: Val::Imm(0.0),
-                args: args.clone(),
-                halo,
-            };
-            if let Some(v) = self.sliced_in_place(&site) {
-                cur.insert(n, v);
-                return Ok(());
-            }
+        let view = match halo {
+            None => self.sliced_in_place(n, (lanes, lane), stash, &args),
+            Some(_) => None,
+        };
+        if let Some(v) = view {
+            cur.insert(n, v);
+            return Ok(());
         }
         // (a stashed value computed on more rows than its band: computed in scratch,
         // its band then stashed)
