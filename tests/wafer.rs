@@ -448,6 +448,40 @@ fn gpt_blocks_train_like_the_interpreter() {
     alike_but_the_keys_bias(&w, &i, 16, 0.001);
 }
 
+/// A transformer block whose attention projects the query, key and value with three
+/// dense layers of one sequence (`tests/ui/pass/separate_projections.est`, as Keras's
+/// `MultiHeadAttention` does): on the wafer they are fused into one layer of the three
+/// variables side by side (`passes::fuse_products`), whose kernel holds each variable's
+/// columns under its name. 20 Adam steps on `test32` train like the interpreter: the
+/// same loss, every variable within 1e-5 of its scale (the key has no bias, whose
+/// gradient would be zero: see `alike_but_the_keys_bias`).
+#[test]
+fn separate_projections_train_like_the_interpreter() {
+    let file = "tests/ui/pass/separate_projections.est";
+    let (w, i, _, _) = twenty_steps(file, &[], "separate-projections", None);
+    let names: Vec<String> = w.variables().into_keys().collect();
+    for layer in ["attention/dense", "attention/dense_1", "attention/dense_2"] {
+        let kernel = format!("{layer}/kernel");
+        assert!(
+            names.iter().any(|n| n.ends_with(&kernel)),
+            "{kernel} in {names:?}"
+        );
+    }
+    let d = worst(&w.variables(), &i.variables());
+    assert!(d <= 1e-5, "{file}: largest relative difference {d:e}");
+}
+
+/// Three towers of one dense layer each on a hidden value, joined by a concat
+/// (`tests/ui/pass/three_towers_of_a_value.est`): fused into one layer of the three
+/// kernels side by side, they train 20 steps on the digits like the interpreter, every
+/// variable within 1e-5 of its scale.
+#[test]
+fn three_towers_of_a_value_train_like_the_interpreter() {
+    let examples = root().join("examples");
+    let file = "tests/ui/pass/three_towers_of_a_value.est";
+    trained_alike(file, "three-towers", Some(&examples));
+}
+
 /// A classifier of 2,500 classes on `test32`: its last layer does not fit one row, so
 /// its loss runs across as many lanes as the layer has rows (the report shows them),
 /// not on one lane; and its evaluation's argmax across them too, the first lane

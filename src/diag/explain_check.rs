@@ -439,10 +439,12 @@ embeddings, random numbers, slice, concat, pad, transpose, reshape, and their
 gradients), and lays out chains of layers (a sum of products, one of them of the
 layer before and the others of the inputs, is one layer) with residuals around dense
 layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, a pre-LayerNorm block's
-`h + f(layer_norm(h) W)`), two layers of one value (a tower, a projection shortcut)
-and layers of the inputs beside a later layer: a value computed on the wafer that
-three or more layers read, or one read further on than such a residual's sum, is
-E0601 too (a sequence the wafer makes,
+`h + f(layer_norm(h) W)`), two layers of one value (a tower, a projection shortcut),
+dense layers of one value each of its own variable (fused into one layer of their
+weights side by side: three towers, attention's separate query, key and value) and
+layers of the inputs beside a later layer: a value computed on the wafer that three
+or more kernels read otherwise (a tower of several layers beside another), or one
+read further on than such a residual's sum, is E0601 too (a sequence the wafer makes,
 such as an embedding's, read step by step by an unrolled recurrent layer is one: its
 steps take their inputs from the host), as is a layer between two kernels
 that run on one PE each (a `layer_norm` on both sides) when it does not fit one PE,

@@ -8,6 +8,7 @@ mod const_fold;
 mod cse;
 mod dce;
 mod dtypes;
+mod fuse_products;
 mod mask_padding;
 pub mod memory;
 mod shape_infer;
@@ -54,6 +55,12 @@ pub const PIPELINE: &[Pass] = &[
     Pass {
         name: "mask_padding",
         run: mask_padding::run,
+    },
+    // The wafer's: dense layers of one value become one layer of their variables
+    // side by side, its outputs sliced apart.
+    Pass {
+        name: "fuse_products",
+        run: fuse_products::run,
     },
     // The train step: gradients of the loss, the optimiser's updates, the step increment.
     Pass {

@@ -194,7 +194,7 @@ pub(super) fn gradients(
                 .collect();
             let mine: Vec<usize> = if all.len() > 1 {
                 (all.iter().copied())
-                    .filter(|&k| matches!(kernels[k].kind, Kind::Dense { w, .. } if updated.contains(&w)))
+                    .filter(|&k| matches!(kernels[k].kind, Kind::Dense { w, .. } if updates(g, &updated, w)))
                     .collect()
             } else {
                 all
@@ -245,7 +245,7 @@ fn token_layer(
     // whose weight the update of this gradient reads)
     let updated = updates_read(g, class, n);
     let k = (kernels.iter()).position(|kr| {
-        matches!(kr.kind, Kind::Dense { x: v, w, dw: None, .. } if v == x && updated.contains(&w))
+        matches!(kr.kind, Kind::Dense { x: v, w, dw: None, .. } if v == x && updates(g, &updated, w))
     });
     let Some(k) = k else {
         return Ok(false);
@@ -619,6 +619,13 @@ pub(super) fn side_parts(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
 
 /// The variables the step nodes after node `n` read (a weight gradient's: its
 /// weight, and its optimiser's slots).
+/// Whether the variables an update reads (`updates_read`) update weight `w`: hold it,
+/// or one of the variables it joins (`super::joined`).
+fn updates(g: &Graph, updated: &BTreeSet<NodeIndex>, w: NodeIndex) -> bool {
+    updated.contains(&w)
+        || super::joined(g, w).is_some_and(|p| p.iter().any(|v| updated.contains(v)))
+}
+
 fn updates_read(g: &Graph, class: &[Class], n: NodeIndex) -> BTreeSet<NodeIndex> {
     let mut vars = BTreeSet::new();
     let mut seen = BTreeSet::new();

@@ -26,7 +26,10 @@
 //! values live), `streams` (what crosses between kernels); `update` turns a kernel's
 //! step nodes into its PEs' update. Every wafer path forms the graph `relay::prepared`
 //! makes: without train summaries, and with a relay where a layer's output must pass
-//! through the vector kernel after it (a pre-LayerNorm residual's).
+//! through a vector kernel after it (a pre-LayerNorm residual's, or a residual around
+//! the layer after it). Before formation, the wafer's pass pipeline has fused the
+//! dense layers of one value into one (`passes::fuse_products`), whose weight is its
+//! variables side by side (`joined`).
 
 mod classify;
 mod groups;
@@ -405,6 +408,18 @@ pub fn view_of(g: &Graph, n: NodeIndex) -> Option<(NodeIndex, u32)> {
     }
 }
 
+/// The variables node `n` puts side by side as one layer's weight, if it does: a
+/// `concat` of variables of rank 2 along their columns (`x concat([Wq, Wk, Wv])`, the
+/// layers of one value fused: `passes::fuse_products`). The layer holds the joined
+/// weight, each variable's columns a run of every row, and the device reads and
+/// writes each variable by its name there (`place::joined_pieces`).
+pub fn joined(g: &Graph, n: NodeIndex) -> Option<Vec<NodeIndex>> {
+    let ops = g.operands(n);
+    let var = |v: &NodeIndex| matches!(g.node(*v).op, Op::Variable { .. }) && g.ty(*v).rank() == 2;
+    (matches!(g.node(n).op, Op::Concat { axis: 1 }) && ops.len() > 1 && ops.iter().all(var))
+        .then(|| ops.to_vec())
+}
+
 /// The value of a constant node as an f32, if it is one.
 pub fn constant(g: &Graph, n: NodeIndex) -> Option<f32> {
     match g.node(n).op {
@@ -439,11 +454,11 @@ impl Cx<'_> {
         matches!(self.g.node(n).op, Op::Variable { .. })
     }
 
-    /// The variable `n` is as a layer's weight: itself, or it cast to a half-precision
-    /// float (mixed precision: the layer computes with the weight rounded and updates
-    /// the f32 variable).
+    /// The variable `n` is as a layer's weight: itself (or variables joined side by
+    /// side, `joined`), or it cast to a half-precision float (mixed precision: the
+    /// layer computes with the weight rounded and updates the f32 variable).
     fn weight(&self, n: NodeIndex) -> Option<NodeIndex> {
-        if self.is_var(n) {
+        if self.is_var(n) || joined(self.g, n).is_some() {
             return Some(n);
         }
         let o = *self.g.operands(n).first()?;

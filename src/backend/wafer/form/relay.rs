@@ -1,15 +1,18 @@
 //! The graph the wafer forms: without the train summaries (which the runtime computes
-//! apart), and with a relay where a layer's output is read by the vector kernel after
-//! it and again past it.
+//! apart), and with a relay where a layer's output is read by the kernel after it and
+//! again past it.
 //!
 //! A pre-LayerNorm residual (`x + f(layer_norm(x))`, GPT's blocks) reads a layer's
 //! output `x` (an embedding's, a block's last layer's) twice: the vector kernel after
-//! the layer normalises it, and the sum past the block adds it. The chain carries a
-//! value past layers only from the vector kernel just before the first of them, which
-//! sends it beside its own output (`Carry`, `Formed::passed`). A relay `x * 1` makes
-//! `x` that kernel's value: every reader of `x` but the layer itself reads the relay,
-//! so the normalisation and the sum fall into one group of nodes, which the layer
-//! after splits as it splits any residual (`groups::residuals`).
+//! the layer normalises it, and the sum past the block adds it. So does a residual
+//! straight after a layer (`x + attention(x)` on a sum of embeddings, Keras's
+//! transformer block): the next layer reads `x`, and the sum past it. The chain
+//! carries a value past layers only from the vector kernel just before the first of
+//! them, which sends it beside its own output (`Carry`, `Formed::passed`). A relay
+//! `x * 1` makes `x` that kernel's value: every reader of `x` but the layer itself
+//! reads the relay, so the relay (with the normalisation) and the sum fall into one
+//! group of nodes, which the layer after splits as it splits any residual
+//! (`groups::residuals`).
 
 use super::{form, End, Formed, Kind};
 use crate::ir::{BinaryOp, Graph, Op, TensorType};
@@ -18,7 +21,8 @@ use petgraph::Direction;
 use std::borrow::Cow;
 
 /// `g` as the wafer forms it: without its train summaries, each value the chain could
-/// not carry past the vector kernel after its layer relayed by that kernel.
+/// not carry past the kernel after its layer relayed (by that kernel when it is a
+/// vector kernel, else by a vector kernel of its own between the two layers).
 pub fn prepared(g: &Graph) -> Cow<'_, Graph> {
     let g = crate::passes::without_summaries(g);
     match form(&g).ok().map(|f| relayed(&g, &f)) {
@@ -27,15 +31,14 @@ pub fn prepared(g: &Graph) -> Cow<'_, Graph> {
     }
 }
 
-/// The forward values a layer makes that the vector kernel after it reads, and a
-/// kernel past that one too, which it does not carry there: each with its layer.
+/// The forward values a layer makes that the kernel after it reads, and a kernel past
+/// that one too, which it does not carry there: each with its layer.
 fn to_relay(f: &Formed) -> Vec<(petgraph::stable_graph::NodeIndex, usize)> {
-    let vector = |k: usize| matches!(f.kernels.get(k).map(|k| &k.kind), Some(Kind::Vector { .. }));
     (f.streams.iter())
         .filter(|s| !s.bwd)
         .filter_map(|s| match s.from {
             End::Kernel(a) if matches!(f.kernels[a].kind, Kind::Dense { .. }) => {
-                let next = s.to.contains(&End::Kernel(a + 1)) && vector(a + 1);
+                let next = s.to.contains(&End::Kernel(a + 1));
                 let past = s
                     .to
                     .iter()

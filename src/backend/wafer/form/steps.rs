@@ -3,7 +3,7 @@
 //! the backward pass and the updates (`mixed`: what mixes kernels), the variables the
 //! host updates, and the host's scalars each kernel reads.
 
-use super::{read_only_by, unsupported, view_of, Class, Cx, Kernel, Unsupported};
+use super::{joined, read_only_by, unsupported, view_of, Class, Cx, Kernel, Unsupported};
 use crate::ir::{NodeIndex, Op, Role};
 use std::collections::BTreeSet;
 
@@ -102,12 +102,14 @@ pub(super) fn steps(
     }
     let by_host = updated_by_host(cx);
     let shared = |v: NodeIndex| holders[v.index()] > 1 || by_host.contains(&v);
-    // a view of a variable read per sample (`view_of`): its kernels read it in place
+    // a view of a variable read per sample (`view_of`): its kernels read it in place;
+    // and variables joined as a layer's weight (`joined`), which its layer holds
     let view = |n: NodeIndex| {
-        view_of(g, n).is_some()
-            && g.g
-                .neighbors_directed(n, petgraph::Direction::Outgoing)
-                .all(|u| class[u.index()] == Class::Sample || view_of(g, u).is_some())
+        joined(g, n).is_some()
+            || view_of(g, n).is_some()
+                && g.g
+                    .neighbors_directed(n, petgraph::Direction::Outgoing)
+                    .all(|u| class[u.index()] == Class::Sample || view_of(g, u).is_some())
     };
     // step nodes (and the optimiser's slots) belong to the kernel whose values they
     // read; repeat until the slots, read only by step nodes, have found theirs

@@ -41,6 +41,57 @@ pub struct Piece {
     pub runs: Vec<(u32, u32)>,
 }
 
+impl Piece {
+    /// Where columns `cols` of a matrix of `width` columns whose pieces are `pieces`
+    /// lie, as pieces of a matrix of those columns alone (a variable joined beside
+    /// others as a layer's weight: `form::joined`).
+    pub fn columns(pieces: &[Piece], width: u32, cols: std::ops::Range<u32>) -> Vec<Piece> {
+        let mut out: Vec<Piece> = Vec::new();
+        let narrow = cols.end - cols.start;
+        for p in pieces {
+            let mut word = p.word;
+            for &(off, n) in &p.runs {
+                // each row's share of the run, clipped to the columns
+                let mut e = off;
+                while e < off + n {
+                    let (row, col) = (e / width, e % width);
+                    let end = (off + n).min((row + 1) * width);
+                    let (lo, hi) = (col.max(cols.start), (col + end - e).min(cols.end));
+                    if lo < hi {
+                        // (element `e` lies at word `word + e - off`)
+                        let at = word + (e - off) + (lo - col);
+                        let run = (row * narrow + lo - cols.start, hi - lo);
+                        push_run(&mut out, p.pe, at, run);
+                    }
+                    e = end;
+                }
+                word += n;
+            }
+        }
+        out
+    }
+}
+
+/// Adds run `run` at word `at` of PE `pe` to `pieces`: into the last piece when it
+/// follows on in both the PE's words and the tensor's elements.
+fn push_run(pieces: &mut Vec<Piece>, pe: (u32, u32), at: u32, run: (u32, u32)) {
+    if let Some(last) = pieces.last_mut() {
+        let len: u32 = last.runs.iter().map(|r| r.1).sum();
+        if last.pe == pe && last.word + len == at {
+            match last.runs.last_mut() {
+                Some(r) if r.0 + r.1 == run.0 => r.1 += run.1,
+                _ => last.runs.push(run),
+            }
+            return;
+        }
+    }
+    pieces.push(Piece {
+        pe,
+        word: at,
+        runs: vec![run],
+    });
+}
+
 /// A kernel laid out on its rectangle, in fabric coordinates.
 #[derive(Debug, Clone, Default)]
 pub struct Laid {
@@ -309,4 +360,52 @@ pub fn gather<'a>(
     let mut out = vec![f32::NAN; len];
     runs_of(pieces, read, |dst, src| dst.copy_from_slice(src), &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{gather, Piece};
+
+    /// A joined weight of 3 rows by 5 columns whose blocks straddle its variables'
+    /// columns (`1..4` of every row on one PE, `0` and `4` on another): the columns
+    /// `2..5` of it, read through `Piece::columns`, are that variable's own matrix.
+    #[test]
+    fn a_variables_columns_of_a_joined_weight_read_as_its_own_matrix() {
+        let (width, rows) = (5u32, 3u32);
+        // PE (0, 0) holds columns 1..4 of each row; PE (1, 0) columns 0 and 4
+        let a = Piece {
+            pe: (0, 0),
+            word: 2,
+            runs: (0..rows).map(|r| (r * width + 1, 3)).collect(),
+        };
+        let b = Piece {
+            pe: (1, 0),
+            word: 0,
+            runs: (0..rows)
+                .flat_map(|r| [(r * width, 1), (r * width + 4, 1)])
+                .collect(),
+        };
+        // each PE's words hold the joined weight's flat index of what it holds
+        let memory = |p: &Piece| {
+            let mut m = vec![-1.0f32; p.word as usize];
+            for &(off, n) in &p.runs {
+                m.extend((off..off + n).map(|e| e as f32));
+            }
+            m
+        };
+        let (ma, mb) = (memory(&a), memory(&b));
+        let read = |pe: (u32, u32)| match pe {
+            (0, 0) => Some(ma.as_slice()),
+            (1, 0) => Some(mb.as_slice()),
+            _ => None,
+        };
+        let cols = Piece::columns(&[a, b], width, 2..5);
+        let got = gather(&cols, 9, read);
+        let want: Vec<f32> = (0..rows)
+            .flat_map(|r| (2..5).map(move |c| (r * width + c) as f32))
+            .collect();
+        assert_eq!(got, want);
+        // (PE (0, 0)'s columns 2..4 of each row lie apart in its words: a piece a row)
+        assert_eq!(cols.iter().filter(|p| p.pe == (0, 0)).count(), 3);
+    }
 }

@@ -7,15 +7,17 @@ use super::lanes::{staircase, Lanes};
 use super::sizer::Sizer;
 use super::{colour, host, kernel_name, kernel_span, lay};
 use super::{Layout, LayoutError, PesShort, Placed, SramShort};
-use crate::backend::wafer::form::Kind;
-use crate::backend::wafer::kernels::Laid;
+use crate::backend::wafer::form::{self, Formed, Kind};
+use crate::backend::wafer::kernels::{Laid, Piece};
 use crate::backend::wafer::sim::Setup;
+use crate::ir::{Graph, Op};
 
 /// The layout of a sizing (`s`, the block size it came from, or 0).
 pub(super) fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError> {
     let placed = place(sizer, lanes, s)?;
     let colours = colour::colour(sizer, lanes, &placed)?;
     let mut all = lay::kernels(sizer, lanes, &placed, &colours)?;
+    joined_pieces(sizer.g, sizer.f, &mut all);
     let inputs = host::inputs(sizer, lanes, &placed, &colours, &mut all)?;
     let outputs = host::outputs(sizer, &placed, &colours, &mut all)?;
     fits(sizer, &placed, &all, s)?;
@@ -40,6 +42,30 @@ pub(super) fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, 
     check(&l)
         .map_err(|e| LayoutError::DoesNotFit(format!("an illegal layout (a bug in estc): {e}")))?;
     Ok(l)
+}
+
+/// Each variable a layer's joined weight holds (`form::joined`) by its own name: its
+/// columns of the weight's pieces, which the device reads and writes.
+fn joined_pieces(g: &Graph, f: &Formed, all: &mut Laid) {
+    for kr in &f.kernels {
+        let Kind::Dense { w, .. } = kr.kind else {
+            continue;
+        };
+        let (Some(parts), Some(pieces)) = (form::joined(g, w), all.tensors.get(&form::key(w)))
+        else {
+            continue;
+        };
+        let (pieces, width) = (pieces.clone(), g.ty(w).shape[1] as u32);
+        let mut at = 0;
+        for v in parts {
+            let cols = g.ty(v).shape[1] as u32;
+            if let Op::Variable { name, .. } = &g.node(v).op {
+                let mine = Piece::columns(&pieces, width, at..at + cols);
+                all.tensors.entry(name.clone()).or_default().extend(mine);
+            }
+            at += cols;
+        }
+    }
 }
 
 /// The kernels of a sizing placed as a staircase, or by how much it misses the fabric.

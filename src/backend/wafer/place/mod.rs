@@ -54,9 +54,9 @@ use sizer::Sizer;
 use std::collections::BTreeMap;
 
 /// What the wafer lays out, for the help of what it does not.
-const RESIDUALS: &str = "the wafer lays out chains of layers, residuals around dense layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, `x + conv(relu(conv(x)))`, `h + f(layer_norm(h) W)`: the first layer carries `h` past itself, the kernels after it pass it on to the sum), and two layers of one value (two towers, a projection shortcut: the later carries the value to the other): feed each value to the next layer, to a sum after the layers it reads, or to two layers at most";
+const RESIDUALS: &str = "the wafer lays out chains of layers, residuals around dense layers and convolutions (`h + f(h W)`, `h + g(f(h V) W)`, `x + conv(relu(conv(x)))`, `h + f(layer_norm(h) W)`: the first layer carries `h` past itself, the kernels after it pass it on to the sum), two layers of one value (two towers, a projection shortcut: the later carries the value to the other), and any number of dense layers of one value, fused into one layer of their weights side by side (three towers of a layer each, attention's query, key and value): feed each value to the next layer, to a sum after the layers it reads, to dense layers of their own variables, or to two layers of which one is deeper";
 
-const TOKEN_TOWERS: &str = "a layer over each token of a sequence carries its own input past itself (a residual's) but no other layer's: several layers of one sequence have no wafer layout yet; make them one layer and slice its outputs apart (`dense(x, 3 * d)`, as GPT-2 projects attention's query, key and value), or train on the host (`--target host`)";
+const TOKEN_TOWERS: &str = "a layer over each token of a sequence carries its own input past itself (a residual's) but no other layer's: dense layers of one sequence run as one layer of their weights side by side (attention's query, key and value, each a `dense` of its own variable, fused), but a tower of more than one layer beside another has no wafer layout yet; end each tower of the sequence after its first layer (feed the deeper layers from the vector kernel that joins them), or train on the host (`--target host`)";
 
 const STEPS: &str = "each step of an unrolled recurrent layer (`gru`, `lstm`, a loop over time steps) takes its step of the sequence beside its state, from the host: a sequence the wafer makes (an `embedding`'s, a layer's) would have to reach every step at once, which the chain of layers does not route yet; feed the recurrent layer a sequence of the features (ids one-hot in the input pipeline, `map |(f, l)| (one_hot(f.ids, vocabulary), l)`: its input kernel, vocabulary by 3 or 4 units, takes the place of the embedding's table and its own), or train on the host (`--target host`)";
 
@@ -276,12 +276,21 @@ fn kernel_span(g: &Graph, f: &Formed, k: usize) -> Option<Span> {
 /// The name of a kernel for reports: its layer's variable scope, or its first op.
 fn kernel_name(g: &Graph, f: &Formed, k: usize) -> String {
     let kr = &f.kernels[k];
-    let var = kr.vars.iter().find_map(|&v| match &g.node(v).op {
+    let scope = |v: NodeIndex| match &g.node(v).op {
         Op::Variable { name, .. } => Some(
             name.rsplit_once('/')
                 .map_or(name.clone(), |(a, _)| a.to_string()),
         ),
         _ => None,
+    };
+    // (a joined weight's layer by its variables' scopes: `dense_1+dense_2+dense_3`)
+    let var = kr.vars.iter().find_map(|&v| match form::joined(g, v) {
+        Some(parts) => parts
+            .into_iter()
+            .map(scope)
+            .collect::<Option<Vec<_>>>()
+            .map(|s| s.join("+")),
+        None => scope(v),
     });
     match (&kr.kind, var) {
         (Kind::Dense { .. }, Some(v)) => v,
