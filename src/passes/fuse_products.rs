@@ -9,8 +9,11 @@
 //! The wafer lays out a chain of layers, and three layers of one value (or two of a
 //! sequence, which a layer over tokens cannot carry past itself) are not a chain; one
 //! layer is, whose weight the kernel holds as the variables' columns
-//! (`form::weight_parts`). Other targets keep their products: a backend's GEMM does
-//! not gain from it as the wafer's layout does.
+//! (`backend::wafer::form::joined`), each variable's update running over its columns
+//! as any layer's does. So the variables fused take steps of one form: trained by the
+//! same optimisers, each alike in a decoupled weight decay, all trainable. Other
+//! targets keep their products: a backend's GEMM does not gain from it as the wafer's
+//! layout does.
 
 use super::PassCtx;
 use crate::diag::Diags;
@@ -62,22 +65,30 @@ fn layers_of(g: &Graph, x: NodeIndex) -> Vec<(NodeIndex, NodeIndex)> {
     layers
 }
 
-/// The optimisers that train variable `w`, as autodiff decides: those that name it,
-/// or, if none does, every one that names none.
-fn optimiser_of(g: &Graph, w: NodeIndex) -> Vec<usize> {
-    let Op::Variable { name, .. } = &g.node(w).op else {
-        return Vec::new();
+/// The optimisers that train variable `w`, as autodiff decides (those that name it,
+/// or, if none does, every one that names none), each with whether its decoupled
+/// weight decay skips `w`: variables alike in these take steps of one form.
+fn optimiser_of(g: &Graph, w: NodeIndex) -> Vec<(usize, bool)> {
+    let Op::Variable {
+        name,
+        trainable: true,
+        ..
+    } = &g.node(w).op
+    else {
+        return Vec::new(); // (frozen: trained by none)
     };
     let names = |o: &crate::ir::Optimizer| o.variables.as_ref().map(|v| v.contains(name));
-    let named: Vec<usize> = (0..g.optimizers.len())
+    let mut mine: Vec<usize> = (0..g.optimizers.len())
         .filter(|&k| names(&g.optimizers[k]) == Some(true))
         .collect();
-    if !named.is_empty() {
-        return named;
+    if mine.is_empty() {
+        mine = (0..g.optimizers.len())
+            .filter(|&k| names(&g.optimizers[k]).is_none())
+            .collect();
     }
-    (0..g.optimizers.len())
-        .filter(|&k| names(&g.optimizers[k]).is_none())
-        .collect()
+    let skips =
+        |k: usize| (g.optimizers[k].decay_exclude.iter()).any(|p| crate::ir::name_matches(p, name));
+    mine.into_iter().map(|k| (k, skips(k))).collect()
 }
 
 /// Makes products `layers` of `x` one, `x concat(W...)`, each old product a slice of it.
@@ -112,4 +123,61 @@ fn fuse(g: &mut Graph, x: NodeIndex, layers: &[(NodeIndex, NodeIndex)]) {
     }
     let old: Vec<NodeIndex> = layers.iter().map(|&(m, _)| m).collect();
     g.remove_nodes(&old);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::elab::Target;
+    use crate::ir::Op;
+
+    /// The variables the products of the train graph read side by side (each fused
+    /// layer's), for four towers on a hidden value trained by `optimiser` on `target`.
+    fn joined(optimiser: &str, target: Target) -> Vec<Vec<String>> {
+        let src = format!(
+            r#"use std.nn.dense
+use std.losses.softmax_cross_entropy
+model m(features: f32[B, 8], labels: i32[B]) {{
+  let h = dense(features, 8, activation: relu)
+  let towers = [dense(h, 4, activation: relu), dense(h, 4, activation: relu), dense(h, 2, activation: relu), dense(h, 4, activation: tanh)]
+  let loss = softmax_cross_entropy(labels, dense(concat(towers, axis: 1), 3))
+  train {{ minimize loss with {optimiser} }}
+}}
+input data() {{ range(64) |> map |i| (broadcast_to(cast(i, f32), [8]), i % 3) |> repeat |> batch(8, drop_remainder: true) }}
+estimator e {{ model = m  train_input = data() }}
+"#
+        );
+        let p = crate::Program::from_source("t.est", &src, None);
+        let opts = crate::CheckOptions {
+            target,
+            modes: vec![crate::syntax::ast::SectionKind::Train],
+            ..Default::default()
+        };
+        let c = crate::check(&p, &opts);
+        let g = c.graphs[0].graph.as_ref();
+        let name = |v| match &g.node(v).op {
+            Op::Variable { name, .. } => name.clone(),
+            _ => String::new(),
+        };
+        (g.g.node_indices())
+            .filter(|&n| crate::backend::wafer::form::joined(g, n).is_some())
+            .map(|n| g.operands(n).into_iter().map(name).collect())
+            .collect()
+    }
+
+    #[test]
+    fn layers_of_one_value_fuse_only_for_the_wafer_and_only_when_trained_alike() {
+        let all = [
+            "dense_1/kernel",
+            "dense_2/kernel",
+            "dense_3/kernel",
+            "dense_4/kernel",
+        ];
+        assert_eq!(joined("adam(lr: 0.01)", Target::Wafer), [all]);
+        assert!(joined("adam(lr: 0.01)", Target::Interp).is_empty());
+        // (a decoupled weight decay that skips one kernel: the other three fuse)
+        let adamw =
+            r#"adamw(lr: 0.01, weight_decay: 0.01, exclude_from_weight_decay: ["dense_2/kernel"])"#;
+        let three = ["dense_1/kernel", "dense_3/kernel", "dense_4/kernel"];
+        assert_eq!(joined(adamw, Target::Wafer), [three]);
+    }
 }

@@ -46,7 +46,9 @@ pub use classify::{
     batch_of, classify, image, per_sample_constant, planes, regrouping, regroups, survey, Survey,
 };
 pub use relay::prepared;
-pub use update::{feeding, part_update, update_of, update_over};
+pub use update::{
+    feeding, joined_shares, joined_storage, part_update, update_of, update_over, Share,
+};
 
 use crate::ir::{DType, Graph, NodeIndex, Op};
 use crate::span::Span;

@@ -32,9 +32,14 @@ fn variables(cx: &Cx, kernels: &mut [Kernel], owner: &mut [Option<usize>]) {
 
 /// The variables whose new value is made with more than elementwise ops over their
 /// blocks (a GRU's bias, its gradient put together from each gate's): the host updates
-/// them, as it updates a variable several kernels hold.
+/// them, as it updates a variable several kernels hold. A variable of a joined weight
+/// reads its columns of the layer's weight gradient (`joined_share`), which are its
+/// PEs' blocks of it: its layer updates it.
 fn updated_by_host(cx: &Cx) -> BTreeSet<NodeIndex> {
     let (g, class) = (cx.g, &cx.class);
+    let joins: Vec<NodeIndex> = (cx.order.iter().copied())
+        .filter(|&n| joined(g, n).is_some())
+        .collect();
     let mut by_host: BTreeSet<NodeIndex> = BTreeSet::new();
     for (name, node) in g.outputs_with(Role::Update) {
         let Some(v) = g.variable(&name) else { continue };
@@ -45,6 +50,9 @@ fn updated_by_host(cx: &Cx) -> BTreeSet<NodeIndex> {
             if class[n.index()] != Class::Step || cx.is_var(n) || !seen.insert(n) {
                 continue;
             }
+            if joined_share(cx, &joins, n) {
+                continue;
+            }
             if !crate::backend::wafer::lower::elementwise(&g.node(n).op) {
                 by_host.insert(v);
                 break;
@@ -53,6 +61,33 @@ fn updated_by_host(cx: &Cx) -> BTreeSet<NodeIndex> {
         }
     }
     by_host
+}
+
+/// Whether step node `n` is one variable's share of a joined weight's gradient: a
+/// slice along the columns of a weight gradient shaped as one of `joins` (the joined
+/// weights), at one of its variables' columns.
+pub(super) fn joined_share(cx: &Cx, joins: &[NodeIndex], n: NodeIndex) -> bool {
+    let g = cx.g;
+    let Op::Slice {
+        axis: 1,
+        start,
+        end,
+    } = g.node(n).op
+    else {
+        return false;
+    };
+    let d = cx.resolve(g.operands(n)[0]);
+    let batch = cx.class[d.index()] == Class::Batch;
+    batch
+        && joins.iter().any(|&w| {
+            let mut at = 0;
+            let starts = (joined(g, w).into_iter().flatten()).any(|v| {
+                let here = at == start && at + g.ty(v).shape[1] == end;
+                at += g.ty(v).shape[1];
+                here
+            });
+            g.ty(w).shape == g.ty(d).shape && starts
+        })
 }
 
 /// What a kernel would compute only for the host's `mixed` values, the host computes

@@ -2,7 +2,7 @@
 //! variables, and the share of a layer's update each of its parts makes.
 
 use super::super::lower::{self, Operand, Update, UpdateOp};
-use super::{constant, unsupported, Formed, Kind, Unsupported};
+use super::{constant, joined, key, unsupported, Formed, Kind, Unsupported};
 use crate::ir::{Graph, NodeIndex, Op};
 use std::collections::BTreeSet;
 
@@ -191,4 +191,67 @@ pub fn update_over(
         u.commits.push((var, a));
     }
     Ok(u)
+}
+
+/// One variable's share of the update of a layer whose weight is joined (`joined`): the
+/// step nodes and commits of the variable and its slots, the variables they read (the
+/// variable first, then its slots in the order the steps first read them), and its
+/// share of the layer's weight gradient (its columns, `steps::joined_share`), which the
+/// update reads as the layer's accumulator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Share {
+    pub vars: Vec<NodeIndex>,
+    pub steps: Vec<NodeIndex>,
+    pub commits: Vec<(String, NodeIndex)>,
+    pub grad: NodeIndex,
+}
+
+/// Each variable's share of layer `k`'s update when its weight is joined and it trains
+/// (none otherwise). The shares are alike (one optimiser's step of each variable:
+/// `passes::fuse_products` fuses only those), so the layer runs the first over its
+/// whole blocks, whose variables' columns hold every share's operands.
+pub fn joined_shares(g: &Graph, f: &Formed, k: usize) -> Option<Vec<Share>> {
+    let kr = &f.kernels[k];
+    let Kind::Dense { w, .. } = kr.kind else {
+        return None;
+    };
+    let name = |v: NodeIndex| match &g.node(v).op {
+        Op::Variable { name, .. } => name.clone(),
+        _ => key(v),
+    };
+    let mut shares = Vec::new();
+    for v in joined(g, w)? {
+        let own = name(v);
+        let commits: Vec<(String, NodeIndex)> = (kr.commits.iter())
+            .filter(|(c, _)| *c == own || c.starts_with(&format!("{own}/")))
+            .cloned()
+            .collect();
+        let (grads, steps): (Vec<NodeIndex>, Vec<NodeIndex>) = feeding(g, f, &kr.steps, &commits)
+            .into_iter()
+            .partition(|&n| matches!(g.node(n).op, Op::Slice { .. }));
+        let mut vars = vec![v];
+        for &n in &steps {
+            for o in g.operands(n).into_iter().map(|o| f.resolve(o)) {
+                if matches!(g.node(o).op, Op::Variable { .. }) && !vars.contains(&o) {
+                    vars.push(o);
+                }
+            }
+        }
+        shares.push(Share {
+            vars,
+            steps,
+            commits,
+            grad: *grads.first()?,
+        });
+    }
+    Some(shares)
+}
+
+/// The name under which a joined weight `w`'s layer keeps its `j`th variable of a
+/// share (0: the weight, then its slots), each PE its block of them all.
+pub fn joined_storage(w: NodeIndex, j: usize) -> String {
+    match j {
+        0 => key(w),
+        _ => format!("{}/{j}", key(w)),
+    }
 }

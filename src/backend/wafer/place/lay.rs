@@ -425,7 +425,10 @@ pub(super) fn dense_kernel(
             ));
         }
     }
-    let (vars, update_main) = update(0, w, dw)?;
+    let (vars, update_main) = match form::joined_shares(g, f, k) {
+        Some(shares) => joined_update(g, f, k, w, &shares)?,
+        None => update(0, w, dw)?,
+    };
     let mut parts = Vec::new();
     for (p, part) in more.iter().enumerate() {
         let (vars, u) = update(p + 1, part.w, part.dw)?;
@@ -500,4 +503,46 @@ pub(super) fn dense_kernel(
         half: d.half,
         bands: (1, 1),
     })
+}
+
+/// The update of layer `k` whose weight `w` is joined (`form::joined`): the first
+/// variable's share over the whole blocks, under the joined storage's names
+/// (`form::joined_storage`), when every share compiles to the same update (each a
+/// variable of one optimiser's step, its slots in the same order).
+fn joined_update(
+    g: &Graph,
+    f: &Formed,
+    k: usize,
+    w: NodeIndex,
+    shares: &[form::Share],
+) -> Result<(Vec<String>, Update), LayoutError> {
+    let hosts = &f.kernels[k].hosts;
+    let mut first: Option<Update> = None;
+    for s in shares {
+        let shape = &g.ty(s.vars[0]).shape;
+        let u = form::update_over(
+            g,
+            f,
+            (&s.steps, &s.commits),
+            (&s.vars, &[s.grad], hosts),
+            shape,
+        )?;
+        match &first {
+            Some(f0) if *f0 != u || s.vars.len() != shares[0].vars.len() => {
+                return Err(unsupported(
+                    g,
+                    s.vars[0],
+                    "variables fused into one layer whose updates differ have no wafer kernel"
+                        .into(),
+                    "train the layers of one value with one optimiser, each variable alike",
+                ));
+            }
+            Some(_) => {}
+            None => first = Some(u),
+        }
+    }
+    let names = (0..shares[0].vars.len())
+        .map(|j| form::joined_storage(w, j))
+        .collect();
+    Ok((names, first.unwrap_or_default()))
 }
