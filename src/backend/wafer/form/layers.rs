@@ -617,8 +617,6 @@ pub(super) fn side_parts(cx: &Cx, kernels: &mut Vec<Kernel>, owner: &mut [Option
     }
 }
 
-/// The variables the step nodes after node `n` read (a weight gradient's: its
-/// weight, and its optimiser's slots).
 /// Whether the variables an update reads (`updates_read`) update weight `w`: hold it,
 /// or one of the variables it joins (`super::joined`).
 fn updates(g: &Graph, updated: &BTreeSet<NodeIndex>, w: NodeIndex) -> bool {
@@ -626,6 +624,8 @@ fn updates(g: &Graph, updated: &BTreeSet<NodeIndex>, w: NodeIndex) -> bool {
         || super::joined(g, w).is_some_and(|p| p.iter().any(|v| updated.contains(v)))
 }
 
+/// The variables the step nodes after node `n` read (a weight gradient's: its
+/// weight, and its optimiser's slots).
 fn updates_read(g: &Graph, class: &[Class], n: NodeIndex) -> BTreeSet<NodeIndex> {
     let mut vars = BTreeSet::new();
     let mut seen = BTreeSet::new();
@@ -636,10 +636,21 @@ fn updates_read(g: &Graph, class: &[Class], n: NodeIndex) -> BTreeSet<NodeIndex>
             // scalars, which may mix every layer's: a global norm)
             let tensor = g.ty(u).rank() > 0;
             if matches!(class[u.index()], Class::Step | Class::Batch) && tensor && seen.insert(u) {
-                vars.extend(
-                    (g.operands(u).into_iter())
-                        .filter(|&o| matches!(g.node(o).op, Op::Variable { .. })),
-                );
+                // (and a variable the update reads through a step value of it alone:
+                // AdamW's decayed weight, `w * (1 - lr wd)`)
+                for o in g.operands(u) {
+                    let of_var = class[o.index()] == Class::Step && g.ty(o).rank() > 0;
+                    let ops = if of_var {
+                        g.operands(o).to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    vars.extend(
+                        std::iter::once(o)
+                            .chain(ops)
+                            .filter(|&v| matches!(g.node(v).op, Op::Variable { .. })),
+                    );
+                }
                 stack.push(u);
             }
         }
