@@ -283,13 +283,20 @@ fn kernel_name(g: &Graph, f: &Formed, k: usize) -> String {
         ),
         _ => None,
     };
-    // (a joined weight's layer by its variables' scopes: `dense_1+dense_2+dense_3`)
+    // (a joined weight's layer by its variables' scopes, the later without the first's
+    // path: `attention/dense+dense_1+dense_2`)
+    let joined = |parts: Vec<NodeIndex>| {
+        let scopes = parts.into_iter().map(scope).collect::<Option<Vec<_>>>()?;
+        let path = scopes[0].rsplit_once('/').map_or("", |(p, _)| p);
+        let short = |s: &String| match s.strip_prefix(path).and_then(|r| r.strip_prefix('/')) {
+            Some(rest) if !path.is_empty() => rest.to_string(),
+            _ => s.clone(),
+        };
+        let rest: Vec<String> = scopes[1..].iter().map(short).collect();
+        Some(format!("{}+{}", scopes[0], rest.join("+")))
+    };
     let var = kr.vars.iter().find_map(|&v| match form::joined(g, v) {
-        Some(parts) => parts
-            .into_iter()
-            .map(scope)
-            .collect::<Option<Vec<_>>>()
-            .map(|s| s.join("+")),
+        Some(parts) => joined(parts),
         None => scope(v),
     });
     match (&kr.kind, var) {
