@@ -38,8 +38,8 @@ pub fn run(g: &mut Graph, ctx: &PassCtx, _diags: &mut Diags) {
     }
 }
 
-/// The products `x W` of value `x` whose `W` is a variable of `x`'s dtype that nothing
-/// else reads, trained by the same optimisers: each product with its variable.
+/// The products `x W` of value `x` whose `W` is a variable of `x`'s dtype that no other
+/// product reads (a regulariser may), trained alike: each product with its variable.
 fn layers_of(g: &Graph, x: NodeIndex) -> Vec<(NodeIndex, NodeIndex)> {
     let mut layers: Vec<(NodeIndex, NodeIndex)> = Vec::new();
     let dtype = g.ty(x).dtype;
@@ -52,17 +52,30 @@ fn layers_of(g: &Graph, x: NodeIndex) -> Vec<(NodeIndex, NodeIndex)> {
         let plain = matches!(g.node(w).op, Op::Variable { .. })
             && g.ty(w).rank() == 2
             && g.ty(w).dtype == dtype
-            && g.g.neighbors_directed(w, Direction::Outgoing).count() == 1;
+            && g.g
+                .neighbors_directed(w, Direction::Outgoing)
+                .all(|u| u == m || !product(g, u));
         if plain && !layers.iter().any(|&(n, _)| n == m) {
             layers.push((m, w));
         }
     }
     // (in the graph's order, so the slices keep the program's; each optimiser's apart)
     layers.sort_by_key(|&(m, _)| m.index());
-    let optimiser = |w: NodeIndex| optimiser_of(g, w);
+    // (a variable a regulariser reads too takes another step: those fuse apart)
+    let regularised = |w: NodeIndex| g.g.neighbors_directed(w, Direction::Outgoing).count() > 1;
+    let optimiser = |w: NodeIndex| (optimiser_of(g, w), regularised(w));
     let first = layers.first().map(|&(_, w)| optimiser(w));
     layers.retain(|&(_, w)| Some(optimiser(w)) == first);
     layers
+}
+
+/// Whether node `n` multiplies by a weight: a product or a convolution (a weight read
+/// by two is shared, and stays its layers').
+fn product(g: &Graph, n: NodeIndex) -> bool {
+    matches!(
+        g.node(n).op,
+        Op::MatMul | Op::Conv2d(_) | Op::Conv2dBackpropInput(_) | Op::Gather
+    )
 }
 
 /// The optimisers that train variable `w`, as autodiff decides (those that name it,
@@ -133,12 +146,18 @@ mod tests {
     /// The variables the products of the train graph read side by side (each fused
     /// layer's), for four towers on a hidden value trained by `optimiser` on `target`.
     fn joined(optimiser: &str, target: Target) -> Vec<Vec<String>> {
+        let towers = "dense(h, 4, activation: relu), dense(h, 4, activation: relu), dense(h, 2, activation: relu), dense(h, 4, activation: tanh)";
+        joined_towers(towers, optimiser, target)
+    }
+
+    /// `joined` of the towers `towers` (of `h`, into a concat).
+    fn joined_towers(towers: &str, optimiser: &str, target: Target) -> Vec<Vec<String>> {
         let src = format!(
             r#"use std.nn.dense
 use std.losses.softmax_cross_entropy
 model m(features: f32[B, 8], labels: i32[B]) {{
   let h = dense(features, 8, activation: relu)
-  let towers = [dense(h, 4, activation: relu), dense(h, 4, activation: relu), dense(h, 2, activation: relu), dense(h, 4, activation: tanh)]
+  let towers = [{towers}]
   let loss = softmax_cross_entropy(labels, dense(concat(towers, axis: 1), 3))
   train {{ minimize loss with {optimiser} }}
 }}
@@ -179,5 +198,13 @@ estimator e {{ model = m  train_input = data() }}
             r#"adamw(lr: 0.01, weight_decay: 0.01, exclude_from_weight_decay: ["dense_2/kernel"])"#;
         let three = ["dense_1/kernel", "dense_3/kernel", "dense_4/kernel"];
         assert_eq!(joined(adamw, Target::Wafer), [three]);
+        // (a regulariser on one kernel: its step differs too; on all, they fuse)
+        let l2 = |t: &str| t.replace("activation:", "kernel_regularizer: l2(0.01), activation:");
+        let one = "dense(h, 4, activation: relu), ".to_string()
+            + &l2("dense(h, 4, activation: relu)")
+            + ", dense(h, 2, activation: relu), dense(h, 4, activation: tanh)";
+        assert_eq!(joined_towers(&one, "sgd(lr: 0.1)", Target::Wafer), [three]);
+        let all = l2("dense(h, 4, activation: relu), dense(h, 4, activation: relu), dense(h, 2, activation: relu), dense(h, 4, activation: tanh)");
+        assert_eq!(joined_towers(&all, "sgd(lr: 0.1)", Target::Wafer).len(), 1);
     }
 }

@@ -534,7 +534,7 @@ fn joined_update(
                     s.vars[0],
                     "variables fused into one layer whose updates differ have no wafer kernel"
                         .into(),
-                    "train the layers of one value with one optimiser, each variable alike",
+                    "train the layers of one value alike: one optimiser, and the same regulariser on each weight (or none)",
                 ));
             }
             Some(_) => {}
