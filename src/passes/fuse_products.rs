@@ -55,7 +55,7 @@ fn layers_of(g: &Graph, x: NodeIndex) -> Vec<(NodeIndex, NodeIndex)> {
             && g.g
                 .neighbors_directed(w, Direction::Outgoing)
                 .all(|u| u == m || !product(g, u));
-        if plain && !layers.iter().any(|&(n, _)| n == m) {
+        if plain {
             layers.push((m, w));
         }
     }
@@ -78,9 +78,8 @@ fn product(g: &Graph, n: NodeIndex) -> bool {
     )
 }
 
-/// The optimisers that train variable `w`, as autodiff decides (those that name it,
-/// or, if none does, every one that names none), each with whether its decoupled
-/// weight decay skips `w`: variables alike in these take steps of one form.
+/// The optimisers that train variable `w` (`autodiff::trains`), each with whether its
+/// decoupled weight decay skips `w`: variables alike in these take steps of one form.
 fn optimiser_of(g: &Graph, w: NodeIndex) -> Vec<(usize, bool)> {
     let Op::Variable {
         name,
@@ -90,18 +89,12 @@ fn optimiser_of(g: &Graph, w: NodeIndex) -> Vec<(usize, bool)> {
     else {
         return Vec::new(); // (frozen: trained by none)
     };
-    let names = |o: &crate::ir::Optimizer| o.variables.as_ref().map(|v| v.contains(name));
-    let mut mine: Vec<usize> = (0..g.optimizers.len())
-        .filter(|&k| names(&g.optimizers[k]) == Some(true))
-        .collect();
-    if mine.is_empty() {
-        mine = (0..g.optimizers.len())
-            .filter(|&k| names(&g.optimizers[k]).is_none())
-            .collect();
-    }
-    let skips =
-        |k: usize| (g.optimizers[k].decay_exclude.iter()).any(|p| crate::ir::name_matches(p, name));
-    mine.into_iter().map(|k| (k, skips(k))).collect()
+    let opts = &g.optimizers;
+    let skips = |k: usize| (opts[k].decay_exclude.iter()).any(|p| crate::ir::name_matches(p, name));
+    (0..opts.len())
+        .filter(|&k| super::autodiff::trains(opts, k, name))
+        .map(|k| (k, skips(k)))
+        .collect()
 }
 
 /// Makes products `layers` of `x` one, `x concat(W...)`, each old product a slice of it.

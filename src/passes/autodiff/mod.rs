@@ -40,12 +40,6 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
     }
     let opts = g.optimizers.clone();
     let named = |g: &Graph, name: &str| g.outputs.iter().find(|o| o.name == name).map(|o| o.node);
-    // the variables some optimiser names; an optimiser without a list takes the rest
-    let claimed: Vec<String> = opts
-        .iter()
-        .filter_map(|o| o.variables.clone())
-        .flatten()
-        .collect();
     let mut ad = Ad { g, diags };
     // each loss differentiated once, for all the optimisers that minimise it
     let mut grads_of: FxHashMap<NodeIndex, Vec<(NodeIndex, NodeIndex)>> = FxHashMap::default();
@@ -87,15 +81,24 @@ pub fn run(g: &mut Graph, _ctx: &PassCtx, diags: &mut Diags) {
                 let Op::Variable { name, .. } = &ad.g.node(v).op else {
                     return false;
                 };
-                match &opt.variables {
-                    Some(vars) => vars.contains(name),
-                    None => !claimed.contains(name),
-                }
+                trains(&opts, k, name)
             })
             .collect();
         ad.apply(opt, lr, mine, gate);
     }
     ad.next_step(sp);
+}
+
+/// Whether optimiser `k` of `opts` trains the variable `name`: one that lists its
+/// variables (`only(...)`) trains those, and one without a list every variable no
+/// optimiser lists.
+pub fn trains(opts: &[crate::ir::Optimizer], k: usize, name: &str) -> bool {
+    let listed =
+        |o: &crate::ir::Optimizer| o.variables.as_ref().map(|v| v.iter().any(|n| n == name));
+    match listed(&opts[k]) {
+        Some(mine) => mine,
+        None => !opts.iter().any(|o| listed(o) == Some(true)),
+    }
 }
 
 /// The gradients of `loss` with respect to the trainable variables it depends on, as

@@ -639,17 +639,10 @@ fn updates_read(g: &Graph, class: &[Class], n: NodeIndex) -> BTreeSet<NodeIndex>
                 // (and a variable the update reads through a step value of it alone:
                 // AdamW's decayed weight, `w * (1 - lr wd)`)
                 for o in g.operands(u) {
-                    let of_var = class[o.index()] == Class::Step && g.ty(o).rank() > 0;
-                    let ops = if of_var {
-                        g.operands(o).to_vec()
-                    } else {
-                        Vec::new()
-                    };
-                    vars.extend(
-                        std::iter::once(o)
-                            .chain(ops)
-                            .filter(|&v| matches!(g.node(v).op, Op::Variable { .. })),
-                    );
+                    let through = class[o.index()] == Class::Step && g.ty(o).rank() > 0;
+                    let of = through.then(|| g.operands(o)).into_iter().flatten();
+                    let reads = std::iter::once(o).chain(of);
+                    vars.extend(reads.filter(|&v| matches!(g.node(v).op, Op::Variable { .. })));
                 }
                 stack.push(u);
             }

@@ -387,6 +387,27 @@ pub fn key(n: NodeIndex) -> String {
     format!("%{}", n.index())
 }
 
+/// The name under which node `n`'s value is held on the wafer: a variable's own name,
+/// else its key (`key`).
+pub fn name_of(g: &Graph, n: NodeIndex) -> String {
+    match &g.node(n).op {
+        Op::Variable { name, .. } => name.clone(),
+        _ => key(n),
+    }
+}
+
+/// The columns of each variable a joined weight `w` puts side by side (`joined`), in
+/// order.
+pub fn joined_columns(g: &Graph, w: NodeIndex) -> Option<Vec<(NodeIndex, std::ops::Range<usize>)>> {
+    let mut at = 0;
+    let parts = joined(g, w)?.into_iter().map(|v| {
+        let cols = at..at + g.ty(v).shape[1];
+        at = cols.end;
+        (v, cols)
+    });
+    Some(parts.collect())
+}
+
 /// The variable node `n` is a view of and where the view starts in it: the variable
 /// itself, a reshape of a view, or a slice of one that is a run of its words (a GRU's
 /// bias `[2, 3u]`, its rows read apart and sliced by gate). A kernel that reads a view
@@ -414,7 +435,7 @@ pub fn view_of(g: &Graph, n: NodeIndex) -> Option<(NodeIndex, u32)> {
 /// `concat` of variables of rank 2 along their columns (`x concat([Wq, Wk, Wv])`, the
 /// layers of one value fused: `passes::fuse_products`). The layer holds the joined
 /// weight, each variable's columns a run of every row, and the device reads and
-/// writes each variable by its name there (`place::joined_pieces`).
+/// writes each variable by its name there (`place::build::joined_pieces`).
 pub fn joined(g: &Graph, n: NodeIndex) -> Option<Vec<NodeIndex>> {
     let ops = g.operands(n);
     let var = |v: &NodeIndex| matches!(g.node(*v).op, Op::Variable { .. }) && g.ty(*v).rank() == 2;

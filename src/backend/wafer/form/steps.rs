@@ -3,7 +3,9 @@
 //! the backward pass and the updates (`mixed`: what mixes kernels), the variables the
 //! host updates, and the host's scalars each kernel reads.
 
-use super::{joined, read_only_by, unsupported, view_of, Class, Cx, Kernel, Unsupported};
+use super::{
+    joined, joined_columns, read_only_by, unsupported, view_of, Class, Cx, Kernel, Unsupported,
+};
 use crate::ir::{NodeIndex, Op, Role};
 use std::collections::BTreeSet;
 
@@ -77,16 +79,10 @@ pub(super) fn joined_share(cx: &Cx, joins: &[NodeIndex], n: NodeIndex) -> bool {
         return false;
     };
     let d = cx.resolve(g.operands(n)[0]);
-    let batch = cx.class[d.index()] == Class::Batch;
-    batch
-        && joins.iter().any(|&w| {
-            let mut at = 0;
-            let starts = (joined(g, w).into_iter().flatten()).any(|v| {
-                let here = at == start && at + g.ty(v).shape[1] == end;
-                at += g.ty(v).shape[1];
-                here
-            });
-            g.ty(w).shape == g.ty(d).shape && starts
+    let at = |p: &[(NodeIndex, std::ops::Range<usize>)]| p.iter().any(|(_, c)| *c == (start..end));
+    cx.class[d.index()] == Class::Batch
+        && (joins.iter()).any(|&w| {
+            g.ty(w).shape == g.ty(d).shape && joined_columns(g, w).is_some_and(|p| at(&p))
         })
 }
 

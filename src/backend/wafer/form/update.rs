@@ -2,7 +2,7 @@
 //! variables, and the share of a layer's update each of its parts makes.
 
 use super::super::lower::{self, Operand, Update, UpdateOp};
-use super::{constant, joined, key, unsupported, Formed, Kind, Unsupported};
+use super::{constant, joined, key, name_of, unsupported, Formed, Kind, Unsupported};
 use crate::ir::{Graph, NodeIndex, Op};
 use std::collections::BTreeSet;
 
@@ -215,13 +215,9 @@ pub fn joined_shares(g: &Graph, f: &Formed, k: usize) -> Option<Vec<Share>> {
     let Kind::Dense { w, .. } = kr.kind else {
         return None;
     };
-    let name = |v: NodeIndex| match &g.node(v).op {
-        Op::Variable { name, .. } => name.clone(),
-        _ => key(v),
-    };
     let mut shares = Vec::new();
     for v in joined(g, w)? {
-        let own = name(v);
+        let own = name_of(g, v);
         let commits: Vec<(String, NodeIndex)> = (kr.commits.iter())
             .filter(|(c, _)| *c == own || c.starts_with(&format!("{own}/")))
             .cloned()

@@ -10,7 +10,7 @@ use super::{Layout, LayoutError, PesShort, Placed, SramShort};
 use crate::backend::wafer::form::{self, Formed, Kind};
 use crate::backend::wafer::kernels::{Laid, Piece};
 use crate::backend::wafer::sim::Setup;
-use crate::ir::{Graph, NodeIndex, Op};
+use crate::ir::Graph;
 
 /// The layout of a sizing (`s`, the block size it came from, or 0).
 pub(super) fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, LayoutError> {
@@ -48,38 +48,35 @@ pub(super) fn try_lanes(sizer: &Sizer, lanes: &Lanes, s: u32) -> Result<Layout, 
 /// each of its slots: its columns of the pieces of the layer's joined storage
 /// (`form::joined_storage`), which the device reads and writes.
 fn joined_pieces(g: &Graph, f: &Formed, all: &mut Laid) {
-    let name = |v: NodeIndex| match &g.node(v).op {
-        Op::Variable { name, .. } => name.clone(),
-        _ => form::key(v),
-    };
     for (k, kr) in f.kernels.iter().enumerate() {
         let Kind::Dense { w, .. } = kr.kind else {
             continue;
         };
-        let Some(parts) = form::joined(g, w) else {
+        let Some(parts) = form::joined_columns(g, w) else {
             continue;
         };
         // (each part's names of the storage: the variable, then its slots)
         let names: Vec<Vec<String>> = match form::joined_shares(g, f, k) {
             Some(shares) => (shares.iter())
-                .map(|s| s.vars.iter().map(|&v| name(v)).collect())
+                .map(|s| s.vars.iter().map(|&v| form::name_of(g, v)).collect())
                 .collect(),
-            None => parts.iter().map(|&v| vec![name(v)]).collect(),
+            None => parts
+                .iter()
+                .map(|&(v, _)| vec![form::name_of(g, v)])
+                .collect(),
         };
         let width = g.ty(w).shape[1] as u32;
         for j in 0..names[0].len() {
             let Some(pieces) = all.tensors.get(&form::joined_storage(w, j)).cloned() else {
                 continue;
             };
-            let mut at = 0;
-            for (v, mine) in parts.iter().zip(&names) {
-                let cols = g.ty(*v).shape[1] as u32;
-                let columns = Piece::columns(&pieces, width, at..at + cols);
+            for ((_, cols), mine) in parts.iter().zip(&names) {
+                let cols = cols.start as u32..cols.end as u32;
+                let columns = Piece::columns(&pieces, width, cols);
                 all.tensors
                     .entry(mine[j].clone())
                     .or_default()
                     .extend(columns);
-                at += cols;
             }
         }
     }

@@ -370,14 +370,8 @@ pub(super) fn dense_kernel(
             "kernel {k} is not a layer"
         )));
     };
-    let names = |vars: &[NodeIndex]| -> Vec<String> {
-        vars.iter()
-            .map(|&v| match &g.node(v).op {
-                Op::Variable { name, .. } => name.clone(),
-                _ => form::key(v),
-            })
-            .collect()
-    };
+    let names =
+        |vars: &[NodeIndex]| -> Vec<String> { vars.iter().map(|&v| form::name_of(g, v)).collect() };
     // how a carried value's gradient (a residual's, a side part's) comes back: not at
     // all, as the layer's output gradient itself, or beside it
     let back = |grad: Option<NodeIndex>| match grad {
